@@ -1,0 +1,40 @@
+# Two entry points for a fresh clone: `make demo` and `make test`. Both build .venv on first use.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PYTHONHASHSEED := 0
+
+.PHONY: venv demo test lint typecheck unit bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip uv
+	$(BIN)/uv pip install --python $(BIN)/python --quiet -e '.[dev]'
+	# pyspark-client (from the Spark provider) shares the pyspark/ folder: reinstall pyspark last so
+	# its files win; the pins in pyproject.toml keep both at the same version.
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --reinstall --no-deps pyspark==4.2.0
+	touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck unit
+
+demo: venv
+	$(BIN)/python -m airflow_partitions.demo
+
+bench: venv
+	$(BIN)/python -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) .accelerations .demo build *.egg-info

@@ -1,0 +1,100 @@
+"""Every error this package raises on purpose: one flat module, small hierarchies, one line each."""
+
+from __future__ import annotations
+
+
+class AirflowPartitionsError(Exception):
+    """Base class of every error raised on purpose by airflow-partitions."""
+
+
+# --- spec and expressions -------------------------------------------------------------------------
+
+
+class PartitionSpecError(AirflowPartitionsError):
+    """A dataset spec or partition expression is invalid; the message says what and how to fix it."""
+
+
+class PartitionExpressionError(PartitionSpecError):
+    """A partition_by expression cannot be used as a partition transform."""
+
+
+class SpecValidationError(PartitionSpecError):
+    """A spec file broke one or more rules; `.errors` lists every message."""
+
+    def __init__(self, errors: list[str], path: str | None = None) -> None:
+        self.errors = list(errors)
+        self.path = path
+        where = f" in {path}" if path else ""
+        bullet = "\n  - "
+        super().__init__(f"{len(self.errors)} error(s){where}:{bullet}{bullet.join(self.errors)}")
+
+
+class PartitionSpecChangedError(PartitionSpecError):
+    """partition_by changed while partitions written with the old expressions exist."""
+
+
+# --- values and keys ------------------------------------------------------------------------------
+
+
+class PartitionValueError(AirflowPartitionsError):
+    """A partition value cannot be encoded, decoded or compared."""
+
+
+# --- storage and catalog --------------------------------------------------------------------------
+
+
+class StorageError(AirflowPartitionsError):
+    """A partition file could not be written or read."""
+
+
+class CatalogError(AirflowPartitionsError):
+    """The catalog is missing, unreadable or inconsistent."""
+
+
+class VersionNotFoundError(CatalogError):
+    """The requested catalog version does not exist or was vacuumed."""
+
+
+class CommitConflictError(CatalogError):
+    """A concurrent commit changed the same partitions since this commit's base version."""
+
+
+# --- filters and pruning --------------------------------------------------------------------------
+
+
+class FilterError(AirflowPartitionsError):
+    """A filter or query is malformed, names an unknown column, or compares incompatible types."""
+
+
+class UnsafeQueryError(FilterError):
+    """A query is not a single read-only statement."""
+
+
+# --- sources, discovery, refresh ------------------------------------------------------------------
+
+
+class SourceError(AirflowPartitionsError):
+    """A source cannot be reached, listed or read."""
+
+
+class DiscoveryError(AirflowPartitionsError):
+    """Partition discovery failed (timeout, too many partitions, unreadable source)."""
+
+
+class DiscoveryTimeoutError(DiscoveryError):
+    """Dynamic discovery did not finish within its timeout."""
+
+
+class TooManyPartitionsError(DiscoveryError):
+    """Discovery found more partitions than the configured cap."""
+
+
+class RefreshError(AirflowPartitionsError):
+    """Refreshing a partition failed."""
+
+
+# --- snapshots ------------------------------------------------------------------------------------
+
+
+class SnapshotError(AirflowPartitionsError):
+    """A snapshot upload or bootstrap failed (credentials, checksum mismatch, missing object)."""

@@ -1,0 +1,254 @@
+"""Partition keys: typed values, their JSON form, and the one Hive-path escaping used everywhere.
+
+A partition key is a tuple of Python scalars, one per `partition_by` field, in field order. Scalars are
+`None`, `bool`, `int`, `str`, `bytes`, `decimal.Decimal`, `datetime.date` and `datetime.datetime`.
+
+Three encodings, each reversible:
+
+* JSON (`value_to_json` / `value_from_json`): for the catalog manifest and XCom. Plain JSON for
+  NULL/bool/int/str; a one-key tagged object for the rest (`{"$date": "2026-01-01"}`).
+* Path component (`escape_component` / `unescape_component`): every byte outside `[A-Za-z0-9_.-]` is
+  percent-encoded (UTF-8), so `/`, `=`, `%`, `:`, quotes, control characters and unicode cannot break a
+  path or an object-store key, and `.`/`..` cannot appear as a whole component (each one starts with
+  `name=`). NULL is `%NULL`: the escaper only ever emits `%` followed by two hex digits, so no real value
+  can produce it. Components longer than `MAX_COMPONENT_BYTES` keep a readable prefix and end in
+  `%H<digest>`; the catalog, not the path, is then the source of the exact value.
+* Canonical key string (`PartitionKey.path(names)`): `name=value/name2=value2`, the Hive-style directory
+  of the partition and its stable identity in the catalog, in XCom and in the UI.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, TypeAlias
+
+from airflow_partitions.exceptions import PartitionValueError
+
+Scalar: TypeAlias = None | bool | int | str | bytes | Decimal | dt.date | dt.datetime
+
+NULL_MARKER = "%NULL"
+HASHED_MARKER = "%H"
+MAX_COMPONENT_BYTES = 160
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_HEX = "0123456789ABCDEF"
+
+
+# --- path components ------------------------------------------------------------------------------
+
+
+def escape_component(text: str) -> str:
+    """Percent-encode every byte of `text` outside `[A-Za-z0-9_.-]`; the inverse is `unescape_component`."""
+    out: list[str] = []
+    for byte in text.encode("utf-8"):
+        if byte in _SAFE:
+            out.append(chr(byte))
+        else:
+            out.append(f"%{_HEX[byte >> 4]}{_HEX[byte & 15]}")
+    return "".join(out)
+
+
+def unescape_component(text: str) -> str:
+    """Decode a component produced by `escape_component`; refuses anything it could not have produced."""
+    raw = bytearray()
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "%":
+            pair = text[i + 1 : i + 3]
+            if len(pair) != 2 or any(c not in _HEX for c in pair):
+                raise PartitionValueError(f"invalid escape {text[i : i + 3]!r} in path component {text!r}")
+            raw.append(int(pair, 16))
+            i += 3
+        else:
+            if ord(ch) > 127 or ord(ch) not in _SAFE:
+                raise PartitionValueError(f"unescaped character {ch!r} in path component {text!r}")
+            raw.append(ord(ch))
+            i += 1
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise PartitionValueError(f"path component {text!r} is not valid UTF-8 once decoded") from err
+
+
+def _shorten(escaped: str) -> str:
+    if len(escaped) <= MAX_COMPONENT_BYTES:
+        return escaped
+    digest = hashlib.sha256(escaped.encode("ascii")).hexdigest()[:24]
+    prefix = escaped[: MAX_COMPONENT_BYTES - len(digest) - len(HASHED_MARKER)]
+    # Never cut an escape sequence in half: that would make the prefix undecodable garbage.
+    cut = prefix.rfind("%")
+    if cut >= len(prefix) - 2 and cut != -1:
+        prefix = prefix[:cut]
+    return f"{prefix}{HASHED_MARKER}{digest}"
+
+
+# --- scalar <-> text ------------------------------------------------------------------------------
+
+
+def value_to_text(value: Scalar) -> str:
+    """The unescaped text form of a non-NULL partition value (ISO dates, `true`/`false`, base 10)."""
+    if value is None:
+        raise PartitionValueError("NULL has no text form; use encode_value, which writes the NULL marker")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | str):
+        return str(value)
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.urlsafe_b64encode(value).decode("ascii")
+    raise PartitionValueError(f"unsupported partition value type {type(value).__name__}: {value!r}")
+
+
+def text_to_value(text: str, kind: str) -> Scalar:
+    """Inverse of `value_to_text` for a value of `kind` (see `value_kind`)."""
+    try:
+        match kind:
+            case "string":
+                return text
+            case "int":
+                return int(text)
+            case "bool":
+                if text not in ("true", "false"):
+                    raise ValueError(text)
+                return text == "true"
+            case "date":
+                return dt.date.fromisoformat(text)
+            case "timestamp":
+                return dt.datetime.fromisoformat(text)
+            case "decimal":
+                return Decimal(text)
+            case "binary":
+                return base64.urlsafe_b64decode(text.encode("ascii"))
+    except (ValueError, TypeError) as err:
+        raise PartitionValueError(f"{text!r} is not a valid {kind} partition value") from err
+    raise PartitionValueError(f"unknown partition value kind {kind!r}")
+
+
+def value_kind(value: Scalar) -> str:
+    """The kind name of a scalar: string, int, bool, date, timestamp, decimal, binary or null."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dt.datetime):
+        return "timestamp"
+    if isinstance(value, dt.date):
+        return "date"
+    if isinstance(value, Decimal):
+        return "decimal"
+    if isinstance(value, bytes):
+        return "binary"
+    raise PartitionValueError(f"unsupported partition value type {type(value).__name__}: {value!r}")
+
+
+def encode_value(value: Scalar) -> str:
+    """The path-safe component for one value; NULL becomes the `%NULL` marker."""
+    if value is None:
+        return NULL_MARKER
+    return _shorten(escape_component(value_to_text(value)))
+
+
+def decode_value(component: str, kind: str) -> Scalar:
+    """Inverse of `encode_value`; raises if the component was shortened (the catalog holds the value)."""
+    if component == NULL_MARKER:
+        return None
+    if HASHED_MARKER in component:
+        raise PartitionValueError(
+            f"path component {component[:40]!r}... was shortened; read the exact value from the catalog"
+        )
+    return text_to_value(unescape_component(component), kind)
+
+
+# --- JSON -----------------------------------------------------------------------------------------
+
+_JSON_TAGS = {"date": "$date", "timestamp": "$ts", "decimal": "$dec", "binary": "$b64"}
+_TAG_KINDS = {tag: kind for kind, tag in _JSON_TAGS.items()}
+
+
+def value_to_json(value: Scalar) -> Any:
+    """JSON-safe form of a scalar: plain for NULL/bool/int/str, `{"$tag": text}` for the rest."""
+    kind = value_kind(value)
+    if kind in ("null", "bool", "int", "string"):
+        return value
+    return {_JSON_TAGS[kind]: value_to_text(value)}
+
+
+def value_from_json(data: Any) -> Scalar:
+    """Inverse of `value_to_json`."""
+    if data is None or isinstance(data, bool | int | str):
+        return data
+    if isinstance(data, Mapping) and len(data) == 1:
+        ((tag, text),) = data.items()
+        if tag in _TAG_KINDS and isinstance(text, str):
+            return text_to_value(text, _TAG_KINDS[tag])
+    raise PartitionValueError(f"not an encoded partition value: {data!r}")
+
+
+# --- keys -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionKey:
+    """The values of one partition, one per partition field, in field order."""
+
+    values: tuple[Scalar, ...]
+
+    def path(self, names: Sequence[str]) -> str:
+        """Canonical key string and relative Hive directory: `name=value/name2=value2`."""
+        if len(names) != len(self.values):
+            raise PartitionValueError(f"key {self.values!r} has {len(self.values)} values for fields {names}")
+        return "/".join(
+            f"{escape_component(name)}={encode_value(value)}"
+            for name, value in zip(names, self.values, strict=True)
+        )
+
+    def describe(self, names: Sequence[str]) -> str:
+        """Human-readable form for logs and the Airflow UI: `region=EU, day=2026-01-01`."""
+        return ", ".join(
+            f"{name}={'NULL' if value is None else value_to_text(value)}"
+            for name, value in zip(names, self.values, strict=True)
+        )
+
+    def to_json(self) -> list[Any]:
+        return [value_to_json(v) for v in self.values]
+
+    @classmethod
+    def from_json(cls, data: Sequence[Any]) -> PartitionKey:
+        return cls(tuple(value_from_json(v) for v in data))
+
+    def dumps(self) -> str:
+        """Compact JSON string of the key, stable across processes (for dict keys and XCom)."""
+        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def loads(cls, text: str) -> PartitionKey:
+        return cls.from_json(json.loads(text))
+
+
+def parse_path(path: str, names: Sequence[str], kinds: Sequence[str]) -> PartitionKey:
+    """Inverse of `PartitionKey.path` for fields `names` whose values are of `kinds`."""
+    parts = path.strip("/").split("/") if path.strip("/") else []
+    if len(parts) != len(names):
+        raise PartitionValueError(f"path {path!r} has {len(parts)} components, expected {len(names)}")
+    values: list[Scalar] = []
+    for part, name, kind in zip(parts, names, kinds, strict=True):
+        field, sep, component = part.partition("=")
+        if not sep or unescape_component(field) != name:
+            raise PartitionValueError(f"path component {part!r} is not `{name}=<value>`")
+        values.append(decode_value(component, kind))
+    return PartitionKey(tuple(values))
