@@ -1,1 +1,1 @@
-"""cli."""
+"""The `airflow-partitions` command line."""

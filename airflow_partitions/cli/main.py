@@ -1,0 +1,39 @@
+"""The `airflow-partitions` command: a thin argparse front over the core; one module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from airflow_partitions.exceptions import AirflowPartitionsError
+
+# Each module defines `register(subparsers) -> None`; the parser it adds sets `func(args) -> int`.
+# Add a subcommand by creating `cli/<name>.py` and listing it here.
+SUBCOMMAND_MODULES: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="airflow-partitions",
+        description="Keep partitioned accelerations fresh and read them with partition pruning.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(f"airflow_partitions.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except AirflowPartitionsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
