@@ -5,11 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: venv demo test lint typecheck unit bench clean
+.PHONY: venv system-deps demo test lint typecheck unit bench clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
+	$(MAKE) --no-print-directory system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip uv
 	$(BIN)/uv pip install --python $(BIN)/python --quiet -e '.[dev]'
@@ -17,6 +18,18 @@ $(STAMP): pyproject.toml
 	# its files win; the pins in pyproject.toml keep both at the same version.
 	$(BIN)/uv pip install --python $(BIN)/python --quiet --reinstall --no-deps pyspark==4.2.0
 	touch $(STAMP)
+
+# The Postgres JDBC driver for Spark comes from Debian (Maven Central is not assumed reachable).
+JDBC_JAR := /usr/share/java/postgresql.jar
+system-deps:
+	@if [ ! -f $(JDBC_JAR) ]; then \
+		if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+			(apt-get install -y -qq libpostgresql-jdbc-java >/dev/null 2>&1 || \
+			 (apt-get update -qq >/dev/null && apt-get install -y -qq libpostgresql-jdbc-java >/dev/null)); \
+		else \
+			echo "note: $(JDBC_JAR) missing; install libpostgresql-jdbc-java for Spark JDBC reads"; \
+		fi; \
+	fi
 
 lint: venv
 	$(BIN)/ruff check .

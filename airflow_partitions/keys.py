@@ -7,12 +7,13 @@ Three encodings, each reversible:
 
 * JSON (`value_to_json` / `value_from_json`): for the catalog manifest and XCom. Plain JSON for
   NULL/bool/int/str; a one-key tagged object for the rest (`{"$date": "2026-01-01"}`).
-* Path component (`escape_component` / `unescape_component`): every byte outside `[A-Za-z0-9_.-]` is
-  percent-encoded (UTF-8), so `/`, `=`, `%`, `:`, quotes, control characters and unicode cannot break a
-  path or an object-store key, and `.`/`..` cannot appear as a whole component (each one starts with
-  `name=`). NULL is `%NULL`: the escaper only ever emits `%` followed by two hex digits, so no real value
-  can produce it. Components longer than `MAX_COMPONENT_BYTES` keep a readable prefix and end in
-  `%H<digest>`; the catalog, not the path, is then the source of the exact value.
+* Path component (`escape_component` / `unescape_component`): every byte outside `[A-Za-z0-9_.-]`,
+  and a leading `.` or `_` (readers treat those as hidden), is percent-encoded (UTF-8), so `/`, `=`, `%`,
+  `:`, quotes, control characters and unicode cannot break a path or an object-store key, and `.`/`..`
+  cannot appear as a whole component (each one starts with `name=`). NULL is `%NULL`: the escaper only
+  ever emits `%` followed by two hex digits, so no real value can produce it. Components longer than
+  `MAX_COMPONENT_BYTES` keep a readable prefix and end in `%H<digest>`; the catalog, not the path, is
+  then the source of the exact value.
 * Canonical key string (`PartitionKey.path(names)`): `name=value/name2=value2`, the Hive-style directory
   of the partition and its stable identity in the catalog, in XCom and in the UI.
 """
@@ -30,7 +31,7 @@ from typing import Any, TypeAlias
 
 from airflow_partitions.exceptions import PartitionValueError
 
-Scalar: TypeAlias = None | bool | int | str | bytes | Decimal | dt.date | dt.datetime
+Scalar: TypeAlias = bool | int | str | bytes | Decimal | dt.date | dt.datetime | None
 
 NULL_MARKER = "%NULL"
 HASHED_MARKER = "%H"
@@ -42,15 +43,17 @@ _HEX = "0123456789ABCDEF"
 # --- path components ------------------------------------------------------------------------------
 
 
+def _escape_char(ch: str, leading: bool) -> str:
+    encoded = ch.encode("utf-8")
+    # A leading '.' or '_' is escaped too: Spark, Hive and DuckDB skip such files and folders as hidden.
+    if len(encoded) == 1 and encoded[0] in _SAFE and not (leading and ch in "._"):
+        return ch
+    return "".join(f"%{_HEX[b >> 4]}{_HEX[b & 15]}" for b in encoded)
+
+
 def escape_component(text: str) -> str:
-    """Percent-encode every byte of `text` outside `[A-Za-z0-9_.-]`; the inverse is `unescape_component`."""
-    out: list[str] = []
-    for byte in text.encode("utf-8"):
-        if byte in _SAFE:
-            out.append(chr(byte))
-        else:
-            out.append(f"%{_HEX[byte >> 4]}{_HEX[byte & 15]}")
-    return "".join(out)
+    """Percent-encode every byte of `text` outside `[A-Za-z0-9_.-]` (and a leading `.`/`_`)."""
+    return "".join(_escape_char(ch, i == 0) for i, ch in enumerate(text))
 
 
 def unescape_component(text: str) -> str:
@@ -76,16 +79,22 @@ def unescape_component(text: str) -> str:
         raise PartitionValueError(f"path component {text!r} is not valid UTF-8 once decoded") from err
 
 
-def _shorten(escaped: str) -> str:
+def _escape_bounded(text: str) -> str:
+    escaped = escape_component(text)
     if len(escaped) <= MAX_COMPONENT_BYTES:
         return escaped
-    digest = hashlib.sha256(escaped.encode("ascii")).hexdigest()[:24]
-    prefix = escaped[: MAX_COMPONENT_BYTES - len(digest) - len(HASHED_MARKER)]
-    # Never cut an escape sequence in half: that would make the prefix undecodable garbage.
-    cut = prefix.rfind("%")
-    if cut >= len(prefix) - 2 and cut != -1:
-        prefix = prefix[:cut]
-    return f"{prefix}{HASHED_MARKER}{digest}"
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+    budget = MAX_COMPONENT_BYTES - len(digest) - len(HASHED_MARKER)
+    # Cut on whole characters so the readable prefix still decodes.
+    parts: list[str] = []
+    used = 0
+    for i, ch in enumerate(text):
+        piece = _escape_char(ch, i == 0)
+        if used + len(piece) > budget:
+            break
+        parts.append(piece)
+        used += len(piece)
+    return f"{''.join(parts)}{HASHED_MARKER}{digest}"
 
 
 # --- scalar <-> text ------------------------------------------------------------------------------
@@ -160,7 +169,7 @@ def encode_value(value: Scalar) -> str:
     """The path-safe component for one value; NULL becomes the `%NULL` marker."""
     if value is None:
         return NULL_MARKER
-    return _shorten(escape_component(value_to_text(value)))
+    return _escape_bounded(value_to_text(value))
 
 
 def decode_value(component: str, kind: str) -> Scalar:

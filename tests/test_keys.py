@@ -1,0 +1,144 @@
+"""Partition key encodings: JSON, path components and canonical key strings round-trip exactly."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_partitions.exceptions import PartitionValueError
+from airflow_partitions.keys import (
+    MAX_COMPONENT_BYTES,
+    NULL_MARKER,
+    PartitionKey,
+    decode_value,
+    encode_value,
+    escape_component,
+    parse_path,
+    unescape_component,
+    value_from_json,
+    value_kind,
+    value_to_json,
+)
+
+HOSTILE = [
+    "",
+    "/",
+    "a/b",
+    "../../etc",
+    "..",
+    ".",
+    "k=v",
+    "%",
+    "%25",
+    "%NULL",
+    "null",
+    "none",
+    "NULL",
+    "__HIVE_DEFAULT_PARTITION__",
+    'it\'s "quoted"',
+    "line\nbreak\r\t",
+    "\x00\x01\x7f",
+    "Zürich 東京 🚕",
+    "a:b",
+    " leading and trailing ",
+    "back\\slash",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_strings_escape_to_safe_components_and_back(text: str) -> None:
+    escaped = escape_component(text)
+    assert all(c.isascii() and (c.isalnum() or c in "_.-%") for c in escaped), escaped
+    assert "/" not in escaped
+    assert "=" not in escaped
+    assert not escaped.startswith((".", "_")), "hidden-file prefixes must be escaped"
+    assert unescape_component(escaped) == text
+
+
+@given(st.text())
+def test_any_string_round_trips_through_a_component(text: str) -> None:
+    component = encode_value(text)
+    assert len(component) <= MAX_COMPONENT_BYTES
+    if "%H" in component:
+        assert len(escape_component(text)) > MAX_COMPONENT_BYTES
+    else:
+        assert decode_value(component, "string") == text
+
+
+def test_null_marker_is_distinct_from_every_real_string() -> None:
+    assert encode_value(None) == NULL_MARKER
+    for text in ["%NULL", "NULL", "null", "None", "", "%"]:
+        assert encode_value(text) != NULL_MARKER, f"{text!r} must not collide with NULL"
+    assert decode_value(NULL_MARKER, "string") is None
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        (0, "int"),
+        (-(2**63), "int"),
+        (2**64 - 1, "int"),
+        (True, "bool"),
+        (False, "bool"),
+        (dt.date(2024, 2, 29), "date"),
+        (dt.datetime(2026, 3, 29, 1, 30, 0, 123456), "timestamp"),
+        (dt.datetime(2026, 3, 29, 1, 30, tzinfo=dt.UTC), "timestamp"),
+        (Decimal("-14.20"), "decimal"),
+        (b"\x00\x01/=%", "binary"),
+        ("Zürich/=%", "string"),
+    ],
+)
+def test_typed_values_round_trip_through_path_and_json(value: object, kind: str) -> None:
+    assert value_kind(value) == kind  # type: ignore[arg-type]
+    assert decode_value(encode_value(value), kind) == value  # type: ignore[arg-type]
+    assert value_from_json(value_to_json(value)) == value  # type: ignore[arg-type]
+
+
+def test_bool_is_not_mistaken_for_int() -> None:
+    assert value_kind(True) == "bool"
+    assert value_to_json(True) is True
+
+
+def test_composite_key_path_and_parse_back() -> None:
+    names = ["region", "day", "bucket"]
+    key = PartitionKey(("EU/West=1", dt.date(2026, 1, 31), None))
+    path = key.path(names)
+    assert path == "region=EU%2FWest%3D1/day=2026-01-31/bucket=%NULL"
+    assert parse_path(path, names, ["string", "date", "int"]) == key
+    assert PartitionKey.loads(key.dumps()) == key
+
+
+def test_field_names_are_escaped_too() -> None:
+    assert PartitionKey((1,)).path(["a/b"]) == "a%2Fb=1"
+
+
+def test_long_values_are_shortened_deterministically_and_refuse_decoding() -> None:
+    long_value = "x" * 10_000
+    component = encode_value(long_value)
+    assert len(component) <= MAX_COMPONENT_BYTES
+    assert component == encode_value(long_value)
+    assert component != encode_value("x" * 9_999)
+    with pytest.raises(PartitionValueError, match="shortened"):
+        decode_value(component, "string")
+
+
+def test_shortening_never_splits_an_escape_sequence() -> None:
+    for pad in range(8):
+        component = encode_value("a" * pad + "é" * 200)
+        prefix = component.split("%H")[0]
+        unescape_component(prefix)  # must decode: no dangling '%X'
+
+
+@pytest.mark.parametrize("bad", ["%", "%4", "%zz", "a/b", "é"])
+def test_unescape_refuses_what_escape_cannot_produce(bad: str) -> None:
+    with pytest.raises(PartitionValueError):
+        unescape_component(bad)
+
+
+def test_path_with_wrong_field_is_rejected() -> None:
+    with pytest.raises(PartitionValueError, match="region"):
+        parse_path("zone=1", ["region"], ["string"])

@@ -1,0 +1,70 @@
+"""Architecture rules: the core imports no Airflow, and imports only point downward."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "airflow_partitions"
+AIRFLOW_LAYER = {"cli", "hooks", "operators", "sensors", "triggers", "dag_factory", "demo", "provider_info"}
+# Lower index = lower layer; a module may import its own layer or any layer below it.
+CORE_ORDER = [
+    "exceptions",
+    "keys",
+    "transforms",
+    "spec",
+    "storage",
+    "catalog",
+    "pruning",
+    "sources",
+    "reader",
+    "snapshots",
+    "refresh",
+]
+
+
+def _top_level(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imported_modules(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def _core_files() -> list[Path]:
+    return sorted(
+        p for p in PACKAGE.rglob("*.py") if _top_level(p) not in AIRFLOW_LAYER and _top_level(p) != "__init__"
+    )
+
+
+@pytest.mark.parametrize("path", _core_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_core_module_imports_no_airflow(path: Path) -> None:
+    offending = [m for m in _imported_modules(path) if m == "airflow" or m.startswith("airflow.")]
+    assert not offending, f"{path.relative_to(PACKAGE)} is core but imports {offending}"
+
+
+@pytest.mark.parametrize("path", _core_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_core_imports_point_downward(path: Path) -> None:
+    layer = _top_level(path)
+    if layer not in CORE_ORDER:
+        pytest.fail(f"{layer} is not placed in CORE_ORDER; add it where it belongs")
+    upward = []
+    for module in _imported_modules(path):
+        if not module.startswith("airflow_partitions."):
+            continue
+        target = module.split(".")[1]
+        if target in CORE_ORDER and CORE_ORDER.index(target) > CORE_ORDER.index(layer):
+            upward.append(module)
+        if target in AIRFLOW_LAYER:
+            upward.append(module)
+    assert not upward, f"{path.relative_to(PACKAGE)} ({layer}) imports upward: {upward}"
