@@ -29,6 +29,10 @@ class SpecValidationError(PartitionSpecError):
         super().__init__(f"{len(self.errors)} error(s){where}:{bullet}{bullet.join(self.errors)}")
 
 
+class DatasetNotFoundError(PartitionSpecError):
+    """A dataset name is not declared in the spec; the message lists the names that are."""
+
+
 class PartitionSpecChangedError(PartitionSpecError):
     """partition_by changed while partitions written with the old expressions exist."""
 
@@ -57,6 +61,11 @@ class VersionNotFoundError(CatalogError):
 
 class CommitConflictError(CatalogError):
     """A concurrent commit changed the same partitions since this commit's base version."""
+
+    def __init__(self, message: str, *, partitions: tuple[str, ...] = (), version: int | None = None) -> None:
+        super().__init__(message)
+        self.partitions = partitions  # key paths both commits touched
+        self.version = version  # the concurrent version that conflicted
 
 
 # --- filters and pruning --------------------------------------------------------------------------
@@ -98,3 +107,18 @@ class RefreshError(AirflowPartitionsError):
 
 class SnapshotError(AirflowPartitionsError):
     """A snapshot upload or bootstrap failed (credentials, checksum mismatch, missing object)."""
+
+
+# --- orchestration (Airflow layer, backfill CLI) --------------------------------------------------
+
+
+class RunConfError(AirflowPartitionsError):
+    """A refresh run's conf / params (`partitions`, `where`, `full_refresh`, `snapshot`) is malformed."""
+
+
+class OrchestrationError(AirflowPartitionsError):
+    """An Airflow connection, operator argument or DAG wiring is invalid."""
+
+
+class AirflowApiError(AirflowPartitionsError):
+    """The Airflow REST API could not be reached, refused the credentials, or rejected a request."""

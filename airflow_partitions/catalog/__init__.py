@@ -1,1 +1,33 @@
-"""catalog."""
+"""Versioned partition catalog: atomic OCC commits, time travel, vacuum; stores on a local disk or S3.
+
+Importing this package is cheap (no pyarrow or boto3): both load when a catalog is first read.
+"""
+
+from __future__ import annotations
+
+from airflow_partitions.catalog.catalog import Catalog
+from airflow_partitions.catalog.model import (
+    PartitionEntry,
+    PartitionFieldInfo,
+    PartitionSpecInfo,
+    VacuumReport,
+    VersionInfo,
+)
+from airflow_partitions.catalog.state import PartitionMap, Snapshot
+from airflow_partitions.catalog.stores import LocalStore, ObjectInfo, ObjectStore, S3Store, store_from_url
+
+__all__ = [
+    "Catalog",
+    "LocalStore",
+    "ObjectInfo",
+    "ObjectStore",
+    "PartitionEntry",
+    "PartitionFieldInfo",
+    "PartitionMap",
+    "PartitionSpecInfo",
+    "S3Store",
+    "Snapshot",
+    "VacuumReport",
+    "VersionInfo",
+    "store_from_url",
+]

@@ -1,1 +1,24 @@
-"""operators."""
+"""Airflow operators of a partitioned refresh: discover, stage, refresh, snapshot, commit, vacuum."""
+
+from __future__ import annotations
+
+from airflow_partitions.operators.commit import PartitionCommitOperator
+from airflow_partitions.operators.discovery import PartitionDiscoveryOperator
+from airflow_partitions.operators.refresh import SparkPartitionRefreshOperator, SparkStageOperator
+from airflow_partitions.operators.snapshots import (
+    SnapshotBootstrapOperator,
+    SnapshotPublishOperator,
+    SnapshotUploadOperator,
+)
+from airflow_partitions.operators.vacuum import VacuumOperator
+
+__all__ = [
+    "PartitionCommitOperator",
+    "PartitionDiscoveryOperator",
+    "SnapshotBootstrapOperator",
+    "SnapshotPublishOperator",
+    "SnapshotUploadOperator",
+    "SparkPartitionRefreshOperator",
+    "SparkStageOperator",
+    "VacuumOperator",
+]

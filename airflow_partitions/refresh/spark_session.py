@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+# Debian/Ubuntu `libpostgresql-jdbc-java` installs the PostgreSQL JDBC driver here; Postgres sources read
+# through it when present (override with AP_SPARK_JARS, a comma-separated list).
+POSTGRES_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 
 # UTC everywhere: partition values computed in Spark must equal those computed in Arrow and Python.
 DEFAULT_CONF: dict[str, str] = {
@@ -20,16 +26,31 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
+def local_session_conf(conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The local session's settings: defaults, the JDBC driver jar, this interpreter for Python workers."""
+    settings = dict(DEFAULT_CONF)
+    jars = os.environ.get("AP_SPARK_JARS") or (str(POSTGRES_JDBC_JAR) if POSTGRES_JDBC_JAR.exists() else "")
+    if jars:
+        settings["spark.jars"] = jars
+    # Python UDF workers (the bucket hash) must import this package: run them on this interpreter.
+    settings["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON", sys.executable)
+    settings["spark.pyspark.driver.python"] = sys.executable
+    settings.update(conf or {})
+    return settings
+
+
 def build_local_session(
     *, app_name: str = "airflow-partitions", master: str | None = None, conf: Mapping[str, str] | None = None
 ) -> Any:
     """A classic in-process SparkSession (`local[*]` unless `master` or AP_SPARK_MASTER says otherwise)."""
     from pyspark.sql import SparkSession
 
+    # PySpark picks the worker interpreter from this variable (not from the conf) when the context starts.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).master(
         master or os.environ.get("AP_SPARK_MASTER", "local[2]")
     )
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    for key, value in local_session_conf(conf).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

@@ -1,1 +1,84 @@
-"""sources."""
+"""Source connectors: files (local or S3; parquet, CSV, JSON lines) and Postgres tables.
+
+`open_source(ref)` turns a spec's `SourceRef` into a `Source`; nothing connects until a method needs it.
+Importing this package is cheap (no pyarrow, boto3 or driver imports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_partitions.exceptions import SourceError
+from airflow_partitions.sources.base import (
+    EMPTY_FINGERPRINT,
+    ConnectionResolver,
+    Deadline,
+    KeyTuple,
+    Source,
+    SourceSurvey,
+    connection_resolver,
+    set_connection_resolver,
+)
+
+__all__ = [
+    "EMPTY_FINGERPRINT",
+    "ConnectionResolver",
+    "Deadline",
+    "KeyTuple",
+    "Source",
+    "SourceSurvey",
+    "connection_resolver",
+    "open_source",
+    "open_source_json",
+    "set_connection_resolver",
+]
+
+
+def open_source(ref: Any) -> Source:
+    """The connector for a spec `SourceRef` (`scheme`, `location`, `params`, `file_format`)."""
+    scheme = str(getattr(ref.scheme, "value", ref.scheme))
+    params = dict(ref.params or {})
+    if scheme in ("file", "s3"):
+        from airflow_partitions.sources.files import FileSource
+
+        file_format = getattr(ref, "file_format", None)
+        if file_format is not None:
+            params.setdefault("file_format", str(getattr(file_format, "value", file_format)))
+        return FileSource(ref.location, params=params, scheme=scheme)
+    if scheme == "postgres":
+        from airflow_partitions.sources.postgres import PostgresSource
+
+        return PostgresSource(
+            ref.table_schema,
+            ref.table_name,
+            url=ref.url,
+            connection_id=ref.connection_id,
+            params=params,
+        )
+    raise SourceError(f"no connector for source scheme {scheme!r}; use file:, s3:// or postgres:")
+
+
+def open_source_json(data: Mapping[str, Any]) -> Source:
+    """Reopen a source from its `Source.to_json()` form (in another process or task)."""
+    kind = data.get("kind")
+    if kind == "files":
+        from airflow_partitions.sources.files import FileSource
+
+        return FileSource(
+            str(data["location"]),
+            params=data.get("params") or {},
+            base_dir=data.get("base_dir"),
+            scheme=str(data.get("scheme", "file")),
+        )
+    if kind == "postgres":
+        from airflow_partitions.sources.postgres import PostgresSource
+
+        return PostgresSource(
+            str(data["table_schema"]),
+            str(data["table_name"]),
+            url=data.get("url"),
+            connection_id=data.get("connection_id"),
+            params=data.get("params") or {},
+        )
+    raise SourceError(f"cannot reopen a source of kind {kind!r}")

@@ -1,1 +1,81 @@
-"""storage."""
+"""Partition file formats: parquet, duckdb (files | tables), arrow IPC; one `PartitionStorage` per engine.
+
+Importing this package is cheap (no pyarrow / duckdb); `get_storage` imports the chosen engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_partitions.exceptions import StorageError
+from airflow_partitions.storage.base import (
+    FileVacuumResult,
+    PartitionStorage,
+    VacuumedFile,
+    partition_directory,
+    vacuum_files,
+)
+from airflow_partitions.storage.datafile import ColumnStats, DataFile, compute_column_stats, file_checksum
+
+ENGINES = ("parquet", "duckdb", "arrow")
+PARTITION_MODES = ("files", "tables")
+
+__all__ = [
+    "ENGINES",
+    "PARTITION_MODES",
+    "ColumnStats",
+    "DataFile",
+    "FileVacuumResult",
+    "PartitionStorage",
+    "VacuumedFile",
+    "compute_column_stats",
+    "file_checksum",
+    "get_storage",
+    "partition_directory",
+    "vacuum_files",
+]
+
+
+def _name(value: Any) -> str | None:
+    # Accept the spec's Enum members as well as plain strings.
+    if value is None:
+        return None
+    return str(getattr(value, "value", value)).lower()
+
+
+def get_storage(engine: Any, partition_mode: Any = None, **options: Any) -> PartitionStorage:
+    """The storage engine for `engine` (`parquet` | `duckdb` | `arrow`) and, for duckdb, `partition_mode`.
+
+    `options` go to the engine: `max_rows_per_file` (split large partitions; parquet and arrow), and for
+    duckdb `tables` mode `lock_timeout` (seconds to wait for the shared file).
+    """
+    engine_name = _name(engine)
+    mode = _name(partition_mode) or "files"
+    if mode not in PARTITION_MODES:
+        raise StorageError(
+            f"unknown partition_mode {partition_mode!r}; use one of {', '.join(PARTITION_MODES)}"
+        )
+    if engine_name == "parquet":
+        from airflow_partitions.storage.parquet import ParquetStorage
+
+        _only_files_mode(engine_name, mode)
+        return ParquetStorage(**options)
+    if engine_name == "arrow":
+        from airflow_partitions.storage.arrow_ipc import ArrowIpcStorage
+
+        _only_files_mode(engine_name, mode)
+        return ArrowIpcStorage(**options)
+    if engine_name == "duckdb":
+        from airflow_partitions.storage.duckdb_engine import DuckDBFilesStorage, DuckDBTablesStorage
+
+        if mode == "tables":
+            return DuckDBTablesStorage(**options)
+        return DuckDBFilesStorage(**options)
+    raise StorageError(f"unknown storage engine {engine!r}; use one of {', '.join(ENGINES)}")
+
+
+def _only_files_mode(engine: str, mode: str) -> None:
+    if mode != "files":
+        raise StorageError(
+            f"partition_mode {mode!r} is only for the duckdb engine; remove it or use engine: duckdb"
+        )

@@ -1,0 +1,750 @@
+"""The versioned partition catalog of one dataset: open versions, commit atomically with OCC, vacuum.
+
+Layout under the store (the dataset name is escaped with `keys.escape_component`):
+
+    <dataset>/_catalog/log/<version // 1000>/<version>.json    one commit record per version (immutable)
+    <dataset>/_catalog/checkpoints/<version>.arrow             full partition table of some versions
+    <dataset>/_catalog/_last_checkpoint                        hint: newest checkpoint version
+
+**Commit protocol.** Version N+1 exists once its commit record exists, and the record is created with
+`put_if_absent`, so exactly one writer can create it: a reader sees version N or N+1, never a mix, and a
+multi-partition commit is atomic. A writer that loses the race reads the records committed since its base
+version; if none of them touched a partition it touches (and none replaced everything or changed the
+partition spec), it rebases onto the new head and tries N+2, else it raises `CommitConflictError` naming
+the partitions. Nothing is written before the record, so a writer killed at any point leaves the previous
+version intact; a record is the only thing that makes a version, so no commit is ever half applied.
+
+**Reading.** The newest version is found by listing the log after the hint's checkpoint (one list request
+on S3; one shard directory locally), then loaded as checkpoint + the few records after it. A `Catalog`
+keeps the newest snapshot it has seen and advances it by the records that follow, so planning and
+committing in one process read the big checkpoint once. Checkpoints are written after a commit every
+`checkpoint_interval` versions (or sooner after many changed partitions), with `put_if_absent`; losing
+one costs only speed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import logging
+import threading
+from collections.abc import Collection, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from airflow_partitions.catalog.model import (
+    PartitionEntry,
+    PartitionSpecInfo,
+    VacuumReport,
+    VersionInfo,
+)
+from airflow_partitions.catalog.state import (
+    CommitRecord,
+    Snapshot,
+    apply_changes,
+    decode_checkpoint,
+    encode_checkpoint,
+    merge_records,
+    state_schema,
+)
+from airflow_partitions.catalog.stores import LocalStore, ObjectStore
+from airflow_partitions.exceptions import (
+    CatalogError,
+    CommitConflictError,
+    PartitionSpecChangedError,
+    VersionNotFoundError,
+)
+from airflow_partitions.keys import escape_component
+from airflow_partitions.storage.base import PartitionStorage, VacuumedFile, vacuum_files
+from airflow_partitions.storage.datafile import DataFile
+
+log = logging.getLogger(__name__)
+
+LOG_SHARD_SIZE = 1000
+DEFAULT_CHECKPOINT_INTERVAL = 10
+DEFAULT_CHECKPOINT_CHANGES = 5000
+DEFAULT_RETENTION = dt.timedelta(days=7)
+DEFAULT_GRACE = dt.timedelta(hours=1)
+_HEADER_BYTES = 16 * 1024
+_FETCH_THREADS = 8
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _shared_executor() -> ThreadPoolExecutor:
+    # One pool per process: starting threads on every open costs more than the requests they overlap.
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=_FETCH_THREADS, thread_name_prefix="catalog-fetch")
+        return _executor
+
+
+class Catalog:
+    """Versioned manifest of one dataset's partitions in an `ObjectStore` (local directory or S3)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        dataset: str,
+        *,
+        data_root: Path | None = None,
+        storage: PartitionStorage | None = None,
+        checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
+        checkpoint_changes: int = DEFAULT_CHECKPOINT_CHANGES,
+        cache_dir: Path | None = None,
+    ) -> None:
+        if not dataset:
+            raise CatalogError("a catalog needs a dataset name")
+        if checkpoint_interval < 1:
+            raise CatalogError(f"checkpoint_interval must be >= 1, got {checkpoint_interval}")
+        self.store = store
+        self.dataset = dataset
+        self.prefix = f"{escape_component(dataset)}/_catalog"
+        if data_root is None and isinstance(store, LocalStore):
+            data_root = store.root / escape_component(dataset)
+        self.data_root = data_root
+        self.storage = storage
+        self.checkpoint_interval = checkpoint_interval
+        self.checkpoint_changes = checkpoint_changes
+        # Remote stores only: checkpoints downloaded once per host, then memory-mapped from here.
+        self.cache_dir = None if store.local_path(self._hint_key) is not None else cache_dir
+        self._lock = threading.RLock()
+        self._newest: Snapshot | None = None
+        self._hint: int | None = None  # last `_last_checkpoint` value read; only ever a shortcut
+
+    def __repr__(self) -> str:
+        return f"Catalog({self.store.describe()!r}, dataset={self.dataset!r})"
+
+    # --- keys -------------------------------------------------------------------------------------
+
+    @property
+    def _log_prefix(self) -> str:
+        return f"{self.prefix}/log/"
+
+    def _log_key(self, version: int) -> str:
+        return f"{self.prefix}/log/{version // LOG_SHARD_SIZE:010d}/{version:020d}.json"
+
+    def _checkpoint_key(self, version: int) -> str:
+        return f"{self.prefix}/checkpoints/{version:020d}.arrow"
+
+    @property
+    def _hint_key(self) -> str:
+        return f"{self.prefix}/_last_checkpoint"
+
+    @staticmethod
+    def _version_of(key: str, suffix: str) -> int | None:
+        name = key.rsplit("/", 1)[-1]
+        if not name.endswith(suffix):
+            return None
+        stem = name[: -len(suffix)]
+        return int(stem) if stem.isdigit() else None
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def latest(self) -> Snapshot | None:
+        """The newest version, or `None` when nothing was committed yet."""
+        with self._lock:
+            known = self._newest
+        if known is not None:
+            return self._load(self._last_log_after(known.version) or known.version)
+        hint = self._read_hint()
+        if hint == 0 or self.store.local_path(self._hint_key) is not None:
+            head = self._last_log_after(hint) or hint
+            return self._load(head) if head else None
+        # Remote store, first open: download the checkpoint while listing and fetching the records after it.
+        checkpoint = _shared_executor().submit(self._read_checkpoint, hint)
+        head = self._last_log_after(hint) or hint
+        records = self._records(hint, head)
+        base = checkpoint.result()
+        if base is None:
+            return self._load(head)  # the hinted checkpoint was vacuumed meanwhile: take the general path
+        snapshot = self._advance(base, records)
+        self._remember(snapshot)
+        return snapshot
+
+    def snapshot(self, version: int | None = None) -> Snapshot:
+        """Version `version` (newest when `None`); `VersionNotFoundError` if absent or vacuumed."""
+        if version is None:
+            newest = self.latest()
+            if newest is None:
+                raise VersionNotFoundError(f"dataset {self.dataset!r} has no committed version yet")
+            return newest
+        if version < 1:
+            raise VersionNotFoundError(f"catalog versions start at 1; got {version}")
+        return self._load(version)
+
+    def head_version(self) -> int:
+        """The newest committed version number (0 when none), without loading it."""
+        return self._head()
+
+    def versions(self, limit: int | None = None) -> list[VersionInfo]:
+        """Retained versions, oldest first (only the newest `limit` when given), read from record headers."""
+        keys = [
+            (v, info.key) for info in self.store.list(self._log_prefix) if (v := self._log_version(info.key))
+        ]
+        if limit is not None:
+            keys = keys[-limit:] if limit > 0 else []
+        headers = self._fetch([key for _, key in keys], self._read_header)
+        return [self._version_info(header) for header in headers]
+
+    def _log_version(self, key: str) -> int | None:
+        return self._version_of(key, ".json")
+
+    def _version_info(self, record: CommitRecord) -> VersionInfo:
+        summary = record.summary
+        return VersionInfo(
+            version=record.version,
+            committed_at=record.committed_at,
+            operation=record.operation,
+            partitions_changed=summary.get("partitions_changed", 0),
+            partitions_removed=summary.get("partitions_removed", 0),
+            rows=summary.get("rows", 0),
+            bytes=summary.get("bytes", 0),
+            total_partitions=summary.get("total_partitions", 0),
+            total_rows=summary.get("total_rows", 0),
+            total_bytes=summary.get("total_bytes", 0),
+            replace_all=record.replace_all,
+            spec_id=record.partition_spec.spec_id,
+            commit_id=record.commit_id,
+        )
+
+    def _read_hint(self) -> int:
+        data = self.store.get(self._hint_key)
+        try:
+            hint = 0 if data is None else int(json.loads(data)["version"])
+        except (ValueError, KeyError, TypeError):
+            hint = 0  # a hint is only a shortcut; a damaged one means "start from the beginning"
+        self._hint = hint
+        return hint
+
+    def _head(self) -> int:
+        with self._lock:
+            known = self._newest.version if self._newest is not None else 0
+        start = known or self._read_hint()
+        return self._last_log_after(start) or start
+
+    def _last_log_after(self, version: int) -> int:
+        last = 0
+        start_after = self._log_key(version) if version else None
+        for info in self.store.list(self._log_prefix, start_after=start_after):
+            number = self._log_version(info.key)
+            if number is not None and number > last:
+                last = number
+        return last
+
+    def _read_record(self, key: str) -> CommitRecord:
+        data = self.store.get(key)
+        if data is None:
+            version = self._log_version(key)
+            raise VersionNotFoundError(
+                f"version {version} of dataset {self.dataset!r} is not retained (vacuumed or never committed)"
+            )
+        return CommitRecord.decode(data, where=key)
+
+    def _read_header(self, key: str) -> CommitRecord:
+        data = self.store.get(key, max_bytes=_HEADER_BYTES)
+        if data is None:
+            return self._read_record(key)
+        return CommitRecord.decode_header(data, where=key) or self._read_record(key)
+
+    def _fetch(self, keys: Sequence[str], read: Any) -> list[Any]:
+        # Local reads are microseconds each; remote ones are round trips worth overlapping.
+        if len(keys) < 2 or self.store.local_path(keys[0]) is not None:
+            return [read(key) for key in keys]
+        return list(_shared_executor().map(read, keys))
+
+    def _records(self, after: int, through: int) -> list[CommitRecord]:
+        """Commit records `after + 1 .. through`, in order."""
+        if through <= after:
+            return []
+        records: list[CommitRecord] = self._fetch(
+            [self._log_key(v) for v in range(after + 1, through + 1)], self._read_record
+        )
+        return records
+
+    def _load(self, version: int) -> Snapshot:
+        with self._lock:
+            newest = self._newest
+        if newest is not None and newest.version == version:
+            return newest
+        if newest is not None and newest.version < version:
+            snapshot = self._advance(newest, self._records(newest.version, version))
+        else:
+            base = self._checkpoint_at_or_below(version)
+            base_version = base.version if base is not None else 0
+            try:
+                records = self._records(base_version, version)
+            except VersionNotFoundError as err:
+                raise self._not_found(version) from err
+            if base is None and not records:
+                raise self._not_found(version)
+            if records:
+                snapshot = self._advance(base, records)
+            else:
+                assert base is not None
+                snapshot = base
+        self._remember(snapshot)
+        return snapshot
+
+    def _not_found(self, version: int) -> VersionNotFoundError:
+        retained = [v for info in self.store.list(self._log_prefix) if (v := self._log_version(info.key))]
+        if not retained:
+            return VersionNotFoundError(f"dataset {self.dataset!r} has no committed version yet")
+        if version > retained[-1]:
+            return VersionNotFoundError(
+                f"version {version} of dataset {self.dataset!r} does not exist; the newest is {retained[-1]}"
+            )
+        return VersionNotFoundError(
+            f"version {version} of dataset {self.dataset!r} was vacuumed; retained versions are "
+            f"{retained[0]}..{retained[-1]}"
+        )
+
+    def _remember(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            # Same version again replaces too: it may carry a newer checkpoint position.
+            if self._newest is None or snapshot.version >= self._newest.version:
+                self._newest = snapshot
+
+    def _checkpoint_at_or_below(self, version: int) -> Snapshot | None:
+        hint = self._hint if self._hint is not None else self._read_hint()
+        if 0 < hint <= version:
+            checkpoint = self._read_checkpoint(hint)
+            if checkpoint is not None:
+                return checkpoint
+        candidates = [
+            v
+            for info in self.store.list(f"{self.prefix}/checkpoints/")
+            if (v := self._version_of(info.key, ".arrow")) is not None and v <= version
+        ]
+        for candidate in sorted(candidates, reverse=True):
+            checkpoint = self._read_checkpoint(candidate)
+            if checkpoint is not None:
+                return checkpoint
+        return None
+
+    def _read_checkpoint(self, version: int) -> Snapshot | None:
+        import pyarrow as pa
+
+        key = self._checkpoint_key(version)
+        path = self.store.local_path(key)
+        if path is None and self.cache_dir is not None:
+            path = self._cached_checkpoint(key)
+        if path is not None:
+            try:
+                source: Any = pa.memory_map(str(path), "r")
+            except FileNotFoundError:
+                return None
+            return decode_checkpoint(source, where=str(path))
+        data = self.store.get(key)
+        return None if data is None else decode_checkpoint(data, where=key)
+
+    def _cached_checkpoint(self, key: str) -> Path | None:
+        """A local copy of a remote checkpoint (immutable, so a copy never goes stale); `None` if absent."""
+        assert self.cache_dir is not None
+        path = self.cache_dir / key.rsplit("/", 1)[-1]
+        if path.exists():
+            return path
+        data = self.store.get(key)
+        if data is None:
+            return None
+        LocalStore(self.cache_dir).put_if_absent(path.name, data)
+        return path
+
+    def _advance(self, base: Snapshot | None, records: Sequence[CommitRecord]) -> Snapshot:
+        if not records:
+            if base is None:
+                raise CatalogError("internal: nothing to build a snapshot from")
+            return base
+        changes, reset = merge_records(records)
+        table = base.table if base is not None else state_schema().empty_table()
+        from airflow_partitions.catalog.state import PartitionMap
+
+        last = records[-1]
+        changed = sum(len(r.upserts) + len(r.removes) for r in records)
+        return Snapshot(
+            version=last.version,
+            partition_spec=last.partition_spec,
+            committed_at=last.committed_at,
+            operation=last.operation,
+            partitions=PartitionMap(apply_changes(table, changes, reset=reset or base is None)),
+            checkpoint_version=base.checkpoint_version if base is not None else 0,
+            changes_since_checkpoint=(base.changes_since_checkpoint if base is not None else 0) + changed,
+        )
+
+    # --- committing -------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        *,
+        base_version: int | None,
+        upserts: Sequence[PartitionEntry],
+        removes: Sequence[str] = (),
+        partition_spec: PartitionSpecInfo,
+        replace_all: bool = False,
+        operation: str = "refresh",
+        max_retries: int = 50,
+        commit_id: str | None = None,
+    ) -> int:
+        """Publish `upserts` and `removes` atomically as a new version based on `base_version`; its number.
+
+        `base_version` is the version the changes were planned from (`None` for an empty catalog). Commits
+        made since then are fine if they touched other partitions: this one rebases onto them. If one
+        touched the same partitions, replaced everything, or changed the partition spec, it raises
+        `CommitConflictError` (or `PartitionSpecChangedError`). `replace_all=True` makes `upserts` the whole
+        partition set (re-partitioning under a new spec); it must be based on the newest version.
+        `commit_id` makes a retried commit idempotent: if a commit with that id landed since
+        `base_version`, its version is returned instead of committing twice.
+        """
+        self._validate_commit(upserts, removes, partition_spec, replace_all)
+        base = self._load(base_version) if base_version else None
+        base_number = base_version or 0
+        self._check_spec(base, partition_spec, replace_all)
+        if base is not None and not replace_all:
+            missing = [key_path for key_path in removes if key_path not in base.partitions]
+            if missing:
+                raise CatalogError(
+                    f"cannot remove partition(s) {missing[:5]} of dataset {self.dataset!r}: they are not in "
+                    f"base version {base_number}"
+                )
+        upsert_json = tuple(entry.to_json() for entry in upserts)
+        touched = {entry.key_path for entry in upserts} | set(removes)
+        parent = base_number
+        parent_totals = (
+            (base.partition_count, base.total_rows, base.total_bytes) if base is not None else (0, 0, 0)
+        )
+        intervening: list[CommitRecord] = []
+        head = self._head()
+        for _attempt in range(max_retries + 1):
+            if head > parent:
+                try:
+                    newer = self._records(parent, head)
+                except VersionNotFoundError as err:
+                    raise CommitConflictError(
+                        f"base version {base_number} of dataset {self.dataset!r} is too old: versions after "
+                        "it were vacuumed; plan again from the latest version",
+                        version=head,
+                    ) from err
+                for record in newer:
+                    if commit_id is not None and record.commit_id == commit_id:
+                        return record.version
+                    self._check_concurrent(record, touched, base_number, partition_spec, replace_all)
+                intervening.extend(newer)
+                parent = head
+                totals = newer[-1].summary
+                parent_totals = (totals["total_partitions"], totals["total_rows"], totals["total_bytes"])
+            record = CommitRecord(
+                version=parent + 1,
+                committed_at=dt.datetime.now(dt.UTC),
+                operation=operation,
+                replace_all=replace_all,
+                partition_spec=partition_spec,
+                commit_id=commit_id,
+                base_version=base_number,
+                summary=self._summary(base, upserts, removes, replace_all, parent_totals),
+                upserts=upsert_json,
+                removes=tuple(removes),
+            )
+            if self.store.put_if_absent(self._log_key(record.version), record.encode()):
+                self._after_commit(base, intervening, record)
+                return record.version
+            head = self._last_log_after(parent) or parent + 1
+        raise CommitConflictError(
+            f"commit to dataset {self.dataset!r} lost the race {max_retries + 1} times to other commits "
+            "(each touching other partitions); retry later or raise max_retries",
+            version=head,
+        )
+
+    def _validate_commit(
+        self,
+        upserts: Sequence[PartitionEntry],
+        removes: Sequence[str],
+        partition_spec: PartitionSpecInfo,
+        replace_all: bool,
+    ) -> None:
+        names = partition_spec.names
+        seen: set[str] = set()
+        for entry in upserts:
+            if entry.key_path in seen:
+                raise CatalogError(f"partition {entry.key_path!r} appears twice in one commit")
+            seen.add(entry.key_path)
+            expected = entry.key.path(names)
+            if entry.key_path != expected:
+                raise CatalogError(
+                    f"partition entry key_path {entry.key_path!r} does not match its key under the spec's "
+                    f"fields {list(names)} ({expected!r}); build it with PartitionKey.path(names)"
+                )
+            if entry.spec_id != partition_spec.spec_id:
+                raise CatalogError(
+                    f"partition {entry.key_path!r} was written under partition spec {entry.spec_id!r} but "
+                    f"is committed under {partition_spec.spec_id!r}; refresh it under the current spec"
+                )
+        overlap = seen & set(removes)
+        if overlap:
+            raise CatalogError(f"partition(s) {sorted(overlap)[:5]} are both upserted and removed")
+        if len(set(removes)) != len(removes):
+            raise CatalogError("a partition is removed twice in one commit")
+        if replace_all and removes:
+            raise CatalogError("replace_all commits the whole partition set: pass no removes")
+
+    def _check_spec(self, base: Snapshot | None, spec: PartitionSpecInfo, replace_all: bool) -> None:
+        if base is None or replace_all or base.partition_spec.spec_id == spec.spec_id:
+            return
+        raise self._spec_changed(base.version, base.partition_spec, spec)
+
+    def _spec_changed(self, version: int, old: PartitionSpecInfo, new: PartitionSpecInfo) -> Exception:
+        return PartitionSpecChangedError(
+            f"dataset {self.dataset!r}: the partition_by expressions ({new.describe()}) differ from those "
+            f"that wrote its existing partitions ({old.describe()}, catalog version {version}); partitions "
+            "of different layouts are never mixed. To re-partition, run a full refresh with "
+            "--repartition (it atomically replaces every partition under the new expressions), or "
+            "revert partition_by to the old expressions, or point accelerator_dir elsewhere."
+        )
+
+    def _check_concurrent(
+        self,
+        record: CommitRecord,
+        touched: set[str],
+        base_number: int,
+        spec: PartitionSpecInfo,
+        replace_all: bool,
+    ) -> None:
+        if replace_all:
+            raise CommitConflictError(
+                f"dataset {self.dataset!r}: version {record.version} ({record.operation}) was committed "
+                f"after base version {base_number}; a replace_all commit must start from the newest version: "
+                "plan again",
+                partitions=tuple(sorted(record.touched)[:100]),
+                version=record.version,
+            )
+        if record.replace_all:
+            raise CommitConflictError(
+                f"dataset {self.dataset!r}: version {record.version} ({record.operation}) replaced every "
+                f"partition after base version {base_number}; plan again from the latest version",
+                partitions=tuple(sorted(touched)[:100]),
+                version=record.version,
+            )
+        if record.partition_spec.spec_id != spec.spec_id:
+            raise self._spec_changed(record.version, record.partition_spec, spec)
+        overlap = touched & record.touched
+        if overlap:
+            shown = sorted(overlap)
+            raise CommitConflictError(
+                f"dataset {self.dataset!r}: partition(s) {', '.join(shown[:10])}"
+                f"{' ...' if len(shown) > 10 else ''} changed in version {record.version} "
+                f"({record.operation}) after base version {base_number}; refresh them again from the "
+                "latest version",
+                partitions=tuple(shown),
+                version=record.version,
+            )
+
+    @staticmethod
+    def _summary(
+        base: Snapshot | None,
+        upserts: Sequence[PartitionEntry],
+        removes: Sequence[str],
+        replace_all: bool,
+        parent_totals: tuple[int, int, int],
+    ) -> dict[str, int]:
+        rows_written = sum(e.rows for e in upserts)
+        bytes_written = sum(e.bytes for e in upserts)
+        if replace_all:
+            kept = sum(1 for e in upserts if base is not None and e.key_path in base.partitions)
+            return {
+                "partitions_changed": len(upserts),
+                "partitions_removed": (base.partition_count if base is not None else 0) - kept,
+                "rows": rows_written,
+                "bytes": bytes_written,
+                "total_partitions": len(upserts),
+                "total_rows": rows_written,
+                "total_bytes": bytes_written,
+            }
+        # Partitions this commit touches are unchanged between base and parent (else it conflicted), so
+        # their old sizes come from the base snapshot.
+        keys = [*(e.key_path for e in upserts), *removes]
+        previous = [base.partitions[k] for k in keys if k in base.partitions] if base is not None else []
+        present = {p.key_path for p in previous}
+        added = sum(1 for e in upserts if e.key_path not in present)
+        partitions, rows, size = parent_totals
+        return {
+            "partitions_changed": len(upserts),
+            "partitions_removed": len(removes),
+            "rows": rows_written,
+            "bytes": bytes_written,
+            "total_partitions": partitions + added - len(removes),
+            "total_rows": rows - sum(p.rows for p in previous) + rows_written,
+            "total_bytes": size - sum(p.bytes for p in previous) + bytes_written,
+        }
+
+    def _after_commit(
+        self, base: Snapshot | None, intervening: list[CommitRecord], record: CommitRecord
+    ) -> None:
+        # The commit has landed; nothing here may fail it. The new snapshot is cached for the next
+        # read or commit, and checkpointed when enough records piled up since the last checkpoint.
+        try:
+            snapshot = self._advance(base, [*intervening, record])
+            self._remember(snapshot)
+            due = snapshot.version - snapshot.checkpoint_version >= self.checkpoint_interval
+            if due or snapshot.changes_since_checkpoint >= self.checkpoint_changes:
+                self._remember(self.write_checkpoint(snapshot))
+        except Exception as err:  # the version is committed; a checkpoint is only an optimisation
+            log.warning(
+                "dataset %s: version %d committed, checkpoint skipped: %s", self.dataset, record.version, err
+            )
+
+    def write_checkpoint(self, snapshot: Snapshot) -> Snapshot:
+        """Store `snapshot` as a checkpoint (if absent) and advance the hint; the same snapshot, re-based."""
+        # LZ4 locally (fast to decompress from page cache), zstd remotely (half the bytes to transfer).
+        compression = "lz4" if self.store.local_path(self._hint_key) is not None else "zstd"
+        self.store.put_if_absent(
+            self._checkpoint_key(snapshot.version), encode_checkpoint(snapshot, compression=compression)
+        )
+        if self._read_hint() < snapshot.version:
+            self.store.put(self._hint_key, json.dumps({"version": snapshot.version}).encode())
+        return replace(snapshot, checkpoint_version=snapshot.version, changes_since_checkpoint=0)
+
+    # --- vacuum -----------------------------------------------------------------------------------
+
+    def vacuum(
+        self,
+        *,
+        retain_versions: int | None = None,
+        older_than: dt.timedelta | None = None,
+        dry_run: bool = False,
+        grace: dt.timedelta = DEFAULT_GRACE,
+        now: dt.datetime | None = None,
+    ) -> VacuumReport:
+        """Expire old versions, then delete files no retained version references.
+
+        Retained: the newest version; the newest `retain_versions`; versions committed within
+        `older_than`; and every version that stopped being the newest less than `grace` ago (a reader may
+        still be on it). With neither `retain_versions` nor `older_than`, versions of the last 7 days are
+        kept. Unreferenced files (and leftovers of crashed writes) are deleted only once older than
+        `grace`: a younger one may belong to a commit in flight.
+        """
+        if retain_versions is not None and retain_versions < 1:
+            raise CatalogError(
+                f"retain_versions must be at least 1 (the newest version), got {retain_versions}"
+            )
+        if retain_versions is None and older_than is None:
+            older_than = DEFAULT_RETENTION
+        now = now or dt.datetime.now(dt.UTC)
+        cutoff = now - grace
+        headers = self._fetch(
+            [info.key for info in self.store.list(self._log_prefix) if self._log_version(info.key)],
+            self._read_header,
+        )
+        if not headers:
+            return VacuumReport(dry_run=dry_run, latest_version=None, oldest_retained_version=None)
+        head = headers[-1].version
+        oldest = self._oldest_retained(headers, retain_versions, older_than, now, cutoff)
+        notes: list[str] = []
+        expired = [h.version for h in headers if h.version < oldest]
+        checkpoints = [
+            v
+            for info in self.store.list(f"{self.prefix}/checkpoints/")
+            if (v := self._version_of(info.key, ".arrow")) is not None
+        ]
+        retained_snapshot = self._load(oldest)
+        if expired and oldest not in checkpoints:
+            if dry_run:
+                notes.append(f"would write a checkpoint at version {oldest} so it stays readable")
+            else:
+                self.write_checkpoint(retained_snapshot)
+        expired_checkpoints = [v for v in checkpoints if v < oldest]
+        if not dry_run:
+            # Expire versions first: a crash after this point leaves orphan files (removed next time),
+            # never a retained version pointing at deleted files.
+            for version in expired:
+                self.store.delete(self._log_key(version))
+            for version in expired_checkpoints:
+                self.store.delete(self._checkpoint_key(version))
+        referenced = self._referenced_files(retained_snapshot, head)
+        removed_temporaries = self._vacuum_catalog_temporaries(cutoff, dry_run)
+        removed_files: list[VacuumedFile] = []
+        young = 0
+        if self.data_root is not None:
+            result = vacuum_files(
+                self.data_root, {f.path for f in referenced}, cutoff=cutoff, dry_run=dry_run
+            )
+            removed_files.extend(result.removed)
+            young = len(result.kept_young)
+            if self.storage is not None:
+                removed_files.extend(
+                    self.storage.remove_unreferenced(
+                        self.data_root, referenced, cutoff=cutoff, dry_run=dry_run
+                    )
+                )
+        else:
+            notes.append("no local data directory known for this catalog: data files were not vacuumed")
+        return VacuumReport(
+            dry_run=dry_run,
+            latest_version=head,
+            oldest_retained_version=oldest,
+            removed_versions=tuple(expired),
+            removed_checkpoints=tuple(expired_checkpoints),
+            removed_files=tuple(removed_files),
+            removed_catalog_temporaries=removed_temporaries,
+            young_files_kept=young,
+            notes=tuple(notes),
+        )
+
+    @staticmethod
+    def _oldest_retained(
+        headers: Sequence[CommitRecord],
+        retain_versions: int | None,
+        older_than: dt.timedelta | None,
+        now: dt.datetime,
+        cutoff: dt.datetime,
+    ) -> int:
+        head = headers[-1].version
+        oldest = head
+        if retain_versions is not None:
+            oldest = min(oldest, max(headers[0].version, head - retain_versions + 1))
+        if older_than is not None:
+            recent = [h.version for h in headers if h.committed_at >= now - older_than]
+            if recent:
+                oldest = min(oldest, recent[0])
+        # A version replaced less than `grace` ago may still be in use by a reader that opened it.
+        for current, successor in itertools.pairwise(headers):
+            if successor.committed_at >= cutoff:
+                oldest = min(oldest, current.version)
+                break
+        return oldest
+
+    def _referenced_files(self, oldest: Snapshot, head: int) -> set[DataFile]:
+        referenced: set[DataFile] = set()
+        for entry in oldest.partitions.values():
+            referenced.update(entry.files)
+        # Include commits that landed while vacuum ran: their files must survive too.
+        newest = max(head, self._head())
+        for record in self._records(oldest.version, newest):
+            for upsert in record.upserts:
+                referenced.update(DataFile.from_json(f) for f in upsert["files"])
+        return referenced
+
+    def _vacuum_catalog_temporaries(self, cutoff: dt.datetime, dry_run: bool) -> int:
+        if not isinstance(self.store, LocalStore):
+            return 0
+        count = 0
+        for info in self.store.temporaries(f"{self.prefix}/"):
+            if info.modified < cutoff:
+                count += 1
+                if not dry_run:
+                    (self.store.root / info.key).unlink(missing_ok=True)
+        return count
+
+    # --- convenience ------------------------------------------------------------------------------
+
+    def referenced_files(self, versions: Iterable[int] | None = None) -> Collection[DataFile]:
+        """Every data file the given versions (default: the newest) reference."""
+        numbers = list(versions) if versions is not None else [self._head()]
+        files: set[DataFile] = set()
+        for number in numbers:
+            if number:
+                for entry in self.snapshot(number).partitions.values():
+                    files.update(entry.files)
+        return files

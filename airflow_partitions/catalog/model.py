@@ -1,0 +1,210 @@
+"""The catalog's records: partition spec, partition entries, version summaries, vacuum reports.
+
+Plain dataclasses with a JSON form; no pyarrow, so the Airflow layer can import them while parsing DAGs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from airflow_partitions.exceptions import CatalogError
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.storage.base import VacuumedFile
+from airflow_partitions.storage.datafile import DataFile
+
+
+class PartitionFieldInfo(NamedTuple):
+    """One partition field as the catalog records it: its name, canonical transform and value kind."""
+
+    name: str
+    canonical: str
+    kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSpecInfo:
+    """The partition_by expressions a snapshot's partitions were written with; `spec_id` identifies them."""
+
+    spec_id: str
+    fields: tuple[PartitionFieldInfo, ...]
+
+    def __post_init__(self) -> None:
+        fields = tuple(PartitionFieldInfo(*f) for f in self.fields)
+        object.__setattr__(self, "fields", fields)
+        names = [f.name for f in fields]
+        if len(set(names)) != len(names):
+            raise CatalogError(f"partition spec {self.spec_id!r} repeats a field name: {names}")
+
+    @classmethod
+    def from_fields(
+        cls, fields: Sequence[tuple[str, str] | tuple[str, str, str | None]]
+    ) -> PartitionSpecInfo:
+        """A spec whose id is a stable hash of the field names and canonical transforms."""
+        infos = tuple(PartitionFieldInfo(*f) for f in fields)
+        text = json.dumps([[f.name, f.canonical] for f in infos], separators=(",", ":"))
+        return cls(hashlib.sha256(text.encode()).hexdigest()[:16], infos)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def describe(self) -> str:
+        """`bucket[50](PULocationID) AS b, ...`-style text for messages."""
+        return ", ".join(f"{f.name}: {f.canonical}" for f in self.fields) or "(no partition fields)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec_id": self.spec_id, "fields": [list(f) for f in self.fields]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PartitionSpecInfo:
+        return cls(str(data["spec_id"]), tuple(PartitionFieldInfo(*f) for f in data["fields"]))
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionEntry:
+    """One partition in one catalog version: its key, files and provenance."""
+
+    key: PartitionKey
+    key_path: str
+    spec_id: str
+    files: tuple[DataFile, ...]
+    rows: int
+    bytes: int
+    source_fingerprint: str | None
+    refreshed_at: dt.datetime
+
+    @classmethod
+    def from_files(
+        cls,
+        key: PartitionKey,
+        partition_spec: PartitionSpecInfo,
+        files: Sequence[DataFile],
+        *,
+        source_fingerprint: str | None = None,
+        refreshed_at: dt.datetime | None = None,
+    ) -> PartitionEntry:
+        """An entry for `key` whose rows / bytes are the sums over `files`; refreshed now by default."""
+        return cls(
+            key=key,
+            key_path=key.path(partition_spec.names),
+            spec_id=partition_spec.spec_id,
+            files=tuple(files),
+            rows=sum(f.rows for f in files),
+            bytes=sum(f.bytes for f in files),
+            source_fingerprint=source_fingerprint,
+            refreshed_at=refreshed_at or dt.datetime.now(dt.UTC),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key_path": self.key_path,
+            "key": self.key.to_json(),
+            "spec_id": self.spec_id,
+            "files": [f.to_json() for f in self.files],
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "source_fingerprint": self.source_fingerprint,
+            "refreshed_at": format_time(self.refreshed_at),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PartitionEntry:
+        try:
+            return cls(
+                key=PartitionKey.from_json(data["key"]),
+                key_path=str(data["key_path"]),
+                spec_id=str(data["spec_id"]),
+                files=tuple(DataFile.from_json(f) for f in data["files"]),
+                rows=int(data["rows"]),
+                bytes=int(data["bytes"]),
+                source_fingerprint=data.get("source_fingerprint"),
+                refreshed_at=parse_time(data["refreshed_at"]),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CatalogError(f"malformed partition entry: {err}") from err
+
+
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    """What one commit did, and the totals of the snapshot it produced."""
+
+    version: int
+    committed_at: dt.datetime
+    operation: str
+    partitions_changed: int
+    partitions_removed: int
+    rows: int
+    bytes: int
+    total_partitions: int
+    total_rows: int
+    total_bytes: int
+    replace_all: bool
+    spec_id: str
+    commit_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "committed_at": format_time(self.committed_at),
+            "operation": self.operation,
+            "partitions_changed": self.partitions_changed,
+            "partitions_removed": self.partitions_removed,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "total_partitions": self.total_partitions,
+            "total_rows": self.total_rows,
+            "total_bytes": self.total_bytes,
+            "replace_all": self.replace_all,
+            "spec_id": self.spec_id,
+            "commit_id": self.commit_id,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class VacuumReport:
+    """What vacuum removed (or, in a dry run, would remove) and what it kept."""
+
+    dry_run: bool
+    latest_version: int | None
+    oldest_retained_version: int | None
+    removed_versions: tuple[int, ...] = ()
+    removed_checkpoints: tuple[int, ...] = ()
+    removed_files: tuple[VacuumedFile, ...] = ()
+    removed_catalog_temporaries: int = 0
+    young_files_kept: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(f.bytes for f in self.removed_files)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "latest_version": self.latest_version,
+            "oldest_retained_version": self.oldest_retained_version,
+            "removed_versions": list(self.removed_versions),
+            "removed_checkpoints": list(self.removed_checkpoints),
+            "removed_files": [{"path": f.path, "bytes": f.bytes} for f in self.removed_files],
+            "removed_catalog_temporaries": self.removed_catalog_temporaries,
+            "young_files_kept": self.young_files_kept,
+            "bytes_freed": self.bytes_freed,
+            "notes": list(self.notes),
+        }
+
+
+def format_time(value: dt.datetime) -> str:
+    """ISO 8601 in UTC with microseconds; naive datetimes are taken as UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC).isoformat(timespec="microseconds")
+
+
+def parse_time(text: str) -> dt.datetime:
+    value = dt.datetime.fromisoformat(text)
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)

@@ -1,0 +1,247 @@
+"""Builds one refresh DAG per dataset of a spec file.
+
+Each DAG runs `[bootstrap] → discover → stage → per partition [refresh → upload] → commit → [publish]`:
+the bootstrap and snapshot tasks exist only when the dataset's snapshot mode asks for them. The per
+partition task group is mapped over the discovery output, one instance per partition, labelled in the UI
+with the partition's canonical key. The DAG's params (`partitions`, `where`, `full_refresh`, `snapshot`)
+make the UI's trigger form and the REST API's run conf drive a refresh. Nothing here imports pyspark,
+pyarrow, duckdb, pandas or boto3: DAG files stay fast to parse.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.keys import escape_component
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG, Asset
+
+    from airflow_partitions.spec import DatasetSpec, ProjectSpec
+
+DAG_ID_PREFIX = "refresh_"
+SPEC_PATH_ENV = "AIRFLOW_PARTITIONS_SPEC"
+DEFAULT_SPEC_FILE = "datasets.yaml"
+DEFAULT_START_DATE = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+TAG = "airflow-partitions"
+
+# Task ids, stable so that runs, the backfill CLI and tests can name them.
+BOOTSTRAP_TASK = "bootstrap_snapshot"
+DISCOVER_TASK = "discover"
+STAGE_TASK = "stage"
+PARTITION_GROUP = "partition"
+REFRESH_TASK = f"{PARTITION_GROUP}.refresh"
+UPLOAD_TASK = f"{PARTITION_GROUP}.upload_snapshot"
+COMMIT_TASK = "commit"
+PUBLISH_TASK = "publish_snapshot"
+
+
+def refresh_dag_id(dataset_name: str) -> str:
+    """The id of a dataset's refresh DAG."""
+    return f"{DAG_ID_PREFIX}{dataset_name}"
+
+
+def default_spec_path(dag_file: str | os.PathLike[str]) -> Path:
+    """The spec a DAG file loads: `$AIRFLOW_PARTITIONS_SPEC`, else `datasets.yaml` beside the DAG file."""
+    configured = os.environ.get(SPEC_PATH_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path(dag_file).resolve().with_name(DEFAULT_SPEC_FILE)
+
+
+def dataset_asset(project: ProjectSpec, dataset: DatasetSpec | str) -> Asset:
+    """The Airflow asset a dataset's refresh DAG updates: named after the dataset, URI = its directory.
+
+    Downstream DAGs schedule on it (`PartitionedAssetTimetable(assets=...)` runs once per refreshed
+    partition key) or refer to it as `Asset.ref(name="<dataset>")`.
+    """
+    from airflow.sdk import Asset
+
+    spec = project.dataset(dataset) if isinstance(dataset, str) else dataset
+    root = Path(project.accelerator_dir).resolve() / escape_component(spec.name)
+    return Asset(name=spec.name, uri=root.as_uri(), group="airflow-partitions")
+
+
+def run_params() -> dict[str, Any]:
+    """The DAG params behind the trigger form, from the run options' JSON schemas."""
+    from airflow.sdk import Param
+
+    from airflow_partitions.operators.run_conf import RUN_PARAM_SCHEMAS
+
+    params: dict[str, Any] = {}
+    for name, schema in RUN_PARAM_SCHEMAS.items():
+        fields = dict(schema)
+        default = fields.pop("default")
+        description = fields.pop("description", None)
+        params[name] = Param(default, description=description, **fields)
+    return params
+
+
+def describe_for_ui(dataset: DatasetSpec) -> str:
+    """Markdown shown on the DAG's page: what the DAG refreshes and how."""
+    acceleration = dataset.acceleration
+    fields = "\n".join(f"  - `{f.name}`: `{f.expression}`" for f in acceleration.partition_by)
+    snapshots = acceleration.snapshots
+    where = f" at `{snapshots.location}`" if snapshots.location else ""
+    return (
+        f"### Refresh of `{dataset.name}`\n\n"
+        f"- source: `{dataset.source.uri}`\n"
+        f"- engine: `{acceleration.engine}` ({acceleration.mode}, {acceleration.partition_mode})\n"
+        f"- partition_by:\n{fields}\n"
+        f"- schedule: `{acceleration.refresh.schedule or 'manual'}`\n"
+        f"- snapshots: `{snapshots.mode}`{where}\n\n"
+        "Trigger with params to refresh chosen partitions (`partitions`), those matching a filter "
+        "(`where`), or everything (`full_refresh`). A failed partition can be cleared and re-run alone."
+    )
+
+
+def build_refresh_dag(
+    project: ProjectSpec,
+    dataset: DatasetSpec | str,
+    *,
+    spark_conn_id: str | None = None,
+    aws_conn_id: str | None = None,
+    stage: bool = True,
+    default_args: Mapping[str, Any] | None = None,
+    dag_kwargs: Mapping[str, Any] | None = None,
+) -> DAG:
+    """The refresh DAG of one dataset (see the module docstring for its shape).
+
+    `spark_conn_id`: None runs Spark in-process (or per `[airflow_partitions] spark_conn_id`); a `spark`
+    connection uses spark-submit, a `spark_connect` one a Spark Connect server. `aws_conn_id`: the S3
+    connection of snapshots. `stage=False` drops the shared stage: each partition task then stages its own
+    partition (worth it only when the source reads one partition without scanning the rest).
+    """
+    from airflow.sdk import DAG, TriggerRule, task_group
+
+    from airflow_partitions.operators import (
+        PartitionCommitOperator,
+        PartitionDiscoveryOperator,
+        SnapshotBootstrapOperator,
+        SnapshotPublishOperator,
+        SnapshotUploadOperator,
+        SparkPartitionRefreshOperator,
+        SparkStageOperator,
+    )
+    from airflow_partitions.snapshots.modes import snapshot_actions
+
+    spec = project.dataset(dataset) if isinstance(dataset, str) else dataset
+    if project.path is None:
+        raise OrchestrationError(
+            "build_refresh_dag needs a spec loaded from a file (tasks re-read it when they run)"
+        )
+    spec_path = str(Path(project.path).resolve())
+    common = {"spec_path": spec_path, "dataset": spec.name}
+    actions = snapshot_actions(spec.acceleration.snapshots.mode)
+    asset = dataset_asset(project, spec)
+    options: dict[str, Any] = {
+        "schedule": spec.acceleration.refresh.schedule,
+        "start_date": DEFAULT_START_DATE,
+        "catchup": False,
+        # One refresh per dataset at a time: two would only fight over the same catalog commit.
+        "max_active_runs": 1,
+        "params": run_params(),
+        "tags": [TAG, spec.name],
+        "doc_md": describe_for_ui(spec),
+        "description": f"Refresh the partitioned acceleration of {spec.name}",
+        "default_args": dict(default_args or {}),
+    }
+    options.update(dag_kwargs or {})
+    with DAG(dag_id=refresh_dag_id(spec.name), **options) as dag:
+        discover = PartitionDiscoveryOperator(
+            task_id=DISCOVER_TASK,
+            # Runs after a bootstrap that skipped because the local copy exists.
+            trigger_rule=TriggerRule.NONE_FAILED,
+            **common,
+        )
+        if actions.bootstrap and spec.acceleration.snapshots.location:
+            SnapshotBootstrapOperator(task_id=BOOTSTRAP_TASK, aws_conn_id=aws_conn_id, **common) >> discover
+        plan = discover.output["plan"]
+        staged = None
+        if stage:
+            staged = SparkStageOperator(
+                task_id=STAGE_TASK,
+                plan=plan,
+                work_items=discover.output,
+                spark_conn_id=spark_conn_id,
+                **common,
+            )
+
+        @task_group(group_id=PARTITION_GROUP)
+        def per_partition(work_item: Any) -> None:
+            refreshed = SparkPartitionRefreshOperator(
+                task_id="refresh",
+                work_item=work_item,
+                stage=staged.output if staged is not None else None,
+                plan=None if staged is not None else plan,
+                spark_conn_id=spark_conn_id,
+                **common,
+            )
+            if actions.upload:
+                SnapshotUploadOperator(
+                    task_id="upload_snapshot",
+                    partition_result=refreshed.output,
+                    aws_conn_id=aws_conn_id,
+                    **common,
+                )
+
+        partitions = per_partition.expand(work_item=discover.output)
+        if staged is not None:
+            staged >> partitions
+        commit = PartitionCommitOperator(
+            task_id=COMMIT_TASK,
+            plan=plan,
+            work_items=discover.output,
+            results=dag.get_task(REFRESH_TASK).output,
+            stage=staged.output if staged is not None else None,
+            outlets=[asset],
+            # Skipped partition tasks (nothing to refresh) must not skip the commit of removals.
+            trigger_rule=TriggerRule.NONE_FAILED,
+            **common,
+        )
+        partitions >> commit
+        discover >> commit
+        if actions.upload:
+            SnapshotPublishOperator(
+                task_id=PUBLISH_TASK, commit=commit.output, aws_conn_id=aws_conn_id, **common
+            )
+    return dag
+
+
+def build_refresh_dags(
+    spec_path: str | os.PathLike[str],
+    *,
+    spark_conn_id: str | None = None,
+    aws_conn_id: str | None = None,
+    stage: bool = True,
+    default_args: Mapping[str, Any] | None = None,
+    dag_kwargs: Mapping[str, Any] | None = None,
+) -> dict[str, DAG]:
+    """One refresh DAG per enabled dataset of the spec at `spec_path`, keyed by DAG id.
+
+    A DAG file exposes them with `globals().update(build_refresh_dags(...))`. A broken spec raises
+    `SpecValidationError` listing every problem, which Airflow shows as the file's import error.
+    """
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(Path(spec_path))
+    dags: dict[str, DAG] = {}
+    for spec in project.datasets:
+        if not spec.acceleration.enabled:
+            continue
+        dag = build_refresh_dag(
+            project,
+            spec,
+            spark_conn_id=spark_conn_id,
+            aws_conn_id=aws_conn_id,
+            stage=stage,
+            default_args=default_args,
+            dag_kwargs=dag_kwargs,
+        )
+        dags[dag.dag_id] = dag
+    return dags

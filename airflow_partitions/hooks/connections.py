@@ -1,0 +1,65 @@
+"""Turns Airflow connections into the plain settings the core takes: Postgres URLs for sources."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+from airflow_partitions.exceptions import OrchestrationError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Connection
+
+POSTGRES_CONN_TYPES = frozenset({"postgres", "postgresql"})
+# libpq options Airflow's Postgres connection keeps in its extra and that a URL can carry.
+_LIBPQ_EXTRA_KEYS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout", "application_name")
+
+
+def get_connection(conn_id: str) -> Connection:
+    """An Airflow connection by id (secrets backends, environment, then the metadata DB)."""
+    from airflow.sdk import BaseHook
+
+    try:
+        return BaseHook.get_connection(conn_id)
+    except Exception as err:
+        # The SDK raises its own not-found type; say which id and how to define it.
+        raise OrchestrationError(
+            f"Airflow connection {conn_id!r} is not defined ({err}); create it in the UI "
+            f"(Admin > Connections) or set AIRFLOW_CONN_{conn_id.upper()}"
+        ) from err
+
+
+def postgres_url(connection: Any) -> str:
+    """`postgresql://user:password@host:port/database?sslmode=...` for a Postgres Airflow connection."""
+    conn_type = (connection.conn_type or "").lower()
+    if conn_type and conn_type not in POSTGRES_CONN_TYPES:
+        raise OrchestrationError(
+            f"connection {connection.conn_id!r} has type {connection.conn_type!r}; a Postgres source needs a "
+            "connection of type postgres"
+        )
+    if not connection.host:
+        raise OrchestrationError(f"Postgres connection {connection.conn_id!r} has no host")
+    auth = ""
+    if connection.login:
+        auth = quote(connection.login, safe="")
+        if connection.password:
+            auth += ":" + quote(connection.password, safe="")
+        auth += "@"
+    port = f":{connection.port}" if connection.port else ""
+    database = quote(connection.schema or "", safe="")
+    extra = connection.extra_dejson or {}
+    options = {key: str(extra[key]) for key in _LIBPQ_EXTRA_KEYS if extra.get(key) not in (None, "")}
+    query = f"?{urlencode(options)}" if options else ""
+    return f"postgresql://{auth}{connection.host}{port}/{database}{query}"
+
+
+def resolve_postgres_connection(conn_id: str) -> str:
+    """The resolver the core's Postgres source calls: connection id -> URL."""
+    return postgres_url(get_connection(conn_id))
+
+
+def install_connection_resolver() -> None:
+    """Let core sources resolve `params.connection_id` through Airflow's connections (idempotent)."""
+    from airflow_partitions.sources.base import set_connection_resolver
+
+    set_connection_resolver(resolve_postgres_connection)

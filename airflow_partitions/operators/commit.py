@@ -1,0 +1,121 @@
+"""`PartitionCommitOperator`: publish refreshed partitions in one atomic commit, then emit asset events."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Asset
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.keys import HASHED_MARKER
+from airflow_partitions.operators.base import DatasetOperator
+from airflow_partitions.operators.refresh import full_plan
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+# Airflow stores an asset event's partition key in a 250-character column.
+MAX_ASSET_PARTITION_KEY = 250
+_DIGEST_CHARS = 24
+
+
+def asset_partition_key(key_path: str) -> str:
+    """The partition key an asset event carries: the canonical key string, shortened when too long.
+
+    A shortened key keeps a readable prefix and ends in `%H<digest of the full key>`; the catalog entry
+    (and the event's extra) hold the exact key.
+    """
+    if len(key_path) <= MAX_ASSET_PARTITION_KEY:
+        return key_path
+    digest = hashlib.sha256(key_path.encode("utf-8")).hexdigest()[:_DIGEST_CHARS]
+    keep = MAX_ASSET_PARTITION_KEY - len(HASHED_MARKER) - _DIGEST_CHARS
+    prefix = key_path[:keep]
+    cut = prefix.rfind("%")
+    # Never end the prefix inside a %XX escape.
+    if cut != -1 and cut >= len(prefix) - 2:
+        prefix = prefix[:cut]
+    return f"{prefix}{HASHED_MARKER}{digest}"
+
+
+class PartitionCommitOperator(DatasetOperator):
+    """Commit the refreshed partitions and the plan's removals as one new catalog version.
+
+    Readers see the previous version or the new one, never a mix. Afterwards every `Asset` in `outlets`
+    gets one event per refreshed partition carrying the partition's canonical key (Airflow's partitioned
+    asset events), so partition-aware downstream DAGs (`PartitionedAssetTimetable`) run per partition.
+    Skips when the plan has nothing to write or remove. A retried commit is idempotent.
+    """
+
+    template_fields: Sequence[str] = (
+        *DatasetOperator.template_fields,
+        "plan",
+        "work_items",
+        "results",
+        "stage",
+    )
+    ui_color = "#c9e7c0"
+
+    def __init__(
+        self,
+        *,
+        plan: Any,
+        work_items: Any,
+        results: Any,
+        stage: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.work_items = work_items
+        self.results = results
+        self.stage = stage
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.refresh.commit import commit_refresh
+
+        plan = full_plan(self.plan, self.work_items)
+        results = [r for r in (self.results or []) if r is not None]
+        if plan.is_empty:
+            raise AirflowSkipException(f"{self.dataset}: nothing changed in the source; no commit needed")
+        if not all(isinstance(r, Mapping) for r in results):
+            raise OrchestrationError(
+                "results must be the partition descriptors returned by the refresh tasks"
+            )
+        commit = commit_refresh(self.project, self.dataset_spec, plan, results, stage=self.stage)
+        self.log.info(
+            "Committed %s version %s: %d partition(s) written (%d rows, %d bytes), %d removed",
+            self.dataset,
+            commit.version,
+            commit.upserted,
+            commit.rows,
+            commit.bytes,
+            commit.removed,
+        )
+        refreshed = [r["key_path"] for r in results]
+        self.emit_asset_events(context, refreshed, commit.to_json())
+        return commit.to_json()
+
+    def emit_asset_events(
+        self, context: Context, key_paths: Sequence[str], commit: Mapping[str, Any]
+    ) -> None:
+        """One event per refreshed partition on each outlet asset (a removal-only commit: one plain event)."""
+        assets = [outlet for outlet in self.outlets if isinstance(outlet, Asset)]
+        if not assets:
+            return
+        partition_keys = sorted({asset_partition_key(path) for path in key_paths})
+        extra = {
+            "dataset": self.dataset,
+            "version": commit.get("version"),
+            "partitions_refreshed": commit.get("upserted", 0),
+            "partitions_removed": commit.get("removed", 0),
+            "spec": os.path.abspath(self.spec_path),
+        }
+        for asset in assets:
+            accessor = context["outlet_events"][asset]
+            accessor.extra = dict(extra)
+            if partition_keys:
+                accessor.add_partitions(partition_keys)

@@ -1,0 +1,262 @@
+"""Spark refresh operators: stage the source once, then write one partition per mapped task instance.
+
+`SparkStageOperator` runs the one Spark job of a refresh (scan the source once, route rows to the planned
+partitions). `SparkPartitionRefreshOperator` turns one partition's staged rows into its engine file and
+returns the partition's descriptor for the commit; without a stage task it stages its own partition first
+(one Spark job per partition: for sources that read a partition without scanning the rest). Both run
+Spark where the connection says: in-process local Spark (default), `spark-submit` through a `spark`
+connection, or a Spark Connect server through a `spark_connect` connection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.hooks.spark_refresh import SparkMode, SparkRefreshHook
+from airflow_partitions.operators.base import DatasetOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_partitions.refresh.plan import RefreshPlan, StageResult
+    from airflow_partitions.spec import DatasetSpec, ProjectSpec
+
+# The label of each mapped refresh instance in the UI: the canonical key of its partition.
+REFRESH_MAP_INDEX_TEMPLATE = "{{ task.work_item['key_path'] }}"
+
+
+def full_plan(plan: Mapping[str, Any], work_items: Sequence[Mapping[str, Any]] | None) -> RefreshPlan:
+    """The refresh plan from the discovery's `plan` XCom (no items) and its returned work items."""
+    from airflow_partitions.refresh.plan import RefreshPlan
+
+    if not isinstance(plan, Mapping):
+        raise OrchestrationError(
+            f"expected the discovery task's `plan` XCom (a JSON object), got {type(plan).__name__}; wire "
+            "plan=discover.output['plan']"
+        )
+    return RefreshPlan.from_json({**plan, "items": list(work_items or [])})
+
+
+def build_stage_job_args(
+    *, spec_path: str, dataset: str, plan_file: str, location: str, output_file: str
+) -> list[str]:
+    """Arguments of `spark_jobs/refresh_partitions.py` for one stage (a pure function: tested as is)."""
+    return [
+        "stage",
+        "--spec",
+        spec_path,
+        "--dataset",
+        dataset,
+        "--plan",
+        plan_file,
+        "--location",
+        location,
+        "--output",
+        output_file,
+    ]
+
+
+def _stage_in_session(
+    operator: SparkOperatorBase, project: ProjectSpec, dataset: DatasetSpec, plan: RefreshPlan
+) -> StageResult:
+    from airflow_partitions.refresh.stage import stage_refresh
+
+    return stage_refresh(project, dataset, plan, spark=operator.spark_hook.session())
+
+
+def _stage_with_spark_submit(
+    operator: SparkOperatorBase, project: ProjectSpec, dataset: DatasetSpec, plan: RefreshPlan
+) -> StageResult:
+    from airflow_partitions.refresh.plan import StageResult
+    from airflow_partitions.refresh.stage import staging_root
+
+    root = staging_root(project, dataset)
+    root.mkdir(parents=True, exist_ok=True)
+    location = root / f"submit-{uuid.uuid4().hex[:12]}"
+    with tempfile.TemporaryDirectory(dir=root, prefix=".job-") as job_dir:
+        plan_file = Path(job_dir) / "plan.json"
+        output_file = Path(job_dir) / "stage.json"
+        plan_file.write_text(json.dumps(plan.to_json()))
+        operator.spark_hook.submit(
+            build_stage_job_args(
+                spec_path=os.path.abspath(operator.spec_path),
+                dataset=dataset.name,
+                plan_file=str(plan_file),
+                location=str(location),
+                output_file=str(output_file),
+            ),
+            env=operator.submit_env(dataset),
+            name=f"airflow-partitions-stage-{dataset.name}",
+        )
+        if not output_file.exists():
+            raise OrchestrationError(
+                f"the Spark job finished without writing its stage result {output_file}; see its log above"
+            )
+        return StageResult.from_json(json.loads(output_file.read_text()))
+
+
+# How each Spark mode stages: in a session of this process (local or Spark Connect), or by spark-submit.
+_STAGE_RUNNERS: dict[SparkMode, Callable[[Any, Any, Any, Any], StageResult]] = {
+    SparkMode.LOCAL: _stage_in_session,
+    SparkMode.CONNECT: _stage_in_session,
+    SparkMode.SUBMIT: _stage_with_spark_submit,
+}
+
+
+class SparkOperatorBase(DatasetOperator):
+    """Spark connection handling shared by the stage and the per-partition refresh."""
+
+    def __init__(self, *, spark_conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spark_conn_id = spark_conn_id
+
+    @cached_property
+    def spark_hook(self) -> SparkRefreshHook:
+        return SparkRefreshHook(spark_conn_id=self.spark_conn_id)
+
+    def submit_env(self, dataset: DatasetSpec) -> dict[str, str]:
+        """Environment for a spark-submit driver: the Postgres source's connection as AIRFLOW_CONN_<ID>.
+
+        The driver runs outside Airflow's task process, so it cannot ask Airflow for connections; the
+        resolved URL travels in the environment (never on the command line, which `ps` shows).
+        """
+        from airflow_partitions.hooks.connections import resolve_postgres_connection
+        from airflow_partitions.spec import SourceScheme
+
+        source = dataset.source
+        if source.scheme is SourceScheme.POSTGRES and source.connection_id:
+            return {
+                f"AIRFLOW_CONN_{source.connection_id.upper()}": resolve_postgres_connection(
+                    source.connection_id
+                )
+            }
+        return {}
+
+    def run_stage(self, plan: RefreshPlan) -> StageResult:
+        self.prepare_sources()
+        runner = _STAGE_RUNNERS[self.spark_hook.mode]
+        self.log.info(
+            "Staging %d partition(s) of %s with Spark (%s)",
+            len(plan.items),
+            self.dataset,
+            self.spark_hook.mode,
+        )
+        return runner(self, self.project, self.dataset_spec, plan)
+
+    def on_kill(self) -> None:
+        self.spark_hook.on_kill()
+
+
+class SparkStageOperator(SparkOperatorBase):
+    """Read the source once and route the planned partitions' rows to a staging location.
+
+    Skips (and so skips the partition tasks) when discovery planned nothing to refresh. Returns the stage
+    result (location and mode) that `SparkPartitionRefreshOperator` reads.
+    """
+
+    template_fields: Sequence[str] = (*DatasetOperator.template_fields, "plan", "work_items")
+    ui_color = "#fde9c8"
+
+    def __init__(
+        self,
+        *,
+        plan: Any,
+        work_items: Any,
+        spark_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(spark_conn_id=spark_conn_id, **kwargs)
+        self.plan = plan
+        self.work_items = work_items
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        plan = full_plan(self.plan, self.work_items)
+        if not plan.items:
+            raise AirflowSkipException(f"nothing to refresh in {self.dataset}: no stage needed")
+        stage = self.run_stage(plan)
+        self.log.info(
+            "Staged %d partition(s) at %s (%s) in %.2fs",
+            stage.partitions,
+            stage.location,
+            stage.mode,
+            stage.elapsed_s,
+        )
+        return stage.to_json()
+
+
+class SparkPartitionRefreshOperator(SparkOperatorBase):
+    """Refresh one partition: write its engine file from the staged rows and return its descriptor.
+
+    Map it over the discovery output (`work_item=XComArg`), one task instance per partition; a failed
+    partition can be cleared and re-run alone while the stage is kept. Nothing is visible to readers
+    until `PartitionCommitOperator` commits. With `stage=None` the task stages its own partition first,
+    through the Spark connection (`plan` then comes from the discovery task's `plan` XCom).
+    """
+
+    template_fields: Sequence[str] = (*DatasetOperator.template_fields, "work_item", "stage", "plan")
+    ui_color = "#fbd79b"
+
+    def __init__(
+        self,
+        *,
+        work_item: Any,
+        stage: Any = None,
+        plan: Any = None,
+        spark_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("map_index_template", REFRESH_MAP_INDEX_TEMPLATE)
+        super().__init__(spark_conn_id=spark_conn_id, **kwargs)
+        self.work_item = work_item
+        self.stage = stage
+        self.plan = plan
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.refresh.commit import remove_stage
+        from airflow_partitions.refresh.finalize import finalize_partition
+        from airflow_partitions.refresh.plan import PartitionWorkItem, StageResult
+
+        if not isinstance(self.work_item, Mapping):
+            raise OrchestrationError(
+                "work_item must be one discovery work item (a JSON object), got "
+                f"{type(self.work_item).__name__}"
+            )
+        item = PartitionWorkItem.from_json(self.work_item)
+        own_stage: StageResult | None = None
+        if self.stage is None:
+            if self.plan is None:
+                raise OrchestrationError(
+                    "SparkPartitionRefreshOperator without a stage needs plan=discover.output['plan'] to "
+                    "stage its own partition"
+                )
+            own_stage = self.run_stage(replace(full_plan(self.plan, []), items=(item,)))
+            stage = own_stage
+        else:
+            stage = StageResult.from_json(self.stage)
+        self.prepare_sources()
+        try:
+            result = finalize_partition(self.project, self.dataset_spec, stage, item)
+        finally:
+            if own_stage is not None:
+                remove_stage(own_stage)
+        self.log.info(
+            "Partition %s (%s): %d rows in %d file(s), %d bytes, in %.2fs",
+            item.key_path,
+            item.reason,
+            result.rows,
+            len(result.files),
+            result.bytes,
+            result.elapsed_s,
+        )
+        return result.to_json()

@@ -1,0 +1,260 @@
+"""Snapshot operators: upload refreshed partitions to S3, publish committed versions, bootstrap from them.
+
+What each may do follows the dataset's `snapshots.mode`: `enabled` uploads and bootstraps,
+`bootstrap_only` only bootstraps (read replicas never overwrite a snapshot they did not produce),
+`disabled` does neither; a task that may not act skips. Credentials come from an Airflow AWS connection
+(`aws_conn_id`; `endpoint_url` in its extra for MinIO and other S3-compatible stores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
+from airflow_partitions.operators.base import DatasetOperator
+from airflow_partitions.operators.run_conf import RefreshRunConf
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_partitions.snapshots.modes import SnapshotActions
+
+UPLOAD_MAP_INDEX_TEMPLATE = "{{ task.partition_result['key_path'] }}"
+
+
+class SnapshotOperatorBase(DatasetOperator):
+    """The dataset's snapshot location (or `location`), its mode, and the S3 settings of `aws_conn_id`."""
+
+    template_fields: Sequence[str] = (*DatasetOperator.template_fields, "location")
+
+    def __init__(self, *, aws_conn_id: str | None = None, location: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.aws_conn_id = aws_conn_id
+        self.location = location
+
+    @cached_property
+    def storage_hook(self) -> SnapshotStorageHook:
+        return SnapshotStorageHook(aws_conn_id=self.aws_conn_id)
+
+    @property
+    def actions(self) -> SnapshotActions:
+        from airflow_partitions.snapshots.modes import snapshot_actions
+
+        return snapshot_actions(self.dataset_spec.acceleration.snapshots.mode)
+
+    def snapshot_location(self) -> str:
+        location = self.location or self.dataset_spec.acceleration.snapshots.location
+        if not location:
+            raise OrchestrationError(
+                f"dataset {self.dataset!r} has no snapshots.location; set it in the spec "
+                "(s3://bucket/prefix) or pass location= to the operator"
+            )
+        return location
+
+    def skip_unless(self, allowed: bool, action: str) -> None:
+        if not allowed:
+            mode = self.dataset_spec.acceleration.snapshots.mode
+            raise AirflowSkipException(f"snapshots of {self.dataset} are {mode}: no {action}")
+
+
+class SnapshotUploadOperator(SnapshotOperatorBase):
+    """Upload one refreshed partition's files (map it over the refresh results, one partition each).
+
+    Checksums are verified before and after sending, large files go up in parts, and a file already
+    stored with the same content is skipped, so a retry sends nothing twice. Skips when the dataset's
+    mode does not upload or the run's `snapshot` param is false.
+    """
+
+    template_fields: Sequence[str] = (*SnapshotOperatorBase.template_fields, "partition_result")
+    ui_color = "#e3d9f5"
+
+    def __init__(self, *, partition_result: Any, upload: bool | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("map_index_template", UPLOAD_MAP_INDEX_TEMPLATE)
+        super().__init__(**kwargs)
+        self.partition_result = partition_result
+        self.upload = upload
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.refresh.commit import dataset_data_root
+        from airflow_partitions.refresh.plan import PartitionResult
+        from airflow_partitions.snapshots import upload_partition_snapshot
+        from airflow_partitions.storage import DataFile
+
+        self.skip_unless(self.actions.upload, "upload")
+        if not RefreshRunConf.from_context(context, snapshot=self.upload).snapshot:
+            raise AirflowSkipException("snapshot upload is switched off for this run (param `snapshot`)")
+        if not isinstance(self.partition_result, Mapping):
+            raise OrchestrationError(
+                "partition_result must be the descriptor a SparkPartitionRefreshOperator returned, got "
+                f"{type(self.partition_result).__name__}"
+            )
+        result = PartitionResult.from_json(self.partition_result)
+        files = [DataFile.from_json(f) for f in result.files]
+        uploaded = upload_partition_snapshot(
+            self.storage_hook.s3_settings,
+            self.snapshot_location(),
+            dataset_data_root(self.project, self.dataset_spec),
+            files,
+            dataset=self.dataset,
+        )
+        self.log.info(
+            "Partition %s: uploaded %d file(s) (%d bytes), %d already there, to %s",
+            result.key_path,
+            len(uploaded.uploaded),
+            uploaded.uploaded_bytes,
+            len(uploaded.skipped),
+            uploaded.location,
+        )
+        return {"key_path": result.key_path, **uploaded.to_json()}
+
+
+class SnapshotPublishOperator(SnapshotOperatorBase):
+    """Publish the manifest of a committed catalog version, once all its files are in the snapshot location.
+
+    Files the version references that are not uploaded yet (e.g. from runs with uploads switched off)
+    are uploaded first. Skips when nothing was committed, the mode does not upload, or the run's
+    `snapshot` param is false.
+    """
+
+    template_fields: Sequence[str] = (*SnapshotOperatorBase.template_fields, "commit")
+    ui_color = "#d9cdf0"
+
+    def __init__(self, *, commit: Any, upload: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commit = commit
+        self.upload = upload
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.refresh.commit import dataset_data_root, open_dataset_catalog
+        from airflow_partitions.snapshots.manifest import upload_snapshot_manifest
+
+        self.skip_unless(self.actions.upload, "upload")
+        if not RefreshRunConf.from_context(context, snapshot=self.upload).snapshot:
+            raise AirflowSkipException("snapshot upload is switched off for this run (param `snapshot`)")
+        version = self.commit.get("version") if isinstance(self.commit, Mapping) else self.commit
+        if version is None:
+            raise AirflowSkipException("nothing was committed: no version to publish")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise OrchestrationError(
+                f"commit must be a commit result or a version number, got {self.commit!r}"
+            )
+        snapshot = open_dataset_catalog(self.project, self.dataset_spec).snapshot(version)
+        published = upload_snapshot_manifest(
+            self.storage_hook.s3_settings,
+            self.snapshot_location(),
+            self.dataset,
+            snapshot,
+            dataset_root=dataset_data_root(self.project, self.dataset_spec),
+        )
+        self.log.info(
+            "Published %s version %d (%s; %d file(s) checked, %d uploaded first); latest is %d",
+            self.dataset,
+            published.version,
+            "new" if published.created else "already published",
+            published.files_checked,
+            published.files_uploaded,
+            published.latest_version,
+        )
+        return published.to_json()
+
+
+class SnapshotBootstrapOperator(SnapshotOperatorBase):
+    """Hydrate the local acceleration from the newest published snapshot (or `version`).
+
+    `where` (SQL on partition columns) or `partitions` (canonical keys) fetch only those partitions.
+    With `only_if_empty` (the default) it skips when the local catalog already has a version, so it can
+    run first in every refresh: a new machine downloads instead of re-reading the source. Skips when the
+    dataset's mode does not bootstrap.
+    """
+
+    template_fields: Sequence[str] = (*SnapshotOperatorBase.template_fields, "where", "partitions", "version")
+    ui_color = "#e3d9f5"
+
+    def __init__(
+        self,
+        *,
+        where: str | None = None,
+        partitions: Sequence[str] | None = None,
+        version: int | None = None,
+        only_if_empty: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if where is not None and partitions is not None:
+            raise OrchestrationError("give SnapshotBootstrapOperator either where= or partitions=, not both")
+        self.where = where
+        self.partitions = partitions
+        self.version = version
+        self.only_if_empty = only_if_empty
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.refresh.commit import dataset_data_root, open_dataset_catalog
+        from airflow_partitions.snapshots.bootstrap import bootstrap_snapshot
+        from airflow_partitions.snapshots.manifest import read_snapshot_manifest
+
+        self.skip_unless(self.actions.bootstrap, "bootstrap")
+        catalog = open_dataset_catalog(self.project, self.dataset_spec)
+        if self.only_if_empty and catalog.latest() is not None:
+            raise AirflowSkipException(f"{self.dataset} already has a local catalog: nothing to bootstrap")
+        settings = self.storage_hook.s3_settings
+        location = self.snapshot_location()
+        manifest = read_snapshot_manifest(settings, location, self.dataset, self.version)
+        if manifest is None:
+            raise AirflowSkipException(f"no snapshot of {self.dataset} was published at {location} yet")
+        where_keys: Any = None
+        if self.partitions is not None:
+            where_keys = [str(p).strip().strip("/") for p in self.partitions]
+        elif self.where:
+            where_keys = self.select_where(manifest.to_snapshot())
+        result = bootstrap_snapshot(
+            settings,
+            location,
+            self.dataset,
+            dataset_data_root(self.project, self.dataset_spec),
+            catalog=catalog,
+            where_keys=where_keys,
+            manifest=manifest,
+        )
+        self.log.info(
+            "Bootstrapped %s from snapshot version %s: %d of %d partition(s) selected, %d file(s) downloaded "
+            "(%d bytes), %d already local; local version %s",
+            self.dataset,
+            result.version,
+            len(result.partitions_selected),
+            result.partitions_total,
+            result.files_downloaded,
+            result.bytes_downloaded,
+            result.files_skipped,
+            result.committed_version,
+        )
+        return result.to_json()
+
+    def select_where(self, snapshot: Any) -> list[str]:
+        """Key paths of the snapshot's partitions that may hold rows matching `where` (pruning)."""
+        from airflow_partitions.pruning import plan_partitions
+
+        plan = plan_partitions(snapshot, self.filter_schema(), self.where, dataset=self.dataset)
+        return [selected.key_path for selected in plan.selected]
+
+    def filter_schema(self) -> Any:
+        """The schema `where` binds to: the spec's `schema:` block, else the source's own schema."""
+        from airflow_partitions.exceptions import SourceError
+        from airflow_partitions.sources import open_source
+
+        declared = self.dataset_spec.declared_schema()
+        if declared is not None:
+            return declared
+        self.prepare_sources()
+        try:
+            return open_source(self.dataset_spec.source).schema()
+        except SourceError as err:
+            raise OrchestrationError(
+                f"bootstrap of {self.dataset!r} with where= needs the dataset's schema: the spec declares "
+                f"none and the source is unreachable ({err}); declare `schema:` in the spec or pass "
+                "partitions= (canonical keys) instead"
+            ) from err

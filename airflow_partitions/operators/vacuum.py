@@ -1,0 +1,65 @@
+"""`VacuumOperator`: expire old catalog versions and delete partition files no retained version uses."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.operators.base import DatasetOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class VacuumOperator(DatasetOperator):
+    """Vacuum the dataset's catalog: keep the newest `retain_versions` and/or versions younger than
+    `older_than`, delete unreferenced files older than `grace`. `dry_run=True` only reports."""
+
+    template_fields: Sequence[str] = (*DatasetOperator.template_fields, "retain_versions")
+    ui_color = "#eeeeee"
+
+    def __init__(
+        self,
+        *,
+        retain_versions: int | None = None,
+        older_than: dt.timedelta | None = None,
+        grace: dt.timedelta | None = None,
+        dry_run: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if retain_versions is not None and (not isinstance(retain_versions, int) or retain_versions < 1):
+            raise OrchestrationError(f"retain_versions must be a positive integer, got {retain_versions!r}")
+        for name, value in (("older_than", older_than), ("grace", grace)):
+            if value is not None and (not isinstance(value, dt.timedelta) or value < dt.timedelta(0)):
+                raise OrchestrationError(f"{name} must be a non-negative timedelta, got {value!r}")
+        self.retain_versions = retain_versions
+        self.older_than = older_than
+        self.grace = grace
+        self.dry_run = dry_run
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.refresh.commit import open_dataset_catalog
+
+        catalog = open_dataset_catalog(self.project, self.dataset_spec)
+        options: dict[str, Any] = {"retain_versions": self.retain_versions, "older_than": self.older_than}
+        if self.grace is not None:
+            options["grace"] = self.grace
+        report = catalog.vacuum(dry_run=self.dry_run, **options)
+        summary = report.to_json()
+        # The file list can be long; XCom gets the count, the log gets the names.
+        summary["removed_files"] = len(report.removed_files)
+        for removed in report.removed_files:
+            self.log.debug("vacuum: %s (%d bytes)", removed.path, removed.bytes)
+        self.log.info(
+            "%s %s: %d version(s), %d file(s) (%d bytes) %s",
+            "Vacuum (dry run) of" if self.dry_run else "Vacuumed",
+            self.dataset,
+            len(report.removed_versions),
+            len(report.removed_files),
+            report.bytes_freed,
+            "would be removed" if self.dry_run else "removed",
+        )
+        return summary

@@ -1,0 +1,560 @@
+"""Turn a SQL WHERE string or a pyarrow-style DNF list into one bound predicate over the dataset schema.
+
+Both forms end in the same `expressions` tree. Columns resolve against the dataset's Arrow schema (exact
+name first, then a unique case-insensitive match, as DuckDB resolves unquoted identifiers); literals are
+coerced to the type of the term they meet (`literals.coerce_literal`); partition expressions written in
+the filter (`bucket(50, c) = 7`, `date_part('year', ts) >= 2026`, `truncate(1000, amount)`, `id % 16`)
+become `TransformRef` terms with exactly the semantics used to write partitions.
+
+Strict binding (the default, for `plan`/`read`) raises `FilterError` for syntax errors, unknown columns
+and type mismatches; boolean SQL it cannot reason about (LIKE, other functions) is kept as `Opaque`, which
+prunes nothing but is still applied as the residual filter. Lenient binding (for conjuncts lifted out of a
+user's query) never raises on such things: whatever it cannot use becomes `Opaque`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from airflow_partitions.exceptions import FilterError, PartitionExpressionError
+from airflow_partitions.pruning.expressions import (
+    OPERATORS_BY_TEXT,
+    AlwaysFalse,
+    AlwaysNull,
+    AlwaysTrue,
+    ColumnRef,
+    Comparison,
+    InList,
+    IsNull,
+    Op,
+    Opaque,
+    Predicate,
+    Term,
+    TransformRef,
+    and_,
+    not_,
+    or_,
+)
+from airflow_partitions.pruning.literals import Between, coerce_literal
+from airflow_partitions.spec.model import did_you_mean
+
+if TYPE_CHECKING:
+    from airflow_partitions.transforms import Transform
+
+DIALECT = "duckdb"
+# sqlglot reads `truncate` as the TRUNCATE statement keyword even when called like a function; the
+# filter text is tokenised and such calls renamed to this placeholder before parsing, then back.
+TRUNCATE_PLACEHOLDER = "__ap_truncate"
+
+# Node types a lenient (query) binding may fold into a constant: deterministic, column-free.
+_DETERMINISTIC_CONSTANT_NODES = (
+    exp.Literal,
+    exp.Neg,
+    exp.Paren,
+    exp.Cast,
+    exp.TryCast,
+    exp.DataType,
+    exp.DataTypeParam,
+    exp.Interval,
+    exp.Var,
+    exp.Add,
+    exp.Sub,
+    exp.Mul,
+    exp.Div,
+    exp.Boolean,
+    exp.Null,
+    exp.HexString,
+    exp.Identifier,
+)
+
+FilterInput = str | Sequence[Any] | Predicate | None
+ColumnResolver = Callable[[exp.Column], str | None]
+
+
+def protect_truncate(sql: str) -> str:
+    """`sql` with every `truncate(` call renamed to the placeholder, so sqlglot parses it as a function."""
+    from sqlglot.dialects.duckdb import DuckDB
+    from sqlglot.tokens import TokenType
+
+    try:
+        tokens = DuckDB().tokenize(sql)
+    except (TokenError, ParseError) as err:
+        raise FilterError(f"cannot parse {sql!r}: {err}") from err
+    pieces: list[str] = []
+    cursor = 0
+    for token, following in zip(tokens, [*tokens[1:], None]):
+        if (
+            token.token_type == TokenType.TRUNCATE
+            and following is not None
+            and following.token_type == TokenType.L_PAREN
+        ):
+            pieces.append(sql[cursor : token.start])
+            pieces.append(TRUNCATE_PLACEHOLDER)
+            cursor = token.end + 1
+    pieces.append(sql[cursor:])
+    return "".join(pieces)
+
+
+def restore_truncate(sql: str) -> str:
+    """Inverse of `protect_truncate` on SQL rendered by sqlglot."""
+    return sql.replace(TRUNCATE_PLACEHOLDER.upper(), "truncate").replace(TRUNCATE_PLACEHOLDER, "truncate")
+
+
+def render(node: exp.Expression) -> str:
+    """DuckDB SQL of a sqlglot node, with `truncate` calls restored."""
+    return restore_truncate(node.sql(dialect=DIALECT))
+
+
+def parse_where_sql(where: str) -> exp.Expression:
+    """The sqlglot tree of a WHERE condition; a `FilterError` for anything but one boolean expression."""
+    if not isinstance(where, str) or not where.strip():
+        raise FilterError("the filter is empty; pass a SQL condition such as \"region = 'EU'\" or None")
+    text = protect_truncate(where)
+    try:
+        statements = sqlglot.parse(f"SELECT 1 WHERE {text}", read=DIALECT)
+    except (ParseError, TokenError) as err:
+        raise FilterError(f"syntax error in filter {where!r}: {_first_line(err)}") from err
+    if len(statements) != 1 or not isinstance(statements[0], exp.Select):
+        raise FilterError(f"filter {where!r} must be a single condition, not several statements")
+    select = statements[0]
+    condition = select.args.get("where")
+    extra = [key for key in ("group", "having", "order", "limit", "qualify", "from") if select.args.get(key)]
+    if condition is None or extra or len(select.expressions) != 1:
+        raise FilterError(f"filter {where!r} is not a single boolean condition")
+    inner: exp.Expression = condition.this
+    return inner
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+class FilterBinder:
+    """Binds filters to one Arrow schema. `lenient=True` turns every problem into an `Opaque` leaf."""
+
+    def __init__(
+        self,
+        schema: pa.Schema,
+        *,
+        lenient: bool = False,
+        resolve_column: ColumnResolver | None = None,
+    ) -> None:
+        self.schema = schema
+        self.lenient = lenient
+        self._resolve_column_node = resolve_column
+        self._names = list(schema.names)
+        self._by_lower: dict[str, list[str]] = {}
+        for name in self._names:
+            self._by_lower.setdefault(name.lower(), []).append(name)
+
+    # --- entry points -----------------------------------------------------------------------------
+
+    def bind(self, where: FilterInput) -> Predicate:
+        """A predicate from a SQL string, a DNF list, an already built predicate, or None (no filter)."""
+        if where is None:
+            return AlwaysTrue()
+        if isinstance(where, Predicate):
+            return where
+        if isinstance(where, str):
+            return self.bind_sql(where)
+        if isinstance(where, Sequence) and not isinstance(where, bytes | bytearray):
+            return self.bind_dnf(where)
+        raise FilterError(
+            f"unsupported filter {where!r}: pass a SQL condition string, a DNF list such as "
+            "[[('region', '=', 'EU')]], or None"
+        )
+
+    def bind_sql(self, where: str) -> Predicate:
+        return self.bind_node(parse_where_sql(where))
+
+    def bind_node(self, node: exp.Expression) -> Predicate:
+        """A predicate from a sqlglot boolean expression (as parsed with `protect_truncate`)."""
+        try:
+            return self._predicate(node)
+        except FilterError:
+            if self.lenient:
+                return Opaque(render(node))
+            raise
+
+    # --- column resolution ------------------------------------------------------------------------
+
+    def resolve(self, name: str) -> ColumnRef:
+        """The schema column `name` refers to (exact, else unique case-insensitive match)."""
+        if name in self._names and self._names.count(name) == 1:
+            return ColumnRef(name, self.schema.field(name).type)
+        matches = self._by_lower.get(name.lower(), [])
+        if len(matches) == 1:
+            return ColumnRef(matches[0], self.schema.field(matches[0]).type)
+        if len(matches) > 1:
+            raise FilterError(f"column {name!r} is ambiguous: it matches {matches}; quote the exact name")
+        listing = ", ".join(self._names) if len(self._names) <= 30 else f"{len(self._names)} columns"
+        raise FilterError(
+            f"unknown column {name!r} in filter{did_you_mean(name, self._names)}; the dataset has: {listing}"
+        )
+
+    def _column(self, node: exp.Column) -> ColumnRef:
+        if self._resolve_column_node is not None:
+            resolved = self._resolve_column_node(node)
+            if resolved is None:
+                raise FilterError(f"column {node.sql(dialect=DIALECT)} does not belong to this dataset")
+            return self.resolve(resolved)
+        if node.table:
+            raise FilterError(
+                f"qualified column {node.sql(dialect=DIALECT)} in filter; "
+                "name dataset columns without a table"
+            )
+        return self.resolve(node.name)
+
+    # --- predicates -------------------------------------------------------------------------------
+
+    def _predicate(self, node: exp.Expression) -> Predicate:
+        if isinstance(node, exp.Paren):
+            return self._predicate(node.this)
+        if isinstance(node, exp.And):
+            return and_(self._predicate(node.this), self._predicate(node.expression))
+        if isinstance(node, exp.Or):
+            return or_(self._predicate(node.this), self._predicate(node.expression))
+        if isinstance(node, exp.Not):
+            return not_(self._predicate(node.this))
+        if isinstance(node, exp.Boolean):
+            return AlwaysTrue() if node.this else AlwaysFalse()
+        if isinstance(node, exp.Null):
+            return AlwaysNull()
+        try:
+            return self._leaf(node)
+        except FilterError:
+            if self.lenient:
+                return Opaque(render(node))
+            raise
+
+    def _leaf(self, node: exp.Expression) -> Predicate:
+        comparison = _COMPARISON_NODES.get(type(node))
+        if comparison is not None:
+            return self._comparison(node, comparison)
+        if isinstance(node, exp.NullSafeEQ | exp.NullSafeNEQ):
+            return self._null_safe(node)
+        if isinstance(node, exp.Between):
+            return self._between(node)
+        if isinstance(node, exp.In):
+            return self._in(node)
+        if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+            term = self._term(node.this)
+            if term is None:
+                return self._opaque(node)
+            return IsNull(term)
+        if isinstance(node, exp.Column):
+            column = self._column(node)
+            if not pa.types.is_boolean(column.type):
+                raise FilterError(
+                    f"column {column.name!r} of type {column.type} is used as a condition; compare it, "
+                    f"e.g. {column.name} = ..."
+                )
+            return Comparison(column, Op.EQ, True)
+        return self._opaque(node)
+
+    def _opaque(self, node: exp.Expression) -> Predicate:
+        """Boolean SQL pruning cannot use; its columns must still exist (strict) and it must be read-only."""
+        if node.find(exp.Select, exp.Subquery) is not None:
+            raise FilterError(f"subqueries are not supported in filters: {render(node)}")
+        referenced = [self._column(column).name for column in node.find_all(exp.Column)]
+        return Opaque(render(node), tuple(dict.fromkeys(referenced)))
+
+    def _comparison(self, node: exp.Expression, op: Op) -> Predicate:
+        left, right = node.this, node.expression
+        left_term = self._term(left)
+        if left_term is not None and _is_constant(right):
+            return self.compare(left_term, op, self._constant(right))
+        right_term = self._term(right)
+        if right_term is not None and _is_constant(left):
+            return self.compare(right_term, op.flip(), self._constant(left))
+        return self._opaque(node)
+
+    def _null_safe(self, node: exp.Expression) -> Predicate:
+        # `x IS NOT DISTINCT FROM v` is `x = v` with NULL -> FALSE; `IS DISTINCT FROM` its negation.
+        equal = isinstance(node, exp.NullSafeEQ)
+        pair = (node.this, node.expression)
+        for term_node, value_node in (pair, pair[::-1]):
+            term = self._term(term_node)
+            if term is not None and _is_constant(value_node):
+                value = self._constant(value_node)
+                if value is None:
+                    return IsNull(term) if equal else not_(IsNull(term))
+                same = and_(not_(IsNull(term)), self.compare(term, Op.EQ, value))
+                return same if equal else not_(same)
+        return self._opaque(node)
+
+    def _between(self, node: exp.Between) -> Predicate:
+        term = self._term(node.this)
+        low, high = node.args.get("low"), node.args.get("high")
+        if (
+            term is None
+            or low is None
+            or high is None
+            or not _is_constant(low)
+            or not _is_constant(high)
+            or node.args.get("symmetric")
+        ):
+            return self._opaque(node)
+        return and_(
+            self.compare(term, Op.GE, self._constant(low)),
+            self.compare(term, Op.LE, self._constant(high)),
+        )
+
+    def _in(self, node: exp.In) -> Predicate:
+        if node.args.get("query") is not None or node.args.get("unnest") is not None:
+            if self.lenient:
+                return Opaque(render(node))
+            raise FilterError(f"IN (subquery) is not supported in filters: {render(node)}")
+        term = self._term(node.this)
+        values = node.expressions
+        if term is None or not all(_is_constant(v) for v in values):
+            return self._opaque(node)
+        return self.in_list(term, [self._constant(v) for v in values])
+
+    # --- building leaves from Python values --------------------------------------------------------
+
+    def compare(self, term: Term, op: Op, value: Any) -> Predicate:
+        """`term op value` with `value` coerced to the term's type (NULL makes the comparison NULL)."""
+        if value is None:
+            return AlwaysNull()
+        if _is_nan(value) and pa.types.is_floating(term.type):
+            # NaN orders above every number in DuckDB but not in Python or Arrow: prune nothing.
+            return Opaque(f"{term.sql()} {'<>' if op is Op.NE else op.value} {_nan_sql()}", (term.column,))
+        coerced = coerce_literal(value, term.type, column=str(term))
+        if isinstance(coerced, Between):
+            return _between_comparison(term, op, coerced)
+        return Comparison(term, op, coerced)
+
+    def in_list(self, term: Term, values: Iterable[Any]) -> Predicate:
+        """`term IN (values)`; a NULL among the values makes non-matching rows NULL instead of FALSE."""
+        kept: list[Any] = []
+        has_null = False
+        for value in values:
+            if value is None:
+                has_null = True
+                continue
+            if _is_nan(value) and pa.types.is_floating(term.type):
+                return Opaque(
+                    f"{term.sql()} IN ({', '.join(_nan_sql() if _is_nan(v) else repr(v) for v in values)})",
+                    (term.column,),
+                )
+            coerced = coerce_literal(value, term.type, column=str(term))
+            if not isinstance(coerced, Between) and coerced not in kept:
+                kept.append(coerced)
+        leaf = InList(term, tuple(kept))
+        return or_(leaf, AlwaysNull()) if has_null else leaf
+
+    # --- terms and constants ----------------------------------------------------------------------
+
+    def _term(self, node: exp.Expression) -> Term | None:
+        """A column or a partition expression over one column; None for anything else."""
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Column):
+            return self._column(node)
+        if node.find(exp.Select, exp.Subquery) is not None:
+            return None
+        columns = list(node.find_all(exp.Column))
+        if len(columns) != 1:
+            return None
+        column = self._column(columns[0])
+        rewritten = node.copy()
+        for found in rewritten.find_all(exp.Column):
+            found.replace(exp.column(exp.to_identifier(column.name, quoted=True)))
+        transform = _parse_transform(render(rewritten))
+        if transform is None:
+            return None
+        try:
+            bound = transform.bind(column.type)
+        except PartitionExpressionError as err:
+            raise FilterError(f"{render(node)} cannot apply to column {column.name!r}: {err}") from err
+        return TransformRef(bound, column)
+
+    def term_from_text(self, text: str) -> Term:
+        """A term named in a DNF tuple: a column name, or a partition expression such as `bucket(8, id)`."""
+        if text in self._names or text.lower() in self._by_lower:
+            return self.resolve(text)
+        try:
+            statements = sqlglot.parse(f"SELECT {protect_truncate(text)}", read=DIALECT)
+        except (ParseError, TokenError) as err:
+            raise FilterError(f"cannot parse filter term {text!r}: {_first_line(err)}") from err
+        if (
+            len(statements) != 1
+            or not isinstance(statements[0], exp.Select)
+            or len(statements[0].expressions) != 1
+        ):
+            raise FilterError(f"filter term {text!r} must be a column name or one partition expression")
+        term = self._term(statements[0].expressions[0])
+        if term is None:
+            raise FilterError(
+                f"filter term {text!r} is neither a column of the dataset nor a partition expression "
+                "(bucket, truncate, date_part, date_trunc, %)"
+            )
+        return term
+
+    def _constant(self, node: exp.Expression) -> Any:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Null):
+            return None
+        if isinstance(node, exp.Boolean):
+            return bool(node.this)
+        if isinstance(node, exp.Literal):
+            return _literal_value(node)
+        if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+            return -_literal_value(node.this)
+        if isinstance(node, exp.HexString):
+            return bytes.fromhex(node.this if len(node.this) % 2 == 0 else "0" + node.this)
+        if self.lenient and any(not isinstance(n, _DETERMINISTIC_CONSTANT_NODES) for n in node.walk()):
+            raise FilterError(f"{render(node)} is not a deterministic constant")
+        return evaluate_constant(render(node))
+
+    # --- DNF ------------------------------------------------------------------------------------
+
+    def bind_dnf(self, filters: Sequence[Any]) -> Predicate:
+        """`[[(col, op, value), ...], ...]` (OR of ANDs) or `[(col, op, value), ...]` (one AND)."""
+        if not filters:
+            return AlwaysTrue()
+        if all(_is_dnf_tuple(item) for item in filters):
+            groups: Sequence[Any] = [filters]
+        elif all(isinstance(group, list | tuple) and not _is_dnf_tuple(group) for group in filters):
+            groups = filters
+        else:
+            raise FilterError(
+                f"malformed DNF filter {filters!r}: use [(col, op, value), ...] for AND or "
+                "[[(col, op, value), ...], [...]] for OR of ANDs"
+            )
+        disjuncts = []
+        for group in groups:
+            if not group or not all(_is_dnf_tuple(item) for item in group):
+                raise FilterError(
+                    f"malformed DNF group {group!r}: expected a non-empty list of (col, op, value)"
+                )
+            disjuncts.append(and_(*(self._dnf_leaf(*item) for item in group)))
+        return or_(*disjuncts)
+
+    def _dnf_leaf(self, name: str, op_text: str, value: Any) -> Predicate:
+        term = self.term_from_text(name)
+        op_key = op_text.strip().lower() if isinstance(op_text, str) else op_text
+        if op_key in ("in", "not in"):
+            if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+                raise FilterError(f"operator {op_text!r} on {name!r} needs a list of values, got {value!r}")
+            leaf = self.in_list(term, list(value))
+            return not_(leaf) if op_key == "not in" else leaf
+        if op_key in ("is", "is not"):
+            if value is not None:
+                raise FilterError(f"operator {op_text!r} on {name!r} only takes None (IS NULL / IS NOT NULL)")
+            leaf = IsNull(term)
+            return not_(leaf) if op_key == "is not" else leaf
+        op = OPERATORS_BY_TEXT.get(op_key) if isinstance(op_key, str) else None
+        if op is None:
+            raise FilterError(
+                f"unknown operator {op_text!r} on {name!r}; use one of =, ==, !=, <>, <, <=, >, >=, in, "
+                "not in, is, is not"
+            )
+        if value is None:
+            raise FilterError(f"({name!r}, {op_text!r}, None) compares with NULL; use ({name!r}, 'is', None)")
+        return self.compare(term, op, value)
+
+
+_COMPARISON_NODES: dict[type[exp.Expression], Op] = {
+    exp.EQ: Op.EQ,
+    exp.NEQ: Op.NE,
+    exp.LT: Op.LT,
+    exp.LTE: Op.LE,
+    exp.GT: Op.GT,
+    exp.GTE: Op.GE,
+}
+
+
+def _between_comparison(term: Term, op: Op, between: Between) -> Predicate:
+    """`term op v` for a `v` strictly between two representable values, rewritten exactly."""
+    never = InList(term, ())
+    if op is Op.EQ:
+        return never
+    if op is Op.NE:
+        return not_(never)
+    if op in (Op.LT, Op.LE):
+        return never if between.below is None else Comparison(term, Op.LE, between.below)
+    return never if between.above is None else Comparison(term, Op.GE, between.above)
+
+
+def _is_dnf_tuple(item: Any) -> bool:
+    return (
+        isinstance(item, tuple | list)
+        and len(item) == 3
+        and isinstance(item[0], str)
+        and isinstance(item[1], str)
+    )
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and value != value
+
+
+def _nan_sql() -> str:
+    return "CAST('NaN' AS DOUBLE)"
+
+
+def _is_constant(node: exp.Expression | None) -> bool:
+    if node is None:
+        return False
+    return node.find(exp.Column, exp.Select, exp.Subquery, exp.Star, exp.Placeholder, exp.Parameter) is None
+
+
+def _literal_value(node: exp.Literal) -> Any:
+    text = node.this
+    if node.is_string:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return Decimal(text)
+    except ArithmeticError as err:
+        raise FilterError(f"invalid number {text!r} in filter") from err
+
+
+def evaluate_constant(sql: str) -> Any:
+    """Evaluate a column-free SQL expression with DuckDB (so casts and intervals mean what DuckDB says)."""
+    import duckdb
+
+    connection = duckdb.connect()
+    try:
+        connection.execute("SET TimeZone = 'UTC'")
+        table = connection.sql(f"SELECT ({sql}) AS value").to_arrow_table()
+    except duckdb.Error as err:
+        raise FilterError(f"cannot evaluate {sql!r} in filter: {_first_line(err)}") from err
+    finally:
+        connection.close()
+    column = table.column(0)
+    kind = column.type
+    if pa.types.is_interval(kind) or pa.types.is_duration(kind) or pa.types.is_nested(kind):
+        raise FilterError(f"{sql!r} evaluates to {kind}, which cannot be compared with a column")
+    value = column[0].as_py()
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        value = value.astimezone(dt.UTC)
+    return value
+
+
+def _parse_transform(text: str) -> Transform | None:
+    from airflow_partitions.transforms import parse_transform
+
+    try:
+        return parse_transform(text)
+    except PartitionExpressionError:
+        return None
+
+
+def bind_filter(where: FilterInput, schema: pa.Schema) -> Predicate:
+    """Strictly bind `where` (SQL string, DNF list, predicate or None) to `schema`."""
+    return FilterBinder(schema).bind(where)

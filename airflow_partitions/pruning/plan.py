@@ -1,0 +1,450 @@
+"""Plan a pruned read: which partitions and files of one catalog version to open, and which need the residual.
+
+`plan_partitions` binds the filter to the dataset schema, rewrites it (`rewrite.prepare`), and judges it in
+two vectorised passes: first every partition on its partition values alone, then only the surviving
+partitions' files on partition values plus per-file statistics. The result, a `PrunePlan`, lists the
+selected partitions with the files to read and whether each is exact (every row satisfies the filter,
+so the residual filter is skipped), and explains every decision on demand.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.pruning.evaluator import (
+    MAX_RANGE_ENUMERATION,
+    ROWS_CANNOT_MATCH,
+    ROWS_MIGHT_MATCH,
+    ROWS_MUST_MATCH,
+    Evaluator,
+    Outcome,
+)
+from airflow_partitions.pruning.expressions import (
+    AlwaysTrue,
+    ColumnRef,
+    Comparison,
+    InList,
+    Op,
+    Predicate,
+    conjuncts,
+    display_literal,
+)
+from airflow_partitions.pruning.filters import FilterInput, bind_filter
+from airflow_partitions.pruning.index import (
+    BoundField,
+    FileFrame,
+    PartitionFrame,
+    PartitionIndex,
+    bind_fields,
+)
+from airflow_partitions.pruning.rewrite import prepare
+from airflow_partitions.storage.datafile import DataFile
+
+if TYPE_CHECKING:
+    from airflow_partitions.catalog import Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class SelectedPartition:
+    """A partition to read: its files that may hold matching rows, and whether all of them are exact."""
+
+    key_path: str
+    key: PartitionKey
+    files: tuple[DataFile, ...]
+    exact: bool
+    exact_files: tuple[bool, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDecision:
+    """Why one partition is read or skipped; `verdict` is one of the `ROWS_*` constants."""
+
+    key_path: str
+    selected: bool
+    exact: bool
+    verdict: str
+    reason: str
+    files_selected: int
+    files_total: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key_path": self.key_path,
+            "selected": self.selected,
+            "exact": self.exact,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "files_selected": self.files_selected,
+            "files_total": self.files_total,
+        }
+
+
+class PrunePlan:
+    """The outcome of pruning one catalog version with one filter."""
+
+    def __init__(
+        self,
+        *,
+        index: PartitionIndex,
+        predicate: Predicate,
+        prepared: Predicate,
+        filter_text: str | None,
+        dataset: str | None,
+        partition_outcome: Outcome,
+        file_frame: FileFrame | None,
+        file_outcome: Outcome | None,
+        max_enumeration: int,
+        planning_seconds: float,
+    ) -> None:
+        self.index = index
+        self.predicate = predicate
+        self.prepared = prepared
+        self.filter_text = filter_text
+        self.dataset = dataset
+        self.version = index.version
+        self.total: int = index.size
+        self.planning_seconds = planning_seconds
+        self._partition_outcome = partition_outcome
+        self._file_frame = file_frame
+        self._file_outcome = file_outcome
+        self._max_enumeration = max_enumeration
+        self.selected: tuple[SelectedPartition, ...] = self._select()
+
+    # --- selection ----------------------------------------------------------------------------
+
+    def _select(self) -> tuple[SelectedPartition, ...]:
+        frame, outcome = self._file_frame, self._file_outcome
+        if frame is None or outcome is None or frame.size == 0:
+            return ()
+        exact = outcome.exact
+        chosen = np.flatnonzero(outcome.true)
+        by_partition: dict[int, list[int]] = {}
+        for row in chosen.tolist():
+            by_partition.setdefault(int(frame.partition_of_row[row]), []).append(row)
+        selected = []
+        for partition, rows in by_partition.items():
+            files = tuple(frame.files[row] for row in rows)
+            exact_files = tuple(bool(exact[row]) for row in rows)
+            selected.append(
+                SelectedPartition(
+                    key_path=self.index.key_paths[partition],
+                    key=PartitionKey(tuple(self.index.key_values(partition))),
+                    files=files,
+                    exact=all(exact_files),
+                    exact_files=exact_files,
+                )
+            )
+        selected.sort(key=lambda s: s.key_path)
+        return tuple(selected)
+
+    @property
+    def files(self) -> list[DataFile]:
+        """Every file to read."""
+        return [f for partition in self.selected for f in partition.files]
+
+    @property
+    def exact_files(self) -> list[DataFile]:
+        """Files whose every row satisfies the filter: read without the residual."""
+        return [f for p in self.selected for f, e in zip(p.files, p.exact_files, strict=True) if e]
+
+    @property
+    def inexact_files(self) -> list[DataFile]:
+        """Files that may hold non-matching rows: the residual filter applies."""
+        return [f for p in self.selected for f, e in zip(p.files, p.exact_files, strict=True) if not e]
+
+    @property
+    def rows_selected(self) -> int:
+        return sum(p.rows for p in self.selected)
+
+    @property
+    def has_filter(self) -> bool:
+        return not isinstance(self.predicate, AlwaysTrue)
+
+    @property
+    def residual(self) -> Predicate | None:
+        """The filter to re-apply to inexact files (None when every selected file is exact)."""
+        if not self.has_filter or not self.inexact_files:
+            return None
+        return self.predicate
+
+    @property
+    def residual_sql(self) -> str | None:
+        residual = self.residual
+        return None if residual is None else residual.sql()
+
+    # --- explanations ---------------------------------------------------------------------------
+
+    @cached_property
+    def decisions(self) -> tuple[PartitionDecision, ...]:
+        """One decision per partition of the version, in key order, with a reason."""
+        explainer = _Explainer(self)
+        return tuple(sorted(explainer.decisions(), key=lambda d: d.key_path))
+
+    def summary(self) -> str:
+        files = self.files
+        exact = sum(1 for p in self.selected if p.exact)
+        text = (
+            f"selected {len(self.selected)} of {self.total} partitions ({len(files)} file(s), "
+            f"{self.rows_selected} rows); exact: {exact}"
+        )
+        residual = self.residual_sql
+        return text + (f"; residual: {residual}" if residual else "; no residual filter")
+
+    def explain(self, *, max_skipped: int | None = None) -> str:
+        """Human-readable plan: the filter, the counts, then one line per partition (kept first)."""
+        where = self.filter_text if self.filter_text is not None else str(self.predicate)
+        head = f"dataset {self.dataset}, " if self.dataset else ""
+        lines = [f"{head}catalog version {self.version}; filter: {where if self.has_filter else '(none)'}"]
+        lines.append(self.summary())
+        decisions = self.decisions
+        kept = [d for d in decisions if d.selected]
+        skipped = [d for d in decisions if not d.selected]
+        for decision in kept:
+            tag = "KEEP exact" if decision.exact else "KEEP      "
+            lines.append(f"  {tag} {decision.key_path or '(root)'}: {decision.reason}")
+        shown = skipped if max_skipped is None else skipped[:max_skipped]
+        for decision in shown:
+            lines.append(f"  SKIP       {decision.key_path or '(root)'}: {decision.reason}")
+        if len(shown) < len(skipped):
+            lines.append(f"  ... {len(skipped) - len(shown)} more skipped partition(s)")
+        return "\n".join(lines)
+
+    def to_json(self, *, include_decisions: bool = True) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "dataset": self.dataset,
+            "version": self.version,
+            "filter": self.filter_text,
+            "predicate": str(self.predicate) if self.has_filter else None,
+            "total": self.total,
+            "selected": len(self.selected),
+            "exact": sum(1 for p in self.selected if p.exact),
+            "files_selected": len(self.files),
+            "rows_selected": self.rows_selected,
+            "residual": self.residual_sql,
+            "planning_ms": round(self.planning_seconds * 1000, 3),
+            "selected_partitions": [
+                {
+                    "key_path": p.key_path,
+                    "exact": p.exact,
+                    "files": [f.path for f in p.files],
+                    "rows": p.rows,
+                }
+                for p in self.selected
+            ],
+        }
+        if include_decisions:
+            data["partitions"] = [d.to_json() for d in self.decisions]
+        return data
+
+    def __repr__(self) -> str:
+        return f"PrunePlan(version={self.version}, selected={len(self.selected)}/{self.total})"
+
+
+class _Explainer:
+    """Builds per-partition reasons, re-evaluating top-level conjuncts to name the one that ruled out."""
+
+    def __init__(self, plan: PrunePlan) -> None:
+        self.plan = plan
+        self.index = plan.index
+        self.items = conjuncts(plan.prepared)
+
+    def decisions(self) -> list[PartitionDecision]:
+        plan, index = self.plan, self.index
+        selected = {p.key_path: p for p in plan.selected}
+        frame = plan._file_frame
+        files_selected: dict[int, int] = {}
+        files_seen: dict[int, int] = {}
+        if frame is not None and plan._file_outcome is not None:
+            for row, partition in enumerate(frame.partition_of_row.tolist()):
+                files_seen[partition] = files_seen.get(partition, 0) + 1
+                if plan._file_outcome.true[row]:
+                    files_selected[partition] = files_selected.get(partition, 0) + 1
+        key_only = [self._partition_masks(item) for item in self.items]
+        by_stats = [self._file_masks(item) for item in self.items]
+        decisions = []
+        for partition in range(index.size):
+            key_path = index.key_paths[partition]
+            chosen = selected.get(key_path)
+            total_files = files_seen.get(partition)
+            if chosen is not None:
+                reason = self._kept_reason(chosen, files_selected.get(partition, 0), total_files or 0)
+                decisions.append(
+                    PartitionDecision(
+                        key_path,
+                        True,
+                        chosen.exact,
+                        ROWS_MUST_MATCH if chosen.exact else ROWS_MIGHT_MATCH,
+                        reason,
+                        len(chosen.files),
+                        total_files or len(chosen.files),
+                    )
+                )
+                continue
+            reason = self._skipped_reason(partition, key_only, by_stats)
+            count = total_files if total_files is not None else len(index.files(partition))
+            decisions.append(PartitionDecision(key_path, False, False, ROWS_CANNOT_MATCH, reason, 0, count))
+        return decisions
+
+    def _partition_masks(self, item: Predicate) -> npt.NDArray[np.bool_]:
+        evaluator = Evaluator(
+            self.index.fields, PartitionFrame(self.index), max_enumeration=self.plan._max_enumeration
+        )
+        return evaluator.evaluate(item).true
+
+    def _file_masks(self, item: Predicate) -> npt.NDArray[np.bool_] | None:
+        frame = self.plan._file_frame
+        if frame is None:
+            return None
+        return (
+            Evaluator(self.index.fields, frame, max_enumeration=self.plan._max_enumeration)
+            .evaluate(item)
+            .true
+        )
+
+    def _kept_reason(self, chosen: SelectedPartition, kept_files: int, total_files: int) -> str:
+        if not self.plan.has_filter:
+            return "no filter: every row is read"
+        skipped_files = total_files - kept_files
+        files_note = (
+            f"; {skipped_files} of {total_files} file(s) skipped by statistics" if skipped_files > 0 else ""
+        )
+        if chosen.exact:
+            return "exact: every row satisfies the filter, so no residual filter is applied" + files_note
+        return "may hold matching rows; the residual filter is applied" + files_note
+
+    def _skipped_reason(
+        self,
+        partition: int,
+        key_only: list[npt.NDArray[np.bool_]],
+        by_stats: list[npt.NDArray[np.bool_] | None],
+    ) -> str:
+        index = self.index
+        if index.rows[partition] == 0:
+            return "empty partition (0 rows): nothing to read"
+        key = index.describe_key(partition)
+        for item, mask in zip(self.items, key_only, strict=True):
+            if not mask[partition]:
+                return f"partition {key} cannot hold rows where {item}{self._hint(item, partition)}"
+        frame = self.plan._file_frame
+        if frame is not None:
+            rows = np.flatnonzero(frame.partition_of_row == partition)
+            if rows.size:
+                for item, stats_mask in zip(self.items, by_stats, strict=True):
+                    if stats_mask is not None and not stats_mask[rows].any():
+                        return f"file statistics rule out {item}: {self._stats_text(item, rows)}"
+                return f"file statistics rule out the filter for all {rows.size} file(s)"
+        return f"partition {key} cannot hold rows matching the filter"
+
+    def _hint(self, item: Predicate, partition: int) -> str:
+        """For `col = v` / `col IN (...)` against a hashed or non-monotonic field: the value's image."""
+        if not isinstance(item, Comparison | InList) or not isinstance(item.term, ColumnRef):
+            return ""
+        if isinstance(item, Comparison) and item.op is not Op.EQ:
+            return ""
+        values = [item.value] if isinstance(item, Comparison) else list(item.values)
+        if not values or len(values) > 5:
+            return ""
+        hints = []
+        for field in _fields_on(self.index.fields, item.term.name):
+            if field.transform.one_to_one:
+                continue
+            try:
+                images = [field.transform.apply_scalar(v) for v in values]
+            except Exception:
+                continue
+            pairs = ", ".join(
+                f"{display_literal(v)} -> {display_literal(i)}" for v, i in zip(values, images, strict=True)
+            )
+            hints.append(f"{field.canonical}: {pairs}")
+        return f" ({'; '.join(hints)})" if hints else ""
+
+    def _stats_text(self, item: Predicate, rows: npt.NDArray[np.int64]) -> str:
+        frame = self.plan._file_frame
+        assert frame is not None
+        parts = []
+        for column in sorted(item.columns()):
+            stats = frame.stats(column)
+            if stats is None:
+                continue
+            row = int(rows[0])
+            low, high = stats.minimum[row].as_py(), stats.maximum[row].as_py()
+            nulls = int(stats.null_count[row])
+            parts.append(
+                f"{column} in [{display_literal(low)}, {display_literal(high)}]"
+                f"{'' if nulls < 0 else f', {nulls} NULL(s)'}"
+            )
+        return "; ".join(parts) if parts else "no row can match"
+
+
+def _fields_on(fields: Sequence[BoundField], column: str) -> list[BoundField]:
+    return [f for f in fields if f.column == column]
+
+
+def build_index(snapshot: Snapshot, schema: pa.Schema) -> PartitionIndex:
+    """The pruning index of `snapshot`, with its recorded partition fields bound to `schema`."""
+    recorded = [(info.name, info.canonical) for info in snapshot.partition_spec.fields]
+    return PartitionIndex(snapshot, schema, bind_fields(recorded, schema))
+
+
+def plan_partitions(
+    snapshot: Snapshot,
+    schema: pa.Schema,
+    where: FilterInput = None,
+    *,
+    index: PartitionIndex | None = None,
+    dataset: str | None = None,
+    max_enumeration: int = MAX_RANGE_ENUMERATION,
+) -> PrunePlan:
+    """Prune `snapshot` with `where` (SQL string, DNF list, bound predicate or None).
+
+    Pass `index` (from `build_index`) to reuse the columnar view of a version across many plans.
+    """
+    started = time.perf_counter()
+    index = index if index is not None else build_index(snapshot, schema)
+    predicate = bind_filter(where, schema)
+    prepared = prepare(predicate)
+    no_filter = isinstance(prepared, AlwaysTrue)
+    partition_frame = PartitionFrame(index)
+    if no_filter:
+        size = index.size
+        partition_outcome = Outcome(np.ones(size, bool), np.zeros(size, bool), np.zeros(size, bool))
+    else:
+        partition_outcome = Evaluator(
+            index.fields, partition_frame, max_enumeration=max_enumeration
+        ).evaluate(prepared)
+    survivors = np.flatnonzero(partition_outcome.true & (index.rows > 0))
+    file_frame = FileFrame(index, survivors.astype(np.int64))
+    if no_filter:
+        size = file_frame.size
+        file_outcome = Outcome(np.ones(size, bool), np.zeros(size, bool), np.zeros(size, bool))
+    else:
+        file_outcome = Evaluator(index.fields, file_frame, max_enumeration=max_enumeration).evaluate(prepared)
+        # Zero-row files hold nothing to read, whatever the filter says.
+        file_outcome = Outcome(
+            file_outcome.true & (file_frame.rows > 0), file_outcome.false, file_outcome.null
+        )
+    return PrunePlan(
+        index=index,
+        predicate=predicate,
+        prepared=prepared,
+        filter_text=where if isinstance(where, str) else (None if where is None else str(predicate)),
+        dataset=dataset,
+        partition_outcome=partition_outcome,
+        file_frame=file_frame,
+        file_outcome=file_outcome,
+        max_enumeration=max_enumeration,
+        planning_seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,125 @@
+"""Read-only checks for user SQL, and the filter a query applies to one dataset table, for pruning.
+
+`check_read_only(sql)` asks DuckDB's own parser how many statements `sql` holds and what they are: exactly
+one SELECT (WITH ... SELECT, set operations, FROM-first) passes, anything else raises `UnsafeQueryError`.
+
+`dataset_filter(sql, dataset, schema)` finds every reference to the dataset table and, for each, the
+conditions of its scope's WHERE that constrain the table's own rows: the conjuncts over its columns,
+bound leniently (what cannot be used is unknown, never false). A reference whose scope joins it with an
+outer, semi, anti, as-of or lateral join, renames its columns, or that a CTE of the same name shadows,
+contributes "everything". The dataset's predicate is the OR of its references', so every row any part of
+the query can see stays readable; the query itself still applies all its conditions.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from airflow_partitions.exceptions import UnsafeQueryError
+from airflow_partitions.pruning.expressions import AlwaysFalse, AlwaysTrue, Predicate, or_
+from airflow_partitions.pruning.filters import DIALECT, FilterBinder, protect_truncate
+
+_INNER_KINDS = (None, "", "INNER", "CROSS")
+
+
+def check_read_only(sql: str) -> None:
+    """Raise `UnsafeQueryError` unless `sql` is exactly one SELECT statement (per DuckDB's parser)."""
+    import duckdb
+
+    if not isinstance(sql, str) or not sql.strip():
+        raise UnsafeQueryError("the query is empty; pass one SELECT statement")
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as err:
+        raise UnsafeQueryError(f"cannot parse the query: {str(err).strip().splitlines()[0]}") from err
+    if len(statements) != 1:
+        raise UnsafeQueryError(
+            f"the query holds {len(statements)} statements; pass exactly one read-only SELECT statement"
+        )
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        name = str(kind).rsplit(".", 1)[-1]
+        raise UnsafeQueryError(
+            f"only read-only SELECT queries are accepted, not {name} statements; "
+            "use SELECT ... FROM <dataset>"
+        )
+
+
+def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
+    """The rows of `dataset` that `sql` can look at, as a predicate (TRUE when it cannot tell)."""
+    try:
+        trees = sqlglot.parse(protect_truncate(sql), read=DIALECT)
+    except (SqlglotError, ValueError):
+        return AlwaysTrue()
+    statements = [tree for tree in trees if tree is not None]
+    if len(statements) != 1:
+        return AlwaysTrue()
+    tree = statements[0]
+    name = dataset.lower()
+    if any(cte.alias_or_name.lower() == name for cte in tree.find_all(exp.CTE)):
+        return AlwaysTrue()
+    references = [table for table in tree.find_all(exp.Table) if _is_dataset(table, name)]
+    if not references:
+        return AlwaysFalse()
+    return or_(*(_reference_filter(table, schema) for table in references))
+
+
+def _is_dataset(table: exp.Table, name: str) -> bool:
+    if not isinstance(table.this, exp.Identifier) or table.name.lower() != name:
+        return False
+    if table.args.get("catalog") is not None:
+        return False
+    database = table.args.get("db")
+    return database is None or database.name.lower() in ("main", "temp")
+
+
+def _reference_filter(table: exp.Table, schema: pa.Schema) -> Predicate:
+    select = _scope_of(table)
+    if select is None:
+        return AlwaysTrue()
+    alias = table.args.get("alias")
+    if alias is not None and alias.columns:
+        return AlwaysTrue()
+    if table.args.get("pivots") or table.args.get("joins"):
+        return AlwaysTrue()
+    for join in select.args.get("joins") or ():
+        if not _is_inner(join):
+            return AlwaysTrue()
+    where = select.args.get("where")
+    if where is None:
+        return AlwaysTrue()
+    own_name = (table.alias or table.name).lower()
+    names = {n.lower() for n in schema.names}
+
+    def resolve(column: exp.Column) -> str | None:
+        parts = column.parts
+        if len(parts) == 1:
+            return column.name if column.name.lower() in names else None
+        if len(parts) == 2 and parts[0].name.lower() == own_name:
+            return column.name
+        return None
+
+    return FilterBinder(schema, lenient=True, resolve_column=resolve).bind_node(where.this)
+
+
+def _scope_of(table: exp.Table) -> exp.Select | None:
+    parent = table.parent
+    if isinstance(parent, exp.From) or (isinstance(parent, exp.Join) and parent.this is table):
+        owner = parent.parent
+    else:
+        return None
+    return owner if isinstance(owner, exp.Select) else None
+
+
+def _is_inner(join: exp.Join) -> bool:
+    side = join.args.get("side")
+    kind = join.args.get("kind")
+    method = join.args.get("method")
+    if side or method:
+        return False
+    if isinstance(join.this, exp.Lateral | exp.Unnest):
+        return False
+    return (str(kind).upper() if kind else None) in _INNER_KINDS

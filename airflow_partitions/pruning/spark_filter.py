@@ -1,0 +1,100 @@
+"""Render a bound predicate as a Spark column condition with the same three-valued meaning.
+
+Partition expressions use each transform's own Spark form (`Transform.to_spark`), so `bucket(50, c) = 7`
+means in Spark exactly what it means when partitions are written. pyspark is imported on use only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_partitions.exceptions import FilterError
+from airflow_partitions.pruning.expressions import (
+    AlwaysFalse,
+    AlwaysNull,
+    AlwaysTrue,
+    And,
+    ColumnRef,
+    Comparison,
+    InList,
+    IsNull,
+    Not,
+    Op,
+    Opaque,
+    Or,
+    Predicate,
+    Range,
+    Term,
+)
+
+
+def spark_column_ref(name: str) -> Any:
+    """A Spark column reference that means exactly `name` (dots and spaces included)."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _term(term: Term) -> Any:
+    if isinstance(term, ColumnRef):
+        return spark_column_ref(term.name)
+    return term.transform.to_spark(spark_column_ref(term.column))
+
+
+def _literal(value: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.lit(bytearray(value) if isinstance(value, bytes) else value)
+
+
+def spark_condition(predicate: Predicate) -> Any:
+    """A pyspark `Column` that is TRUE, FALSE or NULL exactly where `predicate` is."""
+    from pyspark.sql import functions as F
+
+    if isinstance(predicate, AlwaysTrue):
+        return F.lit(True)
+    if isinstance(predicate, AlwaysFalse):
+        return F.lit(False)
+    if isinstance(predicate, AlwaysNull):
+        return F.lit(None).cast("boolean")
+    if isinstance(predicate, And | Or):
+        result = spark_condition(predicate.items[0])
+        for item in predicate.items[1:]:
+            condition = spark_condition(item)
+            result = (result & condition) if isinstance(predicate, And) else (result | condition)
+        return result
+    if isinstance(predicate, Not):
+        return ~spark_condition(predicate.child)
+    if isinstance(predicate, Comparison):
+        left, right = _term(predicate.term), _literal(predicate.value)
+        match predicate.op:
+            case Op.EQ:
+                return left == right
+            case Op.NE:
+                return left != right
+            case Op.LT:
+                return left < right
+            case Op.LE:
+                return left <= right
+            case Op.GT:
+                return left > right
+            case Op.GE:
+                return left >= right
+    if isinstance(predicate, Range):
+        return spark_condition(And(tuple(predicate.bounds())))
+    if isinstance(predicate, InList):
+        column = _term(predicate.term)
+        if not predicate.values:
+            return F.when(column.isNull(), F.lit(None).cast("boolean")).otherwise(F.lit(False))
+        return column.isin([_literal(v) for v in predicate.values])
+    if isinstance(predicate, IsNull):
+        return _term(predicate.term).isNull()
+    if isinstance(predicate, Opaque):
+        import sqlglot
+
+        try:
+            text = sqlglot.transpile(predicate.text, read="duckdb", write="spark")[0]
+        except sqlglot.errors.SqlglotError as err:
+            raise FilterError(f"cannot express {predicate.text!r} in Spark SQL: {err}") from err
+        return F.expr(text)
+    raise FilterError(f"cannot express {predicate} as a Spark condition")

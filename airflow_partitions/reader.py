@@ -1,0 +1,543 @@
+"""Pruned reads of an acceleration: plan, read to Arrow, DuckDB SQL over the pruned partitions, Spark.
+
+`PartitionedDatasetReader` is the Airflow-free core behind `PartitionedDatasetHook`. Every call pins one
+catalog version (the newest unless `version=` is given), so it never mixes partitions of two commits.
+It prunes with `pruning.plan_partitions`, then opens only the selected files:
+
+* `read` scans them with DuckDB (which pushes the projection and the residual filter into the scan),
+  applying the residual only to files that are not exact, and returns exactly the asked columns with the
+  dataset's Arrow types;
+* `query` runs one read-only SELECT in a fresh, locked-down DuckDB database where the dataset name is a
+  view over the files its WHERE clauses can need (external file access disabled except those files);
+* `to_spark` returns a Spark DataFrame over the same files, with the residual as a Spark condition.
+
+Files under an `s3://` data root are read through a pyarrow `FileSystem` (DuckDB cannot open remote
+files here): Parquet is scanned lazily through a pyarrow dataset, Arrow IPC and DuckDB files are copied
+to a local cache keyed by checksum (they are immutable) and opened from there.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from airflow_partitions.exceptions import CatalogError, FilterError, StorageError
+from airflow_partitions.keys import escape_component
+from airflow_partitions.pruning import (
+    MAX_RANGE_ENUMERATION,
+    FilterBinder,
+    FilterInput,
+    PartitionIndex,
+    PrunePlan,
+    build_index,
+    check_read_only,
+    dataset_filter,
+    plan_partitions,
+)
+from airflow_partitions.pruning.expressions import quote_identifier
+from airflow_partitions.storage import get_storage
+from airflow_partitions.storage.base import conform
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+    from airflow_partitions.catalog import Catalog, Snapshot
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.storage import DataFile, PartitionStorage
+
+# Versions whose pruning index (partition values, decoded files) stays cached per reader.
+CACHED_VERSIONS = 4
+
+
+def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
+    """A loaded spec: `project` itself, or the spec file it names."""
+    if isinstance(project, str | Path):
+        from airflow_partitions.spec import load_spec
+
+        return load_spec(project)
+    return project
+
+
+def default_catalog(project: ProjectSpec, dataset: DatasetSpec, storage: PartitionStorage) -> Catalog:
+    """The dataset's catalog under the project's `accelerator_dir` (files live next to it)."""
+    from airflow_partitions.catalog import Catalog, LocalStore
+
+    return Catalog(LocalStore(project.accelerator_dir), dataset.name, storage=storage)
+
+
+def s3_filesystem(
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+) -> pafs.FileSystem:
+    """A pyarrow S3 filesystem; unset settings come from the usual AWS environment variables."""
+    import pyarrow.fs as pafs
+
+    options: dict[str, Any] = {}
+    if endpoint_url:
+        scheme, _, host = endpoint_url.partition("://")
+        options["endpoint_override"] = host or scheme
+        options["scheme"] = scheme if host else "https"
+    if region:
+        options["region"] = region
+    if access_key and secret_key:
+        options["access_key"] = access_key
+        options["secret_key"] = secret_key
+    return pafs.S3FileSystem(**options)
+
+
+class PartitionedDatasetReader:
+    """Pruned reads of one dataset of a project spec (see the module docstring)."""
+
+    def __init__(
+        self,
+        project: ProjectSpec | str | Path,
+        dataset: str,
+        *,
+        catalog: Catalog | None = None,
+        data_root: str | Path | None = None,
+        filesystem: pafs.FileSystem | None = None,
+        schema: pa.Schema | None = None,
+        cache_dir: str | Path | None = None,
+        max_enumeration: int = MAX_RANGE_ENUMERATION,
+    ) -> None:
+        self.project = open_project(project)
+        self.dataset: DatasetSpec = self.project.dataset(dataset)
+        self.name = self.dataset.name
+        acceleration = self.dataset.acceleration
+        self.storage = get_storage(acceleration.engine, acceleration.partition_mode)
+        self.catalog = (
+            catalog if catalog is not None else default_catalog(self.project, self.dataset, self.storage)
+        )
+        self._remote_root: str | None = None
+        self._local_root: Path | None = None
+        self._filesystem = filesystem
+        self._resolve_root(data_root)
+        self._schema_override = schema
+        self._cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.max_enumeration = max_enumeration
+        self._lock = threading.RLock()
+        self._indexes: collections.OrderedDict[int, PartitionIndex] = collections.OrderedDict()
+        self._schemas: dict[int, pa.Schema] = {}
+        self._connection: Any = None
+        self._duckdb_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        root = self._remote_root or str(self._local_root)
+        return f"PartitionedDatasetReader(dataset={self.name!r}, root={root!r})"
+
+    # --- locations ----------------------------------------------------------------------------
+
+    def _resolve_root(self, data_root: str | Path | None) -> None:
+        if data_root is None:
+            data_root = self.catalog.data_root
+            if data_root is None:
+                store = self.catalog.store
+                describe = store.describe()
+                if describe.startswith("s3://"):
+                    data_root = f"{describe.rstrip('/')}/{escape_component(self.name)}"
+        if data_root is None:
+            raise CatalogError(
+                f"cannot tell where the files of dataset {self.name!r} live; pass data_root= (a local "
+                "directory or an s3://bucket/prefix URL)"
+            )
+        text = str(data_root)
+        if text.startswith("s3://"):
+            self._remote_root = text.rstrip("/")
+            if self._filesystem is None:
+                self._filesystem = s3_filesystem()
+        elif self._filesystem is not None:
+            self._remote_root = text.rstrip("/")
+        else:
+            self._local_root = Path(text)
+
+    @property
+    def data_root(self) -> str:
+        """Where the partition files live (local directory or URL)."""
+        return self._remote_root if self._remote_root is not None else str(self._local_root)
+
+    def _remote_path(self, file: DataFile) -> str:
+        from airflow_partitions.storage.base import data_file_path
+
+        assert self._remote_root is not None
+        relative = data_file_path(Path("."), file).as_posix()  # refuses absolute and `..` paths
+        root = self._remote_root.removeprefix("s3://")
+        return f"{root}/{relative}"
+
+    # --- versions, schema, index ------------------------------------------------------------------
+
+    def snapshot(self, version: int | None = None) -> Snapshot:
+        """The catalog version `version` (newest when None); raises `VersionNotFoundError`."""
+        return self.catalog.snapshot(version)
+
+    def schema(self, version: int | None = None) -> pa.Schema:
+        """The dataset's Arrow schema as of `version`."""
+        return self._schema_of(self.snapshot(version))
+
+    def _schema_of(self, snapshot: Snapshot) -> pa.Schema:
+        if self._schema_override is not None:
+            return self._schema_override
+        with self._lock:
+            cached = self._schemas.get(snapshot.version)
+        if cached is not None:
+            return cached
+        schema = self._file_schema(snapshot)
+        if schema is None:
+            schema = self.dataset.bound_schema or self.dataset.declared_schema()
+        if schema is None:
+            raise CatalogError(
+                f"dataset {self.name!r} has no partition file in catalog version {snapshot.version} and "
+                "its spec declares no schema: refresh it first, or add a schema: block to the spec"
+            )
+        with self._lock:
+            self._schemas[snapshot.version] = schema
+        return schema
+
+    def _file_schema(self, snapshot: Snapshot) -> pa.Schema | None:
+        """Schema of a file of the most recently refreshed partition (newest columns included)."""
+        import pyarrow.compute as pc
+
+        table = snapshot.table
+        if table.num_rows == 0:
+            return None
+        newest = int(pc.index(table.column("refreshed_at"), pc.max(table.column("refreshed_at"))).as_py())
+        order = [newest, *range(table.num_rows)]
+        for position in order[:64]:
+            files = snapshot.partitions[table.column("key_path")[position].as_py()].files
+            if files:
+                return self._read_file_schema(files[0])
+        return None
+
+    def _read_file_schema(self, file: DataFile) -> pa.Schema:
+        if self._local_root is not None:
+            return self.storage.file_schema(self._local_root, file)
+        if file.format == "parquet":
+            import pyarrow.parquet as pq
+
+            from airflow_partitions.storage.parquet import ParquetStorage
+
+            with self._open_remote(file) as handle:
+                return ParquetStorage._original_schema(pq.read_schema(handle))
+        local_root = self._cache_files([file])
+        return self.storage.file_schema(local_root, file)
+
+    def index(self, snapshot: Snapshot) -> PartitionIndex:
+        """The pruning index of a version (cached: versions are immutable)."""
+        with self._lock:
+            cached = self._indexes.get(snapshot.version)
+            if cached is not None:
+                self._indexes.move_to_end(snapshot.version)
+                return cached
+        index = build_index(snapshot, self._schema_of(snapshot))
+        with self._lock:
+            self._indexes[snapshot.version] = index
+            while len(self._indexes) > CACHED_VERSIONS:
+                self._indexes.popitem(last=False)
+        return index
+
+    # --- planning ---------------------------------------------------------------------------------
+
+    def plan(self, where: FilterInput = None, version: int | None = None) -> PrunePlan:
+        """Which partitions and files of `version` a read with `where` opens, and why."""
+        return self._plan(self.snapshot(version), where)
+
+    def _plan(self, snapshot: Snapshot, where: FilterInput) -> PrunePlan:
+        index = self.index(snapshot)
+        return plan_partitions(
+            snapshot,
+            index.schema,
+            where,
+            index=index,
+            dataset=self.name,
+            max_enumeration=self.max_enumeration,
+        )
+
+    # --- read -------------------------------------------------------------------------------------
+
+    def read(
+        self,
+        where: FilterInput = None,
+        columns: Sequence[str] | None = None,
+        version: int | None = None,
+    ) -> pa.Table:
+        """Rows matching `where` as an Arrow table of `columns` (all when None), from pruned files only."""
+        plan = self.plan(where, version)
+        return self.read_plan(plan, columns)
+
+    def read_plan(self, plan: PrunePlan, columns: Sequence[str] | None = None) -> pa.Table:
+        """Execute a plan made by this reader: read its files, apply its residual where inexact."""
+        schema = plan.index.schema
+        wanted = self._resolve_columns(schema, columns)
+        target = pa.schema([schema.field(name) for name in wanted])
+        exact, inexact = plan.exact_files, plan.inexact_files
+        if not exact and not inexact:
+            return target.empty_table()
+        residual = plan.residual
+        projection = ", ".join(quote_identifier(name) for name in wanted)
+        with self._cursor() as cursor:
+            parts = []
+            if exact:
+                source = self._source(cursor, self._register(cursor, exact, schema), exact, schema)
+                parts.append(f"SELECT {projection} FROM {source}")
+            if inexact:
+                source = self._source(cursor, self._register(cursor, inexact, schema), inexact, schema)
+                where_sql = residual.sql() if residual is not None else "TRUE"
+                parts.append(f"SELECT {projection} FROM {source} WHERE {where_sql}")
+            sql = " UNION ALL ".join(parts)
+            table = self._execute(cursor, sql)
+        return conform(table, target)
+
+    def _resolve_columns(self, schema: pa.Schema, columns: Sequence[str] | None) -> list[str]:
+        if columns is None:
+            return list(schema.names)
+        if isinstance(columns, str):
+            raise FilterError(f"columns must be a list of names, not the string {columns!r}")
+        if not columns:
+            raise FilterError("columns is empty; pass None for every column, or at least one column name")
+        binder = FilterBinder(schema)
+        resolved = [binder.resolve(name).name for name in columns]
+        if len(set(resolved)) != len(resolved):
+            raise FilterError(f"columns {list(columns)} name the same column twice")
+        return resolved
+
+    def _source(self, cursor: Any, view: str, files: Sequence[DataFile], schema: pa.Schema) -> str:
+        """`view`, completed with NULL columns for schema columns no selected file has."""
+        # Writers record statistics for every column they write: all present means nothing is missing.
+        if all(all(name in f.stats for name in schema.names) for f in files):
+            return quote_identifier(view)
+        present = {row[0] for row in cursor.execute(f"DESCRIBE {quote_identifier(view)}").fetchall()}
+        if all(name in present for name in schema.names):
+            return quote_identifier(view)
+        filler = f"ap_schema_{uuid.uuid4().hex[:12]}"
+        cursor.register(filler, schema.empty_table())
+        return f"(SELECT * FROM {quote_identifier(view)} UNION ALL BY NAME SELECT * FROM {filler})"
+
+    @staticmethod
+    def _execute(cursor: Any, sql: str) -> pa.Table:
+        import duckdb
+
+        try:
+            return cursor.sql(sql).to_arrow_table()
+        except duckdb.Error as err:
+            raise StorageError(f"reading the selected partitions failed: {str(err).strip()}") from err
+
+    # --- DuckDB plumbing --------------------------------------------------------------------------
+
+    def _base_connection(self) -> Any:
+        """One in-memory DuckDB database per reader (creating one costs tens of ms); calls use cursors."""
+        with self._lock:
+            if self._connection is None:
+                self._connection = new_duckdb_connection()
+            return self._connection
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[Any]:
+        # DuckDB files are attached database-wide; serialise their attach / detach across threads.
+        guard = self._duckdb_lock if self.storage.format == "duckdb" else contextlib.nullcontext()
+        with guard:
+            cursor = self._base_connection().cursor()
+            before = _attached(cursor) if self.storage.format == "duckdb" else set()
+            try:
+                yield cursor
+            finally:
+                if self.storage.format == "duckdb":
+                    # A lingering read lock on a shared DuckDB file would block the next publish.
+                    for alias in _attached(cursor) - before:
+                        with contextlib.suppress(Exception):
+                            cursor.execute(f"DETACH {quote_identifier(alias)}")
+                cursor.close()
+
+    def _register(self, cursor: Any, files: Sequence[DataFile], schema: pa.Schema) -> str:
+        """A temporary view over exactly `files`; returns its name."""
+        view = f"ap_files_{uuid.uuid4().hex[:12]}"
+        if self._local_root is not None:
+            self.storage.register_duckdb(cursor, self._local_root, files, view, schema=schema)
+        elif self.storage.format == "parquet":
+            cursor.register(view, self._remote_parquet_dataset(files, schema))
+        else:
+            self.storage.register_duckdb(cursor, self._cache_files(files), files, view, schema=schema)
+        return view
+
+    def _remote_parquet_dataset(self, files: Sequence[DataFile], schema: pa.Schema) -> Any:
+        import pyarrow.dataset as ds
+
+        paths = [self._remote_path(f) for f in files]
+        return ds.dataset(paths, schema=schema, format="parquet", filesystem=self._filesystem)
+
+    @contextlib.contextmanager
+    def _open_remote(self, file: DataFile) -> Iterator[Any]:
+        assert self._filesystem is not None
+        with self._filesystem.open_input_file(self._remote_path(file)) as handle:
+            yield handle
+
+    def _cache_files(self, files: Sequence[DataFile]) -> Path:
+        """Copy remote files (immutable, keyed by path and checksum) to the local cache; its root."""
+        import pyarrow.fs as pafs
+
+        assert self._filesystem is not None
+        if self._cache_dir is None:
+            self._cache_dir = Path(tempfile.mkdtemp(prefix=f"ap-{self.name}-"))
+        root = self._cache_dir
+        wanted: list[tuple[str, Path]] = []
+        for file in files:
+            local = root / file.path
+            marker = local.with_name(local.name + f".{file.checksum[:16]}.ok")
+            if not marker.exists():
+                wanted.append((self._remote_path(file), local))
+        shared = getattr(self.storage, "partition_mode", None) == "tables" and any(f.table for f in files)
+        if shared:
+            from airflow_partitions.storage.duckdb_engine import SHARED_FILE
+
+            wanted.append((f"{self._remote_root.removeprefix('s3://')}/{SHARED_FILE}", root / SHARED_FILE))  # type: ignore[union-attr]
+        for remote, local in wanted:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            temporary = local.with_name(f".tmp-{uuid.uuid4().hex}-{local.name}")
+            try:
+                pafs.copy_files(remote, str(temporary), source_filesystem=self._filesystem)
+            except (OSError, pa.ArrowException) as err:
+                raise StorageError(f"cannot download {remote}: {err}") from err
+            temporary.replace(local)
+        for file in files:
+            local = root / file.path
+            local.with_name(local.name + f".{file.checksum[:16]}.ok").touch()
+        return root
+
+    # --- query ------------------------------------------------------------------------------------
+
+    def query(self, sql: str, version: int | None = None) -> pa.Table:
+        """Run one read-only SELECT where the dataset name is a table; only pruned files are opened."""
+        check_read_only(sql)
+        snapshot = self.snapshot(version)
+        schema = self._schema_of(snapshot)
+        plan = self._plan(snapshot, dataset_filter(sql, self.name, schema))
+        import duckdb
+
+        connection = new_duckdb_connection()
+        try:
+            files = plan.files
+            self._register_view(connection, files, schema)
+            allowed = self._allowed_paths(files)
+            connection.execute(f"SET allowed_paths = [{', '.join(_sql_string(p) for p in allowed)}]")
+            connection.execute("SET enable_external_access = false")
+            connection.execute("SET lock_configuration = true")
+            try:
+                return connection.sql(sql).to_arrow_table()
+            except duckdb.Error as err:
+                raise FilterError(f"query failed: {str(err).strip()}") from err
+        finally:
+            connection.close()
+
+    def plan_query(self, sql: str, version: int | None = None) -> PrunePlan:
+        """The pruning plan `query(sql)` would use."""
+        check_read_only(sql)
+        snapshot = self.snapshot(version)
+        return self._plan(snapshot, dataset_filter(sql, self.name, self._schema_of(snapshot)))
+
+    def _register_view(self, connection: Any, files: Sequence[DataFile], schema: pa.Schema) -> None:
+        view = self.name
+        if self._local_root is not None:
+            self.storage.register_duckdb(connection, self._local_root, files, view, schema=schema)
+        elif self.storage.format == "parquet":
+            connection.register(
+                view, self._remote_parquet_dataset(files, schema) if files else schema.empty_table()
+            )
+        else:
+            self.storage.register_duckdb(connection, self._cache_files(files), files, view, schema=schema)
+
+    def _allowed_paths(self, files: Sequence[DataFile]) -> list[str]:
+        """Files DuckDB must still open once external access is off (Parquet is read lazily)."""
+        if self._local_root is None or self.storage.format != "parquet":
+            return []
+        from airflow_partitions.storage.base import data_file_path
+
+        return [str(data_file_path(self._local_root, f)) for f in files]
+
+    # --- Spark ------------------------------------------------------------------------------------
+
+    def to_spark(
+        self,
+        spark: Any,
+        where: FilterInput = None,
+        version: int | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> Any:
+        """A Spark DataFrame over the pruned partitions, the residual applied where not exact."""
+        from airflow_partitions.pruning.spark_filter import spark_condition
+
+        plan = self.plan(where, version)
+        schema = plan.index.schema
+        wanted = self._resolve_columns(schema, columns)
+        if not plan.files:
+            return spark.createDataFrame(pa.schema([schema.field(n) for n in wanted]).empty_table())
+        if self._local_root is None or self.storage.format != "parquet":
+            # Spark reads neither DuckDB nor Arrow IPC files, nor s3 here: hand it the pruned Arrow rows.
+            return spark.createDataFrame(self.read_plan(plan, wanted))
+        from airflow_partitions.storage.base import data_file_path
+
+        def frame(files: Sequence[DataFile]) -> Any:
+            paths = [str(data_file_path(self._local_root, f)) for f in files]  # type: ignore[arg-type]
+            return spark.read.option("mergeSchema", "true").parquet(*paths)
+
+        parts = []
+        if plan.exact_files:
+            parts.append(frame(plan.exact_files))
+        if plan.inexact_files:
+            inexact = frame(plan.inexact_files)
+            residual = plan.residual
+            parts.append(inexact.where(spark_condition(residual)) if residual is not None else inexact)
+        result = parts[0]
+        for part in parts[1:]:
+            result = result.unionByName(part, allowMissingColumns=True)
+        return result.select(*[_spark_column(name) for name in wanted])
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the reader's DuckDB database (a later call opens a new one)."""
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+    def __enter__(self) -> PartitionedDatasetReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def new_duckdb_connection() -> Any:
+    """An in-memory DuckDB database with UTC session time and the partition transforms as functions."""
+    import duckdb
+
+    from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
+
+    connection = duckdb.connect()
+    connection.execute("SET GLOBAL TimeZone = 'UTC'")
+    register_duckdb_functions(connection)
+    return connection
+
+
+def _attached(cursor: Any) -> set[str]:
+    rows = cursor.execute("SELECT database_name FROM duckdb_databases() WHERE NOT internal").fetchall()
+    return {row[0] for row in rows} - {"memory"}
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _spark_column(name: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")

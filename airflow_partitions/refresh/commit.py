@@ -1,0 +1,223 @@
+"""The commit step: publish every finalised partition and every removal in one atomic catalog version.
+
+Until this runs nothing of the refresh is visible. Partitions whose finalize failed are either a reason to
+refuse the commit (the default: the catalog stays untouched, retry the failed partitions and commit again)
+or, with `require_all=False`, left at their previous version while the others are published.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
+from airflow_partitions.refresh.stage import STAGE_MANIFEST
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.catalog import Catalog, PartitionSpecInfo
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.storage import PartitionStorage
+
+
+def open_dataset_catalog(project: ProjectSpec, dataset: DatasetSpec) -> Catalog:
+    """The dataset's catalog, as the catalog layer opens it for this project."""
+    import airflow_partitions.catalog as catalog_layer
+
+    opener = getattr(catalog_layer, "open_catalog", None)
+    if opener is not None:
+        return opener(project, dataset)  # type: ignore[no-any-return]
+    store = catalog_layer.LocalStore(Path(project.accelerator_dir))
+    return catalog_layer.Catalog(store, dataset.name, storage=dataset_storage(dataset))
+
+
+def dataset_storage(dataset: DatasetSpec) -> PartitionStorage:
+    from airflow_partitions.storage import get_storage
+
+    acceleration = dataset.acceleration
+    return get_storage(acceleration.engine, acceleration.partition_mode)
+
+
+def dataset_data_root(project: ProjectSpec, dataset: DatasetSpec) -> Path:
+    """Where the dataset's partition files live (the catalog's data root)."""
+    root = open_dataset_catalog(project, dataset).data_root
+    if root is None:
+        raise RefreshError(f"the catalog of {dataset.name!r} has no local data root to write partitions to")
+    return Path(root)
+
+
+def value_kind_of(arrow_type: pa.DataType) -> str:
+    """The `keys.value_kind` name of partition values of `arrow_type` (to decode key paths)."""
+    import pyarrow as pa
+
+    if pa.types.is_boolean(arrow_type):
+        return "bool"
+    if pa.types.is_integer(arrow_type):
+        return "int"
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "string"
+    if pa.types.is_timestamp(arrow_type):
+        return "timestamp"
+    if pa.types.is_date(arrow_type):
+        return "date"
+    if pa.types.is_decimal(arrow_type):
+        return "decimal"
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return "binary"
+    return "string"
+
+
+def partition_spec_info(dataset: DatasetSpec) -> PartitionSpecInfo:
+    """The catalog's record of the dataset's partition spec (field names, canonical transforms, kinds)."""
+    from airflow_partitions.catalog import PartitionSpecInfo
+
+    fields = []
+    for field in dataset.acceleration.partition_by:
+        kind = value_kind_of(field.transform.result_type) if field.transform.is_bound else None
+        fields.append((field.name, field.canonical, kind))
+    info = PartitionSpecInfo.from_fields(fields)
+    if info.spec_id != dataset.acceleration.partition_spec_id:
+        raise RefreshError(
+            f"partition spec id mismatch for {dataset.name!r}: catalog computes {info.spec_id}, spec says "
+            f"{dataset.acceleration.partition_spec_id}"
+        )
+    return info
+
+
+def coerce_results(results: Sequence[PartitionResult | Mapping[str, Any] | None]) -> list[PartitionResult]:
+    """Partition results from objects or JSON; `None` entries (failed tasks) are dropped."""
+    out: list[PartitionResult] = []
+    for result in results:
+        if result is None:
+            continue
+        out.append(result if isinstance(result, PartitionResult) else PartitionResult.from_json(result))
+    return out
+
+
+def commit_refresh(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    plan: RefreshPlan | Mapping[str, Any],
+    results: Sequence[PartitionResult | Mapping[str, Any] | None],
+    *,
+    stage: StageResult | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    require_all: bool = True,
+    cleanup: bool = True,
+    catalog: Catalog | None = None,
+) -> CommitResult:
+    """One atomic catalog commit of the finalised partitions plus the plan's removals.
+
+    Raises `RefreshError` (catalog untouched) when a planned partition has no result and `require_all`,
+    or when a result was not planned. The stage location is deleted after a successful commit.
+    """
+    from airflow_partitions.catalog import PartitionEntry
+    from airflow_partitions.catalog.model import parse_time
+    from airflow_partitions.storage import DataFile
+
+    plan = plan if isinstance(plan, RefreshPlan) else RefreshPlan.from_json(plan)
+    if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
+        raise RefreshError(
+            f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r}; plan again"
+        )
+    finished = coerce_results(results)
+    planned = {item.key_path: item for item in plan.items}
+    unexpected = sorted({r.key_path for r in finished} - set(planned))
+    if unexpected:
+        raise RefreshError(f"results for partitions the plan does not contain: {unexpected[:5]}; not committed")
+    mismatched = sorted(r.key_path for r in finished if r.spec_id != plan.spec_id)
+    if mismatched:
+        raise RefreshError(f"results written under another partition spec: {mismatched[:5]}; not committed")
+    by_path = {r.key_path: r for r in finished}
+    missing = tuple(path for path in planned if path not in by_path)
+    if missing and require_all:
+        raise RefreshError(
+            f"{len(missing)} of {len(planned)} planned partition(s) have no result (failed or not run), e.g. "
+            f"{', '.join(missing[:5])}; the catalog is untouched. Retry those partitions, or commit the others "
+            "with require_all=False"
+        )
+    if plan.replace_all and missing:
+        raise RefreshError(
+            f"re-partitioning {dataset.name!r} replaces every partition, but {len(missing)} have no result; "
+            "retry them before committing"
+        )
+    catalog = catalog or open_dataset_catalog(project, dataset)
+    storage = dataset_storage(dataset)
+    root = catalog.data_root
+    entries = []
+    for key_path in planned:
+        result = by_path.get(key_path)
+        if result is None:
+            continue
+        files = [DataFile.from_json(f) for f in result.files]
+        if files and root is not None:
+            files = storage.publish(Path(root), files)
+        entries.append(
+            PartitionEntry(
+                key=PartitionKey.from_json(result.key),
+                key_path=result.key_path,
+                spec_id=result.spec_id,
+                files=tuple(files),
+                rows=sum(f.rows for f in files),
+                bytes=sum(f.bytes for f in files),
+                source_fingerprint=result.source_fingerprint,
+                refreshed_at=_parse_refreshed_at(result.refreshed_at, parse_time),
+            )
+        )
+    if not entries and not plan.removed and not plan.replace_all:
+        version = None
+    else:
+        location = _location(stage)
+        version = catalog.commit(
+            base_version=plan.base_version,
+            upserts=entries,
+            removes=list(plan.removed),
+            partition_spec=partition_spec_info(dataset),
+            replace_all=plan.replace_all,
+            commit_id=Path(location).name if location else None,
+        )
+    if cleanup:
+        remove_stage(stage)
+    return CommitResult(
+        dataset=dataset.name,
+        version=version,
+        upserted=len(entries),
+        removed=len(plan.removed),
+        rows=sum(e.rows for e in entries),
+        bytes=sum(e.bytes for e in entries),
+        missing=missing,
+    )
+
+
+def _parse_refreshed_at(text: str, parse: Any) -> dt.datetime:
+    try:
+        value: dt.datetime = parse(text)
+    except (ValueError, TypeError):
+        value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return value
+
+
+def _location(stage: StageResult | Mapping[str, Any] | str | os.PathLike[str] | None) -> str | None:
+    if stage is None:
+        return None
+    if isinstance(stage, StageResult):
+        return stage.location
+    if isinstance(stage, Mapping):
+        return StageResult.from_json(stage).location
+    return str(stage)
+
+
+def remove_stage(stage: StageResult | Mapping[str, Any] | str | os.PathLike[str] | None) -> None:
+    """Delete a stage location (only one that holds a stage manifest: never an arbitrary directory)."""
+    location = _location(stage)
+    if not location:
+        return
+    path = Path(location)
+    if (path / STAGE_MANIFEST).exists() or (path / "data").exists():
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,230 @@
+"""Partition discovery and change detection: which partitions exist, and which need a refresh.
+
+Discovery is static when every field is `bucket(N, col)`: the keys are the product of 0..N-1 and the source
+is not asked for them. Otherwise it is dynamic: one `SELECT DISTINCT` of all partition expressions (bucket
+ones included) against the source, or a listing when Hive directories decide every field. For a composite
+of buckets and dynamic fields only the combinations that actually have rows become partitions: the product
+of N buckets with every dynamic value would mostly be empty partitions, each one a file and a task.
+
+The diff compares each discovered key's source fingerprint with the one the catalog recorded: files give
+per-partition fingerprints where their Hive layout maps files to partitions (else one for the whole
+source, which then refreshes everything when anything changed); Postgres gives per-partition row count and
+max of `refresh.check_column` (or of the row version `xmin`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import DiscoveryError, TooManyPartitionsError
+from airflow_partitions.keys import PartitionKey, Scalar, value_to_text
+from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
+from airflow_partitions.sources.base import Deadline, KeyTuple, Source
+
+if TYPE_CHECKING:
+    from airflow_partitions.catalog import Snapshot
+    from airflow_partitions.spec.model import DatasetSpec
+    from airflow_partitions.transforms import Transform
+
+KeySelector = Callable[[Sequence[KeyTuple]], Sequence[bool]]
+
+
+def bucket_counts(transforms: Sequence[Transform]) -> list[int] | None:
+    """N of every field when all fields are `bucket(N, col)` (static discovery), else None."""
+    counts: list[int] = []
+    for transform in transforms:
+        count = getattr(transform, "num_buckets", None)
+        if getattr(transform, "name", None) != "bucket" or not isinstance(count, int):
+            return None
+        counts.append(count)
+    return counts
+
+
+def static_keys(counts: Sequence[int], max_partitions: int) -> list[KeyTuple]:
+    """The product of 0..N-1 over the bucket fields, refused beyond `max_partitions`."""
+    total = math.prod(counts)
+    if total > max_partitions:
+        raise TooManyPartitionsError(
+            f"bucket fields {list(counts)} make {total} partitions, more than refresh.max_partitions "
+            f"({max_partitions}); use fewer buckets or raise max_partitions"
+        )
+    return [tuple(key) for key in itertools.product(*(range(n) for n in counts))]
+
+
+def key_text(names: Sequence[str], key: Sequence[Scalar]) -> str:
+    """`name=value/...` with unescaped values: how people type a partition on the command line."""
+    return "/".join(
+        f"{name}={'NULL' if value is None else value_to_text(value)}" for name, value in zip(names, key, strict=True)
+    )
+
+
+def select_keys(
+    names: Sequence[str], keys: Sequence[KeyTuple], requested: Sequence[str]
+) -> tuple[list[KeyTuple], list[str]]:
+    """The discovered keys named in `requested` (canonical key strings or `name=value/...` text), and the
+    requested strings that name no discovered partition."""
+    by_text: dict[str, KeyTuple] = {}
+    for key in keys:
+        by_text[PartitionKey(key).path(names)] = key
+        by_text.setdefault(key_text(names, key), key)
+    chosen: dict[KeyTuple, None] = {}
+    unknown: list[str] = []
+    for text in requested:
+        key = by_text.get(text.strip().strip("/"))
+        if key is None:
+            unknown.append(text)
+        else:
+            chosen[key] = None
+    return list(chosen), unknown
+
+
+def discover(
+    dataset: DatasetSpec,
+    source: Source,
+    snapshot: Snapshot | None,
+    *,
+    partitions: Sequence[str] | None = None,
+    where_selector: KeySelector | None = None,
+    full: bool = False,
+    timeout_s: float | None = None,
+    max_partitions: int | None = None,
+) -> RefreshPlan:
+    """Discover the partitions of a bound `dataset` in `source` and diff them against `snapshot`.
+
+    `partitions` (key strings) and `where_selector` narrow what is refreshed, and force those partitions
+    even when unchanged; `full` forces every partition. Removed partitions are those in the catalog that
+    discovery no longer finds (within the selection when one is given).
+    """
+    started = time.monotonic()
+    acceleration = dataset.acceleration
+    transforms = [f.transform for f in acceleration.partition_by]
+    if not all(t.is_bound for t in transforms):
+        raise DiscoveryError(f"dataset {dataset.name!r} must be bound to its source schema before discovery")
+    names = acceleration.partition_names
+    spec_id = acceleration.partition_spec_id
+    refresh = acceleration.refresh
+    limit = max_partitions if max_partitions is not None else refresh.max_partitions
+    deadline = Deadline(timeout_s if timeout_s is not None else refresh.discovery_timeout_s)
+
+    counts = bucket_counts(transforms)
+    kind = DiscoveryKind.STATIC if counts is not None else DiscoveryKind.DYNAMIC
+    keys: list[KeyTuple] = static_keys(counts, limit) if counts is not None else []
+    survey = source.survey(
+        transforms, need_keys=counts is None, check_column=refresh.check_column, deadline=deadline
+    )
+    if counts is None:
+        assert survey.keys is not None
+        keys = sorted(survey.keys, key=_sort_key)
+        if len(keys) > limit:
+            raise TooManyPartitionsError(
+                f"dataset {dataset.name!r}: discovery found {len(keys)} partitions in {source.describe()}, "
+                f"more than refresh.max_partitions ({limit}); use coarser partition expressions (e.g. "
+                "bucket(N, col) or date_trunc('month', ts)) or raise max_partitions"
+            )
+
+    key_paths = {key: PartitionKey(key).path(names) for key in keys}
+    existing = _catalog_state(snapshot)
+    respec = snapshot is not None and bool(existing) and _snapshot_spec_id(snapshot) not in (None, spec_id)
+
+    selected: list[KeyTuple] = keys
+    selecting = partitions is not None or where_selector is not None
+    unknown: list[str] = []
+    if partitions is not None:
+        selected, unknown = select_keys(names, keys, partitions)
+    if where_selector is not None:
+        mask = where_selector(selected)
+        selected = [key for key, keep in zip(selected, mask, strict=True) if keep]
+
+    items: list[PartitionWorkItem] = []
+    unchanged = 0
+    for key in selected:
+        key_path = key_paths[key]
+        fingerprint = survey.fingerprint(key)
+        recorded = existing.get(key_path)
+        if respec:
+            reason: Reason | None = Reason.RESPEC
+        elif recorded is None:
+            reason = Reason.NEW
+        elif recorded != (spec_id, fingerprint):
+            reason = Reason.CHANGED
+        elif full or selecting:
+            reason = Reason.FORCED
+        else:
+            reason = None
+        if reason is None:
+            unchanged += 1
+            continue
+        items.append(
+            PartitionWorkItem(
+                key=tuple(PartitionKey(key).to_json()), key_path=key_path, reason=reason, fingerprint=fingerprint
+            )
+        )
+
+    discovered_paths = set(key_paths.values())
+    if respec:
+        removed: list[str] = []  # replace_all drops every old partition
+    elif partitions is not None:
+        removed = [p for p in partitions if p in existing and p not in discovered_paths]
+    elif where_selector is not None:
+        gone = [path for path in existing if path not in discovered_paths]
+        recorded_keys = snapshot.keys() if snapshot is not None else {}
+        gone_keys = [recorded_keys[path].values for path in gone]
+        mask = where_selector(gone_keys) if gone_keys else []
+        removed = [path for path, keep in zip(gone, mask, strict=True) if keep]
+    else:
+        removed = sorted(path for path in existing if path not in discovered_paths)
+    unknown = [text for text in unknown if text not in removed]
+    if unknown:
+        sample = ", ".join(key_paths[k] for k in keys[:5])
+        raise DiscoveryError(
+            f"dataset {dataset.name!r} has no partition {', '.join(repr(u) for u in unknown)} in the source; "
+            f"give canonical key strings such as {sample or '(none discovered)'}"
+        )
+    return RefreshPlan(
+        dataset=dataset.name,
+        spec_id=spec_id,
+        partition_names=names,
+        base_version=snapshot.version if snapshot is not None else None,
+        items=tuple(items),
+        removed=tuple(removed),
+        unchanged=unchanged,
+        discovered=len(keys),
+        discovery=kind,
+        fingerprint_granularity=survey.granularity,
+        replace_all=respec,
+        full=full,
+        elapsed_s=time.monotonic() - started,
+        notes=survey.notes,
+    )
+
+
+def _catalog_state(snapshot: Snapshot | None) -> dict[str, tuple[str, str | None]]:
+    """Key path -> (spec id, source fingerprint) of every catalogued partition, read column-wise."""
+    if snapshot is None or not len(snapshot.partitions):
+        return {}
+    table = snapshot.table
+    return dict(
+        zip(
+            table.column("key_path").to_pylist(),
+            zip(table.column("spec_id").to_pylist(), table.column("source_fingerprint").to_pylist(), strict=True),
+            strict=True,
+        )
+    )
+
+
+def _snapshot_spec_id(snapshot: Snapshot) -> str | None:
+    spec = getattr(snapshot, "partition_spec", None)
+    return getattr(spec, "spec_id", None) if spec is not None else None
+
+
+def _sort_key(key: KeyTuple) -> tuple[Any, ...]:
+    # NULLs first, then by type name and value, so mixed or NULL keys sort without TypeError.
+    return tuple((value is not None, type(value).__name__, value if value is not None else 0) for value in key)
+
+
+def fingerprints_by_path(plan: RefreshPlan) -> Mapping[str, str]:
+    return {item.key_path: item.fingerprint for item in plan.items}

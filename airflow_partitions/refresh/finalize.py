@@ -1,0 +1,151 @@
+"""The finalize step: one partition's staged (or pushed-down) rows become its engine file, stats, checksum.
+
+Each call owns one partition, so one Airflow task per partition can run, retry and report it. The file is
+written under a new unique name and nothing points at it until the commit: a failed or repeated finalize
+leaves at most an unreferenced file that vacuum removes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.refresh.plan import (
+    PartitionResult,
+    PartitionWorkItem,
+    StageMode,
+    StageResult,
+    coerce_items,
+    utc_now_iso,
+)
+from airflow_partitions.refresh.stage import StageManifest, staged_item_directory
+from airflow_partitions.sources import open_source_json
+from airflow_partitions.sources.files import filter_to_key
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.storage import PartitionStorage
+    from airflow_partitions.transforms import Transform
+
+
+def stage_location(stage: StageResult | Mapping[str, Any] | str | os.PathLike[str]) -> str:
+    if isinstance(stage, StageResult):
+        location = stage.location
+    elif isinstance(stage, Mapping):
+        location = StageResult.from_json(stage).location
+    else:
+        location = str(stage)
+    if not location:
+        raise RefreshError("the stage staged nothing (empty plan): there is no partition to finalize")
+    return location
+
+
+def conform_to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly `schema`'s columns, order and types (Spark may widen or relabel types)."""
+    import pyarrow as pa
+
+    missing = [name for name in schema.names if name not in table.column_names]
+    if missing:
+        raise RefreshError(f"staged rows lack source column(s) {missing}; the stage is inconsistent, stage again")
+    columns = []
+    for target in schema:
+        column = table.column(target.name)
+        if column.type != target.type:
+            try:
+                column = column.cast(target.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+                raise RefreshError(
+                    f"staged column {target.name!r} ({column.type}) cannot be read back as {target.type}: {err}"
+                ) from err
+        columns.append(column)
+    return pa.table(columns, schema=schema)
+
+
+def read_staged_rows(location: str, index: int, schema: pa.Schema) -> pa.Table:
+    """The rows Spark routed to item `index` (an absent directory means the partition has no rows)."""
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    directory = staged_item_directory(location, index)
+    if not directory.exists():
+        return schema.empty_table()
+    try:
+        table = pads.dataset(str(directory), format="parquet").to_table()
+    except (OSError, pa.ArrowInvalid) as err:
+        raise RefreshError(f"cannot read the staged rows in {directory}: {err}") from err
+    return conform_to_schema(table, schema)
+
+
+def verify_partition(table: pa.Table, transforms: Sequence[Transform], key: tuple[Any, ...], key_path: str) -> None:
+    """Refuse rows whose partition values are not `key`: a routing bug must not reach the catalog."""
+    if table.num_rows == 0:
+        return
+    matching = filter_to_key(table, transforms, key).num_rows
+    if matching != table.num_rows:
+        raise RefreshError(
+            f"partition {key_path}: {table.num_rows - matching} of {table.num_rows} staged rows belong to "
+            "another partition (Spark and Arrow evaluated a partition expression differently); not committed"
+        )
+
+
+def finalize_partition(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    stage: StageResult | Mapping[str, Any] | str | os.PathLike[str],
+    item: PartitionWorkItem | Mapping[str, Any],
+    *,
+    storage: PartitionStorage | None = None,
+    data_root: str | os.PathLike[str] | None = None,
+    verify: bool = True,
+) -> PartitionResult:
+    """Write one planned partition's engine file(s) from the stage; returns its descriptor (JSON-able).
+
+    `verify` re-evaluates the partition expressions over the rows (vectorised Arrow) and fails on a row that
+    belongs elsewhere. Nothing becomes visible to readers until `commit_refresh`.
+    """
+    from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
+
+    started = time.monotonic()
+    (work_item,) = coerce_items([item])
+    location = stage_location(stage)
+    manifest = StageManifest.load(location)
+    spec_id = dataset.acceleration.partition_spec_id
+    if manifest.dataset != dataset.name or manifest.spec_id != spec_id:
+        raise RefreshError(
+            f"stage {location} was made for {manifest.dataset!r} spec {manifest.spec_id}, not "
+            f"{dataset.name!r} spec {spec_id}; stage again"
+        )
+    staged = manifest.items.get(work_item.key_path)
+    if staged is None:
+        raise RefreshError(f"partition {work_item.key_path} was not planned in stage {location}; plan again")
+    bound = dataset.bind(manifest.schema)
+    transforms = [f.transform for f in bound.acceleration.partition_by]
+    key = PartitionKey.from_json(work_item.key).values
+    if manifest.mode is StageMode.PUSHDOWN:
+        source = open_source_json(manifest.source)
+        table = conform_to_schema(source.read_partition(transforms, key, staged.get("hint")), manifest.schema)
+    else:
+        table = read_staged_rows(location, int(staged["index"]), manifest.schema)
+        if verify:
+            verify_partition(table, transforms, key, work_item.key_path)
+    engine = storage or dataset_storage(dataset)
+    root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
+    files = engine.write(table, root, work_item.key_path) if table.num_rows else []
+    return PartitionResult(
+        key=tuple(work_item.key),
+        key_path=work_item.key_path,
+        spec_id=spec_id,
+        files=tuple(f.to_json() for f in files),
+        rows=sum(f.rows for f in files),
+        bytes=sum(f.bytes for f in files),
+        source_fingerprint=work_item.fingerprint,
+        refreshed_at=utc_now_iso(),
+        elapsed_s=time.monotonic() - started,
+    )

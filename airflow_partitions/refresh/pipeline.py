@@ -1,0 +1,281 @@
+"""The refresh pipeline end to end: plan (discover + diff), stage, finalize each partition, commit.
+
+The Airflow operators call the four steps as separate tasks; `refresh_dataset` composes them in one process
+for the command line and tests, finalising partitions on a small thread pool.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import FilterError, RefreshError, SpecValidationError
+from airflow_partitions.refresh.commit import commit_refresh, open_dataset_catalog, remove_stage
+from airflow_partitions.refresh.discovery import KeySelector, discover
+from airflow_partitions.refresh.finalize import finalize_partition
+from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
+from airflow_partitions.refresh.stage import stage_refresh
+from airflow_partitions.sources import Source, open_source
+
+if TYPE_CHECKING:
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+
+
+def load_project(project: ProjectSpec | str | os.PathLike[str]) -> ProjectSpec:
+    if isinstance(project, str | os.PathLike):
+        from airflow_partitions.spec import load_spec
+
+        return load_spec(Path(project))
+    return project
+
+
+def resolve_dataset(project: ProjectSpec, dataset: DatasetSpec | str) -> DatasetSpec:
+    return project.dataset(dataset) if isinstance(dataset, str) else dataset
+
+
+def bind_dataset(dataset: DatasetSpec, source: Source) -> DatasetSpec:
+    """`dataset` bound to the source's schema, raising every problem (e.g. an unknown column) at once."""
+    from airflow_partitions.spec.model import validate_against_schema
+
+    schema = source.schema()
+    problems = validate_against_schema(dataset, schema)
+    if problems:
+        raise SpecValidationError(problems, path=f"dataset {dataset.name!r} against {source.describe()}")
+    return dataset.bind(schema)
+
+
+def where_selector(dataset: DatasetSpec, where: str) -> KeySelector:
+    """Select discovered keys whose partition may hold rows matching `where` (SQL over partition values).
+
+    The condition may name partition fields, and the source column of an identity field. It runs in
+    DuckDB over a small table of the keys, so SQL comparison semantics (NULL never matches) apply.
+    """
+    import sqlglot
+    from sqlglot import exp
+
+    try:
+        tree = sqlglot.parse_one(where, dialect="duckdb")
+    except sqlglot.errors.ParseError as err:
+        raise FilterError(f"cannot parse --where {where!r}: {str(err).splitlines()[0]}") from err
+    if isinstance(tree, exp.Query) or tree.find(exp.Subquery, exp.Select) is not None:
+        raise FilterError(f"--where {where!r} must be a condition, not a query")
+    fields = dataset.acceleration.partition_by
+    aliases: dict[str, int] = {f.name: i for i, f in enumerate(fields)}
+    for i, f in enumerate(fields):
+        if getattr(f.transform, "name", "") == "identity":
+            aliases.setdefault(f.source_column, i)
+    known = set(aliases)
+    unknown = sorted({c.name for c in tree.find_all(exp.Column)} - known)
+    if unknown:
+        raise FilterError(
+            f"--where names {unknown}; a refresh selects partitions, so use partition fields "
+            f"{sorted(known)} (identity fields also by their source column)"
+        )
+    condition = tree.sql(dialect="duckdb")
+
+    def select(keys: Sequence[tuple[Any, ...]]) -> list[bool]:
+        import duckdb
+        import pyarrow as pa
+
+        if not keys:
+            return []
+        columns = {
+            name: pa.array([key[i] for key in keys], type=fields[i].transform.result_type)
+            for name, i in aliases.items()
+        }
+        columns["__ap_row"] = pa.array(range(len(keys)), type=pa.int64())
+        table = pa.table(columns)  # noqa: F841 - read by DuckDB's replacement scan below
+        connection = duckdb.connect()
+        try:
+            connection.register("ap_partition_keys", table)
+            rows = connection.execute(f"SELECT __ap_row FROM ap_partition_keys WHERE {condition}").fetchall()
+        except duckdb.Error as err:
+            raise FilterError(f"cannot evaluate --where {where!r} on partition values: {err}") from err
+        finally:
+            connection.close()
+        chosen = {row[0] for row in rows}
+        return [index in chosen for index in range(len(keys))]
+
+    return select
+
+
+def plan_refresh(
+    project: ProjectSpec | str | os.PathLike[str],
+    dataset: DatasetSpec | str,
+    *,
+    partitions: Sequence[str] | None = None,
+    where: str | None = None,
+    full: bool = False,
+    source: Source | None = None,
+    timeout_s: float | None = None,
+) -> RefreshPlan:
+    """Discover the dataset's partitions and diff them against its catalog: the refresh plan."""
+    project = load_project(project)
+    spec = resolve_dataset(project, dataset)
+    source = source or open_source(spec.source)
+    bound = bind_dataset(spec, source)
+    snapshot = open_dataset_catalog(project, spec).latest()
+    selector = where_selector(bound, where) if where else None
+    return discover(
+        bound, source, snapshot, partitions=partitions, where_selector=selector, full=full, timeout_s=timeout_s
+    )
+
+
+@dataclass(frozen=True)
+class RefreshProgress:
+    """One progress tick of `refresh_dataset`."""
+
+    phase: str  # "discover" | "stage" | "finalize" | "commit" | "done"
+    done: int
+    total: int
+    rows: int
+    elapsed_s: float
+
+
+@dataclass
+class RefreshSummary:
+    """What `refresh_dataset` did, JSON-ready for `--json`."""
+
+    dataset: str
+    version: int | None
+    plan: dict[str, int]
+    stage_mode: str
+    refreshed: int
+    removed: int
+    rows: int
+    bytes: int
+    failed: dict[str, str] = field(default_factory=dict)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "version": self.version,
+            "plan": self.plan,
+            "stage_mode": self.stage_mode,
+            "refreshed": self.refreshed,
+            "removed": self.removed,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "failed": self.failed,
+            "timings_s": {k: round(v, 3) for k, v in self.timings_s.items()},
+            "notes": list(self.notes),
+        }
+
+
+ProgressCallback = Callable[[RefreshProgress], None]
+
+
+def refresh_dataset(
+    project: ProjectSpec | str | os.PathLike[str],
+    dataset: DatasetSpec | str,
+    partitions: Sequence[str] | None = None,
+    where: str | None = None,
+    full: bool = False,
+    progress: ProgressCallback | None = None,
+    *,
+    spark: Any = None,
+    remote: str | None = None,
+    strategy: str = "auto",
+    repartition: bool = False,
+    workers: int | None = None,
+    allow_partial: bool = False,
+    source: Source | None = None,
+) -> RefreshSummary:
+    """Plan, stage, finalize every planned partition and commit, in this process.
+
+    A partition that fails to finalize is reported in `failed`; then nothing is committed unless
+    `allow_partial`, which publishes the others and leaves the failed ones at their previous version.
+    """
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    project = load_project(project)
+    spec = resolve_dataset(project, dataset)
+    source = source or open_source(spec.source)
+
+    def tick(phase: str, done: int, total: int, rows: int) -> None:
+        if progress is not None:
+            progress(RefreshProgress(phase, done, total, rows, time.monotonic() - started))
+
+    tick("discover", 0, 0, 0)
+    plan = plan_refresh(project, spec, partitions=partitions, where=where, full=full, source=source)
+    timings["discover"] = time.monotonic() - started
+    total = len(plan.items)
+    tick("stage", 0, total, 0)
+    mark = time.monotonic()
+    stage = stage_refresh(
+        project, spec, plan, spark=spark, remote=remote, strategy=strategy, repartition=repartition, source=source
+    )
+    timings["stage"] = time.monotonic() - mark
+
+    mark = time.monotonic()
+    results: list[PartitionResult] = []
+    failed: dict[str, str] = {}
+    rows = 0
+    if stage.location is not None:
+        tick("finalize", 0, total, 0)
+        data_root = open_dataset_catalog(project, spec).data_root
+        pool_size = workers or min(4, os.cpu_count() or 2)
+        with ThreadPoolExecutor(max_workers=max(1, pool_size)) as pool:
+            futures = {
+                pool.submit(finalize_partition, project, spec, stage, item, data_root=data_root): item
+                for item in plan.items
+            }
+            for future in as_completed(futures):
+                item = futures[future]
+                try:
+                    result = future.result()
+                except Exception as err:
+                    failed[item.key_path] = f"{type(err).__name__}: {err}"
+                else:
+                    results.append(result)
+                    rows += result.rows
+                tick("finalize", len(results) + len(failed), total, rows)
+    timings["finalize"] = time.monotonic() - mark
+
+    mark = time.monotonic()
+    commit: CommitResult | None = None
+    if failed and not allow_partial:
+        remove_stage(stage)
+        summary = _summary(spec, plan, stage, None, failed, timings, started)
+        raise RefreshError(
+            f"{len(failed)} of {total} partition(s) of {spec.name!r} failed; nothing was committed: "
+            + "; ".join(f"{path}: {message}" for path, message in list(failed.items())[:5]),
+            summary,
+        )
+    tick("commit", total, total, rows)
+    commit = commit_refresh(project, spec, plan, results, stage=stage, require_all=not allow_partial)
+    timings["commit"] = time.monotonic() - mark
+    tick("done", total, total, rows)
+    return _summary(spec, plan, stage, commit, failed, timings, started)
+
+
+def _summary(
+    spec: DatasetSpec,
+    plan: RefreshPlan,
+    stage: StageResult,
+    commit: CommitResult | None,
+    failed: dict[str, str],
+    timings: dict[str, float],
+    started: float,
+) -> RefreshSummary:
+    timings = {**timings, "total": time.monotonic() - started}
+    return RefreshSummary(
+        dataset=spec.name,
+        version=commit.version if commit else None,
+        plan=plan.counts(),
+        stage_mode=str(stage.mode),
+        refreshed=commit.upserted if commit else 0,
+        removed=commit.removed if commit else 0,
+        rows=commit.rows if commit else 0,
+        bytes=commit.bytes if commit else 0,
+        failed=failed,
+        timings_s=timings,
+        notes=plan.notes,
+    )

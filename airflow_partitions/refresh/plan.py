@@ -1,0 +1,274 @@
+"""The JSON documents passed between refresh steps: work items, the refresh plan, stage and partition results.
+
+Each one is small and JSON-only so Airflow can hand it from task to task through XCom: `RefreshPlan.items`
+is the list a mapped task `.expand()`s over, one `PartitionWorkItem` per partition to refresh.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.keys import PartitionKey
+
+
+class Reason(StrEnum):
+    """Why a partition is in a plan."""
+
+    NEW = "new"  # discovered in the source, not in the catalog
+    CHANGED = "changed"  # its source fingerprint differs from the one the catalog recorded
+    FORCED = "forced"  # unchanged, but refreshed on request (--full, --partitions, --where)
+    RESPEC = "respec"  # partition_by changed: every partition is rewritten under the new spec
+
+
+class DiscoveryKind(StrEnum):
+    """How the partition keys were found."""
+
+    STATIC = "static"  # every field is bucket(N, col): keys are 0..N-1, the source is not asked
+    DYNAMIC = "dynamic"  # SELECT DISTINCT of the partition expressions (or a Hive directory listing)
+
+
+def utc_now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _require(data: Mapping[str, Any], name: str, what: str) -> Any:
+    if name not in data:
+        raise RefreshError(f"{what} is missing {name!r}; was it produced by this version of airflow-partitions?")
+    return data[name]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionWorkItem:
+    """One partition to refresh: its key (typed JSON values), canonical key string, reason, fingerprint."""
+
+    key: tuple[Any, ...]  # JSON form of each value (`keys.value_to_json`), in field order
+    key_path: str
+    reason: Reason
+    fingerprint: str
+
+    @property
+    def partition_key(self) -> PartitionKey:
+        return PartitionKey.from_json(self.key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": list(self.key), "key_path": self.key_path, "reason": str(self.reason), "fp": self.fingerprint}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PartitionWorkItem:
+        what = "a partition work item"
+        return cls(
+            key=tuple(_require(data, "key", what)),
+            key_path=str(_require(data, "key_path", what)),
+            reason=Reason(_require(data, "reason", what)),
+            fingerprint=str(_require(data, "fp", what)),
+        )
+
+
+@dataclass(frozen=True)
+class RefreshPlan:
+    """The outcome of discovery + diff for one dataset: what to refresh, what to remove, on which base.
+
+    `base_version` is the catalog version the diff was made against (None for an empty catalog); the commit
+    uses it for optimistic concurrency. `replace_all` is set when the partition spec changed: the commit then
+    replaces every partition instead of merging.
+    """
+
+    dataset: str
+    spec_id: str
+    partition_names: tuple[str, ...]
+    base_version: int | None
+    items: tuple[PartitionWorkItem, ...]
+    removed: tuple[str, ...]
+    unchanged: int
+    discovered: int
+    discovery: DiscoveryKind
+    fingerprint_granularity: str  # "partition" or "source"
+    replace_all: bool = False
+    full: bool = False
+    elapsed_s: float = 0.0
+    created_at: str = field(default_factory=utc_now_iso)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        """True when there is nothing to write and nothing to remove."""
+        return not self.items and not self.removed and not self.replace_all
+
+    def counts(self) -> dict[str, int]:
+        by_reason = {str(r): 0 for r in Reason}
+        for item in self.items:
+            by_reason[str(item.reason)] += 1
+        return {
+            **by_reason,
+            "removed": len(self.removed),
+            "unchanged": self.unchanged,
+            "discovered": self.discovered,
+        }
+
+    def items_json(self) -> list[dict[str, Any]]:
+        """The work items as plain JSON: the input of a mapped Airflow task."""
+        return [item.to_json() for item in self.items]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "spec_id": self.spec_id,
+            "partition_names": list(self.partition_names),
+            "base_version": self.base_version,
+            "items": self.items_json(),
+            "removed": list(self.removed),
+            "unchanged": self.unchanged,
+            "discovered": self.discovered,
+            "discovery": str(self.discovery),
+            "fingerprint_granularity": self.fingerprint_granularity,
+            "replace_all": self.replace_all,
+            "full": self.full,
+            "elapsed_s": round(self.elapsed_s, 4),
+            "created_at": self.created_at,
+            "notes": list(self.notes),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RefreshPlan:
+        what = "a refresh plan"
+        return cls(
+            dataset=str(_require(data, "dataset", what)),
+            spec_id=str(_require(data, "spec_id", what)),
+            partition_names=tuple(_require(data, "partition_names", what)),
+            base_version=data.get("base_version"),
+            items=tuple(PartitionWorkItem.from_json(i) for i in _require(data, "items", what)),
+            removed=tuple(data.get("removed", ())),
+            unchanged=int(data.get("unchanged", 0)),
+            discovered=int(data.get("discovered", 0)),
+            discovery=DiscoveryKind(data.get("discovery", DiscoveryKind.DYNAMIC)),
+            fingerprint_granularity=str(data.get("fingerprint_granularity", "source")),
+            replace_all=bool(data.get("replace_all", False)),
+            full=bool(data.get("full", False)),
+            elapsed_s=float(data.get("elapsed_s", 0.0)),
+            created_at=str(data.get("created_at", utc_now_iso())),
+            notes=tuple(data.get("notes", ())),
+        )
+
+    def without_items(self) -> RefreshPlan:
+        """The plan minus its item list (what the commit needs besides the partition results)."""
+        return RefreshPlan(**{**self.__dict__, "items": ()})
+
+
+class StageMode(StrEnum):
+    """How finalize gets a partition's rows."""
+
+    SPARK = "spark"  # one Spark job scanned the source once and wrote rows per partition to staging
+    PUSHDOWN = "pushdown"  # each partition reads its own rows from the source (Hive files, Postgres WHERE)
+    EMPTY = "empty"  # nothing to stage
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """Where the staged rows are and how to read them; `location` holds the stage manifest."""
+
+    dataset: str
+    location: str | None
+    mode: StageMode
+    partitions: int
+    elapsed_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "location": self.location,
+            "mode": str(self.mode),
+            "partitions": self.partitions,
+            "elapsed_s": round(self.elapsed_s, 4),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StageResult:
+        what = "a stage result"
+        return cls(
+            dataset=str(_require(data, "dataset", what)),
+            location=data.get("location"),
+            mode=StageMode(_require(data, "mode", what)),
+            partitions=int(data.get("partitions", 0)),
+            elapsed_s=float(data.get("elapsed_s", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """A finalised partition: its new engine file(s) and stats, written but not yet visible to readers."""
+
+    key: tuple[Any, ...]
+    key_path: str
+    spec_id: str
+    files: tuple[Mapping[str, Any], ...]  # `DataFile.to_json()` of each written file
+    rows: int
+    bytes: int
+    source_fingerprint: str
+    refreshed_at: str
+    elapsed_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": list(self.key),
+            "key_path": self.key_path,
+            "spec_id": self.spec_id,
+            "files": [dict(f) for f in self.files],
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "fp": self.source_fingerprint,
+            "refreshed_at": self.refreshed_at,
+            "elapsed_s": round(self.elapsed_s, 4),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PartitionResult:
+        what = "a partition result"
+        return cls(
+            key=tuple(_require(data, "key", what)),
+            key_path=str(_require(data, "key_path", what)),
+            spec_id=str(_require(data, "spec_id", what)),
+            files=tuple(_require(data, "files", what)),
+            rows=int(_require(data, "rows", what)),
+            bytes=int(_require(data, "bytes", what)),
+            source_fingerprint=str(_require(data, "fp", what)),
+            refreshed_at=str(_require(data, "refreshed_at", what)),
+            elapsed_s=float(data.get("elapsed_s", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What the commit published."""
+
+    dataset: str
+    version: int | None  # None when there was nothing to commit
+    upserted: int
+    removed: int
+    rows: int
+    bytes: int
+    missing: tuple[str, ...] = ()  # planned partitions without a result (left at their old version)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "version": self.version,
+            "upserted": self.upserted,
+            "removed": self.removed,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "missing": list(self.missing),
+        }
+
+
+def coerce_items(items: Sequence[PartitionWorkItem | Mapping[str, Any]]) -> list[PartitionWorkItem]:
+    """Work items from objects or their JSON form (what arrives through XCom)."""
+    return [i if isinstance(i, PartitionWorkItem) else PartitionWorkItem.from_json(i) for i in items]

@@ -1,0 +1,394 @@
+"""Snapshot manifests: publish a catalog version to S3 once all its files are there, and read it back.
+
+A manifest is one JSON object per catalog version: the partition spec and every partition with its files,
+checksums and statistics (the catalog's own entry JSON). It is published with `If-None-Match: *`, so a
+version's manifest is written once and never changes, and only after every file it names was found in
+the snapshot location with the recorded size: a reader that sees the manifest can fetch all its files.
+`latest.json` then points at the newest manifest; it only moves forward (compare-and-swap on its ETag)
+and is a shortcut, since a reader also lists manifests newer than the one it names.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.catalog.model import PartitionEntry, PartitionSpecInfo, format_time, parse_time
+from airflow_partitions.exceptions import CatalogError, SnapshotError
+from airflow_partitions.snapshots.layout import SnapshotLayout, safe_relative_path
+from airflow_partitions.snapshots.s3ops import (
+    get_object_bytes,
+    is_write_conflict,
+    list_objects,
+    snapshot_error,
+)
+from airflow_partitions.snapshots.settings import S3Location, SettingsLike, shared_s3_client
+from airflow_partitions.snapshots.upload import (
+    DEFAULT_MULTIPART_CHUNKSIZE,
+    DEFAULT_MULTIPART_THRESHOLD,
+    upload_partition_snapshot,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+    from airflow_partitions.catalog import Snapshot
+
+MANIFEST_FORMAT = "airflow-partitions/snapshot-manifest"
+MANIFEST_FORMAT_VERSION = 1
+_LATEST_ATTEMPTS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotManifest:
+    """One published catalog version, as read back from object storage."""
+
+    dataset: str
+    version: int
+    committed_at: dt.datetime
+    operation: str
+    partition_spec: PartitionSpecInfo
+    entries: tuple[PartitionEntry, ...]
+    key: str
+    sha256: str
+
+    @property
+    def total_rows(self) -> int:
+        return sum(e.rows for e in self.entries)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.bytes for e in self.entries)
+
+    def to_snapshot(self) -> Snapshot:
+        """The manifest as a catalog `Snapshot`, so pruning can plan over it before anything is downloaded."""
+        from airflow_partitions.catalog.state import PartitionMap, Snapshot, entries_to_table
+
+        table = entries_to_table([entry.to_json() for entry in self.entries])
+        return Snapshot(
+            version=self.version,
+            partition_spec=self.partition_spec,
+            committed_at=self.committed_at,
+            partitions=PartitionMap(table),
+            operation=self.operation,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestUploadResult:
+    """What publishing one version did."""
+
+    dataset: str
+    version: int
+    key: str
+    created: bool  # False: the same manifest was already published (a retry)
+    latest_version: int  # what `latest.json` points at afterwards
+    files_checked: int
+    files_uploaded: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "version": self.version,
+            "key": self.key,
+            "created": self.created,
+            "latest_version": self.latest_version,
+            "files_checked": self.files_checked,
+            "files_uploaded": self.files_uploaded,
+        }
+
+
+# --- encoding -------------------------------------------------------------------------------------
+
+
+def encode_manifest(dataset: str, snapshot: Snapshot) -> bytes:
+    """The manifest bytes of `snapshot`: deterministic, so a retried publish produces identical bytes."""
+    entries = sorted(snapshot.partitions.values(), key=lambda e: e.key_path)
+    document = {
+        "format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_FORMAT_VERSION,
+        "dataset": dataset,
+        "version": snapshot.version,
+        "committed_at": format_time(snapshot.committed_at),
+        "operation": snapshot.operation,
+        "partition_spec": snapshot.partition_spec.to_json(),
+        "partition_count": len(entries),
+        "total_rows": sum(e.rows for e in entries),
+        "total_bytes": sum(e.bytes for e in entries),
+        "partitions": [entry.to_json() for entry in entries],
+    }
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def decode_manifest(data: bytes, *, dataset: str, key: str, expected_version: int | None) -> SnapshotManifest:
+    """Parse and check a manifest read from object storage (untrusted input: every path is checked)."""
+    where = f"snapshot manifest {key}"
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SnapshotError(
+            f"{where} is not valid JSON ({err}); it was not written by airflow-partitions"
+        ) from err
+    if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
+        raise SnapshotError(f"{where} is not an airflow-partitions snapshot manifest")
+    if document.get("format_version") != MANIFEST_FORMAT_VERSION:
+        raise SnapshotError(
+            f"{where} has format version {document.get('format_version')}; this airflow-partitions reads "
+            f"version {MANIFEST_FORMAT_VERSION}: upgrade the package"
+        )
+    if document.get("dataset") != dataset:
+        raise SnapshotError(f"{where} belongs to dataset {document.get('dataset')!r}, not {dataset!r}")
+    try:
+        version = int(document["version"])
+        spec = PartitionSpecInfo.from_json(document["partition_spec"])
+        entries = tuple(PartitionEntry.from_json(raw) for raw in document["partitions"])
+        committed_at = parse_time(document["committed_at"])
+        operation = str(document.get("operation", ""))
+    except (CatalogError, KeyError, TypeError, ValueError) as err:
+        raise SnapshotError(f"{where} is malformed: {err}") from err
+    if expected_version is not None and version != expected_version:
+        raise SnapshotError(f"{where} holds version {version}, expected {expected_version}")
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.key_path in seen:
+            raise SnapshotError(f"{where} lists partition {entry.key_path!r} twice")
+        seen.add(entry.key_path)
+        for data_file in entry.files:
+            safe_relative_path(data_file.path)
+    return SnapshotManifest(
+        dataset=dataset,
+        version=version,
+        committed_at=committed_at,
+        operation=operation,
+        partition_spec=spec,
+        entries=entries,
+        key=key,
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
+# --- publishing -----------------------------------------------------------------------------------
+
+
+def upload_snapshot_manifest(
+    settings: SettingsLike,
+    location: str | S3Location,
+    dataset: str,
+    catalog_snapshot: Snapshot,
+    *,
+    dataset_root: str | Path | None = None,
+    multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+    multipart_chunksize: int = DEFAULT_MULTIPART_CHUNKSIZE,
+) -> ManifestUploadResult:
+    """Publish the manifest of `catalog_snapshot` once every file it references is in the snapshot location.
+
+    Files are checked by listing `<dataset>/data/` (key and size). A missing file is an error naming it,
+    unless `dataset_root` is given: then missing files are uploaded from there first (useful when
+    snapshots are enabled for a dataset that already has partitions). Publishing a version again is a
+    no-op when the manifest is identical, and a `SnapshotError` when another snapshot of that version
+    (another catalog sharing the location) was published.
+    """
+    layout = SnapshotLayout.of(location, dataset)
+    client = shared_s3_client(settings)
+    entries = list(catalog_snapshot.partitions.values())
+    missing = _missing_files(client, layout, entries)
+    uploaded = 0
+    if missing:
+        if dataset_root is None:
+            names = ", ".join(sorted(f.path for f in missing)[:5]) + (", ..." if len(missing) > 5 else "")
+            raise SnapshotError(
+                f"cannot publish version {catalog_snapshot.version} of dataset {dataset!r}: {len(missing)} "
+                f"of its files are not in {layout.uri(layout.data_prefix)} ({names}). Upload every "
+                "refreshed partition first, or pass dataset_root to upload missing files"
+            )
+        result = upload_partition_snapshot(
+            settings,
+            layout.location,
+            dataset_root,
+            missing,
+            dataset=dataset,
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=multipart_chunksize,
+        )
+        uploaded = len(result.uploaded)
+
+    body = encode_manifest(dataset, catalog_snapshot)
+    key = layout.manifest_key(catalog_snapshot.version)
+    created = _put_once(client, layout, key, body)
+    latest = _advance_latest(client, layout, catalog_snapshot.version, hashlib.sha256(body).hexdigest())
+    return ManifestUploadResult(
+        dataset=dataset,
+        version=catalog_snapshot.version,
+        key=key,
+        created=created,
+        latest_version=latest,
+        files_checked=sum(len(e.files) for e in entries),
+        files_uploaded=uploaded,
+    )
+
+
+def _missing_files(client: S3Client, layout: SnapshotLayout, entries: Sequence[PartitionEntry]) -> list[Any]:
+    wanted = {layout.data_key(f.path): f for entry in entries for f in entry.files}
+    if not wanted:
+        return []
+    present = {
+        str(item["Key"]): int(item["Size"])
+        for item in list_objects(client, layout.bucket, layout.data_prefix)
+        if str(item["Key"]) in wanted
+    }
+    return [f for key, f in wanted.items() if present.get(key) != f.bytes]
+
+
+def _put_once(client: S3Client, layout: SnapshotLayout, key: str, body: bytes) -> bool:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        client.put_object(
+            Bucket=layout.bucket,
+            Key=key,
+            Body=body,
+            ContentType="application/json",
+            ChecksumAlgorithm="SHA256",
+            IfNoneMatch="*",
+        )
+        return True
+    except (ClientError, BotoCoreError) as err:
+        if not is_write_conflict(err):
+            raise snapshot_error(err, "publish manifest", layout.uri(key)) from err
+    existing = get_object_bytes(client, layout.bucket, key)
+    if existing is not None and existing[0] == body:
+        return False
+    raise SnapshotError(
+        f"{layout.uri(key)} already holds a different snapshot of this version: another catalog of dataset "
+        f"{layout.dataset!r} publishes to the same location. Give each catalog its own snapshot location"
+    )
+
+
+def _advance_latest(client: S3Client, layout: SnapshotLayout, version: int, sha256: str) -> int:
+    """Point `latest.json` at `version` unless it already points at a newer one; the version it names."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    pointer = json.dumps(
+        {"version": version, "manifest": layout.manifest_key(version), "sha256": sha256},
+        sort_keys=True,
+    ).encode("utf-8")
+    for _attempt in range(_LATEST_ATTEMPTS):
+        current = get_object_bytes(client, layout.bucket, layout.latest_key)
+        condition: dict[str, str]
+        if current is None:
+            condition = {"IfNoneMatch": "*"}
+        else:
+            current_version = _pointer_version(current[0])
+            if current_version is not None and current_version >= version:
+                return current_version
+            condition = {"IfMatch": current[1]}
+        try:
+            client.put_object(
+                Bucket=layout.bucket,
+                Key=layout.latest_key,
+                Body=pointer,
+                ContentType="application/json",
+                **condition,  # type: ignore[arg-type]
+            )
+            return version
+        except (ClientError, BotoCoreError) as err:
+            if not is_write_conflict(err):
+                raise snapshot_error(err, "update", layout.uri(layout.latest_key)) from err
+    raise SnapshotError(
+        f"{layout.uri(layout.latest_key)} kept changing under {_LATEST_ATTEMPTS} attempts to advance it to "
+        f"version {version}; the manifest itself is published, so readers still find it"
+    )
+
+
+def _pointer_version(data: bytes) -> int | None:
+    try:
+        document = json.loads(data)
+        return int(document["version"])
+    except (ValueError, KeyError, TypeError):
+        return None  # an unreadable pointer is replaced; manifests are the source of truth
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+def list_snapshot_versions(settings: SettingsLike, location: str | S3Location, dataset: str) -> list[int]:
+    """Every published version of `dataset` under `location`, oldest first."""
+    layout = SnapshotLayout.of(location, dataset)
+    client = shared_s3_client(settings)
+    return _listed_versions(client, layout, start_after=None)
+
+
+def _listed_versions(client: S3Client, layout: SnapshotLayout, *, start_after: str | None) -> list[int]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    versions: list[int] = []
+    kwargs: dict[str, str] = {"Bucket": layout.bucket, "Prefix": layout.manifest_prefix}
+    if start_after:
+        kwargs["StartAfter"] = start_after
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(**kwargs):  # type: ignore[arg-type]
+            for item in page.get("Contents", []):
+                version = layout.version_of_manifest_key(str(item["Key"]))
+                if version is not None:
+                    versions.append(version)
+    except (ClientError, BotoCoreError) as err:
+        raise snapshot_error(err, "list", layout.uri(layout.manifest_prefix)) from err
+    return sorted(versions)
+
+
+def latest_snapshot_version(client: S3Client, layout: SnapshotLayout) -> int | None:
+    """The newest published version: the pointer's, or a newer manifest listed after it."""
+    pointer = get_object_bytes(client, layout.bucket, layout.latest_key)
+    pointed = _pointer_version(pointer[0]) if pointer is not None else None
+    start_after = layout.manifest_key(pointed) if pointed is not None else None
+    newer = _listed_versions(client, layout, start_after=start_after)
+    if newer:
+        return newer[-1]
+    return pointed
+
+
+def read_snapshot_manifest(
+    settings: SettingsLike, location: str | S3Location, dataset: str, version: int | None = None
+) -> SnapshotManifest | None:
+    """The manifest of `version` (the newest when `None`); `None` when no snapshot was ever published.
+
+    A specific `version` that was not published is a `SnapshotError`.
+    """
+    layout = SnapshotLayout.of(location, dataset)
+    client = shared_s3_client(settings)
+    return fetch_manifest(client, layout, version)
+
+
+def fetch_manifest(client: S3Client, layout: SnapshotLayout, version: int | None) -> SnapshotManifest | None:
+    requested = version
+    if version is None:
+        version = latest_snapshot_version(client, layout)
+        if version is None:
+            return None
+    key = layout.manifest_key(version)
+    found = get_object_bytes(client, layout.bucket, key)
+    if found is None:
+        if requested is None:
+            raise SnapshotError(
+                f"{layout.uri(layout.latest_key)} points at version {version}, whose manifest is missing; "
+                "the snapshot location was modified by hand. Publish the dataset's snapshot again"
+            )
+        published = _listed_versions(client, layout, start_after=None)
+        raise SnapshotError(
+            f"no snapshot of version {version} of dataset {layout.dataset!r} in "
+            f"{layout.uri(layout.manifest_prefix)}; published versions: {_describe_versions(published)}"
+        )
+    return decode_manifest(found[0], dataset=layout.dataset, key=key, expected_version=version)
+
+
+def _describe_versions(versions: Sequence[int]) -> str:
+    if not versions:
+        return "none"
+    if len(versions) <= 10:
+        return ", ".join(map(str, versions))
+    return f"{', '.join(map(str, versions[:3]))}, ..., {', '.join(map(str, versions[-3:]))}"

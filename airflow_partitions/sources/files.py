@@ -1,0 +1,580 @@
+"""File sources: parquet, CSV and JSON-lines files on a local disk or S3, as paths, directories or globs.
+
+Hive-style directories (`col=value/`) are detected: when a partition expression reads a Hive column, each
+file maps to one partition value without being opened, so fingerprints are per partition, discovery can
+list instead of scan, and a partition can be read from its own files (pushdown).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import SourceError
+from airflow_partitions.sources.base import (
+    EMPTY_FINGERPRINT,
+    Deadline,
+    KeyTuple,
+    SourceSurvey,
+    digest,
+)
+from airflow_partitions.sources.s3 import S3Settings, split_s3_uri
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    from airflow_partitions.transforms import Transform
+
+FORMAT_ALIASES = {
+    "parquet": "parquet",
+    "pq": "parquet",
+    "csv": "csv",
+    "tsv": "csv",
+    "json": "json",
+    "jsonl": "json",
+    "ndjson": "json",
+}
+_GLOB_CHARS = frozenset("*?[")
+_COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".lz4")
+# Spark and pyarrow agree on skipping these: job markers, checksums, hidden files.
+_IGNORED_SUFFIXES = (".crc",)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """One data file: `path` as its Arrow filesystem knows it, `relative` to the source root."""
+
+    path: str
+    relative: str
+    size: int
+    version: str  # local: modification time in ns; S3: the ETag
+
+    def fingerprint_line(self) -> str:
+        return f"{self.relative}\t{self.size}\t{self.version}"
+
+    @property
+    def directories(self) -> tuple[str, ...]:
+        return PurePosixPath(self.relative).parts[:-1]
+
+
+def glob_to_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a path glob: `*` and `?` stay within one directory level, a whole `**` spans any depth."""
+    out: list[str] = []
+    segments = pattern.split("/")
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        if segment == "**":
+            out.append(".*" if last else "(?:[^/]+/)*")
+            continue
+        i = 0
+        while i < len(segment):
+            ch = segment[i]
+            if ch == "*":
+                out.append("[^/]*")
+            elif ch == "?":
+                out.append("[^/]")
+            elif ch == "[":
+                end = segment.find("]", i + 2)
+                if end == -1:
+                    out.append(re.escape(ch))
+                else:
+                    body = segment[i + 1 : end]
+                    if body.startswith("!"):
+                        body = "^" + body[1:]
+                    out.append(f"[{body.replace(chr(92), chr(92) * 2)}]")
+                    i = end
+            else:
+                out.append(re.escape(ch))
+            i += 1
+        if not last:
+            out.append("/")
+    return re.compile("".join(out))
+
+
+def _is_hidden(name: str, *, directory: bool) -> bool:
+    if directory and "=" in name:
+        return False
+    return name.startswith((".", "_")) or name.endswith(_IGNORED_SUFFIXES)
+
+
+def _format_from_name(name: str) -> str | None:
+    lowered = name.lower()
+    for suffix in _COMPRESSION_SUFFIXES:
+        lowered = lowered.removesuffix(suffix)
+    ext = lowered.rsplit(".", 1)[-1] if "." in lowered else ""
+    return FORMAT_ALIASES.get(ext)
+
+
+def _hive_segment(segment: str) -> tuple[str, str] | None:
+    name, sep, value = segment.partition("=")
+    if not sep or not name:
+        return None
+    return name, value
+
+
+class FileSource:
+    """Files on a local disk or S3 (`s3://bucket/prefix`), one format, optionally Hive-partitioned."""
+
+    kind = "files"
+
+    def __init__(
+        self,
+        location: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        base_dir: str | os.PathLike[str] | None = None,
+        scheme: str = "file",
+    ) -> None:
+        self.location = location
+        self.params: dict[str, Any] = dict(params or {})
+        self.base_dir = str(base_dir) if base_dir is not None else None
+        self.scheme = scheme
+        self.is_s3 = scheme in ("s3", "s3a") or location.startswith(("s3://", "s3a://"))
+        self._root, self._pattern = self._split_location()
+        self._files: list[SourceFile] | None = None
+
+    # --- location and listing -----------------------------------------------------------------
+
+    def _split_location(self) -> tuple[str, re.Pattern[str] | None]:
+        """(root the files live under, glob pattern relative to it or None)."""
+        if self.is_s3:
+            bucket, key = split_s3_uri(self.location)
+            path = f"{bucket}/{key}".rstrip("/")
+        else:
+            raw = self.location.removeprefix("file://")
+            raw = os.path.expanduser(raw)
+            if not os.path.isabs(raw):
+                raw = os.path.join(self.base_dir or os.getcwd(), raw)
+            path = os.path.normpath(raw)
+        parts = path.split("/")
+        first_glob = next((i for i, part in enumerate(parts) if _GLOB_CHARS & set(part)), None)
+        if first_glob is None:
+            return path, None
+        if self.is_s3 and first_glob == 0:
+            raise SourceError(f"S3 location {self.location!r} has a glob in the bucket name")
+        root = "/".join(parts[:first_glob]) or "/"
+        return root, glob_to_regex("/".join(parts[first_glob:]))
+
+    def describe(self) -> str:
+        return f"{self.file_format} files at {self.location}"
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    @cached_property
+    def file_format(self) -> str:
+        declared = self.params.get("file_format") or self.params.get("format")
+        if declared:
+            fmt = FORMAT_ALIASES.get(str(declared).lower())
+            if fmt is None:
+                raise SourceError(
+                    f"unknown file_format {declared!r} for {self.location}; use parquet, csv or json (lines)"
+                )
+            return fmt
+        guess = _format_from_name(self.location)
+        if guess is None:
+            files = self.list_files()
+            guesses = {_format_from_name(f.relative) for f in files[:50]}
+            guesses.discard(None)
+            if len(guesses) == 1:
+                guess = guesses.pop()
+        if guess is None:
+            raise SourceError(
+                f"cannot tell the format of {self.location}; set `params: {{file_format: parquet|csv|json}}`"
+            )
+        return guess
+
+    def _matches(self, relative: str) -> bool:
+        if self._pattern is None:
+            return True
+        if self._pattern.fullmatch(relative):
+            return True
+        # A glob that matches a directory (e.g. Hive partitions) selects every file under it.
+        parts = relative.split("/")
+        return any(self._pattern.fullmatch("/".join(parts[:n])) for n in range(1, len(parts)))
+
+    def list_files(self, *, refresh: bool = False) -> list[SourceFile]:
+        """Every data file of the source, sorted by path (cached; `refresh=True` lists again)."""
+        if self._files is None or refresh:
+            files = sorted(self._list_s3() if self.is_s3 else self._list_local(), key=lambda f: f.relative)
+            if not files:
+                raise SourceError(
+                    f"no data files found at {self.location}; check the path, glob and that files are not "
+                    "hidden (names starting with '.' or '_' are skipped)"
+                )
+            self._files = files
+        return self._files
+
+    def _list_local(self) -> Iterator[SourceFile]:
+        root = self._root
+        if os.path.isfile(root):
+            st = os.stat(root)
+            yield SourceFile(root, os.path.basename(root), st.st_size, str(st.st_mtime_ns))
+            return
+        if not os.path.isdir(root):
+            raise SourceError(f"source path {root} does not exist (from {self.location!r})")
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d, directory=True))
+            for name in filenames:
+                if _is_hidden(name, directory=False):
+                    continue
+                full = os.path.join(dirpath, name)
+                relative = os.path.relpath(full, root).replace(os.sep, "/")
+                if not self._matches(relative):
+                    continue
+                st = os.stat(full)
+                yield SourceFile(full, relative, st.st_size, str(st.st_mtime_ns))
+
+    @cached_property
+    def s3_settings(self) -> S3Settings:
+        return S3Settings.from_params(self.params)
+
+    def _list_s3(self) -> Iterator[SourceFile]:
+        bucket, key = split_s3_uri(self._root)
+        client = self.s3_settings.boto3_client()
+        # Try the root as one object first: `s3://b/data.parquet` names a file, not a prefix.
+        if key and self._pattern is None and not key.endswith("/"):
+            try:
+                head = client.head_object(Bucket=bucket, Key=key)
+            except client.exceptions.ClientError:
+                head = None
+            if head is not None:
+                yield SourceFile(
+                    f"{bucket}/{key}",
+                    key.rsplit("/", 1)[-1],
+                    int(head["ContentLength"]),
+                    str(head["ETag"]).strip('"'),
+                )
+                return
+        prefix = f"{key}/" if key else ""
+        paginator = client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    object_key = obj["Key"]
+                    if object_key.endswith("/"):
+                        continue
+                    relative = object_key[len(prefix) :]
+                    parts = relative.split("/")
+                    if any(_is_hidden(p, directory=True) for p in parts[:-1]) or _is_hidden(
+                        parts[-1], directory=False
+                    ):
+                        continue
+                    if not self._matches(relative):
+                        continue
+                    yield SourceFile(
+                        f"{bucket}/{object_key}", relative, int(obj["Size"]), str(obj["ETag"]).strip('"')
+                    )
+        except Exception as err:
+            if type(err).__name__ in ("ClientError", "NoSuchBucket", "EndpointConnectionError"):
+                raise SourceError(f"cannot list {self.location}: {err}") from err
+            raise
+
+    # --- Arrow side ---------------------------------------------------------------------------
+
+    @cached_property
+    def filesystem(self) -> Any:
+        from pyarrow import fs
+
+        return self.s3_settings.arrow_filesystem() if self.is_s3 else fs.LocalFileSystem()
+
+    @cached_property
+    def hive_columns(self) -> tuple[str, ...]:
+        """Hive partition column names shared by every file's directories, or () if the layout is not Hive."""
+        files = self.list_files()
+        names: tuple[str, ...] | None = None
+        for f in files:
+            segments = [_hive_segment(d) for d in f.directories]
+            if any(s is None for s in segments):
+                return ()
+            these = tuple(s[0] for s in segments if s is not None)
+            if names is None:
+                names = these
+            elif these != names:
+                return ()
+        return names or ()
+
+    def _arrow_format(self) -> pads.FileFormat:
+        import pyarrow.csv as pacsv
+        import pyarrow.dataset as pads
+
+        if self.file_format == "parquet":
+            return pads.ParquetFileFormat()
+        if self.file_format == "csv":
+            delimiter = self.params.get("delimiter") or self.params.get("csv_delimiter")
+            if delimiter is None:
+                delimiter = "\t" if self.location.lower().endswith(".tsv") else ","
+            header = bool(self.params.get("header", True))
+            read_options = pacsv.ReadOptions(autogenerate_column_names=not header)
+            # As Spark reads CSV: an unquoted empty field is NULL, a quoted empty one ("") an empty string.
+            convert_options = pacsv.ConvertOptions(strings_can_be_null=True, quoted_strings_can_be_null=False)
+            return pads.CsvFileFormat(
+                parse_options=pacsv.ParseOptions(delimiter=str(delimiter)),
+                read_options=read_options,
+                convert_options=convert_options,
+            )
+        return pads.JsonFileFormat()
+
+    def _hive_base(self) -> str:
+        root = self._root
+        if not self.is_s3 and os.path.isfile(root):
+            return os.path.dirname(root)
+        return root
+
+    def _dataset(self, files: Sequence[SourceFile], schema: pa.Schema | None = None) -> pads.Dataset:
+        import pyarrow.dataset as pads
+
+        paths = [f.path for f in files]
+        if not self.hive_columns:
+            return pads.dataset(paths, schema=schema, format=self._arrow_format(), filesystem=self.filesystem)
+        if schema is not None:
+            partitioning: Any = pads.partitioning(
+                pa_schema_subset(schema, self.hive_columns), flavor="hive"
+            )
+        else:
+            partitioning = pads.HivePartitioning.discover(infer_dictionary=False)
+        return pads.dataset(
+            paths,
+            schema=schema,
+            format=self._arrow_format(),
+            filesystem=self.filesystem,
+            partitioning=partitioning,
+            partition_base_dir=self._hive_base(),
+        )
+
+    @cached_property
+    def _schema(self) -> pa.Schema:
+        try:
+            schema = self._dataset(self.list_files()).schema
+        except (OSError, ValueError) as err:
+            raise SourceError(f"cannot read the schema of {self.describe()}: {err}") from err
+        return schema.remove_metadata()
+
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def _file_hive_values(self) -> dict[str, dict[str, Any]]:
+        """Per file path, its typed Hive values (as pyarrow parsed them from the directories)."""
+        import pyarrow.dataset as pads
+
+        dataset = self._dataset(self.list_files(), self.schema())
+        out: dict[str, dict[str, Any]] = {}
+        for fragment in dataset.get_fragments():
+            out[fragment.path] = pads.get_partition_keys(fragment.partition_expression)
+        return out
+
+    def hive_projection(self, transforms: Sequence[Transform]) -> tuple[int, ...]:
+        """Positions of the partition fields whose source column is a Hive directory column."""
+        hive = set(self.hive_columns)
+        return tuple(i for i, t in enumerate(transforms) if t.source_column in hive)
+
+    def _groups(self, transforms: Sequence[Transform]) -> tuple[tuple[int, ...], dict[KeyTuple, list[SourceFile]]]:
+        projection = self.hive_projection(transforms)
+        groups: dict[KeyTuple, list[SourceFile]] = {}
+        if not projection:
+            return projection, groups
+        values = self._file_hive_values()
+        for f in self.list_files():
+            hive = values.get(f.path, {})
+            partial = tuple(transforms[i].apply_scalar(hive.get(transforms[i].source_column)) for i in projection)
+            groups.setdefault(partial, []).append(f)
+        return projection, groups
+
+    def survey(
+        self,
+        transforms: Sequence[Transform],
+        *,
+        need_keys: bool,
+        check_column: str | None,
+        deadline: Deadline,
+    ) -> SourceSurvey:
+        files = self.list_files(refresh=True)
+        deadline.check(f"listing {self.location}")
+        whole = digest(f.fingerprint_line() for f in files)
+        projection, groups = self._groups(transforms)
+        per_key = {partial: digest(f.fingerprint_line() for f in group) for partial, group in groups.items()}
+        keys: list[KeyTuple] | None = None
+        notes: list[str] = []
+        if need_keys:
+            if projection and len(projection) == len(transforms):
+                # Every field is decided by the directories: the listing is the discovery.
+                keys = [tuple(partial[projection.index(i)] for i in range(len(transforms))) for partial in groups]
+                notes.append("keys listed from Hive directories")
+            else:
+                keys = self._scan_distinct(transforms, deadline)
+                notes.append("keys scanned (SELECT DISTINCT over the partition expressions)")
+        if check_column:
+            notes.append("check_column is ignored for file sources: file sizes and versions are compared")
+        return SourceSurvey(
+            keys=keys,
+            whole_fingerprint=whole,
+            per_key=per_key if projection else None,
+            projection=projection,
+            granularity="partition" if projection else "source",
+            notes=tuple(notes),
+        )
+
+    def _scan_distinct(self, transforms: Sequence[Transform], deadline: Deadline) -> list[KeyTuple]:
+        import pyarrow as pa
+
+        columns = sorted({t.source_column for t in transforms})
+        dataset = self._dataset(self.list_files(), self.schema())
+        names = [f"k{i}" for i in range(len(transforms))]
+        partials: list[pa.Table] = []
+        pending_rows = 0
+        for batch in dataset.to_batches(columns=columns, batch_size=1 << 18):
+            deadline.check(f"scanning {self.location} for distinct partition values")
+            if batch.num_rows == 0:
+                continue
+            arrays = [t.apply(batch.column(t.source_column)) for t in transforms]
+            distinct = pa.table(dict(zip(names, arrays, strict=True))).group_by(names).aggregate([])
+            partials.append(distinct)
+            pending_rows += distinct.num_rows
+            if pending_rows > 1 << 16 and len(partials) > 1:
+                partials = [pa.concat_tables(partials).group_by(names).aggregate([])]
+                pending_rows = partials[0].num_rows
+        deadline.check(f"scanning {self.location} for distinct partition values")
+        if not partials:
+            return []
+        table = pa.concat_tables(partials).group_by(names).aggregate([])
+        columns_py = [table.column(name).to_pylist() for name in names]
+        return list(zip(*columns_py, strict=True))
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def can_read_partition(self, transforms: Sequence[Transform]) -> bool:
+        return bool(transforms) and len(self.hive_projection(transforms)) == len(transforms)
+
+    def partition_read_hint(self, transforms: Sequence[Transform], key: KeyTuple) -> Any:
+        projection, groups = self._cached_groups(transforms)
+        partial = tuple(key[i] for i in projection)
+        return [f.path for f in groups.get(partial, [])]
+
+    def _cached_groups(
+        self, transforms: Sequence[Transform]
+    ) -> tuple[tuple[int, ...], dict[KeyTuple, list[SourceFile]]]:
+        cache_key = tuple(t.canonical for t in transforms)
+        cached = getattr(self, "_group_cache", None)
+        if cached is None or cached[0] != cache_key:
+            cached = (cache_key, self._groups(transforms))
+            self._group_cache = cached
+        return cached[1]
+
+    def read_files(self, paths: Sequence[str]) -> pa.Table:
+        """The rows of the given files of this source (with Hive columns), in the source schema."""
+        schema = self.schema()
+        if not paths:
+            return schema.empty_table()
+        by_path = {f.path: f for f in self.list_files()}
+        files = [by_path.get(p) or SourceFile(p, p, 0, "") for p in paths]
+        try:
+            return self._dataset(files, schema).to_table()
+        except (OSError, ValueError) as err:
+            raise SourceError(f"cannot read {len(paths)} file(s) of {self.describe()}: {err}") from err
+
+    def read_partition(self, transforms: Sequence[Transform], key: KeyTuple, hint: Any) -> pa.Table:
+        paths = list(hint) if hint is not None else self.partition_read_hint(transforms, key)
+        table = self.read_files(paths)
+        return filter_to_key(table, transforms, key)
+
+    def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
+        return self.read_files([f.path for f in self.list_files()])
+
+    # --- Spark side ---------------------------------------------------------------------------
+
+    def files_for_keys(self, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None) -> list[SourceFile]:
+        """The files that can hold rows of `keys` (all files unless the Hive layout narrows it)."""
+        files = self.list_files()
+        if keys is None:
+            return files
+        projection, groups = self._cached_groups(transforms)
+        if not projection:
+            return files
+        wanted = {tuple(k[i] for i in projection) for k in keys}
+        return sorted((f for partial in wanted for f in groups.get(partial, [])), key=lambda f: f.relative)
+
+    def spark_frame(
+        self, spark: Any, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None, *, work_dir: str
+    ) -> Any:
+        from airflow_partitions.sources.spark import quote_column, spark_schema
+
+        schema = self.schema()
+        files = self.files_for_keys(transforms, keys)
+        struct = spark_schema(schema)
+        if not files:
+            return spark.createDataFrame([], struct)
+        base = self._hive_base()
+        spark_scheme = self.params.get("spark_scheme")
+        if self.is_s3 and spark_scheme:
+            paths = [f"{spark_scheme}://{f.path}" for f in files]
+            base = f"{spark_scheme}://{base}"
+        elif self.is_s3:
+            # Spark has no S3 connector configured: copy the needed objects next to the staging data.
+            base = os.path.join(work_dir, "source")
+            paths = self._download(files, base)
+        else:
+            paths = [f.path for f in files]
+        reader = spark.read.format(self.file_format).schema(struct)
+        if self.file_format == "csv":
+            delimiter = self.params.get("delimiter") or self.params.get("csv_delimiter")
+            if delimiter is None:
+                delimiter = "\t" if self.location.lower().endswith(".tsv") else ","
+            reader = reader.option("header", str(bool(self.params.get("header", True))).lower())
+            reader = reader.option("sep", str(delimiter))
+        if self.hive_columns:
+            reader = reader.option("basePath", base)
+        return reader.load(paths).select(*[quote_column(name) for name in schema.names])
+
+    def _download(self, files: Sequence[SourceFile], target_root: str) -> list[str]:
+        client = self.s3_settings.boto3_client()
+        out: list[str] = []
+        for f in files:
+            bucket, key = split_s3_uri(f.path)
+            target = os.path.join(target_root, *f.relative.split("/"))
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(bucket, key, target)
+            out.append(target)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "scheme": "s3" if self.is_s3 else "file",
+            "location": self.location,
+            "params": self.params,
+            "base_dir": self.base_dir,
+        }
+
+
+def pa_schema_subset(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema([schema.field(name) for name in names])
+
+
+def filter_to_key(table: pa.Table, transforms: Sequence[Transform], key: KeyTuple) -> pa.Table:
+    """Keep the rows whose partition values equal `key` (NULL matches NULL)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return table
+    mask: Any = None
+    for transform, value in zip(transforms, key, strict=True):
+        computed = transform.apply(table.column(transform.source_column))
+        if value is None:
+            this = pc.is_null(computed)
+        else:
+            this = pc.fill_null(pc.equal(computed, pa.scalar(value, type=computed.type)), False)
+        mask = this if mask is None else pc.and_(mask, this)
+    return table.filter(mask)
+
+
+__all__ = ["EMPTY_FINGERPRINT", "FileSource", "SourceFile", "filter_to_key", "glob_to_regex"]

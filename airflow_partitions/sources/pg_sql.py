@@ -1,0 +1,120 @@
+"""Postgres SQL for partition transforms: grouping expressions for discovery, range predicates for pushdown.
+
+Only transforms whose Postgres meaning is the same as ours are translated (the session runs in UTC);
+others (`bucket`, decimal `truncate`) return None and the caller groups by the raw column and applies the
+transform itself, which is always right, only slower on high-cardinality columns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import uuid
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import SourceError
+
+if TYPE_CHECKING:
+    from airflow_partitions.transforms import Transform
+
+# Postgres' date_trunc / extract use the same unit names; `week` is the ISO week in both.
+_UNITS = frozenset({"year", "quarter", "month", "week", "day", "hour", "minute"})
+
+
+def quote_ident(name: str) -> str:
+    """A Postgres identifier that means exactly `name` (always quoted, quotes doubled)."""
+    if "\x00" in name:
+        raise SourceError(f"identifier {name!r} contains a NUL byte")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_literal(value: Any) -> str:
+    """A Postgres literal for a partition or bound value (the session has standard_conforming_strings on)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "'NaN'::float8"
+        if math.isinf(value):
+            return "'Infinity'::float8" if value > 0 else "'-Infinity'::float8"
+        return f"{value!r}::float8"
+    if isinstance(value, Decimal):
+        return f"'{value}'::numeric"
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise SourceError("a Postgres text value cannot contain a NUL byte")
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return f"'\\x{bytes(value).hex()}'::bytea"
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None and value.utcoffset() is not None:
+            return f"TIMESTAMPTZ '{value.isoformat()}'"
+        return f"TIMESTAMP '{value.isoformat()}'"
+    if isinstance(value, dt.date):
+        return f"DATE '{value.isoformat()}'"
+    if isinstance(value, uuid.UUID):
+        return f"'{value}'::uuid"
+    raise SourceError(f"no Postgres literal for {type(value).__name__} value {value!r}")
+
+
+def partition_sql(transform: Transform) -> str | None:
+    """The partition value of `transform` as a Postgres expression, or None when not translatable."""
+    import pyarrow as pa
+
+    column = quote_ident(transform.source_column)
+    source_type = transform.source_type
+    name = getattr(transform, "name", "")
+    if name == "identity":
+        return column
+    if name == "date_trunc" and getattr(transform, "unit", None) in _UNITS:
+        expression = f"date_trunc('{transform.unit}', {column})"  # type: ignore[attr-defined]
+        if source_type is not None and pa.types.is_date(source_type):
+            return f"{expression}::date"
+        return expression
+    if name == "date_part" and getattr(transform, "unit", None) in _UNITS:
+        return f"extract({transform.unit} FROM {column})::int"  # type: ignore[attr-defined]
+    if name == "mod":
+        return f"({column} % {int(transform.modulus)})"  # type: ignore[attr-defined]
+    if name == "truncate" and source_type is not None:
+        width = int(transform.width)  # type: ignore[attr-defined]
+        if pa.types.is_integer(source_type):
+            wide = f"{column}::bigint"
+            return f"({wide} - ((({wide} % {width}) + {width}) % {width}))"
+        if pa.types.is_string(source_type) or pa.types.is_large_string(source_type):
+            return f"left({column}, {width})"
+        if pa.types.is_binary(source_type) or pa.types.is_large_binary(source_type):
+            return f"substring({column} FROM 1 FOR {width})"
+    return None
+
+
+def preimage_predicate(transform: Transform, value: Any) -> str:
+    """A WHERE clause selecting the source rows whose partition value may be `value` (a superset is fine;
+    readers filter exactly afterwards). Needs a monotonic transform."""
+    import pyarrow as pa
+
+    column = quote_ident(transform.source_column)
+    if value is None:
+        return f"{column} IS NULL"
+    interval = transform.preimage(value)
+    if interval is None:
+        raise SourceError(
+            f"partition expression {transform.canonical!r} cannot be pushed down to Postgres as a range; "
+            "the refresh scans the table once instead"
+        )
+    source_type = transform.source_type
+    textual = source_type is not None and (pa.types.is_string(source_type) or pa.types.is_large_string(source_type))
+    if interval.lower is not None and interval.lower == interval.upper:
+        return f"{column} = {sql_literal(interval.lower)}"
+    # Prefix ranges follow code point order, which only the C collation guarantees.
+    operand = f'{column} COLLATE "C"' if textual else column
+    clauses = []
+    if interval.lower is not None:
+        clauses.append(f"{operand} {'>=' if interval.lower_inclusive else '>'} {sql_literal(interval.lower)}")
+    if interval.upper is not None:
+        clauses.append(f"{operand} {'<=' if interval.upper_inclusive else '<'} {sql_literal(interval.upper)}")
+    return " AND ".join(clauses) or f"{column} IS NOT NULL"

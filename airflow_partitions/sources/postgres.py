@@ -1,0 +1,496 @@
+"""Postgres tables as sources: schema, per-partition statistics, pushed-down partition reads, Spark reads.
+
+Connection details come from a URL, or from a connection id turned into a URL by the installed resolver
+(the Airflow layer installs one; without it `AIRFLOW_CONN_<ID>` URIs in the environment are understood).
+Metadata queries and pushed-down reads go through ADBC (Arrow end to end); Spark reads the table either
+through the PostgreSQL JDBC driver (parallel, scales to clusters) or through ADBC (one Arrow stream from the
+driver process). Per-partition fingerprints are the row count and the max of `refresh.check_column`, or of
+the row version `xmin` when no check column is configured.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+
+from airflow_partitions.exceptions import DiscoveryTimeoutError, SourceError
+from airflow_partitions.sources.base import (
+    Deadline,
+    KeyTuple,
+    SourceSurvey,
+    connection_resolver,
+    digest,
+)
+from airflow_partitions.sources.files import filter_to_key
+from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.transforms import Transform
+
+READERS = ("jdbc", "adbc")
+# Measured in benchmarks/bench_refresh.py (`--pg-rows`): see docs/ARCHITECTURE.md, sources.
+DEFAULT_READER = "jdbc"
+PUSHDOWN_MODES = ("auto", "always", "never")
+_QUERY_CANCELED = "57014"
+# Keys up to this many are pushed to the source as one OR of ranges when the stage reads a subset.
+MAX_PUSHED_RANGES = 512
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresTable:
+    """A schema-qualified table name, as Postgres resolves it (already case-folded)."""
+
+    schema: str
+    name: str
+
+    @property
+    def sql(self) -> str:
+        return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def connection_url_from_env(connection_id: str) -> str | None:
+    """A Postgres URL from `AIRFLOW_CONN_<ID>` (URI or JSON form), so the core runs without Airflow."""
+    raw = os.environ.get(f"AIRFLOW_CONN_{connection_id.upper()}")
+    if not raw:
+        return None
+    raw = raw.strip()
+    if raw.startswith("{"):
+        data = json.loads(raw)
+        user = quote(str(data.get("login") or ""), safe="")
+        password = quote(str(data.get("password") or ""), safe="")
+        auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+        port = f":{data['port']}" if data.get("port") else ""
+        return f"postgresql://{auth}{data.get('host') or 'localhost'}{port}/{data.get('schema') or ''}"
+    return raw
+
+
+def normalise_url(url: str) -> str:
+    """`postgres://` and `postgresql+driver://` to `postgresql://`; Airflow-only query args dropped."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme not in ("postgres", "postgresql"):
+        raise SourceError(f"Postgres URL must start with postgresql://, got {parts.scheme}://")
+    query = [(k, v) for k, v in parse_qsl(parts.query) if not k.startswith("__") and k != "extra"]
+    rest = url.split("://", 1)[1].split("?", 1)[0]
+    return f"postgresql://{rest}" + (f"?{urlencode(query)}" if query else "")
+
+
+def jdbc_settings(url: str) -> tuple[str, dict[str, str]]:
+    """(`jdbc:postgresql://host:port/db?...`, {user, password}) for Spark's JDBC reader."""
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    database = parts.path.lstrip("/")
+    query = f"?{parts.query}" if parts.query else ""
+    properties: dict[str, str] = {}
+    if parts.username:
+        properties["user"] = unquote(parts.username)
+    if parts.password:
+        properties["password"] = unquote(parts.password)
+    return f"jdbc:postgresql://{host}{port}/{database}{query}", properties
+
+
+def canonical_type(field: pa.Field) -> pa.DataType:
+    """The Arrow type a Postgres column is read as, the same through ADBC and JDBC.
+
+    NUMERIC(p, s) becomes decimal(p, s); unconstrained NUMERIC becomes decimal(38, 18), as Spark's JDBC
+    reader does; other driver-specific (opaque) types are read as their text or bytes storage.
+    """
+    import pyarrow as pa
+
+    metadata = field.metadata or {}
+    pg_type = (metadata.get(b"POSTGRESQL:type") or b"").decode()
+    if pg_type == "numeric":
+        typmod = int((metadata.get(b"POSTGRESQL:typmod") or b"-1").decode())
+        if typmod < 4:
+            return pa.decimal128(38, 18)
+        precision, scale = (typmod - 4) >> 16, (typmod - 4) & 0xFFFF
+        return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
+    if isinstance(field.type, pa.BaseExtensionType):
+        return field.type.storage_type
+    return field.type
+
+
+def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Cast a driver result to the canonical schema (drops extension types and field metadata)."""
+    import pyarrow as pa
+
+    columns = []
+    for target in schema:
+        column = table.column(target.name)
+        if isinstance(column.type, pa.BaseExtensionType):
+            column = pa.chunked_array([chunk.storage for chunk in column.chunks], type=column.type.storage_type)
+        if column.type != target.type:
+            column = column.cast(target.type)
+        columns.append(column)
+    return pa.table(columns, schema=schema)
+
+
+class PostgresSource:
+    """One Postgres table (or view) read through ADBC for metadata and pushdown, Spark for staging."""
+
+    kind = "postgres"
+
+    def __init__(
+        self,
+        table_schema: str,
+        table_name: str,
+        *,
+        url: str | None = None,
+        connection_id: str | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.table = PostgresTable(table_schema, table_name)
+        self.params: dict[str, Any] = dict(params or {})
+        self._url = url
+        self.connection_id = connection_id
+        reader = str(self.params.get("reader", DEFAULT_READER)).lower()
+        if reader not in READERS:
+            raise SourceError(f"params.reader {reader!r} is not one of {', '.join(READERS)}")
+        self.reader = reader
+        pushdown = str(self.params.get("pushdown", "auto")).lower()
+        if pushdown not in PUSHDOWN_MODES:
+            raise SourceError(f"params.pushdown {pushdown!r} is not one of {', '.join(PUSHDOWN_MODES)}")
+        self.pushdown = pushdown
+
+    def describe(self) -> str:
+        via = f"connection {self.connection_id!r}" if self.connection_id and not self._url else "a URL"
+        return f"Postgres table {self.table} (via {via})"
+
+    # --- connections --------------------------------------------------------------------------
+
+    @cached_property
+    def url(self) -> str:
+        """The resolved connection URL (never logged: it may carry a password)."""
+        if self._url:
+            return normalise_url(self._url)
+        if not self.connection_id:
+            raise SourceError(f"{self.describe()} has neither params.url nor params.connection_id")
+        resolver = connection_resolver()
+        resolved = resolver(self.connection_id) if resolver is not None else None
+        resolved = resolved or connection_url_from_env(self.connection_id)
+        if not resolved:
+            raise SourceError(
+                f"cannot resolve Postgres connection {self.connection_id!r}: run inside Airflow (which "
+                f"resolves connection ids), set AIRFLOW_CONN_{self.connection_id.upper()}, or give "
+                "params.url: postgresql://user@host:5432/db"
+            )
+        return normalise_url(resolved)
+
+    @contextmanager
+    def connect(self, *, statement_timeout_s: float | None = None) -> Iterator[Any]:
+        """An ADBC connection in UTC, optionally with a server-side statement timeout."""
+        import adbc_driver_postgresql.dbapi as adbc
+
+        try:
+            conn = adbc.connect(self.url)
+        except Exception as err:
+            raise SourceError(f"cannot connect to {self.describe()}: {_clean_error(err)}") from err
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET TIME ZONE 'UTC'")
+                cur.execute("SET standard_conforming_strings = on")
+                if statement_timeout_s is not None:
+                    cur.execute(f"SET statement_timeout = {max(1, int(statement_timeout_s * 1000))}")
+            yield conn
+        finally:
+            conn.close()
+
+    def query_arrow(self, sql: str, parameters: Sequence[Any] | None = None, **connect: Any) -> pa.Table:
+        with self.connect(**connect) as conn, conn.cursor() as cur:
+            cur.execute(sql, parameters=tuple(parameters) if parameters else None)
+            return cur.fetch_arrow_table()
+
+    # --- schema -------------------------------------------------------------------------------
+
+    @cached_property
+    def _raw_schema(self) -> pa.Schema:
+        try:
+            return self.query_arrow(f"SELECT * FROM {self.table.sql} LIMIT 0").schema
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(
+                f"cannot read the columns of {self.describe()}: {_clean_error(err)}; check that the table "
+                "exists and the connection's user may SELECT from it"
+            ) from err
+
+    @cached_property
+    def _schema(self) -> pa.Schema:
+        import pyarrow as pa
+
+        return pa.schema([pa.field(f.name, canonical_type(f)) for f in self._raw_schema])
+
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    @cached_property
+    def relation_kind(self) -> str:
+        """`r` table, `p` partitioned table, `v` view, `m` materialised view, `f` foreign table."""
+        table = self.query_arrow(
+            "SELECT c.relkind::text AS kind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = $1 AND c.relname = $2",
+            (self.table.schema, self.table.name),
+        )
+        kinds = table.column("kind").to_pylist()
+        if not kinds:
+            raise SourceError(f"{self.describe()} does not exist")
+        return str(kinds[0])
+
+    @cached_property
+    def indexed_leading_columns(self) -> frozenset[str]:
+        """Columns that lead some index of the table (a range predicate on them avoids a full scan)."""
+        table = self.query_arrow(
+            "SELECT a.attname::text AS col FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0] "
+            "WHERE n.nspname = $1 AND c.relname = $2",
+            (self.table.schema, self.table.name),
+        )
+        return frozenset(table.column("col").to_pylist())
+
+    # --- survey (discovery and fingerprints) --------------------------------------------------
+
+    def survey(
+        self,
+        transforms: Sequence[Transform],
+        *,
+        need_keys: bool,
+        check_column: str | None,
+        deadline: Deadline,
+    ) -> SourceSurvey:
+        import pyarrow as pa
+
+        names = [f"k{i}" for i in range(len(transforms))]
+        group_sql: list[str] = []
+        exact: list[bool] = []
+        for transform in transforms:
+            pushed = partition_sql(transform)
+            exact.append(pushed is not None)
+            group_sql.append(pushed if pushed is not None else quote_ident(transform.source_column))
+        notes: list[str] = []
+        if check_column:
+            watermark = f"max({quote_ident(check_column)})"
+        elif self.relation_kind in ("r", "p", "m"):
+            watermark = "max(xmin::text::bigint)"
+            notes.append("no refresh.check_column: change detection uses the row version (xmin)")
+        else:
+            watermark = "NULL::bigint"
+            notes.append(
+                f"{self.table} is a view and has no refresh.check_column: every partition is treated as "
+                "changed on each refresh (set refresh.check_column to an updated_at column to fix)"
+            )
+        unique_groups = list(dict.fromkeys(group_sql))
+        select = ", ".join(f"{sql} AS g{unique_groups.index(sql)}" for sql in unique_groups)
+        group_by = ", ".join(str(i + 1) for i in range(len(unique_groups)))
+        sql = (
+            f"SELECT {select}, count(*) AS n, {watermark} AS w FROM {self.table.sql} GROUP BY {group_by}"
+        )
+        remaining = deadline.remaining()
+        if remaining is not None and remaining <= 0:
+            raise deadline.error(f"querying {self.table}")
+        try:
+            result = self.query_arrow(sql, statement_timeout_s=remaining)
+        except Exception as err:
+            if _QUERY_CANCELED in str(err):
+                raise deadline.error(f"running SELECT ... GROUP BY on {self.table}") from err
+            raise SourceError(f"partition discovery query on {self.describe()} failed: {_clean_error(err)}") from err
+        deadline.check(f"reading the partition statistics of {self.table}")
+        arrays = []
+        for transform, sql_text, is_exact in zip(transforms, group_sql, exact, strict=True):
+            column = result.column(f"g{unique_groups.index(sql_text)}")
+            if isinstance(column.type, pa.BaseExtensionType):
+                column = pa.chunked_array([c.storage for c in column.chunks], type=column.type.storage_type)
+            column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+            if is_exact:
+                arrays.append(column.cast(transform.result_type))
+            else:
+                source_type = self.schema().field(transform.source_column).type
+                arrays.append(transform.apply(column.cast(source_type)))
+        watermark_column = result.column("w")
+        if isinstance(watermark_column.type, pa.BaseExtensionType):
+            watermark_column = pa.chunked_array(
+                [c.storage for c in watermark_column.chunks], type=watermark_column.type.storage_type
+            )
+        stats = pa.table({**dict(zip(names, arrays, strict=True)), "n": result.column("n"), "w": watermark_column})
+        per_partition = stats.group_by(names).aggregate([("n", "sum"), ("w", "max")])
+        deadline.check(f"aggregating the partition statistics of {self.table}")
+        key_columns = [per_partition.column(name).to_pylist() for name in names]
+        counts = per_partition.column("n_sum").to_pylist()
+        maxima = per_partition.column("w_max").to_pylist()
+        volatile = watermark == "NULL::bigint"
+        per_key: dict[KeyTuple, str] = {}
+        for index, key in enumerate(zip(*key_columns, strict=True)):
+            token = f"volatile:{time.time_ns()}" if volatile else _watermark_text(maxima[index])
+            per_key[tuple(key)] = digest([f"rows={counts[index]}", f"max={token}"])
+        whole = digest(sorted(f"{k!r}={v}" for k, v in per_key.items()))
+        return SourceSurvey(
+            keys=list(per_key) if need_keys else None,
+            whole_fingerprint=whole,
+            per_key=per_key,
+            projection=tuple(range(len(transforms))),
+            granularity="partition",
+            notes=tuple(notes),
+        )
+
+    # --- pushed-down reads --------------------------------------------------------------------
+
+    def can_read_partition(self, transforms: Sequence[Transform]) -> bool:
+        if self.pushdown == "never" or not transforms:
+            return False
+        if not all(getattr(t, "monotonic", False) for t in transforms):
+            return False
+        if self.pushdown == "always":
+            return True
+        # Without an index each partition's WHERE is a full table scan: N partitions, N scans.
+        return any(t.source_column in self.indexed_leading_columns for t in transforms)
+
+    def partition_read_hint(self, transforms: Sequence[Transform], key: KeyTuple) -> Any:
+        return None
+
+    def _key_predicate(self, transforms: Sequence[Transform], key: KeyTuple) -> str:
+        clauses = [preimage_predicate(t, v) for t, v in zip(transforms, key, strict=True)]
+        return " AND ".join(f"({c})" for c in clauses) or "TRUE"
+
+    def read_where(self, where: str = "TRUE") -> pa.Table:
+        """Rows matching a WHERE clause built by this module (never from user text), canonical types."""
+        columns = ", ".join(quote_ident(name) for name in self.schema().names)
+        try:
+            raw = self.query_arrow(f"SELECT {columns} FROM {self.table.sql} WHERE {where}")
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+        return conform_table(raw, self.schema())
+
+    def read_partition(self, transforms: Sequence[Transform], key: KeyTuple, hint: Any) -> pa.Table:
+        # The range comes from the transform's preimage; the exact filter guards its edges.
+        return filter_to_key(self.read_where(self._key_predicate(transforms, key)), transforms, key)
+
+    def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
+        return self.read_where()
+
+    # --- Spark --------------------------------------------------------------------------------
+
+    def _subset_predicate(self, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None) -> str | None:
+        """One SQL OR of the keys' ranges, when every field can be pushed down and keys are few."""
+        if keys is None or not keys or len(keys) > MAX_PUSHED_RANGES:
+            return None
+        if not all(getattr(t, "monotonic", False) for t in transforms):
+            return None
+        return " OR ".join(f"({self._key_predicate(transforms, key)})" for key in keys)
+
+    def spark_frame(
+        self, spark: Any, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None, *, work_dir: str
+    ) -> Any:
+        from airflow_partitions.sources.spark import quote_column, spark_schema
+
+        where = self._subset_predicate(transforms, keys)
+        struct = spark_schema(self.schema())
+        if self.reader == "adbc":
+            table = self.read_where(where or "TRUE")
+            return spark.createDataFrame(table, schema=struct) if table.num_rows else spark.createDataFrame([], struct)
+        jdbc_url, properties = jdbc_settings(self.url)
+        columns = ", ".join(quote_ident(name) for name in self.schema().names)
+        query = f"SELECT {columns} FROM {self.table.sql}" + (f" WHERE {where}" if where else "")
+        reader = (
+            spark.read.format("jdbc")
+            .option("url", jdbc_url)
+            .option("driver", "org.postgresql.Driver")
+            .option("dbtable", f"({query}) AS ap_source")
+            .option("fetchsize", str(self.params.get("fetchsize", 10_000)))
+            .option("sessionInitStatement", "SET TIME ZONE 'UTC'; SET standard_conforming_strings = on")
+        )
+        for name, value in properties.items():
+            reader = reader.option(name, value)
+        bounds = self._jdbc_partitioning()
+        if bounds is not None:
+            column, low, high, count = bounds
+            reader = (
+                reader.option("partitionColumn", column)
+                .option("lowerBound", str(low))
+                .option("upperBound", str(high))
+                .option("numPartitions", str(count))
+            )
+        try:
+            frame = reader.load()
+        except Exception as err:
+            text = str(err)
+            if "org.postgresql.Driver" in text or "ClassNotFoundException" in text:
+                raise SourceError(
+                    "Spark cannot find the PostgreSQL JDBC driver: install libpostgresql-jdbc-java (puts "
+                    "/usr/share/java/postgresql.jar on the session's spark.jars) or set params.reader: adbc"
+                ) from err
+            raise SourceError(f"Spark cannot read {self.describe()}: {_clean_error(err)}") from err
+        return frame.select(
+            *[frame[quote_column(f.name)].cast(f.dataType).alias(f.name) for f in struct.fields]
+        )
+
+    def _jdbc_partitioning(self) -> tuple[str, int, int, int] | None:
+        """(column, min, max, partitions) to split a JDBC read over an integer primary key, or None."""
+        count = int(self.params.get("jdbc_partitions", os.cpu_count() or 2))
+        if count < 2:
+            return None
+        table = self.query_arrow(
+            "SELECT a.attname::text AS col, format_type(a.atttypid, a.atttypmod) AS type FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0] "
+            "WHERE n.nspname = $1 AND c.relname = $2 AND i.indisprimary",
+            (self.table.schema, self.table.name),
+        )
+        rows = table.to_pylist()
+        if not rows or rows[0]["type"] not in ("integer", "bigint", "smallint"):
+            return None
+        column = rows[0]["col"]
+        bounds = self.query_arrow(
+            f"SELECT min({quote_ident(column)})::bigint AS lo, max({quote_ident(column)})::bigint AS hi "
+            f"FROM {self.table.sql}"
+        ).to_pylist()[0]
+        if bounds["lo"] is None or bounds["hi"] <= bounds["lo"]:
+            return None
+        return quote_ident(column), int(bounds["lo"]), int(bounds["hi"]) + 1, count
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "scheme": "postgres",
+            "location": str(self.table),
+            "table_schema": self.table.schema,
+            "table_name": self.table.name,
+            "params": self.params,
+            "connection_id": self.connection_id,
+            "url": self._url,
+        }
+
+
+def _watermark_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, dt.datetime | dt.date | Decimal):
+        return value.isoformat() if not isinstance(value, Decimal) else str(value)
+    return repr(value)
+
+
+def _clean_error(err: BaseException) -> str:
+    """The driver's message without the connection URL (which can carry a password)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text[:500]
+
+
+__all__ = ["DEFAULT_READER", "DiscoveryTimeoutError", "PostgresSource", "canonical_type", "jdbc_settings"]

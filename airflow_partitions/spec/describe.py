@@ -1,0 +1,64 @@
+"""A plain-dict summary of a loaded spec, for `airflow-partitions validate --json`, logs and DAG docs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_partitions.spec.model import DatasetSpec, PartitionField, ProjectSpec
+
+
+def describe_field(partition_field: PartitionField) -> dict[str, Any]:
+    result_type = partition_field.result_type
+    return {
+        "name": partition_field.name,
+        "expression": partition_field.expression,
+        "canonical": partition_field.canonical,
+        "transform": partition_field.transform.name,
+        "source_column": partition_field.source_column,
+        "source_type": None if partition_field.source_type is None else str(partition_field.source_type),
+        "result_type": None if result_type is None else str(result_type),
+    }
+
+
+def describe_dataset(dataset: DatasetSpec) -> dict[str, Any]:
+    source = dataset.source
+    acceleration = dataset.acceleration
+    return {
+        "name": dataset.name,
+        "source": {
+            "scheme": source.scheme.value,
+            "location": source.location,
+            "uri": source.uri,
+            "file_format": None if source.file_format is None else source.file_format.value,
+            "params": dict(source.params),
+        },
+        "schema": dict(dataset.declared_columns) or None,
+        "acceleration": {
+            "enabled": acceleration.enabled,
+            "engine": acceleration.engine.value,
+            "mode": acceleration.mode.value,
+            "partition_mode": acceleration.partition_mode.value,
+            "params": dict(acceleration.params),
+            "partition_spec_id": acceleration.partition_spec_id,
+            "partition_by": [describe_field(f) for f in acceleration.partition_by],
+            "refresh": {
+                "schedule": acceleration.refresh.schedule,
+                "check_column": acceleration.refresh.check_column,
+                "discovery_timeout_s": acceleration.refresh.discovery_timeout_s,
+                "max_partitions": acceleration.refresh.max_partitions,
+            },
+            "snapshots": {
+                "mode": acceleration.snapshots.mode.value,
+                "location": acceleration.snapshots.location,
+            },
+        },
+    }
+
+
+def describe_project(project: ProjectSpec) -> dict[str, Any]:
+    """JSON-ready summary (params keep the YAML's scalar types; dump with `default=str`)."""
+    return {
+        "path": None if project.path is None else str(project.path),
+        "accelerator_dir": str(project.accelerator_dir),
+        "datasets": [describe_dataset(d) for d in project.datasets],
+    }

@@ -1,0 +1,672 @@
+"""Read a spec file into a `ProjectSpec`, collecting every broken rule (with its line) before raising once.
+
+Relative paths (`accelerator_dir`, `file:` sources) are resolved against the spec file's directory, so a
+DAG file and the command line read the same spec the same way whatever the working directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from airflow_partitions.exceptions import PartitionExpressionError, PartitionSpecError, SpecValidationError
+from airflow_partitions.spec.model import (
+    DEFAULT_ACCELERATOR_DIR,
+    DEFAULT_DISCOVERY_TIMEOUT_S,
+    DEFAULT_ENGINE,
+    DEFAULT_MAX_PARTITIONS,
+    ENGINE_MODES,
+    FILE_FORMAT_SUFFIXES,
+    AccelerationSpec,
+    DatasetSpec,
+    Engine,
+    FileFormat,
+    Mode,
+    PartitionField,
+    PartitionMode,
+    Problem,
+    ProjectSpec,
+    RefreshConfig,
+    SnapshotConfig,
+    SnapshotMode,
+    SourceRef,
+    SourceScheme,
+    bind_fields,
+    dataset_name_problem,
+    declared_arrow_schema,
+    did_you_mean,
+    engine_problems,
+    expression_detail,
+    field_name_problem,
+    format_problem,
+    one_of,
+    partition_count_problems,
+    partition_name_problems,
+    qualify_postgres_table,
+    refresh_problems,
+    snapshot_problems,
+    source_problems,
+)
+from airflow_partitions.spec.yaml_lines import LineDict, LineList, format_yaml_error, read_yaml
+
+TOP_LEVEL_KEYS = ("accelerator_dir", "datasets")
+DATASET_KEYS = ("name", "from", "params", "acceleration", "schema")
+ACCELERATION_KEYS = ("enabled", "engine", "mode", "partition_by", "params", "refresh", "snapshots")
+REFRESH_KEYS = ("schedule", "check_column", "discovery_timeout_s", "max_partitions")
+SNAPSHOT_KEYS = ("mode", "location")
+# Free-form params blocks are not closed, but a key that is one typo away from a known one is an error.
+KNOWN_SOURCE_PARAMS = ("file_format", "connection_id", "url")
+KNOWN_ACCELERATION_PARAMS = ("partition_mode",)
+
+EnumT = TypeVar("EnumT", Engine, Mode, PartitionMode, SnapshotMode, FileFormat)
+
+
+def load_spec(path: str | Path) -> ProjectSpec:
+    """Read and validate the spec file at `path`; raises `SpecValidationError` listing every problem."""
+    spec_path = Path(path).expanduser().resolve()
+    try:
+        text = spec_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecValidationError([f"spec file not found: {spec_path}"], path=str(spec_path)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecValidationError([f"cannot read spec file {spec_path}: {err}"], path=str(spec_path)) from err
+    return parse_spec(text, path=spec_path)
+
+
+def parse_spec(text: str, *, path: Path | None = None, base_dir: Path | None = None) -> ProjectSpec:
+    """Validate spec `text`; relative paths resolve against `base_dir` (default: `path`'s directory, else
+    the working directory)."""
+    where = str(path) if path is not None else None
+    root = base_dir if base_dir is not None else (path.parent if path is not None else Path.cwd())
+    try:
+        document = read_yaml(text)
+    except yaml.YAMLError as err:
+        raise SpecValidationError([format_yaml_error(err)], path=where) from None
+    reader = _SpecReader(Path(os.path.abspath(root)))
+    for line, message in document.duplicates:
+        reader.add(line, message)
+    project = reader.read_project(document.data, path)
+    if reader.findings or project is None:
+        raise SpecValidationError(reader.messages() or ["the spec is invalid"], path=where)
+    return project
+
+
+def parse_source_uri(
+    text: str, params: Mapping[str, Any], base_dir: Path
+) -> tuple[SourceRef | None, list[Problem]]:
+    """Parse a `from:` value (`file:...`, `s3://...`, `postgres:...`) with its dataset `params`."""
+    stripped = text.strip()
+    head, sep, rest = stripped.partition(":")
+    if not sep:
+        return None, [
+            Problem(
+                ("from",),
+                f"from {text!r} has no scheme; write file:{stripped}, s3://bucket/prefix or "
+                "postgres:schema.table",
+            )
+        ]
+    try:
+        scheme = SourceScheme(head.lower())
+    except ValueError:
+        hint = " (s3a:// and s3n:// are Hadoop spellings; write s3://)" if head in ("s3a", "s3n") else ""
+        return None, [
+            Problem(
+                ("from",),
+                f"from {text!r}: unsupported source scheme {head!r}; use one of "
+                f"file:, s3://, postgres:{hint or did_you_mean(head, SourceScheme)}",
+            )
+        ]
+
+    problems: list[Problem] = []
+    location = rest
+    if scheme is SourceScheme.S3:
+        if not rest.startswith("//"):
+            return None, [Problem(("from",), f"from {text!r}: write S3 locations as s3://bucket/prefix")]
+        location = rest[2:]
+    elif scheme is SourceScheme.FILE:
+        if rest.startswith("//"):
+            # file:///abs/path is the URI spelling of /abs/path; file://host/... is not a local path.
+            if not rest.startswith("///"):
+                return None, [
+                    Problem(("from",), f"from {text!r}: file URIs must be local (file:/path or file:///path)")
+                ]
+            location = rest[2:]
+        if not location.strip():
+            return None, [Problem(("from",), f"from {text!r} names no path")]
+        location = os.path.normpath(os.path.join(base_dir, os.path.expanduser(location)))
+    else:
+        location = rest.strip()
+        if not location:
+            return None, [Problem(("from",), f"from {text!r} names no table; write postgres:schema.table")]
+        location = qualify_postgres_table(location)
+
+    file_format: FileFormat | None = None
+    if scheme is not SourceScheme.POSTGRES:
+        raw_format = params.get("file_format")
+        if raw_format is None:
+            suffix = os.path.splitext(location.rstrip("/"))[1].lower()
+            file_format = FILE_FORMAT_SUFFIXES.get(suffix, FileFormat.PARQUET)
+        else:
+            file_format, problem = _enum_value(FileFormat, raw_format, "params.file_format")
+            if problem:
+                problems.append(Problem(("params", "file_format"), problem))
+                return None, problems
+    problems += source_problems(scheme, location, params, file_format)
+    if problems:
+        return None, problems
+    return SourceRef(scheme=scheme, location=location, params=params, file_format=file_format), []
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    """How a YAML value reads in a message: `a string 'x'`, `an integer 5`, `a list`, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean {str(value).lower()}"
+    if isinstance(value, int):
+        return f"an integer {value}"
+    if isinstance(value, float):
+        return f"a number {value}"
+    if isinstance(value, str):
+        return f"a string {value!r}"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _plain(value: Any) -> Any:
+    """The value with the line-tracking containers replaced by plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _line_at(root: Any, path: Sequence[str | int]) -> int | None:
+    """Line of the deepest element of `path` that exists under `root`."""
+    line: int | None = getattr(root, "line", None)
+    node = root
+    for part in path:
+        in_dict = isinstance(node, LineDict) and part in node
+        in_list = isinstance(node, LineList) and isinstance(part, int) and 0 <= part < len(node)
+        if not (in_dict or in_list):
+            break
+        line = node.line_of(part)
+        node = node[part]
+    return line
+
+
+def _enum_value(enum_cls: type[EnumT], raw: Any, what: str) -> tuple[EnumT | None, str | None]:
+    valid = [member.value for member in enum_cls]
+    if isinstance(raw, str):
+        try:
+            return enum_cls(raw), None
+        except ValueError:
+            pass
+        return None, f"unknown {what} {raw!r}; valid values: {one_of(valid)}{did_you_mean(raw, valid)}"
+    return None, f"{what} must be one of {one_of(valid)}, got {_kind(raw)}"
+
+
+class _SpecReader:
+    """Walks the parsed YAML, building typed objects and recording `(line, message)` for every problem."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+        self.findings: list[tuple[int | None, str]] = []
+
+    def add(self, line: int | None, message: str) -> None:
+        self.findings.append((line, message))
+
+    def add_problems(
+        self, root: Any, prefix: tuple[str | int, ...], label: str, problems: Iterable[Problem]
+    ) -> int:
+        count = 0
+        for problem in problems:
+            self.add(_line_at(root, (*prefix, *problem.path)), f"{label}: {problem.message}")
+            count += 1
+        return count
+
+    def messages(self) -> list[str]:
+        ordered = sorted(self.findings, key=lambda finding: finding[0] or 0)
+        return [format_problem(line, message) for line, message in ordered]
+
+    def check_keys(self, block: LineDict, allowed: Sequence[str], where: str, label: str) -> None:
+        for key in block:
+            if key not in allowed:
+                shown = key if isinstance(key, str) else repr(key)
+                suggestion = did_you_mean(shown, allowed) if isinstance(key, str) else ""
+                self.add(
+                    block.line_of(key),
+                    f"{label}unknown key {where}{shown}{suggestion}; allowed keys: {one_of(allowed)}",
+                )
+
+    def check_near_misses(
+        self, block: Mapping[Any, Any], known: Sequence[str], where: str, label: str
+    ) -> None:
+        for key in block:
+            if isinstance(key, str) and key not in known:
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+                if close:
+                    line = block.line_of(key) if isinstance(block, LineDict) else None
+                    self.add(line, f"{label}unknown key {where}{key} (did you mean {close[0]!r}?)")
+
+    def read_enum(
+        self, block: LineDict, key: str, enum_cls: type[EnumT], default: EnumT | None, what: str, label: str
+    ) -> EnumT | None:
+        """The enum member under `key`, `default` when absent or null, None (and a finding) when invalid."""
+        raw = block.get(key)
+        if raw is None:
+            return default
+        value, problem = _enum_value(enum_cls, raw, what)
+        if problem:
+            self.add(block.line_of(key), f"{label}: {problem}")
+        return value
+
+    def read_mapping(self, block: LineDict, key: str, what: str, label: str) -> LineDict | None:
+        """The mapping under `key` (empty when absent), or None after recording that it is not a mapping."""
+        raw = block.get(key)
+        if raw is None:
+            empty = LineDict()
+            empty.line = block.line_of(key)
+            return empty
+        if not isinstance(raw, LineDict):
+            self.add(block.line_of(key), f"{label}: {what} must be a mapping, got {_kind(raw)}")
+            return None
+        for inner in raw:
+            if not isinstance(inner, str):
+                self.add(raw.line_of(inner), f"{label}: {what} keys must be strings, got {_kind(inner)}")
+                return None
+        return raw
+
+    # --- project ----------------------------------------------------------------------------------
+
+    def read_project(self, data: Any, path: Path | None) -> ProjectSpec | None:
+        if data is None:
+            self.add(1, "the spec is empty; expected a mapping with a `datasets:` list")
+            return None
+        if not isinstance(data, LineDict):
+            self.add(
+                getattr(data, "line", 1),
+                f"the spec must be a mapping with a `datasets:` list, got {_kind(data)}",
+            )
+            return None
+        self.check_keys(data, TOP_LEVEL_KEYS, "", "")
+        accelerator_dir = self.read_accelerator_dir(data)
+        raw_datasets = data.get("datasets")
+        datasets: list[DatasetSpec] = []
+        if raw_datasets is None:
+            self.add(data.line, "the spec has no `datasets:` list; declare at least one dataset")
+        elif not isinstance(raw_datasets, LineList):
+            self.add(
+                data.line_of("datasets"), f"`datasets:` must be a list of datasets, got {_kind(raw_datasets)}"
+            )
+        else:
+            if not raw_datasets:
+                self.add(data.line_of("datasets"), "`datasets:` is empty; declare at least one dataset")
+            for index, raw in enumerate(raw_datasets):
+                dataset = self.read_dataset(index, raw, raw_datasets.line_of(index))
+                if dataset is not None:
+                    datasets.append(dataset)
+            self.check_duplicate_names(raw_datasets)
+        if accelerator_dir is None:
+            return None
+        return ProjectSpec(path=path, accelerator_dir=accelerator_dir, datasets=tuple(datasets))
+
+    def read_accelerator_dir(self, data: LineDict) -> Path | None:
+        raw = data.get("accelerator_dir", DEFAULT_ACCELERATOR_DIR)
+        if not isinstance(raw, str) or not raw.strip():
+            self.add(
+                data.line_of("accelerator_dir"), f"accelerator_dir must be a directory path, got {_kind(raw)}"
+            )
+            return None
+        return Path(os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(raw.strip()))))
+
+    def check_duplicate_names(self, raw_datasets: LineList) -> None:
+        first_seen: dict[str, tuple[str, int | None]] = {}
+        for index, raw in enumerate(raw_datasets):
+            name = raw.get("name") if isinstance(raw, LineDict) else None
+            if not isinstance(name, str) or dataset_name_problem(name):
+                continue
+            line = raw.line_of("name")
+            key = name.lower()
+            if key in first_seen:
+                first_name, first_line = first_seen[key]
+                same = "" if first_name == name else f" (as {first_name!r}; names ignore case)"
+                self.add(
+                    line,
+                    f"dataset {name!r} (datasets[{index}]) is defined more than once{same}: first on line "
+                    f"{first_line}; dataset names must be unique",
+                )
+            else:
+                first_seen[key] = (name, line)
+
+    # --- dataset ----------------------------------------------------------------------------------
+
+    def read_dataset(self, index: int, raw: Any, line: int | None) -> DatasetSpec | None:
+        if not isinstance(raw, LineDict):
+            self.add(
+                line,
+                f"datasets[{index}] must be a mapping with name, from and acceleration, got {_kind(raw)}",
+            )
+            return None
+        before = len(self.findings)
+        name = raw.get("name")
+        label = f"dataset {name!r}" if isinstance(name, str) and name else f"datasets[{index}]"
+        if name is None:
+            self.add(raw.line, f"{label}: name is required")
+        else:
+            problem = dataset_name_problem(name)
+            if problem:
+                self.add(raw.line_of("name"), f"{label}: {problem}")
+        self.check_keys(raw, DATASET_KEYS, "", f"{label}: ")
+
+        params = self.read_mapping(raw, "params", "params", label)
+        source = self.read_source(raw, _plain(params) if params is not None else {}, label)
+        if params is not None:
+            self.check_near_misses(params, KNOWN_SOURCE_PARAMS, "params.", f"{label}: ")
+        declared = self.read_declared_schema(raw, label)
+        acceleration, indexed_fields = self.read_acceleration(raw, label)
+        if declared:
+            self.check_declared_columns(raw, label, declared, indexed_fields)
+        if len(self.findings) > before or source is None or acceleration is None or declared is None:
+            return None
+        assert isinstance(name, str)
+        dataset = DatasetSpec(
+            name=name, source=source, acceleration=acceleration, declared_columns=declared, line=raw.line
+        )
+        return dataset.bind(dataset.declared_schema()) if declared else dataset
+
+    def check_declared_columns(
+        self,
+        raw: LineDict,
+        label: str,
+        declared: Sequence[tuple[str, str]],
+        indexed_fields: Sequence[tuple[int, PartitionField]],
+    ) -> None:
+        """Check the parsed fields against the `schema:` block, so unknown columns and unusable result types
+        fail at load (DAG parse time), not at the first refresh, even when other rules failed too."""
+        block = raw.get("acceleration")
+        refresh = block.get("refresh") if isinstance(block, LineDict) else None
+        check_column = refresh.get("check_column") if isinstance(refresh, LineDict) else None
+        _, problems = bind_fields(
+            label,
+            indexed_fields,
+            check_column if isinstance(check_column, str) else None,
+            declared_arrow_schema(declared),
+            refresh.line_of("check_column") if isinstance(refresh, LineDict) else None,
+        )
+        for line, message in problems:
+            self.add(line, message)
+
+    def read_source(self, raw: LineDict, params: Mapping[str, Any], label: str) -> SourceRef | None:
+        value = raw.get("from")
+        if value is None:
+            self.add(
+                raw.line,
+                f"{label}: from is required (file:path, s3://bucket/prefix or postgres:schema.table)",
+            )
+            return None
+        if not isinstance(value, str):
+            self.add(raw.line_of("from"), f"{label}: from must be a string, got {_kind(value)}")
+            return None
+        source, problems = parse_source_uri(value, params, self.base_dir)
+        self.add_problems(raw, (), label, problems)
+        return source
+
+    def read_declared_schema(self, raw: LineDict, label: str) -> tuple[tuple[str, str], ...] | None:
+        block = self.read_mapping(raw, "schema", "schema", label)
+        if block is None:
+            return None
+        if "schema" in raw and not block:
+            self.add(raw.line_of("schema"), f"{label}: schema is empty; list column: type pairs or remove it")
+            return None
+        if not block:
+            return ()
+        from airflow_partitions.spec.arrow_types import parse_arrow_type
+
+        columns: list[tuple[str, str]] = []
+        ok = True
+        for column, type_text in block.items():
+            if not isinstance(type_text, str):
+                self.add(
+                    block.line_of(column),
+                    f"{label}: schema.{column} must be a type name, got {_kind(type_text)}",
+                )
+                ok = False
+                continue
+            try:
+                parse_arrow_type(type_text)
+            except PartitionSpecError as err:
+                self.add(block.line_of(column), f"{label}: schema.{column}: {err}")
+                ok = False
+                continue
+            columns.append((column, type_text.strip()))
+        return tuple(columns) if ok else None
+
+    # --- acceleration -----------------------------------------------------------------------------
+
+    def read_acceleration(
+        self, raw: LineDict, label: str
+    ) -> tuple[AccelerationSpec | None, list[tuple[int, PartitionField]]]:
+        """The acceleration (None after any problem) and the partition fields that parsed on their own."""
+        block = raw.get("acceleration")
+        if block is None:
+            self.add(
+                raw.line,
+                f"{label}: acceleration is required (at least acceleration: {{partition_by: [...]}})",
+            )
+            return None, []
+        if not isinstance(block, LineDict):
+            self.add(
+                raw.line_of("acceleration"), f"{label}: acceleration must be a mapping, got {_kind(block)}"
+            )
+            return None, []
+        before = len(self.findings)
+        self.check_keys(block, ACCELERATION_KEYS, "acceleration.", f"{label}: ")
+
+        enabled = block.get("enabled", True)
+        if not isinstance(enabled, bool):
+            self.add(
+                block.line_of("enabled"),
+                f"{label}: acceleration.enabled must be true or false, got {_kind(enabled)}",
+            )
+        engine = self.read_enum(block, "engine", Engine, DEFAULT_ENGINE, "engine", label)
+        default_mode = ENGINE_MODES[engine][0] if engine is not None else None
+        mode = self.read_enum(block, "mode", Mode, default_mode, "mode", label)
+
+        params = self.read_mapping(block, "params", "acceleration.params", label)
+        partition_mode = self.read_partition_mode(params, engine, label)
+        if params is not None:
+            self.check_near_misses(params, KNOWN_ACCELERATION_PARAMS, "acceleration.params.", f"{label}: ")
+
+        indexed_fields, fields_ok = self.read_partition_by(block, label)
+        refresh = self.read_refresh(block, label)
+        snapshots = self.read_snapshots(block, label)
+
+        # Cross-field rules run on whatever parsed, so one bad expression does not hide the others.
+        self.add_problems(block, (), label, partition_name_problems(indexed_fields))
+        if engine is not None and mode is not None and partition_mode is not None:
+            self.add_problems(block, (), label, engine_problems(engine, mode, partition_mode))
+        if fields_ok and isinstance(enabled, bool):
+            max_partitions = refresh.max_partitions if refresh is not None else DEFAULT_MAX_PARTITIONS
+            fields = [f for _, f in indexed_fields]
+            self.add_problems(block, (), label, partition_count_problems(enabled, fields, max_partitions))
+
+        if (
+            len(self.findings) > before
+            or engine is None
+            or mode is None
+            or partition_mode is None
+            or refresh is None
+            or snapshots is None
+            or params is None
+        ):
+            return None, indexed_fields
+        acceleration = AccelerationSpec(
+            enabled=enabled,
+            engine=engine,
+            mode=mode,
+            partition_by=tuple(f for _, f in indexed_fields),
+            partition_mode=partition_mode,
+            params=_plain(params),
+            refresh=refresh,
+            snapshots=snapshots,
+        )
+        return acceleration, indexed_fields
+
+    def read_partition_mode(
+        self, params: LineDict | None, engine: Engine | None, label: str
+    ) -> PartitionMode | None:
+        if params is None or params.get("partition_mode") is None:
+            return PartitionMode.FILES
+        line = params.line_of("partition_mode")
+        value, problem = _enum_value(
+            PartitionMode, params["partition_mode"], "acceleration.params.partition_mode"
+        )
+        if problem:
+            self.add(line, f"{label}: {problem}")
+            return None
+        if engine is not None and engine is not Engine.DUCKDB:
+            self.add(
+                line,
+                f"{label}: acceleration.params.partition_mode applies to engine duckdb only (engine {engine} "
+                "always writes one file per partition); remove it or use engine: duckdb",
+            )
+            return None
+        return value
+
+    def read_partition_by(self, block: LineDict, label: str) -> tuple[list[tuple[int, PartitionField]], bool]:
+        """The fields that parsed, with their positions, and whether every entry parsed."""
+        raw = block.get("partition_by")
+        if raw is None:
+            return [], True
+        if not isinstance(raw, LineList):
+            self.add(
+                block.line_of("partition_by"),
+                f"{label}: acceleration.partition_by must be a list of expressions "
+                f"(- bucket(16, id)), got {_kind(raw)}",
+            )
+            return [], False
+        from airflow_partitions.transforms import parse_transform
+
+        fields: list[tuple[int, PartitionField]] = []
+        ok = True
+        for index, entry in enumerate(raw):
+            line = raw.line_of(index)
+            parsed = self.read_partition_entry(index, entry, line, label)
+            if parsed is None:
+                ok = False
+                continue
+            name, expression = parsed
+            try:
+                transform = parse_transform(expression)
+            except PartitionExpressionError as err:
+                hint = ""
+                if expression.count("(") != expression.count(")"):
+                    # `[bucket(8, id)]` is two YAML items, `bucket(8` and `id)`: say so, not "bad syntax".
+                    hint = (
+                        "; unbalanced parentheses: in a [a, b] flow list YAML splits at commas, so quote the "
+                        "expression or put it on its own `- ` line"
+                    )
+                detail = expression_detail(err, expression)
+                self.add(line, f"{label}: partition_by[{index}] {json.dumps(expression)}: {detail}{hint}")
+                ok = False
+                continue
+            fields.append((index, PartitionField(name, expression, transform, line=line)))
+        return fields, ok
+
+    def read_partition_entry(
+        self, index: int, entry: Any, line: int | None, label: str
+    ) -> tuple[str, str] | None:
+        where = f"{label}: partition_by[{index}]"
+        if isinstance(entry, str):
+            name, expression = f"expr{index}", entry
+        elif isinstance(entry, Mapping):
+            if len(entry) != 1:
+                keys = one_of(str(k) for k in entry) or "no keys"
+                self.add(
+                    line,
+                    f"{where} is a mapping with {len(entry)} entries ({keys}); each list item is one "
+                    "expression or one {name: expression} mapping, so put each on its own `- ` line",
+                )
+                return None
+            ((name, expression),) = entry.items()
+            problem = field_name_problem(name)
+            if problem:
+                self.add(line, f"{where}: {problem}")
+                return None
+            if not isinstance(expression, str):
+                self.add(line, f"{where} ({name}): the expression must be a string, got {_kind(expression)}")
+                return None
+        else:
+            self.add(
+                line,
+                f"{where} must be an expression string or a single {{name: expression}} mapping, "
+                f"got {_kind(entry)}; quote values YAML would read as numbers or booleans",
+            )
+            return None
+        if not expression.strip():
+            self.add(line, f"{where} ({name}): the expression is empty")
+            return None
+        return name, expression.strip()
+
+    def read_refresh(self, block: LineDict, label: str) -> RefreshConfig | None:
+        raw = self.read_mapping(block, "refresh", "acceleration.refresh", label)
+        if raw is None:
+            return None
+        self.check_keys(raw, REFRESH_KEYS, "refresh.", f"{label}: ")
+        values = {
+            "schedule": raw.get("schedule"),
+            "check_column": raw.get("check_column"),
+            "discovery_timeout_s": _default(raw.get("discovery_timeout_s"), DEFAULT_DISCOVERY_TIMEOUT_S),
+            "max_partitions": _default(raw.get("max_partitions"), DEFAULT_MAX_PARTITIONS),
+        }
+        if self.add_problems(block, ("refresh",), label, refresh_problems(**values)):
+            return None
+        if isinstance(values["schedule"], str):
+            values["schedule"] = values["schedule"].strip()
+        return RefreshConfig(
+            schedule=values["schedule"],
+            check_column=values["check_column"],
+            discovery_timeout_s=float(values["discovery_timeout_s"]),
+            max_partitions=values["max_partitions"],
+        )
+
+    def read_snapshots(self, block: LineDict, label: str) -> SnapshotConfig | None:
+        raw = self.read_mapping(block, "snapshots", "acceleration.snapshots", label)
+        if raw is None:
+            return None
+        self.check_keys(raw, SNAPSHOT_KEYS, "snapshots.", f"{label}: ")
+        mode = self.read_enum(raw, "mode", SnapshotMode, SnapshotMode.DISABLED, "snapshots.mode", label)
+        if mode is None:
+            return None
+        location = raw.get("location")
+        if location is not None and not isinstance(location, str):
+            self.add(
+                raw.line_of("location"),
+                f"{label}: snapshots.location must be a string, got {_kind(location)}",
+            )
+            return None
+        location = location.strip() if location else None
+        if self.add_problems(block, ("snapshots",), label, snapshot_problems(mode, location)):
+            return None
+        return SnapshotConfig(mode=mode, location=location)
+
+
+_T = TypeVar("_T")
+
+
+def _default(value: _T | None, default: _T) -> _T:
+    return default if value is None else value

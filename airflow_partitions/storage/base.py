@@ -1,0 +1,411 @@
+"""What every partition storage engine shares: the engine interface, safe paths, atomic file placement.
+
+A write never exposes a partial file and never replaces an existing one: the engine writes a hidden
+temporary (`.tmp-<name>`) in the partition directory, fsyncs it, hard-links it to its final unique name
+(`os.link` fails instead of overwriting) and fsyncs the directory. A writer killed at any point leaves at
+most a `.tmp-*` orphan, which `vacuum_files` removes once it is older than the retention period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import re
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import StorageError
+from airflow_partitions.storage.datafile import DataFile, compute_column_stats, file_checksum
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+TEMP_PREFIX = ".tmp-"
+FILE_PREFIX = "part-"
+# A key path component is `escape_component(name)=encode_value(value)`: only these characters appear.
+_KEY_COMPONENT = re.compile(r"[A-Za-z0-9_.%-]+=[A-Za-z0-9_.%-]*")
+_PARALLEL_READ_THRESHOLD = 4
+
+
+@dataclass(frozen=True, slots=True)
+class VacuumedFile:
+    """A file (or shared-file table) that vacuum deleted, or would delete in a dry run."""
+
+    path: str
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FileVacuumResult:
+    """Unreferenced files removed, and unreferenced files kept because they are younger than the cutoff."""
+
+    removed: list[VacuumedFile]
+    kept_young: list[str]
+
+
+class PartitionStorage(ABC):
+    """One storage engine: writes partition files, reads them back exactly, exposes them to DuckDB."""
+
+    engine: str
+    format: str
+    extension: str
+
+    def __init__(self, *, max_rows_per_file: int | None = None) -> None:
+        if max_rows_per_file is not None and max_rows_per_file < 1:
+            raise StorageError(f"max_rows_per_file must be a positive integer, got {max_rows_per_file}")
+        self.max_rows_per_file = max_rows_per_file
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(engine={self.engine!r})"
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[DataFile]:
+        """Write `table` as new uniquely named file(s) under `dataset_root/key_path/`; nothing is replaced."""
+        directory = partition_directory(dataset_root, key_path)
+        ensure_directory(directory, stop_at=Path(dataset_root))
+        written: list[DataFile] = []
+        for index, chunk in enumerate(self._split(table)):
+            name = f"{FILE_PREFIX}{uuid.uuid4().hex}-{index:04d}.{self.extension}"
+            final = directory / name
+            temporary = directory / f"{TEMP_PREFIX}{name}"
+            try:
+                try:
+                    self._write_file(chunk, temporary)
+                except FileNotFoundError:
+                    # A concurrent vacuum may have removed the (then empty, old) directory: recreate once.
+                    ensure_directory(directory, stop_at=Path(dataset_root))
+                    self._write_file(chunk, temporary)
+                fsync_file(temporary)
+                checksum = file_checksum(temporary)
+                size = temporary.stat().st_size
+                os.link(temporary, final)
+            except StorageError:
+                raise
+            except Exception as err:
+                raise StorageError(f"could not write partition file {final}: {err}") from err
+            finally:
+                _remove_temporaries(temporary)
+            relative = f"{key_path}/{name}" if key_path else name
+            written.append(
+                DataFile(
+                    path=relative,
+                    format=self.format,
+                    rows=chunk.num_rows,
+                    bytes=size,
+                    checksum=checksum,
+                    stats=compute_column_stats(chunk),
+                )
+            )
+        fsync_directory(directory)
+        return written
+
+    def _split(self, table: pa.Table) -> Iterator[pa.Table]:
+        limit = self.max_rows_per_file
+        if limit is None or table.num_rows <= limit:
+            yield table
+            return
+        for offset in range(0, table.num_rows, limit):
+            yield table.slice(offset, limit)
+
+    @abstractmethod
+    def _write_file(self, table: pa.Table, path: Path) -> None:
+        """Write `table` to `path` (a fresh temporary name) in this engine's format."""
+
+    def publish(self, dataset_root: Path, files: Sequence[DataFile]) -> list[DataFile]:
+        """Make written files ready for a catalog commit; engines that stage writes finish them here."""
+        del dataset_root
+        return list(files)
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def read(
+        self,
+        dataset_root: Path,
+        files: Sequence[DataFile],
+        columns: Sequence[str] | None = None,
+        filter: pc.Expression | None = None,
+        *,
+        schema: pa.Schema | None = None,
+    ) -> pa.Table:
+        """Read `files` back as one table with their exact Arrow types, then filter and project.
+
+        Files written with different schemas (columns added later) are unified: a column missing from a
+        file reads as NULL. With no files, the result is an empty table of `schema` (or of no columns).
+        """
+        import pyarrow as pa
+
+        if not files:
+            empty = pa.table({}) if schema is None else schema.empty_table()
+            return _project(empty, columns)
+        tables = self._read_many(Path(dataset_root), files, columns if filter is None else None)
+        unified = schema or unify_schemas([t.schema for t in tables], files)
+        combined = pa.concat_tables([conform(t, unified) for t in tables])
+        if filter is not None:
+            try:
+                combined = combined.filter(filter)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
+                raise StorageError(f"cannot apply filter {filter} to {len(files)} file(s): {err}") from err
+        return _project(combined, columns)
+
+    def _read_many(
+        self, dataset_root: Path, files: Sequence[DataFile], columns: Sequence[str] | None
+    ) -> list[pa.Table]:
+        if len(files) < _PARALLEL_READ_THRESHOLD:
+            return [self._read_file_checked(dataset_root, f, columns) for f in files]
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as pool:
+            return list(pool.map(lambda f: self._read_file_checked(dataset_root, f, columns), files))
+
+    def _read_file_checked(
+        self, dataset_root: Path, file: DataFile, columns: Sequence[str] | None
+    ) -> pa.Table:
+        try:
+            table = self._read_file(dataset_root, file)
+        except StorageError:
+            raise
+        except FileNotFoundError as err:
+            raise StorageError(
+                f"partition file {file.path} is missing under {dataset_root}; it was deleted outside "
+                "the catalog or vacuumed: read a retained version or refresh the partition"
+            ) from err
+        except Exception as err:
+            raise StorageError(
+                f"could not read partition file {file.path} under {dataset_root}: {err}"
+            ) from err
+        if columns is not None:
+            table = table.select([c for c in columns if c in table.column_names])
+        return table
+
+    @abstractmethod
+    def _read_file(self, dataset_root: Path, file: DataFile) -> pa.Table:
+        """Read one file completely, with the exact Arrow schema it was written with."""
+
+    def file_schema(self, dataset_root: Path, file: DataFile) -> pa.Schema:
+        """The Arrow schema `file` was written with."""
+        return self._read_file(Path(dataset_root), file).schema
+
+    # --- DuckDB access ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def register_duckdb(
+        self,
+        connection: Any,
+        dataset_root: Path,
+        files: Sequence[DataFile],
+        view_name: str,
+        *,
+        schema: pa.Schema | None = None,
+    ) -> None:
+        """Create (or replace) the temporary view `view_name` in `connection` over exactly `files`.
+
+        DuckDB then scans the selected files directly. With no files, `schema` gives the columns of an
+        empty view.
+        """
+
+    def _register_empty(self, connection: Any, view_name: str, schema: pa.Schema | None) -> None:
+        if schema is None:
+            raise StorageError(
+                f"cannot create view {view_name!r} over zero files without a schema; pass schema="
+            )
+        import pyarrow as pa  # noqa: F401 - schema.empty_table needs pyarrow loaded
+
+        connection.register(view_name, schema.empty_table())
+
+    # --- vacuum -----------------------------------------------------------------------------------
+
+    def remove_unreferenced(
+        self,
+        dataset_root: Path,
+        referenced: Collection[DataFile],
+        *,
+        cutoff: dt.datetime,
+        dry_run: bool,
+    ) -> list[VacuumedFile]:
+        """Engine-specific clean-up beyond plain files (the duckdb `tables` mode drops tables)."""
+        del dataset_root, referenced, cutoff, dry_run
+        return []
+
+
+# --- paths ----------------------------------------------------------------------------------------
+
+
+def partition_directory(dataset_root: Path, key_path: str) -> Path:
+    """`dataset_root/key_path`, refusing any key path that `PartitionKey.path` could not have produced."""
+    root = Path(dataset_root)
+    if key_path == "":
+        return root
+    components = key_path.split("/")
+    bad = [c for c in components if not _KEY_COMPONENT.fullmatch(c)]
+    if bad:
+        raise StorageError(
+            f"key path {key_path!r} has component(s) {bad!r} that are not `name=value` as produced by "
+            "keys.PartitionKey.path; build key paths with PartitionKey.path(names)"
+        )
+    directory = root.joinpath(*components)
+    resolved_root = root.resolve()
+    if not directory.resolve().is_relative_to(resolved_root):
+        raise StorageError(f"key path {key_path!r} escapes the dataset directory {root}")
+    return directory
+
+
+def data_file_path(dataset_root: Path, file: DataFile) -> Path:
+    """Absolute location of `file`, refusing paths that would leave the dataset directory."""
+    root = Path(dataset_root)
+    relative = Path(file.path)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise StorageError(f"data file path {file.path!r} must be relative and stay inside {root}")
+    return root / relative
+
+
+def ensure_directory(directory: Path, *, stop_at: Path) -> None:
+    """Create `directory` and make each newly created level durable (fsync of its parent)."""
+    missing: list[Path] = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        if current == stop_at or current.parent == current:
+            break
+        current = current.parent
+    for level in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            level.mkdir()
+        fsync_directory(level.parent)
+
+
+def fsync_file(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_directory(path: Path) -> None:
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the data file itself is synced
+    finally:
+        os.close(descriptor)
+
+
+def _remove_temporaries(temporary: Path) -> None:
+    # DuckDB leaves `<name>.wal` next to its file while open; both belong to this write.
+    for leftover in (temporary, temporary.with_name(temporary.name + ".wal")):
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+
+
+# --- schemas --------------------------------------------------------------------------------------
+
+
+def unify_schemas(schemas: Sequence[pa.Schema], files: Sequence[DataFile]) -> pa.Schema:
+    """One schema covering every file (union of columns), or a `StorageError` naming the clash."""
+    import pyarrow as pa
+
+    first = schemas[0]
+    if all(s.equals(first) for s in schemas[1:]):
+        return first
+    try:
+        return pa.unify_schemas(list(schemas), promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        names = ", ".join(f.path for f in files[:5])
+        raise StorageError(f"partition files have incompatible schemas ({names}, ...): {err}") from err
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly `schema`'s columns: missing ones NULL, differing types cast."""
+    import pyarrow as pa
+
+    if table.schema.equals(schema):
+        return table
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            column = table.column(field.name)
+            columns.append(column if column.type.equals(field.type) else column.cast(field.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _project(table: pa.Table, columns: Sequence[str] | None) -> pa.Table:
+    if columns is None:
+        return table
+    unknown = [c for c in columns if c not in table.column_names]
+    if unknown:
+        raise StorageError(f"unknown column(s) {unknown}; the partition files have {table.column_names}")
+    return table.select(list(columns))
+
+
+# --- vacuum of plain files ------------------------------------------------------------------------
+
+
+def vacuum_files(
+    dataset_root: Path,
+    referenced_paths: Collection[str],
+    *,
+    cutoff: dt.datetime,
+    dry_run: bool,
+) -> FileVacuumResult:
+    """Delete partition files and temporaries not in `referenced_paths`, last modified before `cutoff`.
+
+    Only partition directories (top-level `name=value` folders) and top-level `part-*` / `.tmp-*` files are
+    considered; anything else under the dataset directory (the catalog, the shared DuckDB file) is left.
+    """
+    root = Path(dataset_root)
+    if not root.is_dir():
+        return FileVacuumResult([], [])
+    referenced = set(referenced_paths)
+    cutoff_epoch = cutoff.timestamp()
+    removed: list[VacuumedFile] = []
+    kept_young: list[str] = []
+    for path in _candidate_files(root):
+        relative = path.relative_to(root).as_posix()
+        if relative in referenced:
+            continue
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            continue
+        if info.st_mtime >= cutoff_epoch:
+            kept_young.append(relative)  # may belong to a write or commit still in flight
+            continue
+        if not dry_run:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        removed.append(VacuumedFile(relative, info.st_size))
+    if not dry_run:
+        _remove_empty_partition_directories(root, cutoff_epoch)
+    return FileVacuumResult(removed, kept_young)
+
+
+def _candidate_files(root: Path) -> Iterator[Path]:
+    for entry in sorted(root.iterdir()):
+        if entry.is_dir() and not entry.is_symlink() and "=" in entry.name:
+            for directory, _subdirs, names in os.walk(entry):
+                for name in sorted(names):
+                    yield Path(directory) / name
+        elif entry.is_file() and entry.name.startswith((FILE_PREFIX, TEMP_PREFIX)):
+            yield entry
+
+
+def _remove_empty_partition_directories(root: Path, cutoff_epoch: float) -> None:
+    for entry in root.iterdir():
+        if entry.is_dir() and not entry.is_symlink() and "=" in entry.name:
+            for directory, _subdirs, _names in os.walk(entry, topdown=False):
+                with contextlib.suppress(OSError):
+                    # A young empty directory may be one a writer just created for its next file.
+                    if os.stat(directory).st_mtime < cutoff_epoch:
+                        os.rmdir(directory)  # only succeeds when empty

@@ -1,0 +1,331 @@
+"""The `duckdb` engine: a DuckDB file per partition (`files` mode) or one table per partition (`tables` mode).
+
+Every DuckDB file written here holds the partition rows in table `data` and the exact Arrow schema they
+were written with in table `_ap_arrow_schema`, so a read restores what DuckDB maps to a nearby type
+(`large_string` comes back as VARCHAR, a timezone name as UTC, `timestamp[s]` with a timezone as
+microseconds) and the round trip is exact.
+
+`tables` mode keeps one shared file, `<dataset>/_tables.duckdb`. DuckDB allows a single writer per file,
+so partition writers never touch it: `write` stages each partition as its own immutable file (exactly as
+in `files` mode, under the partition's Hive directory), and `publish`, called once by the committing
+process, copies the staged partitions into uniquely named tables (`p_<file id>`) of the shared file.
+Tables are never modified after creation, so every catalog version keeps reading the tables it names;
+vacuum drops tables no retained version references. Under concurrency: writers run fully in parallel;
+publishers and readers of the shared file take DuckDB's file lock (one writer, or any number of readers)
+and wait for it, retrying for up to `lock_timeout` seconds before raising `StorageError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import itertools
+import time
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from airflow_partitions.exceptions import StorageError
+from airflow_partitions.storage.base import PartitionStorage, VacuumedFile, conform, data_file_path
+from airflow_partitions.storage.datafile import DataFile
+from airflow_partitions.storage.sql import quote_identifier, quote_literal
+
+DATA_TABLE = "data"
+SCHEMA_TABLE = "_ap_arrow_schema"
+SHARED_FILE = "_tables.duckdb"
+TABLES_REGISTRY = "_ap_tables"
+_LOCK_MESSAGES = ("Could not set lock", "Conflicting lock", "database is locked")
+
+
+class DuckDBFilesStorage(PartitionStorage):
+    """One DuckDB file per partition, in the partition's Hive directory."""
+
+    engine = "duckdb"
+    format = "duckdb"
+    extension = "duckdb"
+    partition_mode = "files"
+
+    def _write_file(self, table: pa.Table, path: Path) -> None:
+        if table.num_columns == 0:
+            raise StorageError("a DuckDB partition needs at least one column")
+        connection = duckdb.connect(str(path))
+        try:
+            connection.register("ap_source", table)
+            connection.execute(f"CREATE TABLE {DATA_TABLE} AS SELECT * FROM ap_source")
+            connection.unregister("ap_source")
+            connection.execute(
+                f"CREATE TABLE {SCHEMA_TABLE} AS SELECT ?::BLOB AS arrow_schema",
+                [table.schema.serialize().to_pybytes()],
+            )
+        except duckdb.Error as err:
+            raise StorageError(f"DuckDB could not store the partition table: {err}") from err
+        finally:
+            connection.close()
+
+    def _read_file(self, dataset_root: Path, file: DataFile) -> pa.Table:
+        path = data_file_path(dataset_root, file)
+        if not path.exists():
+            raise FileNotFoundError(str(path))
+        connection = duckdb.connect(str(path), read_only=True)
+        try:
+            return _read_table(connection, DATA_TABLE, SCHEMA_TABLE)
+        finally:
+            connection.close()
+
+    def register_duckdb(
+        self,
+        connection: Any,
+        dataset_root: Path,
+        files: Sequence[DataFile],
+        view_name: str,
+        *,
+        schema: pa.Schema | None = None,
+    ) -> None:
+        if not files:
+            self._register_empty(connection, view_name, schema)
+            return
+        selects = []
+        for file in files:
+            alias = _attach(connection, data_file_path(Path(dataset_root), file))
+            selects.append(f"SELECT * FROM {alias}.{DATA_TABLE}")
+        _create_union_view(connection, view_name, selects)
+
+
+class DuckDBTablesStorage(DuckDBFilesStorage):
+    """One shared DuckDB file with a table per partition; writes are staged and published at commit."""
+
+    partition_mode = "tables"
+
+    def __init__(self, *, max_rows_per_file: int | None = None, lock_timeout: float = 60.0) -> None:
+        super().__init__(max_rows_per_file=max_rows_per_file)
+        self.lock_timeout = lock_timeout
+
+    def publish(self, dataset_root: Path, files: Sequence[DataFile]) -> list[DataFile]:
+        """Copy staged partitions into the shared file; idempotent (a re-run reuses tables already made)."""
+        root = Path(dataset_root)
+        pending = [f for f in files if f.table is None]
+        if not pending:
+            return list(files)
+        published: dict[str, str] = {}
+        with self._shared(root, read_only=False) as connection:
+            _ensure_registry(connection)
+            for file in pending:
+                table_name = _table_name(file)
+                exists = connection.execute(
+                    f"SELECT count(*) FROM {TABLES_REGISTRY} WHERE table_name = ?", [table_name]
+                ).fetchall()
+                if exists[0][0] == 0:
+                    self._copy_staged(connection, root, file, table_name)
+                published[file.path] = table_name
+        return [replace(f, table=published[f.path]) if f.table is None else f for f in files]
+
+    def _copy_staged(self, connection: Any, root: Path, file: DataFile, table_name: str) -> None:
+        staged = data_file_path(root, file)
+        if not staged.exists():
+            raise StorageError(f"staged partition file {file.path} is missing under {root}; refresh it again")
+        alias = _attach(connection, staged)
+        try:
+            connection.execute("BEGIN TRANSACTION")
+            connection.execute(
+                f"CREATE TABLE {quote_identifier(table_name)} AS SELECT * FROM {alias}.{DATA_TABLE}"
+            )
+            connection.execute(
+                f"INSERT INTO {TABLES_REGISTRY} SELECT ?, ?, arrow_schema, now() FROM {alias}.{SCHEMA_TABLE}",
+                [table_name, file.path],
+            )
+            connection.execute("COMMIT")
+        except duckdb.Error as err:
+            with contextlib.suppress(duckdb.Error):
+                connection.execute("ROLLBACK")
+            raise StorageError(f"could not publish {file.path} into {SHARED_FILE}: {err}") from err
+        finally:
+            connection.execute(f"DETACH {alias}")
+
+    def _read_file(self, dataset_root: Path, file: DataFile) -> pa.Table:
+        if file.table is None:
+            return super()._read_file(dataset_root, file)
+        with self._shared(Path(dataset_root), read_only=True) as connection:
+            return self._read_shared_table(connection, file)
+
+    def _read_many(
+        self, dataset_root: Path, files: Sequence[DataFile], columns: Sequence[str] | None
+    ) -> list[pa.Table]:
+        if all(f.table is None for f in files):
+            return super()._read_many(dataset_root, files, columns)
+        # One open of the shared file for every published table, not one per partition.
+        tables: list[pa.Table] = []
+        with self._shared(dataset_root, read_only=True) as connection:
+            for file in files:
+                if file.table is None:
+                    table = super()._read_file(dataset_root, file)
+                else:
+                    table = self._read_shared_table(connection, file)
+                if columns is not None:
+                    table = table.select([c for c in columns if c in table.column_names])
+                tables.append(table)
+        return tables
+
+    def _read_shared_table(self, connection: Any, file: DataFile) -> pa.Table:
+        assert file.table is not None
+        row = connection.execute(
+            f"SELECT arrow_schema FROM {TABLES_REGISTRY} WHERE table_name = ?", [file.table]
+        ).fetchall()
+        if not row:
+            raise StorageError(
+                f"table {file.table} of partition file {file.path} is not in {SHARED_FILE}; "
+                "it was vacuumed or the file was replaced: read a retained version or refresh"
+            )
+        data = connection.sql(f"SELECT * FROM {quote_identifier(file.table)}").to_arrow_table()
+        return conform(data, pa.ipc.read_schema(pa.py_buffer(row[0][0])))
+
+    def register_duckdb(
+        self,
+        connection: Any,
+        dataset_root: Path,
+        files: Sequence[DataFile],
+        view_name: str,
+        *,
+        schema: pa.Schema | None = None,
+    ) -> None:
+        if not files:
+            self._register_empty(connection, view_name, schema)
+            return
+        root = Path(dataset_root)
+        shared_alias: str | None = None
+        selects = []
+        for file in files:
+            if file.table is None:
+                alias = _attach(connection, data_file_path(root, file))
+                selects.append(f"SELECT * FROM {alias}.{DATA_TABLE}")
+            else:
+                if shared_alias is None:
+                    shared_alias = self._attach_shared(connection, root)
+                selects.append(f"SELECT * FROM {shared_alias}.{quote_identifier(file.table)}")
+        _create_union_view(connection, view_name, selects)
+
+    def _attach_shared(self, connection: Any, root: Path) -> str:
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            try:
+                return _attach(connection, root / SHARED_FILE)
+            except duckdb.Error as err:
+                if not _is_lock_error(err) or time.monotonic() > deadline:
+                    raise StorageError(f"could not open {root / SHARED_FILE} for reading: {err}") from err
+                time.sleep(0.05)
+
+    def remove_unreferenced(
+        self,
+        dataset_root: Path,
+        referenced: Collection[DataFile],
+        *,
+        cutoff: dt.datetime,
+        dry_run: bool,
+    ) -> list[VacuumedFile]:
+        """Drop shared-file tables that no referenced file names and that were created before `cutoff`."""
+        root = Path(dataset_root)
+        if not (root / SHARED_FILE).exists():
+            return []
+        keep = {f.table for f in referenced if f.table is not None}
+        if cutoff.tzinfo is None:
+            cutoff = cutoff.replace(tzinfo=dt.UTC)
+        removed: list[VacuumedFile] = []
+        with self._shared(root, read_only=dry_run) as connection:
+            registry = connection.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                "AND table_name = ?",
+                [TABLES_REGISTRY],
+            ).fetchall()
+            if registry[0][0] == 0:
+                return []
+            rows = connection.execute(
+                f"SELECT table_name, created_at FROM {TABLES_REGISTRY} ORDER BY table_name"
+            ).fetchall()
+            for table_name, created_at in rows:
+                if table_name in keep or created_at >= cutoff:
+                    continue
+                if not dry_run:
+                    connection.execute("BEGIN TRANSACTION")
+                    connection.execute(f"DROP TABLE IF EXISTS {quote_identifier(table_name)}")
+                    connection.execute(f"DELETE FROM {TABLES_REGISTRY} WHERE table_name = ?", [table_name])
+                    connection.execute("COMMIT")
+                removed.append(VacuumedFile(f"{SHARED_FILE}#{table_name}", 0))
+            if removed and not dry_run:
+                connection.execute("CHECKPOINT")
+        return removed
+
+    @contextmanager
+    def _shared(self, root: Path, *, read_only: bool) -> Iterator[Any]:
+        path = root / SHARED_FILE
+        if read_only and not path.exists():
+            raise StorageError(f"{path} does not exist: no partition of this dataset was published yet")
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            try:
+                connection = duckdb.connect(str(path), read_only=read_only)
+                break
+            except duckdb.Error as err:
+                if not _is_lock_error(err) or time.monotonic() > deadline:
+                    raise StorageError(
+                        f"could not open {path} ({'read' if read_only else 'write'}): {err}; another "
+                        f"process held it for more than {self.lock_timeout:.0f} s"
+                    ) from err
+                time.sleep(0.05)
+        try:
+            yield connection
+        finally:
+            connection.close()
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def _read_table(connection: Any, data_table: str, schema_table: str) -> pa.Table:
+    data = connection.sql(f"SELECT * FROM {data_table}").to_arrow_table()
+    row = connection.execute(f"SELECT arrow_schema FROM {schema_table}").fetchall()
+    if not row:
+        return data
+    return conform(data, pa.ipc.read_schema(pa.py_buffer(row[0][0])))
+
+
+def _table_name(file: DataFile) -> str:
+    # Unique because file names are: `part-<uuid>-<index>.duckdb` -> `p_<uuid>_<index>`.
+    stem = file.path.rsplit("/", 1)[-1].removesuffix(".duckdb").removeprefix("part-")
+    return "p_" + stem.replace("-", "_")
+
+
+def _ensure_registry(connection: Any) -> None:
+    connection.execute(
+        f"CREATE TABLE IF NOT EXISTS {TABLES_REGISTRY} ("
+        "table_name VARCHAR PRIMARY KEY, staged_path VARCHAR, arrow_schema BLOB, created_at TIMESTAMPTZ)"
+    )
+
+
+_attach_ids = itertools.count(1)
+
+
+def _attach(connection: Any, path: Path) -> str:
+    """Attach `path` read-only (or reuse the alias it is already attached under) and return the alias."""
+    location = str(path)
+    row = connection.execute(
+        "SELECT database_name FROM duckdb_databases() WHERE path = ?", [location]
+    ).fetchall()
+    if row:
+        return quote_identifier(row[0][0])
+    alias = f"ap_part_{next(_attach_ids)}"
+    connection.execute(f"ATTACH {quote_literal(location)} AS {alias} (READ_ONLY)")
+    return alias
+
+
+def _create_union_view(connection: Any, view_name: str, selects: Sequence[str]) -> None:
+    body = " UNION ALL BY NAME ".join(selects)
+    connection.execute(f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view_name)} AS {body}")
+
+
+def _is_lock_error(err: Exception) -> bool:
+    text = str(err)
+    return any(marker in text for marker in _LOCK_MESSAGES)

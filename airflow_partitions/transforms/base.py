@@ -1,0 +1,374 @@
+"""The partition transform model: `Transform`, the source-value `Interval`, and shared scalar helpers.
+
+A transform is one small object per partition expression. Unbound, it knows its canonical string and
+which column it reads; bound (`bind(arrow_type)`) it also knows its result type and can validate scalar
+inputs against the column type. pyarrow, numpy and pyspark are imported inside methods only: this module
+is imported when a DAG file loads a spec.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import re
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal, localcontext
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.transforms.arrow_support import SourceInfo
+
+EPOCH_DATE = dt.date(1970, 1, 1)
+EPOCH_NAIVE = dt.datetime(1970, 1, 1)
+UTC = dt.UTC
+_PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A range of source values; a `None` bound is unbounded on that side."""
+
+    lower: Any
+    upper: Any
+    lower_inclusive: bool = True
+    upper_inclusive: bool = False
+
+    def contains(self, value: Any) -> bool:
+        """Whether `value` lies in the interval (NULL never does)."""
+        if value is None:
+            return False
+        if self.lower is not None and (value < self.lower or (value == self.lower and not self.lower_inclusive)):
+            return False
+        return not (
+            self.upper is not None and (value > self.upper or (value == self.upper and not self.upper_inclusive))
+        )
+
+
+class Transform(ABC):
+    """A partition transform over one source column (see the package docstring for the semantics)."""
+
+    name: ClassVar[str]
+    #: Human description of accepted source types, used in error messages.
+    accepts: ClassVar[str]
+
+    def __init__(self, source_column: str) -> None:
+        self._source_column = source_column
+        self._source_type: pa.DataType | None = None
+        self._info: SourceInfo | None = None
+
+    # --- identity -----------------------------------------------------------------------------------
+
+    @property
+    def source_column(self) -> str:
+        """The referenced column, exactly as written (case preserved, quotes removed)."""
+        return self._source_column
+
+    @property
+    def column_sql(self) -> str:
+        """The column as it appears in the canonical string (quoted only when it must be)."""
+        return quote_identifier(self._source_column)
+
+    @property
+    @abstractmethod
+    def canonical(self) -> str:
+        """The one canonical expression string; `parse_transform(t.canonical) == t`."""
+
+    def __str__(self) -> str:
+        return self.canonical
+
+    def __repr__(self) -> str:
+        bound = f" bound to {self._source_type}" if self._source_type is not None else ""
+        return f"<{type(self).__name__} {self.canonical}{bound}>"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Transform):
+            return NotImplemented
+        return self.canonical == other.canonical
+
+    def __hash__(self) -> int:
+        return hash(self.canonical)
+
+    # --- what pruning needs -------------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def monotonic(self) -> bool:
+        """Whether the partition value never decreases as the source value increases."""
+
+    @property
+    def one_to_one(self) -> bool:
+        """Whether distinct source values always give distinct partition values."""
+        return False
+
+    def preimage(self, partition_value: Any) -> Interval | None:
+        """The source values that map to `partition_value`, for monotonic transforms; else None.
+
+        The NULL partition holds exactly the rows whose source value is NULL, which no interval can
+        express, so `preimage(None)` is None too.
+        """
+        return None
+
+    # --- types --------------------------------------------------------------------------------------
+
+    @property
+    def source_type(self) -> pa.DataType | None:
+        """The Arrow type this transform is bound to, or None when unbound."""
+        return self._source_type
+
+    @property
+    def is_bound(self) -> bool:
+        return self._source_type is not None
+
+    def bind(self, source_type: pa.DataType) -> Self:
+        """A copy bound to the column's Arrow type; raises `PartitionExpressionError` if it does not fit."""
+        from airflow_partitions.transforms import arrow_support
+
+        self.result_type_for(source_type)
+        bound = copy.copy(self)
+        bound._source_type = source_type
+        bound._info = arrow_support.source_info(arrow_support.normalize_type(source_type))
+        return bound
+
+    @property
+    def result_type(self) -> pa.DataType:
+        """The Arrow type of the partition values (binding is needed when it depends on the input)."""
+        if self._source_type is not None:
+            return self.result_type_for(self._source_type)
+        fixed = self._fixed_result_type()
+        if fixed is None:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r}: the result type of {self.name} depends on the "
+                f"type of column {self.source_column!r}; call .bind(<arrow type of the column>) first"
+            )
+        return fixed
+
+    def result_type_for(self, source_type: pa.DataType) -> pa.DataType:
+        """The result type for a column of `source_type`; raises if the transform cannot take it."""
+        from airflow_partitions.transforms import arrow_support
+
+        normalized = arrow_support.normalize_type(source_type)
+        result = self._result_type(normalized)
+        if result is None:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r}: column {self.source_column!r} has type "
+                f"{source_type}, but {self.name} accepts {self.accepts}. "
+                f"Choose a transform that fits the column type, or cast the column in the source"
+            )
+        if not self._allows_result_type(result):
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r}: over column {self.source_column!r} "
+                f"({source_type}) it gives {result} values, but partition values must be string, integer, "
+                "boolean, date or timestamp. Use a transform that gives one (e.g. bucket(N, col) or "
+                "truncate(W, col)), or cast the column in the source"
+            )
+        return result
+
+    def _fixed_result_type(self) -> pa.DataType | None:
+        """The result type when it does not depend on the input type (bucket, date_part)."""
+        return None
+
+    @abstractmethod
+    def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
+        """Result type for a normalised source type, or None when the input type is not accepted."""
+
+    def _allows_result_type(self, result_type: pa.DataType) -> bool:
+        from airflow_partitions.transforms import arrow_support
+
+        return arrow_support.is_partition_value_type(result_type)
+
+    # --- evaluation ---------------------------------------------------------------------------------
+
+    def apply(self, values: Any) -> Any:
+        """Partition values of `values` (pyarrow Array/ChunkedArray, numpy array), vectorised.
+
+        Returns the same container kind (ChunkedArray in, ChunkedArray out; otherwise an Array).
+        NULL in gives NULL out.
+        """
+        from airflow_partitions.transforms import arrow_support
+
+        arrow = arrow_support.as_arrow(values)
+        result_type = self.result_type_for(arrow.type)
+        return arrow_support.map_array(arrow, result_type, self._apply_array)
+
+    @abstractmethod
+    def _apply_array(self, values: pa.Array) -> pa.Array:
+        """The kernel over one normalised, non-dictionary array with at least one non-NULL value."""
+
+    def apply_scalar(self, value: Any) -> Any:
+        """The partition value of one Python value (same result as `apply`); None gives None."""
+        if value is None:
+            return None
+        return self._apply_scalar(value)
+
+    @abstractmethod
+    def _apply_scalar(self, value: Any) -> Any: ...
+
+    # --- Spark --------------------------------------------------------------------------------------
+
+    def to_spark(self, column: Any) -> Any:
+        """The same transform as a pyspark Column expression over `column` (needs a bound transform).
+
+        The Spark column is expected to hold the column's Spark form: signed integers as is, uint8/16/32
+        widened to SMALLINT/INT/BIGINT, uint64 as DECIMAL(20,0), tz-aware timestamps as TIMESTAMP,
+        naive ones as TIMESTAMP_NTZ (or TIMESTAMP in a UTC session), nanoseconds floored to microseconds.
+        """
+        from airflow_partitions.transforms import spark
+
+        return spark.to_spark(self, column)
+
+    # --- helpers for subclasses ---------------------------------------------------------------------
+
+    def _coerce_scalar(self, value: Any) -> Any:
+        """Check `value` against the bound column type and bring it to the form the kernels use.
+
+        Datetimes come out naive (UTC wall time) or UTC-aware, following the bound type when bound and
+        the value otherwise; decimals are brought to the column's scale; unbound values pass through.
+        """
+        info = self._info
+        if isinstance(value, dt.datetime):
+            if info is not None and info.kind == "date":
+                raise self._scalar_error(value, "a datetime.date")
+            aware = info.tz_aware if info is not None and info.kind == "timestamp" else value.utcoffset() is not None
+            return with_result_zone(utc_wall_clock(value), aware)
+        if info is None:
+            return value
+        kind = info.kind
+        if kind in ("int", "uint"):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise self._scalar_error(value, "an int")
+            return value
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise self._scalar_error(value, "a bool")
+            return value
+        if kind == "string":
+            if not isinstance(value, str):
+                raise self._scalar_error(value, "a str")
+            return value
+        if kind == "binary":
+            if not isinstance(value, bytes | bytearray | memoryview):
+                raise self._scalar_error(value, "bytes")
+            return bytes(value)
+        if kind == "uuid":
+            if isinstance(value, uuid.UUID):
+                return value
+            if isinstance(value, bytes) and len(value) == 16:
+                return uuid.UUID(bytes=value)
+            raise self._scalar_error(value, "a uuid.UUID")
+        if kind == "decimal":
+            if isinstance(value, bool) or not isinstance(value, Decimal | int):
+                raise self._scalar_error(value, "a decimal.Decimal")
+            unscaled, scale = decimal_unscaled(Decimal(value), info.scale)
+            return decimal_from_unscaled(unscaled, scale)
+        if kind == "date":
+            if not isinstance(value, dt.date):
+                raise self._scalar_error(value, "a datetime.date")
+            return value
+        if kind == "timestamp":
+            if isinstance(value, dt.date):
+                # A date compared with a timestamp column means its midnight (UTC wall time).
+                midnight = dt.datetime(value.year, value.month, value.day)
+                return with_result_zone(midnight, info.tz_aware)
+            raise self._scalar_error(value, "a datetime.datetime")
+        return value
+
+
+    def _require_bound(self, purpose: str) -> pa.DataType:
+        if self._source_type is None:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r}: {purpose} depends on the type of column "
+                f"{self.source_column!r}; call .bind(<arrow type of the column>) first"
+            )
+        return self._source_type
+
+    def _scalar_error(self, value: Any, expected: str) -> PartitionValueError:
+        bound = f" (column type {self._source_type})" if self._source_type is not None else ""
+        return PartitionValueError(
+            f"partition expression {self.canonical!r}: cannot evaluate {value!r} "
+            f"({type(value).__name__}); expected {expected}{bound}"
+        )
+
+    def resolve_source_column(self, column_names: Iterable[str]) -> str:
+        """The dataset column this transform reads, matched exactly (column names are case-sensitive).
+
+        Raises `PartitionExpressionError` naming the near miss when only the case differs.
+        """
+        names = list(column_names)
+        if self._source_column in names:
+            return self._source_column
+        folded = [name for name in names if name.lower() == self._source_column.lower()]
+        hint = (
+            f"; column names are case-sensitive — did you mean {folded[0]!r}?"
+            if len(folded) == 1
+            else f"; known columns: {', '.join(names[:20])}{', ...' if len(names) > 20 else ''}"
+        )
+        raise PartitionExpressionError(
+            f"partition expression {self.canonical!r} references unknown column {self._source_column!r}{hint}"
+        )
+
+
+# --- scalar helpers ---------------------------------------------------------------------------------
+
+
+def quote_identifier(name: str) -> str:
+    """`name` as SQL: bare when it is a plain identifier that parses back to itself, else double-quoted."""
+    from airflow_partitions.transforms.parser import parses_as_plain_column
+
+    if _PLAIN_IDENTIFIER.fullmatch(name) and parses_as_plain_column(name):
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def utc_wall_clock(value: dt.datetime) -> dt.datetime:
+    """A naive datetime holding UTC wall time: naive values already are; aware ones are converted."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        return value.replace(tzinfo=None) if value.tzinfo is not None else value
+    return value.astimezone(UTC).replace(tzinfo=None)
+
+
+def datetime_to_micros(value: dt.datetime) -> int:
+    """Microseconds since 1970-01-01T00:00 UTC (naive values are UTC wall time); sub-µs is floored."""
+    delta = utc_wall_clock(value) - EPOCH_NAIVE
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def date_to_days(value: dt.date) -> int:
+    return (value - EPOCH_DATE).days
+
+
+def with_result_zone(value: dt.datetime, tz_aware: bool) -> dt.datetime:
+    """A naive UTC wall-clock datetime, tagged UTC when the result type is tz-aware."""
+    return value.replace(tzinfo=UTC) if tz_aware else value
+
+
+_DECIMAL_CONTEXT_PRECISION = 100
+
+
+def decimal_unscaled(value: Decimal, scale: int | None) -> tuple[int, int]:
+    """(unscaled integer, scale) of `value` at `scale` (its own exponent when None); must be exact."""
+    if not value.is_finite():
+        raise PartitionValueError(f"decimal {value} has no partition value (NaN and infinity are not allowed)")
+    if scale is None:
+        exponent = value.as_tuple().exponent
+        scale = max(0, -int(exponent))
+    with localcontext() as context:
+        context.prec = _DECIMAL_CONTEXT_PRECISION
+        scaled = value.scaleb(scale)
+        unscaled = int(scaled)
+        if scaled != unscaled:
+            raise PartitionValueError(f"decimal {value} has more than {scale} fractional digits")
+    return unscaled, scale
+
+
+def decimal_from_unscaled(unscaled: int, scale: int) -> Decimal:
+    """The Decimal `unscaled * 10**-scale`, keeping exactly `scale` fractional digits."""
+    with localcontext() as context:
+        context.prec = _DECIMAL_CONTEXT_PRECISION
+        return Decimal(unscaled).scaleb(-scale)

@@ -1,0 +1,53 @@
+"""The identity transform: a plain column is its own partition value (one partition per distinct value)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow_partitions.transforms.base import Interval, Transform
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+class IdentityTransform(Transform):
+    """`col`: the value itself; tz-aware timestamps are expressed in UTC."""
+
+    name: ClassVar[str] = "identity"
+    accepts: ClassVar[str] = "string, integer, boolean, date and timestamp columns"
+
+    @property
+    def canonical(self) -> str:
+        return self.column_sql
+
+    @property
+    def monotonic(self) -> bool:
+        return True
+
+    @property
+    def one_to_one(self) -> bool:
+        return True
+
+    def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
+        import pyarrow as pa
+
+        if pa.types.is_timestamp(source_type) and source_type.tz is not None:
+            return pa.timestamp(source_type.unit, "UTC")
+        return source_type
+
+    def _apply_array(self, values: pa.Array) -> pa.Array:
+        import pyarrow as pa
+
+        if pa.types.is_timestamp(values.type) and values.type.tz is not None:
+            # Same instants, stored identically: only the zone label changes.
+            return values.view(pa.timestamp(values.type.unit, "UTC"))
+        return values
+
+    def _apply_scalar(self, value: Any) -> Any:
+        return self._coerce_scalar(value)
+
+    def preimage(self, partition_value: Any) -> Interval | None:
+        if partition_value is None:
+            return None
+        value = self._coerce_scalar(partition_value)
+        return Interval(value, value, lower_inclusive=True, upper_inclusive=True)

@@ -1,0 +1,358 @@
+"""Parses a partition expression with sqlglot into a typed `Transform`, rejecting what cannot partition.
+
+The grammar is DuckDB's (a Postgres-like SQL): `bucket(N, col)`, `bucket(N::int32, col)`,
+`truncate(W, col)`, `date_part('unit', col)`, `extract(unit FROM col)`, `YEAR(col)` and the other unit
+functions, `date_trunc('unit', col)`, `col % N` (or `mod(col, N)`), or a bare column.
+
+Column names are taken exactly as written, quoted or not (`PULocationID` and `"PULocationID"` are the
+same column, and neither is `pulocationid`): names are case-sensitive, as in Arrow and Parquet schemas.
+Double quotes are needed only for names that are not plain identifiers (spaces, dots, SQL keywords).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from airflow_partitions.exceptions import PartitionExpressionError
+from airflow_partitions.transforms.base import Transform
+from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
+from airflow_partitions.transforms.identity import IdentityTransform
+from airflow_partitions.transforms.mod import ModTransform
+from airflow_partitions.transforms.temporal import DATE_UNITS, DatePartTransform, DateTruncTransform
+from airflow_partitions.transforms.truncate import TruncateTransform
+
+DIALECT = "duckdb"
+INT64_MAX = (1 << 63) - 1
+SUPPORTED_FORMS = (
+    "a column, bucket(N, col), truncate(W, col), date_part('unit', col), "
+    "YEAR/QUARTER/MONTH/WEEK/DAY/HOUR/MINUTE(col), date_trunc('unit', col), col % N"
+)
+_UNIT_LIST = ", ".join(f"'{unit}'" for unit in DATE_UNITS)
+_INTEGER_TEXT = re.compile(r"[0-9]+")
+_UNIT_FUNCTIONS: dict[type[exp.Expression], str] = {
+    exp.Year: "year",
+    exp.Quarter: "quarter",
+    exp.Month: "month",
+    exp.Week: "week",
+    exp.WeekOfYear: "week",
+    exp.Day: "day",
+    exp.DayOfMonth: "day",
+    exp.Hour: "hour",
+    exp.Minute: "minute",
+}
+# Cast targets allowed on bucket's N, and the result width each one gives.
+_BUCKET_CAST_BITS = {exp.DataType.Type.INT: 32, exp.DataType.Type.BIGINT: 64}
+
+
+def parse_transform(expression: str) -> Transform:
+    """Parse one `partition_by` expression; raises `PartitionExpressionError` saying what to change."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise PartitionExpressionError(
+            f"partition expression {expression!r} is empty; write a column or a transform of one column, "
+            "e.g. bucket(16, user_id)"
+        )
+    text = expression.strip()
+    tree = _parse_single(text)
+    _reject_forbidden(text, tree)
+    columns = _column_references(tree)
+    if not columns:
+        raise _error(
+            text,
+            "references no column",
+            "a partition expression must reference exactly one column of the dataset, "
+            "e.g. bucket(16, user_id)",
+        )
+    names = sorted({column.sql(dialect=DIALECT) for column in columns})
+    if len(columns) > 1:
+        listed = ", ".join(names)
+        raise _error(
+            text,
+            f"references {len(columns)} columns ({listed})",
+            "a partition expression must reference exactly one column; add one partition_by entry per column",
+        )
+    return _build(text, _unwrap(tree))
+
+
+@functools.lru_cache(maxsize=4096)
+def parses_as_plain_column(name: str) -> bool:
+    """Whether `name` written bare parses back as an unquoted reference to the column `name`."""
+    try:
+        tree = sqlglot.parse_one(name, read=DIALECT)
+    except SqlglotError:
+        return False
+    return (
+        isinstance(tree, exp.Column)
+        and not tree.table
+        and isinstance(tree.this, exp.Identifier)
+        and tree.this.this == name
+    )
+
+
+# --- parsing and rejection ------------------------------------------------------------------------
+
+
+def _error(text: str, problem: str, fix: str) -> PartitionExpressionError:
+    return PartitionExpressionError(f"partition expression {text!r} {problem}; {fix}")
+
+
+def _parse_single(text: str) -> exp.Expression:
+    try:
+        trees = sqlglot.parse(text, read=DIALECT)
+    except SqlglotError as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise _error(
+            text, f"is not valid SQL ({reason})", f"write a SQL expression such as {SUPPORTED_FORMS}"
+        ) from err
+    statements = [tree for tree in trees if tree is not None]
+    if len(statements) != 1:
+        raise _error(text, "must be exactly one SQL expression", "remove the ';' and keep a single expression")
+    return statements[0]
+
+
+def _reject_forbidden(text: str, tree: exp.Expression) -> None:
+    nodes = list(tree.walk())
+    one_per_row = "a partition value is computed from one row"
+
+    def first(*kinds: type[exp.Expression]) -> exp.Expression | None:
+        return next((node for node in nodes if isinstance(node, kinds)), None)
+
+    if first(exp.Exists) is not None:
+        raise _error(text, "contains EXISTS (a subquery)", f"{one_per_row}; partition by a column or a transform of it")
+    if first(exp.Subquery, exp.Query) is not None:
+        raise _error(
+            text, "contains a subquery", f"{one_per_row} and cannot read other rows or tables; partition by a column"
+        )
+    if first(exp.Window) is not None:
+        raise _error(
+            text,
+            "contains a window function (OVER ...)",
+            f"{one_per_row}, not from a window of rows; partition by a column or a transform of it",
+        )
+    aggregate = first(exp.AggFunc)
+    if aggregate is not None:
+        raise _error(
+            text,
+            f"contains the aggregate function {aggregate.sql_name()}()",
+            f"aggregates combine many rows but {one_per_row}; partition by the column itself or a transform of it",
+        )
+    if first(exp.Unnest, exp.Explode) is not None:
+        raise _error(
+            text,
+            "contains UNNEST",
+            "UNNEST turns one row into many but a partition expression must give one value per row",
+        )
+    placeholder = first(exp.Placeholder, exp.Parameter, exp.SessionParameter)
+    if placeholder is None:
+        placeholder = next(
+            (node for node in nodes if isinstance(node, exp.Column) and node.name.startswith(("$", "?"))), None
+        )
+    if placeholder is not None:
+        raise _error(
+            text,
+            f"contains the placeholder {_placeholder_text(text, placeholder)}",
+            "partition expressions are fixed when the spec loads; write the literal value instead",
+        )
+    alias = first(exp.Alias)
+    if alias is not None:
+        raise _error(
+            text,
+            f"aliases its result ({alias.sql(dialect=DIALECT)})",
+            f'name the partition with the mapping form instead: `- {alias.alias}: "{alias.this.sql(dialect=DIALECT)}"`',
+        )
+    if first(exp.Star) is not None:
+        raise _error(text, "contains *", "a partition expression must reference exactly one column by name")
+    if not isinstance(tree, exp.Condition):
+        raise _error(text, "is a SQL statement, not an expression", f"write one of: {SUPPORTED_FORMS}")
+
+
+def _placeholder_text(text: str, node: exp.Expression) -> str:
+    """The placeholder as the user wrote it (`?`, `$1`, `:name`), not as a dialect would print it."""
+    name = str(node.name) if node.name else ""
+    for spelling in (f":{name}", f"${name}", f"@{name}") if name else ():
+        if spelling in text:
+            return spelling
+    return node.sql(dialect=DIALECT) if not isinstance(node, exp.Placeholder) or name else "?"
+
+
+def _column_references(tree: exp.Expression) -> list[exp.Column]:
+    """Column references, minus unit keywords written bare (`date_part(day, ts)` names one column)."""
+    skipped: set[int] = set()
+    for node in tree.walk():
+        if _is_function(node, "date_part", "datepart") and node.expressions:
+            unit = node.expressions[0]
+            if isinstance(unit, exp.Column) and _bare_unit(unit) is not None:
+                skipped.add(id(unit))
+    return [node for node in tree.find_all(exp.Column) if id(node) not in skipped]
+
+
+def _is_function(node: exp.Expression, *names: str) -> bool:
+    return isinstance(node, exp.Anonymous) and str(node.name).lower() in names
+
+
+def _bare_unit(node: exp.Column) -> str | None:
+    if node.table or not isinstance(node.this, exp.Identifier) or node.this.quoted:
+        return None
+    name = str(node.name).lower()
+    return name if name in DATE_UNITS else None
+
+
+def _unwrap(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+# --- building transforms --------------------------------------------------------------------------
+
+
+def _build(text: str, node: exp.Expression) -> Transform:
+    if isinstance(node, exp.Column):
+        return IdentityTransform(_column_name(text, node, "the partition column"))
+    if isinstance(node, exp.Mod):
+        return _build_mod(text, node)
+    if isinstance(node, exp.Trunc) or _is_function(node, "truncate"):
+        return _build_truncate(text, node)
+    if _is_function(node, "bucket"):
+        return _build_bucket(text, node)
+    if _is_function(node, "date_part", "datepart"):
+        args = _arguments(text, node, "date_part", 2)
+        return DatePartTransform(_column_name(text, args[1], "date_part"), _unit(text, args[0], "date_part"))
+    if isinstance(node, exp.Extract):
+        return DatePartTransform(
+            _column_name(text, node.expression, "extract"), _unit(text, node.this, "extract")
+        )
+    if isinstance(node, exp.DateTrunc | exp.TimestampTrunc):
+        unit_node = node.args.get("unit")
+        if unit_node is None:
+            raise _error(text, "has no date_trunc unit", f"write date_trunc('day', col); units: {_UNIT_LIST}")
+        return DateTruncTransform(_column_name(text, node.this, "date_trunc"), _unit(text, unit_node, "date_trunc"))
+    for function_type, unit in _UNIT_FUNCTIONS.items():
+        if type(node) is function_type:
+            return DatePartTransform(_column_name(text, node.this, node.sql_name()), unit)
+    raise _error(text, f"uses {_describe(node)}, which is not a partition transform", f"supported: {SUPPORTED_FORMS}")
+
+
+def _describe(node: exp.Expression) -> str:
+    if isinstance(node, exp.Anonymous):
+        return f"the function {node.name}()"
+    if isinstance(node, exp.Func):
+        return f"the function {node.sql_name()}()"
+    if isinstance(node, exp.Binary):
+        return f"the operator expression {node.sql(dialect=DIALECT)}"
+    return f"{type(node).__name__.upper()} ({node.sql(dialect=DIALECT)})"
+
+
+def _arguments(text: str, node: exp.Expression, function: str, count: int) -> list[exp.Expression]:
+    args = list(node.expressions) if isinstance(node, exp.Anonymous) else []
+    if len(args) != count:
+        raise _error(
+            text, f"calls {function} with {len(args)} argument(s)", f"{function} takes {count}; supported: {SUPPORTED_FORMS}"
+        )
+    return [_unwrap(arg) for arg in args]
+
+
+def _column_name(text: str, node: exp.Expression | None, where: str) -> str:
+    node = _unwrap(node) if node is not None else None
+    if not isinstance(node, exp.Column):
+        shown = node.sql(dialect=DIALECT) if node is not None else "nothing"
+        raise _error(
+            text,
+            f"passes {shown} where {where} needs a column",
+            "the argument must be a plain column reference; nested functions and arithmetic are not supported",
+        )
+    if node.table:
+        raise _error(
+            text,
+            f"uses the qualified column {node.sql(dialect=DIALECT)}",
+            f"write just the column name ({node.name}); a partition expression reads one dataset",
+        )
+    return str(node.name)
+
+
+def _positive_integer(node: exp.Expression | None) -> int | None:
+    node = _unwrap(node) if node is not None else None
+    if isinstance(node, exp.Literal) and not node.is_string and _INTEGER_TEXT.fullmatch(node.this):
+        value = int(node.this)
+        return value if value > 0 else None
+    return None
+
+
+def _shown(node: exp.Expression | None) -> str:
+    return "nothing" if node is None else node.sql(dialect=DIALECT)
+
+
+def _build_bucket(text: str, node: exp.Expression) -> BucketTransform:
+    count_node, column_node = _arguments(text, node, "bucket", 2)
+    result_bits = 64
+    literal: exp.Expression = count_node
+    if isinstance(count_node, exp.Cast):
+        target = count_node.to.this
+        if target not in _BUCKET_CAST_BITS:
+            raise _error(
+                text,
+                f"casts bucket's N to {count_node.to.sql(dialect=DIALECT)}",
+                "cast N to int32 (INT, for int32 bucket values) or bigint (the default, int64), e.g. 16::int32",
+            )
+        result_bits = _BUCKET_CAST_BITS[target]
+        literal = _unwrap(count_node.this)
+    count = _positive_integer(literal)
+    if count is None or count > MAX_BUCKETS:
+        order_hint = " (the arguments are bucket(N, column))" if isinstance(literal, exp.Column) else ""
+        raise _error(
+            text,
+            f"has bucket N = {_shown(literal)}{order_hint}",
+            f"N must be a positive integer literal ≤ {MAX_BUCKETS:,}, optionally cast: bucket(16, col) or "
+            "bucket(16::int32, col)",
+        )
+    return BucketTransform(_column_name(text, column_node, "bucket"), count, result_bits)
+
+
+def _build_truncate(text: str, node: exp.Expression) -> TruncateTransform:
+    if isinstance(node, exp.Trunc):
+        width_node, column_node = node.this, node.args.get("decimals")
+        if column_node is None:
+            raise _error(text, "calls truncate with 1 argument", "truncate takes two: truncate(W, column)")
+    else:
+        width_node, column_node = _arguments(text, node, "truncate", 2)
+    width = _positive_integer(width_node)
+    if width is None or width > INT64_MAX:
+        order_hint = " (the arguments are truncate(W, column))" if isinstance(_unwrap(width_node), exp.Column) else ""
+        raise _error(
+            text,
+            f"has truncate width W = {_shown(width_node)}{order_hint}",
+            "W must be a positive integer literal (at most 2**63-1), e.g. truncate(1000, amount)",
+        )
+    return TruncateTransform(_column_name(text, column_node, "truncate"), width)
+
+
+def _build_mod(text: str, node: exp.Mod) -> ModTransform:
+    modulus = _positive_integer(node.expression)
+    if modulus is None or modulus > INT64_MAX:
+        raise _error(
+            text,
+            f"has modulus N = {_shown(node.expression)}",
+            "in `column % N`, N must be a positive integer literal, e.g. id % 16",
+        )
+    return ModTransform(_column_name(text, node.this, "the % operator"), modulus)
+
+
+def _unit(text: str, node: exp.Expression | None, function: str) -> str:
+    node = _unwrap(node) if node is not None else None
+    unit: str | None = None
+    if isinstance(node, exp.Literal) and node.is_string:
+        unit = str(node.this).lower()
+    elif isinstance(node, exp.Var):
+        unit = str(node.name).lower()
+        node = exp.Literal.string(unit)
+    elif isinstance(node, exp.Column) and not node.table:
+        unit = str(node.name).lower()
+    if unit not in DATE_UNITS:
+        raise _error(
+            text, f"has {function} unit {_shown(node)}", f"the unit must be one of {_UNIT_LIST} (a quoted string)"
+        )
+    return unit

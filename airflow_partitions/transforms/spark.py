@@ -1,0 +1,229 @@
+"""Spark column expressions for the transforms: the same partition values as `Transform.apply`, in Spark.
+
+Native Spark expressions are used where their semantics provably match ours (integer floors via `pmod`,
+`%`, `substring` on code points / bytes, calendar fields of a UTC date). Timestamps are handled as
+microseconds since the epoch (`unix_micros`), which does not depend on the session time zone for
+tz-aware columns; naive timestamps are UTC wall time, so they need a UTC session (checked here).
+`bucket` runs our own vectorised Murmur3 as an Arrow UDF, so there is one definition of the hash.
+Decimals of precision 38 go through the same Arrow UDF route, because Spark's decimal arithmetic would
+round them. Imported lazily: it loads pyspark and pyarrow.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from airflow_partitions.exceptions import PartitionExpressionError
+from airflow_partitions.transforms import arrow_support as support
+from airflow_partitions.transforms.base import decimal_from_unscaled
+from airflow_partitions.transforms.bucket import BucketTransform
+from airflow_partitions.transforms.identity import IdentityTransform
+from airflow_partitions.transforms.mod import ModTransform
+from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
+from airflow_partitions.transforms.truncate import TruncateTransform
+
+if TYPE_CHECKING:
+    from airflow_partitions.transforms.base import Transform
+
+MICROS_PER_MINUTE = 60 * 1_000_000
+MICROS_PER_HOUR = 60 * MICROS_PER_MINUTE
+MICROS_PER_DAY = 24 * MICROS_PER_HOUR
+_SPARK_INT_MAX = (1 << 31) - 1
+# Spark widens `d - pmod(d, w)` by one digit; beyond 37 digits it would have to round.
+_EXACT_DECIMAL_PRECISION = 37
+_SPARK_MAX_DECIMAL_DIGITS = 38
+
+
+def spark_type_for(arrow_type: pa.DataType) -> T.DataType:
+    """The Spark type a column of `arrow_type` has in Spark (what `to_spark` expects to receive)."""
+    source = support.normalize_type(arrow_type)
+    if support.is_boolean(source):
+        return T.BooleanType()
+    if support.is_signed_integer(source):
+        return {8: T.ByteType(), 16: T.ShortType(), 32: T.IntegerType(), 64: T.LongType()}[source.bit_width]
+    if support.is_unsigned_integer(source):
+        # Spark has no unsigned types: widen to the next signed type that holds every value.
+        return {8: T.ShortType(), 16: T.IntegerType(), 32: T.LongType(), 64: T.DecimalType(20, 0)}[
+            source.bit_width
+        ]
+    if support.is_string(source):
+        return T.StringType()
+    if support.is_binary(source) or support.is_fixed_binary(source) or support.is_uuid(source):
+        return T.BinaryType()
+    if support.is_decimal(source):
+        if source.precision > _SPARK_MAX_DECIMAL_DIGITS:
+            raise PartitionExpressionError(
+                f"Arrow type {arrow_type} has more digits than Spark decimals hold "
+                f"({_SPARK_MAX_DECIMAL_DIGITS}); cast the column to decimal(38, s) in the source"
+            )
+        return T.DecimalType(source.precision, source.scale)
+    if support.is_date(source):
+        return T.DateType()
+    if support.is_timestamp(source):
+        return T.TimestampType() if source.tz is not None else T.TimestampNTZType()
+    raise PartitionExpressionError(f"no Spark type for Arrow type {arrow_type}")
+
+
+def to_spark(transform: Transform, column: Column) -> Column:
+    """`transform` as a Spark expression over `column` (see `Transform.to_spark`)."""
+    source_type = transform.source_type
+    if source_type is None:
+        raise PartitionExpressionError(
+            f"partition expression {transform.canonical!r}: to_spark needs the column type; call "
+            ".bind(<arrow type>) first (pyspark.sql.pandas.types.to_arrow_type converts a Spark type)"
+        )
+    source = support.normalize_type(source_type)
+    if support.is_timestamp(source) and source.tz is None:
+        _require_utc_session(transform)
+    builders = {
+        IdentityTransform: _identity,
+        BucketTransform: _bucket,
+        TruncateTransform: _truncate,
+        ModTransform: _mod,
+        DatePartTransform: _date_part,
+        DateTruncTransform: _date_trunc,
+    }
+    for transform_type, build in builders.items():
+        if isinstance(transform, transform_type):
+            result: Column = build(transform, column, source)
+            return result
+    raise PartitionExpressionError(f"no Spark form for {type(transform).__name__}")
+
+
+def _require_utc_session(transform: Transform) -> None:
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    if session is None:
+        return
+    zone = session.conf.get("spark.sql.session.timeZone")
+    if zone not in ("UTC", "Etc/UTC", "GMT", "Z", "+00:00"):
+        raise PartitionExpressionError(
+            f"partition expression {transform.canonical!r}: column {transform.source_column!r} holds naive "
+            f"timestamps (UTC wall time), but the Spark session time zone is {zone}; set "
+            "spark.sql.session.timeZone=UTC (the package's session builders do)"
+        )
+
+
+# --- builders -------------------------------------------------------------------------------------
+
+
+def _identity(transform: IdentityTransform, column: Column, source: pa.DataType) -> Column:
+    if support.is_timestamp(source) and source.tz is None:
+        return column.cast(T.TimestampNTZType())
+    return column
+
+
+def _bucket(transform: BucketTransform, column: Column, source: pa.DataType) -> Column:
+    result_type = T.LongType() if transform.result_bits == 64 else T.IntegerType()
+    return _arrow_udf(transform, column, source, result_type)
+
+
+def _arrow_udf(transform: Transform, column: Column, source: pa.DataType, result_type: T.DataType) -> Column:
+    """Evaluate `transform.apply` on Spark's Arrow batches: one definition, vectorised."""
+    needs_uint64 = support.is_unsigned_integer(source) and source.bit_width == 64
+
+    def transform_batch(values: pa.Array) -> pa.Array:
+        if needs_uint64:
+            # Spark holds uint64 as DECIMAL(20,0); the transform is defined on the uint64 value.
+            values = values.cast(pa.uint64())
+        result: pa.Array = transform.apply(values)
+        if needs_uint64 and pa.types.is_unsigned_integer(result.type):
+            result = result.cast(pa.decimal128(20, 0))
+        return result
+
+    return F.arrow_udf(transform_batch, result_type)(column)
+
+
+def _floor_of(column: Column, step: Any) -> Column:
+    """The largest multiple of `step` not above the value (`step` > 0): `v - pmod(v, step)`."""
+    return column - F.pmod(column, F.lit(step))
+
+
+def _truncate(transform: TruncateTransform, column: Column, source: pa.DataType) -> Column:
+    spark_type = spark_type_for(source)
+    if support.is_string(source) or support.is_binary(source):
+        return F.substring(column, 1, min(transform.width, _SPARK_INT_MAX))
+    if support.is_decimal(source):
+        if source.precision > _EXACT_DECIMAL_PRECISION:
+            return _arrow_udf(transform, column, source, spark_type)
+        step = decimal_from_unscaled(transform.width, source.scale)
+        return _floor_of(column, step).cast(spark_type)
+    if support.is_unsigned_integer(source) and source.bit_width == 64:
+        return _floor_of(column, Decimal(transform.width)).cast(spark_type)
+    return _floor_of(column, transform.width).cast(spark_type)
+
+
+def _mod(transform: ModTransform, column: Column, source: pa.DataType) -> Column:
+    # Spark's % keeps the dividend's sign, like ours (SQL).
+    modulus: Any = transform.modulus
+    if support.is_unsigned_integer(source) and source.bit_width == 64:
+        modulus = Decimal(modulus)
+    return (column % F.lit(modulus)).cast(spark_type_for(source))
+
+
+def _micros(column: Column) -> Column:
+    # Casting to TIMESTAMP is a no-op for instants; TIMESTAMP_NTZ is read in the (UTC) session zone.
+    return F.unix_micros(column.cast(T.TimestampType()))
+
+
+def _integer_divide(numerator: Column, divisor: int) -> Column:
+    """Exact `numerator / divisor` for a numerator known to be a multiple of `divisor`."""
+    return F.call_function("div", numerator, F.lit(divisor))
+
+
+def _utc_date(micros: Column) -> Column:
+    days = _integer_divide(_floor_of(micros, MICROS_PER_DAY), MICROS_PER_DAY)
+    return F.date_from_unix_date(days.cast(T.IntegerType()))
+
+
+def _date_part(transform: DatePartTransform, column: Column, source: pa.DataType) -> Column:
+    unit = transform.unit
+    if support.is_timestamp(source):
+        micros = _micros(column)
+        if unit == "hour":
+            of_day = F.pmod(micros, F.lit(MICROS_PER_DAY))
+            return _integer_divide(_floor_of(of_day, MICROS_PER_HOUR), MICROS_PER_HOUR).cast(T.IntegerType())
+        if unit == "minute":
+            of_hour = F.pmod(micros, F.lit(MICROS_PER_HOUR))
+            return _integer_divide(_floor_of(of_hour, MICROS_PER_MINUTE), MICROS_PER_MINUTE).cast(
+                T.IntegerType()
+            )
+        day = _utc_date(micros)
+    else:
+        day = column
+    fields = {
+        "year": F.year,
+        "quarter": F.quarter,
+        "month": F.month,
+        # Spark's weekofyear is the ISO week (weeks start on Monday, week 1 holds the first Thursday).
+        "week": F.weekofyear,
+        "day": F.dayofmonth,
+    }
+    return fields[unit](day).cast(T.IntegerType())
+
+
+def _date_trunc(transform: DateTruncTransform, column: Column, source: pa.DataType) -> Column:
+    unit = transform.unit
+    if support.is_date(source):
+        return column if unit == "day" else F.trunc(column, unit)
+    micros = _micros(column)
+    periods = {"minute": MICROS_PER_MINUTE, "hour": MICROS_PER_HOUR, "day": MICROS_PER_DAY}
+    if unit in periods:
+        start = _floor_of(micros, periods[unit])
+    elif unit == "week":
+        # 1970-01-01 was a Thursday: shift by three days so that weeks start on Monday.
+        start = micros - F.pmod(micros + F.lit(3 * MICROS_PER_DAY), F.lit(7 * MICROS_PER_DAY))
+    else:
+        first_day = F.trunc(_utc_date(micros), unit)
+        start = F.unix_date(first_day).cast(T.LongType()) * F.lit(MICROS_PER_DAY)
+    result = F.timestamp_micros(start)
+    if source.tz is None:
+        return result.cast(T.TimestampNTZType())
+    return result

@@ -1,0 +1,158 @@
+"""Static validation of docker-compose.yaml and the Dockerfile (no Docker engine runs here).
+
+Checks that every service, image, port, volume, command and connection the stack references is
+consistent with itself, with the repository and with the code's pins.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+ENTRYPOINT = (ROOT / "deploy" / "entrypoint.sh").read_text()
+AIRFLOW_SERVICES = [name for name in SERVICES if name.startswith("airflow-")]
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def test_every_service_has_an_image_and_a_pinned_tag() -> None:
+    for name, service in SERVICES.items():
+        image = service.get("image")
+        assert image, f"service {name} has no image"
+        assert ":" in image, f"service {name} image {image} is not pinned to a tag"
+        assert not image.endswith(":latest"), f"service {name} uses :latest"
+
+
+def test_depends_on_names_existing_services_with_known_conditions() -> None:
+    for name, service in SERVICES.items():
+        depends = service.get("depends_on") or {}
+        for dependency, rule in depends.items() if isinstance(depends, dict) else ((d, {}) for d in depends):
+            assert dependency in SERVICES, f"{name} depends on unknown service {dependency}"
+            condition = (rule or {}).get("condition", "service_started")
+            assert condition in {"service_started", "service_healthy", "service_completed_successfully"}
+            if condition == "service_healthy":
+                assert "healthcheck" in SERVICES[dependency], f"{dependency} needs a healthcheck"
+
+
+def test_long_running_services_have_healthchecks() -> None:
+    for name in [
+        "postgres",
+        "minio",
+        "airflow-apiserver",
+        "airflow-scheduler",
+        "spark-master",
+        "spark-connect",
+    ]:
+        assert "healthcheck" in SERVICES[name], f"{name} has no healthcheck"
+
+
+def test_named_volumes_are_declared_and_bind_mounts_exist() -> None:
+    declared = set(COMPOSE.get("volumes") or {})
+    for name, service in SERVICES.items():
+        for volume in service.get("volumes") or []:
+            source = volume.split(":", 1)[0]
+            if source.startswith((".", "/")):
+                path = (ROOT / source).resolve()
+                generated = source in {"./.demo"}  # created by `make demo`
+                assert generated or path.exists(), f"{name} bind-mounts missing path {source}"
+            else:
+                assert source in declared, f"{name} uses undeclared volume {source}"
+
+
+def test_host_ports_are_unique() -> None:
+    seen: dict[str, str] = {}
+    for name, service in SERVICES.items():
+        for port in service.get("ports") or []:
+            host = str(port).split(":")[0]
+            assert host not in seen, f"host port {host} used by {seen.get(host)} and {name}"
+            seen[host] = name
+
+
+def test_commands_are_handled_by_the_entrypoint() -> None:
+    labels = set(re.findall(r"^\s+([a-z-]+)\)", ENTRYPOINT, flags=re.MULTILINE))
+    for name, service in SERVICES.items():
+        if service.get("image") != "airflow-partitions:local":
+            continue
+        command = service.get("command")
+        assert command, f"{name} runs the project image without a command"
+        assert command[0] in labels, f"{name} command {command[0]} not handled by deploy/entrypoint.sh"
+
+
+@pytest.mark.parametrize("service", AIRFLOW_SERVICES)
+def test_airflow_services_share_metadata_db_and_secret(service: str) -> None:
+    env = _env(SERVICES[service])
+    db = urlparse(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    pg = _env(SERVICES["postgres"])
+    assert db.hostname == "postgres"
+    assert db.username == pg["POSTGRES_USER"]
+    assert db.password == pg["POSTGRES_PASSWORD"]
+    assert db.path.lstrip("/") == pg["POSTGRES_DB"]
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET"], "components must share one JWT secret"
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"].startswith("http://airflow-apiserver:8080/")
+
+
+def test_connections_point_at_services_in_the_stack() -> None:
+    from airflow.models.connection import Connection
+
+    env = _env(SERVICES["airflow-scheduler"])
+    spark = Connection(conn_id="spark_default", uri=env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    assert spark.conn_type == "spark"
+    assert spark.host == "spark-master"
+    assert spark.port == 7077
+    assert "7077:7077" in SERVICES["spark-master"]["ports"]
+
+    connect = urlparse(env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+    assert connect.scheme == "sc"
+    assert connect.hostname == "spark-connect"
+    assert connect.port == 15002
+    assert "spark.connect.grpc.binding.port=15002" in ENTRYPOINT
+
+    aws = json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])
+    endpoint = urlparse(aws["extra"]["endpoint_url"])
+    assert endpoint.hostname == "minio"
+    minio_env = _env(SERVICES["minio"])
+    assert aws["login"] == minio_env["MINIO_ROOT_USER"]
+    assert aws["password"] == minio_env["MINIO_ROOT_PASSWORD"]
+    assert f"{endpoint.port}:{endpoint.port}" in SERVICES["minio"]["ports"]
+
+
+def test_spec_path_is_inside_the_dags_mount_and_exists() -> None:
+    env = _env(SERVICES["airflow-scheduler"])
+    spec_path = env["AP_SPEC_PATH"]
+    assert spec_path.startswith("/opt/airflow/dags/")
+    assert (ROOT / "dags" / spec_path.removeprefix("/opt/airflow/dags/")).exists()
+
+
+def test_dockerfile_pins_match_pyproject_and_copies_exist() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pins = dict(dep.split("==", 1) for dep in pyproject["project"]["dependencies"] if "==" in dep)
+    assert f"pyspark=={pins['pyspark']}" in DOCKERFILE
+    assert pins["pyspark"] == pins["pyspark-client"], "pyspark and pyspark-client must agree"
+    assert "openjdk-17" in DOCKERFILE
+    for source in re.findall(r"^COPY\s+(\S+)", DOCKERFILE, flags=re.MULTILINE):
+        assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
+
+
+def test_spark_nodes_share_the_acceleration_volume_with_airflow() -> None:
+    def mounts(name: str) -> set[str]:
+        return {v.split(":")[0] + ":" + v.split(":")[1] for v in SERVICES[name].get("volumes") or []}
+
+    shared = "accelerations:/opt/airflow/accelerations"
+    for name in ["airflow-scheduler", "spark-worker", "spark-connect"]:
+        assert shared in mounts(name), f"{name} must mount {shared}"
