@@ -117,7 +117,7 @@ def build_refresh_dag(
     connection of snapshots. `stage=False` drops the shared stage: each partition task then stages its own
     partition (worth it only when the source reads one partition without scanning the rest).
     """
-    from airflow.sdk import DAG, TriggerRule, task_group
+    from airflow.sdk import DAG, TriggerRule, XComArg, task_group
 
     from airflow_partitions.operators import (
         PartitionCommitOperator,
@@ -128,6 +128,7 @@ def build_refresh_dag(
         SparkPartitionRefreshOperator,
         SparkStageOperator,
     )
+    from airflow_partitions.operators.discovery import PLAN_XCOM_KEY
     from airflow_partitions.snapshots.modes import snapshot_actions
 
     spec = project.dataset(dataset) if isinstance(dataset, str) else dataset
@@ -136,7 +137,7 @@ def build_refresh_dag(
             "build_refresh_dag needs a spec loaded from a file (tasks re-read it when they run)"
         )
     spec_path = str(Path(project.path).resolve())
-    common = {"spec_path": spec_path, "dataset": spec.name}
+    common: dict[str, Any] = {"spec_path": spec_path, "dataset": spec.name}
     actions = snapshot_actions(spec.acceleration.snapshots.mode)
     asset = dataset_asset(project, spec)
     options: dict[str, Any] = {
@@ -161,7 +162,7 @@ def build_refresh_dag(
         )
         if actions.bootstrap and spec.acceleration.snapshots.location:
             SnapshotBootstrapOperator(task_id=BOOTSTRAP_TASK, aws_conn_id=aws_conn_id, **common) >> discover
-        plan = discover.output["plan"]
+        plan = XComArg(discover, key=PLAN_XCOM_KEY)
         staged = None
         if stage:
             staged = SparkStageOperator(

@@ -102,6 +102,15 @@ class RefreshError(AirflowPartitionsError):
     """Refreshing a partition failed."""
 
 
+class PartitionsFailedError(RefreshError):
+    """Some partitions failed to refresh and nothing was committed; `.failed` maps key path to the error."""
+
+    def __init__(self, message: str, failed: dict[str, str], summary: object = None) -> None:
+        super().__init__(message)
+        self.failed = dict(failed)
+        self.summary = summary
+
+
 # --- snapshots ------------------------------------------------------------------------------------
 
 

@@ -40,6 +40,7 @@ from airflow_partitions.pruning import (
     build_index,
     check_read_only,
     dataset_filter,
+    executable_sql,
     plan_partitions,
 )
 from airflow_partitions.pruning.expressions import quote_identifier
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
     from airflow_partitions.catalog import Catalog, Snapshot
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
-    from airflow_partitions.storage import DataFile, PartitionStorage
+    from airflow_partitions.storage import DataFile
 
 # Versions whose pruning index (partition values, decoded files) stays cached per reader.
 CACHED_VERSIONS = 4
@@ -64,13 +65,6 @@ def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
 
         return load_spec(project)
     return project
-
-
-def default_catalog(project: ProjectSpec, dataset: DatasetSpec, storage: PartitionStorage) -> Catalog:
-    """The dataset's catalog under the project's `accelerator_dir` (files live next to it)."""
-    from airflow_partitions.catalog import Catalog, LocalStore
-
-    return Catalog(LocalStore(project.accelerator_dir), dataset.name, storage=storage)
 
 
 def s3_filesystem(
@@ -114,11 +108,12 @@ class PartitionedDatasetReader:
         self.project = open_project(project)
         self.dataset: DatasetSpec = self.project.dataset(dataset)
         self.name = self.dataset.name
-        acceleration = self.dataset.acceleration
-        self.storage = get_storage(acceleration.engine, acceleration.partition_mode)
-        self.catalog = (
-            catalog if catalog is not None else default_catalog(self.project, self.dataset, self.storage)
-        )
+        self.storage = get_storage(self.dataset.acceleration)
+        if catalog is None:
+            from airflow_partitions.catalog import open_catalog
+
+            catalog = open_catalog(self.project, self.dataset)
+        self.catalog = catalog
         self._remote_root: str | None = None
         self._local_root: Path | None = None
         self._filesystem = filesystem
@@ -130,6 +125,7 @@ class PartitionedDatasetReader:
         self._indexes: collections.OrderedDict[int, PartitionIndex] = collections.OrderedDict()
         self._schemas: dict[int, pa.Schema] = {}
         self._connection: Any = None
+        self._functions_ready = False
         self._duckdb_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -283,7 +279,10 @@ class PartitionedDatasetReader:
         if not exact and not inexact:
             return target.empty_table()
         residual = plan.residual
+        residual_sql = residual.sql() if residual is not None else "TRUE"
         projection = ", ".join(quote_identifier(name) for name in wanted)
+        if needs_partition_functions(residual_sql):
+            self._ensure_functions()
         with self._cursor() as cursor:
             parts = []
             if exact:
@@ -291,8 +290,7 @@ class PartitionedDatasetReader:
                 parts.append(f"SELECT {projection} FROM {source}")
             if inexact:
                 source = self._source(cursor, self._register(cursor, inexact, schema), inexact, schema)
-                where_sql = residual.sql() if residual is not None else "TRUE"
-                parts.append(f"SELECT {projection} FROM {source} WHERE {where_sql}")
+                parts.append(f"SELECT {projection} FROM {source} WHERE {residual_sql}")
             sql = " UNION ALL ".join(parts)
             table = self._execute(cursor, sql)
         return conform(table, target)
@@ -337,8 +335,18 @@ class PartitionedDatasetReader:
         """One in-memory DuckDB database per reader (creating one costs tens of ms); calls use cursors."""
         with self._lock:
             if self._connection is None:
-                self._connection = new_duckdb_connection()
+                self._connection = new_duckdb_connection(functions=False)
+                self._functions_ready = False
             return self._connection
+
+    def _ensure_functions(self) -> None:
+        connection = self._base_connection()
+        with self._lock:
+            if not self._functions_ready:
+                from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
+
+                register_duckdb_functions(connection)
+                self._functions_ready = True
 
     @contextlib.contextmanager
     def _cursor(self) -> Iterator[Any]:
@@ -361,12 +369,26 @@ class PartitionedDatasetReader:
         """A temporary view over exactly `files`; returns its name."""
         view = f"ap_files_{uuid.uuid4().hex[:12]}"
         if self._local_root is not None:
-            self.storage.register_duckdb(cursor, self._local_root, files, view, schema=schema)
+            self._register_local(cursor, files, view, schema)
         elif self.storage.format == "parquet":
             cursor.register(view, self._remote_parquet_dataset(files, schema))
         else:
             self.storage.register_duckdb(cursor, self._cache_files(files), files, view, schema=schema)
         return view
+
+    def _register_local(self, cursor: Any, files: Sequence[DataFile], view: str, schema: pa.Schema) -> None:
+        if self.storage.format != "parquet" or not files:
+            self.storage.register_duckdb(cursor, self._local_root, files, view, schema=schema)
+            return
+        from airflow_partitions.storage.base import data_file_path
+
+        # Partition files sit in `name=value` directories: DuckDB's Hive auto-detection would overwrite
+        # columns with the (escaped, untyped) directory values, so it is switched off explicitly.
+        paths = ", ".join(_sql_string(str(data_file_path(self._local_root, f))) for f in files)  # type: ignore[arg-type]
+        cursor.execute(
+            f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view)} AS SELECT * FROM "
+            f"read_parquet([{paths}], union_by_name = true, hive_partitioning = false)"
+        )
 
     def _remote_parquet_dataset(self, files: Sequence[DataFile], schema: pa.Schema) -> Any:
         import pyarrow.dataset as ds
@@ -420,9 +442,10 @@ class PartitionedDatasetReader:
         snapshot = self.snapshot(version)
         schema = self._schema_of(snapshot)
         plan = self._plan(snapshot, dataset_filter(sql, self.name, schema))
+        statement = executable_sql(sql, schema)
         import duckdb
 
-        connection = new_duckdb_connection()
+        connection = new_duckdb_connection(functions=needs_partition_functions(statement))
         try:
             files = plan.files
             self._register_view(connection, files, schema)
@@ -431,7 +454,7 @@ class PartitionedDatasetReader:
             connection.execute("SET enable_external_access = false")
             connection.execute("SET lock_configuration = true")
             try:
-                return connection.sql(sql).to_arrow_table()
+                return connection.sql(statement).to_arrow_table()
             except duckdb.Error as err:
                 raise FilterError(f"query failed: {str(err).strip()}") from err
         finally:
@@ -446,7 +469,7 @@ class PartitionedDatasetReader:
     def _register_view(self, connection: Any, files: Sequence[DataFile], schema: pa.Schema) -> None:
         view = self.name
         if self._local_root is not None:
-            self.storage.register_duckdb(connection, self._local_root, files, view, schema=schema)
+            self._register_local(connection, files, view, schema)
         elif self.storage.format == "parquet":
             connection.register(
                 view, self._remote_parquet_dataset(files, schema) if files else schema.empty_table()
@@ -516,16 +539,27 @@ class PartitionedDatasetReader:
         self.close()
 
 
-def new_duckdb_connection() -> Any:
-    """An in-memory DuckDB database with UTC session time and the partition transforms as functions."""
-    import duckdb
+def new_duckdb_connection(*, functions: bool = True) -> Any:
+    """An in-memory DuckDB database in UTC, with the partition transforms' UDFs when `functions`.
 
-    from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
+    Registering the UDFs costs far more than opening the database, so callers ask only when the SQL
+    they will run calls them (`needs_partition_functions`).
+    """
+    import duckdb
 
     connection = duckdb.connect()
     connection.execute("SET GLOBAL TimeZone = 'UTC'")
-    register_duckdb_functions(connection)
+    if functions:
+        from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
+
+        register_duckdb_functions(connection)
     return connection
+
+
+def needs_partition_functions(sql: str) -> bool:
+    """Whether DuckDB SQL (after `executable_sql` / `duckdb_expression`) calls the transforms' UDFs."""
+    lowered = sql.lower()
+    return "ap_bucket_" in lowered or "ap_truncate_" in lowered
 
 
 def _attached(cursor: Any) -> set[str]:

@@ -518,7 +518,13 @@ def test_bootstrap_only_the_partitions_a_pruning_plan_selects(
 
     replica = _side(tmp_path / "replica")
     result = bootstrap_snapshot(
-        s3_server, location, "trips", replica.root, catalog=replica.catalog, where_keys=chosen, manifest=manifest
+        s3_server,
+        location,
+        "trips",
+        replica.root,
+        catalog=replica.catalog,
+        where_keys=chosen,
+        manifest=manifest,
     )
     assert sorted(result.partitions_committed) == sorted(chosen)
     assert result.partitions_total == 5

@@ -79,6 +79,16 @@ def test_settings_from_dict_accepts_connection_fields_and_hides_secrets() -> Non
 
 
 @pytest.mark.parametrize(
+    ("text", "expected"),
+    [("false", False), ("True", True), ("0", False), ("/etc/ssl/ca.pem", "/etc/ssl/ca.pem")],
+)
+def test_verify_tls_from_connection_text(text: str, expected: bool | str) -> None:
+    settings = S3Settings.from_mapping({"verify_tls": text, "max_pool_connections": "8"})
+    assert settings.verify_tls == expected
+    assert settings.max_pool_connections == 8
+
+
+@pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"endpoint": "http://x"}, "unknown S3 setting"),
@@ -161,3 +171,16 @@ def test_every_mode_has_actions_and_unknown_modes_are_refused() -> None:
     assert set(SNAPSHOT_ACTIONS) == set(SnapshotMode)
     with pytest.raises(SnapshotError, match="use one of enabled, bootstrap_only, disabled"):
         snapshot_actions("upload_only")
+
+
+def test_importing_snapshots_loads_no_heavy_module() -> None:
+    """Operators import this package while DAG files are parsed: boto3 and pyarrow must load later."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, airflow_partitions.snapshots; "
+        "print(sorted(m for m in ('boto3', 'botocore', 'pyarrow', 'duckdb', 'pyspark') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -13,6 +13,7 @@ from airflow_partitions.catalog.model import (
     VacuumReport,
     VersionInfo,
 )
+from airflow_partitions.catalog.open import catalog_location, dataset_directory, open_catalog
 from airflow_partitions.catalog.state import PartitionMap, Snapshot
 from airflow_partitions.catalog.stores import LocalStore, ObjectInfo, ObjectStore, S3Store, store_from_url
 
@@ -29,5 +30,8 @@ __all__ = [
     "Snapshot",
     "VacuumReport",
     "VersionInfo",
+    "catalog_location",
+    "dataset_directory",
+    "open_catalog",
     "store_from_url",
 ]

@@ -55,6 +55,7 @@ from airflow_partitions.exceptions import (
     CatalogError,
     CommitConflictError,
     PartitionSpecChangedError,
+    PartitionValueError,
     VersionNotFoundError,
 )
 from airflow_partitions.keys import escape_component
@@ -272,7 +273,11 @@ class Catalog:
         if newest is not None and newest.version == version:
             return newest
         if newest is not None and newest.version < version:
-            snapshot = self._advance(newest, self._records(newest.version, version))
+            try:
+                records = self._records(newest.version, version)
+            except VersionNotFoundError as err:
+                raise self._not_found(version) from err
+            snapshot = self._advance(newest, records)
         else:
             base = self._checkpoint_at_or_below(version)
             base_version = base.version if base is not None else 0
@@ -417,7 +422,11 @@ class Catalog:
             (base.partition_count, base.total_rows, base.total_bytes) if base is not None else (0, 0, 0)
         )
         intervening: list[CommitRecord] = []
-        head = self._head()
+        with self._lock:
+            newest_known = self._newest.version if self._newest is not None else 0
+        # Planned from the newest version this process has seen: try N+1 straight away (a lost race costs
+        # one failed conditional write); otherwise list what was committed since the base first.
+        head = base_number if base_number == newest_known else self._head()
         for _attempt in range(max_retries + 1):
             if head > parent:
                 try:
@@ -471,16 +480,19 @@ class Catalog:
             if entry.key_path in seen:
                 raise CatalogError(f"partition {entry.key_path!r} appears twice in one commit")
             seen.add(entry.key_path)
-            expected = entry.key.path(names)
-            if entry.key_path != expected:
-                raise CatalogError(
-                    f"partition entry key_path {entry.key_path!r} does not match its key under the spec's "
-                    f"fields {list(names)} ({expected!r}); build it with PartitionKey.path(names)"
-                )
             if entry.spec_id != partition_spec.spec_id:
                 raise CatalogError(
                     f"partition {entry.key_path!r} was written under partition spec {entry.spec_id!r} but "
                     f"is committed under {partition_spec.spec_id!r}; refresh it under the current spec"
+                )
+            try:
+                expected = entry.key.path(names)
+            except PartitionValueError as err:
+                raise CatalogError(f"partition {entry.key_path!r}: {err}") from err
+            if entry.key_path != expected:
+                raise CatalogError(
+                    f"partition entry key_path {entry.key_path!r} does not match its key under the spec's "
+                    f"fields {list(names)} ({expected!r}); build it with PartitionKey.path(names)"
                 )
         overlap = seen & set(removes)
         if overlap:
@@ -520,6 +532,8 @@ class Catalog:
                 partitions=tuple(sorted(record.touched)[:100]),
                 version=record.version,
             )
+        if record.partition_spec.spec_id != spec.spec_id:
+            raise self._spec_changed(record.version, record.partition_spec, spec)
         if record.replace_all:
             raise CommitConflictError(
                 f"dataset {self.dataset!r}: version {record.version} ({record.operation}) replaced every "
@@ -527,8 +541,6 @@ class Catalog:
                 partitions=tuple(sorted(touched)[:100]),
                 version=record.version,
             )
-        if record.partition_spec.spec_id != spec.spec_id:
-            raise self._spec_changed(record.version, record.partition_spec, spec)
         overlap = touched & record.touched
         if overlap:
             shown = sorted(overlap)
@@ -662,6 +674,11 @@ class Catalog:
                 self.store.delete(self._log_key(version))
             for version in expired_checkpoints:
                 self.store.delete(self._checkpoint_key(version))
+            if self.cache_dir is not None and self.cache_dir.is_dir():
+                for cached in self.cache_dir.iterdir():
+                    number = self._version_of(cached.name, ".arrow")
+                    if number is not None and number < oldest:
+                        cached.unlink(missing_ok=True)
         referenced = self._referenced_files(retained_snapshot, head)
         removed_temporaries = self._vacuum_catalog_temporaries(cutoff, dry_run)
         removed_files: list[VacuumedFile] = []

@@ -46,8 +46,9 @@ class PartitionSpecInfo:
     ) -> PartitionSpecInfo:
         """A spec whose id is a stable hash of the field names and canonical transforms."""
         infos = tuple(PartitionFieldInfo(*f) for f in fields)
-        text = json.dumps([[f.name, f.canonical] for f in infos], separators=(",", ":"))
-        return cls(hashlib.sha256(text.encode()).hexdigest()[:16], infos)
+        # The same text and hash as `AccelerationSpec.partition_spec_id`, so ids agree across layers.
+        text = json.dumps([[f.name, f.canonical] for f in infos], separators=(",", ":"), ensure_ascii=False)
+        return cls(hashlib.sha256(text.encode("utf-8")).hexdigest()[:16], infos)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -63,3 +63,40 @@ def install_connection_resolver() -> None:
     from airflow_partitions.sources.base import set_connection_resolver
 
     set_connection_resolver(resolve_postgres_connection)
+
+
+# Connection URLs fetched asynchronously (in the triggerer), served to the core's synchronous resolver.
+_PREFETCHED: dict[str, str] = {}
+
+
+def _resolve_prefetched_or_live(conn_id: str) -> str:
+    if conn_id in _PREFETCHED:
+        return _PREFETCHED[conn_id]
+    return resolve_postgres_connection(conn_id)
+
+
+async def aprepare_source_connections(spec_path: str, dataset: str) -> None:
+    """In async code (triggers): fetch the dataset's Postgres connection once, before worker threads need it.
+
+    The triggerer only serves connections to async callers; the core, running in a thread, then reads the
+    prefetched URL through the installed resolver.
+    """
+    import asyncio
+
+    from airflow.sdk import BaseHook
+
+    from airflow_partitions.sources.base import set_connection_resolver
+    from airflow_partitions.spec import SourceScheme, load_spec
+
+    project = await asyncio.to_thread(load_spec, spec_path)
+    source = project.dataset(dataset).source
+    if source.scheme is SourceScheme.POSTGRES and source.connection_id:
+        try:
+            connection = await BaseHook.aget_connection(source.connection_id)
+        except Exception as err:
+            raise OrchestrationError(
+                f"Airflow connection {source.connection_id!r} is not defined ({err}); create it in the UI "
+                f"(Admin > Connections) or set AIRFLOW_CONN_{source.connection_id.upper()}"
+            ) from err
+        _PREFETCHED[source.connection_id] = postgres_url(connection)
+    set_connection_resolver(_resolve_prefetched_or_live)

@@ -80,6 +80,21 @@ def submit_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]
     return env
 
 
+def submit_conf() -> dict[str, str]:
+    """Spark settings a submitted refresh job needs as much as the local session: UTC, the JDBC jar."""
+    from airflow_partitions.refresh.spark_session import local_session_conf
+
+    wanted = (
+        "spark.sql.session.timeZone",
+        "spark.driver.extraJavaOptions",
+        "spark.executor.extraJavaOptions",
+        "spark.sql.execution.arrow.pyspark.enabled",
+        "spark.jars",
+    )
+    settings = local_session_conf()
+    return {key: settings[key] for key in wanted if settings.get(key)}
+
+
 class SparkRefreshHook(BaseHook):
     """The Spark of a refresh: a session (local or Spark Connect) or a spark-submit run, and killing it.
 
@@ -91,9 +106,10 @@ class SparkRefreshHook(BaseHook):
     conn_type = "spark"
     hook_name = "Spark (refresh)"
 
-    def __init__(self, spark_conn_id: str | None = None) -> None:
+    def __init__(self, spark_conn_id: str | None = None, *, spark_conf: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.spark_conn_id = spark_conn_id if spark_conn_id is not None else configured_spark_conn_id()
+        self.spark_conf = dict(spark_conf or {})
         self._session: Any = None
         self._submit_hook: Any = None
 
@@ -104,6 +120,8 @@ class SparkRefreshHook(BaseHook):
         from airflow_partitions.hooks.connections import get_connection
 
         conn_type = (get_connection(self.spark_conn_id).conn_type or "").replace("-", "_")
+        # An `sc://host:15002` connection URI parses to type "sc": it names a Spark Connect server too.
+        conn_type = SparkMode.CONNECT.value if conn_type == "sc" else conn_type
         try:
             return SparkMode(conn_type)
         except ValueError:
@@ -126,9 +144,9 @@ class SparkRefreshHook(BaseHook):
             from airflow_partitions.refresh.spark_session import build_connect_session, build_local_session
 
             if self.mode is SparkMode.LOCAL:
-                self._session = build_local_session(app_name="airflow-partitions-refresh")
+                self._session = build_local_session(app_name="airflow-partitions-refresh", conf=self.spark_conf)
             elif self.mode is SparkMode.CONNECT:
-                self._session = build_connect_session(self.connect_url)
+                self._session = build_connect_session(self.connect_url, conf=self.spark_conf)
             else:
                 raise OrchestrationError(
                     f"connection {self.spark_conn_id!r} submits Spark jobs; it has no session to hand out"
@@ -150,7 +168,7 @@ class SparkRefreshHook(BaseHook):
             raise OrchestrationError(f"spark-submit needs a connection of type spark, not {self.mode}")
         self._submit_hook = SparkSubmitHook(
             conn_id=str(self.spark_conn_id),
-            conf={"spark.sql.session.timeZone": "UTC", **(conf_overrides or {})},
+            conf={**submit_conf(), **self.spark_conf, **(conf_overrides or {})},
             application_args=list(application_args),
             env_vars=submit_environment(env),
             name=name,

@@ -20,8 +20,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowSkipException
-
 from airflow_partitions.exceptions import OrchestrationError
 from airflow_partitions.hooks.spark_refresh import SparkMode, SparkRefreshHook
 from airflow_partitions.operators.base import DatasetOperator
@@ -117,13 +115,16 @@ _STAGE_RUNNERS: dict[SparkMode, Callable[[Any, Any, Any, Any], StageResult]] = {
 class SparkOperatorBase(DatasetOperator):
     """Spark connection handling shared by the stage and the per-partition refresh."""
 
-    def __init__(self, *, spark_conn_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, spark_conn_id: str | None = None, spark_conf: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.spark_conn_id = spark_conn_id
+        self.spark_conf = dict(spark_conf or {})
 
     @cached_property
     def spark_hook(self) -> SparkRefreshHook:
-        return SparkRefreshHook(spark_conn_id=self.spark_conn_id)
+        return SparkRefreshHook(spark_conn_id=self.spark_conn_id, spark_conf=self.spark_conf)
 
     def submit_env(self, dataset: DatasetSpec) -> dict[str, str]:
         """Environment for a spark-submit driver: the Postgres source's connection as AIRFLOW_CONN_<ID>.
@@ -161,8 +162,8 @@ class SparkOperatorBase(DatasetOperator):
 class SparkStageOperator(SparkOperatorBase):
     """Read the source once and route the planned partitions' rows to a staging location.
 
-    Skips (and so skips the partition tasks) when discovery planned nothing to refresh. Returns the stage
-    result (location and mode) that `SparkPartitionRefreshOperator` reads.
+    Returns the stage result (location and mode) that `SparkPartitionRefreshOperator` reads; when
+    discovery planned nothing to refresh, an empty one, without starting Spark.
     """
 
     template_fields: Sequence[str] = (*DatasetOperator.template_fields, "plan", "work_items")
@@ -181,9 +182,13 @@ class SparkStageOperator(SparkOperatorBase):
         self.work_items = work_items
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.refresh.stage import stage_refresh
+
         plan = full_plan(self.plan, self.work_items)
         if not plan.items:
-            raise AirflowSkipException(f"nothing to refresh in {self.dataset}: no stage needed")
+            # An empty stage (no Spark started): the partition tasks skip, the commit applies removals.
+            self.log.info("Nothing to refresh in %s: no stage needed", self.dataset)
+            return stage_refresh(self.project, self.dataset_spec, plan).to_json()
         stage = self.run_stage(plan)
         self.log.info(
             "Staged %d partition(s) at %s (%s) in %.2fs",

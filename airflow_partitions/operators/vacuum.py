@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 class VacuumOperator(DatasetOperator):
     """Vacuum the dataset's catalog: keep the newest `retain_versions` and/or versions younger than
-    `older_than`, delete unreferenced files older than `grace`. `dry_run=True` only reports."""
+    `older_than`, delete unreferenced files older than `grace`. `report_only=True` deletes nothing and
+    reports what a vacuum would remove."""
 
     template_fields: Sequence[str] = (*DatasetOperator.template_fields, "retain_versions")
     ui_color = "#eeeeee"
@@ -26,7 +27,7 @@ class VacuumOperator(DatasetOperator):
         retain_versions: int | None = None,
         older_than: dt.timedelta | None = None,
         grace: dt.timedelta | None = None,
-        dry_run: bool = False,
+        report_only: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -38,7 +39,7 @@ class VacuumOperator(DatasetOperator):
         self.retain_versions = retain_versions
         self.older_than = older_than
         self.grace = grace
-        self.dry_run = dry_run
+        self.report_only = report_only
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_partitions.refresh.commit import open_dataset_catalog
@@ -47,7 +48,7 @@ class VacuumOperator(DatasetOperator):
         options: dict[str, Any] = {"retain_versions": self.retain_versions, "older_than": self.older_than}
         if self.grace is not None:
             options["grace"] = self.grace
-        report = catalog.vacuum(dry_run=self.dry_run, **options)
+        report = catalog.vacuum(dry_run=self.report_only, **options)
         summary = report.to_json()
         # The file list can be long; XCom gets the count, the log gets the names.
         summary["removed_files"] = len(report.removed_files)
@@ -55,11 +56,11 @@ class VacuumOperator(DatasetOperator):
             self.log.debug("vacuum: %s (%d bytes)", removed.path, removed.bytes)
         self.log.info(
             "%s %s: %d version(s), %d file(s) (%d bytes) %s",
-            "Vacuum (dry run) of" if self.dry_run else "Vacuumed",
+            "Vacuum (dry run) of" if self.report_only else "Vacuumed",
             self.dataset,
             len(report.removed_versions),
             len(report.removed_files),
             report.bytes_freed,
-            "would be removed" if self.dry_run else "removed",
+            "would be removed" if self.report_only else "removed",
         )
         return summary

@@ -25,7 +25,7 @@ from airflow_partitions.pruning.plan import (
     build_index,
     plan_partitions,
 )
-from airflow_partitions.pruning.query import check_read_only, dataset_filter
+from airflow_partitions.pruning.query import check_read_only, dataset_filter, executable_sql
 
 __all__ = [
     "MAX_RANGE_ENUMERATION",
@@ -48,5 +48,6 @@ __all__ = [
     "build_index",
     "check_read_only",
     "dataset_filter",
+    "executable_sql",
     "plan_partitions",
 ]

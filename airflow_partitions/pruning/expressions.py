@@ -187,8 +187,9 @@ class TransformRef:
         return f"expr:{self.transform.canonical}"
 
     def sql(self) -> str:
-        # The canonical form is valid DuckDB SQL once `register_duckdb_functions` added bucket/truncate.
-        return f"({self.transform.canonical})"
+        from airflow_partitions.transforms.duckdb_functions import duckdb_expression
+
+        return f"({duckdb_expression(self.transform, self.column_ref.sql())})"
 
     def __str__(self) -> str:
         return str(self.transform.canonical)
@@ -392,12 +393,16 @@ class Opaque(Predicate):
 
     text: str
     referenced: tuple[str, ...] = ()
+    duckdb_text: str | None = None  # `text` with partition transforms rewritten for DuckDB
 
     def _own_columns(self) -> tuple[str, ...]:
         return self.referenced
 
     def sql(self) -> str:
-        return f"({self.text})"
+        return f"({self.duckdb_text if self.duckdb_text is not None else self.text})"
+
+    def __str__(self) -> str:
+        return self.text
 
 
 LEAF_TYPES = (Comparison, InList, IsNull, Range, Opaque)

@@ -50,10 +50,6 @@ if TYPE_CHECKING:
     from airflow_partitions.transforms import Transform
 
 DIALECT = "duckdb"
-# sqlglot reads `truncate` as the TRUNCATE statement keyword even when called like a function; the
-# filter text is tokenised and such calls renamed to this placeholder before parsing, then back.
-TRUNCATE_PLACEHOLDER = "__ap_truncate"
-
 # Node types a lenient (query) binding may fold into a constant: deterministic, column-free.
 _DETERMINISTIC_CONSTANT_NODES = (
     exp.Literal,
@@ -79,47 +75,27 @@ FilterInput = str | Sequence[Any] | Predicate | None
 ColumnResolver = Callable[[exp.Column], str | None]
 
 
-def protect_truncate(sql: str) -> str:
-    """`sql` with every `truncate(` call renamed to the placeholder, so sqlglot parses it as a function."""
-    from sqlglot.dialects.duckdb import DuckDB
-    from sqlglot.tokens import TokenType
-
-    try:
-        tokens = DuckDB().tokenize(sql)
-    except (TokenError, ParseError) as err:
-        raise FilterError(f"cannot parse {sql!r}: {err}") from err
-    pieces: list[str] = []
-    cursor = 0
-    for token, following in zip(tokens, [*tokens[1:], None]):
-        if (
-            token.token_type == TokenType.TRUNCATE
-            and following is not None
-            and following.token_type == TokenType.L_PAREN
-        ):
-            pieces.append(sql[cursor : token.start])
-            pieces.append(TRUNCATE_PLACEHOLDER)
-            cursor = token.end + 1
-    pieces.append(sql[cursor:])
-    return "".join(pieces)
-
-
-def restore_truncate(sql: str) -> str:
-    """Inverse of `protect_truncate` on SQL rendered by sqlglot."""
-    return sql.replace(TRUNCATE_PLACEHOLDER.upper(), "truncate").replace(TRUNCATE_PLACEHOLDER, "truncate")
-
-
 def render(node: exp.Expression) -> str:
-    """DuckDB SQL of a sqlglot node, with `truncate` calls restored."""
-    return restore_truncate(node.sql(dialect=DIALECT))
+    """DuckDB SQL of a sqlglot node (for messages and for parsing transforms back)."""
+    return node.sql(dialect=DIALECT)
+
+
+def duckdb_sql(node: exp.Expression, schema: pa.Schema) -> str:
+    """DuckDB SQL of a boolean node, partition transforms rewritten to compute exactly our values."""
+    from airflow_partitions.transforms.duckdb_functions import rewrite_partition_functions
+
+    types = {field.name: field.type for field in schema}
+    statement = rewrite_partition_functions(f"SELECT {render(node)}", types)
+    return statement.removeprefix("SELECT ")
 
 
 def parse_where_sql(where: str) -> exp.Expression:
     """The sqlglot tree of a WHERE condition; a `FilterError` for anything but one boolean expression."""
     if not isinstance(where, str) or not where.strip():
         raise FilterError("the filter is empty; pass a SQL condition such as \"region = 'EU'\" or None")
-    text = protect_truncate(where)
     try:
-        statements = sqlglot.parse(f"SELECT 1 WHERE {text}", read=DIALECT)
+        # Parsed inside a SELECT: a bare `truncate(...)` would otherwise read as a TRUNCATE statement.
+        statements = sqlglot.parse(f"SELECT 1 WHERE {where}", read=DIALECT)
     except (ParseError, TokenError) as err:
         raise FilterError(f"syntax error in filter {where!r}: {_first_line(err)}") from err
     if len(statements) != 1 or not isinstance(statements[0], exp.Select):
@@ -176,7 +152,7 @@ class FilterBinder:
         return self.bind_node(parse_where_sql(where))
 
     def bind_node(self, node: exp.Expression) -> Predicate:
-        """A predicate from a sqlglot boolean expression (as parsed with `protect_truncate`)."""
+        """A predicate from a sqlglot boolean expression."""
         try:
             return self._predicate(node)
         except FilterError:
@@ -265,7 +241,8 @@ class FilterBinder:
         if node.find(exp.Select, exp.Subquery) is not None:
             raise FilterError(f"subqueries are not supported in filters: {render(node)}")
         referenced = [self._column(column).name for column in node.find_all(exp.Column)]
-        return Opaque(render(node), tuple(dict.fromkeys(referenced)))
+        text = render(node)
+        return Opaque(text, tuple(dict.fromkeys(referenced)), duckdb_sql(node, self.schema))
 
     def _comparison(self, node: exp.Expression, op: Op) -> Predicate:
         left, right = node.this, node.expression
@@ -383,7 +360,7 @@ class FilterBinder:
         if text in self._names or text.lower() in self._by_lower:
             return self.resolve(text)
         try:
-            statements = sqlglot.parse(f"SELECT {protect_truncate(text)}", read=DIALECT)
+            statements = sqlglot.parse(f"SELECT {text}", read=DIALECT)
         except (ParseError, TokenError) as err:
             raise FilterError(f"cannot parse filter term {text!r}: {_first_line(err)}") from err
         if (

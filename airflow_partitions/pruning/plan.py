@@ -68,9 +68,18 @@ class SelectedPartition:
         return sum(f.rows for f in self.files)
 
 
+CAUSE_KEY = "partition key"
+CAUSE_STATISTICS = "file statistics"
+CAUSE_EMPTY = "empty partition"
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionDecision:
-    """Why one partition is read or skipped; `verdict` is one of the `ROWS_*` constants."""
+    """Why one partition is read or skipped; `verdict` is one of the `ROWS_*` constants.
+
+    `cause` says what ruled a skipped partition out: `CAUSE_KEY` (its partition values),
+    `CAUSE_STATISTICS` (its files' min / max / NULL counts) or `CAUSE_EMPTY` (no rows); None when read.
+    """
 
     key_path: str
     selected: bool
@@ -79,6 +88,7 @@ class PartitionDecision:
     reason: str
     files_selected: int
     files_total: int
+    cause: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,6 +99,7 @@ class PartitionDecision:
             "reason": self.reason,
             "files_selected": self.files_selected,
             "files_total": self.files_total,
+            "cause": self.cause,
         }
 
 
@@ -293,9 +304,11 @@ class _Explainer:
                     )
                 )
                 continue
-            reason = self._skipped_reason(partition, key_only, by_stats)
+            cause, reason = self._skipped_reason(partition, key_only, by_stats)
             count = total_files if total_files is not None else len(index.files(partition))
-            decisions.append(PartitionDecision(key_path, False, False, ROWS_CANNOT_MATCH, reason, 0, count))
+            decisions.append(
+                PartitionDecision(key_path, False, False, ROWS_CANNOT_MATCH, reason, 0, count, cause)
+            )
         return decisions
 
     def _partition_masks(self, item: Predicate) -> npt.NDArray[np.bool_]:
@@ -330,25 +343,24 @@ class _Explainer:
         partition: int,
         key_only: list[npt.NDArray[np.bool_]],
         by_stats: list[npt.NDArray[np.bool_] | None],
-    ) -> str:
+    ) -> tuple[str, str]:
         index = self.index
         if index.rows[partition] == 0:
-            return "empty partition (0 rows): nothing to read"
+            return CAUSE_EMPTY, "empty partition (0 rows): nothing to read"
         key = index.describe_key(partition)
-        for item, mask in zip(self.items, key_only, strict=True):
-            if not mask[partition]:
-                return f"partition {key} cannot hold rows where {item}{self._hint(item, partition)}"
+        if not self.plan._partition_outcome.true[partition]:
+            for item, mask in zip(self.items, key_only, strict=True):
+                if not mask[partition]:
+                    return CAUSE_KEY, f"partition {key} cannot hold rows where {item}{self._hint(item)}"
+            return CAUSE_KEY, f"partition {key} cannot hold rows matching the filter"
         frame = self.plan._file_frame
-        if frame is not None:
-            rows = np.flatnonzero(frame.partition_of_row == partition)
-            if rows.size:
-                for item, stats_mask in zip(self.items, by_stats, strict=True):
-                    if stats_mask is not None and not stats_mask[rows].any():
-                        return f"file statistics rule out {item}: {self._stats_text(item, rows)}"
-                return f"file statistics rule out the filter for all {rows.size} file(s)"
-        return f"partition {key} cannot hold rows matching the filter"
+        rows = np.flatnonzero(frame.partition_of_row == partition) if frame is not None else np.zeros(0, int)
+        for item, stats_mask in zip(self.items, by_stats, strict=True):
+            if stats_mask is not None and rows.size and not stats_mask[rows].any():
+                return CAUSE_STATISTICS, f"file statistics rule out {item}: {self._stats_text(item, rows)}"
+        return CAUSE_STATISTICS, f"file statistics rule out the filter for all {rows.size} file(s)"
 
-    def _hint(self, item: Predicate, partition: int) -> str:
+    def _hint(self, item: Predicate) -> str:
         """For `col = v` / `col IN (...)` against a hashed or non-monotonic field: the value's image."""
         if not isinstance(item, Comparison | InList) or not isinstance(item.term, ColumnRef):
             return ""

@@ -20,7 +20,7 @@ from sqlglot.errors import SqlglotError
 
 from airflow_partitions.exceptions import UnsafeQueryError
 from airflow_partitions.pruning.expressions import AlwaysFalse, AlwaysTrue, Predicate, or_
-from airflow_partitions.pruning.filters import DIALECT, FilterBinder, protect_truncate
+from airflow_partitions.pruning.filters import DIALECT, FilterBinder
 
 _INNER_KINDS = (None, "", "INNER", "CROSS")
 
@@ -48,10 +48,49 @@ def check_read_only(sql: str) -> None:
         )
 
 
+_TRANSFORM_FUNCTIONS = frozenset({"bucket", "truncate", "date_part", "datepart"})
+_CALENDAR_NODES: tuple[type[exp.Expression], ...] = (
+    exp.Trunc,
+    exp.Extract,
+    exp.DateTrunc,
+    exp.TimestampTrunc,
+    exp.Year,
+    exp.Quarter,
+    exp.Month,
+    exp.Week,
+    exp.WeekOfYear,
+    exp.Day,
+    exp.DayOfMonth,
+    exp.Hour,
+    exp.Minute,
+)
+
+
+def executable_sql(sql: str, schema: pa.Schema) -> str:
+    """`sql` with partition transform calls rewritten so DuckDB computes exactly our partition values.
+
+    A query without such calls runs exactly as written.
+    """
+    from airflow_partitions.transforms.duckdb_functions import rewrite_partition_functions
+
+    try:
+        tree = sqlglot.parse_one(sql, read=DIALECT)
+    except (SqlglotError, ValueError):
+        return sql
+    uses_transforms = any(
+        isinstance(node, _CALENDAR_NODES)
+        or (isinstance(node, exp.Anonymous) and str(node.name).lower() in _TRANSFORM_FUNCTIONS)
+        for node in tree.walk()
+    )
+    if not uses_transforms:
+        return sql
+    return rewrite_partition_functions(sql, {field.name: field.type for field in schema})
+
+
 def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
     """The rows of `dataset` that `sql` can look at, as a predicate (TRUE when it cannot tell)."""
     try:
-        trees = sqlglot.parse(protect_truncate(sql), read=DIALECT)
+        trees = sqlglot.parse(sql, read=DIALECT)
     except (SqlglotError, ValueError):
         return AlwaysTrue()
     statements = [tree for tree in trees if tree is not None]

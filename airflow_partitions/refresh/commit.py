@@ -29,28 +29,22 @@ if TYPE_CHECKING:
 
 def open_dataset_catalog(project: ProjectSpec, dataset: DatasetSpec) -> Catalog:
     """The dataset's catalog, as the catalog layer opens it for this project."""
-    import airflow_partitions.catalog as catalog_layer
+    from airflow_partitions.catalog import open_catalog
 
-    opener = getattr(catalog_layer, "open_catalog", None)
-    if opener is not None:
-        return opener(project, dataset)  # type: ignore[no-any-return]
-    store = catalog_layer.LocalStore(Path(project.accelerator_dir))
-    return catalog_layer.Catalog(store, dataset.name, storage=dataset_storage(dataset))
+    return open_catalog(project, dataset)
 
 
 def dataset_storage(dataset: DatasetSpec) -> PartitionStorage:
     from airflow_partitions.storage import get_storage
 
-    acceleration = dataset.acceleration
-    return get_storage(acceleration.engine, acceleration.partition_mode)
+    return get_storage(dataset.acceleration)
 
 
 def dataset_data_root(project: ProjectSpec, dataset: DatasetSpec) -> Path:
-    """Where the dataset's partition files live (the catalog's data root)."""
-    root = open_dataset_catalog(project, dataset).data_root
-    if root is None:
-        raise RefreshError(f"the catalog of {dataset.name!r} has no local data root to write partitions to")
-    return Path(root)
+    """Where the dataset's partition files live: `<accelerator_dir>/<dataset>/`."""
+    from airflow_partitions.catalog import dataset_directory
+
+    return dataset_directory(project, dataset)
 
 
 def value_kind_of(arrow_type: pa.DataType) -> str:
@@ -130,7 +124,9 @@ def commit_refresh(
     planned = {item.key_path: item for item in plan.items}
     unexpected = sorted({r.key_path for r in finished} - set(planned))
     if unexpected:
-        raise RefreshError(f"results for partitions the plan does not contain: {unexpected[:5]}; not committed")
+        raise RefreshError(
+            f"results for partitions the plan does not contain: {unexpected[:5]}; not committed"
+        )
     mismatched = sorted(r.key_path for r in finished if r.spec_id != plan.spec_id)
     if mismatched:
         raise RefreshError(f"results written under another partition spec: {mismatched[:5]}; not committed")
@@ -148,15 +144,15 @@ def commit_refresh(
             "retry them before committing"
         )
     catalog = catalog or open_dataset_catalog(project, dataset)
-    storage = dataset_storage(dataset)
-    root = catalog.data_root
+    storage = catalog.storage or dataset_storage(dataset)
+    root = catalog.data_root or dataset_data_root(project, dataset)
     entries = []
     for key_path in planned:
         result = by_path.get(key_path)
         if result is None:
             continue
         files = [DataFile.from_json(f) for f in result.files]
-        if files and root is not None:
+        if files:
             files = storage.publish(Path(root), files)
         entries.append(
             PartitionEntry(

@@ -58,7 +58,8 @@ def static_keys(counts: Sequence[int], max_partitions: int) -> list[KeyTuple]:
 def key_text(names: Sequence[str], key: Sequence[Scalar]) -> str:
     """`name=value/...` with unescaped values: how people type a partition on the command line."""
     return "/".join(
-        f"{name}={'NULL' if value is None else value_to_text(value)}" for name, value in zip(names, key, strict=True)
+        f"{name}={'NULL' if value is None else value_to_text(value)}"
+        for name, value in zip(names, key, strict=True)
     )
 
 
@@ -160,7 +161,10 @@ def discover(
             continue
         items.append(
             PartitionWorkItem(
-                key=tuple(PartitionKey(key).to_json()), key_path=key_path, reason=reason, fingerprint=fingerprint
+                key=tuple(PartitionKey(key).to_json()),
+                key_path=key_path,
+                reason=reason,
+                fingerprint=fingerprint,
             )
         )
 
@@ -210,7 +214,11 @@ def _catalog_state(snapshot: Snapshot | None) -> dict[str, tuple[str, str | None
     return dict(
         zip(
             table.column("key_path").to_pylist(),
-            zip(table.column("spec_id").to_pylist(), table.column("source_fingerprint").to_pylist(), strict=True),
+            zip(
+                table.column("spec_id").to_pylist(),
+                table.column("source_fingerprint").to_pylist(),
+                strict=True,
+            ),
             strict=True,
         )
     )
@@ -223,7 +231,9 @@ def _snapshot_spec_id(snapshot: Snapshot) -> str | None:
 
 def _sort_key(key: KeyTuple) -> tuple[Any, ...]:
     # NULLs first, then by type name and value, so mixed or NULL keys sort without TypeError.
-    return tuple((value is not None, type(value).__name__, value if value is not None else 0) for value in key)
+    return tuple(
+        (value is not None, type(value).__name__, value if value is not None else 0) for value in key
+    )
 
 
 def fingerprints_by_path(plan: RefreshPlan) -> Mapping[str, str]:

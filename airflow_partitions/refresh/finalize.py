@@ -53,7 +53,9 @@ def conform_to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
     missing = [name for name in schema.names if name not in table.column_names]
     if missing:
-        raise RefreshError(f"staged rows lack source column(s) {missing}; the stage is inconsistent, stage again")
+        raise RefreshError(
+            f"staged rows lack source column(s) {missing}; the stage is inconsistent, stage again"
+        )
     columns = []
     for target in schema:
         column = table.column(target.name)
@@ -83,7 +85,9 @@ def read_staged_rows(location: str, index: int, schema: pa.Schema) -> pa.Table:
     return conform_to_schema(table, schema)
 
 
-def verify_partition(table: pa.Table, transforms: Sequence[Transform], key: tuple[Any, ...], key_path: str) -> None:
+def verify_partition(
+    table: pa.Table, transforms: Sequence[Transform], key: tuple[Any, ...], key_path: str
+) -> None:
     """Refuse rows whose partition values are not `key`: a routing bug must not reach the catalog."""
     if table.num_rows == 0:
         return

@@ -14,8 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import FilterError, RefreshError, SpecValidationError
-from airflow_partitions.refresh.commit import commit_refresh, open_dataset_catalog, remove_stage
+from airflow_partitions.exceptions import FilterError, PartitionsFailedError, SpecValidationError
+from airflow_partitions.refresh.commit import (
+    commit_refresh,
+    dataset_data_root,
+    open_dataset_catalog,
+    remove_stage,
+)
 from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
@@ -50,11 +55,76 @@ def bind_dataset(dataset: DatasetSpec, source: Source) -> DatasetSpec:
 
 
 def where_selector(dataset: DatasetSpec, where: str) -> KeySelector:
-    """Select discovered keys whose partition may hold rows matching `where` (SQL over partition values).
+    """Select the discovered keys whose partitions may hold rows matching `where`.
 
-    The condition may name partition fields, and the source column of an identity field. It runs in
-    DuckDB over a small table of the keys, so SQL comparison semantics (NULL never matches) apply.
+    `where` is SQL over source columns (and partition expressions such as `bucket(50, id) = 7`), judged by
+    the pruning module exactly as a read would prune: `ts >= '2026-01-02'` selects the day partitions
+    from 2026-01-02 on. Conditions on partition field names (`day >= '2026-01-02'`) are accepted too and
+    evaluated directly on the partition values.
     """
+    from airflow_partitions.pruning import bind_filter
+
+    schema = dataset.bound_schema
+    if schema is None:
+        raise FilterError(f"dataset {dataset.name!r} must be bound to its source before selecting with --where")
+    try:
+        bind_filter(where, schema)
+    except FilterError as source_error:
+        try:
+            return _partition_value_selector(dataset, where)
+        except FilterError:
+            raise source_error from None
+    return _pruning_selector(dataset, where)
+
+
+def _pruning_selector(dataset: DatasetSpec, where: str) -> KeySelector:
+    """Prune the discovered keys with the read path's pruning, over a catalog-shaped view of them."""
+
+    def select(keys: Sequence[tuple[Any, ...]]) -> list[bool]:
+        import datetime as dt
+
+        from airflow_partitions.catalog import PartitionMap, Snapshot
+        from airflow_partitions.catalog.model import format_time
+        from airflow_partitions.catalog.state import entries_to_table
+        from airflow_partitions.keys import PartitionKey
+        from airflow_partitions.pruning import plan_partitions
+        from airflow_partitions.refresh.commit import partition_spec_info
+
+        if not keys:
+            return []
+        spec = partition_spec_info(dataset)
+        names = dataset.acceleration.partition_names
+        now = format_time(dt.datetime.now(dt.UTC))
+        paths = [PartitionKey(key).path(names) for key in keys]
+        # One placeholder file without statistics per key: only the partition values can rule a key out.
+        entries = [
+            {
+                "key_path": path,
+                "key": PartitionKey(key).to_json(),
+                "spec_id": spec.spec_id,
+                "rows": 1,
+                "bytes": 0,
+                "refreshed_at": now,
+                "source_fingerprint": None,
+                "files": [{"path": f"{path}/candidate", "format": "none", "rows": 1, "bytes": 0, "checksum": ""}],
+            }
+            for key, path in zip(keys, paths, strict=True)
+        ]
+        snapshot = Snapshot(
+            version=0,
+            partition_spec=spec,
+            committed_at=dt.datetime.now(dt.UTC),
+            partitions=PartitionMap(entries_to_table(entries)),
+        )
+        assert dataset.bound_schema is not None
+        chosen = {selected.key_path for selected in plan_partitions(snapshot, dataset.bound_schema, where).selected}
+        return [path in chosen for path in paths]
+
+    return select
+
+
+def _partition_value_selector(dataset: DatasetSpec, where: str) -> KeySelector:
+    """Evaluate `where` over partition field names (and identity source columns) in DuckDB."""
     import sqlglot
     from sqlglot import exp
 
@@ -69,13 +139,9 @@ def where_selector(dataset: DatasetSpec, where: str) -> KeySelector:
     for i, f in enumerate(fields):
         if getattr(f.transform, "name", "") == "identity":
             aliases.setdefault(f.source_column, i)
-    known = set(aliases)
-    unknown = sorted({c.name for c in tree.find_all(exp.Column)} - known)
+    unknown = sorted({c.name for c in tree.find_all(exp.Column)} - set(aliases))
     if unknown:
-        raise FilterError(
-            f"--where names {unknown}; a refresh selects partitions, so use partition fields "
-            f"{sorted(known)} (identity fields also by their source column)"
-        )
+        raise FilterError(f"--where names {unknown}, which are neither source columns nor partition fields")
     condition = tree.sql(dialect="duckdb")
 
     def select(keys: Sequence[tuple[Any, ...]]) -> list[bool]:
@@ -89,10 +155,9 @@ def where_selector(dataset: DatasetSpec, where: str) -> KeySelector:
             for name, i in aliases.items()
         }
         columns["__ap_row"] = pa.array(range(len(keys)), type=pa.int64())
-        table = pa.table(columns)  # noqa: F841 - read by DuckDB's replacement scan below
         connection = duckdb.connect()
         try:
-            connection.register("ap_partition_keys", table)
+            connection.register("ap_partition_keys", pa.table(columns))
             rows = connection.execute(f"SELECT __ap_row FROM ap_partition_keys WHERE {condition}").fetchall()
         except duckdb.Error as err:
             raise FilterError(f"cannot evaluate --where {where!r} on partition values: {err}") from err
@@ -122,7 +187,13 @@ def plan_refresh(
     snapshot = open_dataset_catalog(project, spec).latest()
     selector = where_selector(bound, where) if where else None
     return discover(
-        bound, source, snapshot, partitions=partitions, where_selector=selector, full=full, timeout_s=timeout_s
+        bound,
+        source,
+        snapshot,
+        partitions=partitions,
+        where_selector=selector,
+        full=full,
+        timeout_s=timeout_s,
     )
 
 
@@ -210,7 +281,14 @@ def refresh_dataset(
     tick("stage", 0, total, 0)
     mark = time.monotonic()
     stage = stage_refresh(
-        project, spec, plan, spark=spark, remote=remote, strategy=strategy, repartition=repartition, source=source
+        project,
+        spec,
+        plan,
+        spark=spark,
+        remote=remote,
+        strategy=strategy,
+        repartition=repartition,
+        source=source,
     )
     timings["stage"] = time.monotonic() - mark
 
@@ -220,7 +298,7 @@ def refresh_dataset(
     rows = 0
     if stage.location is not None:
         tick("finalize", 0, total, 0)
-        data_root = open_dataset_catalog(project, spec).data_root
+        data_root = dataset_data_root(project, spec)
         pool_size = workers or min(4, os.cpu_count() or 2)
         with ThreadPoolExecutor(max_workers=max(1, pool_size)) as pool:
             futures = {
@@ -244,9 +322,10 @@ def refresh_dataset(
     if failed and not allow_partial:
         remove_stage(stage)
         summary = _summary(spec, plan, stage, None, failed, timings, started)
-        raise RefreshError(
+        raise PartitionsFailedError(
             f"{len(failed)} of {total} partition(s) of {spec.name!r} failed; nothing was committed: "
             + "; ".join(f"{path}: {message}" for path, message in list(failed.items())[:5]),
+            failed,
             summary,
         )
     tick("commit", total, total, rows)

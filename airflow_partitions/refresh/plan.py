@@ -39,7 +39,9 @@ def utc_now_iso() -> str:
 
 def _require(data: Mapping[str, Any], name: str, what: str) -> Any:
     if name not in data:
-        raise RefreshError(f"{what} is missing {name!r}; was it produced by this version of airflow-partitions?")
+        raise RefreshError(
+            f"{what} is missing {name!r}; was it produced by this version of airflow-partitions?"
+        )
     return data[name]
 
 
@@ -57,7 +59,12 @@ class PartitionWorkItem:
         return PartitionKey.from_json(self.key)
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": list(self.key), "key_path": self.key_path, "reason": str(self.reason), "fp": self.fingerprint}
+        return {
+            "key": list(self.key),
+            "key_path": self.key_path,
+            "reason": str(self.reason),
+            "fp": self.fingerprint,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PartitionWorkItem:

@@ -63,3 +63,13 @@ def build_connect_session(remote: str, *, conf: Mapping[str, str] | None = None)
     for key, value in {"spark.sql.session.timeZone": "UTC", **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def build_submitted_session(*, conf: Mapping[str, str] | None = None) -> Any:
+    """The session of a `spark-submit`ted job: master and resources come from spark-submit, UTC enforced."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.builder.getOrCreate()
+    for key, value in {"spark.sql.session.timeZone": "UTC", **(conf or {})}.items():
+        session.conf.set(key, value)
+    return session

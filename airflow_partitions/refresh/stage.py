@@ -251,7 +251,9 @@ def _run_spark_stage(
     columns = list(frame.columns)
     clashes = [c for c in columns if c.startswith(("__ap_",))]
     if clashes:
-        raise SourceError(f"source columns {clashes} use the reserved prefix __ap_; rename them in the source")
+        raise SourceError(
+            f"source columns {clashes} use the reserved prefix __ap_; rename them in the source"
+        )
     for position, transform in enumerate(transforms):
         frame = frame.withColumn(
             f"{_PARTITION_PREFIX}{position}", transform.to_spark(F.col(quote_column(transform.source_column)))

@@ -76,6 +76,16 @@ class S3Settings:
             raise SnapshotError(
                 f"unknown S3 setting(s) {sorted(unknown)}; expected some of {sorted(known | set(aliases))}"
             )
+        # Connection extras often arrive as text: "false" must not become a CA-bundle path named "false".
+        if isinstance(values.get("verify_tls"), str):
+            values["verify_tls"] = _text_to_verify(values["verify_tls"])
+        if "max_pool_connections" in values:
+            try:
+                values["max_pool_connections"] = int(values["max_pool_connections"])
+            except (TypeError, ValueError) as err:
+                raise SnapshotError(
+                    f"max_pool_connections must be an integer, got {values['max_pool_connections']!r}"
+                ) from err
         return cls(**values)
 
     def create_client(self) -> S3Client:
@@ -102,6 +112,16 @@ class S3Settings:
 
 
 SettingsLike: TypeAlias = S3Settings | Mapping[str, Any]
+
+
+def _text_to_verify(text: str) -> bool | str:
+    """`verify_tls` from text: a boolean word, else the path of a CA bundle."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    return text
 
 
 def as_settings(settings: SettingsLike) -> S3Settings:

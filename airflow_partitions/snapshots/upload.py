@@ -1,10 +1,12 @@
 """Upload one partition's files to object storage: checksummed, write-once, skipped when already there.
 
-Every file is read once before anything is sent and must match the SHA-256 the storage layer recorded
-when it wrote the file; a mismatch fails the whole partition before any byte leaves the machine. Objects
-are created with `If-None-Match: *` (a single PUT, or the completion of a multipart upload), so an
-existing object is never overwritten, and S3 makes an object visible only once it is complete. After the
-upload, HEAD must report the expected size, SHA-256 metadata and S3 checksum, or the object is removed.
+A file whose object already holds the SHA-256 the storage layer recorded is skipped without being read.
+Every file to send is read first and must match that SHA-256; a mismatch fails the whole partition
+before any byte leaves the machine. A single PUT carries the SHA-256 (S3 rejects bytes that differ); a
+multipart upload sends a SHA-256 per part and its composite checksum is checked once complete. Objects
+are created with `If-None-Match: *` (on the PUT, or on the multipart completion), so an existing object
+is never overwritten, and S3 shows an object only once it is complete. After the upload, HEAD must
+report the expected size, SHA-256 metadata and S3 checksum, or the object is removed again.
 """
 
 from __future__ import annotations
@@ -299,6 +301,8 @@ def _upload_one(
                 Config=config,
             )
         else:
+            # The digest of the bytes we checked goes in the request: S3 rejects the PUT if the bytes it
+            # receives differ (the file changed since), so a wrong object never becomes visible.
             with item.local.open("rb") as body:
                 client.put_object(
                     Bucket=bucket,
@@ -306,6 +310,7 @@ def _upload_one(
                     Body=body,
                     ContentLength=item.digest.size,
                     ChecksumAlgorithm="SHA256",
+                    ChecksumSHA256=item.digest.s3_checksum,
                     Metadata=metadata,
                     IfNoneMatch="*",
                 )

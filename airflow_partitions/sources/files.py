@@ -335,9 +335,7 @@ class FileSource:
         if not self.hive_columns:
             return pads.dataset(paths, schema=schema, format=self._arrow_format(), filesystem=self.filesystem)
         if schema is not None:
-            partitioning: Any = pads.partitioning(
-                pa_schema_subset(schema, self.hive_columns), flavor="hive"
-            )
+            partitioning: Any = pads.partitioning(pa_schema_subset(schema, self.hive_columns), flavor="hive")
         else:
             partitioning = pads.HivePartitioning.discover(infer_dictionary=False)
         return pads.dataset(
@@ -375,7 +373,9 @@ class FileSource:
         hive = set(self.hive_columns)
         return tuple(i for i, t in enumerate(transforms) if t.source_column in hive)
 
-    def _groups(self, transforms: Sequence[Transform]) -> tuple[tuple[int, ...], dict[KeyTuple, list[SourceFile]]]:
+    def _groups(
+        self, transforms: Sequence[Transform]
+    ) -> tuple[tuple[int, ...], dict[KeyTuple, list[SourceFile]]]:
         projection = self.hive_projection(transforms)
         groups: dict[KeyTuple, list[SourceFile]] = {}
         if not projection:
@@ -383,7 +383,9 @@ class FileSource:
         values = self._file_hive_values()
         for f in self.list_files():
             hive = values.get(f.path, {})
-            partial = tuple(transforms[i].apply_scalar(hive.get(transforms[i].source_column)) for i in projection)
+            partial = tuple(
+                transforms[i].apply_scalar(hive.get(transforms[i].source_column)) for i in projection
+            )
             groups.setdefault(partial, []).append(f)
         return projection, groups
 
@@ -405,7 +407,9 @@ class FileSource:
         if need_keys:
             if projection and len(projection) == len(transforms):
                 # Every field is decided by the directories: the listing is the discovery.
-                keys = [tuple(partial[projection.index(i)] for i in range(len(transforms))) for partial in groups]
+                keys = [
+                    tuple(partial[projection.index(i)] for i in range(len(transforms))) for partial in groups
+                ]
                 notes.append("keys listed from Hive directories")
             else:
                 keys = self._scan_distinct(transforms, deadline)
@@ -489,7 +493,9 @@ class FileSource:
 
     # --- Spark side ---------------------------------------------------------------------------
 
-    def files_for_keys(self, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None) -> list[SourceFile]:
+    def files_for_keys(
+        self, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None
+    ) -> list[SourceFile]:
         """The files that can hold rows of `keys` (all files unless the Hive layout narrows it)."""
         files = self.list_files()
         if keys is None:

@@ -107,7 +107,9 @@ def preimage_predicate(transform: Transform, value: Any) -> str:
             "the refresh scans the table once instead"
         )
     source_type = transform.source_type
-    textual = source_type is not None and (pa.types.is_string(source_type) or pa.types.is_large_string(source_type))
+    textual = source_type is not None and (
+        pa.types.is_string(source_type) or pa.types.is_large_string(source_type)
+    )
     if interval.lower is not None and interval.lower == interval.upper:
         return f"{column} = {sql_literal(interval.lower)}"
     # Prefix ranges follow code point order, which only the C collation guarantees.

@@ -135,7 +135,9 @@ def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
     for target in schema:
         column = table.column(target.name)
         if isinstance(column.type, pa.BaseExtensionType):
-            column = pa.chunked_array([chunk.storage for chunk in column.chunks], type=column.type.storage_type)
+            column = pa.chunked_array(
+                [chunk.storage for chunk in column.chunks], type=column.type.storage_type
+            )
         if column.type != target.type:
             column = column.cast(target.type)
         columns.append(column)
@@ -299,9 +301,7 @@ class PostgresSource:
         unique_groups = list(dict.fromkeys(group_sql))
         select = ", ".join(f"{sql} AS g{unique_groups.index(sql)}" for sql in unique_groups)
         group_by = ", ".join(str(i + 1) for i in range(len(unique_groups)))
-        sql = (
-            f"SELECT {select}, count(*) AS n, {watermark} AS w FROM {self.table.sql} GROUP BY {group_by}"
-        )
+        sql = f"SELECT {select}, count(*) AS n, {watermark} AS w FROM {self.table.sql} GROUP BY {group_by}"
         remaining = deadline.remaining()
         if remaining is not None and remaining <= 0:
             raise deadline.error(f"querying {self.table}")
@@ -310,7 +310,9 @@ class PostgresSource:
         except Exception as err:
             if _QUERY_CANCELED in str(err):
                 raise deadline.error(f"running SELECT ... GROUP BY on {self.table}") from err
-            raise SourceError(f"partition discovery query on {self.describe()} failed: {_clean_error(err)}") from err
+            raise SourceError(
+                f"partition discovery query on {self.describe()} failed: {_clean_error(err)}"
+            ) from err
         deadline.check(f"reading the partition statistics of {self.table}")
         arrays = []
         for transform, sql_text, is_exact in zip(transforms, group_sql, exact, strict=True):
@@ -328,7 +330,9 @@ class PostgresSource:
             watermark_column = pa.chunked_array(
                 [c.storage for c in watermark_column.chunks], type=watermark_column.type.storage_type
             )
-        stats = pa.table({**dict(zip(names, arrays, strict=True)), "n": result.column("n"), "w": watermark_column})
+        stats = pa.table(
+            {**dict(zip(names, arrays, strict=True)), "n": result.column("n"), "w": watermark_column}
+        )
         per_partition = stats.group_by(names).aggregate([("n", "sum"), ("w", "max")])
         deadline.check(f"aggregating the partition statistics of {self.table}")
         key_columns = [per_partition.column(name).to_pylist() for name in names]
@@ -388,7 +392,9 @@ class PostgresSource:
 
     # --- Spark --------------------------------------------------------------------------------
 
-    def _subset_predicate(self, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None) -> str | None:
+    def _subset_predicate(
+        self, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None
+    ) -> str | None:
         """One SQL OR of the keys' ranges, when every field can be pushed down and keys are few."""
         if keys is None or not keys or len(keys) > MAX_PUSHED_RANGES:
             return None
@@ -405,7 +411,11 @@ class PostgresSource:
         struct = spark_schema(self.schema())
         if self.reader == "adbc":
             table = self.read_where(where or "TRUE")
-            return spark.createDataFrame(table, schema=struct) if table.num_rows else spark.createDataFrame([], struct)
+            return (
+                spark.createDataFrame(table, schema=struct)
+                if table.num_rows
+                else spark.createDataFrame([], struct)
+            )
         jdbc_url, properties = jdbc_settings(self.url)
         columns = ", ".join(quote_ident(name) for name in self.schema().names)
         query = f"SELECT {columns} FROM {self.table.sql}" + (f" WHERE {where}" if where else "")

@@ -46,9 +46,21 @@ def _name(value: Any) -> str | None:
 def get_storage(engine: Any, partition_mode: Any = None, **options: Any) -> PartitionStorage:
     """The storage engine for `engine` (`parquet` | `duckdb` | `arrow`) and, for duckdb, `partition_mode`.
 
-    `options` go to the engine: `max_rows_per_file` (split large partitions; parquet and arrow), and for
-    duckdb `tables` mode `lock_timeout` (seconds to wait for the shared file).
+    `engine` may also be a spec `AccelerationSpec`: its engine, partition_mode and the
+    `acceleration.params.max_rows_per_file` setting are used. `options` go to the engine:
+    `max_rows_per_file` (split large partitions into several files; parquet and arrow), and for duckdb
+    `tables` mode `lock_timeout` (seconds to wait for the shared file).
     """
+    if hasattr(engine, "engine") and hasattr(engine, "partition_mode"):
+        acceleration = engine
+        engine, partition_mode = acceleration.engine, acceleration.partition_mode
+        limit = (getattr(acceleration, "params", None) or {}).get("max_rows_per_file")
+        if limit is not None and "max_rows_per_file" not in options:
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+                raise StorageError(
+                    f"acceleration.params.max_rows_per_file must be a positive integer, got {limit!r}"
+                )
+            options["max_rows_per_file"] = limit
     engine_name = _name(engine)
     mode = _name(partition_mode) or "files"
     if mode not in PARTITION_MODES:

@@ -266,6 +266,11 @@ def data_file_path(dataset_root: Path, file: DataFile) -> Path:
 
 def ensure_directory(directory: Path, *, stop_at: Path) -> None:
     """Create `directory` and make each newly created level durable (fsync of its parent)."""
+    if directory.is_dir():
+        return
+    if not stop_at.exists():
+        stop_at.mkdir(parents=True, exist_ok=True)
+        fsync_directory(stop_at.parent)
     missing: list[Path] = []
     current = directory
     while not current.exists():
@@ -371,6 +376,8 @@ def vacuum_files(
     cutoff_epoch = cutoff.timestamp()
     removed: list[VacuumedFile] = []
     kept_young: list[str] = []
+    # Directory ages before this run deletes anything (a deletion refreshes its directory's mtime).
+    old_directories = _old_partition_directories(root, cutoff_epoch)
     for path in _candidate_files(root):
         relative = path.relative_to(root).as_posix()
         if relative in referenced:
@@ -387,7 +394,9 @@ def vacuum_files(
                 path.unlink()
         removed.append(VacuumedFile(relative, info.st_size))
     if not dry_run:
-        _remove_empty_partition_directories(root, cutoff_epoch)
+        for directory in sorted(old_directories, key=lambda d: len(d.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)  # only succeeds when empty
     return FileVacuumResult(removed, kept_young)
 
 
@@ -401,11 +410,14 @@ def _candidate_files(root: Path) -> Iterator[Path]:
             yield entry
 
 
-def _remove_empty_partition_directories(root: Path, cutoff_epoch: float) -> None:
+def _old_partition_directories(root: Path, cutoff_epoch: float) -> list[Path]:
+    """Partition directories last modified before the cutoff: a younger (possibly empty) one may be where a
+    writer is about to place its next file."""
+    found: list[Path] = []
     for entry in root.iterdir():
         if entry.is_dir() and not entry.is_symlink() and "=" in entry.name:
-            for directory, _subdirs, _names in os.walk(entry, topdown=False):
+            for directory, _subdirs, _names in os.walk(entry):
                 with contextlib.suppress(OSError):
-                    # A young empty directory may be one a writer just created for its next file.
                     if os.stat(directory).st_mtime < cutoff_epoch:
-                        os.rmdir(directory)  # only succeeds when empty
+                        found.append(Path(directory))
+    return found

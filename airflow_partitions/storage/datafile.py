@@ -106,6 +106,8 @@ class DataFile:
 
 def stat_to_json(value: Any) -> Any:
     """JSON form of a stats bound: `keys.value_to_json` for scalars, non-finite floats tagged."""
+    if value is None or type(value) in (int, str, bool):
+        return value  # the common case, without value_to_json's type dispatch
     if isinstance(value, float):
         # JSON has no NaN / Infinity; finite floats stay plain numbers (`2.0` parses back as a float).
         return value if math.isfinite(value) else {_FLOAT_TAG: repr(value)}

@@ -242,11 +242,13 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
             ).fetchall()
             if registry[0][0] == 0:
                 return []
+            # Epoch microseconds: fetching TIMESTAMPTZ values into Python would need pytz.
             rows = connection.execute(
-                f"SELECT table_name, created_at FROM {TABLES_REGISTRY} ORDER BY table_name"
+                f"SELECT table_name, epoch_us(created_at) FROM {TABLES_REGISTRY} ORDER BY table_name"
             ).fetchall()
-            for table_name, created_at in rows:
-                if table_name in keep or created_at >= cutoff:
+            cutoff_us = int(cutoff.timestamp() * 1_000_000)
+            for table_name, created_us in rows:
+                if table_name in keep or created_us >= cutoff_us:
                     continue
                 if not dry_run:
                     connection.execute("BEGIN TRANSACTION")

@@ -8,6 +8,8 @@ rows that still have a `j`-th block, as one contiguous prefix. The scalar twin i
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -62,18 +64,35 @@ def _fmix_inplace(state: U32Array, scratch: U32Array) -> None:
     np.bitwise_xor(state, scratch, out=state)
 
 
-def hash_int64(values: npt.NDArray[np.int64] | npt.NDArray[np.uint64]) -> U32Array:
+def hash_int64(values: npt.NDArray[np.integer[Any]]) -> U32Array:
     """Unsigned Murmur3 of each value's 8 little-endian bytes (Iceberg `hashLong`), vectorised."""
+    out = np.empty(len(values), dtype=np.uint32)
+    _hash_int64_chunks(values, out, None)
+    return out
+
+
+def bucket_int64(
+    values: npt.NDArray[np.integer[Any]], num_buckets: int, dtype: npt.DTypeLike
+) -> npt.NDArray[Any]:
+    """Iceberg buckets of 64-bit integers; hashing and `% N` happen chunk by chunk, while in cache."""
+    out = np.empty(len(values), dtype=dtype)
+    _hash_int64_chunks(values, out, num_buckets)
+    return out
+
+
+def _hash_int64_chunks(
+    values: npt.NDArray[np.integer[Any]], out: npt.NDArray[Any], num_buckets: int | None
+) -> None:
     words = np.ascontiguousarray(values).astype("<i8", copy=False).view("<u4").reshape(-1, 2)
     count = words.shape[0]
-    out = np.empty(count, dtype=np.uint32)
     size = min(_CHUNK, max(count, 1))
+    state_buffer = np.empty(size, dtype=np.uint32)
     block = np.empty(size, dtype=np.uint32)
     scratch = np.empty(size, dtype=np.uint32)
     for start in range(0, count, _CHUNK):
         stop = min(start + _CHUNK, count)
         width = stop - start
-        state = out[start:stop]
+        state = state_buffer[:width]
         blk = block[:width]
         tmp = scratch[:width]
         # First block: the state starts at the seed 0, so `h ^= k` is just `h = k`.
@@ -87,12 +106,13 @@ def hash_int64(values: npt.NDArray[np.int64] | npt.NDArray[np.uint64]) -> U32Arr
         _fold_inplace(state, blk, tmp)
         np.bitwise_xor(state, np.uint32(8), out=state)
         _fmix_inplace(state, tmp)
-    return out
+        if num_buckets is not None:
+            np.bitwise_and(state, np.uint32(0x7FFFFFFF), out=state)
+            np.remainder(state, np.uint32(num_buckets), out=state)
+        out[start:stop] = state
 
 
-def hash_ragged(
-    data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
-) -> U32Array:
+def hash_ragged(data: npt.NDArray[np.uint8], starts: npt.NDArray[Any], lengths: npt.NDArray[Any]) -> U32Array:
     """Unsigned Murmur3 of each byte string `data[starts[i] : starts[i] + lengths[i]]`, vectorised."""
     count = len(starts)
     out = np.empty(count, dtype=np.uint32)

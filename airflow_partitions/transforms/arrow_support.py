@@ -235,7 +235,9 @@ def from_numpy(values: npt.NDArray[Any], result_type: pa.DataType, like: pa.Arra
     )
 
 
-def binary_layout(array: pa.Array) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+def binary_layout(
+    array: pa.Array,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[Any], npt.NDArray[Any]]:
     """(data bytes, start of each value, byte length of each value) of a string/binary array."""
     data_type = array.type
     count = len(array)
@@ -247,7 +249,9 @@ def binary_layout(array: pa.Array) -> tuple[npt.NDArray[np.uint8], npt.NDArray[n
         return data, starts, np.full(count, width, dtype=np.int64)
     offset_dtype = np.int64 if data_type in (pa.large_string(), pa.large_binary()) else np.int32
     _, offsets_buffer, data_buffer = array.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype=offset_dtype, count=array.offset + count + 1)[array.offset :]
+    offsets = np.frombuffer(offsets_buffer, dtype=offset_dtype, count=array.offset + count + 1)[
+        array.offset :
+    ]
     offsets = offsets.astype(np.int64, copy=False)
     data = (
         np.frombuffer(data_buffer, dtype=np.uint8)

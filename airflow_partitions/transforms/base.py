@@ -44,10 +44,13 @@ class Interval:
         """Whether `value` lies in the interval (NULL never does)."""
         if value is None:
             return False
-        if self.lower is not None and (value < self.lower or (value == self.lower and not self.lower_inclusive)):
+        if self.lower is not None and (
+            value < self.lower or (value == self.lower and not self.lower_inclusive)
+        ):
             return False
         return not (
-            self.upper is not None and (value > self.upper or (value == self.upper and not self.upper_inclusive))
+            self.upper is not None
+            and (value > self.upper or (value == self.upper and not self.upper_inclusive))
         )
 
 
@@ -235,7 +238,11 @@ class Transform(ABC):
         if isinstance(value, dt.datetime):
             if info is not None and info.kind == "date":
                 raise self._scalar_error(value, "a datetime.date")
-            aware = info.tz_aware if info is not None and info.kind == "timestamp" else value.utcoffset() is not None
+            aware = (
+                info.tz_aware
+                if info is not None and info.kind == "timestamp"
+                else value.utcoffset() is not None
+            )
             return with_result_zone(utc_wall_clock(value), aware)
         if info is None:
             return value
@@ -278,7 +285,6 @@ class Transform(ABC):
                 return with_result_zone(midnight, info.tz_aware)
             raise self._scalar_error(value, "a datetime.datetime")
         return value
-
 
     def _require_bound(self, purpose: str) -> pa.DataType:
         if self._source_type is None:
@@ -354,7 +360,9 @@ _DECIMAL_CONTEXT_PRECISION = 100
 def decimal_unscaled(value: Decimal, scale: int | None) -> tuple[int, int]:
     """(unscaled integer, scale) of `value` at `scale` (its own exponent when None); must be exact."""
     if not value.is_finite():
-        raise PartitionValueError(f"decimal {value} has no partition value (NaN and infinity are not allowed)")
+        raise PartitionValueError(
+            f"decimal {value} has no partition value (NaN and infinity are not allowed)"
+        )
     if scale is None:
         exponent = value.as_tuple().exponent
         scale = max(0, -int(exponent))

@@ -80,15 +80,20 @@ class BucketTransform(Transform):
 
     # --- hashing ------------------------------------------------------------------------------------
 
-    def hash_array(self, values: pa.Array) -> pa.Array:
-        """Iceberg's signed 32-bit hash of every value of a (normalised) array, NULL for NULL."""
+    def hash_array(self, values: Any) -> Any:
+        """Iceberg's signed 32-bit hash of every value (int32 array), NULL for NULL; vectorised."""
         import numpy as np
         import pyarrow as pa
 
         from airflow_partitions.transforms import arrow_support as support
 
-        hashes = _unsigned_hashes(values)
-        return support.from_numpy(hashes.view(np.int32), pa.int32(), values)
+        arrow = support.as_arrow(values)
+        self.result_type_for(arrow.type)
+
+        def kernel(array: pa.Array) -> pa.Array:
+            return support.from_numpy(_unsigned_hashes(array).view(np.int32), pa.int32(), array)
+
+        return support.map_array(arrow, pa.int32(), kernel)
 
     def hash_scalar(self, value: Any) -> int:
         """Iceberg's signed 32-bit hash of one Python value (after checking it against a bound type)."""
@@ -126,9 +131,12 @@ class BucketTransform(Transform):
         from airflow_partitions.transforms import arrow_support as support
 
         result_type = self._fixed_result_type()
-        buckets = arrow_hash.bucket_of_hashes(
-            _unsigned_hashes(values), self.num_buckets, result_type.to_pandas_dtype()
-        )
+        dtype = result_type.to_pandas_dtype()
+        integers = _as_int64_words(values)
+        if integers is not None:
+            buckets = arrow_hash.bucket_int64(integers, self.num_buckets, dtype)
+        else:
+            buckets = arrow_hash.bucket_of_hashes(_unsigned_hashes(values), self.num_buckets, dtype)
         return support.from_numpy(buckets, result_type, values)
 
     def _apply_scalar(self, value: Any) -> int:
@@ -143,24 +151,34 @@ def _minimal_twos_complement(unscaled: int) -> bytes:
 
 def _unsigned_hashes(values: pa.Array) -> npt.NDArray[np.uint32]:
     """Unsigned Murmur3 hashes of a normalised array (arbitrary values under NULL slots)."""
-    import numpy as np
 
     from airflow_partitions.transforms import arrow_hash
+    from airflow_partitions.transforms import arrow_support as support
+
+    integers = _as_int64_words(values)
+    if integers is not None:
+        return arrow_hash.hash_int64(integers)
+    if support.is_decimal(values.type):
+        return arrow_hash.hash_ragged(*_decimal_minimal_bytes(values))
+    return arrow_hash.hash_ragged(*support.binary_layout(values))
+
+
+def _as_int64_words(values: pa.Array) -> npt.NDArray[Any] | None:
+    """The 64-bit integers Iceberg hashes for integer, date and timestamp arrays; None for others."""
+    import numpy as np
+
     from airflow_partitions.transforms import arrow_support as support
 
     data_type = values.type
     if support.is_integer(data_type):
         raw = support.fixed_width_values(values, np.dtype(data_type.to_pandas_dtype()))
-        wide = raw.astype(np.int64 if support.is_signed_integer(data_type) else np.uint64)
-        return arrow_hash.hash_int64(wide)
+        signed = support.is_signed_integer(data_type)
+        return raw.astype(np.int64 if signed else np.uint64, copy=False)
     if support.is_date(data_type):
-        days = support.fixed_width_values(values, np.dtype(np.int32))
-        return arrow_hash.hash_int64(days.astype(np.int64))
+        return support.fixed_width_values(values, np.dtype(np.int32)).astype(np.int64)
     if support.is_timestamp(data_type):
-        return arrow_hash.hash_int64(support.timestamp_micros(values))
-    if support.is_decimal(data_type):
-        return arrow_hash.hash_ragged(*_decimal_minimal_bytes(values))
-    return arrow_hash.hash_ragged(*support.binary_layout(values))
+        return support.timestamp_micros(values)
+    return None
 
 
 @functools.cache

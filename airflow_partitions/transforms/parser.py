@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Any
 
 import sqlglot
 from sqlglot import exp
@@ -32,9 +33,11 @@ SUPPORTED_FORMS = (
     "a column, bucket(N, col), truncate(W, col), date_part('unit', col), "
     "YEAR/QUARTER/MONTH/WEEK/DAY/HOUR/MINUTE(col), date_trunc('unit', col), col % N"
 )
+# Print SQL in messages as the user wrote it: DuckDB syntax, function names in their original case.
+_AS_WRITTEN: dict[str, Any] = {"dialect": DIALECT, "normalize_functions": False}
 _UNIT_LIST = ", ".join(f"'{unit}'" for unit in DATE_UNITS)
 _INTEGER_TEXT = re.compile(r"[0-9]+")
-_UNIT_FUNCTIONS: dict[type[exp.Expression], str] = {
+_UNIT_FUNCTIONS: dict[type[exp.Expr], str] = {
     exp.Year: "year",
     exp.Quarter: "quarter",
     exp.Month: "month",
@@ -67,7 +70,7 @@ def parse_transform(expression: str) -> Transform:
             "a partition expression must reference exactly one column of the dataset, "
             "e.g. bucket(16, user_id)",
         )
-    names = sorted({column.sql(dialect=DIALECT) for column in columns})
+    names = sorted({column.sql(**_AS_WRITTEN) for column in columns})
     if len(columns) > 1:
         listed = ", ".join(names)
         raise _error(
@@ -100,7 +103,7 @@ def _error(text: str, problem: str, fix: str) -> PartitionExpressionError:
     return PartitionExpressionError(f"partition expression {text!r} {problem}; {fix}")
 
 
-def _parse_single(text: str) -> exp.Expression:
+def _parse_single(text: str) -> exp.Expr:
     try:
         trees = sqlglot.parse(text, read=DIALECT)
     except SqlglotError as err:
@@ -110,22 +113,28 @@ def _parse_single(text: str) -> exp.Expression:
         ) from err
     statements = [tree for tree in trees if tree is not None]
     if len(statements) != 1:
-        raise _error(text, "must be exactly one SQL expression", "remove the ';' and keep a single expression")
+        raise _error(
+            text, "must be exactly one SQL expression", "remove the ';' and keep a single expression"
+        )
     return statements[0]
 
 
-def _reject_forbidden(text: str, tree: exp.Expression) -> None:
+def _reject_forbidden(text: str, tree: exp.Expr) -> None:
     nodes = list(tree.walk())
     one_per_row = "a partition value is computed from one row"
 
-    def first(*kinds: type[exp.Expression]) -> exp.Expression | None:
+    def first(*kinds: type[exp.Expr]) -> exp.Expr | None:
         return next((node for node in nodes if isinstance(node, kinds)), None)
 
     if first(exp.Exists) is not None:
-        raise _error(text, "contains EXISTS (a subquery)", f"{one_per_row}; partition by a column or a transform of it")
+        raise _error(
+            text, "contains EXISTS (a subquery)", f"{one_per_row}; partition by a column or a transform of it"
+        )
     if first(exp.Subquery, exp.Query) is not None:
         raise _error(
-            text, "contains a subquery", f"{one_per_row} and cannot read other rows or tables; partition by a column"
+            text,
+            "contains a subquery",
+            f"{one_per_row} and cannot read other rows or tables; partition by a column",
         )
     if first(exp.Window) is not None:
         raise _error(
@@ -134,11 +143,12 @@ def _reject_forbidden(text: str, tree: exp.Expression) -> None:
             f"{one_per_row}, not from a window of rows; partition by a column or a transform of it",
         )
     aggregate = first(exp.AggFunc)
-    if aggregate is not None:
+    if isinstance(aggregate, exp.Func):
         raise _error(
             text,
             f"contains the aggregate function {aggregate.sql_name()}()",
-            f"aggregates combine many rows but {one_per_row}; partition by the column itself or a transform of it",
+            f"aggregates combine many rows but {one_per_row}; "
+            "partition by the column itself or a transform of it",
         )
     if first(exp.Unnest, exp.Explode) is not None:
         raise _error(
@@ -149,7 +159,8 @@ def _reject_forbidden(text: str, tree: exp.Expression) -> None:
     placeholder = first(exp.Placeholder, exp.Parameter, exp.SessionParameter)
     if placeholder is None:
         placeholder = next(
-            (node for node in nodes if isinstance(node, exp.Column) and node.name.startswith(("$", "?"))), None
+            (node for node in nodes if isinstance(node, exp.Column) and node.name.startswith(("$", "?"))),
+            None,
         )
     if placeholder is not None:
         raise _error(
@@ -159,10 +170,11 @@ def _reject_forbidden(text: str, tree: exp.Expression) -> None:
         )
     alias = first(exp.Alias)
     if alias is not None:
+        mapping = f'- {alias.alias}: "{alias.this.sql(**_AS_WRITTEN)}"'
         raise _error(
             text,
-            f"aliases its result ({alias.sql(dialect=DIALECT)})",
-            f'name the partition with the mapping form instead: `- {alias.alias}: "{alias.this.sql(dialect=DIALECT)}"`',
+            f"aliases its result ({alias.sql(**_AS_WRITTEN)})",
+            f"name the partition with the mapping form instead: `{mapping}`",
         )
     if first(exp.Star) is not None:
         raise _error(text, "contains *", "a partition expression must reference exactly one column by name")
@@ -170,16 +182,16 @@ def _reject_forbidden(text: str, tree: exp.Expression) -> None:
         raise _error(text, "is a SQL statement, not an expression", f"write one of: {SUPPORTED_FORMS}")
 
 
-def _placeholder_text(text: str, node: exp.Expression) -> str:
+def _placeholder_text(text: str, node: exp.Expr) -> str:
     """The placeholder as the user wrote it (`?`, `$1`, `:name`), not as a dialect would print it."""
     name = str(node.name) if node.name else ""
     for spelling in (f":{name}", f"${name}", f"@{name}") if name else ():
         if spelling in text:
             return spelling
-    return node.sql(dialect=DIALECT) if not isinstance(node, exp.Placeholder) or name else "?"
+    return node.sql(**_AS_WRITTEN) if not isinstance(node, exp.Placeholder) or name else "?"
 
 
-def _column_references(tree: exp.Expression) -> list[exp.Column]:
+def _column_references(tree: exp.Expr) -> list[exp.Column]:
     """Column references, minus unit keywords written bare (`date_part(day, ts)` names one column)."""
     skipped: set[int] = set()
     for node in tree.walk():
@@ -190,7 +202,7 @@ def _column_references(tree: exp.Expression) -> list[exp.Column]:
     return [node for node in tree.find_all(exp.Column) if id(node) not in skipped]
 
 
-def _is_function(node: exp.Expression, *names: str) -> bool:
+def _is_function(node: exp.Expr, *names: str) -> bool:
     return isinstance(node, exp.Anonymous) and str(node.name).lower() in names
 
 
@@ -201,7 +213,7 @@ def _bare_unit(node: exp.Column) -> str | None:
     return name if name in DATE_UNITS else None
 
 
-def _unwrap(node: exp.Expression) -> exp.Expression:
+def _unwrap(node: exp.Expr) -> exp.Expr:
     while isinstance(node, exp.Paren):
         node = node.this
     return node
@@ -210,7 +222,7 @@ def _unwrap(node: exp.Expression) -> exp.Expression:
 # --- building transforms --------------------------------------------------------------------------
 
 
-def _build(text: str, node: exp.Expression) -> Transform:
+def _build(text: str, node: exp.Expr) -> Transform:
     if isinstance(node, exp.Column):
         return IdentityTransform(_column_name(text, node, "the partition column"))
     if isinstance(node, exp.Mod):
@@ -230,51 +242,58 @@ def _build(text: str, node: exp.Expression) -> Transform:
         unit_node = node.args.get("unit")
         if unit_node is None:
             raise _error(text, "has no date_trunc unit", f"write date_trunc('day', col); units: {_UNIT_LIST}")
-        return DateTruncTransform(_column_name(text, node.this, "date_trunc"), _unit(text, unit_node, "date_trunc"))
+        return DateTruncTransform(
+            _column_name(text, node.this, "date_trunc"), _unit(text, unit_node, "date_trunc")
+        )
     for function_type, unit in _UNIT_FUNCTIONS.items():
         if type(node) is function_type:
-            return DatePartTransform(_column_name(text, node.this, node.sql_name()), unit)
-    raise _error(text, f"uses {_describe(node)}, which is not a partition transform", f"supported: {SUPPORTED_FORMS}")
+            return DatePartTransform(_column_name(text, node.this, f"{unit.upper()}()"), unit)
+    raise _error(
+        text, f"uses {_describe(node)}, which is not a partition transform", f"supported: {SUPPORTED_FORMS}"
+    )
 
 
-def _describe(node: exp.Expression) -> str:
+def _describe(node: exp.Expr) -> str:
     if isinstance(node, exp.Anonymous):
         return f"the function {node.name}()"
     if isinstance(node, exp.Func):
         return f"the function {node.sql_name()}()"
     if isinstance(node, exp.Binary):
-        return f"the operator expression {node.sql(dialect=DIALECT)}"
-    return f"{type(node).__name__.upper()} ({node.sql(dialect=DIALECT)})"
+        return f"the operator expression {node.sql(**_AS_WRITTEN)}"
+    return f"{type(node).__name__.upper()} ({node.sql(**_AS_WRITTEN)})"
 
 
-def _arguments(text: str, node: exp.Expression, function: str, count: int) -> list[exp.Expression]:
+def _arguments(text: str, node: exp.Expr, function: str, count: int) -> list[exp.Expr]:
     args = list(node.expressions) if isinstance(node, exp.Anonymous) else []
     if len(args) != count:
         raise _error(
-            text, f"calls {function} with {len(args)} argument(s)", f"{function} takes {count}; supported: {SUPPORTED_FORMS}"
+            text,
+            f"calls {function} with {len(args)} argument(s)",
+            f"{function} takes {count}; supported: {SUPPORTED_FORMS}",
         )
     return [_unwrap(arg) for arg in args]
 
 
-def _column_name(text: str, node: exp.Expression | None, where: str) -> str:
+def _column_name(text: str, node: exp.Expr | None, where: str) -> str:
     node = _unwrap(node) if node is not None else None
     if not isinstance(node, exp.Column):
-        shown = node.sql(dialect=DIALECT) if node is not None else "nothing"
+        shown = node.sql(**_AS_WRITTEN) if node is not None else "nothing"
         raise _error(
             text,
             f"passes {shown} where {where} needs a column",
-            "the argument must be a plain column reference; nested functions and arithmetic are not supported",
+            "the argument must be a plain column reference; "
+            "nested functions and arithmetic are not supported",
         )
     if node.table:
         raise _error(
             text,
-            f"uses the qualified column {node.sql(dialect=DIALECT)}",
+            f"uses the qualified column {node.sql(**_AS_WRITTEN)}",
             f"write just the column name ({node.name}); a partition expression reads one dataset",
         )
     return str(node.name)
 
 
-def _positive_integer(node: exp.Expression | None) -> int | None:
+def _positive_integer(node: exp.Expr | None) -> int | None:
     node = _unwrap(node) if node is not None else None
     if isinstance(node, exp.Literal) and not node.is_string and _INTEGER_TEXT.fullmatch(node.this):
         value = int(node.this)
@@ -282,21 +301,22 @@ def _positive_integer(node: exp.Expression | None) -> int | None:
     return None
 
 
-def _shown(node: exp.Expression | None) -> str:
-    return "nothing" if node is None else node.sql(dialect=DIALECT)
+def _shown(node: exp.Expr | None) -> str:
+    return "nothing" if node is None else node.sql(**_AS_WRITTEN)
 
 
-def _build_bucket(text: str, node: exp.Expression) -> BucketTransform:
+def _build_bucket(text: str, node: exp.Expr) -> BucketTransform:
     count_node, column_node = _arguments(text, node, "bucket", 2)
     result_bits = 64
-    literal: exp.Expression = count_node
+    literal: exp.Expr = count_node
     if isinstance(count_node, exp.Cast):
         target = count_node.to.this
         if target not in _BUCKET_CAST_BITS:
             raise _error(
                 text,
-                f"casts bucket's N to {count_node.to.sql(dialect=DIALECT)}",
-                "cast N to int32 (INT, for int32 bucket values) or bigint (the default, int64), e.g. 16::int32",
+                f"casts bucket's N to {count_node.to.sql(**_AS_WRITTEN)}",
+                "cast N to int32 (INT, for int32 bucket values) or bigint (the default, int64), "
+                "e.g. 16::int32",
             )
         result_bits = _BUCKET_CAST_BITS[target]
         literal = _unwrap(count_node.this)
@@ -312,7 +332,7 @@ def _build_bucket(text: str, node: exp.Expression) -> BucketTransform:
     return BucketTransform(_column_name(text, column_node, "bucket"), count, result_bits)
 
 
-def _build_truncate(text: str, node: exp.Expression) -> TruncateTransform:
+def _build_truncate(text: str, node: exp.Expr) -> TruncateTransform:
     if isinstance(node, exp.Trunc):
         width_node, column_node = node.this, node.args.get("decimals")
         if column_node is None:
@@ -321,7 +341,9 @@ def _build_truncate(text: str, node: exp.Expression) -> TruncateTransform:
         width_node, column_node = _arguments(text, node, "truncate", 2)
     width = _positive_integer(width_node)
     if width is None or width > INT64_MAX:
-        order_hint = " (the arguments are truncate(W, column))" if isinstance(_unwrap(width_node), exp.Column) else ""
+        order_hint = (
+            " (the arguments are truncate(W, column))" if isinstance(_unwrap(width_node), exp.Column) else ""
+        )
         raise _error(
             text,
             f"has truncate width W = {_shown(width_node)}{order_hint}",
@@ -341,7 +363,7 @@ def _build_mod(text: str, node: exp.Mod) -> ModTransform:
     return ModTransform(_column_name(text, node.this, "the % operator"), modulus)
 
 
-def _unit(text: str, node: exp.Expression | None, function: str) -> str:
+def _unit(text: str, node: exp.Expr | None, function: str) -> str:
     node = _unwrap(node) if node is not None else None
     unit: str | None = None
     if isinstance(node, exp.Literal) and node.is_string:
@@ -353,6 +375,8 @@ def _unit(text: str, node: exp.Expression | None, function: str) -> str:
         unit = str(node.name).lower()
     if unit not in DATE_UNITS:
         raise _error(
-            text, f"has {function} unit {_shown(node)}", f"the unit must be one of {_UNIT_LIST} (a quoted string)"
+            text,
+            f"has {function} unit {_shown(node)}",
+            f"the unit must be one of {_UNIT_LIST} (a quoted string)",
         )
     return unit

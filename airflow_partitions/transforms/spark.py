@@ -12,7 +12,7 @@ round them. Imported lazily: it loads pyspark and pyarrow.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 from pyspark.sql import Column
@@ -138,7 +138,9 @@ def _arrow_udf(transform: Transform, column: Column, source: pa.DataType, result
             result = result.cast(pa.decimal128(20, 0))
         return result
 
-    return F.arrow_udf(transform_batch, result_type)(column)
+    # The overloads of arrow_udf do not cover a plain function plus a return type; the call is valid.
+    make_udf = cast(Any, F.arrow_udf)
+    return make_udf(transform_batch, result_type)(column)
 
 
 def _floor_of(column: Column, step: Any) -> Column:

@@ -51,7 +51,8 @@ class _CalendarTransform(Transform):
 
         if support.is_date(source_type) and self.unit in TIME_OF_DAY_UNITS:
             raise PartitionExpressionError(
-                f"partition expression {self.canonical!r}: column {self.source_column!r} is a date, whose "
+                f"partition expression {self.canonical!r}: column {self.source_column!r} is a date "
+                f"({source_type}), whose "
                 f"{self.unit} is always 0; use 'day' or a coarser unit, or a timestamp column"
             )
         return bool(support.is_date(source_type) or support.is_timestamp(source_type))

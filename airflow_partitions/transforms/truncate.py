@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 MAX_CODE_POINT = 0x10FFFF
+# Widths below 2**32 keep every intermediate product of the 128-bit decimal floor inside 64 bits.
+_WORD_WIDTH_LIMIT = 1 << 32
 _SURROGATES = range(0xD800, 0xE000)
 
 
@@ -112,36 +114,15 @@ class TruncateTransform(Transform):
         return support.from_numpy(floored.astype(dtype), data_type, values)
 
     def _truncate_decimals(self, values: pa.Array) -> pa.Array:
-        import numpy as np
         import pyarrow as pa
 
-        from airflow_partitions.transforms import arrow_support as support
-
-        data_type = values.type
-        words_per_value = data_type.byte_width // 8
-        count = len(values)
-        words = np.frombuffer(
-            values.buffers()[1], dtype="<u8", count=(values.offset + count) * words_per_value
-        ).reshape(-1, words_per_value)[values.offset :]
-        low = words[:, 0].view(np.int64)
-        sign_fill = (low >> 63).view(np.uint64)
-        fits_int64 = (words[:, 1:] == sign_fill[:, None]).all(axis=1)
-        wide_enough = self.width <= support.INT64_MAX // 2
-        if wide_enough and support.only_valid(fits_int64, values).all():
-            # Common case: every unscaled value fits in int64, so floor with numpy and rebuild in place.
-            floored = low - np.mod(low, np.int64(self.width))
-            # A floor below -2**63 wraps to a large positive; one below -10**precision needs more digits.
-            broken = floored > low
-            if data_type.precision < 19:
-                broken |= floored <= -(10**data_type.precision)
-            if not support.only_valid(broken, values).any():
-                out = np.empty((count, words_per_value), dtype="<u8")
-                out[:, 0] = floored.view(np.uint64)
-                out[:, 1:] = (floored >> 63).view(np.uint64)[:, None]
-                return support.from_numpy(out.reshape(-1).view(np.uint8), data_type, values)
-        # Wider unscaled values (beyond 18 digits) or an overflow to report: exact Python integers.
-        bound = self.bind(data_type)
-        return pa.array([bound.apply_scalar(v) for v in values.to_pylist()], data_type)
+        if pa.types.is_decimal128(values.type) and self.width < _WORD_WIDTH_LIMIT:
+            floored = _floor_decimal128(values, self.width)
+            if floored is not None:
+                return floored
+        # decimal256, very wide widths, or an overflow to report: exact Python integers, row by row.
+        bound = self.bind(values.type)
+        return pa.array([bound.apply_scalar(v) for v in values.to_pylist()], values.type)
 
     def _overflow_error(self, value: Any, type_name: str) -> PartitionValueError:
         return PartitionValueError(
@@ -192,6 +173,41 @@ class TruncateTransform(Transform):
                 return Interval(value, value, lower_inclusive=True, upper_inclusive=True)
             return Interval(value, _prefix_successor(value))
         raise self._scalar_error(value, "an int, Decimal, str or bytes")
+
+
+def _floor_decimal128(values: pa.Array, width: int) -> pa.Array | None:
+    """Floor every unscaled decimal128 value to a multiple of `width` (< 2**32) with 128-bit numpy math.
+
+    Each value is `hi * 2**64 + lo` (hi signed, lo unsigned), so `v mod W` is
+    `((hi mod W) * (2**64 mod W) + lo mod W) mod W`, where every product stays below 2**64. Returns None
+    when a floor falls below the column's precision, so the caller can report that row.
+    """
+    import numpy as np
+
+    from airflow_partitions.transforms import arrow_support as support
+
+    data_type = values.type
+    count = len(values)
+    words = np.frombuffer(values.buffers()[1], dtype="<u8", count=(values.offset + count) * 2)
+    words = words.reshape(-1, 2)[values.offset :]
+    low, high = words[:, 0], words[:, 1].view(np.int64)
+    modulus = np.uint64(width)
+    high_mod = np.mod(high, np.int64(width)).astype(np.uint64)
+    remainder = (high_mod * np.uint64((1 << 64) % width)) % modulus
+    remainder = (remainder + low % modulus) % modulus
+    floored_low = low - remainder
+    floored_high = high - (low < remainder).astype(np.int64)
+    # The smallest value the column's precision allows, split the same way (floor division keeps lo >= 0).
+    limit_high, limit_low = divmod(-(10**data_type.precision - 1), 1 << 64)
+    below = (floored_high < limit_high) | (
+        (floored_high == limit_high) & (floored_low < np.uint64(limit_low))
+    )
+    if support.only_valid(below, values).any():
+        return None
+    out = np.empty((count, 2), dtype="<u8")
+    out[:, 0] = floored_low
+    out[:, 1] = floored_high.view(np.uint64)
+    return support.from_numpy(out.reshape(-1).view(np.uint8), data_type, values)
 
 
 def _prefix_successor(prefix: str | bytes) -> str | bytes | None:

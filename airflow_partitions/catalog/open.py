@@ -1,0 +1,75 @@
+"""Open the catalog of a dataset declared in a spec: where it lives, with the dataset's storage engine.
+
+Layout: partition files under `<accelerator_dir>/<dataset>/<name>=<value>/...`, the catalog next to them in
+`<accelerator_dir>/<dataset>/_catalog/`. The catalog can live on S3 instead (shared by several hosts) when
+a location is configured, first found wins: the `location` argument, `acceleration.params.catalog_location`
+of the dataset, the `AIRFLOW_PARTITIONS_CATALOG_URL` environment variable. An S3 location
+`s3://bucket/prefix` holds `<prefix>/<dataset>/_catalog/...`; partition files stay local, and downloaded
+checkpoints are cached in `<accelerator_dir>/<dataset>/_catalog_cache/`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from airflow_partitions.catalog.catalog import Catalog
+from airflow_partitions.catalog.stores import LocalStore, ObjectStore, store_from_url
+from airflow_partitions.exceptions import CatalogError
+from airflow_partitions.keys import escape_component
+
+CATALOG_URL_ENV = "AIRFLOW_PARTITIONS_CATALOG_URL"
+CATALOG_LOCATION_PARAM = "catalog_location"
+CACHE_DIRECTORY = "_catalog_cache"
+
+
+def dataset_directory(project_spec: Any, dataset_spec: Any) -> Path:
+    """`<accelerator_dir>/<dataset>`: the dataset's partition files (and, locally, its catalog)."""
+    return Path(project_spec.accelerator_dir) / escape_component(dataset_spec.name)
+
+
+def catalog_location(dataset_spec: Any, location: str | None = None) -> str | None:
+    """The configured remote catalog location of a dataset, or `None` for the local default."""
+    if location:
+        return location
+    params = getattr(dataset_spec.acceleration, "params", None) or {}
+    configured = params.get(CATALOG_LOCATION_PARAM)
+    if configured is not None and not isinstance(configured, str):
+        raise CatalogError(
+            f"dataset {dataset_spec.name!r}: acceleration.params.{CATALOG_LOCATION_PARAM} must be a string "
+            f"such as s3://bucket/prefix, got {configured!r}"
+        )
+    return configured or os.environ.get(CATALOG_URL_ENV) or None
+
+
+def open_catalog(
+    project_spec: Any,
+    dataset_spec: Any,
+    *,
+    store: ObjectStore | None = None,
+    location: str | None = None,
+    s3_client: Any = None,
+) -> Catalog:
+    """The catalog of `dataset_spec` in `project_spec` (a `ProjectSpec` / `DatasetSpec` pair).
+
+    `store` overrides where the catalog lives; otherwise see the module docstring. The catalog knows the
+    dataset's storage engine and data directory, so `vacuum` also removes unreferenced partition files.
+    """
+    from airflow_partitions.storage import get_storage
+
+    data_root = dataset_directory(project_spec, dataset_spec)
+    if store is None:
+        remote = catalog_location(dataset_spec, location)
+        if remote:
+            store = store_from_url(remote, client=s3_client)
+        else:
+            store = LocalStore(Path(project_spec.accelerator_dir))
+    cache_dir = None if isinstance(store, LocalStore) else data_root / CACHE_DIRECTORY
+    return Catalog(
+        store,
+        dataset_spec.name,
+        data_root=data_root,
+        storage=get_storage(dataset_spec.acceleration),
+        cache_dir=cache_dir,
+    )

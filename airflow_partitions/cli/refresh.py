@@ -1,0 +1,127 @@
+"""`airflow-partitions refresh`: refresh a dataset's partitions in this process (plan, stage, finalize, commit).
+
+Progress goes to stderr (a redrawn bar on a terminal, a line per phase otherwise); `--json` prints the
+summary on stdout. The exit code is 0 on success, 1 when partitions failed (nothing committed unless
+`--allow-partial`), 2 for bad input (the command's common error handling).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from airflow_partitions.exceptions import PartitionsFailedError
+
+BAR_WIDTH = 28
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "refresh",
+        help="refresh a dataset's partitions now (discover, Spark stage, write, atomic commit)",
+        description=(
+            "Discover the dataset's partitions, refresh the new and changed ones with Spark and publish "
+            "them in one atomic catalog commit. Partitions gone from the source are removed."
+        ),
+    )
+    parser.add_argument("spec", help="path of the spec YAML file")
+    parser.add_argument("dataset", help="dataset name in the spec")
+    parser.add_argument(
+        "--partitions",
+        nargs="+",
+        metavar="KEY",
+        help="refresh only these partitions (canonical key strings such as expr0=7, or name=value/...), "
+        "even if unchanged",
+    )
+    parser.add_argument(
+        "--where",
+        help="refresh only partitions whose values match this SQL condition (e.g. \"day >= '2026-01-01'\")",
+    )
+    parser.add_argument("--full", action="store_true", help="refresh every partition, changed or not")
+    parser.add_argument(
+        "--repartition",
+        action="store_true",
+        help="shuffle in Spark so each partition is staged as one file (fewer files, one extra shuffle)",
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=("auto", "spark", "pushdown"),
+        default="auto",
+        help="auto: read partitions straight from the source when it can prune (Hive files, indexed "
+        "Postgres), else one Spark scan; spark/pushdown force one",
+    )
+    parser.add_argument("--remote", metavar="SC_URL", help="use a Spark Connect server (sc://host:15002)")
+    parser.add_argument("--workers", type=int, default=None, help="parallel partition writers (default 4)")
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="commit the partitions that succeeded even if others failed",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    parser.set_defaults(func=run)
+
+
+class ProgressBar:
+    """Partitions done / total, rows and elapsed time on stderr."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.interactive = stream.isatty()
+        self._last_phase: str | None = None
+
+    def __call__(self, progress: Any) -> None:
+        line = self.render(progress.phase, progress.done, progress.total, progress.rows, progress.elapsed_s)
+        if self.interactive:
+            self.stream.write("\r\033[K" + line)
+            if progress.phase == "done":
+                self.stream.write("\n")
+        elif progress.phase != self._last_phase or progress.phase == "done":
+            self.stream.write(line + "\n")
+        self.stream.flush()
+        self._last_phase = progress.phase
+
+    @staticmethod
+    def render(phase: str, done: int, total: int, rows: int, elapsed: float) -> str:
+        filled = int(BAR_WIDTH * done / total) if total else (BAR_WIDTH if phase == "done" else 0)
+        bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+        minutes, seconds = divmod(int(elapsed), 60)
+        return f"{phase:<9} [{bar}] {done}/{total} partitions  {rows:,} rows  {minutes:02d}:{seconds:02d}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from airflow_partitions.refresh import refresh_dataset
+
+    bar = ProgressBar(sys.stderr)
+    try:
+        summary = refresh_dataset(
+            args.spec,
+            args.dataset,
+            partitions=args.partitions,
+            where=args.where,
+            full=args.full,
+            progress=bar,
+            remote=args.remote,
+            strategy=args.strategy,
+            repartition=args.repartition,
+            workers=args.workers,
+            allow_partial=args.allow_partial,
+        )
+    except PartitionsFailedError as err:
+        if args.json and err.summary is not None:
+            print(json.dumps(err.summary.to_json(), indent=2))  # type: ignore[attr-defined]
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(summary.to_json(), indent=2))
+    else:
+        counts = summary.plan
+        print(
+            f"{summary.dataset}: version {summary.version if summary.version is not None else '(unchanged)'}; "
+            f"{summary.refreshed} partition(s) written ({counts['new']} new, {counts['changed']} changed, "
+            f"{counts['forced'] + counts['respec']} forced), {summary.removed} removed, "
+            f"{counts['unchanged']} unchanged; {summary.rows:,} rows in {summary.timings_s['total']:.1f} s",
+            file=sys.stderr,
+        )
+    return 1 if summary.failed else 0

@@ -1,0 +1,150 @@
+"""`airflow-partitions status SPEC [DATASET]`: versions, partition count, rows, bytes, last refresh."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from typing import Any
+
+RECENT_VERSIONS = 5
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="show the catalog state of accelerated datasets",
+        description=(
+            "For each dataset of the spec (or only DATASET): the newest catalog version and the retained "
+            "ones, partition count, rows, bytes, last refresh and the latest commits. --partitions lists "
+            "every partition with its key, rows, bytes and refresh time."
+        ),
+    )
+    parser.add_argument("spec", metavar="SPEC", help="path of the spec YAML file")
+    parser.add_argument("dataset", metavar="DATASET", nargs="?", help="only this dataset")
+    parser.add_argument("--json", action="store_true", help="print a machine-readable JSON document instead")
+    parser.add_argument(
+        "--partitions", action="store_true", help="list every partition of the newest version"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(args.spec)
+    datasets = [project.dataset(args.dataset)] if args.dataset else list(project.datasets)
+    reports = [dataset_status(project, dataset, partitions=args.partitions) for dataset in datasets]
+    if args.json:
+        print(json.dumps({"spec": str(args.spec), "datasets": reports}, indent=2, ensure_ascii=False))
+    else:
+        print("\n\n".join(render_status(report) for report in reports) or "no datasets in the spec")
+    return 0
+
+
+def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> dict[str, Any]:
+    """The JSON-ready status of one dataset's catalog."""
+    from airflow_partitions.catalog import open_catalog
+
+    catalog = open_catalog(project, dataset)
+    acceleration = dataset.acceleration
+    report: dict[str, Any] = {
+        "name": dataset.name,
+        "engine": str(acceleration.engine),
+        "partition_mode": str(acceleration.partition_mode),
+        "catalog": f"{catalog.store.describe()}/{catalog.prefix}",
+        "data_root": str(catalog.data_root) if catalog.data_root is not None else None,
+        "spec_partition_spec_id": acceleration.partition_spec_id,
+    }
+    snapshot = catalog.latest()
+    if snapshot is None:
+        report.update(latest_version=None, retained_versions=0, partition_count=0, rows=0, bytes=0)
+        return report
+    history = catalog.versions()
+    last_refreshed = snapshot.last_refreshed_at
+    report.update(
+        latest_version=snapshot.version,
+        committed_at=_time(snapshot.committed_at),
+        operation=snapshot.operation,
+        retained_versions=len(history),
+        oldest_retained_version=history[0].version if history else snapshot.version,
+        partition_count=snapshot.partition_count,
+        rows=snapshot.total_rows,
+        bytes=snapshot.total_bytes,
+        last_refreshed_at=_time(last_refreshed) if last_refreshed else None,
+        catalog_partition_spec_id=snapshot.partition_spec.spec_id,
+        catalog_partition_by=[list(field[:2]) for field in snapshot.partition_spec.fields],
+        spec_matches_catalog=snapshot.partition_spec.spec_id == acceleration.partition_spec_id,
+        recent_versions=[info.to_json() for info in history[-RECENT_VERSIONS:]],
+    )
+    if partitions:
+        names = snapshot.partition_spec.names
+        report["partitions"] = [
+            {
+                "key_path": entry.key_path,
+                "key": entry.key.describe(names),
+                "rows": entry.rows,
+                "bytes": entry.bytes,
+                "files": len(entry.files),
+                "refreshed_at": _time(entry.refreshed_at),
+                "source_fingerprint": entry.source_fingerprint,
+            }
+            for entry in sorted(snapshot.partitions.values(), key=lambda e: e.key_path)
+        ]
+    return report
+
+
+def render_status(report: dict[str, Any]) -> str:
+    """Human-readable text for one `dataset_status` report."""
+    header = f"{report['name']}  (engine {report['engine']}"
+    if report["engine"] == "duckdb":
+        header += f", partition_mode {report['partition_mode']}"
+    header += f"; catalog {report['catalog']})"
+    if report["latest_version"] is None:
+        return f"{header}\n  no committed version yet: run `airflow-partitions refresh` for this dataset"
+    lines = [
+        header,
+        f"  version       {report['latest_version']} ({report['operation']}, {report['committed_at']}); "
+        f"{report['retained_versions']} retained from {report['oldest_retained_version']}",
+        f"  partitions    {report['partition_count']:,}",
+        f"  rows          {report['rows']:,}",
+        f"  bytes         {format_bytes(report['bytes'])}",
+        f"  last refresh  {report['last_refreshed_at'] or '-'}",
+    ]
+    if not report["spec_matches_catalog"]:
+        written = ", ".join(f"{name}: {canonical}" for name, canonical in report["catalog_partition_by"])
+        lines.append(
+            f"  WARNING: partition_by in the spec differs from the catalog's ({written}); the next refresh "
+            "fails until you run a full refresh with --repartition or revert partition_by"
+        )
+    lines.append("  recent versions:")
+    for info in reversed(report["recent_versions"]):
+        what = "replaced all partitions" if info["replace_all"] else f"{info['partitions_changed']} changed"
+        lines.append(
+            f"    {info['version']:>6}  {info['committed_at']}  {info['operation']:<10} {what}, "
+            f"{info['partitions_removed']} removed, {info['rows']:,} rows written"
+        )
+    if "partitions" in report:
+        lines.append("  partitions:")
+        rows = [["key", "rows", "bytes", "files", "refreshed_at"]]
+        rows += [
+            [p["key"], f"{p['rows']:,}", format_bytes(p["bytes"]), str(p["files"]), p["refreshed_at"]]
+            for p in report["partitions"]
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            lines.append("    " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def format_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def _time(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

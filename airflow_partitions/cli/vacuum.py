@@ -1,0 +1,132 @@
+"""`airflow-partitions vacuum SPEC DATASET`: expire old catalog versions and delete unreferenced files."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+from typing import Any
+
+from airflow_partitions.exceptions import CatalogError
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)")
+_UNIT_SECONDS = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """`7d`, `12h`, `1d12h`, `30m`, `45s`, `2w` -> timedelta; a clear error otherwise."""
+    compact = text.strip().lower().replace(" ", "")
+    position = 0
+    seconds = 0.0
+    for match in _DURATION_PART.finditer(compact):
+        if match.start() != position:
+            break
+        seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        position = match.end()
+    if not compact or position != len(compact):
+        raise CatalogError(
+            f"invalid duration {text!r}: use a number and a unit (w, d, h, m, s), e.g. 7d, 12h or 1d12h"
+        )
+    return dt.timedelta(seconds=seconds)
+
+
+def _duration_argument(text: str) -> dt.timedelta:
+    try:
+        return parse_duration(text)
+    except CatalogError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer (the newest version counts), got {text!r}"
+        )
+    return value
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "vacuum",
+        help="expire old catalog versions and delete files no retained version references",
+        description=(
+            "Keep the newest catalog versions (by count or by age; default: the last 7 days), delete older "
+            "versions' commit records and checkpoints, then delete partition files that no retained version "
+            "references, including leftovers of crashed writes. Files and versions younger than --grace are "
+            "always kept: they may belong to a commit in flight or a running read."
+        ),
+    )
+    parser.add_argument("spec", metavar="SPEC", help="path of the spec YAML file")
+    parser.add_argument("dataset", metavar="DATASET", help="the dataset to vacuum")
+    retention = parser.add_mutually_exclusive_group()
+    retention.add_argument(
+        "--retain-versions", type=_positive_int, metavar="N", help="keep the newest N versions"
+    )
+    retention.add_argument(
+        "--older-than",
+        type=_duration_argument,
+        metavar="DURATION",
+        help="expire versions committed longer ago than DURATION (e.g. 7d, 12h); the default is 7d",
+    )
+    parser.add_argument(
+        "--grace",
+        type=_duration_argument,
+        default=dt.timedelta(hours=1),
+        metavar="DURATION",
+        help="never delete anything younger than this (default 1h)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    parser.add_argument("--json", action="store_true", help="print a machine-readable JSON document instead")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from airflow_partitions.catalog import open_catalog
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(args.spec)
+    dataset = project.dataset(args.dataset)
+    report = open_catalog(project, dataset).vacuum(
+        retain_versions=args.retain_versions,
+        older_than=args.older_than,
+        dry_run=args.dry_run,
+        grace=args.grace,
+    )
+    if args.json:
+        print(json.dumps({"dataset": dataset.name, **report.to_json()}, indent=2, ensure_ascii=False))
+    else:
+        print(render_report(dataset.name, report))
+    return 0
+
+
+def render_report(name: str, report: Any) -> str:
+    from airflow_partitions.cli.status import format_bytes
+
+    verb = "would delete" if report.dry_run else "deleted"
+    if report.latest_version is None:
+        return f"{name}: nothing to vacuum (no committed version)"
+    expired = report.removed_versions
+    lines = [
+        f"{name}: {'dry run, ' if report.dry_run else ''}newest version {report.latest_version}, "
+        f"oldest retained {report.oldest_retained_version}",
+        f"  versions     {verb} {len(expired)}"
+        + (f" ({expired[0]}..{expired[-1]})" if expired else "")
+        + f", checkpoints {verb} {len(report.removed_checkpoints)}",
+        f"  files        {verb} {len(report.removed_files)} ({format_bytes(report.bytes_freed)})",
+    ]
+    if report.young_files_kept:
+        lines.append(
+            f"  kept         {report.young_files_kept} unreferenced file(s) younger than the grace period"
+        )
+    if report.removed_catalog_temporaries:
+        lines.append(f"  temporaries  {verb} {report.removed_catalog_temporaries} leftover catalog write(s)")
+    lines.extend(f"  note: {note}" for note in report.notes)
+    lines.extend(f"    {verb} {f.path}" for f in report.removed_files[:50])
+    if len(report.removed_files) > 50:
+        lines.append(f"    ... and {len(report.removed_files) - 50} more")
+    return "\n".join(lines)

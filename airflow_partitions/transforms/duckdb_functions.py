@@ -1,0 +1,292 @@
+"""Partition transforms inside DuckDB: vectorised Arrow UDFs plus a SQL rewrite to call them.
+
+DuckDB has no `bucket` or `truncate`, and its Python UDFs can neither overload a name by argument
+type nor take ANY, so each transform is registered once per DuckDB input type under an `ap_` name
+(`ap_bucket_varchar`, `ap_truncate_integer`, `ap_bucket_decimal_2`, ...), each a thin wrapper over
+`Transform.apply`: the same code, hence the same values, as everywhere else.
+
+`rewrite_partition_functions(sql, column_types)` turns the user's spelling (`bucket(16, user_id)`,
+`truncate(10, amount)`, and the calendar functions) into calls DuckDB evaluates with our semantics,
+given the Arrow types of the columns. Calendar functions over dates and naive timestamps use DuckDB's
+builtins (same calendar values; cast to our result types); over tz-aware timestamps they are computed
+on UTC wall time, whatever the connection's TimeZone setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlglot
+from sqlglot import exp
+
+from airflow_partitions.exceptions import FilterError, PartitionExpressionError
+from airflow_partitions.transforms import arrow_support as support
+from airflow_partitions.transforms.base import Transform
+from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
+from airflow_partitions.transforms.identity import IdentityTransform
+from airflow_partitions.transforms.mod import ModTransform
+from airflow_partitions.transforms.parser import DIALECT, parse_transform
+from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
+from airflow_partitions.transforms.truncate import TruncateTransform
+
+_INTEGER_TYPES = {
+    pa.int8(): "TINYINT",
+    pa.int16(): "SMALLINT",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.uint8(): "UTINYINT",
+    pa.uint16(): "USMALLINT",
+    pa.uint32(): "UINTEGER",
+    pa.uint64(): "UBIGINT",
+}
+# Bucket input families: the hash depends only on the value, so every integer narrower than 64 bits
+# widens to BIGINT, and s/ms timestamps widen exactly to microseconds.
+_BUCKET_INPUTS = {
+    "bigint": "BIGINT",
+    "ubigint": "UBIGINT",
+    "varchar": "VARCHAR",
+    "blob": "BLOB",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+    "timestamp_ns": "TIMESTAMP_NS",
+    "timestamptz": "TIMESTAMP WITH TIME ZONE",
+}
+_TRUNCATE_INPUTS = {name.lower(): name for name in _INTEGER_TYPES.values()} | {
+    "varchar": "VARCHAR",
+    "blob": "BLOB",
+}
+_MAX_DECIMAL_DIGITS = 38
+_CALENDAR_NODES: tuple[type[exp.Expr], ...] = (
+    exp.Extract,
+    exp.DateTrunc,
+    exp.TimestampTrunc,
+    exp.Year,
+    exp.Quarter,
+    exp.Month,
+    exp.Week,
+    exp.WeekOfYear,
+    exp.Day,
+    exp.DayOfMonth,
+    exp.Hour,
+    exp.Minute,
+)
+
+
+def register_duckdb_functions(connection: Any) -> None:
+    """Register every `ap_bucket_*` / `ap_truncate_*` UDF on a DuckDB connection (once per connection)."""
+    import duckdb
+
+    existing = {
+        row[0]
+        for row in connection.execute(
+            "SELECT function_name FROM duckdb_functions() WHERE function_name LIKE 'ap\\_%' ESCAPE '\\'"
+        ).fetchall()
+    }
+
+    def register(
+        name: str,
+        function: Callable[[pa.ChunkedArray, pa.ChunkedArray], pa.Array],
+        value_type: str,
+        result: str,
+    ) -> None:
+        if name in existing:
+            return
+        connection.create_function(
+            name,
+            function,
+            [duckdb.sqltype("BIGINT"), duckdb.sqltype(value_type)],
+            duckdb.sqltype(result),
+            type="arrow",
+        )
+
+    for family, value_type in _BUCKET_INPUTS.items():
+        register(f"ap_bucket_{family}", _bucket_udf, value_type, "BIGINT")
+    for family, value_type in _TRUNCATE_INPUTS.items():
+        register(f"ap_truncate_{family}", _truncate_udf, value_type, value_type)
+    for scale in range(_MAX_DECIMAL_DIGITS + 1):
+        decimal_type = f"DECIMAL({_MAX_DECIMAL_DIGITS}, {scale})"
+        register(f"ap_bucket_decimal_{scale}", _bucket_udf, decimal_type, "BIGINT")
+        register(f"ap_truncate_decimal_{scale}", _truncate_udf, decimal_type, decimal_type)
+
+
+def _constant_parameter(values: pa.ChunkedArray | pa.Array, name: str, upper: int) -> int:
+    distinct = pc.unique(values).to_pylist()
+    if len(distinct) != 1 or distinct[0] is None or not 0 < distinct[0] <= upper:
+        raise PartitionExpressionError(
+            f"{name} must be one positive integer constant ≤ {upper:,} per call, got {distinct[:5]}"
+        )
+    return int(distinct[0])
+
+
+def _as_array(values: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _bucket_udf(counts: pa.ChunkedArray, values: pa.ChunkedArray) -> pa.Array:
+    count = _constant_parameter(counts, "bucket N", MAX_BUCKETS)
+    return BucketTransform("value", count).apply(_as_array(values))
+
+
+def _truncate_udf(widths: pa.ChunkedArray, values: pa.ChunkedArray) -> pa.Array:
+    width = _constant_parameter(widths, "truncate width", support.INT64_MAX)
+    return TruncateTransform("value", width).apply(_as_array(values))
+
+
+# --- SQL ------------------------------------------------------------------------------------------
+
+
+def duckdb_expression(transform: Transform, column_sql: str) -> str:
+    """DuckDB SQL computing a bound `transform` over `column_sql` (needs `register_duckdb_functions`)."""
+    if transform.source_type is None:
+        raise PartitionExpressionError(
+            f"partition expression {transform.canonical!r}: DuckDB SQL depends on the column type; "
+            "call .bind(<arrow type>) first"
+        )
+    source = support.normalize_type(transform.source_type)
+    if isinstance(transform, IdentityTransform):
+        return column_sql
+    if isinstance(transform, BucketTransform):
+        call = _bucket_sql(transform, column_sql, source)
+        return call if transform.result_bits == 64 else f"CAST({call} AS INTEGER)"
+    if isinstance(transform, TruncateTransform):
+        return _truncate_sql(transform, column_sql, source)
+    if isinstance(transform, ModTransform):
+        # DuckDB's % keeps the dividend's sign, like ours; the cast restores the column's type.
+        return f"CAST(({column_sql} % {transform.modulus}) AS {_INTEGER_TYPES[source]})"
+    if isinstance(transform, DatePartTransform):
+        return f"CAST(date_part('{transform.unit}', {_wall_clock(column_sql, source)}) AS INTEGER)"
+    if isinstance(transform, DateTruncTransform):
+        truncated = f"date_trunc('{transform.unit}', {_wall_clock(column_sql, source)})"
+        if support.is_date(source):
+            return f"CAST({truncated} AS DATE)"
+        if source.tz is not None:
+            return f"timezone('UTC', CAST({truncated} AS TIMESTAMP))"
+        return f"CAST({truncated} AS TIMESTAMP)"
+    raise PartitionExpressionError(f"no DuckDB form for {type(transform).__name__}")
+
+
+def _wall_clock(column_sql: str, source: pa.DataType) -> str:
+    """Tz-aware timestamps as naive UTC wall time, independent of the connection's TimeZone."""
+    if support.is_timestamp(source) and source.tz is not None:
+        return f"timezone('UTC', {column_sql})"
+    return column_sql
+
+
+def _bucket_sql(transform: BucketTransform, column_sql: str, source: pa.DataType) -> str:
+    count = transform.num_buckets
+    if support.is_integer(source):
+        family = "ubigint" if source == pa.uint64() else "bigint"
+        return f"ap_bucket_{family}({count}, CAST({column_sql} AS {_BUCKET_INPUTS[family]}))"
+    if support.is_string(source):
+        return f"ap_bucket_varchar({count}, {column_sql})"
+    if support.is_uuid(source):
+        # DuckDB hands UUIDs to Python as text; its 16 bytes are the hex digits without dashes.
+        return f"ap_bucket_blob({count}, unhex(replace(CAST({column_sql} AS VARCHAR), '-', '')))"
+    if support.is_binary(source) or support.is_fixed_binary(source):
+        return f"ap_bucket_blob({count}, {column_sql})"
+    if support.is_date(source):
+        return f"ap_bucket_date({count}, {column_sql})"
+    if support.is_timestamp(source):
+        if source.tz is not None:
+            return f"ap_bucket_timestamptz({count}, {column_sql})"
+        if source.unit == "ns":
+            return f"ap_bucket_timestamp_ns({count}, {column_sql})"
+        return f"ap_bucket_timestamp({count}, CAST({column_sql} AS TIMESTAMP))"
+    if support.is_decimal(source):
+        _require_duckdb_decimal(transform, source)
+        widened = f"CAST({column_sql} AS DECIMAL({_MAX_DECIMAL_DIGITS}, {source.scale}))"
+        return f"ap_bucket_decimal_{source.scale}({count}, {widened})"
+    raise PartitionExpressionError(f"{transform.canonical}: no DuckDB bucket for {source}")
+
+
+def _truncate_sql(transform: TruncateTransform, column_sql: str, source: pa.DataType) -> str:
+    width = transform.width
+    if support.is_integer(source):
+        return f"ap_truncate_{_INTEGER_TYPES[source].lower()}({width}, {column_sql})"
+    if support.is_string(source):
+        return f"ap_truncate_varchar({width}, {column_sql})"
+    if support.is_binary(source):
+        return f"ap_truncate_blob({width}, {column_sql})"
+    if support.is_decimal(source):
+        _require_duckdb_decimal(transform, source)
+        widened = f"CAST({column_sql} AS DECIMAL({_MAX_DECIMAL_DIGITS}, {source.scale}))"
+        call = f"ap_truncate_decimal_{source.scale}({width}, {widened})"
+        return f"CAST({call} AS DECIMAL({source.precision}, {source.scale}))"
+    raise PartitionExpressionError(f"{transform.canonical}: no DuckDB truncate for {source}")
+
+
+def _require_duckdb_decimal(transform: Transform, source: pa.DataType) -> None:
+    if source.precision > _MAX_DECIMAL_DIGITS:
+        raise PartitionExpressionError(
+            f"{transform.canonical}: DuckDB decimals hold at most {_MAX_DECIMAL_DIGITS} digits, "
+            f"column is {source}"
+        )
+
+
+def rewrite_partition_functions(sql: str, column_types: Mapping[str, pa.DataType]) -> str:
+    """Rewrite partition-transform calls in one DuckDB statement so DuckDB computes our values.
+
+    `bucket(N, col)` and `truncate(W, col)` become `ap_*` UDF calls (register them first with
+    `register_duckdb_functions`); calendar functions get our result types and UTC semantics. Calls
+    are matched by the type of their column in `column_types` (Arrow types, names as in the data).
+    A bucket/truncate over a column whose type is unknown raises `FilterError`.
+    """
+    try:
+        tree = sqlglot.parse_one(sql, read=DIALECT)
+    except sqlglot.errors.SqlglotError as err:
+        raise FilterError(f"cannot parse SQL for DuckDB: {err}") from err
+
+    def rewrite(node: exp.Expr) -> exp.Expr:
+        if not _is_transform_call(node):
+            return node
+        columns = list(node.find_all(exp.Column))
+        if len(columns) != 1:
+            return node
+        column = columns[0]
+        column_type = _lookup_type(column.name, column_types)
+        bare = node.copy()
+        next(bare.find_all(exp.Column)).replace(exp.column(column.name, quoted=True))
+        needs_udf = _needs_udf(node)
+        try:
+            transform = parse_transform(bare.sql(dialect=DIALECT))
+        except PartitionExpressionError as err:
+            if needs_udf:
+                raise FilterError(f"cannot evaluate {node.sql(dialect=DIALECT)} in DuckDB: {err}") from err
+            return node
+        if column_type is None:
+            if needs_udf:
+                raise FilterError(
+                    f"cannot evaluate {node.sql(dialect=DIALECT)} in DuckDB: the type of column "
+                    f"{column.name!r} is unknown; pass it in column_types"
+                )
+            return node
+        try:
+            replacement = duckdb_expression(transform.bind(column_type), column.sql(dialect=DIALECT))
+        except PartitionExpressionError as err:
+            raise FilterError(f"cannot evaluate {node.sql(dialect=DIALECT)} in DuckDB: {err}") from err
+        return sqlglot.parse_one(replacement, read=DIALECT)
+
+    return tree.transform(rewrite).sql(dialect=DIALECT)
+
+
+def _needs_udf(node: exp.Expr) -> bool:
+    return isinstance(node, exp.Trunc) or (
+        isinstance(node, exp.Anonymous) and str(node.name).lower() in ("bucket", "truncate")
+    )
+
+
+def _is_transform_call(node: exp.Expr) -> bool:
+    if _needs_udf(node) or isinstance(node, _CALENDAR_NODES):
+        return True
+    return isinstance(node, exp.Anonymous) and str(node.name).lower() in ("date_part", "datepart")
+
+
+def _lookup_type(name: str, column_types: Mapping[str, pa.DataType]) -> pa.DataType | None:
+    if name in column_types:
+        return column_types[name]
+    folded = [key for key in column_types if key.lower() == name.lower()]
+    # DuckDB resolves identifiers case-insensitively, so a unique case-insensitive match is the column.
+    return column_types[folded[0]] if len(folded) == 1 else None
