@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import tempfile
 import threading
 import uuid
@@ -286,10 +287,9 @@ class PartitionedDatasetReader:
         with self._cursor() as cursor:
             parts = []
             if exact:
-                source = self._source(cursor, self._register(cursor, exact, schema), exact, schema)
-                parts.append(f"SELECT {projection} FROM {source}")
+                parts.append(f"SELECT {projection} FROM {self._relation(cursor, exact, schema)}")
             if inexact:
-                source = self._source(cursor, self._register(cursor, inexact, schema), inexact, schema)
+                source = self._relation(cursor, inexact, schema)
                 parts.append(f"SELECT {projection} FROM {source} WHERE {residual_sql}")
             sql = " UNION ALL ".join(parts)
             table = self._execute(cursor, sql)
@@ -308,17 +308,54 @@ class PartitionedDatasetReader:
             raise FilterError(f"columns {list(columns)} name the same column twice")
         return resolved
 
-    def _source(self, cursor: Any, view: str, files: Sequence[DataFile], schema: pa.Schema) -> str:
-        """`view`, completed with NULL columns for schema columns no selected file has."""
+    def _relation(self, cursor: Any, files: Sequence[DataFile], schema: pa.Schema) -> str:
+        """A relation over exactly `files` with every schema column, that DuckDB scans without error.
+
+        Parquet statistics leave NaN out of a float column's min / max, and DuckDB prunes row groups
+        with them, so a filter such as `f != 1.5` (TRUE for NaN in DuckDB) would lose NaN rows. Files
+        whose float columns may hold NaN are therefore scanned behind `OFFSET 0`, which keeps filters
+        above the scan; all other files keep full filter pushdown.
+        """
+        floats = [field.name for field in schema if pa.types.is_floating(field.type)]
+        fenced: list[DataFile] = []
+        plain: list[DataFile] = []
+        for file in files:
+            (fenced if floats and _nan_in_parquet_statistics(file, floats) else plain).append(file)
+        parts = []
+        if plain:
+            parts.append(self._scan(cursor, plain, schema))
+        if fenced:
+            parts.append(f"(SELECT * FROM {self._scan(cursor, fenced, schema)} OFFSET 0)")
+        if len(parts) == 1:
+            return parts[0]
+        return "(" + " UNION ALL BY NAME ".join(f"SELECT * FROM {part}" for part in parts) + ")"
+
+    def _scan(self, cursor: Any, files: Sequence[DataFile], schema: pa.Schema) -> str:
+        """A relation scanning `files`, completed with NULL columns for schema columns none of them has."""
         # Writers record statistics for every column they write: all present means nothing is missing.
-        if all(all(name in f.stats for name in schema.names) for f in files):
-            return quote_identifier(view)
-        present = {row[0] for row in cursor.execute(f"DESCRIBE {quote_identifier(view)}").fetchall()}
+        complete = all(all(name in f.stats for name in schema.names) for f in files)
+        if self._local_root is not None and self.storage.format == "parquet":
+            relation = self._parquet_scan(files, union_by_name=not complete)
+        else:
+            relation = quote_identifier(self._register(cursor, files, schema))
+        if complete:
+            return relation
+        present = {row[0] for row in cursor.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()}
         if all(name in present for name in schema.names):
-            return quote_identifier(view)
+            return relation
         filler = f"ap_schema_{uuid.uuid4().hex[:12]}"
         cursor.register(filler, schema.empty_table())
-        return f"(SELECT * FROM {quote_identifier(view)} UNION ALL BY NAME SELECT * FROM {filler})"
+        return f"(SELECT * FROM {relation} UNION ALL BY NAME SELECT * FROM {filler})"
+
+    def _parquet_scan(self, files: Sequence[DataFile], *, union_by_name: bool) -> str:
+        """`read_parquet(...)` over local files, inline (a view would make DuckDB bind the files twice)."""
+        assert self._local_root is not None
+        root = str(self._local_root)
+        paths = ", ".join(_sql_string(os.path.join(root, _checked_relative(f.path))) for f in files)
+        # Partition files sit in `name=value` directories: DuckDB's Hive auto-detection would overwrite
+        # columns with the (escaped, untyped) directory values, so it is switched off explicitly.
+        options = "hive_partitioning = false" + (", union_by_name = true" if union_by_name else "")
+        return f"read_parquet([{paths}], {options})"
 
     @staticmethod
     def _execute(cursor: Any, sql: str) -> pa.Table:
@@ -369,26 +406,12 @@ class PartitionedDatasetReader:
         """A temporary view over exactly `files`; returns its name."""
         view = f"ap_files_{uuid.uuid4().hex[:12]}"
         if self._local_root is not None:
-            self._register_local(cursor, files, view, schema)
+            self.storage.register_duckdb(cursor, self._local_root, files, view, schema=schema)
         elif self.storage.format == "parquet":
             cursor.register(view, self._remote_parquet_dataset(files, schema))
         else:
             self.storage.register_duckdb(cursor, self._cache_files(files), files, view, schema=schema)
         return view
-
-    def _register_local(self, cursor: Any, files: Sequence[DataFile], view: str, schema: pa.Schema) -> None:
-        if self.storage.format != "parquet" or not files:
-            self.storage.register_duckdb(cursor, self._local_root, files, view, schema=schema)
-            return
-        from airflow_partitions.storage.base import data_file_path
-
-        # Partition files sit in `name=value` directories: DuckDB's Hive auto-detection would overwrite
-        # columns with the (escaped, untyped) directory values, so it is switched off explicitly.
-        paths = ", ".join(_sql_string(str(data_file_path(self._local_root, f))) for f in files)  # type: ignore[arg-type]
-        cursor.execute(
-            f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view)} AS SELECT * FROM "
-            f"read_parquet([{paths}], union_by_name = true, hive_partitioning = false)"
-        )
 
     def _remote_parquet_dataset(self, files: Sequence[DataFile], schema: pa.Schema) -> Any:
         import pyarrow.dataset as ds
@@ -448,7 +471,13 @@ class PartitionedDatasetReader:
         connection = new_duckdb_connection(functions=needs_partition_functions(statement))
         try:
             files = plan.files
-            self._register_view(connection, files, schema)
+            if files:
+                relation = self._relation(connection, files, schema)
+                connection.execute(
+                    f"CREATE TEMP VIEW {quote_identifier(self.name)} AS SELECT * FROM {relation}"
+                )
+            else:
+                connection.register(self.name, schema.empty_table())
             allowed = self._allowed_paths(files)
             connection.execute(f"SET allowed_paths = [{', '.join(_sql_string(p) for p in allowed)}]")
             connection.execute("SET enable_external_access = false")
@@ -466,24 +495,12 @@ class PartitionedDatasetReader:
         snapshot = self.snapshot(version)
         return self._plan(snapshot, dataset_filter(sql, self.name, self._schema_of(snapshot)))
 
-    def _register_view(self, connection: Any, files: Sequence[DataFile], schema: pa.Schema) -> None:
-        view = self.name
-        if self._local_root is not None:
-            self._register_local(connection, files, view, schema)
-        elif self.storage.format == "parquet":
-            connection.register(
-                view, self._remote_parquet_dataset(files, schema) if files else schema.empty_table()
-            )
-        else:
-            self.storage.register_duckdb(connection, self._cache_files(files), files, view, schema=schema)
-
     def _allowed_paths(self, files: Sequence[DataFile]) -> list[str]:
         """Files DuckDB must still open once external access is off (Parquet is read lazily)."""
         if self._local_root is None or self.storage.format != "parquet":
             return []
-        from airflow_partitions.storage.base import data_file_path
-
-        return [str(data_file_path(self._local_root, f)) for f in files]
+        root = str(self._local_root)
+        return [os.path.join(root, _checked_relative(f.path)) for f in files]
 
     # --- Spark ------------------------------------------------------------------------------------
 
@@ -549,6 +566,8 @@ def new_duckdb_connection(*, functions: bool = True) -> Any:
 
     connection = duckdb.connect()
     connection.execute("SET GLOBAL TimeZone = 'UTC'")
+    # Partition files are immutable (unique names, never rewritten): their footers can be cached.
+    connection.execute("SET GLOBAL parquet_metadata_cache = true")
     if functions:
         from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
 
@@ -560,6 +579,24 @@ def needs_partition_functions(sql: str) -> bool:
     """Whether DuckDB SQL (after `executable_sql` / `duckdb_expression`) calls the transforms' UDFs."""
     lowered = sql.lower()
     return "ap_bucket_" in lowered or "ap_truncate_" in lowered
+
+
+def _checked_relative(path: str) -> str:
+    """A data file path that stays inside the dataset root (refuses absolute paths and `..`)."""
+    if path.startswith("/") or "\\" in path or any(part in ("", ".", "..") for part in path.split("/")):
+        raise StorageError(f"data file path {path!r} must be relative and stay inside the dataset directory")
+    return path
+
+
+def _nan_in_parquet_statistics(file: DataFile, float_columns: Sequence[str]) -> bool:
+    """Whether a Parquet file's float columns may hold NaN (our statistics then leave `max` unknown)."""
+    if file.format != "parquet":
+        return False
+    for name in float_columns:
+        stats = file.stats.get(name)
+        if stats is None or (stats.max is None and stats.null_count < file.rows):
+            return True
+    return False
 
 
 def _attached(cursor: Any) -> set[str]:

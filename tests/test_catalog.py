@@ -389,7 +389,7 @@ def test_s3_store_uses_conditional_writes(s3_server: dict[str, str], s3_bucket: 
 
 @pytest.mark.s3
 def test_s3_catalog_caches_checkpoints_on_the_host(
-    s3_server: dict[str, str], s3_bucket: str, tmp_path: Path
+    s3_server: dict[str, Any], s3_bucket: str, tmp_path: Path
 ) -> None:
     import boto3
 

@@ -116,7 +116,20 @@ def test_sigkill_at_random_points_leaves_the_last_version_intact(
         config["settings"] = request.getfixturevalue("s3_server")
         config["bucket"] = request.getfixturevalue("s3_bucket")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["pyarrow", "pyarrow.compute", "duckdb", "boto3", "pandas", __name__])
+    context.set_forkserver_preload(
+        [
+            "pytest",
+            "pyarrow",
+            "pyarrow.compute",
+            "duckdb",
+            "boto3",
+            "pandas",
+            "airflow_partitions.storage.parquet",
+            "airflow_partitions.storage.arrow_ipc",
+            "airflow_partitions.storage.duckdb_engine",
+            __name__,
+        ]
+    )
     rng = random.Random(1234)
     versions = [0]
     for kill in range(KILLS):

@@ -62,7 +62,9 @@ def test_refresh_dag_shape_with_snapshots(sample_dags: Path) -> None:
         "publish_snapshot",
     }
     assert dag.get_task("bootstrap_snapshot").downstream_task_ids == {"discover"}
-    assert dag.get_task("discover").trigger_rule == "none_failed", "a skipped bootstrap must not skip discovery"
+    assert dag.get_task("discover").trigger_rule == "none_failed", (
+        "a skipped bootstrap must not skip discovery"
+    )
     assert dag.get_task("stage").upstream_task_ids == {"discover"}
     refresh = dag.get_task("partition.refresh")
     assert refresh.upstream_task_ids == {"discover", "stage"}
@@ -78,7 +80,8 @@ def test_refresh_dag_shape_with_snapshots(sample_dags: Path) -> None:
     assert dag.get_task("publish_snapshot").upstream_task_ids == {"commit"}
     assert dag.max_active_runs == 1
     assert dag.catchup is False
-    assert "partitions" in dag.doc_md and "region" in dag.doc_md
+    assert "partitions" in dag.doc_md
+    assert "region" in dag.doc_md
 
 
 def test_schedule_comes_from_the_spec(sample_dags: Path) -> None:
@@ -134,7 +137,8 @@ def test_broken_spec_is_reported_as_an_import_error(tmp_path: Path) -> None:
     errors = _dagbag(tmp_path / "dags").import_errors
     assert len(errors) == 1
     (message,) = errors.values()
-    assert "SpecValidationError" in message and "bucket" in message, message
+    assert "SpecValidationError" in message, message
+    assert "bucket" in message, message
 
 
 def test_factory_raises_spec_errors_directly(tmp_path: Path) -> None:
@@ -189,7 +193,8 @@ def test_run_conf_defaults_and_explicit_arguments_win() -> None:
     assert RefreshRunConf.from_mapping({}) == RefreshRunConf()
     assert RefreshRunConf.from_mapping(params) == RefreshRunConf(("a=1",), "a = 1", True, False)
     explicit = RefreshRunConf.from_mapping(params, partitions=["b=2"], full_refresh=False)
-    assert explicit.partitions == ("b=2",) and explicit.full_refresh is False
+    assert explicit.partitions == ("b=2",)
+    assert explicit.full_refresh is False
     assert explicit.where == "a = 1", "arguments left as None fall back to the run's params"
 
 

@@ -39,7 +39,15 @@ class Deployment:
     dags: dict[str, Any]
 
     def run(self, dag_id: str, conf: dict[str, Any] | None = None) -> Any:
-        return self.dags[dag_id].test(run_conf=conf or {})
+        """One `dag.test()` run with a full conf, as the UI's trigger form sends it.
+
+        Every key is sent: `dag.test()` runs tasks in this process on the same DAG object, and a key left
+        out could otherwise keep the value an earlier run's conf gave it.
+        """
+        from airflow_partitions.operators.run_conf import RefreshRunConf
+
+        full = {**RefreshRunConf().to_conf(), **(conf or {})}
+        return self.dags[dag_id].test(run_conf=full)
 
     def catalog(self, dataset: str) -> Any:
         from airflow_partitions.refresh.commit import open_dataset_catalog
@@ -129,7 +137,8 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
     assert all(state == "success" for state, _ in refreshed.values())
     catalog = deployment.catalog("sales")
     snapshot = catalog.latest()
-    assert snapshot is not None and snapshot.version == 1
+    assert snapshot is not None
+    assert snapshot.version == 1
     key_paths = set(snapshot.partitions)
     assert {label for _, label in refreshed.values()} == key_paths, "each mapped task is labelled by its key"
     assert sum(snapshot.partitions[p].rows for p in key_paths) == 180
@@ -147,7 +156,8 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
             assert hashlib.sha256(body).hexdigest() == data_file.checksum, f"{data_file.path} content"
             assert obj["Metadata"][SHA256_METADATA_KEY] == data_file.checksum
     manifest = read_snapshot_manifest(deployment.s3, f"s3://{deployment.bucket}/accel", "sales")
-    assert manifest is not None and manifest.version == 1
+    assert manifest is not None
+    assert manifest.version == 1
     assert {e.key_path for e in manifest.entries} == key_paths
 
     # --- asset events: one per refreshed partition, keyed by the partition -------------------------
@@ -158,9 +168,11 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
     # --- a pruned read afterwards opens only the EU partitions --------------------------------------
     reader = PartitionedDatasetReader(deployment.spec_path, "sales")
     plan = reader.plan("region = 'EU'")
-    assert len(plan.selected) == 3 and plan.total == 9, "Should read only region=EU (3 of 9 partitions)"
+    assert plan.total == 9
+    assert len(plan.selected) == 3, "Should read only region=EU (3 of 9 partitions)"
     table = reader.read("region = 'EU'")
-    assert table.num_rows == 60 and set(table.column("region").to_pylist()) == {"EU"}
+    assert table.num_rows == 60
+    assert set(table.column("region").to_pylist()) == {"EU"}
 
     # --- nothing changed: the run succeeds, skips its work, commits nothing ------------------------
     run = deployment.run("refresh_sales")
@@ -168,7 +180,9 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
     assert str(run.state) == "success", states
     assert states[("commit", -1)][0] == "skipped"
     assert states[("publish_snapshot", -1)][0] == "skipped"
-    assert all(state == "skipped" for (task, _), (state, _) in states.items() if task.startswith("partition."))
+    assert all(
+        state == "skipped" for (task, _), (state, _) in states.items() if task.startswith("partition.")
+    )
     assert catalog.latest().version == 1, "no new catalog version"
     assert len(deployment.asset_events("sales")) == len(events), "no asset event without a commit"
 
@@ -184,7 +198,9 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
     assert states[("publish_snapshot", -1)][0] == "skipped"
     after = catalog.latest()
     assert after.version == 2
-    changed = {p for p in key_paths if after.partitions[p].refreshed_at != snapshot.partitions[p].refreshed_at}
+    changed = {
+        p for p in key_paths if after.partitions[p].refreshed_at != snapshot.partitions[p].refreshed_at
+    }
     assert changed == eu, "only the filtered partitions were rewritten"
     new_events = deployment.asset_events("sales")[len(events) :]
     assert {key for key, _ in new_events} == eu
@@ -200,7 +216,8 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
     assert "region=NEW/day=2026-01-01T00%3A00%3A00" in latest.partitions
     assert sum(latest.partitions[p].rows for p in latest.partitions) == 210
     manifest = read_snapshot_manifest(deployment.s3, f"s3://{deployment.bucket}/accel", "sales")
-    assert manifest is not None and manifest.version == 3, "publish uploads files a snapshot=false run skipped"
+    assert manifest is not None
+    assert manifest.version == 3, "publish uploads files a snapshot=false run skipped"
 
 
 def test_postgres_source_dag(deployment: Deployment) -> None:
@@ -212,10 +229,12 @@ def test_postgres_source_dag(deployment: Deployment) -> None:
     labels = {label for (task, _), (_, label) in states.items() if task == "partition.refresh"}
     assert labels == {f"amount_band={band}" for band in (0, 1000, 2000, 3000)}
     snapshot = deployment.catalog("orders").latest()
-    assert snapshot is not None and sum(e.rows for e in (snapshot.partitions[p] for p in snapshot.partitions)) == 120
+    assert snapshot is not None
+    assert sum(e.rows for e in (snapshot.partitions[p] for p in snapshot.partitions)) == 120
     assert {key for key, _ in deployment.asset_events("orders")} == labels
     reader = PartitionedDatasetReader(deployment.spec_path, "orders")
     plan = reader.plan("amount >= 1000 AND amount < 2000")
     assert [s.key_path for s in plan.selected] == ["amount_band=1000"], "Should read only the 1000 band"
     rows = reader.read("amount >= 1000 AND amount < 2000").column("amount").to_pylist()
-    assert rows and all(1000 <= amount < 2000 for amount in rows)
+    assert rows
+    assert all(1000 <= amount < 2000 for amount in rows)

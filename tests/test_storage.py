@@ -7,6 +7,7 @@ import decimal
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -314,16 +315,14 @@ HOSTILE_VALUES: list[str | None] = [
 ]
 
 
-@pytest.mark.parametrize(("engine", "mode"), ENGINES, ids=ENGINE_IDS)
-def test_hostile_partition_values_stay_inside_and_round_trip(tmp_path: Path, engine: str, mode: str) -> None:
-    from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo
+def check_hostile_values(storage: PartitionStorage, store: Any, root: Path) -> None:
+    """Write, commit, reopen and read back one partition per hostile value; nothing may leave `root`."""
+    from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
 
-    storage = get_storage(engine, mode)
     spec = PartitionSpecInfo.from_fields([("region", "region", "string"), ("n", "n", "int")])
-    root = tmp_path / "accel"
     dataset_root = root / "ds"
-    catalog = Catalog(LocalStore(root), "ds", storage=storage)
-    entries = []
+    catalog = Catalog(store, "ds", data_root=dataset_root, storage=storage)
+    written: list[tuple[PartitionKey, DataFile]] = []
     directories = set()
     for index, value in enumerate(HOSTILE_VALUES):
         key = PartitionKey((value, index))
@@ -331,19 +330,40 @@ def test_hostile_partition_values_stay_inside_and_round_trip(tmp_path: Path, eng
         directory = partition_directory(dataset_root, key_path)
         assert directory.resolve().is_relative_to(dataset_root.resolve()), f"{value!r} escaped: {key_path}"
         directories.add(directory)
-        files = storage.publish(
-            dataset_root,
-            storage.write(pa.table({"v": pa.array([value], pa.string())}), dataset_root, key_path),
-        )
-        assert all((dataset_root / f.path).resolve().is_relative_to(dataset_root.resolve()) for f in files)
-        entries.append(PartitionEntry.from_files(key, spec, files))
+        (file,) = storage.write(pa.table({"v": pa.array([value], pa.string())}), dataset_root, key_path)
+        assert (dataset_root / file.path).resolve().is_relative_to(dataset_root.resolve())
+        written.append((key, file))
     assert len(directories) == len(HOSTILE_VALUES), "two different values must never share a directory"
+    # One publish for the whole commit, as a refresh does it.
+    published = storage.publish(dataset_root, [file for _key, file in written])
+    entries = [PartitionEntry.from_files(key, spec, [file]) for (key, _), file in zip(written, published)]
     version = catalog.commit(base_version=None, upserts=entries, partition_spec=spec)
-    reopened = Catalog(LocalStore(root), "ds").snapshot(version)
+    reopened = Catalog(store, "ds", data_root=dataset_root).snapshot(version)
     for index, value in enumerate(HOSTILE_VALUES):
         entry = reopened.partitions[PartitionKey((value, index)).path(spec.names)]
         assert entry.key.values == (value, index), f"{value!r} did not round-trip through the catalog"
-        data = storage.read(dataset_root, entry.files)
-        assert data.column("v").to_pylist() == [value]
-    every_file = [p for p in tmp_path.rglob("*") if p.is_file()]
+        assert storage.read(dataset_root, entry.files).column("v").to_pylist() == [value]
+    every_file = [p for p in root.rglob("*") if p.is_file()]
     assert all(p.resolve().is_relative_to(root.resolve()) for p in every_file)
+
+
+@pytest.mark.parametrize(("engine", "mode"), ENGINES, ids=ENGINE_IDS)
+def test_hostile_partition_values_stay_inside_and_round_trip(tmp_path: Path, engine: str, mode: str) -> None:
+    from airflow_partitions.catalog import LocalStore
+
+    root = tmp_path / "accel"
+    check_hostile_values(get_storage(engine, mode), LocalStore(root), root)
+
+
+@pytest.mark.s3
+def test_hostile_partition_values_round_trip_through_an_s3_catalog(
+    tmp_path: Path, s3_server: dict[str, Any], s3_bucket: str
+) -> None:
+    import boto3
+
+    from airflow_partitions.catalog import S3Store
+
+    store = S3Store(boto3.client("s3", **s3_server), s3_bucket, "hostile")
+    check_hostile_values(get_storage("parquet"), store, tmp_path / "accel")
+    keys = [o["Key"] for o in boto3.client("s3", **s3_server).list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert all(k.startswith("hostile/ds/_catalog/") for k in keys), keys

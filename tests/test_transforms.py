@@ -725,10 +725,11 @@ def test_null_partition_is_distinct_from_null_like_strings() -> None:
 
 def test_apply_accepts_numpy_ranges_for_bucket_enumeration() -> None:
     candidates = np.arange(-1000, 1000, dtype=np.int64)
-    buckets = parse_transform("bucket(16, c)").apply(candidates)
+    transform = parse_transform("bucket(16, c)")
+    buckets = transform.apply(candidates)
     assert buckets.type == pa.int64()
     assert len(buckets) == 2000
-    assert buckets.to_pylist() == [parse_transform("bucket(16, c)").apply_scalar(int(v)) for v in candidates]
+    assert buckets.to_pylist() == [transform.apply_scalar(int(v)) for v in candidates]
     assert set(buckets.to_pylist()) == set(range(16))
 
 

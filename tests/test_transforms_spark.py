@@ -10,8 +10,6 @@ Arrow data.
 from __future__ import annotations
 
 import datetime as dt
-import os
-import sys
 from decimal import Context, Decimal
 from typing import Any
 
@@ -22,9 +20,6 @@ import pytest
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
 from airflow_partitions.transforms import parse_transform
-
-# Python UDF workers must run this interpreter (the venv's), not whatever `python3` is on PATH.
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 pytestmark = pytest.mark.spark
 

@@ -672,6 +672,9 @@ class Catalog:
             # never a retained version pointing at deleted files.
             for version in expired:
                 self.store.delete(self._log_key(version))
+            if (expired or oldest in checkpoints) and self._read_hint() < oldest:
+                # The hinted checkpoint is about to go: point readers at the one that stays.
+                self.store.put(self._hint_key, json.dumps({"version": oldest}).encode())
             for version in expired_checkpoints:
                 self.store.delete(self._checkpoint_key(version))
             if self.cache_dir is not None and self.cache_dir.is_dir():

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from airflow_partitions.exceptions import CatalogError
+from airflow_partitions.storage.base import ensure_directory
 
 TEMP_PREFIX = ".tmp-"
 
@@ -127,7 +128,9 @@ class LocalStore:
 
     def _write_temporary(self, final: Path, data: bytes) -> Path:
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            # New directories (a log shard) are made durable too, or a crash could lose the entry of a
+            # directory holding a committed record.
+            ensure_directory(final.parent, stop_at=self.root)
             temporary = final.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex}-{final.name}")
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:

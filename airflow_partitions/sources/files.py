@@ -313,8 +313,8 @@ class FileSource:
                 delimiter = "\t" if self.location.lower().endswith(".tsv") else ","
             header = bool(self.params.get("header", True))
             read_options = pacsv.ReadOptions(autogenerate_column_names=not header)
-            # As Spark reads CSV: an unquoted empty field is NULL, a quoted empty one ("") an empty string.
-            convert_options = pacsv.ConvertOptions(strings_can_be_null=True, quoted_strings_can_be_null=False)
+            # As Spark reads CSV: an empty field is NULL, quoted ("") or not.
+            convert_options = pacsv.ConvertOptions(strings_can_be_null=True, quoted_strings_can_be_null=True)
             return pads.CsvFileFormat(
                 parse_options=pacsv.ParseOptions(delimiter=str(delimiter)),
                 read_options=read_options,

@@ -20,7 +20,6 @@ import pyarrow.compute as pc
 from airflow_partitions.exceptions import PartitionValueError
 
 MICROS_PER_SECOND = 1_000_000
-MICROS_PER_DAY = 86_400 * MICROS_PER_SECOND
 # Ticks of each timestamp unit per second.
 UNIT_TICKS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 INT64_MAX = (1 << 63) - 1
@@ -136,10 +135,6 @@ def source_info(data_type: pa.DataType) -> SourceInfo:
     if is_timestamp(data_type):
         return SourceInfo("timestamp", tz_aware=data_type.tz is not None, unit=data_type.unit)
     return SourceInfo("other")
-
-
-def describe_type(data_type: pa.DataType) -> str:
-    return str(data_type)
 
 
 # --- inputs ---------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from airflow_partitions.transforms.base import (
 )
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
     import pyarrow as pa
 
 MAX_CODE_POINT = 0x10FFFF
@@ -193,7 +194,7 @@ def _floor_decimal128(values: pa.Array, width: int) -> pa.Array | None:
     low, high = words[:, 0], words[:, 1].view(np.int64)
     modulus = np.uint64(width)
     high_mod = np.mod(high, np.int64(width)).astype(np.uint64)
-    remainder = (high_mod * np.uint64((1 << 64) % width)) % modulus
+    remainder: npt.NDArray[Any] = (high_mod * np.uint64((1 << 64) % width)) % modulus
     remainder = (remainder + low % modulus) % modulus
     floored_low = low - remainder
     floored_high = high - (low < remainder).astype(np.int64)

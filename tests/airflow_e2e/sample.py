@@ -18,7 +18,9 @@ REGIONS: tuple[str, ...] = ("EU", "US", "APAC")
 FIRST_DAY = dt.date(2026, 1, 1)
 
 
-def sales_rows(rows: int, days: int, regions: Sequence[str] = REGIONS, *, seed: int = 0) -> dict[str, list[Any]]:
+def sales_rows(
+    rows: int, days: int, regions: Sequence[str] = REGIONS, *, seed: int = 0
+) -> dict[str, list[Any]]:
     """Deterministic sales rows spread over `days` days and `regions`."""
     ids = list(range(seed, seed + rows))
     return {
@@ -26,7 +28,9 @@ def sales_rows(rows: int, days: int, regions: Sequence[str] = REGIONS, *, seed: 
         "region": [regions[i % len(regions)] for i in ids],
         "amount": [round(1.5 * (i % 97) + 0.25, 2) for i in ids],
         "ts": [
-            dt.datetime.combine(FIRST_DAY + dt.timedelta(days=(i // len(regions)) % days), dt.time(i % 24, i % 60))
+            dt.datetime.combine(
+                FIRST_DAY + dt.timedelta(days=(i // len(regions)) % days), dt.time(i % 24, i % 60)
+            )
             for i in ids
         ],
     }

@@ -1,0 +1,198 @@
+"""`airflow-partitions status` and `vacuum` on a real spec file and real catalogs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo, open_catalog
+from airflow_partitions.cli.main import main
+from airflow_partitions.cli.vacuum import parse_duration
+from airflow_partitions.exceptions import CatalogError
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.spec import load_spec
+
+SPEC_TEXT = """\
+accelerator_dir: accel
+datasets:
+  - name: sales
+    from: file:data/
+    params: {file_format: parquet}
+    acceleration:
+      engine: parquet
+      partition_by:
+        - region: region
+  - name: events
+    from: file:events/
+    params: {file_format: parquet}
+    acceleration:
+      engine: duckdb
+      partition_by:
+        - bucket(4, id)
+      params: {partition_mode: tables}
+"""
+
+
+@pytest.fixture
+def spec_path(tmp_path: Path) -> Path:
+    path = tmp_path / "datasets.yaml"
+    path.write_text(SPEC_TEXT)
+    return path
+
+
+def sales_catalog(spec_path: Path) -> tuple[Catalog, PartitionSpecInfo]:
+    project = load_spec(spec_path)
+    dataset = project.dataset("sales")
+    catalog = open_catalog(project, dataset)
+    spec = PartitionSpecInfo.from_fields(
+        [(f.name, f.canonical, "string") for f in dataset.acceleration.partition_by]
+    )
+    assert spec.spec_id == dataset.acceleration.partition_spec_id
+    return catalog, spec
+
+
+def refresh(catalog: Catalog, spec: PartitionSpecInfo, rows_by_region: dict[str, int]) -> int:
+    assert catalog.storage is not None
+    assert catalog.data_root is not None
+    entries = []
+    for region, rows in rows_by_region.items():
+        key = PartitionKey((region,))
+        table = pa.table({"region": [region] * rows, "amount": list(range(rows))})
+        files = catalog.storage.write(table, catalog.data_root, key.path(spec.names))
+        entries.append(PartitionEntry.from_files(key, spec, files, source_fingerprint=f"{region}:{rows}"))
+    newest = catalog.latest()
+    return catalog.commit(
+        base_version=newest.version if newest else None, upserts=entries, partition_spec=spec
+    )
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().out
+
+
+def test_status_reports_versions_partitions_rows_and_bytes(
+    spec_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    catalog, spec = sales_catalog(spec_path)
+    refresh(catalog, spec, {"eu": 3, "us": 5})
+    refresh(catalog, spec, {"eu": 4, "a/b=c": 1})
+    code, out = run_cli(capsys, "status", str(spec_path))
+    assert code == 0
+    assert "sales  (engine parquet;" in out
+    assert "version       2 (refresh" in out
+    assert "2 retained from 1" in out
+    assert "partitions    3\n" in out
+    assert "rows          10\n" in out
+    assert "events  (engine duckdb, partition_mode tables;" in out
+    assert "no committed version yet" in out
+
+    code, out = run_cli(capsys, "status", str(spec_path), "sales", "--json", "--partitions")
+    report = json.loads(out)["datasets"]
+    assert [d["name"] for d in report] == ["sales"]
+    sales = report[0]
+    snapshot = Catalog(catalog.store, "sales").snapshot()
+    assert sales["latest_version"] == 2
+    assert sales["partition_count"] == 3
+    assert sales["rows"] == 10
+    assert sales["bytes"] == snapshot.total_bytes > 0
+    assert sales["spec_matches_catalog"] is True
+    assert [v["version"] for v in sales["recent_versions"]] == [1, 2]
+    assert sales["recent_versions"][1]["partitions_changed"] == 2
+    assert {p["key"]: p["rows"] for p in sales["partitions"]} == {
+        "region=a/b=c": 1,
+        "region=eu": 4,
+        "region=us": 5,
+    }
+
+    code, out = run_cli(capsys, "status", str(spec_path), "sales", "--partitions")
+    assert "region=a/b=c" in out
+    assert "region=us" in out
+
+
+def test_status_warns_when_partition_by_changed(spec_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    catalog, spec = sales_catalog(spec_path)
+    refresh(catalog, spec, {"eu": 1})
+    spec_path.write_text(SPEC_TEXT.replace("- region: region", '- region: "truncate(2, region)"', 1))
+    code, out = run_cli(capsys, "status", str(spec_path), "sales")
+    assert code == 0
+    assert "WARNING: partition_by in the spec differs" in out
+    assert "--repartition" in out
+
+
+def test_vacuum_cli_dry_run_then_retain_versions(spec_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    catalog, spec = sales_catalog(spec_path)
+    for rows in (1, 2, 3):
+        refresh(catalog, spec, {"eu": rows})
+    assert catalog.data_root is not None
+    files_before = sorted(p for p in catalog.data_root.rglob("part-*"))
+    old = dt.datetime.now().timestamp() - 3 * 3600
+    for path in files_before:
+        os.utime(path, (old, old))
+    code, out = run_cli(
+        capsys, "vacuum", str(spec_path), "sales", "--retain-versions", "1", "--grace", "0s", "--dry-run"
+    )
+    assert code == 0
+    assert "dry run" in out
+    assert "would delete 2 (1..2)" in out
+    assert sorted(catalog.data_root.rglob("part-*")) == files_before
+
+    code, out = run_cli(
+        capsys, "vacuum", str(spec_path), "sales", "--retain-versions", "1", "--grace", "0s", "--json"
+    )
+    report: dict[str, Any] = json.loads(out)
+    assert report["removed_versions"] == [1, 2]
+    assert report["oldest_retained_version"] == 3
+    assert len(report["removed_files"]) == 2
+    assert report["bytes_freed"] > 0
+    remaining = Catalog(catalog.store, "sales").latest()
+    assert remaining is not None
+    (entry,) = remaining.partitions.values()
+    assert sorted(catalog.data_root.rglob("part-*")) == [catalog.data_root / entry.files[0].path]
+
+    code, out = run_cli(capsys, "vacuum", str(spec_path), "events")
+    assert code == 0
+    assert "nothing to vacuum" in out
+
+
+def test_vacuum_cli_rejects_bad_arguments(spec_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        ["--retain-versions", "0"],
+        ["--older-than", "soon"],
+        ["--retain-versions", "2", "--older-than", "1d"],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(["vacuum", str(spec_path), "sales", *argv])
+        assert exited.value.code == 2
+    assert "error" in capsys.readouterr().err
+    assert main(["status", str(spec_path), "nope"]) == 2
+    assert "no dataset 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("7d", dt.timedelta(days=7)),
+        ("12h", dt.timedelta(hours=12)),
+        ("1d12h", dt.timedelta(days=1, hours=12)),
+        ("30m", dt.timedelta(minutes=30)),
+        ("45s", dt.timedelta(seconds=45)),
+        ("2w", dt.timedelta(weeks=2)),
+        ("1.5h", dt.timedelta(minutes=90)),
+        ("0s", dt.timedelta(0)),
+    ],
+)
+def test_parse_duration(text: str, expected: dt.timedelta) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "7", "d", "7 days", "-1h", "1h-", "7x"])
+def test_parse_duration_rejects_garbage(text: str) -> None:
+    with pytest.raises(CatalogError, match="invalid duration"):
+        parse_duration(text)

@@ -1,0 +1,459 @@
+"""Each operator run on its own: `execute()` with a task context, on real Spark, S3 (moto) and files.
+
+The discovery operator pushes XCom, so it runs in a one-task DAG through `dag.test()`; the others take
+their inputs as arguments and are called directly with a context holding the run's params and outlet
+events. Spark runs in-process, and through spark-submit on a `spark` connection with master `local[2]`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow_e2e.metadata_db import MetadataDatabase, in_process_metadata_db
+from airflow_e2e.sample import append_sales, sample_spec, write_sales
+
+from airflow_partitions.exceptions import OrchestrationError, RefreshError
+
+pytestmark = [pytest.mark.airflow, pytest.mark.spark]
+
+
+def context(**params: Any) -> dict[str, Any]:
+    """What these operators read from a task context: the run's params and the outlet event accessors."""
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    return {"params": params, "outlet_events": OutletEventAccessors()}
+
+
+def make_spec(root: Path, *, snapshot_location: str | None = None, rows: int = 90, days: int = 2) -> Path:
+    """Sales in 3 regions x `days` days (6 partitions by default), and their spec."""
+    write_sales(root / "sales", rows=rows, days=days)
+    spec = root / "spec.yaml"
+    spec.write_text(
+        sample_spec(
+            accelerator_dir=root / "acc", sales_dir=root / "sales", snapshot_location=snapshot_location
+        )
+    )
+    return spec
+
+
+def discovered(spec: Path, **options: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What a discovery task hands on: the plan without items (XCom `plan`) and the work items."""
+    from airflow_partitions.refresh import plan_refresh
+
+    plan = plan_refresh(str(spec), "sales", **options)
+    return plan.without_items().to_json(), plan.items_json()
+
+
+@dataclass
+class Refreshed:
+    plan: dict[str, Any]
+    items: list[dict[str, Any]]
+    stage: dict[str, Any] | None
+    results: list[dict[str, Any]] | None
+
+
+def stage_and_refresh(spec: Path, **discover_options: Any) -> Refreshed:
+    """Stage once and refresh every planned partition with the operators (in-process Spark)."""
+    from airflow_partitions.operators import SparkPartitionRefreshOperator, SparkStageOperator
+
+    plan, items = discovered(spec, **discover_options)
+    stage = SparkStageOperator(
+        task_id="stage", spec_path=spec, dataset="sales", plan=plan, work_items=items
+    ).execute(context())
+    results = [
+        SparkPartitionRefreshOperator(
+            task_id="refresh", spec_path=spec, dataset="sales", work_item=item, stage=stage
+        ).execute(context())
+        for item in items
+    ]
+    return Refreshed(plan, items, stage, results)
+
+
+def commit(spec: Path, refreshed: Refreshed, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    from airflow_partitions.operators import PartitionCommitOperator
+
+    operator = PartitionCommitOperator(
+        task_id="commit",
+        spec_path=spec,
+        dataset="sales",
+        plan=refreshed.plan,
+        work_items=refreshed.items,
+        results=refreshed.results,
+        stage=refreshed.stage,
+        **kwargs,
+    )
+    ctx = context()
+    return operator.execute(ctx), ctx
+
+
+def latest(spec: Path) -> Any:
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(spec)
+    return open_dataset_catalog(project, project.dataset("sales")).latest()
+
+
+# --- discovery ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dags_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, MetadataDatabase]]:
+    dags = tmp_path_factory.mktemp("operator_dags")
+    with in_process_metadata_db(str(dags)) as database:
+        yield dags, database
+
+
+def test_discovery_returns_work_items_and_pushes_the_plan(
+    tmp_path: Path, dags_folder: tuple[Path, MetadataDatabase]
+) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    dags, database = dags_folder
+    spec = make_spec(tmp_path)
+    (dags / "discover_only.py").write_text(
+        textwrap.dedent(
+            f"""\
+            from airflow.sdk import DAG
+            from airflow_partitions.dag_factory import run_params
+            from airflow_partitions.operators import PartitionDiscoveryOperator
+
+            with DAG("discover_only", schedule=None, params=run_params()):
+                PartitionDiscoveryOperator(
+                    task_id="discover", spec_path={str(spec)!r}, dataset="sales", where="region = 'EU'"
+                )
+            """
+        )
+    )
+    dag = DagBag(dag_folder=str(dags)).dags["discover_only"]
+    # The run asks for US, but the operator's explicit `where` wins; full_refresh comes from the run.
+    run = dag.test(
+        run_conf={"partitions": None, "where": "region = 'US'", "full_refresh": True, "snapshot": True}
+    )
+    assert str(run.state) == "success"
+    with database.connect() as conn:
+        rows = dict(
+            conn.execute(
+                "SELECT key, value FROM xcom WHERE run_id = %s AND task_id = 'discover'", (run.run_id,)
+            ).fetchall()
+        )
+    items = rows["return_value"]
+    assert sorted(item["key_path"] for item in items) == [
+        "region=EU/day=2026-01-01T00%3A00%3A00",
+        "region=EU/day=2026-01-02T00%3A00%3A00",
+    ], "explicit where= wins over the run's params"
+    assert {item["reason"] for item in items} == {"new"}
+    plan = rows["plan"]
+    assert plan["items"] == []
+    assert plan["dataset"] == "sales"
+    assert plan["discovered"] == 6
+    assert plan["base_version"] is None
+
+
+# --- stage, refresh, commit -----------------------------------------------------------------------
+
+
+def test_stage_refresh_commit_and_asset_events(tmp_path: Path) -> None:
+    from airflow.sdk import Asset
+
+    spec = make_spec(tmp_path)
+    refreshed = stage_and_refresh(spec)
+    assert refreshed.stage["mode"] == "spark"
+    assert refreshed.stage["partitions"] == 6
+    assert refreshed.results is not None
+    assert all(r["rows"] == 15 and r["files"] for r in refreshed.results)
+    assert latest(spec) is None, "nothing is visible before the commit"
+
+    asset = Asset(name="sales", uri=(tmp_path / "acc" / "sales").as_uri())
+    result, ctx = commit(spec, refreshed, outlets=[asset])
+    assert result["version"] == 1
+    assert result["upserted"] == 6
+    assert result["rows"] == 90
+    snapshot = latest(spec)
+    assert {snapshot.partitions[p].rows for p in snapshot.partitions} == {15}
+    accessor = ctx["outlet_events"][asset]
+    assert accessor.partition_keys == {r["key_path"] for r in refreshed.results}
+    assert accessor.extra["version"] == 1
+    assert accessor.extra["partitions_refreshed"] == 6
+    assert not Path(refreshed.stage["location"]).exists(), "the stage is removed once committed"
+
+    again, _ = commit(spec, refreshed, outlets=[asset])
+    assert again["version"] == 1, "a retried commit (same stage) returns the version it made"
+    assert latest(spec).version == 1
+
+
+def test_refresh_without_a_stage_task_stages_its_own_partition(tmp_path: Path) -> None:
+    from airflow_partitions.operators import SparkPartitionRefreshOperator
+
+    spec = make_spec(tmp_path)
+    plan, items = discovered(spec, where="region = 'APAC'")
+    results = [
+        SparkPartitionRefreshOperator(
+            task_id="refresh", spec_path=spec, dataset="sales", work_item=item, plan=plan
+        ).execute(context())
+        for item in items
+    ]
+    assert [r["rows"] for r in results] == [15, 15]
+    staging = tmp_path / "acc"
+    assert not list(staging.rglob("_stage.json")), "each partition's own stage is removed"
+    result, _ = commit(spec, Refreshed(plan, items, None, results))
+    assert result["upserted"] == 2
+
+
+def test_commit_without_changes_skips_and_removal_only_commits(tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from airflow_partitions.operators import SparkStageOperator
+
+    spec = make_spec(tmp_path, days=1)
+    commit(spec, stage_and_refresh(spec))
+    plan, items = discovered(spec)
+    assert items == []
+    with pytest.raises(AirflowSkipException, match="nothing changed"):
+        commit(spec, Refreshed(plan, items, None, None))
+
+    # Rows of APAC vanish from the source: its partition is removed, nothing is refreshed.
+    write_sales(tmp_path / "sales", rows=90, days=1, regions=("EU", "US"))
+    plan, items = discovered(spec, where="region = 'APAC'")
+    assert items == []
+    assert plan["removed"] == ["region=APAC/day=2026-01-01T00%3A00%3A00"]
+    stage = SparkStageOperator(
+        task_id="stage", spec_path=spec, dataset="sales", plan=plan, work_items=items
+    ).execute(context())
+    assert stage["mode"] == "empty", "no Spark job for an empty plan"
+    assert stage["location"] is None
+    result, _ = commit(spec, Refreshed(plan, items, stage, []))
+    assert result["removed"] == 1
+    assert result["upserted"] == 0
+    assert "region=APAC/day=2026-01-01T00%3A00%3A00" not in latest(spec).partitions
+
+
+def test_refresh_rejects_input_that_is_not_a_work_item(tmp_path: Path) -> None:
+    from airflow_partitions.operators import SparkPartitionRefreshOperator
+
+    spec = make_spec(tmp_path)
+    with pytest.raises(OrchestrationError, match="one discovery work item"):
+        SparkPartitionRefreshOperator(
+            task_id="refresh", spec_path=spec, dataset="sales", work_item=["region=EU"], stage={}
+        ).execute(context())
+    with pytest.raises(OrchestrationError, match="needs plan="):
+        SparkPartitionRefreshOperator(
+            task_id="refresh",
+            spec_path=spec,
+            dataset="sales",
+            work_item={"key": [], "key_path": "", "reason": "new", "fp": ""},
+        ).execute(context())
+    with pytest.raises(RefreshError):
+        SparkPartitionRefreshOperator(
+            task_id="refresh",
+            spec_path=spec,
+            dataset="sales",
+            work_item={"key": ["EU", None], "key_path": "region=EU/day=%NULL", "reason": "new", "fp": "x"},
+            stage={"dataset": "sales", "location": str(tmp_path / "missing"), "mode": "spark"},
+        ).execute(context())
+
+
+# --- spark-submit ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spark_submit_connection(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    return "spark_local"
+
+
+@pytest.mark.slow
+def test_stage_through_spark_submit(tmp_path: Path, spark_submit_connection: str) -> None:
+    from airflow_partitions.operators import SparkPartitionRefreshOperator, SparkStageOperator
+
+    spec = make_spec(tmp_path)
+    plan, items = discovered(spec)
+    operator = SparkStageOperator(
+        task_id="stage",
+        spec_path=spec,
+        dataset="sales",
+        plan=plan,
+        work_items=items,
+        spark_conn_id=spark_submit_connection,
+    )
+    stage = operator.execute(context())
+    assert operator.spark_hook.mode == "spark"
+    assert stage["mode"] == "spark"
+    assert stage["partitions"] == 6
+    assert Path(stage["location"], "_stage.json").exists()
+    result = SparkPartitionRefreshOperator(
+        task_id="refresh", spec_path=spec, dataset="sales", work_item=items[0], stage=stage
+    ).execute(context())
+    assert result["rows"] == 15
+    assert result["key_path"] == items[0]["key_path"]
+
+
+@pytest.mark.slow
+def test_on_kill_stops_the_spark_submit_job(tmp_path: Path, spark_submit_connection: str) -> None:
+    from airflow_partitions.operators import SparkStageOperator
+
+    spec = make_spec(tmp_path)
+    plan, items = discovered(spec)
+    operator = SparkStageOperator(
+        task_id="stage",
+        spec_path=spec,
+        dataset="sales",
+        plan=plan,
+        work_items=items,
+        spark_conn_id=spark_submit_connection,
+    )
+    outcome: dict[str, BaseException | dict[str, Any]] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = operator.execute(context())
+        except BaseException as err:
+            outcome["error"] = err
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    process = None
+    while time.monotonic() < deadline and process is None:
+        submit = operator.spark_hook._submit_hook
+        process = getattr(submit, "_submit_sp", None) if submit is not None else None
+        time.sleep(0.05)
+    assert process is not None, "spark-submit never started"
+    operator.on_kill()
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    assert process.poll() is not None, "the spark-submit process is gone"
+    assert isinstance(outcome.get("error"), OrchestrationError), outcome
+    assert not list((tmp_path / "acc").rglob("_stage.json")), "a killed stage leaves no finished stage"
+
+
+# --- snapshots ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def aws_connection(s3_server: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SNAPSHOTS_S3",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": s3_server["aws_access_key_id"],
+                "password": s3_server["aws_secret_access_key"],
+                "extra": {"endpoint_url": s3_server["endpoint_url"], "region_name": s3_server["region_name"]},
+            }
+        ),
+    )
+    return "snapshots_s3"
+
+
+@pytest.mark.s3
+def test_snapshot_upload_publish_and_bootstrap(
+    tmp_path: Path, s3_server: dict[str, str], s3_bucket: str, aws_connection: str
+) -> None:
+    import boto3
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from airflow_partitions.operators import (
+        SnapshotBootstrapOperator,
+        SnapshotPublishOperator,
+        SnapshotUploadOperator,
+    )
+
+    location = f"s3://{s3_bucket}/accel"
+    spec = make_spec(tmp_path / "writer", snapshot_location=location)
+    refreshed = stage_and_refresh(spec)
+    common = {"spec_path": spec, "dataset": "sales", "aws_conn_id": aws_connection}
+    uploads = [
+        SnapshotUploadOperator(task_id="upload", partition_result=r, **common).execute(context())
+        for r in refreshed.results
+    ]
+    assert all(u["uploaded"] == 1 and u["skipped"] == 0 for u in uploads)
+    again = SnapshotUploadOperator(task_id="upload", partition_result=refreshed.results[0], **common)
+    assert again.execute(context())["skipped"] == 1, "the same content is not uploaded twice"
+    with pytest.raises(AirflowSkipException, match="switched off"):
+        again.execute(context(snapshot=False))
+
+    committed, _ = commit(spec, refreshed)
+    published = SnapshotPublishOperator(task_id="publish", commit=committed, **common).execute(context())
+    assert published["version"] == 1
+    assert published["created"] is True
+    assert published["files_uploaded"] == 0
+    keys = [o["Key"] for o in boto3.client("s3", **s3_server).list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert sum(1 for k in keys if "/data/" in k) == 6
+
+    # A second machine (empty accelerator_dir, same spec otherwise) hydrates only EU from the snapshot.
+    reader_root = tmp_path / "replica"
+    reader_spec = reader_root / "spec.yaml"
+    reader_root.mkdir()
+    reader_spec.write_text(
+        spec.read_text().replace(str(tmp_path / "writer" / "acc"), str(reader_root / "acc"))
+    )
+    bootstrap = SnapshotBootstrapOperator(
+        task_id="bootstrap",
+        spec_path=reader_spec,
+        dataset="sales",
+        aws_conn_id=aws_connection,
+        where="region = 'EU'",
+    )
+    hydrated = bootstrap.execute(context())
+    assert hydrated["version"] == 1
+    assert hydrated["files_downloaded"] == 2
+    assert sorted(hydrated["partitions_committed"]) == sorted(
+        r["key_path"] for r in refreshed.results if r["key_path"].startswith("region=EU/")
+    )
+    assert set(latest(reader_spec).partitions) == set(hydrated["partitions_committed"])
+    with pytest.raises(AirflowSkipException, match="already has a local catalog"):
+        bootstrap.execute(context())
+
+
+@pytest.mark.s3
+def test_snapshot_operators_skip_when_the_mode_does_not_allow(tmp_path: Path, aws_connection: str) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from airflow_partitions.operators import SnapshotBootstrapOperator, SnapshotUploadOperator
+
+    spec = make_spec(tmp_path)  # snapshots disabled
+    common = {"spec_path": spec, "dataset": "sales", "aws_conn_id": aws_connection}
+    with pytest.raises(AirflowSkipException, match="disabled: no upload"):
+        SnapshotUploadOperator(task_id="u", partition_result={}, **common).execute(context())
+    with pytest.raises(AirflowSkipException, match="disabled: no bootstrap"):
+        SnapshotBootstrapOperator(task_id="b", **common).execute(context())
+    with pytest.raises(OrchestrationError, match="where= or partitions="):
+        SnapshotBootstrapOperator(task_id="b", where="x = 1", partitions=["x=1"], **common)
+
+
+# --- vacuum ---------------------------------------------------------------------------------------
+
+
+def test_vacuum_reports_then_removes_unreferenced_files(tmp_path: Path) -> None:
+    from airflow_partitions.operators import VacuumOperator
+
+    spec = make_spec(tmp_path, days=1)
+    commit(spec, stage_and_refresh(spec))
+    append_sales(tmp_path / "sales", rows=9, days=1, regions=("EU", "US", "APAC"), name="sales-1.parquet")
+    commit(spec, stage_and_refresh(spec))
+    files_before = sorted(p for p in (tmp_path / "acc").rglob("*.parquet"))
+    common = {"spec_path": spec, "dataset": "sales", "retain_versions": 1, "grace": dt.timedelta(0)}
+    report = VacuumOperator(task_id="v", report_only=True, older_than=dt.timedelta(0), **common).execute(
+        context()
+    )
+    assert report["dry_run"] is True
+    assert report["removed_files"] == 3
+    assert sorted(p for p in (tmp_path / "acc").rglob("*.parquet")) == files_before, (
+        "a report deletes nothing"
+    )
+    done = VacuumOperator(task_id="v", older_than=dt.timedelta(0), **common).execute(context())
+    assert done["removed_files"] == 3
+    assert done["removed_versions"] == [1]
+    assert len(list((tmp_path / "acc").rglob("*.parquet"))) == len(files_before) - 3
+    with pytest.raises(OrchestrationError, match="retain_versions"):
+        VacuumOperator(task_id="v", spec_path=spec, dataset="sales", retain_versions=0)
