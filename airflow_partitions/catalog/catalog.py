@@ -116,6 +116,7 @@ class Catalog:
         self._lock = threading.RLock()
         self._newest: Snapshot | None = None
         self._hint: int | None = None  # last `_last_checkpoint` value read; only ever a shortcut
+        self._contended = False  # the last commit lost a race: list before writing next time
 
     def __repr__(self) -> str:
         return f"Catalog({self.store.describe()!r}, dataset={self.dataset!r})"
@@ -424,10 +425,11 @@ class Catalog:
         intervening: list[CommitRecord] = []
         with self._lock:
             newest_known = self._newest.version if self._newest is not None else 0
-        # Planned from the newest version this process has seen: try N+1 straight away (a lost race costs
-        # one failed conditional write); otherwise list what was committed since the base first.
-        head = base_number if base_number == newest_known else self._head()
-        for _attempt in range(max_retries + 1):
+        # Planned from the newest version this process has seen and no race lost lately: try N+1 straight
+        # away. Under contention a failed conditional write costs more than listing first.
+        optimistic = base_number == newest_known and not self._contended
+        head = base_number if optimistic else self._head()
+        for attempt in range(max_retries + 1):
             if head > parent:
                 try:
                     newer = self._records(parent, head)
@@ -458,8 +460,10 @@ class Catalog:
                 removes=tuple(removes),
             )
             if self.store.put_if_absent(self._log_key(record.version), record.encode()):
+                self._contended = attempt > 0
                 self._after_commit(base, intervening, record)
                 return record.version
+            self._contended = True
             head = self._last_log_after(parent) or parent + 1
         raise CommitConflictError(
             f"commit to dataset {self.dataset!r} lost the race {max_retries + 1} times to other commits "
