@@ -68,6 +68,25 @@ def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
     return project
 
 
+def dataset_named_in(project: ProjectSpec | str | Path, sql: str) -> str:
+    """The one dataset of the spec that `sql` reads; `FilterError` when it names none or several."""
+    from airflow_partitions.pruning.query import tables_named_in
+
+    spec = open_project(project)
+    by_name = {name.lower(): name for name in spec.names}
+    named = sorted({by_name[t] for t in tables_named_in(sql) if t in by_name})
+    if len(named) == 1:
+        return named[0]
+    if not named:
+        raise FilterError(
+            f"the query reads none of the spec's datasets ({', '.join(spec.names) or 'none'}); "
+            "name one in FROM, e.g. SELECT count(*) FROM <dataset>"
+        )
+    raise FilterError(
+        f"the query reads several datasets ({', '.join(named)}); a query reads one dataset at a time"
+    )
+
+
 def s3_filesystem(
     *,
     endpoint_url: str | None = None,

@@ -94,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else str(stage_arg)
             )
             items = coerce_items(json.loads(Path(args.items).read_text(encoding="utf-8")))
-            output = {"results": [finalize_partition(project, dataset, stage_ref, item).to_json() for item in items]}
+            output = {
+                "results": [finalize_partition(project, dataset, stage_ref, item).to_json() for item in items]
+            }
     except AirflowPartitionsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

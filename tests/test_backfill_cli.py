@@ -34,7 +34,7 @@ def test_dry_run_lists_the_partitions_a_filter_selects(
     spec: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(["backfill", str(spec), "sales", "--where", "region = 'EU'", "--dry-run", "--json"])
-    report = json.loads(capsys.readouterr().out)
+    report = _json_document(capsys.readouterr().out)
     assert code == 0
     assert [p["key_path"] for p in report["partitions"]] == EU_KEYS
     assert report["discovered"] == 6
@@ -63,7 +63,11 @@ def test_nothing_selected_exits_3(spec: Path, capsys: pytest.CaptureFixture[str]
     ("extra", "message"),
     [
         (["--where", "region = 'EU'", "--partitions", "x"], "--where or --partitions, not both"),
-        (["--where", "region = 'EU'"], "no credentials for the Airflow API"),
+        (["--where", "region = 'EU'"], "no Airflow URL"),
+        (
+            ["--where", "region = 'EU'", "--airflow-url", "http://127.0.0.1:1"],
+            "no credentials for the Airflow API",
+        ),
         (
             ["--where", "region = 'EU'", "--airflow-url", "localhost:8080", "--token", "t"],
             "must start with http",
@@ -146,6 +150,6 @@ def test_local_run_refreshes_only_the_selected_partitions(
 
 def _json_document(out: str) -> dict[str, object]:
     """The command's JSON report: from its first line that opens an object (task logs may precede it)."""
-    lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line == "{")
-    return dict(json.loads("\n".join(lines[start:])))
+    start = out.index("\n{\n") + 1 if not out.startswith("{\n") else 0
+    document, _ = json.JSONDecoder().raw_decode(out[start:])
+    return dict(document)

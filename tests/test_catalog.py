@@ -402,3 +402,43 @@ def test_s3_catalog_caches_checkpoints_on_the_host(
     assert fingerprints(cached) == fingerprints(Catalog(store, "sales"))
     assert [p.name for p in cache.iterdir()] == ["00000000000000000004.arrow"]
     assert fingerprints(Catalog(store, "sales", cache_dir=cache), 3) == fingerprints(catalog, 3)
+
+
+def test_a_vacuum_interrupted_half_way_leaves_every_retained_version_readable(tmp_path: Path) -> None:
+    catalog = Catalog(LocalStore(tmp_path), "sales", checkpoint_interval=3)
+    for step in range(10):
+        commit(catalog, entry(f"r{step % 4}", f"fp{step}"))
+    expected = {v: fingerprints(catalog, v) for v in (8, 9, 10)}
+    catalog.write_checkpoint(catalog.snapshot(8))
+    # Killed after deleting versions 1..7 but before the old checkpoints, with a stale hint left behind.
+    log_dir = tmp_path / "sales" / "_catalog" / "log" / "0000000000"
+    for version in range(1, 8):
+        (log_dir / f"{version:020d}.json").unlink()
+    (tmp_path / "sales" / "_catalog" / "_last_checkpoint").write_text('{"version": 3}')
+    reopened = Catalog(LocalStore(tmp_path), "sales")
+    latest = reopened.latest()
+    assert latest is not None
+    assert latest.version == 10
+    for version, content in expected.items():
+        assert fingerprints(Catalog(LocalStore(tmp_path), "sales"), version) == content
+    with pytest.raises(VersionNotFoundError, match="vacuumed"):
+        Catalog(LocalStore(tmp_path), "sales").snapshot(5)
+    report = reopened.vacuum(retain_versions=3, grace=dt.timedelta(0))
+    assert report.removed_checkpoints == (3, 6)
+    assert commit(reopened, entry("new", "x")) == 11
+
+
+def test_vacuum_drops_shared_duckdb_tables_no_retained_version_uses(tmp_path: Path) -> None:
+    storage = get_storage("duckdb", "tables")
+    catalog = Catalog(LocalStore(tmp_path), "sales", storage=storage)
+    assert catalog.data_root is not None
+    key = PartitionKey(("eu",))
+    for value in range(3):
+        files = storage.write(pa.table({"v": [value]}), catalog.data_root, key.path(SPEC.names))
+        commit(catalog, PartitionEntry.from_files(key, SPEC, storage.publish(catalog.data_root, files)))
+    report = catalog.vacuum(retain_versions=1, grace=dt.timedelta(0))
+    dropped = sorted(f.path for f in report.removed_files if "#" in f.path)
+    assert len(dropped) == 2, report.removed_files
+    assert len([f for f in report.removed_files if f.path.endswith(".duckdb")]) == 2, "staged copies go too"
+    (current,) = Catalog(LocalStore(tmp_path), "sales").snapshot().partitions.values()
+    assert storage.read(catalog.data_root, current.files).column("v").to_pylist() == [2]

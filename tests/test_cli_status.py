@@ -196,3 +196,33 @@ def test_parse_duration(text: str, expected: dt.timedelta) -> None:
 def test_parse_duration_rejects_garbage(text: str) -> None:
     with pytest.raises(CatalogError, match="invalid duration"):
         parse_duration(text)
+
+
+@pytest.mark.s3
+def test_catalog_location_on_s3_keeps_files_local(
+    spec_path: Path,
+    s3_server: dict[str, Any],
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import boto3
+
+    monkeypatch.setenv("AIRFLOW_PARTITIONS_CATALOG_URL", f"s3://{s3_bucket}/team")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
+    catalog, spec = sales_catalog(spec_path)
+    assert catalog.store.describe() == f"s3://{s3_bucket}/team"
+    for rows in range(1, 12):
+        refresh(catalog, spec, {"eu": rows})
+    keys = [o["Key"] for o in boto3.client("s3", **s3_server).list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert keys
+    assert all(k.startswith("team/sales/_catalog/") for k in keys)
+    assert catalog.data_root == spec_path.parent / "accel" / "sales"
+    assert list(catalog.data_root.rglob("part-*.parquet"))
+    code, out = run_cli(capsys, "status", str(spec_path), "sales", "--json")
+    assert code == 0
+    report = json.loads(out)["datasets"][0]
+    assert report["catalog"] == f"s3://{s3_bucket}/team/sales/_catalog"
+    assert report["latest_version"] == 11
+    assert report["rows"] == 11
+    assert list((catalog.data_root / "_catalog_cache").iterdir()), "the checkpoint was cached on the host"

@@ -26,12 +26,16 @@ from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import ProjectSpec
 
 
-def write_spec(tmp_path: Path, partition_by: list[str], *, source: str = "src", refresh: str = "") -> ProjectSpec:
+def write_spec(
+    tmp_path: Path, partition_by: list[str], *, source: str = "src", refresh: str = ""
+) -> ProjectSpec:
     """A one-dataset spec; `name: expr` entries become the `{name: expr}` form."""
     fields = []
     for entry in partition_by:
         name, sep, expr = entry.partition(": ")
-        fields.append(f"        - {{{name}: {json.dumps(expr)}}}" if sep else f"        - {json.dumps(entry)}")
+        fields.append(
+            f"        - {{{name}: {json.dumps(expr)}}}" if sep else f"        - {json.dumps(entry)}"
+        )
     lines = [
         "accelerator_dir: acc",
         "datasets:",
@@ -126,7 +130,7 @@ def test_dynamic_cap_raises_too_many_partitions(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     pq.write_table(rows(0, 30, "EU"), tmp_path / "src" / "a.parquet")
     project = write_spec(tmp_path, ["id"], refresh="{max_partitions: 10}")
-    with pytest.raises(TooManyPartitionsError, match="found 30 partitions.*max_partitions \\(10\\)"):
+    with pytest.raises(TooManyPartitionsError, match=r"found 30 partitions.*max_partitions \(10\)"):
         plan_for(project)
 
 
@@ -160,13 +164,19 @@ def test_incremental_refresh_rewrites_only_changed_hive_partitions(tmp_path: Pat
     assert before is not None
 
     again = plan_for(project)
-    assert again.items == () and again.unchanged == 3 and again.is_empty
+    assert again.items == ()
+    assert again.unchanged == 3
+    assert again.is_empty
 
-    pq.write_table(rows(100, 5, "US").drop_columns(["region"]), tmp_path / "src" / "region=US" / "part-0.parquet")
+    pq.write_table(
+        rows(100, 5, "US").drop_columns(["region"]), tmp_path / "src" / "region=US" / "part-0.parquet"
+    )
     os.utime(tmp_path / "src" / "region=US" / "part-0.parquet", ns=(5, 5))
     shutil.rmtree(tmp_path / "src" / "region=APAC")
     (tmp_path / "src" / "region=LATAM").mkdir()
-    pq.write_table(rows(200, 1, "LATAM").drop_columns(["region"]), tmp_path / "src" / "region=LATAM" / "p.parquet")
+    pq.write_table(
+        rows(200, 1, "LATAM").drop_columns(["region"]), tmp_path / "src" / "region=LATAM" / "p.parquet"
+    )
 
     plan = plan_for(project)
     assert {(i.key_path, i.reason) for i in plan.items} == {
@@ -176,12 +186,14 @@ def test_incremental_refresh_rewrites_only_changed_hive_partitions(tmp_path: Pat
     assert plan.removed == ("region=APAC",)
     summary = refresh_dataset(project, "sales")
     after = open_catalog(project, dataset).latest()
-    assert after is not None and after.version == before.version + 1
+    assert after is not None
+    assert after.version == before.version + 1
     assert set(after.partitions) == {"region=EU", "region=US", "region=LATAM"}, "APAC disappeared"
     assert after.partitions["region=EU"].files == before.partitions["region=EU"].files, "EU was not rewritten"
     assert after.partitions["region=US"].files != before.partitions["region=US"].files
     assert after.partitions["region=US"].rows == 5
-    assert summary.refreshed == 2 and summary.removed == 1
+    assert summary.refreshed == 2
+    assert summary.removed == 1
 
 
 def test_selection_forces_partitions_and_rejects_unknown_ones(tmp_path: Path) -> None:
@@ -196,7 +208,7 @@ def test_selection_forces_partitions_and_rejects_unknown_ones(tmp_path: Path) ->
     assert plan_for(project, full=True).counts()["forced"] == 3
     by_where = plan_for(project, where="region IN ('US', 'a b')")
     assert {i.key_path for i in by_where.items} == {"region=US", "region=a%20b"}
-    with pytest.raises(DiscoveryError, match="no partition 'region=XX'.*such as region=EU"):
+    with pytest.raises(DiscoveryError, match=r"no partition 'region=XX'.*such as region=EU"):
         plan_for(project, partitions=["region=XX"])
 
 
@@ -223,7 +235,8 @@ def test_changed_partition_spec_replaces_everything(tmp_path: Path) -> None:
     assert {i.reason for i in plan.items} == {Reason.RESPEC}
     refresh_dataset(project, "sales")
     latest = open_catalog(project, project.dataset("sales")).latest()
-    assert latest is not None and set(latest.partitions) == {"area=EU", "area=US"}
+    assert latest is not None
+    assert set(latest.partitions) == {"area=EU", "area=US"}
 
 
 def test_plan_for_ten_thousand_partitions_fits_in_xcom(tmp_path: Path) -> None:

@@ -64,7 +64,8 @@ def accelerated_rows(project: ProjectSpec) -> tuple[Any, list[dict[str, Any]]]:
     dataset = project.dataset("orders")
     catalog = open_catalog(project, dataset)
     snapshot = catalog.latest()
-    assert snapshot is not None and catalog.data_root is not None
+    assert snapshot is not None
+    assert catalog.data_root is not None
     files = [f for entry in snapshot.partitions.values() for f in entry.files]
     table = get_storage(dataset.acceleration).read(catalog.data_root, files)
     return snapshot, sorted(table.to_pylist(), key=lambda r: r["id"])
@@ -88,7 +89,7 @@ def test_update_in_two_partitions_rewrites_exactly_those(
 
     dataset = project.dataset("orders")
     bucket = dataset.bind(open_source(dataset.source).schema()).partition_by[0].transform
-    targets = {}
+    targets: dict[int, int] = {}
     for order_id in range(48):
         targets.setdefault(bucket.apply_scalar(order_id), order_id)
         if len(targets) == 2:
@@ -134,7 +135,9 @@ def test_indexed_range_partitions_are_read_by_pushdown(pg_database: str, tmp_pat
         )
         conn.execute("DELETE FROM public.orders WHERE placed_at < '2026-02-02'")
     plan = plan_refresh(project, "orders")
-    assert [(i.key_path, i.reason) for i in plan.items] == [("day=2026-02-03T00%3A00%3A00%2B00%3A00", Reason.CHANGED)]
+    assert [(i.key_path, i.reason) for i in plan.items] == [
+        ("day=2026-02-03T00%3A00%3A00%2B00%3A00", Reason.CHANGED)
+    ]
     assert plan.removed == ("day=2026-02-01T00%3A00%3A00%2B00%3A00",)
     refresh_dataset(project, "orders")
     after, rows = accelerated_rows(project)

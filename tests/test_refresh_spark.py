@@ -32,7 +32,7 @@ from airflow_partitions.refresh import (
     refresh_dataset,
     stage_refresh,
 )
-from airflow_partitions.refresh.stage import staged_item_directory, StageManifest
+from airflow_partitions.refresh.stage import StageManifest, staged_item_directory
 from airflow_partitions.sources import open_source
 from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.spec import load_spec
@@ -83,7 +83,7 @@ def write_spec(
     file_format: str,
     engine: str = "parquet",
     partition_mode: str | None = None,
-    partition_by: tuple[str, ...] = ('{region: "region"}', '{day: "date_trunc(\'day\', pickup)"}'),
+    partition_by: tuple[str, ...] = ('{region: "region"}', "{day: \"date_trunc('day', pickup)\"}"),
 ) -> ProjectSpec:
     params = f"      params: {{partition_mode: {partition_mode}}}\n" if partition_mode else ""
     fields = "".join(f"        - {entry}\n" for entry in partition_by)
@@ -123,6 +123,7 @@ def assert_partitions_hold_their_rows(project: ProjectSpec, dataset: DatasetSpec
     transforms = [f.transform for f in bound.acceleration.partition_by]
     storage = get_storage(dataset.acceleration)
     root = open_catalog(project, dataset).data_root
+    assert root is not None
     for entry in snapshot.partitions.values():
         if not entry.files:
             continue
@@ -193,16 +194,19 @@ def test_failing_partition_leaves_catalog_untouched_until_commit(spark: Any, tmp
             results.append(finalize_partition(project, dataset, stage, item).to_json())
     assert len(results) == 3
     latest = open_catalog(project, dataset).latest()
-    assert latest is not None and latest.version == before.version, "finalized files are invisible before commit"
+    assert latest is not None
+    assert latest.version == before.version, "finalized files are invisible before commit"
 
     with pytest.raises(RefreshError, match="1 of 4 planned partition"):
         commit_refresh(project, dataset, plan, results, stage=stage, cleanup=False)
     latest = open_catalog(project, dataset).latest()
-    assert latest is not None and latest.version == before.version, "a refused commit changes nothing"
+    assert latest is not None
+    assert latest.version == before.version, "a refused commit changes nothing"
 
     commit = commit_refresh(project, dataset, plan, results, stage=stage, require_all=False)
     after = open_catalog(project, dataset).latest()
-    assert after is not None and after.version == before.version + 1
+    assert after is not None
+    assert after.version == before.version + 1
     assert commit.missing == (broken.key_path,)
     assert after.partitions[broken.key_path].files == before.partitions[broken.key_path].files, (
         "the failed partition keeps its previous version"
@@ -236,12 +240,17 @@ def test_cli_refresh_prints_progress_and_json(
     assert cli_main(["refresh", spec, "trips", "--json", "--repartition"]) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
-    assert summary["version"] == 1 and summary["refreshed"] == 3 and summary["rows"] == 24
-    assert "3/3 partitions" in captured.err and "24 rows" in captured.err
+    assert summary["version"] == 1
+    assert summary["refreshed"] == 3
+    assert summary["rows"] == 24
+    assert "3/3 partitions" in captured.err
+    assert "24 rows" in captured.err
 
     assert cli_main(["refresh", spec, "trips", "--partitions", "b=2", "--json"]) == 0
     forced = json.loads(capsys.readouterr().out)
-    assert forced["plan"]["forced"] == 1 and forced["refreshed"] == 1 and forced["version"] == 2
+    assert forced["plan"]["forced"] == 1
+    assert forced["refreshed"] == 1
+    assert forced["version"] == 2
 
     assert cli_main(["refresh", spec, "trips", "--where", "bucket(3, id) = 0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["refreshed"] == 1
@@ -253,7 +262,8 @@ def test_cli_refresh_prints_progress_and_json(
 def load_spark_job() -> ModuleType:
     path = REPO / "spark_jobs" / "refresh_partitions.py"
     spec = importlib.util.spec_from_file_location("refresh_partitions_job", path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -285,10 +295,12 @@ def test_spark_job_entry_point_stages_and_finalizes(spark: Any, tmp_path: Path) 
     ]
     assert job.main(args) == 0
     output = json.loads((tmp_path / "out.json").read_text())
-    assert output["mode"] == "spark" and output["location"] == str(tmp_path / "stage-1")
+    assert output["mode"] == "spark"
+    assert output["location"] == str(tmp_path / "stage-1")
     assert len(output["results"]) == 3
     commit = commit_refresh(project, dataset, plan, output["results"], stage=output)
-    assert commit.version == 1 and commit.rows == 18
+    assert commit.version == 1
+    assert commit.rows == 18
 
     # Bad input is an exit code and a message, not a traceback.
     wrong_dataset = [*args[:4], "nope", *args[5:]]
@@ -306,7 +318,9 @@ def test_refresh_of_removed_source_partition_removes_it(spark: Any, tmp_path: Pa
     plan = plan_refresh(project, dataset)
     gone = PartitionKey(("a/b",)).path(["region"])
     assert plan.removed == (gone,)
-    assert {i.reason for i in plan.items} == {Reason.CHANGED}, "flat files: any change touches every partition"
+    assert {i.reason for i in plan.items} == {Reason.CHANGED}, (
+        "flat files: any change touches every partition"
+    )
     refresh_dataset(project, dataset, spark=spark)
     snapshot, accelerated = read_acceleration(project, dataset)
     assert gone not in snapshot.partitions

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -220,7 +221,7 @@ def test_s3_source_lists_with_etags_reads_and_detects_hive(
 ) -> None:
     import boto3
 
-    client = boto3.client("s3", **s3_server)
+    client: Any = boto3.client("s3", **s3_server)  # type: ignore[call-overload]
     for region in ("EU", "US"):
         local = tmp_path / f"{region}.parquet"
         pq.write_table(sample_table().drop_columns(["region"]), local)
@@ -258,7 +259,8 @@ def _parquet_bytes() -> bytes:
 @pytest.mark.s3
 def test_s3_missing_bucket_is_a_source_error(s3_server: dict[str, str]) -> None:
     source = FileSource(
-        "s3://no-such-bucket-here/x/", params={"file_format": "parquet", "endpoint_url": s3_server["endpoint_url"]}
+        "s3://no-such-bucket-here/x/",
+        params={"file_format": "parquet", "endpoint_url": s3_server["endpoint_url"]},
     )
     with pytest.raises(SourceError, match="cannot list"):
         source.list_files()

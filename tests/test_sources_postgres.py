@@ -114,7 +114,9 @@ def test_fingerprints_move_only_for_changed_partitions(events: PostgresSource, p
     with_xmin = events.survey(transforms, need_keys=True, check_column=None, deadline=Deadline(30))
     assert any("xmin" in note for note in with_xmin.notes)
     with psycopg.connect(pg_database, autocommit=True) as conn:
-        conn.execute("UPDATE public.events SET amount = amount + 1, updated_at = now() + interval '1 s' WHERE id = 1")
+        conn.execute(
+            "UPDATE public.events SET amount = amount + 1, updated_at = now() + interval '1 s' WHERE id = 1"
+        )
         conn.execute("DELETE FROM public.events WHERE id = 2")
     after_check = events.survey(transforms, need_keys=True, check_column="updated_at", deadline=Deadline(30))
     after_xmin = events.survey(transforms, need_keys=True, check_column=None, deadline=Deadline(30))
@@ -123,7 +125,9 @@ def test_fingerprints_move_only_for_changed_partitions(events: PostgresSource, p
         assert moved == {("EU",), ("US",)}, "id 1 (EU) was updated and id 2 (US) deleted; nothing else"
 
 
-def test_update_without_check_column_change_is_seen_through_xmin(events: PostgresSource, pg_database: str) -> None:
+def test_update_without_check_column_change_is_seen_through_xmin(
+    events: PostgresSource, pg_database: str
+) -> None:
     transforms = [bound(events, "region")]
     before = events.survey(transforms, need_keys=True, check_column=None, deadline=Deadline(30))
     with psycopg.connect(pg_database, autocommit=True) as conn:
@@ -135,10 +139,13 @@ def test_update_without_check_column_change_is_seen_through_xmin(events: Postgre
 
 def test_discovery_timeout_cancels_the_query(events: PostgresSource, pg_database: str) -> None:
     with psycopg.connect(pg_database, autocommit=True) as conn:
-        conn.execute("CREATE VIEW public.slow_events AS SELECT e.* FROM public.events e WHERE pg_sleep(0.05)::text = ''")
+        conn.execute(
+            "CREATE VIEW public.slow_events AS "
+            "SELECT e.* FROM public.events e WHERE pg_sleep(0.05)::text = ''"
+        )
     slow = PostgresSource("public", "slow_events", url=pg_database)
     transform = bound(slow, "region")
-    with pytest.raises(DiscoveryTimeoutError, match="did not finish within 0.5 s"):
+    with pytest.raises(DiscoveryTimeoutError, match=r"did not finish within 0\.5 s"):
         slow.survey([transform], need_keys=True, check_column=None, deadline=Deadline(0.5))
 
 

@@ -29,7 +29,7 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -160,9 +160,12 @@ class Catalog:
         # Remote store, first open: download the checkpoint while listing and fetching the records after it.
         checkpoint = _shared_executor().submit(self._read_checkpoint, hint)
         head = self._last_log_after(hint) or hint
-        records = self._records(hint, head)
+        try:
+            records: list[CommitRecord] | None = self._records(hint, head)
+        except VersionNotFoundError:
+            records = None
         base = checkpoint.result()
-        if base is None:
+        if base is None or records is None:
             return self._load(head)  # the hinted checkpoint was vacuumed meanwhile: take the general path
         snapshot = self._advance(base, records)
         self._remember(snapshot)
@@ -273,28 +276,30 @@ class Catalog:
             newest = self._newest
         if newest is not None and newest.version == version:
             return newest
+        snapshot: Snapshot | None = None
         if newest is not None and newest.version < version:
             try:
-                records = self._records(newest.version, version)
-            except VersionNotFoundError as err:
-                raise self._not_found(version) from err
-            snapshot = self._advance(newest, records)
-        else:
-            base = self._checkpoint_at_or_below(version)
-            base_version = base.version if base is not None else 0
-            try:
-                records = self._records(base_version, version)
-            except VersionNotFoundError as err:
-                raise self._not_found(version) from err
-            if base is None and not records:
-                raise self._not_found(version)
-            if records:
-                snapshot = self._advance(base, records)
-            else:
-                assert base is not None
-                snapshot = base
+                snapshot = self._advance(newest, self._records(newest.version, version))
+            except VersionNotFoundError:
+                snapshot = None  # records after the cached version were vacuumed: rebuild from a checkpoint
+        if snapshot is None:
+            snapshot = self._rebuild(version)
         self._remember(snapshot)
         return snapshot
+
+    def _rebuild(self, version: int) -> Snapshot:
+        # A checkpoint whose following records are gone (a stale hint after an interrupted vacuum) is
+        # skipped for the next candidate; the last resort replays every record from version 1.
+        for base in self._checkpoints_at_or_below(version):
+            try:
+                records = self._records(base.version if base is not None else 0, version)
+            except VersionNotFoundError:
+                continue
+            if records:
+                return self._advance(base, records)
+            if base is not None:
+                return base
+        raise self._not_found(version)
 
     def _not_found(self, version: int) -> VersionNotFoundError:
         retained = [v for info in self.store.list(self._log_prefix) if (v := self._log_version(info.key))]
@@ -315,22 +320,24 @@ class Catalog:
             if self._newest is None or snapshot.version >= self._newest.version:
                 self._newest = snapshot
 
-    def _checkpoint_at_or_below(self, version: int) -> Snapshot | None:
+    def _checkpoints_at_or_below(self, version: int) -> Iterator[Snapshot | None]:
+        """Starting points for `version`, best first: the hinted checkpoint, the others newest first, and
+        finally `None` (replay from the first record). Lazy: the listing happens only if needed."""
         hint = self._hint if self._hint is not None else self._read_hint()
         if 0 < hint <= version:
             checkpoint = self._read_checkpoint(hint)
             if checkpoint is not None:
-                return checkpoint
+                yield checkpoint
         candidates = [
             v
             for info in self.store.list(f"{self.prefix}/checkpoints/")
-            if (v := self._version_of(info.key, ".arrow")) is not None and v <= version
+            if (v := self._version_of(info.key, ".arrow")) is not None and v <= version and v != hint
         ]
         for candidate in sorted(candidates, reverse=True):
             checkpoint = self._read_checkpoint(candidate)
             if checkpoint is not None:
-                return checkpoint
-        return None
+                yield checkpoint
+        yield None
 
     def _read_checkpoint(self, version: int) -> Snapshot | None:
         import pyarrow as pa

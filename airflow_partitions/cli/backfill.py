@@ -51,6 +51,8 @@ class AirflowApiClient:
         password: str | None = None,
         timeout: float = 30.0,
     ) -> None:
+        if not base_url:
+            raise AirflowApiError(f"no Airflow URL: pass --airflow-url http://host:8080 or set {ENV_API_URL}")
         if not base_url.startswith(("http://", "https://")):
             raise AirflowApiError(f"Airflow URL {base_url!r} must start with http:// or https://")
         if token is None and (username is None or password is None):

@@ -1,4 +1,4 @@
-"""`airflow-partitions refresh`: refresh a dataset's partitions in this process (plan, stage, finalize, commit).
+"""`airflow-partitions refresh`: refresh a dataset's partitions in this process (plan to commit).
 
 Progress goes to stderr (a redrawn bar on a terminal, a line per phase otherwise); `--json` prints the
 summary on stdout. The exit code is 0 on success, 1 when partitions failed (nothing committed unless
@@ -117,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary.to_json(), indent=2))
     else:
         counts = summary.plan
+        version = summary.version if summary.version is not None else "(unchanged)"
         print(
-            f"{summary.dataset}: version {summary.version if summary.version is not None else '(unchanged)'}; "
+            f"{summary.dataset}: version {version}; "
             f"{summary.refreshed} partition(s) written ({counts['new']} new, {counts['changed']} changed, "
             f"{counts['forced'] + counts['respec']} forced), {summary.removed} removed, "
             f"{counts['unchanged']} unchanged; {summary.rows:,} rows in {summary.timings_s['total']:.1f} s",

@@ -1,1 +1,1 @@
-"""hooks."""
+"""Airflow hooks: pruned reads (`partitioned_dataset`), snapshot storage, Spark refresh, connections."""

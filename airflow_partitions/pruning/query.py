@@ -106,6 +106,20 @@ def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
     return or_(*(_reference_filter(table, schema) for table in references))
 
 
+def tables_named_in(sql: str) -> set[str]:
+    """Lower-cased names of the plain tables `sql` reads (CTE names excluded); empty if unparsable."""
+    try:
+        tree = sqlglot.parse_one(sql, read=DIALECT)
+    except (SqlglotError, ValueError):
+        return set()
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    return {
+        table.name.lower()
+        for table in tree.find_all(exp.Table)
+        if isinstance(table.this, exp.Identifier) and table.name.lower() not in ctes
+    }
+
+
 def _is_dataset(table: exp.Table, name: str) -> bool:
     if not isinstance(table.this, exp.Identifier) or table.name.lower() != name:
         return False

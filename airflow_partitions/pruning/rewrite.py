@@ -57,11 +57,33 @@ def prepare(predicate: Predicate) -> Predicate:
 # --- monotonic partition expressions -> column ranges ----------------------------------------------
 
 
+_NOT_AN_IMAGE = object()
+
+
 def _preimage(term: TransformRef, value: Any) -> Any:
+    """The interval of column values whose image is `value`; `_NOT_AN_IMAGE` when no value maps to it.
+
+    The interval is trusted only once a bound inside it is seen to map back to `value`: a literal
+    that no value produces (`truncate(10, c) = 7`) makes `f(c) = v` FALSE for every row, not a range.
+    """
+    transform = term.transform
     try:
-        return term.transform.preimage(value)
+        interval = transform.preimage(value)
     except (PartitionValueError, ValueError, TypeError, OverflowError):
         return None
+    if interval is None:
+        return None
+    if interval.lower is not None and interval.lower_inclusive:
+        probe = interval.lower
+    elif interval.upper is not None and interval.upper_inclusive:
+        probe = interval.upper
+    else:
+        return None
+    try:
+        image = transform.apply_scalar(probe)
+    except (PartitionValueError, ValueError, TypeError, OverflowError):
+        return None
+    return interval if image == value else _NOT_AN_IMAGE
 
 
 def _through_preimage(leaf: Comparison | InList | Range) -> Predicate | None:
@@ -89,6 +111,11 @@ def _comparison_through_preimage(
     interval = _preimage(term, value)
     if interval is None:
         return None
+    if interval is _NOT_AN_IMAGE:
+        # FALSE for every value (NULL for NULL) when no value has this image; ranges keep their leaf.
+        if op is Op.EQ:
+            return InList(column, ())
+        return not_(InList(column, ())) if op is Op.NE else None
     lower, upper = interval.lower, interval.upper
     # TRUE for every non-NULL value and NULL for NULL: what `f(c) <= v` is when v is above every value.
     every_value = not_(InList(column, ()))

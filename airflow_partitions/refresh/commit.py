@@ -118,7 +118,8 @@ def commit_refresh(
     plan = plan if isinstance(plan, RefreshPlan) else RefreshPlan.from_json(plan)
     if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
         raise RefreshError(
-            f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r}; plan again"
+            f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r}; "
+            "plan again"
         )
     finished = coerce_results(results)
     planned = {item.key_path: item for item in plan.items}
@@ -135,7 +136,8 @@ def commit_refresh(
     if missing and require_all:
         raise RefreshError(
             f"{len(missing)} of {len(planned)} planned partition(s) have no result (failed or not run), e.g. "
-            f"{', '.join(missing[:5])}; the catalog is untouched. Retry those partitions, or commit the others "
+            f"{', '.join(missing[:5])}; the catalog is untouched. Retry those partitions, or commit the "
+            "others "
             "with require_all=False"
         )
     if plan.replace_all and missing:

@@ -75,11 +75,11 @@ def select_keys(
     chosen: dict[KeyTuple, None] = {}
     unknown: list[str] = []
     for text in requested:
-        key = by_text.get(text.strip().strip("/"))
-        if key is None:
+        found = by_text.get(text.strip().strip("/"))
+        if found is None:
             unknown.append(text)
         else:
-            chosen[key] = None
+            chosen[found] = None
     return list(chosen), unknown
 
 

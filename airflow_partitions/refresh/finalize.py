@@ -64,7 +64,8 @@ def conform_to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
                 column = column.cast(target.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
                 raise RefreshError(
-                    f"staged column {target.name!r} ({column.type}) cannot be read back as {target.type}: {err}"
+                    f"staged column {target.name!r} ({column.type}) cannot be read back as "
+                    f"{target.type}: {err}"
                 ) from err
         columns.append(column)
     return pa.table(columns, schema=schema)

@@ -66,7 +66,9 @@ def where_selector(dataset: DatasetSpec, where: str) -> KeySelector:
 
     schema = dataset.bound_schema
     if schema is None:
-        raise FilterError(f"dataset {dataset.name!r} must be bound to its source before selecting with --where")
+        raise FilterError(
+            f"dataset {dataset.name!r} must be bound to its source before selecting with --where"
+        )
     try:
         bind_filter(where, schema)
     except FilterError as source_error:
@@ -106,7 +108,9 @@ def _pruning_selector(dataset: DatasetSpec, where: str) -> KeySelector:
                 "bytes": 0,
                 "refreshed_at": now,
                 "source_fingerprint": None,
-                "files": [{"path": f"{path}/candidate", "format": "none", "rows": 1, "bytes": 0, "checksum": ""}],
+                "files": [
+                    {"path": f"{path}/candidate", "format": "none", "rows": 1, "bytes": 0, "checksum": ""}
+                ],
             }
             for key, path in zip(keys, paths, strict=True)
         ]
@@ -117,7 +121,9 @@ def _pruning_selector(dataset: DatasetSpec, where: str) -> KeySelector:
             partitions=PartitionMap(entries_to_table(entries)),
         )
         assert dataset.bound_schema is not None
-        chosen = {selected.key_path for selected in plan_partitions(snapshot, dataset.bound_schema, where).selected}
+        chosen = {
+            selected.key_path for selected in plan_partitions(snapshot, dataset.bound_schema, where).selected
+        }
         return [path in chosen for path in paths]
 
     return select

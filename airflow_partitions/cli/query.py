@@ -1,0 +1,73 @@
+"""`airflow-partitions query SPEC "SELECT ..."`: run one read-only SQL query over pruned partitions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+_FORMATS = ("table", "json", "csv")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "query",
+        help="run a read-only SQL query over a dataset, opening only the partitions it needs",
+        description=(
+            "Run one SELECT statement (DuckDB SQL) in which each dataset of the spec it names is a table. "
+            "Only the partitions the query's WHERE clauses can need are opened. bucket(), truncate(), "
+            "date_part() and date_trunc() compute exactly the partition values. Anything but a single "
+            "SELECT is refused."
+        ),
+    )
+    parser.add_argument("spec", metavar="SPEC", help="path of the spec YAML file, e.g. dags/datasets.yaml")
+    parser.add_argument("sql", metavar="SQL", help='one SELECT statement, e.g. "SELECT count(*) FROM trips"')
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="the dataset the query reads (default: the only dataset of the spec the query names)",
+    )
+    parser.add_argument("--version", type=int, default=None, help="catalog version to read (default: newest)")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON lines")
+    output.add_argument("--csv", dest="format", action="store_const", const="csv", help="print CSV")
+    parser.set_defaults(func=run, format="table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from airflow_partitions.reader import PartitionedDatasetReader, dataset_named_in
+
+    dataset = args.dataset or dataset_named_in(args.spec, args.sql)
+    with PartitionedDatasetReader(args.spec, dataset) as reader:
+        table = reader.query(args.sql, args.version)
+    write_table(table, args.format)
+    return 0
+
+
+def write_table(table: Any, output_format: str) -> None:
+    """Print an Arrow table as an aligned text table, JSON lines or CSV on standard output."""
+    if output_format == "csv":
+        import pyarrow.csv as pa_csv
+
+        sink = sys.stdout.buffer
+        pa_csv.write_csv(table, sink)
+        sink.flush()
+        return
+    rows = table.to_pylist()
+    if output_format == "json":
+        for row in rows:
+            print(json.dumps(row, default=str, ensure_ascii=False))
+        return
+    header = table.column_names
+    cells = [[_text(row[name]) for name in header] for row in rows]
+    widths = [max([len(name), *(len(line[i]) for line in cells)]) for i, name in enumerate(header)]
+    print("  ".join(name.ljust(width) for name, width in zip(header, widths)).rstrip())
+    print("  ".join("-" * width for width in widths))
+    for line in cells:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+
+
+def _text(value: Any) -> str:
+    return "NULL" if value is None else str(value)

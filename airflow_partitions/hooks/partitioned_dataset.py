@@ -1,0 +1,159 @@
+"""An Airflow hook for pruned reads of one accelerated dataset: plan, read to Arrow, SQL query, Spark.
+
+The hook is thin: it finds the spec (the `spec_path` argument, else the `spec_path` in the extra of an
+`airflow_partitions` connection) and, for files on S3, the credentials of an AWS connection, then
+delegates every call to `airflow_partitions.reader.PartitionedDatasetReader`. Building the hook reads
+nothing; the reader (spec, catalog, DuckDB) is created on first use. pyarrow, DuckDB and pyspark load
+only then, so DAG files can import this module cheaply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+
+from airflow_partitions.exceptions import OrchestrationError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.pruning import FilterInput, PrunePlan
+    from airflow_partitions.reader import PartitionedDatasetReader
+
+
+class PartitionedDatasetHook(BaseHook):
+    """Pruned reads of `dataset` from the spec at `spec_path` (see the module docstring).
+
+    Connection (type `airflow_partitions`), all optional: extra `spec_path` (used when the argument is
+    not given), `data_root` (where partition files live, e.g. `s3://bucket/prefix/<dataset>`) and
+    `aws_conn_id` (the AWS connection for an `s3://` data root).
+    """
+
+    conn_name_attr = "partitions_conn_id"
+    default_conn_name = "airflow_partitions_default"
+    conn_type = "airflow_partitions"
+    hook_name = "Airflow Partitions"
+
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        spec_path: str | None = None,
+        partitions_conn_id: str | None = None,
+        data_root: str | None = None,
+        aws_conn_id: str | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(dataset, str) or not dataset:
+            raise OrchestrationError("PartitionedDatasetHook needs dataset=<name of a dataset in the spec>")
+        self.dataset = dataset
+        self.spec_path = spec_path
+        self.partitions_conn_id = partitions_conn_id
+        self.data_root = data_root
+        self.aws_conn_id = aws_conn_id
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """The connection form: only the extra matters."""
+        return {
+            "hidden_fields": ["host", "schema", "login", "password", "port"],
+            "relabeling": {},
+            "placeholders": {
+                "extra": '{"spec_path": "/opt/airflow/dags/datasets.yaml", "data_root": null, '
+                '"aws_conn_id": null}'
+            },
+        }
+
+    # --- configuration ------------------------------------------------------------------------
+
+    @cached_property
+    def connection_extra(self) -> dict[str, Any]:
+        """The extra of the hook's connection; empty when none is configured and none is needed."""
+        from airflow_partitions.hooks.connections import get_connection
+
+        if self.partitions_conn_id is None and self.spec_path is not None:
+            return {}
+        conn_id = self.partitions_conn_id or self.default_conn_name
+        try:
+            connection = get_connection(conn_id)
+        except OrchestrationError:
+            if self.partitions_conn_id is not None:
+                raise
+            raise OrchestrationError(
+                f"PartitionedDatasetHook for dataset {self.dataset!r} got no spec_path and no connection "
+                f"{conn_id!r} exists; pass spec_path=... or create a connection of type "
+                f"{self.conn_type} whose extra holds spec_path"
+            ) from None
+        return dict(connection.extra_dejson or {})
+
+    def _setting(self, name: str, given: str | None) -> str | None:
+        if given is not None:
+            return given
+        value = self.connection_extra.get(name)
+        return str(value) if value not in (None, "") else None
+
+    @cached_property
+    def reader(self) -> PartitionedDatasetReader:
+        """The core reader, built on first use (loads the spec, opens the catalog lazily)."""
+        from airflow_partitions.reader import PartitionedDatasetReader
+
+        spec_path = self._setting("spec_path", self.spec_path)
+        if spec_path is None:
+            raise OrchestrationError(
+                f"PartitionedDatasetHook for dataset {self.dataset!r}: connection extra has no spec_path; "
+                "pass spec_path=... or add it to the connection's extra"
+            )
+        data_root = self._setting("data_root", self.data_root)
+        filesystem = None
+        if data_root is not None and data_root.startswith("s3://"):
+            filesystem = self._s3_filesystem()
+        return PartitionedDatasetReader(spec_path, self.dataset, data_root=data_root, filesystem=filesystem)
+
+    def _s3_filesystem(self) -> Any:
+        from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
+        from airflow_partitions.reader import s3_filesystem
+
+        settings = SnapshotStorageHook(aws_conn_id=self._setting("aws_conn_id", self.aws_conn_id)).s3_settings
+        return s3_filesystem(
+            endpoint_url=settings.get("endpoint_url"),
+            region=settings.get("region_name"),
+            access_key=settings.get("aws_access_key_id"),
+            secret_key=settings.get("aws_secret_access_key"),
+        )
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def plan(self, where: FilterInput = None, version: int | None = None) -> PrunePlan:
+        """Which partitions a read with `where` opens, and why (`.selected`, `.total`, `.explain()`)."""
+        return self.reader.plan(where, version)
+
+    def read(
+        self,
+        where: FilterInput = None,
+        columns: Sequence[str] | None = None,
+        version: int | None = None,
+    ) -> pa.Table:
+        """Rows matching `where` (SQL condition or DNF list) as a pyarrow Table of `columns`."""
+        return self.reader.read(where, columns, version)
+
+    def query(self, sql: str, version: int | None = None) -> pa.Table:
+        """One read-only DuckDB SELECT in which the dataset name is a table of its pruned partitions."""
+        return self.reader.query(sql, version)
+
+    def to_spark(
+        self,
+        spark: Any,
+        where: FilterInput = None,
+        version: int | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> Any:
+        """A Spark DataFrame over the pruned partitions (for reads beyond one machine)."""
+        return self.reader.to_spark(spark, where, version, columns)
+
+    def close(self) -> None:
+        """Release the reader's DuckDB database, if one was opened."""
+        if "reader" in self.__dict__:
+            self.reader.close()
