@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 
 # Versions whose pruning index (partition values, decoded files) stays cached per reader.
 CACHED_VERSIONS = 4
+# Plans kept per reader, keyed by (version, filter): versions are immutable, so a plan never goes stale.
+CACHED_PLANS = 256
 
 
 def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
@@ -143,6 +145,8 @@ class PartitionedDatasetReader:
         self.max_enumeration = max_enumeration
         self._lock = threading.RLock()
         self._indexes: collections.OrderedDict[int, PartitionIndex] = collections.OrderedDict()
+        self._plans: collections.OrderedDict[tuple[int, Any], PrunePlan] = collections.OrderedDict()
+        self._local = threading.local()
         self._schemas: dict[int, pa.Schema] = {}
         self._connection: Any = None
         self._functions_ready = False
@@ -268,8 +272,15 @@ class PartitionedDatasetReader:
         return self._plan(self.snapshot(version), where)
 
     def _plan(self, snapshot: Snapshot, where: FilterInput) -> PrunePlan:
+        key = _filter_key(where)
+        if key is not None:
+            with self._lock:
+                cached = self._plans.get((snapshot.version, key))
+                if cached is not None:
+                    self._plans.move_to_end((snapshot.version, key))
+                    return cached
         index = self.index(snapshot)
-        return plan_partitions(
+        plan = plan_partitions(
             snapshot,
             index.schema,
             where,
@@ -277,6 +288,12 @@ class PartitionedDatasetReader:
             dataset=self.name,
             max_enumeration=self.max_enumeration,
         )
+        if key is not None:
+            with self._lock:
+                self._plans[(snapshot.version, key)] = plan
+                while len(self._plans) > CACHED_PLANS:
+                    self._plans.popitem(last=False)
+        return plan
 
     # --- read -------------------------------------------------------------------------------------
 
@@ -363,7 +380,7 @@ class PartitionedDatasetReader:
         if all(name in present for name in schema.names):
             return relation
         filler = f"ap_schema_{uuid.uuid4().hex[:12]}"
-        cursor.register(filler, schema.empty_table())
+        self._register_object(cursor, filler, schema.empty_table())
         return f"(SELECT * FROM {relation} UNION ALL BY NAME SELECT * FROM {filler})"
 
     def _parquet_scan(self, files: Sequence[DataFile], *, union_by_name: bool) -> str:
@@ -406,30 +423,59 @@ class PartitionedDatasetReader:
 
     @contextlib.contextmanager
     def _cursor(self) -> Iterator[Any]:
-        # DuckDB files are attached database-wide; serialise their attach / detach across threads.
-        guard = self._duckdb_lock if self.storage.format == "duckdb" else contextlib.nullcontext()
-        with guard:
-            cursor = self._base_connection().cursor()
-            before = _attached(cursor) if self.storage.format == "duckdb" else set()
-            try:
-                yield cursor
-            finally:
-                if self.storage.format == "duckdb":
+        if self.storage.format == "duckdb":
+            # DuckDB files are attached database-wide: a fresh cursor per call, attach / detach serialised.
+            with self._duckdb_lock:
+                cursor = self._base_connection().cursor()
+                before = _attached(cursor)
+                try:
+                    yield cursor
+                finally:
                     # A lingering read lock on a shared DuckDB file would block the next publish.
                     for alias in _attached(cursor) - before:
                         with contextlib.suppress(Exception):
                             cursor.execute(f"DETACH {quote_identifier(alias)}")
-                cursor.close()
+                    cursor.close()
+            return
+        # Parquet and Arrow reads leave nothing attached: each thread keeps one cursor (opening one per
+        # call costs more than a small read), and drops what the call registered.
+        base = self._base_connection()
+        cursor = getattr(self._local, "cursor", None)
+        if cursor is None or getattr(self._local, "base", None) is not base:
+            cursor = base.cursor()
+            self._local.cursor, self._local.base = cursor, base
+        self._local.registered = []
+        try:
+            yield cursor
+        finally:
+            for name in self._local.registered:
+                with contextlib.suppress(Exception):
+                    cursor.unregister(name)
+                with contextlib.suppress(Exception):
+                    cursor.execute(f"DROP VIEW IF EXISTS {quote_identifier(name)}")
+            self._local.registered = []
+
+    def _register_object(self, cursor: Any, name: str, value: Any) -> None:
+        """`cursor.register`, undone when the call that registered it ends."""
+        cursor.register(name, value)
+        self._forget_later(name)
+
+    def _forget_later(self, name: str) -> None:
+        registered = getattr(self._local, "registered", None)
+        if registered is not None:
+            registered.append(name)
 
     def _register(self, cursor: Any, files: Sequence[DataFile], schema: pa.Schema) -> str:
         """A temporary view over exactly `files`; returns its name."""
         view = f"ap_files_{uuid.uuid4().hex[:12]}"
         if self._local_root is not None:
             self.storage.register_duckdb(cursor, self._local_root, files, view, schema=schema)
+            self._forget_later(view)
         elif self.storage.format == "parquet":
-            cursor.register(view, self._remote_parquet_dataset(files, schema))
+            self._register_object(cursor, view, self._remote_parquet_dataset(files, schema))
         else:
             self.storage.register_duckdb(cursor, self._cache_files(files), files, view, schema=schema)
+            self._forget_later(view)
         return view
 
     def _remote_parquet_dataset(self, files: Sequence[DataFile], schema: pa.Schema) -> Any:
@@ -598,6 +644,24 @@ def needs_partition_functions(sql: str) -> bool:
     """Whether DuckDB SQL (after `executable_sql` / `duckdb_expression`) calls the transforms' UDFs."""
     lowered = sql.lower()
     return "ap_bucket_" in lowered or "ap_truncate_" in lowered
+
+
+def _filter_key(where: FilterInput) -> Any:
+    """A hashable identity of a filter for the plan cache, or None when it has none."""
+    key: Any
+    if where is None:
+        key = ("none",)
+    elif isinstance(where, str):
+        key = ("sql", where)
+    elif isinstance(where, list | tuple):
+        key = ("dnf", repr(where))
+    else:
+        key = ("predicate", where)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _checked_relative(path: str) -> str:

@@ -95,10 +95,15 @@ def write_sources(root: Path, rows: int) -> tuple[Path, Path]:
 
 
 def write_spec(root: Path, flat: Path, hive: Path) -> Path:
+    warm = root / "warm"
+    warm.mkdir()
+    pq.write_table(taxi_chunk(20_000, seed=7), warm / "part-0.parquet")
     spec = root / "spec.yaml"
     spec.write_text(
         "accelerator_dir: acc\n"
         "datasets:\n"
+        f"  - name: trips_warm\n    from: file:{warm}\n"
+        f"    acceleration:\n      partition_by: [{{b: 'bucket({BUCKETS}, PULocationID)'}}]\n"
         f"  - name: trips_flat\n    from: file:{flat}\n"
         f"    acceleration:\n      partition_by: [{{b: 'bucket({BUCKETS}, PULocationID)'}}]\n"
         f"  - name: trips_hive\n    from: file:{hive}\n"
@@ -124,6 +129,18 @@ def timed(action: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     return best, result
 
 
+def paired(anchor: Callable[[], Any], ours: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
+    """Best-of-`repeat` seconds of the anchor and of ours, run alternately so load spikes hit both."""
+    best_anchor = best_ours = float("inf")
+    result: Any = None
+    for _ in range(repeat):
+        seconds, _ = timed(anchor, 1)
+        best_anchor = min(best_anchor, seconds)
+        seconds, result = timed(ours, 1)
+        best_ours = min(best_ours, seconds)
+    return best_anchor, best_ours, result
+
+
 def bound_transform(project: Any, name: str) -> Any:
     from airflow_partitions.sources import open_source
 
@@ -144,7 +161,9 @@ def anchor_distinct(spark: Any, source: Path, transform: Any) -> int:
     from pyspark.sql import functions as F
 
     frame = spark.read.parquet(str(source))
-    return len(frame.select(transform.to_spark(F.col(transform.source_column)).alias("k")).distinct().collect())
+    return len(
+        frame.select(transform.to_spark(F.col(transform.source_column)).alias("k")).distinct().collect()
+    )
 
 
 def change_one_location(hive: Path, location: int) -> None:
@@ -218,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="300,000 rows and no Postgres section")
     parser.add_argument("--repeat", type=int, default=1, help="best of N for each timing")
     parser.add_argument("--pg-rows", type=int, default=1_000_000, help="rows for the JDBC/ADBC comparison")
-    parser.add_argument("--pg-url", default=os.environ.get("AP_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument(
+        "--pg-url", default=os.environ.get("AP_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
     parser.add_argument("--workdir", help="where to put data (default: a temporary directory, removed)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args(argv)
@@ -240,21 +261,24 @@ def main(argv: list[str] | None = None) -> int:
         spark = build_local_session(app_name="bench-refresh")
         bucket = bound_transform(project, "trips_flat")
         day = bound_transform(project, "trips_days")
-        # Warm up: JVM code paths and the Python workers of the bucket UDF.
-        anchor_partition_write(spark, flat / "part-0000.parquet", bucket, root / "warmup")
+        # Warm up both sides: JVM code paths, the Python workers of the bucket UDF, broadcast joins.
+        anchor_partition_write(spark, root / "warm", bucket, root / "warmup")
+        refresh_dataset(project, "trips_warm", spark=spark, strategy="spark")
 
         def ours_full_flat() -> Any:
             return refresh_dataset(project, "trips_flat", full=True, spark=spark, strategy="spark")
 
-        anchor_s, _ = timed(lambda: anchor_partition_write(spark, flat, bucket, root / "anchor"), args.repeat)
-        full_s, full = timed(ours_full_flat, args.repeat)
+        anchor_s, full_s, full = paired(
+            lambda: anchor_partition_write(spark, flat, bucket, root / "anchor"), ours_full_flat, args.repeat
+        )
         figures.update(anchor_write_s=anchor_s, full_refresh_s=full_s, full_timings=full.timings_s)
 
-        hive_full_s, hive_full = timed(
+        hive_full_s, _ = timed(
             lambda: refresh_dataset(project, "trips_hive", full=True, spark=spark), args.repeat
         )
         hive_spark_s, _ = timed(
-            lambda: refresh_dataset(project, "trips_hive", full=True, spark=spark, strategy="spark"), args.repeat
+            lambda: refresh_dataset(project, "trips_hive", full=True, spark=spark, strategy="spark"),
+            args.repeat,
         )
         change_one_location(hive, location=7)
         incremental_s, incremental = timed(lambda: refresh_dataset(project, "trips_hive", spark=spark), 1)
@@ -266,8 +290,12 @@ def main(argv: list[str] | None = None) -> int:
             incremental_mode=incremental.stage_mode,
         )
 
-        distinct_anchor_s, anchor_keys = timed(lambda: anchor_distinct(spark, flat, day), args.repeat)
-        discovery_s, plan = timed(lambda: plan_refresh(project, "trips_days"), args.repeat)
+        anchor_keys = anchor_distinct(spark, flat, day)
+        distinct_anchor_s, discovery_s, plan = paired(
+            lambda: anchor_distinct(spark, flat, day),
+            lambda: plan_refresh(project, "trips_days"),
+            args.repeat,
+        )
         figures.update(distinct_anchor_s=distinct_anchor_s, discovery_s=discovery_s)
         assert plan.discovered == anchor_keys, (plan.discovered, anchor_keys)
 
@@ -284,26 +312,40 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nrows: {rows:,}   cpus: {os.cpu_count()} (machine possibly shared)   best of {args.repeat}")
     print(f"  anchor  Spark withColumn(bucket).write.partitionBy   {figures['anchor_write_s']:8.2f} s")
     ratio = figures["full_refresh_s"] / figures["anchor_write_s"]
-    print(f"  full refresh, flat files (Spark stage)              {figures['full_refresh_s']:8.2f} s   "
-          f"{ratio:5.2f}x anchor   (target <= 1.30)")
+    print(
+        f"  full refresh, flat files (Spark stage)              {figures['full_refresh_s']:8.2f} s   "
+        f"{ratio:5.2f}x anchor   (target <= 1.30)"
+    )
     print(f"      phases: {', '.join(f'{k} {v:.2f}s' for k, v in figures['full_timings'].items())}")
-    print(f"  full refresh, Hive files (pushdown, no Spark)       {figures['hive_full_pushdown_s']:8.2f} s   "
-          f"{figures['hive_full_pushdown_s'] / figures['anchor_write_s']:5.2f}x anchor")
-    print(f"  full refresh, Hive files (Spark stage)              {figures['hive_full_spark_s']:8.2f} s   "
-          f"{figures['hive_full_spark_s'] / figures['anchor_write_s']:5.2f}x anchor")
-    print(f"  incremental, 1 location rewritten -> {figures['incremental_refreshed']} partition "
-          f"({figures['incremental_mode']})  {figures['incremental_s']:8.2f} s   "
-          f"{figures['incremental_s'] / figures['hive_full_pushdown_s']:5.1%} of full (pushdown), "
-          f"{figures['incremental_s'] / figures['hive_full_spark_s']:5.1%} of full (Spark)   (target <= 10%)")
+    print(
+        f"  full refresh, Hive files (pushdown, no Spark)       {figures['hive_full_pushdown_s']:8.2f} s   "
+        f"{figures['hive_full_pushdown_s'] / figures['anchor_write_s']:5.2f}x anchor"
+    )
+    print(
+        f"  full refresh, Hive files (Spark stage)              {figures['hive_full_spark_s']:8.2f} s   "
+        f"{figures['hive_full_spark_s'] / figures['anchor_write_s']:5.2f}x anchor"
+    )
+    print(
+        f"  incremental, 1 location rewritten -> {figures['incremental_refreshed']} partition "
+        f"({figures['incremental_mode']})  {figures['incremental_s']:8.2f} s   "
+        f"{figures['incremental_s'] / figures['hive_full_pushdown_s']:5.1%} of full (pushdown), "
+        f"{figures['incremental_s'] / figures['hive_full_spark_s']:5.1%} of full (Spark)   (target <= 10%)"
+    )
     print(f"  anchor  Spark SELECT DISTINCT date_trunc(day)        {figures['distinct_anchor_s']:8.2f} s")
-    print(f"  dynamic discovery (same expression)                 {figures['discovery_s']:8.2f} s   "
-          f"{figures['discovery_s'] / figures['distinct_anchor_s']:5.2f}x anchor   (target <= 1.20)")
-    print(f"  XCom: {figures['xcom_items']:,} work items = {figures['xcom_bytes']:,} bytes of JSON "
-          f"({figures['xcom_bytes'] / figures['xcom_items']:.0f} bytes each)")
+    print(
+        f"  dynamic discovery (same expression)                 {figures['discovery_s']:8.2f} s   "
+        f"{figures['discovery_s'] / figures['distinct_anchor_s']:5.2f}x anchor   (target <= 1.20)"
+    )
+    print(
+        f"  XCom: {figures['xcom_items']:,} work items = {figures['xcom_bytes']:,} bytes of JSON "
+        f"({figures['xcom_bytes'] / figures['xcom_items']:.0f} bytes each)"
+    )
     if "postgres" in figures:
         pg = figures["postgres"]
-        print(f"  Postgres stage of {pg['rows']:,} rows: JDBC {pg['jdbc']:.2f} s, ADBC {pg['adbc']:.2f} s "
-              f"(ADBC/JDBC {pg['adbc'] / pg['jdbc']:.2f}x)")
+        print(
+            f"  Postgres stage of {pg['rows']:,} rows: JDBC {pg['jdbc']:.2f} s, ADBC {pg['adbc']:.2f} s "
+            f"(ADBC/JDBC {pg['adbc'] / pg['jdbc']:.2f}x)"
+        )
     if args.json:
         print(json.dumps(figures, indent=2, default=str))
     return 0

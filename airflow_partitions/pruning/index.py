@@ -76,6 +76,28 @@ def _decode_key_value(value: Any) -> Any:
     return value_from_json(value) if isinstance(value, dict) else value
 
 
+# JSON tags of partition values Arrow can parse from their text in one vectorised cast.
+_CASTABLE_TAGS = frozenset({"$ts", "$date", "$dec"})
+# Survivor counts above this share of all partitions read their files from the cached full file table.
+FULL_TABLE_SHARE = 0.2
+
+
+def _key_array(raw: list[Any], kind: pa.DataType) -> pa.Array:
+    """Partition values of one field as an Arrow array, parsing tagged JSON texts in bulk when possible."""
+    tagged = [value for value in raw if isinstance(value, dict)]
+    if not tagged:
+        return pa.array(raw, type=kind)
+    tags = {next(iter(value)) for value in tagged if len(value) == 1}
+    if len(tags) == 1 and len(tagged) == sum(1 for v in raw if v is not None) and tags <= _CASTABLE_TAGS:
+        (tag,) = tags
+        texts = pa.array([None if value is None else value[tag] for value in raw], pa.string())
+        try:
+            return texts.cast(kind)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            pass  # e.g. naive texts for a zoned type: the exact Python decoding below decides
+    return pa.array([_decode_key_value(value) for value in raw], type=kind)
+
+
 class PartitionIndex:
     """Pruning's view of a snapshot: `size` partitions in catalog order, values per field, lazy files."""
 
@@ -92,17 +114,16 @@ class PartitionIndex:
         self.values: dict[str, pa.Array] = {}
         for field in self.fields:
             raw = [key[field.position] if field.position < len(key) else None for key in self._raw_keys]
-            if any(isinstance(value, dict) for value in raw):
-                raw = [_decode_key_value(value) for value in raw]
             try:
-                self.values[field.name] = pa.array(raw, type=field.transform.result_type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as err:
+                self.values[field.name] = _key_array(raw, field.transform.result_type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError) as err:
                 raise CatalogError(
                     f"partition values of field {field.name!r} in catalog version {snapshot.version} do not "
                     f"fit its type {field.transform.result_type}: {err}"
                 ) from err
         self._files_text: list[str] | None = None
         self._files: dict[int, tuple[DataFile, ...]] = {}
+        self._full: FileFrame | None = None
 
     @property
     def version(self) -> int:
@@ -138,6 +159,20 @@ class PartitionIndex:
             for partition, descriptors in zip(missing, parsed, strict=True):
                 self._files[partition] = tuple(_data_file(d) for d in descriptors)
         return [self._files[p] for p in partitions]
+
+    def file_frame(self, partitions: npt.NDArray[np.int64]) -> FileFrame:
+        """The files of `partitions` (ascending positions) as one frame.
+
+        A small selection decodes just its partitions' files; a large one is cut out of the version's
+        full file table, built once, whose statistics arrays are then shared by every plan.
+        """
+        if self.size and len(partitions) > FULL_TABLE_SHARE * self.size:
+            if self._full is None:
+                self._full = FileFrame(self, np.arange(self.size, dtype=np.int64))
+            if len(partitions) == self.size:
+                return self._full
+            return self._full.subset(partitions)
+        return FileFrame(self, partitions)
 
 
 def _data_file(data: Mapping[str, Any]) -> DataFile:
@@ -176,22 +211,51 @@ class PartitionFrame:
 class FileFrame:
     """The files of some partitions, one row each, with their partition's values and lazy statistics."""
 
-    def __init__(self, index: PartitionIndex, partitions: npt.NDArray[np.int64]) -> None:
+    def __init__(
+        self,
+        index: PartitionIndex,
+        partitions: npt.NDArray[np.int64],
+        *,
+        parent: FileFrame | None = None,
+        rows_of_parent: npt.NDArray[np.int64] | None = None,
+    ) -> None:
         self.index = index
-        file_lists = index.files_of(partitions.tolist())
-        counts = np.fromiter((len(files) for files in file_lists), dtype=np.int64, count=len(file_lists))
-        self.partition_of_row: npt.NDArray[np.int64] = np.repeat(partitions, counts)
-        self.files: list[DataFile] = [f for files in file_lists for f in files]
+        self._parent = parent
+        self._rows_of_parent = rows_of_parent
+        if parent is not None and rows_of_parent is not None:
+            self.partition_of_row: npt.NDArray[np.int64] = parent.partition_of_row[rows_of_parent]
+            self.files: list[DataFile] = [parent.files[row] for row in rows_of_parent.tolist()]
+            self.rows: npt.NDArray[np.int64] = parent.rows[rows_of_parent]
+            take = pa.array(rows_of_parent, pa.int64())
+            self.values: dict[str, pa.Array] = {
+                name: array.take(take) for name, array in parent.values.items()
+            }
+        else:
+            file_lists = index.files_of(partitions.tolist())
+            counts = np.fromiter((len(files) for files in file_lists), dtype=np.int64, count=len(file_lists))
+            self.partition_of_row = np.repeat(partitions, counts)
+            self.files = [f for files in file_lists for f in files]
+            self.rows = np.fromiter((f.rows for f in self.files), dtype=np.int64, count=len(self.files))
+            take = pa.array(self.partition_of_row, pa.int64())
+            self.values = {name: array.take(take) for name, array in index.values.items()}
         self.size = len(self.files)
-        take = pa.array(self.partition_of_row, pa.int64())
-        self.values = {name: array.take(take) for name, array in index.values.items()}
-        self.rows = np.fromiter((f.rows for f in self.files), dtype=np.int64, count=self.size)
         self._stats: dict[str, ColumnStatsArrays | None] = {}
+
+    def subset(self, partitions: npt.NDArray[np.int64]) -> FileFrame:
+        """The rows of this frame that belong to `partitions`."""
+        wanted = np.zeros(self.index.size, dtype=bool)
+        wanted[partitions] = True
+        rows = np.flatnonzero(wanted[self.partition_of_row]).astype(np.int64)
+        return FileFrame(self.index, partitions, parent=self, rows_of_parent=rows)
 
     def stats(self, column: str) -> ColumnStatsArrays | None:
         """min / max / NULL counts of `column` per file (None when the column has no usable statistics)."""
         if column not in self._stats:
-            self._stats[column] = _build_stats(self.files, column, self.index.schema, self.rows)
+            if self._parent is not None and self._rows_of_parent is not None:
+                whole = self._parent.stats(column)
+                self._stats[column] = None if whole is None else whole.take(self._rows_of_parent)
+            else:
+                self._stats[column] = _build_stats(self.files, column, self.index.schema, self.rows)
         return self._stats[column]
 
 
@@ -203,6 +267,12 @@ class ColumnStatsArrays:
     maximum: pa.Array
     null_count: npt.NDArray[np.int64]  # -1 when unknown
     rows: npt.NDArray[np.int64]
+
+    def take(self, rows: npt.NDArray[np.int64]) -> ColumnStatsArrays:
+        indices = pa.array(rows, pa.int64())
+        return ColumnStatsArrays(
+            self.minimum.take(indices), self.maximum.take(indices), self.null_count[rows], self.rows[rows]
+        )
 
 
 def _build_stats(
@@ -239,6 +309,7 @@ __all__ = [
     "BoundField",
     "ColumnStatsArrays",
     "FileFrame",
+    "PartitionFrame",
     "PartitionIndex",
     "bind_fields",
 ]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -53,15 +53,23 @@ if TYPE_CHECKING:
     from airflow_partitions.catalog import Snapshot
 
 
-@dataclass(frozen=True, slots=True)
-class SelectedPartition:
-    """A partition to read: its files that may hold matching rows, and whether all of them are exact."""
+class SelectedPartition(NamedTuple):
+    """A partition to read: its files that may hold matching rows, and whether all of them are exact.
+
+    A named tuple (cheap to build: a plan may select tens of thousands); `key` is decoded on demand.
+    """
 
     key_path: str
-    key: PartitionKey
     files: tuple[DataFile, ...]
     exact: bool
     exact_files: tuple[bool, ...]
+    pruning_index: PartitionIndex
+    position: int
+
+    @property
+    def key(self) -> PartitionKey:
+        """The partition's key values (decoded on demand: a plan may select many partitions)."""
+        return PartitionKey(tuple(self.pruning_index.key_values(self.position)))
 
     @property
     def rows(self) -> int:
@@ -140,22 +148,24 @@ class PrunePlan:
         frame, outcome = self._file_frame, self._file_outcome
         if frame is None or outcome is None or frame.size == 0:
             return ()
-        exact = outcome.exact
         chosen = np.flatnonzero(outcome.true)
-        by_partition: dict[int, list[int]] = {}
-        for row in chosen.tolist():
-            by_partition.setdefault(int(frame.partition_of_row[row]), []).append(row)
+        if chosen.size == 0:
+            return ()
+        exact = outcome.exact[chosen].tolist()
+        partitions = frame.partition_of_row[chosen]
+        # Frame rows are grouped by partition: split the chosen rows where the partition changes.
+        starts = np.flatnonzero(np.r_[True, partitions[1:] != partitions[:-1]]).tolist()
+        ends = [*starts[1:], len(chosen)]
+        rows = chosen.tolist()
+        key_paths = self.index.key_paths
         selected = []
-        for partition, rows in by_partition.items():
-            files = tuple(frame.files[row] for row in rows)
-            exact_files = tuple(bool(exact[row]) for row in rows)
+        for start, end in zip(starts, ends, strict=True):
+            partition = int(partitions[start])
+            exact_files = tuple(exact[start:end])
+            files = tuple([frame.files[row] for row in rows[start:end]])
             selected.append(
                 SelectedPartition(
-                    key_path=self.index.key_paths[partition],
-                    key=PartitionKey(tuple(self.index.key_values(partition))),
-                    files=files,
-                    exact=all(exact_files),
-                    exact_files=exact_files,
+                    key_paths[partition], files, all(exact_files), exact_files, self.index, partition
                 )
             )
         selected.sort(key=lambda s: s.key_path)
@@ -370,17 +380,17 @@ class _Explainer:
         if not values or len(values) > 5:
             return ""
         hints = []
-        for field in _fields_on(self.index.fields, item.term.name):
-            if field.transform.one_to_one:
+        for partition_field in _fields_on(self.index.fields, item.term.name):
+            if partition_field.transform.one_to_one:
                 continue
             try:
-                images = [field.transform.apply_scalar(v) for v in values]
+                images = [partition_field.transform.apply_scalar(v) for v in values]
             except Exception:
                 continue
             pairs = ", ".join(
                 f"{display_literal(v)} -> {display_literal(i)}" for v, i in zip(values, images, strict=True)
             )
-            hints.append(f"{field.canonical}: {pairs}")
+            hints.append(f"{partition_field.canonical}: {pairs}")
         return f" ({'; '.join(hints)})" if hints else ""
 
     def _stats_text(self, item: Predicate, rows: npt.NDArray[np.int64]) -> str:
@@ -438,7 +448,7 @@ def plan_partitions(
             index.fields, partition_frame, max_enumeration=max_enumeration
         ).evaluate(prepared)
     survivors = np.flatnonzero(partition_outcome.true & (index.rows > 0))
-    file_frame = FileFrame(index, survivors.astype(np.int64))
+    file_frame = index.file_frame(survivors.astype(np.int64))
     if no_filter:
         size = file_frame.size
         file_outcome = Outcome(np.ones(size, bool), np.zeros(size, bool), np.zeros(size, bool))

@@ -134,7 +134,7 @@ def finalize_partition(
     transforms = [f.transform for f in bound.acceleration.partition_by]
     key = PartitionKey.from_json(work_item.key).values
     if manifest.mode is StageMode.PUSHDOWN:
-        source = open_source_json(manifest.source)
+        source = open_source_json(manifest.source, schema=manifest.schema)
         table = conform_to_schema(source.read_partition(transforms, key, staged.get("hint")), manifest.schema)
     else:
         table = read_staged_rows(location, int(staged["index"]), manifest.schema)

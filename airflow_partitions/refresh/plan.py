@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -167,7 +167,7 @@ class RefreshPlan:
 
     def without_items(self) -> RefreshPlan:
         """The plan minus its item list (what the commit needs besides the partition results)."""
-        return RefreshPlan(**{**self.__dict__, "items": ()})
+        return replace(self, items=())
 
 
 class StageMode(StrEnum):

@@ -59,8 +59,12 @@ def open_source(ref: Any) -> Source:
     raise SourceError(f"no connector for source scheme {scheme!r}; use file:, s3:// or postgres:")
 
 
-def open_source_json(data: Mapping[str, Any]) -> Source:
-    """Reopen a source from its `Source.to_json()` form (in another process or task)."""
+def open_source_json(data: Mapping[str, Any], *, schema: Any = None) -> Source:
+    """Reopen a source from its `Source.to_json()` form (in another process or task).
+
+    `schema` (the Arrow schema recorded when the source was first read) spares the reopened source from
+    asking for it again.
+    """
     kind = data.get("kind")
     if kind == "files":
         from airflow_partitions.sources.files import FileSource
@@ -70,6 +74,7 @@ def open_source_json(data: Mapping[str, Any]) -> Source:
             params=data.get("params") or {},
             base_dir=data.get("base_dir"),
             scheme=str(data.get("scheme", "file")),
+            schema=schema,
         )
     if kind == "postgres":
         from airflow_partitions.sources.postgres import PostgresSource
@@ -80,5 +85,6 @@ def open_source_json(data: Mapping[str, Any]) -> Source:
             url=data.get("url"),
             connection_id=data.get("connection_id"),
             params=data.get("params") or {},
+            schema=schema,
         )
     raise SourceError(f"cannot reopen a source of kind {kind!r}")

@@ -130,6 +130,7 @@ class FileSource:
         params: Mapping[str, Any] | None = None,
         base_dir: str | os.PathLike[str] | None = None,
         scheme: str = "file",
+        schema: pa.Schema | None = None,
     ) -> None:
         self.location = location
         self.params: dict[str, Any] = dict(params or {})
@@ -138,6 +139,9 @@ class FileSource:
         self.is_s3 = scheme in ("s3", "s3a") or location.startswith(("s3://", "s3a://"))
         self._root, self._pattern = self._split_location()
         self._files: list[SourceFile] | None = None
+        if schema is not None:
+            # Known from a stage manifest: a finalize task then reads its files without listing the source.
+            self.__dict__["_schema"] = schema
 
     # --- location and listing -----------------------------------------------------------------
 
@@ -457,9 +461,10 @@ class FileSource:
         return bool(transforms) and len(self.hive_projection(transforms)) == len(transforms)
 
     def partition_read_hint(self, transforms: Sequence[Transform], key: KeyTuple) -> Any:
+        """The partition's files and the Hive columns, so a reader elsewhere need not list the source."""
         projection, groups = self._cached_groups(transforms)
         partial = tuple(key[i] for i in projection)
-        return [f.path for f in groups.get(partial, [])]
+        return {"paths": [f.path for f in groups.get(partial, [])], "hive": list(self.hive_columns)}
 
     def _cached_groups(
         self, transforms: Sequence[Transform]
@@ -476,17 +481,21 @@ class FileSource:
         schema = self.schema()
         if not paths:
             return schema.empty_table()
-        by_path = {f.path: f for f in self.list_files()}
-        files = [by_path.get(p) or SourceFile(p, p, 0, "") for p in paths]
+        files = [SourceFile(p, p, 0, "") for p in paths]
         try:
             return self._dataset(files, schema).to_table()
         except (OSError, ValueError) as err:
             raise SourceError(f"cannot read {len(paths)} file(s) of {self.describe()}: {err}") from err
 
     def read_partition(self, transforms: Sequence[Transform], key: KeyTuple, hint: Any) -> pa.Table:
-        paths = list(hint) if hint is not None else self.partition_read_hint(transforms, key)
-        table = self.read_files(paths)
-        return filter_to_key(table, transforms, key)
+        if hint is None:
+            hint = self.partition_read_hint(transforms, key)
+        if isinstance(hint, Mapping):
+            self.__dict__.setdefault("hive_columns", tuple(hint.get("hive", ())))
+            paths = list(hint.get("paths", ()))
+        else:
+            paths = list(hint)
+        return filter_to_key(self.read_files(paths), transforms, key)
 
     def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
         return self.read_files([f.path for f in self.list_files()])
@@ -527,6 +536,15 @@ class FileSource:
             paths = self._download(files, base)
         else:
             paths = [f.path for f in files]
+        if (
+            self._pattern is None
+            and len(files) == len(self.list_files())
+            and not (self.is_s3 and not spark_scheme)
+        ):
+            # The whole directory: let Spark list it (in parallel) instead of passing every file path.
+            whole = self._root if not self.is_s3 else f"{spark_scheme}://{self._root}"
+            if self.is_s3 or os.path.isdir(self._root):
+                paths = [whole]
         reader = spark.read.format(self.file_format).schema(struct)
         if self.file_format == "csv":
             delimiter = self.params.get("delimiter") or self.params.get("csv_delimiter")

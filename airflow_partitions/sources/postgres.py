@@ -157,8 +157,12 @@ class PostgresSource:
         url: str | None = None,
         connection_id: str | None = None,
         params: Mapping[str, Any] | None = None,
+        schema: pa.Schema | None = None,
     ) -> None:
         self.table = PostgresTable(table_schema, table_name)
+        if schema is not None:
+            # Known from a stage manifest: a finalize task then skips the column query.
+            self.__dict__["_schema"] = schema
         self.params: dict[str, Any] = dict(params or {})
         self._url = url
         self.connection_id = connection_id

@@ -1,0 +1,248 @@
+"""End to end through a real Airflow: scheduler, api-server, dag-processor and triggerer (LocalExecutor)
+on a fresh Postgres metadata database, with the example DAG file, local Spark and a moto S3 server.
+
+1. Trigger the refresh DAG over the REST API with a conf, as the UI's trigger form does; check the
+   catalog, the mapped tasks' partition labels, the snapshot manifest and the partitioned asset events.
+2. `airflow-partitions backfill --where ... --airflow-url ...` while one selected partition cannot be
+   written: the run fails on that partition alone; clearing just that task instance (as the UI's Clear
+   button does) re-runs it and the commit. Only the selected partitions are rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow_e2e.sample import install_example_dag, sample_spec, write_sales
+from airflow_e2e.stack import AirflowStack, running_airflow
+
+from airflow_partitions.cli.backfill import AirflowApiClient
+
+pytestmark = [
+    pytest.mark.airflow,
+    pytest.mark.slow,
+    pytest.mark.spark,
+    pytest.mark.s3,
+    pytest.mark.postgres,
+    pytest.mark.timeout(600),
+]
+
+DAG_ID = "refresh_sales"
+FULL_CONF = {"partitions": None, "where": None, "full_refresh": False, "snapshot": True}
+
+
+def key(region: str, day: int) -> str:
+    return f"region={region}/day=2026-01-0{day}T00%3A00%3A00"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, str]) -> Iterator[AirflowStack]:
+    import boto3
+
+    root = tmp_path_factory.mktemp("airflow_e2e")
+    write_sales(root / "sales", rows=40, days=2, regions=("EU", "US"))
+    boto3.client("s3", **s3_server).create_bucket(Bucket="ap-e2e-snapshots")
+    install_example_dag(
+        root / "dags",
+        sample_spec(
+            accelerator_dir=root / "acc",
+            sales_dir=root / "sales",
+            snapshot_location="s3://ap-e2e-snapshots/accel",
+        ),
+    )
+    aws = {
+        "conn_type": "aws",
+        "login": s3_server["aws_access_key_id"],
+        "password": s3_server["aws_secret_access_key"],
+        "extra": {"endpoint_url": s3_server["endpoint_url"], "region_name": s3_server["region_name"]},
+    }
+    with running_airflow(
+        root / "airflow_home",
+        root / "dags",
+        extra_env={"AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws)},
+        parallelism=4,
+    ) as airflow:
+        yield airflow
+
+
+@pytest.fixture(scope="module")
+def client(stack: AirflowStack) -> AirflowApiClient:
+    api = AirflowApiClient(stack.api_url, username="admin", password=stack.password)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            api.get_dag(DAG_ID)
+            return api
+        except Exception:
+            stack.raise_if_dead()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+
+
+def catalog(stack: AirflowStack) -> Any:
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(stack.dags_folder / "datasets.yaml")
+    return open_dataset_catalog(project, project.dataset("sales")).latest()
+
+
+def wait(client: AirflowApiClient, stack: AirflowStack, run_id: str) -> dict[str, Any]:
+    try:
+        return client.wait_for_dag_run(DAG_ID, run_id, timeout=300, poll_interval=2)
+    except Exception as err:
+        raise AssertionError(f"{err}\n{stack.logs_tail()}") from err
+
+
+def instances(client: AirflowApiClient, run_id: str, task_id: str) -> dict[str, dict[str, Any]]:
+    """Mapped task instances of a run by their rendered label (the partition key)."""
+    return {
+        str(ti["rendered_map_index"]): ti
+        for ti in client.task_instances(DAG_ID, run_id)
+        if ti["task_id"] == task_id
+    }
+
+
+def test_trigger_with_conf_like_the_ui(stack: AirflowStack, client: AirflowApiClient) -> None:
+    run = client.trigger_dag_run(DAG_ID, FULL_CONF, note="triggered from the test, as the UI does")
+    finished = wait(client, stack, run["dag_run_id"])
+    assert finished["state"] == "success", stack.logs_tail()
+    assert finished["conf"] == FULL_CONF
+    refreshed = instances(client, run["dag_run_id"], "partition.refresh")
+    expected = {key(region, day) for region in ("EU", "US") for day in (1, 2)}
+    assert set(refreshed) == expected, "each mapped instance is labelled with its partition key"
+    assert all(ti["state"] == "success" for ti in refreshed.values())
+    snapshot = catalog(stack)
+    assert snapshot.version == 1
+    assert set(snapshot.partitions) == expected
+    events = stack.query(
+        "SELECT e.partition_key FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = 'sales'"
+    )
+    assert {row[0] for row in events} == expected, "one asset event per refreshed partition"
+
+    from airflow_partitions.snapshots.manifest import read_snapshot_manifest
+
+    aws = json.loads(stack.extra_env["AIRFLOW_CONN_AWS_DEFAULT"])
+    settings = {
+        "endpoint_url": aws["extra"]["endpoint_url"],
+        "aws_access_key_id": aws["login"],
+        "aws_secret_access_key": aws["password"],
+        "region_name": aws["extra"]["region_name"],
+    }
+    manifest = read_snapshot_manifest(settings, "s3://ap-e2e-snapshots/accel", "sales")
+    assert manifest is not None
+    assert manifest.version == 1
+
+
+def test_backfill_cli_refreshes_only_the_filtered_partitions(
+    stack: AirflowStack, client: AirflowApiClient
+) -> None:
+    before = catalog(stack)
+    sales = stack.dags_folder.parent / "sales"
+    # New source rows: a new day 3 for both regions.
+    _append_day_three(sales)
+    # The new EU/day 3 partition cannot be written: its directory path is taken by a plain file.
+    blocker = stack.dags_folder.parent / "acc" / "sales" / "region=EU" / "day=2026-01-03T00%3A00%3A00"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a directory")
+
+    command = [
+        str(Path(sys.executable).with_name("airflow-partitions")),
+        "backfill",
+        str(stack.dags_folder / "datasets.yaml"),
+        "sales",
+        "--where",
+        "region = 'EU'",
+        "--airflow-url",
+        stack.api_url,
+        "--username",
+        "admin",
+        "--json",
+        "--wait",
+        "--timeout",
+        "300",
+    ]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+        env={**os.environ, "AIRFLOW_PARTITIONS_API_PASSWORD": stack.password},
+    )
+    report = _json_document(result.stdout)
+    assert result.returncode == 1, f"the run fails on the blocked partition\n{result.stderr[-2000:]}"
+    selected = [p["key_path"] for p in report["partitions"]]
+    assert selected == [key("EU", 1), key("EU", 2), key("EU", 3)], "the filter resolves to EU partitions"
+    assert report["conf"]["partitions"] == selected
+    assert report["state"] == "failed"
+    run_id = report["dag_run_id"]
+    refreshed = instances(client, run_id, "partition.refresh")
+    assert {label: ti["state"] for label, ti in refreshed.items()} == {
+        key("EU", 1): "success",
+        key("EU", 2): "success",
+        key("EU", 3): "failed",
+    }
+    assert catalog(stack).version == before.version, "nothing is committed while a partition failed"
+
+    # Fix the cause and clear only the failed partition: it re-runs alone, then the commit does.
+    blocker.unlink()
+    failed = refreshed[key("EU", 3)]
+    cleared = client.clear_task_instances(DAG_ID, run_id, [("partition.refresh", int(failed["map_index"]))])
+    assert {(ti["task_id"], ti.get("map_index")) for ti in cleared} >= {
+        ("partition.refresh", failed["map_index"]),
+        ("commit", -1),
+    }
+    finished = wait(client, stack, run_id)
+    assert finished["state"] == "success", stack.logs_tail()
+    rerun = instances(client, run_id, "partition.refresh")
+    assert rerun[key("EU", 3)]["try_number"] == 2
+    assert rerun[key("EU", 1)]["try_number"] == 1, "the partitions that succeeded did not run again"
+    assert rerun[key("EU", 2)]["try_number"] == 1
+
+    after = catalog(stack)
+    assert after.version == before.version + 1
+    assert key("US", 3) not in after.partitions, "US was not selected: its new partition waits"
+    for region, day in (("US", 1), ("US", 2)):
+        path = key(region, day)
+        assert after.partitions[path].refreshed_at == before.partitions[path].refreshed_at, (
+            f"{path} untouched"
+        )
+    for day in (1, 2):
+        path = key("EU", day)
+        assert after.partitions[path].refreshed_at > before.partitions[path].refreshed_at, f"{path} rewritten"
+    assert after.partitions[key("EU", 3)].rows > 0
+
+
+def _append_day_three(sales: Path) -> None:
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    day = dt.datetime(2026, 1, 3, 12, 0)
+    pq.write_table(
+        pa.table(
+            {
+                "id": pa.array([900_001, 900_002, 900_003, 900_004], pa.int64()),
+                "region": pa.array(["EU", "US", "EU", "US"]),
+                "amount": pa.array([1.0, 2.0, 3.0, 4.0]),
+                "ts": pa.array([day] * 4, pa.timestamp("us")),
+            }
+        ),
+        sales / "day3.parquet",
+    )
+
+
+def _json_document(out: str) -> dict[str, Any]:
+    start = 0 if out.startswith("{") else out.index("\n{") + 1
+    document, _ = json.JSONDecoder().raw_decode(out[start:])
+    return dict(document)
