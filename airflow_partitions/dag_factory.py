@@ -230,7 +230,8 @@ def build_refresh_dags(
     """
     from airflow_partitions.spec import load_spec
 
-    project = load_spec(Path(spec_path))
+    # Type checks need pyarrow; tasks re-load the spec with them, DAG parsing stays light.
+    project = load_spec(Path(spec_path), check_types=False)
     dags: dict[str, DAG] = {}
     for spec in project.datasets:
         if not spec.acceleration.enabled:

@@ -5,9 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -84,14 +81,3 @@ def test_query_refuses_writes(acceleration: Acceleration, capsys: pytest.Capture
     assert "only read-only SELECT" in capsys.readouterr().err
     assert main(["query", str(acceleration.spec_path), "SELECT 1 FROM nowhere"]) == 2
     assert "reads none of the spec's datasets" in capsys.readouterr().err
-
-
-def test_console_script_runs(acceleration: Acceleration) -> None:
-    script = Path(sys.executable).with_name("airflow-partitions")
-    result = subprocess.run(
-        [str(script), "query", str(acceleration.spec_path), "SELECT count(*) AS n FROM events", "--csv"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert result.stdout.splitlines() == ['"n"', "200"]

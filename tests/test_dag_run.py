@@ -123,7 +123,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, st
 def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
     import boto3
 
-    from airflow_partitions.reader import PartitionedDatasetReader
+    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
     from airflow_partitions.snapshots.layout import SHA256_METADATA_KEY, SnapshotLayout
     from airflow_partitions.snapshots.manifest import read_snapshot_manifest
 
@@ -165,12 +165,12 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
     assert {key for key, _ in events} == key_paths
     assert all(extra["version"] == 1 and extra["dataset"] == "sales" for _, extra in events)
 
-    # --- a pruned read afterwards opens only the EU partitions --------------------------------------
-    reader = PartitionedDatasetReader(deployment.spec_path, "sales")
-    plan = reader.plan("region = 'EU'")
+    # --- a pruned read through the hook afterwards opens only the EU partitions ----------------------
+    hook = PartitionedDatasetHook(spec_path=str(deployment.spec_path), dataset="sales")
+    plan = hook.plan("region = 'EU'")
     assert plan.total == 9
     assert len(plan.selected) == 3, "Should read only region=EU (3 of 9 partitions)"
-    table = reader.read("region = 'EU'")
+    table = hook.read("region = 'EU'")
     assert table.num_rows == 60
     assert set(table.column("region").to_pylist()) == {"EU"}
 
@@ -221,7 +221,7 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
 
 
 def test_postgres_source_dag(deployment: Deployment) -> None:
-    from airflow_partitions.reader import PartitionedDatasetReader
+    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
 
     run = deployment.run("refresh_orders")
     states = task_states(run)
@@ -232,9 +232,11 @@ def test_postgres_source_dag(deployment: Deployment) -> None:
     assert snapshot is not None
     assert sum(e.rows for e in (snapshot.partitions[p] for p in snapshot.partitions)) == 120
     assert {key for key, _ in deployment.asset_events("orders")} == labels
-    reader = PartitionedDatasetReader(deployment.spec_path, "orders")
-    plan = reader.plan("amount >= 1000 AND amount < 2000")
+    hook = PartitionedDatasetHook(spec_path=str(deployment.spec_path), dataset="orders")
+    plan = hook.plan("amount >= 1000 AND amount < 2000")
     assert [s.key_path for s in plan.selected] == ["amount_band=1000"], "Should read only the 1000 band"
-    rows = reader.read("amount >= 1000 AND amount < 2000").column("amount").to_pylist()
+    rows = hook.read("amount >= 1000 AND amount < 2000").column("amount").to_pylist()
+    counted = hook.query("SELECT count(*) AS n FROM orders WHERE amount >= 1000 AND amount < 2000")
+    assert counted.column("n").to_pylist() == [len(rows)]
     assert rows
     assert all(1000 <= amount < 2000 for amount in rows)

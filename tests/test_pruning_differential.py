@@ -12,6 +12,7 @@ compared, row by row, with DuckDB filtering the whole source.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import random
 from collections.abc import Iterator
 from decimal import Decimal
@@ -134,15 +135,15 @@ LAYOUTS: dict[str, tuple[list[tuple[str, str]], dict[str, Any]]] = {
     ),
     "parquet_bucket": ([("b", "bucket(4, i)")], {"engine": "parquet", "max_rows_per_file": 30}),
     "parquet_truncate": ([("t", "truncate(1000000, j)")], {"engine": "parquet", "max_rows_per_file": 30}),
-    "parquet_identity": ([("s", "s")], {"engine": "parquet", "max_rows_per_file": 10}),
-    "parquet_decimal_year": (
-        [("a", "truncate(100000, amount)"), ("dy", "date_part('year', d)")],
-        {"engine": "parquet", "max_rows_per_file": 20},
-    ),
+    "parquet_identity": ([("s", "s")], {"engine": "parquet", "max_rows_per_file": 20}),
+    "parquet_decimal": ([("a", "truncate(100000, amount)")], {"engine": "parquet", "max_rows_per_file": 40}),
     "parquet_week": ([("w", "date_trunc('week', ts_tz)")], {"engine": "parquet", "max_rows_per_file": 30}),
     "duckdb_files": ([("p", "truncate(1, s)")], {"engine": "duckdb"}),
     "duckdb_tables": ([("r", "i % 3")], {"engine": "duckdb", "partition_mode": "tables"}),
-    "arrow": ([("dm", "date_trunc('month', d)")], {"engine": "arrow", "max_rows_per_file": 10}),
+    "arrow": (
+        [("dy", "date_part('year', d)"), ("dm", "date_trunc('month', d)")],
+        {"engine": "arrow", "max_rows_per_file": 10},
+    ),
 }
 
 
@@ -189,7 +190,14 @@ def sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+@functools.cache
+def _column_values(column: str) -> tuple[Any, ...]:
+    return tuple(v for v in TABLE.column(column).to_pylist() if v is not None)
+
+
 def column_values(table: pa.Table, column: str) -> list[Any]:
+    if table is TABLE:
+        return list(_column_values(column))
     return [v for v in table.column(column).to_pylist() if v is not None]
 
 
@@ -314,6 +322,8 @@ def filters(table: pa.Table) -> st.SearchStrategy[str]:
 
 TABLE = make_table()
 LAYOUT_NAMES = list(LAYOUTS)
+# How the generated cases exercised pruning (checked at the end: a test that never prunes proves little).
+CASES = {"reads": 0, "pruned": 0, "exact": 0}
 
 
 # --- the tests ---------------------------------------------------------------------------------------
@@ -326,6 +336,10 @@ def test_pruned_read_equals_a_full_scan(world: dict[str, Any], layout: str, wher
     expected = world["oracle"].rids(where)
     result = reader.read(where, columns=["rid"])
     got = sorted(result.column("rid").to_pylist())
+    plan = reader.plan(where)  # the plan the read used (cached per version and filter)
+    CASES["reads"] += 1
+    CASES["pruned"] += len(plan.selected) < plan.total
+    CASES["exact"] += any(p.exact for p in plan.selected) and plan.has_filter
     extra, missing = sorted(set(got) - set(expected))[:10], sorted(set(expected) - set(got))[:10]
     assert got == expected, f"{layout}: WHERE {where}\n  extra rows: {extra}\n  missing rows: {missing}"
 
@@ -337,6 +351,13 @@ def test_pruned_query_equals_a_full_scan(world: dict[str, Any], layout: str, whe
     expected = world["oracle"].rids(where)
     result = reader.query(f"SELECT rid FROM events WHERE {where}")
     assert sorted(result.column("rid").to_pylist()) == expected, f"{layout}: query WHERE {where}"
+
+
+def test_the_generated_cases_exercise_pruning() -> None:
+    if CASES["reads"] < 1000:
+        pytest.skip("runs after the differential read test, over its cases")
+    assert CASES["pruned"] > 0.25 * CASES["reads"], f"too few cases skip a partition: {CASES}"
+    assert CASES["exact"] > 0.1 * CASES["reads"], f"too few cases have an exact partition: {CASES}"
 
 
 def test_the_generated_data_covers_the_edge_cases(world: dict[str, Any]) -> None:

@@ -59,7 +59,7 @@ LAYOUTS: dict[str, list[tuple[str, str]]] = {
     "truncate_string": [("prefix", "truncate(1, name)")],
     "day": [("day", "date_trunc('day', ts)")],
     "month": [("month", "date_trunc('month', ts)")],
-    "day_tz": [("day", "date_trunc('day', ts_tz)")],
+    "month_tz": [("month", "date_trunc('month', ts_tz)")],
     "year": [("year", "date_part('year', ts)")],
     "year_month": [("year", "date_part('year', ts)"), ("month", "date_part('month', ts)")],
     "month_only": [("month", "date_part('month', ts)")],
@@ -427,15 +427,21 @@ def test_date_trunc_month_uses_calendar_month_lengths(accelerations: dict[str, A
 
 
 def test_date_trunc_tz_aware_converts_offsets_to_utc(accelerations: dict[str, Acceleration]) -> None:
-    acc = accelerations["day_tz"]
-    # 2026-03-29 is the EU daylight-saving day: 01:00+01:00 is 00:00 UTC.
-    wanted = {day_key("day_tz", 2026, 3, 29, tz=True), day_key("day_tz", 2026, 3, 30, tz=True)}
+    acc = accelerations["month_tz"]
+    march, april = day_key("month_tz", 2026, 3, 1, tz=True), day_key("month_tz", 2026, 4, 1, tz=True)
+    # 01:00+01:00 is midnight UTC: the range starts exactly at March; 02:00+02:00 on 1 April too.
     check(
         acc,
-        "ts_tz >= '2026-03-29 01:00:00+01:00' AND ts_tz < '2026-03-31 02:00:00+02:00'",
-        wanted,
-        "offsets convert to UTC: the range is exactly 29 and 30 March UTC",
-        exact=wanted,
+        "ts_tz >= '2026-03-01 01:00:00+01:00' AND ts_tz < '2026-04-01 02:00:00+02:00'",
+        {march},
+        "offsets convert to UTC: exactly March UTC, April untouched",
+        exact={march},
+    )
+    check(
+        acc,
+        "ts_tz >= '2026-03-29 01:00:00+01:00'",
+        {march, april},
+        "after the EU daylight-saving change (29 March 01:00 UTC) only March and April can match",
     )
 
 

@@ -42,7 +42,7 @@ def make_table() -> pa.Table:
     )
 
 
-PARTITION_BY = [("region", "region"), ("user_bucket", "bucket(8, user_id)")]
+PARTITION_BY = [("region", "region"), ("user_bucket", "bucket(4, user_id)")]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ FILTERS = [
     "user_id = 42",
     "region = 'US' AND ts >= '2026-02-01'",
     "user_id IN (1, 2, 3) OR region IS NULL",
-    "bucket(8, user_id) = 3 AND amount > 10",
+    "bucket(4, user_id) = 3 AND amount > 10",
     "note LIKE 'n1%'",
     "NOT (region = 'EU') AND id % 5 = 0",
 ]
@@ -212,7 +212,7 @@ def duckdb_over_source(acc: Acceleration, sql: str) -> pa.Table:
 
 QUERIES = [
     "SELECT region, count(*) AS n, sum(amount) AS total FROM events WHERE user_id = 42 GROUP BY region",
-    "SELECT bucket(8, user_id) AS b, count(*) AS n FROM events WHERE region = 'EU' GROUP BY 1",
+    "SELECT bucket(4, user_id) AS b, count(*) AS n FROM events WHERE region = 'EU' GROUP BY 1",
     "WITH eu AS (SELECT * FROM events WHERE region = 'EU') SELECT count(*) AS n FROM eu WHERE user_id < 10",
     "SELECT e.id FROM events e JOIN events f ON e.id = f.id + 1 WHERE e.region = 'US' AND f.region = 'EU'",
     "SELECT id FROM events WHERE region = 'EU' UNION ALL SELECT id FROM events WHERE user_id IS NULL",
@@ -339,7 +339,7 @@ def test_reads_files_stored_on_s3(
 @pytest.mark.spark
 def test_to_spark_returns_the_pruned_rows(accelerations: dict[str, Acceleration], spark: Any) -> None:
     acc = accelerations["parquet"]
-    where = "(region = 'EU' OR user_id = 42) AND bucket(8, user_id) IN (1, 2, 3) AND amount > 5"
+    where = "(region = 'EU' OR user_id = 42) AND bucket(4, user_id) IN (1, 2, 3) AND amount > 5"
     with acc.reader() as reader:
         frame = reader.to_spark(spark, where, columns=["id", "region", "amount"])
         arrow_frame = accelerations["arrow"].reader().to_spark(spark, where, columns=["id"])

@@ -313,3 +313,25 @@ def test_loaded_params_are_plain_containers(tmp_path: Path) -> None:
     assert type(params) is dict
     assert type(params["nested"]) is dict
     assert type(params["nested"]["a"]) is list
+
+
+def test_loading_without_type_checks_still_rejects_unknown_columns_and_skips_pyarrow() -> None:
+    import subprocess
+    import sys
+
+    text = (
+        "accelerator_dir: x\ndatasets:\n  - name: d\n    from: file:/tmp/x\n"
+        "    params: {file_format: parquet}\n"
+        "    schema: {amount: int64}\n    acceleration:\n      partition_by:\n        - bucket(4, amont)\n"
+    )
+    script = (
+        "import sys\nfrom airflow_partitions.spec.loader import parse_spec\n"
+        "from airflow_partitions.exceptions import SpecValidationError\n"
+        f"try:\n    parse_spec({text!r}, check_types=False)\nexcept SpecValidationError as err:\n"
+        "    print(err.errors[0])\nprint('pyarrow' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    first, loaded = out.strip().splitlines()
+    assert "unknown column 'amont'" in first
+    assert "did you mean 'amount'" in first
+    assert loaded == "False", "check_types=False must not import pyarrow (DAG parse speed)"

@@ -24,6 +24,7 @@ from airflow_partitions.exceptions import OrchestrationError
 LOCAL = "local"
 CONFIG_SECTION = "airflow_partitions"
 SPARK_JOB_SCRIPT = "refresh_partitions.py"
+APP_NAME = "airflow-partitions-refresh"
 
 
 class SparkMode(StrEnum):
@@ -106,7 +107,9 @@ class SparkRefreshHook(BaseHook):
     conn_type = "spark"
     hook_name = "Spark (refresh)"
 
-    def __init__(self, spark_conn_id: str | None = None, *, spark_conf: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, spark_conn_id: str | None = None, *, spark_conf: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__()
         self.spark_conn_id = spark_conn_id if spark_conn_id is not None else configured_spark_conn_id()
         self.spark_conf = dict(spark_conf or {})
@@ -144,7 +147,9 @@ class SparkRefreshHook(BaseHook):
             from airflow_partitions.refresh.spark_session import build_connect_session, build_local_session
 
             if self.mode is SparkMode.LOCAL:
-                self._session = build_local_session(app_name="airflow-partitions-refresh", conf=self.spark_conf)
+                self._session = build_local_session(
+                    app_name="airflow-partitions-refresh", conf=self.spark_conf
+                )
             elif self.mode is SparkMode.CONNECT:
                 self._session = build_connect_session(self.connect_url, conf=self.spark_conf)
             else:
@@ -159,7 +164,7 @@ class SparkRefreshHook(BaseHook):
         *,
         env: Mapping[str, str] | None = None,
         conf_overrides: Mapping[str, Any] | None = None,
-        name: str = "airflow-partitions-refresh",
+        name: str = APP_NAME,
     ) -> None:
         """Run the refresh Spark job through the provider's SparkSubmitHook; raises if it fails."""
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook

@@ -15,6 +15,7 @@ user's query) never raises on such things: whatever it cannot use becomes `Opaqu
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -501,18 +502,33 @@ def _literal_value(node: exp.Literal) -> Any:
         raise FilterError(f"invalid number {text!r} in filter") from err
 
 
+_CONSTANTS_LOCK = threading.Lock()
+_constants_connection: Any = None
+
+
+def _constants() -> Any:
+    """One sandboxed in-memory DuckDB for constant folding: UTC, no file or environment access."""
+    global _constants_connection
+    if _constants_connection is None:
+        import duckdb
+
+        connection = duckdb.connect()
+        connection.execute("SET TimeZone = 'UTC'")
+        connection.execute("SET enable_external_access = false")
+        connection.execute("SET lock_configuration = true")
+        _constants_connection = connection
+    return _constants_connection
+
+
 def evaluate_constant(sql: str) -> Any:
     """Evaluate a column-free SQL expression with DuckDB (so casts and intervals mean what DuckDB says)."""
     import duckdb
 
-    connection = duckdb.connect()
-    try:
-        connection.execute("SET TimeZone = 'UTC'")
-        table = connection.sql(f"SELECT ({sql}) AS value").to_arrow_table()
-    except duckdb.Error as err:
-        raise FilterError(f"cannot evaluate {sql!r} in filter: {_first_line(err)}") from err
-    finally:
-        connection.close()
+    with _CONSTANTS_LOCK:
+        try:
+            table = _constants().sql(f"SELECT ({sql}) AS value").to_arrow_table()
+        except duckdb.Error as err:
+            raise FilterError(f"cannot evaluate {sql!r} in filter: {_first_line(err)}") from err
     column = table.column(0)
     kind = column.type
     if pa.types.is_interval(kind) or pa.types.is_duration(kind) or pa.types.is_nested(kind):

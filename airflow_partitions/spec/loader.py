@@ -67,8 +67,13 @@ KNOWN_ACCELERATION_PARAMS = ("partition_mode",)
 EnumT = TypeVar("EnumT", Engine, Mode, PartitionMode, SnapshotMode, FileFormat)
 
 
-def load_spec(path: str | Path) -> ProjectSpec:
-    """Read and validate the spec file at `path`; raises `SpecValidationError` listing every problem."""
+def load_spec(path: str | Path, *, check_types: bool = True) -> ProjectSpec:
+    """Read and validate the spec file at `path`; raises `SpecValidationError` listing every problem.
+
+    `check_types=False` skips what needs pyarrow (parsing `schema:` types, result types of the partition
+    expressions) so DAG files parse fast; column names are still checked against `schema:`. The refresh
+    tasks and `airflow-partitions validate` load with type checks.
+    """
     spec_path = Path(path).expanduser().resolve()
     try:
         text = spec_path.read_text(encoding="utf-8")
@@ -76,10 +81,12 @@ def load_spec(path: str | Path) -> ProjectSpec:
         raise SpecValidationError([f"spec file not found: {spec_path}"], path=str(spec_path)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise SpecValidationError([f"cannot read spec file {spec_path}: {err}"], path=str(spec_path)) from err
-    return parse_spec(text, path=spec_path)
+    return parse_spec(text, path=spec_path, check_types=check_types)
 
 
-def parse_spec(text: str, *, path: Path | None = None, base_dir: Path | None = None) -> ProjectSpec:
+def parse_spec(
+    text: str, *, path: Path | None = None, base_dir: Path | None = None, check_types: bool = True
+) -> ProjectSpec:
     """Validate spec `text`; relative paths resolve against `base_dir` (default: `path`'s directory, else
     the working directory)."""
     where = str(path) if path is not None else None
@@ -88,7 +95,7 @@ def parse_spec(text: str, *, path: Path | None = None, base_dir: Path | None = N
         document = read_yaml(text)
     except yaml.YAMLError as err:
         raise SpecValidationError([format_yaml_error(err)], path=where) from None
-    reader = _SpecReader(Path(os.path.abspath(root)))
+    reader = _SpecReader(Path(os.path.abspath(root)), check_types=check_types)
     for line, message in document.duplicates:
         reader.add(line, message)
     project = reader.read_project(document.data, path)
@@ -222,8 +229,9 @@ def _enum_value(enum_cls: type[EnumT], raw: Any, what: str) -> tuple[EnumT | Non
 class _SpecReader:
     """Walks the parsed YAML, building typed objects and recording `(line, message)` for every problem."""
 
-    def __init__(self, base_dir: Path) -> None:
+    def __init__(self, base_dir: Path, *, check_types: bool = True) -> None:
         self.base_dir = base_dir
+        self.check_types = check_types
         self.findings: list[tuple[int | None, str]] = []
 
     def add(self, line: int | None, message: str) -> None:
@@ -378,15 +386,33 @@ class _SpecReader:
             self.check_near_misses(params, KNOWN_SOURCE_PARAMS, "params.", f"{label}: ")
         declared = self.read_declared_schema(raw, label)
         acceleration, indexed_fields = self.read_acceleration(raw, label)
-        if declared:
+        if declared and self.check_types:
             self.check_declared_columns(raw, label, declared, indexed_fields)
+        elif declared:
+            self.check_declared_names(label, declared, indexed_fields)
         if len(self.findings) > before or source is None or acceleration is None or declared is None:
             return None
         assert isinstance(name, str)
         dataset = DatasetSpec(
             name=name, source=source, acceleration=acceleration, declared_columns=declared, line=raw.line
         )
-        return dataset.bind(dataset.declared_schema()) if declared else dataset
+        return dataset.bind(dataset.declared_schema()) if declared and self.check_types else dataset
+
+    def check_declared_names(
+        self,
+        label: str,
+        declared: Sequence[tuple[str, str]],
+        indexed_fields: Sequence[tuple[int, PartitionField]],
+    ) -> None:
+        """Without type checks, still refuse partition expressions over columns `schema:` does not list."""
+        names = [column for column, _ in declared]
+        for index, field in indexed_fields:
+            column = field.transform.source_column
+            if column not in names:
+                hint = difflib.get_close_matches(column, names, n=1)
+                suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; schema lists {', '.join(names)}"
+                where = f"{label}: partition_by[{index}] {field.expression!r}"
+                self.add(field.line, f"{where}: unknown column {column!r}{suggestion}")
 
     def check_declared_columns(
         self,
@@ -435,6 +461,9 @@ class _SpecReader:
         if not block:
             return ()
         from airflow_partitions.spec.arrow_types import parse_arrow_type
+
+        if not self.check_types:
+            parse_arrow_type = _accept_type_text
 
         columns: list[tuple[str, str]] = []
         ok = True
@@ -670,3 +699,7 @@ _T = TypeVar("_T")
 
 def _default(value: _T | None, default: _T) -> _T:
     return default if value is None else value
+
+
+def _accept_type_text(text: str) -> Any:
+    """Stands in for `parse_arrow_type` when types are not checked (no pyarrow at DAG parse time)."""
