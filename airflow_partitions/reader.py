@@ -12,8 +12,11 @@ It prunes with `pruning.plan_partitions`, then opens only the selected files:
 * `to_spark` returns a Spark DataFrame over the same files, with the residual as a Spark condition.
 
 Files under an `s3://` data root are read through a pyarrow `FileSystem` (DuckDB cannot open remote
-files here): Parquet is scanned lazily through a pyarrow dataset, Arrow IPC and DuckDB files are copied
-to a local cache keyed by checksum (they are immutable) and opened from there.
+files here): selected Parquet files are fetched whole, one request each, concurrently, for the call;
+Arrow IPC and DuckDB files are copied to a local cache keyed by checksum (they are immutable).
+
+Versions are immutable, so the pruning index of a version and the plan of a (version, filter) are cached
+per reader: repeated reads pay only for resolving the newest version and scanning.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import shutil
 import tempfile
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +64,8 @@ if TYPE_CHECKING:
 CACHED_VERSIONS = 4
 # Plans kept per reader, keyed by (version, filter): versions are immutable, so a plan never goes stale.
 CACHED_PLANS = 256
+# Immutable per-partition DuckDB files stay attached between reads, up to this many open at once.
+MAX_ATTACHED_FILES = 256
 
 
 def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
@@ -221,6 +228,8 @@ class PartitionedDatasetReader:
             )
         with self._lock:
             self._schemas[snapshot.version] = schema
+            while len(self._schemas) > CACHED_VERSIONS:
+                self._schemas.pop(min(self._schemas))
         return schema
 
     def _file_schema(self, snapshot: Snapshot) -> pa.Schema | None:
@@ -373,8 +382,8 @@ class PartitionedDatasetReader:
         """A relation scanning `files`, completed with NULL columns for schema columns none of them has."""
         # Writers record statistics for every column they write: all present means nothing is missing.
         complete = all(all(name in f.stats for name in schema.names) for f in files)
-        if self._local_root is not None and self.storage.format == "parquet":
-            relation = self._parquet_scan(files, union_by_name=not complete)
+        if self.storage.format == "parquet":
+            relation = self._parquet_scan(self._parquet_paths(files), union_by_name=not complete)
         else:
             relation = quote_identifier(self._register(cursor, files, schema))
         if complete:
@@ -386,15 +395,62 @@ class PartitionedDatasetReader:
         self._register_object(cursor, filler, schema.empty_table())
         return f"(SELECT * FROM {relation} UNION ALL BY NAME SELECT * FROM {filler})"
 
-    def _parquet_scan(self, files: Sequence[DataFile], *, union_by_name: bool) -> str:
+    def _parquet_paths(self, files: Sequence[DataFile]) -> list[str]:
+        """Local paths DuckDB reads `files` from: in place, or fetched from object storage for this call.
+
+        On object storage every request costs a round trip: each selected (immutable, already pruned)
+        file is fetched whole with one GET, concurrently, into a per-call temporary directory, where
+        DuckDB's own Parquet reader (late materialisation, filter pushdown) takes over.
+        """
+        scope = self._scope()
+        if self._local_root is not None:
+            root = str(self._local_root)
+            paths = [os.path.join(root, _checked_relative(f.path)) for f in files]
+        else:
+            paths = self._fetch_remote(files, scope)
+        scope.parquet_paths.extend(paths)
+        return paths
+
+    def _fetch_remote(self, files: Sequence[DataFile], scope: _CallScope) -> list[str]:
+        assert self._filesystem is not None
+        filesystem = self._filesystem
+        directory = tempfile.mkdtemp(prefix=f"ap-{self.name}-", dir=_scratch_directory())
+        scope.temporary.append(directory)
+
+        def fetch(numbered: tuple[int, DataFile]) -> str:
+            number, file = numbered
+            remote = self._remote_path(file)
+            local = os.path.join(directory, f"{number:06d}.parquet")
+            try:
+                # The catalog knows the size: asking for exactly that many bytes is a single GET.
+                with filesystem.open_input_stream(remote) as stream:
+                    data = stream.read(file.bytes)
+            except (OSError, pa.ArrowException) as err:
+                raise StorageError(f"cannot read {remote}: {err}") from err
+            if len(data) != file.bytes:
+                raise StorageError(
+                    f"{remote} holds {len(data)} bytes, the catalog recorded {file.bytes}: it is not the "
+                    "file this version references; read another version or refresh the partition"
+                )
+            with open(local, "wb") as handle:
+                handle.write(data)
+            return local
+
+        if len(files) == 1:
+            return [fetch((0, files[0]))]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+            return list(pool.map(fetch, enumerate(files)))
+
+    @staticmethod
+    def _parquet_scan(paths: Sequence[str], *, union_by_name: bool) -> str:
         """`read_parquet(...)` over local files, inline (a view would make DuckDB bind the files twice)."""
-        assert self._local_root is not None
-        root = str(self._local_root)
-        paths = ", ".join(_sql_string(os.path.join(root, _checked_relative(f.path))) for f in files)
+        listed = ", ".join(_sql_string(path) for path in paths)
         # Partition files sit in `name=value` directories: DuckDB's Hive auto-detection would overwrite
         # columns with the (escaped, untyped) directory values, so it is switched off explicitly.
         options = "hive_partitioning = false" + (", union_by_name = true" if union_by_name else "")
-        return f"read_parquet([{paths}], {options})"
+        return f"read_parquet([{listed}], {options})"
 
     @staticmethod
     def _execute(cursor: Any, sql: str) -> pa.Table:
@@ -430,14 +486,11 @@ class PartitionedDatasetReader:
             # DuckDB files are attached database-wide: a fresh cursor per call, attach / detach serialised.
             with self._duckdb_lock:
                 cursor = self._base_connection().cursor()
-                before = _attached(cursor)
                 try:
-                    yield cursor
+                    with self._call_scope(cursor):
+                        yield cursor
                 finally:
-                    # A lingering read lock on a shared DuckDB file would block the next publish.
-                    for alias in _attached(cursor) - before:
-                        with contextlib.suppress(Exception):
-                            cursor.execute(f"DETACH {quote_identifier(alias)}")
+                    self._release_attachments(cursor)
                     cursor.close()
             return
         # Parquet and Arrow reads leave nothing attached: each thread keeps one cursor (opening one per
@@ -447,74 +500,63 @@ class PartitionedDatasetReader:
         if cursor is None or getattr(self._local, "base", None) is not base:
             cursor = base.cursor()
             self._local.cursor, self._local.base = cursor, base
-        self._local.registered = []
-        try:
+        with self._call_scope(cursor):
             yield cursor
+
+    def _release_attachments(self, cursor: Any) -> None:
+        """Detach the shared DuckDB file of `tables` mode, and everything once too much is attached.
+
+        Per-partition DuckDB files are immutable and never written again, so they stay attached for the
+        next read (attaching costs more than a small scan). The shared file is detached at once: a
+        lingering read lock on it would block the next publish.
+        """
+        from airflow_partitions.storage.duckdb_engine import SHARED_FILE
+
+        rows = cursor.execute(
+            "SELECT database_name, path FROM duckdb_databases() WHERE NOT internal"
+        ).fetchall()
+        attached = [(name, path or "") for name, path in rows if name != "memory"]
+        release_all = len(attached) > MAX_ATTACHED_FILES
+        for name, path in attached:
+            if release_all or os.path.basename(path) == SHARED_FILE:
+                with contextlib.suppress(Exception):
+                    cursor.execute(f"DETACH {quote_identifier(name)}")
+
+    @contextlib.contextmanager
+    def _call_scope(self, connection: Any) -> Iterator[_CallScope]:
+        """Track what one read or query registers and fetches; undo all of it when the call ends."""
+        scope = _CallScope()
+        self._local.scope = scope
+        try:
+            yield scope
         finally:
-            for name in self._local.registered:
+            self._local.scope = None
+            for name in scope.registered:
                 with contextlib.suppress(Exception):
-                    cursor.unregister(name)
+                    connection.unregister(name)
                 with contextlib.suppress(Exception):
-                    cursor.execute(f"DROP VIEW IF EXISTS {quote_identifier(name)}")
-            self._local.registered = None
+                    connection.execute(f"DROP VIEW IF EXISTS {quote_identifier(name)}")
+            for directory in scope.temporary:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    def _scope(self) -> _CallScope:
+        scope = getattr(self._local, "scope", None)
+        if scope is None:
+            raise StorageError("internal: partition files were registered outside of a read or query")
+        return scope
 
     def _register_object(self, cursor: Any, name: str, value: Any) -> None:
         """`cursor.register`, undone when the call that registered it ends."""
         cursor.register(name, value)
-        self._forget_later(name)
-
-    def _forget_later(self, name: str) -> None:
-        registered = getattr(self._local, "registered", None)
-        if registered is not None:
-            registered.append(name)
+        self._scope().registered.append(name)
 
     def _register(self, cursor: Any, files: Sequence[DataFile], schema: pa.Schema) -> str:
         """A temporary view over exactly `files`; returns its name."""
         view = f"ap_files_{uuid.uuid4().hex[:12]}"
-        if self._local_root is not None:
-            self.storage.register_duckdb(cursor, self._local_root, files, view, schema=schema)
-            self._forget_later(view)
-        elif self.storage.format == "parquet":
-            self._register_object(cursor, view, self._remote_parquet_table(files, schema))
-        else:
-            self.storage.register_duckdb(cursor, self._cache_files(files), files, view, schema=schema)
-            self._forget_later(view)
+        root = self._local_root if self._local_root is not None else self._cache_files(files)
+        self.storage.register_duckdb(cursor, root, files, view, schema=schema)
+        self._scope().registered.append(view)
         return view
-
-    def _remote_parquet_table(self, files: Sequence[DataFile], schema: pa.Schema) -> pa.Table:
-        """The selected remote Parquet files, each fetched whole in one request, concurrently.
-
-        On object storage every request costs a round trip: one GET per (immutable, already pruned)
-        file beats footer + column-range reads, which DuckDB would also have to make through pyarrow.
-        """
-        import pyarrow.parquet as pq
-
-        from airflow_partitions.storage.base import unify_schemas
-        from airflow_partitions.storage.parquet import ParquetStorage
-
-        assert self._filesystem is not None
-        filesystem = self._filesystem
-
-        def fetch(file: DataFile) -> pa.Table:
-            path = self._remote_path(file)
-            try:
-                with filesystem.open_input_stream(path) as stream:
-                    data = stream.read()
-                table = pq.read_table(pa.BufferReader(data))
-            except (OSError, pa.ArrowException) as err:
-                raise StorageError(f"cannot read {path}: {err}") from err
-            original = ParquetStorage._original_schema(table.schema)
-            return table if table.schema.equals(original) else table.cast(original)
-
-        if len(files) == 1:
-            tables = [fetch(files[0])]
-        else:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-                tables = list(pool.map(fetch, files))
-        unified = unify_schemas([t.schema for t in tables], files)
-        return pa.concat_tables([conform(t, unified) for t in tables])
 
     @contextlib.contextmanager
     def _open_remote(self, file: DataFile) -> Iterator[Any]:
@@ -563,41 +605,39 @@ class PartitionedDatasetReader:
         schema = self._schema_of(snapshot)
         plan = self._plan(snapshot, dataset_filter(sql, self.name, schema))
         statement = executable_sql(sql, schema)
-        import duckdb
 
         connection = new_duckdb_connection(functions=needs_partition_functions(statement))
         try:
-            files = plan.files
-            if files:
-                relation = self._relation(connection, files, schema)
-                connection.execute(
-                    f"CREATE TEMP VIEW {quote_identifier(self.name)} AS SELECT * FROM {relation}"
-                )
-            else:
-                connection.register(self.name, schema.empty_table())
-            allowed = self._allowed_paths(files)
-            connection.execute(f"SET allowed_paths = [{', '.join(_sql_string(p) for p in allowed)}]")
-            connection.execute("SET enable_external_access = false")
-            connection.execute("SET lock_configuration = true")
-            try:
-                return connection.sql(statement).to_arrow_table()
-            except duckdb.Error as err:
-                raise FilterError(f"query failed: {str(err).strip()}") from err
+            with self._call_scope(connection) as scope:
+                return self._run_query(connection, scope, plan.files, schema, statement)
         finally:
             connection.close()
+
+    def _run_query(
+        self, connection: Any, scope: _CallScope, files: Sequence[DataFile], schema: pa.Schema, statement: str
+    ) -> pa.Table:
+        import duckdb
+
+        if files:
+            relation = self._relation(connection, files, schema)
+            connection.execute(f"CREATE TEMP VIEW {quote_identifier(self.name)} AS SELECT * FROM {relation}")
+        else:
+            connection.register(self.name, schema.empty_table())
+        # Only the selected Parquet files stay readable (other engines are attached or in memory).
+        allowed = ", ".join(_sql_string(path) for path in scope.parquet_paths)
+        connection.execute(f"SET allowed_paths = [{allowed}]")
+        connection.execute("SET enable_external_access = false")
+        connection.execute("SET lock_configuration = true")
+        try:
+            return connection.sql(statement).to_arrow_table()
+        except duckdb.Error as err:
+            raise FilterError(f"query failed: {str(err).strip()}") from err
 
     def plan_query(self, sql: str, version: int | None = None) -> PrunePlan:
         """The pruning plan `query(sql)` would use."""
         check_read_only(sql)
         snapshot = self.snapshot(version)
         return self._plan(snapshot, dataset_filter(sql, self.name, self._schema_of(snapshot)))
-
-    def _allowed_paths(self, files: Sequence[DataFile]) -> list[str]:
-        """Files DuckDB must still open once external access is off (Parquet is read lazily)."""
-        if self._local_root is None or self.storage.format != "parquet":
-            return []
-        root = str(self._local_root)
-        return [os.path.join(root, _checked_relative(f.path)) for f in files]
 
     # --- Spark ------------------------------------------------------------------------------------
 
@@ -678,6 +718,21 @@ def needs_partition_functions(sql: str) -> bool:
     return "ap_bucket_" in lowered or "ap_truncate_" in lowered
 
 
+@dataclass
+class _CallScope:
+    """What one read or query registered in DuckDB and fetched to local disk, undone when it ends."""
+
+    registered: list[str] = field(default_factory=list)
+    parquet_paths: list[str] = field(default_factory=list)  # local files DuckDB may open
+    temporary: list[str] = field(default_factory=list)  # per-call directories of fetched files
+
+
+def _scratch_directory() -> str | None:
+    """Memory-backed /dev/shm for fetched files when the machine has it, else the default temp dir."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
 def _filter_key(where: FilterInput) -> Any:
     """A hashable identity of a filter for the plan cache, or None when it has none."""
     key: Any
@@ -712,11 +767,6 @@ def _nan_in_parquet_statistics(file: DataFile, float_columns: Sequence[str]) -> 
         if stats is None or (stats.max is None and stats.null_count < file.rows):
             return True
     return False
-
-
-def _attached(cursor: Any) -> set[str]:
-    rows = cursor.execute("SELECT database_name FROM duckdb_databases() WHERE NOT internal").fetchall()
-    return {row[0] for row in rows} - {"memory"}
 
 
 def _sql_string(text: str) -> str:

@@ -295,18 +295,29 @@ def iceberg_table(base: Path, built: Built, schema: pa.Schema) -> Any:
 
 @contextmanager
 def moto_server() -> Iterator[dict[str, str]]:
-    import logging
+    """moto's S3 server in its own process (as a real endpoint is): requests never share our GIL."""
     import socket
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    from moto.server import ThreadedMotoServer
+    import subprocess
+    import sys
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto server did not start") from None
+                time.sleep(0.1)
         yield {
             "endpoint_url": f"http://127.0.0.1:{port}",
             "aws_access_key_id": "bench",
@@ -314,7 +325,8 @@ def moto_server() -> Iterator[dict[str, str]]:
             "region_name": "us-east-1",
         }
     finally:
-        server.stop()
+        process.terminate()
+        process.wait(timeout=30)
 
 
 # --- planning at scale -----------------------------------------------------------------------------

@@ -74,23 +74,25 @@ def write_sources(root: Path, rows: int) -> tuple[Path, Path]:
     """The same rows twice: flat files (`flat/part-N.parquet`) and Hive directories by PULocationID."""
     flat, hive = root / "flat", root / "hive"
     flat.mkdir(parents=True)
-    hive.mkdir(parents=True)
     written = 0
     index = 0
     while written < rows:
         count = min(CHUNK_ROWS, rows - written)
-        chunk = taxi_chunk(count, seed=index)
-        pq.write_table(chunk, flat / f"part-{index:04d}.parquet", row_group_size=256_000)
-        pads.write_dataset(
-            chunk,
-            hive,
-            format="parquet",
-            partitioning=pads.partitioning(pa.schema([("PULocationID", pa.int32())]), flavor="hive"),
-            basename_template=f"chunk-{index:04d}-{{i}}.parquet",
-            existing_data_behavior="overwrite_or_ignore",
+        pq.write_table(
+            taxi_chunk(count, seed=index), flat / f"part-{index:04d}.parquet", row_group_size=256_000
         )
         written += count
         index += 1
+    # One pass over the flat files: one file per location directory, with reasonably sized row groups.
+    pads.write_dataset(
+        pads.dataset(flat, format="parquet"),
+        hive,
+        format="parquet",
+        partitioning=pads.partitioning(pa.schema([("PULocationID", pa.int32())]), flavor="hive"),
+        min_rows_per_group=16_384,
+        max_rows_per_group=262_144,
+        max_open_files=LOCATIONS + 10,
+    )
     return flat, hive
 
 

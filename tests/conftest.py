@@ -43,13 +43,46 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+def _atomic_moto_server(port: int) -> Any:
+    """moto's threaded S3 server with requests applied one at a time.
+
+    moto checks `If-None-Match: *` and then stores the object without a lock, so under load two concurrent
+    conditional PUTs of one key can both succeed; S3 never allows that. Serialising requests restores the
+    atomicity the catalog's commit protocol relies on (and that real S3 and MinIO provide).
+    """
+    import threading
+
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    class AtomicMotoServer(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            lock = threading.Lock()
+
+            def serialised(environ: Any, start_response: Any) -> Any:
+                with lock:
+                    return list(app(environ, start_response))
+
+            self._server = make_server(
+                self._ip_address, self._port, serialised, True, request_handler=MotoRequestHandler
+            )
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return AtomicMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[dict[str, str]]:
     """moto's S3 server over real HTTP on 127.0.0.1; yields connection settings for boto3/pyarrow."""
-    from moto.server import ThreadedMotoServer
-
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = _atomic_moto_server(port)
     server.start()
     settings = {
         "endpoint_url": f"http://127.0.0.1:{port}",

@@ -326,3 +326,46 @@ def test_refresh_of_removed_source_partition_removes_it(spark: Any, tmp_path: Pa
     assert gone not in snapshot.partitions
     assert "a/b" not in accelerated.column("region").to_pylist()
     assert accelerated.num_rows == shrunk.num_rows
+
+
+@pytest.mark.s3
+def test_s3_source_refreshes_through_spark_and_pushdown(
+    spark: Any, tmp_path: Path, s3_server: dict[str, str], s3_bucket: str
+) -> None:
+    import boto3
+
+    client: Any = boto3.client("s3", **s3_server)  # type: ignore[call-overload]
+    table = source_rows(30)
+    local = tmp_path / "part.parquet"
+    pq.write_table(table, local)
+    client.upload_file(str(local), s3_bucket, "flat/part-0.parquet")
+    for region in ("EU", "a/b"):
+        pq.write_table(
+            table.filter(pa.array([r == region for r in table.column("region").to_pylist()])).drop_columns(
+                ["region"]
+            ),
+            local,
+        )
+        escaped = region.replace("/", "%2F")
+        client.upload_file(str(local), s3_bucket, f"hive/region={escaped}/part-0.parquet")
+    endpoint = s3_server["endpoint_url"]
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        f"  - name: flat\n    from: s3://{s3_bucket}/flat\n    params: {{endpoint_url: '{endpoint}'}}\n"
+        "    acceleration:\n      partition_by: [{b: 'bucket(3, id)'}]\n"
+        f"  - name: hive\n    from: s3://{s3_bucket}/hive\n    params: {{endpoint_url: '{endpoint}'}}\n"
+        "    acceleration:\n      partition_by: [{region: region}]\n"
+    )
+    project = load_spec(tmp_path / "spec.yaml")
+    flat = refresh_dataset(project, "flat", spark=spark)
+    assert flat.stage_mode == "spark", "Spark reads S3 objects copied next to the stage (no s3a here)"
+    _, accelerated = read_acceleration(project, project.dataset("flat"))
+    assert by_id(accelerated) == by_id(table)
+
+    hive = refresh_dataset(project, "hive", spark=spark)
+    assert hive.stage_mode == "pushdown", "each region is read straight from its S3 objects"
+    snapshot, accelerated = read_acceleration(project, project.dataset("hive"))
+    assert set(snapshot.partitions) == {"region=EU", "region=a%2Fb"}
+    expected = table.filter(pa.array([r in ("EU", "a/b") for r in table.column("region").to_pylist()]))
+    assert by_id(accelerated.select(expected.schema.names)) == by_id(expected)

@@ -150,3 +150,70 @@ def test_sensors_see_a_change_after_new_rows(refreshed: Refreshed) -> None:
     result = SourceChangeSensor(task_id="wait", spec_path=refreshed.spec, dataset="sales").poke(context())
     assert result.is_done is True
     assert "region=NEW/day=2026-01-01T00%3A00%3A00" in result.xcom_value["changed"]
+
+
+@pytest.mark.slow
+def test_deferred_sensor_resumes_when_its_trigger_fires(tmp_path: Path, refreshed: Refreshed) -> None:
+    """Defer, run the trigger (dag.test runs it inline), resume: the whole deferral cycle in Airflow."""
+    import textwrap
+    import threading
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow_e2e.metadata_db import in_process_metadata_db
+
+    from airflow_partitions.refresh import refresh_dataset
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    moment = dt.datetime.now(dt.UTC).isoformat()
+    (dags / "wait_for_fresh_eu.py").write_text(
+        textwrap.dedent(
+            f"""\
+            from airflow.sdk import DAG
+            from airflow_partitions.sensors import PartitionFreshnessSensor
+
+            with DAG("wait_for_fresh_eu", schedule=None):
+                PartitionFreshnessSensor(
+                    task_id="eu_fresh",
+                    spec_path={str(refreshed.spec)!r},
+                    dataset="sales",
+                    where="region = 'EU'",
+                    refreshed_after={moment!r},
+                    deferrable=True,
+                    poke_interval=0.5,
+                    timeout=300,
+                )
+            """
+        )
+    )
+    seen: dict[str, bool] = {}
+
+    def refresh_once_deferred(database: Any) -> None:
+        # Refresh only after the sensor is deferred, so the trigger (not a poke) sees the new partitions.
+        deadline = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=3)
+        while dt.datetime.now(dt.UTC) < deadline:
+            with database.connect() as conn:
+                states = {row[0] for row in conn.execute("SELECT state FROM task_instance").fetchall()}
+            if "deferred" in states:
+                seen["deferred"] = True
+                refresh_dataset(str(refreshed.spec), "sales", where="region = 'EU'", full=True)
+                return
+            threading.Event().wait(0.2)
+
+    with in_process_metadata_db(str(dags)) as database:
+        dag = DagBag(dag_folder=str(dags)).dags["wait_for_fresh_eu"]
+        refresher = threading.Thread(target=refresh_once_deferred, args=(database,))
+        refresher.start()
+        run = dag.test()
+        refresher.join()
+        with database.connect() as conn:
+            (value,) = conn.execute(
+                "SELECT value FROM xcom WHERE run_id = %s AND task_id = 'eu_fresh'", (run.run_id,)
+            ).fetchone()
+    assert seen.get("deferred"), "the sensor deferred to its trigger"
+    assert str(run.state) == "success"
+    assert value["fresh"] is True
+    assert value["stale"] == []
+    # The refresh ran only once the task was deferred: the trigger saw it and the task resumed.
+    assert value["refreshed_after"] == moment
+    assert value["selected"] == 2

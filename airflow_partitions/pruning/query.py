@@ -49,6 +49,20 @@ def check_read_only(sql: str) -> None:
 
 
 _TRANSFORM_FUNCTIONS = frozenset({"bucket", "truncate", "date_part", "datepart"})
+# Every spelling of a transform call contains one of these (YEAR(, EXTRACT(, date_trunc(, trunc(, ...).
+_TRANSFORM_WORDS = (
+    "bucket",
+    "trunc",
+    "date",
+    "extract",
+    "year",
+    "quarter",
+    "month",
+    "week",
+    "day",
+    "hour",
+    "minute",
+)
 _CALENDAR_NODES: tuple[type[exp.Expression], ...] = (
     exp.Trunc,
     exp.Extract,
@@ -73,6 +87,9 @@ def executable_sql(sql: str, schema: pa.Schema) -> str:
     """
     from airflow_partitions.transforms.duckdb_functions import rewrite_partition_functions
 
+    lowered = sql.lower()
+    if not any(word in lowered for word in _TRANSFORM_WORDS):
+        return sql  # no function a partition transform could be spelled with: skip parsing
     try:
         tree = sqlglot.parse_one(sql, read=DIALECT)
     except (SqlglotError, ValueError):

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
@@ -38,9 +39,10 @@ if TYPE_CHECKING:
 
     from airflow_partitions.transforms import Transform
 
-READERS = ("jdbc", "adbc")
-# Measured in benchmarks/bench_refresh.py (`--pg-rows`): see docs/ARCHITECTURE.md, sources.
-DEFAULT_READER = "jdbc"
+READERS = ("auto", "jdbc", "adbc")
+# `auto`: ADBC on a local Spark master (measured faster: benchmarks/bench_refresh.py, Postgres section),
+# JDBC on a cluster, where executors read in parallel and nothing funnels through the driver.
+DEFAULT_READER = "auto"
 PUSHDOWN_MODES = ("auto", "always", "never")
 _QUERY_CANCELED = "57014"
 # Keys up to this many are pushed to the source as one OR of ranges when the stage reads a subset.
@@ -413,13 +415,10 @@ class PostgresSource:
 
         where = self._subset_predicate(transforms, keys)
         struct = spark_schema(self.schema())
-        if self.reader == "adbc":
-            table = self.read_where(where or "TRUE")
-            return (
-                spark.createDataFrame(table, schema=struct)
-                if table.num_rows
-                else spark.createDataFrame([], struct)
-            )
+        if self.reader_for(spark) == "adbc":
+            exported = Path(work_dir) / "source" / "adbc-0.parquet"
+            self.export_parquet(where or "TRUE", exported)
+            return spark.read.schema(struct).parquet(str(exported.parent))
         jdbc_url, properties = jdbc_settings(self.url)
         columns = ", ".join(quote_ident(name) for name in self.schema().names)
         query = f"SELECT {columns} FROM {self.table.sql}" + (f" WHERE {where}" if where else "")
@@ -455,6 +454,45 @@ class PostgresSource:
         return frame.select(
             *[frame[quote_column(f.name)].cast(f.dataType).alias(f.name) for f in struct.fields]
         )
+
+    def reader_for(self, spark: Any) -> str:
+        """The reader to use with this Spark session (`params.reader`, `auto` deciding by the master)."""
+        if self.reader != "auto":
+            return self.reader
+        try:
+            master = str(spark.conf.get("spark.master", ""))
+        except Exception:  # a Connect server may not expose its master: assume a cluster
+            master = ""
+        return "adbc" if master.startswith("local") else "jdbc"
+
+    def export_parquet(self, where: str, target: Path) -> int:
+        """Stream the rows matching `where` through ADBC into one uncompressed parquet file; row count.
+
+        Batches are written as they arrive, so the table never has to fit in memory.
+        """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = self.schema()
+        columns = ", ".join(quote_ident(name) for name in schema.names)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        rows = 0
+        try:
+            with (
+                self.connect() as conn,
+                conn.cursor() as cur,
+                pq.ParquetWriter(str(target), schema, compression="none") as writer,
+            ):
+                cur.execute(f"SELECT {columns} FROM {self.table.sql} WHERE {where}")
+                for batch in cur.fetch_record_batch():
+                    table = conform_table(pa.Table.from_batches([batch]), schema)
+                    writer.write_table(table)
+                    rows += table.num_rows
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+        return rows
 
     def _jdbc_partitioning(self) -> tuple[str, int, int, int] | None:
         """(column, min, max, partitions) to split a JDBC read over an integer primary key, or None."""
