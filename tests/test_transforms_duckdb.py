@@ -210,3 +210,24 @@ def test_duckdb_expression_needs_a_bound_transform() -> None:
 
     with pytest.raises(PartitionExpressionError, match=r"call \.bind"):
         duckdb_expression(parse_transform("bucket(4, c)"), "c")
+
+
+def test_udfs_accept_empty_chunks() -> None:
+    """DuckDB calls scalar UDFs with empty chunks when a filter removes every row of a vector."""
+    import duckdb
+
+    from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
+
+    con = duckdb.connect()
+    register_duckdb_functions(con)
+    con.execute("CREATE TABLE t AS SELECT range AS v FROM range(5000)")
+    rows = con.execute(
+        "SELECT ap_bucket_bigint(16, v), ap_truncate_bigint(10, v) FROM t WHERE v < 0 OR v > 10000"
+    ).fetchall()
+    assert rows == []
+    # The UDFs themselves, as DuckDB calls them for a vector the filter emptied.
+    from airflow_partitions.transforms import duckdb_functions
+
+    empty = pa.chunked_array([pa.array([], type=pa.int64())])
+    assert duckdb_functions._bucket_udf(empty, empty).to_pylist() == []
+    assert duckdb_functions._truncate_udf(empty, empty).to_pylist() == []

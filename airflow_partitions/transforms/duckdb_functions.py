@@ -126,11 +126,16 @@ def _as_array(values: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def _bucket_udf(counts: pa.ChunkedArray, values: pa.ChunkedArray) -> pa.Array:
+    # DuckDB may call with an empty chunk (e.g. a filter that leaves no rows): no constant to check.
+    if len(values) == 0:
+        return pa.array([], type=pa.int64())
     count = _constant_parameter(counts, "bucket N", MAX_BUCKETS)
     return BucketTransform("value", count).apply(_as_array(values))
 
 
 def _truncate_udf(widths: pa.ChunkedArray, values: pa.ChunkedArray) -> pa.Array:
+    if len(values) == 0:
+        return _as_array(values)
     width = _constant_parameter(widths, "truncate width", support.INT64_MAX)
     return TruncateTransform("value", width).apply(_as_array(values))
 
