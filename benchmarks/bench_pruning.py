@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import shutil
 import statistics
 import tempfile
@@ -178,6 +179,20 @@ def write_spec(base: Path, source: Path) -> Path:
 # --- timing ----------------------------------------------------------------------------------------
 
 
+def paired(ours: Callable[[], Any], anchor: Callable[[], Any], repeat: int) -> tuple[float, float, Any, Any]:
+    """Median seconds of ours and of the anchor, run alternately (so load drift hits both alike)."""
+    our_result, anchor_result = ours(), anchor()
+    our_samples, anchor_samples = [], []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        our_result = ours()
+        middle = time.perf_counter()
+        anchor_result = anchor()
+        our_samples.append(middle - started)
+        anchor_samples.append(time.perf_counter() - middle)
+    return statistics.median(our_samples), statistics.median(anchor_samples), our_result, anchor_result
+
+
 def timed(function: Callable[..., Any], repeat: int) -> tuple[float, Any]:
     """Median seconds of `repeat` warm runs (after one warm-up), and the last result."""
     result = function()
@@ -221,6 +236,14 @@ def report(rows: list[Row]) -> None:
 
 
 # --- anchors ---------------------------------------------------------------------------------------
+
+
+def run_sql(connection: Any, sql: str) -> pa.Table:
+    return connection.sql(sql).to_arrow_table()
+
+
+def scan_iceberg(table: Any, row_filter: Any) -> pa.Table:
+    return table.scan(row_filter=row_filter).to_arrow()
 
 
 def duckdb_files_sql(paths: list[Path], where: str) -> str:
@@ -450,55 +473,60 @@ def run(base: Path, rows: int, repeat: int, plan_count: int, *, s3: bool, iceber
 
     for label, zone in (("hot", HOT_ZONE), ("cold", COLD_ZONE)):
         where = f"PULocationID = {zone}"
-        ours, got = timed(lambda w=where: bucket_reader.read(w), repeat)
+
+        def ours(w: str = where) -> pa.Table:
+            return bucket_reader.read(w)
+
         files = [bucketed.root / f.path for f in bucketed.files[bucket_of.apply_scalar(zone)]]
         single_sql = duckdb_files_sql(files, where)
-        single, expected = timed(lambda q=single_sql: anchor.sql(q).to_arrow_table(), repeat)
-        assert got.num_rows == expected.num_rows, f"{label}: {got.num_rows} rows vs {expected.num_rows}"
-        results.append(
-            Row(f"vs single file ({label})", ours, single, "DuckDB on the one bucket file", got.num_rows)
-        )
         full_sql = duckdb_files_sql(all_bucket_files, where)
-        full, _ = timed(lambda q=full_sql: anchor.sql(q).to_arrow_table(), repeat)
-        results.append(
-            Row(
-                f"vs full scan ({label})",
-                ours,
-                full,
+        anchors: list[tuple[str, str, Callable[[], Any]]] = [
+            (
+                "single file",
+                "DuckDB on the one bucket file",
+                functools.partial(run_sql, anchor, single_sql),
+            ),
+            (
+                "full scan",
                 f"DuckDB over all {len(all_bucket_files)} files",
-                got.num_rows,
-            )
-        )
+                functools.partial(run_sql, anchor, full_sql),
+            ),
+        ]
         if ice is not None:
             from pyiceberg.expressions import EqualTo
 
             row_filter: Any = EqualTo("PULocationID", zone)  # type: ignore[arg-type,call-arg]
-            iceberg_seconds, scanned = timed(lambda f=row_filter: ice.scan(row_filter=f).to_arrow(), repeat)
-            assert scanned.num_rows == got.num_rows
-            results.append(
-                Row(
-                    f"vs pyiceberg ({label})",
-                    ours,
-                    iceberg_seconds,
+            anchors.append(
+                (
+                    "pyiceberg",
                     "pyiceberg SQL catalog scan",
-                    got.num_rows,
+                    functools.partial(scan_iceberg, ice, row_filter),
                 )
+            )
+        for case, description, run_anchor in anchors:
+            our_seconds, anchor_seconds, got, expected = paired(ours, run_anchor, repeat)
+            assert got.num_rows == expected.num_rows, (
+                f"{case} ({label}): {got.num_rows} vs {expected.num_rows}"
+            )
+            results.append(
+                Row(f"vs {case} ({label})", our_seconds, anchor_seconds, description, got.num_rows)
             )
 
     low, high = WEEK
     week_where = f"tpep_pickup_datetime >= '{low}' AND tpep_pickup_datetime < '{high}'"
-    ours, got = timed(lambda: daily_reader.read(week_where), repeat)
     glob = f"{daily.root}/*/*.parquet"
     hive_sql = (
         f"SELECT * EXCLUDE (day) FROM read_parquet('{glob}', hive_partitioning = true) "
         f"WHERE day >= '{low}T00:00:00' AND day < '{high}T00:00:00'"
     )
-    hive, expected = timed(lambda: anchor.sql(hive_sql).to_arrow_table(), repeat)
+    ours_seconds, hive, got, expected = paired(
+        lambda: daily_reader.read(week_where), lambda: anchor.sql(hive_sql).to_arrow_table(), repeat
+    )
     assert got.num_rows == expected.num_rows, f"week: {got.num_rows} rows vs {expected.num_rows}"
     results.append(
         Row(
             "vs DuckDB hive pruning (week)",
-            ours,
+            ours_seconds,
             hive,
             "DuckDB hive_partitioning over 365 dirs",
             got.num_rows,
@@ -539,12 +567,13 @@ def s3_case(base: Path, spec_path: Path, bucketed: Built, local_files: list[Path
             filesystem=filesystem,
         )
         where = f"PULocationID = {COLD_ZONE}"
-        ours, got = timed(lambda: reader.read(where), repeat)
         remote = [f"lake/taxi_bucket/{p.relative_to(bucketed.root).as_posix()}" for p in local_files]
         connection = new_duckdb_connection(functions=False)
         connection.register("all_files", ds.dataset(remote, filesystem=filesystem, format="parquet"))
-        full, expected = timed(
-            lambda: connection.sql(f"SELECT * FROM all_files WHERE {where}").to_arrow_table(), repeat
+        ours, full, got, expected = paired(
+            lambda: reader.read(where),
+            lambda: connection.sql(f"SELECT * FROM all_files WHERE {where}").to_arrow_table(),
+            repeat,
         )
         assert got.num_rows == expected.num_rows
         rows.append(

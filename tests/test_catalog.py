@@ -214,7 +214,7 @@ def test_changing_partition_by_is_rejected_with_how_to_repartition(local_catalog
         commit(local_catalog, entry("a", "a2", spec=NEW_SPEC), partition_spec=NEW_SPEC)
     message = str(caught.value)
     assert "partition_by expressions" in message
-    assert "--repartition" in message
+    assert "refresh SPEC DATASET --full" in message
     assert "revert partition_by" in message
     assert "accelerator_dir" in message
     new = commit(local_catalog, entry("a", "a2", spec=NEW_SPEC), partition_spec=NEW_SPEC, replace_all=True)

@@ -123,7 +123,7 @@ def test_status_warns_when_partition_by_changed(spec_path: Path, capsys: pytest.
     code, out = run_cli(capsys, "status", str(spec_path), "sales")
     assert code == 0
     assert "WARNING: partition_by in the spec differs" in out
-    assert "--repartition" in out
+    assert "refresh --full" in out
 
 
 def test_vacuum_cli_dry_run_then_retain_versions(spec_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -189,16 +189,21 @@ def test_deferred_sensor_resumes_when_its_trigger_fires(tmp_path: Path, refreshe
     seen: dict[str, bool] = {}
 
     def refresh_once_deferred(database: Any) -> None:
-        # Refresh only after the sensor is deferred, so the trigger (not a poke) sees the new partitions.
+        # Refresh only while the sensor's trigger runs, so the trigger (not a poke) sees the new partitions.
+        # dag.test() runs the trigger inline with the task back in `queued` after it has started.
         deadline = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=3)
         while dt.datetime.now(dt.UTC) < deadline:
             with database.connect() as conn:
-                states = {row[0] for row in conn.execute("SELECT state FROM task_instance").fetchall()}
-            if "deferred" in states:
+                waiting = conn.execute(
+                    "SELECT count(*) FROM task_instance WHERE task_id = 'eu_fresh' AND state = 'queued' "
+                    "AND start_date IS NOT NULL"
+                ).fetchone()[0]
+            if waiting:
                 seen["deferred"] = True
-                refresh_dataset(str(refreshed.spec), "sales", where="region = 'EU'", full=True)
-                return
-            threading.Event().wait(0.2)
+                break
+            threading.Event().wait(0.1)
+        # Refresh even after the deadline, so a broken deferral fails the assertion instead of hanging.
+        refresh_dataset(str(refreshed.spec), "sales", where="region = 'EU'", full=True)
 
     with in_process_metadata_db(str(dags)) as database:
         dag = DagBag(dag_folder=str(dags)).dags["wait_for_fresh_eu"]

@@ -522,9 +522,10 @@ class Catalog:
         return PartitionSpecChangedError(
             f"dataset {self.dataset!r}: the partition_by expressions ({new.describe()}) differ from those "
             f"that wrote its existing partitions ({old.describe()}, catalog version {version}); partitions "
-            "of different layouts are never mixed. To re-partition, run a full refresh with "
-            "--repartition (it atomically replaces every partition under the new expressions), or "
-            "revert partition_by to the old expressions, or point accelerator_dir elsewhere."
+            "of different layouts are never mixed. To re-partition, run a full refresh "
+            "(`airflow-partitions refresh SPEC DATASET --full`, or the refresh DAG with full_refresh): it "
+            "rebuilds every partition under the new expressions and replaces the old ones in one atomic "
+            "commit. Or revert partition_by to the old expressions, or point accelerator_dir elsewhere."
         )
 
     def _check_concurrent(

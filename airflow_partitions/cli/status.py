@@ -115,7 +115,7 @@ def render_status(report: dict[str, Any]) -> str:
         written = ", ".join(f"{name}: {canonical}" for name, canonical in report["catalog_partition_by"])
         lines.append(
             f"  WARNING: partition_by in the spec differs from the catalog's ({written}); the next refresh "
-            "fails until you run a full refresh with --repartition or revert partition_by"
+            "fails until you run a full refresh (refresh --full) or revert partition_by"
         )
     lines.append("  recent versions:")
     for info in reversed(report["recent_versions"]):

@@ -241,13 +241,15 @@ class FileSource:
         return S3Settings.from_params(self.params)
 
     def _list_s3(self) -> Iterator[SourceFile]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         bucket, key = split_s3_uri(self._root)
         client = self.s3_settings.boto3_client()
         # Try the root as one object first: `s3://b/data.parquet` names a file, not a prefix.
         if key and self._pattern is None and not key.endswith("/"):
             try:
                 head = client.head_object(Bucket=bucket, Key=key)
-            except client.exceptions.ClientError:
+            except ClientError:
                 head = None
             if head is not None:
                 yield SourceFile(
@@ -276,10 +278,8 @@ class FileSource:
                     yield SourceFile(
                         f"{bucket}/{object_key}", relative, int(obj["Size"]), str(obj["ETag"]).strip('"')
                     )
-        except Exception as err:
-            if type(err).__name__ in ("ClientError", "NoSuchBucket", "EndpointConnectionError"):
-                raise SourceError(f"cannot list {self.location}: {err}") from err
-            raise
+        except (ClientError, BotoCoreError) as err:
+            raise SourceError(f"cannot list {self.location}: {err}") from err
 
     # --- Arrow side ---------------------------------------------------------------------------
 
