@@ -47,8 +47,9 @@ def generate_data(rows: int) -> None:
 
 def start_s3_endpoint() -> tuple[Any, dict[str, str]]:
     """moto's S3 server on loopback, exported as the `aws_default` Airflow connection."""
-    import boto3
     from moto.server import ThreadedMotoServer
+
+    from airflow_partitions.snapshots.settings import S3Settings
 
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -59,7 +60,7 @@ def start_s3_endpoint() -> tuple[Any, dict[str, str]]:
         "aws_secret_access_key": "demo-secret",
         "region_name": "us-east-1",
     }
-    boto3.client("s3", **settings).create_bucket(Bucket=SNAPSHOT_BUCKET)
+    S3Settings.from_mapping(settings).create_client().create_bucket(Bucket=SNAPSHOT_BUCKET)
     os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(
         {
             "conn_type": "aws",
@@ -118,13 +119,13 @@ def run_refresh_dag(dataset: str) -> float:
 
 
 def show_results(dataset: str, s3: dict[str, str]) -> None:
-    import boto3
-
     from airflow_partitions.cli.main import main as cli_main
     from airflow_partitions.reader import PartitionedDatasetReader
+    from airflow_partitions.snapshots.settings import S3Settings
 
     cli_main(["status", str(SPEC_PATH), dataset])
-    objects = boto3.client("s3", **s3).list_objects_v2(Bucket=SNAPSHOT_BUCKET).get("KeyCount", 0)
+    client = S3Settings.from_mapping(s3).create_client()
+    objects = client.list_objects_v2(Bucket=SNAPSHOT_BUCKET).get("KeyCount", 0)
     print(f"snapshot objects in s3://{SNAPSHOT_BUCKET}: {objects}")
 
     reader = PartitionedDatasetReader(SPEC_PATH, dataset)
@@ -132,7 +133,8 @@ def show_results(dataset: str, s3: dict[str, str]) -> None:
         plan = reader.plan(where)
         table = reader.read(where=where, columns=["PULocationID", "fare_amount"])
         label = where or "(no filter)"
-        print(f"  WHERE {label:<32} read {len(plan.selected):>3} of {plan.total} partitions -> {table.num_rows:,} rows")
+        selected = f"{len(plan.selected):>3} of {plan.total}"
+        print(f"  WHERE {label:<32} read {selected} partitions -> {table.num_rows:,} rows")
     result = reader.query(
         f"SELECT PULocationID, count(*) AS trips, round(avg(fare_amount), 2) AS avg_fare "
         f"FROM {dataset} WHERE PULocationID IN (132, 5) GROUP BY 1 ORDER BY 1"
@@ -161,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         show_results(args.dataset, s3)
     finally:
         server.stop()
-    print("\nDone. Try: .venv/bin/airflow-partitions plan dags/datasets.yaml taxi_trips --where 'PULocationID = 132'")
+    print("\nDone. Try: .venv/bin/airflow-partitions plan dags/datasets.yaml taxi_trips \\")
+    print("              --where 'PULocationID = 132'")
     return 0
 
 
