@@ -48,7 +48,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowStack]:
     # Snapshots are covered by the dag.test() suite; here every task is a process of its own, so the
     # DAG is kept to the refresh path to keep the run short.
     install_example_dag(root / "dags", sample_spec(accelerator_dir=root / "acc", sales_dir=root / "sales"))
-    with running_airflow(root / "airflow_home", root / "dags", parallelism=4) as airflow:
+    with running_airflow(root / "airflow_home", root / "dags", parallelism=4, preload=True) as airflow:
         yield airflow
 
 

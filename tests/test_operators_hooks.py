@@ -189,3 +189,12 @@ def test_asset_partition_keys_fit_airflow_and_stay_distinct() -> None:
     prefix = key_a.split("%H")[0]
     assert long_a.startswith(prefix)
     assert not prefix.endswith(("%", "%2")), "the prefix never ends inside an escape"
+
+
+def test_preload_imports_what_refresh_tasks_need() -> None:
+    import sys
+
+    from airflow_partitions.dag_factory import TASK_PRELOAD_MODULES, preload_task_modules
+
+    preload_task_modules()
+    assert all(module in sys.modules for module in TASK_PRELOAD_MODULES)

@@ -83,7 +83,7 @@ def write_spec(
     file_format: str,
     engine: str = "parquet",
     partition_mode: str | None = None,
-    partition_by: tuple[str, ...] = ('{region: "region"}', "{day: \"date_trunc('day', pickup)\"}"),
+    partition_by: tuple[str, ...] = ('{region: "region"}', "{year: \"date_trunc('year', pickup)\"}"),
 ) -> ProjectSpec:
     params = f"      params: {{partition_mode: {partition_mode}}}\n" if partition_mode else ""
     fields = "".join(f"        - {entry}\n" for entry in partition_by)
@@ -158,7 +158,7 @@ def test_refresh_equals_source_row_for_row(
     assert summary.rows == 66
     keys = {entry.key.values for entry in snapshot.partitions.values()}
     assert (None, dt.datetime(2026, 1, 1)) in keys, "NULL region is its own partition"
-    assert any(day is None for _, day in keys), "NULL timestamps land in the NULL day partition"
+    assert any(year is None for _, year in keys), "NULL timestamps land in the NULL year partition"
     regions = {region for region, _ in keys}
     assert regions == set(expected.column("region").to_pylist())
     # CSV cannot tell an empty string from NULL (both read as NULL, as Spark reads them).

@@ -856,3 +856,15 @@ def test_importing_transforms_loads_no_heavy_modules() -> None:
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]", f"heavy modules imported at parse time: {output}"
+
+
+@pytest.mark.parametrize(
+    ("expr", "value"),
+    [("truncate(1000, x)", 7), ("truncate(10, x)", -5), ("truncate(2, x)", "abc")],
+)
+def test_truncate_has_no_preimage_for_values_it_cannot_produce(expr: str, value: object) -> None:
+    """Should not claim a source range for 7 under truncate(1000): no value truncates to 7."""
+    import pyarrow as pa
+
+    source = pa.string() if isinstance(value, str) else pa.int64()
+    assert parse_transform(expr).bind(source).preimage(value) is None

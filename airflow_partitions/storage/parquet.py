@@ -114,5 +114,5 @@ class ParquetStorage(PartitionStorage):
         paths = ", ".join(quote_literal(str(data_file_path(Path(dataset_root), f))) for f in files)
         connection.execute(
             f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view_name)} AS "
-            f"SELECT * FROM read_parquet([{paths}], union_by_name = true)"
+            f"SELECT * FROM read_parquet([{paths}], union_by_name = true, hive_partitioning = false)"
         )

@@ -163,12 +163,17 @@ class TruncateTransform(Transform):
         value = self._coerce_scalar(partition_value)
         if isinstance(value, bool):
             raise self._scalar_error(value, "an int, Decimal, str or bytes")
+        # A value that truncate cannot produce (not a multiple of W, longer than W) has no preimage.
         if isinstance(value, int):
-            return Interval(value, value + self.width)
+            return Interval(value, value + self.width) if value % self.width == 0 else None
         if isinstance(value, Decimal):
             unscaled, scale = decimal_unscaled(value, self._info.scale if self._info is not None else None)
+            if unscaled % self.width != 0:
+                return None
             return Interval(value, decimal_from_unscaled(unscaled + self.width, scale))
         if isinstance(value, str | bytes):
+            if len(value) > self.width:
+                return None
             if len(value) < self.width:
                 # Shorter than W: only the value itself truncates to it.
                 return Interval(value, value, lower_inclusive=True, upper_inclusive=True)

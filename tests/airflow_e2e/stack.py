@@ -25,6 +25,11 @@ from .metadata_db import MetadataDatabase, create_database, drop_database
 
 COMPONENTS: tuple[str, ...] = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
+LOCAL_SETTINGS_PRELOAD = (
+    '"""Airflow local settings: preload what refresh tasks import (forked task processes inherit it)."""\n\n'
+    "from airflow_partitions.dag_factory import preload_task_modules\n\n"
+    "preload_task_modules()\n"
+)
 
 
 class AirflowStackError(RuntimeError):
@@ -53,6 +58,9 @@ class AirflowStack:
     dags_folder: Path
     extra_env: Mapping[str, str] = field(default_factory=dict)
     parallelism: int = 4
+    # Write the airflow_local_settings.py the README recommends: every Airflow process preloads what
+    # refresh tasks import, and LocalExecutor's forked task processes start with it loaded.
+    preload: bool = False
     api_port: int = field(default_factory=free_port)
     password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     database: MetadataDatabase | None = None
@@ -118,6 +126,9 @@ class AirflowStack:
         self.home.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         (self.home / "passwords.json").write_text(json.dumps({ADMIN_USER: self.password}))
+        if self.preload:
+            (self.home / "config").mkdir(exist_ok=True)
+            (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS_PRELOAD)
         self.database = create_database("ap_e2e")
         try:
             self.run_cli(["db", "migrate"], timeout=timeout)
@@ -239,11 +250,16 @@ def running_airflow(
     extra_env: Mapping[str, str] | None = None,
     components: Sequence[str] = COMPONENTS,
     parallelism: int = 4,
+    preload: bool = False,
     timeout: float = 120.0,
 ) -> Iterator[AirflowStack]:
     """Start an `AirflowStack` for the duration of a `with` block; always torn down."""
     stack = AirflowStack(
-        home=home, dags_folder=dags_folder, extra_env=dict(extra_env or {}), parallelism=parallelism
+        home=home,
+        dags_folder=dags_folder,
+        extra_env=dict(extra_env or {}),
+        parallelism=parallelism,
+        preload=preload,
     )
     stack.start(components, timeout=timeout)
     try:
