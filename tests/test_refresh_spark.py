@@ -237,7 +237,7 @@ def test_cli_refresh_prints_progress_and_json(
     write_source(tmp_path / "src", "parquet", [source_rows(24)])
     write_spec(tmp_path, file_format="parquet", partition_by=('{b: "bucket(3, id)"}',))
     spec = str(tmp_path / "spec.yaml")
-    assert cli_main(["refresh", spec, "trips", "--json", "--repartition"]) == 0
+    assert cli_main(["refresh", spec, "trips", "--json", "--shuffle-stage"]) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     assert summary["version"] == 1

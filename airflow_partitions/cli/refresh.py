@@ -41,7 +41,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--full", action="store_true", help="refresh every partition, changed or not")
     parser.add_argument(
-        "--repartition",
+        "--shuffle-stage",
         action="store_true",
         help="shuffle in Spark so each partition is staged as one file (fewer files, one extra shuffle)",
     )
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             progress=bar,
             remote=args.remote,
             strategy=args.strategy,
-            repartition=args.repartition,
+            repartition=args.shuffle_stage,
             workers=args.workers,
             allow_partial=args.allow_partial,
         )
