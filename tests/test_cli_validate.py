@@ -58,9 +58,9 @@ def test_valid_spec_prints_summary_and_exits_0(capsys: pytest.CaptureFixture[str
     taxi_rows = [line.split() for line in out.splitlines() if line.startswith("    expr0 ")]
     assert len(taxi_rows) == 1, taxi_rows
     assert taxi_rows[0][-1] == "int64", taxi_rows
-    day_row = next(line for line in out.splitlines() if line.startswith("    day "))
-    assert "date_trunc('day', tpep_pickup_datetime)" in day_row
-    assert day_row.endswith("timestamp[us]")
+    year_row = next(line for line in out.splitlines() if line.startswith("    year "))
+    assert "date_part('year', ts)" in year_row
+    assert year_row.endswith("int32")
     amount_row = next(line for line in out.splitlines() if line.startswith("    amount_band "))
     assert amount_row.endswith("?"), "orders declares no schema, so its result type is unknown"
     assert "refresh     @hourly, change column tpep_dropoff_datetime" in out
@@ -98,7 +98,9 @@ def test_json_output_when_valid(capsys: pytest.CaptureFixture[str]) -> None:
     assert taxi["source"]["scheme"] == "file"
     assert taxi["source"]["file_format"] == "parquet"
     fields = taxi["acceleration"]["partition_by"]
-    assert [f["name"] for f in fields] == ["expr0", "day"]
+    assert [f["name"] for f in fields] == ["expr0"]
+    events_fields = by_name["events"]["acceleration"]["partition_by"]
+    assert [f["name"] for f in events_fields] == ["region", "year"]
     assert fields[0]["transform"] == "bucket"
     assert fields[0]["source_column"] == "PULocationID"
     assert fields[0]["source_type"] == "int32"

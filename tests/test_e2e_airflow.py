@@ -2,7 +2,8 @@
 on a fresh Postgres metadata database, with the example DAG file and local Spark.
 
 1. Trigger the refresh DAG over the REST API with a conf, as the UI's trigger form does; check the
-   catalog, the mapped tasks' partition labels and the partitioned asset events.
+   catalog, the mapped tasks' partition labels, the partitioned asset events, and that a downstream DAG
+   scheduled on the dataset's asset (`PartitionedAssetTimetable`) runs once per refreshed partition.
 2. `airflow-partitions backfill --where ... --airflow-url ...` while one selected partition cannot be
    written: the run fails on that partition alone; clearing just that task instance (as the UI's Clear
    button does) re-runs it and the commit. Only the selected partitions are rewritten.
@@ -34,6 +35,25 @@ pytestmark = [
 ]
 
 DAG_ID = "refresh_sales"
+DOWNSTREAM_DAG_ID = "sales_per_partition"
+# A partition-aware consumer: one run per partition key the refresh's asset events carry.
+DOWNSTREAM_DAG = f'''\
+"""Runs once per refreshed partition of the `sales` acceleration (airflow dag)."""
+
+from airflow.sdk import DAG, Asset, PartitionedAssetTimetable, task
+
+with DAG(
+    "{DOWNSTREAM_DAG_ID}",
+    schedule=PartitionedAssetTimetable(assets=Asset.ref(name="sales")),
+    catchup=False,
+):
+
+    @task
+    def consume(dag_run=None):
+        return dag_run.partition_key
+
+    consume()
+'''
 FULL_CONF = {"partitions": None, "where": None, "full_refresh": False, "snapshot": True}
 
 
@@ -48,6 +68,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowStack]:
     # Snapshots are covered by the dag.test() suite; here every task is a process of its own, so the
     # DAG is kept to the refresh path to keep the run short.
     install_example_dag(root / "dags", sample_spec(accelerator_dir=root / "acc", sales_dir=root / "sales"))
+    (root / "dags" / "sales_downstream.py").write_text(DOWNSTREAM_DAG)
     with running_airflow(root / "airflow_home", root / "dags", parallelism=4, preload=True) as airflow:
         yield airflow
 
@@ -107,6 +128,15 @@ def test_trigger_with_conf_like_the_ui(stack: AirflowStack, client: AirflowApiCl
         "SELECT e.partition_key FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = 'sales'"
     )
     assert {row[0] for row in events} == expected, "one asset event per refreshed partition"
+
+    # The partition-aware downstream DAG runs once per refreshed partition, with that partition's key.
+    deadline = time.monotonic() + 180
+    while True:
+        runs = stack.query("SELECT partition_key, state FROM dag_run WHERE dag_id = %s", (DOWNSTREAM_DAG_ID,))
+        if {key for key, state in runs if state == "success"} == expected or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert sorted(runs) == sorted((path, "success") for path in expected), stack.logs_tail()
 
 
 def test_backfill_cli_refreshes_only_the_filtered_partitions(
