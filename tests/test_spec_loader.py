@@ -283,7 +283,9 @@ def test_example_spec_loads_with_one_dataset_per_engine_layout() -> None:
     assert {"bucket", "date_trunc", "date_part", "truncate", "identity"} <= transforms
     taxi = project.dataset("taxi_trips")
     assert taxi.bound, "the declared schema binds the fields at load"
-    assert [str(f.result_type) for f in taxi.partition_by] == ["int64", "timestamp[us]"]
+    assert [str(f.result_type) for f in taxi.partition_by] == ["int64"]
+    sensors = project.dataset("sensor_readings")
+    assert [str(f.result_type) for f in sensors.partition_by] == ["int64", "timestamp[us]"]
     events = project.dataset("events")
     assert events.acceleration.partition_names == ("region", "year")
     orders = project.dataset("orders")
