@@ -55,6 +55,31 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_partitions.triggers.partitions"],
             }
         ],
+        # No "cli" entry: Airflow 3.3 already defines an `airflow partitions` command group, and a provider
+        # redefining it breaks the whole `airflow` CLI; use `airflow-partitions backfill` instead.
+        "config": {
+            "airflow_partitions": {
+                "description": "Defaults of the refresh DAGs.",
+                "options": {
+                    "spark_conn_id": {
+                        "description": "Connection the refresh Spark work runs on (type spark or "
+                        "spark_connect); empty: in-process local Spark.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "spark_connect_default",
+                        "default": "",
+                    },
+                    "aws_conn_id": {
+                        "description": "AWS connection of snapshot uploads and bootstraps; empty: "
+                        "aws_default, else boto3's default credential chain.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "minio",
+                        "default": "",
+                    },
+                },
+            }
+        },
         # `aws` and `spark` / `spark_connect` connections belong to their own providers; this one adds
         # a connection whose extra carries `spec_path` for PartitionedDatasetHook.
         "connection-types": [

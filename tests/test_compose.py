@@ -113,6 +113,7 @@ def test_connections_point_at_services_in_the_stack() -> None:
     env = _env(SERVICES["airflow-scheduler"])
     spark = Connection(conn_id="spark_default", uri=env["AIRFLOW_CONN_SPARK_DEFAULT"])
     assert spark.conn_type == "spark"
+    assert env["AIRFLOW__AIRFLOW_PARTITIONS__SPARK_CONN_ID"] == "spark_default"
     assert spark.host == "spark-master"
     assert spark.port == 7077
     assert "7077:7077" in SERVICES["spark-master"]["ports"]
@@ -134,7 +135,7 @@ def test_connections_point_at_services_in_the_stack() -> None:
 
 def test_spec_path_is_inside_the_dags_mount_and_exists() -> None:
     env = _env(SERVICES["airflow-scheduler"])
-    spec_path = env["AP_SPEC_PATH"]
+    spec_path = env["AIRFLOW_PARTITIONS_SPEC"]
     assert spec_path.startswith("/opt/airflow/dags/")
     assert (ROOT / "dags" / spec_path.removeprefix("/opt/airflow/dags/")).exists()
 

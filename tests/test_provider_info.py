@@ -31,3 +31,14 @@ def test_airflow_providers_manager_loads_the_provider_and_its_connection_type() 
     manager = ProvidersManager()
     assert "airflow-partitions" in manager.providers
     assert "airflow_partitions" in manager.hooks
+
+
+def test_the_airflow_cli_still_builds_with_the_provider_installed() -> None:
+    """A provider CLI command clashing with a core one (e.g. `partitions`) breaks every `airflow` call."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    airflow_bin = Path(sys.executable).with_name("airflow")
+    result = subprocess.run([str(airflow_bin), "version"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

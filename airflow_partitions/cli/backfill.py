@@ -4,8 +4,8 @@ The command discovers the dataset's partitions, keeps those the `--where` filter
 selects, and triggers the dataset's refresh DAG with the run conf the UI's trigger form sends:
 `{"partitions": [...], "full_refresh": true, "snapshot": ...}`, over the Airflow REST API v2 (token
 auth). `--local` runs that DAG in this process instead (`dag.test()`, against the configured metadata
-database); `--dry-run` only lists the partitions. The same command is `airflow partitions backfill`
-once the provider's CLI commands are registered.
+database); `--dry-run` only lists the partitions. `airflow_cli_commands()` builds the same command for
+Airflow's CLI, but it is not registered: Airflow 3.3 already has an `airflow partitions` group.
 """
 
 from __future__ import annotations
