@@ -14,12 +14,13 @@ ENV AIRFLOW_HOME=/opt/airflow \
 WORKDIR /opt/airflow-partitions
 COPY pyproject.toml README.md ./
 COPY airflow_partitions ./airflow_partitions
-COPY spark_jobs ./spark_jobs
 RUN pip install --no-cache-dir uv \
     && uv pip install --system --no-cache . \
     && uv pip install --system --no-cache --reinstall --no-deps pyspark==4.2.0
 
 COPY dags /opt/airflow/dags
+# Task processes fork with the refresh modules already imported (see the file).
+COPY deploy/airflow_local_settings.py /opt/airflow/config/airflow_local_settings.py
 COPY deploy/entrypoint.sh /usr/local/bin/ap-entrypoint
 RUN chmod +x /usr/local/bin/ap-entrypoint
 WORKDIR /opt/airflow

@@ -126,17 +126,21 @@ def build_refresh_dag(
     dataset: DatasetSpec | str,
     *,
     spark_conn_id: str | None = None,
+    spark_conf: Mapping[str, str] | None = None,
     aws_conn_id: str | None = None,
     stage: bool = True,
+    dag_id: str | None = None,
     default_args: Mapping[str, Any] | None = None,
     dag_kwargs: Mapping[str, Any] | None = None,
 ) -> DAG:
     """The refresh DAG of one dataset (see the module docstring for its shape).
 
     `spark_conn_id`: None runs Spark in-process (or per `[airflow_partitions] spark_conn_id`); a `spark`
-    connection uses spark-submit, a `spark_connect` one a Spark Connect server. `aws_conn_id`: the S3
+    connection uses spark-submit, a `spark_connect` one a Spark Connect server. `spark_conf`: extra Spark
+    settings for every Spark task (session config, or `--conf` of spark-submit). `aws_conn_id`: the S3
     connection of snapshots. `stage=False` drops the shared stage: each partition task then stages its own
-    partition (worth it only when the source reads one partition without scanning the rest).
+    partition (worth it only when the source reads one partition without scanning the rest). `dag_id`
+    defaults to `refresh_<dataset>`; set it to build a second DAG over the same dataset.
     """
     from airflow.sdk import DAG, TriggerRule, XComArg, task_group
 
@@ -174,7 +178,7 @@ def build_refresh_dag(
         "default_args": dict(default_args or {}),
     }
     options.update(dag_kwargs or {})
-    with DAG(dag_id=refresh_dag_id(spec.name), **options) as dag:
+    with DAG(dag_id=dag_id or refresh_dag_id(spec.name), **options) as dag:
         discover = PartitionDiscoveryOperator(
             task_id=DISCOVER_TASK,
             # Runs after a bootstrap that skipped because the local copy exists.
@@ -191,6 +195,7 @@ def build_refresh_dag(
                 plan=plan,
                 work_items=discover.output,
                 spark_conn_id=spark_conn_id,
+                spark_conf=spark_conf,
                 **common,
             )
 
@@ -202,6 +207,7 @@ def build_refresh_dag(
                 stage=staged.output if staged is not None else None,
                 plan=None if staged is not None else plan,
                 spark_conn_id=spark_conn_id,
+                spark_conf=spark_conf,
                 **common,
             )
             if actions.upload:
@@ -239,6 +245,7 @@ def build_refresh_dags(
     spec_path: str | os.PathLike[str],
     *,
     spark_conn_id: str | None = None,
+    spark_conf: Mapping[str, str] | None = None,
     aws_conn_id: str | None = None,
     stage: bool = True,
     default_args: Mapping[str, Any] | None = None,
@@ -261,6 +268,7 @@ def build_refresh_dags(
             project,
             spec,
             spark_conn_id=spark_conn_id,
+            spark_conf=spark_conf,
             aws_conn_id=aws_conn_id,
             stage=stage,
             default_args=default_args,

@@ -43,6 +43,20 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A real Spark Connect server (its own JVM, local[2]) for the session: host, port and `sc://` URL.
+
+    Clients of it must run in their own processes: a Connect session cannot share a Python process with
+    the classic `spark` session of the other tests.
+    """
+    from airflow_e2e.spark_connect import running_connect_server
+
+    log = tmp_path_factory.mktemp("spark-connect") / "server.log"
+    with running_connect_server(log) as (host, port):
+        yield {"host": host, "port": port, "url": f"sc://{host}:{port}", "log": log}
+
+
 def _atomic_moto_server(port: int) -> Any:
     """moto's threaded S3 server with requests applied one at a time.
 

@@ -7,9 +7,10 @@ consistent with itself, with the repository and with the code's pins.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import tomllib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
@@ -150,10 +151,102 @@ def test_dockerfile_pins_match_pyproject_and_copies_exist() -> None:
         assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
 
 
-def test_spark_nodes_share_the_acceleration_volume_with_airflow() -> None:
-    def mounts(name: str) -> set[str]:
-        return {v.split(":")[0] + ":" + v.split(":")[1] for v in SERVICES[name].get("volumes") or []}
+def _mounts(name: str) -> dict[str, str]:
+    """Container path -> source (named volume or host path) of a service's volumes."""
+    mounts: dict[str, str] = {}
+    for volume in SERVICES[name].get("volumes") or []:
+        source, target = volume.split(":")[:2]
+        mounts[target] = source
+    return mounts
 
-    shared = "accelerations:/opt/airflow/accelerations"
-    for name in ["airflow-scheduler", "spark-worker", "spark-connect"]:
-        assert shared in mounts(name), f"{name} must mount {shared}"
+
+def _container_path(relative_to: PurePosixPath, value: str) -> PurePosixPath:
+    return PurePosixPath(posixpath.normpath(str(relative_to / value)))
+
+
+def _mounted_from(name: str, path: PurePosixPath) -> str | None:
+    """The volume or host path a service sees `path` through (the deepest mount containing it)."""
+    best: tuple[int, str] | None = None
+    for target, source in _mounts(name).items():
+        inside = path == PurePosixPath(target) or PurePosixPath(target) in path.parents
+        if inside and (best is None or len(target) > best[0]):
+            best = (len(target), source)
+    return best[1] if best else None
+
+
+EXAMPLE_SPEC = yaml.safe_load((ROOT / "dags" / "datasets.yaml").read_text())
+SPEC_DIR_IN_CONTAINER = PurePosixPath("/opt/airflow/dags")
+# Everything that reads or writes refresh data: Airflow's task runners, and Spark's driver and executors.
+DATA_SERVICES = ["airflow-scheduler", "airflow-worker", "spark-master", "spark-worker", "spark-connect"]
+
+
+def test_spec_accelerator_dir_is_one_volume_shared_by_airflow_and_spark() -> None:
+    # Spark executors write the stage under accelerator_dir; finalize tasks read it at the same path.
+    accelerator_dir = _container_path(SPEC_DIR_IN_CONTAINER, EXAMPLE_SPEC["accelerator_dir"])
+    sources = {name: _mounted_from(name, accelerator_dir) for name in DATA_SERVICES}
+    assert set(sources.values()) == {"accelerations"}, sources
+    assert "accelerations" in COMPOSE["volumes"]
+
+
+def test_spec_file_sources_are_visible_to_airflow_and_spark() -> None:
+    for dataset in EXAMPLE_SPEC["datasets"]:
+        source = dataset["from"]
+        if not source.startswith("file:"):
+            continue
+        path = _container_path(SPEC_DIR_IN_CONTAINER, source.removeprefix("file:").split("*")[0])
+        seen = {name: _mounted_from(name, path) for name in DATA_SERVICES}
+        assert None not in seen.values(), (dataset["name"], seen)
+        assert len(set(seen.values())) == 1, (dataset["name"], seen)
+
+
+def test_every_connection_the_spec_names_is_provisioned() -> None:
+    env = _env(SERVICES["airflow-scheduler"])
+    for dataset in EXAMPLE_SPEC["datasets"]:
+        conn_id = (dataset.get("params") or {}).get("connection_id")
+        if conn_id:
+            assert f"AIRFLOW_CONN_{conn_id.upper()}" in env, f"{dataset['name']} needs connection {conn_id}"
+
+
+def test_connections_resolve_through_the_hooks_that_use_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The provisioned URIs, read by the real hooks: the master spark-submit gets, the Connect URL, S3."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
+    from airflow_partitions.hooks.spark_refresh import SparkMode, SparkRefreshHook
+
+    env = _env(SERVICES["airflow-scheduler"])
+    for key, value in env.items():
+        if key.startswith("AIRFLOW_CONN_"):
+            monkeypatch.setenv(key, value)
+
+    submit = SparkSubmitHook(conn_id="spark_default")._resolve_connection()
+    assert (
+        submit["master"] == _env(SERVICES["spark-worker"])["SPARK_MASTER_URL"] == "spark://spark-master:7077"
+    )
+    assert submit["deploy_mode"] == "client", "the driver runs in the Airflow task, beside the stage files"
+    assert SparkRefreshHook(spark_conn_id="spark_default").mode is SparkMode.SUBMIT
+
+    connect = SparkRefreshHook(spark_conn_id="spark_connect_default")
+    assert connect.mode is SparkMode.CONNECT
+    assert connect.connect_url.rstrip("/") == "sc://spark-connect:15002"
+
+    settings = SnapshotStorageHook(aws_conn_id="aws_default").s3_settings
+    assert settings["endpoint_url"] == "http://minio:9000"
+    minio = _env(SERVICES["minio"])
+    assert settings["aws_access_key_id"] == minio["MINIO_ROOT_USER"]
+    assert settings["aws_secret_access_key"] == minio["MINIO_ROOT_PASSWORD"]
+    # The snapshot bucket of the example spec is the one minio-init creates.
+    buckets = {
+        urlparse(d["acceleration"]["snapshots"]["location"]).netloc
+        for d in EXAMPLE_SPEC["datasets"]
+        if (d["acceleration"].get("snapshots") or {}).get("location")
+    }
+    assert buckets
+    assert all(f"local/{bucket}" in SERVICES["minio-init"]["entrypoint"] for bucket in buckets)
+
+
+def test_image_installs_the_task_preload_settings() -> None:
+    assert "COPY deploy/airflow_local_settings.py /opt/airflow/config/airflow_local_settings.py" in DOCKERFILE
+    assert "ENV AIRFLOW_HOME=/opt/airflow" in DOCKERFILE
+    text = (ROOT / "deploy" / "airflow_local_settings.py").read_text()
+    assert "preload_task_modules()" in text

@@ -100,6 +100,29 @@ def test_snapshot_tasks_only_when_the_mode_uploads(tmp_path: Path) -> None:
     assert dag.schedule is None
 
 
+def test_spark_settings_and_a_second_stage_less_dag_over_one_dataset(tmp_path: Path) -> None:
+    from airflow_partitions.dag_factory import build_refresh_dag, build_refresh_dags
+    from airflow_partitions.spec import load_spec
+
+    spec = install_example_dag(
+        tmp_path / "dags", sample_spec(accelerator_dir=tmp_path / "acc", sales_dir=tmp_path / "sales")
+    )
+    conf = {"spark.executor.memory": "8g"}
+    staged = build_refresh_dags(spec, spark_conn_id="spark_default", spark_conf=conf)["refresh_sales"]
+    for task_id in ("stage", "partition.refresh"):
+        task = staged.get_task(task_id)
+        assert task.spark_conn_id == "spark_default"
+        assert task.spark_conf == conf
+
+    project = load_spec(spec, check_types=False)
+    per_partition = build_refresh_dag(project, "sales", stage=False, dag_id="refresh_sales_each")
+    assert per_partition.dag_id == "refresh_sales_each"
+    assert "stage" not in per_partition.task_ids
+    refresh = per_partition.get_task("partition.refresh")
+    assert refresh.stage is None, "each partition task stages its own partition"
+    assert refresh.plan is not None
+
+
 def test_params_offer_the_trigger_form_fields(sample_dags: Path) -> None:
     dag = _dagbag(sample_dags).dags["refresh_sales"]
     assert dag.params.dump() == {"partitions": None, "where": None, "full_refresh": False, "snapshot": True}

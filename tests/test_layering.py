@@ -23,6 +23,7 @@ CORE_ORDER = [
     "reader",
     "snapshots",
     "refresh",
+    "spark_jobs",
 ]
 
 

@@ -145,9 +145,10 @@ def test_unsupported_connection_type_is_explained(monkeypatch: pytest.MonkeyPatc
 def test_stage_job_arguments_match_the_spark_job_parser() -> None:
     import runpy
 
-    from airflow_e2e.sample import REPO_ROOT
+    from airflow_partitions.hooks.spark_refresh import spark_job_path
 
-    job = runpy.run_path(str(REPO_ROOT / "spark_jobs" / "refresh_partitions.py"))
+    # The file spark-submit is given, as the hook finds it.
+    job = runpy.run_path(str(spark_job_path()))
     args = build_stage_job_args(
         spec_path="/s/spec.yaml",
         dataset="sales",

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,63 +26,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    spark_submit = Path(sys.executable).parent / "spark-submit"
-    if not spark_submit.exists():
-        pytest.skip("pyspark's spark-submit is not next to this interpreter")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("connect") / "server.log"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    with log.open("w") as handle:
-        server = subprocess.Popen(
-            [
-                str(spark_submit),
-                "--class",
-                "org.apache.spark.sql.connect.service.SparkConnectServer",
-                "--master",
-                "local[2]",
-                "--driver-memory",
-                "1g",
-                "--conf",
-                f"spark.connect.grpc.binding.port={port}",
-                "--conf",
-                "spark.ui.enabled=false",
-                "--conf",
-                "spark.sql.session.timeZone=UTC",
-                "spark-internal",
-            ],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if server.poll() is not None:
-                pytest.fail(f"the Spark Connect server exited: {log.read_text()[-2000:]}")
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.5)
-        else:
-            pytest.fail("the Spark Connect server did not open its port within 120 s")
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-
-
-def test_stage_and_finalize_through_spark_connect(connect_server: str, tmp_path: Path) -> None:
+def test_stage_and_finalize_through_spark_connect(
+    spark_connect_server: dict[str, Any], tmp_path: Path
+) -> None:
     (tmp_path / "src").mkdir()
     ids = list(range(40))
     pq.write_table(
@@ -119,7 +63,7 @@ def test_stage_and_finalize_through_spark_connect(connect_server: str, tmp_path:
             "--output",
             str(tmp_path / "out.json"),
             "--remote",
-            connect_server,
+            spark_connect_server["url"],
             "--finalize",
         ],
         capture_output=True,

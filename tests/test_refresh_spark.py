@@ -260,7 +260,7 @@ def test_cli_refresh_prints_progress_and_json(
 
 
 def load_spark_job() -> ModuleType:
-    path = REPO / "spark_jobs" / "refresh_partitions.py"
+    path = REPO / "airflow_partitions" / "spark_jobs" / "refresh_partitions.py"
     spec = importlib.util.spec_from_file_location("refresh_partitions_job", path)
     assert spec is not None
     assert spec.loader is not None

@@ -191,10 +191,11 @@ class SparkStageOperator(SparkOperatorBase):
             return stage_refresh(self.project, self.dataset_spec, plan).to_json()
         stage = self.run_stage(plan)
         self.log.info(
-            "Staged %d partition(s) at %s (%s) in %.2fs",
+            "Staged %d partition(s) at %s (%s, Spark on %s) in %.2fs",
             stage.partitions,
             stage.location,
             stage.mode,
+            stage.spark or "none",
             stage.elapsed_s,
         )
         return stage.to_json()

@@ -187,6 +187,8 @@ class StageResult:
     mode: StageMode
     partitions: int
     elapsed_s: float
+    # Where the Spark work ran: "spark_connect" or the classic master (`local[2]`, `spark://...`, `yarn`).
+    spark: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -195,6 +197,7 @@ class StageResult:
             "mode": str(self.mode),
             "partitions": self.partitions,
             "elapsed_s": round(self.elapsed_s, 4),
+            "spark": self.spark,
         }
 
     @classmethod
@@ -206,6 +209,7 @@ class StageResult:
             mode=StageMode(_require(data, "mode", what)),
             partitions=int(data.get("partitions", 0)),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
+            spark=data.get("spark"),
         )
 
 

@@ -26,6 +26,10 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
+# Settings a caller cannot override: partition values must be computed in UTC everywhere.
+PINNED_CONF: dict[str, str] = {"spark.sql.session.timeZone": "UTC"}
+
+
 def local_session_conf(conf: Mapping[str, str] | None = None) -> dict[str, str]:
     """The local session's settings: defaults, the JDBC driver jar, this interpreter for Python workers."""
     settings = dict(DEFAULT_CONF)
@@ -36,6 +40,7 @@ def local_session_conf(conf: Mapping[str, str] | None = None) -> dict[str, str]:
     settings["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON", sys.executable)
     settings["spark.pyspark.driver.python"] = sys.executable
     settings.update(conf or {})
+    settings.update(PINNED_CONF)
     return settings
 
 
@@ -60,7 +65,7 @@ def build_connect_session(remote: str, *, conf: Mapping[str, str] | None = None)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.remote(remote)
-    for key, value in {"spark.sql.session.timeZone": "UTC", **(conf or {})}.items():
+    for key, value in {**(conf or {}), **PINNED_CONF}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
@@ -70,6 +75,13 @@ def build_submitted_session(*, conf: Mapping[str, str] | None = None) -> Any:
     from pyspark.sql import SparkSession
 
     session = SparkSession.builder.getOrCreate()
-    for key, value in {"spark.sql.session.timeZone": "UTC", **(conf or {})}.items():
+    for key, value in {**(conf or {}), **PINNED_CONF}.items():
         session.conf.set(key, value)
     return session
+
+
+def describe_session(session: Any) -> str:
+    """Where a session runs its work: "spark_connect" for a Spark Connect client, else the master URL."""
+    if type(session).__module__.startswith("pyspark.sql.connect"):
+        return "spark_connect"
+    return str(session.sparkContext.master)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.exceptions import RefreshError, SourceError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.plan import RefreshPlan, StageMode, StageResult, utc_now_iso
+from airflow_partitions.refresh.spark_session import describe_session
 from airflow_partitions.sources import Source, open_source
 
 if TYPE_CHECKING:
@@ -179,6 +180,7 @@ def stage_refresh(
     target.mkdir(parents=True, exist_ok=True)
     keys = [PartitionKey.from_json(item.key).values for item in plan.items]
     entries: dict[str, dict[str, Any]] = {}
+    ran_on: str | None = None
     try:
         if mode is StageMode.PUSHDOWN:
             for index, (item, key) in enumerate(zip(plan.items, keys, strict=True)):
@@ -187,6 +189,7 @@ def stage_refresh(
             for index, item in enumerate(plan.items):
                 entries[item.key_path] = {"index": index}
             session = spark if spark is not None else _session(remote)
+            ran_on = describe_session(session)
             # Every discovered key planned: no need to narrow the source read to a subset.
             subset = None if len(keys) >= plan.discovered else keys
             _run_spark_stage(session, source, transforms, keys, subset, target, repartition=repartition)
@@ -202,7 +205,9 @@ def stage_refresh(
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
-    return StageResult(dataset.name, str(target), mode, len(plan.items), time.monotonic() - started)
+    return StageResult(
+        dataset.name, str(target), mode, len(plan.items), time.monotonic() - started, spark=ran_on
+    )
 
 
 def _stage_name() -> str:

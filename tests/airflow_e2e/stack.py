@@ -25,11 +25,10 @@ from .metadata_db import MetadataDatabase, create_database, drop_database
 
 COMPONENTS: tuple[str, ...] = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
+# The file the Dockerfile installs as $AIRFLOW_HOME/config/airflow_local_settings.py.
 LOCAL_SETTINGS_PRELOAD = (
-    '"""Airflow local settings: preload what refresh tasks import (forked task processes inherit it)."""\n\n'
-    "from airflow_partitions.dag_factory import preload_task_modules\n\n"
-    "preload_task_modules()\n"
-)
+    Path(__file__).resolve().parents[2] / "deploy" / "airflow_local_settings.py"
+).read_text()
 
 
 class AirflowStackError(RuntimeError):
@@ -121,8 +120,11 @@ class AirflowStack:
 
     # --- lifecycle --------------------------------------------------------------------------------
 
-    def start(self, components: Sequence[str] = COMPONENTS, *, timeout: float = 120.0) -> None:
-        """Create the database, migrate it, start `components`, and wait for the API to answer."""
+    def prepare(self, *, timeout: float = 120.0) -> None:
+        """Create AIRFLOW_HOME and a fresh metadata database, and migrate it (no component started).
+
+        Enough for `airflow dags test`, which runs a whole DAG in one process.
+        """
         self.home.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         (self.home / "passwords.json").write_text(json.dumps({ADMIN_USER: self.password}))
@@ -132,6 +134,14 @@ class AirflowStack:
         self.database = create_database("ap_e2e")
         try:
             self.run_cli(["db", "migrate"], timeout=timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start(self, components: Sequence[str] = COMPONENTS, *, timeout: float = 120.0) -> None:
+        """Create the database, migrate it, start `components`, and wait for the API to answer."""
+        self.prepare(timeout=timeout)
+        try:
             for component in components:
                 self._spawn(component)
             self.wait_until_healthy(timeout=timeout)
@@ -167,6 +177,34 @@ class AirflowStack:
             raise AirflowStackError(
                 f"`airflow {' '.join(args)}` exited {result.returncode}:\n{result.stdout[-4000:]}\n"
                 f"{result.stderr[-4000:]}"
+            )
+        return result
+
+    def dags_test(
+        self,
+        dag_id: str,
+        conf: Mapping[str, Any] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 600.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """`airflow dags test DAG_ID --conf JSON`: the whole DAG in one new process; its output returned.
+
+        `env` adds to (or overrides) the stack's environment for this one run: connections, config.
+        """
+        result = subprocess.run(
+            [airflow_executable(), "dags", "test", dag_id, "--conf", json.dumps(dict(conf or {}))],
+            env={**self.environment(), **(env or {})},
+            cwd=self.home,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise AirflowStackError(
+                f"`airflow dags test {dag_id}` exited {result.returncode}:\n{result.stdout[-6000:]}\n"
+                f"{result.stderr[-6000:]}"
             )
         return result
 

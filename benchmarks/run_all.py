@@ -1,0 +1,53 @@
+"""Run every benchmark, each in its own interpreter (Spark sessions and Airflow settings stay apart).
+
+    python -m benchmarks.run_all            # full sizes (tens of minutes)
+    python -m benchmarks.run_all --quick    # every benchmark's --quick size
+    python -m benchmarks.run_all bench_pruning bench_spark_modes --quick
+
+Each benchmark prints its figures as ratios to its own anchor, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCHMARKS = (
+    "bench_transforms",
+    "bench_catalog",
+    "bench_pruning",
+    "bench_refresh",
+    "bench_snapshots",
+    "bench_orchestration",
+    "bench_spark_modes",
+)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default all: {', '.join(BENCHMARKS)})")
+    parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    failed: list[str] = []
+    for name in args.names or BENCHMARKS:
+        print(f"\n=== {name} ===", flush=True)
+        started = time.perf_counter()
+        command = [sys.executable, "-m", f"benchmarks.{name}", *(["--quick"] if args.quick else [])]
+        if subprocess.run(command, cwd=REPO_ROOT, check=False).returncode != 0:
+            failed.append(name)
+        print(f"=== {name}: {time.perf_counter() - started:.0f}s ===", flush=True)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
