@@ -10,6 +10,7 @@ import datetime as dt
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,6 +33,7 @@ from airflow_partitions.refresh import (
     refresh_dataset,
     stage_refresh,
 )
+from airflow_partitions.refresh.plan import RefreshPlan
 from airflow_partitions.refresh.stage import StageManifest, staged_item_directory
 from airflow_partitions.sources import open_source
 from airflow_partitions.sources.files import filter_to_key
@@ -215,6 +217,32 @@ def test_failing_partition_leaves_catalog_untouched_until_commit(spark: Any, tmp
         if item is not broken:
             assert after.partitions[item.key_path].files != before.partitions[item.key_path].files
     assert not Path(stage.location or "").exists(), "the stage is removed after the commit"
+
+
+def test_stage_less_commit_retry_is_idempotent_and_a_new_plan_commits_again(
+    spark: Any, tmp_path: Path
+) -> None:
+    # Each partition stages itself (as the stage-less DAG's tasks do): the commit gets no stage.
+    write_source(tmp_path / "src", "parquet", [source_rows(24)])
+    project = write_spec(tmp_path, file_format="parquet", partition_by=('{b: "bucket(3, id)"}',))
+    dataset = project.dataset("trips")
+    plan = plan_refresh(project, dataset)
+    results = []
+    for item in plan.items:
+        own = stage_refresh(project, dataset, replace(plan, items=(item,)), spark=spark)
+        results.append(finalize_partition(project, dataset, own, item).to_json())
+    first = commit_refresh(project, dataset, plan, results)
+    assert first.version == 1
+    retried = commit_refresh(project, dataset, RefreshPlan.from_json(plan.to_json()), results)
+    assert retried.version == 1, "a retried commit of the same plan lands no second version"
+    assert open_catalog(project, dataset).head_version() == 1
+
+    again = plan_refresh(project, dataset, full=True)
+    results = []
+    for item in again.items:
+        own = stage_refresh(project, dataset, replace(again, items=(item,)), spark=spark)
+        results.append(finalize_partition(project, dataset, own, item).to_json())
+    assert commit_refresh(project, dataset, again, results).version == 2, "a new discovery commits anew"
 
 
 def test_one_shot_refresh_commits_nothing_when_a_partition_fails(spark: Any, tmp_path: Path) -> None:

@@ -105,11 +105,16 @@ def commit_refresh(
     require_all: bool = True,
     cleanup: bool = True,
     catalog: Catalog | None = None,
+    commit_id: str | None = None,
 ) -> CommitResult:
     """One atomic catalog commit of the finalised partitions plus the plan's removals.
 
     Raises `RefreshError` (catalog untouched) when a planned partition has no result and `require_all`,
     or when a result was not planned. The stage location is deleted after a successful commit.
+
+    A retried commit is idempotent: it returns the version an earlier attempt committed. The attempts are
+    recognised by `commit_id`, by default the stage's name, or without a stage (each partition staged
+    itself) a digest of the plan, which a new discovery changes.
     """
     from airflow_partitions.catalog import PartitionEntry
     from airflow_partitions.catalog.model import parse_time
@@ -172,13 +177,15 @@ def commit_refresh(
         version = None
     else:
         location = _location(stage)
+        if commit_id is None:
+            commit_id = Path(location).name if location else plan_commit_id(plan)
         version = catalog.commit(
             base_version=plan.base_version,
             upserts=entries,
             removes=list(plan.removed),
             partition_spec=partition_spec_info(dataset),
             replace_all=plan.replace_all,
-            commit_id=Path(location).name if location else None,
+            commit_id=commit_id,
         )
     if cleanup:
         remove_stage(stage)
@@ -191,6 +198,15 @@ def commit_refresh(
         bytes=sum(e.bytes for e in entries),
         missing=missing,
     )
+
+
+def plan_commit_id(plan: RefreshPlan) -> str:
+    """`plan-<digest>` of a plan (items, fingerprints, base version, creation time): one id per discovery."""
+    import hashlib
+    import json
+
+    text = json.dumps(plan.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "plan-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 
 def _parse_refreshed_at(text: str, parse: Any) -> dt.datetime:
