@@ -104,8 +104,10 @@ class StageManifest:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError as err:
             raise RefreshError(
-                f"no finished stage at {location}: {STAGE_MANIFEST} is missing (the stage step failed or "
-                "was cleaned up after a commit); run the stage step again"
+                f"no finished stage at {location}: {STAGE_MANIFEST} is missing. Either the stage step "
+                "failed or was cleaned up after a commit (run it again), or this worker does not see the "
+                "stage directory: accelerator_dir (or acceleration.params.staging_dir) must be a path "
+                "shared by every Airflow worker and Spark executor"
             ) from err
         if data.get("format") != MANIFEST_FORMAT:
             raise RefreshError(f"stage manifest {path} has format {data.get('format')!r}, expected 1")
