@@ -15,17 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .stack import free_port
+
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
 class SparkConnectServerError(RuntimeError):
     """The Spark Connect server did not start."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def spark_submit_executable() -> Path:
@@ -44,7 +40,7 @@ def running_connect_server(
     spark_submit = spark_submit_executable()
     if not spark_submit.exists():
         raise SparkConnectServerError(f"pyspark's spark-submit is not at {spark_submit}; install pyspark")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as handle:

@@ -162,11 +162,20 @@ class AirflowStack:
             start_new_session=True,
         )
 
-    def run_cli(self, args: Sequence[str], *, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-        """Run one `airflow ...` command with this stack's configuration; raise with its output on error."""
+    def run_cli(
+        self,
+        args: Sequence[str],
+        *,
+        timeout: float = 120.0,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run one `airflow ...` command with this stack's configuration; raise with its output on error.
+
+        `env` adds to (or overrides) the stack's environment for this one command: connections, config.
+        """
         result = subprocess.run(
             [airflow_executable(), *args],
-            env=self.environment(),
+            env={**self.environment(), **(env or {})},
             cwd=self.home,
             capture_output=True,
             text=True,
@@ -175,8 +184,8 @@ class AirflowStack:
         )
         if result.returncode != 0:
             raise AirflowStackError(
-                f"`airflow {' '.join(args)}` exited {result.returncode}:\n{result.stdout[-4000:]}\n"
-                f"{result.stderr[-4000:]}"
+                f"`airflow {' '.join(args)}` exited {result.returncode}:\n{result.stdout[-6000:]}\n"
+                f"{result.stderr[-6000:]}"
             )
         return result
 
@@ -188,25 +197,10 @@ class AirflowStack:
         env: Mapping[str, str] | None = None,
         timeout: float = 600.0,
     ) -> subprocess.CompletedProcess[str]:
-        """`airflow dags test DAG_ID --conf JSON`: the whole DAG in one new process; its output returned.
-
-        `env` adds to (or overrides) the stack's environment for this one run: connections, config.
-        """
-        result = subprocess.run(
-            [airflow_executable(), "dags", "test", dag_id, "--conf", json.dumps(dict(conf or {}))],
-            env={**self.environment(), **(env or {})},
-            cwd=self.home,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+        """`airflow dags test DAG_ID --conf JSON`: the whole DAG in one new process; its output returned."""
+        return self.run_cli(
+            ["dags", "test", dag_id, "--conf", json.dumps(dict(conf or {}))], timeout=timeout, env=env
         )
-        if result.returncode != 0:
-            raise AirflowStackError(
-                f"`airflow dags test {dag_id}` exited {result.returncode}:\n{result.stdout[-6000:]}\n"
-                f"{result.stderr[-6000:]}"
-            )
-        return result
 
     def wait_until_healthy(self, *, timeout: float) -> None:
         """Wait until the api-server answers its health endpoint; fail early if a component died."""
