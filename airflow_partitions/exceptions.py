@@ -118,6 +118,10 @@ class SnapshotError(AirflowPartitionsError):
     """A snapshot upload or bootstrap failed (credentials, checksum mismatch, missing object)."""
 
 
+class S3SettingsError(SnapshotError, SourceError):
+    """S3 settings (endpoint, credentials, addressing style) are malformed; used by sources and snapshots."""
+
+
 # --- orchestration (Airflow layer, backfill CLI) --------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import SourceError
+from airflow_partitions.s3 import S3Settings
 from airflow_partitions.sources.base import (
     EMPTY_FINGERPRINT,
     Deadline,
@@ -23,7 +24,7 @@ from airflow_partitions.sources.base import (
     SourceSurvey,
     digest,
 )
-from airflow_partitions.sources.s3 import S3Settings, split_s3_uri
+from airflow_partitions.sources.s3 import split_s3_uri
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -238,13 +239,13 @@ class FileSource:
 
     @cached_property
     def s3_settings(self) -> S3Settings:
-        return S3Settings.from_params(self.params)
+        return S3Settings.from_source_params(self.params)
 
     def _list_s3(self) -> Iterator[SourceFile]:
         from botocore.exceptions import BotoCoreError, ClientError
 
         bucket, key = split_s3_uri(self._root)
-        client = self.s3_settings.boto3_client()
+        client = self.s3_settings.create_client()
         # Try the root as one object first: `s3://b/data.parquet` names a file, not a prefix.
         if key and self._pattern is None and not key.endswith("/"):
             try:
@@ -557,7 +558,7 @@ class FileSource:
         return reader.load(paths).select(*[quote_column(name) for name in schema.names])
 
     def _download(self, files: Sequence[SourceFile], target_root: str) -> list[str]:
-        client = self.s3_settings.boto3_client()
+        client = self.s3_settings.create_client()
         out: list[str] = []
         for f in files:
             bucket, key = split_s3_uri(f.path)
