@@ -7,6 +7,8 @@ on a fresh Postgres metadata database, with the example DAG file and local Spark
 2. `airflow-partitions backfill --where ... --airflow-url ...` while one selected partition cannot be
    written: the run fails on that partition alone; clearing just that task instance (as the UI's Clear
    button does) re-runs it and the commit. Only the selected partitions are rewritten.
+3. A stage-less refresh DAG on a real Spark Connect server: every mapped partition task, a process of
+   its own, runs its Spark job through the `spark_connect` connection.
 """
 
 from __future__ import annotations
@@ -55,6 +57,28 @@ with DAG(
     consume()
 '''
 FULL_CONF = {"partitions": None, "where": None, "full_refresh": False, "snapshot": True}
+CONNECT_CONN_ID = "spark_connect_e2e"
+CONNECT_DAG_ID = "refresh_sales_connect_each"
+CONNECT_REGIONS = ("a/b", "Zürich", "")
+CONNECT_DATASET = """\
+  - name: sales_connect
+    from: file:{src}/
+    params: {{file_format: parquet}}
+    acceleration:
+      partition_by:
+        - region: region
+"""
+CONNECT_DAG = f'''\
+"""sales_connect without a shared stage, on Spark Connect: each partition task runs its own Spark job."""
+
+from airflow_partitions.dag_factory import build_refresh_dag, default_spec_path
+from airflow_partitions.spec import load_spec
+
+project = load_spec(default_spec_path(__file__), check_types=False)
+dag = build_refresh_dag(
+    project, "sales_connect", stage=False, spark_conn_id="{CONNECT_CONN_ID}", dag_id="{CONNECT_DAG_ID}"
+)
+'''
 
 
 def key(region: str, day: int) -> str:
@@ -62,14 +86,30 @@ def key(region: str, day: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowStack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, spark_connect_server: dict[str, Any]
+) -> Iterator[AirflowStack]:
     root = tmp_path_factory.mktemp("airflow_e2e")
     write_sales(root / "sales", rows=20, days=1, regions=("EU", "US"))
+    write_sales(root / "sales_connect", rows=30, days=1, regions=CONNECT_REGIONS)
     # Snapshots are covered by the dag.test() suite; here every task is a process of its own, so the
     # DAG is kept to the refresh path to keep the run short.
-    install_example_dag(root / "dags", sample_spec(accelerator_dir=root / "acc", sales_dir=root / "sales"))
+    spec = sample_spec(accelerator_dir=root / "acc", sales_dir=root / "sales")
+    install_example_dag(root / "dags", spec + CONNECT_DATASET.format(src=root / "sales_connect"))
     (root / "dags" / "sales_downstream.py").write_text(DOWNSTREAM_DAG)
-    with running_airflow(root / "airflow_home", root / "dags", parallelism=4, preload=True) as airflow:
+    (root / "dags" / "sales_connect_each.py").write_text(CONNECT_DAG)
+    connect = {
+        f"AIRFLOW_CONN_{CONNECT_CONN_ID.upper()}": json.dumps(
+            {
+                "conn_type": "spark_connect",
+                "host": spark_connect_server["host"],
+                "port": spark_connect_server["port"],
+            }
+        )
+    }
+    with running_airflow(
+        root / "airflow_home", root / "dags", parallelism=4, preload=True, extra_env=connect
+    ) as airflow:
         yield airflow
 
 
@@ -88,12 +128,12 @@ def client(stack: AirflowStack) -> AirflowApiClient:
             time.sleep(2)
 
 
-def catalog(stack: AirflowStack) -> Any:
+def catalog(stack: AirflowStack, dataset: str = "sales") -> Any:
     from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
 
     project = load_spec(stack.dags_folder / "datasets.yaml")
-    return open_dataset_catalog(project, project.dataset("sales")).latest()
+    return open_dataset_catalog(project, project.dataset(dataset)).latest()
 
 
 def wait(client: AirflowApiClient, stack: AirflowStack, run_id: str) -> dict[str, Any]:
@@ -210,6 +250,54 @@ def test_backfill_cli_refreshes_only_the_filtered_partitions(
     assert after.partitions[untouched].refreshed_at == before.partitions[untouched].refreshed_at
     assert after.partitions[rewritten].refreshed_at > before.partitions[rewritten].refreshed_at
     assert after.partitions[key("EU", 3)].rows > 0
+
+
+def test_stage_less_dag_runs_each_partition_task_on_spark_connect(
+    stack: AirflowStack, client: AirflowApiClient
+) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            client.get_dag(CONNECT_DAG_ID)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+    run = client.trigger_dag_run(CONNECT_DAG_ID, FULL_CONF)
+    try:
+        finished = client.wait_for_dag_run(CONNECT_DAG_ID, run["dag_run_id"], timeout=300, poll_interval=1)
+    except Exception as err:
+        raise AssertionError(f"{err}\n{stack.logs_tail()}") from err
+    assert finished["state"] == "success", stack.logs_tail()
+    tasks = client.task_instances(CONNECT_DAG_ID, run["dag_run_id"])
+    assert "stage" not in {ti["task_id"] for ti in tasks}
+    refreshed = [ti for ti in tasks if ti["task_id"] == "partition.refresh"]
+    assert len(refreshed) == len(CONNECT_REGIONS)
+    assert all(ti["state"] == "success" for ti in refreshed)
+    assert len({ti["pid"] for ti in refreshed}) == len(CONNECT_REGIONS), "one process per partition task"
+
+    logs = [
+        path.read_text(errors="replace")
+        for path in (stack.logs_dir / "tasks").rglob("*.log")
+        if f"dag_id={CONNECT_DAG_ID}" in str(path) and "task_id=partition.refresh" in str(path)
+    ]
+    assert len(logs) == len(CONNECT_REGIONS)
+    assert all("of sales_connect with Spark (spark_connect)" in text for text in logs)
+
+    snapshot = catalog(stack, "sales_connect")
+    assert snapshot.version == 1
+    assert len(snapshot.partitions) == len(CONNECT_REGIONS)
+    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
+
+    hook = PartitionedDatasetHook(dataset="sales_connect", spec_path=str(stack.dags_folder / "datasets.yaml"))
+    try:
+        for region in CONNECT_REGIONS:
+            rows = hook.read([[("region", "=", region)]], columns=["region"])
+            assert rows.num_rows == 10, region
+            assert set(rows["region"].to_pylist()) == {region}
+    finally:
+        hook.close()
 
 
 def _append_day_three(sales: Path) -> None:
