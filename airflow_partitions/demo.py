@@ -47,13 +47,17 @@ def generate_data(rows: int) -> None:
 
 def start_s3_endpoint() -> tuple[Any, dict[str, str]]:
     """moto's S3 server on loopback, exported as the `aws_default` Airflow connection."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
-    from airflow_partitions.snapshots.settings import S3Settings
+    from airflow_partitions.s3 import S3Settings
 
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    # The endpoint's web server logs a line per request once logging is configured; keep the demo readable.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     settings = {
         "endpoint_url": f"http://127.0.0.1:{port}",
         "aws_access_key_id": "demo",
@@ -121,7 +125,7 @@ def run_refresh_dag(dataset: str) -> float:
 def show_results(dataset: str, s3: dict[str, str]) -> None:
     from airflow_partitions.cli.main import main as cli_main
     from airflow_partitions.reader import PartitionedDatasetReader
-    from airflow_partitions.snapshots.settings import S3Settings
+    from airflow_partitions.s3 import S3Settings
 
     cli_main(["status", str(SPEC_PATH), dataset])
     client = S3Settings.from_mapping(s3).create_client()
