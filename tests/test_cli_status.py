@@ -226,3 +226,62 @@ def test_catalog_location_on_s3_keeps_files_local(
     assert report["latest_version"] == 11
     assert report["rows"] == 11
     assert list((catalog.data_root / "_catalog_cache").iterdir()), "the checkpoint was cached on the host"
+
+
+@pytest.mark.s3
+def test_vacuum_cli_snapshots_with_the_same_retention(
+    tmp_path: Path,
+    s3_server: dict[str, str],
+    s3_bucket: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow_partitions.snapshots import upload_partition_snapshot, upload_snapshot_manifest
+
+    location = f"s3://{s3_bucket}/snap"
+    path = tmp_path / "datasets.yaml"
+    path.write_text(
+        SPEC_TEXT.replace(
+            "        - region: region\n",
+            f"        - region: region\n      snapshots: {{mode: enabled, location: '{location}'}}\n",
+            1,
+        )
+    )
+    catalog, spec = sales_catalog(path)
+    assert catalog.data_root is not None
+    for rows in (1, 2, 3):
+        refresh(catalog, spec, {"eu": rows})
+        snapshot = catalog.latest()
+        assert snapshot is not None
+        for entry in snapshot.partitions.values():
+            upload_partition_snapshot(s3_server, location, catalog.data_root, entry, dataset="sales")
+        upload_snapshot_manifest(s3_server, location, "sales", snapshot)
+    # The CLI reaches S3 the way the AWS tools do: endpoint and keys from the environment.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
+
+    code, out = run_cli(
+        capsys, "vacuum", str(path), "sales", "--snapshots", "--retain-versions", "1", "--dry-run"
+    )
+    assert code == 0
+    assert "newest version 3, retained 1, 2, 3" in out, "everything is within the 1 h grace period"
+
+    code, out = run_cli(
+        capsys,
+        "vacuum",
+        str(path),
+        "sales",
+        "--snapshots",
+        "--retain-versions",
+        "1",
+        "--grace",
+        "0s",
+        "--json",
+    )
+    assert code == 0
+    document = json.loads(out)
+    assert document["snapshots"]["expired_versions"] == [1, 2]
+    assert document["snapshots"]["deleted_objects"] == 2
+    assert document["removed_versions"] == [1, 2], "the catalog is vacuumed with the same retention"
+
+    assert main(["vacuum", str(path), "events", "--snapshots"]) == 2
+    assert "only the owner of a snapshot" in capsys.readouterr().err

@@ -366,6 +366,7 @@ def test_snapshot_upload_publish_and_bootstrap(
         SnapshotBootstrapOperator,
         SnapshotPublishOperator,
         SnapshotUploadOperator,
+        SnapshotVacuumOperator,
     )
 
     location = f"s3://{s3_bucket}/accel"
@@ -413,6 +414,24 @@ def test_snapshot_upload_publish_and_bootstrap(
     assert set(latest(reader_spec).partitions) == set(hydrated["partitions_committed"])
     with pytest.raises(AirflowSkipException, match="already has a local catalog"):
         bootstrap.execute(context())
+
+    # The owner vacuums: an object no published version names (an abandoned upload) goes, nothing else.
+    client = boto3.client("s3", **s3_server)
+    client.put_object(Bucket=s3_bucket, Key="accel/sales/data/region=EU/abandoned.parquet", Body=b"x" * 10)
+    vacuum = SnapshotVacuumOperator(
+        task_id="vacuum", retain_versions=1, grace=dt.timedelta(0), report_only=True, **common
+    )
+    report = vacuum.execute(context())
+    assert (report["latest_version"], report["retained_versions"], report["deleted_objects"]) == (1, [1], 1)
+    vacuum.report_only = False
+    assert vacuum.execute(context())["deleted_bytes"] == 10
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert sum(1 for k in keys if "/data/" in k) == 6, "every file of the published version stays"
+    replica_spec = reader_root / "replica.yaml"
+    replica_spec.write_text(reader_spec.read_text().replace("mode: enabled", "mode: bootstrap_only"))
+    assert "bootstrap_only" in replica_spec.read_text()
+    with pytest.raises(AirflowSkipException, match="only the dataset's owner"):
+        SnapshotVacuumOperator(task_id="v", **{**common, "spec_path": replica_spec}).execute(context())
 
 
 @pytest.mark.s3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -555,3 +556,113 @@ def test_bootstrap_never_rolls_back_a_partition_refreshed_locally_since(
     assert result.partitions_committed == (_key_path("US"),)
     assert _read_partition(replica, _key_path("EU")).num_rows == 7, "the local refresh survives"
     assert _read_partition(replica, _key_path("US")).num_rows == 4, "the snapshot's newer US arrives"
+
+
+def _publish(s3_server: Mapping[str, str], location: str, side: Side) -> int:
+    _upload_all(s3_server, location, side)
+    return upload_snapshot_manifest(s3_server, location, "trips", _latest(side)).version
+
+
+def _three_published_versions(s3_server: Mapping[str, str], location: str, side: Side) -> dict[int, set[str]]:
+    """v1 {EU, a/b}; v2 rewrites EU; v3 rewrites a/b. Returns each version's data object keys."""
+    _refresh(side, {"EU": _rows("EU"), "a/b": _rows("a/b", offset=10)})
+    _publish(s3_server, location, side)
+    _refresh(side, {"EU": _rows("EU", offset=20)})
+    _publish(s3_server, location, side)
+    _refresh(side, {"a/b": _rows("a/b", offset=30)})
+    _publish(s3_server, location, side)
+    _, _, prefix = location.removeprefix("s3://").partition("/")
+    return {
+        version: {
+            f"{prefix}/trips/data/{f.path}"
+            for entry in side.catalog.snapshot(version).partitions.values()
+            for f in entry.files
+        }
+        for version in (1, 2, 3)
+    }
+
+
+def test_snapshot_vacuum_expires_old_versions_and_only_their_own_objects(
+    s3_server: dict[str, str], s3_bucket: str, tmp_path: Path
+) -> None:
+    from airflow_partitions.snapshots import vacuum_snapshots
+
+    location = f"s3://{s3_bucket}/snapshots"
+    source = _side(tmp_path / "source")
+    files = _three_published_versions(s3_server, location, source)
+    only_old = (files[1] | files[2]) - files[3]
+    assert len(only_old) == 2, "v1's EU and a/b files are referenced by no later version"
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)  # everything is past the 1 h grace period
+
+    dry = vacuum_snapshots(s3_server, location, "trips", retain_versions=1, dry_run=True, now=later)
+    assert (dry.latest_version, dry.retained_versions, dry.expired_versions) == (3, (3,), (1, 2))
+    assert dry.deleted_objects == 2
+    assert set(_keys(s3_server, s3_bucket, "snapshots/trips/data/")) == files[1] | files[2] | files[3]
+
+    report = vacuum_snapshots(s3_server, location, "trips", retain_versions=1, now=later)
+    assert report.to_json() == {**dry.to_json(), "dry_run": False}
+    assert set(_keys(s3_server, s3_bucket, "snapshots/trips/data/")) == files[3]
+    assert _keys(s3_server, s3_bucket, "snapshots/trips/manifests/") == [
+        "snapshots/trips/manifests/latest.json",
+        "snapshots/trips/manifests/v00000000000000000003.json",
+    ]
+    with pytest.raises(SnapshotError, match="published versions: 3"):
+        read_snapshot_manifest(s3_server, location, "trips", version=1)
+
+    # What remains is complete: a new replica bootstraps the newest version and reads the same rows.
+    replica = _side(tmp_path / "replica")
+    result = bootstrap_snapshot(s3_server, location, "trips", replica.root, catalog=replica.catalog)
+    assert result.version == 3
+    for key_path in _latest(source).partitions:
+        assert _read_partition(replica, key_path).equals(_read_partition(source, key_path))
+
+    again = vacuum_snapshots(s3_server, location, "trips", retain_versions=1, now=later)
+    assert (again.expired_versions, again.deleted_objects) == ((), 0), "a second vacuum finds nothing"
+
+
+def test_snapshot_vacuum_grace_keeps_versions_readers_may_be_on_and_uploads_in_flight(
+    s3_server: dict[str, str], s3_bucket: str, tmp_path: Path
+) -> None:
+    from airflow_partitions.snapshots import vacuum_snapshots
+
+    location = f"s3://{s3_bucket}/snapshots"
+    source = _side(tmp_path / "source")
+    files = _three_published_versions(s3_server, location, source)
+    # A partition file of a version still being published: uploaded, no manifest names it yet.
+    _refresh(source, {"US": _rows("US", offset=40)})
+    _upload_all(s3_server, location, source)
+    in_flight = set(_keys(s3_server, s3_bucket, "snapshots/trips/data/")) - (files[1] | files[2] | files[3])
+    assert len(in_flight) == 1
+
+    now = vacuum_snapshots(s3_server, location, "trips", retain_versions=1)
+    assert now.retained_versions == (1, 2, 3), "versions superseded within the grace period are kept"
+    assert (now.deleted_objects, now.kept_recent_objects) == (0, 1)
+    assert in_flight <= set(_keys(s3_server, s3_bucket, "snapshots/trips/data/"))
+
+    by_age = vacuum_snapshots(s3_server, location, "trips", older_than=dt.timedelta(days=7))
+    assert by_age.expired_versions == (), "every version is younger than the retention"
+
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+    after = vacuum_snapshots(s3_server, location, "trips", retain_versions=2, now=later)
+    assert after.retained_versions == (2, 3)
+    remaining = set(_keys(s3_server, s3_bucket, "snapshots/trips/data/"))
+    assert remaining == files[2] | files[3], "the abandoned upload is gone once past the grace period"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"retain_versions": 0}, "retain_versions must be at least 1"),
+        ({"grace": dt.timedelta(seconds=-1)}, "grace must not be negative"),
+    ],
+)
+def test_snapshot_vacuum_rejects_bad_retention(
+    s3_server: dict[str, str], s3_bucket: str, options: dict[str, Any], message: str
+) -> None:
+    from airflow_partitions.snapshots import vacuum_snapshots
+
+    with pytest.raises(SnapshotError, match=message):
+        vacuum_snapshots(s3_server, f"s3://{s3_bucket}/snapshots", "trips", **options)
+    empty = vacuum_snapshots(s3_server, f"s3://{s3_bucket}/snapshots", "trips")
+    assert empty.latest_version is None
+    assert empty.deleted_objects == 0

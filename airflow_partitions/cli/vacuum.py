@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from airflow_partitions.exceptions import CatalogError
+from airflow_partitions.exceptions import CatalogError, SnapshotError
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)")
 _UNIT_SECONDS = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
@@ -80,6 +80,14 @@ def register(subparsers: Any) -> None:
         metavar="DURATION",
         help="never delete anything younger than this (default 1h)",
     )
+    parser.add_argument(
+        "--snapshots",
+        action="store_true",
+        help=(
+            "also vacuum the dataset's S3 snapshots (snapshots.mode enabled) with the same retention; "
+            "credentials and endpoint from the AWS environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)"
+        ),
+    )
     parser.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
     parser.add_argument("--json", action="store_true", help="print a machine-readable JSON document instead")
     parser.set_defaults(func=run)
@@ -91,17 +99,68 @@ def run(args: argparse.Namespace) -> int:
 
     project = load_spec(args.spec)
     dataset = project.dataset(args.dataset)
+    snapshots = dataset.acceleration.snapshots
+    if args.snapshots and (snapshots.mode != "enabled" or not snapshots.location):
+        raise SnapshotError(
+            f"--snapshots: dataset {dataset.name!r} has snapshots.mode {snapshots.mode}; only the owner of a "
+            "snapshot (mode enabled, with a location) deletes from it"
+        )
     report = open_catalog(project, dataset).vacuum(
         retain_versions=args.retain_versions,
         older_than=args.older_than,
         dry_run=args.dry_run,
         grace=args.grace,
     )
+    snapshot_report = None
+    if args.snapshots:
+        from airflow_partitions.s3 import S3Settings
+        from airflow_partitions.snapshots.vacuum import vacuum_snapshots
+
+        snapshot_report = vacuum_snapshots(
+            S3Settings.from_source_params({}),
+            str(snapshots.location),
+            dataset.name,
+            retain_versions=args.retain_versions,
+            older_than=args.older_than,
+            grace=args.grace,
+            dry_run=args.dry_run,
+        )
     if args.json:
-        print(json.dumps({"dataset": dataset.name, **report.to_json()}, indent=2, ensure_ascii=False))
+        document = {"dataset": dataset.name, **report.to_json()}
+        if snapshot_report is not None:
+            document["snapshots"] = snapshot_report.to_json()
+        print(json.dumps(document, indent=2, ensure_ascii=False))
     else:
         print(render_report(dataset.name, report))
+        if snapshot_report is not None:
+            print(render_snapshot_report(snapshot_report))
     return 0
+
+
+def _expired(verb: str, versions: Any) -> str:
+    """`deleted 2 (1..2)`: how many versions went, and which range."""
+    return f"{verb} {len(versions)}" + (f" ({versions[0]}..{versions[-1]})" if versions else "")
+
+
+def render_snapshot_report(report: Any) -> str:
+    from airflow_partitions.cli.status import format_bytes
+
+    verb = "would delete" if report.dry_run else "deleted"
+    if report.latest_version is None:
+        return f"  snapshots    nothing published at {report.location}"
+    expired = report.expired_versions
+    lines = [
+        f"  snapshots    {report.location}: newest version {report.latest_version}, "
+        f"retained {', '.join(map(str, report.retained_versions))}",
+        f"               versions {_expired(verb, expired)}, objects {verb} {report.deleted_objects} "
+        f"({format_bytes(report.deleted_bytes)})",
+    ]
+    if report.kept_recent_objects:
+        lines.append(
+            f"               kept {report.kept_recent_objects} unreferenced object(s) younger than the "
+            "grace period"
+        )
+    return "\n".join(lines)
 
 
 def render_report(name: str, report: Any) -> str:
@@ -114,9 +173,7 @@ def render_report(name: str, report: Any) -> str:
     lines = [
         f"{name}: {'dry run, ' if report.dry_run else ''}newest version {report.latest_version}, "
         f"oldest retained {report.oldest_retained_version}",
-        f"  versions     {verb} {len(expired)}"
-        + (f" ({expired[0]}..{expired[-1]})" if expired else "")
-        + f", checkpoints {verb} {len(report.removed_checkpoints)}",
+        f"  versions     {_expired(verb, expired)}, checkpoints {verb} {len(report.removed_checkpoints)}",
         f"  files        {verb} {len(report.removed_files)} ({format_bytes(report.bytes_freed)})",
     ]
     if report.young_files_kept:

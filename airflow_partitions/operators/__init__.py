@@ -9,6 +9,7 @@ from airflow_partitions.operators.snapshots import (
     SnapshotBootstrapOperator,
     SnapshotPublishOperator,
     SnapshotUploadOperator,
+    SnapshotVacuumOperator,
 )
 from airflow_partitions.operators.vacuum import VacuumOperator
 
@@ -18,6 +19,7 @@ __all__ = [
     "SnapshotBootstrapOperator",
     "SnapshotPublishOperator",
     "SnapshotUploadOperator",
+    "SnapshotVacuumOperator",
     "SparkPartitionRefreshOperator",
     "SparkStageOperator",
     "VacuumOperator",

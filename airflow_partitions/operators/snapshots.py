@@ -8,6 +8,7 @@ What each may do follows the dataset's `snapshots.mode`: `enabled` uploads and b
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from airflow_partitions.exceptions import OrchestrationError
 from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
 from airflow_partitions.operators.base import DatasetOperator
 from airflow_partitions.operators.run_conf import RefreshRunConf
+from airflow_partitions.operators.vacuum import RetentionOptions
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -258,3 +260,50 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
                 f"none and the source is unreachable ({err}); declare `schema:` in the spec or pass "
                 "partitions= (canonical keys) instead"
             ) from err
+
+
+class SnapshotVacuumOperator(RetentionOptions, SnapshotOperatorBase):
+    """Expire old published snapshot versions and delete objects no retained version names.
+
+    Retention as `VacuumOperator`'s: the newest `retain_versions` and/or versions younger than
+    `older_than` (default: the last 7 days), and nothing younger than `grace` (default 1 hour), which
+    protects a version being published and a bootstrap still reading. Only a dataset whose snapshots are
+    `enabled` (the owner) vacuums; `bootstrap_only` replicas skip. `report_only=True` deletes nothing.
+    """
+
+    ui_color = "#eeeeee"
+
+    def __init__(
+        self,
+        *,
+        retain_versions: int | None = None,
+        older_than: dt.timedelta | None = None,
+        grace: dt.timedelta | None = None,
+        report_only: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.set_retention(retain_versions, older_than, grace, report_only)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.snapshots.vacuum import vacuum_snapshots
+
+        self.skip_unless(self.actions.upload, "vacuum (only the dataset's owner deletes snapshots)")
+        report = vacuum_snapshots(
+            self.storage_hook.s3_settings,
+            self.snapshot_location(),
+            self.dataset,
+            dry_run=self.report_only,
+            **self.retention(),
+        )
+        self.log.info(
+            "%s snapshots of %s: versions %s expired, %d object(s) (%d bytes) %s; kept %s",
+            "Vacuum (dry run) of" if self.report_only else "Vacuumed",
+            self.dataset,
+            list(report.expired_versions) or "none",
+            report.deleted_objects,
+            report.deleted_bytes,
+            "would be deleted" if self.report_only else "deleted",
+            list(report.retained_versions),
+        )
+        return report.to_json()

@@ -27,6 +27,7 @@ from airflow_partitions.snapshots.upload import (
     UploadAction,
     upload_partition_snapshot,
 )
+from airflow_partitions.snapshots.vacuum import SnapshotVacuumReport, vacuum_snapshots
 
 __all__ = [
     "SNAPSHOT_ACTIONS",
@@ -39,6 +40,7 @@ __all__ = [
     "SnapshotActions",
     "SnapshotManifest",
     "SnapshotUploadResult",
+    "SnapshotVacuumReport",
     "UploadAction",
     "bootstrap_snapshot",
     "create_s3_client",
@@ -49,4 +51,5 @@ __all__ = [
     "snapshot_actions",
     "upload_partition_snapshot",
     "upload_snapshot_manifest",
+    "vacuum_snapshots",
 ]
