@@ -6,13 +6,13 @@ Each fixture starts the real thing; nothing here is a mock. Session-scoped where
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow_e2e.stack import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,12 +25,6 @@ os.environ.setdefault("TZ", "UTC")
 PG_HOST = os.environ.get("AP_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("AP_TEST_PG_PORT", "5432"))
 PG_USER = os.environ.get("AP_TEST_PG_USER", "postgres")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
