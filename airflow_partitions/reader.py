@@ -50,6 +50,7 @@ from airflow_partitions.pruning import (
     plan_partitions,
 )
 from airflow_partitions.pruning.expressions import quote_identifier
+from airflow_partitions.s3 import S3Settings
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.base import conform
 
@@ -94,29 +95,6 @@ def dataset_named_in(project: ProjectSpec | str | Path, sql: str) -> str:
     raise FilterError(
         f"the query reads several datasets ({', '.join(named)}); a query reads one dataset at a time"
     )
-
-
-def s3_filesystem(
-    *,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    access_key: str | None = None,
-    secret_key: str | None = None,
-) -> pafs.FileSystem:
-    """A pyarrow S3 filesystem; unset settings come from the usual AWS environment variables."""
-    import pyarrow.fs as pafs
-
-    options: dict[str, Any] = {}
-    if endpoint_url:
-        scheme, _, host = endpoint_url.partition("://")
-        options["endpoint_override"] = host or scheme
-        options["scheme"] = scheme if host else "https"
-    if region:
-        options["region"] = region
-    if access_key and secret_key:
-        options["access_key"] = access_key
-        options["secret_key"] = secret_key
-    return pafs.S3FileSystem(**options)
 
 
 class PartitionedDatasetReader:
@@ -182,7 +160,9 @@ class PartitionedDatasetReader:
         if text.startswith("s3://"):
             self._remote_root = text.rstrip("/")
             if self._filesystem is None:
-                self._filesystem = s3_filesystem()
+                # Endpoint and region from the usual AWS environment variables, credentials from the
+                # AWS default chain: the same S3 settings every other part of the package uses.
+                self._filesystem = S3Settings.from_source_params({}).arrow_filesystem()
         elif self._filesystem is not None:
             self._remote_root = text.rstrip("/")
         else:

@@ -52,7 +52,8 @@ import pyarrow.compute as pc
 from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.pruning import build_index, plan_partitions
-from airflow_partitions.reader import PartitionedDatasetReader, new_duckdb_connection, s3_filesystem
+from airflow_partitions.reader import PartitionedDatasetReader, new_duckdb_connection
+from airflow_partitions.s3 import S3Settings
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.datafile import ColumnStats, DataFile
 from airflow_partitions.transforms import parse_transform
@@ -553,12 +554,7 @@ def s3_case(base: Path, spec_path: Path, bucketed: Built, local_files: list[Path
         client.create_bucket(Bucket="lake")
         for path in local_files:
             client.upload_file(str(path), "lake", f"taxi_bucket/{path.relative_to(bucketed.root).as_posix()}")
-        filesystem = s3_filesystem(
-            endpoint_url=settings["endpoint_url"],
-            region=settings["region_name"],
-            access_key=settings["aws_access_key_id"],
-            secret_key=settings["aws_secret_access_key"],
-        )
+        filesystem = S3Settings.from_mapping(settings).arrow_filesystem()
         reader = PartitionedDatasetReader(
             spec_path,
             "taxi_bucket",

@@ -18,8 +18,8 @@ from airflow_partitions.reader import (
     PartitionedDatasetReader,
     needs_partition_functions,
     new_duckdb_connection,
-    s3_filesystem,
 )
+from airflow_partitions.s3 import S3Settings
 from airflow_partitions.storage import get_storage
 
 ROWS = 600
@@ -311,12 +311,7 @@ def test_reads_files_stored_on_s3(
             client.upload_file(
                 str(path), s3_bucket, f"accel/{acc.dataset}/{path.relative_to(dataset_root).as_posix()}"
             )
-    filesystem = s3_filesystem(
-        endpoint_url=s3_server["endpoint_url"],
-        region=s3_server["region_name"],
-        access_key=s3_server["aws_access_key_id"],
-        secret_key=s3_server["aws_secret_access_key"],
-    )
+    filesystem = S3Settings.from_mapping(s3_server).arrow_filesystem()
     reader = PartitionedDatasetReader(
         acc.spec_path,
         acc.dataset,

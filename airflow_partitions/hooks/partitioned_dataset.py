@@ -114,15 +114,10 @@ class PartitionedDatasetHook(BaseHook):
 
     def _s3_filesystem(self) -> Any:
         from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
-        from airflow_partitions.reader import s3_filesystem
+        from airflow_partitions.s3 import S3Settings
 
         settings = SnapshotStorageHook(aws_conn_id=self._setting("aws_conn_id", self.aws_conn_id)).s3_settings
-        return s3_filesystem(
-            endpoint_url=settings.get("endpoint_url"),
-            region=settings.get("region_name"),
-            access_key=settings.get("aws_access_key_id"),
-            secret_key=settings.get("aws_secret_access_key"),
-        )
+        return S3Settings.from_mapping(settings).arrow_filesystem()
 
     # --- reads ----------------------------------------------------------------------------------
 
