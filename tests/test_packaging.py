@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -33,8 +34,14 @@ def test_wheel_ships_the_spark_job_and_type_marker(tmp_path: Path) -> None:
     uv = Path(sys.executable).with_name("uv")
     if not uv.exists():
         pytest.skip("uv is not installed next to this interpreter")
+    # Build from a copy: setuptools leaves build/ and *.egg-info next to the sources it builds.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(PACKAGE, source / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [str(uv), "build", "--wheel", "--out-dir", str(tmp_path), str(ROOT)],
+        [str(uv), "build", "--wheel", "--out-dir", str(tmp_path), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
