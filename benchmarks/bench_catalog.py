@@ -29,15 +29,11 @@ import argparse
 import datetime as dt
 import gc
 import json
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +47,7 @@ from airflow_partitions.catalog import (
 )
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.storage.datafile import ColumnStats, DataFile
+from benchmarks.support import moto_server
 
 OPEN_TARGET_MS = 100.0
 COMMIT_TARGET_MS = 500.0
@@ -210,43 +207,6 @@ def bench_store(label: str, make_store: Callable[[], ObjectStore], partitions: i
     final = Catalog(store, dataset).latest()
     assert final is not None
     assert final.partition_count == partitions
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def moto_server() -> Iterator[dict[str, str]]:
-    """moto's S3 server in its own process, as a real endpoint would be: in this process it would compete
-    with the code under test for the interpreter lock and slow both down."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("the moto S3 server did not start") from None
-                time.sleep(0.1)
-        yield {
-            "endpoint_url": f"http://127.0.0.1:{port}",
-            "aws_access_key_id": "testing",
-            "aws_secret_access_key": "testing",
-            "region_name": "us-east-1",
-        }
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,8 +39,7 @@ import statistics
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ from airflow_partitions.s3 import S3Settings
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.datafile import ColumnStats, DataFile
 from airflow_partitions.transforms import parse_transform
+from benchmarks.support import moto_server
 
 HOT_ZONE = 132
 COLD_ZONE = 264
@@ -315,42 +315,6 @@ def iceberg_table(base: Path, built: Built, schema: pa.Schema) -> Any:
         for data_file in data_files:
             append.append_data_file(data_file)
     return catalog.load_table("bench.trips")
-
-
-@contextmanager
-def moto_server() -> Iterator[dict[str, str]]:
-    """moto's S3 server in its own process (as a real endpoint is): requests never share our GIL."""
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.1)
-        yield {
-            "endpoint_url": f"http://127.0.0.1:{port}",
-            "aws_access_key_id": "bench",
-            "aws_secret_access_key": "bench",
-            "region_name": "us-east-1",
-        }
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 # --- planning at scale -----------------------------------------------------------------------------

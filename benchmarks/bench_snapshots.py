@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import tempfile
 import time
 import uuid
@@ -40,6 +39,7 @@ from airflow_partitions.snapshots import (
     upload_snapshot_manifest,
 )
 from airflow_partitions.storage.datafile import DataFile, file_checksum
+from benchmarks.support import free_port
 
 MiB = 1024 * 1024
 
@@ -48,12 +48,6 @@ MiB = 1024 * 1024
 class Partition:
     key_path: str
     files: list[DataFile]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -69,7 +63,7 @@ def _endpoint(args: argparse.Namespace) -> Iterator[S3Settings]:
         return
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
