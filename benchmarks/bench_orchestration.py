@@ -120,15 +120,7 @@ def run_scheduler(root: Path, partitions: int, *, preload: bool) -> Measured:
     home = root / ("airflow_home_preload" if preload else "airflow_home")
     with running_airflow(home, root / "dags", parallelism=4, preload=preload) as stack:
         client = AirflowApiClient(stack.api_url, username="admin", password=stack.password)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                client.get_dag(DAG_ID)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
+        stack.wait_for_dag(client, DAG_ID)
         conf = {"partitions": None, "where": None, "full_refresh": False, "snapshot": True}
         started = time.perf_counter()
         run = client.trigger_dag_run(DAG_ID, conf)

@@ -116,16 +116,8 @@ def stack(
 @pytest.fixture(scope="module")
 def client(stack: AirflowStack) -> AirflowApiClient:
     api = AirflowApiClient(stack.api_url, username="admin", password=stack.password)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            api.get_dag(DAG_ID)
-            return api
-        except Exception:
-            stack.raise_if_dead()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(2)
+    stack.wait_for_dag(api, DAG_ID, poll=2)
+    return api
 
 
 def catalog(stack: AirflowStack, dataset: str = "sales") -> Any:
@@ -255,15 +247,7 @@ def test_backfill_cli_refreshes_only_the_filtered_partitions(
 def test_stage_less_dag_runs_each_partition_task_on_spark_connect(
     stack: AirflowStack, client: AirflowApiClient
 ) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            client.get_dag(CONNECT_DAG_ID)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(2)
+    stack.wait_for_dag(client, CONNECT_DAG_ID, poll=2)
     run = client.trigger_dag_run(CONNECT_DAG_ID, FULL_CONF)
     try:
         finished = client.wait_for_dag_run(CONNECT_DAG_ID, run["dag_run_id"], timeout=300, poll_interval=1)

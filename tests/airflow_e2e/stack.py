@@ -222,6 +222,20 @@ class AirflowStack:
             f"api-server not healthy after {timeout:.0f}s ({last_error})\n{self.logs_tail()}"
         )
 
+    def wait_for_dag(self, client: Any, dag_id: str, *, timeout: float = 120.0, poll: float = 1.0) -> None:
+        """Wait until the api-server serves `dag_id` (the dag-processor has parsed its file); `client` is an
+        `AirflowApiClient`. Fails early if a component died."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client.get_dag(dag_id)
+                return
+            except Exception:
+                self.raise_if_dead()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(poll)
+
     def raise_if_dead(self) -> None:
         for component, process in self.processes.items():
             if process.poll() is not None:
