@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import SourceError
-from airflow_partitions.s3 import S3Settings
+from airflow_partitions.s3 import S3Settings, shared_s3_client
 from airflow_partitions.sources.base import (
     EMPTY_FINGERPRINT,
     Deadline,
@@ -245,7 +245,7 @@ class FileSource:
         from botocore.exceptions import BotoCoreError, ClientError
 
         bucket, key = split_s3_uri(self._root)
-        client = self.s3_settings.create_client()
+        client = shared_s3_client(self.s3_settings)
         # Try the root as one object first: `s3://b/data.parquet` names a file, not a prefix.
         if key and self._pattern is None and not key.endswith("/"):
             try:
@@ -558,7 +558,7 @@ class FileSource:
         return reader.load(paths).select(*[quote_column(name) for name in schema.names])
 
     def _download(self, files: Sequence[SourceFile], target_root: str) -> list[str]:
-        client = self.s3_settings.create_client()
+        client = shared_s3_client(self.s3_settings)
         out: list[str] = []
         for f in files:
             bucket, key = split_s3_uri(f.path)
