@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import bench_orchestration
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATASET = "sales"
 STAGED_DAG = "refresh_sales"
@@ -80,20 +82,13 @@ class ModeResult:
 
 
 def write_data(root: Path, partitions: int, rows: int) -> Path:
-    """`partitions` regions x 1 day of sales, `rows` rows each; both DAG files; returns the spec path."""
-    from tests.airflow_e2e.sample import install_example_dag, sample_spec, write_sales
-
-    regions = tuple(f"R{i:03d}" for i in range(partitions))
-    write_sales(root / "sales", rows=rows * partitions, days=1, regions=regions)
-    spec = install_example_dag(
-        root / "dags", sample_spec(accelerator_dir=root / "acc", sales_dir=root / "sales")
-    )
+    """The orchestration benchmark's data and example DAG file, plus the stage-less DAG file."""
+    spec = bench_orchestration.write_data(root, partitions, rows)
     (root / "dags" / "refresh_sales_per_partition.py").write_text(PER_PARTITION_DAG_FILE)
     return spec
 
 
-def reset_acceleration(root: Path) -> None:
-    shutil.rmtree(root / "acc", ignore_errors=True)
+reset_acceleration = bench_orchestration.reset_acceleration
 
 
 def run_anchor(spec: Path) -> tuple[float, float, int]:
