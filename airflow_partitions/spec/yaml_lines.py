@@ -19,6 +19,17 @@ _BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoade
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
+# Aliases let a few lines stand for an exponential number of values ("billion laughs"); every consumer of the
+# parsed spec (validation, plain copies, JSON for XCom) walks the expanded tree. A real spec expands to a few
+# thousand nodes and a few KB per dataset (validating 2 MiB of datasets takes seconds); these bounds refuse
+# a bomb before anything walks it, and a huge file before it is parsed.
+MAX_SPEC_BYTES = 2 * 1024 * 1024
+MAX_EXPANDED_NODES = 1_000_000
+
+
+class YamlTooLargeError(yaml.YAMLError):
+    """The document is over a size bound (bytes, or nodes once aliases are expanded); nothing was built."""
+
 
 class LineDict(dict[Any, Any]):
     """A YAML mapping: a plain dict plus `line` (of its first key) and `key_lines` (key -> 1-based line)."""
@@ -116,6 +127,8 @@ _LineLoader.add_constructor("tag:yaml.org,2002:seq", _LineLoader.construct_line_
 
 def format_yaml_error(err: yaml.YAMLError) -> str:
     """One line for a YAML syntax error: `line L, column C: problem (context)`."""
+    if isinstance(err, YamlTooLargeError):
+        return str(err)
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
     problem = getattr(err, "problem", None) or str(err)
     context = getattr(err, "context", None)
@@ -133,11 +146,54 @@ def _hint(problem: str, context: str) -> str:
     return ""
 
 
+def expanded_size(root: Node, limit: int) -> int:
+    """How many nodes `root` stands for once every alias is expanded, counting up to just past `limit`.
+
+    Each distinct node is sized once (aliases share node objects), so a bomb is measured in time linear in
+    its text, not in its expansion.
+    """
+    sizes: dict[int, int] = {}
+    # Iterative post-order walk: a deeply nested document must not exhaust Python's recursion limit.
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children: list[Node] = []
+        if isinstance(node, MappingNode):
+            for key_node, value_node in node.value:
+                children += (key_node, value_node)
+        elif isinstance(node, SequenceNode):
+            children = list(node.value)
+        if children_done or not children:
+            sizes[id(node)] = min(limit + 1, 1 + sum(sizes[id(child)] for child in children))
+            continue
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
 def read_yaml(text: str) -> YamlDocument:
-    """Parse one YAML document; raises `yaml.YAMLError` on a syntax error (see `format_yaml_error`)."""
+    """Parse one YAML document; raises `yaml.YAMLError` on a syntax error (see `format_yaml_error`) and
+    `YamlTooLargeError` past `MAX_SPEC_BYTES` or `MAX_EXPANDED_NODES`."""
+    size = len(text.encode("utf-8"))
+    if size > MAX_SPEC_BYTES:
+        raise YamlTooLargeError(
+            f"the spec is {size:,} bytes, over the {MAX_SPEC_BYTES:,}-byte limit; split its datasets "
+            "into several spec files (each with its own DAG file), and keep data (key lists, values) out"
+        )
     loader = _LineLoader(text)
     try:
-        data = loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return YamlDocument(data=None, duplicates=loader.duplicates)
+        if expanded_size(node, MAX_EXPANDED_NODES) > MAX_EXPANDED_NODES:
+            raise YamlTooLargeError(
+                f"the spec expands to more than {MAX_EXPANDED_NODES:,} values once its YAML aliases (*name) "
+                "are resolved; an alias repeated inside aliases multiplies the document. "
+                "Write the values out, or reuse anchors without nesting them"
+            )
+        data = loader.construct_document(node)
     finally:
         loader.dispose()
     return YamlDocument(data=data, duplicates=loader.duplicates)
