@@ -49,6 +49,7 @@ from airflow_partitions.pruning import (
     executable_sql,
     plan_partitions,
 )
+from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import quote_identifier
 from airflow_partitions.s3 import S3Settings
 from airflow_partitions.storage import get_storage
@@ -256,6 +257,7 @@ class PartitionedDatasetReader:
 
     # --- planning ---------------------------------------------------------------------------------
 
+    @deep_stack
     def plan(self, where: FilterInput = None, version: int | None = None) -> PrunePlan:
         """Which partitions and files of `version` a read with `where` opens, and why."""
         return self._plan(self.snapshot(version), where)
@@ -286,6 +288,7 @@ class PartitionedDatasetReader:
 
     # --- read -------------------------------------------------------------------------------------
 
+    @deep_stack
     def read(
         self,
         where: FilterInput = None,
@@ -578,6 +581,7 @@ class PartitionedDatasetReader:
 
     # --- query ------------------------------------------------------------------------------------
 
+    @deep_stack
     def query(self, sql: str, version: int | None = None) -> pa.Table:
         """Run one read-only SELECT where the dataset name is a table; only pruned files are opened."""
         check_read_only(sql)
@@ -613,6 +617,7 @@ class PartitionedDatasetReader:
         except duckdb.Error as err:
             raise FilterError(f"query failed: {str(err).strip()}") from err
 
+    @deep_stack
     def plan_query(self, sql: str, version: int | None = None) -> PrunePlan:
         """The pruning plan `query(sql)` would use."""
         check_read_only(sql)
@@ -621,6 +626,7 @@ class PartitionedDatasetReader:
 
     # --- Spark ------------------------------------------------------------------------------------
 
+    @deep_stack
     def to_spark(
         self,
         spark: Any,

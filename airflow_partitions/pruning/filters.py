@@ -26,6 +26,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from airflow_partitions.exceptions import FilterError, PartitionExpressionError
+from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import (
     OPERATORS_BY_TEXT,
     AlwaysFalse,
@@ -548,6 +549,7 @@ def _parse_transform(text: str) -> Transform | None:
         return None
 
 
+@deep_stack
 def bind_filter(where: FilterInput, schema: pa.Schema) -> Predicate:
     """Strictly bind `where` (SQL string, DNF list, predicate or None) to `schema`."""
     return FilterBinder(schema).bind(where)

@@ -20,6 +20,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.evaluator import (
     MAX_RANGE_ENUMERATION,
     ROWS_CANNOT_MATCH,
@@ -214,6 +215,7 @@ class PrunePlan:
         explainer = _Explainer(self)
         return tuple(sorted(explainer.decisions(), key=lambda d: d.key_path))
 
+    @deep_stack
     def summary(self) -> str:
         files = self.files
         exact = sum(1 for p in self.selected if p.exact)
@@ -224,6 +226,7 @@ class PrunePlan:
         residual = self.residual_sql
         return text + (f"; residual: {residual}" if residual else "; no residual filter")
 
+    @deep_stack
     def explain(self, *, max_skipped: int | None = None) -> str:
         """Human-readable plan: the filter, the counts, then one line per partition (kept first)."""
         where = self.filter_text if self.filter_text is not None else str(self.predicate)
@@ -243,6 +246,7 @@ class PrunePlan:
             lines.append(f"  ... {len(skipped) - len(shown)} more skipped partition(s)")
         return "\n".join(lines)
 
+    @deep_stack
     def to_json(self, *, include_decisions: bool = True) -> dict[str, Any]:
         data: dict[str, Any] = {
             "dataset": self.dataset,
@@ -421,6 +425,7 @@ def build_index(snapshot: Snapshot, schema: pa.Schema) -> PartitionIndex:
     return PartitionIndex(snapshot, schema, bind_fields(recorded, schema))
 
 
+@deep_stack
 def plan_partitions(
     snapshot: Snapshot,
     schema: pa.Schema,

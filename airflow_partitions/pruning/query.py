@@ -19,6 +19,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from airflow_partitions.exceptions import UnsafeQueryError
+from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import AlwaysFalse, AlwaysTrue, Predicate, or_
 from airflow_partitions.pruning.filters import DIALECT, FilterBinder
 
@@ -80,6 +81,7 @@ _CALENDAR_NODES: tuple[type[exp.Expression], ...] = (
 )
 
 
+@deep_stack
 def executable_sql(sql: str, schema: pa.Schema) -> str:
     """`sql` with partition transform calls rewritten so DuckDB computes exactly our partition values.
 
@@ -104,6 +106,7 @@ def executable_sql(sql: str, schema: pa.Schema) -> str:
     return rewrite_partition_functions(sql, {field.name: field.type for field in schema})
 
 
+@deep_stack
 def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
     """The rows of `dataset` that `sql` can look at, as a predicate (TRUE when it cannot tell)."""
     try:
@@ -123,6 +126,7 @@ def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
     return or_(*(_reference_filter(table, schema) for table in references))
 
 
+@deep_stack
 def tables_named_in(sql: str) -> set[str]:
     """Lower-cased names of the plain tables `sql` reads (CTE names excluded); empty if unparsable."""
     try:
