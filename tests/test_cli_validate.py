@@ -520,3 +520,28 @@ def test_secrets_in_params_are_masked_in_the_offline_summary(
     assert_no_secret(out)
     shown = json.loads(out)["datasets"][0]["source"]["params"]
     assert shown == {**params, "aws_access_key_id": "***", "aws_secret_access_key": "***"}
+
+
+@pytest.mark.parametrize(
+    ("source", "refused"),
+    [
+        (
+            ("postgres:public.t", {"url": f"postgresql://u:{PG_PASSWORD}@127.0.0.1:1/db", "reader": "odbc"}),
+            "params.reader 'odbc' is not one of auto, jdbc, adbc",
+        ),
+        (
+            ("s3://bucket-x/in/", {"file_format": "parquet", "endpoint_url": "localhost:9000"}),
+            "endpoint_url 'localhost:9000' must be an http(s) URL",
+        ),
+    ],
+    ids=["postgres-reader", "s3-endpoint"],
+)
+def test_source_params_the_connector_refuses_are_errors(
+    source: tuple[str, dict[str, Any]], refused: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_scores_spec(tmp_path, source, ["bucket(4, id)"])
+    assert main(["validate", str(spec)]) == 1, "no retry fixes a setting: it is the spec's error"
+    out = capsys.readouterr().out
+    assert_no_secret(out)
+    assert out.startswith(f"{spec}: 1 error(s) against the sources\n"), out
+    assert f"  dataset 'scores': source {source[0]}: {refused}" in out

@@ -71,8 +71,9 @@ def register(subparsers: Any) -> None:
 class SourceCheck:
     """What reading one dataset's source schema found.
 
-    `status`: `ok` (schema read, the spec binds to it), `invalid` (schema read, `errors` say what does
-    not fit), `unreachable` (no schema: `reason` says why) or `skipped` (`--offline`).
+    `status`: `ok` (schema read, the spec binds to it), `invalid` (`errors` say what does not fit the
+    schema, or which source param the connector refused), `unreachable` (no schema: `reason` says why)
+    or `skipped` (`--offline`).
     """
 
     dataset: str
@@ -143,6 +144,13 @@ def declared_schema_warnings(dataset: DatasetSpec, schema: pa.Schema) -> list[st
     return warnings
 
 
+def _misconfigured(outcome: dict[str, Any]) -> bool:
+    """Whether the source failed on the spec's own settings (params), which no retry would fix."""
+    from airflow_partitions.exceptions import S3SettingsError
+
+    return bool(outcome.get("misconfigured")) or isinstance(outcome.get("error"), S3SettingsError)
+
+
 def check_source(dataset: DatasetSpec, timeout_s: float) -> SourceCheck:
     """Read `dataset`'s source schema (at most `timeout_s` seconds) and bind the spec to it."""
     return _start_check(dataset, timeout_s)()
@@ -165,7 +173,13 @@ def _start_check(dataset: DatasetSpec, timeout_s: float) -> Any:
         source: Any = None
         try:
             # Opened exactly as the refresh opens it, so the schema checked is the schema refreshed.
+            # Opening does no I/O: what fails here is the spec's params, not the source's reachability.
             source = open_source(dataset.source)
+        except Exception as err:
+            outcome["error"], outcome["misconfigured"] = err, True
+            outcome["secrets"] = _dataset_secrets(dataset, None)
+            return
+        try:
             schema = source.schema()
             outcome["schema"] = schema
             outcome["errors"] = validate_against_schema(dataset, schema)
@@ -189,6 +203,14 @@ def _start_check(dataset: DatasetSpec, timeout_s: float) -> Any:
                 label,
                 "unreachable",
                 reason=f"no answer within {timeout_s:g} s (refresh.discovery_timeout_s or --timeout)",
+            )
+        if "error" in outcome and _misconfigured(outcome):
+            message = _reason(outcome["error"], outcome.get("secrets", []))
+            return SourceCheck(
+                dataset.name,
+                label,
+                "invalid",
+                errors=[f"dataset {dataset.name!r}: source {label}: {message}"],
             )
         if "error" in outcome:
             return SourceCheck(
