@@ -545,3 +545,30 @@ def test_source_params_the_connector_refuses_are_errors(
     assert_no_secret(out)
     assert out.startswith(f"{spec}: 1 error(s) against the sources\n"), out
     assert f"  dataset 'scores': source {source[0]}: {refused}" in out
+
+
+def test_masking_hides_url_passwords_and_secret_params_however_spelt() -> None:
+    from airflow_partitions.spec.masking import mask_secrets, masked_params, secret_values
+
+    params = {
+        "url": "postgresql://alice:p%40ss:w0rd@db.example:5432/app?sslmode=require",
+        "aws_secret_access_key": "AbC/123+xyz",
+        "nested": {"session_token": "tok-1", "endpoint_url": "http://minio:9000"},
+        "connection_id": "warehouse",
+    }
+    shown = masked_params(params)
+    assert shown == {
+        "url": "postgresql://alice:***@db.example:5432/app?sslmode=require",
+        "aws_secret_access_key": "***",
+        "nested": {"session_token": "***", "endpoint_url": "http://minio:9000"},
+        "connection_id": "warehouse",
+    }
+    # A driver message may quote the password decoded, or a secret on its own.
+    message = (
+        "auth failed for alice with p@ss:w0rd; key AbC/123+xyz; token tok-1; see postgres://bob:hunter2@h/db"
+    )
+    masked = mask_secrets(message, secret_values(params))
+    for secret in ("p@ss:w0rd", "p%40ss:w0rd", "AbC/123+xyz", "tok-1", "hunter2"):
+        assert secret not in masked, masked
+    assert "postgres://bob:***@h/db" in masked
+    assert "alice" in masked, "user names are not secrets"

@@ -15,6 +15,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -151,12 +152,7 @@ def _misconfigured(outcome: dict[str, Any]) -> bool:
     return bool(outcome.get("misconfigured")) or isinstance(outcome.get("error"), S3SettingsError)
 
 
-def check_source(dataset: DatasetSpec, timeout_s: float) -> SourceCheck:
-    """Read `dataset`'s source schema (at most `timeout_s` seconds) and bind the spec to it."""
-    return _start_check(dataset, timeout_s)()
-
-
-def _start_check(dataset: DatasetSpec, timeout_s: float) -> Any:
+def _start_check(dataset: DatasetSpec, timeout_s: float) -> Callable[[], SourceCheck]:
     """Start reading the source in a daemon thread; the returned function waits for the result.
 
     The read runs in its own thread because neither a TCP connect nor a footer read can be interrupted
