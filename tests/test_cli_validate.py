@@ -572,3 +572,19 @@ def test_masking_hides_url_passwords_and_secret_params_however_spelt() -> None:
         assert secret not in masked, masked
     assert "postgres://bob:***@h/db" in masked
     assert "alice" in masked, "user names are not secrets"
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (["--offline", "--require-sources"], "give one of the two"),
+        (["--timeout", "0"], "--timeout must be a positive number of seconds"),
+    ],
+)
+def test_contradictory_flags_are_usage_errors(
+    flags: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", str(EXAMPLE_SPEC), *flags]) == 2
+    captured = capsys.readouterr()
+    assert complaint in captured.err
+    assert captured.out == ""
