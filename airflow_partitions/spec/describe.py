@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_partitions.spec.masking import masked_params
 from airflow_partitions.spec.model import DatasetSpec, PartitionField, ProjectSpec
 
 
@@ -30,7 +31,8 @@ def describe_dataset(dataset: DatasetSpec) -> dict[str, Any]:
             "location": source.location,
             "uri": source.uri,
             "file_format": None if source.file_format is None else source.file_format.value,
-            "params": dict(source.params),
+            # Summaries get printed and logged: a URL password or secret key must not go with them.
+            "params": masked_params(source.params),
         },
         "schema": dict(dataset.declared_columns) or None,
         "acceleration": {
@@ -56,7 +58,7 @@ def describe_dataset(dataset: DatasetSpec) -> dict[str, Any]:
 
 
 def describe_project(project: ProjectSpec) -> dict[str, Any]:
-    """JSON-ready summary (params keep the YAML's scalar types; dump with `default=str`)."""
+    """JSON-ready summary (params keep the YAML's scalar types, secrets masked; dump with `default=str`)."""
     return {
         "path": None if project.path is None else str(project.path),
         "accelerator_dir": str(project.accelerator_dir),

@@ -671,6 +671,7 @@ class _SpecReader:
             check_column=values["check_column"],
             discovery_timeout_s=float(values["discovery_timeout_s"]),
             max_partitions=values["max_partitions"],
+            check_column_line=raw.line_of("check_column") if "check_column" in raw else None,
         )
 
     def read_snapshots(self, block: LineDict, label: str) -> SnapshotConfig | None:

@@ -352,6 +352,8 @@ class RefreshConfig:
     check_column: str | None = None
     discovery_timeout_s: float = DEFAULT_DISCOVERY_TIMEOUT_S
     max_partitions: int = DEFAULT_MAX_PARTITIONS
+    # Where `check_column:` sits in the spec file, so a problem found against the source points at it.
+    check_column_line: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _raise_problems(
@@ -702,7 +704,7 @@ def bind_problems(
         list(enumerate(dataset.partition_by)),
         dataset.acceleration.refresh.check_column,
         schema,
-        dataset.line,
+        dataset.acceleration.refresh.check_column_line or dataset.line,
     )
 
 
