@@ -32,6 +32,32 @@ def digest(parts: Iterable[str]) -> str:
     return hasher.hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 
+# A partition fingerprint starts with the tag of the source schema its rows were read under, so a change of
+# any column's type changes every partition's fingerprint: a version never mixes two schemas.
+SCHEMA_TAG_PREFIX = "schema:"
+SCHEMA_TAG_HEX_CHARS = 12
+
+
+def schema_tag(schema: pa.Schema) -> str:
+    """`schema:<12 hex>`: a short digest of the column names and Arrow types (metadata ignored)."""
+    lines = [f"{field.name}\t{field.type}" for field in schema]
+    return SCHEMA_TAG_PREFIX + digest(lines)[:SCHEMA_TAG_HEX_CHARS]
+
+
+def tagged_fingerprint(tag: str, fingerprint: str) -> str:
+    """`fingerprint` prefixed with the schema tag (`schema:<hex>/<fingerprint>`); `EMPTY` stays as is."""
+    if not tag or fingerprint == EMPTY_FINGERPRINT:
+        return fingerprint
+    return f"{tag}/{fingerprint}"
+
+
+def fingerprint_schema_tag(fingerprint: str | None) -> str | None:
+    """The schema tag a recorded fingerprint starts with, or None (no rows, or recorded without one)."""
+    if not fingerprint or not fingerprint.startswith(SCHEMA_TAG_PREFIX):
+        return None
+    return fingerprint.split("/", 1)[0]
+
+
 class Deadline:
     """A wall-clock budget shared by every step of one discovery; `check` raises once it is spent."""
 
@@ -68,7 +94,8 @@ class SourceSurvey:
 
     `keys` is None when the caller did not ask for keys. Fingerprints are either per partition (`per_key`,
     looked up through `projection`, the field positions the source layout determines) or one for the
-    whole source, which then stands for every partition: any change refreshes all of them.
+    whole source, which then stands for every partition: any change refreshes all of them. `schema_tag`
+    (see `schema_tag()`) prefixes every fingerprint but the empty one.
     """
 
     keys: list[KeyTuple] | None
@@ -77,13 +104,14 @@ class SourceSurvey:
     projection: tuple[int, ...] = ()
     granularity: str = "source"  # "source" | "partition"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    schema_tag: str = ""
 
     def fingerprint(self, key: Sequence[Scalar]) -> str:
-        """The fingerprint of the source data that can feed the partition `key`."""
+        """The fingerprint of the source data that can feed the partition `key`, schema tag first."""
         if self.per_key is None:
-            return self.whole_fingerprint
+            return tagged_fingerprint(self.schema_tag, self.whole_fingerprint)
         projected = tuple(key[i] for i in self.projection)
-        return self.per_key.get(projected, EMPTY_FINGERPRINT)
+        return tagged_fingerprint(self.schema_tag, self.per_key.get(projected, EMPTY_FINGERPRINT))
 
 
 @runtime_checkable
