@@ -33,19 +33,20 @@ def digest(parts: Iterable[str]) -> str:
 
 
 # A partition fingerprint starts with the tag of the source schema its rows were read under, so a change of
-# any column's type changes every partition's fingerprint: a version never mixes two schemas.
-SCHEMA_TAG_PREFIX = "schema:"
-SCHEMA_TAG_HEX_CHARS = 12
+# any column's type changes every partition's fingerprint: a version never mixes two schemas. Short, as
+# every planned item carries its fingerprint through XCom.
+SCHEMA_TAG_PREFIX = "s"
+SCHEMA_TAG_HEX_CHARS = 8
 
 
 def schema_tag(schema: pa.Schema) -> str:
-    """`schema:<12 hex>`: a short digest of the column names and Arrow types (metadata ignored)."""
+    """`s<8 hex>`: a short digest of the column names and Arrow types (metadata ignored)."""
     lines = [f"{field.name}\t{field.type}" for field in schema]
     return SCHEMA_TAG_PREFIX + digest(lines)[:SCHEMA_TAG_HEX_CHARS]
 
 
 def tagged_fingerprint(tag: str, fingerprint: str) -> str:
-    """`fingerprint` prefixed with the schema tag (`schema:<hex>/<fingerprint>`); `EMPTY` stays as is."""
+    """`fingerprint` prefixed with the schema tag (`s<hex>/<fingerprint>`); `EMPTY` stays as is."""
     if not tag or fingerprint == EMPTY_FINGERPRINT:
         return fingerprint
     return f"{tag}/{fingerprint}"
@@ -53,9 +54,10 @@ def tagged_fingerprint(tag: str, fingerprint: str) -> str:
 
 def fingerprint_schema_tag(fingerprint: str | None) -> str | None:
     """The schema tag a recorded fingerprint starts with, or None (no rows, or recorded without one)."""
-    if not fingerprint or not fingerprint.startswith(SCHEMA_TAG_PREFIX):
-        return None
-    return fingerprint.split("/", 1)[0]
+    head, separator, _ = (fingerprint or "").partition("/")
+    if separator and head.startswith(SCHEMA_TAG_PREFIX) and len(head) == 1 + SCHEMA_TAG_HEX_CHARS:
+        return head
+    return None
 
 
 class Deadline:
@@ -94,8 +96,9 @@ class SourceSurvey:
 
     `keys` is None when the caller did not ask for keys. Fingerprints are either per partition (`per_key`,
     looked up through `projection`, the field positions the source layout determines) or one for the
-    whole source, which then stands for every partition: any change refreshes all of them. `schema_tag`
-    (see `schema_tag()`) prefixes every fingerprint but the empty one.
+    whole source, which then stands for every partition: any change refreshes all of them. Every
+    fingerprint but the empty one starts with `schema_tag` (see `schema_tag()`), the source schema the
+    rows are read under.
     """
 
     keys: list[KeyTuple] | None
@@ -107,11 +110,11 @@ class SourceSurvey:
     schema_tag: str = ""
 
     def fingerprint(self, key: Sequence[Scalar]) -> str:
-        """The fingerprint of the source data that can feed the partition `key`, schema tag first."""
+        """The fingerprint of the source data that can feed the partition `key`."""
         if self.per_key is None:
-            return tagged_fingerprint(self.schema_tag, self.whole_fingerprint)
+            return self.whole_fingerprint
         projected = tuple(key[i] for i in self.projection)
-        return tagged_fingerprint(self.schema_tag, self.per_key.get(projected, EMPTY_FINGERPRINT))
+        return self.per_key.get(projected, EMPTY_FINGERPRINT)
 
 
 @runtime_checkable

@@ -24,6 +24,7 @@ from airflow_partitions.sources.base import (
     SourceSurvey,
     digest,
     schema_tag,
+    tagged_fingerprint,
 )
 from airflow_partitions.sources.s3 import split_s3_uri
 from airflow_partitions.sources.schema import unify_types
@@ -544,9 +545,13 @@ class FileSource:
     ) -> SourceSurvey:
         files = self.list_files(refresh=True)
         deadline.check(f"listing {self.location}")
-        whole = digest(f.fingerprint_line() for f in files)
+        tag = schema_tag(self.schema())
+        whole = tagged_fingerprint(tag, digest(f.fingerprint_line() for f in files))
         projection, groups = self._groups(transforms)
-        per_key = {partial: digest(f.fingerprint_line() for f in group) for partial, group in groups.items()}
+        per_key = {
+            partial: tagged_fingerprint(tag, digest(f.fingerprint_line() for f in group))
+            for partial, group in groups.items()
+        }
         keys: list[KeyTuple] | None = None
         notes: list[str] = []
         if need_keys:
@@ -568,7 +573,7 @@ class FileSource:
             projection=projection,
             granularity="partition" if projection else "source",
             notes=tuple(notes),
-            schema_tag=schema_tag(self.schema()),
+            schema_tag=tag,
         )
 
     def _scan_distinct(self, transforms: Sequence[Transform], deadline: Deadline) -> list[KeyTuple]:

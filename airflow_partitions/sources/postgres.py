@@ -31,6 +31,7 @@ from airflow_partitions.sources.base import (
     connection_resolver,
     digest,
     schema_tag,
+    tagged_fingerprint,
 )
 from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident
@@ -364,11 +365,12 @@ class PostgresSource:
         counts = per_partition.column("n_sum").to_pylist()
         maxima = per_partition.column("w_max").to_pylist()
         volatile = watermark == "NULL::bigint"
+        tag = schema_tag(self.schema())
         per_key: dict[KeyTuple, str] = {}
         for index, key in enumerate(zip(*key_columns, strict=True)):
             token = f"volatile:{time.time_ns()}" if volatile else _watermark_text(maxima[index])
-            per_key[tuple(key)] = digest([f"rows={counts[index]}", f"max={token}"])
-        whole = digest(sorted(f"{k!r}={v}" for k, v in per_key.items()))
+            per_key[tuple(key)] = tagged_fingerprint(tag, digest([f"rows={counts[index]}", f"max={token}"]))
+        whole = tagged_fingerprint(tag, digest(sorted(f"{k!r}={v}" for k, v in per_key.items())))
         return SourceSurvey(
             keys=list(per_key) if need_keys else None,
             whole_fingerprint=whole,
@@ -376,7 +378,7 @@ class PostgresSource:
             projection=tuple(range(len(transforms))),
             granularity="partition",
             notes=tuple(notes),
-            schema_tag=schema_tag(self.schema()),
+            schema_tag=tag,
         )
 
     # --- pushed-down reads --------------------------------------------------------------------
