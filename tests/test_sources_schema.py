@@ -420,3 +420,31 @@ def test_unify_types_widens_only_losslessly(
 ) -> None:
     assert unify_types(left, right) == unified
     assert unify_types(right, left) == unified
+
+
+@pytest.mark.spark
+def test_csv_files_with_different_column_orders_keep_each_value_in_its_column(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Spark maps CSV fields by position: two header orders must not swap values between columns."""
+    source_dir = tmp_path / "src"
+    source_dir.mkdir()
+    first = [{"a": f"a{i}", "b": f"b{i}", "k": "x" if i % 2 else "y"} for i in range(6)]
+    second = [{"a": f"A{i}", "b": f"B/{i}=%", "k": "x" if i % 2 else "y"} for i in range(5)]
+    (source_dir / "one.csv").write_text("a,b,k\n" + "".join(f"{r['a']},{r['b']},{r['k']}\n" for r in first))
+    (source_dir / "two.csv").write_text("k,b,a\n" + "".join(f"{r['k']},{r['b']},{r['a']}\n" for r in second))
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: t\n"
+        "    from: file:src\n"
+        "    params: {file_format: csv}\n"
+        "    acceleration:\n"
+        "      engine: parquet\n"
+        "      partition_by:\n"
+        "        - {k: k}\n"
+    )
+    project = load_spec(tmp_path / "spec.yaml")
+    refresh_dataset(project, project.dataset("t"), spark=spark, strategy="spark")
+    got = row_multiset(read_all_partitions(project, "t").to_pylist(), ["a", "b", "k"])
+    assert got == row_multiset(first + second, ["a", "b", "k"])

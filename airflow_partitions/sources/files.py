@@ -746,13 +746,18 @@ class FileSource:
             paths = self._download(files, base)
         else:
             paths = [f.path for f in files]
-        groups = self._spark_type_groups(files, schema) if self.file_format == "parquet" else {(): files}
+        groups: Mapping[tuple[Any, ...], list[SourceFile]] = {(): files}
+        if self.file_format == "parquet":
+            groups = self._spark_type_groups(files, schema)
+        elif self.file_format == "csv":
+            groups = self._csv_header_groups(files)
         read_path = dict(zip((f.path for f in files), paths, strict=True))
         whole_source = (
             self._pattern is None
             and len(files) == len(self.list_files())
             and not (self.is_s3 and not spark_scheme)
-            and list(groups) == [()]
+            and len(groups) == 1
+            and (self.file_format != "parquet" or list(groups) == [()])
         )
         if whole_source:
             # The whole directory: let Spark list it (in parallel) instead of passing every file path.
@@ -764,8 +769,11 @@ class FileSource:
         def reader(read_struct: Any) -> Any:
             read = spark.read.format(self.file_format).schema(read_struct)
             if self.file_format == "csv":
-                read = read.option("header", str(bool(self.params.get("header", True))).lower())
+                header = bool(self.params.get("header", True))
+                read = read.option("header", str(header).lower())
                 read = read.option("sep", self._csv_delimiter())
+                # Check each file's header against the columns it is read as (never map by position alone).
+                read = read.option("enforceSchema", str(not header).lower())
             if self.file_format in ("csv", "json"):
                 read = read.option("mode", "FAILFAST")
             if self.hive_columns:
@@ -791,6 +799,27 @@ class FileSource:
                     for f in struct.fields
                 ]
             )
+        if self.file_format == "csv":
+            # Spark maps CSV fields by position: read each header order as itself, then align by name.
+            hive = set(self.hive_columns)
+            by_name = {f.name: f for f in struct.fields}
+            hive_fields = [f for f in struct.fields if f.name in hive]
+            csv_frames = []
+            for order, group in groups.items():
+                group_paths = [read_path[f.path] for f in group] if read_path else paths
+                own = [by_name[name] for name in order if name in by_name and name not in hive]
+                frame = reader(T.StructType(own + hive_fields)).load(group_paths)
+                csv_frames.append(
+                    frame.select(
+                        *[
+                            F.col(quote_column(f.name))
+                            if f.name in frame.columns
+                            else F.lit(None).cast(f.dataType).alias(f.name)
+                            for f in struct.fields
+                        ]
+                    )
+                )
+            return reduce(lambda left, right: left.unionByName(right), csv_frames)
         frames = []
         for differing, group in groups.items():
             group_paths = [read_path[f.path] for f in group] if read_path else paths
@@ -813,6 +842,14 @@ class FileSource:
                 )
             )
         return reduce(lambda left, right: left.unionByName(right), frames)
+
+    def _csv_header_groups(self, files: Sequence[SourceFile]) -> dict[tuple[Any, ...], list[SourceFile]]:
+        """CSV files grouped by their columns in header order."""
+        groups: dict[tuple[Any, ...], list[SourceFile]] = {}
+        schemas = self.file_schemas(files)
+        for source_file in files:
+            groups.setdefault(tuple(schemas[source_file.path].names), []).append(source_file)
+        return groups
 
     def _spark_type_groups(
         self, files: Sequence[SourceFile], schema: pa.Schema
