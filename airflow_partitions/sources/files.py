@@ -807,8 +807,8 @@ class FileSource:
             csv_frames = []
             for order, group in groups.items():
                 group_paths = [read_path[f.path] for f in group] if read_path else paths
-                own = [by_name[name] for name in order if name in by_name and name not in hive]
-                frame = reader(T.StructType(own + hive_fields)).load(group_paths)
+                in_file = [by_name[name] for name in order if name in by_name and name not in hive]
+                frame = reader(T.StructType(in_file + hive_fields)).load(group_paths)
                 csv_frames.append(
                     frame.select(
                         *[
