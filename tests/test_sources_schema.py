@@ -448,3 +448,28 @@ def test_csv_files_with_different_column_orders_keep_each_value_in_its_column(
     refresh_dataset(project, project.dataset("t"), spark=spark, strategy="spark")
     got = row_multiset(read_all_partitions(project, "t").to_pylist(), ["a", "b", "k"])
     assert got == row_multiset(first + second, ["a", "b", "k"])
+
+
+@pytest.mark.s3
+def test_s3_files_are_unified_from_every_footer(
+    s3_server: dict[str, str], s3_bucket: str, tmp_path: Path
+) -> None:
+    import boto3
+
+    client: Any = boto3.client("s3", **s3_server)  # type: ignore[call-overload]
+    write_hive_amounts(tmp_path / "src", "r01", [1.5, None], pa.float64())
+    write_hive_amounts(tmp_path / "src", "r02", [2**53, -4], pa.int64())
+    for local in sorted((tmp_path / "src").rglob("*.parquet")):
+        client.upload_file(str(local), s3_bucket, f"sales/{local.relative_to(tmp_path / 'src').as_posix()}")
+    params = {"file_format": "parquet", "endpoint_url": s3_server["endpoint_url"]}
+    source = FileSource(f"{s3_bucket}/sales", params=params, scheme="s3")
+    assert source.schema().field("amount").type == pa.float64(), "the second file's int64 is seen too"
+    assert Counter(source.read_all().column("amount").to_pylist()) == Counter([1.5, None, 2.0**53, -4.0])
+
+    write_hive_amounts(tmp_path / "src", "r03", ["text"], pa.string())
+    client.upload_file(
+        str(tmp_path / "src" / "region=r03" / "part-0.parquet"), s3_bucket, "sales/region=r03/part-0.parquet"
+    )
+    with pytest.raises(SchemaDriftError) as raised:
+        FileSource(f"{s3_bucket}/sales", params=params, scheme="s3").schema()
+    assert "region=r03/part-0.parquet" in str(raised.value)
