@@ -473,3 +473,24 @@ def test_s3_files_are_unified_from_every_footer(
     with pytest.raises(SchemaDriftError) as raised:
         FileSource(f"{s3_bucket}/sales", params=params, scheme="s3").schema()
     assert "region=r03/part-0.parquet" in str(raised.value)
+
+
+@pytest.mark.postgres
+def test_postgres_declared_schema_must_match_the_table(pg_database: str) -> None:
+    """A `schema:` type the table does not have is refused, never silently ignored."""
+    import psycopg
+
+    from airflow_partitions.sources.postgres import PostgresSource
+
+    with psycopg.connect(pg_database, autocommit=True) as connection:
+        connection.execute("CREATE TABLE sales (id bigint, amount double precision)")
+    matching = pa.schema([("amount", pa.float64())])
+    assert PostgresSource("public", "sales", url=pg_database, declared_schema=matching).schema().names == [
+        "id",
+        "amount",
+    ]
+    with pytest.raises(SourceError) as raised:
+        PostgresSource(
+            "public", "sales", url=pg_database, declared_schema=pa.schema([("amount", pa.int64())])
+        ).schema()
+    assert "amount: declared int64, the table has double" in str(raised.value)
