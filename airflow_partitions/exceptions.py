@@ -135,3 +135,12 @@ class OrchestrationError(AirflowPartitionsError):
 
 class AirflowApiError(AirflowPartitionsError):
     """The Airflow REST API could not be reached, refused the credentials, or rejected a request."""
+
+
+class SchemaDriftError(SourceError):
+    """Source files disagree on a column's type and no lossless widening unifies them."""
+
+
+class SchemaMixedRefreshError(DiscoveryError):
+    """A partial refresh would publish partitions under a source schema the other partitions were not
+    written with; a plain (or full) refresh rewrites every partition under the new schema."""

@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import DiscoveryError, TooManyPartitionsError
+from airflow_partitions.exceptions import DiscoveryError, SchemaMixedRefreshError, TooManyPartitionsError
 from airflow_partitions.keys import PartitionKey, Scalar, value_to_text
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
-from airflow_partitions.sources.base import Deadline, KeyTuple, Source
+from airflow_partitions.sources.base import Deadline, KeyTuple, Source, fingerprint_schema_tag
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Snapshot
@@ -181,6 +181,8 @@ def discover(
         removed = [path for path, keep in zip(gone, mask, strict=True) if keep]
     else:
         removed = sorted(path for path in existing if path not in discovered_paths)
+    if selecting and not respec:
+        refuse_mixed_schema_refresh(dataset.name, existing, survey.schema_tag, items, removed)
     unknown = [text for text in unknown if text not in removed]
     if unknown:
         sample = ", ".join(key_paths[k] for k in keys[:5])
@@ -204,6 +206,32 @@ def discover(
         elapsed_s=time.monotonic() - started,
         notes=survey.notes,
     )
+
+
+def refuse_mixed_schema_refresh(
+    dataset_name: str,
+    existing: Mapping[str, tuple[str, str | None]],
+    current_tag: str,
+    items: Sequence[PartitionWorkItem],
+    removed: Sequence[str],
+) -> None:
+    """Refuse a partial refresh that would leave catalogued partitions written under another source
+    schema next to the ones it rewrites: one version must have one schema."""
+    if not current_tag:
+        return
+    rewritten = {item.key_path for item in items} | set(removed)
+    stale = sorted(
+        path
+        for path, (_, fingerprint) in existing.items()
+        if path not in rewritten and fingerprint_schema_tag(fingerprint) not in (None, current_tag)
+    )
+    if stale:
+        raise SchemaMixedRefreshError(
+            f"dataset {dataset_name!r}: the source schema changed since {len(stale)} catalogued "
+            f"partition(s) were written (e.g. {', '.join(stale[:3])}), and this refresh selects only some "
+            "partitions, which would publish one version with two schemas; run a plain refresh (no "
+            "partitions / where) or a full refresh, which rewrites every partition under the new schema"
+        )
 
 
 def _catalog_state(snapshot: Snapshot | None) -> dict[str, tuple[str, str | None]]:

@@ -25,7 +25,7 @@ from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
 from airflow_partitions.refresh.stage import stage_refresh
-from airflow_partitions.sources import Source, open_source
+from airflow_partitions.sources import Source, open_dataset_source
 
 if TYPE_CHECKING:
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
@@ -188,7 +188,7 @@ def plan_refresh(
     """Discover the dataset's partitions and diff them against its catalog: the refresh plan."""
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
-    source = source or open_source(spec.source)
+    source = source or open_dataset_source(spec)
     bound = bind_dataset(spec, source)
     snapshot = open_dataset_catalog(project, spec).latest()
     selector = where_selector(bound, where) if where else None
@@ -274,7 +274,7 @@ def refresh_dataset(
     timings: dict[str, float] = {}
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
-    source = source or open_source(spec.source)
+    source = source or open_dataset_source(spec)
 
     def tick(phase: str, done: int, total: int, rows: int) -> None:
         if progress is not None:

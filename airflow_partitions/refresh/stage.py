@@ -31,7 +31,7 @@ from airflow_partitions.exceptions import RefreshError, SourceError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.plan import RefreshPlan, StageMode, StageResult, utc_now_iso
 from airflow_partitions.refresh.spark_session import describe_session
-from airflow_partitions.sources import Source, open_source
+from airflow_partitions.sources import Source, open_dataset_source
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -172,7 +172,7 @@ def stage_refresh(
         )
     if not plan.items:
         return StageResult(plan.dataset, None, StageMode.EMPTY, 0, time.monotonic() - started)
-    source = source or open_source(dataset.source)
+    source = source or open_dataset_source(dataset)
     bound = bind_to_source(dataset, source)
     transforms = [f.transform for f in bound.acceleration.partition_by]
     mode = choose_mode(source, transforms, strategy)
@@ -249,7 +249,7 @@ def _run_spark_stage(
 
     from pyspark.sql import functions as F
 
-    from airflow_partitions.sources.spark import quote_column
+    from airflow_partitions.sources.spark import explain_spark_read_error, quote_column
 
     # Partition values must match the Arrow evaluation: UTC session, microsecond timestamps in parquet.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
@@ -289,6 +289,9 @@ def _run_spark_stage(
     except Exception as err:
         if isinstance(err, SourceError):
             raise
+        explained = explain_spark_read_error(err, source.describe())
+        if explained is not None:
+            raise explained from err
         raise RefreshError(f"the Spark stage job for {source.describe()} failed: {_first_line(err)}") from err
 
 

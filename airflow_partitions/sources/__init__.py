@@ -29,14 +29,20 @@ __all__ = [
     "Source",
     "SourceSurvey",
     "connection_resolver",
+    "open_dataset_source",
     "open_source",
     "open_source_json",
     "set_connection_resolver",
 ]
 
 
-def open_source(ref: Any) -> Source:
-    """The connector for a spec `SourceRef` (`scheme`, `location`, `params`, `file_format`)."""
+def open_source(ref: Any, *, declared_schema: Any = None) -> Source:
+    """The connector for a spec `SourceRef` (`scheme`, `location`, `params`, `file_format`).
+
+    `declared_schema` (the dataset's `schema:` block as Arrow) wins over the types the source reports:
+    every read parses or casts the declared columns to them. Open a dataset's source with
+    `open_dataset_source(dataset)`, which passes it.
+    """
     scheme = str(getattr(ref.scheme, "value", ref.scheme))
     params = dict(ref.params or {})
     if scheme in ("file", "s3"):
@@ -45,7 +51,7 @@ def open_source(ref: Any) -> Source:
         file_format = getattr(ref, "file_format", None)
         if file_format is not None:
             params.setdefault("file_format", str(getattr(file_format, "value", file_format)))
-        return FileSource(ref.location, params=params, scheme=scheme)
+        return FileSource(ref.location, params=params, scheme=scheme, declared_schema=declared_schema)
     if scheme == "postgres":
         from airflow_partitions.sources.postgres import PostgresSource
 
@@ -55,8 +61,14 @@ def open_source(ref: Any) -> Source:
             url=ref.url,
             connection_id=ref.connection_id,
             params=params,
+            declared_schema=declared_schema,
         )
     raise SourceError(f"no connector for source scheme {scheme!r}; use file:, s3:// or postgres:")
+
+
+def open_dataset_source(dataset: Any) -> Source:
+    """The connector for a spec `DatasetSpec`'s source, with the types its `schema:` block declares."""
+    return open_source(dataset.source, declared_schema=dataset.declared_schema())
 
 
 def open_source_json(data: Mapping[str, Any], *, schema: Any = None) -> Source:

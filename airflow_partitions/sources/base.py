@@ -32,6 +32,34 @@ def digest(parts: Iterable[str]) -> str:
     return hasher.hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 
+# A partition fingerprint starts with the tag of the source schema its rows were read under, so a change of
+# any column's type changes every partition's fingerprint: a version never mixes two schemas. Short, as
+# every planned item carries its fingerprint through XCom.
+SCHEMA_TAG_PREFIX = "s"
+SCHEMA_TAG_HEX_CHARS = 8
+
+
+def schema_tag(schema: pa.Schema) -> str:
+    """`s<8 hex>`: a short digest of the column names and Arrow types (metadata ignored)."""
+    lines = [f"{field.name}\t{field.type}" for field in schema]
+    return SCHEMA_TAG_PREFIX + digest(lines)[:SCHEMA_TAG_HEX_CHARS]
+
+
+def tagged_fingerprint(tag: str, fingerprint: str) -> str:
+    """`fingerprint` prefixed with the schema tag (`s<hex>/<fingerprint>`); `EMPTY` stays as is."""
+    if not tag or fingerprint == EMPTY_FINGERPRINT:
+        return fingerprint
+    return f"{tag}/{fingerprint}"
+
+
+def fingerprint_schema_tag(fingerprint: str | None) -> str | None:
+    """The schema tag a recorded fingerprint starts with, or None (no rows, or recorded without one)."""
+    head, separator, _ = (fingerprint or "").partition("/")
+    if separator and head.startswith(SCHEMA_TAG_PREFIX) and len(head) == 1 + SCHEMA_TAG_HEX_CHARS:
+        return head
+    return None
+
+
 class Deadline:
     """A wall-clock budget shared by every step of one discovery; `check` raises once it is spent."""
 
@@ -68,7 +96,9 @@ class SourceSurvey:
 
     `keys` is None when the caller did not ask for keys. Fingerprints are either per partition (`per_key`,
     looked up through `projection`, the field positions the source layout determines) or one for the
-    whole source, which then stands for every partition: any change refreshes all of them.
+    whole source, which then stands for every partition: any change refreshes all of them. Every
+    fingerprint but the empty one starts with `schema_tag` (see `schema_tag()`), the source schema the
+    rows are read under.
     """
 
     keys: list[KeyTuple] | None
@@ -77,6 +107,7 @@ class SourceSurvey:
     projection: tuple[int, ...] = ()
     granularity: str = "source"  # "source" | "partition"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    schema_tag: str = ""
 
     def fingerprint(self, key: Sequence[Scalar]) -> str:
         """The fingerprint of the source data that can feed the partition `key`."""

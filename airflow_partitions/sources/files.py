@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import SourceError
+from airflow_partitions.exceptions import SchemaDriftError, SourceError
 from airflow_partitions.s3 import S3Settings, shared_s3_client
 from airflow_partitions.sources.base import (
     EMPTY_FINGERPRINT,
@@ -23,8 +23,11 @@ from airflow_partitions.sources.base import (
     KeyTuple,
     SourceSurvey,
     digest,
+    schema_tag,
+    tagged_fingerprint,
 )
 from airflow_partitions.sources.s3 import split_s3_uri
+from airflow_partitions.sources.schema import unify_types
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -132,8 +135,12 @@ class FileSource:
         base_dir: str | os.PathLike[str] | None = None,
         scheme: str = "file",
         schema: pa.Schema | None = None,
+        declared_schema: pa.Schema | None = None,
     ) -> None:
         self.location = location
+        # The spec's `schema:` block: its types win over what the files say (see `_schema`).
+        self.declared_schema = declared_schema.remove_metadata() if declared_schema is not None else None
+        self._file_schemas: dict[str, pa.Schema] = {}
         self.params: dict[str, Any] = dict(params or {})
         self.base_dir = str(base_dir) if base_dir is not None else None
         self.scheme = scheme
@@ -306,26 +313,48 @@ class FileSource:
                 return ()
         return names or ()
 
-    def _arrow_format(self) -> pads.FileFormat:
+    def _arrow_format(self, schema: pa.Schema | None = None) -> pads.FileFormat:
+        """The pyarrow format; with `schema`, CSV and JSON values are parsed as its types, not inferred."""
         import pyarrow.csv as pacsv
         import pyarrow.dataset as pads
+        import pyarrow.json as pajson
 
+        physical = self._physical_schema(schema) if schema is not None else None
         if self.file_format == "parquet":
             return pads.ParquetFileFormat()
         if self.file_format == "csv":
-            delimiter = self.params.get("delimiter") or self.params.get("csv_delimiter")
-            if delimiter is None:
-                delimiter = "\t" if self.location.lower().endswith(".tsv") else ","
+            delimiter = self._csv_delimiter()
             header = bool(self.params.get("header", True))
             read_options = pacsv.ReadOptions(autogenerate_column_names=not header)
             # As Spark reads CSV: an empty field is NULL, quoted ("") or not.
-            convert_options = pacsv.ConvertOptions(strings_can_be_null=True, quoted_strings_can_be_null=True)
+            convert_options = pacsv.ConvertOptions(
+                strings_can_be_null=True,
+                quoted_strings_can_be_null=True,
+                column_types={f.name: f.type for f in physical} if physical is not None else None,
+            )
             return pads.CsvFileFormat(
                 parse_options=pacsv.ParseOptions(delimiter=str(delimiter)),
                 read_options=read_options,
                 convert_options=convert_options,
             )
-        return pads.JsonFileFormat()
+        if physical is None:
+            return pads.JsonFileFormat()
+        return pads.JsonFileFormat(
+            parse_options=pajson.ParseOptions(explicit_schema=physical, unexpected_field_behavior="ignore")
+        )
+
+    def _csv_delimiter(self) -> str:
+        delimiter = self.params.get("delimiter") or self.params.get("csv_delimiter")
+        if delimiter is None:
+            delimiter = "\t" if self.location.lower().endswith(".tsv") else ","
+        return str(delimiter)
+
+    def _physical_schema(self, schema: pa.Schema) -> pa.Schema:
+        """`schema` without the Hive directory columns: the columns the files themselves hold."""
+        import pyarrow as pa
+
+        hive = set(self.hive_columns)
+        return pa.schema([f for f in schema if f.name not in hive])
 
     def _hive_base(self) -> str:
         root = self._root
@@ -337,8 +366,9 @@ class FileSource:
         import pyarrow.dataset as pads
 
         paths = [f.path for f in files]
+        file_format = self._arrow_format(schema)
         if not self.hive_columns:
-            return pads.dataset(paths, schema=schema, format=self._arrow_format(), filesystem=self.filesystem)
+            return pads.dataset(paths, schema=schema, format=file_format, filesystem=self.filesystem)
         if schema is not None:
             partitioning: Any = pads.partitioning(pa_schema_subset(schema, self.hive_columns), flavor="hive")
         else:
@@ -346,18 +376,129 @@ class FileSource:
         return pads.dataset(
             paths,
             schema=schema,
-            format=self._arrow_format(),
+            format=file_format,
             filesystem=self.filesystem,
             partitioning=partitioning,
             partition_base_dir=self._hive_base(),
         )
 
+    # --- schema -------------------------------------------------------------------------------
+
     @cached_property
     def _schema(self) -> pa.Schema:
+        """The one schema of every row: each file's own schema unified losslessly, the declared types on top.
+
+        Every file is asked (parquet footers; the first block of a CSV or JSON file), not just the first:
+        files whose types drift would otherwise be read under a schema they do not have.
+        """
+        import pyarrow as pa
+
+        files = self.list_files()
+        declared = {f.name: f.type for f in self.declared_schema} if self.declared_schema is not None else {}
+        hive_fields = self._hive_fields(files)
+        hive_names = {f.name for f in hive_fields}
+        merged = self._unified_file_types(files, skip=hive_names, declared=set(declared))
+        fields: list[pa.Field] = []
+        for name, data_type in merged.items():
+            if name in declared:
+                data_type = declared[name]
+            elif self.file_format != "parquet" and pa.types.is_timestamp(data_type):
+                # Text inference picks seconds when no sample had a fraction: later values may have one.
+                data_type = pa.timestamp("us", data_type.tz) if data_type.unit in ("s", "ms") else data_type
+            fields.append(pa.field(name, data_type))
+        fields += [pa.field(f.name, declared.get(f.name, f.type)) for f in hive_fields]
+        absent = [name for name in declared if name not in merged and name not in hive_names]
+        if absent and self.file_format != "json":
+            raise SourceError(
+                f"the spec's schema: declares column(s) {absent} that no file of {self.describe()} has "
+                f"(files have {list(merged) + sorted(hive_names)}); fix the names under schema:"
+            )
+        # A JSON key no sampled line had is still a column the spec says exists (NULL where absent).
+        fields += [pa.field(name, declared[name]) for name in absent]
+        return pa.schema(fields)
+
+    def _hive_fields(self, files: Sequence[SourceFile]) -> list[pa.Field]:
+        """The Hive directory columns with the types pyarrow infers from every file's directories."""
+        if not self.hive_columns:
+            return []
         try:
-            schema = self._dataset(self.list_files()).schema
+            schema = self._dataset(files).schema
         except (OSError, ValueError) as err:
-            raise SourceError(f"cannot read the schema of {self.describe()}: {err}") from err
+            raise SourceError(f"cannot read the Hive directory values of {self.describe()}: {err}") from err
+        return [schema.field(name) for name in self.hive_columns]
+
+    def _unified_file_types(
+        self, files: Sequence[SourceFile], *, skip: set[str], declared: set[str]
+    ) -> dict[str, pa.DataType]:
+        """Column -> one type for every file (first-seen order); `SchemaDriftError` when none is lossless."""
+        schemas = self.file_schemas(files)
+        merged: dict[str, tuple[pa.DataType, SourceFile]] = {}
+        for source_file in files:
+            for field in schemas[source_file.path]:
+                if field.name in skip:
+                    continue
+                seen = merged.get(field.name)
+                if seen is None:
+                    merged[field.name] = (field.type, source_file)
+                    continue
+                if field.name in declared or seen[0] == field.type:
+                    continue
+                unified = unify_types(seen[0], field.type) or self._text_fallback(seen[0], field.type)
+                if unified is None:
+                    raise SchemaDriftError(
+                        f"column {field.name!r} of {self.describe()} is {seen[0]} in {seen[1].relative} "
+                        f"but {field.type} in {source_file.relative}, and no lossless type holds both; "
+                        f"declare its type under the dataset's schema: (e.g. `{field.name}: "
+                        f"{seen[0]}`) so every file is read as that type, or rewrite the files with "
+                        "one type"
+                    )
+                merged[field.name] = (unified, seen[1])
+        return {name: data_type for name, (data_type, _) in merged.items()}
+
+    def _text_fallback(self, left: pa.DataType, right: pa.DataType) -> pa.DataType | None:
+        """In a text format a column some files infer as string is read as string everywhere: the text
+        itself is kept (in JSON only where the other files also hold text, e.g. timestamps)."""
+        import pyarrow as pa
+
+        if self.file_format == "parquet" or pa.string() not in (left, right):
+            return None
+        other = right if left == pa.string() else left
+        temporal = pa.types.is_temporal(other)
+        return pa.string() if self.file_format == "csv" or temporal else None
+
+    def file_schemas(self, files: Sequence[SourceFile]) -> dict[str, pa.Schema]:
+        """Each file's own schema (cached per path, size and version), read in parallel."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def cache_key(source_file: SourceFile) -> str:
+            return f"{source_file.path}\t{source_file.size}\t{source_file.version}"
+
+        missing = [f for f in files if cache_key(f) not in self._file_schemas]
+        if missing:
+            workers = min(16 if self.is_s3 else 4, len(missing))
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for source_file, schema in zip(
+                    missing, pool.map(self._read_file_schema, missing), strict=True
+                ):
+                    self._file_schemas[cache_key(source_file)] = schema
+        return {f.path: self._file_schemas[cache_key(f)] for f in files}
+
+    def _read_file_schema(self, source_file: SourceFile) -> pa.Schema:
+        import pyarrow.dataset as pads
+
+        try:
+            if self.file_format == "parquet":
+                import pyarrow.parquet as pq
+
+                schema = pq.read_schema(source_file.path, filesystem=self.filesystem)
+            else:
+                schema = pads.dataset(
+                    [source_file.path], format=self._arrow_format(), filesystem=self.filesystem
+                ).schema
+        except (OSError, ValueError) as err:
+            raise SourceError(
+                f"cannot read the schema of {source_file.relative} ({self.describe()}): {err}"
+            ) from err
         return schema.remove_metadata()
 
     def schema(self) -> pa.Schema:
@@ -404,9 +545,13 @@ class FileSource:
     ) -> SourceSurvey:
         files = self.list_files(refresh=True)
         deadline.check(f"listing {self.location}")
-        whole = digest(f.fingerprint_line() for f in files)
+        tag = schema_tag(self.schema())
+        whole = tagged_fingerprint(tag, digest(f.fingerprint_line() for f in files))
         projection, groups = self._groups(transforms)
-        per_key = {partial: digest(f.fingerprint_line() for f in group) for partial, group in groups.items()}
+        per_key = {
+            partial: tagged_fingerprint(tag, digest(f.fingerprint_line() for f in group))
+            for partial, group in groups.items()
+        }
         keys: list[KeyTuple] | None = None
         notes: list[str] = []
         if need_keys:
@@ -428,17 +573,27 @@ class FileSource:
             projection=projection,
             granularity="partition" if projection else "source",
             notes=tuple(notes),
+            schema_tag=tag,
         )
 
     def _scan_distinct(self, transforms: Sequence[Transform], deadline: Deadline) -> list[KeyTuple]:
         import pyarrow as pa
 
         columns = sorted({t.source_column for t in transforms})
-        dataset = self._dataset(self.list_files(), self.schema())
+        files = self.list_files()
+        schema = self.schema()
+        dataset = self._dataset(files, schema)
         names = [f"k{i}" for i in range(len(transforms))]
         partials: list[pa.Table] = []
         pending_rows = 0
-        for batch in dataset.to_batches(columns=columns, batch_size=1 << 18):
+        batches = dataset.to_batches(columns=columns, batch_size=1 << 18)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except (OSError, ValueError) as err:
+                raise self._read_error(files, schema, err) from err
             deadline.check(f"scanning {self.location} for distinct partition values")
             if batch.num_rows == 0:
                 continue
@@ -486,7 +641,49 @@ class FileSource:
         try:
             return self._dataset(files, schema).to_table()
         except (OSError, ValueError) as err:
-            raise SourceError(f"cannot read {len(paths)} file(s) of {self.describe()}: {err}") from err
+            raise self._read_error(files, schema, err) from err
+
+    def _read_error(self, files: Sequence[SourceFile], schema: pa.Schema, err: BaseException) -> SourceError:
+        """The error of a failed read, naming the file (found by reading them one by one) and the value."""
+        for source_file in files:
+            try:
+                self._dataset([source_file], schema).to_table()
+            except (OSError, ValueError) as file_err:
+                return SourceError(self._bad_file_message(source_file, schema, file_err))
+        return SourceError(f"cannot read {len(files)} file(s) of {self.describe()}: {err}")
+
+    def _bad_file_message(self, source_file: SourceFile, schema: pa.Schema, err: BaseException) -> str:
+        import pyarrow as pa
+
+        if self.file_format == "parquet":
+            # The dataset's cast error names neither the column nor the file: find the column.
+            try:
+                import pyarrow.parquet as pq
+
+                own = pq.read_schema(source_file.path, filesystem=self.filesystem)
+                for target in schema:
+                    if target.name not in own.names or own.field(target.name).type == target.type:
+                        continue
+                    column = pq.read_table(
+                        source_file.path, columns=[target.name], filesystem=self.filesystem
+                    )
+                    try:
+                        column.column(target.name).cast(target.type)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as cast_err:
+                        return (
+                            f"column {target.name!r} of {source_file.path} ({self.describe()}) is "
+                            f"{own.field(target.name).type} there, and a value cannot become "
+                            f"{target.type} (the source schema) without loss: {cast_err}; declare the "
+                            f"column's type under the dataset's schema: (e.g. `{target.name}: "
+                            f"{own.field(target.name).type}`), or rewrite the files with one type"
+                        )
+            except (OSError, ValueError):
+                pass
+        return (
+            f"cannot read {source_file.path} ({self.describe()}): {err}; declare the column's type under "
+            "the dataset's schema: (values with a zone offset need e.g. `timestamp[us, UTC]`), or fix the "
+            "value in the file. Nothing is read as NULL in its place"
+        )
 
     def read_partition(self, transforms: Sequence[Transform], key: KeyTuple, hint: Any) -> pa.Table:
         if hint is None:
@@ -519,7 +716,19 @@ class FileSource:
     def spark_frame(
         self, spark: Any, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None, *, work_dir: str
     ) -> Any:
-        from airflow_partitions.sources.spark import quote_column, spark_schema
+        """The source rows in Spark, under `schema()` exactly.
+
+        CSV and JSON are read with `mode=FAILFAST` (a value that does not parse fails the job instead of
+        becoming NULL); JSON timestamps are parsed as instants (any offset, UTC when none) and naive
+        columns then keep their UTC wall time, as Arrow reads them. Parquet files whose own types differ
+        from the unified ones are read in groups under their own types and cast (checked per value).
+        """
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        from airflow_partitions.sources.spark import checked_cast, quote_column, spark_schema
 
         schema = self.schema()
         files = self.files_for_keys(transforms, keys)
@@ -537,25 +746,137 @@ class FileSource:
             paths = self._download(files, base)
         else:
             paths = [f.path for f in files]
-        if (
+        groups: Mapping[tuple[Any, ...], list[SourceFile]] = {(): files}
+        if self.file_format == "parquet":
+            groups = self._spark_type_groups(files, schema)
+        elif self.file_format == "csv":
+            groups = self._csv_header_groups(files)
+        read_path = dict(zip((f.path for f in files), paths, strict=True))
+        whole_source = (
             self._pattern is None
             and len(files) == len(self.list_files())
             and not (self.is_s3 and not spark_scheme)
-        ):
+            and len(groups) == 1
+            and (self.file_format != "parquet" or list(groups) == [()])
+        )
+        if whole_source:
             # The whole directory: let Spark list it (in parallel) instead of passing every file path.
             whole = self._root if not self.is_s3 else f"{spark_scheme}://{self._root}"
             if self.is_s3 or os.path.isdir(self._root):
                 paths = [whole]
-        reader = spark.read.format(self.file_format).schema(struct)
+                read_path = {}
+
+        def reader(read_struct: Any) -> Any:
+            read = spark.read.format(self.file_format).schema(read_struct)
+            if self.file_format == "csv":
+                header = bool(self.params.get("header", True))
+                read = read.option("header", str(header).lower())
+                read = read.option("sep", self._csv_delimiter())
+                # Check each file's header against the columns it is read as (never map by position alone).
+                read = read.option("enforceSchema", str(not header).lower())
+            if self.file_format in ("csv", "json"):
+                read = read.option("mode", "FAILFAST")
+            if self.hive_columns:
+                read = read.option("basePath", base)
+            return read
+
+        if self.file_format == "json":
+            # Parse every timestamp as an instant (offsets honoured), then naive ones back to UTC wall time.
+            read_struct = T.StructType(
+                [
+                    T.StructField(f.name, T.TimestampType(), True)
+                    if isinstance(f.dataType, T.TimestampNTZType)
+                    else f
+                    for f in struct.fields
+                ]
+            )
+            frame = reader(read_struct).load(paths)
+            return frame.select(
+                *[
+                    F.col(quote_column(f.name)).cast(T.TimestampNTZType()).alias(f.name)
+                    if isinstance(f.dataType, T.TimestampNTZType)
+                    else F.col(quote_column(f.name))
+                    for f in struct.fields
+                ]
+            )
         if self.file_format == "csv":
-            delimiter = self.params.get("delimiter") or self.params.get("csv_delimiter")
-            if delimiter is None:
-                delimiter = "\t" if self.location.lower().endswith(".tsv") else ","
-            reader = reader.option("header", str(bool(self.params.get("header", True))).lower())
-            reader = reader.option("sep", str(delimiter))
-        if self.hive_columns:
-            reader = reader.option("basePath", base)
-        return reader.load(paths).select(*[quote_column(name) for name in schema.names])
+            # Spark maps CSV fields by position: read each header order as itself, then align by name.
+            hive = set(self.hive_columns)
+            by_name = {f.name: f for f in struct.fields}
+            hive_fields = [f for f in struct.fields if f.name in hive]
+            csv_frames = []
+            for order, group in groups.items():
+                group_paths = [read_path[f.path] for f in group] if read_path else paths
+                in_file = [by_name[name] for name in order if name in by_name and name not in hive]
+                frame = reader(T.StructType(in_file + hive_fields)).load(group_paths)
+                csv_frames.append(
+                    frame.select(
+                        *[
+                            F.col(quote_column(f.name))
+                            if f.name in frame.columns
+                            else F.lit(None).cast(f.dataType).alias(f.name)
+                            for f in struct.fields
+                        ]
+                    )
+                )
+            return reduce(lambda left, right: left.unionByName(right), csv_frames)
+        frames = []
+        for differing, group in groups.items():
+            group_paths = [read_path[f.path] for f in group] if read_path else paths
+            if not differing:
+                frames.append(
+                    reader(struct).load(group_paths).select(*[quote_column(n) for n in schema.names])
+                )
+                continue
+            own = dict(differing)
+            own_struct = spark_schema(pa_schema_with(schema, own))
+            frame = reader(own_struct).load(group_paths)
+            frames.append(
+                frame.select(
+                    *[
+                        checked_cast(F.col(quote_column(n)), own[n], schema.field(n).type, n).alias(n)
+                        if n in own
+                        else F.col(quote_column(n))
+                        for n in schema.names
+                    ]
+                )
+            )
+        return reduce(lambda left, right: left.unionByName(right), frames)
+
+    def _csv_header_groups(self, files: Sequence[SourceFile]) -> dict[tuple[Any, ...], list[SourceFile]]:
+        """CSV files grouped by their columns in header order."""
+        groups: dict[tuple[Any, ...], list[SourceFile]] = {}
+        schemas = self.file_schemas(files)
+        for source_file in files:
+            groups.setdefault(tuple(schemas[source_file.path].names), []).append(source_file)
+        return groups
+
+    def _spark_type_groups(
+        self, files: Sequence[SourceFile], schema: pa.Schema
+    ) -> dict[tuple[tuple[str, pa.DataType], ...], list[SourceFile]]:
+        """Files grouped by the columns whose own type Spark would not read as the unified one."""
+        from airflow_partitions.sources.spark import spark_schema
+
+        hive = set(self.hive_columns)
+        targets = {f.name: f.type for f in schema if f.name not in hive}
+        spark_types: dict[pa.DataType, Any] = {}
+
+        def spark_type(data_type: pa.DataType) -> Any:
+            if data_type not in spark_types:
+                spark_types[data_type] = spark_schema(pa_schema_of([("c", data_type)])).fields[0].dataType
+            return spark_types[data_type]
+
+        groups: dict[tuple[tuple[str, pa.DataType], ...], list[SourceFile]] = {}
+        schemas = self.file_schemas(files)
+        for source_file in files:
+            own = schemas[source_file.path]
+            differing = tuple(
+                (f.name, f.type)
+                for f in own
+                if f.name in targets and spark_type(f.type) != spark_type(targets[f.name])
+            )
+            groups.setdefault(differing, []).append(source_file)
+        return groups
 
     def _download(self, files: Sequence[SourceFile], target_root: str) -> list[str]:
         client = shared_s3_client(self.s3_settings)
@@ -576,6 +897,19 @@ class FileSource:
             "params": self.params,
             "base_dir": self.base_dir,
         }
+
+
+def pa_schema_of(columns: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(columns)
+
+
+def pa_schema_with(schema: pa.Schema, types: Mapping[str, pa.DataType]) -> pa.Schema:
+    """`schema` with the given columns' types replaced."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(f.name, types.get(f.name, f.type)) for f in schema])
 
 
 def pa_schema_subset(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
@@ -602,4 +936,4 @@ def filter_to_key(table: pa.Table, transforms: Sequence[Transform], key: KeyTupl
     return table.filter(mask)
 
 
-__all__ = ["EMPTY_FINGERPRINT", "FileSource", "SourceFile", "filter_to_key", "glob_to_regex"]
+__all__ = ["EMPTY_FINGERPRINT", "FileSource", "SourceFile", "filter_to_key", "glob_to_regex", "unify_types"]

@@ -30,6 +30,8 @@ from airflow_partitions.sources.base import (
     SourceSurvey,
     connection_resolver,
     digest,
+    schema_tag,
+    tagged_fingerprint,
 )
 from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident
@@ -160,8 +162,10 @@ class PostgresSource:
         connection_id: str | None = None,
         params: Mapping[str, Any] | None = None,
         schema: pa.Schema | None = None,
+        declared_schema: pa.Schema | None = None,
     ) -> None:
         self.table = PostgresTable(table_schema, table_name)
+        self.declared_schema = declared_schema
         if schema is not None:
             # Known from a stage manifest: a finalize task then skips the column query.
             self.__dict__["_schema"] = schema
@@ -243,7 +247,23 @@ class PostgresSource:
     def _schema(self) -> pa.Schema:
         import pyarrow as pa
 
-        return pa.schema([pa.field(f.name, canonical_type(f)) for f in self._raw_schema])
+        schema = pa.schema([pa.field(f.name, canonical_type(f)) for f in self._raw_schema])
+        if self.declared_schema is not None:
+            # The table's own types are what every reader gets; a `schema:` saying otherwise is refused
+            # rather than ignored.
+            mismatched = [
+                f"{f.name}: declared {f.type}, the table has "
+                + (str(schema.field(f.name).type) if f.name in schema.names else "no such column")
+                for f in self.declared_schema
+                if f.name not in schema.names or schema.field(f.name).type != f.type
+            ]
+            if mismatched:
+                raise SourceError(
+                    f"the dataset's schema: does not match {self.describe()} ({'; '.join(mismatched)}); "
+                    "declare the table's types under schema: (or remove the block), or cast the column "
+                    "in a view and read that"
+                )
+        return schema
 
     def schema(self) -> pa.Schema:
         return self._schema
@@ -345,11 +365,12 @@ class PostgresSource:
         counts = per_partition.column("n_sum").to_pylist()
         maxima = per_partition.column("w_max").to_pylist()
         volatile = watermark == "NULL::bigint"
+        tag = schema_tag(self.schema())
         per_key: dict[KeyTuple, str] = {}
         for index, key in enumerate(zip(*key_columns, strict=True)):
             token = f"volatile:{time.time_ns()}" if volatile else _watermark_text(maxima[index])
-            per_key[tuple(key)] = digest([f"rows={counts[index]}", f"max={token}"])
-        whole = digest(sorted(f"{k!r}={v}" for k, v in per_key.items()))
+            per_key[tuple(key)] = tagged_fingerprint(tag, digest([f"rows={counts[index]}", f"max={token}"]))
+        whole = tagged_fingerprint(tag, digest(sorted(f"{k!r}={v}" for k, v in per_key.items())))
         return SourceSurvey(
             keys=list(per_key) if need_keys else None,
             whole_fingerprint=whole,
@@ -357,6 +378,7 @@ class PostgresSource:
             projection=tuple(range(len(transforms))),
             granularity="partition",
             notes=tuple(notes),
+            schema_tag=tag,
         )
 
     # --- pushed-down reads --------------------------------------------------------------------
