@@ -772,6 +772,9 @@ class FileSource:
                 header = bool(self.params.get("header", True))
                 read = read.option("header", str(header).lower())
                 read = read.option("sep", self._csv_delimiter())
+                # RFC 4180 quoting, as pyarrow and DuckDB read it: `""` inside quotes is one `"`, and a
+                # backslash is an ordinary character (Spark's default escape is `\`, which kept the quotes).
+                read = read.option("quote", '"').option("escape", '"')
                 # Check each file's header against the columns it is read as (never map by position alone).
                 read = read.option("enforceSchema", str(not header).lower())
             if self.file_format in ("csv", "json"):
