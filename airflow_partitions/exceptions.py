@@ -135,3 +135,13 @@ class OrchestrationError(AirflowPartitionsError):
 
 class AirflowApiError(AirflowPartitionsError):
     """The Airflow REST API could not be reached, refused the credentials, or rejected a request."""
+
+
+class SnapshotIntegrityError(SnapshotError):
+    """A snapshot object's bytes differ from the SHA-256 recorded when it was published."""
+
+    def __init__(self, message: str, *, uri: str, expected: str | None, actual: str) -> None:
+        super().__init__(message)
+        self.uri = uri  # the object that failed the check
+        self.expected = expected  # the recorded SHA-256 hex (None: no digest was recorded)
+        self.actual = actual  # the SHA-256 hex of the bytes read
