@@ -149,11 +149,16 @@ def bootstrap_snapshot(
             f"partition {in_shared_file!r} lives in tables of DuckDB's shared file; pass the dataset's "
             "storage (get_storage('duckdb', 'tables')) so bootstrap can rebuild those tables"
         )
+    # Partitions held unchanged in DuckDB's shared file need no staged copy (it may be gone by design).
+    in_shared_tables = {
+        e.key_path for e in selected if e.files and all(f.table for f in e.files) and _unchanged(local, e)
+    }
     downloads = [
         FileDownload(
             layout.bucket, layout.data_key(f.path), local_file(root, f.path), f.checksum.lower(), f.bytes
         )
         for entry in selected
+        if entry.key_path not in in_shared_tables
         for f in entry.files
     ]
     # What this call creates, so a refused bootstrap can take it away again.
@@ -175,7 +180,10 @@ def bootstrap_snapshot(
             if action is DownloadAction.DOWNLOADED:
                 placed.append(item.local)
             actions.append(action)
-        upserts = [_published(entry, root, storage) for entry in selected]
+        upserts = [
+            entry if entry.key_path in in_shared_tables else _published(entry, root, storage)
+            for entry in selected
+        ]
     except BaseException:
         _discard(catalog, root, list(fetched.values()), placed, created_directories)
         raise
@@ -209,7 +217,7 @@ def bootstrap_snapshot(
         partitions_removed=tuple(removed),
         partitions_kept_local=tuple(sorted(kept_local)),
         files_downloaded=len(downloaded),
-        files_skipped=len(downloads) - len(downloaded),
+        files_skipped=sum(len(e.files) for e in selected) - len(downloaded),
         bytes_downloaded=sum(item.size for item in downloaded),
     )
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
     from airflow_partitions.catalog import Snapshot
+    from airflow_partitions.storage import PartitionStorage
 
 MANIFEST_FORMAT = "airflow-partitions/snapshot-manifest"
 MANIFEST_FORMAT_VERSION = 1
@@ -192,6 +193,7 @@ def upload_snapshot_manifest(
     dataset_root: str | Path | None = None,
     multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
     multipart_chunksize: int = DEFAULT_MULTIPART_CHUNKSIZE,
+    storage: PartitionStorage | None = None,
 ) -> ManifestUploadResult:
     """Publish the manifest of `catalog_snapshot` once every file it references is in the snapshot location.
 
@@ -199,7 +201,8 @@ def upload_snapshot_manifest(
     unless `dataset_root` is given: then missing files are uploaded from there first (useful when
     snapshots are enabled for a dataset that already has partitions). Publishing a version again is a
     no-op when the manifest is identical, and a `SnapshotError` when another snapshot of that version
-    (another catalog sharing the location) was published.
+    (another catalog sharing the location) was published. With `storage` and `dataset_root`, staged
+    copies the storage kept only for this upload (DuckDB `tables` mode) are released once published.
     """
     layout = SnapshotLayout.of(location, dataset)
     client = shared_s3_client(settings)
@@ -236,6 +239,9 @@ def upload_snapshot_manifest(
     _record_digest(client, layout, catalog_snapshot.version, sha256)
     created = existing is None and _put_once(client, layout, key, body)
     latest = _advance_latest(client, layout, catalog_snapshot.version, sha256)
+    if storage is not None and dataset_root is not None:
+        # Every file of the version is in object storage now: local staged copies are not needed.
+        storage.release_staged(Path(dataset_root), [f for entry in entries for f in entry.files])
     return ManifestUploadResult(
         dataset=dataset,
         version=catalog_snapshot.version,
