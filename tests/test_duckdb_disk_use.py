@@ -240,3 +240,47 @@ datasets:
     storage = get_storage(load_spec(tmp_path / "spec.yaml").dataset("trips").acceleration)
     assert isinstance(storage, DuckDBTablesStorage)
     assert storage.keep_staged is keeps
+
+
+@pytest.mark.parametrize("mode", ["files", "tables"])
+def test_partition_files_of_the_earlier_layout_still_read_exactly(tmp_path: Path, mode: str) -> None:
+    import duckdb
+
+    from airflow_partitions.storage.datafile import DataFile, file_checksum
+
+    table = pa.table(
+        {
+            "s": pa.array(["Zürich", None, "a/b"], pa.large_string()),
+            "ts": pa.array([1, None, 3], pa.timestamp("s", tz="Europe/Oslo")),
+        }
+    )
+    directory = tmp_path / "region=EU"
+    directory.mkdir()
+    path = directory / "part-0123456789abcdef0123456789abcdef-0000.duckdb"
+    # The layout before schema comments: DuckDB's default blocks and a table holding the Arrow schema.
+    connection = duckdb.connect(str(path))
+    connection.register("t", table)
+    connection.execute("CREATE TABLE data AS SELECT * FROM t")
+    connection.execute(
+        "CREATE TABLE _ap_arrow_schema AS SELECT ?::BLOB AS arrow_schema",
+        [table.schema.serialize().to_pybytes()],
+    )
+    connection.close()
+    old = DataFile(
+        path=path.relative_to(tmp_path).as_posix(),
+        format="duckdb",
+        rows=3,
+        bytes=path.stat().st_size,
+        checksum=file_checksum(path),
+    )
+    storage = get_storage("duckdb", mode)
+    assert storage.read(tmp_path, [old]).equals(table)
+    published = storage.publish(tmp_path, [old])
+    assert storage.read(tmp_path, published).equals(table), "exact types survive publishing too"
+
+    new = storage.write(table, tmp_path, "region=US")
+    assert storage.read(tmp_path, storage.publish(tmp_path, new)).equals(table)
+    connection = duckdb.connect(str(tmp_path / new[0].path), read_only=True)
+    names = [row[0] for row in connection.sql("SELECT table_name FROM duckdb_tables()").fetchall()]
+    connection.close()
+    assert names == ["data"], "new files keep the schema in the table comment, not in a second table"

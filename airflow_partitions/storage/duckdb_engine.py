@@ -1,7 +1,8 @@
 """The `duckdb` engine: a DuckDB file per partition (`files` mode) or one table per partition (`tables` mode).
 
 Every DuckDB file written here holds the partition rows in table `data` and the exact Arrow schema they
-were written with in table `_ap_arrow_schema`, so a read restores what DuckDB maps to a nearby type
+were written with in that table's comment (files written before kept it in a table `_ap_arrow_schema`,
+one more block on disk; both are read), so a read restores what DuckDB maps to a nearby type
 (`large_string` comes back as VARCHAR, a timezone name as UTC, `timestamp[s]` with a timezone as
 microseconds) and the round trip is exact.
 
@@ -29,6 +30,7 @@ Files are written through `ATTACH ... (BLOCK_SIZE n)` and detached, which checkp
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime as dt
 import itertools
@@ -48,7 +50,8 @@ from airflow_partitions.storage.datafile import DataFile
 from airflow_partitions.storage.sql import quote_identifier, quote_literal
 
 DATA_TABLE = "data"
-SCHEMA_TABLE = "_ap_arrow_schema"
+SCHEMA_TABLE = "_ap_arrow_schema"  # where files written before schema comments keep the schema
+SCHEMA_COMMENT_PREFIX = "ap-arrow-schema:"
 SHARED_FILE = "_tables.duckdb"
 TABLES_REGISTRY = "_ap_tables"
 _LOCK_MESSAGES = ("Could not set lock", "Conflicting lock", "database is locked")
@@ -91,9 +94,9 @@ class DuckDBFilesStorage(PartitionStorage):
             connection.register("ap_source", table)
             connection.execute(f"CREATE TABLE ap_out.{DATA_TABLE} AS SELECT * FROM ap_source")
             connection.unregister("ap_source")
+            # In the table's comment, not a table of its own: a table costs a whole block.
             connection.execute(
-                f"CREATE TABLE ap_out.{SCHEMA_TABLE} AS SELECT ?::BLOB AS arrow_schema",
-                [table.schema.serialize().to_pybytes()],
+                f"COMMENT ON TABLE ap_out.{DATA_TABLE} IS {quote_literal(_schema_comment(table))}"
             )
             connection.execute("DETACH ap_out")  # checkpoints: the file is complete, no WAL is left
         except duckdb.Error as err:
@@ -107,7 +110,7 @@ class DuckDBFilesStorage(PartitionStorage):
             raise FileNotFoundError(str(path))
         connection = duckdb.connect(str(path), read_only=True)
         try:
-            return _read_table(connection, DATA_TABLE, SCHEMA_TABLE)
+            return _read_table(connection)
         finally:
             connection.close()
 
@@ -197,13 +200,18 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
             raise StorageError(f"staged partition file {file.path} is missing under {root}; refresh it again")
         alias = _attach(connection, staged)
         try:
+            schema = _stored_schema(connection, _database_of(connection, staged))
+            if schema is None:
+                raise StorageError(
+                    f"staged partition file {file.path} holds no Arrow schema; it was not written by this "
+                    "storage engine: refresh the partition again"
+                )
             connection.execute("BEGIN TRANSACTION")
             connection.execute(
                 f"CREATE TABLE {quote_identifier(table_name)} AS SELECT * FROM {alias}.{DATA_TABLE}"
             )
             connection.execute(
-                f"INSERT INTO {TABLES_REGISTRY} SELECT ?, ?, arrow_schema, now() FROM {alias}.{SCHEMA_TABLE}",
-                [table_name, file.path],
+                f"INSERT INTO {TABLES_REGISTRY} VALUES (?, ?, ?, now())", [table_name, file.path, schema]
             )
             connection.execute("COMMIT")
         except duckdb.Error as err:
@@ -373,12 +381,45 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
 # --- helpers --------------------------------------------------------------------------------------
 
 
-def _read_table(connection: Any, data_table: str, schema_table: str) -> pa.Table:
-    data = connection.sql(f"SELECT * FROM {data_table}").to_arrow_table()
-    row = connection.execute(f"SELECT arrow_schema FROM {schema_table}").fetchall()
-    if not row:
+def _read_table(connection: Any) -> pa.Table:
+    """The `data` table of the connection's own database, with the Arrow schema it was written with."""
+    data = connection.sql(f"SELECT * FROM {DATA_TABLE}").to_arrow_table()
+    database = connection.execute("SELECT current_database()").fetchall()[0][0]
+    schema = _stored_schema(connection, database)
+    if schema is None:
         return data
-    return conform(data, pa.ipc.read_schema(pa.py_buffer(row[0][0])))
+    return conform(data, pa.ipc.read_schema(pa.py_buffer(schema)))
+
+
+def _schema_comment(table: pa.Table) -> str:
+    return SCHEMA_COMMENT_PREFIX + base64.b64encode(table.schema.serialize().to_pybytes()).decode("ascii")
+
+
+def _stored_schema(connection: Any, database: str) -> bytes | None:
+    """The serialized Arrow schema of a partition file attached as `database`: from the `data` table's
+    comment, or from the `_ap_arrow_schema` table of files written before comments were used."""
+    found = connection.execute(
+        "SELECT table_name, comment FROM duckdb_tables() WHERE database_name = ? AND table_name IN (?, ?)",
+        [database, DATA_TABLE, SCHEMA_TABLE],
+    ).fetchall()
+    comments = dict(found)
+    comment = comments.get(DATA_TABLE) or ""
+    if comment.startswith(SCHEMA_COMMENT_PREFIX):
+        return base64.b64decode(comment[len(SCHEMA_COMMENT_PREFIX) :])
+    if SCHEMA_TABLE in comments:
+        row = connection.execute(
+            f"SELECT arrow_schema FROM {quote_identifier(database)}.{SCHEMA_TABLE}"
+        ).fetchall()
+        if row:
+            return bytes(row[0][0])
+    return None
+
+
+def _database_of(connection: Any, path: Path) -> str:
+    row = connection.execute(
+        "SELECT database_name FROM duckdb_databases() WHERE path = ?", [str(path)]
+    ).fetchall()
+    return str(row[0][0])
 
 
 def _table_name(file: DataFile) -> str:
