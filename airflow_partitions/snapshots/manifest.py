@@ -437,7 +437,8 @@ def read_snapshot_manifest(
 ) -> SnapshotManifest | None:
     """The manifest of `version` (the newest when `None`); `None` when no snapshot was ever published.
 
-    A specific `version` that was not published is a `SnapshotError`.
+    A specific `version` that was not published is a `SnapshotError`; a manifest whose bytes differ from
+    its recorded SHA-256, or that has none recorded, is a `SnapshotIntegrityError`.
     """
     layout = SnapshotLayout.of(location, dataset)
     client = shared_s3_client(settings)
