@@ -170,7 +170,8 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
                 if exists[0][0] == 0:
                     self._copy_staged(connection, root, file, table_name)
                 published[file.path] = table_name
-            connection.execute("CHECKPOINT")  # the tables are in the file itself before staged copies go
+        # Each copy's COMMIT is durable (in the WAL until closing checkpoints it), so the staged copies
+        # may go now.
         result = [replace(f, table=published[f.path]) if f.table is None else f for f in files]
         if not self.keep_staged:
             _remove_files(root, pending)
