@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo, Snapshot
-from airflow_partitions.exceptions import SnapshotIntegrityError
+from airflow_partitions.exceptions import SnapshotError, SnapshotIntegrityError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.snapshots import (
     bootstrap_snapshot,
@@ -296,3 +296,23 @@ def test_latest_pointer_digest_must_agree_with_the_record(
     client.put_object(Bucket=s3_bucket, Key=pointer_key, Body=json.dumps(pointer).encode())
     with pytest.raises(SnapshotIntegrityError, match=r"latest\.json recorded 0{64}"):
         read_snapshot_manifest(s3_server, location, "trips")
+
+
+def test_a_foreign_file_in_the_way_refuses_the_bootstrap_and_only_it_stays(
+    s3_server: dict[str, str], s3_bucket: str, tmp_path: Path
+) -> None:
+    location = f"s3://{s3_bucket}/snapshots"
+    source = _catalog(tmp_path / "source")
+    _refresh_and_publish(s3_server, location, source, REGIONS, first_id=1)
+    entries = sorted(_latest(source).partitions.values(), key=lambda e: e.key_path)
+    in_the_way = entries[len(entries) // 2].files[0]
+    replica = _catalog(tmp_path / "replica")
+    foreign = _root(replica) / in_the_way.path
+    foreign.parent.mkdir(parents=True)
+    foreign.write_bytes(b"written by something else")
+
+    with pytest.raises(SnapshotError, match="exists with content other than the snapshot's"):
+        bootstrap_snapshot(s3_server, location, "trips", _root(replica), catalog=replica, max_concurrency=4)
+    assert _files_under(_root(replica)) == [in_the_way.path], "only the file that was already there remains"
+    assert foreign.read_bytes() == b"written by something else", "a local file is never overwritten"
+    assert replica.latest() is None
