@@ -144,3 +144,13 @@ class SchemaDriftError(SourceError):
 class SchemaMixedRefreshError(DiscoveryError):
     """A partial refresh would publish partitions under a source schema the other partitions were not
     written with; a plain (or full) refresh rewrites every partition under the new schema."""
+
+
+class SnapshotIntegrityError(SnapshotError):
+    """A snapshot object's bytes differ from the SHA-256 recorded when it was published."""
+
+    def __init__(self, message: str, *, uri: str, expected: str | None, actual: str) -> None:
+        super().__init__(message)
+        self.uri = uri  # the object that failed the check
+        self.expected = expected  # the recorded SHA-256 hex (None: no digest was recorded)
+        self.actual = actual  # the SHA-256 hex of the bytes read

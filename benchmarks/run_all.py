@@ -23,6 +23,7 @@ BENCHMARKS = (
     "bench_snapshots",
     "bench_orchestration",
     "bench_spark_modes",
+    "bench_duckdb_bytes",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -81,3 +81,35 @@ def test_query_refuses_writes(acceleration: Acceleration, capsys: pytest.Capture
     assert "only read-only SELECT" in capsys.readouterr().err
     assert main(["query", str(acceleration.spec_path), "SELECT 1 FROM nowhere"]) == 2
     assert "reads none of the spec's datasets" in capsys.readouterr().err
+
+
+def test_plan_states_a_decimal_truncate_width_in_the_column_units(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from decimal import Decimal
+
+    amounts = [Decimal("0.00"), Decimal("9.99"), Decimal("10.00"), Decimal("-0.01"), None, Decimal("1234.56")]
+    table = pa.table(
+        {
+            "id": pa.array(range(len(amounts)), pa.int64()),
+            "amount": pa.array(amounts, pa.decimal128(12, 2)),
+            "code": pa.array(["a/b", "", None, "k=v", "100%", "Ü'\""], pa.string()),
+        }
+    )
+    built = build_acceleration(
+        tmp_path_factory.mktemp("decimal"),
+        table,
+        [("amount_band", "truncate(1000, amount)"), ("code_prefix", "truncate(2, code)")],
+    )
+    status = main(["plan", str(built.spec_path), "events", "--where", "amount >= 10"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "partition field amount_band: truncate(1000, amount) on decimal(12,2): ranges 10.00 wide" in out, (
+        out
+    )
+    assert "partition field code_prefix: truncate(2, code) on string: the first 2 characters" in out
+    # The statement is what the data shows: 9.99 and 10.00 fall in different ranges, 0.00 and 9.99 share one.
+    bands = {key_path.split("/")[0] for key_path in built.all_key_paths}
+    assert {"amount_band=0.00", "amount_band=10.00", "amount_band=-10.00", "amount_band=1230.00"} <= bands, (
+        bands
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -174,6 +175,7 @@ def test_manifest_is_not_published_while_a_file_is_missing(
     assert _keys(s3_server, s3_bucket, "snapshots/trips/manifests/") == [
         "snapshots/trips/manifests/latest.json",
         "snapshots/trips/manifests/v00000000000000000001.json",
+        "snapshots/trips/manifests/v00000000000000000001.json.sha256",
     ]
 
 
@@ -381,10 +383,15 @@ def test_bootstrap_refuses_a_manifest_with_path_traversal(
     document = json.loads(client.get_object(Bucket=s3_bucket, Key=key)["Body"].read())
     document["version"] = 2
     document["partitions"][0]["files"][0]["path"] = "../../escaped.parquet"
+    forged = json.dumps(document).encode()
+    client.put_object(
+        Bucket=s3_bucket, Key="snapshots/trips/manifests/v00000000000000000002.json", Body=forged
+    )
+    # With a matching digest record, as a forger with write access would add: the path check still holds.
     client.put_object(
         Bucket=s3_bucket,
-        Key="snapshots/trips/manifests/v00000000000000000002.json",
-        Body=json.dumps(document),
+        Key="snapshots/trips/manifests/v00000000000000000002.json.sha256",
+        Body=json.dumps({"sha256": hashlib.sha256(forged).hexdigest()}),
     )
 
     replica = _side(tmp_path / "replica")
@@ -605,6 +612,7 @@ def test_snapshot_vacuum_expires_old_versions_and_only_their_own_objects(
     assert _keys(s3_server, s3_bucket, "snapshots/trips/manifests/") == [
         "snapshots/trips/manifests/latest.json",
         "snapshots/trips/manifests/v00000000000000000003.json",
+        "snapshots/trips/manifests/v00000000000000000003.json.sha256",
     ]
     with pytest.raises(SnapshotError, match="published versions: 3"):
         read_snapshot_manifest(s3_server, location, "trips", version=1)

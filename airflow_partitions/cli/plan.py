@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.spec.model import DatasetSpec
 
 
 def register(subparsers: Any) -> None:
@@ -45,4 +51,46 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
         else:
             print(plan.explain(max_skipped=args.max_skipped))
+            schema = reader.index(reader.snapshot(args.version)).schema
+            for line in describe_partition_widths(reader.dataset, schema):
+                print(line)
     return 0
+
+
+def describe_partition_widths(dataset: DatasetSpec, schema: pa.Schema) -> list[str]:
+    """One line per `truncate` field saying what its width means for the column's type.
+
+    Iceberg's rule applies W to the stored (unscaled) value, so over `decimal(12, 2)` the ranges of
+    `truncate(1000, amount)` are 10.00 wide, not 1000: this spells that out in the column's units.
+    """
+    import pyarrow as pa
+
+    from airflow_partitions.transforms.truncate import TruncateTransform
+
+    lines = []
+    for field in dataset.acceleration.partition_by:
+        transform = field.transform
+        if not isinstance(transform, TruncateTransform):
+            continue
+        column = transform.source_column
+        index = schema.get_field_index(column)
+        if index < 0:
+            continue
+        column_type = schema.field(index).type
+        width = transform.width
+        if pa.types.is_decimal(column_type):
+            scale = column_type.scale
+            step = Decimal(width).scaleb(-scale)
+            meaning = (
+                f"ranges {step:.{max(scale, 0)}f} wide (W counts units of the last digit, "
+                f"{Decimal(1).scaleb(-scale):.{max(scale, 0)}f}, as in Iceberg)"
+            )
+            type_text = f"decimal({column_type.precision},{scale})"
+        elif pa.types.is_integer(column_type):
+            meaning, type_text = f"ranges {width} wide", str(column_type)
+        elif pa.types.is_string(column_type) or pa.types.is_large_string(column_type):
+            meaning, type_text = f"the first {width} characters", "string"
+        else:
+            meaning, type_text = f"the first {width} bytes", str(column_type)
+        lines.append(f"partition field {field.name}: {transform.canonical} on {type_text}: {meaning}")
+    return lines

@@ -132,7 +132,7 @@ class SnapshotPublishOperator(SnapshotOperatorBase):
         self.upload = upload
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.refresh.commit import dataset_data_root, open_dataset_catalog
+        from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage, open_dataset_catalog
         from airflow_partitions.snapshots.manifest import upload_snapshot_manifest
 
         self.skip_unless(self.actions.upload, "upload")
@@ -152,6 +152,7 @@ class SnapshotPublishOperator(SnapshotOperatorBase):
             self.dataset,
             snapshot,
             dataset_root=dataset_data_root(self.project, self.dataset_spec),
+            storage=dataset_storage(self.dataset_spec),
         )
         self.log.info(
             "Published %s version %d (%s; %d file(s) checked, %d uploaded first); latest is %d",

@@ -1,16 +1,21 @@
 """Bootstrap a local dataset from a published snapshot: fetch the selected partitions, verify, commit locally.
 
-Files are downloaded with their SHA-256 checked against the manifest and placed atomically (see
-`download.py`), then the partitions are registered in the local catalog with one commit, so reads work
-as soon as this returns. Running it again changes nothing: identical local files are not fetched and
-partitions the local catalog already holds unchanged are not committed again.
+The manifest is verified against its recorded SHA-256 before it is used (see `manifest.py`); every file
+is then downloaded and checked against the manifest's SHA-256 before any is placed (atomically, see
+`download.py`), and the partitions are registered in the local catalog with one commit, so reads work as
+soon as this returns. A refused bootstrap (an edited manifest, a corrupted object, a file in the way)
+leaves the destination as it found it: temporaries, placed files and created directories are removed.
+Running it again changes nothing: identical local files are not fetched and partitions the local catalog
+already holds unchanged are not committed again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
+import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +23,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from airflow_partitions.exceptions import PartitionSpecChangedError, SnapshotError
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.snapshots.download import DownloadAction, FileDownload, download_verified
+from airflow_partitions.snapshots.download import (
+    DownloadAction,
+    FileDownload,
+    fetch_verified,
+    place_verified,
+)
 from airflow_partitions.snapshots.layout import SnapshotLayout, local_file
 from airflow_partitions.snapshots.manifest import SnapshotManifest, fetch_manifest
 from airflow_partitions.snapshots.parallel import run_all
@@ -30,6 +40,8 @@ from airflow_partitions.snapshots.upload import (
 )
 
 if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
     from airflow_partitions.catalog import Catalog, PartitionEntry, Snapshot
     from airflow_partitions.storage import PartitionStorage
 
@@ -137,30 +149,44 @@ def bootstrap_snapshot(
             f"partition {in_shared_file!r} lives in tables of DuckDB's shared file; pass the dataset's "
             "storage (get_storage('duckdb', 'tables')) so bootstrap can rebuild those tables"
         )
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise SnapshotError(f"cannot create the dataset directory {root}: {err}") from err
+    # Partitions held unchanged in DuckDB's shared file need no staged copy (it may be gone by design).
+    in_shared_tables = {
+        e.key_path for e in selected if e.files and all(f.table for f in e.files) and _unchanged(local, e)
+    }
     downloads = [
         FileDownload(
             layout.bucket, layout.data_key(f.path), local_file(root, f.path), f.checksum.lower(), f.bytes
         )
         for entry in selected
+        if entry.key_path not in in_shared_tables
         for f in entry.files
     ]
-    actions = run_all(
-        lambda item: download_verified(
-            client,
-            item,
-            stop_at=root,
-            ranged_threshold=ranged_threshold,
-            chunksize=chunksize,
-            max_concurrency=max_concurrency,
-        ),
-        downloads,
-        max_concurrency,
-    )
-    upserts = [_published(entry, root, storage) for entry in selected]
+    # What this call creates, so a refused bootstrap can take it away again.
+    created_directories = _missing_directories(root, downloads)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SnapshotError(f"cannot create the dataset directory {root}: {err}") from err
+    fetched: dict[int, Path] = {}
+    placed: list[Path] = []
+    try:
+        # Every file is downloaded and verified before any is placed: a corrupted object refuses the
+        # whole bootstrap with nothing installed.
+        _fetch_all(client, downloads, fetched, root, ranged_threshold, chunksize, max_concurrency)
+        actions = []
+        for index, item in enumerate(downloads):
+            temporary = fetched.pop(index, None)
+            action = DownloadAction.SKIPPED if temporary is None else place_verified(item, temporary)
+            if action is DownloadAction.DOWNLOADED:
+                placed.append(item.local)
+            actions.append(action)
+        upserts = [
+            entry if entry.key_path in in_shared_tables else _published(entry, root, storage)
+            for entry in selected
+        ]
+    except BaseException:
+        _discard(catalog, root, list(fetched.values()), placed, created_directories)
+        raise
     changed = [entry for entry in upserts if not _unchanged(local, entry)]
     removed = _removed(local, manifest, where_keys)
     kept_local += [
@@ -177,7 +203,7 @@ def bootstrap_snapshot(
             operation="bootstrap",
             commit_id=_commit_id(layout, manifest, changed, removed),
         )
-    fetched = [
+    downloaded = [
         item for item, action in zip(downloads, actions, strict=True) if action is DownloadAction.DOWNLOADED
     ]
     return BootstrapResult(
@@ -190,10 +216,82 @@ def bootstrap_snapshot(
         partitions_committed=tuple(e.key_path for e in changed),
         partitions_removed=tuple(removed),
         partitions_kept_local=tuple(sorted(kept_local)),
-        files_downloaded=len(fetched),
-        files_skipped=len(downloads) - len(fetched),
-        bytes_downloaded=sum(item.size for item in fetched),
+        files_downloaded=len(downloaded),
+        files_skipped=sum(len(e.files) for e in selected) - len(downloaded),
+        bytes_downloaded=sum(item.size for item in downloaded),
     )
+
+
+def _fetch_all(
+    client: S3Client,
+    downloads: Sequence[FileDownload],
+    fetched: dict[int, Path],
+    root: Path,
+    ranged_threshold: int,
+    chunksize: int,
+    max_concurrency: int,
+) -> None:
+    """Download and verify every file to a temporary; `fetched` collects them (also when one fails)."""
+    lock = threading.Lock()
+
+    def fetch(index: int) -> None:
+        temporary = fetch_verified(
+            client,
+            downloads[index],
+            stop_at=root,
+            ranged_threshold=ranged_threshold,
+            chunksize=chunksize,
+            max_concurrency=max_concurrency,
+        )
+        if temporary is not None:
+            with lock:
+                fetched[index] = temporary
+
+    run_all(fetch, range(len(downloads)), max_concurrency)
+
+
+def _missing_directories(root: Path, downloads: Sequence[FileDownload]) -> list[Path]:
+    """Directories (the root and partition directories) a bootstrap would create, deepest first."""
+    missing: set[Path] = set()
+    for item in downloads:
+        directory = item.local.parent
+        while not directory.exists() and directory != root.parent:
+            missing.add(directory)
+            if directory == root:
+                break
+            directory = directory.parent
+    if not root.exists():
+        missing.add(root)
+    return sorted(missing, key=lambda path: len(path.parts), reverse=True)
+
+
+def _discard(
+    catalog: Catalog,
+    root: Path,
+    temporaries: Sequence[Path],
+    placed: Sequence[Path],
+    directories: Sequence[Path],
+) -> None:
+    """Take back what a refused bootstrap put into the destination; the local catalog was not touched."""
+    for temporary in temporaries:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+    if placed:
+        # A file a committed version names stays, even if this call placed it (a concurrent bootstrap of
+        # the same snapshot may have found it here and committed it).
+        latest = catalog.latest()
+        referenced = (
+            {f.path for entry in latest.partitions.values() for f in entry.files}
+            if latest is not None
+            else set()
+        )
+        for path in placed:
+            if path.relative_to(root).as_posix() not in referenced:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+    for directory in directories:
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only when empty: another writer's files stay
 
 
 def _select(manifest: SnapshotManifest, where_keys: KeySelector) -> list[PartitionEntry]:

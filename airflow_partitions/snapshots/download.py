@@ -2,8 +2,9 @@
 
 The bytes go to a hidden temporary in the destination directory (the storage layer's `.tmp-` prefix, so
 its vacuum removes what a killed download leaves behind), are checked against the manifest's size and
-SHA-256, fsynced, and hard-linked to the final name; `os.link` fails rather than replace a file, so a
-partition file that exists locally is never rewritten.
+SHA-256 and fsynced (`fetch_verified`); only then are they hard-linked to the final name
+(`place_verified`). `os.link` fails rather than replace a file, so a partition file that exists locally
+is never rewritten. Keeping the two steps apart lets a bootstrap verify every file before it places any.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow_partitions.exceptions import SnapshotError
+from airflow_partitions.exceptions import SnapshotError, SnapshotIntegrityError
 from airflow_partitions.snapshots.s3ops import is_not_found, snapshot_error
 from airflow_partitions.storage.base import TEMP_PREFIX, ensure_directory, fsync_directory, fsync_file
 
@@ -90,7 +91,7 @@ def _ranged_download(
     client.download_file(item.bucket, item.key, str(temporary), Config=config)
 
 
-def download_verified(
+def fetch_verified(
     client: S3Client,
     item: FileDownload,
     *,
@@ -98,10 +99,12 @@ def download_verified(
     ranged_threshold: int,
     chunksize: int,
     max_concurrency: int,
-) -> DownloadAction:
-    """Fetch `item` unless an identical local file exists; `stop_at` bounds the directories created.
+) -> Path | None:
+    """Download `item` to a verified, fsynced temporary beside its final name and return that temporary.
 
-    Objects of `ranged_threshold` bytes or more are fetched as concurrent ranged GETs of `chunksize`.
+    None when an identical local file already exists. The caller places the temporary with
+    `place_verified` or removes it. `stop_at` bounds the directories created; objects of
+    `ranged_threshold` bytes or more are fetched as concurrent ranged GETs of `chunksize`.
     """
     from boto3.exceptions import S3TransferFailedError
     from botocore.exceptions import BotoCoreError, ClientError
@@ -109,7 +112,7 @@ def download_verified(
     uri = f"s3://{item.bucket}/{item.key}"
     existing = local_file_matches(item.local, item.sha256_hex, item.size)
     if existing is True:
-        return DownloadAction.SKIPPED
+        return None
     if existing is False:
         raise SnapshotError(
             f"local file {item.local} exists with content other than the snapshot's {uri} "
@@ -118,6 +121,7 @@ def download_verified(
         )
     ensure_directory(item.local.parent, stop_at=stop_at)
     temporary = item.local.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex}-{item.local.name}")
+    verified = False
     try:
         try:
             if item.size >= ranged_threshold:
@@ -135,12 +139,27 @@ def download_verified(
         except BotoCoreError as err:
             raise snapshot_error(err, "download", uri) from err
         if received != item.size or sha256_hex != item.sha256_hex:
-            raise SnapshotError(
+            raise SnapshotIntegrityError(
                 f"{uri} does not match the snapshot manifest: got {received} bytes with sha256 "
                 f"{sha256_hex}, expected {item.size} bytes with sha256 {item.sha256_hex}. "
-                "The object was changed after it was published; nothing was written locally"
+                "The object was changed after it was published; nothing was written locally. Upload the "
+                "partition again from the catalog that wrote it, or bootstrap another version",
+                uri=uri,
+                expected=item.sha256_hex,
+                actual=sha256_hex,
             )
         fsync_file(temporary)
+        verified = True
+        return temporary
+    finally:
+        if not verified:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+
+
+def place_verified(item: FileDownload, temporary: Path) -> DownloadAction:
+    """Hard-link a verified temporary to its final name (never replacing a file), then remove it."""
+    try:
         try:
             os.link(temporary, item.local)
         except FileExistsError:
@@ -156,3 +175,26 @@ def download_verified(
     finally:
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()
+
+
+def download_verified(
+    client: S3Client,
+    item: FileDownload,
+    *,
+    stop_at: Path,
+    ranged_threshold: int,
+    chunksize: int,
+    max_concurrency: int,
+) -> DownloadAction:
+    """`fetch_verified` then `place_verified`: fetch `item` unless an identical local file exists."""
+    temporary = fetch_verified(
+        client,
+        item,
+        stop_at=stop_at,
+        ranged_threshold=ranged_threshold,
+        chunksize=chunksize,
+        max_concurrency=max_concurrency,
+    )
+    if temporary is None:
+        return DownloadAction.SKIPPED
+    return place_verified(item, temporary)

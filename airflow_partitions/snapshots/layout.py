@@ -4,6 +4,7 @@ Layout under `s3://bucket/prefix`:
 
     <dataset>/data/<path relative to the dataset root>     partition files, immutable, write-once
     <dataset>/manifests/v<version, 20 digits>.json         one manifest per published catalog version
+    <dataset>/manifests/v<version, 20 digits>.json.sha256  its SHA-256, write-once, written before it
     <dataset>/manifests/latest.json                        pointer to the newest published manifest
 """
 
@@ -19,6 +20,7 @@ from airflow_partitions.snapshots.settings import S3Location, parse_s3_location
 DATA_DIR = "data"
 MANIFEST_DIR = "manifests"
 LATEST_POINTER = "latest.json"
+DIGEST_SUFFIX = ".sha256"
 VERSION_DIGITS = 20
 # User metadata key (sent as `x-amz-meta-sha256`) holding the whole-file SHA-256 hex of a data object.
 SHA256_METADATA_KEY = "sha256"
@@ -91,6 +93,10 @@ class SnapshotLayout:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise SnapshotError(f"catalog version must be a non-negative integer, got {version!r}")
         return f"{self.manifest_prefix}v{version:0{VERSION_DIGITS}d}.json"
+
+    def manifest_digest_key(self, version: int) -> str:
+        """The write-once record of the manifest's SHA-256 (not a manifest key: it does not end in .json)."""
+        return self.manifest_key(version) + DIGEST_SUFFIX
 
     @property
     def latest_key(self) -> str:

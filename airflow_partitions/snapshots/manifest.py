@@ -6,6 +6,12 @@ version's manifest is written once and never changes, and only after every file 
 the snapshot location with the recorded size: a reader that sees the manifest can fetch all its files.
 `latest.json` then points at the newest manifest; it only moves forward (compare-and-swap on its ETag)
 and is a shortcut, since a reader also lists manifests newer than the one it names.
+
+Every manifest's SHA-256 is recorded in a write-once `v<version>.json.sha256` object, written before the
+manifest itself (so a visible manifest always has its record), and repeated in `latest.json`. Every read
+(the newest version or a named one) checks the manifest's bytes against each recorded digest before
+anything is decoded, and refuses with `SnapshotIntegrityError` when one differs or none was recorded:
+the manifest carries the statistics pruning trusts, so one edited digit would hide rows.
 """
 
 from __future__ import annotations
@@ -13,13 +19,14 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import PartitionEntry, PartitionSpecInfo, format_time, parse_time
-from airflow_partitions.exceptions import CatalogError, SnapshotError
+from airflow_partitions.exceptions import CatalogError, SnapshotError, SnapshotIntegrityError
 from airflow_partitions.snapshots.layout import SnapshotLayout, safe_relative_path
 from airflow_partitions.snapshots.s3ops import (
     get_object_bytes,
@@ -38,10 +45,12 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
     from airflow_partitions.catalog import Snapshot
+    from airflow_partitions.storage import PartitionStorage
 
 MANIFEST_FORMAT = "airflow-partitions/snapshot-manifest"
 MANIFEST_FORMAT_VERSION = 1
 _LATEST_ATTEMPTS = 20
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +193,7 @@ def upload_snapshot_manifest(
     dataset_root: str | Path | None = None,
     multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
     multipart_chunksize: int = DEFAULT_MULTIPART_CHUNKSIZE,
+    storage: PartitionStorage | None = None,
 ) -> ManifestUploadResult:
     """Publish the manifest of `catalog_snapshot` once every file it references is in the snapshot location.
 
@@ -191,7 +201,8 @@ def upload_snapshot_manifest(
     unless `dataset_root` is given: then missing files are uploaded from there first (useful when
     snapshots are enabled for a dataset that already has partitions). Publishing a version again is a
     no-op when the manifest is identical, and a `SnapshotError` when another snapshot of that version
-    (another catalog sharing the location) was published.
+    (another catalog sharing the location) was published. With `storage` and `dataset_root`, staged
+    copies the storage kept only for this upload (DuckDB `tables` mode) are released once published.
     """
     layout = SnapshotLayout.of(location, dataset)
     client = shared_s3_client(settings)
@@ -218,9 +229,19 @@ def upload_snapshot_manifest(
         uploaded = len(result.uploaded)
 
     body = encode_manifest(dataset, catalog_snapshot)
+    sha256 = hashlib.sha256(body).hexdigest()
     key = layout.manifest_key(catalog_snapshot.version)
-    created = _put_once(client, layout, key, body)
-    latest = _advance_latest(client, layout, catalog_snapshot.version, hashlib.sha256(body).hexdigest())
+    existing = get_object_bytes(client, layout.bucket, key)
+    if existing is not None and existing[0] != body:
+        raise _other_catalog_error(layout, key)
+    # The digest record goes first: a manifest readers can see always has one (a retry, or a manifest
+    # published before digests were recorded, gets it here too).
+    _record_digest(client, layout, catalog_snapshot.version, sha256)
+    created = existing is None and _put_once(client, layout, key, body)
+    latest = _advance_latest(client, layout, catalog_snapshot.version, sha256)
+    if storage is not None and dataset_root is not None:
+        # Every file of the version is in object storage now: local staged copies are not needed.
+        storage.release_staged(Path(dataset_root), [f for entry in entries for f in entry.files])
     return ManifestUploadResult(
         dataset=dataset,
         version=catalog_snapshot.version,
@@ -245,6 +266,46 @@ def _missing_files(client: S3Client, layout: SnapshotLayout, entries: Sequence[P
 
 
 def _put_once(client: S3Client, layout: SnapshotLayout, key: str, body: bytes) -> bool:
+    if _put_once_or_conflict(client, layout, key, body):
+        return True
+    existing = get_object_bytes(client, layout.bucket, key)
+    if existing is not None and existing[0] == body:
+        return False
+    raise _other_catalog_error(layout, key)
+
+
+def _other_catalog_error(layout: SnapshotLayout, key: str) -> SnapshotError:
+    return SnapshotError(
+        f"{layout.uri(key)} already holds a different snapshot of this version: another catalog of dataset "
+        f"{layout.dataset!r} publishes to the same location (or the object was edited). Give each catalog "
+        "its own snapshot location"
+    )
+
+
+def _record_digest(client: S3Client, layout: SnapshotLayout, version: int, sha256: str) -> None:
+    """Write the manifest's digest record once; an existing record must name the same digest."""
+    key = layout.manifest_digest_key(version)
+    body = _digest_record(layout, version, sha256)
+    if _put_once_or_conflict(client, layout, key, body):
+        return
+    existing = get_object_bytes(client, layout.bucket, key)
+    recorded = _recorded_sha256(existing[0]) if existing is not None else None
+    if recorded == sha256:
+        return
+    raise SnapshotError(
+        f"{layout.uri(key)} records sha256 {recorded} for version {version}, not {sha256}: another catalog "
+        f"of dataset {layout.dataset!r} publishes to the same location. Give each catalog its own snapshot "
+        "location"
+    )
+
+
+def _digest_record(layout: SnapshotLayout, version: int, sha256: str) -> bytes:
+    document = {"version": version, "manifest": layout.manifest_key(version), "sha256": sha256}
+    return json.dumps(document, sort_keys=True).encode("utf-8")
+
+
+def _put_once_or_conflict(client: S3Client, layout: SnapshotLayout, key: str, body: bytes) -> bool:
+    """PUT `body` unless `key` exists: True when written, False when the key was already there."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -259,14 +320,19 @@ def _put_once(client: S3Client, layout: SnapshotLayout, key: str, body: bytes) -
         return True
     except (ClientError, BotoCoreError) as err:
         if not is_write_conflict(err):
-            raise snapshot_error(err, "publish manifest", layout.uri(key)) from err
-    existing = get_object_bytes(client, layout.bucket, key)
-    if existing is not None and existing[0] == body:
-        return False
-    raise SnapshotError(
-        f"{layout.uri(key)} already holds a different snapshot of this version: another catalog of dataset "
-        f"{layout.dataset!r} publishes to the same location. Give each catalog its own snapshot location"
-    )
+            raise snapshot_error(err, "publish", layout.uri(key)) from err
+    return False
+
+
+def _recorded_sha256(data: bytes) -> str | None:
+    """The SHA-256 hex a digest record or `latest.json` holds; None when it holds none (or no valid one)."""
+    try:
+        value = json.loads(data)["sha256"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(value, str) or not _SHA256_HEX.fullmatch(value.lower()):
+        return None
+    return value.lower()
 
 
 def _advance_latest(client: S3Client, layout: SnapshotLayout, version: int, sha256: str) -> int:
@@ -343,13 +409,27 @@ def _listed_versions(client: S3Client, layout: SnapshotLayout, *, start_after: s
 
 def latest_snapshot_version(client: S3Client, layout: SnapshotLayout) -> int | None:
     """The newest published version: the pointer's, or a newer manifest listed after it."""
+    return _newest(client, layout, _read_pointer(client, layout))[0]
+
+
+def _read_pointer(client: S3Client, layout: SnapshotLayout) -> tuple[int | None, str | None]:
+    """The version `latest.json` names and the manifest SHA-256 it records (None when absent)."""
     pointer = get_object_bytes(client, layout.bucket, layout.latest_key)
-    pointed = _pointer_version(pointer[0]) if pointer is not None else None
+    if pointer is None:
+        return None, None
+    return _pointer_version(pointer[0]), _recorded_sha256(pointer[0])
+
+
+def _newest(
+    client: S3Client, layout: SnapshotLayout, pointer: tuple[int | None, str | None]
+) -> tuple[int | None, str | None]:
+    """The newest version, with the pointer's digest when the pointer names that version."""
+    pointed, sha256 = pointer
     start_after = layout.manifest_key(pointed) if pointed is not None else None
     newer = _listed_versions(client, layout, start_after=start_after)
     if newer:
-        return newer[-1]
-    return pointed
+        return newer[-1], None
+    return pointed, sha256
 
 
 def read_snapshot_manifest(
@@ -357,7 +437,8 @@ def read_snapshot_manifest(
 ) -> SnapshotManifest | None:
     """The manifest of `version` (the newest when `None`); `None` when no snapshot was ever published.
 
-    A specific `version` that was not published is a `SnapshotError`.
+    A specific `version` that was not published is a `SnapshotError`; a manifest whose bytes differ from
+    its recorded SHA-256, or that has none recorded, is a `SnapshotIntegrityError`.
     """
     layout = SnapshotLayout.of(location, dataset)
     client = shared_s3_client(settings)
@@ -365,11 +446,16 @@ def read_snapshot_manifest(
 
 
 def fetch_manifest(client: S3Client, layout: SnapshotLayout, version: int | None) -> SnapshotManifest | None:
+    """The verified manifest of `version` (the newest when None); None when nothing was published."""
     requested = version
+    pointer_sha256: str | None = None
     if version is None:
-        version = latest_snapshot_version(client, layout)
+        version, pointer_sha256 = _newest(client, layout, _read_pointer(client, layout))
         if version is None:
             return None
+    else:
+        pointed, sha256 = _read_pointer(client, layout)
+        pointer_sha256 = sha256 if pointed == version else None
     key = layout.manifest_key(version)
     found = get_object_bytes(client, layout.bucket, key)
     if found is None:
@@ -383,7 +469,57 @@ def fetch_manifest(client: S3Client, layout: SnapshotLayout, version: int | None
             f"no snapshot of version {version} of dataset {layout.dataset!r} in "
             f"{layout.uri(layout.manifest_prefix)}; published versions: {_describe_versions(published)}"
         )
+    verify_manifest_digest(client, layout, version, found[0], pointer_sha256=pointer_sha256)
     return decode_manifest(found[0], dataset=layout.dataset, key=key, expected_version=version)
+
+
+def verify_manifest_digest(
+    client: S3Client, layout: SnapshotLayout, version: int, data: bytes, *, pointer_sha256: str | None
+) -> None:
+    """Raise `SnapshotIntegrityError` unless `data` has every SHA-256 recorded for the version's manifest.
+
+    The write-once digest record is the digest of every version; `latest.json`'s copy (`pointer_sha256`,
+    only when it names this version) must agree with it. A manifest with neither cannot be trusted.
+    """
+    uri = layout.uri(layout.manifest_key(version))
+    actual = hashlib.sha256(data).hexdigest()
+    record_key = layout.manifest_digest_key(version)
+    record = get_object_bytes(client, layout.bucket, record_key)
+    recorded = _recorded_sha256(record[0]) if record is not None else None
+    if record is not None and recorded is None:
+        raise SnapshotIntegrityError(
+            f"{layout.uri(record_key)} does not hold a sha256, so snapshot manifest {uri} cannot be "
+            "verified; it was edited by hand. Nothing was downloaded. Delete both objects and publish "
+            f"version {version} again from the catalog that wrote it, or bootstrap another version",
+            uri=uri,
+            expected=None,
+            actual=actual,
+        )
+    expected = [(layout.uri(record_key), recorded), (layout.uri(layout.latest_key), pointer_sha256)]
+    known = [(where, digest) for where, digest in expected if digest is not None]
+    if not known:
+        raise SnapshotIntegrityError(
+            f"snapshot manifest {uri} (sha256 {actual}) has no recorded digest ({layout.uri(record_key)} is "
+            "missing and latest.json does not name this version), so it cannot be verified: it was published "
+            "by an older airflow-partitions or the record was deleted. Nothing was downloaded. Publish "
+            f"version {version} again from the catalog that wrote it (upload_snapshot_manifest records the "
+            "digest of an identical manifest), or bootstrap the newest version",
+            uri=uri,
+            expected=None,
+            actual=actual,
+        )
+    for where, digest in known:
+        if digest != actual:
+            raise SnapshotIntegrityError(
+                f"snapshot manifest {uri} has sha256 {actual}, but {where} recorded {digest} when it was "
+                "published: the manifest was changed afterwards, so its file list and statistics cannot be "
+                "trusted. Nothing was downloaded and the local catalog is unchanged. Restore the original "
+                f"object, or delete it and publish version {version} again from the catalog that wrote it, "
+                "or bootstrap another version",
+                uri=uri,
+                expected=digest,
+                actual=actual,
+            )
 
 
 def _describe_versions(versions: Sequence[int]) -> str:

@@ -233,7 +233,9 @@ def _read_and_check(item: _PlannedFile, threshold: int, chunksize: int) -> _Prep
     except FileNotFoundError as err:
         raise SnapshotError(
             f"partition file {item.local} does not exist and is not in the snapshot yet; was the "
-            "partition vacuumed or written on another machine?"
+            "partition vacuumed or written on another machine? (DuckDB `tables` mode deletes a staged "
+            "file once its table is published when the dataset's snapshots are not `enabled`: refresh "
+            "such partitions with snapshots enabled, e.g. a full refresh, to upload them)"
         ) from err
     multipart = size > 0 and size >= threshold
     part_size = part_size_for(size, chunksize) if multipart else None

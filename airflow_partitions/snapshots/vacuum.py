@@ -119,6 +119,8 @@ def vacuum_snapshots(
     if not dry_run:
         # Manifests first: a manifest that stays always finds its files.
         _delete(client, layout, [layout.manifest_key(v) for v in expired])
+        # Their digest records after them: a manifest still listed always has its record.
+        _delete(client, layout, [layout.manifest_digest_key(v) for v in expired])
         _delete(client, layout, doomed)
     return SnapshotVacuumReport(
         dataset=dataset,

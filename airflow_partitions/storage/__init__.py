@@ -49,7 +49,9 @@ def get_storage(engine: Any, partition_mode: Any = None, **options: Any) -> Part
     `engine` may also be a spec `AccelerationSpec`: its engine, partition_mode and the
     `acceleration.params.max_rows_per_file` setting are used. `options` go to the engine:
     `max_rows_per_file` (split large partitions into several files; parquet and arrow), and for duckdb
-    `tables` mode `lock_timeout` (seconds to wait for the shared file).
+    `tables` mode `lock_timeout` (seconds to wait for the shared file) and `keep_staged` (keep the staged
+    per-partition files after publishing; default True, from a spec: only when its snapshots are
+    `enabled`, since snapshot uploads send those files).
     """
     if hasattr(engine, "engine") and hasattr(engine, "partition_mode"):
         acceleration = engine
@@ -61,6 +63,11 @@ def get_storage(engine: Any, partition_mode: Any = None, **options: Any) -> Part
                     f"acceleration.params.max_rows_per_file must be a positive integer, got {limit!r}"
                 )
             options["max_rows_per_file"] = limit
+        if _name(partition_mode) == "tables" and "keep_staged" not in options:
+            # Staged DuckDB copies are what snapshot uploads send; a dataset that uploads keeps them until
+            # its manifest is published (see `release_staged`), any other drops them once published.
+            snapshots = getattr(acceleration, "snapshots", None)
+            options["keep_staged"] = _name(getattr(snapshots, "mode", None)) == "enabled"
     engine_name = _name(engine)
     mode = _name(partition_mode) or "files"
     if mode not in PARTITION_MODES:

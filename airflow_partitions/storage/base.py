@@ -124,6 +124,12 @@ class PartitionStorage(ABC):
         del dataset_root
         return list(files)
 
+    def release_staged(self, dataset_root: Path, files: Collection[DataFile]) -> list[VacuumedFile]:
+        """Delete staged copies of published `files` that only snapshot uploads still needed (duckdb
+        `tables` mode); the files removed. Other engines read the files themselves: nothing to release."""
+        del dataset_root, files
+        return []
+
     # --- reading ----------------------------------------------------------------------------------
 
     def read(

@@ -1,7 +1,8 @@
 """The `duckdb` engine: a DuckDB file per partition (`files` mode) or one table per partition (`tables` mode).
 
 Every DuckDB file written here holds the partition rows in table `data` and the exact Arrow schema they
-were written with in table `_ap_arrow_schema`, so a read restores what DuckDB maps to a nearby type
+were written with in that table's comment (files written before kept it in a table `_ap_arrow_schema`,
+one more block on disk; both are read), so a read restores what DuckDB maps to a nearby type
 (`large_string` comes back as VARCHAR, a timezone name as UTC, `timestamp[s]` with a timezone as
 microseconds) and the round trip is exact.
 
@@ -13,10 +14,23 @@ Tables are never modified after creation, so every catalog version keeps reading
 vacuum drops tables no retained version references. Under concurrency: writers run fully in parallel;
 publishers and readers of the shared file take DuckDB's file lock (one writer, or any number of readers)
 and wait for it, retrying for up to `lock_timeout` seconds before raising `StorageError`.
+
+Once a staged file's table is in the shared file, the staged copy is only needed by snapshot uploads
+(the object uploaded is the staged file, whose checksum the catalog records). So `publish` deletes it
+at once unless `keep_staged` (set for datasets whose snapshots upload; the manifest publish releases
+them with `release_staged` once they are in object storage), and vacuum removes staged copies left over
+by an interrupted publish.
+
+Disk use: every DuckDB file holds three 4 KiB headers plus at least one block per table, and DuckDB's
+default block is 256 KiB, so a one-row partition file would take 0.5 MB. Files are therefore created with
+a block size fitted to the data (`block_size_for`): 16 KiB (DuckDB's minimum) for small partitions, which
+puts the floor of a partition file at about 44 KiB and of a table in the shared file at about 16 KiB.
+Files are written through `ATTACH ... (BLOCK_SIZE n)` and detached, which checkpoints: no WAL remains.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime as dt
 import itertools
@@ -36,10 +50,29 @@ from airflow_partitions.storage.datafile import DataFile
 from airflow_partitions.storage.sql import quote_identifier, quote_literal
 
 DATA_TABLE = "data"
-SCHEMA_TABLE = "_ap_arrow_schema"
+SCHEMA_TABLE = "_ap_arrow_schema"  # where files written before schema comments keep the schema
+SCHEMA_COMMENT_PREFIX = "ap-arrow-schema:"
 SHARED_FILE = "_tables.duckdb"
 TABLES_REGISTRY = "_ap_tables"
 _LOCK_MESSAGES = ("Could not set lock", "Conflicting lock", "database is locked")
+KiB = 1024
+MiB = 1024 * KiB
+MIN_BLOCK_SIZE = 16 * KiB  # the smallest block DuckDB accepts
+DEFAULT_BLOCK_SIZE = 256 * KiB  # DuckDB's default
+
+
+def block_size_for(data_bytes: int) -> int:
+    """The DuckDB block size for a file holding about `data_bytes` bytes of (Arrow) data.
+
+    Every table takes at least one block, so small partitions want small blocks; but blocks under 64 KiB
+    compress large columns worse (measured with DuckDB 2.0 on order-like rows: 200,000 rows take 3.6 MB
+    in 16 KiB blocks, 1.4 MB in 64 KiB and 1.5 MB in 256 KiB blocks; 1,000 rows 60 KiB, 140 KiB, 524 KiB).
+    """
+    if data_bytes < 128 * KiB:
+        return MIN_BLOCK_SIZE
+    if data_bytes < 8 * MiB:
+        return 64 * KiB
+    return DEFAULT_BLOCK_SIZE
 
 
 class DuckDBFilesStorage(PartitionStorage):
@@ -53,15 +86,19 @@ class DuckDBFilesStorage(PartitionStorage):
     def _write_file(self, table: pa.Table, path: Path) -> None:
         if table.num_columns == 0:
             raise StorageError("a DuckDB partition needs at least one column")
-        connection = duckdb.connect(str(path))
+        connection = duckdb.connect(":memory:")
         try:
-            connection.register("ap_source", table)
-            connection.execute(f"CREATE TABLE {DATA_TABLE} AS SELECT * FROM ap_source")
-            connection.unregister("ap_source")
             connection.execute(
-                f"CREATE TABLE {SCHEMA_TABLE} AS SELECT ?::BLOB AS arrow_schema",
-                [table.schema.serialize().to_pybytes()],
+                f"ATTACH {quote_literal(str(path))} AS ap_out (BLOCK_SIZE {block_size_for(table.nbytes)})"
             )
+            connection.register("ap_source", table)
+            connection.execute(f"CREATE TABLE ap_out.{DATA_TABLE} AS SELECT * FROM ap_source")
+            connection.unregister("ap_source")
+            # In the table's comment, not a table of its own: a table costs a whole block.
+            connection.execute(
+                f"COMMENT ON TABLE ap_out.{DATA_TABLE} IS {quote_literal(_schema_comment(table))}"
+            )
+            connection.execute("DETACH ap_out")  # checkpoints: the file is complete, no WAL is left
         except duckdb.Error as err:
             raise StorageError(f"DuckDB could not store the partition table: {err}") from err
         finally:
@@ -73,7 +110,7 @@ class DuckDBFilesStorage(PartitionStorage):
             raise FileNotFoundError(str(path))
         connection = duckdb.connect(str(path), read_only=True)
         try:
-            return _read_table(connection, DATA_TABLE, SCHEMA_TABLE)
+            return _read_table(connection)
         finally:
             connection.close()
 
@@ -101,18 +138,29 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
 
     partition_mode = "tables"
 
-    def __init__(self, *, max_rows_per_file: int | None = None, lock_timeout: float = 60.0) -> None:
+    def __init__(
+        self, *, max_rows_per_file: int | None = None, lock_timeout: float = 60.0, keep_staged: bool = True
+    ) -> None:
         super().__init__(max_rows_per_file=max_rows_per_file)
         self.lock_timeout = lock_timeout
+        # True while something may still upload the staged files (snapshots); `get_storage(spec)` sets
+        # it from the dataset's snapshot mode.
+        self.keep_staged = keep_staged
 
     def publish(self, dataset_root: Path, files: Sequence[DataFile]) -> list[DataFile]:
-        """Copy staged partitions into the shared file; idempotent (a re-run reuses tables already made)."""
+        """Copy staged partitions into the shared file; idempotent (a re-run reuses tables already made).
+
+        Without `keep_staged`, each staged file is deleted once its table is committed in the shared file.
+        """
         root = Path(dataset_root)
         pending = [f for f in files if f.table is None]
         if not pending:
             return list(files)
         published: dict[str, str] = {}
-        with self._shared(root, read_only=False) as connection:
+        sizes = sorted(f.bytes for f in pending)
+        with self._shared(
+            root, read_only=False, block_size=block_size_for(sizes[len(sizes) // 2])
+        ) as connection:
             _ensure_registry(connection)
             for file in pending:
                 table_name = _table_name(file)
@@ -122,7 +170,30 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
                 if exists[0][0] == 0:
                     self._copy_staged(connection, root, file, table_name)
                 published[file.path] = table_name
-        return [replace(f, table=published[f.path]) if f.table is None else f for f in files]
+        # Each copy's COMMIT is durable (in the WAL until closing checkpoints it), so the staged copies
+        # may go now.
+        result = [replace(f, table=published[f.path]) if f.table is None else f for f in files]
+        if not self.keep_staged:
+            _remove_files(root, pending)
+        return result
+
+    def release_staged(self, dataset_root: Path, files: Collection[DataFile]) -> list[VacuumedFile]:
+        """Delete the staged copies of `files` whose tables are in the shared file (they are not needed
+        once uploaded to a snapshot); the removed files with their sizes."""
+        root = Path(dataset_root)
+        candidates = [f for f in files if f.table is not None and data_file_path(root, f).exists()]
+        if not candidates or not (root / SHARED_FILE).exists():
+            return []
+        with self._shared(root, read_only=True) as connection:
+            registered = {
+                row[0]
+                for row in connection.execute(
+                    f"SELECT table_name FROM {TABLES_REGISTRY} WHERE table_name IN "
+                    f"({', '.join('?' for _ in candidates)})",
+                    [f.table for f in candidates],
+                ).fetchall()
+            }
+        return _remove_files(root, [f for f in candidates if f.table in registered])
 
     def _copy_staged(self, connection: Any, root: Path, file: DataFile, table_name: str) -> None:
         staged = data_file_path(root, file)
@@ -130,13 +201,18 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
             raise StorageError(f"staged partition file {file.path} is missing under {root}; refresh it again")
         alias = _attach(connection, staged)
         try:
+            schema = _stored_schema(connection, _database_of(connection, staged))
+            if schema is None:
+                raise StorageError(
+                    f"staged partition file {file.path} holds no Arrow schema; it was not written by this "
+                    "storage engine: refresh the partition again"
+                )
             connection.execute("BEGIN TRANSACTION")
             connection.execute(
                 f"CREATE TABLE {quote_identifier(table_name)} AS SELECT * FROM {alias}.{DATA_TABLE}"
             )
             connection.execute(
-                f"INSERT INTO {TABLES_REGISTRY} SELECT ?, ?, arrow_schema, now() FROM {alias}.{SCHEMA_TABLE}",
-                [table_name, file.path],
+                f"INSERT INTO {TABLES_REGISTRY} VALUES (?, ?, ?, now())", [table_name, file.path, schema]
             )
             connection.execute("COMMIT")
         except duckdb.Error as err:
@@ -244,10 +320,16 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
                 return []
             # Epoch microseconds: fetching TIMESTAMPTZ values into Python would need pytz.
             rows = connection.execute(
-                f"SELECT table_name, epoch_us(created_at) FROM {TABLES_REGISTRY} ORDER BY table_name"
+                f"SELECT table_name, staged_path, epoch_us(created_at) FROM {TABLES_REGISTRY} "
+                "ORDER BY table_name"
             ).fetchall()
             cutoff_us = int(cutoff.timestamp() * 1_000_000)
-            for table_name, created_us in rows:
+            staged_leftovers = [
+                DataFile(path=str(staged_path), format=self.format, rows=0, bytes=0, checksum="", table=name)
+                for name, staged_path, created_us in rows
+                if staged_path and created_us < cutoff_us
+            ]
+            for table_name, _staged_path, created_us in rows:
                 if table_name in keep or created_us >= cutoff_us:
                     continue
                 if not dry_run:
@@ -258,16 +340,30 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
                 removed.append(VacuumedFile(f"{SHARED_FILE}#{table_name}", 0))
             if removed and not dry_run:
                 connection.execute("CHECKPOINT")
+        if not self.keep_staged:
+            # Staged copies whose table was published before the cutoff: left by a publish that was
+            # interrupted before it deleted them (the data lives in the table).
+            for leftover in staged_leftovers:
+                path = data_file_path(root, leftover)
+                if not path.exists():
+                    continue
+                if dry_run:
+                    removed.append(VacuumedFile(leftover.path, path.stat().st_size))
+                else:
+                    removed.extend(_remove_files(root, [leftover]))
         return removed
 
     @contextmanager
-    def _shared(self, root: Path, *, read_only: bool) -> Iterator[Any]:
+    def _shared(self, root: Path, *, read_only: bool, block_size: int = MIN_BLOCK_SIZE) -> Iterator[Any]:
+        """A connection to the shared file; a writer creates it with `block_size` when it is missing."""
         path = root / SHARED_FILE
         if read_only and not path.exists():
             raise StorageError(f"{path} does not exist: no partition of this dataset was published yet")
         deadline = time.monotonic() + self.lock_timeout
         while True:
             try:
+                if not read_only and not path.exists():
+                    _create_database(path, block_size)
                 connection = duckdb.connect(str(path), read_only=read_only)
                 break
             except duckdb.Error as err:
@@ -286,18 +382,74 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
 # --- helpers --------------------------------------------------------------------------------------
 
 
-def _read_table(connection: Any, data_table: str, schema_table: str) -> pa.Table:
-    data = connection.sql(f"SELECT * FROM {data_table}").to_arrow_table()
-    row = connection.execute(f"SELECT arrow_schema FROM {schema_table}").fetchall()
-    if not row:
+def _read_table(connection: Any) -> pa.Table:
+    """The `data` table of the connection's own database, with the Arrow schema it was written with."""
+    data = connection.sql(f"SELECT * FROM {DATA_TABLE}").to_arrow_table()
+    database = connection.execute("SELECT current_database()").fetchall()[0][0]
+    schema = _stored_schema(connection, database)
+    if schema is None:
         return data
-    return conform(data, pa.ipc.read_schema(pa.py_buffer(row[0][0])))
+    return conform(data, pa.ipc.read_schema(pa.py_buffer(schema)))
+
+
+def _schema_comment(table: pa.Table) -> str:
+    return SCHEMA_COMMENT_PREFIX + base64.b64encode(table.schema.serialize().to_pybytes()).decode("ascii")
+
+
+def _stored_schema(connection: Any, database: str) -> bytes | None:
+    """The serialized Arrow schema of a partition file attached as `database`: from the `data` table's
+    comment, or from the `_ap_arrow_schema` table of files written before comments were used."""
+    found = connection.execute(
+        "SELECT table_name, comment FROM duckdb_tables() WHERE database_name = ? AND table_name IN (?, ?)",
+        [database, DATA_TABLE, SCHEMA_TABLE],
+    ).fetchall()
+    comments = dict(found)
+    comment = comments.get(DATA_TABLE) or ""
+    if comment.startswith(SCHEMA_COMMENT_PREFIX):
+        return base64.b64decode(comment[len(SCHEMA_COMMENT_PREFIX) :])
+    if SCHEMA_TABLE in comments:
+        row = connection.execute(
+            f"SELECT arrow_schema FROM {quote_identifier(database)}.{SCHEMA_TABLE}"
+        ).fetchall()
+        if row:
+            return bytes(row[0][0])
+    return None
+
+
+def _database_of(connection: Any, path: Path) -> str:
+    row = connection.execute(
+        "SELECT database_name FROM duckdb_databases() WHERE path = ?", [str(path)]
+    ).fetchall()
+    return str(row[0][0])
 
 
 def _table_name(file: DataFile) -> str:
     # Unique because file names are: `part-<uuid>-<index>.duckdb` -> `p_<uuid>_<index>`.
     stem = file.path.rsplit("/", 1)[-1].removesuffix(".duckdb").removeprefix("part-")
     return "p_" + stem.replace("-", "_")
+
+
+def _create_database(path: Path, block_size: int) -> None:
+    """Create an empty DuckDB file with `block_size` blocks (the size is fixed when a file is created)."""
+    connection = duckdb.connect(":memory:")
+    try:
+        connection.execute(f"ATTACH {quote_literal(str(path))} AS ap_new (BLOCK_SIZE {block_size})")
+        connection.execute("DETACH ap_new")
+    finally:
+        connection.close()
+
+
+def _remove_files(root: Path, files: Sequence[DataFile]) -> list[VacuumedFile]:
+    removed: list[VacuumedFile] = []
+    for file in files:
+        path = data_file_path(root, file)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(VacuumedFile(file.path, size))
+    return removed
 
 
 def _ensure_registry(connection: Any) -> None:
