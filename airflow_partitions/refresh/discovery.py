@@ -1,10 +1,11 @@
 """Partition discovery and change detection: which partitions exist, and which need a refresh.
 
-Discovery is static when every field is `bucket(N, col)`: the keys are the product of 0..N-1 and the source
-is not asked for them. Otherwise it is dynamic: one `SELECT DISTINCT` of all partition expressions (bucket
-ones included) against the source, or a listing when Hive directories decide every field. For a composite
-of buckets and dynamic fields only the combinations that actually have rows become partitions: the product
-of N buckets with every dynamic value would mostly be empty partitions, each one a file and a task.
+Discovery is static when every field is `bucket(N, col)`: the keys are the product of 0..N-1 plus NULL
+per field (the bucket of a NULL value is NULL, and NULL rows are rows like any other) and the source is not
+asked for them. Otherwise it is dynamic: one `SELECT DISTINCT` of all partition expressions (bucket ones
+included) against the source, or a listing when Hive directories decide every field. For a composite of
+buckets and dynamic fields only the combinations that actually have rows become partitions: the product of
+N buckets with every dynamic value would mostly be empty partitions, each one a file and a task.
 
 The diff compares each discovered key's source fingerprint with the one the catalog recorded: files give
 per-partition fingerprints where their Hive layout maps files to partitions (else one for the whole
@@ -15,7 +16,6 @@ max of `refresh.check_column` (or of the row version `xmin`).
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from airflow_partitions.exceptions import DiscoveryError, TooManyPartitionsError
 from airflow_partitions.keys import PartitionKey, Scalar, value_to_text
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import Deadline, KeyTuple, Source
+from airflow_partitions.spec.model import static_partition_count
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Snapshot
@@ -45,14 +46,20 @@ def bucket_counts(transforms: Sequence[Transform]) -> list[int] | None:
 
 
 def static_keys(counts: Sequence[int], max_partitions: int) -> list[KeyTuple]:
-    """The product of 0..N-1 over the bucket fields, refused beyond `max_partitions`."""
-    total = math.prod(counts)
+    """The product of (0..N-1, NULL) over the bucket fields, refused beyond `max_partitions`.
+
+    NULL is planned even when no row has it (like an empty bucket): a static layout never looks at the
+    rows, and leaving NULL out would silently drop every row whose column is NULL.
+    """
+    total = static_partition_count(counts)
     if total > max_partitions:
         raise TooManyPartitionsError(
-            f"bucket fields {list(counts)} make {total} partitions, more than refresh.max_partitions "
-            f"({max_partitions}); use fewer buckets or raise max_partitions"
+            f"bucket fields {list(counts)} make {total} partitions (each field's buckets plus its NULL "
+            f"partition), more than refresh.max_partitions ({max_partitions}); use fewer buckets or raise "
+            "max_partitions"
         )
-    return [tuple(key) for key in itertools.product(*(range(n) for n in counts))]
+    choices: list[list[Scalar]] = [[*range(n), None] for n in counts]
+    return [tuple(key) for key in itertools.product(*choices)]
 
 
 def key_text(names: Sequence[str], key: Sequence[Scalar]) -> str:
