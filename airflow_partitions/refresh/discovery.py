@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import DiscoveryError, TooManyPartitionsError
+from airflow_partitions.exceptions import DiscoveryError, PartitionSpecChangedError, TooManyPartitionsError
 from airflow_partitions.keys import PartitionKey, Scalar, value_to_text
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import Deadline, KeyTuple, Source
@@ -90,6 +90,33 @@ def select_keys(
     return list(chosen), unknown
 
 
+def partition_by_text(fields: Sequence[tuple[str, str]]) -> str:
+    """`name: canonical, ...` of partition fields, as messages and `status` show a partition_by."""
+    return ", ".join(f"{name}: {canonical}" for name, canonical in fields) or "(no partition fields)"
+
+
+def respec_advice(dataset: str) -> str:
+    """How to re-partition after a partition_by change: the one answer discovery and `status` give."""
+    return (
+        f"run a plain `airflow-partitions refresh SPEC {dataset}` (or with --full; in Airflow, trigger its "
+        "refresh DAG without `partitions` or `where`), which rebuilds every partition under the new "
+        "partition_by in one atomic commit, or revert partition_by"
+    )
+
+
+def partial_respec_error(
+    dataset: str, old_fields: Sequence[tuple[str, str]], new_fields: Sequence[tuple[str, str]], selection: str
+) -> PartitionSpecChangedError:
+    """Refusal of a partial refresh after a partition_by change: it would publish a subset as the whole."""
+    return PartitionSpecChangedError(
+        f"dataset {dataset!r}: partition_by changed from ({partition_by_text(old_fields)}) in the catalog "
+        f"to ({partition_by_text(new_fields)}) in the spec, and a refresh of selected partitions "
+        f"({selection}) cannot re-partition: every partition must be rewritten under the new "
+        "partition_by, and committing only the selected ones would drop the rest. To re-partition, "
+        f"{respec_advice(dataset)}; selective refreshes work again once that rebuild is committed"
+    )
+
+
 def discover(
     dataset: DatasetSpec,
     source: Source,
@@ -118,6 +145,20 @@ def discover(
     limit = max_partitions if max_partitions is not None else refresh.max_partitions
     deadline = Deadline(timeout_s if timeout_s is not None else refresh.discovery_timeout_s)
 
+    existing = _catalog_state(snapshot)
+    respec = snapshot is not None and bool(existing) and _snapshot_spec_id(snapshot) not in (None, spec_id)
+    selecting = partitions is not None or where_selector is not None
+    if respec and selecting:
+        # Checked before the (possibly long) survey. A re-partition replaces every partition: a selection
+        # of them committed with replace_all would be published as the whole dataset.
+        assert snapshot is not None
+        raise partial_respec_error(
+            dataset.name,
+            [(field.name, field.canonical) for field in snapshot.partition_spec.fields],
+            [(field.name, field.transform.canonical) for field in acceleration.partition_by],
+            _selection_text(partitions, where_selector),
+        )
+
     counts = bucket_counts(transforms)
     kind = DiscoveryKind.STATIC if counts is not None else DiscoveryKind.DYNAMIC
     keys: list[KeyTuple] = static_keys(counts, limit) if counts is not None else []
@@ -135,11 +176,8 @@ def discover(
             )
 
     key_paths = {key: PartitionKey(key).path(names) for key in keys}
-    existing = _catalog_state(snapshot)
-    respec = snapshot is not None and bool(existing) and _snapshot_spec_id(snapshot) not in (None, spec_id)
 
     selected: list[KeyTuple] = keys
-    selecting = partitions is not None or where_selector is not None
     unknown: list[str] = []
     if partitions is not None:
         selected, unknown = select_keys(names, keys, partitions)
@@ -229,6 +267,14 @@ def _catalog_state(snapshot: Snapshot | None) -> dict[str, tuple[str, str | None
             strict=True,
         )
     )
+
+
+def _selection_text(partitions: Sequence[str] | None, where_selector: KeySelector | None) -> str:
+    named = f"--partitions / `partitions`: {', '.join(partitions[:3])}" if partitions is not None else ""
+    if partitions is not None and len(partitions) > 3:
+        named += f" and {len(partitions) - 3} more"
+    where = "--where / `where`" if where_selector is not None else ""
+    return "; ".join(part for part in (named, where) if part)
 
 
 def _snapshot_spec_id(snapshot: Snapshot) -> str | None:
