@@ -192,9 +192,9 @@ def test_a_replace_all_plan_cannot_hold_a_subset() -> None:
 def test_status_says_a_plain_refresh_rebuilds(respecced: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(capsys, "status", str(respecced), "events")
     assert code == 0
-    assert "WARNING: partition_by in the spec (expr0: truncate(1000, id)) differs" in out
-    assert "(region: region)" in out
-    assert "a plain refresh (or refresh --full) rebuilds every partition" in out
+    assert "WARNING: partition_by in the spec differs from the catalog's" in out
+    assert "spec (expr0: truncate(1000, id)), catalog (region: region)" in out
+    assert "A plain refresh (or refresh --full) rebuilds every partition" in out
     assert "refreshes of selected partitions (--partitions, --where, backfill) are refused until then" in out
     assert "fails until" not in out, "a plain refresh does not fail: it rebuilds"
 

@@ -106,9 +106,10 @@ def respec_status(
     from airflow_partitions.refresh.discovery import partition_by_text
 
     message = (
-        f"partition_by in the spec ({partition_by_text([(n, c) for n, c in spec_fields])}) differs from the "
-        f"catalog's ({partition_by_text([(n, c) for n, c in catalog_fields])}): a plain refresh (or refresh "
-        "--full) rebuilds every partition under the new partition_by in one atomic commit; refreshes of "
+        "partition_by in the spec differs from the catalog's: spec "
+        f"({partition_by_text([(n, c) for n, c in spec_fields])}), catalog "
+        f"({partition_by_text([(n, c) for n, c in catalog_fields])}). A plain refresh (or refresh --full) "
+        "rebuilds every partition under the new partition_by in one atomic commit; refreshes of "
         "selected partitions (--partitions, --where, backfill) are refused until then. Or revert "
         "partition_by"
     )
