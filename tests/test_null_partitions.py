@@ -124,6 +124,36 @@ def test_bucket_only_layout_keeps_the_null_rows(spark: Any, tmp_path: Path) -> N
         hook.close()
 
 
+def test_a_layout_without_its_null_partition_heals_with_a_plain_refresh(spark: Any, tmp_path: Path) -> None:
+    """A catalog of buckets 0..N-1 only (as before NULL was planned) gains the NULL rows, nothing else."""
+    source = pa.table(
+        {
+            "user_id": pa.array([None if i % 3 == 0 else i for i in range(300)], pa.int64()),
+            "v": pa.array(range(300), pa.int64()),
+        }
+    )
+    (tmp_path / "src").mkdir()
+    pq.write_table(source, tmp_path / "src" / "part-0.parquet")
+    project = write_spec(tmp_path, ["b: bucket(4, user_id)"])
+    refresh_dataset(project, "events", spark=spark, partitions=[f"b={i}" for i in range(4)])
+    reader = PartitionedDatasetReader(tmp_path / "spec.yaml", "events")
+    try:
+        assert reader.read().num_rows == 200, "the old layout: NULL rows missing"
+    finally:
+        reader.close()
+
+    plan = plan_refresh(project, "events")
+    assert [(item.key_path, str(item.reason)) for item in plan.items] == [("b=%NULL", "new")], (
+        "only the NULL partition is missing; the buckets are unchanged"
+    )
+    refresh_dataset(project, "events", spark=spark)
+    reader = PartitionedDatasetReader(tmp_path / "spec.yaml", "events")
+    try:
+        assert canonical(reader.read()) == canonical(source)
+    finally:
+        reader.close()
+
+
 # --- static keys --------------------------------------------------------------------------------------
 
 
