@@ -115,7 +115,8 @@ def write_spec(root: Path, flat: Path, hive: Path) -> Path:
         "  - name: trips_xcom\n"
         f"    from: file:{flat}\n"
         "    acceleration:\n"
-        "      partition_by: [{b: 'bucket(10000, PULocationID)'}]\n"
+        # 9,999 buckets plus the NULL partition: 10,000 work items.
+        "      partition_by: [{b: 'bucket(9999, PULocationID)'}]\n"
         "      refresh: {max_partitions: 10000}\n"
     )
     return spec

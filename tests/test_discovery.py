@@ -89,14 +89,15 @@ def test_static_buckets_expand_without_reading_rows(tmp_path: Path) -> None:
     project = write_spec(tmp_path, ["bucket(16, id)", "bucket(2, region)"])
     plan = plan_for(project)
     assert plan.discovery == "static"
-    assert plan.discovered == 32, "every bucket combination is a partition, even the empty ones"
+    assert plan.discovered == 17 * 3, "every bucket combination (NULL too) is a partition, even empty ones"
     assert {item.reason for item in plan.items} == {Reason.NEW}
     assert plan.items[0].key == (0, 0)
     assert plan.items[0].key_path == "expr0=0/expr1=0"
+    assert "expr0=%NULL/expr1=%NULL" in {item.key_path for item in plan.items}
 
 
 def test_static_cap_is_checked_before_expanding() -> None:
-    with pytest.raises(TooManyPartitionsError, match=r"make 1000000 partitions.*max_partitions \(10\)"):
+    with pytest.raises(TooManyPartitionsError, match=r"make 1002001 partitions.*max_partitions \(10\)"):
         static_keys([1000, 1000], 10)
 
 
@@ -242,11 +243,11 @@ def test_changed_partition_spec_replaces_everything(tmp_path: Path) -> None:
 def test_plan_for_ten_thousand_partitions_fits_in_xcom(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     pq.write_table(rows(0, 10, "EU"), tmp_path / "src" / "a.parquet")
-    project = write_spec(tmp_path, ["bucket(10000, id)"])
+    project = write_spec(tmp_path, ["bucket(9999, id)"])
     plan = plan_for(project)
     items = json.dumps(plan.items_json(), separators=(",", ":"))
     whole = plan.dumps()
-    assert len(plan.items) == 10_000
+    assert len(plan.items) == 10_000, "9,999 buckets and the NULL partition"
     # ~75 bytes per work item: 10,000 partitions are well under a megabyte of XCom.
     assert len(items.encode()) < 1_000_000, f"work items take {len(items)} bytes"
     assert RefreshPlan.from_json(json.loads(whole)).items == plan.items

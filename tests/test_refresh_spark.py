@@ -194,12 +194,12 @@ def test_failing_partition_leaves_catalog_untouched_until_commit(spark: Any, tmp
                 finalize_partition(project, dataset, stage, item)
         else:
             results.append(finalize_partition(project, dataset, stage, item).to_json())
-    assert len(results) == 3
+    assert len(results) == 4, "4 buckets and the NULL partition, one of them broken"
     latest = open_catalog(project, dataset).latest()
     assert latest is not None
     assert latest.version == before.version, "finalized files are invisible before commit"
 
-    with pytest.raises(RefreshError, match="1 of 4 planned partition"):
+    with pytest.raises(RefreshError, match="1 of 5 planned partition"):
         commit_refresh(project, dataset, plan, results, stage=stage, cleanup=False)
     latest = open_catalog(project, dataset).latest()
     assert latest is not None
@@ -215,7 +215,11 @@ def test_failing_partition_leaves_catalog_untouched_until_commit(spark: Any, tmp
     )
     for item in plan.items:
         if item is not broken:
-            assert after.partitions[item.key_path].files != before.partitions[item.key_path].files
+            old, new = before.partitions[item.key_path], after.partitions[item.key_path]
+            if old.files:
+                assert new.files != old.files
+            else:  # the empty NULL partition has no file to replace: its entry is re-committed
+                assert new.refreshed_at > old.refreshed_at
     assert not Path(stage.location or "").exists(), "the stage is removed after the commit"
 
 
@@ -253,7 +257,7 @@ def test_one_shot_refresh_commits_nothing_when_a_partition_fails(spark: Any, tmp
     data_root = tmp_path / "acc" / "trips"
     data_root.mkdir(parents=True)
     (data_root / "b=1").write_text("in the way")
-    with pytest.raises(PartitionsFailedError, match="1 of 2 partition") as raised:
+    with pytest.raises(PartitionsFailedError, match="1 of 3 partition") as raised:
         refresh_dataset(project, dataset, spark=spark)
     assert list(raised.value.failed) == ["b=1"]
     assert open_catalog(project, dataset).latest() is None, "nothing was committed"
@@ -269,9 +273,9 @@ def test_cli_refresh_prints_progress_and_json(
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     assert summary["version"] == 1
-    assert summary["refreshed"] == 3
+    assert summary["refreshed"] == 4, "3 buckets and the (empty) NULL partition"
     assert summary["rows"] == 24
-    assert "3/3 partitions" in captured.err
+    assert "4/4 partitions" in captured.err
     assert "24 rows" in captured.err
 
     assert cli_main(["refresh", spec, "trips", "--partitions", "b=2", "--json"]) == 0
@@ -325,7 +329,7 @@ def test_spark_job_entry_point_stages_and_finalizes(spark: Any, tmp_path: Path) 
     output = json.loads((tmp_path / "out.json").read_text())
     assert output["mode"] == "spark"
     assert output["location"] == str(tmp_path / "stage-1")
-    assert len(output["results"]) == 3
+    assert len(output["results"]) == 4, "3 buckets and the NULL partition"
     commit = commit_refresh(project, dataset, plan, output["results"], stage=output)
     assert commit.version == 1
     assert commit.rows == 18

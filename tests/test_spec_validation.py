@@ -381,7 +381,10 @@ def test_bucket_partitions_beyond_max_partitions() -> None:
             {"partition_by": ["bucket(200, a)", "bucket(100, b)"], "refresh": {"max_partitions": 10_000}}
         )
     )
-    assert "partition_by yields 20000 bucket partitions, more than refresh.max_partitions (10000)" in error
+    assert (
+        "partition_by yields 20301 bucket partitions (each field's buckets plus its NULL partition), "
+        "more than refresh.max_partitions (10000)"
+    ) in error, "201 x 101: every bucket field also has a NULL partition"
 
 
 # --- partition_by entries -------------------------------------------------------------------------

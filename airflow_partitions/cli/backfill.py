@@ -263,6 +263,10 @@ def resolve_selection(
     from airflow_partitions.refresh.pipeline import plan_refresh
 
     plan = plan_refresh(spec_path, dataset, where=where, partitions=partitions, full=True)
+    if plan.replace_all:
+        # partition_by changed (a selection was already refused by discovery). The run conf names its
+        # partitions, which the DAG's discovery refuses as a partial re-partition: say so now, not mid-run.
+        raise _respec_refusal(spec_path, plan.dataset)
     selected = tuple(item.key_path for item in plan.items)
     return BackfillSelection(
         dataset=plan.dataset,
@@ -273,6 +277,19 @@ def resolve_selection(
         discovered=plan.discovered,
         snapshot=snapshot,
     )
+
+
+def _respec_refusal(spec_path: str, dataset: str) -> Exception:
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.refresh.discovery import partial_respec_error
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(spec_path)
+    spec = project.dataset(dataset)
+    snapshot = open_dataset_catalog(project, spec).latest()
+    old = [(f.name, f.canonical) for f in snapshot.partition_spec.fields] if snapshot is not None else []
+    new = [(f.name, f.transform.canonical) for f in spec.acceleration.partition_by]
+    return partial_respec_error(dataset, old, new, "a backfill names every partition it refreshes")
 
 
 # --- running it -----------------------------------------------------------------------------------

@@ -74,9 +74,14 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
         last_refreshed_at=_time(last_refreshed) if last_refreshed else None,
         catalog_partition_spec_id=snapshot.partition_spec.spec_id,
         catalog_partition_by=[list(field[:2]) for field in snapshot.partition_spec.fields],
+        spec_partition_by=[[f.name, f.transform.canonical] for f in acceleration.partition_by],
         spec_matches_catalog=snapshot.partition_spec.spec_id == acceleration.partition_spec_id,
         recent_versions=[info.to_json() for info in history[-RECENT_VERSIONS:]],
     )
+    if not report["spec_matches_catalog"]:
+        report["partition_by_changed"] = respec_status(
+            dataset.name, report["catalog_partition_by"], report["spec_partition_by"]
+        )
     if partitions:
         names = snapshot.partition_spec.names
         report["partitions"] = [
@@ -92,6 +97,27 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
             for entry in sorted(snapshot.partitions.values(), key=lambda e: e.key_path)
         ]
     return report
+
+
+def respec_status(
+    dataset: str, catalog_fields: list[list[str]], spec_fields: list[list[str]]
+) -> dict[str, str]:
+    """What to do after a partition_by change; the same answer refresh discovery gives when it refuses."""
+    from airflow_partitions.refresh.discovery import partition_by_text
+
+    message = (
+        "partition_by in the spec differs from the catalog's: spec "
+        f"({partition_by_text([(n, c) for n, c in spec_fields])}), catalog "
+        f"({partition_by_text([(n, c) for n, c in catalog_fields])}). A plain refresh (or refresh --full) "
+        "rebuilds every partition under the new partition_by in one atomic commit; refreshes of "
+        "selected partitions (--partitions, --where, backfill) are refused until then. Or revert "
+        "partition_by"
+    )
+    return {
+        "rebuild": f"airflow-partitions refresh SPEC {dataset}",
+        "partial_refresh": "refused",
+        "message": message,
+    }
 
 
 def render_status(report: dict[str, Any]) -> str:
@@ -111,12 +137,8 @@ def render_status(report: dict[str, Any]) -> str:
         f"  bytes         {format_bytes(report['bytes'])}",
         f"  last refresh  {report['last_refreshed_at'] or '-'}",
     ]
-    if not report["spec_matches_catalog"]:
-        written = ", ".join(f"{name}: {canonical}" for name, canonical in report["catalog_partition_by"])
-        lines.append(
-            f"  WARNING: partition_by in the spec differs from the catalog's ({written}); the next refresh "
-            "fails until you run a full refresh (refresh --full) or revert partition_by"
-        )
+    if "partition_by_changed" in report:
+        lines.append(f"  WARNING: {report['partition_by_changed']['message']}")
     lines.append("  recent versions:")
     for info in reversed(report["recent_versions"]):
         what = "replaced all partitions" if info["replace_all"] else f"{info['partitions_changed']} changed"

@@ -1,10 +1,11 @@
 """Partition discovery and change detection: which partitions exist, and which need a refresh.
 
-Discovery is static when every field is `bucket(N, col)`: the keys are the product of 0..N-1 and the source
-is not asked for them. Otherwise it is dynamic: one `SELECT DISTINCT` of all partition expressions (bucket
-ones included) against the source, or a listing when Hive directories decide every field. For a composite
-of buckets and dynamic fields only the combinations that actually have rows become partitions: the product
-of N buckets with every dynamic value would mostly be empty partitions, each one a file and a task.
+Discovery is static when every field is `bucket(N, col)`: the keys are the product of 0..N-1 plus NULL
+per field (the bucket of a NULL value is NULL, and NULL rows are rows like any other) and the source is not
+asked for them. Otherwise it is dynamic: one `SELECT DISTINCT` of all partition expressions (bucket ones
+included) against the source, or a listing when Hive directories decide every field. For a composite of
+buckets and dynamic fields only the combinations that actually have rows become partitions: the product of
+N buckets with every dynamic value would mostly be empty partitions, each one a file and a task.
 
 The diff compares each discovered key's source fingerprint with the one the catalog recorded: files give
 per-partition fingerprints where their Hive layout maps files to partitions (else one for the whole
@@ -15,15 +16,20 @@ max of `refresh.check_column` (or of the row version `xmin`).
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import DiscoveryError, SchemaMixedRefreshError, TooManyPartitionsError
+from airflow_partitions.exceptions import (
+    DiscoveryError,
+    PartitionSpecChangedError,
+    SchemaMixedRefreshError,
+    TooManyPartitionsError,
+)
 from airflow_partitions.keys import PartitionKey, Scalar, value_to_text
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import Deadline, KeyTuple, Source, fingerprint_schema_tag
+from airflow_partitions.spec.model import static_partition_count
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Snapshot
@@ -45,14 +51,20 @@ def bucket_counts(transforms: Sequence[Transform]) -> list[int] | None:
 
 
 def static_keys(counts: Sequence[int], max_partitions: int) -> list[KeyTuple]:
-    """The product of 0..N-1 over the bucket fields, refused beyond `max_partitions`."""
-    total = math.prod(counts)
+    """The product of (0..N-1, NULL) over the bucket fields, refused beyond `max_partitions`.
+
+    NULL is planned even when no row has it (like an empty bucket): a static layout never looks at the
+    rows, and leaving NULL out would silently drop every row whose column is NULL.
+    """
+    total = static_partition_count(counts)
     if total > max_partitions:
         raise TooManyPartitionsError(
-            f"bucket fields {list(counts)} make {total} partitions, more than refresh.max_partitions "
-            f"({max_partitions}); use fewer buckets or raise max_partitions"
+            f"bucket fields {list(counts)} make {total} partitions (each field's buckets plus its NULL "
+            f"partition), more than refresh.max_partitions ({max_partitions}); use fewer buckets or raise "
+            "max_partitions"
         )
-    return [tuple(key) for key in itertools.product(*(range(n) for n in counts))]
+    choices: list[list[Scalar]] = [[*range(n), None] for n in counts]
+    return [tuple(key) for key in itertools.product(*choices)]
 
 
 def key_text(names: Sequence[str], key: Sequence[Scalar]) -> str:
@@ -83,6 +95,33 @@ def select_keys(
     return list(chosen), unknown
 
 
+def partition_by_text(fields: Sequence[tuple[str, str]]) -> str:
+    """`name: canonical, ...` of partition fields, as messages and `status` show a partition_by."""
+    return ", ".join(f"{name}: {canonical}" for name, canonical in fields) or "(no partition fields)"
+
+
+def respec_advice(dataset: str) -> str:
+    """How to re-partition after a partition_by change: the one answer discovery and `status` give."""
+    return (
+        f"run a plain `airflow-partitions refresh SPEC {dataset}` (or with --full; in Airflow, trigger its "
+        "refresh DAG without `partitions` or `where`), which rebuilds every partition under the new "
+        "partition_by in one atomic commit, or revert partition_by"
+    )
+
+
+def partial_respec_error(
+    dataset: str, old_fields: Sequence[tuple[str, str]], new_fields: Sequence[tuple[str, str]], selection: str
+) -> PartitionSpecChangedError:
+    """Refusal of a partial refresh after a partition_by change: it would publish a subset as the whole."""
+    return PartitionSpecChangedError(
+        f"dataset {dataset!r}: partition_by changed from ({partition_by_text(old_fields)}) in the catalog "
+        f"to ({partition_by_text(new_fields)}) in the spec, and a refresh of selected partitions "
+        f"({selection}) cannot re-partition: every partition must be rewritten under the new "
+        "partition_by, and committing only the selected ones would drop the rest. To re-partition, "
+        f"{respec_advice(dataset)}; selective refreshes work again once that rebuild is committed"
+    )
+
+
 def discover(
     dataset: DatasetSpec,
     source: Source,
@@ -111,6 +150,20 @@ def discover(
     limit = max_partitions if max_partitions is not None else refresh.max_partitions
     deadline = Deadline(timeout_s if timeout_s is not None else refresh.discovery_timeout_s)
 
+    existing = _catalog_state(snapshot)
+    respec = snapshot is not None and bool(existing) and _snapshot_spec_id(snapshot) not in (None, spec_id)
+    selecting = partitions is not None or where_selector is not None
+    if respec and selecting:
+        # Checked before the (possibly long) survey. A re-partition replaces every partition: a selection
+        # of them committed with replace_all would be published as the whole dataset.
+        assert snapshot is not None
+        raise partial_respec_error(
+            dataset.name,
+            [(field.name, field.canonical) for field in snapshot.partition_spec.fields],
+            [(field.name, field.transform.canonical) for field in acceleration.partition_by],
+            _selection_text(partitions, where_selector),
+        )
+
     counts = bucket_counts(transforms)
     kind = DiscoveryKind.STATIC if counts is not None else DiscoveryKind.DYNAMIC
     keys: list[KeyTuple] = static_keys(counts, limit) if counts is not None else []
@@ -128,11 +181,8 @@ def discover(
             )
 
     key_paths = {key: PartitionKey(key).path(names) for key in keys}
-    existing = _catalog_state(snapshot)
-    respec = snapshot is not None and bool(existing) and _snapshot_spec_id(snapshot) not in (None, spec_id)
 
     selected: list[KeyTuple] = keys
-    selecting = partitions is not None or where_selector is not None
     unknown: list[str] = []
     if partitions is not None:
         selected, unknown = select_keys(names, keys, partitions)
@@ -250,6 +300,14 @@ def _catalog_state(snapshot: Snapshot | None) -> dict[str, tuple[str, str | None
             strict=True,
         )
     )
+
+
+def _selection_text(partitions: Sequence[str] | None, where_selector: KeySelector | None) -> str:
+    named = f"--partitions / `partitions`: {', '.join(partitions[:3])}" if partitions is not None else ""
+    if partitions is not None and len(partitions) > 3:
+        named += f" and {len(partitions) - 3} more"
+    where = "--where / `where`" if where_selector is not None else ""
+    return "; ".join(part for part in (named, where) if part)
 
 
 def _snapshot_spec_id(snapshot: Snapshot) -> str | None:

@@ -102,6 +102,16 @@ class RefreshPlan:
     created_at: str = field(default_factory=utc_now_iso)
     notes: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # replace_all drops every partition the commit does not write, so its items must be all of them.
+        # (No items at all is the item-less copy the commit step receives beside the results.)
+        if self.replace_all and self.items and len(self.items) != self.discovered:
+            raise RefreshError(
+                f"plan for {self.dataset!r} replaces every partition but holds {len(self.items)} of "
+                f"{self.discovered}: publishing it would drop the others. Plan again without a selection "
+                "(a plain or --full refresh rebuilds every partition)"
+            )
+
     @property
     def is_empty(self) -> bool:
         """True when there is nothing to write and nothing to remove."""

@@ -460,6 +460,14 @@ def bucket_count(transform: Transform) -> int | None:
     return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
+def static_partition_count(counts: Sequence[int]) -> int:
+    """Partitions of an all-bucket spec: per field its N buckets plus the NULL partition (NULL rows)."""
+    total = 1
+    for count in counts:
+        total *= count + 1
+    return total
+
+
 # --- acceleration ---------------------------------------------------------------------------------
 
 
@@ -524,16 +532,15 @@ def partition_count_problems(
     counts = [bucket_count(f.transform) for f in partition_by]
     if any(count is None for count in counts):
         return []
-    total = 1
-    for count in counts:
-        total *= count or 1
+    total = static_partition_count([count or 0 for count in counts])
     if total <= max_partitions:
         return []
     return [
         Problem(
             ("refresh", "max_partitions"),
-            f"partition_by yields {total} bucket partitions, more than refresh.max_partitions "
-            f"({max_partitions}); lower the bucket count or raise refresh.max_partitions",
+            f"partition_by yields {total} bucket partitions (each field's buckets plus its NULL partition), "
+            f"more than refresh.max_partitions ({max_partitions}); lower the bucket count or raise "
+            "refresh.max_partitions",
         )
     ]
 
