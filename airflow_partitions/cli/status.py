@@ -76,6 +76,8 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
         catalog_partition_by=[list(field[:2]) for field in snapshot.partition_spec.fields],
         spec_matches_catalog=snapshot.partition_spec.spec_id == acceleration.partition_spec_id,
         recent_versions=[info.to_json() for info in history[-RECENT_VERSIONS:]],
+        # Row counts the newest refresh commit checked (None when it recorded none, e.g. a bootstrap).
+        conservation=_last_conservation(history),
     )
     if partitions:
         names = snapshot.partition_spec.names
@@ -111,6 +113,11 @@ def render_status(report: dict[str, Any]) -> str:
         f"  bytes         {format_bytes(report['bytes'])}",
         f"  last refresh  {report['last_refreshed_at'] or '-'}",
     ]
+    counts = report.get("conservation")
+    if counts is not None:
+        from airflow_partitions.cli.refresh import describe_conservation
+
+        lines.append(f"  last commit   {describe_conservation(counts)} (version {counts['version']})")
     if not report["spec_matches_catalog"]:
         written = ", ".join(f"{name}: {canonical}" for name, canonical in report["catalog_partition_by"])
         lines.append(
@@ -135,6 +142,14 @@ def render_status(report: dict[str, Any]) -> str:
         for row in rows:
             lines.append("    " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     return "\n".join(lines)
+
+
+def _last_conservation(history: Any) -> dict[str, Any] | None:
+    """The newest version's recorded row counts, with its version number."""
+    for info in reversed(history):
+        if info.conservation is not None:
+            return {"version": info.version, **info.conservation}
+    return None
 
 
 def format_bytes(size: int) -> str:
