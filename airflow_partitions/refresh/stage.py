@@ -97,6 +97,9 @@ class StageManifest:
     source_rows: int | None = None  # rows the Spark job read (spark mode)
     routed_rows: int | None = None  # rows it routed to planned partitions (= sum of the items' rows)
     full_scan: bool = False  # every discovered key was planned, so the job read the whole source
+    # "observed": both counts are metrics of the one write job; "recounted": the job returned no metrics
+    # and the source was counted by a second job (see `_run_spark_stage`). None in pushdown mode.
+    counted_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,6 +115,7 @@ class StageManifest:
             "source_rows": self.source_rows,
             "routed_rows": self.routed_rows,
             "full_scan": self.full_scan,
+            "counted_by": self.counted_by,
         }
 
     @classmethod
@@ -140,6 +144,7 @@ class StageManifest:
             source_rows=data.get("source_rows"),
             routed_rows=data.get("routed_rows"),
             full_scan=bool(data.get("full_scan", False)),
+            counted_by=data.get("counted_by"),
         )
 
     def write(self, location: Path) -> None:
@@ -241,6 +246,7 @@ def stage_refresh(
             source_rows=counts.source_rows if counts is not None else None,
             routed_rows=counts.routed_rows if counts is not None else None,
             full_scan=full_scan and mode is StageMode.SPARK,
+            counted_by=None if counts is None else "observed" if counts.observed else "recounted",
         ).write(target)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
@@ -445,15 +451,20 @@ def _run_spark_stage(
         raise RefreshError(f"the Spark stage job for {source.describe()} failed: {_first_line(err)}") from err
     source_rows = _observed_rows(source_observation)
     routed_rows = _observed_rows(routed_observation)
-    if source_rows is None or routed_rows is None:
-        # No metrics came back (a Spark Connect server without observation support): count the source in
-        # a second job and take the staged footers as the routed count. Correct, at the price of a scan.
-        return SparkStageCounts(
-            source_rows=int(counted.count()),
-            routed_rows=sum(staged_item_rows(target, len(keys)).values()),
-            observed=False,
-        )
-    return SparkStageCounts(source_rows=source_rows, routed_rows=routed_rows)
+    if source_rows is not None and routed_rows is not None:
+        return SparkStageCounts(source_rows=source_rows, routed_rows=routed_rows)
+    # No metrics came back (a Spark server without observation support, or a plan the optimizer reduced):
+    # count the source in a second job and take the staged footers as the routed count. Correct, at the
+    # price of a second scan.
+    try:
+        recounted = int(counted.count())
+    except Exception as err:
+        raise RefreshError(f"counting the rows of {source.describe()} failed: {_first_line(err)}") from err
+    return SparkStageCounts(
+        source_rows=recounted,
+        routed_rows=sum(staged_item_rows(target, len(keys)).values()),
+        observed=False,
+    )
 
 
 def _observation(spark: Any, name: str) -> Any:
@@ -513,13 +524,12 @@ def _unrouted_partitions(
             .limit(limit)
             .toArrow()
         )
+        return {
+            PartitionKey(tuple(row[name] for name in names)).path(plan.partition_names): int(row["count"])
+            for row in grouped.to_pylist()
+        }
     except Exception:  # the counts already prove the loss; naming the partitions is a courtesy
         return {}
-    found: dict[str, int] = {}
-    for row in grouped.to_pylist():
-        values = tuple(row[name] for name in names)
-        found[PartitionKey(values).path(plan.partition_names)] = int(row["count"])
-    return found
 
 
 def _key_frame(
