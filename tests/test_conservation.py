@@ -217,7 +217,9 @@ def test_a_deleted_staged_directory_is_an_error_not_an_empty_partition(spark: An
     assert_previous_version_current(project, version, source)
 
 
-def test_null_bucket_rows_missed_by_static_discovery_fail_the_refresh(spark: Any, tmp_path: Path) -> None:
+def test_null_bucket_rows_missed_by_static_discovery_fail_the_refresh(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Static discovery plans buckets 0..3 only; rows with a NULL id belong to the NULL bucket, which no
     # planned key matches. Without the full-scan check they would silently vanish from the acceleration.
     source = hostile_rows()
@@ -235,7 +237,14 @@ def test_null_bucket_rows_missed_by_static_discovery_fail_the_refresh(spark: Any
     assert no_stage_left(tmp_path)
 
     # The CLI: exit code 1, the refusal in the JSON summary, nothing committed.
+    capsys.readouterr()
     assert cli_main(["refresh", str(tmp_path / "spec.yaml"), "trips", "--json"]) == 1
+    captured = capsys.readouterr()
+    refused = json.loads(captured.out)
+    assert refused["version"] is None
+    assert refused["conservation"]["refused"] is True
+    assert refused["conservation"]["differing"] == {null_bucket: {"expected": null_ids, "actual": 0}}
+    assert "nothing was published" in captured.err
     assert open_catalog(project, project.dataset("trips")).head_version() == 0
 
 
@@ -410,3 +419,26 @@ def test_observed_counts_through_spark_connect(spark_connect_server: dict[str, A
     assert "rows in the source" in refused.stderr
     assert not (tmp_path / "stage-2").exists()
     assert open_source(dataset.source).read_all().num_rows == source.num_rows + 4
+
+
+def test_refusals_of_several_partitions_merge_into_one_error_that_survives_pickling() -> None:
+    import pickle
+
+    from airflow_partitions.refresh.pipeline import merge_conservation_errors
+
+    first = ConservationError(
+        "trips", {"region=EU": (5, 4)}, expected="rows read", actual="rows in the written files"
+    )
+    second = ConservationError(
+        "trips", {"region=%NULL": (3, 0)}, expected="rows routed by the stage", actual="rows read"
+    )
+    merged = merge_conservation_errors("trips", [first, second])
+    assert merged.partitions == {"region=EU": (5, 4), "region=%NULL": (3, 0)}
+    message = str(merged)
+    assert "2 partition(s)" in message
+    assert "region=EU: 5 expected rows, 4 rows found" in message
+    assert "rows read vs rows in the written files" in message
+    assert merge_conservation_errors("trips", [first]) is first
+    copy = pickle.loads(pickle.dumps(merged))
+    assert isinstance(copy, ConservationError)
+    assert (copy.dataset, copy.partitions, str(copy)) == (merged.dataset, merged.partitions, message)

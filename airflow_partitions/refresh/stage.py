@@ -287,7 +287,8 @@ def staged_item_rows(location: str | os.PathLike[str], items: int) -> dict[int, 
         for entry in os.scandir(data):
             if not entry.is_dir() or not entry.name.startswith(prefix):
                 continue
-            index = int(entry.name[len(prefix) :])
+            suffix = entry.name[len(prefix) :]
+            index = int(suffix) if suffix.isdigit() else -1
             if not 0 <= index < items:
                 raise RefreshError(f"the stage at {location} holds an unplanned item directory {entry.name}")
             files.extend(
