@@ -154,3 +154,56 @@ class SnapshotIntegrityError(SnapshotError):
         self.uri = uri  # the object that failed the check
         self.expected = expected  # the recorded SHA-256 hex (None: no digest was recorded)
         self.actual = actual  # the SHA-256 hex of the bytes read
+
+
+# --- row conservation -----------------------------------------------------------------------------
+
+
+class ConservationError(RefreshError):
+    """Rows were lost or gained between source, stage and written files; nothing was published.
+
+    `.partitions` maps each offending key path (or a bracketed label for a whole-stage count) to
+    `(expected, actual)`; `expected` is None when only "at least one row" is known (discovery found it).
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        partitions: dict[str, tuple[int | None, int]],
+        *,
+        expected: str,
+        actual: str,
+        hint: str = "",
+    ) -> None:
+        self.dataset = dataset
+        self.partitions = dict(partitions)
+        self.expected = expected  # what the first count is, e.g. "rows routed by the stage"
+        self.actual = actual  # what the second count is, e.g. "rows in the written files"
+        self.hint = hint
+        self.summary: object = None  # a `RefreshSummary` when raised by `refresh_dataset`
+        shown = sorted(self.partitions.items())
+        listed = "; ".join(
+            f"{path}: {'at least 1' if want is None else want} {expected}, {got} {actual}"
+            for path, (want, got) in shown[:10]
+        )
+        more = f" (and {len(shown) - 10} more)" if len(shown) > 10 else ""
+        super().__init__(
+            f"dataset {dataset!r}: row counts differ in {len(shown)} partition(s) ({listed}{more}); nothing "
+            "was published and the previous catalog version stays current." + (f" {hint}" if hint else "")
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_conservation_error,
+            (self.dataset, self.partitions, self.expected, self.actual, self.hint),
+        )
+
+
+def _rebuild_conservation_error(
+    dataset: str,
+    partitions: dict[str, tuple[int | None, int]],
+    expected: str,
+    actual: str,
+    hint: str,
+) -> ConservationError:
+    return ConservationError(dataset, partitions, expected=expected, actual=actual, hint=hint)

@@ -29,7 +29,7 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -215,6 +215,7 @@ class Catalog:
             replace_all=record.replace_all,
             spec_id=record.partition_spec.spec_id,
             commit_id=record.commit_id,
+            conservation=record.conservation,
         )
 
     def _read_hint(self) -> int:
@@ -401,6 +402,7 @@ class Catalog:
         operation: str = "refresh",
         max_retries: int = 50,
         commit_id: str | None = None,
+        conservation: Mapping[str, Any] | None = None,
     ) -> int:
         """Publish `upserts` and `removes` atomically as a new version based on `base_version`; its number.
 
@@ -410,7 +412,8 @@ class Catalog:
         `CommitConflictError` (or `PartitionSpecChangedError`). `replace_all=True` makes `upserts` the whole
         partition set (re-partitioning under a new spec); it must be based on the newest version.
         `commit_id` makes a retried commit idempotent: if a commit with that id landed since
-        `base_version`, its version is returned instead of committing twice.
+        `base_version`, its version is returned instead of committing twice. `conservation` (JSON) is
+        recorded in the header as is: the row counts the refresh checked (`VersionInfo.conservation`).
         """
         self._validate_commit(upserts, removes, partition_spec, replace_all)
         base = self._load(base_version) if base_version else None
@@ -465,6 +468,7 @@ class Catalog:
                 summary=self._summary(base, upserts, removes, replace_all, parent_totals),
                 upserts=upsert_json,
                 removes=tuple(removes),
+                conservation=conservation,
             )
             if self.store.put_if_absent(self._log_key(record.version), record.encode()):
                 self._contended = attempt > 0

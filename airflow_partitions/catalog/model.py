@@ -147,6 +147,9 @@ class VersionInfo:
     replace_all: bool
     spec_id: str
     commit_id: str | None = None
+    # The row counts a refresh checked before this commit: {"partitions_checked", "routed", "written",
+    # "source_rows" (None unless the whole source was scanned)}; None for other operations.
+    conservation: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,6 +166,7 @@ class VersionInfo:
             "replace_all": self.replace_all,
             "spec_id": self.spec_id,
             "commit_id": self.commit_id,
+            "conservation": dict(self.conservation) if self.conservation is not None else None,
         }
 
 

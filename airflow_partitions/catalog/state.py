@@ -69,6 +69,9 @@ class CommitRecord:
     summary: Mapping[str, int]
     upserts: tuple[Mapping[str, Any], ...] = ()
     removes: tuple[str, ...] = ()
+    # Row counts the refresh checked before committing (routed, written, source rows, partitions);
+    # absent from records of other operations and of older versions.
+    conservation: Mapping[str, Any] | None = None
 
     @property
     def touched(self) -> set[str]:
@@ -85,6 +88,7 @@ class CommitRecord:
             "commit_id": self.commit_id,
             "base_version": self.base_version,
             "summary": dict(self.summary),
+            **({"conservation": dict(self.conservation)} if self.conservation is not None else {}),
         }
 
     def encode(self) -> bytes:
@@ -135,6 +139,7 @@ class CommitRecord:
             summary={k: int(v) for k, v in header["summary"].items()},
             upserts=upserts,
             removes=removes,
+            conservation=header.get("conservation"),
         )
 
 

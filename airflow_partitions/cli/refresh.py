@@ -1,8 +1,9 @@
 """`airflow-partitions refresh`: refresh a dataset's partitions in this process (plan to commit).
 
 Progress goes to stderr (a redrawn bar on a terminal, a line per phase otherwise); `--json` prints the
-summary on stdout. The exit code is 0 on success, 1 when partitions failed (nothing committed unless
-`--allow-partial`), 2 for bad input (the command's common error handling).
+summary on stdout, with the row counts the commit checked (`conservation`). The exit code is 0 on
+success, 1 when partitions failed (nothing committed unless `--allow-partial`) or rows were lost or gained
+(never committed), 2 for bad input (the command's common error handling).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from airflow_partitions.exceptions import PartitionsFailedError
+from airflow_partitions.exceptions import ConservationError, PartitionsFailedError
 
 BAR_WIDTH = 28
 
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             workers=args.workers,
             allow_partial=args.allow_partial,
         )
-    except PartitionsFailedError as err:
+    except (PartitionsFailedError, ConservationError) as err:
         if args.json and err.summary is not None:
             print(json.dumps(err.summary.to_json(), indent=2))  # type: ignore[attr-defined]
         print(f"error: {err}", file=sys.stderr)
@@ -125,4 +126,16 @@ def run(args: argparse.Namespace) -> int:
             f"{counts['unchanged']} unchanged; {summary.rows:,} rows in {summary.timings_s['total']:.1f} s",
             file=sys.stderr,
         )
+        if summary.conservation is not None:
+            print(f"{summary.dataset}: {describe_conservation(summary.conservation)}", file=sys.stderr)
     return 1 if summary.failed else 0
+
+
+def describe_conservation(counts: Any) -> str:
+    """One line on the row counts a commit checked (`VersionInfo.conservation` / `CommitResult`)."""
+    source = counts.get("source_rows")
+    scanned = f", {source:,} in the source (full scan)" if source is not None else ""
+    return (
+        f"rows conserved: {counts.get('routed', 0):,} routed, {counts.get('written', 0):,} written"
+        f"{scanned} over {counts.get('partitions_checked', 0):,} partition(s)"
+    )

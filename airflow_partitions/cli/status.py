@@ -77,6 +77,8 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
         spec_partition_by=[[f.name, f.transform.canonical] for f in acceleration.partition_by],
         spec_matches_catalog=snapshot.partition_spec.spec_id == acceleration.partition_spec_id,
         recent_versions=[info.to_json() for info in history[-RECENT_VERSIONS:]],
+        # Row counts the newest refresh commit checked (None when it recorded none, e.g. a bootstrap).
+        conservation=_last_conservation(history),
     )
     if not report["spec_matches_catalog"]:
         report["partition_by_changed"] = respec_status(
@@ -137,6 +139,11 @@ def render_status(report: dict[str, Any]) -> str:
         f"  bytes         {format_bytes(report['bytes'])}",
         f"  last refresh  {report['last_refreshed_at'] or '-'}",
     ]
+    counts = report.get("conservation")
+    if counts is not None:
+        from airflow_partitions.cli.refresh import describe_conservation
+
+        lines.append(f"  last commit   {describe_conservation(counts)} (version {counts['version']})")
     if "partition_by_changed" in report:
         lines.append(f"  WARNING: {report['partition_by_changed']['message']}")
     lines.append("  recent versions:")
@@ -157,6 +164,14 @@ def render_status(report: dict[str, Any]) -> str:
         for row in rows:
             lines.append("    " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     return "\n".join(lines)
+
+
+def _last_conservation(history: Any) -> dict[str, Any] | None:
+    """The newest version's recorded row counts, with its version number."""
+    for info in reversed(history):
+        if info.conservation is not None:
+            return {"version": info.version, **info.conservation}
+    return None
 
 
 def format_bytes(size: int) -> str:

@@ -95,6 +95,9 @@ class PartitionCommitOperator(DatasetOperator):
             commit.bytes,
             commit.removed,
         )
+        if commit.conservation is not None:
+            # The counts the commit checked (also in the commit record and in the returned XCom).
+            self.log.info("Row conservation of %s: %s", self.dataset, dict(commit.conservation))
         refreshed = [r["key_path"] for r in results]
         self.emit_asset_events(context, refreshed, commit.to_json())
         return commit.to_json()

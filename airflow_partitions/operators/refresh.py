@@ -191,12 +191,14 @@ class SparkStageOperator(SparkOperatorBase):
             return stage_refresh(self.project, self.dataset_spec, plan).to_json()
         stage = self.run_stage(plan)
         self.log.info(
-            "Staged %d partition(s) at %s (%s, Spark on %s) in %.2fs",
+            "Staged %d partition(s) at %s (%s, Spark on %s) in %.2fs; rows read %s, routed %s",
             stage.partitions,
             stage.location,
             stage.mode,
             stage.spark or "none",
             stage.elapsed_s,
+            stage.source_rows,
+            stage.routed_rows,
         )
         return stage.to_json()
 
@@ -257,9 +259,10 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
             if own_stage is not None:
                 remove_stage(own_stage)
         self.log.info(
-            "Partition %s (%s): %d rows in %d file(s), %d bytes, in %.2fs",
+            "Partition %s (%s): %s rows routed, %d rows in %d file(s), %d bytes, in %.2fs",
             item.key_path,
             item.reason,
+            result.routed,
             result.rows,
             len(result.files),
             result.bytes,

@@ -3,6 +3,11 @@
 Until this runs nothing of the refresh is visible. Partitions whose finalize failed are either a reason to
 refuse the commit (the default: the catalog stays untouched, retry the failed partitions and commit again)
 or, with `require_all=False`, left at their previous version while the others are published.
+
+Row conservation is checked once more, over everything committed: each partition's routed count must be
+the rows its files hold, and after a full-source stage the routed rows must add up to the rows scanned.
+The counts are recorded in the commit record (`VersionInfo.conservation`); a mismatch raises
+`ConservationError` before the catalog is touched.
 """
 
 from __future__ import annotations
@@ -14,10 +19,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
-from airflow_partitions.refresh.stage import STAGE_MANIFEST
+from airflow_partitions.refresh.plan import (
+    CommitResult,
+    ConservationCounts,
+    PartitionResult,
+    RefreshPlan,
+    StageResult,
+)
+from airflow_partitions.refresh.stage import STAGE_MANIFEST, StageManifest
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -150,6 +161,9 @@ def commit_refresh(
             f"re-partitioning {dataset.name!r} replaces every partition, but {len(missing)} have no result; "
             "retry them before committing"
         )
+    counts = check_conservation(
+        dataset.name, plan, [by_path[p] for p in planned if p in by_path], stage, missing
+    )
     catalog = catalog or open_dataset_catalog(project, dataset)
     storage = catalog.storage or dataset_storage(dataset)
     root = catalog.data_root or dataset_data_root(project, dataset)
@@ -186,6 +200,7 @@ def commit_refresh(
             partition_spec=partition_spec_info(dataset),
             replace_all=plan.replace_all,
             commit_id=commit_id,
+            conservation=counts.to_json(),
         )
     if cleanup:
         remove_stage(stage)
@@ -197,7 +212,68 @@ def commit_refresh(
         rows=sum(e.rows for e in entries),
         bytes=sum(e.bytes for e in entries),
         missing=missing,
+        conservation=counts.to_json() if version is not None else None,
     )
+
+
+def check_conservation(
+    dataset: str,
+    plan: RefreshPlan,
+    results: Sequence[PartitionResult],
+    stage: StageResult | Mapping[str, Any] | str | os.PathLike[str] | None,
+    missing: Sequence[str],
+) -> ConservationCounts:
+    """Every result's routed rows = the rows its files hold; after a full-source stage, routed = scanned.
+
+    Raises `ConservationError` naming every partition that differs (nothing is committed); returns the
+    counts the commit records. A result of an older version without a routed count is checked against
+    its own row count only.
+    """
+    differing: dict[str, tuple[int | None, int]] = {}
+    routed_total = 0
+    written_total = 0
+    for result in results:
+        in_files = sum(int(f.get("rows", 0)) for f in result.files)
+        routed = result.routed if result.routed is not None else result.rows
+        routed_total += routed
+        written_total += in_files
+        if in_files != routed or result.rows != in_files:
+            differing[result.key_path] = (routed, in_files)
+    if differing:
+        raise ConservationError(
+            dataset,
+            differing,
+            expected="rows routed",
+            actual="rows in the partition's files",
+            hint="Finalize those partitions again (their files were written short or changed), then commit.",
+        )
+    source_rows = _full_scan_source_rows(stage)
+    if source_rows is not None and not missing and source_rows != routed_total:
+        raise ConservationError(
+            dataset,
+            {"[all planned partitions]": (source_rows, routed_total)},
+            expected="rows in the source (scanned by the stage)",
+            actual="rows routed to the committed partitions",
+            hint="The partition results do not belong to this stage, or some were lost; stage and finalize "
+            "again.",
+        )
+    return ConservationCounts(
+        partitions_checked=len(results),
+        routed=routed_total,
+        written=written_total,
+        source_rows=source_rows,
+    )
+
+
+def _full_scan_source_rows(
+    stage: StageResult | Mapping[str, Any] | str | os.PathLike[str] | None,
+) -> int | None:
+    """Rows the stage scanned, when it scanned the whole source (else None: nothing to compare with)."""
+    location = _location(stage)
+    if not location or not (Path(location) / STAGE_MANIFEST).exists():
+        return None
+    manifest = StageManifest.load(location)
+    return manifest.source_rows if manifest.full_scan else None
 
 
 def plan_commit_id(plan: RefreshPlan) -> str:

@@ -3,6 +3,11 @@
 Each call owns one partition, so one Airflow task per partition can run, retry and report it. The file is
 written under a new unique name and nothing points at it until the commit: a failed or repeated finalize
 leaves at most an unreferenced file that vacuum removes.
+
+Rows are counted on the way: the rows read must be the rows the stage routed to the partition (its
+manifest count; a missing staged directory is not an empty partition), and the rows written, counted back
+from the files the engine wrote (not taken from the writer), must be the rows read. A mismatch, or no row
+at all for a partition discovery found in the source, is a `ConservationError`.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.plan import (
+    DiscoveryKind,
     PartitionResult,
     PartitionWorkItem,
     StageMode,
@@ -31,7 +37,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
-    from airflow_partitions.storage import PartitionStorage
+    from airflow_partitions.storage import DataFile, PartitionStorage
     from airflow_partitions.transforms import Transform
 
 
@@ -72,7 +78,8 @@ def conform_to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def read_staged_rows(location: str, index: int, schema: pa.Schema) -> pa.Table:
-    """The rows Spark routed to item `index` (an absent directory means the partition has no rows)."""
+    """The rows Spark routed to item `index` (an absent directory reads as none: the caller compares the
+    count with the stage manifest's, which tells an empty partition from a lost directory)."""
     import pyarrow as pa
     import pyarrow.dataset as pads
 
@@ -136,13 +143,34 @@ def finalize_partition(
     if manifest.mode is StageMode.PUSHDOWN:
         source = open_source_json(manifest.source, schema=manifest.schema)
         table = conform_to_schema(source.read_partition(transforms, key, staged.get("hint")), manifest.schema)
+        routed = table.num_rows
     else:
         table = read_staged_rows(location, int(staged["index"]), manifest.schema)
+        routed = int(staged["rows"]) if staged.get("rows") is not None else table.num_rows
+        if table.num_rows != routed:
+            raise ConservationError(
+                dataset.name,
+                {work_item.key_path: (routed, table.num_rows)},
+                expected="rows routed by the stage",
+                actual="rows read from the staged directory",
+                hint=f"The staged rows under {location} changed after the stage (deleted or rewritten); "
+                "run the refresh again.",
+            )
         if verify:
             verify_partition(table, transforms, key, work_item.key_path)
+    if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC:
+        raise ConservationError(
+            dataset.name,
+            {work_item.key_path: (None, 0)},
+            expected="rows (discovery found the partition in the source)",
+            actual="rows read",
+            hint="If the source lost these rows since discovery, run the refresh again: a new plan removes "
+            "partitions that are gone.",
+        )
     engine = storage or dataset_storage(dataset)
     root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
     files = engine.write(table, root, work_item.key_path) if table.num_rows else []
+    check_written_rows(dataset.name, work_item.key_path, engine, root, files, routed)
     return PartitionResult(
         key=tuple(work_item.key),
         key_path=work_item.key_path,
@@ -153,4 +181,34 @@ def finalize_partition(
         source_fingerprint=work_item.fingerprint,
         refreshed_at=utc_now_iso(),
         elapsed_s=time.monotonic() - started,
+        routed=routed,
     )
+
+
+def check_written_rows(
+    dataset: str,
+    key_path: str,
+    engine: PartitionStorage,
+    root: Path,
+    files: Sequence[DataFile],
+    expected: int,
+) -> None:
+    """Refuse written files that do not hold exactly `expected` rows, counted back from the files.
+
+    The writer's own numbers (`DataFile.rows`) must agree with the files too: the commit and readers
+    trust them.
+    """
+    counted = [engine.count_rows(root, f) for f in files]
+    written = sum(counted)
+    declared = sum(f.rows for f in files)
+    if written != expected or declared != written:
+        shown = written if written != expected else declared
+        raise ConservationError(
+            dataset,
+            {key_path: (expected, shown)},
+            expected="rows read",
+            actual="rows in the written files" if written != expected else "rows the writer recorded",
+            hint=f"The {engine.engine} writer did not write the rows it was given (files: "
+            f"{', '.join(f.path for f in files) or 'none'}); they are not referenced and vacuum removes "
+            "them. Check the storage engine and the disk, then run the refresh again.",
+        )

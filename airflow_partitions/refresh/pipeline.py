@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import FilterError, PartitionsFailedError, SpecValidationError
+from airflow_partitions.exceptions import (
+    ConservationError,
+    FilterError,
+    PartitionsFailedError,
+    SpecValidationError,
+)
 from airflow_partitions.refresh.commit import (
     commit_refresh,
     dataset_data_root,
@@ -29,6 +34,7 @@ from airflow_partitions.sources import Source, open_dataset_source
 
 if TYPE_CHECKING:
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.storage import PartitionStorage
 
 
 def load_project(project: ProjectSpec | str | os.PathLike[str]) -> ProjectSpec:
@@ -229,6 +235,9 @@ class RefreshSummary:
     failed: dict[str, str] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # The row counts the commit checked and recorded (`CommitResult.conservation`); on a refused commit,
+    # the differing partitions as {key path: {"expected", "actual"}} under "differing".
+    conservation: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -243,6 +252,7 @@ class RefreshSummary:
             "failed": self.failed,
             "timings_s": {k: round(v, 3) for k, v in self.timings_s.items()},
             "notes": list(self.notes),
+            "conservation": self.conservation,
         }
 
 
@@ -264,11 +274,15 @@ def refresh_dataset(
     workers: int | None = None,
     allow_partial: bool = False,
     source: Source | None = None,
+    storage: PartitionStorage | None = None,
 ) -> RefreshSummary:
     """Plan, stage, finalize every planned partition and commit, in this process.
 
     A partition that fails to finalize is reported in `failed`; then nothing is committed unless
     `allow_partial`, which publishes the others and leaves the failed ones at their previous version.
+    Lost or extra rows (`ConservationError`, from any step) always refuse the whole commit, partial or
+    not: the error names every differing partition. `storage` replaces the dataset's storage engine for
+    the partition writes (the engine must publish like the dataset's own).
     """
     started = time.monotonic()
     timings: dict[str, float] = {}
@@ -286,21 +300,27 @@ def refresh_dataset(
     total = len(plan.items)
     tick("stage", 0, total, 0)
     mark = time.monotonic()
-    stage = stage_refresh(
-        project,
-        spec,
-        plan,
-        spark=spark,
-        remote=remote,
-        strategy=strategy,
-        repartition=repartition,
-        source=source,
-    )
+    try:
+        stage = stage_refresh(
+            project,
+            spec,
+            plan,
+            spark=spark,
+            remote=remote,
+            strategy=strategy,
+            repartition=repartition,
+            source=source,
+        )
+    except ConservationError as err:
+        timings["stage"] = time.monotonic() - mark
+        err.summary = _summary(spec, plan, None, None, {}, timings, started, refused=err)
+        raise
     timings["stage"] = time.monotonic() - mark
 
     mark = time.monotonic()
     results: list[PartitionResult] = []
     failed: dict[str, str] = {}
+    lost: list[ConservationError] = []
     rows = 0
     if stage.location is not None:
         tick("finalize", 0, total, 0)
@@ -308,7 +328,9 @@ def refresh_dataset(
         pool_size = workers or min(4, os.cpu_count() or 2)
         with ThreadPoolExecutor(max_workers=max(1, pool_size)) as pool:
             futures = {
-                pool.submit(finalize_partition, project, spec, stage, item, data_root=data_root): item
+                pool.submit(
+                    finalize_partition, project, spec, stage, item, data_root=data_root, storage=storage
+                ): item
                 for item in plan.items
             }
             for future in as_completed(futures):
@@ -316,6 +338,8 @@ def refresh_dataset(
                 try:
                     result = future.result()
                 except Exception as err:
+                    if isinstance(err, ConservationError):
+                        lost.append(err)
                     failed[item.key_path] = f"{type(err).__name__}: {err}"
                 else:
                     results.append(result)
@@ -325,6 +349,11 @@ def refresh_dataset(
 
     mark = time.monotonic()
     commit: CommitResult | None = None
+    if lost:
+        remove_stage(stage)
+        refused = merge_conservation_errors(spec.name, lost)
+        refused.summary = _summary(spec, plan, stage, None, failed, timings, started, refused=refused)
+        raise refused
     if failed and not allow_partial:
         remove_stage(stage)
         summary = _summary(spec, plan, stage, None, failed, timings, started)
@@ -335,27 +364,64 @@ def refresh_dataset(
             summary,
         )
     tick("commit", total, total, rows)
-    commit = commit_refresh(project, spec, plan, results, stage=stage, require_all=not allow_partial)
+    try:
+        commit = commit_refresh(project, spec, plan, results, stage=stage, require_all=not allow_partial)
+    except ConservationError as err:
+        remove_stage(stage)
+        timings["commit"] = time.monotonic() - mark
+        err.summary = _summary(spec, plan, stage, None, failed, timings, started, refused=err)
+        raise
     timings["commit"] = time.monotonic() - mark
     tick("done", total, total, rows)
     return _summary(spec, plan, stage, commit, failed, timings, started)
 
 
+def merge_conservation_errors(dataset: str, errors: Sequence[ConservationError]) -> ConservationError:
+    """One error naming every partition the finalize step refused (the first one's wording if only one)."""
+    if len(errors) == 1:
+        return errors[0]
+    partitions: dict[str, tuple[int | None, int]] = {}
+    for error in errors:
+        partitions.update(error.partitions)
+    kinds = sorted({f"{e.expected} vs {e.actual}" for e in errors})
+    return ConservationError(
+        dataset,
+        partitions,
+        expected="expected rows",
+        actual="rows found",
+        hint=f"Compared: {'; '.join(kinds)}. " + errors[0].hint,
+    )
+
+
 def _summary(
     spec: DatasetSpec,
     plan: RefreshPlan,
-    stage: StageResult,
+    stage: StageResult | None,
     commit: CommitResult | None,
     failed: dict[str, str],
     timings: dict[str, float],
     started: float,
+    *,
+    refused: ConservationError | None = None,
 ) -> RefreshSummary:
     timings = {**timings, "total": time.monotonic() - started}
+    conservation: dict[str, Any] | None = None
+    if commit is not None and commit.conservation is not None:
+        conservation = dict(commit.conservation)
+    elif refused is not None:
+        conservation = {
+            "refused": True,
+            "expected": refused.expected,
+            "actual": refused.actual,
+            "differing": {
+                path: {"expected": want, "actual": got} for path, (want, got) in refused.partitions.items()
+            },
+        }
     return RefreshSummary(
         dataset=spec.name,
         version=commit.version if commit else None,
         plan=plan.counts(),
-        stage_mode=str(stage.mode),
+        stage_mode=str(stage.mode) if stage is not None else "failed",
         refreshed=commit.upserted if commit else 0,
         removed=commit.removed if commit else 0,
         rows=commit.rows if commit else 0,
@@ -363,4 +429,5 @@ def _summary(
         failed=failed,
         timings_s=timings,
         notes=plan.notes,
+        conservation=conservation,
     )

@@ -199,6 +199,10 @@ class StageResult:
     elapsed_s: float
     # Where the Spark work ran: "spark_connect" or the classic master (`local[2]`, `spark://...`, `yarn`).
     spark: str | None = None
+    # Spark mode: rows the job read from the source and rows it routed to planned partitions (None in
+    # pushdown mode, where each partition reads its own rows).
+    source_rows: int | None = None
+    routed_rows: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -208,6 +212,8 @@ class StageResult:
             "partitions": self.partitions,
             "elapsed_s": round(self.elapsed_s, 4),
             "spark": self.spark,
+            "source_rows": self.source_rows,
+            "routed_rows": self.routed_rows,
         }
 
     @classmethod
@@ -220,6 +226,8 @@ class StageResult:
             partitions=int(data.get("partitions", 0)),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
             spark=data.get("spark"),
+            source_rows=_optional_int(data.get("source_rows")),
+            routed_rows=_optional_int(data.get("routed_rows")),
         )
 
 
@@ -236,6 +244,9 @@ class PartitionResult:
     source_fingerprint: str
     refreshed_at: str
     elapsed_s: float = 0.0
+    # Rows the stage routed to this partition (or the pushdown read returned): what `rows` must equal.
+    # None only in results of older versions, which recorded no such count.
+    routed: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -248,6 +259,7 @@ class PartitionResult:
             "fp": self.source_fingerprint,
             "refreshed_at": self.refreshed_at,
             "elapsed_s": round(self.elapsed_s, 4),
+            "routed": self.routed,
         }
 
     @classmethod
@@ -263,6 +275,7 @@ class PartitionResult:
             source_fingerprint=str(_require(data, "fp", what)),
             refreshed_at=str(_require(data, "refreshed_at", what)),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
+            routed=_optional_int(data.get("routed")),
         )
 
 
@@ -277,6 +290,9 @@ class CommitResult:
     rows: int
     bytes: int
     missing: tuple[str, ...] = ()  # planned partitions without a result (left at their old version)
+    # The row counts the commit checked and recorded (`ConservationCounts.to_json()`); None when nothing
+    # was committed.
+    conservation: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -287,7 +303,35 @@ class CommitResult:
             "rows": self.rows,
             "bytes": self.bytes,
             "missing": list(self.missing),
+            "conservation": dict(self.conservation) if self.conservation is not None else None,
         }
+
+
+@dataclass(frozen=True)
+class ConservationCounts:
+    """The row counts a commit checked: what it records in the catalog and reports.
+
+    `routed` = rows the stage (or the pushdown reads) delivered to the committed partitions, `written` =
+    rows in their files (read back from the files at finalize), `source_rows` = rows the stage scanned when
+    it scanned the whole source (None otherwise: then only per-partition counts can be compared).
+    """
+
+    partitions_checked: int
+    routed: int
+    written: int
+    source_rows: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partitions_checked": self.partitions_checked,
+            "routed": self.routed,
+            "written": self.written,
+            "source_rows": self.source_rows,
+        }
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def coerce_items(items: Sequence[PartitionWorkItem | Mapping[str, Any]]) -> list[PartitionWorkItem]:

@@ -12,6 +12,12 @@ Two ways, chosen per refresh:
   partition's read hint and finalize reads straight from the source.
 
 Either way the stage writes `_stage.json` last; a location without it is an unfinished stage.
+
+Rows are conserved, and checked: the Spark job observes how many rows it read and how many it routed
+(metrics of the one write job, no second scan); the staged files' footers must hold exactly the routed
+rows, and when the whole source was scanned every row must have been routed (a row whose partition no
+planned key matches would silently vanish). Each item's staged row count goes into the manifest, where
+finalize checks what it reads against it. Any mismatch is a `ConservationError` and no stage is left.
 """
 
 from __future__ import annotations
@@ -22,14 +28,14 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import RefreshError, SourceError
+from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.refresh.plan import RefreshPlan, StageMode, StageResult, utc_now_iso
+from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, utc_now_iso
 from airflow_partitions.refresh.spark_session import describe_session
 from airflow_partitions.sources import Source, open_dataset_source
 
@@ -82,8 +88,18 @@ class StageManifest:
     mode: StageMode
     source: Mapping[str, Any]
     schema: pa.Schema
-    items: Mapping[str, Mapping[str, Any]]  # key path -> {"index": i, "hint": ...}
+    # key path -> {"index": i, "rows": staged rows (spark mode)} or {"index": i, "hint": ...} (pushdown)
+    items: Mapping[str, Mapping[str, Any]]
     created_at: str
+    # How the planned keys were found: a dynamically discovered key has rows in the source, so finalize
+    # refuses to write it empty. None in manifests of older versions.
+    discovery: DiscoveryKind | None = None
+    source_rows: int | None = None  # rows the Spark job read (spark mode)
+    routed_rows: int | None = None  # rows it routed to planned partitions (= sum of the items' rows)
+    full_scan: bool = False  # every discovered key was planned, so the job read the whole source
+    # "observed": both counts are metrics of the one write job; "recounted": the job returned no metrics
+    # and the source was counted by a second job (see `_run_spark_stage`). None in pushdown mode.
+    counted_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +111,11 @@ class StageManifest:
             "schema": encode_schema(self.schema),
             "items": {k: dict(v) for k, v in self.items.items()},
             "created_at": self.created_at,
+            "discovery": str(self.discovery) if self.discovery is not None else None,
+            "source_rows": self.source_rows,
+            "routed_rows": self.routed_rows,
+            "full_scan": self.full_scan,
+            "counted_by": self.counted_by,
         }
 
     @classmethod
@@ -119,6 +140,11 @@ class StageManifest:
             schema=decode_schema(data["schema"]),
             items=data["items"],
             created_at=data["created_at"],
+            discovery=DiscoveryKind(data["discovery"]) if data.get("discovery") else None,
+            source_rows=data.get("source_rows"),
+            routed_rows=data.get("routed_rows"),
+            full_scan=bool(data.get("full_scan", False)),
+            counted_by=data.get("counted_by"),
         )
 
     def write(self, location: Path) -> None:
@@ -183,18 +209,31 @@ def stage_refresh(
     keys = [PartitionKey.from_json(item.key).values for item in plan.items]
     entries: dict[str, dict[str, Any]] = {}
     ran_on: str | None = None
+    counts: SparkStageCounts | None = None
+    # Every discovered key planned: the source read is not narrowed, so every source row must be routed.
+    full_scan = len(keys) >= plan.discovered
     try:
         if mode is StageMode.PUSHDOWN:
             for index, (item, key) in enumerate(zip(plan.items, keys, strict=True)):
                 entries[item.key_path] = {"index": index, "hint": source.partition_read_hint(transforms, key)}
         else:
-            for index, item in enumerate(plan.items):
-                entries[item.key_path] = {"index": index}
             session = spark if spark is not None else _session(remote)
             ran_on = describe_session(session)
-            # Every discovered key planned: no need to narrow the source read to a subset.
-            subset = None if len(keys) >= plan.discovered else keys
-            _run_spark_stage(session, source, transforms, keys, subset, target, repartition=repartition)
+            subset = None if full_scan else keys
+            counts = _run_spark_stage(
+                session, source, transforms, keys, subset, target, repartition=repartition
+            )
+            staged = staged_item_rows(target, len(keys))
+            for index, item in enumerate(plan.items):
+                entries[item.key_path] = {"index": index, "rows": staged.get(index, 0)}
+            check_stage_conservation(
+                dataset.name,
+                plan,
+                counts,
+                staged,
+                full_scan=full_scan,
+                unrouted=lambda: _unrouted_partitions(session, source, transforms, keys, target, plan),
+            )
         StageManifest(
             dataset=dataset.name,
             spec_id=bound.acceleration.partition_spec_id,
@@ -203,13 +242,133 @@ def stage_refresh(
             schema=source.schema(),
             items=entries,
             created_at=utc_now_iso(),
+            discovery=plan.discovery,
+            source_rows=counts.source_rows if counts is not None else None,
+            routed_rows=counts.routed_rows if counts is not None else None,
+            full_scan=full_scan and mode is StageMode.SPARK,
+            counted_by=None if counts is None else "observed" if counts.observed else "recounted",
         ).write(target)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
     return StageResult(
-        dataset.name, str(target), mode, len(plan.items), time.monotonic() - started, spark=ran_on
+        dataset.name,
+        str(target),
+        mode,
+        len(plan.items),
+        time.monotonic() - started,
+        spark=ran_on,
+        source_rows=counts.source_rows if counts is not None else None,
+        routed_rows=counts.routed_rows if counts is not None else None,
     )
+
+
+@dataclass(frozen=True)
+class SparkStageCounts:
+    """What the Spark stage job observed: rows read from the source and rows routed to planned keys."""
+
+    source_rows: int
+    routed_rows: int
+    observed: bool = True  # False when metrics were unavailable and the counts came from a fallback
+
+
+def staged_item_rows(location: str | os.PathLike[str], items: int) -> dict[int, int]:
+    """Rows staged per item index, from the staged Parquet footers (no data is read).
+
+    Counts exactly the files finalize reads: names starting with `.` or `_` (Spark's `_SUCCESS`, `.crc`
+    files) are skipped, as `pyarrow.dataset` skips them.
+    """
+    import pyarrow.parquet as pq
+
+    data = Path(location) / STAGE_DATA
+    prefix = f"{ITEM_COLUMN}="
+    files: list[tuple[int, Path]] = []
+    if data.is_dir():
+        for entry in os.scandir(data):
+            if not entry.is_dir() or not entry.name.startswith(prefix):
+                continue
+            suffix = entry.name[len(prefix) :]
+            index = int(suffix) if suffix.isdigit() else -1
+            if not 0 <= index < items:
+                raise RefreshError(f"the stage at {location} holds an unplanned item directory {entry.name}")
+            files.extend(
+                (index, Path(entry.path, name))
+                for name in os.listdir(entry.path)
+                if not name.startswith((".", "_"))
+            )
+
+    def footer_rows(path: Path) -> int:
+        try:
+            return int(pq.read_metadata(str(path)).num_rows)
+        except (OSError, ValueError) as err:
+            raise RefreshError(f"cannot read the footer of staged file {path}: {err}") from err
+
+    rows: dict[int, int] = {}
+    if len(files) > 16:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            counted = list(pool.map(footer_rows, [path for _, path in files]))
+    else:
+        counted = [footer_rows(path) for _, path in files]
+    for (index, _), count in zip(files, counted, strict=True):
+        rows[index] = rows.get(index, 0) + count
+    return rows
+
+
+def check_stage_conservation(
+    dataset: str,
+    plan: RefreshPlan,
+    counts: SparkStageCounts,
+    staged: Mapping[int, int],
+    *,
+    full_scan: bool,
+    unrouted: Callable[[], dict[str, int]],
+) -> None:
+    """Refuse a stage that lost or invented rows: routed = staged, and (full scan) read = routed.
+
+    Also refuses a dynamically discovered partition that received no row: discovery saw rows for it.
+    `unrouted` names the partitions of rows no planned key matched (it runs a second job, only on error).
+    """
+    staged_total = sum(staged.values())
+    if staged_total != counts.routed_rows:
+        raise ConservationError(
+            dataset,
+            {"[all staged partitions]": (counts.routed_rows, staged_total)},
+            expected="rows routed by the Spark stage job",
+            actual="rows in the staged files",
+            hint="The staged files are incomplete (a lost Spark task output or a concurrent cleanup of "
+            "the staging directory); run the refresh again.",
+        )
+    if full_scan and counts.source_rows != counts.routed_rows:
+        missing = unrouted() if counts.source_rows > counts.routed_rows else {}
+        partitions: dict[str, tuple[int | None, int]] = {
+            path: (rows, 0) for path, rows in missing.items()
+        } or {"[whole source]": (counts.source_rows, counts.routed_rows)}
+        raise ConservationError(
+            dataset,
+            partitions,
+            expected="rows in the source",
+            actual="rows routed to a planned partition",
+            hint=f"The refresh scanned the whole source ({counts.source_rows} rows) but only "
+            f"{counts.routed_rows} belong to the {len(plan.items)} planned partition(s): the rows of the "
+            "partitions listed were not discovered (a partition discovery missed, e.g. a NULL value), or "
+            "the source changed during the refresh. Run the refresh again; if it fails again, discovery "
+            "misses these partitions.",
+        )
+    if plan.discovery is DiscoveryKind.DYNAMIC:
+        empty: dict[str, tuple[int | None, int]] = {
+            item.key_path: (None, 0) for index, item in enumerate(plan.items) if not staged.get(index)
+        }
+        if empty:
+            raise ConservationError(
+                dataset,
+                empty,
+                expected="rows (discovery found the partition in the source)",
+                actual="rows staged",
+                hint="If the source lost these rows since discovery, run the refresh again: a new plan "
+                "removes partitions that are gone.",
+            )
 
 
 def _stage_name() -> str:
@@ -244,7 +403,7 @@ def _run_spark_stage(
     target: Path,
     *,
     repartition: bool,
-) -> None:
+) -> SparkStageCounts:
     from functools import reduce
 
     from pyspark.sql import functions as F
@@ -261,15 +420,15 @@ def _run_spark_stage(
         raise SourceError(
             f"source columns {clashes} use the reserved prefix __ap_; rename them in the source"
         )
+    source_observation = _observation(spark, "ap_source")
+    routed_observation = _observation(spark, "ap_routed")
+    counted = frame
+    frame = frame.observe(source_observation, F.count(F.lit(1)).alias("rows"))
     for position, transform in enumerate(transforms):
         frame = frame.withColumn(
             f"{_PARTITION_PREFIX}{position}", transform.to_spark(F.col(quote_column(transform.source_column)))
         )
-    key_frame = spark.createDataFrame(keys_table(transforms, keys))
-    for position in range(len(transforms)):
-        name = f"{_KEY_PREFIX}{position}"
-        data_type = frame.schema[f"{_PARTITION_PREFIX}{position}"].dataType
-        key_frame = key_frame.withColumn(name, F.col(name).cast(data_type))
+    key_frame = _key_frame(spark, transforms, keys, frame)
     condition = reduce(
         lambda left, right: left & right,
         [
@@ -280,6 +439,7 @@ def _run_spark_stage(
     routed = frame.join(F.broadcast(key_frame), condition, "inner").select(
         *[frame[quote_column(c)] for c in columns], key_frame[ITEM_COLUMN]
     )
+    routed = routed.observe(routed_observation, F.count(F.lit(1)).alias("rows"))
     if repartition:
         routed = routed.repartition(ITEM_COLUMN)
     try:
@@ -293,6 +453,101 @@ def _run_spark_stage(
         if explained is not None:
             raise explained from err
         raise RefreshError(f"the Spark stage job for {source.describe()} failed: {_first_line(err)}") from err
+    source_rows = _observed_rows(source_observation)
+    routed_rows = _observed_rows(routed_observation)
+    if source_rows is not None and routed_rows is not None:
+        return SparkStageCounts(source_rows=source_rows, routed_rows=routed_rows)
+    # No metrics came back (a Spark server without observation support, or a plan the optimizer reduced):
+    # count the source in a second job and take the staged footers as the routed count. Correct, at the
+    # price of a second scan.
+    try:
+        recounted = int(counted.count())
+    except Exception as err:
+        raise RefreshError(f"counting the rows of {source.describe()} failed: {_first_line(err)}") from err
+    return SparkStageCounts(
+        source_rows=recounted,
+        routed_rows=sum(staged_item_rows(target, len(keys)).values()),
+        observed=False,
+    )
+
+
+def _observation(spark: Any, name: str) -> Any:
+    """An `Observation` of the session's kind (classic or Spark Connect), uniquely named per job."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect.observation import Observation as ConnectObservation
+
+        return ConnectObservation(f"{name}_{uuid.uuid4().hex[:12]}")
+    from pyspark.sql import Observation
+
+    return Observation(f"{name}_{uuid.uuid4().hex[:12]}")
+
+
+def _observed_rows(observation: Any) -> int | None:
+    """The observed count, or None when the job delivered no metrics (then the caller counts instead)."""
+    try:
+        value = observation.get.get("rows")
+    except Exception:  # e.g. the optimizer removed the observed subtree: no metrics, not a failed job
+        return None
+    return None if value is None else int(value)
+
+
+def _unrouted_partitions(
+    spark: Any,
+    source: Source,
+    transforms: Sequence[Transform],
+    keys: Sequence[tuple[Any, ...]],
+    target: Path,
+    plan: RefreshPlan,
+    *,
+    limit: int = 20,
+) -> dict[str, int]:
+    """Key path -> row count of source rows that no planned key matched (a second job: error path only)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    from airflow_partitions.sources.spark import quote_column
+
+    try:
+        frame = source.spark_frame(spark, transforms, None, work_dir=str(target / "_unrouted"))
+        names = [f"{_PARTITION_PREFIX}{position}" for position in range(len(transforms))]
+        for position, transform in enumerate(transforms):
+            frame = frame.withColumn(
+                names[position], transform.to_spark(F.col(quote_column(transform.source_column)))
+            )
+        key_frame = _key_frame(spark, transforms, keys, frame)
+        condition = reduce(
+            lambda left, right: left & right,
+            [frame[name].eqNullSafe(key_frame[f"{_KEY_PREFIX}{p}"]) for p, name in enumerate(names)],
+        )
+        grouped = (
+            frame.join(F.broadcast(key_frame), condition, "left_anti")
+            .groupBy(*names)
+            .count()
+            .orderBy(F.col("count").desc())
+            .limit(limit)
+            .toArrow()
+        )
+        return {
+            PartitionKey(tuple(row[name] for name in names)).path(plan.partition_names): int(row["count"])
+            for row in grouped.to_pylist()
+        }
+    except Exception:  # the counts already prove the loss; naming the partitions is a courtesy
+        return {}
+
+
+def _key_frame(
+    spark: Any, transforms: Sequence[Transform], keys: Sequence[tuple[Any, ...]], frame: Any
+) -> Any:
+    """The planned keys as a Spark frame, each key column cast to its partition column's Spark type."""
+    from pyspark.sql import functions as F
+
+    key_frame = spark.createDataFrame(keys_table(transforms, keys))
+    for position in range(len(transforms)):
+        name = f"{_KEY_PREFIX}{position}"
+        data_type = frame.schema[f"{_PARTITION_PREFIX}{position}"].dataType
+        key_frame = key_frame.withColumn(name, F.col(name).cast(data_type))
+    return key_frame
 
 
 def _first_line(err: BaseException) -> str:

@@ -33,6 +33,10 @@ class ArrowIpcStorage(PartitionStorage):
         source = pa.memory_map(str(data_file_path(Path(dataset_root), file)), "r")
         return pa.ipc.open_file(source).schema
 
+    def _count_file_rows(self, dataset_root: Path, file: DataFile) -> int:
+        source = pa.memory_map(str(data_file_path(dataset_root, file)), "r")
+        return int(pa.ipc.open_file(source).count_rows())
+
     def register_duckdb(
         self,
         connection: Any,

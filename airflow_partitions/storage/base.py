@@ -197,6 +197,23 @@ class PartitionStorage(ABC):
         """The Arrow schema `file` was written with."""
         return self._read_file(Path(dataset_root), file).schema
 
+    def count_rows(self, dataset_root: Path, file: DataFile) -> int:
+        """The rows `file` holds, counted from the file on disk (never taken from `file.rows`)."""
+        try:
+            return self._count_file_rows(Path(dataset_root), file)
+        except StorageError:
+            raise
+        except FileNotFoundError as err:
+            raise StorageError(f"partition file {file.path} is missing under {dataset_root}") from err
+        except Exception as err:
+            raise StorageError(
+                f"could not count the rows of {file.path} under {dataset_root}: {err}"
+            ) from err
+
+    def _count_file_rows(self, dataset_root: Path, file: DataFile) -> int:
+        # Engines override this with a metadata-only count; reading the file is the exact fallback.
+        return self._read_file(dataset_root, file).num_rows
+
     # --- DuckDB access ----------------------------------------------------------------------------
 
     @abstractmethod

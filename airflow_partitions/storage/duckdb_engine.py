@@ -114,6 +114,18 @@ class DuckDBFilesStorage(PartitionStorage):
         finally:
             connection.close()
 
+    def _count_file_rows(self, dataset_root: Path, file: DataFile) -> int:
+        # The partition's own file (in tables mode: the staged file, which `publish` copies whole).
+        path = data_file_path(dataset_root, file)
+        if not path.exists():
+            raise FileNotFoundError(str(path))
+        connection = duckdb.connect(str(path), read_only=True)
+        try:
+            row = connection.execute(f"SELECT count(*) FROM {DATA_TABLE}").fetchone()
+        finally:
+            connection.close()
+        return int(row[0]) if row is not None else 0
+
     def register_duckdb(
         self,
         connection: Any,

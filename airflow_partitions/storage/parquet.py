@@ -64,6 +64,9 @@ class ParquetStorage(PartitionStorage):
                 f"could not read the footer of {file.path} under {dataset_root}: {err}"
             ) from err
 
+    def _count_file_rows(self, dataset_root: Path, file: DataFile) -> int:
+        return int(pq.read_metadata(str(data_file_path(dataset_root, file))).num_rows)
+
     @staticmethod
     def _original_schema(stored: pa.Schema) -> pa.Schema:
         metadata = dict(stored.metadata or {})
