@@ -62,19 +62,27 @@ def valid_pairs(
 
 
 def all_pairs(
-    axes: Mapping[str, Sequence[str]], valid: Callable[[Combination], bool] = lambda c: True
+    axes: Mapping[str, Sequence[str]],
+    valid: Callable[[Combination], bool] = lambda c: True,
+    *,
+    required: Sequence[Combination] = (),
 ) -> list[Combination]:
     """A small list of valid combinations covering every valid pair of values of two axes (greedy).
 
-    Deterministic: candidates are the valid cross product in axis order, and each step takes the first
-    candidate covering the most still-uncovered pairs. The cross products here are a few thousand
-    combinations, so brute force is fine and easy to trust.
+    Deterministic: `required` combinations come first; then, over the valid cross product in axis
+    order, each step takes the first candidate covering the most still-uncovered pairs. The cross
+    products here are a few thousand combinations, so brute force is fine and easy to trust.
     """
     names = list(axes)
     candidates = _valid_combinations(axes, valid)
     candidate_pairs = [_pairs_of(c, names) for c in candidates]
     uncovered = set().union(*candidate_pairs) if candidate_pairs else set()
     chosen: list[Combination] = []
+    for combination in required:
+        if not valid(combination):
+            raise ValueError(f"required combination {combination} is not valid")
+        chosen.append(dict(combination))
+        uncovered -= _pairs_of(combination, names)
     while uncovered:
         best = max(range(len(candidates)), key=lambda i: (len(candidate_pairs[i] & uncovered), -i))
         chosen.append(candidates[best])
@@ -116,8 +124,28 @@ HOSTILE_STRINGS = [
     "alpha",
     "beta",
 ]
-# Within int32 so a Hive directory of them reads back as a number (pyarrow infers int32 for Hive ints).
-HOSTILE_INTS = [0, 1, -1, 2, 3, 7, -7, 42, 99, 100, -100, 101, 999, -1000, 12345, -54321, 2**31 - 1, -(2**31)]
+# Within int32 so a Hive directory of them reads back as a number (pyarrow infers int32 for Hive ints);
+# the lowest is a multiple of 1000, as truncate(1000, .) of anything lower has no int32 floor (refused).
+HOSTILE_INTS = [
+    0,
+    1,
+    -1,
+    2,
+    3,
+    7,
+    -7,
+    42,
+    99,
+    100,
+    -100,
+    101,
+    999,
+    -1000,
+    12345,
+    -54321,
+    2**31 - 1,
+    -2_147_483_000,
+]
 HOSTILE_DECIMALS = [
     Decimal("0.00"),
     Decimal("-0.01"),
@@ -237,7 +265,7 @@ def change_source(chunks: Sequence[pa.Table], seed: int) -> SourceChange:
     for i in order[12:24]:
         row = dict(victim[i])
         row["s"] = rng.choice([None, "brand/new=key", "é", row["s"]])
-        row["n_int"] = rng.choice([None, 77_777, -(2**31), 5])
+        row["n_int"] = rng.choice([None, 77_777, -2_147_483_000, 5])
         row["amount"] = rng.choice([None, Decimal("-0.01"), Decimal("77777.77")])
         row["ts"] = rng.choice([None, dt.datetime(2026, 6, 15, 8, 30, 0, 123_456, tzinfo=UTC)])
         row["ts_naive"] = rng.choice([None, dt.datetime(2026, 7, 1)])
@@ -249,7 +277,7 @@ def change_source(chunks: Sequence[pa.Table], seed: int) -> SourceChange:
     appended = [_row(rng, 900_000 + i, complete=i == 0) for i in range(36)]
     for i, row in enumerate(appended[1:7]):
         row["s"] = ["brand/new=key", None, "", "🙂", "tail%", "NULL"][i]
-        row["n_int"] = [77_777, None, 5, -(2**31), 88_888, None][i]
+        row["n_int"] = [77_777, None, 5, -2_147_483_000, 88_888, None][i]
     new_chunks = (chunks[0], pa.Table.from_pylist(new_chunk1, schema=SCHEMA), chunks[2])
     appended_table = pa.Table.from_pylist(appended, schema=SCHEMA)
     return SourceChange(
