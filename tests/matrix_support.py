@@ -17,7 +17,6 @@ import io
 import itertools
 import json
 import random
-import shutil
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -302,7 +301,7 @@ def _json_instant(value: dt.datetime, style: int) -> str:
     return value.replace(tzinfo=None).isoformat(sep=" ")
 
 
-def _json_line(row: Mapping[str, Any], index: int) -> str:
+def json_line(row: Mapping[str, Any], index: int) -> str:
     parts = []
     for name in SCHEMA.names:
         value = row[name]
@@ -328,7 +327,7 @@ def _json_line(row: Mapping[str, Any], index: int) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-def _csv_text(table: pa.Table) -> str:
+def csv_text(table: pa.Table) -> str:
     """CSV with a header; every string quoted (so '' is `""`), instants with offsets, floats exact."""
     out = io.StringIO()
     writer = csv.writer(out, quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
@@ -490,9 +489,9 @@ class MatrixSource:
         if self.kind == "parquet":
             pq.write_table(chunk, path)
         elif self.kind == "csv":
-            path.write_text(_csv_text(chunk), encoding="utf-8")
+            path.write_text(csv_text(chunk), encoding="utf-8")
         else:
-            lines = [_json_line(row, i) for i, row in enumerate(chunk.to_pylist())]
+            lines = [json_line(row, i) for i, row in enumerate(chunk.to_pylist())]
             path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         self._files[index] = [str(path)]
 
@@ -567,9 +566,6 @@ class MatrixSource:
             return pa.concat_tables(tables)
         rows = [r for p in paths for r in parse_json_lines(Path(p).read_text(encoding="utf-8"))]
         return pa.Table.from_pylist(rows, schema=SCHEMA)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.root / "src", ignore_errors=True)
 
 
 # --- row hashing -------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ strategies) and `connect` (Spark Connect).
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import io
 import json
@@ -36,16 +37,21 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from matrix_support import (
+    SCHEMA,
     DuckDBOracle,
     FilterGenerator,
     MatrixSource,
     SourceChange,
     all_pairs,
     change_source,
+    csv_read_options,
+    csv_text,
     hostile_chunks,
+    json_line,
     key_path,
     multiset_difference,
     non_null_values,
+    parse_json_lines,
     partition_values,
     row_digests,
     rows_by_key,
@@ -562,3 +568,52 @@ def test_pairwise_generator_on_a_small_constrained_example() -> None:
     assert uncovered_pairs(seeded, axes, no_3q) == set()
     with pytest.raises(ValueError, match="not valid"):
         all_pairs(axes, no_3q, required=[{"a": "3", "b": "x", "c": "q"}])
+
+
+# --- the oracle's own parts ---------------------------------------------------------------------------------
+
+
+def test_row_digests_tell_apart_what_a_lossy_copy_would_merge() -> None:
+    table = pa.table(
+        {
+            "s": pa.array(["", None, "NULL", "none", "a"]),
+            "x": pa.array([0.0, -0.0, None, 1.5, 1.5]),
+        }
+    )
+    assert len(set(row_digests(table))) == 5
+    assert row_digests(table.slice(0, 2)) != row_digests(table.slice(1, 2))
+    same_instant = pa.table(
+        {
+            "ts": pa.array(
+                [dt.datetime(2026, 1, 1, 10, 0, tzinfo=dt.timezone(dt.timedelta(hours=5, minutes=30)))],
+                pa.timestamp("us", "UTC"),
+            )
+        }
+    )
+    utc = pa.table(
+        {"ts": pa.array([dt.datetime(2026, 1, 1, 4, 30, tzinfo=dt.UTC)], pa.timestamp("us", "UTC"))}
+    )
+    assert row_digests(same_instant) == row_digests(utc), "instants compare as UTC instants"
+
+
+def test_json_lines_spell_every_offset_and_read_back_exactly() -> None:
+    chunk = hostile_chunks(11)[0]
+    lines = [json_line(row, i) for i, row in enumerate(chunk.to_pylist())]
+    assert any("+05:30" in line for line in lines)
+    assert any('Z"' in line for line in lines)
+    assert any("+00:00" in line for line in lines)
+    back = pa.Table.from_pylist(parse_json_lines("\n".join(lines)), schema=SCHEMA)
+    assert describe_difference(back, chunk) is None
+
+
+def test_csv_reads_back_with_only_empty_fields_as_null() -> None:
+    import pyarrow.csv as pacsv
+
+    chunk = hostile_chunks(12)[0]
+    back = pacsv.read_csv(io.BytesIO(csv_text(chunk).encode()), convert_options=csv_read_options())
+    written = chunk.column("s").to_pylist()
+    read = back.column("s").to_pylist()
+    assert read == [None if v == "" else v for v in written], "only '' becomes NULL ('NULL', 'NA' stay text)"
+    assert {"NULL", "NA", 'say "hi"'} <= set(read)
+    assert back.column("id").to_pylist() == chunk.column("id").to_pylist()
+    assert back.column("ts").cast(pa.timestamp("us", "UTC")).equals(chunk.column("ts"))
