@@ -153,7 +153,7 @@ HOSTILE_DECIMALS = [
     Decimal("1000.00"),
     Decimal("-1000.00"),
     Decimal("9999999999.99"),  # the largest decimal(12, 2)
-    Decimal("-9999998000.00"),  # the lowest whose truncate(1000, .) floor still fits decimal(12, 2)
+    Decimal("-9999998000.00"),  # a multiple of 1000.00 near the bottom of decimal(12, 2)
 ]
 # No NaN: SQL engines disagree on NaN ordering and equality, and the oracle would need its own rules.
 HOSTILE_DOUBLES = [0.0, -0.0, 1.5, 0.1, 1e300, -1e-300, -2.5]

@@ -94,7 +94,8 @@ LAYOUTS: dict[str, Layout] = {
         (("y", "date_part('year', ts_naive)"), ("m", "date_part('month', ts_naive)")), None, False
     ),
     "trunc_int": Layout((("ti", "truncate(1000, n_int)"),), ("n_int",), True),
-    "trunc_dec": Layout((("td", "truncate(1000, amount)"),), None, True, needs_decimal=True),
+    # Width in unscaled units (Iceberg): 100000 at scale 2 is ranges of 1000.00.
+    "trunc_dec": Layout((("td", "truncate(100000, amount)"),), None, True, needs_decimal=True),
     "trunc_str": Layout((("t2", "truncate(2, s)"),), ("s",), True),
     "mod": Layout((("r", "n_int % 4"),), ("n_int",), False),
     "composite": Layout(
