@@ -66,8 +66,6 @@ from airflow_partitions.exceptions import PartitionSpecChangedError
 from airflow_partitions.refresh import refresh_dataset
 from airflow_partitions.transforms import parse_transform
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.s3, pytest.mark.postgres]
-
 REPO = Path(__file__).resolve().parent.parent
 DATASET = "m"
 FILTERS_PER_COMBINATION = 30
@@ -471,6 +469,10 @@ def matching_keys(table: pa.Table, where: str, fields: Sequence[tuple[str, str]]
     return {key_path(values[row], fields) for row in rows}
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.s3
+@pytest.mark.postgres
 @pytest.mark.parametrize("combination", COMBINATIONS, ids=IDS)
 def test_conservation(combination: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest) -> None:
     name = "-".join(combination.values())
