@@ -326,8 +326,10 @@ class FileSource:
             delimiter = self._csv_delimiter()
             header = bool(self.params.get("header", True))
             read_options = pacsv.ReadOptions(autogenerate_column_names=not header)
-            # As Spark reads CSV: an empty field is NULL, quoted ("") or not.
+            # As Spark reads CSV: an empty field is NULL, quoted ("") or not, and only an empty field
+            # (pyarrow's default also reads the text NULL, NA, N/A, nan, ... as NULL; Spark keeps them).
             convert_options = pacsv.ConvertOptions(
+                null_values=[""],
                 strings_can_be_null=True,
                 quoted_strings_can_be_null=True,
                 column_types={f.name: f.type for f in physical} if physical is not None else None,
@@ -403,8 +405,9 @@ class FileSource:
             if name in declared:
                 data_type = declared[name]
             elif self.file_format != "parquet" and pa.types.is_timestamp(data_type):
-                # Text inference picks seconds when no sample had a fraction: later values may have one.
-                data_type = pa.timestamp("us", data_type.tz) if data_type.unit in ("s", "ms") else data_type
+                # Text inference picks seconds when no sample had a fraction (later values may have one),
+                # and nanoseconds for long fractions, which Spark cannot hold: microseconds either way.
+                data_type = pa.timestamp("us", data_type.tz)
             fields.append(pa.field(name, data_type))
         fields += [pa.field(f.name, declared.get(f.name, f.type)) for f in hive_fields]
         absent = [name for name in declared if name not in merged and name not in hive_names]
