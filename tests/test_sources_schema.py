@@ -154,6 +154,53 @@ def test_unparsable_declared_timestamp_fails_the_refresh_naming_file_and_value(
     assert "not-a-time" in str(arrow_raised.value)
 
 
+def json_dates_project(tmp_path: Path, lines: list[str]) -> ProjectSpec:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "part.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: visits\n"
+        "    from: file:src\n"
+        "    params: {file_format: json}\n"
+        "    schema: {id: int64, day: date32, note: string}\n"
+        "    acceleration:\n"
+        "      partition_by: [{month: \"date_trunc('month', day)\"}]\n"
+    )
+    return load_spec(tmp_path / "spec.yaml")
+
+
+@pytest.mark.spark
+def test_declared_json_dates_are_read_on_every_path(spark: Any, tmp_path: Path) -> None:
+    """pyarrow's JSON parser takes a declared date32 only as a number: ISO date strings failed to read."""
+    rows = [
+        {"id": 1, "day": "2027-01-01", "note": "a/b=c"},
+        {"id": 2, "day": None, "note": None},
+        {"id": 3, "day": "1969-12-31", "note": "it's"},
+        {"id": 4, "day": "2027-02-28", "note": ""},
+    ]
+    project = json_dates_project(tmp_path, [json.dumps(row) for row in rows])
+    source = open_dataset_source(project.dataset("visits"))
+    expected = Counter(
+        (r["id"], None if r["day"] is None else dt.date.fromisoformat(r["day"]), r["note"]) for r in rows
+    )
+    assert row_multiset(source.read_all().to_pylist(), ["id", "day", "note"]) == expected
+    summary = refresh_dataset(project, "visits", spark=spark)
+    assert summary.plan["new"] == 4  # 2027-01, 2027-02, 1969-12 and the NULL month
+    stored = read_all_partitions(project, "visits").to_pylist()
+    assert row_multiset(stored, ["id", "day", "note"]) == expected
+
+
+def test_a_json_value_that_is_not_a_date_is_refused_with_file_and_value(tmp_path: Path) -> None:
+    project = json_dates_project(tmp_path, ['{"id": 1, "day": "2027-01-01T05:00:00", "note": "x"}'])
+    source = open_dataset_source(project.dataset("visits"))
+    with pytest.raises(SourceError) as raised:
+        source.read_all()
+    message = str(raised.value)
+    assert "part.jsonl" in message
+    assert "2027-01-01T05:00:00" in message
+
+
 def test_declared_schema_wins_over_inference_on_arrow_reads(tmp_path: Path) -> None:
     source_dir = tmp_path / "events"
     source_dir.mkdir()

@@ -342,7 +342,9 @@ class FileSource:
         if physical is None:
             return pads.JsonFileFormat()
         return pads.JsonFileFormat(
-            parse_options=pajson.ParseOptions(explicit_schema=physical, unexpected_field_behavior="ignore")
+            parse_options=pajson.ParseOptions(
+                explicit_schema=self._parse_schema(physical), unexpected_field_behavior="ignore"
+            )
         )
 
     def _csv_delimiter(self) -> str:
@@ -364,11 +366,33 @@ class FileSource:
             return os.path.dirname(root)
         return root
 
+    def _parse_schema(self, schema: pa.Schema) -> pa.Schema:
+        """`schema` as the files are parsed: JSON dates as text (pyarrow's JSON parser takes a date only as a
+        number of days), which `_typed` then casts to the date type, strictly."""
+        import pyarrow as pa
+
+        if self.file_format != "json":
+            return schema
+        return pa.schema([pa.field(f.name, pa.string()) if pa.types.is_date(f.type) else f for f in schema])
+
+    def _typed(self, data: Any, schema: pa.Schema) -> Any:
+        """A table or batch read under `_parse_schema(schema)`, with `schema`'s types (ArrowInvalid, a
+        ValueError, for a value that is not one: `2027-01-01T05:00` is not a date)."""
+        import pyarrow as pa
+
+        for index, name in enumerate(data.schema.names):
+            if name in schema.names and data.schema.field(name).type != schema.field(name).type:
+                column = data.column(index).cast(schema.field(name).type)
+                data = data.set_column(index, pa.field(name, column.type), column)
+        return data
+
     def _dataset(self, files: Sequence[SourceFile], schema: pa.Schema | None = None) -> pads.Dataset:
         import pyarrow.dataset as pads
 
         paths = [f.path for f in files]
         file_format = self._arrow_format(schema)
+        if schema is not None:
+            schema = self._parse_schema(schema)
         if not self.hive_columns:
             return pads.dataset(paths, schema=schema, format=file_format, filesystem=self.filesystem)
         if schema is not None:
@@ -600,6 +624,10 @@ class FileSource:
             deadline.check(f"scanning {self.location} for distinct partition values")
             if batch.num_rows == 0:
                 continue
+            try:
+                batch = self._typed(batch, schema)
+            except (OSError, ValueError) as err:
+                raise self._read_error(files, schema, err) from err
             arrays = [t.apply(batch.column(t.source_column)) for t in transforms]
             distinct = pa.table(dict(zip(names, arrays, strict=True))).group_by(names).aggregate([])
             partials.append(distinct)
@@ -642,7 +670,7 @@ class FileSource:
             return schema.empty_table()
         files = [SourceFile(p, p, 0, "") for p in paths]
         try:
-            return self._dataset(files, schema).to_table()
+            return self._typed(self._dataset(files, schema).to_table(), schema)
         except (OSError, ValueError) as err:
             raise self._read_error(files, schema, err) from err
 
@@ -650,7 +678,7 @@ class FileSource:
         """The error of a failed read, naming the file (found by reading them one by one) and the value."""
         for source_file in files:
             try:
-                self._dataset([source_file], schema).to_table()
+                self._typed(self._dataset([source_file], schema).to_table(), schema)
             except (OSError, ValueError) as file_err:
                 return SourceError(self._bad_file_message(source_file, schema, file_err))
         return SourceError(f"cannot read {len(files)} file(s) of {self.describe()}: {err}")
