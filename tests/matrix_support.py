@@ -362,6 +362,16 @@ def csv_read_options() -> Any:
     return pacsv.ConvertOptions(null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True)
 
 
+def text_timestamps_in_microseconds(table: pa.Table) -> pa.Table:
+    """The documented rule for timestamps inferred from text: microseconds (Spark's precision), cast
+    safely, so a source value finer than a microsecond fails here instead of being compared rounded."""
+    fields = [
+        pa.field(f.name, pa.timestamp("us", f.type.tz)) if pa.types.is_timestamp(f.type) else f
+        for f in table.schema
+    ]
+    return table.cast(pa.schema(fields))
+
+
 def parse_json_lines(text: str) -> list[dict[str, Any]]:
     """JSON lines parsed with Python alone, typed by `DECLARED_SCHEMA` (offsets honoured, no offset = UTC)."""
     rows = []
@@ -563,7 +573,7 @@ class MatrixSource:
         if self.kind == "csv":
             tables = [pacsv.read_csv(p, convert_options=csv_read_options()) for p in paths]
             assert len({t.schema for t in tables}) == 1, "the CSV files must infer one schema"
-            return pa.concat_tables(tables)
+            return text_timestamps_in_microseconds(pa.concat_tables(tables))
         rows = [r for p in paths for r in parse_json_lines(Path(p).read_text(encoding="utf-8"))]
         return pa.Table.from_pylist(rows, schema=SCHEMA)
 
