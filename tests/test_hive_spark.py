@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
@@ -31,11 +32,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Directory values pyarrow percent-encodes (non-ASCII, separators, `%`, quotes, spaces), NULL (written as
 # __HIVE_DEFAULT_PARTITION__) and plain ASCII.
-ENCODED = ["é", "日本語", "a/b=c", "50%", None, "x", 'it\'s "q"', "sp ace", "100% é/ü"]
+ENCODED = ["é", "日本語", "a/b=c", "50%", None, "x", 'it\'s "q"', "sp ace", "100% é/ü", "a+b", "[x]*?"]
+ENCODED += ["nb\u00a0sp", "emoji😀"]
 # The empty value: its directory is `s=`, which Spark's discovery refuses outright.
 EMPTY = ["", "x", None]
 # Directories named with literal non-ASCII, as Spark itself writes them.
-LITERAL = ["é", "日本語", "sp ace", "ü ñ", "x"]
+# `+` (a space to a form decoder), `#` (a URI fragment) and a no-break space (escaped inside a URI) too.
+LITERAL = ["é", "日本語", "sp ace", "ü ñ", "x", "a+b", "h#1", "nb\u00a0sp", "emoji😀", "semi;colon"]
+LITERAL += ["[x]", "st*r", "q?", "{y,z}", "back\\slash"]
 
 
 def hive_rows(values: list[str | None], per_value: int = 4) -> pa.Table:
@@ -49,12 +53,12 @@ def hive_rows(values: list[str | None], per_value: int = 4) -> pa.Table:
     )
 
 
-def write_encoded(directory: Path, table: pa.Table) -> None:
+def write_encoded(directory: Path, table: pa.Table, file_format: str = "parquet") -> None:
     """pyarrow's Hive writer: percent-encoded directory values, NULL as __HIVE_DEFAULT_PARTITION__."""
     pads.write_dataset(
         table,
         directory,
-        format="parquet",
+        format=file_format,
         partitioning=pads.partitioning(pa.schema([("s", pa.string())]), flavor="hive"),
     )
 
@@ -69,11 +73,19 @@ def write_literal(directory: Path, table: pa.Table) -> None:
         pq.write_table(part.drop_columns(["s"]), target / "part 0.parquet")
 
 
-def source_table(directory: Path) -> pa.Table:
-    """The source read independently: pyarrow's dataset with Hive partitioning."""
+def source_table(directory: Path, file_format: str = "parquet") -> pa.Table:
+    """The source read independently: pyarrow's dataset with Hive partitioning (CSV: an empty field is
+    NULL, as the project reads CSV)."""
+    file_format_: Any = file_format
+    if file_format == "csv":
+        file_format_ = pads.CsvFileFormat(
+            convert_options=pacsv.ConvertOptions(
+                null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True
+            )
+        )
     return pads.dataset(
         directory,
-        format="parquet",
+        format=file_format_,
         partitioning=pads.partitioning(pa.schema([("s", pa.string())]), flavor="hive"),
     ).to_table()
 
@@ -143,6 +155,17 @@ def test_composite_layout_goes_through_spark_under_auto(spark: Any, tmp_path: Pa
     assert multiset(read_everything(spec).select(source.column_names)) == multiset(source)
 
 
+def test_csv_hive_values_survive_the_spark_stage(spark: Any, tmp_path: Path) -> None:
+    """CSV files are read without the Hive columns (their headers do not have them), then joined on."""
+    write_encoded(tmp_path / "src", hive_rows([*ENCODED, *EMPTY]), file_format="csv")
+    source = source_table(tmp_path / "src", file_format="csv")
+    spec = write_spec(tmp_path, "file:src", "[{sk: s}, {b: 'bucket(3, id)'}]", params="file_format: csv")
+    summary = refresh_dataset(spec, "t", spark=spark, strategy="spark")
+    assert summary.stage_mode == "spark"
+    assert summary.rows == source.num_rows
+    assert multiset(read_everything(spec).select(source.column_names)) == multiset(source)
+
+
 @pytest.mark.s3
 def test_s3_hive_values_survive_the_copy_to_stage(
     spark: Any, tmp_path: Path, s3_server: dict[str, str], s3_bucket: str
@@ -174,6 +197,7 @@ def test_s3_hive_values_survive_the_copy_to_stage(
 def test_hive_values_through_spark_connect(spark_connect_server: dict[str, Any], tmp_path: Path) -> None:
     """The same read with a Spark Connect session (DataFrame API only), in the spark-submit job."""
     write_encoded(tmp_path / "src", hive_rows([*ENCODED, ""]))
+    write_literal(tmp_path / "src", hive_rows(["[x]", "{y,z}", "ü ñ+"]))
     source = source_table(tmp_path / "src")
     spec = write_spec(tmp_path, "file:src", "[{sk: s}, {b: 'bucket(3, id)'}]")
     project = load_spec(spec)
@@ -206,6 +230,6 @@ def test_hive_values_through_spark_connect(spark_connect_server: dict[str, Any],
     assert completed.returncode == 0, completed.stderr[-3000:]
     output = json.loads((tmp_path / "out.json").read_text())
     assert output["mode"] == "spark"
-    commit = commit_refresh(project, "t", plan, output["results"], stage=output)
+    commit = commit_refresh(project, project.dataset("t"), plan, output["results"], stage=output)
     assert commit.rows == source.num_rows
     assert multiset(read_everything(spec).select(source.column_names)) == multiset(source)

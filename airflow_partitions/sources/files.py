@@ -767,6 +767,8 @@ class FileSource:
         read_path = dict(zip((f.path for f in files), paths, strict=True))
         whole_source = (
             self._pattern is None
+            # Hive values are joined on per listed file: Spark must read exactly the files listed.
+            and not hive
             and len(files) == len(self.list_files())
             and not (self.is_s3 and not spark_scheme)
             and len(groups) == 1
@@ -778,6 +780,9 @@ class FileSource:
             if self.is_s3 or os.path.isdir(self._root):
                 paths = [whole]
                 read_path = {}
+        # Listed paths name files, never patterns: `s=[x]` must not read `s=x`, nor `s={a,b}` fail.
+        paths = [_glob_escaped(path) for path in paths]
+        read_path = {name: _glob_escaped(path) for name, path in read_path.items()}
 
         def reader(read_struct: Any) -> Any:
             read = spark.read.format(self.file_format).schema(read_struct)
@@ -987,6 +992,12 @@ class FileSource:
 # Columns the Spark read adds while joining on Hive values; the final select drops them.
 _FILE_KEY = "__airflow_partitions_file__"
 _FILE_FOUND = "__airflow_partitions_file_found__"
+
+
+def _glob_escaped(path: str) -> str:
+    """`path` as Spark's `load` reads it literally: it expands any path holding one of `{}[]*?\\` as a
+    Hadoop glob, where a backslash makes the next character literal."""
+    return re.sub(r"([{}\[\]*?\\])", r"\\\1", path)
 
 
 def _spark_file_key() -> Any:
