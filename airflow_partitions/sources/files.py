@@ -753,6 +753,11 @@ class FileSource:
         becoming NULL); JSON timestamps are parsed as instants (any offset, UTC when none) and naive
         columns then keep their UTC wall time, as Arrow reads them. Parquet files whose own types differ
         from the unified ones are read in groups under their own types and cast (checked per value).
+
+        Hive directory columns never come from Spark's partition discovery (it decodes `%C3%A9` byte by
+        byte instead of as UTF-8, and refuses an empty value `s=`): the files are read without it and
+        each row gets its file's values as pyarrow decoded them (`_file_hive_values`), typed as
+        `schema()` says, by a broadcast join on the file's path.
         """
         from functools import reduce
 
@@ -766,17 +771,22 @@ class FileSource:
         struct = spark_schema(schema)
         if not files:
             return spark.createDataFrame([], struct)
-        base = self._hive_base()
         spark_scheme = self.params.get("spark_scheme")
         if self.is_s3 and spark_scheme:
             paths = [f"{spark_scheme}://{f.path}" for f in files]
-            base = f"{spark_scheme}://{base}"
+            # `bucket/key`: what Spark's `_metadata.file_path` decodes to once its scheme is removed.
+            file_keys = [f.path for f in files]
         elif self.is_s3:
             # Spark has no S3 connector configured: copy the needed objects next to the staging data.
-            base = os.path.join(work_dir, "source")
-            paths = self._download(files, base)
+            paths = self._download(files, os.path.join(work_dir, "source"))
+            file_keys = [os.path.abspath(path) for path in paths]
         else:
             paths = [f.path for f in files]
+            file_keys = [os.path.abspath(path) for path in paths]
+        hive = set(self.hive_columns)
+        file_struct = T.StructType([f for f in struct.fields if f.name not in hive])
+        # Each row's file, for the join that gives it its Hive values (nothing when there are none).
+        file_key = [_spark_file_key().alias(_FILE_KEY)] if hive else []
         groups: Mapping[tuple[Any, ...], list[SourceFile]] = {(): files}
         if self.file_format == "parquet":
             groups = self._spark_type_groups(files, schema)
@@ -785,6 +795,8 @@ class FileSource:
         read_path = dict(zip((f.path for f in files), paths, strict=True))
         whole_source = (
             self._pattern is None
+            # Hive values are joined on per listed file: Spark must read exactly the files listed.
+            and not hive
             and len(files) == len(self.list_files())
             and not (self.is_s3 and not spark_scheme)
             and len(groups) == 1
@@ -796,6 +808,9 @@ class FileSource:
             if self.is_s3 or os.path.isdir(self._root):
                 paths = [whole]
                 read_path = {}
+        # Listed paths name files, never patterns: `s=[x]` must not read `s=x`, nor `s={a,b}` fail.
+        paths = [_glob_escaped(path) for path in paths]
+        read_path = {name: _glob_escaped(path) for name, path in read_path.items()}
 
         def reader(read_struct: Any) -> Any:
             read = spark.read.format(self.file_format).schema(read_struct)
@@ -810,8 +825,9 @@ class FileSource:
                 read = read.option("enforceSchema", str(not header).lower())
             if self.file_format in ("csv", "json"):
                 read = read.option("mode", "FAILFAST")
-            if self.hive_columns:
-                read = read.option("basePath", base)
+            if hive:
+                # No partition discovery: the Hive values are joined on afterwards, as pyarrow decodes them.
+                read = read.option("recursiveFileLookup", "true")
             return read
 
         if self.file_format == "json":
@@ -821,49 +837,54 @@ class FileSource:
                     T.StructField(f.name, T.TimestampType(), True)
                     if isinstance(f.dataType, T.TimestampNTZType)
                     else f
-                    for f in struct.fields
+                    for f in file_struct.fields
                 ]
             )
             frame = reader(read_struct).load(paths)
-            return frame.select(
+            frame = frame.select(
                 *[
                     F.col(quote_column(f.name)).cast(T.TimestampNTZType()).alias(f.name)
                     if isinstance(f.dataType, T.TimestampNTZType)
                     else F.col(quote_column(f.name))
-                    for f in struct.fields
-                ]
+                    for f in file_struct.fields
+                ],
+                *file_key,
             )
+            return self._with_hive_values(spark, frame, files, file_keys, struct)
         if self.file_format == "csv":
             # Spark maps CSV fields by position: read each header order as itself, then align by name.
-            hive = set(self.hive_columns)
-            by_name = {f.name: f for f in struct.fields}
-            hive_fields = [f for f in struct.fields if f.name in hive]
+            by_name = {f.name: f for f in file_struct.fields}
             csv_frames = []
             for order, group in groups.items():
                 group_paths = [read_path[f.path] for f in group] if read_path else paths
-                in_file = [by_name[name] for name in order if name in by_name and name not in hive]
-                frame = reader(T.StructType(in_file + hive_fields)).load(group_paths)
+                in_file = [by_name[name] for name in order if name in by_name]
+                frame = reader(T.StructType(in_file)).load(group_paths)
                 csv_frames.append(
                     frame.select(
                         *[
                             F.col(quote_column(f.name))
                             if f.name in frame.columns
                             else F.lit(None).cast(f.dataType).alias(f.name)
-                            for f in struct.fields
-                        ]
+                            for f in file_struct.fields
+                        ],
+                        *file_key,
                     )
                 )
-            return reduce(lambda left, right: left.unionByName(right), csv_frames)
+            frame = reduce(lambda left, right: left.unionByName(right), csv_frames)
+            return self._with_hive_values(spark, frame, files, file_keys, struct)
+        file_names = [f.name for f in file_struct.fields]
         frames = []
         for differing, group in groups.items():
             group_paths = [read_path[f.path] for f in group] if read_path else paths
             if not differing:
                 frames.append(
-                    reader(struct).load(group_paths).select(*[quote_column(n) for n in schema.names])
+                    reader(file_struct)
+                    .load(group_paths)
+                    .select(*[quote_column(n) for n in file_names], *file_key)
                 )
                 continue
             own = dict(differing)
-            own_struct = spark_schema(pa_schema_with(schema, own))
+            own_struct = spark_schema(pa_schema_with(pa_schema_subset(schema, file_names), own))
             frame = reader(own_struct).load(group_paths)
             frames.append(
                 frame.select(
@@ -871,11 +892,74 @@ class FileSource:
                         checked_cast(F.col(quote_column(n)), own[n], schema.field(n).type, n).alias(n)
                         if n in own
                         else F.col(quote_column(n))
-                        for n in schema.names
-                    ]
+                        for n in file_names
+                    ],
+                    *file_key,
                 )
             )
-        return reduce(lambda left, right: left.unionByName(right), frames)
+        frame = reduce(lambda left, right: left.unionByName(right), frames)
+        return self._with_hive_values(spark, frame, files, file_keys, struct)
+
+    def _with_hive_values(
+        self, spark: Any, frame: Any, files: Sequence[SourceFile], file_keys: Sequence[str], struct: Any
+    ) -> Any:
+        """`frame` (file columns and `_FILE_KEY`) with each row's Hive values, columns in `struct` order.
+
+        A broadcast left join on one small (file -> values) frame keeps the plan one scan however many
+        directories there are; each file key is unique, so every row matches at most one entry, and a row
+        whose file matches none fails the job (naming the file) instead of taking NULL values.
+        """
+        import pyarrow as pa
+        from pyspark.sql import functions as F
+
+        from airflow_partitions.sources.spark import HIVE_CHECK_MARK, quote_column
+
+        if not self.hive_columns:
+            return frame
+        schema = self.schema()
+        values = self._file_hive_values()
+        owners: dict[str, str] = {}
+        for source_file, key in zip(files, file_keys, strict=True):
+            if owners.setdefault(key, source_file.relative) != source_file.relative:
+                raise SourceError(
+                    f"files {owners[key]!r} and {source_file.relative!r} of {self.describe()} are one path "
+                    "to Spark; rename one of them"
+                )
+        columns: dict[str, pa.Array] = {
+            _FILE_KEY: pa.array(list(file_keys), pa.string()),
+            _FILE_FOUND: pa.array([True] * len(files), pa.bool_()),
+        }
+        for name in self.hive_columns:
+            columns[name] = pa.array(
+                [values.get(f.path, {}).get(name) for f in files], type=schema.field(name).type
+            )
+        mapping = spark.createDataFrame(pa.table(columns))
+        mapping = mapping.select(
+            F.col(_FILE_KEY),
+            F.col(_FILE_FOUND),
+            *[
+                F.col(quote_column(f.name)).cast(f.dataType).alias(f.name)
+                for f in struct.fields
+                if f.name in self.hive_columns
+            ],
+        )
+        joined = frame.join(F.broadcast(mapping), _FILE_KEY, "left")
+        unmatched = F.concat(
+            F.lit(f"{HIVE_CHECK_MARK}a row of "),
+            F.col(_FILE_KEY),
+            F.lit(" belongs to no listed file of the source"),
+        )
+        first = self.hive_columns[0]
+        return joined.select(
+            *[
+                F.when(F.col(_FILE_FOUND).isNull(), F.raise_error(unmatched))
+                .otherwise(F.col(quote_column(f.name)))
+                .alias(f.name)
+                if f.name == first
+                else F.col(quote_column(f.name))
+                for f in struct.fields
+            ]
+        )
 
     def _csv_header_groups(self, files: Sequence[SourceFile]) -> dict[tuple[Any, ...], list[SourceFile]]:
         """CSV files grouped by their columns in header order."""
@@ -931,6 +1015,30 @@ class FileSource:
             "params": self.params,
             "base_dir": self.base_dir,
         }
+
+
+# Columns the Spark read adds while joining on Hive values; the final select drops them.
+_FILE_KEY = "__airflow_partitions_file__"
+_FILE_FOUND = "__airflow_partitions_file_found__"
+
+
+def _glob_escaped(path: str) -> str:
+    """`path` as Spark's `load` reads it literally: it expands any path holding one of `{}[]*?\\` as a
+    Hadoop glob, where a backslash makes the next character literal."""
+    return re.sub(r"([{}\[\]*?\\])", r"\\\1", path)
+
+
+def _spark_file_key() -> Any:
+    """The row's file as a plain path: `_metadata.file_path` (a URI) decoded, its scheme removed.
+
+    Spark gives `file:/d/s=%25C3%25A9/f.parquet` for the directory `s=%C3%A9` (a literal `%` is always
+    escaped, non-ASCII letters are kept as they are); decoding it gives the path back exactly: `/d/...`
+    locally, `bucket/key` for an object store. `+` is protected because the SQL decoder reads it as a space.
+    """
+    from pyspark.sql import functions as F
+
+    uri = F.replace(F.col("_metadata.file_path"), F.lit("+"), F.lit("%2B"))
+    return F.regexp_replace(F.url_decode(uri), r"^[A-Za-z][A-Za-z0-9+.-]*:(//)?", "")
 
 
 def pa_schema_of(columns: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:

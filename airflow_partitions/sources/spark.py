@@ -39,6 +39,8 @@ def quote_column(name: str) -> str:
 
 # Marks the messages of our own per-value checks inside Spark errors, so they can be told apart.
 CAST_CHECK_MARK = "airflow-partitions cast check: "
+# Marks the failure of a row whose file got no Hive directory values (see `FileSource.spark_frame`).
+HIVE_CHECK_MARK = "airflow-partitions hive check: "
 
 
 def checked_cast(column: Any, source_type: pa.DataType, target_type: pa.DataType, name: str) -> Any:
@@ -85,6 +87,12 @@ def explain_spark_read_error(err: BaseException, description: str) -> SourceErro
         return SourceError(
             f"{description}: {checked.group(1)}; declare the column's type under the dataset's schema: "
             "(a type that holds every value), or rewrite the files with one type. Nothing was committed"
+        )
+    unmatched = re.search(re.escape(HIVE_CHECK_MARK) + r"(.*?)(?:\s+SQLSTATE|\n|$)", text)
+    if unmatched:
+        return SourceError(
+            f"{description}: {unmatched.group(1)}, so its Hive directory values are unknown; check that "
+            "nothing else writes under the source's directory while it is read. Nothing was committed"
         )
     mismatch = re.search(
         r"PARQUET_COLUMN_DATA_TYPE_MISMATCH\][^\n]*?(Data type mismatches[^\n]*?)(?:\s+SQLSTATE|\n|$)", text
