@@ -50,7 +50,7 @@ from airflow_partitions.pruning import (
     plan_partitions,
 )
 from airflow_partitions.pruning.deep import deep_stack
-from airflow_partitions.pruning.expressions import quote_identifier
+from airflow_partitions.pruning.expressions import Predicate, quote_identifier, walk
 from airflow_partitions.s3 import S3Settings
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.base import conform
@@ -66,6 +66,8 @@ if TYPE_CHECKING:
 CACHED_VERSIONS = 4
 # Plans kept per reader, keyed by (version, filter): versions are immutable, so a plan never goes stale.
 CACHED_PLANS = 256
+# Residual filters with more nodes than this are applied above the scan instead of inside it.
+MAX_PUSHED_FILTER_NODES = 256
 # Immutable per-partition DuckDB files stay attached between reads, up to this many open at once.
 MAX_ATTACHED_FILES = 256
 
@@ -321,6 +323,10 @@ class PartitionedDatasetReader:
                 parts.append(f"SELECT {projection} FROM {self._relation(cursor, exact, schema)}")
             if inexact:
                 source = self._relation(cursor, inexact, schema)
+                if residual is not None and _node_count(residual) > MAX_PUSHED_FILTER_NODES:
+                    # DuckDB pushes a WHERE into its Parquet scan at a cost that grows faster than the
+                    # filter (4,000 ANDed comparisons: 8.4 s pushed, 0.4 s fenced): filter above the scan.
+                    source = f"(SELECT * FROM {source} OFFSET 0)"
                 parts.append(f"SELECT {projection} FROM {source} WHERE {residual_sql}")
             sql = (" UNION ALL BY NAME " if everything else " UNION ALL ").join(parts)
             table = self._execute(cursor, sql)
@@ -763,3 +769,7 @@ def _spark_column(name: str) -> Any:
     from pyspark.sql import functions as F
 
     return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _node_count(predicate: Predicate) -> int:
+    return sum(1 for _ in walk(predicate))
