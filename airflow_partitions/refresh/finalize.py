@@ -29,7 +29,7 @@ from airflow_partitions.refresh.plan import (
     coerce_items,
     utc_now_iso,
 )
-from airflow_partitions.refresh.stage import StageManifest, staged_item_directory
+from airflow_partitions.refresh.stage import StageManifest, discovered_but_empty, staged_item_directory
 from airflow_partitions.sources import open_source_json
 from airflow_partitions.sources.files import filter_to_key
 
@@ -159,14 +159,7 @@ def finalize_partition(
         if verify:
             verify_partition(table, transforms, key, work_item.key_path)
     if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC:
-        raise ConservationError(
-            dataset.name,
-            {work_item.key_path: (None, 0)},
-            expected="rows (discovery found the partition in the source)",
-            actual="rows read",
-            hint="If the source lost these rows since discovery, run the refresh again: a new plan removes "
-            "partitions that are gone.",
-        )
+        raise discovered_but_empty(dataset.name, [work_item.key_path], actual="rows read")
     engine = storage or dataset_storage(dataset)
     root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
     files = engine.write(table, root, work_item.key_path) if table.num_rows else []

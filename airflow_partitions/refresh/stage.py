@@ -357,18 +357,22 @@ def check_stage_conservation(
             "misses these partitions.",
         )
     if plan.discovery is DiscoveryKind.DYNAMIC:
-        empty: dict[str, tuple[int | None, int]] = {
-            item.key_path: (None, 0) for index, item in enumerate(plan.items) if not staged.get(index)
-        }
+        empty = [item.key_path for index, item in enumerate(plan.items) if not staged.get(index)]
         if empty:
-            raise ConservationError(
-                dataset,
-                empty,
-                expected="rows (discovery found the partition in the source)",
-                actual="rows staged",
-                hint="If the source lost these rows since discovery, run the refresh again: a new plan "
-                "removes partitions that are gone.",
-            )
+            raise discovered_but_empty(dataset, empty, actual="rows staged")
+
+
+def discovered_but_empty(dataset: str, key_paths: Sequence[str], *, actual: str) -> ConservationError:
+    """The refusal of partitions that dynamic discovery found in the source but that hold no row."""
+    nothing: tuple[int | None, int] = (None, 0)
+    return ConservationError(
+        dataset,
+        dict.fromkeys(key_paths, nothing),
+        expected="rows (discovery found the partition in the source)",
+        actual=actual,
+        hint="If the source lost these rows since discovery, run the refresh again: a new plan removes "
+        "partitions that are gone.",
+    )
 
 
 def _stage_name() -> str:
