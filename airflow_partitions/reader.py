@@ -273,14 +273,7 @@ class PartitionedDatasetReader:
                     self._plans.move_to_end((snapshot.version, key))
                     return cached
         index = self.index(snapshot)
-        plan = plan_partitions(
-            snapshot,
-            index.schema,
-            where,
-            index=index,
-            dataset=self.name,
-            max_enumeration=self.max_enumeration,
-        )
+        plan = plan_partitions(index, where, dataset=self.name, max_enumeration=self.max_enumeration)
         if key is not None:
             with self._lock:
                 self._plans[(snapshot.version, key)] = plan

@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 
 from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.pruning import build_index, plan_partitions
+from airflow_partitions.pruning import PartitionIndex, plan_partitions
 from airflow_partitions.reader import PartitionedDatasetReader, new_duckdb_connection
 from airflow_partitions.s3 import S3Settings
 from airflow_partitions.storage import get_storage
@@ -361,7 +361,7 @@ def planning_benchmark(base: Path, partitions: int, repeat: int) -> None:
     snapshot = fresh.snapshot()
     opened = time.perf_counter() - started
     started = time.perf_counter()
-    index = build_index(snapshot, schema)
+    index = PartitionIndex.from_snapshot(snapshot, schema)
     built_in = time.perf_counter() - started
     print(f"  open newest version: {opened * 1000:.1f} ms; build pruning index: {built_in * 1000:.1f} ms")
     print("  (the index is built once per version and reader; plans below reuse it)")
@@ -376,7 +376,7 @@ def planning_benchmark(base: Path, partitions: int, repeat: int) -> None:
     for label, where in filters.items():
 
         def plan_once(w: str = where) -> Any:
-            return plan_partitions(snapshot, schema, w, index=index)
+            return plan_partitions(index, w)
 
         seconds, plan = timed(plan_once, repeat)
         print(f"  {label:26} {seconds * 1000:9.2f} {len(plan.selected):>10,}")

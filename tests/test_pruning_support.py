@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.pruning import PrunePlan, executable_sql, plan_partitions
+from airflow_partitions.pruning import PartitionIndex, PrunePlan, executable_sql, plan_partitions
 from airflow_partitions.reader import (
     PartitionedDatasetReader,
     needs_partition_functions,
@@ -47,7 +47,8 @@ class Acceleration:
         return self.catalog.snapshot(version)
 
     def plan(self, where: Any = None, **options: Any) -> PrunePlan:
-        return plan_partitions(self.snapshot(), self.table.schema, where, dataset=self.dataset, **options)
+        index = PartitionIndex.from_snapshot(self.snapshot(), self.table.schema)
+        return plan_partitions(index, where, dataset=self.dataset, **options)
 
     def reader(self, **options: Any) -> PartitionedDatasetReader:
         return PartitionedDatasetReader(self.spec_path, self.dataset, **options)

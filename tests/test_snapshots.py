@@ -21,6 +21,7 @@ from airflow_partitions.snapshots import (
     bootstrap_snapshot,
     list_snapshot_versions,
     read_snapshot_manifest,
+    select_where,
     upload_partition_snapshot,
     upload_snapshot_manifest,
 )
@@ -507,7 +508,7 @@ def test_duckdb_tables_mode_bootstrap_rebuilds_the_shared_file(
 def test_bootstrap_only_the_partitions_a_pruning_plan_selects(
     s3_server: dict[str, str], s3_bucket: str, tmp_path: Path
 ) -> None:
-    from airflow_partitions.pruning.plan import plan_partitions
+    from airflow_partitions.pruning import PartitionIndex, plan_partitions
 
     location = f"s3://{s3_bucket}/snapshots"
     source = _side(tmp_path / "source")
@@ -518,8 +519,7 @@ def test_bootstrap_only_the_partitions_a_pruning_plan_selects(
     manifest = read_snapshot_manifest(s3_server, location, "trips")
     assert manifest is not None
     schema = _rows("EU").schema
-    plan = plan_partitions(manifest.to_snapshot(), schema, "region IN ('EU', 'a/b') OR region IS NULL")
-    chosen = [selected.key_path for selected in plan.selected]
+    chosen = select_where(manifest, schema, "region IN ('EU', 'a/b') OR region IS NULL")
     assert sorted(chosen) == sorted([_key_path("EU"), _key_path("a/b"), _key_path(None)]), (
         "the plan over the remote manifest keeps exactly the filtered regions"
     )
@@ -536,7 +536,7 @@ def test_bootstrap_only_the_partitions_a_pruning_plan_selects(
     )
     assert sorted(result.partitions_committed) == sorted(chosen)
     assert result.partitions_total == 5
-    local_plan = plan_partitions(_latest(replica), schema, "region = 'EU'")
+    local_plan = plan_partitions(PartitionIndex.from_snapshot(_latest(replica), schema), "region = 'EU'")
     assert [s.key_path for s in local_plan.selected] == [_key_path("EU")]
     rows = replica.storage.read(replica.root, local_plan.files)
     assert rows.column("region").to_pylist() == ["EU"] * 3, "a pruned read works right after bootstrap"

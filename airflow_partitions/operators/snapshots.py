@@ -197,7 +197,7 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_partitions.refresh.commit import dataset_data_root, open_dataset_catalog
-        from airflow_partitions.snapshots.bootstrap import bootstrap_snapshot
+        from airflow_partitions.snapshots.bootstrap import bootstrap_snapshot, select_where
         from airflow_partitions.snapshots.manifest import read_snapshot_manifest
 
         self.skip_unless(self.actions.bootstrap, "bootstrap")
@@ -213,7 +213,7 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
         if self.partitions is not None:
             where_keys = [str(p).strip().strip("/") for p in self.partitions]
         elif self.where:
-            where_keys = self.select_where(manifest.to_snapshot())
+            where_keys = select_where(manifest, self.filter_schema(), self.where)
         result = bootstrap_snapshot(
             settings,
             location,
@@ -236,13 +236,6 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
             result.committed_version,
         )
         return result.to_json()
-
-    def select_where(self, snapshot: Any) -> list[str]:
-        """Key paths of the snapshot's partitions that may hold rows matching `where` (pruning)."""
-        from airflow_partitions.pruning import plan_partitions
-
-        plan = plan_partitions(snapshot, self.filter_schema(), self.where, dataset=self.dataset)
-        return [selected.key_path for selected in plan.selected]
 
     def filter_schema(self) -> Any:
         """The schema `where` binds to: the spec's `schema:` block, else the source's own schema."""

@@ -1,18 +1,20 @@
-"""A columnar view of one catalog snapshot for pruning: partition values per field, files and statistics.
+"""A columnar view of partitions for pruning: partition values per field, files and statistics.
 
-Built once per snapshot (catalog versions are immutable, so a reader caches it per version) from the
+Built once per catalog version (versions are immutable, so a reader caches it per version) from the
 snapshot's own columnar partition table, without decoding every `PartitionEntry`: keys are parsed in bulk
 into one Arrow array per partition field, and file descriptors (with their per-column min / max / NULL
-counts) are decoded only for the partitions that survive pruning on the keys.
+counts) are decoded only for the partitions that survive pruning on the keys. The same view is built from
+a published manifest's entries, or from bare partition keys (a refresh's discovered partitions), so every
+selection of partitions by a filter goes through one planner.
 
-Partition fields come from the snapshot's recorded partition spec, not from today's YAML: an old version
-is pruned with the expressions that wrote it.
+Partition fields come from the recorded partition spec, not from today's YAML: an old version is pruned
+with the expressions that wrote it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +23,11 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from airflow_partitions.exceptions import CatalogError, PartitionExpressionError
-from airflow_partitions.keys import value_from_json
+from airflow_partitions.keys import PartitionKey, value_from_json
 from airflow_partitions.storage.datafile import DataFile
 
 if TYPE_CHECKING:
-    from airflow_partitions.catalog import PartitionEntry, Snapshot
+    from airflow_partitions.catalog import PartitionEntry, PartitionSpecInfo, Snapshot
     from airflow_partitions.transforms import Transform
 
 
@@ -72,6 +74,40 @@ def bind_fields(canonicals: Sequence[tuple[str, str]], schema: pa.Schema) -> tup
     return tuple(bound)
 
 
+def _recorded(partition_spec: PartitionSpecInfo) -> list[tuple[str, str]]:
+    return [(info.name, info.canonical) for info in partition_spec.fields]
+
+
+def _with_field_columns(
+    fields: tuple[BoundField, ...], schema: pa.Schema
+) -> tuple[tuple[BoundField, ...], pa.Schema]:
+    """`fields` plus each field's name as a column of its partition values, and `schema` with those columns.
+
+    A name is a column only where it resolves to nothing else (no column of that name in any case), so a
+    filter the plain schema binds binds the same way. The field-name column is the identity of the
+    partition value and shares the field's values, so conditions on it are judged exactly.
+    """
+    from airflow_partitions.transforms.identity import IdentityTransform
+
+    taken = {name.lower() for name in schema.names}
+    extra: list[BoundField] = []
+    columns: list[pa.Field] = []
+    for field in fields:
+        if field.name.lower() in taken:
+            continue
+        kind = field.transform.result_type
+        try:
+            identity = IdentityTransform(field.name).bind(kind)
+        except PartitionExpressionError:
+            continue
+        taken.add(field.name.lower())
+        extra.append(BoundField(field.name, field.position, identity))
+        columns.append(pa.field(field.name, kind))
+    if not extra:
+        return fields, schema
+    return (*fields, *extra), pa.schema([*schema, *columns])
+
+
 def _decode_key_value(value: Any) -> Any:
     return value_from_json(value) if isinstance(value, dict) else value
 
@@ -99,50 +135,138 @@ def _key_array(raw: list[Any], kind: pa.DataType) -> pa.Array:
 
 
 class PartitionIndex:
-    """Pruning's view of a snapshot: `size` partitions in catalog order, values per field, lazy files."""
+    """Pruning's view of some partitions: `size` partitions in order, values per field, lazy files.
 
-    def __init__(self, snapshot: Snapshot, schema: pa.Schema, fields: Sequence[BoundField]) -> None:
-        self.snapshot = snapshot
+    Built from a catalog version (`from_snapshot`), from partition entries such as a published manifest's
+    (`from_entries`), or from partition keys alone (`from_keys`, e.g. the keys a refresh discovered): such
+    an index has no files, so only the partition values can rule a partition out. Indexes for selecting
+    partitions (`from_entries`, `from_keys`) also accept conditions on partition field names
+    (`day >= '2026-01-02'`), judged on the partition values; a read's index does not, since its residual
+    filter runs on data files, which hold no such column.
+    """
+
+    def __init__(
+        self,
+        *,
+        schema: pa.Schema,
+        fields: Sequence[BoundField],
+        names: Sequence[str],
+        key_paths: list[str],
+        keys: list[Sequence[Any]],
+        rows: npt.NDArray[np.int64],
+        version: int | None,
+        origin: str,
+        file_texts: Callable[[], list[str]] | None = None,
+        files: Sequence[tuple[DataFile, ...]] | None = None,
+        field_columns: bool = False,
+    ) -> None:
         self.schema = schema
-        self.fields = tuple(fields)
-        table = snapshot.table
-        self.size = int(table.num_rows)
-        self.key_paths: list[str] = table.column("key_path").to_pylist()
-        self.rows: npt.NDArray[np.int64] = _int_column(table, "rows")
-        keys_text = table.column("key").to_pylist()
-        self._raw_keys: list[list[Any]] = json.loads("[" + ",".join(keys_text) + "]") if keys_text else []
+        self.names = tuple(names)
+        self.key_paths = key_paths
+        self.rows = rows
+        self.size = len(key_paths)
+        self._version = version
+        self.origin = origin
+        self._raw_keys = keys
         self.values: dict[str, pa.Array] = {}
-        for field in self.fields:
-            raw = [key[field.position] if field.position < len(key) else None for key in self._raw_keys]
+        for field in fields:
+            raw = [key[field.position] if field.position < len(key) else None for key in keys]
             try:
                 self.values[field.name] = _key_array(raw, field.transform.result_type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError) as err:
                 raise CatalogError(
-                    f"partition values of field {field.name!r} in catalog version {snapshot.version} do not "
-                    f"fit its type {field.transform.result_type}: {err}"
+                    f"partition values of field {field.name!r} in {origin} do not fit its type "
+                    f"{field.transform.result_type}: {err}"
                 ) from err
+        self.fields = tuple(fields)
+        self.filter_schema = schema
+        if field_columns:
+            self.fields, self.filter_schema = _with_field_columns(self.fields, schema)
+        self.has_files = file_texts is not None or files is not None
+        self._file_texts = file_texts
         self._files_text: list[str] | None = None
-        self._files: dict[int, tuple[DataFile, ...]] = {}
+        self._files: dict[int, tuple[DataFile, ...]] = dict(enumerate(files)) if files is not None else {}
         self._full: FileFrame | None = None
 
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot, schema: pa.Schema) -> PartitionIndex:
+        """The index of a catalog version, with its recorded partition fields bound to `schema`."""
+        table = snapshot.table
+        keys_text = table.column("key").to_pylist()
+        return cls(
+            schema=schema,
+            fields=bind_fields(_recorded(snapshot.partition_spec), schema),
+            names=snapshot.partition_spec.names,
+            key_paths=table.column("key_path").to_pylist(),
+            keys=json.loads("[" + ",".join(keys_text) + "]") if keys_text else [],
+            rows=_int_column(table, "rows"),
+            version=int(snapshot.version),
+            origin=f"catalog version {snapshot.version}",
+            file_texts=lambda: table.column("files").to_pylist(),
+        )
+
+    @classmethod
+    def from_entries(
+        cls,
+        partition_spec: PartitionSpecInfo,
+        entries: Sequence[PartitionEntry],
+        schema: pa.Schema,
+        *,
+        version: int | None,
+        origin: str,
+    ) -> PartitionIndex:
+        """The index of partition entries written with `partition_spec` (e.g. a published manifest's)."""
+        return cls(
+            schema=schema,
+            fields=bind_fields(_recorded(partition_spec), schema),
+            names=partition_spec.names,
+            key_paths=[entry.key_path for entry in entries],
+            keys=[entry.key.values for entry in entries],
+            rows=np.fromiter((entry.rows for entry in entries), dtype=np.int64, count=len(entries)),
+            version=version,
+            origin=origin,
+            files=[entry.files for entry in entries],
+            field_columns=True,
+        )
+
+    @classmethod
+    def from_keys(
+        cls, fields: Sequence[tuple[str, str]], schema: pa.Schema, keys: Sequence[Sequence[Any]]
+    ) -> PartitionIndex:
+        """The index of partition keys alone: `fields` are `(name, canonical expression)` over `schema`.
+
+        Each key is one value per field, as the transforms compute them. There are no files, statistics
+        or row counts: a plan over it selects the keys whose partitions may hold matching rows, with
+        empty `files`.
+        """
+        names = [name for name, _ in fields]
+        return cls(
+            schema=schema,
+            fields=bind_fields(fields, schema),
+            names=names,
+            key_paths=[PartitionKey(tuple(key)).path(names) for key in keys],
+            keys=list(keys),
+            rows=np.full(len(keys), -1, dtype=np.int64),  # unknown, never 0: no key is empty
+            version=None,
+            origin="the partition keys",
+            field_columns=True,
+        )
+
     @property
-    def version(self) -> int:
-        return int(self.snapshot.version)
+    def version(self) -> int | None:
+        """The catalog (or snapshot) version indexed; None for keys alone."""
+        return self._version
 
     def key_values(self, partition: int) -> list[Any]:
-        """The decoded key of one partition, one value per field of the recorded spec."""
+        """The decoded key of one partition, one value per partition field."""
         return [_decode_key_value(value) for value in self._raw_keys[partition]]
 
     def describe_key(self, partition: int) -> str:
         """`name=value, ...` of one partition, NULL spelled out."""
-        names = [info.name for info in self.snapshot.partition_spec.fields]
         parts = []
-        for name, value in zip(names, self.key_values(partition), strict=False):
+        for name, value in zip(self.names, self.key_values(partition), strict=False):
             parts.append(f"{name}={'NULL' if value is None else _show(value)}")
         return ", ".join(parts)
-
-    def entry(self, partition: int) -> PartitionEntry:
-        return self.snapshot.partitions[self.key_paths[partition]]
 
     def files(self, partition: int) -> tuple[DataFile, ...]:
         """The data files of one partition (decoded once, then cached)."""
@@ -151,14 +275,14 @@ class PartitionIndex:
     def files_of(self, partitions: Sequence[int]) -> list[tuple[DataFile, ...]]:
         """Data files of several partitions, decoding the missing ones in one JSON parse."""
         missing = [p for p in partitions if p not in self._files]
-        if missing:
+        if missing and self._file_texts is not None:
             if self._files_text is None:
-                self._files_text = self.snapshot.table.column("files").to_pylist()
+                self._files_text = self._file_texts()
             texts = self._files_text
             parsed = json.loads("[" + ",".join(texts[p] for p in missing) + "]")
             for partition, descriptors in zip(missing, parsed, strict=True):
                 self._files[partition] = tuple(_data_file(d) for d in descriptors)
-        return [self._files[p] for p in partitions]
+        return [self._files.get(p, ()) for p in partitions]
 
     def file_frame(self, partitions: npt.NDArray[np.int64]) -> FileFrame:
         """The files of `partitions` (ascending positions) as one frame.

@@ -45,7 +45,6 @@ from airflow_partitions.pruning.index import (
     FileFrame,
     PartitionFrame,
     PartitionIndex,
-    bind_fields,
 )
 from airflow_partitions.pruning.rewrite import prepare
 from airflow_partitions.storage.datafile import DataFile
@@ -146,6 +145,8 @@ class PrunePlan:
     # --- selection ----------------------------------------------------------------------------
 
     def _select(self) -> tuple[SelectedPartition, ...]:
+        if not self.index.has_files:
+            return self._select_keys()
         frame, outcome = self._file_frame, self._file_outcome
         if frame is None or outcome is None or frame.size == 0:
             return ()
@@ -169,6 +170,16 @@ class PrunePlan:
                     key_paths[partition], files, all(exact_files), exact_files, self.index, partition
                 )
             )
+        selected.sort(key=lambda s: s.key_path)
+        return tuple(selected)
+
+    def _select_keys(self) -> tuple[SelectedPartition, ...]:
+        """The partitions of a file-less index (keys alone) that may hold matching rows, judged on keys."""
+        outcome = self._partition_outcome
+        chosen = np.flatnonzero(outcome.true & (self.index.rows != 0)).tolist()
+        exact = outcome.exact
+        key_paths = self.index.key_paths
+        selected = [SelectedPartition(key_paths[p], (), bool(exact[p]), (), self.index, p) for p in chosen]
         selected.sort(key=lambda s: s.key_path)
         return tuple(selected)
 
@@ -231,7 +242,7 @@ class PrunePlan:
         """Human-readable plan: the filter, the counts, then one line per partition (kept first)."""
         where = self.filter_text if self.filter_text is not None else str(self.predicate)
         head = f"dataset {self.dataset}, " if self.dataset else ""
-        lines = [f"{head}catalog version {self.version}; filter: {where if self.has_filter else '(none)'}"]
+        lines = [f"{head}{self.index.origin}; filter: {where if self.has_filter else '(none)'}"]
         lines.append(self.summary())
         decisions = self.decisions
         kept = [d for d in decisions if d.selected]
@@ -420,28 +431,29 @@ def _fields_on(fields: Sequence[BoundField], column: str) -> list[BoundField]:
 
 
 def build_index(snapshot: Snapshot, schema: pa.Schema) -> PartitionIndex:
-    """The pruning index of `snapshot`, with its recorded partition fields bound to `schema`."""
-    recorded = [(info.name, info.canonical) for info in snapshot.partition_spec.fields]
-    return PartitionIndex(snapshot, schema, bind_fields(recorded, schema))
+    """The pruning index of `snapshot`, with its recorded partition fields bound to `schema`.
+
+    The same as `PartitionIndex.from_snapshot`, kept under the name the reader and docs use.
+    """
+    return PartitionIndex.from_snapshot(snapshot, schema)
 
 
 @deep_stack
 def plan_partitions(
-    snapshot: Snapshot,
-    schema: pa.Schema,
+    index: PartitionIndex,
     where: FilterInput = None,
     *,
-    index: PartitionIndex | None = None,
     dataset: str | None = None,
     max_enumeration: int = MAX_RANGE_ENUMERATION,
 ) -> PrunePlan:
-    """Prune `snapshot` with `where` (SQL string, DNF list, bound predicate or None).
+    """Prune the partitions of `index` with `where` (SQL string, DNF list, bound predicate or None).
 
-    Pass `index` (from `build_index`) to reuse the columnar view of a version across many plans.
+    Build the index once (`PartitionIndex.from_snapshot` / `build_index` for a catalog version, which a
+    reader caches; `from_entries` for a manifest; `from_keys` for discovered keys) and plan many filters
+    over it. An index without files (keys alone) selects on partition values only.
     """
     started = time.perf_counter()
-    index = index if index is not None else build_index(snapshot, schema)
-    predicate = bind_filter(where, schema)
+    predicate = bind_filter(where, index.filter_schema)
     prepared = prepare(predicate)
     no_filter = isinstance(prepared, AlwaysTrue)
     partition_frame = PartitionFrame(index)
@@ -452,17 +464,22 @@ def plan_partitions(
         partition_outcome = Evaluator(
             index.fields, partition_frame, max_enumeration=max_enumeration
         ).evaluate(prepared)
-    survivors = np.flatnonzero(partition_outcome.true & (index.rows > 0))
-    file_frame = index.file_frame(survivors.astype(np.int64))
-    if no_filter:
-        size = file_frame.size
-        file_outcome = Outcome(np.ones(size, bool), np.zeros(size, bool), np.zeros(size, bool))
-    else:
-        file_outcome = Evaluator(index.fields, file_frame, max_enumeration=max_enumeration).evaluate(prepared)
-        # Zero-row files hold nothing to read, whatever the filter says.
-        file_outcome = Outcome(
-            file_outcome.true & (file_frame.rows > 0), file_outcome.false, file_outcome.null
-        )
+    file_frame: FileFrame | None = None
+    file_outcome: Outcome | None = None
+    if index.has_files:
+        survivors = np.flatnonzero(partition_outcome.true & (index.rows > 0))
+        file_frame = index.file_frame(survivors.astype(np.int64))
+        if no_filter:
+            size = file_frame.size
+            file_outcome = Outcome(np.ones(size, bool), np.zeros(size, bool), np.zeros(size, bool))
+        else:
+            file_outcome = Evaluator(index.fields, file_frame, max_enumeration=max_enumeration).evaluate(
+                prepared
+            )
+            # Zero-row files hold nothing to read, whatever the filter says.
+            file_outcome = Outcome(
+                file_outcome.true & (file_frame.rows > 0), file_outcome.false, file_outcome.null
+            )
     return PrunePlan(
         index=index,
         predicate=predicate,

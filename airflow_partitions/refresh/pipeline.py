@@ -66,117 +66,26 @@ def where_selector(dataset: DatasetSpec, where: str) -> KeySelector:
     `where` is SQL over source columns (and partition expressions such as `bucket(50, id) = 7`), judged by
     the pruning module exactly as a read would prune: `ts >= '2026-01-02'` selects the day partitions
     from 2026-01-02 on. Conditions on partition field names (`day >= '2026-01-02'`) are accepted too and
-    evaluated directly on the partition values.
+    judged on the partition values. A filter that cannot bind raises `FilterError` here, before discovery.
     """
-    from airflow_partitions.pruning import bind_filter
+    from airflow_partitions.pruning import PartitionIndex, plan_partitions
 
     schema = dataset.bound_schema
     if schema is None:
         raise FilterError(
             f"dataset {dataset.name!r} must be bound to its source before selecting with --where"
         )
-    try:
-        bind_filter(where, schema)
-    except FilterError as source_error:
-        try:
-            return _partition_value_selector(dataset, where)
-        except FilterError:
-            raise source_error from None
-    return _pruning_selector(dataset, where)
-
-
-def _pruning_selector(dataset: DatasetSpec, where: str) -> KeySelector:
-    """Prune the discovered keys with the read path's pruning, over a catalog-shaped view of them."""
+    fields = [(field.name, field.canonical) for field in dataset.acceleration.partition_by]
+    plan_partitions(PartitionIndex.from_keys(fields, schema, []), where)
 
     def select(keys: Sequence[tuple[Any, ...]]) -> list[bool]:
-        import datetime as dt
-
-        from airflow_partitions.catalog import PartitionMap, Snapshot
-        from airflow_partitions.catalog.model import format_time
-        from airflow_partitions.catalog.state import entries_to_table
-        from airflow_partitions.keys import PartitionKey
-        from airflow_partitions.pruning import plan_partitions
-        from airflow_partitions.refresh.commit import partition_spec_info
-
         if not keys:
             return []
-        spec = partition_spec_info(dataset)
-        names = dataset.acceleration.partition_names
-        now = format_time(dt.datetime.now(dt.UTC))
-        paths = [PartitionKey(key).path(names) for key in keys]
-        # One placeholder file without statistics per key: only the partition values can rule a key out.
-        entries = [
-            {
-                "key_path": path,
-                "key": PartitionKey(key).to_json(),
-                "spec_id": spec.spec_id,
-                "rows": 1,
-                "bytes": 0,
-                "refreshed_at": now,
-                "source_fingerprint": None,
-                "files": [
-                    {"path": f"{path}/candidate", "format": "none", "rows": 1, "bytes": 0, "checksum": ""}
-                ],
-            }
-            for key, path in zip(keys, paths, strict=True)
-        ]
-        snapshot = Snapshot(
-            version=0,
-            partition_spec=spec,
-            committed_at=dt.datetime.now(dt.UTC),
-            partitions=PartitionMap(entries_to_table(entries)),
-        )
-        assert dataset.bound_schema is not None
-        chosen = {
-            selected.key_path for selected in plan_partitions(snapshot, dataset.bound_schema, where).selected
-        }
-        return [path in chosen for path in paths]
-
-    return select
-
-
-def _partition_value_selector(dataset: DatasetSpec, where: str) -> KeySelector:
-    """Evaluate `where` over partition field names (and identity source columns) in DuckDB."""
-    import sqlglot
-    from sqlglot import exp
-
-    try:
-        tree = sqlglot.parse_one(where, dialect="duckdb")
-    except sqlglot.errors.ParseError as err:
-        raise FilterError(f"cannot parse --where {where!r}: {str(err).splitlines()[0]}") from err
-    if isinstance(tree, exp.Query) or tree.find(exp.Subquery, exp.Select) is not None:
-        raise FilterError(f"--where {where!r} must be a condition, not a query")
-    fields = dataset.acceleration.partition_by
-    aliases: dict[str, int] = {f.name: i for i, f in enumerate(fields)}
-    for i, f in enumerate(fields):
-        if getattr(f.transform, "name", "") == "identity":
-            aliases.setdefault(f.source_column, i)
-    unknown = sorted({c.name for c in tree.find_all(exp.Column)} - set(aliases))
-    if unknown:
-        raise FilterError(f"--where names {unknown}, which are neither source columns nor partition fields")
-    condition = tree.sql(dialect="duckdb")
-
-    def select(keys: Sequence[tuple[Any, ...]]) -> list[bool]:
-        import duckdb
-        import pyarrow as pa
-
-        if not keys:
-            return []
-        columns = {
-            name: pa.array([key[i] for key in keys], type=fields[i].transform.result_type)
-            for name, i in aliases.items()
-        }
-        columns["__ap_row"] = pa.array(range(len(keys)), type=pa.int64())
-        connection = duckdb.connect()
-        try:
-            connection.register("ap_partition_keys", pa.table(columns))
-            rows = connection.execute(f"SELECT __ap_row FROM ap_partition_keys WHERE {condition}").fetchall()
-        except duckdb.Error as err:
-            raise FilterError(f"cannot evaluate --where {where!r} on partition values: {err}") from err
-        finally:
-            connection.close()
-        chosen = {row[0] for row in rows}
-        return [index in chosen for index in range(len(keys))]
+        plan = plan_partitions(PartitionIndex.from_keys(fields, schema, keys), where, dataset=dataset.name)
+        mask = [False] * len(keys)
+        for selected in plan.selected:
+            mask[selected.position] = True
+        return mask
 
     return select
 

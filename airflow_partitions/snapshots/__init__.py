@@ -5,7 +5,12 @@ Nothing here imports boto3 at module import, so the Airflow layer can import thi
 
 from __future__ import annotations
 
-from airflow_partitions.snapshots.bootstrap import BootstrapResult, KeySelector, bootstrap_snapshot
+from airflow_partitions.snapshots.bootstrap import (
+    BootstrapResult,
+    KeySelector,
+    bootstrap_snapshot,
+    select_where,
+)
 from airflow_partitions.snapshots.manifest import (
     ManifestUploadResult,
     SnapshotManifest,
@@ -48,6 +53,7 @@ __all__ = [
     "parse_s3_location",
     "parse_s3_uri",
     "read_snapshot_manifest",
+    "select_where",
     "snapshot_actions",
     "upload_partition_snapshot",
     "upload_snapshot_manifest",

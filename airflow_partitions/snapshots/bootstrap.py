@@ -40,6 +40,7 @@ from airflow_partitions.snapshots.upload import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from mypy_boto3_s3 import S3Client
 
     from airflow_partitions.catalog import Catalog, PartitionEntry, Snapshot
@@ -87,6 +88,26 @@ class BootstrapResult:
         }
 
 
+def select_where(manifest: SnapshotManifest, schema: pa.Schema, where: str) -> list[str]:
+    """Key paths of the manifest's partitions that may hold rows matching `where` (for `where_keys`).
+
+    Planned like a read of that version, before anything is downloaded: `where` binds to `schema` (the
+    dataset's columns) and may also name partition fields; partition values and the recorded file
+    statistics rule partitions out. A filter that cannot bind raises `FilterError`.
+    """
+    from airflow_partitions.pruning import PartitionIndex, plan_partitions
+
+    index = PartitionIndex.from_entries(
+        manifest.partition_spec,
+        manifest.entries,
+        schema,
+        version=manifest.version,
+        origin=f"snapshot version {manifest.version}",
+    )
+    plan = plan_partitions(index, where, dataset=manifest.dataset)
+    return [selected.key_path for selected in plan.selected]
+
+
 def bootstrap_snapshot(
     settings: SettingsLike,
     location: str | S3Location,
@@ -105,11 +126,11 @@ def bootstrap_snapshot(
     """Hydrate `dest_dataset_root` and `catalog` from the snapshot of `dataset` under `location`.
 
     `where_keys` selects partitions: `None` takes all; a predicate receives each `PartitionKey`; a
-    collection of key paths (e.g. a pruning plan's `selected`, planned over `manifest.to_snapshot()`)
-    takes exactly those, and names one the snapshot lacks is an error. Local partitions the selection
-    covers but the snapshot no longer has are removed in the same commit; local partitions refreshed
-    after the snapshot's copy are kept as they are (`partitions_kept_local`). `version` picks a published
-    version (default: the newest); `manifest` reuses one already read with `read_snapshot_manifest`.
+    collection of key paths (e.g. `select_where(manifest, schema, where)`) takes exactly those, and
+    names one the snapshot lacks is an error. Local partitions the selection covers but the snapshot no
+    longer has are removed in the same commit; local partitions refreshed after the snapshot's copy are
+    kept as they are (`partitions_kept_local`). `version` picks a published version (default: the
+    newest); `manifest` reuses one already read with `read_snapshot_manifest`.
     DuckDB `tables` mode needs `storage` (or `catalog.storage`) to rebuild the shared file's tables.
     """
     layout = SnapshotLayout.of(location, dataset)

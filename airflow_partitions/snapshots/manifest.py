@@ -74,19 +74,6 @@ class SnapshotManifest:
     def total_bytes(self) -> int:
         return sum(e.bytes for e in self.entries)
 
-    def to_snapshot(self) -> Snapshot:
-        """The manifest as a catalog `Snapshot`, so pruning can plan over it before anything is downloaded."""
-        from airflow_partitions.catalog.state import PartitionMap, Snapshot, entries_to_table
-
-        table = entries_to_table([entry.to_json() for entry in self.entries])
-        return Snapshot(
-            version=self.version,
-            partition_spec=self.partition_spec,
-            committed_at=self.committed_at,
-            partitions=PartitionMap(table),
-            operation=self.operation,
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class ManifestUploadResult:
