@@ -1,8 +1,9 @@
 """Partition pruning: filters (SQL WHERE or DNF) -> predicate -> the partitions and files a read opens.
 
-`plan_partitions(snapshot, schema, where)` returns a `PrunePlan`: `.selected` partitions with the files
-to read, `.total`, `.decisions` (kept or skipped, reason, exact), `.explain()` and `.to_json()`. See
-`evaluator.py` for how partitions are judged and `filters.py` for the filter language.
+`plan_partitions(index, where)` returns a `PrunePlan`: `.selected` partitions with the files to read,
+`.total`, `.decisions` (kept or skipped, reason, exact), `.explain()` and `.to_json()`. The
+`PartitionIndex` comes from a catalog version, a manifest's entries or bare partition keys (`index.py`).
+See `evaluator.py` for how partitions are judged and `filters.py` for the filter language.
 """
 
 from __future__ import annotations

@@ -165,8 +165,8 @@ class PartitionIndex:
         self.key_paths = key_paths
         self.rows = rows
         self.size = len(key_paths)
-        self._version = version
-        self.origin = origin
+        self.version = version  # of the catalog or published snapshot; None for keys alone
+        self.origin = origin  # what the partitions are, for messages: "catalog version 7"
         self._raw_keys = keys
         self.values: dict[str, pa.Array] = {}
         for field in fields:
@@ -251,11 +251,6 @@ class PartitionIndex:
             origin="the partition keys",
             field_columns=True,
         )
-
-    @property
-    def version(self) -> int | None:
-        """The catalog (or snapshot) version indexed; None for keys alone."""
-        return self._version
 
     def key_values(self, partition: int) -> list[Any]:
         """The decoded key of one partition, one value per partition field."""

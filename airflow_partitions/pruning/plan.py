@@ -1,10 +1,11 @@
-"""Plan a pruned read: which partitions and files of one catalog version to open, and which need the residual.
+"""Plan a pruned read: which partitions and files of an index to open, and which need the residual.
 
 `plan_partitions` binds the filter to the dataset schema, rewrites it (`rewrite.prepare`), and judges it in
 two vectorised passes: first every partition on its partition values alone, then only the surviving
 partitions' files on partition values plus per-file statistics. The result, a `PrunePlan`, lists the
 selected partitions with the files to read and whether each is exact (every row satisfies the filter,
-so the residual filter is skipped), and explains every decision on demand.
+so the residual filter is skipped), and explains every decision on demand. An index of bare keys has no
+files: only the first pass runs, and its selected partitions carry no files.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class PartitionDecision:
 
 
 class PrunePlan:
-    """The outcome of pruning one catalog version with one filter."""
+    """The outcome of pruning one index (a catalog version, a manifest, or keys) with one filter."""
 
     def __init__(
         self,
