@@ -30,6 +30,7 @@ from airflow_partitions.keys import PartitionKey, Scalar, value_to_text
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import Deadline, KeyTuple, Source, fingerprint_schema_tag
 from airflow_partitions.spec.model import static_partition_count
+from airflow_partitions.transforms import BucketTransform
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Snapshot
@@ -43,10 +44,9 @@ def bucket_counts(transforms: Sequence[Transform]) -> list[int] | None:
     """N of every field when all fields are `bucket(N, col)` (static discovery), else None."""
     counts: list[int] = []
     for transform in transforms:
-        count = getattr(transform, "num_buckets", None)
-        if getattr(transform, "name", None) != "bucket" or not isinstance(count, int):
+        if not isinstance(transform, BucketTransform):
             return None
-        counts.append(count)
+        counts.append(transform.num_buckets)
     return counts
 
 

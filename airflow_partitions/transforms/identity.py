@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_partitions.transforms.base import Interval, Transform
+from airflow_partitions.transforms.projection import Op, Projection
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -27,6 +28,26 @@ class IdentityTransform(Transform):
     @property
     def one_to_one(self) -> bool:
         return True
+
+    def project(self, op: Op, value: Any) -> Projection:
+        # `c < v` holds only in partitions below v: the preimage of v is v alone.
+        return self._project_in_order(op, value)
+
+    def project_range(
+        self,
+        lower: Any,
+        upper: Any,
+        lower_inclusive: bool,
+        upper_inclusive: bool,
+        *,
+        column_type: pa.DataType,
+        max_candidates: int,
+    ) -> Projection:
+        return self._project_range_in_order(lower, upper, lower_inclusive, upper_inclusive)
+
+    def values_of(self, other: Transform, partition_values: Any) -> Any:
+        # Identity partition values are the source values: any transform of the column follows.
+        return partition_values if other == self else other.apply(partition_values)
 
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
         import pyarrow as pa

@@ -18,6 +18,7 @@ from airflow_partitions.transforms.base import (
     decimal_from_unscaled,
     decimal_unscaled,
 )
+from airflow_partitions.transforms.projection import Op, Projection
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -48,6 +49,22 @@ class TruncateTransform(Transform):
     @property
     def monotonic(self) -> bool:
         return True
+
+    def project(self, op: Op, value: Any) -> Projection:
+        # `c < 25` with width 10: partitions up to 20, where 20..24 qualify (`p <= truncate(25)`).
+        return self._project_in_order(op, value)
+
+    def project_range(
+        self,
+        lower: Any,
+        upper: Any,
+        lower_inclusive: bool,
+        upper_inclusive: bool,
+        *,
+        column_type: pa.DataType,
+        max_candidates: int,
+    ) -> Projection:
+        return self._project_range_in_order(lower, upper, lower_inclusive, upper_inclusive)
 
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
         from airflow_partitions.transforms import arrow_support as support
