@@ -29,8 +29,7 @@ from airflow_partitions.exceptions import (
 from airflow_partitions.keys import PartitionKey, Scalar, value_to_text
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import Deadline, KeyTuple, Source, fingerprint_schema_tag
-from airflow_partitions.spec.model import static_partition_count
-from airflow_partitions.transforms import BucketTransform
+from airflow_partitions.spec.model import bucket_count, static_partition_count
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Snapshot
@@ -44,9 +43,10 @@ def bucket_counts(transforms: Sequence[Transform]) -> list[int] | None:
     """N of every field when all fields are `bucket(N, col)` (static discovery), else None."""
     counts: list[int] = []
     for transform in transforms:
-        if not isinstance(transform, BucketTransform):
+        count = bucket_count(transform)
+        if count is None:
             return None
-        counts.append(transform.num_buckets)
+        counts.append(count)
     return counts
 
 
