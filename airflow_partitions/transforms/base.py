@@ -457,6 +457,29 @@ class Transform(ABC):
         )
 
 
+class OrderPreservingTransform(Transform):
+    """A transform whose partition values keep the order of the source values: comparisons project."""
+
+    @property
+    def monotonic(self) -> bool:
+        return True
+
+    def project(self, op: Op, value: Any) -> Projection:
+        return self._project_in_order(op, value)
+
+    def project_range(
+        self,
+        lower: Any,
+        upper: Any,
+        lower_inclusive: bool,
+        upper_inclusive: bool,
+        *,
+        column_type: pa.DataType,
+        max_candidates: int,
+    ) -> Projection:
+        return self._project_range_in_order(lower, upper, lower_inclusive, upper_inclusive)
+
+
 # --- scalar helpers ---------------------------------------------------------------------------------
 
 

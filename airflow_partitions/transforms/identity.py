@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_partitions.transforms.base import Interval, Transform
-from airflow_partitions.transforms.projection import Op, Projection
+from airflow_partitions.transforms.base import Interval, OrderPreservingTransform, Transform
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 
-class IdentityTransform(Transform):
+class IdentityTransform(OrderPreservingTransform):
     """`col`: the value itself; tz-aware timestamps are expressed in UTC."""
 
     name: ClassVar[str] = "identity"
@@ -22,28 +21,8 @@ class IdentityTransform(Transform):
         return self.column_sql
 
     @property
-    def monotonic(self) -> bool:
-        return True
-
-    @property
     def one_to_one(self) -> bool:
         return True
-
-    def project(self, op: Op, value: Any) -> Projection:
-        # `c < v` holds only in partitions below v: the preimage of v is v alone.
-        return self._project_in_order(op, value)
-
-    def project_range(
-        self,
-        lower: Any,
-        upper: Any,
-        lower_inclusive: bool,
-        upper_inclusive: bool,
-        *,
-        column_type: pa.DataType,
-        max_candidates: int,
-    ) -> Projection:
-        return self._project_range_in_order(lower, upper, lower_inclusive, upper_inclusive)
 
     def values_of(self, other: Transform, partition_values: Any) -> Any:
         # Identity partition values are the source values: any transform of the column follows.

@@ -18,7 +18,12 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
-from airflow_partitions.transforms.base import Interval, Transform, with_result_zone
+from airflow_partitions.transforms.base import (
+    Interval,
+    OrderPreservingTransform,
+    Transform,
+    with_result_zone,
+)
 from airflow_partitions.transforms.projection import Op, Projection
 
 if TYPE_CHECKING:
@@ -181,7 +186,7 @@ class DatePartTransform(_CalendarTransform):
         return Interval(lower, upper)
 
 
-class DateTruncTransform(_CalendarTransform):
+class DateTruncTransform(_CalendarTransform, OrderPreservingTransform):
     """`date_trunc('unit', col)`: the start of the value's period (date for dates, µs timestamp otherwise)."""
 
     name: ClassVar[str] = "date_trunc"
@@ -189,25 +194,6 @@ class DateTruncTransform(_CalendarTransform):
     @property
     def canonical(self) -> str:
         return f"date_trunc('{self.unit}', {self.column_sql})"
-
-    @property
-    def monotonic(self) -> bool:
-        return True
-
-    def project(self, op: Op, value: Any) -> Projection:
-        return self._project_in_order(op, value)
-
-    def project_range(
-        self,
-        lower: Any,
-        upper: Any,
-        lower_inclusive: bool,
-        upper_inclusive: bool,
-        *,
-        column_type: pa.DataType,
-        max_candidates: int,
-    ) -> Projection:
-        return self._project_range_in_order(lower, upper, lower_inclusive, upper_inclusive)
 
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
         import pyarrow as pa

@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow_partitions.exceptions import PartitionValueError
 from airflow_partitions.transforms.base import (
     Interval,
-    Transform,
+    OrderPreservingTransform,
     decimal_from_unscaled,
     decimal_unscaled,
 )
-from airflow_partitions.transforms.projection import Op, Projection
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -30,7 +29,7 @@ _WORD_WIDTH_LIMIT = 1 << 32
 _SURROGATES = range(0xD800, 0xE000)
 
 
-class TruncateTransform(Transform):
+class TruncateTransform(OrderPreservingTransform):
     """`truncate(W, col)`: range partitions of width W (numbers) or prefixes of length W (text, bytes)."""
 
     name: ClassVar[str] = "truncate"
@@ -45,26 +44,6 @@ class TruncateTransform(Transform):
     @property
     def canonical(self) -> str:
         return f"truncate({self.width}, {self.column_sql})"
-
-    @property
-    def monotonic(self) -> bool:
-        return True
-
-    def project(self, op: Op, value: Any) -> Projection:
-        # `c < 25` with width 10: partitions up to 20, where 20..24 qualify (`p <= truncate(25)`).
-        return self._project_in_order(op, value)
-
-    def project_range(
-        self,
-        lower: Any,
-        upper: Any,
-        lower_inclusive: bool,
-        upper_inclusive: bool,
-        *,
-        column_type: pa.DataType,
-        max_candidates: int,
-    ) -> Projection:
-        return self._project_range_in_order(lower, upper, lower_inclusive, upper_inclusive)
 
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
         from airflow_partitions.transforms import arrow_support as support
