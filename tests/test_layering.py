@@ -12,6 +12,7 @@ AIRFLOW_LAYER = {"cli", "hooks", "operators", "sensors", "triggers", "dag_factor
 # Lower index = lower layer; a module may import its own layer or any layer below it.
 CORE_ORDER = [
     "exceptions",
+    "quoting",
     "sample_data",
     "keys",
     "s3",

@@ -10,11 +10,13 @@ over-approximating, so doubt only ever keeps a partition or withholds exactness.
 Leaves are judged from several independent sources, each a sound over-approximation of the values a
 partition can hold; their verdicts are intersected:
 
-* each partition field over the leaf's column: through the transform's inclusive projection
-  (`c < v` holds somewhere in partition `p` only if `p <= T(v)`, refined at the boundary by the
-  transform's preimage), by evaluating the transform once per literal (`user_id = 42` against
-  `bucket(100, user_id)` compares every partition with `bucket(100, 42)`), or by enumerating a bounded
-  range through a non-monotonic transform, up to `MAX_RANGE_ENUMERATION` candidate values;
+* each partition field over the leaf's column: the transform projects the leaf onto its partition
+  values (`Transform.project` / `project_in` / `project_range`, see `transforms/projection.py`): an
+  order-preserving transform through its inclusive projection (`c < v` holds somewhere in partition
+  `p` only if `p <= T(v)`, refined at the boundary by the preimage), any transform by its image of
+  each literal (`user_id = 42` against `bucket(100, user_id)` compares every partition with
+  `bucket(100, 42)`), or by enumerating a bounded range, up to `MAX_RANGE_ENUMERATION` candidate
+  values; the evaluator turns the projected conditions into masks;
 * calendar chains: `date_part` fields year + quarter, or year + month (+ day, + hour, + minute), over one
   column pin each partition to one exact calendar interval, although month alone is not monotonic;
 * file statistics (zone maps): per-file min / max / NULL count of any column.
@@ -24,7 +26,6 @@ Every mask is computed with Arrow compute kernels or numpy over all rows, never 
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,7 +35,6 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
 from airflow_partitions.pruning.expressions import (
     AlwaysFalse,
     AlwaysNull,
@@ -53,6 +53,15 @@ from airflow_partitions.pruning.expressions import (
     TransformRef,
 )
 from airflow_partitions.pruning.index import BoundField, ColumnStatsArrays
+from airflow_partitions.transforms.projection import (
+    EVALUATION_ERRORS,
+    AllOf,
+    AnyOf,
+    PartitionCondition,
+    ValueBound,
+    ValueSet,
+    to_ticks,
+)
 
 ROWS_MIGHT_MATCH = "ROWS_MIGHT_MATCH"
 ROWS_CANNOT_MATCH = "ROWS_CANNOT_MATCH"
@@ -65,14 +74,6 @@ MAX_RANGE_ENUMERATION = 10_000
 MAX_IN_LIST_FOR_STATS = 64
 
 Mask = npt.NDArray[np.bool_]
-_SCALAR_ERRORS = (
-    PartitionValueError,
-    PartitionExpressionError,
-    ValueError,
-    TypeError,
-    OverflowError,
-    ArithmeticError,
-)
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError)
 _COMPARE: dict[Op, Callable[..., Any]] = {
     Op.EQ: pc.equal,
@@ -83,18 +84,6 @@ _COMPARE: dict[Op, Callable[..., Any]] = {
     Op.GE: pc.greater_equal,
 }
 _MICROS_PER_DAY = 86_400_000_000
-_EPOCH_DATE = dt.date(1970, 1, 1)
-_EPOCH = dt.datetime(1970, 1, 1)
-# For a timestamp column, the step at which a date_part value cannot change inside a step (UTC grid).
-_DATE_PART_STEP_MICROS = {
-    "minute": 60_000_000,
-    "hour": 3_600_000_000,
-    "day": _MICROS_PER_DAY,
-    "week": _MICROS_PER_DAY,
-    "month": _MICROS_PER_DAY,
-    "quarter": _MICROS_PER_DAY,
-    "year": _MICROS_PER_DAY,
-}
 
 
 class Frame(Protocol):
@@ -161,14 +150,6 @@ def _is_in(values: pa.Array, candidates: Sequence[Any] | pa.Array) -> Mask | Non
         return _bool_mask(pc.is_in(values, value_set=value_set), False)
     except _ARROW_ERRORS:
         return None
-
-
-def _safe_less(left: Any, right: Any) -> bool:
-    """`left < right`, or True (doubt) when the two cannot be compared."""
-    try:
-        return bool(left < right)
-    except TypeError:
-        return True
 
 
 # --- the evaluator --------------------------------------------------------------------------------
@@ -287,108 +268,59 @@ class Evaluator:
     def _field_truth(
         self, field: BoundField, term: ColumnRef, leaf: Comparison | InList | Range
     ) -> tuple[Mask, Mask]:
-        values = self.frame.values[field.name]
+        """Through the field's transform: where might a value of the column make the leaf TRUE / FALSE."""
         transform = field.transform
-        ones = self._ones
-        if transform.monotonic:
-            if isinstance(leaf, Comparison):
-                return (
-                    self._monotonic_might(values, field, leaf.op, leaf.value),
-                    self._monotonic_might(values, field, leaf.op.negate(), leaf.value),
-                )
-            if isinstance(leaf, Range):
-                true, false = self._ones(), self._zeros()
-                for bound in leaf.bounds():
-                    true &= self._monotonic_might(values, field, bound.op, bound.value)
-                    false |= self._monotonic_might(values, field, bound.op.negate(), bound.value)
-                return true, false
-            if not leaf.values:
-                return self._zeros(), ones()
-            images = self._images(transform, leaf.values)
-            if images is None:
-                return ones(), ones()
-            hit = _is_in(values, images)
-            if hit is None:
-                return ones(), ones()
-            return hit, (~hit if transform.one_to_one else ones())
-        # Not monotonic (bucket, mod, date_part other than year): only points and enumerable ranges.
         if isinstance(leaf, Comparison):
-            if leaf.op is not Op.EQ:
-                return ones(), ones()
-            images = self._images(transform, [leaf.value])
+            projection = transform.project(leaf.op, leaf.value)
         elif isinstance(leaf, InList):
             if not leaf.values:
-                return self._zeros(), ones()
-            images = self._images(transform, leaf.values)
+                return self._zeros(), self._ones()
+            projection = transform.project_in(leaf.values)
         else:
-            candidates = _enumerate(transform, term.type, leaf, self.max_enumeration)
-            images = None if candidates is None else self._images_of_array(transform, candidates)
-        if images is None:
-            return ones(), ones()
-        hit = _is_in(values, images)
-        return (ones() if hit is None else hit), ones()
+            projection = transform.project_range(
+                leaf.lower,
+                leaf.upper,
+                leaf.lower_inclusive,
+                leaf.upper_inclusive,
+                column_type=term.type,
+                max_candidates=self.max_enumeration,
+            )
+        values = self.frame.values[field.name]
+        return self._satisfies(values, projection.may_hold), self._satisfies(values, projection.may_fail)
 
-    def _images(self, transform: Any, values: Sequence[Any]) -> list[Any] | None:
-        try:
-            return list(dict.fromkeys(transform.apply_scalar(value) for value in values))
-        except _SCALAR_ERRORS:
-            return None
-
-    def _images_of_array(self, transform: Any, candidates: pa.Array) -> pa.Array | None:
-        if len(candidates) == 0:
-            return pa.array([], type=transform.result_type)
-        try:
-            images = transform.apply(candidates)
-        except (*_SCALAR_ERRORS, *_ARROW_ERRORS):
-            return None
-        return pc.unique(images)
-
-    def _monotonic_might(self, values: pa.Array, field: BoundField, op: Op, value: Any) -> Mask:
-        """Might some value `c` with `T(c)` equal to the row's partition value satisfy `c op value`."""
-        transform = field.transform
-        try:
-            image = transform.apply_scalar(value)
-        except _SCALAR_ERRORS:
+    def _satisfies(self, values: pa.Array, condition: PartitionCondition | None) -> Mask:
+        """Per row, whether the partition value meets `condition` (NULL, unknown, or not comparable: yes)."""
+        if condition is None:
             return self._ones()
-        if op is Op.NE:
-            if not transform.one_to_one:
+        if isinstance(condition, ValueBound):
+            mask = _compare(values, condition.op, condition.value, True)
+            return self._ones() if mask is None else mask
+        if isinstance(condition, ValueSet):
+            hit = _is_in(values, condition.values)
+            if hit is None:
                 return self._ones()
-            mask = _compare(values, Op.NE, image, True)
-            return self._ones() if mask is None else mask
-        if op in (Op.EQ, Op.LE, Op.GE):
-            mask = _compare(values, op, image, True)
-            return self._ones() if mask is None else mask
-        strict = _compare(values, op, image, True)
-        if strict is None:
-            return self._ones()
-        # The partition holding `value` itself also qualifies if its preimage reaches past `value`.
-        try:
-            interval = transform.preimage(image)
-        except _SCALAR_ERRORS:
-            interval = None
-        if op is Op.LT:
-            reaches = interval is None or interval.lower is None or _safe_less(interval.lower, value)
-        else:
-            reaches = interval is None or interval.upper is None or _safe_less(value, interval.upper)
-        if reaches:
-            equal = _compare(values, Op.EQ, image, True)
-            return self._ones() if equal is None else strict | equal
-        return strict
+            return ~hit if condition.negated else hit
+        if isinstance(condition, AllOf):
+            result = self._ones()
+            for item in condition.items:
+                result &= self._satisfies(values, item)
+            return result
+        if isinstance(condition, AnyOf):
+            result = self._zeros()
+            for item in condition.items:
+                result |= self._satisfies(values, item)
+            return result
+        return self._ones()
 
     # --- predicates on partition expressions --------------------------------------------------
 
     def _expression_truth(self, term: TransformRef, leaf: Comparison | InList | Range) -> tuple[Mask, Mask]:
         true, false = self._ones(), self._ones()
-        canonical = term.transform.canonical
         for field in self.fields_by_column.get(term.column, ()):
-            values: pa.Array | None = None
-            if field.canonical == canonical:
-                values = self.frame.values[field.name]
-            elif field.transform.one_to_one and field.transform.name == "identity":
-                try:
-                    values = term.transform.apply(self.frame.values[field.name])
-                except (*_SCALAR_ERRORS, *_ARROW_ERRORS):
-                    values = None
+            try:
+                values = field.transform.values_of(term.transform, self.frame.values[field.name])
+            except (*EVALUATION_ERRORS, *_ARROW_ERRORS):
+                values = None
             if values is None:
                 continue
             direct_true, direct_false = _direct_truth(values, leaf, self.frame.size)
@@ -492,62 +424,6 @@ def _stats_truth(stats: ColumnStatsArrays, leaf: Comparison | InList | Range, si
     return true, ~(point & member)
 
 
-# --- bounded range enumeration --------------------------------------------------------------------
-
-
-def _to_ticks(value: Any, kind: pa.DataType) -> int | None:
-    """An integer position of `value` on the column's enumeration grid (ints, days, microseconds)."""
-    if pa.types.is_integer(kind):
-        return int(value)
-    if pa.types.is_date(kind):
-        return (value - _EPOCH_DATE).days if isinstance(value, dt.date) else None
-    if pa.types.is_timestamp(kind) and isinstance(value, dt.datetime):
-        naive = value.astimezone(dt.UTC).replace(tzinfo=None) if value.tzinfo is not None else value
-        return (naive - _EPOCH) // dt.timedelta(microseconds=1)
-    return None
-
-
-def _enumerate(transform: Any, kind: pa.DataType, leaf: Range, cap: int) -> pa.Array | None:
-    """Source values covering every transform value a bounded range can reach, or None past `cap`."""
-    if leaf.lower is None or leaf.upper is None:
-        return None
-    if pa.types.is_dictionary(kind):
-        kind = kind.value_type
-    low, high = _to_ticks(leaf.lower, kind), _to_ticks(leaf.upper, kind)
-    if low is None or high is None:
-        return None
-    step = 1
-    if pa.types.is_timestamp(kind):
-        step = (
-            _DATE_PART_STEP_MICROS.get(getattr(transform, "unit", ""), 1)
-            if transform.name == "date_part"
-            else 1
-        )
-        if not leaf.lower_inclusive:
-            low += 1
-        if not leaf.upper_inclusive:
-            high -= 1
-        low -= low % step  # the first step that meets the range starts at or before its lower bound
-    else:
-        if not leaf.lower_inclusive:
-            low += 1
-        if not leaf.upper_inclusive:
-            high -= 1
-    if high < low:
-        return pa.array([], type=kind)
-    if (high - low) // step + 1 > cap:
-        return None
-    ticks = np.arange(low, high + 1, step, dtype=np.int64)
-    try:
-        if pa.types.is_integer(kind):
-            return pa.array(ticks, type=pa.int64()).cast(kind)
-        if pa.types.is_date(kind):
-            return pa.array(ticks.astype(np.int32), type=pa.int32()).cast(pa.date32()).cast(kind)
-        return pa.array(ticks, type=pa.timestamp("us", None if kind.tz is None else "UTC"))
-    except _ARROW_ERRORS:
-        return None
-
-
 # --- calendar chains ------------------------------------------------------------------------------
 
 
@@ -570,8 +446,9 @@ class _CalendarChain:
             return None
         units: dict[str, pa.Array] = {}
         for field in fields:
-            if field.transform.name == "date_part":
-                units.setdefault(getattr(field.transform, "unit", ""), frame.values[field.name])
+            unit = field.transform.calendar_field
+            if unit is not None:
+                units.setdefault(unit, frame.values[field.name])
         if "year" not in units:
             return None
         path = ["year"]
@@ -616,7 +493,7 @@ class _CalendarChain:
         return cls(start, end, kind)
 
     def _might(self, op: Op, value: Any) -> Mask:
-        tick = _to_ticks(value, self.kind)
+        tick = to_ticks(value, self.kind)
         if tick is None:
             return np.ones(len(self.start), dtype=bool)
         start, end = self.start, self.end
@@ -645,7 +522,7 @@ class _CalendarChain:
                 true &= self._might(bound.op, bound.value)
                 false |= self._might(bound.op.negate(), bound.value)
             return true, false
-        ticks = [_to_ticks(value, self.kind) for value in leaf.values]
+        ticks = [to_ticks(value, self.kind) for value in leaf.values]
         if any(tick is None for tick in ticks):
             return np.ones(size, dtype=bool), np.ones(size, dtype=bool)
         points = np.unique(np.asarray(ticks, dtype=np.int64))

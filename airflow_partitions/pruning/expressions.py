@@ -22,8 +22,10 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
-from enum import Enum
 from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.transforms.projection import Op
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -31,42 +33,6 @@ if TYPE_CHECKING:
     from airflow_partitions.transforms import Transform
 
 
-class Op(Enum):
-    """A comparison operator; `negate()` is the operator of `NOT (a op b)`, `flip()` that of `b op a`."""
-
-    EQ = "="
-    NE = "!="
-    LT = "<"
-    LE = "<="
-    GT = ">"
-    GE = ">="
-
-    def negate(self) -> Op:
-        return _NEGATED[self]
-
-    def flip(self) -> Op:
-        return _FLIPPED[self]
-
-    def holds(self, left: Any, right: Any) -> bool:
-        """`left op right` on two non-NULL Python values."""
-        match self:
-            case Op.EQ:
-                return bool(left == right)
-            case Op.NE:
-                return bool(left != right)
-            case Op.LT:
-                return bool(left < right)
-            case Op.LE:
-                return bool(left <= right)
-            case Op.GT:
-                return bool(left > right)
-            case Op.GE:
-                return bool(left >= right)
-        raise AssertionError(self)
-
-
-_NEGATED = {Op.EQ: Op.NE, Op.NE: Op.EQ, Op.LT: Op.GE, Op.LE: Op.GT, Op.GT: Op.LE, Op.GE: Op.LT}
-_FLIPPED = {Op.EQ: Op.EQ, Op.NE: Op.NE, Op.LT: Op.GT, Op.LE: Op.GE, Op.GT: Op.LT, Op.GE: Op.LE}
 OPERATORS_BY_TEXT: dict[str, Op] = {
     "=": Op.EQ,
     "==": Op.EQ,
@@ -80,11 +46,6 @@ OPERATORS_BY_TEXT: dict[str, Op] = {
 
 
 # --- SQL rendering of names and values ------------------------------------------------------------
-
-
-def quote_identifier(name: str) -> str:
-    """A DuckDB (and ANSI) quoted identifier: `"name"`, inner quotes doubled."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def quote_string(text: str) -> str:

@@ -77,18 +77,17 @@ FilterInput = str | Sequence[Any] | Predicate | None
 ColumnResolver = Callable[[exp.Column], str | None]
 
 
-def render(node: exp.Expression) -> str:
-    """DuckDB SQL of a sqlglot node (for messages and for parsing transforms back)."""
+def render(node: exp.Expr) -> str:
+    """DuckDB SQL of a sqlglot node (for messages and the SQL a filter runs as)."""
     return node.sql(dialect=DIALECT)
 
 
 def duckdb_sql(node: exp.Expression, schema: pa.Schema) -> str:
     """DuckDB SQL of a boolean node, partition transforms rewritten to compute exactly our values."""
-    from airflow_partitions.transforms.duckdb_functions import rewrite_partition_functions
+    from airflow_partitions.transforms.duckdb_functions import rewrite_partition_nodes
 
     types = {field.name: field.type for field in schema}
-    statement = rewrite_partition_functions(f"SELECT {render(node)}", types)
-    return statement.removeprefix("SELECT ")
+    return render(rewrite_partition_nodes(node, types))
 
 
 def parse_where_sql(where: str) -> exp.Expression:
@@ -348,7 +347,7 @@ class FilterBinder:
         rewritten = node.copy()
         for found in rewritten.find_all(exp.Column):
             found.replace(exp.column(exp.to_identifier(column.name, quoted=True)))
-        transform = _parse_transform(render(rewritten))
+        transform = _transform_of(rewritten)
         if transform is None:
             return None
         try:
@@ -540,11 +539,11 @@ def evaluate_constant(sql: str) -> Any:
     return value
 
 
-def _parse_transform(text: str) -> Transform | None:
-    from airflow_partitions.transforms import parse_transform
+def _transform_of(node: exp.Expression) -> Transform | None:
+    from airflow_partitions.transforms.parser import transform_from_node
 
     try:
-        return parse_transform(text)
+        return transform_from_node(node)
     except PartitionExpressionError:
         return None
 

@@ -22,6 +22,7 @@ from airflow_partitions.exceptions import UnsafeQueryError
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import AlwaysFalse, AlwaysTrue, Predicate, or_
 from airflow_partitions.pruning.filters import DIALECT, FilterBinder
+from airflow_partitions.transforms.parser import is_transform_call, may_call_transforms
 
 _INNER_KINDS = (None, "", "INNER", "CROSS")
 
@@ -49,61 +50,23 @@ def check_read_only(sql: str) -> None:
         )
 
 
-_TRANSFORM_FUNCTIONS = frozenset({"bucket", "truncate", "date_part", "datepart"})
-# Every spelling of a transform call contains one of these (YEAR(, EXTRACT(, date_trunc(, trunc(, ...).
-_TRANSFORM_WORDS = (
-    "bucket",
-    "trunc",
-    "date",
-    "extract",
-    "year",
-    "quarter",
-    "month",
-    "week",
-    "day",
-    "hour",
-    "minute",
-)
-_CALENDAR_NODES: tuple[type[exp.Expression], ...] = (
-    exp.Trunc,
-    exp.Extract,
-    exp.DateTrunc,
-    exp.TimestampTrunc,
-    exp.Year,
-    exp.Quarter,
-    exp.Month,
-    exp.Week,
-    exp.WeekOfYear,
-    exp.Day,
-    exp.DayOfMonth,
-    exp.Hour,
-    exp.Minute,
-)
-
-
 @deep_stack
 def executable_sql(sql: str, schema: pa.Schema) -> str:
     """`sql` with partition transform calls rewritten so DuckDB computes exactly our partition values.
 
     A query without such calls runs exactly as written.
     """
-    from airflow_partitions.transforms.duckdb_functions import rewrite_partition_functions
+    from airflow_partitions.transforms.duckdb_functions import rewrite_partition_nodes
 
-    lowered = sql.lower()
-    if not any(word in lowered for word in _TRANSFORM_WORDS):
+    if not may_call_transforms(sql):
         return sql  # no function a partition transform could be spelled with: skip parsing
     try:
         tree = sqlglot.parse_one(sql, read=DIALECT)
     except (SqlglotError, ValueError):
         return sql
-    uses_transforms = any(
-        isinstance(node, _CALENDAR_NODES)
-        or (isinstance(node, exp.Anonymous) and str(node.name).lower() in _TRANSFORM_FUNCTIONS)
-        for node in tree.walk()
-    )
-    if not uses_transforms:
+    if not any(is_transform_call(node) for node in tree.walk()):
         return sql
-    return rewrite_partition_functions(sql, {field.name: field.type for field in schema})
+    return rewrite_partition_nodes(tree, {field.name: field.type for field in schema}).sql(dialect=DIALECT)
 
 
 @deep_stack

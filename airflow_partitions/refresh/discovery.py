@@ -29,7 +29,7 @@ from airflow_partitions.exceptions import (
 from airflow_partitions.keys import PartitionKey, Scalar, value_to_text
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import Deadline, KeyTuple, Source, fingerprint_schema_tag
-from airflow_partitions.spec.model import static_partition_count
+from airflow_partitions.spec.model import bucket_count, static_partition_count
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Snapshot
@@ -43,8 +43,8 @@ def bucket_counts(transforms: Sequence[Transform]) -> list[int] | None:
     """N of every field when all fields are `bucket(N, col)` (static discovery), else None."""
     counts: list[int] = []
     for transform in transforms:
-        count = getattr(transform, "num_buckets", None)
-        if getattr(transform, "name", None) != "bucket" or not isinstance(count, int):
+        count = bucket_count(transform)
+        if count is None:
             return None
         counts.append(count)
     return counts

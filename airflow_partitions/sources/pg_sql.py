@@ -8,25 +8,33 @@ transform itself, which is always right, only slower on high-cardinality columns
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import uuid
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow_partitions.exceptions import SourceError
-
-if TYPE_CHECKING:
-    from airflow_partitions.transforms import Transform
+from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.transforms import (
+    DatePartTransform,
+    DateTruncTransform,
+    IdentityTransform,
+    ModTransform,
+    Transform,
+    TruncateTransform,
+)
 
 # Postgres' date_trunc / extract use the same unit names; `week` is the ISO week in both.
 _UNITS = frozenset({"year", "quarter", "month", "week", "day", "hour", "minute"})
 
 
 def quote_ident(name: str) -> str:
-    """A Postgres identifier that means exactly `name` (always quoted, quotes doubled)."""
-    if "\x00" in name:
-        raise SourceError(f"identifier {name!r} contains a NUL byte")
-    return '"' + name.replace('"', '""') + '"'
+    """A Postgres identifier that means exactly `name` (`quote_identifier`; a NUL is a `SourceError`)."""
+    try:
+        return quote_identifier(name)
+    except ValueError as err:
+        raise SourceError(f"identifier {name!r} contains a NUL byte") from err
 
 
 def sql_literal(value: Any) -> str:
@@ -62,33 +70,60 @@ def sql_literal(value: Any) -> str:
     raise SourceError(f"no Postgres literal for {type(value).__name__} value {value!r}")
 
 
+@functools.singledispatch
 def partition_sql(transform: Transform) -> str | None:
-    """The partition value of `transform` as a Postgres expression, or None when not translatable."""
+    """The partition value of `transform` as a Postgres expression, or None when not translatable.
+
+    Transforms without a registered form (bucket) are grouped by the raw column instead.
+    """
+    return None
+
+
+@partition_sql.register
+def _identity_sql(transform: IdentityTransform) -> str | None:
+    return quote_ident(transform.source_column)
+
+
+@partition_sql.register
+def _date_trunc_sql(transform: DateTruncTransform) -> str | None:
     import pyarrow as pa
 
-    column = quote_ident(transform.source_column)
+    if transform.unit not in _UNITS:
+        return None
+    expression = f"date_trunc('{transform.unit}', {quote_ident(transform.source_column)})"
+    if transform.source_type is not None and pa.types.is_date(transform.source_type):
+        return f"{expression}::date"
+    return expression
+
+
+@partition_sql.register
+def _date_part_sql(transform: DatePartTransform) -> str | None:
+    if transform.unit not in _UNITS:
+        return None
+    return f"extract({transform.unit} FROM {quote_ident(transform.source_column)})::int"
+
+
+@partition_sql.register
+def _mod_sql(transform: ModTransform) -> str | None:
+    return f"({quote_ident(transform.source_column)} % {int(transform.modulus)})"
+
+
+@partition_sql.register
+def _truncate_sql(transform: TruncateTransform) -> str | None:
+    import pyarrow as pa
+
     source_type = transform.source_type
-    name = getattr(transform, "name", "")
-    if name == "identity":
-        return column
-    if name == "date_trunc" and getattr(transform, "unit", None) in _UNITS:
-        expression = f"date_trunc('{transform.unit}', {column})"  # type: ignore[attr-defined]
-        if source_type is not None and pa.types.is_date(source_type):
-            return f"{expression}::date"
-        return expression
-    if name == "date_part" and getattr(transform, "unit", None) in _UNITS:
-        return f"extract({transform.unit} FROM {column})::int"  # type: ignore[attr-defined]
-    if name == "mod":
-        return f"({column} % {int(transform.modulus)})"  # type: ignore[attr-defined]
-    if name == "truncate" and source_type is not None:
-        width = int(transform.width)  # type: ignore[attr-defined]
-        if pa.types.is_integer(source_type):
-            wide = f"{column}::bigint"
-            return f"({wide} - ((({wide} % {width}) + {width}) % {width}))"
-        if pa.types.is_string(source_type) or pa.types.is_large_string(source_type):
-            return f"left({column}, {width})"
-        if pa.types.is_binary(source_type) or pa.types.is_large_binary(source_type):
-            return f"substring({column} FROM 1 FOR {width})"
+    if source_type is None:
+        return None
+    column = quote_ident(transform.source_column)
+    width = int(transform.width)
+    if pa.types.is_integer(source_type):
+        wide = f"{column}::bigint"
+        return f"({wide} - ((({wide} % {width}) + {width}) % {width}))"
+    if pa.types.is_string(source_type) or pa.types.is_large_string(source_type):
+        return f"left({column}, {width})"
+    if pa.types.is_binary(source_type) or pa.types.is_large_binary(source_type):
+        return f"substring({column} FROM 1 FOR {width})"
     return None
 
 

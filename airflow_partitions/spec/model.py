@@ -456,8 +456,9 @@ def field_name_problem(name: object) -> str | None:
 
 def bucket_count(transform: Transform) -> int | None:
     """N of a `bucket(N, col)` transform (its partitions are known without reading the source), else None."""
-    count = getattr(transform, "num_buckets", None)
-    return count if isinstance(count, int) and not isinstance(count, bool) else None
+    from airflow_partitions.transforms import BucketTransform
+
+    return transform.num_buckets if isinstance(transform, BucketTransform) else None
 
 
 def static_partition_count(counts: Sequence[int]) -> int:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
+from airflow_partitions.quoting import quote_identifier
 
-def quote_identifier(name: str) -> str:
-    """A DuckDB identifier that means exactly `name`, whatever characters it holds."""
-    if "\x00" in name:
-        raise ValueError(f"identifier {name!r} contains a NUL character")
-    return '"' + name.replace('"', '""') + '"'
+__all__ = ["quote_identifier", "quote_literal"]
 
 
 def quote_literal(text: str) -> str:

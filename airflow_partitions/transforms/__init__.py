@@ -3,7 +3,9 @@
 `parse_transform(expr)` returns a `Transform`; `transform.bind(arrow_type)` checks it against the
 column type. One definition per transform serves every engine: `apply` (vectorised over Arrow arrays),
 `apply_scalar` (one Python value, e.g. a query literal while pruning), `to_spark` (a Spark column
-expression) and, for DuckDB, `duckdb_functions.register_duckdb_functions`.
+expression) and, for DuckDB, `duckdb_functions.register_duckdb_functions`. For pruning, each transform
+projects conditions on its column onto its partition values (`project`, `project_in`, `project_range`;
+the vocabulary is in `projection.py`).
 
 Partition value semantics (the same in every engine):
 

@@ -13,12 +13,27 @@ import datetime as dt
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
+from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.transforms.projection import (
+    EVALUATION_ERRORS,
+    UNKNOWN,
+    Op,
+    PartitionCondition,
+    Projection,
+    ValueBound,
+    ValueSet,
+    all_of,
+    any_of,
+    arrow_errors,
+    enumerate_range,
+    range_bounds,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -76,7 +91,7 @@ class Transform(ABC):
     @property
     def column_sql(self) -> str:
         """The column as it appears in the canonical string (quoted only when it must be)."""
-        return quote_identifier(self._source_column)
+        return canonical_identifier(self._source_column)
 
     @property
     @abstractmethod
@@ -117,6 +132,128 @@ class Transform(ABC):
         express, so `preimage(None)` is None too.
         """
         return None
+
+    @property
+    def calendar_field(self) -> str | None:
+        """The calendar field whose number this transform gives (date_part's unit); None for the others."""
+        return None
+
+    def project(self, op: Op, value: Any) -> Projection:
+        """`source op value` projected onto partition values (see `transforms.projection`).
+
+        This default serves transforms that keep no order (bucket, mod): a point lands in the partition
+        of its image, and nothing else is known.
+        """
+        if op is not Op.EQ:
+            return UNKNOWN
+        images = self._images([value])
+        return Projection(None if images is None else ValueSet(images))
+
+    def project_in(self, values: Sequence[Any]) -> Projection:
+        """`source IN values` projected onto partition values: the images of the values.
+
+        Only a one-to-one transform also knows where the condition may fail: outside those images.
+        """
+        images = self._images(values)
+        if images is None:
+            return UNKNOWN
+        return Projection(ValueSet(images), ValueSet(images, negated=True) if self.one_to_one else None)
+
+    def project_range(
+        self,
+        lower: Any,
+        upper: Any,
+        lower_inclusive: bool,
+        upper_inclusive: bool,
+        *,
+        column_type: pa.DataType,
+        max_candidates: int,
+    ) -> Projection:
+        """A range of the source column (`None`: unbounded side) projected onto partition values.
+
+        This default enumerates a bounded range (up to `max_candidates` source values on the grid of
+        `column_type`) and keeps the images; order-preserving transforms project each bound instead.
+        """
+        candidates = enumerate_range(
+            column_type,
+            lower,
+            upper,
+            lower_inclusive,
+            upper_inclusive,
+            timestamp_step_micros=self._timestamp_step_micros(),
+            cap=max_candidates,
+        )
+        if candidates is None:
+            return UNKNOWN
+        images = self._images_of_array(candidates)
+        return Projection(None if images is None else ValueSet(images))
+
+    def values_of(self, other: Transform, partition_values: Any) -> Any:
+        """The values of `other` (a transform of the same column) for rows with these partition values.
+
+        Only when the partition values determine them: `other` is this transform, or this one keeps the
+        source values (identity); else None. May raise what `apply` raises.
+        """
+        return partition_values if other == self else None
+
+    def _timestamp_step_micros(self) -> int:
+        """Timestamps in one UTC-aligned step of this many microseconds share a partition value."""
+        return 1
+
+    def _images(self, values: Iterable[Any]) -> list[Any] | None:
+        """The distinct partition values of `values`, or None when one cannot be evaluated."""
+        try:
+            return list(dict.fromkeys(self.apply_scalar(value) for value in values))
+        except EVALUATION_ERRORS:
+            return None
+
+    def _images_of_array(self, candidates: pa.Array) -> pa.Array | None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if len(candidates) == 0:
+            return pa.array([], type=self.result_type)
+        try:
+            images = self.apply(candidates)
+        except (*EVALUATION_ERRORS, *arrow_errors()):
+            return None
+        return pc.unique(images)
+
+    # The projection of order-preserving transforms, for their `project` / `project_range`.
+
+    def _project_in_order(self, op: Op, value: Any) -> Projection:
+        """`c op value` through a monotonic transform: partitions compare with the image of `value`."""
+        return Projection(self._ordered_bound(op, value), self._ordered_bound(op.negate(), value))
+
+    def _project_range_in_order(
+        self, lower: Any, upper: Any, lower_inclusive: bool, upper_inclusive: bool
+    ) -> Projection:
+        bounds = range_bounds(lower, upper, lower_inclusive, upper_inclusive)
+        return Projection(
+            all_of(self._ordered_bound(op, value) for op, value in bounds),
+            any_of(self._ordered_bound(op.negate(), value) for op, value in bounds),
+        )
+
+    def _ordered_bound(self, op: Op, value: Any) -> PartitionCondition | None:
+        """Partition values `p` such that some `c` with `T(c) = p` may satisfy `c op value`."""
+        try:
+            image = self.apply_scalar(value)
+        except EVALUATION_ERRORS:
+            return None
+        if op is Op.NE:
+            return ValueBound(Op.NE, image) if self.one_to_one else None
+        if op in (Op.EQ, Op.LE, Op.GE):
+            return ValueBound(op, image)
+        # The partition holding `value` itself also qualifies if its preimage reaches past `value`.
+        try:
+            interval = self.preimage(image)
+        except EVALUATION_ERRORS:
+            interval = None
+        if op is Op.LT:
+            reaches = interval is None or interval.lower is None or _safe_less(interval.lower, value)
+            return ValueBound(Op.LE if reaches else Op.LT, image)
+        reaches = interval is None or interval.upper is None or _safe_less(value, interval.upper)
+        return ValueBound(Op.GE if reaches else Op.GT, image)
 
     # --- types --------------------------------------------------------------------------------------
 
@@ -320,16 +457,47 @@ class Transform(ABC):
         )
 
 
+class OrderPreservingTransform(Transform):
+    """A transform whose partition values keep the order of the source values: comparisons project."""
+
+    @property
+    def monotonic(self) -> bool:
+        return True
+
+    def project(self, op: Op, value: Any) -> Projection:
+        return self._project_in_order(op, value)
+
+    def project_range(
+        self,
+        lower: Any,
+        upper: Any,
+        lower_inclusive: bool,
+        upper_inclusive: bool,
+        *,
+        column_type: pa.DataType,
+        max_candidates: int,
+    ) -> Projection:
+        return self._project_range_in_order(lower, upper, lower_inclusive, upper_inclusive)
+
+
 # --- scalar helpers ---------------------------------------------------------------------------------
 
 
-def quote_identifier(name: str) -> str:
-    """`name` as SQL: bare when it is a plain identifier that parses back to itself, else double-quoted."""
+def _safe_less(left: Any, right: Any) -> bool:
+    """`left < right`, or True (doubt) when the two cannot be compared."""
+    try:
+        return bool(left < right)
+    except TypeError:
+        return True
+
+
+def canonical_identifier(name: str) -> str:
+    """`name` in a canonical string: bare when it is a plain identifier that parses back to itself."""
     from airflow_partitions.transforms.parser import parses_as_plain_column
 
     if _PLAIN_IDENTIFIER.fullmatch(name) and parses_as_plain_column(name):
         return name
-    return '"' + name.replace('"', '""') + '"'
+    return quote_identifier(name)
 
 
 def utc_wall_clock(value: dt.datetime) -> dt.datetime:

@@ -14,6 +14,7 @@ on UTC wall time, whatever the connection's TimeZone setting.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,7 +29,7 @@ from airflow_partitions.transforms.base import Transform
 from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
-from airflow_partitions.transforms.parser import DIALECT, parse_transform
+from airflow_partitions.transforms.parser import DIALECT, is_transform_call, transform_from_node
 from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
 from airflow_partitions.transforms.truncate import TruncateTransform
 
@@ -59,20 +60,6 @@ _TRUNCATE_INPUTS = {name.lower(): name for name in _INTEGER_TYPES.values()} | {
     "blob": "BLOB",
 }
 _MAX_DECIMAL_DIGITS = 38
-_CALENDAR_NODES: tuple[type[exp.Expr], ...] = (
-    exp.Extract,
-    exp.DateTrunc,
-    exp.TimestampTrunc,
-    exp.Year,
-    exp.Quarter,
-    exp.Month,
-    exp.Week,
-    exp.WeekOfYear,
-    exp.Day,
-    exp.DayOfMonth,
-    exp.Hour,
-    exp.Minute,
-)
 
 
 def register_duckdb_functions(connection: Any) -> None:
@@ -150,27 +137,44 @@ def duckdb_expression(transform: Transform, column_sql: str) -> str:
             f"partition expression {transform.canonical!r}: DuckDB SQL depends on the column type; "
             "call .bind(<arrow type>) first"
         )
-    source = support.normalize_type(transform.source_type)
-    if isinstance(transform, IdentityTransform):
-        return column_sql
-    if isinstance(transform, BucketTransform):
-        call = _bucket_sql(transform, column_sql, source)
-        return call if transform.result_bits == 64 else f"CAST({call} AS INTEGER)"
-    if isinstance(transform, TruncateTransform):
-        return _truncate_sql(transform, column_sql, source)
-    if isinstance(transform, ModTransform):
-        # DuckDB's % keeps the dividend's sign, like ours; the cast restores the column's type.
-        return f"CAST(({column_sql} % {transform.modulus}) AS {_INTEGER_TYPES[source]})"
-    if isinstance(transform, DatePartTransform):
-        return f"CAST(date_part('{transform.unit}', {_wall_clock(column_sql, source)}) AS INTEGER)"
-    if isinstance(transform, DateTruncTransform):
-        truncated = f"date_trunc('{transform.unit}', {_wall_clock(column_sql, source)})"
-        if support.is_date(source):
-            return f"CAST({truncated} AS DATE)"
-        if source.tz is not None:
-            return f"timezone('UTC', CAST({truncated} AS TIMESTAMP))"
-        return f"CAST({truncated} AS TIMESTAMP)"
+    return _duckdb_sql(transform, column_sql, support.normalize_type(transform.source_type))
+
+
+@functools.singledispatch
+def _duckdb_sql(transform: Transform, column_sql: str, source: pa.DataType) -> str:
     raise PartitionExpressionError(f"no DuckDB form for {type(transform).__name__}")
+
+
+@_duckdb_sql.register
+def _identity_sql(transform: IdentityTransform, column_sql: str, source: pa.DataType) -> str:
+    return column_sql
+
+
+@_duckdb_sql.register
+def _bucket_sql(transform: BucketTransform, column_sql: str, source: pa.DataType) -> str:
+    call = _bucket_call(transform, column_sql, source)
+    return call if transform.result_bits == 64 else f"CAST({call} AS INTEGER)"
+
+
+@_duckdb_sql.register
+def _mod_sql(transform: ModTransform, column_sql: str, source: pa.DataType) -> str:
+    # DuckDB's % keeps the dividend's sign, like ours; the cast restores the column's type.
+    return f"CAST(({column_sql} % {transform.modulus}) AS {_INTEGER_TYPES[source]})"
+
+
+@_duckdb_sql.register
+def _date_part_sql(transform: DatePartTransform, column_sql: str, source: pa.DataType) -> str:
+    return f"CAST(date_part('{transform.unit}', {_wall_clock(column_sql, source)}) AS INTEGER)"
+
+
+@_duckdb_sql.register
+def _date_trunc_sql(transform: DateTruncTransform, column_sql: str, source: pa.DataType) -> str:
+    truncated = f"date_trunc('{transform.unit}', {_wall_clock(column_sql, source)})"
+    if support.is_date(source):
+        return f"CAST({truncated} AS DATE)"
+    if source.tz is not None:
+        return f"timezone('UTC', CAST({truncated} AS TIMESTAMP))"
+    return f"CAST({truncated} AS TIMESTAMP)"
 
 
 def _wall_clock(column_sql: str, source: pa.DataType) -> str:
@@ -180,7 +184,7 @@ def _wall_clock(column_sql: str, source: pa.DataType) -> str:
     return column_sql
 
 
-def _bucket_sql(transform: BucketTransform, column_sql: str, source: pa.DataType) -> str:
+def _bucket_call(transform: BucketTransform, column_sql: str, source: pa.DataType) -> str:
     count = transform.num_buckets
     if support.is_integer(source):
         family = "ubigint" if source == pa.uint64() else "bigint"
@@ -207,6 +211,7 @@ def _bucket_sql(transform: BucketTransform, column_sql: str, source: pa.DataType
     raise PartitionExpressionError(f"{transform.canonical}: no DuckDB bucket for {source}")
 
 
+@_duckdb_sql.register
 def _truncate_sql(transform: TruncateTransform, column_sql: str, source: pa.DataType) -> str:
     width = transform.width
     if support.is_integer(source):
@@ -243,9 +248,14 @@ def rewrite_partition_functions(sql: str, column_types: Mapping[str, pa.DataType
         tree = sqlglot.parse_one(sql, read=DIALECT)
     except sqlglot.errors.SqlglotError as err:
         raise FilterError(f"cannot parse SQL for DuckDB: {err}") from err
+    return rewrite_partition_nodes(tree, column_types).sql(dialect=DIALECT)
+
+
+def rewrite_partition_nodes(tree: exp.Expr, column_types: Mapping[str, pa.DataType]) -> exp.Expr:
+    """`rewrite_partition_functions` on a parsed tree: a rewritten copy (`tree` is left as it is)."""
 
     def rewrite(node: exp.Expr) -> exp.Expr:
-        if not _is_transform_call(node):
+        if not is_transform_call(node):
             return node
         columns = list(node.find_all(exp.Column))
         if len(columns) != 1:
@@ -256,7 +266,7 @@ def rewrite_partition_functions(sql: str, column_types: Mapping[str, pa.DataType
         next(bare.find_all(exp.Column)).replace(exp.column(column.name, quoted=True))
         needs_udf = _needs_udf(node)
         try:
-            transform = parse_transform(bare.sql(dialect=DIALECT))
+            transform = transform_from_node(bare)
         except PartitionExpressionError as err:
             if needs_udf:
                 raise FilterError(f"cannot evaluate {node.sql(dialect=DIALECT)} in DuckDB: {err}") from err
@@ -274,19 +284,13 @@ def rewrite_partition_functions(sql: str, column_types: Mapping[str, pa.DataType
             raise FilterError(f"cannot evaluate {node.sql(dialect=DIALECT)} in DuckDB: {err}") from err
         return sqlglot.parse_one(replacement, read=DIALECT)
 
-    return tree.transform(rewrite).sql(dialect=DIALECT)
+    return tree.transform(rewrite)
 
 
 def _needs_udf(node: exp.Expr) -> bool:
     return isinstance(node, exp.Trunc) or (
         isinstance(node, exp.Anonymous) and str(node.name).lower() in ("bucket", "truncate")
     )
-
-
-def _is_transform_call(node: exp.Expr) -> bool:
-    if _needs_udf(node) or isinstance(node, _CALENDAR_NODES):
-        return True
-    return isinstance(node, exp.Anonymous) and str(node.name).lower() in ("date_part", "datepart")
 
 
 def _lookup_type(name: str, column_types: Mapping[str, pa.DataType]) -> pa.DataType | None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_partitions.transforms.base import Interval, Transform
+from airflow_partitions.transforms.base import Interval, OrderPreservingTransform, Transform
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 
-class IdentityTransform(Transform):
+class IdentityTransform(OrderPreservingTransform):
     """`col`: the value itself; tz-aware timestamps are expressed in UTC."""
 
     name: ClassVar[str] = "identity"
@@ -21,12 +21,12 @@ class IdentityTransform(Transform):
         return self.column_sql
 
     @property
-    def monotonic(self) -> bool:
-        return True
-
-    @property
     def one_to_one(self) -> bool:
         return True
+
+    def values_of(self, other: Transform, partition_values: Any) -> Any:
+        # Identity partition values are the source values: any transform of the column follows.
+        return partition_values if other == self else other.apply(partition_values)
 
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
         import pyarrow as pa

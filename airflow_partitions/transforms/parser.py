@@ -48,6 +48,27 @@ _UNIT_FUNCTIONS: dict[type[exp.Expr], str] = {
     exp.Hour: "hour",
     exp.Minute: "minute",
 }
+# Every sqlglot node a calendar transform (date_part, extract, the unit functions, date_trunc) parses to.
+CALENDAR_NODES: tuple[type[exp.Expr], ...] = (
+    exp.Extract,
+    exp.DateTrunc,
+    exp.TimestampTrunc,
+    *_UNIT_FUNCTIONS,
+)
+# Every spelling of a transform call contains one of these (YEAR(, EXTRACT(, date_trunc(, trunc(, ...).
+_TRANSFORM_CALL_WORDS = (
+    "bucket",
+    "trunc",
+    "date",
+    "extract",
+    "year",
+    "quarter",
+    "month",
+    "week",
+    "day",
+    "hour",
+    "minute",
+)
 # Cast targets allowed on bucket's N, and the result width each one gives.
 _BUCKET_CAST_BITS = {exp.DataType.Type.INT: 32, exp.DataType.Type.BIGINT: 64}
 
@@ -60,7 +81,32 @@ def parse_transform(expression: str) -> Transform:
             "e.g. bucket(16, user_id)"
         )
     text = expression.strip()
-    tree = _parse_single(text)
+    return _from_tree(text, _parse_single(text))
+
+
+def transform_from_node(node: exp.Expr) -> Transform:
+    """The transform an already parsed expression spells (what `parse_transform` gives for its SQL).
+
+    For callers holding a sqlglot tree (a filter's term, a query's call), so nothing is printed and
+    parsed again; messages quote the node's DuckDB SQL.
+    """
+    return _from_tree(node.sql(dialect=DIALECT), node)
+
+
+def is_transform_call(node: exp.Expr) -> bool:
+    """Whether `node` is a call a partition transform can be spelled with (its arguments unchecked)."""
+    return isinstance(node, (exp.Trunc, *CALENDAR_NODES)) or _is_function(
+        node, "bucket", "truncate", "date_part", "datepart"
+    )
+
+
+def may_call_transforms(sql: str) -> bool:
+    """A cheap test on text: False when `sql` cannot hold a transform call, so it need not be parsed."""
+    lowered = sql.lower()
+    return any(word in lowered for word in _TRANSFORM_CALL_WORDS)
+
+
+def _from_tree(text: str, tree: exp.Expr) -> Transform:
     _reject_forbidden(text, tree)
     columns = _column_references(tree)
     if not columns:
@@ -290,6 +336,8 @@ def _column_name(text: str, node: exp.Expr | None, where: str) -> str:
             f"uses the qualified column {node.sql(**_AS_WRITTEN)}",
             f"write just the column name ({node.name}); a partition expression reads one dataset",
         )
+    if "\x00" in node.name:
+        raise _error(text, "names a column holding a NUL character", "rename the column in the source")
     return str(node.name)
 
 

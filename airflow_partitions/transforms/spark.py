@@ -11,8 +11,9 @@ round them. Imported lazily: it loads pyspark and pyarrow.
 
 from __future__ import annotations
 
+import functools
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import pyarrow as pa
 from pyspark.sql import Column
@@ -21,15 +22,12 @@ from pyspark.sql import types as T
 
 from airflow_partitions.exceptions import PartitionExpressionError
 from airflow_partitions.transforms import arrow_support as support
-from airflow_partitions.transforms.base import decimal_from_unscaled
+from airflow_partitions.transforms.base import Transform, decimal_from_unscaled
 from airflow_partitions.transforms.bucket import BucketTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
 from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
 from airflow_partitions.transforms.truncate import TruncateTransform
-
-if TYPE_CHECKING:
-    from airflow_partitions.transforms.base import Transform
 
 MICROS_PER_MINUTE = 60 * 1_000_000
 MICROS_PER_HOUR = 60 * MICROS_PER_MINUTE
@@ -81,19 +79,7 @@ def to_spark(transform: Transform, column: Column) -> Column:
     source = support.normalize_type(source_type)
     if support.is_timestamp(source) and source.tz is None:
         _require_utc_session(transform)
-    builders = {
-        IdentityTransform: _identity,
-        BucketTransform: _bucket,
-        TruncateTransform: _truncate,
-        ModTransform: _mod,
-        DatePartTransform: _date_part,
-        DateTruncTransform: _date_trunc,
-    }
-    for transform_type, build in builders.items():
-        if isinstance(transform, transform_type):
-            result: Column = build(transform, column, source)
-            return result
-    raise PartitionExpressionError(f"no Spark form for {type(transform).__name__}")
+    return _spark_column(transform, column, source)
 
 
 def _require_utc_session(transform: Transform) -> None:
@@ -111,15 +97,22 @@ def _require_utc_session(transform: Transform) -> None:
         )
 
 
-# --- builders -------------------------------------------------------------------------------------
+# --- builders, one per transform type --------------------------------------------------------------
 
 
+@functools.singledispatch
+def _spark_column(transform: Transform, column: Column, source: pa.DataType) -> Column:
+    raise PartitionExpressionError(f"no Spark form for {type(transform).__name__}")
+
+
+@_spark_column.register
 def _identity(transform: IdentityTransform, column: Column, source: pa.DataType) -> Column:
     if support.is_timestamp(source) and source.tz is None:
         return column.cast(T.TimestampNTZType())
     return column
 
 
+@_spark_column.register
 def _bucket(transform: BucketTransform, column: Column, source: pa.DataType) -> Column:
     result_type = T.LongType() if transform.result_bits == 64 else T.IntegerType()
     return _arrow_udf(transform, column, source, result_type)
@@ -148,6 +141,7 @@ def _floor_of(column: Column, step: Any) -> Column:
     return column - F.pmod(column, F.lit(step))
 
 
+@_spark_column.register
 def _truncate(transform: TruncateTransform, column: Column, source: pa.DataType) -> Column:
     spark_type = spark_type_for(source)
     if support.is_string(source) or support.is_binary(source):
@@ -162,6 +156,7 @@ def _truncate(transform: TruncateTransform, column: Column, source: pa.DataType)
     return _floor_of(column, transform.width).cast(spark_type)
 
 
+@_spark_column.register
 def _mod(transform: ModTransform, column: Column, source: pa.DataType) -> Column:
     # Spark's % keeps the dividend's sign, like ours (SQL).
     modulus: Any = transform.modulus
@@ -185,6 +180,7 @@ def _utc_date(micros: Column) -> Column:
     return F.date_from_unix_date(days.cast(T.IntegerType()))
 
 
+@_spark_column.register
 def _date_part(transform: DatePartTransform, column: Column, source: pa.DataType) -> Column:
     unit = transform.unit
     if support.is_timestamp(source):
@@ -211,6 +207,7 @@ def _date_part(transform: DatePartTransform, column: Column, source: pa.DataType
     return fields[unit](day).cast(T.IntegerType())
 
 
+@_spark_column.register
 def _date_trunc(transform: DateTruncTransform, column: Column, source: pa.DataType) -> Column:
     unit = transform.unit
     if support.is_date(source):

@@ -18,7 +18,13 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
-from airflow_partitions.transforms.base import Interval, Transform, with_result_zone
+from airflow_partitions.transforms.base import (
+    Interval,
+    OrderPreservingTransform,
+    Transform,
+    with_result_zone,
+)
+from airflow_partitions.transforms.projection import Op, Projection
 
 if TYPE_CHECKING:
     import numpy as np
@@ -32,6 +38,17 @@ _FIXED_PERIOD_MICROS = {
     "hour": 3_600 * 1_000_000,
     "day": 86_400 * 1_000_000,
     "week": 7 * 86_400 * 1_000_000,
+}
+# For timestamps, the UTC-aligned step within which a unit's value cannot change (weeks, months,
+# quarters and years all start at midnight, but not every 7 days or every month from the epoch).
+_CONSTANT_WITHIN_MICROS = {
+    "minute": _FIXED_PERIOD_MICROS["minute"],
+    "hour": _FIXED_PERIOD_MICROS["hour"],
+    "day": _FIXED_PERIOD_MICROS["day"],
+    "week": _FIXED_PERIOD_MICROS["day"],
+    "month": _FIXED_PERIOD_MICROS["day"],
+    "quarter": _FIXED_PERIOD_MICROS["day"],
+    "year": _FIXED_PERIOD_MICROS["day"],
 }
 # 1970-01-01 was a Thursday: shifting by 3 days aligns week boundaries on Mondays.
 _WEEK_SHIFT_DAYS = 3
@@ -57,6 +74,9 @@ class _CalendarTransform(Transform):
             )
         return bool(support.is_date(source_type) or support.is_timestamp(source_type))
 
+    def _timestamp_step_micros(self) -> int:
+        return _CONSTANT_WITHIN_MICROS[self.unit]
+
     def _calendar_value(self, value: Any) -> dt.date:
         """The value as a date or a naive UTC wall-clock datetime, checked against the bound type."""
         value = self._coerce_scalar(value)
@@ -81,6 +101,37 @@ class DatePartTransform(_CalendarTransform):
     @property
     def monotonic(self) -> bool:
         return self.unit == "year"
+
+    @property
+    def calendar_field(self) -> str:
+        return self.unit
+
+    def project(self, op: Op, value: Any) -> Projection:
+        # Years keep the order of time; months, days, ... repeat, so only their points project.
+        if self.unit == "year":
+            return self._project_in_order(op, value)
+        return super().project(op, value)
+
+    def project_range(
+        self,
+        lower: Any,
+        upper: Any,
+        lower_inclusive: bool,
+        upper_inclusive: bool,
+        *,
+        column_type: pa.DataType,
+        max_candidates: int,
+    ) -> Projection:
+        if self.unit == "year":
+            return self._project_range_in_order(lower, upper, lower_inclusive, upper_inclusive)
+        return super().project_range(
+            lower,
+            upper,
+            lower_inclusive,
+            upper_inclusive,
+            column_type=column_type,
+            max_candidates=max_candidates,
+        )
 
     def _fixed_result_type(self) -> pa.DataType:
         import pyarrow as pa
@@ -135,7 +186,7 @@ class DatePartTransform(_CalendarTransform):
         return Interval(lower, upper)
 
 
-class DateTruncTransform(_CalendarTransform):
+class DateTruncTransform(_CalendarTransform, OrderPreservingTransform):
     """`date_trunc('unit', col)`: the start of the value's period (date for dates, µs timestamp otherwise)."""
 
     name: ClassVar[str] = "date_trunc"
@@ -143,10 +194,6 @@ class DateTruncTransform(_CalendarTransform):
     @property
     def canonical(self) -> str:
         return f"date_trunc('{self.unit}', {self.column_sql})"
-
-    @property
-    def monotonic(self) -> bool:
-        return True
 
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
         import pyarrow as pa

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow_partitions.exceptions import PartitionValueError
 from airflow_partitions.transforms.base import (
     Interval,
-    Transform,
+    OrderPreservingTransform,
     decimal_from_unscaled,
     decimal_unscaled,
 )
@@ -29,7 +29,7 @@ _WORD_WIDTH_LIMIT = 1 << 32
 _SURROGATES = range(0xD800, 0xE000)
 
 
-class TruncateTransform(Transform):
+class TruncateTransform(OrderPreservingTransform):
     """`truncate(W, col)`: range partitions of width W (numbers) or prefixes of length W (text, bytes)."""
 
     name: ClassVar[str] = "truncate"
@@ -44,10 +44,6 @@ class TruncateTransform(Transform):
     @property
     def canonical(self) -> str:
         return f"truncate({self.width}, {self.column_sql})"
-
-    @property
-    def monotonic(self) -> bool:
-        return True
 
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
         from airflow_partitions.transforms import arrow_support as support
