@@ -14,6 +14,7 @@ CORE_ORDER = [
     "exceptions",
     "sample_data",
     "keys",
+    "objectstore",
     "s3",
     "transforms",
     "spec",

@@ -114,7 +114,7 @@ class PartitionedDatasetHook(BaseHook):
 
     def _s3_filesystem(self) -> Any:
         from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
-        from airflow_partitions.s3 import S3Settings
+        from airflow_partitions.objectstore import S3Settings
 
         settings = SnapshotStorageHook(aws_conn_id=self._setting("aws_conn_id", self.aws_conn_id)).s3_settings
         return S3Settings.from_mapping(settings).arrow_filesystem()

@@ -145,7 +145,9 @@ class SnapshotPublishOperator(SnapshotOperatorBase):
             raise OrchestrationError(
                 f"commit must be a commit result or a version number, got {self.commit!r}"
             )
-        snapshot = open_dataset_catalog(self.project, self.dataset_spec).snapshot(version)
+        snapshot = open_dataset_catalog(
+            self.project, self.dataset_spec, s3_settings=self.storage_hook.s3_settings
+        ).snapshot(version)
         published = upload_snapshot_manifest(
             self.storage_hook.s3_settings,
             self.snapshot_location(),
@@ -201,7 +203,9 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
         from airflow_partitions.snapshots.manifest import read_snapshot_manifest
 
         self.skip_unless(self.actions.bootstrap, "bootstrap")
-        catalog = open_dataset_catalog(self.project, self.dataset_spec)
+        catalog = open_dataset_catalog(
+            self.project, self.dataset_spec, s3_settings=self.storage_hook.s3_settings
+        )
         if self.only_if_empty and catalog.latest() is not None:
             raise AirflowSkipException(f"{self.dataset} already has a local catalog: nothing to bootstrap")
         settings = self.storage_hook.s3_settings
