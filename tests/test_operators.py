@@ -446,7 +446,7 @@ def test_snapshot_operators_open_a_catalog_on_s3_with_their_aws_connection(
 
     from airflow_partitions.catalog import PartitionEntry, PartitionSpecInfo, open_catalog
     from airflow_partitions.keys import PartitionKey
-    from airflow_partitions.operators import SnapshotBootstrapOperator
+    from airflow_partitions.operators import SnapshotBootstrapOperator, VacuumOperator
     from airflow_partitions.spec import load_spec
     from airflow_partitions.storage import DataFile
 
@@ -469,6 +469,10 @@ def test_snapshot_operators_open_a_catalog_on_s3_with_their_aws_connection(
     )
     with pytest.raises(AirflowSkipException, match="already has a local catalog"):
         bootstrap.execute(context())
+    vacuum = VacuumOperator(
+        task_id="v", spec_path=spec, dataset="sales", aws_conn_id=aws_connection, report_only=True
+    )
+    assert vacuum.execute(context())["latest_version"] == 1
 
 
 @pytest.mark.s3
