@@ -138,9 +138,10 @@ def build_refresh_dag(
     `spark_conn_id`: None runs Spark in-process (or per `[airflow_partitions] spark_conn_id`); a `spark`
     connection uses spark-submit, a `spark_connect` one a Spark Connect server. `spark_conf`: extra Spark
     settings for every Spark task (session config, or `--conf` of spark-submit). `aws_conn_id`: the S3
-    connection of snapshots and of a catalog on S3. `stage=False` drops the shared stage: each partition task then stages its own
-    partition (worth it only when the source reads one partition without scanning the rest). `dag_id`
-    defaults to `refresh_<dataset>`; set it to build a second DAG over the same dataset.
+    connection of snapshots and of a catalog on S3. `stage=False` drops the shared stage: each partition
+    task then stages its own partition (worth it only when the source reads one partition without
+    scanning the rest). `dag_id` defaults to `refresh_<dataset>`; set it to build a second DAG over the
+    same dataset.
     """
     from airflow.sdk import DAG, TriggerRule, XComArg, task_group
 

@@ -27,6 +27,11 @@ class S3Location:
         return f"s3://{self.bucket}/{self.key(*parts)}"
 
 
+def is_valid_bucket_name(bucket: str) -> bool:
+    """S3's bucket naming rules (MinIO's too): the spec checks them when it is loaded, the parser here."""
+    return bool(_BUCKET_RE.match(bucket)) and ".." not in bucket
+
+
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     """Split `s3://bucket/prefix` into `(bucket, prefix)`; the prefix has no leading or trailing slash."""
     location = parse_s3_location(uri)
@@ -64,7 +69,7 @@ def parse_s3_location(
             f"{what} {uri!r} contains '?', '#', a backslash or a control character; "
             "give a plain s3://bucket/prefix"
         )
-    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+    if not is_valid_bucket_name(bucket):
         raise error(
             f"bucket name {bucket!r} in {uri!r} is invalid: use 3-63 lowercase letters, digits, dots or "
             "hyphens, starting and ending with a letter or digit"
