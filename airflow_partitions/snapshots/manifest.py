@@ -350,11 +350,6 @@ def _listed_versions(store: S3Store, layout: SnapshotLayout, *, start_after: str
     return sorted(version for version in listed if version is not None)
 
 
-def latest_snapshot_version(store: S3Store, layout: SnapshotLayout) -> int | None:
-    """The newest published version: the pointer's, or a newer manifest listed after it."""
-    return _newest(store, layout, _read_pointer(store, layout))[0]
-
-
 def _read_pointer(store: S3Store, layout: SnapshotLayout) -> tuple[int | None, str | None]:
     """The version `latest.json` names and the manifest SHA-256 it records (None when absent)."""
     pointer = store.get(layout.latest_key)
