@@ -138,9 +138,10 @@ def build_refresh_dag(
     `spark_conn_id`: None runs Spark in-process (or per `[airflow_partitions] spark_conn_id`); a `spark`
     connection uses spark-submit, a `spark_connect` one a Spark Connect server. `spark_conf`: extra Spark
     settings for every Spark task (session config, or `--conf` of spark-submit). `aws_conn_id`: the S3
-    connection of snapshots. `stage=False` drops the shared stage: each partition task then stages its own
-    partition (worth it only when the source reads one partition without scanning the rest). `dag_id`
-    defaults to `refresh_<dataset>`; set it to build a second DAG over the same dataset.
+    connection of snapshots and of a catalog on S3. `stage=False` drops the shared stage: each partition
+    task then stages its own partition (worth it only when the source reads one partition without
+    scanning the rest). `dag_id` defaults to `refresh_<dataset>`; set it to build a second DAG over the
+    same dataset.
     """
     from airflow.sdk import DAG, TriggerRule, XComArg, task_group
 
@@ -162,7 +163,7 @@ def build_refresh_dag(
             "build_refresh_dag needs a spec loaded from a file (tasks re-read it when they run)"
         )
     spec_path = str(Path(project.path).resolve())
-    common: dict[str, Any] = {"spec_path": spec_path, "dataset": spec.name}
+    common: dict[str, Any] = {"spec_path": spec_path, "dataset": spec.name, "aws_conn_id": aws_conn_id}
     actions = snapshot_actions(spec.acceleration.snapshots.mode)
     asset = dataset_asset(project, spec)
     options: dict[str, Any] = {
@@ -186,7 +187,7 @@ def build_refresh_dag(
             **common,
         )
         if actions.bootstrap and spec.acceleration.snapshots.location:
-            SnapshotBootstrapOperator(task_id=BOOTSTRAP_TASK, aws_conn_id=aws_conn_id, **common) >> discover
+            SnapshotBootstrapOperator(task_id=BOOTSTRAP_TASK, **common) >> discover
         plan = XComArg(discover, key=PLAN_XCOM_KEY)
         staged = None
         if stage:
@@ -214,7 +215,6 @@ def build_refresh_dag(
                 SnapshotUploadOperator(
                     task_id="upload_snapshot",
                     partition_result=refreshed.output,
-                    aws_conn_id=aws_conn_id,
                     **common,
                 )
 
@@ -235,9 +235,7 @@ def build_refresh_dag(
         partitions >> commit
         discover >> commit
         if actions.upload:
-            SnapshotPublishOperator(
-                task_id=PUBLISH_TASK, commit=commit.output, aws_conn_id=aws_conn_id, **common
-            )
+            SnapshotPublishOperator(task_id=PUBLISH_TASK, commit=commit.output, **common)
     return dag
 
 

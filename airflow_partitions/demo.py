@@ -51,7 +51,7 @@ def start_s3_endpoint() -> tuple[Any, dict[str, str]]:
 
     from moto.server import ThreadedMotoServer
 
-    from airflow_partitions.s3 import S3Settings
+    from airflow_partitions.objectstore import S3Settings
 
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -124,8 +124,8 @@ def run_refresh_dag(dataset: str) -> float:
 
 def show_results(dataset: str, s3: dict[str, str]) -> None:
     from airflow_partitions.cli.main import main as cli_main
+    from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.reader import PartitionedDatasetReader
-    from airflow_partitions.s3 import S3Settings
 
     cli_main(["status", str(SPEC_PATH), dataset])
     client = S3Settings.from_mapping(s3).create_client()

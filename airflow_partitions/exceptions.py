@@ -207,3 +207,7 @@ def _rebuild_conservation_error(
     hint: str,
 ) -> ConservationError:
     return ConservationError(dataset, partitions, expected=expected, actual=actual, hint=hint)
+
+
+class ObjectStoreError(CatalogError, SnapshotError, SourceError):
+    """An object store call (read, write, list, delete) failed; raised for catalogs, snapshots and sources."""

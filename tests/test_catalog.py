@@ -21,7 +21,6 @@ from airflow_partitions.catalog import (
     PartitionEntry,
     PartitionSpecInfo,
     S3Store,
-    store_from_url,
 )
 from airflow_partitions.exceptions import (
     CatalogError,
@@ -30,6 +29,7 @@ from airflow_partitions.exceptions import (
     VersionNotFoundError,
 )
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.objectstore import store_from_url
 from airflow_partitions.storage import DataFile, get_storage
 
 SPEC = PartitionSpecInfo.from_fields([("region", "region", "string")])
@@ -361,7 +361,7 @@ def test_local_store_lists_in_key_order_across_shards(tmp_path: Path) -> None:
     assert store.get(keys[0]) == keys[0].encode()
     assert [i.key for i in store.list("p/")] == sorted(keys)
     assert [i.key for i in store.list("p/log/", start_after=keys[1])] == keys[2:4]
-    assert store.get(keys[0], max_bytes=5) == b"p/log"
+    assert store.get_range(keys[0], 0, 5) == b"p/log"
     store.delete(keys[0])
     store.delete(keys[0])
     assert store.get(keys[0]) is None
@@ -371,12 +371,12 @@ def test_local_store_lists_in_key_order_across_shards(tmp_path: Path) -> None:
 
 @pytest.mark.s3
 def test_s3_store_uses_conditional_writes(s3_server: dict[str, str], s3_bucket: str) -> None:
-    store = store_from_url(f"s3://{s3_bucket}/some/prefix", **s3_server)
+    store = store_from_url(f"s3://{s3_bucket}/some/prefix", settings=s3_server)
     assert isinstance(store, S3Store)
     assert store.put_if_absent("a/1", b"first")
     assert not store.put_if_absent("a/1", b"second"), "the server answers 412 to If-None-Match: *"
     assert store.get("a/1") == b"first"
-    assert store.get("a/1", max_bytes=2) == b"fi"
+    assert store.get_range("a/1", 0, 2) == b"fi"
     assert store.get("a/missing") is None
     store.put("a/2", b"x")
     store.put("a/3", b"y")

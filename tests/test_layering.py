@@ -15,6 +15,7 @@ CORE_ORDER = [
     "quoting",
     "sample_data",
     "keys",
+    "objectstore",
     "s3",
     "transforms",
     "spec",

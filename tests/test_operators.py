@@ -435,6 +435,47 @@ def test_snapshot_upload_publish_and_bootstrap(
 
 
 @pytest.mark.s3
+def test_snapshot_operators_open_a_catalog_on_s3_with_their_aws_connection(
+    tmp_path: Path,
+    s3_server: dict[str, str],
+    s3_bucket: str,
+    aws_connection: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from airflow_partitions.catalog import PartitionEntry, PartitionSpecInfo, open_catalog
+    from airflow_partitions.keys import PartitionKey
+    from airflow_partitions.operators import SnapshotBootstrapOperator, VacuumOperator
+    from airflow_partitions.spec import load_spec
+    from airflow_partitions.storage import DataFile
+
+    spec = make_spec(tmp_path, snapshot_location=f"s3://{s3_bucket}/snap")
+    monkeypatch.setenv("AIRFLOW_PARTITIONS_CATALOG_URL", f"s3://{s3_bucket}/team")
+    project = load_spec(spec)
+    catalog = open_catalog(project, project.dataset("sales"), s3_settings=s3_server)
+    partition_spec = PartitionSpecInfo.from_fields([("region", "region", "string")])
+    key = PartitionKey(("EU",))
+    data_file = DataFile(
+        f"{key.path(partition_spec.names)}/part-0.parquet", "parquet", 1, 5, checksum="0" * 64
+    )
+    entry = PartitionEntry.from_files(key, partition_spec, [data_file], source_fingerprint="fp")
+    assert catalog.commit(base_version=None, upserts=[entry], partition_spec=partition_spec) == 1
+
+    # The environment names an endpoint where nothing listens: only the connection reaches the store.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    bootstrap = SnapshotBootstrapOperator(
+        task_id="b", spec_path=spec, dataset="sales", aws_conn_id=aws_connection
+    )
+    with pytest.raises(AirflowSkipException, match="already has a local catalog"):
+        bootstrap.execute(context())
+    vacuum = VacuumOperator(
+        task_id="v", spec_path=spec, dataset="sales", aws_conn_id=aws_connection, report_only=True
+    )
+    assert vacuum.execute(context())["latest_version"] == 1
+
+
+@pytest.mark.s3
 def test_snapshot_operators_skip_when_the_mode_does_not_allow(tmp_path: Path, aws_connection: str) -> None:
     from airflow.sdk.exceptions import AirflowSkipException
 

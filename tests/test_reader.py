@@ -14,12 +14,12 @@ from test_pruning_support import Acceleration, build_acceleration, sort_rows
 from airflow_partitions.catalog import Catalog, PartitionEntry
 from airflow_partitions.exceptions import FilterError, UnsafeQueryError, VersionNotFoundError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.objectstore import S3Settings
 from airflow_partitions.reader import (
     PartitionedDatasetReader,
     needs_partition_functions,
     new_duckdb_connection,
 )
-from airflow_partitions.s3 import S3Settings
 from airflow_partitions.storage import get_storage
 
 ROWS = 600

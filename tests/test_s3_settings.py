@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_partitions.exceptions import S3SettingsError, SnapshotError, SourceError
-from airflow_partitions.s3 import S3Settings
+from airflow_partitions.objectstore import S3Settings
 
 
 def test_source_params_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from airflow_partitions.exceptions import SnapshotError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.objectstore import S3Settings, as_settings, parse_s3_uri
 from airflow_partitions.snapshots.checksums import (
     MIN_PART_SIZE,
     digest_file,
@@ -19,7 +20,6 @@ from airflow_partitions.snapshots.checksums import (
 )
 from airflow_partitions.snapshots.layout import SnapshotLayout, safe_relative_path
 from airflow_partitions.snapshots.modes import SNAPSHOT_ACTIONS, SnapshotActions, snapshot_actions
-from airflow_partitions.snapshots.settings import S3Settings, as_settings, parse_s3_uri
 from airflow_partitions.spec.model import SnapshotMode
 
 

@@ -15,7 +15,9 @@ from airflow_partitions.catalog.model import (
 )
 from airflow_partitions.catalog.open import catalog_location, dataset_directory, open_catalog
 from airflow_partitions.catalog.state import PartitionMap, Snapshot
-from airflow_partitions.catalog.stores import LocalStore, ObjectInfo, ObjectStore, S3Store, store_from_url
+
+# Re-export (documented import path): the stores a `Catalog` is built on live in `objectstore`.
+from airflow_partitions.objectstore import LocalStore, ObjectInfo, ObjectStore, S3Store
 
 __all__ = [
     "Catalog",
@@ -33,5 +35,4 @@ __all__ = [
     "catalog_location",
     "dataset_directory",
     "open_catalog",
-    "store_from_url",
 ]

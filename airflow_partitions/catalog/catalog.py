@@ -50,7 +50,6 @@ from airflow_partitions.catalog.state import (
     merge_records,
     state_schema,
 )
-from airflow_partitions.catalog.stores import LocalStore, ObjectStore
 from airflow_partitions.exceptions import (
     CatalogError,
     CommitConflictError,
@@ -59,6 +58,7 @@ from airflow_partitions.exceptions import (
     VersionNotFoundError,
 )
 from airflow_partitions.keys import escape_component
+from airflow_partitions.objectstore import LocalStore, ObjectStore
 from airflow_partitions.storage.base import PartitionStorage, VacuumedFile, vacuum_files
 from airflow_partitions.storage.datafile import DataFile
 
@@ -252,7 +252,7 @@ class Catalog:
         return CommitRecord.decode(data, where=key)
 
     def _read_header(self, key: str) -> CommitRecord:
-        data = self.store.get(key, max_bytes=_HEADER_BYTES)
+        data = self.store.get_range(key, 0, _HEADER_BYTES)
         if data is None:
             return self._read_record(key)
         return CommitRecord.decode_header(data, where=key) or self._read_record(key)

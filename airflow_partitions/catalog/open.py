@@ -5,7 +5,9 @@ Layout: partition files under `<accelerator_dir>/<dataset>/<name>=<value>/...`, 
 a location is configured, first found wins: the `location` argument, `acceleration.params.catalog_location`
 of the dataset, the `AIRFLOW_PARTITIONS_CATALOG_URL` environment variable. An S3 location
 `s3://bucket/prefix` holds `<prefix>/<dataset>/_catalog/...`; partition files stay local, and downloaded
-checkpoints are cached in `<accelerator_dir>/<dataset>/_catalog_cache/`.
+checkpoints are cached in `<accelerator_dir>/<dataset>/_catalog_cache/`. It is reached with the S3
+settings the caller passes (the Airflow layer resolves them from its AWS connection), else with the
+standard AWS environment variables.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow_partitions.catalog.catalog import Catalog
-from airflow_partitions.catalog.stores import LocalStore, ObjectStore, store_from_url
 from airflow_partitions.exceptions import CatalogError
 from airflow_partitions.keys import escape_component
+from airflow_partitions.objectstore import LocalStore, ObjectStore, SettingsLike, store_from_url
 
 CATALOG_URL_ENV = "AIRFLOW_PARTITIONS_CATALOG_URL"
 CATALOG_LOCATION_PARAM = "catalog_location"
@@ -49,12 +51,14 @@ def open_catalog(
     *,
     store: ObjectStore | None = None,
     location: str | None = None,
-    s3_client: Any = None,
+    s3_settings: SettingsLike | None = None,
 ) -> Catalog:
     """The catalog of `dataset_spec` in `project_spec` (a `ProjectSpec` / `DatasetSpec` pair).
 
-    `store` overrides where the catalog lives; otherwise see the module docstring. The catalog knows the
-    dataset's storage engine and data directory, so `vacuum` also removes unreferenced partition files.
+    `store` overrides where the catalog lives; otherwise see the module docstring. `s3_settings` (an
+    `S3Settings` or its dict form) reach a catalog on S3; unset, the AWS environment is used. The
+    catalog knows the dataset's storage engine and data directory, so `vacuum` also removes
+    unreferenced partition files.
     """
     from airflow_partitions.storage import get_storage
 
@@ -62,7 +66,7 @@ def open_catalog(
     if store is None:
         remote = catalog_location(dataset_spec, location)
         if remote:
-            store = store_from_url(remote, client=s3_client)
+            store = store_from_url(remote, settings=s3_settings, what="catalog location")
         else:
             store = LocalStore(Path(project_spec.accelerator_dir))
     cache_dir = None if isinstance(store, LocalStore) else data_root / CACHE_DIRECTORY

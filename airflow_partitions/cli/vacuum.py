@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     )
     snapshot_report = None
     if args.snapshots:
-        from airflow_partitions.s3 import S3Settings
+        from airflow_partitions.objectstore import S3Settings
         from airflow_partitions.snapshots.vacuum import vacuum_snapshots
 
         snapshot_report = vacuum_snapshots(

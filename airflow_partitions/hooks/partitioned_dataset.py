@@ -20,6 +20,7 @@ from airflow_partitions.exceptions import OrchestrationError
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.pruning import FilterInput, PrunePlan
     from airflow_partitions.reader import PartitionedDatasetReader
 
@@ -97,8 +98,13 @@ class PartitionedDatasetHook(BaseHook):
 
     @cached_property
     def reader(self) -> PartitionedDatasetReader:
-        """The core reader, built on first use (loads the spec, opens the catalog lazily)."""
+        """The core reader, built on first use (loads the spec, opens the catalog lazily).
+
+        Files under an `s3://` data root and a catalog on S3 are both reached with the AWS connection.
+        """
+        from airflow_partitions.catalog import catalog_location, open_catalog
         from airflow_partitions.reader import PartitionedDatasetReader
+        from airflow_partitions.spec import load_spec
 
         spec_path = self._setting("spec_path", self.spec_path)
         if spec_path is None:
@@ -107,17 +113,23 @@ class PartitionedDatasetHook(BaseHook):
                 "pass spec_path=... or add it to the connection's extra"
             )
         data_root = self._setting("data_root", self.data_root)
-        filesystem = None
-        if data_root is not None and data_root.startswith("s3://"):
-            filesystem = self._s3_filesystem()
-        return PartitionedDatasetReader(spec_path, self.dataset, data_root=data_root, filesystem=filesystem)
+        project = load_spec(spec_path)
+        dataset = project.dataset(self.dataset)
+        remote_data = data_root is not None and data_root.startswith("s3://")
+        remote_catalog = (catalog_location(dataset) or "").startswith("s3://")
+        settings = self._s3_settings() if remote_data or remote_catalog else None
+        filesystem = settings.arrow_filesystem() if settings is not None and remote_data else None
+        catalog = open_catalog(project, dataset, s3_settings=settings)
+        return PartitionedDatasetReader(
+            project, self.dataset, catalog=catalog, data_root=data_root, filesystem=filesystem
+        )
 
-    def _s3_filesystem(self) -> Any:
+    def _s3_settings(self) -> S3Settings:
         from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
-        from airflow_partitions.s3 import S3Settings
+        from airflow_partitions.objectstore import S3Settings
 
         settings = SnapshotStorageHook(aws_conn_id=self._setting("aws_conn_id", self.aws_conn_id)).s3_settings
-        return S3Settings.from_mapping(settings).arrow_filesystem()
+        return S3Settings.from_mapping(settings)
 
     # --- reads ----------------------------------------------------------------------------------
 

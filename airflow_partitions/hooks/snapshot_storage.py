@@ -81,7 +81,7 @@ class SnapshotStorageHook(BaseHook):
 
     def get_conn(self) -> Any:
         """A boto3 S3 client for these settings."""
-        from airflow_partitions.snapshots import create_s3_client
+        from airflow_partitions.objectstore import create_s3_client
 
         return create_s3_client(self.s3_settings)
 

@@ -12,6 +12,8 @@ from airflow.sdk import BaseOperator
 from airflow_partitions.exceptions import OrchestrationError
 
 if TYPE_CHECKING:
+    from airflow_partitions.catalog import Catalog
+    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
     from airflow_partitions.spec import DatasetSpec, ProjectSpec
 
 
@@ -19,18 +21,27 @@ class DatasetOperator(BaseOperator):
     """Base of the operators that act on one dataset of a spec file.
 
     The spec is re-read when the task runs (not when the DAG is parsed), so a task always works on the
-    spec file as it is on the worker.
+    spec file as it is on the worker. `aws_conn_id` is the AWS connection of the dataset's object storage
+    (a catalog on S3, snapshots); None means `[airflow_partitions] aws_conn_id`, else `aws_default`.
     """
 
     template_fields: Sequence[str] = ("spec_path", "dataset")
     ui_color = "#e8f4fa"
 
-    def __init__(self, *, spec_path: str | os.PathLike[str], dataset: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        spec_path: str | os.PathLike[str],
+        dataset: str,
+        aws_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if not dataset:
             raise OrchestrationError(f"{type(self).__name__} {kwargs.get('task_id')!r} needs a dataset name")
         self.spec_path = os.fspath(spec_path)
         self.dataset = dataset
+        self.aws_conn_id = aws_conn_id
 
     @cached_property
     def project(self) -> ProjectSpec:
@@ -41,6 +52,21 @@ class DatasetOperator(BaseOperator):
     @cached_property
     def dataset_spec(self) -> DatasetSpec:
         return self.project.dataset(self.dataset)
+
+    @cached_property
+    def storage_hook(self) -> SnapshotStorageHook:
+        from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
+
+        return SnapshotStorageHook(aws_conn_id=self.aws_conn_id)
+
+    def open_catalog(self) -> Catalog:
+        """The dataset's catalog; one on S3 is reached with the settings of `aws_conn_id`."""
+        from airflow_partitions.catalog import catalog_location
+        from airflow_partitions.refresh.commit import open_dataset_catalog
+
+        remote = (catalog_location(self.dataset_spec) or "").startswith("s3://")
+        settings = self.storage_hook.s3_settings if remote else None
+        return open_dataset_catalog(self.project, self.dataset_spec, s3_settings=settings)
 
     def prepare_sources(self) -> None:
         """Let the dataset's source resolve Airflow connection ids (Postgres `params.connection_id`)."""

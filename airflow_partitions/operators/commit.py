@@ -85,7 +85,9 @@ class PartitionCommitOperator(DatasetOperator):
             raise OrchestrationError(
                 "results must be the partition descriptors returned by the refresh tasks"
             )
-        commit = commit_refresh(self.project, self.dataset_spec, plan, results, stage=self.stage)
+        commit = commit_refresh(
+            self.project, self.dataset_spec, plan, results, stage=self.stage, catalog=self.open_catalog()
+        )
         self.log.info(
             "Committed %s version %s: %d partition(s) written (%d rows, %d bytes), %d removed",
             self.dataset,

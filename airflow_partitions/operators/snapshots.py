@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_partitions.exceptions import OrchestrationError
-from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
 from airflow_partitions.operators.base import DatasetOperator
 from airflow_partitions.operators.run_conf import RefreshRunConf
 from airflow_partitions.operators.vacuum import RetentionOptions
@@ -34,14 +32,9 @@ class SnapshotOperatorBase(DatasetOperator):
 
     template_fields: Sequence[str] = (*DatasetOperator.template_fields, "location")
 
-    def __init__(self, *, aws_conn_id: str | None = None, location: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, location: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.aws_conn_id = aws_conn_id
         self.location = location
-
-    @cached_property
-    def storage_hook(self) -> SnapshotStorageHook:
-        return SnapshotStorageHook(aws_conn_id=self.aws_conn_id)
 
     @property
     def actions(self) -> SnapshotActions:
@@ -132,7 +125,7 @@ class SnapshotPublishOperator(SnapshotOperatorBase):
         self.upload = upload
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage, open_dataset_catalog
+        from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
         from airflow_partitions.snapshots.manifest import upload_snapshot_manifest
 
         self.skip_unless(self.actions.upload, "upload")
@@ -145,7 +138,7 @@ class SnapshotPublishOperator(SnapshotOperatorBase):
             raise OrchestrationError(
                 f"commit must be a commit result or a version number, got {self.commit!r}"
             )
-        snapshot = open_dataset_catalog(self.project, self.dataset_spec).snapshot(version)
+        snapshot = self.open_catalog().snapshot(version)
         published = upload_snapshot_manifest(
             self.storage_hook.s3_settings,
             self.snapshot_location(),
@@ -196,12 +189,12 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
         self.only_if_empty = only_if_empty
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.refresh.commit import dataset_data_root, open_dataset_catalog
+        from airflow_partitions.refresh.commit import dataset_data_root
         from airflow_partitions.snapshots.bootstrap import bootstrap_snapshot, select_where
         from airflow_partitions.snapshots.manifest import read_snapshot_manifest
 
         self.skip_unless(self.actions.bootstrap, "bootstrap")
-        catalog = open_dataset_catalog(self.project, self.dataset_spec)
+        catalog = self.open_catalog()
         if self.only_if_empty and catalog.latest() is not None:
             raise AirflowSkipException(f"{self.dataset} already has a local catalog: nothing to bootstrap")
         settings = self.storage_hook.s3_settings

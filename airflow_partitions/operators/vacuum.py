@@ -81,9 +81,7 @@ class VacuumOperator(RetentionOptions, DatasetOperator):
         self.set_retention(retain_versions, older_than, grace, report_only)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.refresh.commit import open_dataset_catalog
-
-        catalog = open_dataset_catalog(self.project, self.dataset_spec)
+        catalog = self.open_catalog()
         report = catalog.vacuum(dry_run=self.report_only, **self.retention())
         summary = report.to_json()
         # The file list can be long; XCom gets the count, the log gets the names.

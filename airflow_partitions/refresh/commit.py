@@ -34,15 +34,22 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.catalog import Catalog, PartitionSpecInfo
+    from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
 
 
-def open_dataset_catalog(project: ProjectSpec, dataset: DatasetSpec) -> Catalog:
-    """The dataset's catalog, as the catalog layer opens it for this project."""
+def open_dataset_catalog(
+    project: ProjectSpec, dataset: DatasetSpec, *, s3_settings: SettingsLike | None = None
+) -> Catalog:
+    """The dataset's catalog, as the catalog layer opens it for this project.
+
+    `s3_settings` reach a catalog on S3 (the Airflow layer passes its AWS connection's); unset, the AWS
+    environment is used.
+    """
     from airflow_partitions.catalog import open_catalog
 
-    return open_catalog(project, dataset)
+    return open_catalog(project, dataset, s3_settings=s3_settings)
 
 
 def dataset_storage(dataset: DatasetSpec) -> PartitionStorage:

@@ -5,6 +5,14 @@ Nothing here imports boto3 at module import, so the Airflow layer can import thi
 
 from __future__ import annotations
 
+# Re-export (documented import path): snapshot functions take these; they live in `objectstore`.
+from airflow_partitions.objectstore import (
+    S3Location,
+    S3Settings,
+    create_s3_client,
+    parse_s3_location,
+    parse_s3_uri,
+)
 from airflow_partitions.snapshots.bootstrap import (
     BootstrapResult,
     KeySelector,
@@ -19,13 +27,6 @@ from airflow_partitions.snapshots.manifest import (
     upload_snapshot_manifest,
 )
 from airflow_partitions.snapshots.modes import SNAPSHOT_ACTIONS, SnapshotActions, snapshot_actions
-from airflow_partitions.snapshots.settings import (
-    S3Location,
-    S3Settings,
-    create_s3_client,
-    parse_s3_location,
-    parse_s3_uri,
-)
 from airflow_partitions.snapshots.upload import (
     FileUploadOutcome,
     SnapshotUploadResult,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from airflow_partitions.exceptions import PartitionSpecChangedError, SnapshotError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.objectstore import S3Location, SettingsLike
 from airflow_partitions.snapshots.download import (
     DownloadAction,
     FileDownload,
@@ -32,7 +33,6 @@ from airflow_partitions.snapshots.download import (
 from airflow_partitions.snapshots.layout import SnapshotLayout, local_file
 from airflow_partitions.snapshots.manifest import SnapshotManifest, fetch_manifest
 from airflow_partitions.snapshots.parallel import run_all
-from airflow_partitions.snapshots.settings import S3Location, SettingsLike, shared_s3_client
 from airflow_partitions.snapshots.upload import (
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_MULTIPART_CHUNKSIZE,
@@ -142,9 +142,10 @@ def bootstrap_snapshot(
             f"dest_dataset_root {root} is not the catalog's data root {catalog.data_root}; the files "
             "would be registered where readers do not look"
         )
-    client = shared_s3_client(settings)
+    store = layout.store(settings)
+    client = store.client
     if manifest is None:
-        manifest = fetch_manifest(client, layout, version)
+        manifest = fetch_manifest(store, layout, version)
     elif version is not None and manifest.version != version:
         raise SnapshotError(
             f"manifest passed is version {manifest.version}, but version {version} was asked for"

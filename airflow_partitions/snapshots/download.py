@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import SnapshotError, SnapshotIntegrityError
-from airflow_partitions.snapshots.s3ops import is_not_found, snapshot_error
-from airflow_partitions.storage.base import TEMP_PREFIX, ensure_directory, fsync_directory, fsync_file
+from airflow_partitions.objectstore.base import TEMP_PREFIX
+from airflow_partitions.objectstore.errors import is_not_found, store_error
+from airflow_partitions.objectstore.local import ensure_directory, fsync_directory, fsync_file
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -135,9 +136,9 @@ def fetch_verified(
                     f"{uri} is listed in the snapshot manifest but missing from object storage; the "
                     "snapshot location was modified by hand. Upload the dataset again or pick another version"
                 ) from err
-            raise snapshot_error(err, "download", uri) from err
+            raise store_error(err, "download", uri) from err
         except BotoCoreError as err:
-            raise snapshot_error(err, "download", uri) from err
+            raise store_error(err, "download", uri) from err
         if received != item.size or sha256_hex != item.sha256_hex:
             raise SnapshotIntegrityError(
                 f"{uri} does not match the snapshot manifest: got {received} bytes with sha256 "

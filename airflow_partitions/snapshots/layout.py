@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 
 from airflow_partitions.exceptions import SnapshotError
 from airflow_partitions.keys import escape_component
-from airflow_partitions.snapshots.settings import S3Location, parse_s3_location
+from airflow_partitions.objectstore import S3Location, S3Store, SettingsLike, parse_s3_location
 
 DATA_DIR = "data"
 MANIFEST_DIR = "manifests"
@@ -72,6 +72,10 @@ class SnapshotLayout:
     @property
     def bucket(self) -> str:
         return self.location.bucket
+
+    def store(self, settings: SettingsLike) -> S3Store:
+        """The bucket as a store; the keys of this layout are bucket keys (they include the prefix)."""
+        return S3Store.at(S3Location(self.bucket, ""), settings)
 
     @property
     def dataset_prefix(self) -> str:

@@ -27,14 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import PartitionEntry, PartitionSpecInfo, format_time, parse_time
 from airflow_partitions.exceptions import CatalogError, SnapshotError, SnapshotIntegrityError
+from airflow_partitions.objectstore import S3Location, S3Store, SettingsLike
 from airflow_partitions.snapshots.layout import SnapshotLayout, safe_relative_path
-from airflow_partitions.snapshots.s3ops import (
-    get_object_bytes,
-    is_write_conflict,
-    list_objects,
-    snapshot_error,
-)
-from airflow_partitions.snapshots.settings import S3Location, SettingsLike, shared_s3_client
 from airflow_partitions.snapshots.upload import (
     DEFAULT_MULTIPART_CHUNKSIZE,
     DEFAULT_MULTIPART_THRESHOLD,
@@ -42,14 +36,13 @@ from airflow_partitions.snapshots.upload import (
 )
 
 if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client
-
     from airflow_partitions.catalog import Snapshot
     from airflow_partitions.storage import PartitionStorage
 
 MANIFEST_FORMAT = "airflow-partitions/snapshot-manifest"
 MANIFEST_FORMAT_VERSION = 1
 _LATEST_ATTEMPTS = 20
+JSON = "application/json"
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -192,9 +185,9 @@ def upload_snapshot_manifest(
     copies the storage kept only for this upload (DuckDB `tables` mode) are released once published.
     """
     layout = SnapshotLayout.of(location, dataset)
-    client = shared_s3_client(settings)
+    store = layout.store(settings)
     entries = list(catalog_snapshot.partitions.values())
-    missing = _missing_files(client, layout, entries)
+    missing = _missing_files(store, layout, entries)
     uploaded = 0
     if missing:
         if dataset_root is None:
@@ -218,14 +211,14 @@ def upload_snapshot_manifest(
     body = encode_manifest(dataset, catalog_snapshot)
     sha256 = hashlib.sha256(body).hexdigest()
     key = layout.manifest_key(catalog_snapshot.version)
-    existing = get_object_bytes(client, layout.bucket, key)
-    if existing is not None and existing[0] != body:
+    existing = store.get(key)
+    if existing is not None and existing != body:
         raise _other_catalog_error(layout, key)
     # The digest record goes first: a manifest readers can see always has one (a retry, or a manifest
     # published before digests were recorded, gets it here too).
-    _record_digest(client, layout, catalog_snapshot.version, sha256)
-    created = existing is None and _put_once(client, layout, key, body)
-    latest = _advance_latest(client, layout, catalog_snapshot.version, sha256)
+    _record_digest(store, layout, catalog_snapshot.version, sha256)
+    created = existing is None and _put_once(store, layout, key, body)
+    latest = _advance_latest(store, layout, catalog_snapshot.version, sha256)
     if storage is not None and dataset_root is not None:
         # Every file of the version is in object storage now: local staged copies are not needed.
         storage.release_staged(Path(dataset_root), [f for entry in entries for f in entry.files])
@@ -240,23 +233,18 @@ def upload_snapshot_manifest(
     )
 
 
-def _missing_files(client: S3Client, layout: SnapshotLayout, entries: Sequence[PartitionEntry]) -> list[Any]:
+def _missing_files(store: S3Store, layout: SnapshotLayout, entries: Sequence[PartitionEntry]) -> list[Any]:
     wanted = {layout.data_key(f.path): f for entry in entries for f in entry.files}
     if not wanted:
         return []
-    present = {
-        str(item["Key"]): int(item["Size"])
-        for item in list_objects(client, layout.bucket, layout.data_prefix)
-        if str(item["Key"]) in wanted
-    }
+    present = {item.key: item.size for item in store.list(layout.data_prefix) if item.key in wanted}
     return [f for key, f in wanted.items() if present.get(key) != f.bytes]
 
 
-def _put_once(client: S3Client, layout: SnapshotLayout, key: str, body: bytes) -> bool:
-    if _put_once_or_conflict(client, layout, key, body):
+def _put_once(store: S3Store, layout: SnapshotLayout, key: str, body: bytes) -> bool:
+    if store.put_if_absent(key, body, content_type=JSON):
         return True
-    existing = get_object_bytes(client, layout.bucket, key)
-    if existing is not None and existing[0] == body:
+    if store.get(key) == body:
         return False
     raise _other_catalog_error(layout, key)
 
@@ -269,14 +257,14 @@ def _other_catalog_error(layout: SnapshotLayout, key: str) -> SnapshotError:
     )
 
 
-def _record_digest(client: S3Client, layout: SnapshotLayout, version: int, sha256: str) -> None:
+def _record_digest(store: S3Store, layout: SnapshotLayout, version: int, sha256: str) -> None:
     """Write the manifest's digest record once; an existing record must name the same digest."""
     key = layout.manifest_digest_key(version)
     body = _digest_record(layout, version, sha256)
-    if _put_once_or_conflict(client, layout, key, body):
+    if store.put_if_absent(key, body, content_type=JSON):
         return
-    existing = get_object_bytes(client, layout.bucket, key)
-    recorded = _recorded_sha256(existing[0]) if existing is not None else None
+    existing = store.get(key)
+    recorded = _recorded_sha256(existing) if existing is not None else None
     if recorded == sha256:
         return
     raise SnapshotError(
@@ -291,26 +279,6 @@ def _digest_record(layout: SnapshotLayout, version: int, sha256: str) -> bytes:
     return json.dumps(document, sort_keys=True).encode("utf-8")
 
 
-def _put_once_or_conflict(client: S3Client, layout: SnapshotLayout, key: str, body: bytes) -> bool:
-    """PUT `body` unless `key` exists: True when written, False when the key was already there."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        client.put_object(
-            Bucket=layout.bucket,
-            Key=key,
-            Body=body,
-            ContentType="application/json",
-            ChecksumAlgorithm="SHA256",
-            IfNoneMatch="*",
-        )
-        return True
-    except (ClientError, BotoCoreError) as err:
-        if not is_write_conflict(err):
-            raise snapshot_error(err, "publish", layout.uri(key)) from err
-    return False
-
-
 def _recorded_sha256(data: bytes) -> str | None:
     """The SHA-256 hex a digest record or `latest.json` holds; None when it holds none (or no valid one)."""
     try:
@@ -322,36 +290,23 @@ def _recorded_sha256(data: bytes) -> str | None:
     return value.lower()
 
 
-def _advance_latest(client: S3Client, layout: SnapshotLayout, version: int, sha256: str) -> int:
+def _advance_latest(store: S3Store, layout: SnapshotLayout, version: int, sha256: str) -> int:
     """Point `latest.json` at `version` unless it already points at a newer one; the version it names."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     pointer = json.dumps(
         {"version": version, "manifest": layout.manifest_key(version), "sha256": sha256},
         sort_keys=True,
     ).encode("utf-8")
     for _attempt in range(_LATEST_ATTEMPTS):
-        current = get_object_bytes(client, layout.bucket, layout.latest_key)
-        condition: dict[str, str]
+        current = store.get_with_etag(layout.latest_key)
         if current is None:
-            condition = {"IfNoneMatch": "*"}
+            written = store.put_if_absent(layout.latest_key, pointer, content_type=JSON)
         else:
             current_version = _pointer_version(current[0])
             if current_version is not None and current_version >= version:
                 return current_version
-            condition = {"IfMatch": current[1]}
-        try:
-            client.put_object(
-                Bucket=layout.bucket,
-                Key=layout.latest_key,
-                Body=pointer,
-                ContentType="application/json",
-                **condition,  # type: ignore[arg-type]
-            )
+            written = store.put_if_match(layout.latest_key, pointer, current[1], content_type=JSON)
+        if written:
             return version
-        except (ClientError, BotoCoreError) as err:
-            if not is_write_conflict(err):
-                raise snapshot_error(err, "update", layout.uri(layout.latest_key)) from err
     raise SnapshotError(
         f"{layout.uri(layout.latest_key)} kept changing under {_LATEST_ATTEMPTS} attempts to advance it to "
         f"version {version}; the manifest itself is published, so readers still find it"
@@ -372,48 +327,31 @@ def _pointer_version(data: bytes) -> int | None:
 def list_snapshot_versions(settings: SettingsLike, location: str | S3Location, dataset: str) -> list[int]:
     """Every published version of `dataset` under `location`, oldest first."""
     layout = SnapshotLayout.of(location, dataset)
-    client = shared_s3_client(settings)
-    return _listed_versions(client, layout, start_after=None)
+    return _listed_versions(layout.store(settings), layout, start_after=None)
 
 
-def _listed_versions(client: S3Client, layout: SnapshotLayout, *, start_after: str | None) -> list[int]:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    versions: list[int] = []
-    kwargs: dict[str, str] = {"Bucket": layout.bucket, "Prefix": layout.manifest_prefix}
-    if start_after:
-        kwargs["StartAfter"] = start_after
-    try:
-        for page in client.get_paginator("list_objects_v2").paginate(**kwargs):  # type: ignore[arg-type]
-            for item in page.get("Contents", []):
-                version = layout.version_of_manifest_key(str(item["Key"]))
-                if version is not None:
-                    versions.append(version)
-    except (ClientError, BotoCoreError) as err:
-        raise snapshot_error(err, "list", layout.uri(layout.manifest_prefix)) from err
-    return sorted(versions)
+def _listed_versions(store: S3Store, layout: SnapshotLayout, *, start_after: str | None) -> list[int]:
+    listed = (
+        layout.version_of_manifest_key(item.key) for item in store.list(layout.manifest_prefix, start_after)
+    )
+    return sorted(version for version in listed if version is not None)
 
 
-def latest_snapshot_version(client: S3Client, layout: SnapshotLayout) -> int | None:
-    """The newest published version: the pointer's, or a newer manifest listed after it."""
-    return _newest(client, layout, _read_pointer(client, layout))[0]
-
-
-def _read_pointer(client: S3Client, layout: SnapshotLayout) -> tuple[int | None, str | None]:
+def _read_pointer(store: S3Store, layout: SnapshotLayout) -> tuple[int | None, str | None]:
     """The version `latest.json` names and the manifest SHA-256 it records (None when absent)."""
-    pointer = get_object_bytes(client, layout.bucket, layout.latest_key)
+    pointer = store.get(layout.latest_key)
     if pointer is None:
         return None, None
-    return _pointer_version(pointer[0]), _recorded_sha256(pointer[0])
+    return _pointer_version(pointer), _recorded_sha256(pointer)
 
 
 def _newest(
-    client: S3Client, layout: SnapshotLayout, pointer: tuple[int | None, str | None]
+    store: S3Store, layout: SnapshotLayout, pointer: tuple[int | None, str | None]
 ) -> tuple[int | None, str | None]:
     """The newest version, with the pointer's digest when the pointer names that version."""
     pointed, sha256 = pointer
     start_after = layout.manifest_key(pointed) if pointed is not None else None
-    newer = _listed_versions(client, layout, start_after=start_after)
+    newer = _listed_versions(store, layout, start_after=start_after)
     if newer:
         return newer[-1], None
     return pointed, sha256
@@ -428,40 +366,39 @@ def read_snapshot_manifest(
     its recorded SHA-256, or that has none recorded, is a `SnapshotIntegrityError`.
     """
     layout = SnapshotLayout.of(location, dataset)
-    client = shared_s3_client(settings)
-    return fetch_manifest(client, layout, version)
+    return fetch_manifest(layout.store(settings), layout, version)
 
 
-def fetch_manifest(client: S3Client, layout: SnapshotLayout, version: int | None) -> SnapshotManifest | None:
+def fetch_manifest(store: S3Store, layout: SnapshotLayout, version: int | None) -> SnapshotManifest | None:
     """The verified manifest of `version` (the newest when None); None when nothing was published."""
     requested = version
     pointer_sha256: str | None = None
     if version is None:
-        version, pointer_sha256 = _newest(client, layout, _read_pointer(client, layout))
+        version, pointer_sha256 = _newest(store, layout, _read_pointer(store, layout))
         if version is None:
             return None
     else:
-        pointed, sha256 = _read_pointer(client, layout)
+        pointed, sha256 = _read_pointer(store, layout)
         pointer_sha256 = sha256 if pointed == version else None
     key = layout.manifest_key(version)
-    found = get_object_bytes(client, layout.bucket, key)
+    found = store.get(key)
     if found is None:
         if requested is None:
             raise SnapshotError(
                 f"{layout.uri(layout.latest_key)} points at version {version}, whose manifest is missing; "
                 "the snapshot location was modified by hand. Publish the dataset's snapshot again"
             )
-        published = _listed_versions(client, layout, start_after=None)
+        published = _listed_versions(store, layout, start_after=None)
         raise SnapshotError(
             f"no snapshot of version {version} of dataset {layout.dataset!r} in "
             f"{layout.uri(layout.manifest_prefix)}; published versions: {_describe_versions(published)}"
         )
-    verify_manifest_digest(client, layout, version, found[0], pointer_sha256=pointer_sha256)
-    return decode_manifest(found[0], dataset=layout.dataset, key=key, expected_version=version)
+    verify_manifest_digest(store, layout, version, found, pointer_sha256=pointer_sha256)
+    return decode_manifest(found, dataset=layout.dataset, key=key, expected_version=version)
 
 
 def verify_manifest_digest(
-    client: S3Client, layout: SnapshotLayout, version: int, data: bytes, *, pointer_sha256: str | None
+    store: S3Store, layout: SnapshotLayout, version: int, data: bytes, *, pointer_sha256: str | None
 ) -> None:
     """Raise `SnapshotIntegrityError` unless `data` has every SHA-256 recorded for the version's manifest.
 
@@ -471,8 +408,8 @@ def verify_manifest_digest(
     uri = layout.uri(layout.manifest_key(version))
     actual = hashlib.sha256(data).hexdigest()
     record_key = layout.manifest_digest_key(version)
-    record = get_object_bytes(client, layout.bucket, record_key)
-    recorded = _recorded_sha256(record[0]) if record is not None else None
+    record = store.get(record_key)
+    recorded = _recorded_sha256(record) if record is not None else None
     if record is not None and recorded is None:
         raise SnapshotIntegrityError(
             f"{layout.uri(record_key)} does not hold a sha256, so snapshot manifest {uri} cannot be "

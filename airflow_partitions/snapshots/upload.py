@@ -15,6 +15,7 @@ import base64
 import functools
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -22,11 +23,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_partitions.exceptions import SnapshotError
+from airflow_partitions.objectstore import (
+    CONFLICT_RETRIES,
+    S3Location,
+    S3Settings,
+    S3Store,
+    SettingsLike,
+    as_settings,
+)
+from airflow_partitions.objectstore.errors import is_precondition_failed, is_write_conflict, store_error
 from airflow_partitions.snapshots.checksums import FileDigest, digest_file, part_size_for, s3_checksum_matches
 from airflow_partitions.snapshots.layout import SHA256_METADATA_KEY, SnapshotLayout, local_file
 from airflow_partitions.snapshots.parallel import run_all
-from airflow_partitions.snapshots.s3ops import head_object, is_write_conflict, snapshot_error
-from airflow_partitions.snapshots.settings import S3Location, S3Settings, SettingsLike, as_settings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -170,10 +178,9 @@ def upload_partition_snapshot(
     root = Path(dataset_root)
     planned = [_plan(data_file, root, layout) for data_file in _files_of(entry_or_files)]
     _refuse_duplicate_keys(planned)
-    client = upload_client(settings)
-    bucket = layout.bucket
+    store = S3Store(upload_client(settings), layout.bucket)
 
-    heads = run_all(lambda item: head_object(client, bucket, item.key), planned, max_concurrency)
+    heads = run_all(lambda item: store.head(item.key), planned, max_concurrency)
     outcomes: dict[str, FileUploadOutcome] = {}
     missing: list[_PlannedFile] = []
     for item, head in zip(planned, heads, strict=True):
@@ -188,7 +195,7 @@ def upload_partition_snapshot(
     prepared = run_all(
         lambda item: _read_and_check(item, multipart_threshold, multipart_chunksize), missing, max_concurrency
     )
-    upload = functools.partial(_upload_one, client, bucket, max_concurrency=max_concurrency)
+    upload = functools.partial(_upload_one, store, max_concurrency=max_concurrency)
     for sent in run_all(upload, prepared, max_concurrency):
         outcomes[sent.path] = sent
     return SnapshotUploadResult(dataset, layout.location.uri(), tuple(outcomes[p.path] for p in planned))
@@ -276,61 +283,69 @@ def _cached_write_once_client(settings: S3Settings, pid: int) -> S3Client:
     return client
 
 
-def _upload_one(
-    client: S3Client, bucket: str, item: _PreparedFile, *, max_concurrency: int
-) -> FileUploadOutcome:
-    from boto3.exceptions import S3UploadFailedError
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    uri = f"s3://{bucket}/{item.key}"
+def _upload_one(store: S3Store, item: _PreparedFile, *, max_concurrency: int) -> FileUploadOutcome:
+    uri = store.uri(item.key)
     multipart = item.part_size is not None
-    metadata = {SHA256_METADATA_KEY: item.digest.sha256_hex}
-    try:
-        if item.part_size is not None:
-            from boto3.s3.transfer import TransferConfig
-
-            config = TransferConfig(
-                multipart_threshold=1,
-                multipart_chunksize=item.part_size,
-                max_concurrency=max_concurrency,
-                use_threads=max_concurrency > 1,
-            )
-            client.upload_file(
-                str(item.local),
-                bucket,
+    if multipart:
+        created = _upload_parts(store, item, max_concurrency=max_concurrency)
+    else:
+        # The digest of the bytes we checked goes in the request: S3 rejects the PUT if the bytes it
+        # receives differ (the file changed since), so a wrong object never becomes visible.
+        with item.local.open("rb") as body:
+            created = store.put_if_absent(
                 item.key,
-                ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": metadata},
-                Config=config,
+                body,
+                metadata={SHA256_METADATA_KEY: item.digest.sha256_hex},
+                checksum_sha256=item.digest.s3_checksum,
             )
-        else:
-            # The digest of the bytes we checked goes in the request: S3 rejects the PUT if the bytes it
-            # receives differ (the file changed since), so a wrong object never becomes visible.
-            with item.local.open("rb") as body:
-                client.put_object(
-                    Bucket=bucket,
-                    Key=item.key,
-                    Body=body,
-                    ContentLength=item.digest.size,
-                    ChecksumAlgorithm="SHA256",
-                    ChecksumSHA256=item.digest.s3_checksum,
-                    Metadata=metadata,
-                    IfNoneMatch="*",
-                )
-    except (ClientError, BotoCoreError, S3UploadFailedError) as err:
-        if not is_write_conflict(err):
-            raise snapshot_error(err, "upload", uri) from err
+    if not created:
         # Another writer created the object between our HEAD and PUT: same content means done.
-        existing = head_object(client, bucket, item.key)
+        existing = store.head(item.key)
         if existing is None:
             raise SnapshotError(
-                f"a concurrent write to {uri} conflicted with this one; retry the upload"
-            ) from err
+                f"{uri} was created by a concurrent writer and deleted again; retry the upload"
+            )
         planned = _PlannedFile(item.path, item.local, item.key, item.digest.sha256_hex, item.digest.size)
         _check_existing(existing, planned, uri)
         return _outcome(item, UploadAction.SKIPPED, multipart=multipart)
-
-    _verify_uploaded(client, bucket, item, uri)
+    _verify_uploaded(store, item, uri)
     return _outcome(item, UploadAction.UPLOADED, multipart=multipart)
+
+
+def _upload_parts(store: S3Store, item: _PreparedFile, *, max_concurrency: int) -> bool:
+    """A multipart upload completed with `If-None-Match: *`; False when the key exists.
+
+    The conditional-write rule of `objectstore.base`: 412 means the key exists; 409 means a concurrent
+    completion of the key was in flight, so once it settles the key either exists (False) or the upload
+    is sent again.
+    """
+    from boto3.exceptions import S3UploadFailedError
+    from boto3.s3.transfer import TransferConfig
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    config = TransferConfig(
+        multipart_threshold=1,
+        multipart_chunksize=item.part_size,
+        max_concurrency=max_concurrency,
+        use_threads=max_concurrency > 1,
+    )
+    extra = {"ChecksumAlgorithm": "SHA256", "Metadata": {SHA256_METADATA_KEY: item.digest.sha256_hex}}
+    for attempt in range(CONFLICT_RETRIES):
+        try:
+            store.client.upload_file(str(item.local), store.bucket, item.key, ExtraArgs=extra, Config=config)
+            return True
+        except (ClientError, BotoCoreError, S3UploadFailedError) as err:
+            if is_precondition_failed(err):
+                return False
+            if not is_write_conflict(err):
+                raise store_error(err, "upload", store.uri(item.key)) from err
+        time.sleep(0.02 * (attempt + 1))
+        if store.exists(item.key):
+            return False
+    raise SnapshotError(
+        f"cannot upload {store.uri(item.key)}: it stayed in conflict with concurrent writers after "
+        f"{CONFLICT_RETRIES} attempts (HTTP 409); retry later"
+    )
 
 
 def _outcome(
@@ -371,8 +386,8 @@ def _check_existing(head: Mapping[str, Any], item: _PlannedFile, uri: str) -> No
         )
 
 
-def _verify_uploaded(client: S3Client, bucket: str, item: _PreparedFile, uri: str) -> None:
-    head = head_object(client, bucket, item.key)
+def _verify_uploaded(store: S3Store, item: _PreparedFile, uri: str) -> None:
+    head = store.head(item.key)
     problem: str | None = None
     if head is None:
         problem = "it is missing right after the upload"
@@ -391,11 +406,9 @@ def _verify_uploaded(client: S3Client, bucket: str, item: _PreparedFile, uri: st
     if problem is None:
         return
     if head is not None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
-            client.delete_object(Bucket=bucket, Key=item.key)
-        except (ClientError, BotoCoreError) as err:
+            store.delete(item.key)
+        except SnapshotError as err:
             raise SnapshotError(
                 f"upload of {item.local} to {uri} failed verification ({problem}) and the bad object "
                 f"could not be removed ({err}); delete it by hand before retrying"

@@ -16,20 +16,15 @@ import datetime as dt
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from airflow_partitions.exceptions import SnapshotError
+from airflow_partitions.exceptions import ObjectStoreError, SnapshotError
+from airflow_partitions.objectstore import S3Location, S3Store, SettingsLike
 from airflow_partitions.snapshots.layout import SnapshotLayout
 from airflow_partitions.snapshots.manifest import fetch_manifest
-from airflow_partitions.snapshots.s3ops import list_objects, snapshot_error
-from airflow_partitions.snapshots.settings import S3Location, SettingsLike, shared_s3_client
-
-if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client
 
 DEFAULT_RETENTION = dt.timedelta(days=7)
 DEFAULT_GRACE = dt.timedelta(hours=1)
-_DELETE_BATCH = 1000  # DeleteObjects takes at most 1,000 keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +77,11 @@ def vacuum_snapshots(
     if retain_versions is None and older_than is None:
         older_than = DEFAULT_RETENTION
     layout = SnapshotLayout.of(location, dataset)
-    client = shared_s3_client(settings)
+    store = layout.store(settings)
     now = now or dt.datetime.now(dt.UTC)
     cutoff = now - grace
 
-    published = _published_manifests(client, layout)
+    published = _published_manifests(store, layout)
     if not published:
         return SnapshotVacuumReport(
             dataset, layout.uri(layout.dataset_prefix), dry_run, None, (), (), 0, 0, 0
@@ -97,7 +92,7 @@ def vacuum_snapshots(
 
     referenced: set[str] = set()
     for version in sorted(retained):
-        manifest = fetch_manifest(client, layout, version)
+        manifest = fetch_manifest(store, layout, version)
         if manifest is None:  # listed a moment ago: only a concurrent vacuum removes manifests
             raise SnapshotError(f"manifest of version {version} of {dataset!r} vanished while vacuuming")
         for entry in manifest.entries:
@@ -106,22 +101,21 @@ def vacuum_snapshots(
     doomed: list[str] = []
     doomed_bytes = 0
     recent = 0
-    for item in list_objects(client, layout.bucket, layout.data_prefix):
-        key = str(item["Key"])
-        if key in referenced:
+    for item in store.list(layout.data_prefix):
+        if item.key in referenced:
             continue
-        if _modified(item) > cutoff:
+        if item.modified > cutoff:
             recent += 1
             continue
-        doomed.append(key)
-        doomed_bytes += int(item.get("Size", 0))
+        doomed.append(item.key)
+        doomed_bytes += item.size
 
     if not dry_run:
         # Manifests first: a manifest that stays always finds its files.
-        _delete(client, layout, [layout.manifest_key(v) for v in expired])
+        _delete(store, [layout.manifest_key(v) for v in expired])
         # Their digest records after them: a manifest still listed always has its record.
-        _delete(client, layout, [layout.manifest_digest_key(v) for v in expired])
-        _delete(client, layout, doomed)
+        _delete(store, [layout.manifest_digest_key(v) for v in expired])
+        _delete(store, doomed)
     return SnapshotVacuumReport(
         dataset=dataset,
         location=layout.uri(layout.dataset_prefix),
@@ -135,13 +129,13 @@ def vacuum_snapshots(
     )
 
 
-def _published_manifests(client: S3Client, layout: SnapshotLayout) -> dict[int, dt.datetime]:
+def _published_manifests(store: S3Store, layout: SnapshotLayout) -> dict[int, dt.datetime]:
     """Version -> when its manifest was written, for every manifest under the dataset."""
     published: dict[int, dt.datetime] = {}
-    for item in list_objects(client, layout.bucket, layout.manifest_prefix):
-        version = layout.version_of_manifest_key(str(item["Key"]))
+    for item in store.list(layout.manifest_prefix):
+        version = layout.version_of_manifest_key(item.key)
         if version is not None:
-            published[version] = _modified(item)
+            published[version] = item.modified
     return published
 
 
@@ -165,31 +159,12 @@ def _retained(
     return retained
 
 
-def _modified(item: dict[str, Any]) -> dt.datetime:
-    moment = item["LastModified"]
-    if not isinstance(moment, dt.datetime):
-        raise SnapshotError(f"object listing without a modification time: {item.get('Key')!r}")
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
-
-
-def _delete(client: S3Client, layout: SnapshotLayout, keys: Sequence[str]) -> None:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    for start in range(0, len(keys), _DELETE_BATCH):
-        batch = keys[start : start + _DELETE_BATCH]
-        try:
-            response = client.delete_objects(
-                Bucket=layout.bucket,
-                Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
-            )
-        except (ClientError, BotoCoreError) as err:
-            raise snapshot_error(err, "delete objects under", layout.uri(layout.dataset_prefix)) from err
-        errors = response.get("Errors") or []
-        if errors:
-            first = errors[0]
-            raise SnapshotError(
-                f"could not delete {len(errors)} snapshot object(s), e.g. "
-                f"{layout.uri(str(first.get('Key')))}: {first.get('Code')} {first.get('Message')}; nothing a "
-                "retained version needs was touched, "
-                "run the vacuum again once fixed"
-            )
+def _delete(store: S3Store, keys: Sequence[str]) -> None:
+    if not keys:
+        return
+    try:
+        store.delete(keys)
+    except ObjectStoreError as err:
+        raise SnapshotError(
+            f"{err}; nothing a retained version needs was touched, run the vacuum again once fixed"
+        ) from err

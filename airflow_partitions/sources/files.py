@@ -15,8 +15,14 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import SchemaDriftError, SourceError
-from airflow_partitions.s3 import S3Settings, shared_s3_client
+from airflow_partitions.exceptions import ObjectStoreError, SchemaDriftError, SourceError
+from airflow_partitions.objectstore import (
+    S3Location,
+    S3Settings,
+    S3Store,
+    parse_s3_location,
+    shared_s3_client,
+)
 from airflow_partitions.sources.base import (
     EMPTY_FINGERPRINT,
     Deadline,
@@ -26,7 +32,6 @@ from airflow_partitions.sources.base import (
     schema_tag,
     tagged_fingerprint,
 )
-from airflow_partitions.sources.s3 import split_s3_uri
 from airflow_partitions.sources.schema import unify_types
 
 if TYPE_CHECKING:
@@ -156,8 +161,8 @@ class FileSource:
     def _split_location(self) -> tuple[str, re.Pattern[str] | None]:
         """(root the files live under, glob pattern relative to it or None)."""
         if self.is_s3:
-            bucket, key = split_s3_uri(self.location)
-            path = f"{bucket}/{key}".rstrip("/")
+            location = _s3_path(self.location)
+            path = f"{location.bucket}/{location.prefix}".rstrip("/")
         else:
             raw = self.location.removeprefix("file://")
             raw = os.path.expanduser(raw)
@@ -249,15 +254,14 @@ class FileSource:
         return S3Settings.from_source_params(self.params)
 
     def _list_s3(self) -> Iterator[SourceFile]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        bucket, key = split_s3_uri(self._root)
-        client = shared_s3_client(self.s3_settings)
+        root = _s3_path(self._root)
+        bucket, key = root.bucket, root.prefix
+        store = S3Store(shared_s3_client(self.s3_settings), bucket)
         # Try the root as one object first: `s3://b/data.parquet` names a file, not a prefix.
-        if key and self._pattern is None and not key.endswith("/"):
+        if key and self._pattern is None:
             try:
-                head = client.head_object(Bucket=bucket, Key=key)
-            except ClientError:
+                head = store.head(key)
+            except ObjectStoreError:
                 head = None
             if head is not None:
                 yield SourceFile(
@@ -268,26 +272,18 @@ class FileSource:
                 )
                 return
         prefix = f"{key}/" if key else ""
-        paginator = client.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-                for obj in page.get("Contents", []):
-                    object_key = obj["Key"]
-                    if object_key.endswith("/"):
-                        continue
-                    relative = object_key[len(prefix) :]
-                    parts = relative.split("/")
-                    if any(_is_hidden(p, directory=True) for p in parts[:-1]) or _is_hidden(
-                        parts[-1], directory=False
-                    ):
-                        continue
-                    if not self._matches(relative):
-                        continue
-                    yield SourceFile(
-                        f"{bucket}/{object_key}", relative, int(obj["Size"]), str(obj["ETag"]).strip('"')
-                    )
-        except (ClientError, BotoCoreError) as err:
-            raise SourceError(f"cannot list {self.location}: {err}") from err
+        for obj in store.list(prefix):
+            if obj.key.endswith("/"):
+                continue
+            relative = obj.key[len(prefix) :]
+            parts = relative.split("/")
+            if any(_is_hidden(p, directory=True) for p in parts[:-1]) or _is_hidden(
+                parts[-1], directory=False
+            ):
+                continue
+            if not self._matches(relative):
+                continue
+            yield SourceFile(f"{bucket}/{obj.key}", relative, obj.size, obj.etag or "")
 
     # --- Arrow side ---------------------------------------------------------------------------
 
@@ -1000,10 +996,10 @@ class FileSource:
         client = shared_s3_client(self.s3_settings)
         out: list[str] = []
         for f in files:
-            bucket, key = split_s3_uri(f.path)
+            location = _s3_path(f.path)
             target = os.path.join(target_root, *f.relative.split("/"))
             Path(target).parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, key, target)
+            client.download_file(location.bucket, location.prefix, target)
             out.append(target)
         return out
 
@@ -1079,3 +1075,8 @@ def filter_to_key(table: pa.Table, transforms: Sequence[Transform], key: KeyTupl
 
 
 __all__ = ["EMPTY_FINGERPRINT", "FileSource", "SourceFile", "filter_to_key", "glob_to_regex", "unify_types"]
+
+
+def _s3_path(path: str) -> S3Location:
+    """`s3://bucket/key`, `s3a://bucket/key` or `bucket/key` (as source files are recorded) split."""
+    return parse_s3_location(path, what="S3 location", error=SourceError, strict=False)

@@ -23,6 +23,7 @@ from airflow_partitions.exceptions import (
     PartitionExpressionError,
     SpecValidationError,
 )
+from airflow_partitions.objectstore.location import is_valid_bucket_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -110,7 +111,6 @@ DEFAULT_DISCOVERY_TIMEOUT_S = 60.0
 DEFAULT_MAX_PARTITIONS = 10_000
 
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-S3_BUCKET_PATTERN = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PG_IDENTIFIER = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+")'
 _PG_TABLE = re.compile(rf"^(?:(?P<schema>{_PG_IDENTIFIER})\.)?(?P<table>{_PG_IDENTIFIER})$")
 
@@ -209,7 +209,7 @@ def source_problems(
         problems.append(Problem(("from",), f"from '{scheme}:' names no location"))
     if scheme is SourceScheme.S3:
         bucket = location.partition("/")[0]
-        if not S3_BUCKET_PATTERN.match(bucket) or ".." in bucket:
+        if not is_valid_bucket_name(bucket):
             problems.append(
                 Problem(
                     ("from",),
@@ -379,7 +379,7 @@ def snapshot_problems(mode: SnapshotMode, location: str | None) -> list[Problem]
             problems.append(
                 Problem(("location",), f"snapshots.location {location!r} must be an s3://bucket/prefix URL")
             )
-        elif not S3_BUCKET_PATTERN.match(bucket) or ".." in bucket:
+        elif not is_valid_bucket_name(bucket):
             problems.append(
                 Problem(
                     ("location",),

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import StorageError
+from airflow_partitions.objectstore.base import TEMP_PREFIX
+from airflow_partitions.objectstore.local import ensure_directory, fsync_directory, fsync_file
 from airflow_partitions.storage.datafile import DataFile, compute_column_stats, file_checksum
 
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-TEMP_PREFIX = ".tmp-"
 FILE_PREFIX = "part-"
 # A key path component is `escape_component(name)=encode_value(value)`: only these characters appear.
 _KEY_COMPONENT = re.compile(r"[A-Za-z0-9_.%-]+=[A-Za-z0-9_.%-]*")
@@ -285,47 +286,6 @@ def data_file_path(dataset_root: Path, file: DataFile) -> Path:
     if relative.is_absolute() or ".." in relative.parts:
         raise StorageError(f"data file path {file.path!r} must be relative and stay inside {root}")
     return root / relative
-
-
-def ensure_directory(directory: Path, *, stop_at: Path) -> None:
-    """Create `directory` and make each newly created level durable (fsync of its parent)."""
-    if directory.is_dir():
-        return
-    if not stop_at.exists():
-        stop_at.mkdir(parents=True, exist_ok=True)
-        fsync_directory(stop_at.parent)
-    missing: list[Path] = []
-    current = directory
-    while not current.exists():
-        missing.append(current)
-        if current == stop_at or current.parent == current:
-            break
-        current = current.parent
-    for level in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            level.mkdir()
-        fsync_directory(level.parent)
-
-
-def fsync_file(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def fsync_directory(path: Path) -> None:
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass  # some filesystems refuse fsync on directories; the data file itself is synced
-    finally:
-        os.close(descriptor)
 
 
 def _remove_temporaries(temporary: Path) -> None:

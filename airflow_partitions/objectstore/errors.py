@@ -1,0 +1,73 @@
+"""What a failed S3 call means: its error code, and an `ObjectStoreError` that says how to fix it."""
+
+from __future__ import annotations
+
+from airflow_partitions.exceptions import ObjectStoreError
+
+_NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+# The condition of a conditional write did not hold: the key exists (If-None-Match) or changed (If-Match).
+_PRECONDITION_CODES = frozenset({"412", "PreconditionFailed"})
+# Another conditional write of the same key was in flight: the outcome is unknown until it finishes.
+_CONFLICT_CODES = frozenset({"409", "ConditionalRequestConflict"})
+
+
+def error_code(err: BaseException) -> str | None:
+    """The S3 error code of a botocore ClientError (also when wrapped by boto3's transfer errors).
+
+    Falls back to the HTTP status when the error carries no code.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        response = getattr(current, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return str(code) if code else (str(status) if status else None)
+        current = current.__cause__ or current.__context__
+    # boto3's upload_file re-raises the ClientError as a message-only S3UploadFailedError.
+    text = str(err)
+    for code in ("PreconditionFailed", "ConditionalRequestConflict"):
+        if code in text:
+            return code
+    return None
+
+
+def is_not_found(err: BaseException) -> bool:
+    return error_code(err) in _NOT_FOUND_CODES
+
+
+def is_precondition_failed(err: BaseException) -> bool:
+    """HTTP 412: the key exists (`If-None-Match: *`) or no longer has the expected ETag (`If-Match`)."""
+    return error_code(err) in _PRECONDITION_CODES
+
+
+def is_write_conflict(err: BaseException) -> bool:
+    """HTTP 409 `ConditionalRequestConflict`: a concurrent conditional write of the key was in flight."""
+    return error_code(err) in _CONFLICT_CODES
+
+
+def store_error(err: BaseException, action: str, uri: str) -> ObjectStoreError:
+    """An `ObjectStoreError` for a failed S3 call that says what failed and how to fix it."""
+    from botocore.exceptions import (
+        BotoCoreError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+    )
+
+    code = error_code(err)
+    if isinstance(err, NoCredentialsError | PartialCredentialsError):
+        hint = "no usable AWS credentials: set them in the AWS connection (login/password) or the environment"
+    elif isinstance(err, EndpointConnectionError):
+        hint = f"cannot reach the S3 endpoint ({err}); check endpoint_url and that the store is running"
+    elif code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        hint = f"access denied ({code}): check the access key, secret and the bucket policy"
+    elif code == "NoSuchBucket":
+        hint = "the bucket does not exist: create it or fix the location"
+    elif isinstance(err, BotoCoreError):
+        hint = str(err)
+    else:
+        hint = f"{code or type(err).__name__}: {err}"
+    return ObjectStoreError(f"cannot {action} {uri}: {hint}")

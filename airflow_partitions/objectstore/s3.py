@@ -1,0 +1,207 @@
+"""Objects under `s3://bucket/prefix` through one boto3 client; conditional writes follow `base`'s rule."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import ObjectStoreError
+from airflow_partitions.objectstore.base import CONFLICT_RETRIES, ObjectInfo, as_key_list
+from airflow_partitions.objectstore.errors import (
+    is_not_found,
+    is_precondition_failed,
+    is_write_conflict,
+    store_error,
+)
+from airflow_partitions.objectstore.location import S3Location
+from airflow_partitions.objectstore.settings import S3Settings, SettingsLike, as_settings, shared_s3_client
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+# DeleteObjects takes at most 1000 keys per request.
+_DELETE_BATCH = 1000
+
+
+class S3Store:
+    """Objects under `s3://bucket/prefix/`; `put_if_absent` is `PutObject` with `If-None-Match: *`."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+        self.client: S3Client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+
+    @classmethod
+    def at(cls, location: S3Location, settings: SettingsLike | None = None) -> S3Store:
+        """The store of `location`, reached with `settings` (default: the standard AWS environment)."""
+        resolved = as_settings(settings) if settings is not None else S3Settings.from_source_params({})
+        return cls(shared_s3_client(resolved), location.bucket, location.prefix)
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.describe()!r})"
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def object_key(self, key: str) -> str:
+        """The bucket's key of store key `key`."""
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self.object_key(key)}"
+
+    def local_path(self, key: str) -> Path | None:
+        return None
+
+    # --- reads ------------------------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        found = self.get_with_etag(key)
+        return None if found is None else found[0]
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
+        """The body and ETag (the token `put_if_match` compares); `None` when the object does not exist."""
+        return self._get(key, {})
+
+    def get_range(self, key: str, start: int, length: int) -> bytes | None:
+        if length <= 0:
+            return b"" if self.exists(key) else None
+        found = self._get(key, {"Range": f"bytes={start}-{start + length - 1}"})
+        return None if found is None else found[0]
+
+    def _get(self, key: str, extra: dict[str, Any]) -> tuple[bytes, str] | None:
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key), **extra)
+            body: bytes = response["Body"].read()
+        except Exception as err:
+            if is_not_found(err):
+                return None
+            raise store_error(err, "read", self.uri(key)) from err
+        return body, str(response.get("ETag", ""))
+
+    def head(self, key: str) -> dict[str, Any] | None:
+        """HEAD with checksums enabled (metadata, size, SHA-256); `None` when the object does not exist."""
+        try:
+            return dict(
+                self.client.head_object(Bucket=self.bucket, Key=self.object_key(key), ChecksumMode="ENABLED")
+            )
+        except Exception as err:
+            if is_not_found(err):
+                return None
+            raise store_error(err, "inspect", self.uri(key)) from err
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    def list(self, prefix: str, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        arguments: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.object_key(prefix)}
+        if start_after is not None:
+            arguments["StartAfter"] = self.object_key(start_after)
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(**arguments):
+                for item in page.get("Contents", []):
+                    modified = item["LastModified"]
+                    if modified.tzinfo is None:
+                        modified = modified.replace(tzinfo=dt.UTC)
+                    etag = str(item["ETag"]).strip('"') if "ETag" in item else None
+                    yield ObjectInfo(item["Key"][strip:], int(item["Size"]), modified, etag)
+        except ObjectStoreError:
+            raise
+        except Exception as err:
+            raise store_error(err, "list", self.uri(prefix)) from err
+
+    # --- writes -----------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes, *, content_type: str | None = None) -> None:
+        arguments = _put_arguments(content_type, None, None)
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data, **arguments)
+        except Exception as err:
+            raise store_error(err, "write", self.uri(key)) from err
+
+    def put_if_absent(
+        self,
+        key: str,
+        data: bytes | IO[bytes],
+        *,
+        content_type: str | None = None,
+        metadata: dict[str, str] | None = None,
+        checksum_sha256: str | None = None,
+    ) -> bool:
+        """Create `key` unless it exists (412 -> False; 409 -> retried, see `objectstore.base`).
+
+        `checksum_sha256` (base64) makes S3 refuse bytes that differ from those the caller hashed; a
+        file body is rewound before each attempt.
+        """
+        arguments = _put_arguments(content_type, metadata, checksum_sha256)
+        return self._conditional_put(key, data, {"IfNoneMatch": "*", **arguments}, "create")
+
+    def put_if_match(self, key: str, data: bytes, etag: str, *, content_type: str | None = None) -> bool:
+        """Replace `key` only while it still has `etag` (412 -> False; 409 -> retried)."""
+        arguments = _put_arguments(content_type, None, None)
+        return self._conditional_put(key, data, {"IfMatch": etag, **arguments}, "update")
+
+    def _conditional_put(
+        self, key: str, data: bytes | IO[bytes], arguments: dict[str, Any], action: str
+    ) -> bool:
+        for attempt in range(CONFLICT_RETRIES):
+            if not isinstance(data, bytes):
+                data.seek(0)
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data, **arguments)
+                return True
+            except Exception as err:
+                if is_precondition_failed(err):
+                    return False
+                if is_write_conflict(err):
+                    time.sleep(0.02 * (attempt + 1))
+                    continue
+                raise store_error(err, action, self.uri(key)) from err
+        raise ObjectStoreError(
+            f"cannot {action} {self.uri(key)}: it stayed in conflict with concurrent writers after "
+            f"{CONFLICT_RETRIES} attempts (HTTP 409); retry later"
+        )
+
+    def delete(self, keys: str | Iterable[str]) -> None:
+        wanted = as_key_list(keys)
+        if len(wanted) == 1:
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=self.object_key(wanted[0]))
+            except Exception as err:
+                if not is_not_found(err):
+                    raise store_error(err, "delete", self.uri(wanted[0])) from err
+            return
+        for start in range(0, len(wanted), _DELETE_BATCH):
+            batch = wanted[start : start + _DELETE_BATCH]
+            try:
+                response = self.client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": self.object_key(key)} for key in batch], "Quiet": True},
+                )
+            except Exception as err:
+                raise store_error(err, "delete objects under", self.describe()) from err
+            errors = response.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise ObjectStoreError(
+                    f"cannot delete {len(errors)} object(s), e.g. s3://{self.bucket}/{first.get('Key')}: "
+                    f"{first.get('Code')} {first.get('Message')}"
+                )
+
+
+def _put_arguments(
+    content_type: str | None, metadata: dict[str, str] | None, checksum_sha256: str | None
+) -> dict[str, Any]:
+    # Every write carries a SHA-256 the server checks: a body damaged in transit is refused, not stored.
+    arguments: dict[str, Any] = {"ChecksumAlgorithm": "SHA256"}
+    if content_type:
+        arguments["ContentType"] = content_type
+    if metadata:
+        arguments["Metadata"] = metadata
+    if checksum_sha256:
+        arguments["ChecksumSHA256"] = checksum_sha256
+    return arguments
