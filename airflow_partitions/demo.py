@@ -124,7 +124,7 @@ def run_refresh_dag(dataset: str) -> float:
 
 def show_results(dataset: str, s3: dict[str, str]) -> None:
     from airflow_partitions.cli.main import main as cli_main
-    from airflow_partitions.reader import PartitionedDatasetReader
+    from airflow_partitions.read import PartitionedDatasetReader
     from airflow_partitions.s3 import S3Settings
 
     cli_main(["status", str(SPEC_PATH), dataset])

@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.pruning import build_index, plan_partitions
-from airflow_partitions.reader import PartitionedDatasetReader, new_duckdb_connection
+from airflow_partitions.read import PartitionedDatasetReader, new_duckdb_connection
 from airflow_partitions.s3 import S3Settings
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.datafile import ColumnStats, DataFile

@@ -21,7 +21,7 @@ CORE_ORDER = [
     "catalog",
     "pruning",
     "sources",
-    "reader",
+    "read",
     "snapshots",
     "refresh",
     "spark_jobs",

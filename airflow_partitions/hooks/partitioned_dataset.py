@@ -2,7 +2,7 @@
 
 The hook is thin: it finds the spec (the `spec_path` argument, else the `spec_path` in the extra of an
 `airflow_partitions` connection) and, for files on S3, the credentials of an AWS connection, then
-delegates every call to `airflow_partitions.reader.PartitionedDatasetReader`. Building the hook reads
+delegates every call to `airflow_partitions.read.PartitionedDatasetReader`. Building the hook reads
 nothing; the reader (spec, catalog, DuckDB) is created on first use. pyarrow, DuckDB and pyspark load
 only then, so DAG files can import this module cheaply.
 """
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.pruning import FilterInput, PrunePlan
-    from airflow_partitions.reader import PartitionedDatasetReader
+    from airflow_partitions.read import PartitionedDatasetReader
 
 
 class PartitionedDatasetHook(BaseHook):
@@ -98,7 +98,7 @@ class PartitionedDatasetHook(BaseHook):
     @cached_property
     def reader(self) -> PartitionedDatasetReader:
         """The core reader, built on first use (loads the spec, opens the catalog lazily)."""
-        from airflow_partitions.reader import PartitionedDatasetReader
+        from airflow_partitions.read import PartitionedDatasetReader
 
         spec_path = self._setting("spec_path", self.spec_path)
         if spec_path is None:
