@@ -73,7 +73,7 @@ class RemoteFiles:
         def fetch(numbered: tuple[int, DataFile]) -> str:
             number, file = numbered
             remote = self.file_path(file)
-            local = os.path.join(directory, f"{number:06d}.parquet")
+            local = os.path.join(directory, f"{number:06d}{Path(file.path).suffix}")
             try:
                 # The catalog knows the size: asking for exactly that many bytes is a single GET.
                 with filesystem.open_input_stream(remote) as stream:
