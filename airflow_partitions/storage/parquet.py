@@ -118,10 +118,10 @@ class ParquetStorage(PartitionStorage):
         if not files:
             self._register_empty(connection, view_name, schema)
             return
-        paths = ", ".join(quote_literal(str(data_file_path(Path(dataset_root), f))) for f in files)
+        paths = [str(data_file_path(Path(dataset_root), f)) for f in files]
         connection.execute(
             f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view_name)} AS "
-            f"SELECT * FROM read_parquet([{paths}], union_by_name = true, hive_partitioning = false)"
+            f"SELECT * FROM {_read_parquet(paths, union_by_name=True)}"
         )
 
     def duckdb_relation(
@@ -136,11 +136,7 @@ class ParquetStorage(PartitionStorage):
         """`read_parquet(...)` over local copies of `files`, inline (a view would make DuckDB bind the
         files twice); DuckDB's own Parquet reader then pushes projection and filters into the scan."""
         del connection, schema
-        listed = ", ".join(quote_literal(path) for path in access.local_paths(files))
-        # Partition files sit in `name=value` directories: DuckDB's Hive auto-detection would overwrite
-        # columns with the (escaped, untyped) directory values, so it is switched off explicitly.
-        options = "hive_partitioning = false" + (", union_by_name = true" if union_by_name else "")
-        return f"read_parquet([{listed}], {options})"
+        return _read_parquet(access.local_paths(files), union_by_name=union_by_name)
 
     def remote_file_schema(self, access: RemoteFileAccess, file: DataFile) -> pa.Schema:
         """The schema from the footer alone: a few ranged reads instead of the whole file."""
@@ -160,3 +156,12 @@ class ParquetStorage(PartitionStorage):
     def spark_frame(self, spark: Any, dataset_root: Path, files: Sequence[DataFile]) -> Any:
         paths = [str(data_file_path(Path(dataset_root), f)) for f in files]
         return spark.read.option("mergeSchema", "true").parquet(*paths)
+
+
+def _read_parquet(paths: Sequence[str], *, union_by_name: bool) -> str:
+    """DuckDB's `read_parquet(...)` over local `paths`."""
+    listed = ", ".join(quote_literal(path) for path in paths)
+    # Partition files sit in `name=value` directories: DuckDB's Hive auto-detection would overwrite
+    # columns with the (escaped, untyped) directory values, so it is switched off explicitly.
+    options = "hive_partitioning = false" + (", union_by_name = true" if union_by_name else "")
+    return f"read_parquet([{listed}], {options})"
