@@ -125,7 +125,7 @@ def run_refresh_dag(dataset: str) -> float:
 def show_results(dataset: str, s3: dict[str, str]) -> None:
     from airflow_partitions.cli.main import main as cli_main
     from airflow_partitions.objectstore import S3Settings
-    from airflow_partitions.reader import PartitionedDatasetReader
+    from airflow_partitions.read import PartitionedDatasetReader
 
     cli_main(["status", str(SPEC_PATH), dataset])
     client = S3Settings.from_mapping(s3).create_client()

@@ -52,7 +52,7 @@ from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, Part
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.objectstore import S3Settings
 from airflow_partitions.pruning import PartitionIndex, plan_partitions
-from airflow_partitions.reader import PartitionedDatasetReader, new_duckdb_connection
+from airflow_partitions.read import PartitionedDatasetReader, new_duckdb_connection
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.datafile import ColumnStats, DataFile
 from airflow_partitions.transforms import parse_transform

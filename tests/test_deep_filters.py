@@ -137,3 +137,14 @@ def test_a_filter_beyond_any_stack_is_a_filter_error(acceleration: Acceleration,
             reader.plan(nested_or(20_000))
     finally:
         reader.close()
+
+
+def test_the_deep_stack_limit_is_in_force_before_the_worker_runs() -> None:
+    """The worker recursing at once, before the caller could raise the limit, still gets the deep limit."""
+    from airflow_partitions.pruning.deep import call_with_deep_stack
+
+    def depth(n: int) -> int:
+        return 0 if n == 0 else 1 + depth(n - 1)
+
+    for _ in range(5):
+        assert call_with_deep_stack(depth, 5_000) == 5_000

@@ -21,7 +21,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_partitions.reader import PartitionedDatasetReader
+from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh import commit_refresh, plan_refresh
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec

@@ -23,7 +23,7 @@ import pytest
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.reader import PartitionedDatasetReader
+from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh import plan_refresh, refresh_dataset
 from airflow_partitions.refresh.discovery import static_keys
 from airflow_partitions.spec import load_spec

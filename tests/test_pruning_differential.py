@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from test_pruning_support import Acceleration, build_acceleration
 
 from airflow_partitions.pruning import executable_sql
-from airflow_partitions.reader import PartitionedDatasetReader, new_duckdb_connection
+from airflow_partitions.read import PartitionedDatasetReader, new_duckdb_connection
 
 SEED = 20260101
 ROWS = 400

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.pruning import PartitionIndex, PrunePlan, executable_sql, plan_partitions
-from airflow_partitions.reader import (
+from airflow_partitions.read import (
     PartitionedDatasetReader,
     needs_partition_functions,
     new_duckdb_connection,

@@ -15,7 +15,7 @@ from airflow_partitions.catalog import Catalog, PartitionEntry
 from airflow_partitions.exceptions import FilterError, UnsafeQueryError, VersionNotFoundError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.objectstore import S3Settings
-from airflow_partitions.reader import (
+from airflow_partitions.read import (
     PartitionedDatasetReader,
     needs_partition_functions,
     new_duckdb_connection,

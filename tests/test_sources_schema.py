@@ -27,7 +27,7 @@ from airflow_partitions.exceptions import (
     SchemaMixedRefreshError,
     SourceError,
 )
-from airflow_partitions.reader import PartitionedDatasetReader
+from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh import plan_refresh, refresh_dataset
 from airflow_partitions.sample_data import write_events
 from airflow_partitions.sources import open_dataset_source, open_source

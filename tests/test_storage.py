@@ -214,6 +214,49 @@ def test_duckdb_scans_exactly_the_selected_files(tmp_path: Path, engine: str, mo
     connection.close()
 
 
+class InPlaceAccess:
+    """Files read where they lie: what the read path's `storage.base.ScanAccess` gives a local root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.views: list[str] = []
+
+    def local_root(self, files: list[DataFile], shared: list[str] | tuple[str, ...] = ()) -> Path:
+        return self.root
+
+    def local_paths(self, files: list[DataFile]) -> list[str]:
+        return [str(self.root / f.path) for f in files]
+
+    def view_name(self) -> str:
+        self.views.append(f"view_{len(self.views)}")
+        return self.views[-1]
+
+
+@pytest.mark.parametrize(("engine", "mode"), ENGINES, ids=ENGINE_IDS)
+def test_duckdb_relation_is_what_a_read_scans(tmp_path: Path, engine: str, mode: str) -> None:
+    storage = get_storage(engine, mode)
+    schema = pa.schema([("id", pa.int64()), ("f", pa.float64())])
+    with_nan = write_published(
+        storage, pa.table({"id": [1, 2], "f": [0.5, float("nan")]}, schema=schema), tmp_path, "k=1"
+    )
+    plain = write_published(storage, pa.table({"id": [99], "f": [1.0]}, schema=schema), tmp_path, "k=2")
+    connection = duckdb.connect()
+    relation = storage.duckdb_relation(
+        connection, InPlaceAccess(tmp_path), with_nan, schema, union_by_name=False
+    )
+    assert sorted(row[0] for row in connection.sql(f"SELECT id FROM {relation}").fetchall()) == [1, 2]
+    storage.release_duckdb(connection)
+    paths = connection.sql("SELECT path FROM duckdb_databases() WHERE NOT internal").fetchall()
+    assert not any((path or "").endswith(SHARED_FILE) for (path,) in paths), (
+        "the shared file stays attached after a read: its read lock would block the next publish"
+    )
+    connection.close()
+    assert storage.shared_objects(with_nan) == ([SHARED_FILE] if mode == "tables" else [])
+    # Only Parquet statistics leave NaN out of min / max where DuckDB prunes with them.
+    assert storage.nan_outside_statistics(with_nan[0], ["f"]) == (engine == "parquet")
+    assert not storage.nan_outside_statistics(plain[0], ["f"]), "no NaN: statistics are trustworthy"
+
+
 def test_duckdb_tables_mode_publishes_idempotently_into_one_file(tmp_path: Path) -> None:
     storage = get_storage("duckdb", "tables")
     staged = storage.write(pa.table({"x": [1, 2]}), tmp_path, "k=1") + storage.write(

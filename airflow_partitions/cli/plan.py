@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.reader import PartitionedDatasetReader
+    from airflow_partitions.read import PartitionedDatasetReader
 
     with PartitionedDatasetReader(args.spec, args.dataset) as reader:
         plan = reader.plan(args.where, args.version)

@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.reader import PartitionedDatasetReader, dataset_named_in
+    from airflow_partitions.read import PartitionedDatasetReader, dataset_named_in
 
     dataset = args.dataset or dataset_named_in(args.spec, args.sql)
     with PartitionedDatasetReader(args.spec, dataset) as reader:

@@ -2,7 +2,7 @@
 
 The hook is thin: it finds the spec (the `spec_path` argument, else the `spec_path` in the extra of an
 `airflow_partitions` connection) and, for files on S3, the credentials of an AWS connection, then
-delegates every call to `airflow_partitions.reader.PartitionedDatasetReader`. Building the hook reads
+delegates every call to `airflow_partitions.read.PartitionedDatasetReader`. Building the hook reads
 nothing; the reader (spec, catalog, DuckDB) is created on first use. pyarrow, DuckDB and pyspark load
 only then, so DAG files can import this module cheaply.
 """
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.pruning import FilterInput, PrunePlan
-    from airflow_partitions.reader import PartitionedDatasetReader
+    from airflow_partitions.read import PartitionedDatasetReader
 
 
 class PartitionedDatasetHook(BaseHook):
@@ -103,7 +103,7 @@ class PartitionedDatasetHook(BaseHook):
         Files under an `s3://` data root and a catalog on S3 are both reached with the AWS connection.
         """
         from airflow_partitions.catalog import catalog_location, open_catalog
-        from airflow_partitions.reader import PartitionedDatasetReader
+        from airflow_partitions.read import PartitionedDatasetReader
         from airflow_partitions.spec import load_spec
 
         spec_path = self._setting("spec_path", self.spec_path)

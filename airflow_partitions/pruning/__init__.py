@@ -23,7 +23,6 @@ from airflow_partitions.pruning.plan import (
     PartitionDecision,
     PrunePlan,
     SelectedPartition,
-    build_index,
     plan_partitions,
 )
 from airflow_partitions.pruning.query import check_read_only, dataset_filter, executable_sql
@@ -46,7 +45,6 @@ __all__ = [
     "SelectedPartition",
     "bind_fields",
     "bind_filter",
-    "build_index",
     "check_read_only",
     "dataset_filter",
     "executable_sql",

@@ -61,16 +61,18 @@ def call_with_deep_stack(function: Callable[P, R], *args: P.args, **kwargs: P.kw
         except BaseException as err:  # handed to the calling thread as is
             outcome["error"] = err
 
-    with _limit_lock:
-        # threading.stack_size is process-wide for threads started after it: set it just for this one.
-        previous = threading.stack_size(DEEP_STACK_BYTES)
-        try:
-            worker = threading.Thread(target=run, name="airflow-partitions-deep-filter", daemon=True)
-            worker.start()
-        finally:
-            threading.stack_size(previous)
+    # The limit is raised before the worker starts: a worker that ran first would recurse under the
+    # default limit and refuse a filter it can evaluate.
     _raise_limit()
     try:
+        with _limit_lock:
+            # threading.stack_size is process-wide for threads started after it: set it just for this one.
+            previous = threading.stack_size(DEEP_STACK_BYTES)
+            try:
+                worker = threading.Thread(target=run, name="airflow-partitions-deep-filter", daemon=True)
+                worker.start()
+            finally:
+                threading.stack_size(previous)
         worker.join()
     finally:
         _restore_limit()

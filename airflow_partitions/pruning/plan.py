@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.pruning.deep import deep_stack
@@ -51,7 +50,7 @@ from airflow_partitions.pruning.rewrite import prepare
 from airflow_partitions.storage.datafile import DataFile
 
 if TYPE_CHECKING:
-    from airflow_partitions.catalog import Snapshot
+    pass
 
 
 class SelectedPartition(NamedTuple):
@@ -431,14 +430,6 @@ def _fields_on(fields: Sequence[BoundField], column: str) -> list[BoundField]:
     return [f for f in fields if f.column == column]
 
 
-def build_index(snapshot: Snapshot, schema: pa.Schema) -> PartitionIndex:
-    """The pruning index of `snapshot`, with its recorded partition fields bound to `schema`.
-
-    The same as `PartitionIndex.from_snapshot`, kept under the name the reader and docs use.
-    """
-    return PartitionIndex.from_snapshot(snapshot, schema)
-
-
 @deep_stack
 def plan_partitions(
     index: PartitionIndex,
@@ -449,7 +440,7 @@ def plan_partitions(
 ) -> PrunePlan:
     """Prune the partitions of `index` with `where` (SQL string, DNF list, bound predicate or None).
 
-    Build the index once (`PartitionIndex.from_snapshot` / `build_index` for a catalog version, which a
+    Build the index once (`PartitionIndex.from_snapshot` for a catalog version, which a
     reader caches; `from_entries` for a manifest; `from_keys` for discovered keys) and plan many filters
     over it. An index without files (keys alone) selects on partition values only.
     """

@@ -104,7 +104,7 @@ def partition_freshness(
     min_partitions: int = 1,
 ) -> Freshness:
     """Check the newest catalog version: are the partitions `where` selects all refreshed since then?"""
-    from airflow_partitions.reader import PartitionedDatasetReader
+    from airflow_partitions.read import PartitionedDatasetReader
 
     moment = parse_moment(refreshed_after)
     reader = PartitionedDatasetReader(os.fspath(spec_path), dataset)

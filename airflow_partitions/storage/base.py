@@ -16,14 +16,16 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_partitions.exceptions import StorageError
 from airflow_partitions.objectstore.base import TEMP_PREFIX
 from airflow_partitions.objectstore.local import ensure_directory, fsync_directory, fsync_file
 from airflow_partitions.storage.datafile import DataFile, compute_column_stats, file_checksum
+from airflow_partitions.storage.sql import quote_identifier
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -51,12 +53,46 @@ class FileVacuumResult:
     kept_young: list[str]
 
 
+class ScanAccess(Protocol):
+    """How one DuckDB read reaches the files it scans (the read path implements it, locally or remotely)."""
+
+    def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
+        """A local dataset root under which `files` and the `shared` objects (paths relative to the
+        dataset root) sit whole: the dataset directory itself, or a cache of object-storage copies."""
+        ...
+
+    def local_paths(self, files: Sequence[DataFile]) -> list[str]:
+        """One local path per file, readable until the read ends (object-storage files fetched whole)."""
+        ...
+
+    def view_name(self) -> str:
+        """A fresh name for a temporary DuckDB view, dropped when the read ends."""
+        ...
+
+
+class RemoteFileAccess(Protocol):
+    """How the read path reaches partition files on object storage."""
+
+    def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
+        """A local cache root under which copies of `files` and the `shared` objects sit whole."""
+        ...
+
+    def open(self, file: DataFile) -> AbstractContextManager[Any]:
+        """A random-access handle on `file`: each read is a ranged request."""
+        ...
+
+
 class PartitionStorage(ABC):
     """One storage engine: writes partition files, reads them back exactly, exposes them to DuckDB."""
 
     engine: str
     format: str
     extension: str
+    # Whether `register_duckdb` ATTACHes database files: attachments belong to the whole DuckDB
+    # database, so a reader runs such reads one at a time and calls `release_duckdb` after each.
+    duckdb_attaches_files = False
+    # Whether Spark reads this engine's files itself (`spark_frame`); else a reader hands Spark Arrow rows.
+    spark_reads_files = False
 
     def __init__(self, *, max_rows_per_file: int | None = None) -> None:
         if max_rows_per_file is not None and max_rows_per_file < 1:
@@ -233,6 +269,30 @@ class PartitionStorage(ABC):
         empty view.
         """
 
+    def duckdb_relation(
+        self,
+        connection: Any,
+        access: ScanAccess,
+        files: Sequence[DataFile],
+        schema: pa.Schema,
+        *,
+        union_by_name: bool,
+    ) -> str:
+        """A DuckDB relation (SQL usable after FROM) over exactly `files`, for the read `access` serves.
+
+        Here a temporary view made by `register_duckdb`, which always combines files by column name;
+        `union_by_name` tells an engine scanning inline that the files may lack or reorder columns.
+        """
+        del union_by_name
+        view = access.view_name()
+        root = access.local_root(files, self.shared_objects(files))
+        self.register_duckdb(connection, root, files, view, schema=schema)
+        return quote_identifier(view)
+
+    def release_duckdb(self, connection: Any) -> None:
+        """Undo what `register_duckdb` left on `connection` that must not outlive a read (here nothing)."""
+        del connection
+
     def _register_empty(self, connection: Any, view_name: str, schema: pa.Schema | None) -> None:
         if schema is None:
             raise StorageError(
@@ -241,6 +301,30 @@ class PartitionStorage(ABC):
         import pyarrow as pa  # noqa: F401 - schema.empty_table needs pyarrow loaded
 
         connection.register(view_name, schema.empty_table())
+
+    # --- the read path ----------------------------------------------------------------------------
+
+    def shared_objects(self, files: Sequence[DataFile]) -> list[str]:
+        """Objects besides `files` that reading them needs, as paths relative to the dataset root."""
+        del files
+        return []
+
+    def remote_file_schema(self, access: RemoteFileAccess, file: DataFile) -> pa.Schema:
+        """The Arrow schema of `file` on object storage: here from a local copy of the whole file."""
+        return self.file_schema(access.local_root([file], self.shared_objects([file])), file)
+
+    def nan_outside_statistics(self, file: DataFile, float_columns: Sequence[str]) -> bool:
+        """Whether `file`'s float columns may hold NaN that the engine's own statistics leave out.
+
+        DuckDB prunes with those statistics, so a scan of such a file must keep filters above it.
+        """
+        del file, float_columns
+        return False
+
+    def spark_frame(self, spark: Any, dataset_root: Path, files: Sequence[DataFile]) -> Any:
+        """A Spark DataFrame reading `files` in place (only where `spark_reads_files`)."""
+        del spark, dataset_root, files
+        raise StorageError(f"Spark cannot read {self.engine} partition files; read them to Arrow first")
 
     # --- vacuum -----------------------------------------------------------------------------------
 

@@ -57,6 +57,8 @@ TABLES_REGISTRY = "_ap_tables"
 _LOCK_MESSAGES = ("Could not set lock", "Conflicting lock", "database is locked")
 KiB = 1024
 MiB = 1024 * KiB
+# Immutable per-partition DuckDB files stay attached between reads, up to this many open at once.
+MAX_ATTACHED_FILES = 256
 MIN_BLOCK_SIZE = 16 * KiB  # the smallest block DuckDB accepts
 DEFAULT_BLOCK_SIZE = 256 * KiB  # DuckDB's default
 
@@ -82,6 +84,7 @@ class DuckDBFilesStorage(PartitionStorage):
     format = "duckdb"
     extension = "duckdb"
     partition_mode = "files"
+    duckdb_attaches_files = True
 
     def _write_file(self, table: pa.Table, path: Path) -> None:
         if table.num_columns == 0:
@@ -143,6 +146,23 @@ class DuckDBFilesStorage(PartitionStorage):
             alias = _attach(connection, data_file_path(Path(dataset_root), file))
             selects.append(f"SELECT * FROM {alias}.{DATA_TABLE}")
         _create_union_view(connection, view_name, selects)
+
+    def release_duckdb(self, connection: Any) -> None:
+        """Detach the shared DuckDB file of `tables` mode, and everything once too much is attached.
+
+        Per-partition DuckDB files are immutable and never written again, so they stay attached for the
+        next read (attaching costs more than a small scan). The shared file is detached at once: a
+        lingering read lock on it would block the next publish.
+        """
+        rows = connection.execute(
+            "SELECT database_name, path FROM duckdb_databases() WHERE NOT internal"
+        ).fetchall()
+        attached = [(name, path or "") for name, path in rows if name != "memory"]
+        release_all = len(attached) > MAX_ATTACHED_FILES
+        for name, path in attached:
+            if release_all or Path(path).name == SHARED_FILE:
+                with contextlib.suppress(Exception):
+                    connection.execute(f"DETACH {quote_identifier(name)}")
 
 
 class DuckDBTablesStorage(DuckDBFilesStorage):
@@ -295,6 +315,10 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
                     shared_alias = self._attach_shared(connection, root)
                 selects.append(f"SELECT * FROM {shared_alias}.{quote_identifier(file.table)}")
         _create_union_view(connection, view_name, selects)
+
+    def shared_objects(self, files: Sequence[DataFile]) -> list[str]:
+        """The shared file, when any of `files` is published into it."""
+        return [SHARED_FILE] if any(f.table for f in files) else []
 
     def _attach_shared(self, connection: Any, root: Path) -> str:
         deadline = time.monotonic() + self.lock_timeout

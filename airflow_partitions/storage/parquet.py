@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 from airflow_partitions.exceptions import StorageError
 from airflow_partitions.storage.base import (
     PartitionStorage,
+    RemoteFileAccess,
+    ScanAccess,
     _project,
     data_file_path,
     unify_schemas,
@@ -34,6 +36,7 @@ class ParquetStorage(PartitionStorage):
     engine = "parquet"
     format = "parquet"
     extension = "parquet"
+    spark_reads_files = True
 
     def _write_file(self, table: pa.Table, path: Path) -> None:
         original = base64.b64encode(table.schema.remove_metadata().serialize().to_pybytes())
@@ -51,12 +54,12 @@ class ParquetStorage(PartitionStorage):
     def _read_file(self, dataset_root: Path, file: DataFile) -> pa.Table:
         path = data_file_path(dataset_root, file)
         table = pq.ParquetFile(str(path)).read()
-        schema = self._original_schema(table.schema)
+        schema = self.original_schema(table.schema)
         return table.cast(schema) if not table.schema.equals(schema) else table
 
     def file_schema(self, dataset_root: Path, file: DataFile) -> pa.Schema:
         try:
-            return self._original_schema(pq.read_schema(str(data_file_path(Path(dataset_root), file))))
+            return self.original_schema(pq.read_schema(str(data_file_path(Path(dataset_root), file))))
         except FileNotFoundError as err:
             raise StorageError(f"partition file {file.path} is missing under {dataset_root}") from err
         except (OSError, pa.ArrowException) as err:
@@ -68,7 +71,8 @@ class ParquetStorage(PartitionStorage):
         return int(pq.read_metadata(str(data_file_path(dataset_root, file))).num_rows)
 
     @staticmethod
-    def _original_schema(stored: pa.Schema) -> pa.Schema:
+    def original_schema(stored: pa.Schema) -> pa.Schema:
+        """The Arrow schema a file was written with, from the schema its footer stores."""
         metadata = dict(stored.metadata or {})
         encoded = metadata.pop(SCHEMA_METADATA_KEY, None)
         metadata.pop(b"ARROW:schema", None)
@@ -114,8 +118,50 @@ class ParquetStorage(PartitionStorage):
         if not files:
             self._register_empty(connection, view_name, schema)
             return
-        paths = ", ".join(quote_literal(str(data_file_path(Path(dataset_root), f))) for f in files)
+        paths = [str(data_file_path(Path(dataset_root), f)) for f in files]
         connection.execute(
             f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view_name)} AS "
-            f"SELECT * FROM read_parquet([{paths}], union_by_name = true, hive_partitioning = false)"
+            f"SELECT * FROM {_read_parquet(paths, union_by_name=True)}"
         )
+
+    def duckdb_relation(
+        self,
+        connection: Any,
+        access: ScanAccess,
+        files: Sequence[DataFile],
+        schema: pa.Schema,
+        *,
+        union_by_name: bool,
+    ) -> str:
+        """`read_parquet(...)` over local copies of `files`, inline (a view would make DuckDB bind the
+        files twice); DuckDB's own Parquet reader then pushes projection and filters into the scan."""
+        del connection, schema
+        return _read_parquet(access.local_paths(files), union_by_name=union_by_name)
+
+    def remote_file_schema(self, access: RemoteFileAccess, file: DataFile) -> pa.Schema:
+        """The schema from the footer alone: a few ranged reads instead of the whole file."""
+        with access.open(file) as handle:
+            return self.original_schema(pq.read_schema(handle))
+
+    def nan_outside_statistics(self, file: DataFile, float_columns: Sequence[str]) -> bool:
+        """Parquet statistics leave NaN out of a float column's min / max, and DuckDB prunes row groups
+        with them, so a filter such as `f != 1.5` (TRUE for NaN in DuckDB) would lose NaN rows. Our
+        statistics then leave `max` unknown: a file may hold NaN where that is so for a float column."""
+        for name in float_columns:
+            stats = file.stats.get(name)
+            if stats is None or (stats.max is None and stats.null_count < file.rows):
+                return True
+        return False
+
+    def spark_frame(self, spark: Any, dataset_root: Path, files: Sequence[DataFile]) -> Any:
+        paths = [str(data_file_path(Path(dataset_root), f)) for f in files]
+        return spark.read.option("mergeSchema", "true").parquet(*paths)
+
+
+def _read_parquet(paths: Sequence[str], *, union_by_name: bool) -> str:
+    """DuckDB's `read_parquet(...)` over local `paths`."""
+    listed = ", ".join(quote_literal(path) for path in paths)
+    # Partition files sit in `name=value` directories: DuckDB's Hive auto-detection would overwrite
+    # columns with the (escaped, untyped) directory values, so it is switched off explicitly.
+    options = "hive_partitioning = false" + (", union_by_name = true" if union_by_name else "")
+    return f"read_parquet([{listed}], {options})"

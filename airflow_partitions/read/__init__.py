@@ -1,0 +1,36 @@
+"""Pruned reads of an acceleration: plan, read to Arrow, DuckDB SQL over the pruned partitions, Spark.
+
+`PartitionedDatasetReader` (`read.reader`) is the Airflow-free core behind `PartitionedDatasetHook`.
+Every call pins one catalog version (the newest unless `version=` is given), so it never mixes
+partitions of two commits. It prunes with `pruning.plan_partitions`, then opens only the selected files:
+
+* `read` scans them with DuckDB (`read.scan`; DuckDB pushes the projection and the residual filter into
+  the scan), applying the residual only to files that are not exact, and returns exactly the asked
+  columns with the dataset's Arrow types;
+* `query` runs one read-only SELECT in a fresh, locked-down DuckDB database where the dataset name is a
+  view over the files its WHERE clauses can need (`read.query`; external file access disabled except
+  those files);
+* `to_spark` returns a Spark DataFrame over the same files, with the residual as a Spark condition.
+
+How each format is scanned, and whether Spark reads it natively, is the storage class's business
+(`storage.PartitionStorage.duckdb_relation`, `spark_frame`): nothing here depends on the format.
+Files under an `s3://` data root are read through a pyarrow `FileSystem` (`read.remote`; DuckDB cannot
+open remote files here): files scanned in place (Parquet) are fetched whole, one request each,
+concurrently, for the call; others (Arrow IPC, DuckDB) are copied to a local cache keyed by checksum.
+
+Versions are immutable, so the pruning index of a version and the plan of a (version, filter) are cached
+per reader: repeated reads pay only for resolving the newest version and scanning.
+"""
+
+from __future__ import annotations
+
+from airflow_partitions.read.query import needs_partition_functions, new_duckdb_connection
+from airflow_partitions.read.reader import PartitionedDatasetReader, dataset_named_in, open_project
+
+__all__ = [
+    "PartitionedDatasetReader",
+    "dataset_named_in",
+    "needs_partition_functions",
+    "new_duckdb_connection",
+    "open_project",
+]

@@ -1,0 +1,343 @@
+"""`PartitionedDatasetReader`: pruned reads of one dataset, each call pinned to one catalog version.
+
+It resolves the spec and the catalog, caches what versions make immutable (schema, pruning index,
+plans per (version, filter)), plans with `pruning.plan_partitions` and hands the selected files to the
+scan (`read.scan`), the sandboxed query (`read.query`) or Spark. Where the files live is a
+`LocalFiles` directory or `RemoteFiles` on object storage (`read.remote`).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from airflow_partitions.exceptions import CatalogError, FilterError
+from airflow_partitions.keys import escape_component
+from airflow_partitions.pruning import (
+    MAX_RANGE_ENUMERATION,
+    FilterInput,
+    PartitionIndex,
+    PrunePlan,
+    check_read_only,
+    dataset_filter,
+    executable_sql,
+    plan_partitions,
+)
+from airflow_partitions.pruning.deep import deep_stack
+from airflow_partitions.read.query import run_query
+from airflow_partitions.read.remote import RemoteFiles, default_filesystem
+from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
+from airflow_partitions.storage import get_storage
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+    from airflow_partitions.catalog import Catalog, Snapshot
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.storage import DataFile
+
+# Versions whose pruning index (partition values, decoded files) stays cached per reader.
+CACHED_VERSIONS = 4
+# Plans kept per reader, keyed by (version, filter): versions are immutable, so a plan never goes stale.
+CACHED_PLANS = 256
+
+
+def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
+    """A loaded spec: `project` itself, or the spec file it names."""
+    if isinstance(project, str | Path):
+        from airflow_partitions.spec import load_spec
+
+        return load_spec(project)
+    return project
+
+
+def dataset_named_in(project: ProjectSpec | str | Path, sql: str) -> str:
+    """The one dataset of the spec that `sql` reads; `FilterError` when it names none or several."""
+    from airflow_partitions.pruning.query import tables_named_in
+
+    spec = open_project(project)
+    by_name = {name.lower(): name for name in spec.names}
+    named = sorted({by_name[t] for t in tables_named_in(sql) if t in by_name})
+    if len(named) == 1:
+        return named[0]
+    if not named:
+        raise FilterError(
+            f"the query reads none of the spec's datasets ({', '.join(spec.names) or 'none'}); "
+            "name one in FROM, e.g. SELECT count(*) FROM <dataset>"
+        )
+    raise FilterError(
+        f"the query reads several datasets ({', '.join(named)}); a query reads one dataset at a time"
+    )
+
+
+class PartitionedDatasetReader:
+    """Pruned reads of one dataset of a project spec (see the `read` package docstring)."""
+
+    def __init__(
+        self,
+        project: ProjectSpec | str | Path,
+        dataset: str,
+        *,
+        catalog: Catalog | None = None,
+        data_root: str | Path | None = None,
+        filesystem: pafs.FileSystem | None = None,
+        schema: pa.Schema | None = None,
+        cache_dir: str | Path | None = None,
+        max_enumeration: int = MAX_RANGE_ENUMERATION,
+    ) -> None:
+        self.project = open_project(project)
+        self.dataset: DatasetSpec = self.project.dataset(dataset)
+        self.name = self.dataset.name
+        self.storage = get_storage(self.dataset.acceleration)
+        if catalog is None:
+            from airflow_partitions.catalog import open_catalog
+
+            catalog = open_catalog(self.project, self.dataset)
+        self.catalog = catalog
+        self._local_root: Path | None = None
+        self._remote: RemoteFiles | None = None
+        location: LocalFiles | RemoteFiles
+        root = self._resolve_root(data_root)
+        if root.startswith("s3://") or filesystem is not None:
+            location = self._remote = RemoteFiles(
+                root,
+                filesystem if filesystem is not None else default_filesystem(),
+                dataset=self.name,
+                cache_dir=Path(cache_dir) if cache_dir is not None else None,
+            )
+        else:
+            self._local_root = Path(root)
+            location = LocalFiles(self._local_root)
+        self._schema_override = schema
+        self.max_enumeration = max_enumeration
+        self._lock = threading.RLock()
+        self._indexes: collections.OrderedDict[int, PartitionIndex] = collections.OrderedDict()
+        self._plans: collections.OrderedDict[tuple[int, Any], PrunePlan] = collections.OrderedDict()
+        self._schemas: dict[int, pa.Schema] = {}
+        self._scanner = DuckDBScanner(self.storage, location, self._lock)
+
+    def __repr__(self) -> str:
+        return f"PartitionedDatasetReader(dataset={self.name!r}, root={self.data_root!r})"
+
+    # --- locations ----------------------------------------------------------------------------
+
+    def _resolve_root(self, data_root: str | Path | None) -> str:
+        if data_root is None:
+            data_root = self.catalog.data_root
+            if data_root is None:
+                store = self.catalog.store
+                describe = store.describe()
+                if describe.startswith("s3://"):
+                    data_root = f"{describe.rstrip('/')}/{escape_component(self.name)}"
+        if data_root is None:
+            raise CatalogError(
+                f"cannot tell where the files of dataset {self.name!r} live; pass data_root= (a local "
+                "directory or an s3://bucket/prefix URL)"
+            )
+        return str(data_root)
+
+    @property
+    def data_root(self) -> str:
+        """Where the partition files live (local directory or URL)."""
+        return self._remote.root if self._remote is not None else str(self._local_root)
+
+    # --- versions, schema, index ------------------------------------------------------------------
+
+    def snapshot(self, version: int | None = None) -> Snapshot:
+        """The catalog version `version` (newest when None); raises `VersionNotFoundError`."""
+        return self.catalog.snapshot(version)
+
+    def schema(self, version: int | None = None) -> pa.Schema:
+        """The dataset's Arrow schema as of `version`."""
+        return self._schema_of(self.snapshot(version))
+
+    def _schema_of(self, snapshot: Snapshot) -> pa.Schema:
+        if self._schema_override is not None:
+            return self._schema_override
+        with self._lock:
+            cached = self._schemas.get(snapshot.version)
+        if cached is not None:
+            return cached
+        schema = self._file_schema(snapshot)
+        if schema is None:
+            schema = self.dataset.bound_schema or self.dataset.declared_schema()
+        if schema is None:
+            raise CatalogError(
+                f"dataset {self.name!r} has no partition file in catalog version {snapshot.version} and "
+                "its spec declares no schema: refresh it first, or add a schema: block to the spec"
+            )
+        with self._lock:
+            self._schemas[snapshot.version] = schema
+            while len(self._schemas) > CACHED_VERSIONS:
+                self._schemas.pop(min(self._schemas))
+        return schema
+
+    def _file_schema(self, snapshot: Snapshot) -> pa.Schema | None:
+        """Schema of a file of the most recently refreshed partition (newest columns included)."""
+        import pyarrow.compute as pc
+
+        table = snapshot.table
+        if table.num_rows == 0:
+            return None
+        newest = int(pc.index(table.column("refreshed_at"), pc.max(table.column("refreshed_at"))).as_py())
+        order = [newest, *range(table.num_rows)]
+        for position in order[:64]:
+            files = snapshot.partitions[table.column("key_path")[position].as_py()].files
+            if files:
+                return self._read_file_schema(files[0])
+        return None
+
+    def _read_file_schema(self, file: DataFile) -> pa.Schema:
+        if self._remote is not None:
+            return self.storage.remote_file_schema(self._remote, file)
+        assert self._local_root is not None
+        return self.storage.file_schema(self._local_root, file)
+
+    def index(self, snapshot: Snapshot) -> PartitionIndex:
+        """The pruning index of a version (cached: versions are immutable)."""
+        with self._lock:
+            cached = self._indexes.get(snapshot.version)
+            if cached is not None:
+                self._indexes.move_to_end(snapshot.version)
+                return cached
+        index = PartitionIndex.from_snapshot(snapshot, self._schema_of(snapshot))
+        with self._lock:
+            self._indexes[snapshot.version] = index
+            while len(self._indexes) > CACHED_VERSIONS:
+                self._indexes.popitem(last=False)
+        return index
+
+    # --- planning ---------------------------------------------------------------------------------
+
+    @deep_stack
+    def plan(self, where: FilterInput = None, version: int | None = None) -> PrunePlan:
+        """Which partitions and files of `version` a read with `where` opens, and why."""
+        return self._plan(self.snapshot(version), where)
+
+    def _plan(self, snapshot: Snapshot, where: FilterInput) -> PrunePlan:
+        """The one place plans are made, cached per (version, filter)."""
+        key = _filter_key(where)
+        if key is not None:
+            with self._lock:
+                cached = self._plans.get((snapshot.version, key))
+                if cached is not None:
+                    self._plans.move_to_end((snapshot.version, key))
+                    return cached
+        index = self.index(snapshot)
+        plan = plan_partitions(index, where, dataset=self.name, max_enumeration=self.max_enumeration)
+        if key is not None:
+            with self._lock:
+                self._plans[(snapshot.version, key)] = plan
+                while len(self._plans) > CACHED_PLANS:
+                    self._plans.popitem(last=False)
+        return plan
+
+    # --- read -------------------------------------------------------------------------------------
+
+    @deep_stack
+    def read(
+        self,
+        where: FilterInput = None,
+        columns: Sequence[str] | None = None,
+        version: int | None = None,
+    ) -> pa.Table:
+        """Rows matching `where` as an Arrow table of `columns` (all when None), from pruned files only."""
+        plan = self.plan(where, version)
+        return self.read_plan(plan, columns)
+
+    def read_plan(self, plan: PrunePlan, columns: Sequence[str] | None = None) -> pa.Table:
+        """Execute a plan made by this reader: read its files, apply its residual where inexact."""
+        return self._scanner.read(plan, resolve_columns(plan.index.schema, columns))
+
+    # --- query ------------------------------------------------------------------------------------
+
+    @deep_stack
+    def query(self, sql: str, version: int | None = None) -> pa.Table:
+        """Run one read-only SELECT where the dataset name is a table; only pruned files are opened."""
+        check_read_only(sql)
+        snapshot = self.snapshot(version)
+        schema = self._schema_of(snapshot)
+        plan = self._plan(snapshot, dataset_filter(sql, self.name, schema))
+        return run_query(self._scanner, self.name, plan.files, schema, executable_sql(sql, schema))
+
+    @deep_stack
+    def plan_query(self, sql: str, version: int | None = None) -> PrunePlan:
+        """The pruning plan `query(sql)` would use."""
+        check_read_only(sql)
+        snapshot = self.snapshot(version)
+        return self._plan(snapshot, dataset_filter(sql, self.name, self._schema_of(snapshot)))
+
+    # --- Spark ------------------------------------------------------------------------------------
+
+    @deep_stack
+    def to_spark(
+        self,
+        spark: Any,
+        where: FilterInput = None,
+        version: int | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> Any:
+        """A Spark DataFrame over the pruned partitions, the residual applied where not exact."""
+        from airflow_partitions.pruning.spark_filter import spark_condition
+
+        plan = self.plan(where, version)
+        schema = plan.index.schema
+        wanted = resolve_columns(schema, columns)
+        if not plan.files:
+            return spark.createDataFrame(pa.schema([schema.field(n) for n in wanted]).empty_table())
+        root = self._local_root
+        if root is None or not self.storage.spark_reads_files:
+            # Spark reads neither this engine's files nor object storage here: hand it the pruned rows.
+            return spark.createDataFrame(self.read_plan(plan, wanted))
+        parts = []
+        if plan.exact_files:
+            parts.append(self.storage.spark_frame(spark, root, plan.exact_files))
+        if plan.inexact_files:
+            inexact = self.storage.spark_frame(spark, root, plan.inexact_files)
+            residual = plan.residual
+            parts.append(inexact.where(spark_condition(residual)) if residual is not None else inexact)
+        result = parts[0]
+        for part in parts[1:]:
+            result = result.unionByName(part, allowMissingColumns=True)
+        return result.select(*[_spark_column(name) for name in wanted])
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the reader's DuckDB database (a later call opens a new one)."""
+        self._scanner.close()
+
+    def __enter__(self) -> PartitionedDatasetReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _filter_key(where: FilterInput) -> Any:
+    """A hashable identity of a filter for the plan cache, or None when it has none."""
+    key: Any
+    if where is None:
+        key = ("none",)
+    elif isinstance(where, str):
+        key = ("sql", where)
+    elif isinstance(where, list | tuple):
+        key = ("dnf", repr(where))
+    else:
+        key = ("predicate", where)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _spark_column(name: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")

@@ -1,0 +1,135 @@
+"""Partition files under an object-storage data root, reached through a pyarrow `FileSystem`.
+
+DuckDB cannot open remote files here, so every read works on local copies: selected files are fetched
+whole, one request each, concurrently, for the call (`paths_for_call`), or copied once to a local cache
+keyed by checksum (`local_root`; the files are immutable). Which of the two an engine uses is the storage
+class's choice (`PartitionStorage.duckdb_relation`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from airflow_partitions.exceptions import StorageError
+from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.storage.base import data_file_path
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+    from airflow_partitions.storage import DataFile
+
+
+def default_filesystem() -> pafs.FileSystem:
+    """The S3 filesystem of the environment: endpoint and region from the usual AWS environment
+    variables, credentials from the AWS default chain (the S3 settings every part of the package uses)."""
+    from airflow_partitions.objectstore import S3Settings
+
+    return S3Settings.from_source_params({}).arrow_filesystem()
+
+
+class RemoteFiles:
+    """The partition files of one dataset under `root` (`s3://bucket/prefix` or a path of `filesystem`)."""
+
+    def __init__(
+        self, root: str, filesystem: pafs.FileSystem, *, dataset: str, cache_dir: Path | None = None
+    ) -> None:
+        self.root = root.rstrip("/")
+        self.filesystem = filesystem
+        self.dataset = dataset
+        self.cache_dir = cache_dir
+
+    def path(self, relative: str) -> str:
+        """The filesystem path of an object given relative to the dataset root."""
+        if self.root.startswith("s3://"):
+            location = parse_s3_location(self.root, what="data_root", error=StorageError, strict=False)
+            return f"{location.bucket}/{location.key(relative)}"
+        return f"{self.root}/{relative}"
+
+    def file_path(self, file: DataFile) -> str:
+        relative = data_file_path(Path("."), file).as_posix()  # refuses absolute and `..` paths
+        return self.path(relative)
+
+    @contextlib.contextmanager
+    def open(self, file: DataFile) -> Iterator[Any]:
+        with self.filesystem.open_input_file(self.file_path(file)) as handle:
+            yield handle
+
+    def paths_for_call(self, files: Sequence[DataFile], temporary: list[str]) -> list[str]:
+        """Fetch `files` whole into a new directory (appended to `temporary`, removed when the call
+        ends); their local paths, in order.
+
+        On object storage every request costs a round trip: each selected (immutable, already pruned)
+        file is fetched with one GET, concurrently, and DuckDB's own reader takes over locally.
+        """
+        filesystem = self.filesystem
+        directory = tempfile.mkdtemp(prefix=f"ap-{self.dataset}-", dir=_scratch_directory())
+        temporary.append(directory)
+
+        def fetch(numbered: tuple[int, DataFile]) -> str:
+            number, file = numbered
+            remote = self.file_path(file)
+            local = os.path.join(directory, f"{number:06d}{Path(file.path).suffix}")
+            try:
+                # The catalog knows the size: asking for exactly that many bytes is a single GET.
+                with filesystem.open_input_stream(remote) as stream:
+                    data = stream.read(file.bytes)
+            except (OSError, pa.ArrowException) as err:
+                raise StorageError(f"cannot read {remote}: {err}") from err
+            if len(data) != file.bytes:
+                raise StorageError(
+                    f"{remote} holds {len(data)} bytes, the catalog recorded {file.bytes}: it is not the "
+                    "file this version references; read another version or refresh the partition"
+                )
+            with open(local, "wb") as handle:
+                handle.write(data)
+            return local
+
+        if len(files) == 1:
+            return [fetch((0, files[0]))]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+            return list(pool.map(fetch, enumerate(files)))
+
+    def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
+        """Copy `files` (immutable, keyed by path and checksum) and the `shared` objects to the local
+        cache; its root."""
+        import pyarrow.fs as pafs
+
+        if self.cache_dir is None:
+            self.cache_dir = Path(tempfile.mkdtemp(prefix=f"ap-{self.dataset}-"))
+        root = self.cache_dir
+        wanted: list[tuple[str, Path]] = []
+        for file in files:
+            local = root / file.path
+            marker = local.with_name(local.name + f".{file.checksum[:16]}.ok")
+            if not marker.exists():
+                wanted.append((self.file_path(file), local))
+        wanted.extend((self.path(relative), root / relative) for relative in shared)
+        for remote, local in wanted:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            temporary = local.with_name(f".tmp-{uuid.uuid4().hex}-{local.name}")
+            try:
+                pafs.copy_files(remote, str(temporary), source_filesystem=self.filesystem)
+            except (OSError, pa.ArrowException) as err:
+                raise StorageError(f"cannot download {remote}: {err}") from err
+            temporary.replace(local)
+        for file in files:
+            local = root / file.path
+            local.with_name(local.name + f".{file.checksum[:16]}.ok").touch()
+        return root
+
+
+def _scratch_directory() -> str | None:
+    """Memory-backed /dev/shm for fetched files when the machine has it, else the default temp dir."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
