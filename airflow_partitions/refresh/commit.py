@@ -155,7 +155,8 @@ def commit_refresh(
         result = by_path.get(key_path)
         if result is None:
             continue
-        entries.append(result.entry.with_files(storage.publish(Path(root), result.files)))
+        published = storage.publish(Path(root), result.files) if result.files else []
+        entries.append(result.entry.with_files(published))
     if not entries and not plan.removed and not plan.replace_all:
         version = None
     else:

@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from airflow_partitions.exceptions import AirflowPartitionsError
     from airflow_partitions.refresh import finalize_partition, stage_refresh
-    from airflow_partitions.spark_jobs.job_files import (
+    from airflow_partitions.refresh.job_files import (
         read_plan,
         read_stage_reference,
         read_work_items,

@@ -1,8 +1,8 @@
-"""The files a spark-submit refresh job exchanges with whoever submits it: its arguments, the plan it reads,
-the result it writes.
+"""The files a spark-submit refresh job exchanges with whoever submits it: its arguments, the plan it
+reads, the result it writes.
 
-`refresh_partitions.py` (the job) and the stage runner of the Spark operators both go through here, so
-each file has one writer and one reader: the submitter writes the plan and reads the stage result, the
+The job (`spark_jobs/refresh_partitions.py`) and the Spark operators' stage runner both go through here,
+so each file has one writer and one reader: the submitter writes the plan and reads the stage result, the
 job reads the plan (and work items) and writes the result.
 """
 
