@@ -25,6 +25,7 @@ from airflow_partitions.cli.main import main as cli_main
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh import (
+    PartitionResult,
     StageMode,
     commit_refresh,
     finalize_partition,
@@ -211,7 +212,7 @@ def test_a_deleted_staged_directory_is_an_error_not_an_empty_partition(spark: An
             assert raised.value.partitions == {victim.key_path: (rows_of(source, "EU"), 0)}
             assert "rows read from the staged directory" in str(raised.value)
         else:
-            results.append(finalize_partition(project, dataset, stage, item).to_json())
+            results.append(finalize_partition(project, dataset, stage, item))
     with pytest.raises(RefreshError, match="have no result"):
         commit_refresh(project, dataset, plan, results, stage=stage)
     assert_previous_version_current(project, version, source)
@@ -334,12 +335,13 @@ def test_commit_refuses_results_whose_files_do_not_hold_the_routed_rows(spark: A
     victim = next(r for r in results if r["key_path"] == region_path("ü ñ"))
     victim["routed"] += 1
     with pytest.raises(ConservationError) as raised:
-        commit_refresh(project, dataset, plan, results, stage=stage)
+        commit_refresh(project, dataset, plan, [PartitionResult.from_json(r) for r in results], stage=stage)
     routed = rows_of(source, "ü ñ")
     assert raised.value.partitions == {victim["key_path"]: (routed + 1, routed)}
     assert open_catalog(project, dataset).head_version() == 0
     victim["routed"] -= 1
-    assert commit_refresh(project, dataset, plan, results, stage=stage).version == 1
+    decoded = [PartitionResult.from_json(r) for r in results]
+    assert commit_refresh(project, dataset, plan, decoded, stage=stage).version == 1
 
 
 def test_counts_are_recorded_in_the_commit_and_shown_by_refresh_and_status(

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_partitions.read import PartitionedDatasetReader
-from airflow_partitions.refresh import commit_refresh, plan_refresh
+from airflow_partitions.refresh import PartitionResult, StageResult, commit_refresh, plan_refresh
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec
 
@@ -230,6 +230,7 @@ def test_hive_values_through_spark_connect(spark_connect_server: dict[str, Any],
     assert completed.returncode == 0, completed.stderr[-3000:]
     output = json.loads((tmp_path / "out.json").read_text())
     assert output["mode"] == "spark"
-    commit = commit_refresh(project, project.dataset("t"), plan, output["results"], stage=output)
+    results = [PartitionResult.from_json(r) for r in output["results"]]
+    commit = commit_refresh(project, project.dataset("t"), plan, results, stage=StageResult.from_json(output))
     assert commit.rows == source.num_rows
     assert multiset(read_everything(spec).select(source.column_names)) == multiset(source)

@@ -1,4 +1,5 @@
-"""Architecture rules: the core imports no Airflow, and imports only point downward."""
+"""Architecture rules: the core imports no Airflow, and imports only point downward, in the core and in the
+Airflow layer."""
 
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ CORE_ORDER = [
     "snapshots",
     "refresh",
     "spark_jobs",
+]
+
+# The Airflow layer, lowest first; one entry may hold several packages of the same layer. A module may
+# import the core, its own layer or a layer before it: triggers never reach into sensors, and what both
+# need lives in the core (`refresh.checks`) or in hooks.
+AIRFLOW_ORDER = [
+    {"hooks"},
+    {"operators", "triggers"},
+    {"sensors"},
+    {"dag_factory"},
+    {"cli"},
+    {"demo", "provider_info"},
 ]
 
 
@@ -72,3 +85,29 @@ def test_core_imports_point_downward(path: Path) -> None:
         if target in AIRFLOW_LAYER:
             upward.append(module)
     assert not upward, f"{path.relative_to(PACKAGE)} ({layer}) imports upward: {upward}"
+
+
+def _airflow_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if _top_level(p) in AIRFLOW_LAYER)
+
+
+def _airflow_rank(layer: str) -> int:
+    return next(rank for rank, layers in enumerate(AIRFLOW_ORDER) if layer in layers)
+
+
+def test_every_airflow_package_has_a_place_in_the_order() -> None:
+    placed = set().union(*AIRFLOW_ORDER)
+    assert placed == AIRFLOW_LAYER, f"unplaced: {AIRFLOW_LAYER - placed}, unknown: {placed - AIRFLOW_LAYER}"
+
+
+@pytest.mark.parametrize("path", _airflow_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_airflow_layer_imports_point_downward(path: Path) -> None:
+    layer = _top_level(path)
+    upward = [
+        module
+        for module in _imported_modules(path)
+        if module.startswith("airflow_partitions.")
+        and module.split(".")[1] in AIRFLOW_LAYER
+        and _airflow_rank(module.split(".")[1]) > _airflow_rank(layer)
+    ]
+    assert not upward, f"{path.relative_to(PACKAGE)} ({layer}) imports a later Airflow layer: {upward}"

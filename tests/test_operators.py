@@ -237,6 +237,42 @@ def test_commit_without_changes_skips_and_removal_only_commits(tmp_path: Path) -
     assert "region=APAC/day=2026-01-01T00%3A00%3A00" not in latest(spec).partitions
 
 
+def previous_version_result(result: dict[str, Any]) -> dict[str, Any]:
+    """A refresh task's XCom as the previous version wrote it: `fp`, and times in milliseconds with `Z`."""
+    moment = dt.datetime.fromisoformat(result["refreshed_at"])
+    return {
+        "key": result["key"],
+        "key_path": result["key_path"],
+        "spec_id": result["spec_id"],
+        "files": result["files"],
+        "rows": result["rows"],
+        "bytes": result["bytes"],
+        "fp": result["source_fingerprint"],
+        "refreshed_at": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "elapsed_s": result["elapsed_s"],
+        "routed": result["routed"],
+    }
+
+
+def test_commit_accepts_results_in_flight_from_the_previous_version(tmp_path: Path) -> None:
+    from airflow_partitions.catalog.model import parse_time
+
+    spec = make_spec(tmp_path)
+    refreshed = stage_and_refresh(spec)
+    assert refreshed.results is not None
+    old = [previous_version_result(r) for r in refreshed.results]
+    refreshed.results = old
+    result, _ = commit(spec, refreshed)
+    assert result["version"] == 1
+    assert result["upserted"] == 6
+    snapshot = latest(spec)
+    for sent in old:
+        entry = snapshot.partitions[sent["key_path"]]
+        assert entry.source_fingerprint == sent["fp"], "the old `fp` becomes the entry's fingerprint"
+        assert entry.refreshed_at == parse_time(sent["refreshed_at"]), "a `Z` time reads as UTC"
+        assert entry.refreshed_at.tzinfo is not None
+
+
 def test_refresh_rejects_input_that_is_not_a_work_item(tmp_path: Path) -> None:
     from airflow_partitions.operators import SparkPartitionRefreshOperator
 

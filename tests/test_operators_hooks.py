@@ -11,7 +11,7 @@ from airflow_partitions.hooks.connections import postgres_url, resolve_postgres_
 from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
 from airflow_partitions.hooks.spark_refresh import SparkMode, SparkRefreshHook, submit_environment
 from airflow_partitions.operators.commit import MAX_ASSET_PARTITION_KEY, asset_partition_key
-from airflow_partitions.operators.refresh import build_stage_job_args
+from airflow_partitions.refresh.job_files import build_stage_job_args
 
 pytestmark = pytest.mark.airflow
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_partitions.refresh import commit_refresh, plan_refresh
+from airflow_partitions.refresh import PartitionResult, StageResult, commit_refresh, plan_refresh
 from airflow_partitions.spec import load_spec
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -75,6 +75,7 @@ def test_stage_and_finalize_through_spark_connect(
     output = json.loads((tmp_path / "out.json").read_text())
     assert output["mode"] == "spark"
     assert sorted(r["key_path"] for r in output["results"]) == sorted(i.key_path for i in plan.items)
-    commit = commit_refresh(project, dataset, plan, output["results"], stage=output)
+    results = [PartitionResult.from_json(r) for r in output["results"]]
+    commit = commit_refresh(project, dataset, plan, results, stage=StageResult.from_json(output))
     assert commit.version == 1
     assert commit.rows == 40, "every row routed through Spark Connect reached exactly one partition"

@@ -33,7 +33,7 @@ from airflow_partitions.refresh import (
     refresh_dataset,
     stage_refresh,
 )
-from airflow_partitions.refresh.plan import RefreshPlan
+from airflow_partitions.refresh.plan import PartitionResult, RefreshPlan, StageResult
 from airflow_partitions.refresh.stage import StageManifest, staged_item_directory
 from airflow_partitions.sources import open_source
 from airflow_partitions.sources.files import filter_to_key
@@ -193,7 +193,7 @@ def test_failing_partition_leaves_catalog_untouched_until_commit(spark: Any, tmp
             with pytest.raises(RefreshError, match="cannot read the staged rows"):
                 finalize_partition(project, dataset, stage, item)
         else:
-            results.append(finalize_partition(project, dataset, stage, item).to_json())
+            results.append(finalize_partition(project, dataset, stage, item))
     assert len(results) == 4, "4 buckets and the NULL partition, one of them broken"
     latest = open_catalog(project, dataset).latest()
     assert latest is not None
@@ -234,7 +234,8 @@ def test_stage_less_commit_retry_is_idempotent_and_a_new_plan_commits_again(
     results = []
     for item in plan.items:
         own = stage_refresh(project, dataset, replace(plan, items=(item,)), spark=spark)
-        results.append(finalize_partition(project, dataset, own, item).to_json())
+        # As a commit task gets them: through XCom.
+        results.append(PartitionResult.from_json(finalize_partition(project, dataset, own, item).to_json()))
     first = commit_refresh(project, dataset, plan, results)
     assert first.version == 1
     retried = commit_refresh(project, dataset, RefreshPlan.from_json(plan.to_json()), results)
@@ -245,7 +246,7 @@ def test_stage_less_commit_retry_is_idempotent_and_a_new_plan_commits_again(
     results = []
     for item in again.items:
         own = stage_refresh(project, dataset, replace(again, items=(item,)), spark=spark)
-        results.append(finalize_partition(project, dataset, own, item).to_json())
+        results.append(finalize_partition(project, dataset, own, item))
     assert commit_refresh(project, dataset, again, results).version == 2, "a new discovery commits anew"
 
 
@@ -330,7 +331,8 @@ def test_spark_job_entry_point_stages_and_finalizes(spark: Any, tmp_path: Path) 
     assert output["mode"] == "spark"
     assert output["location"] == str(tmp_path / "stage-1")
     assert len(output["results"]) == 4, "3 buckets and the NULL partition"
-    commit = commit_refresh(project, dataset, plan, output["results"], stage=output)
+    results = [PartitionResult.from_json(r) for r in output["results"]]
+    commit = commit_refresh(project, dataset, plan, results, stage=StageResult.from_json(output))
     assert commit.version == 1
     assert commit.rows == 18
 

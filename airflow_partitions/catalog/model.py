@@ -9,7 +9,7 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from airflow_partitions.exceptions import CatalogError
@@ -99,6 +99,12 @@ class PartitionEntry:
             bytes=sum(f.bytes for f in files),
             source_fingerprint=source_fingerprint,
             refreshed_at=refreshed_at or dt.datetime.now(dt.UTC),
+        )
+
+    def with_files(self, files: Sequence[DataFile]) -> PartitionEntry:
+        """This entry holding `files` instead (e.g. as the engine published them); rows and bytes summed."""
+        return replace(
+            self, files=tuple(files), rows=sum(f.rows for f in files), bytes=sum(f.bytes for f in files)
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -211,5 +217,6 @@ def format_time(value: dt.datetime) -> str:
 
 
 def parse_time(text: str) -> dt.datetime:
+    """Inverse of `format_time`; any ISO 8601 time is accepted (`Z` suffix, fewer digits; naive is UTC)."""
     value = dt.datetime.fromisoformat(text)
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)

@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_partitions.exceptions import OrchestrationError
 from airflow_partitions.keys import HASHED_MARKER
 from airflow_partitions.operators.base import DatasetOperator
-from airflow_partitions.operators.refresh import full_plan
+from airflow_partitions.operators.xcom import partition_results_from_xcom, plan_from_xcom, stage_from_xcom
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -77,16 +76,13 @@ class PartitionCommitOperator(DatasetOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_partitions.refresh.commit import commit_refresh
 
-        plan = full_plan(self.plan, self.work_items)
-        results = [r for r in (self.results or []) if r is not None]
+        plan = plan_from_xcom(self.plan, self.work_items)
         if plan.is_empty:
             raise AirflowSkipException(f"{self.dataset}: nothing changed in the source; no commit needed")
-        if not all(isinstance(r, Mapping) for r in results):
-            raise OrchestrationError(
-                "results must be the partition descriptors returned by the refresh tasks"
-            )
+        results = partition_results_from_xcom(self.results)
+        stage = stage_from_xcom(self.stage)
         commit = commit_refresh(
-            self.project, self.dataset_spec, plan, results, stage=self.stage, catalog=self.open_catalog()
+            self.project, self.dataset_spec, plan, results, stage=stage, catalog=self.open_catalog()
         )
         self.log.info(
             "Committed %s version %s: %d partition(s) written (%d rows, %d bytes), %d removed",
@@ -100,7 +96,7 @@ class PartitionCommitOperator(DatasetOperator):
         if commit.conservation is not None:
             # The counts the commit checked (also in the commit record and in the returned XCom).
             self.log.info("Row conservation of %s: %s", self.dataset, dict(commit.conservation))
-        refreshed = [r["key_path"] for r in results]
+        refreshed = [r.key_path for r in results]
         self.emit_asset_events(context, refreshed, commit.to_json())
         return commit.to_json()
 

@@ -10,19 +10,17 @@ connection, or a Spark Connect server through a `spark_connect` connection.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import OrchestrationError
 from airflow_partitions.hooks.spark_refresh import SparkMode, SparkRefreshHook
 from airflow_partitions.operators.base import DatasetOperator
+from airflow_partitions.operators.xcom import plan_from_xcom, stage_from_xcom, work_item_from_xcom
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -32,37 +30,6 @@ if TYPE_CHECKING:
 
 # The label of each mapped refresh instance in the UI: the canonical key of its partition.
 REFRESH_MAP_INDEX_TEMPLATE = "{{ task.work_item['key_path'] }}"
-
-
-def full_plan(plan: Mapping[str, Any], work_items: Sequence[Mapping[str, Any]] | None) -> RefreshPlan:
-    """The refresh plan from the discovery's `plan` XCom (no items) and its returned work items."""
-    from airflow_partitions.refresh.plan import RefreshPlan
-
-    if not isinstance(plan, Mapping):
-        raise OrchestrationError(
-            f"expected the discovery task's `plan` XCom (a JSON object), got {type(plan).__name__}; wire "
-            "plan=discover.output['plan']"
-        )
-    return RefreshPlan.from_json({**plan, "items": list(work_items or [])})
-
-
-def build_stage_job_args(
-    *, spec_path: str, dataset: str, plan_file: str, location: str, output_file: str
-) -> list[str]:
-    """Arguments of `spark_jobs/refresh_partitions.py` for one stage (a pure function: tested as is)."""
-    return [
-        "stage",
-        "--spec",
-        spec_path,
-        "--dataset",
-        dataset,
-        "--plan",
-        plan_file,
-        "--location",
-        location,
-        "--output",
-        output_file,
-    ]
 
 
 def _stage_in_session(
@@ -76,32 +43,22 @@ def _stage_in_session(
 def _stage_with_spark_submit(
     operator: SparkOperatorBase, project: ProjectSpec, dataset: DatasetSpec, plan: RefreshPlan
 ) -> StageResult:
-    from airflow_partitions.refresh.plan import StageResult
+    from airflow_partitions.refresh.job_files import stage_job_files
     from airflow_partitions.refresh.stage import staging_root
 
     root = staging_root(project, dataset)
     root.mkdir(parents=True, exist_ok=True)
     location = root / f"submit-{uuid.uuid4().hex[:12]}"
-    with tempfile.TemporaryDirectory(dir=root, prefix=".job-") as job_dir:
-        plan_file = Path(job_dir) / "plan.json"
-        output_file = Path(job_dir) / "stage.json"
-        plan_file.write_text(json.dumps(plan.to_json()))
+    with stage_job_files(root) as job:
+        job.write_plan(plan)
         operator.spark_hook.submit(
-            build_stage_job_args(
-                spec_path=os.path.abspath(operator.spec_path),
-                dataset=dataset.name,
-                plan_file=str(plan_file),
-                location=str(location),
-                output_file=str(output_file),
+            job.job_args(
+                spec_path=os.path.abspath(operator.spec_path), dataset=dataset.name, location=str(location)
             ),
             env=operator.submit_env(dataset),
             name=f"airflow-partitions-stage-{dataset.name}",
         )
-        if not output_file.exists():
-            raise OrchestrationError(
-                f"the Spark job finished without writing its stage result {output_file}; see its log above"
-            )
-        return StageResult.from_json(json.loads(output_file.read_text()))
+        return job.read_stage_result()
 
 
 # How each Spark mode stages: in a session of this process (local or Spark Connect), or by spark-submit.
@@ -184,7 +141,7 @@ class SparkStageOperator(SparkOperatorBase):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_partitions.refresh.stage import stage_refresh
 
-        plan = full_plan(self.plan, self.work_items)
+        plan = plan_from_xcom(self.plan, self.work_items)
         if not plan.items:
             # An empty stage (no Spark started): the partition tasks skip, the commit applies removals.
             self.log.info("Nothing to refresh in %s: no stage needed", self.dataset)
@@ -233,25 +190,18 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_partitions.refresh.commit import remove_stage
         from airflow_partitions.refresh.finalize import finalize_partition
-        from airflow_partitions.refresh.plan import PartitionWorkItem, StageResult
 
-        if not isinstance(self.work_item, Mapping):
-            raise OrchestrationError(
-                "work_item must be one discovery work item (a JSON object), got "
-                f"{type(self.work_item).__name__}"
-            )
-        item = PartitionWorkItem.from_json(self.work_item)
+        item = work_item_from_xcom(self.work_item)
+        stage = stage_from_xcom(self.stage)
         own_stage: StageResult | None = None
-        if self.stage is None:
+        if stage is None:
             if self.plan is None:
                 raise OrchestrationError(
                     "SparkPartitionRefreshOperator without a stage needs plan=discover.output['plan'] to "
                     "stage its own partition"
                 )
-            own_stage = self.run_stage(replace(full_plan(self.plan, []), items=(item,)))
+            own_stage = self.run_stage(replace(plan_from_xcom(self.plan, []), items=(item,)))
             stage = own_stage
-        else:
-            stage = StageResult.from_json(self.stage)
         self.prepare_sources()
         try:
             result = finalize_partition(self.project, self.dataset_spec, stage, item)

@@ -75,26 +75,19 @@ class SnapshotUploadOperator(SnapshotOperatorBase):
         self.upload = upload
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.operators.xcom import partition_result_from_xcom
         from airflow_partitions.refresh.commit import dataset_data_root
-        from airflow_partitions.refresh.plan import PartitionResult
         from airflow_partitions.snapshots import upload_partition_snapshot
-        from airflow_partitions.storage import DataFile
 
         self.skip_unless(self.actions.upload, "upload")
         if not RefreshRunConf.from_context(context, snapshot=self.upload).snapshot:
             raise AirflowSkipException("snapshot upload is switched off for this run (param `snapshot`)")
-        if not isinstance(self.partition_result, Mapping):
-            raise OrchestrationError(
-                "partition_result must be the descriptor a SparkPartitionRefreshOperator returned, got "
-                f"{type(self.partition_result).__name__}"
-            )
-        result = PartitionResult.from_json(self.partition_result)
-        files = [DataFile.from_json(f) for f in result.files]
+        result = partition_result_from_xcom(self.partition_result)
         uploaded = upload_partition_snapshot(
             self.storage_hook.s3_settings,
             self.snapshot_location(),
             dataset_data_root(self.project, self.dataset_spec),
-            files,
+            result.files,
             dataset=self.dataset,
         )
         self.log.info(

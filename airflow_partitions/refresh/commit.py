@@ -12,15 +12,13 @@ The counts are recorded in the commit record (`VersionInfo.conservation`); a mis
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import ConservationError, RefreshError
-from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.plan import (
     CommitResult,
     ConservationCounts,
@@ -28,7 +26,7 @@ from airflow_partitions.refresh.plan import (
     RefreshPlan,
     StageResult,
 )
-from airflow_partitions.refresh.stage import STAGE_MANIFEST, StageManifest
+from airflow_partitions.refresh.stage import STAGE_MANIFEST, StageManifest, stage_location
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -103,23 +101,13 @@ def partition_spec_info(dataset: DatasetSpec) -> PartitionSpecInfo:
     return info
 
 
-def coerce_results(results: Sequence[PartitionResult | Mapping[str, Any] | None]) -> list[PartitionResult]:
-    """Partition results from objects or JSON; `None` entries (failed tasks) are dropped."""
-    out: list[PartitionResult] = []
-    for result in results:
-        if result is None:
-            continue
-        out.append(result if isinstance(result, PartitionResult) else PartitionResult.from_json(result))
-    return out
-
-
 def commit_refresh(
     project: ProjectSpec,
     dataset: DatasetSpec,
-    plan: RefreshPlan | Mapping[str, Any],
-    results: Sequence[PartitionResult | Mapping[str, Any] | None],
+    plan: RefreshPlan,
+    results: Sequence[PartitionResult],
     *,
-    stage: StageResult | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    stage: StageResult | str | os.PathLike[str] | None = None,
     require_all: bool = True,
     cleanup: bool = True,
     catalog: Catalog | None = None,
@@ -134,17 +122,12 @@ def commit_refresh(
     recognised by `commit_id`, by default the stage's name, or without a stage (each partition staged
     itself) a digest of the plan, which a new discovery changes.
     """
-    from airflow_partitions.catalog import PartitionEntry
-    from airflow_partitions.catalog.model import parse_time
-    from airflow_partitions.storage import DataFile
-
-    plan = plan if isinstance(plan, RefreshPlan) else RefreshPlan.from_json(plan)
     if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
         raise RefreshError(
             f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r}; "
             "plan again"
         )
-    finished = coerce_results(results)
+    finished = list(results)
     planned = {item.key_path: item for item in plan.items}
     unexpected = sorted({r.key_path for r in finished} - set(planned))
     if unexpected:
@@ -179,25 +162,12 @@ def commit_refresh(
         result = by_path.get(key_path)
         if result is None:
             continue
-        files = [DataFile.from_json(f) for f in result.files]
-        if files:
-            files = storage.publish(Path(root), files)
-        entries.append(
-            PartitionEntry(
-                key=PartitionKey.from_json(result.key),
-                key_path=result.key_path,
-                spec_id=result.spec_id,
-                files=tuple(files),
-                rows=sum(f.rows for f in files),
-                bytes=sum(f.bytes for f in files),
-                source_fingerprint=result.source_fingerprint,
-                refreshed_at=_parse_refreshed_at(result.refreshed_at, parse_time),
-            )
-        )
+        published = storage.publish(Path(root), result.files) if result.files else []
+        entries.append(result.entry.with_files(published))
     if not entries and not plan.removed and not plan.replace_all:
         version = None
     else:
-        location = _location(stage)
+        location = stage_location(stage)
         if commit_id is None:
             commit_id = Path(location).name if location else plan_commit_id(plan)
         version = catalog.commit(
@@ -227,7 +197,7 @@ def check_conservation(
     dataset: str,
     plan: RefreshPlan,
     results: Sequence[PartitionResult],
-    stage: StageResult | Mapping[str, Any] | str | os.PathLike[str] | None,
+    stage: StageResult | str | os.PathLike[str] | None,
     missing: Sequence[str],
 ) -> ConservationCounts:
     """Every result's routed rows = the rows its files hold; after a full-source stage, routed = scanned.
@@ -240,7 +210,7 @@ def check_conservation(
     routed_total = 0
     written_total = 0
     for result in results:
-        in_files = sum(int(f.get("rows", 0)) for f in result.files)
+        in_files = sum(f.rows for f in result.files)
         routed = result.routed if result.routed is not None else result.rows
         routed_total += routed
         written_total += in_files
@@ -272,11 +242,9 @@ def check_conservation(
     )
 
 
-def _full_scan_source_rows(
-    stage: StageResult | Mapping[str, Any] | str | os.PathLike[str] | None,
-) -> int | None:
+def _full_scan_source_rows(stage: StageResult | str | os.PathLike[str] | None) -> int | None:
     """Rows the stage scanned, when it scanned the whole source (else None: nothing to compare with)."""
-    location = _location(stage)
+    location = stage_location(stage)
     if not location or not (Path(location) / STAGE_MANIFEST).exists():
         return None
     manifest = StageManifest.load(location)
@@ -292,27 +260,9 @@ def plan_commit_id(plan: RefreshPlan) -> str:
     return "plan-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 
-def _parse_refreshed_at(text: str, parse: Any) -> dt.datetime:
-    try:
-        value: dt.datetime = parse(text)
-    except (ValueError, TypeError):
-        value = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return value
-
-
-def _location(stage: StageResult | Mapping[str, Any] | str | os.PathLike[str] | None) -> str | None:
-    if stage is None:
-        return None
-    if isinstance(stage, StageResult):
-        return stage.location
-    if isinstance(stage, Mapping):
-        return StageResult.from_json(stage).location
-    return str(stage)
-
-
-def remove_stage(stage: StageResult | Mapping[str, Any] | str | os.PathLike[str] | None) -> None:
+def remove_stage(stage: StageResult | str | os.PathLike[str] | None) -> None:
     """Delete a stage location (only one that holds a stage manifest: never an arbitrary directory)."""
-    location = _location(stage)
+    location = stage_location(stage)
     if not location:
         return
     path = Path(location)

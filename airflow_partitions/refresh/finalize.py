@@ -12,24 +12,28 @@ at all for a partition discovery found in the source, is a `ConservationError`.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog.model import PartitionEntry
 from airflow_partitions.exceptions import ConservationError, RefreshError
-from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.plan import (
     DiscoveryKind,
     PartitionResult,
     PartitionWorkItem,
     StageMode,
     StageResult,
-    coerce_items,
-    utc_now_iso,
 )
-from airflow_partitions.refresh.stage import StageManifest, discovered_but_empty, staged_item_directory
+from airflow_partitions.refresh.stage import (
+    StageManifest,
+    discovered_but_empty,
+    stage_location,
+    staged_item_directory,
+)
 from airflow_partitions.sources import open_source_json
 from airflow_partitions.sources.files import filter_to_key
 
@@ -39,18 +43,6 @@ if TYPE_CHECKING:
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
     from airflow_partitions.transforms import Transform
-
-
-def stage_location(stage: StageResult | Mapping[str, Any] | str | os.PathLike[str]) -> str:
-    if isinstance(stage, StageResult):
-        location = stage.location
-    elif isinstance(stage, Mapping):
-        location = StageResult.from_json(stage).location
-    else:
-        location = str(stage)
-    if not location:
-        raise RefreshError("the stage staged nothing (empty plan): there is no partition to finalize")
-    return location
 
 
 def conform_to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -110,14 +102,15 @@ def verify_partition(
 def finalize_partition(
     project: ProjectSpec,
     dataset: DatasetSpec,
-    stage: StageResult | Mapping[str, Any] | str | os.PathLike[str],
-    item: PartitionWorkItem | Mapping[str, Any],
+    stage: StageResult | str | os.PathLike[str],
+    item: PartitionWorkItem,
     *,
     storage: PartitionStorage | None = None,
     data_root: str | os.PathLike[str] | None = None,
     verify: bool = True,
 ) -> PartitionResult:
-    """Write one planned partition's engine file(s) from the stage; returns its descriptor (JSON-able).
+    """Write one planned partition's engine file(s) from the stage (a `StageResult`, or the directory it
+    staged to); returns the partition's future catalog entry.
 
     `verify` re-evaluates the partition expressions over the rows (vectorised Arrow) and fails on a row that
     belongs elsewhere. Nothing becomes visible to readers until `commit_refresh`.
@@ -125,8 +118,9 @@ def finalize_partition(
     from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
 
     started = time.monotonic()
-    (work_item,) = coerce_items([item])
     location = stage_location(stage)
+    if not location:
+        raise RefreshError("the stage staged nothing (empty plan): there is no partition to finalize")
     manifest = StageManifest.load(location)
     spec_id = dataset.acceleration.partition_spec_id
     if manifest.dataset != dataset.name or manifest.spec_id != spec_id:
@@ -134,12 +128,12 @@ def finalize_partition(
             f"stage {location} was made for {manifest.dataset!r} spec {manifest.spec_id}, not "
             f"{dataset.name!r} spec {spec_id}; stage again"
         )
-    staged = manifest.items.get(work_item.key_path)
+    staged = manifest.items.get(item.key_path)
     if staged is None:
-        raise RefreshError(f"partition {work_item.key_path} was not planned in stage {location}; plan again")
+        raise RefreshError(f"partition {item.key_path} was not planned in stage {location}; plan again")
     bound = dataset.bind(manifest.schema)
     transforms = [f.transform for f in bound.acceleration.partition_by]
-    key = PartitionKey.from_json(work_item.key).values
+    key = item.partition_key.values
     if manifest.mode is StageMode.PUSHDOWN:
         source = open_source_json(manifest.source, schema=manifest.schema)
         table = conform_to_schema(source.read_partition(transforms, key, staged.get("hint")), manifest.schema)
@@ -150,32 +144,31 @@ def finalize_partition(
         if table.num_rows != routed:
             raise ConservationError(
                 dataset.name,
-                {work_item.key_path: (routed, table.num_rows)},
+                {item.key_path: (routed, table.num_rows)},
                 expected="rows routed by the stage",
                 actual="rows read from the staged directory",
                 hint=f"The staged rows under {location} changed after the stage (deleted or rewritten); "
                 "run the refresh again.",
             )
         if verify:
-            verify_partition(table, transforms, key, work_item.key_path)
+            verify_partition(table, transforms, key, item.key_path)
     if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC:
-        raise discovered_but_empty(dataset.name, [work_item.key_path], actual="rows read")
+        raise discovered_but_empty(dataset.name, [item.key_path], actual="rows read")
     engine = storage or dataset_storage(dataset)
     root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
-    files = engine.write(table, root, work_item.key_path) if table.num_rows else []
-    check_written_rows(dataset.name, work_item.key_path, engine, root, files, routed)
-    return PartitionResult(
-        key=tuple(work_item.key),
-        key_path=work_item.key_path,
+    files = engine.write(table, root, item.key_path) if table.num_rows else []
+    check_written_rows(dataset.name, item.key_path, engine, root, files, routed)
+    entry = PartitionEntry(
+        key=item.partition_key,
+        key_path=item.key_path,
         spec_id=spec_id,
-        files=tuple(f.to_json() for f in files),
+        files=tuple(files),
         rows=sum(f.rows for f in files),
         bytes=sum(f.bytes for f in files),
-        source_fingerprint=work_item.fingerprint,
-        refreshed_at=utc_now_iso(),
-        elapsed_s=time.monotonic() - started,
-        routed=routed,
+        source_fingerprint=item.fingerprint,
+        refreshed_at=dt.datetime.now(dt.UTC),
     )
+    return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed)
 
 
 def check_written_rows(

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from airflow_partitions.catalog.model import PartitionEntry, format_time
 from airflow_partitions.exceptions import RefreshError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.storage.datafile import DataFile
 
 
 class Reason(StrEnum):
@@ -33,8 +35,9 @@ class DiscoveryKind(StrEnum):
     DYNAMIC = "dynamic"  # SELECT DISTINCT of the partition expressions (or a Hive directory listing)
 
 
-def utc_now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def recorded_now() -> str:
+    """The current time as every record of a refresh holds it (the catalog's `format_time`)."""
+    return format_time(dt.datetime.now(dt.UTC))
 
 
 def _require(data: Mapping[str, Any], name: str, what: str) -> Any:
@@ -99,7 +102,7 @@ class RefreshPlan:
     replace_all: bool = False
     full: bool = False
     elapsed_s: float = 0.0
-    created_at: str = field(default_factory=utc_now_iso)
+    created_at: str = field(default_factory=recorded_now)
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -171,7 +174,7 @@ class RefreshPlan:
             replace_all=bool(data.get("replace_all", False)),
             full=bool(data.get("full", False)),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
-            created_at=str(data.get("created_at", utc_now_iso())),
+            created_at=str(data.get("created_at", recorded_now())),
             notes=tuple(data.get("notes", ())),
         )
 
@@ -233,47 +236,53 @@ class StageResult:
 
 @dataclass(frozen=True)
 class PartitionResult:
-    """A finalised partition: its new engine file(s) and stats, written but not yet visible to readers."""
+    """A finalised partition: the catalog entry the commit publishes (its files are written, not yet
+    visible to readers), plus how finalize got there.
 
-    key: tuple[Any, ...]
-    key_path: str
-    spec_id: str
-    files: tuple[Mapping[str, Any], ...]  # `DataFile.to_json()` of each written file
-    rows: int
-    bytes: int
-    source_fingerprint: str
-    refreshed_at: str
+    Its JSON is the entry's own (`PartitionEntry.to_json()`) with `elapsed_s` and `routed` added: the XCom
+    a refresh task returns and the commit task decodes.
+    """
+
+    entry: PartitionEntry
     elapsed_s: float = 0.0
     # Rows the stage routed to this partition (or the pushdown read returned): what `rows` must equal.
     # None only in results of older versions, which recorded no such count.
     routed: int | None = None
 
+    @property
+    def key_path(self) -> str:
+        return self.entry.key_path
+
+    @property
+    def spec_id(self) -> str:
+        return self.entry.spec_id
+
+    @property
+    def files(self) -> tuple[DataFile, ...]:
+        return self.entry.files
+
+    @property
+    def rows(self) -> int:
+        return self.entry.rows
+
+    @property
+    def bytes(self) -> int:
+        return self.entry.bytes
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "key": list(self.key),
-            "key_path": self.key_path,
-            "spec_id": self.spec_id,
-            "files": [dict(f) for f in self.files],
-            "rows": self.rows,
-            "bytes": self.bytes,
-            "fp": self.source_fingerprint,
-            "refreshed_at": self.refreshed_at,
-            "elapsed_s": round(self.elapsed_s, 4),
-            "routed": self.routed,
-        }
+        return {**self.entry.to_json(), "elapsed_s": round(self.elapsed_s, 4), "routed": self.routed}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PartitionResult:
         what = "a partition result"
+        for name in ("key", "key_path", "spec_id", "files", "rows", "bytes", "refreshed_at"):
+            _require(data, name, what)
+        entry = dict(data)
+        if "source_fingerprint" not in entry:
+            # Results of older versions name the source fingerprint `fp`.
+            entry["source_fingerprint"] = str(_require(data, "fp", what))
         return cls(
-            key=tuple(_require(data, "key", what)),
-            key_path=str(_require(data, "key_path", what)),
-            spec_id=str(_require(data, "spec_id", what)),
-            files=tuple(_require(data, "files", what)),
-            rows=int(_require(data, "rows", what)),
-            bytes=int(_require(data, "bytes", what)),
-            source_fingerprint=str(_require(data, "fp", what)),
-            refreshed_at=str(_require(data, "refreshed_at", what)),
+            entry=PartitionEntry.from_json(entry),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
             routed=_optional_int(data.get("routed")),
         )
@@ -332,8 +341,3 @@ class ConservationCounts:
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
-
-
-def coerce_items(items: Sequence[PartitionWorkItem | Mapping[str, Any]]) -> list[PartitionWorkItem]:
-    """Work items from objects or their JSON form (what arrives through XCom)."""
-    return [i if isinstance(i, PartitionWorkItem) else PartitionWorkItem.from_json(i) for i in items]

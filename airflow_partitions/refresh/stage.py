@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, utc_now_iso
+from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, recorded_now
 from airflow_partitions.refresh.spark_session import describe_session
 from airflow_partitions.sources import Source, open_dataset_source
 
@@ -241,7 +241,7 @@ def stage_refresh(
             source=source.to_json(),
             schema=source.schema(),
             items=entries,
-            created_at=utc_now_iso(),
+            created_at=recorded_now(),
             discovery=plan.discovery,
             source_rows=counts.source_rows if counts is not None else None,
             routed_rows=counts.routed_rows if counts is not None else None,
@@ -557,6 +557,15 @@ def _key_frame(
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return (text.splitlines()[0] if text else type(err).__name__)[:800]
+
+
+def stage_location(stage: StageResult | str | os.PathLike[str] | None) -> str | None:
+    """The directory a stage wrote (its manifest and staged rows); None for an empty stage or none."""
+    if stage is None:
+        return None
+    if isinstance(stage, StageResult):
+        return stage.location
+    return os.fspath(stage)
 
 
 def staged_item_directory(location: str | os.PathLike[str], index: int) -> Path:

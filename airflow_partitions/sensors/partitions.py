@@ -87,7 +87,7 @@ class SourceChangeSensor(_DatasetSensor):
 
     def poke(self, context: Context) -> PokeReturnValue:
         from airflow_partitions.hooks.connections import install_connection_resolver
-        from airflow_partitions.sensors.checks import source_changes
+        from airflow_partitions.refresh.checks import source_changes
 
         install_connection_resolver()
         changes = source_changes(self.spec_path, self.dataset, self.where)
@@ -135,12 +135,13 @@ class PartitionFreshnessSensor(_DatasetSensor):
         self.min_partitions = min_partitions
 
     def moment(self) -> str:
-        from airflow_partitions.sensors.checks import parse_moment
+        from airflow_partitions.catalog.model import format_time
+        from airflow_partitions.refresh.checks import parse_moment
 
-        return parse_moment(self.refreshed_after).isoformat()
+        return format_time(parse_moment(self.refreshed_after))
 
     def poke(self, context: Context) -> PokeReturnValue:
-        from airflow_partitions.sensors.checks import partition_freshness
+        from airflow_partitions.refresh.checks import partition_freshness
 
         freshness = partition_freshness(
             self.spec_path, self.dataset, self.moment(), self.where, self.min_partitions

@@ -15,10 +15,8 @@ script runs under plain `python` with `--master local[2]` or `--remote sc://host
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 
@@ -63,7 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from airflow_partitions.exceptions import AirflowPartitionsError
     from airflow_partitions.refresh import finalize_partition, stage_refresh
-    from airflow_partitions.refresh.plan import RefreshPlan, StageResult, coerce_items
+    from airflow_partitions.refresh.job_files import (
+        read_plan,
+        read_stage_reference,
+        read_work_items,
+        write_job_output,
+    )
     from airflow_partitions.spec import load_spec
 
     try:
@@ -71,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dataset = project.dataset(args.dataset)
         output: dict[str, Any]
         if args.command == "stage":
-            plan = RefreshPlan.from_json(json.loads(Path(args.plan).read_text(encoding="utf-8")))
+            plan = read_plan(args.plan)
             stage = stage_refresh(
                 project,
                 dataset,
@@ -87,24 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     finalize_partition(project, dataset, stage, item).to_json() for item in plan.items
                 ]
         else:
-            stage_arg = Path(args.stage)
-            stage_ref: Any = (
-                StageResult.from_json(json.loads(stage_arg.read_text(encoding="utf-8")))
-                if stage_arg.is_file()
-                else str(stage_arg)
-            )
-            items = coerce_items(json.loads(Path(args.items).read_text(encoding="utf-8")))
+            stage_ref = read_stage_reference(args.stage)
+            items = read_work_items(args.items)
             output = {
                 "results": [finalize_partition(project, dataset, stage_ref, item).to_json() for item in items]
             }
     except AirflowPartitionsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    text = json.dumps(output, separators=(",", ":"))
-    if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
-    else:
-        print(text)
+    write_job_output(output, args.output)
     return 0
 
 

@@ -45,7 +45,7 @@ class SourceChangeTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_partitions.hooks.connections import aprepare_source_connections
-        from airflow_partitions.sensors.checks import source_changes
+        from airflow_partitions.refresh.checks import source_changes
 
         try:
             await aprepare_source_connections(self.spec_path, self.dataset)
@@ -97,7 +97,7 @@ class PartitionFreshnessTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_partitions.sensors.checks import partition_freshness
+        from airflow_partitions.refresh.checks import partition_freshness
 
         try:
             while True:

@@ -1,6 +1,7 @@
-"""The conditions the sensors wait for, as plain functions (no Airflow): a poke and a trigger both call them.
+"""The conditions the sensors wait for: has the source changed, are the selected partitions fresh.
 
-Both return small JSON-ready results; heavy imports happen inside, so importing this module stays cheap.
+A sensor's poke and its trigger both call them. Both return small JSON-ready results; heavy imports happen
+inside, so importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_partitions.catalog.model import format_time, parse_time
 from airflow_partitions.exceptions import OrchestrationError
 
 # Work-item reasons that mean the source differs from what the catalog holds (not just "asked for").
@@ -84,7 +86,7 @@ def parse_moment(value: dt.datetime | str) -> dt.datetime:
     """An aware UTC datetime from a datetime or an ISO 8601 string (naive means UTC)."""
     if isinstance(value, str):
         try:
-            value = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+            value = parse_time(value.strip())
         except ValueError as err:
             raise OrchestrationError(
                 f"refreshed_after {value!r} is not an ISO 8601 time such as 2026-01-01T00:00:00+00:00"
@@ -110,11 +112,13 @@ def partition_freshness(
     reader = PartitionedDatasetReader(os.fspath(spec_path), dataset)
     snapshot = reader.catalog.latest()
     if snapshot is None:
-        return Freshness(dataset, None, moment.isoformat(), 0, (), min_partitions)
+        return Freshness(dataset, None, format_time(moment), 0, (), min_partitions)
     plan = reader.plan(where, version=snapshot.version)
     stale = tuple(
         chosen.key_path
         for chosen in plan.selected
         if snapshot.partitions[chosen.key_path].refreshed_at.astimezone(dt.UTC) < moment
     )
-    return Freshness(dataset, snapshot.version, moment.isoformat(), len(plan.selected), stale, min_partitions)
+    return Freshness(
+        dataset, snapshot.version, format_time(moment), len(plan.selected), stale, min_partitions
+    )
