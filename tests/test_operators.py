@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -482,7 +483,12 @@ def test_snapshot_operators_open_a_catalog_on_s3_with_their_aws_connection(
 
     from airflow_partitions.catalog import PartitionEntry, PartitionSpecInfo, open_catalog
     from airflow_partitions.keys import PartitionKey
-    from airflow_partitions.operators import SnapshotBootstrapOperator, VacuumOperator
+    from airflow_partitions.operators import (
+        PartitionDiscoveryOperator,
+        SnapshotBootstrapOperator,
+        VacuumOperator,
+    )
+    from airflow_partitions.operators.discovery import PLAN_XCOM_KEY
     from airflow_partitions.spec import load_spec
     from airflow_partitions.storage import DataFile
 
@@ -509,6 +515,15 @@ def test_snapshot_operators_open_a_catalog_on_s3_with_their_aws_connection(
         task_id="v", spec_path=spec, dataset="sales", aws_conn_id=aws_connection, report_only=True
     )
     assert vacuum.execute(context())["latest_version"] == 1
+    # Discovery diffs against the same catalog, reached the same way.
+    pushed: dict[str, Any] = {}
+    discovery_context = context()
+    discovery_context["ti"] = SimpleNamespace(xcom_push=lambda key, value: pushed.__setitem__(key, value))
+    discover = PartitionDiscoveryOperator(
+        task_id="d", spec_path=spec, dataset="sales", aws_conn_id=aws_connection
+    )
+    discover.execute(discovery_context)
+    assert pushed[PLAN_XCOM_KEY]["base_version"] == 1
 
 
 @pytest.mark.s3

@@ -59,6 +59,7 @@ class PartitionDiscoveryOperator(DatasetOperator):
             where=run.where,
             full=run.full_refresh,
             timeout_s=self.discovery_timeout_s,
+            catalog=self.open_catalog(),
         )
         counts = ", ".join(f"{name} {count}" for name, count in plan.counts().items() if count)
         self.log.info(

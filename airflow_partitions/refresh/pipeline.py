@@ -33,6 +33,7 @@ from airflow_partitions.refresh.stage import stage_refresh
 from airflow_partitions.sources import Source, open_dataset_source
 
 if TYPE_CHECKING:
+    from airflow_partitions.catalog import Catalog
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
 
@@ -99,13 +100,18 @@ def plan_refresh(
     full: bool = False,
     source: Source | None = None,
     timeout_s: float | None = None,
+    catalog: Catalog | None = None,
 ) -> RefreshPlan:
-    """Discover the dataset's partitions and diff them against its catalog: the refresh plan."""
+    """Discover the dataset's partitions and diff them against its catalog: the refresh plan.
+
+    `catalog`: the dataset's catalog when the caller opened it (an Airflow task opens a catalog on S3
+    with its AWS connection); by default it is opened from the spec and the AWS environment.
+    """
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
     source = source or open_dataset_source(spec)
     bound = bind_dataset(spec, source)
-    snapshot = open_dataset_catalog(project, spec).latest()
+    snapshot = (catalog or open_dataset_catalog(project, spec)).latest()
     selector = where_selector(bound, where) if where else None
     return discover(
         bound,
