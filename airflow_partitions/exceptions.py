@@ -211,3 +211,11 @@ def _rebuild_conservation_error(
 
 class ObjectStoreError(CatalogError, SnapshotError, SourceError):
     """An object store call (read, write, list, delete) failed; raised for catalogs, snapshots and sources."""
+
+
+class QueryLimitError(FilterError):
+    """A query ran past its time or memory limit, or was given an invalid one; `.limit` names which."""
+
+    def __init__(self, message: str, *, limit: str | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit

@@ -29,6 +29,19 @@ def register(subparsers: Any) -> None:
         help="the dataset the query reads (default: the only dataset of the spec the query names)",
     )
     parser.add_argument("--version", type=int, default=None, help="catalog version to read (default: newest)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop the query after this many seconds (default: 300)",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        default=None,
+        metavar="SIZE",
+        help="memory the query may use, e.g. 512MB or 8GB (default: 4GB or half the machine's memory)",
+    )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON lines")
     output.add_argument("--csv", dest="format", action="store_const", const="csv", help="print CSV")
@@ -40,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     dataset = args.dataset or dataset_named_in(args.spec, args.sql)
     with PartitionedDatasetReader(args.spec, dataset) as reader:
-        table = reader.query(args.sql, args.version)
+        table = reader.query(args.sql, args.version, timeout_s=args.timeout, memory_limit=args.memory_limit)
     write_table(table, args.format)
     return 0
 

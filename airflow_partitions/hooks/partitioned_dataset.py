@@ -146,9 +146,20 @@ class PartitionedDatasetHook(BaseHook):
         """Rows matching `where` (SQL condition or DNF list) as a pyarrow Table of `columns`."""
         return self.reader.read(where, columns, version)
 
-    def query(self, sql: str, version: int | None = None) -> pa.Table:
-        """One read-only DuckDB SELECT in which the dataset name is a table of its pruned partitions."""
-        return self.reader.query(sql, version)
+    def query(
+        self,
+        sql: str,
+        version: int | None = None,
+        *,
+        timeout_s: float | None = None,
+        memory_limit: str | int | None = None,
+    ) -> pa.Table:
+        """One read-only DuckDB SELECT in which the dataset name is a table of its pruned partitions.
+
+        `timeout_s` (default 300) and `memory_limit` (e.g. "8GB"; default 4 GB or half the machine's
+        memory) bound it; past either it raises `QueryLimitError`.
+        """
+        return self.reader.query(sql, version, timeout_s=timeout_s, memory_limit=memory_limit)
 
     def to_spark(
         self,

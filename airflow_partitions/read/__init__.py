@@ -9,7 +9,8 @@ partitions of two commits. It prunes with `pruning.plan_partitions`, then opens 
   columns with the dataset's Arrow types;
 * `query` runs one read-only SELECT in a fresh, locked-down DuckDB database where the dataset name is a
   view over the files its WHERE clauses can need (`read.query`; external file access disabled except
-  those files);
+  those files, the statement limited to the dataset and its own CTEs, time and memory bounded by
+  `QueryLimits`);
 * `to_spark` returns a Spark DataFrame over the same files, with the residual as a Spark condition.
 
 How each format is scanned, and whether Spark reads it natively, is the storage class's business
@@ -24,11 +25,12 @@ per reader: repeated reads pay only for resolving the newest version and scannin
 
 from __future__ import annotations
 
-from airflow_partitions.read.query import needs_partition_functions, new_duckdb_connection
+from airflow_partitions.read.query import QueryLimits, needs_partition_functions, new_duckdb_connection
 from airflow_partitions.read.reader import PartitionedDatasetReader, dataset_named_in, open_project
 
 __all__ = [
     "PartitionedDatasetReader",
+    "QueryLimits",
     "dataset_named_in",
     "needs_partition_functions",
     "new_duckdb_connection",

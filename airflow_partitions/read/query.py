@@ -2,14 +2,30 @@
 
 The dataset name is a view over the files the statement's WHERE clauses can need; external file access
 is disabled except for those files, and the configuration is locked before the statement runs.
+
+The statement, as DuckDB's own parser reads it (`json_serialize_sql`), may name only the dataset and its
+own CTEs, call only table functions that generate rows (`SANDBOX_TABLE_FUNCTIONS`), and read only the
+settings in `SANDBOX_VISIBLE_SETTINGS`: catalog functions, `information_schema`, `SHOW TABLES` and the
+other databases attached for the scan (the shared `_tables.duckdb` holds every version's tables) stay out
+of reach, and so do the local paths of the files (which `allowed_paths` and the views' SQL hold). DuckDB's
+error messages have those paths replaced before they are raised.
+
+Limits (`QueryLimits`): a wall-clock timeout, enforced by interrupting DuckDB from a timer; a memory limit,
+with spilling to disk off; a bounded number of threads. Either limit reached raises `QueryLimitError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import FilterError
+from airflow_partitions.exceptions import FilterError, QueryLimitError, UnsafeQueryError
 from airflow_partitions.pruning.expressions import quote_identifier, quote_string
 
 if TYPE_CHECKING:
@@ -20,6 +36,88 @@ if TYPE_CHECKING:
 
 
 DISABLED_OPTIMIZERS = "statistics_propagation"
+
+DEFAULT_QUERY_TIMEOUT_S = 300.0
+DEFAULT_QUERY_MEMORY_BYTES = 4 * 1024**3  # capped at half the machine's memory (`default_memory_limit`)
+MAX_QUERY_THREADS = 4
+# Table functions a sandboxed query may call: they generate rows and touch neither files nor the catalog.
+SANDBOX_TABLE_FUNCTIONS = frozenset(
+    {"range", "generate_series", "unnest", "repeat", "repeat_row", "json_each", "json_tree"}
+)
+# Settings `current_setting(...)` may read in a sandboxed query: none of them holds a path.
+SANDBOX_VISIBLE_SETTINGS = frozenset(
+    {"enable_external_access", "lock_configuration", "memory_limit", "threads", "timezone"}
+)
+# Scalar functions (and built-in macros over catalog functions) that read settings, variables or catalog
+# entries; besides these, every function named `duckdb_*` or `pragma_*` is refused.
+_REFUSED_FUNCTIONS = frozenset(
+    {"current_setting", "getvariable", "getenv", "pg_get_viewdef", "pg_get_constraintdef", "get_block_size"}
+)
+_REFUSED_PREFIXES = ("duckdb_", "pragma_")
+_SIZE = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """How long and how much memory one sandboxed query may use; None picks the default.
+
+    `timeout_s`: wall-clock seconds (`DEFAULT_QUERY_TIMEOUT_S`); `memory_limit`: a DuckDB size such as
+    "4GB" or a number of bytes (`default_memory_limit()`); `threads`: DuckDB threads (up to
+    `MAX_QUERY_THREADS`).
+    """
+
+    timeout_s: float | None = None
+    memory_limit: str | int | None = None
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        timeout = self.timeout_s
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < 1e9
+        ):
+            raise QueryLimitError(f"timeout_s must be a positive number of seconds, not {timeout!r}")
+        memory = self.memory_limit
+        if memory is not None and not (
+            (isinstance(memory, int) and not isinstance(memory, bool) and memory > 0)
+            or (isinstance(memory, str) and _SIZE.fullmatch(memory.strip()))
+        ):
+            raise QueryLimitError(
+                f"memory_limit must be a size such as '512MB' or '4GB', or a number of bytes, not {memory!r}"
+            )
+        threads = self.threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise QueryLimitError(f"threads must be a positive whole number, not {threads!r}")
+
+    def merged(self, timeout_s: float | None = None, memory_limit: str | int | None = None) -> QueryLimits:
+        """These limits with the given ones (when not None) in their place."""
+        return replace(
+            self,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            memory_limit=self.memory_limit if memory_limit is None else memory_limit,
+        )
+
+    @property
+    def seconds(self) -> float:
+        return float(self.timeout_s) if self.timeout_s is not None else DEFAULT_QUERY_TIMEOUT_S
+
+    @property
+    def memory(self) -> str:
+        """The memory limit as DuckDB reads it."""
+        memory = self.memory_limit if self.memory_limit is not None else default_memory_limit()
+        return f"{memory}B" if isinstance(memory, int) else memory.strip()
+
+    @property
+    def thread_count(self) -> int:
+        return self.threads if self.threads is not None else min(os.cpu_count() or 1, MAX_QUERY_THREADS)
+
+
+def default_memory_limit() -> int:
+    """`DEFAULT_QUERY_MEMORY_BYTES`, or half the machine's memory when that is less."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return DEFAULT_QUERY_MEMORY_BYTES
+    return min(DEFAULT_QUERY_MEMORY_BYTES, max(physical // 2, 256 * 1024**2))
 
 
 def new_duckdb_connection(*, functions: bool = True) -> Any:
@@ -52,13 +150,21 @@ def needs_partition_functions(sql: str) -> bool:
 
 
 def run_query(
-    scanner: DuckDBScanner, dataset: str, files: Sequence[DataFile], schema: pa.Schema, statement: str
+    scanner: DuckDBScanner,
+    dataset: str,
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+    statement: str,
+    limits: QueryLimits | None = None,
 ) -> pa.Table:
     """Run `statement` (checked read-only, made executable) where `dataset` is a view over `files`."""
     connection = new_duckdb_connection(functions=needs_partition_functions(statement))
     try:
+        check_sandboxed(connection, statement, dataset)
         with scanner.call_scope(connection) as scope:
-            return _run_sandboxed(scanner, connection, scope, dataset, files, schema, statement)
+            return _run_sandboxed(
+                scanner, connection, scope, dataset, files, schema, statement, limits or QueryLimits()
+            )
     finally:
         connection.close()
 
@@ -71,20 +177,168 @@ def _run_sandboxed(
     files: Sequence[DataFile],
     schema: pa.Schema,
     statement: str,
+    limits: QueryLimits,
 ) -> pa.Table:
     import duckdb
 
-    if files:
-        relation = scanner.relation(connection, scope, files, schema)
-        connection.execute(f"CREATE TEMP VIEW {quote_identifier(dataset)} AS SELECT * FROM {relation}")
-    else:
-        connection.register(dataset, schema.empty_table())
+    try:
+        if files:
+            relation = scanner.relation(connection, scope, files, schema)
+            connection.execute(f"CREATE TEMP VIEW {quote_identifier(dataset)} AS SELECT * FROM {relation}")
+        else:
+            connection.register(dataset, schema.empty_table())
+    except duckdb.Error as err:
+        raise FilterError(f"query failed: {_without_paths(str(err).strip(), connection, scope)}") from err
     # Only the selected files DuckDB scans in place stay readable (other engines are attached or in memory).
     allowed = ", ".join(quote_string(path) for path in scope.local_files)
     connection.execute(f"SET allowed_paths = [{allowed}]")
+    # Limits go in before the configuration is locked; no spilling: the memory limit is the bound.
+    connection.execute(f"SET memory_limit = {quote_string(limits.memory)}")
+    connection.execute("SET temp_directory = ''")
+    connection.execute(f"SET threads = {limits.thread_count}")
     connection.execute("SET enable_external_access = false")
     connection.execute("SET lock_configuration = true")
+    timed_out = threading.Event()
+
+    def interrupt() -> None:
+        timed_out.set()
+        connection.interrupt()
+
+    timer = threading.Timer(limits.seconds, interrupt)
+    timer.daemon = True
+    timer.start()
     try:
         return connection.sql(statement).to_arrow_table()
+    except duckdb.InterruptException as err:
+        if not timed_out.is_set():
+            raise
+        raise QueryLimitError(
+            f"the query ran past its {limits.seconds:g} s time limit and was stopped; read fewer partitions "
+            "(a WHERE on the partition columns opens fewer files) or raise the limit: query(sql, "
+            "timeout_s=...), airflow-partitions query --timeout SECONDS",
+            limit="timeout",
+        ) from err
+    except duckdb.OutOfMemoryException as err:
+        raise QueryLimitError(
+            f"the query needed more than its {limits.memory} memory limit; read fewer partitions or "
+            "columns, or raise the limit: query(sql, memory_limit='8GB'), airflow-partitions query "
+            "--memory-limit 8GB",
+            limit="memory",
+        ) from err
     except duckdb.Error as err:
-        raise FilterError(f"query failed: {str(err).strip()}") from err
+        raise FilterError(f"query failed: {_without_paths(str(err).strip(), connection, scope)}") from err
+    finally:
+        timer.cancel()
+
+
+def check_sandboxed(connection: Any, statement: str, dataset: str) -> None:
+    """Raise `UnsafeQueryError` unless `statement` reads only `dataset`, its own CTEs and row generators.
+
+    The statement is judged on DuckDB's own parse of it, so what is checked is what runs.
+    """
+    import duckdb
+
+    try:
+        rows = connection.execute("SELECT json_serialize_sql(?)", [statement]).fetchall()
+    except duckdb.Error as err:
+        raise UnsafeQueryError(f"cannot parse the query: {str(err).strip().splitlines()[0]}") from err
+    tree = json.loads(rows[0][0]) if rows else {"error": True, "error_message": "no statement"}
+    if tree.get("error"):
+        raise UnsafeQueryError(f"cannot check the query: {tree.get('error_message', 'unknown error')}")
+    nodes = list(_walk(tree["statements"]))
+    ctes = {
+        entry["key"].lower()
+        for node in nodes
+        if isinstance(node.get("cte_map"), dict)
+        for entry in node["cte_map"].get("map", ())
+    }
+    for node in nodes:
+        kind = node.get("type")
+        if kind == "BASE_TABLE":
+            _check_table(node, dataset.lower(), ctes)
+        elif kind == "TABLE_FUNCTION":
+            name = str(node.get("function", {}).get("function_name", "")).lower()
+            if name not in SANDBOX_TABLE_FUNCTIONS:
+                generators = ", ".join(sorted(SANDBOX_TABLE_FUNCTIONS))
+                raise UnsafeQueryError(
+                    f"table function {name}() is not available in a query (file and catalog access is "
+                    f"disabled); read the dataset, or generate rows with {generators}"
+                )
+        elif kind == "SHOW_REF" and node.get("query") is None:
+            raise UnsafeQueryError(
+                "SHOW lists the database's tables, which a query cannot see; use DESCRIBE <dataset>"
+            )
+        if "function_name" in node:
+            _check_function(node)
+
+
+def _check_table(node: dict[str, Any], dataset: str, ctes: set[str]) -> None:
+    name = str(node.get("table_name", "")).lower()
+    catalog = str(node.get("catalog_name", "")).lower()
+    schema = str(node.get("schema_name", "")).lower()
+    if not catalog and not schema and name in ctes:
+        return
+    if name == dataset and catalog in ("", "temp") and schema in ("", "main", "temp"):
+        return
+    shown = ".".join(part for part in (catalog, schema, name) if part)
+    raise UnsafeQueryError(
+        f"the query reads {shown!r}; a query sees only the dataset {dataset!r} and its own CTEs"
+    )
+
+
+def _check_function(node: dict[str, Any]) -> None:
+    name = str(node["function_name"]).lower()
+    if name == "current_setting":
+        arguments = node.get("arguments") or node.get("children") or []
+        setting = _constant_text(arguments[0]) if len(arguments) == 1 else None
+        if setting is not None and setting.lower() in SANDBOX_VISIBLE_SETTINGS:
+            return
+        raise UnsafeQueryError(
+            "current_setting() in a query reads only "
+            f"{', '.join(sorted(SANDBOX_VISIBLE_SETTINGS))}, named by a string literal"
+        )
+    if name in _REFUSED_FUNCTIONS or name.startswith(_REFUSED_PREFIXES):
+        raise UnsafeQueryError(
+            f"{name}() reads the database's settings or catalog and is not available in a query"
+        )
+
+
+def _constant_text(argument: Any) -> str | None:
+    expression = argument.get("expression", argument) if isinstance(argument, dict) else None
+    if not isinstance(expression, dict) or expression.get("class") != "CONSTANT":
+        return None
+    literal = expression.get("literal") or expression.get("value") or {}
+    text = literal.get("text") if isinstance(literal, dict) else None
+    return text if isinstance(text, str) else None
+
+
+def _walk(tree: Any) -> Iterator[dict[str, Any]]:
+    """Every JSON object in `tree` (iteratively: deep filters nest thousands of levels)."""
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            yield item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _without_paths(message: str, connection: Any, scope: CallScope) -> str:
+    """`message` with the local paths the sandbox knows of (scanned files, attached databases, fetched
+    copies) replaced: a file becomes its place in the dataset (`region=EU/part-0.parquet`), a directory
+    `<data>`."""
+    import duckdb
+
+    paths = list(scope.local_files)
+    with contextlib.suppress(duckdb.Error):
+        rows = connection.execute("SELECT path FROM duckdb_databases() WHERE path IS NOT NULL").fetchall()
+        paths.extend(row[0] for row in rows if row[0])
+    root = getattr(scope.location, "root", None)
+    directories = {str(root)} if isinstance(root, os.PathLike | str) else set()
+    directories.update(scope.temporary)
+    directories.update(os.path.dirname(path) for path in paths)
+    # Shortest first: the dataset root goes before the partition directories under it.
+    for prefix in sorted((d for d in directories if d and d != os.sep), key=len):
+        message = message.replace(prefix + os.sep, "").replace(prefix, "<data>")
+    return message

@@ -29,7 +29,7 @@ from airflow_partitions.pruning import (
     plan_partitions,
 )
 from airflow_partitions.pruning.deep import deep_stack
-from airflow_partitions.read.query import run_query
+from airflow_partitions.read.query import QueryLimits, run_query
 from airflow_partitions.read.remote import RemoteFiles, default_filesystem
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
 from airflow_partitions.storage import get_storage
@@ -89,6 +89,7 @@ class PartitionedDatasetReader:
         schema: pa.Schema | None = None,
         cache_dir: str | Path | None = None,
         max_enumeration: int = MAX_RANGE_ENUMERATION,
+        query_limits: QueryLimits | None = None,
     ) -> None:
         self.project = open_project(project)
         self.dataset: DatasetSpec = self.project.dataset(dataset)
@@ -115,6 +116,8 @@ class PartitionedDatasetReader:
             location = LocalFiles(self._local_root)
         self._schema_override = schema
         self.max_enumeration = max_enumeration
+        # The time, memory and thread limits of `query` when a call does not give its own.
+        self.query_limits = query_limits if query_limits is not None else QueryLimits()
         self._lock = threading.RLock()
         self._indexes: collections.OrderedDict[int, PartitionIndex] = collections.OrderedDict()
         self._plans: collections.OrderedDict[tuple[int, Any], PrunePlan] = collections.OrderedDict()
@@ -257,13 +260,25 @@ class PartitionedDatasetReader:
     # --- query ------------------------------------------------------------------------------------
 
     @deep_stack
-    def query(self, sql: str, version: int | None = None) -> pa.Table:
-        """Run one read-only SELECT where the dataset name is a table; only pruned files are opened."""
+    def query(
+        self,
+        sql: str,
+        version: int | None = None,
+        *,
+        timeout_s: float | None = None,
+        memory_limit: str | int | None = None,
+    ) -> pa.Table:
+        """Run one read-only SELECT where the dataset name is a table; only pruned files are opened.
+
+        `timeout_s` and `memory_limit` (e.g. "8GB") override the reader's `query_limits` for this call;
+        a query past either raises `QueryLimitError`.
+        """
         check_read_only(sql)
+        limits = self.query_limits.merged(timeout_s, memory_limit)
         snapshot = self.snapshot(version)
         schema = self._schema_of(snapshot)
         plan = self._plan(snapshot, dataset_filter(sql, self.name, schema))
-        return run_query(self._scanner, self.name, plan.files, schema, executable_sql(sql, schema))
+        return run_query(self._scanner, self.name, plan.files, schema, executable_sql(sql, schema), limits)
 
     @deep_stack
     def plan_query(self, sql: str, version: int | None = None) -> PrunePlan:

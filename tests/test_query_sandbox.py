@@ -1,0 +1,273 @@
+"""The `query` sandbox under hostile SQL: time and memory limits, no local paths, no other version's rows.
+
+Every query here is one the sandbox must stop or refuse: one that runs forever, one that wants all the
+memory, one that asks DuckDB where the files are, one that reads the tables another catalog version
+keeps in the shared `_tables.duckdb` file. `pytest.mark.timeout` is the hang guard: a limit that does not
+hold fails the test instead of stalling the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from test_pruning_support import Acceleration, build_acceleration
+
+from airflow_partitions.catalog import PartitionEntry
+from airflow_partitions.cli.main import main
+from airflow_partitions.exceptions import FilterError, QueryLimitError, UnsafeQueryError
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.read import QueryLimits
+from airflow_partitions.storage import get_storage
+
+ROWS = 240
+ENGINES = {
+    "parquet": {"engine": "parquet", "max_rows_per_file": 20},
+    "duckdb_files": {"engine": "duckdb"},
+    "duckdb_tables": {"engine": "duckdb", "partition_mode": "tables"},
+    "arrow": {"engine": "arrow"},
+}
+ENDLESS = [
+    "SELECT count(*) AS n FROM range(100000000000)",
+    "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) SELECT max(n) FROM t",
+    "SELECT count(*) AS n FROM events, range(1000000000) r WHERE events.region = 'EU'",
+]
+
+
+def make_table(first_id: int = 0, rows: int = ROWS) -> pa.Table:
+    ids = range(first_id, first_id + rows)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "region": pa.array([["EU", "US", "APAC"][i % 3] for i in ids], pa.string()),
+            "note": pa.array([f"note '{i}' \"x\"" for i in ids], pa.string()),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def accelerations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Acceleration]:
+    base = tmp_path_factory.mktemp("sandbox")
+    return {
+        name: build_acceleration(base / name, make_table(), [("region", "region")], **options)
+        for name, options in ENGINES.items()
+    }
+
+
+def assert_no_local_path(text: str, acc: Acceleration) -> None:
+    for path in (acc.root, acc.root.parent):
+        assert str(path) not in text, f"a local path leaked: {text}"
+
+
+# --- time ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sql", ENDLESS)
+def test_a_query_past_its_timeout_is_stopped(accelerations: dict[str, Acceleration], sql: str) -> None:
+    with accelerations["parquet"].reader() as reader:
+        with pytest.raises(QueryLimitError, match=r"1 s time limit.*timeout_s") as caught:
+            reader.query(sql, timeout_s=1)
+        assert caught.value.limit == "timeout"
+        # The reader stays usable after an interrupted query.
+        assert reader.query("SELECT count(*) AS n FROM events").column("n")[0].as_py() == ROWS
+
+
+@pytest.mark.timeout(120)
+def test_the_reader_default_timeout_applies(accelerations: dict[str, Acceleration]) -> None:
+    limits = QueryLimits(timeout_s=1)
+    with accelerations["duckdb_tables"].reader(query_limits=limits) as reader, pytest.raises(QueryLimitError):
+        reader.query(ENDLESS[2])
+
+
+@pytest.mark.timeout(120)
+def test_cli_query_timeout(
+    accelerations: dict[str, Acceleration], capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = str(accelerations["parquet"].spec_path)
+    assert main(["query", spec, ENDLESS[2], "--timeout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "1 s time limit" in err
+    assert "--timeout" in err
+    assert main(["query", spec, "SELECT count(*) AS n FROM events", "--timeout", "60", "--json"]) == 0
+    assert capsys.readouterr().out.strip() == f'{{"n": {ROWS}}}'
+
+
+@pytest.mark.timeout(120)
+def test_hook_query_timeout(accelerations: dict[str, Acceleration]) -> None:
+    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
+
+    hook = PartitionedDatasetHook(dataset="events", spec_path=str(accelerations["arrow"].spec_path))
+    try:
+        with pytest.raises(QueryLimitError, match="timeout"):
+            hook.query(ENDLESS[0], timeout_s=1)
+    finally:
+        hook.close()
+
+
+# --- memory -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT list(range) AS l FROM range(300000000)",
+        "SELECT count(DISTINCT range::VARCHAR || 'x') AS n FROM range(300000000)",
+    ],
+)
+def test_a_query_past_its_memory_limit_raises(accelerations: dict[str, Acceleration], sql: str) -> None:
+    with accelerations["parquet"].reader() as reader:
+        with pytest.raises(QueryLimitError, match=r"64MB memory limit.*memory_limit") as caught:
+            reader.query(sql, memory_limit="64MB", timeout_s=60)
+        assert caught.value.limit == "memory"
+
+
+def test_the_sandbox_runs_with_bounded_memory_and_threads(accelerations: dict[str, Acceleration]) -> None:
+    with accelerations["parquet"].reader() as reader:
+        row = reader.query(
+            "SELECT current_setting('memory_limit') AS memory, current_setting('threads') AS threads",
+            memory_limit="100MB",
+        ).to_pylist()[0]
+    assert row["memory"] == "95.3 MiB", "memory_limit set as asked"
+    assert 1 <= int(row["threads"]) <= 4
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"timeout_s": 0}, {"timeout_s": -5}, {"memory_limit": "lots"}, {"memory_limit": "1GB; SET x=1"}],
+)
+def test_invalid_limits_are_refused(accelerations: dict[str, Acceleration], limits: dict[str, Any]) -> None:
+    with accelerations["parquet"].reader() as reader, pytest.raises(QueryLimitError, match="must be"):
+        reader.query("SELECT 1", **limits)
+
+
+# --- local paths --------------------------------------------------------------------------------------
+
+PROBES = [
+    "SELECT current_setting('allowed_paths') AS p",
+    "SELECT current_setting('temp_directory') AS p",
+    "SELECT * FROM duckdb_settings()",
+    "SELECT path FROM duckdb_databases()",
+    "SELECT sql FROM duckdb_views()",
+    "SELECT view_definition FROM information_schema.views",
+    "SELECT pg_get_viewdef(view_oid) FROM (SELECT 1 AS view_oid)",
+    "SELECT * FROM duckdb_temporary_files()",
+    "SELECT * FROM query('SELECT * FROM duckdb_settings()')",
+    "SELECT * FROM glob('/**')",
+    "SELECT count(*) AS n FROM events WHERE id IN (SELECT length(value) FROM duckdb_settings())",
+    "SELECT * FROM parquet_metadata('x.parquet')",
+]
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("sql", PROBES)
+def test_the_query_cannot_learn_local_paths(
+    accelerations: dict[str, Acceleration], engine: str, sql: str
+) -> None:
+    acc = accelerations[engine]
+    if "events" not in sql:
+        sql += " UNION ALL BY NAME SELECT count(*) AS n FROM events"  # the files are in the database
+    with acc.reader() as reader, pytest.raises(UnsafeQueryError) as caught:
+        reader.query(sql)
+    assert_no_local_path(str(caught.value), acc)
+
+
+FAILING = [
+    "SELECT nope FROM events",
+    "SELECT region + 1 FROM events",
+    "SELECT CAST(note AS INTEGER) AS n FROM events WHERE region = 'EU'",
+    "SELECT * FROM events WHERE id = 'not a number'",
+    "SELECT * FROM events e JOIN events f USING (missing)",
+    "SELECT error(note) FROM events",
+]
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("sql", FAILING)
+def test_query_errors_name_no_local_path(
+    accelerations: dict[str, Acceleration], engine: str, sql: str
+) -> None:
+    acc = accelerations[engine]
+    with acc.reader() as reader, pytest.raises(FilterError) as caught:
+        reader.query(sql)
+    assert_no_local_path(str(caught.value), acc)
+
+
+@pytest.mark.parametrize("engine", ["parquet", "duckdb_files"])
+def test_a_damaged_file_is_named_by_its_place_in_the_dataset(tmp_path: Path, engine: str) -> None:
+    acc = build_acceleration(tmp_path, make_table(), [("region", "region")], **ENGINES[engine])
+    damaged = next(p for p in (acc.root / acc.dataset / "region=EU").iterdir() if p.is_file())
+    damaged.write_bytes(b"PAR1" + b"\0" * 64 + b"PAR1")
+    with acc.reader() as reader, pytest.raises(FilterError) as caught:
+        reader.query("SELECT count(*) AS n FROM events WHERE region = 'EU'")
+    assert_no_local_path(str(caught.value), acc)
+    assert f"region=EU/{damaged.name}" in str(caught.value), "the message still says which file"
+
+
+def test_the_sandbox_still_reads_what_it_should(accelerations: dict[str, Acceleration]) -> None:
+    with accelerations["duckdb_tables"].reader() as reader:
+        described = reader.query("DESCRIBE events")
+        assert described.column("column_name").to_pylist() == ["id", "region", "note"]
+        summary = reader.query("SUMMARIZE SELECT id FROM events")
+        assert summary.num_rows == 1
+        joined = reader.query(
+            "WITH eu AS (SELECT * FROM events WHERE region = 'EU') "
+            "SELECT count(*) AS n FROM eu, unnest([1, 2]) u(x), range(2) r, generate_series(1, 1) g"
+        )
+        assert joined.column("n")[0].as_py() == ROWS // 3 * 4
+
+
+# --- other versions in the shared DuckDB file -----------------------------------------------------------
+
+
+@pytest.fixture
+def two_versions(tmp_path: Path) -> tuple[Acceleration, str, set[int]]:
+    """A `tables`-mode acceleration whose EU partition version 2 replaced: version 1's table still sits in
+    the shared file with rows version 2 does not have. Returns it, the old table's name and its ids."""
+    acc = build_acceleration(
+        tmp_path, make_table(), [("region", "region")], engine="duckdb", partition_mode="tables"
+    )
+    storage = get_storage("duckdb", "tables")
+    old = acc.snapshot()
+    spec = old.partition_spec
+    key = PartitionKey(("EU",))
+    old_files = old.partitions[key.path(spec.names)].files
+    old_table = old_files[0].table
+    assert old_table is not None
+    replacement = make_table(first_id=10_000, rows=6).filter(pc.equal(make_table(10_000, 6)["region"], "EU"))
+    dataset_root = acc.root / acc.dataset
+    files = storage.publish(dataset_root, storage.write(replacement, dataset_root, key.path(spec.names)))
+    acc.catalog.commit(
+        base_version=old.version, upserts=[PartitionEntry.from_files(key, spec, files)], partition_spec=spec
+    )
+    old_ids = set(make_table().filter(pc.equal(make_table()["region"], "EU"))["id"].to_pylist())
+    return acc, old_table, old_ids
+
+
+def test_tables_mode_query_sees_only_its_version(two_versions: tuple[Acceleration, str, set[int]]) -> None:
+    from airflow_partitions.storage import duckdb_engine
+
+    acc, old_table, old_ids = two_versions
+    with acc.reader() as reader:
+        eu = reader.query("SELECT id FROM events WHERE region = 'EU'").column("id").to_pylist()
+        assert not set(eu) & old_ids, "the newest version shows the replaced EU partition"
+        assert set(reader.query("SELECT id FROM events", version=1).column("id").to_pylist()) >= old_ids
+        for sql in (
+            "SELECT table_name AS t FROM duckdb_tables()",
+            "SELECT table_name AS t FROM information_schema.tables",
+            "SELECT name AS t FROM (SHOW ALL TABLES)",
+            "SHOW ALL TABLES",
+            "SELECT table_name AS t FROM duckdb_columns()",
+        ):
+            with pytest.raises(UnsafeQueryError):
+                reader.query(f"{sql} UNION ALL BY NAME SELECT region AS t FROM events")
+        # The shared file is attached under the next `ap_part_<n>` alias: name the old table through it.
+        alias = f"ap_part_{next(duckdb_engine._attach_ids) + 1}"
+        with pytest.raises(UnsafeQueryError, match="only the dataset"):
+            reader.query(f"SELECT id FROM events UNION ALL SELECT id FROM {alias}.{old_table}")
+        with pytest.raises(UnsafeQueryError, match="only the dataset"):
+            reader.query(f'SELECT id FROM events UNION ALL SELECT id FROM {alias}.main."{old_table}"')
