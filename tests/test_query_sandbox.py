@@ -138,7 +138,14 @@ def test_the_sandbox_runs_with_bounded_memory_and_threads(accelerations: dict[st
 
 @pytest.mark.parametrize(
     "limits",
-    [{"timeout_s": 0}, {"timeout_s": -5}, {"memory_limit": "lots"}, {"memory_limit": "1GB; SET x=1"}],
+    [
+        {"timeout_s": 0},
+        {"timeout_s": -5},
+        {"timeout_s": float("nan")},
+        {"memory_limit": "lots"},
+        {"memory_limit": "0GB"},
+        {"memory_limit": "1GB'; SET threads = 64; --"},
+    ],
 )
 def test_invalid_limits_are_refused(accelerations: dict[str, Acceleration], limits: dict[str, Any]) -> None:
     with accelerations["parquet"].reader() as reader, pytest.raises(QueryLimitError, match="must be"):
@@ -271,3 +278,9 @@ def test_tables_mode_query_sees_only_its_version(two_versions: tuple[Acceleratio
             reader.query(f"SELECT id FROM events UNION ALL SELECT id FROM {alias}.{old_table}")
         with pytest.raises(UnsafeQueryError, match="only the dataset"):
             reader.query(f'SELECT id FROM events UNION ALL SELECT id FROM {alias}.main."{old_table}"')
+        # A name DuckDB cannot find gets no suggestion of the shared file's tables.
+        for near in (old_table[:-2], "_ap_tablez"):
+            with pytest.raises(FilterError) as caught:
+                reader.query(f"SELECT * FROM (WITH {near} AS (SELECT 1) SELECT 1), {near}, events")
+            assert old_table not in str(caught.value)
+            assert "_ap_tables" not in str(caught.value)

@@ -54,7 +54,9 @@ _REFUSED_FUNCTIONS = frozenset(
     {"current_setting", "getvariable", "getenv", "pg_get_viewdef", "pg_get_constraintdef", "get_block_size"}
 )
 _REFUSED_PREFIXES = ("duckdb_", "pragma_")
-_SIZE = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+# `Did you mean "ap_part_3.p_..."?`: DuckDB suggesting a table of an attached file for a misspelt name.
+_QUALIFIED_SUGGESTION = re.compile(r'\n?Did you mean "[^"]*\.[^"]*"\??')
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -77,10 +79,7 @@ class QueryLimits:
         ):
             raise QueryLimitError(f"timeout_s must be a positive number of seconds, not {timeout!r}")
         memory = self.memory_limit
-        if memory is not None and not (
-            (isinstance(memory, int) and not isinstance(memory, bool) and memory > 0)
-            or (isinstance(memory, str) and _SIZE.fullmatch(memory.strip()))
-        ):
+        if memory is not None and not _is_memory_size(memory):
             raise QueryLimitError(
                 f"memory_limit must be a size such as '512MB' or '4GB', or a number of bytes, not {memory!r}"
             )
@@ -109,6 +108,16 @@ class QueryLimits:
     @property
     def thread_count(self) -> int:
         return self.threads if self.threads is not None else min(os.cpu_count() or 1, MAX_QUERY_THREADS)
+
+
+def _is_memory_size(value: object) -> bool:
+    """A positive number of bytes, or a positive size with a unit DuckDB reads ('512MB', '1.5 GiB')."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value > 0
+    match = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    return match is not None and float(match.group(1)) > 0
 
 
 def default_memory_limit() -> int:
@@ -188,12 +197,18 @@ def _run_sandboxed(
         else:
             connection.register(dataset, schema.empty_table())
     except duckdb.Error as err:
-        raise FilterError(f"query failed: {_without_paths(str(err).strip(), connection, scope)}") from err
+        raise FilterError(f"query failed: {_scrubbed(str(err).strip(), connection, scope)}") from err
     # Only the selected files DuckDB scans in place stay readable (other engines are attached or in memory).
     allowed = ", ".join(quote_string(path) for path in scope.local_files)
     connection.execute(f"SET allowed_paths = [{allowed}]")
     # Limits go in before the configuration is locked; no spilling: the memory limit is the bound.
-    connection.execute(f"SET memory_limit = {quote_string(limits.memory)}")
+    try:
+        connection.execute(f"SET memory_limit = {quote_string(limits.memory)}")
+    except duckdb.Error as err:
+        raise QueryLimitError(
+            f"memory_limit must be a size DuckDB accepts, such as '512MB' or '4GB', not {limits.memory!r}",
+            limit="memory",
+        ) from err
     connection.execute("SET temp_directory = ''")
     connection.execute(f"SET threads = {limits.thread_count}")
     connection.execute("SET enable_external_access = false")
@@ -226,7 +241,7 @@ def _run_sandboxed(
             limit="memory",
         ) from err
     except duckdb.Error as err:
-        raise FilterError(f"query failed: {_without_paths(str(err).strip(), connection, scope)}") from err
+        raise FilterError(f"query failed: {_scrubbed(str(err).strip(), connection, scope)}") from err
     finally:
         timer.cancel()
 
@@ -324,12 +339,13 @@ def _walk(tree: Any) -> Iterator[dict[str, Any]]:
             stack.extend(item)
 
 
-def _without_paths(message: str, connection: Any, scope: CallScope) -> str:
+def _scrubbed(message: str, connection: Any, scope: CallScope) -> str:
     """`message` with the local paths the sandbox knows of (scanned files, attached databases, fetched
     copies) replaced: a file becomes its place in the dataset (`region=EU/part-0.parquet`), a directory
-    `<data>`."""
+    `<data>`. DuckDB's suggestions of qualified names (tables of the attached files) are dropped."""
     import duckdb
 
+    message = _QUALIFIED_SUGGESTION.sub("", message)
     paths = list(scope.local_files)
     with contextlib.suppress(duckdb.Error):
         rows = connection.execute("SELECT path FROM duckdb_databases() WHERE path IS NOT NULL").fetchall()
