@@ -215,6 +215,22 @@ def test_a_damaged_file_is_named_by_its_place_in_the_dataset(tmp_path: Path, eng
     assert f"region=EU/{damaged.name}" in str(caught.value), "the message still says which file"
 
 
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_a_damaged_file_read_is_a_storage_error_naming_it(tmp_path: Path, engine: str) -> None:
+    """`read` (not only `query`) turns a damaged partition file into a typed error that names the file."""
+    from airflow_partitions.exceptions import StorageError
+
+    acc = build_acceleration(tmp_path, make_table(), [("region", "region")], **ENGINES[engine])
+    if engine == "duckdb_tables":  # the rows live in the shared file
+        damaged = acc.root / acc.dataset / "_tables.duckdb"
+    else:
+        damaged = next(p for p in (acc.root / acc.dataset / "region=EU").iterdir() if p.is_file())
+    damaged.write_bytes(b"PAR1" + b"\0" * 64 + b"PAR1")
+    with acc.reader() as reader, pytest.raises(StorageError) as caught:
+        reader.read("region = 'EU'")
+    assert damaged.name in str(caught.value), "the message says which file"
+
+
 def test_the_sandbox_still_reads_what_it_should(accelerations: dict[str, Acceleration]) -> None:
     with accelerations["duckdb_tables"].reader() as reader:
         described = reader.query("DESCRIBE events")

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import FilterError, QueryLimitError, UnsafeQueryError
+from airflow_partitions.exceptions import FilterError, QueryLimitError, StorageError, UnsafeQueryError
 from airflow_partitions.pruning.expressions import quote_identifier, quote_string
 
 if TYPE_CHECKING:
@@ -196,8 +196,10 @@ def _run_sandboxed(
             connection.execute(f"CREATE TEMP VIEW {quote_identifier(dataset)} AS SELECT * FROM {relation}")
         else:
             connection.register(dataset, schema.empty_table())
-    except duckdb.Error as err:
-        raise FilterError(f"query failed: {_scrubbed(str(err).strip(), connection, scope)}") from err
+    except (duckdb.Error, StorageError) as err:
+        # A file DuckDB cannot open is a StorageError of the scan; its DuckDB message names the local path.
+        cause = err.__cause__ if isinstance(err.__cause__, duckdb.Error) else err
+        raise FilterError(f"query failed: {_scrubbed(str(cause).strip(), connection, scope)}") from err
     # Only the selected files DuckDB scans in place stay readable (other engines are attached or in memory).
     allowed = ", ".join(quote_string(path) for path in scope.local_files)
     connection.execute(f"SET allowed_paths = [{allowed}]")

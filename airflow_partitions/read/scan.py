@@ -165,11 +165,17 @@ class DuckDBScanner:
     def _scan(self, cursor: Any, scope: CallScope, files: Sequence[DataFile], schema: pa.Schema) -> str:
         """A relation scanning `files`, completed with NULL columns for schema columns none of them has."""
         # Writers record statistics for every column they write: all present means nothing is missing.
+        import duckdb
+
         complete = all(all(name in f.stats for name in schema.names) for f in files)
-        relation = self.storage.duckdb_relation(cursor, scope, files, schema, union_by_name=not complete)
-        if complete:
-            return relation
-        present = {row[0] for row in cursor.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()}
+        try:
+            relation = self.storage.duckdb_relation(cursor, scope, files, schema, union_by_name=not complete)
+            if complete:
+                return relation
+            present = {row[0] for row in cursor.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()}
+        except duckdb.Error as err:
+            # Opening a damaged or unreadable partition file (DuckDB's message names it).
+            raise StorageError(f"cannot open the selected partition files: {str(err).strip()}") from err
         if all(name in present for name in schema.names):
             return relation
         filler = f"ap_schema_{uuid.uuid4().hex[:12]}"
