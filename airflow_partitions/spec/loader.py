@@ -53,6 +53,7 @@ from airflow_partitions.spec.model import (
     snapshot_problems,
     source_problems,
 )
+from airflow_partitions.spec.masking import mask_secrets, remember_secrets, spec_secrets
 from airflow_partitions.spec.yaml_lines import LineDict, LineList, format_yaml_error, read_yaml
 
 TOP_LEVEL_KEYS = ("accelerator_dir", "datasets")
@@ -95,12 +96,16 @@ def parse_spec(
         document = read_yaml(text)
     except yaml.YAMLError as err:
         raise SpecValidationError([format_yaml_error(err)], path=where) from None
+    # Known before any rule runs, so no message (and no later error of this process) can quote them.
+    secrets = spec_secrets(document.data)
+    remember_secrets(secrets)
     reader = _SpecReader(Path(os.path.abspath(root)), check_types=check_types)
     for line, message in document.duplicates:
         reader.add(line, message)
     project = reader.read_project(document.data, path)
     if reader.findings or project is None:
-        raise SpecValidationError(reader.messages() or ["the spec is invalid"], path=where)
+        messages = reader.messages() or ["the spec is invalid"]
+        raise SpecValidationError([mask_secrets(message, secrets) for message in messages], path=where)
     return project
 
 
