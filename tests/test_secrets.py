@@ -91,13 +91,13 @@ def create_orders(url: str) -> None:
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            "CREATE TABLE public.orders (id bigint PRIMARY KEY, placed_at timestamptz NOT NULL, "
-            "note text)"
+            "CREATE TABLE public.orders (id bigint PRIMARY KEY, placed_at timestamptz NOT NULL, note text)"
         )
         conn.execute("CREATE INDEX orders_placed ON public.orders (placed_at)")
         conn.execute(
-            "INSERT INTO public.orders SELECT i, timestamptz '2026-02-01 00:00+00' + (i % 3) * interval '1 day', "
-            "'n' || i FROM generate_series(0, 29) AS i"
+            "INSERT INTO public.orders SELECT i, "
+            "timestamptz '2026-02-01 00:00+00' + (i % 3) * interval '1 day', 'n' || i "
+            "FROM generate_series(0, 29) AS i"
         )
 
 
@@ -107,6 +107,7 @@ def upload_trips(s3: dict[str, str], bucket: str, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     client: Any = boto3.client("s3", **s3)  # type: ignore[call-overload]
+    tmp_path.mkdir(exist_ok=True)
     for region in ("EU", "US"):
         local = tmp_path / f"{region}.parquet"
         pq.write_table(pa.table({"id": pa.array(range(10), pa.int64()), "v": [1.5] * 10}), local)
@@ -203,6 +204,25 @@ def test_secret_values_reach_into_lists_and_nested_params() -> None:
     assert sorted(secret_values(params)) == ["pl4nted-a", "pl4nted-b"]
 
 
+def test_an_error_quoting_a_loaded_specs_secret_on_its_own_is_printed_masked(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A driver may quote a secret bare, with neither its key nor its URL around it."""
+    from airflow_partitions.cli import print_error
+    from airflow_partitions.exceptions import SourceError
+    from airflow_partitions.spec import load_spec
+
+    spec = tmp_path / "spec.yaml"
+    params = json.dumps({"file_format": "parquet", "aws_session_token": SESSION_TOKEN + "-bare"})
+    spec.write_text(
+        f"datasets:\n  - name: d\n    from: s3://bucket-x/in/\n    params: {params}\n"
+        "    acceleration:\n      partition_by: [id]\n"
+    )
+    load_spec(spec)
+    print_error(SourceError(f"the server refused token {SESSION_TOKEN}-bare (expired)"))
+    assert capfd.readouterr().err == "error: the server refused token *** (expired)\n"
+
+
 # --- validate -------------------------------------------------------------------------------------
 
 INVALID_SPEC = f"""\
@@ -214,7 +234,10 @@ datasets:
       partition_by: ["bucket(4, id)"]
   - name: hadoop_keys
     from: "s3a://AKIAEXAMPLE:{SECRET_KEY}@bucket/path/"
-    params: {{file_format: parquet, aws_secret_access_key: "{SECRET_KEY}", aws_session_token: {SESSION_TOKEN}}}
+    params:
+      file_format: parquet
+      aws_secret_access_key: "{SECRET_KEY}"
+      aws_session_token: {SESSION_TOKEN}
     acceleration:
       partition_by: ["bucket(4, id)"]
   - name: driver_url
@@ -243,6 +266,26 @@ def test_validate_of_an_invalid_spec_names_the_problems_without_the_secrets(
     assert "params.url 'mysql://user:***@host/db' must start with postgresql://" in out
     assert "params.url 'postgresql+psycopg://user:***@127.0.0.1/db' must start with" in out
     assert "from 's3a://AKIAEXAMPLE:***@bucket/path/': unsupported source scheme 's3a'" in out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["refresh", "mysql_url"], ["refresh", "hadoop_keys", "--json"], ["plan", "driver_url"], ["status"]],
+    ids=["refresh", "refresh-json", "plan", "status"],
+)
+def test_commands_refusing_an_invalid_spec_show_no_secret(
+    command: list[str],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    capture_logs(caplog)
+    spec = tmp_path / "invalid.yaml"
+    spec.write_text(INVALID_SPEC)
+    assert main([command[0], str(spec), *command[1:]]) == 2
+    out, err = capfd.readouterr()
+    assert_no_secret(out + err + caplog.text, " ".join(command))
+    assert "params.url 'mysql://user:***@host/db' must start with postgresql://" in err
 
 
 @pytest.mark.postgres
@@ -340,6 +383,63 @@ def test_refresh_plan_and_status_leave_no_secret_in_output_logs_or_files(
     out, err = capfd.readouterr()
     assert_no_secret(out + err + caplog.text, "refresh, plan and status")
     assert 'database "ap_missing_db" does not exist' in err, "the failure is explained"
-    assert "pushdown" in out and "spark" in out, "both stage modes ran"
+    assert '"stage_mode": "pushdown"' in out, "a pushdown stage ran"
+    assert '"stage_mode": "spark"' in out, "a Spark stage ran"
     checked = assert_no_secret_in_files(tmp_path / "acc")
     assert checked > 10, "the accelerations and catalogs were written and read back"
+
+
+# --- Airflow task logs ----------------------------------------------------------------------------
+
+
+@pytest.mark.airflow
+@pytest.mark.postgres
+@pytest.mark.s3
+@pytest.mark.spark
+@pytest.mark.slow
+def test_dag_runs_log_no_secret(
+    spark: Any,
+    pg_database: str,
+    s3_server: dict[str, str],
+    s3_bucket: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from airflow_e2e.metadata_db import in_process_metadata_db
+    from airflow_e2e.sample import install_example_dag
+
+    from airflow_partitions.operators.run_conf import RefreshRunConf
+
+    capture_logs(caplog)
+    create_orders(pg_database)
+    upload_trips(s3_server, s3_bucket, tmp_path / "upload")
+    written = write_spec(tmp_path, pg_url_with_password(pg_database), s3_server, s3_bucket)
+    text = written.read_text().replace("accelerator_dir: acc", f"accelerator_dir: {tmp_path / 'acc'}")
+    install_example_dag(tmp_path / "dags", text)
+    with in_process_metadata_db(str(tmp_path / "dags")) as _:
+        from airflow.configuration import conf
+        from airflow.dag_processing.dagbag import DagBag
+
+        bag = DagBag(dag_folder=str(tmp_path / "dags"))
+        assert bag.import_errors == {}, bag.import_errors
+        states = {}
+        for dataset in ("orders_by_day", "trips_by_bucket", "orders_missing_db"):
+            run = bag.dags[f"refresh_{dataset}"].test(run_conf=RefreshRunConf().to_conf())
+            states[dataset] = str(run.state)
+        log_folder = Path(conf.get("logging", "base_log_folder"))
+    assert states == {
+        "orders_by_day": "success",
+        "trips_by_bucket": "success",
+        "orders_missing_db": "failed",
+    }, states
+    out, err = capfd.readouterr()
+    assert_no_secret(out + err + caplog.text, "the DAG runs")
+    assert "ap_missing_db" in out + err + caplog.text, "the failed task's error is in the logs"
+    # The spec's secrets reached Airflow's masker, which redacts task logs and tracebacks (a private
+    # import: the SDK has no public way to ask the masker).
+    from airflow.sdk._shared.secrets_masker import redact
+
+    for value in PLANTED:
+        assert redact(f"driver said {unquote(value)}") == "driver said ***", value
+    assert_no_secret_in_files(tmp_path / "acc", *([log_folder] if log_folder.is_dir() else []))

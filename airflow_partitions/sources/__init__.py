@@ -6,7 +6,6 @@ Importing this package is cheap (no pyarrow, boto3 or driver imports).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from airflow_partitions.exceptions import SourceError

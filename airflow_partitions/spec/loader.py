@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import yaml
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionSpecError, SpecValidationError
+from airflow_partitions.spec.masking import mask_secrets, remember_secrets, spec_secrets
 from airflow_partitions.spec.model import (
     DEFAULT_ACCELERATOR_DIR,
     DEFAULT_DISCOVERY_TIMEOUT_S,
@@ -53,7 +54,6 @@ from airflow_partitions.spec.model import (
     snapshot_problems,
     source_problems,
 )
-from airflow_partitions.spec.masking import mask_secrets, remember_secrets, spec_secrets
 from airflow_partitions.spec.yaml_lines import LineDict, LineList, format_yaml_error, read_yaml
 
 TOP_LEVEL_KEYS = ("accelerator_dir", "datasets")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -28,6 +28,8 @@ _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s'\"`]*:)(
 MIN_REMEMBERED_LENGTH = 4
 _remembered: set[str] = set()
 _remembered_lock = threading.Lock()
+# Told every secret remembered, past and future (Airflow's secrets masker, so task logs hide them too).
+_listeners: list[Callable[[str], None]] = []
 
 
 def is_secret_key(key: object) -> bool:
@@ -118,9 +120,29 @@ def url_password(url: str) -> list[str]:
 
 
 def remember_secrets(secrets: Iterable[str]) -> None:
-    """Mask these in every later `mask_secrets` call of this process (a loaded spec's secrets)."""
+    """Mask these in every later `mask_secrets` call of this process (a loaded spec's secrets), and tell
+    the listeners (`on_secret`)."""
     with _remembered_lock:
-        _remembered.update(s for s in secrets if len(s) >= MIN_REMEMBERED_LENGTH)
+        new = {s for s in secrets if len(s) >= MIN_REMEMBERED_LENGTH} - _remembered
+        _remembered.update(new)
+        listeners = list(_listeners)
+    for secret in sorted(new):
+        for listener in listeners:
+            listener(secret)
+
+
+def on_secret(listener: Callable[[str], None]) -> None:
+    """Call `listener` with every secret remembered so far and every one remembered later.
+
+    Adding a listener again registers it once but replays the secrets known so far: a secrets masker
+    reset between tasks (Airflow resets its masker per task process) gets them back.
+    """
+    with _remembered_lock:
+        if listener not in _listeners:
+            _listeners.append(listener)
+        known = sorted(_remembered)
+    for secret in known:
+        listener(secret)
 
 
 def mask_secrets(text: str, secrets: Iterable[str] = ()) -> str:
