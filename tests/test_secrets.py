@@ -319,6 +319,7 @@ def test_validate_of_a_valid_spec_and_of_unreachable_sources_shows_no_secret(
 def test_a_stage_left_behind_holds_no_secret_and_only_its_owner_reads_it(
     pg_database: str, tmp_path: Path
 ) -> None:
+    from airflow_partitions.exceptions import RefreshError
     from airflow_partitions.refresh import plan_refresh
     from airflow_partitions.refresh.finalize import finalize_partition
     from airflow_partitions.refresh.stage import STAGE_MANIFEST, stage_refresh
@@ -348,6 +349,13 @@ def test_a_stage_left_behind_holds_no_secret_and_only_its_owner_reads_it(
     # Finalize takes the connection from the spec it loads, not from the stage.
     result = finalize_partition(load_spec(spec), dataset, stage, plan.items[0])
     assert result.entry.rows == 10
+
+    # A spec whose source moved since the stage is refused, not read from the new place.
+    spec.write_text(spec.read_text().replace(pg_database.rsplit("/", 1)[1], "ap_other_db"))
+    moved = load_spec(spec)
+    with pytest.raises(RefreshError, match="the spec changed since the stage: stage again") as refused:
+        finalize_partition(moved, moved.dataset("orders"), stage, plan.items[1])
+    assert_no_secret(str(refused.value), "the refusal")
 
 
 # --- a whole CLI session --------------------------------------------------------------------------
