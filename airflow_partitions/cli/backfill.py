@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from airflow_partitions.cli import print_error
 from airflow_partitions.exceptions import AirflowApiError, RunConfError
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
@@ -488,7 +489,7 @@ def _airflow_backfill(args: argparse.Namespace) -> None:
     try:
         code = run(args, airflow_connections=True)
     except AirflowPartitionsError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print_error(err)
         code = 2
     if code:
         sys.exit(code)

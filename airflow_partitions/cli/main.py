@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from airflow_partitions.cli import print_error
 from airflow_partitions.exceptions import AirflowPartitionsError
 
 # Each module defines `register(subparsers) -> None`; the parser it adds sets `func(args) -> int`.
@@ -35,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except AirflowPartitionsError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print_error(err)
         return 2
     except BrokenPipeError:
         # The reader closed the pipe (`status | head`): stop quietly, as Unix tools do. Point stdout at

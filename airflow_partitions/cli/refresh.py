@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Any, TextIO
 
+from airflow_partitions.cli import print_error
 from airflow_partitions.exceptions import ConservationError, PartitionsFailedError
 
 BAR_WIDTH = 28
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     except (PartitionsFailedError, ConservationError) as err:
         if args.json and err.summary is not None:
             print(json.dumps(err.summary.to_json(), indent=2))  # type: ignore[attr-defined]
-        print(f"error: {err}", file=sys.stderr)
+        print_error(err)
         return 1
     if args.json:
         print(json.dumps(summary.to_json(), indent=2))

@@ -1,4 +1,5 @@
-"""Turns Airflow connections into the plain settings the core takes: Postgres URLs for sources."""
+"""Turns Airflow connections into the plain settings the core takes (Postgres URLs for sources), and
+hands the secrets of loaded specs to Airflow's secrets masker."""
 
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ async def aprepare_source_connections(spec_path: str, dataset: str) -> None:
     from airflow_partitions.sources.base import set_connection_resolver
     from airflow_partitions.spec import SourceScheme, load_spec
 
+    install_secret_masker()
     project = await asyncio.to_thread(load_spec, spec_path)
     source = project.dataset(dataset).source
     if source.scheme is SourceScheme.POSTGRES and source.connection_id:
@@ -100,3 +102,13 @@ async def aprepare_source_connections(spec_path: str, dataset: str) -> None:
             ) from err
         _PREFETCHED[source.connection_id] = postgres_url(connection)
     set_connection_resolver(_resolve_prefetched_or_live)
+
+
+def install_secret_masker() -> None:
+    """Register every secret of the specs this process loads (URL passwords, `aws_secret_access_key`, ...)
+    with Airflow's secrets masker, so task logs (tracebacks of driver errors included) show `***`."""
+    from airflow.sdk.log import mask_secret
+
+    from airflow_partitions.spec.masking import on_secret
+
+    on_secret(mask_secret)

@@ -103,6 +103,7 @@ class PartitionedDatasetHook(BaseHook):
         Files under an `s3://` data root and a catalog on S3 are both reached with the AWS connection.
         """
         from airflow_partitions.catalog import catalog_location, open_catalog
+        from airflow_partitions.hooks.connections import install_secret_masker
         from airflow_partitions.read import PartitionedDatasetReader
         from airflow_partitions.spec import load_spec
 
@@ -113,6 +114,7 @@ class PartitionedDatasetHook(BaseHook):
                 "pass spec_path=... or add it to the connection's extra"
             )
         data_root = self._setting("data_root", self.data_root)
+        install_secret_masker()
         project = load_spec(spec_path)
         dataset = project.dataset(self.dataset)
         remote_data = data_root is not None and data_root.startswith("s3://")

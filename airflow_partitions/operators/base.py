@@ -45,8 +45,10 @@ class DatasetOperator(BaseOperator):
 
     @cached_property
     def project(self) -> ProjectSpec:
+        from airflow_partitions.hooks.connections import install_secret_masker
         from airflow_partitions.spec import load_spec
 
+        install_secret_masker()
         return load_spec(self.spec_path)
 
     @cached_property

@@ -34,12 +34,13 @@ from airflow_partitions.refresh.stage import (
     stage_location,
     staged_item_directory,
 )
-from airflow_partitions.sources import open_source_json
+from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.sources.files import filter_to_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
     from airflow_partitions.transforms import Transform
@@ -135,7 +136,7 @@ def finalize_partition(
     transforms = [f.transform for f in bound.acceleration.partition_by]
     key = item.partition_key.values
     if manifest.mode is StageMode.PUSHDOWN:
-        source = open_source_json(manifest.source, schema=manifest.schema)
+        source = staged_source(dataset, manifest, location)
         table = conform_to_schema(source.read_partition(transforms, key, staged.get("hint")), manifest.schema)
         routed = table.num_rows
     else:
@@ -169,6 +170,22 @@ def finalize_partition(
         refreshed_at=dt.datetime.now(dt.UTC),
     )
     return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed)
+
+
+def staged_source(dataset: DatasetSpec, manifest: StageManifest, location: str) -> Source:
+    """The dataset's source as the spec gives it (secrets included: the stage holds none), refused if it
+    is not the source the stage planned its reads on."""
+    from airflow_partitions.spec.masking import masked_params
+
+    source = open_dataset_source(dataset, schema=manifest.schema)
+    # Both sides masked: a manifest of an earlier version still holds its source's secrets.
+    if masked_params(manifest.source) != masked_params(source.to_json()):
+        raise RefreshError(
+            f"stage {location} was made from {manifest.source.get('kind')} source "
+            f"{manifest.source.get('location')!r}, but the spec now reads {source.describe()}; the spec "
+            "changed since the stage: stage again"
+        )
+    return source
 
 
 def check_written_rows(

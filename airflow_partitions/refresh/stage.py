@@ -81,7 +81,11 @@ def decode_schema(text: str) -> pa.Schema:
 
 @dataclass(frozen=True)
 class StageManifest:
-    """The stage's own record: mode, source, schema and, per planned key path, where its rows are."""
+    """The stage's own record: mode, source, schema and, per planned key path, where its rows are.
+
+    `source` is `Source.to_json()`: what the source is, its secrets masked. A stage may outlive a crashed
+    run, so it holds no secret; finalize reopens the source from the spec it loads itself.
+    """
 
     dataset: str
     spec_id: str
@@ -148,8 +152,11 @@ class StageManifest:
         )
 
     def write(self, location: Path) -> None:
+        """Atomically, readable by its owner only (0600, like the stage directory's 0700)."""
         temporary = location / f".{STAGE_MANIFEST}.{uuid.uuid4().hex}"
-        temporary.write_text(json.dumps(self.to_json(), separators=(",", ":")), encoding="utf-8")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(self.to_json(), separators=(",", ":")))
         os.replace(temporary, location / STAGE_MANIFEST)
 
 
@@ -205,7 +212,9 @@ def stage_refresh(
     target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
     if (target / STAGE_MANIFEST).exists():
         raise RefreshError(f"stage location {target} already holds a finished stage; use a new location")
-    target.mkdir(parents=True, exist_ok=True)
+    # Staged rows are source data: the stage is its owner's only (the manifest is written 0600).
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target.chmod(0o700)
     keys = [PartitionKey.from_json(item.key).values for item in plan.items]
     entries: dict[str, dict[str, Any]] = {}
     ran_on: str | None = None

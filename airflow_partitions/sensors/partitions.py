@@ -86,10 +86,11 @@ class SourceChangeSensor(_DatasetSensor):
         super().__init__(poke_interval=poke_interval, **kwargs)
 
     def poke(self, context: Context) -> PokeReturnValue:
-        from airflow_partitions.hooks.connections import install_connection_resolver
+        from airflow_partitions.hooks.connections import install_connection_resolver, install_secret_masker
         from airflow_partitions.refresh.checks import source_changes
 
         install_connection_resolver()
+        install_secret_masker()
         changes = source_changes(self.spec_path, self.dataset, self.where)
         self.log.info(
             "%s: %d changed and %d removed partition(s) since catalog version %s",

@@ -6,7 +6,6 @@ Importing this package is cheap (no pyarrow, boto3 or driver imports).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from airflow_partitions.exceptions import SourceError
@@ -31,17 +30,17 @@ __all__ = [
     "connection_resolver",
     "open_dataset_source",
     "open_source",
-    "open_source_json",
     "set_connection_resolver",
 ]
 
 
-def open_source(ref: Any, *, declared_schema: Any = None) -> Source:
+def open_source(ref: Any, *, declared_schema: Any = None, schema: Any = None) -> Source:
     """The connector for a spec `SourceRef` (`scheme`, `location`, `params`, `file_format`).
 
     `declared_schema` (the dataset's `schema:` block as Arrow) wins over the types the source reports:
     every read parses or casts the declared columns to them. Open a dataset's source with
-    `open_dataset_source(dataset)`, which passes it.
+    `open_dataset_source(dataset)`, which passes it. `schema` (the Arrow schema recorded when the source
+    was first read, e.g. by the stage) spares the source from asking for it again.
     """
     scheme = str(getattr(ref.scheme, "value", ref.scheme))
     params = dict(ref.params or {})
@@ -51,7 +50,9 @@ def open_source(ref: Any, *, declared_schema: Any = None) -> Source:
         file_format = getattr(ref, "file_format", None)
         if file_format is not None:
             params.setdefault("file_format", str(getattr(file_format, "value", file_format)))
-        return FileSource(ref.location, params=params, scheme=scheme, declared_schema=declared_schema)
+        return FileSource(
+            ref.location, params=params, scheme=scheme, schema=schema, declared_schema=declared_schema
+        )
     if scheme == "postgres":
         from airflow_partitions.sources.postgres import PostgresSource
 
@@ -61,42 +62,12 @@ def open_source(ref: Any, *, declared_schema: Any = None) -> Source:
             url=ref.url,
             connection_id=ref.connection_id,
             params=params,
+            schema=schema,
             declared_schema=declared_schema,
         )
     raise SourceError(f"no connector for source scheme {scheme!r}; use file:, s3:// or postgres:")
 
 
-def open_dataset_source(dataset: Any) -> Source:
+def open_dataset_source(dataset: Any, *, schema: Any = None) -> Source:
     """The connector for a spec `DatasetSpec`'s source, with the types its `schema:` block declares."""
-    return open_source(dataset.source, declared_schema=dataset.declared_schema())
-
-
-def open_source_json(data: Mapping[str, Any], *, schema: Any = None) -> Source:
-    """Reopen a source from its `Source.to_json()` form (in another process or task).
-
-    `schema` (the Arrow schema recorded when the source was first read) spares the reopened source from
-    asking for it again.
-    """
-    kind = data.get("kind")
-    if kind == "files":
-        from airflow_partitions.sources.files import FileSource
-
-        return FileSource(
-            str(data["location"]),
-            params=data.get("params") or {},
-            base_dir=data.get("base_dir"),
-            scheme=str(data.get("scheme", "file")),
-            schema=schema,
-        )
-    if kind == "postgres":
-        from airflow_partitions.sources.postgres import PostgresSource
-
-        return PostgresSource(
-            str(data["table_schema"]),
-            str(data["table_name"]),
-            url=data.get("url"),
-            connection_id=data.get("connection_id"),
-            params=data.get("params") or {},
-            schema=schema,
-        )
-    raise SourceError(f"cannot reopen a source of kind {kind!r}")
+    return open_source(dataset.source, declared_schema=dataset.declared_schema(), schema=schema)

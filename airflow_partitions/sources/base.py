@@ -165,7 +165,8 @@ class Source(Protocol):
         ...
 
     def to_json(self) -> dict[str, Any]:
-        """Enough to reopen the same source in another process (no secrets resolved)."""
+        """What identifies the source (kind, location, params), secrets masked: fit to print or to write in a
+        stage manifest, never to reopen the source from (the spec holds the secrets)."""
         ...
 
 

@@ -33,6 +33,7 @@ from airflow_partitions.sources.base import (
     tagged_fingerprint,
 )
 from airflow_partitions.sources.schema import unify_types
+from airflow_partitions.spec.masking import masked_params
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -1008,7 +1009,7 @@ class FileSource:
             "kind": self.kind,
             "scheme": "s3" if self.is_s3 else "file",
             "location": self.location,
-            "params": self.params,
+            "params": masked_params(self.params),
             "base_dir": self.base_dir,
         }
 

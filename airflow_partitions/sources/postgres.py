@@ -35,6 +35,7 @@ from airflow_partitions.sources.base import (
 )
 from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident
+from airflow_partitions.spec.masking import mask_secrets, mask_url_passwords, masked_params
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -547,9 +548,9 @@ class PostgresSource:
             "location": str(self.table),
             "table_schema": self.table.schema,
             "table_name": self.table.name,
-            "params": self.params,
+            "params": masked_params(self.params),
             "connection_id": self.connection_id,
-            "url": self._url,
+            "url": mask_url_passwords(self._url) if self._url else None,
         }
 
 
@@ -562,9 +563,10 @@ def _watermark_text(value: Any) -> str:
 
 
 def _clean_error(err: BaseException) -> str:
-    """The driver's message without the connection URL (which can carry a password)."""
+    """The first line of the driver's message, secrets masked (a quoted connection URL's password, any
+    secret of a loaded spec)."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return text[:500]
+    return mask_secrets(text)[:500]
 
 
 __all__ = ["DEFAULT_READER", "DiscoveryTimeoutError", "PostgresSource", "canonical_type", "jdbc_settings"]

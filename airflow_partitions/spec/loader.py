@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import yaml
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionSpecError, SpecValidationError
+from airflow_partitions.spec.masking import mask_secrets, remember_secrets, spec_secrets
 from airflow_partitions.spec.model import (
     DEFAULT_ACCELERATOR_DIR,
     DEFAULT_DISCOVERY_TIMEOUT_S,
@@ -95,12 +96,16 @@ def parse_spec(
         document = read_yaml(text)
     except yaml.YAMLError as err:
         raise SpecValidationError([format_yaml_error(err)], path=where) from None
+    # Known before any rule runs, so no message (and no later error of this process) can quote them.
+    secrets = spec_secrets(document.data)
+    remember_secrets(secrets)
     reader = _SpecReader(Path(os.path.abspath(root)), check_types=check_types)
     for line, message in document.duplicates:
         reader.add(line, message)
     project = reader.read_project(document.data, path)
     if reader.findings or project is None:
-        raise SpecValidationError(reader.messages() or ["the spec is invalid"], path=where)
+        messages = reader.messages() or ["the spec is invalid"]
+        raise SpecValidationError([mask_secrets(message, secrets) for message in messages], path=where)
     return project
 
 

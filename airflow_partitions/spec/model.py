@@ -24,6 +24,7 @@ from airflow_partitions.exceptions import (
     SpecValidationError,
 )
 from airflow_partitions.objectstore.location import is_valid_bucket_name
+from airflow_partitions.spec.masking import mask_url_passwords
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -199,7 +200,10 @@ def source_problems(
         url = params.get("url")
         if isinstance(url, str) and url.strip() and not re.match(r"^postgres(ql)?://", url):
             problems.append(
-                Problem(("params", "url"), f"params.url {url!r} must start with postgresql:// or postgres://")
+                Problem(
+                    ("params", "url"),
+                    f"params.url {mask_url_passwords(url)!r} must start with postgresql:// or postgres://",
+                )
             )
         return problems
 
