@@ -212,9 +212,9 @@ def stage_refresh(
     target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
     if (target / STAGE_MANIFEST).exists():
         raise RefreshError(f"stage location {target} already holds a finished stage; use a new location")
-    # Staged rows are source data: the stage is its owner's only (the manifest is written 0600).
-    target.mkdir(mode=0o700, parents=True, exist_ok=True)
-    target.chmod(0o700)
+    # The directory follows the umask: Spark executors, possibly another user on a cluster, write into it.
+    # Nothing secret is staged; the manifest is written 0600 all the same.
+    target.mkdir(parents=True, exist_ok=True)
     keys = [PartitionKey.from_json(item.key).values for item in plan.items]
     entries: dict[str, dict[str, Any]] = {}
     ran_on: str | None = None
