@@ -4,7 +4,8 @@ The manifest is verified against its recorded SHA-256 before it is used (see `ma
 is then downloaded and checked against the manifest's SHA-256 before any is placed (atomically, see
 `download.py`), and the partitions are registered in the local catalog with one commit, so reads work as
 soon as this returns. A refused bootstrap (an edited manifest, a corrupted object, a file in the way, a
-local commit of the same partitions that won the race) leaves the destination as it found it: temporaries, placed files and created directories are removed.
+local commit of the same partitions that won the race) leaves the destination as it found it:
+temporaries, placed files and created directories are removed.
 Running it again changes nothing: identical local files are not fetched and partitions the local catalog
 already holds unchanged are not committed again.
 """
