@@ -155,3 +155,66 @@ def test_sigkill_at_random_points_leaves_the_last_version_intact(
     if store == "local" and engine == "parquet":
         remaining = [p.name for p in data_root.rglob(".tmp-*")]
         assert remaining == [], f"vacuum must clear crashed writes' temporaries (removed {leftovers})"
+
+
+def compacting_vacuum_worker(config: dict[str, Any], ready: Any, seed: int) -> None:
+    """Vacuum in a loop, rewriting the shared DuckDB file every time (whatever its free share)."""
+    from airflow_partitions.storage import duckdb_engine
+
+    duckdb_engine.COMPACT_FREE_SHARE = 0.0
+    catalog, _storage, _data_root = open_catalog(config)
+    rng = random.Random(seed)
+    ready.set()
+    while True:
+        # A grace of an hour: nothing is dropped, only the file is rewritten under the writer's feet.
+        report = catalog.vacuum(retain_versions=1)
+        assert report.shared_files, "the shared file is measured and rewritten"
+        time.sleep(rng.uniform(0.2, 0.5))
+
+
+def test_compacting_vacuum_killed_beside_a_publisher_and_a_reader_loses_nothing(tmp_path: Path) -> None:
+    config: dict[str, Any] = {"store": "local", "engine": "duckdb", "mode": "tables", "root": str(tmp_path)}
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(
+        ["pytest", "pyarrow", "duckdb", "airflow_partitions.storage.duckdb_engine", __name__]
+    )
+    catalog, storage, data_root = open_catalog(config)
+    refresh_once(catalog, storage, data_root, random.Random(7))
+    rng = random.Random(4321)
+    versions = [check_intact(config)]
+    reads = 0
+    for kill in range(KILLS):
+        ready_writer, ready_vacuum = context.Event(), context.Event()
+        writer = context.Process(target=crash_worker, args=(config, ready_writer, 100 + kill))
+        vacuum = context.Process(target=compacting_vacuum_worker, args=(config, ready_vacuum, kill))
+        writer.start()
+        vacuum.start()
+        assert ready_writer.wait(timeout=60), "the writer did not start"
+        assert ready_vacuum.wait(timeout=60), "the vacuum did not start"
+        # Read the newest version all along: always whole, through every swap of the shared file.
+        deadline = time.monotonic() + rng.uniform(1.5, 3.0)
+        while time.monotonic() < deadline:
+            latest = Catalog(open_store(config), "crashy", data_root=data_root, storage=storage).latest()
+            assert latest is not None
+            for entry in latest.partitions.values():
+                assert storage.read(data_root, entry.files).num_rows == entry.rows
+            reads += 1
+            time.sleep(0.05)
+        for child in rng.sample([writer, vacuum], 2):
+            assert child.pid is not None
+            os.kill(child.pid, signal.SIGKILL)
+            child.join(timeout=30)
+            assert child.exitcode == -signal.SIGKILL, "each child dies mid-run"
+        versions.append(check_intact(config))
+    assert versions == sorted(versions), "versions only ever move forward"
+    assert versions[-1] > versions[0], "the writer made progress beside the vacuum"
+    assert reads > 0
+
+    catalog, storage, data_root = open_catalog(config)
+    next_version = refresh_once(catalog, storage, data_root, random.Random(99))
+    assert next_version == versions[-1] + 1
+    catalog.vacuum(retain_versions=1)
+    assert check_intact(config) == next_version
+    assert sorted(p.name for p in data_root.glob("*_tables*")) == ["_tables.duckdb"], (
+        "a killed compaction's new file is removed by the next vacuum"
+    )

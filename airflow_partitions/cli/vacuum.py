@@ -197,6 +197,14 @@ def render_report(name: str, report: Any) -> str:
         lines.append(
             f"  kept         {report.young_files_kept} unreferenced file(s) younger than the grace period"
         )
+    for shared in report.shared_files:
+        state = "compacted" if shared.compacted else "not compacted (little free space)"
+        if report.dry_run:
+            state = "measured (a dry run rewrites nothing)"
+        lines.append(
+            f"  shared file  {shared.path} {state}: {format_bytes(shared.bytes_before)} -> "
+            f"{format_bytes(shared.bytes_after)}"
+        )
     if report.removed_catalog_temporaries:
         lines.append(f"  temporaries  {verb} {report.removed_catalog_temporaries} leftover catalog write(s)")
     lines.extend(f"  note: {note}" for note in report.notes)
