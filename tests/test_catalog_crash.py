@@ -161,7 +161,7 @@ def test_sigkill_at_random_points_leaves_the_last_version_intact(
         assert remaining == [], f"vacuum must clear crashed writes' temporaries (removed {leftovers})"
 
 
-def compacting_vacuum_worker(config: dict[str, Any], ready: Any, seed: int) -> None:
+def compacting_vacuum_worker(config: dict[str, Any], ready: Any, seed: int, compactions: Any) -> None:
     """Vacuum in a loop, rewriting the shared DuckDB file every time (whatever its free share)."""
     from airflow_partitions.storage import duckdb_engine
 
@@ -172,7 +172,9 @@ def compacting_vacuum_worker(config: dict[str, Any], ready: Any, seed: int) -> N
     while True:
         # A grace of an hour: nothing is dropped, only the file is rewritten under the writer's feet.
         report = catalog.vacuum(retain_versions=1)
-        assert report.shared_files, "the shared file is measured and rewritten"
+        assert [c.compacted for c in report.shared_files] == [True], "the shared file is rewritten"
+        with compactions.get_lock():
+            compactions.value += 1
         time.sleep(rng.uniform(0.2, 0.5))
 
 
@@ -187,22 +189,36 @@ def test_compacting_vacuum_killed_beside_a_publisher_and_a_reader_loses_nothing(
     rng = random.Random(4321)
     versions = [check_intact(config)]
     reads = 0
+    compactions = context.Value("i", 0)
     for kill in range(KILLS):
         ready_writer, ready_vacuum = context.Event(), context.Event()
         writer = context.Process(target=crash_worker, args=(config, ready_writer, 100 + kill))
-        vacuum = context.Process(target=compacting_vacuum_worker, args=(config, ready_vacuum, kill))
+        vacuum = context.Process(
+            target=compacting_vacuum_worker, args=(config, ready_vacuum, kill, compactions)
+        )
         writer.start()
         vacuum.start()
         assert ready_writer.wait(timeout=60), "the writer did not start"
         assert ready_vacuum.wait(timeout=60), "the vacuum did not start"
-        # Read the newest version all along: always whole, through every swap of the shared file.
-        deadline = time.monotonic() + rng.uniform(1.5, 3.0)
-        while time.monotonic() < deadline:
+        # Read the newest version all along: always whole, through every swap of the shared file. Kill
+        # at a random moment once both children made progress (a commit and a compaction this round).
+        start_version, start_compactions = versions[-1], compactions.value
+        extra = rng.uniform(0.0, 1.0)
+        progressed_at: float | None = None
+        while progressed_at is None or time.monotonic() < progressed_at + extra:
             latest = Catalog(open_store(config), "crashy", data_root=data_root, storage=storage).latest()
             assert latest is not None
             for entry in latest.partitions.values():
                 assert storage.read(data_root, entry.files).num_rows == entry.rows
             reads += 1
+            if (
+                progressed_at is None
+                and latest.version > start_version
+                and compactions.value > start_compactions
+            ):
+                progressed_at = time.monotonic()
+            assert writer.is_alive(), "the writer must not fail beside the compacting vacuum"
+            assert vacuum.is_alive(), "the vacuum must not fail beside the publisher"
             time.sleep(0.05)
         for child in rng.sample([writer, vacuum], 2):
             assert child.pid is not None

@@ -419,9 +419,6 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
         """
         root = Path(dataset_root)
         path = root / SHARED_FILE
-        for leftover in root.glob(f"{_COMPACT_PREFIX}*"):
-            if not dry_run:
-                leftover.unlink(missing_ok=True)
         if not path.exists():
             return []
         before = sizes_before.get(SHARED_FILE, path.stat().st_size)
@@ -429,6 +426,9 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
             return [SharedFileCompaction(SHARED_FILE, before, before, compacted=False)]
         successor: Any = None
         with self._shared(root, read_only=False) as connection:
+            # Under the writer lock no compaction is in flight: a new file found now is a killed one's.
+            for leftover in root.glob(f"{_COMPACT_PREFIX}*"):
+                leftover.unlink(missing_ok=True)
             database, block_size, total_blocks, free_blocks = connection.execute(
                 "SELECT database_name, block_size, total_blocks, free_blocks FROM pragma_database_size() "
                 "WHERE database_name = current_database()"
