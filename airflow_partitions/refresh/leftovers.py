@@ -42,12 +42,11 @@ class StagingSweep:
     dry_run: bool
     removed: tuple[str, ...] = ()  # names of the stage / job-file directories
     kept_young: int = 0  # stages whose last activity is within the grace period
-    bytes_before: int = 0  # bytes of every file under the root before the sweep
-    bytes_after: int = 0  # ... and after it (in a dry run: what would remain)
-
-    @property
-    def bytes_freed(self) -> int:
-        return self.bytes_before - self.bytes_after
+    bytes_freed: int = 0  # bytes of the files removed (in a dry run: that would be)
+    # Bytes of every file under the root before and after the sweep (in a dry run: what would remain);
+    # None unless measured (`measure=True`: vacuum; a stage step does not walk other runs' stages).
+    bytes_before: int | None = None
+    bytes_after: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,19 +66,22 @@ def sweep_stale_stages(
     grace: dt.timedelta = DEFAULT_GRACE,
     keep: Collection[str | os.PathLike[str]] = (),
     dry_run: bool = False,
+    measure: bool = False,
     now: dt.datetime | None = None,
 ) -> StagingSweep:
     """Remove the stage and job-file directories under `root` last active more than `grace` ago.
 
     `keep`: locations never removed (the caller's own stage). A directory that vanishes meanwhile (its
-    run committed) is skipped.
+    run committed) is skipped. `measure`: also report the bytes under the whole root before and after.
     """
     base = Path(root)
     if not base.is_dir():
-        return StagingSweep(str(base), dry_run)
+        return StagingSweep(
+            str(base), dry_run, bytes_before=0 if measure else None, bytes_after=0 if measure else None
+        )
     limit = (now or dt.datetime.now(dt.UTC)).timestamp() - grace.total_seconds()
     kept = {os.path.abspath(location) for location in keep}
-    before = _tree_bytes(base)
+    before = _tree_bytes(base) if measure else None
     removed: list[str] = []
     freed = 0
     young = 0
@@ -99,13 +101,17 @@ def sweep_stale_stages(
             size -= _tree_bytes(candidate)  # what a concurrent writer put back is not counted as freed
         removed.append(candidate.name)
         freed += size
+    after = None
+    if before is not None:
+        after = before - freed if dry_run else _tree_bytes(base)
     return StagingSweep(
         str(base),
         dry_run,
         removed=tuple(removed),
         kept_young=young,
+        bytes_freed=freed,
         bytes_before=before,
-        bytes_after=before - freed if dry_run else _tree_bytes(base),
+        bytes_after=after,
     )
 
 
@@ -162,5 +168,8 @@ def sweep_dataset_staging(
 ) -> StagingSweep:
     """Vacuum's part: sweep the dataset's staging root (`staging_root`) with vacuum's grace (None: 1 h)."""
     return sweep_stale_stages(
-        staging_root(project, dataset), grace=DEFAULT_GRACE if grace is None else grace, dry_run=dry_run
+        staging_root(project, dataset),
+        grace=DEFAULT_GRACE if grace is None else grace,
+        dry_run=dry_run,
+        measure=True,
     )
