@@ -5,6 +5,10 @@ commit (every third commit also writes a checkpoint). The parent kills it at a r
 that the newest version opens, every version is readable, every file the newest version references is
 present with its checksum and row count, and that the next run succeeds. Children start from a forkserver
 with the heavy modules preloaded, so each kill costs milliseconds of start-up, not seconds.
+
+Two more: a vacuum that rewrites the shared DuckDB file, killed beside a publisher while a reader reads;
+and the real `airflow-partitions refresh` (Spark stage, finalize, commit) killed at random points while
+a reader polls, after which the next run and vacuum leave nothing behind.
 """
 
 from __future__ import annotations
@@ -155,3 +159,231 @@ def test_sigkill_at_random_points_leaves_the_last_version_intact(
     if store == "local" and engine == "parquet":
         remaining = [p.name for p in data_root.rglob(".tmp-*")]
         assert remaining == [], f"vacuum must clear crashed writes' temporaries (removed {leftovers})"
+
+
+def compacting_vacuum_worker(config: dict[str, Any], ready: Any, seed: int, compactions: Any) -> None:
+    """Vacuum in a loop, rewriting the shared DuckDB file every time (whatever its free share)."""
+    from airflow_partitions.storage import duckdb_engine
+
+    duckdb_engine.COMPACT_FREE_SHARE = 0.0
+    catalog, _storage, _data_root = open_catalog(config)
+    rng = random.Random(seed)
+    ready.set()
+    while True:
+        # A grace of an hour: nothing is dropped, only the file is rewritten under the writer's feet.
+        report = catalog.vacuum(retain_versions=1)
+        assert [c.compacted for c in report.shared_files] == [True], "the shared file is rewritten"
+        with compactions.get_lock():
+            compactions.value += 1
+        time.sleep(rng.uniform(0.2, 0.5))
+
+
+def test_compacting_vacuum_killed_beside_a_publisher_and_a_reader_loses_nothing(tmp_path: Path) -> None:
+    config: dict[str, Any] = {"store": "local", "engine": "duckdb", "mode": "tables", "root": str(tmp_path)}
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(
+        ["pytest", "pyarrow", "duckdb", "airflow_partitions.storage.duckdb_engine", __name__]
+    )
+    catalog, storage, data_root = open_catalog(config)
+    refresh_once(catalog, storage, data_root, random.Random(7))
+    rng = random.Random(4321)
+    versions = [check_intact(config)]
+    reads = 0
+    compactions = context.Value("i", 0)
+    for kill in range(KILLS):
+        ready_writer, ready_vacuum = context.Event(), context.Event()
+        writer = context.Process(target=crash_worker, args=(config, ready_writer, 100 + kill))
+        vacuum = context.Process(
+            target=compacting_vacuum_worker, args=(config, ready_vacuum, kill, compactions)
+        )
+        writer.start()
+        vacuum.start()
+        assert ready_writer.wait(timeout=60), "the writer did not start"
+        assert ready_vacuum.wait(timeout=60), "the vacuum did not start"
+        # Read the newest version all along: always whole, through every swap of the shared file. Kill
+        # at a random moment once both children made progress (a commit and a compaction this round).
+        start_version, start_compactions = versions[-1], compactions.value
+        extra = rng.uniform(0.0, 1.0)
+        progressed_at: float | None = None
+        while progressed_at is None or time.monotonic() < progressed_at + extra:
+            latest = Catalog(open_store(config), "crashy", data_root=data_root, storage=storage).latest()
+            assert latest is not None
+            for entry in latest.partitions.values():
+                assert storage.read(data_root, entry.files).num_rows == entry.rows
+            reads += 1
+            if (
+                progressed_at is None
+                and latest.version > start_version
+                and compactions.value > start_compactions
+            ):
+                progressed_at = time.monotonic()
+            assert writer.is_alive(), "the writer must not fail beside the compacting vacuum"
+            assert vacuum.is_alive(), "the vacuum must not fail beside the publisher"
+            time.sleep(0.05)
+        for child in rng.sample([writer, vacuum], 2):
+            assert child.pid is not None
+            os.kill(child.pid, signal.SIGKILL)
+            child.join(timeout=30)
+            assert child.exitcode == -signal.SIGKILL, "each child dies mid-run"
+        versions.append(check_intact(config))
+    assert versions == sorted(versions), "versions only ever move forward"
+    assert versions[-1] > versions[0], "the writer made progress beside the vacuum"
+    assert reads > 0
+
+    catalog, storage, data_root = open_catalog(config)
+    next_version = refresh_once(catalog, storage, data_root, random.Random(99))
+    assert next_version == versions[-1] + 1
+    catalog.vacuum(retain_versions=1)
+    assert check_intact(config) == next_version
+    assert sorted(p.name for p in data_root.glob("*_tables*")) == ["_tables.duckdb"], (
+        "a killed compaction's new file is removed by the next vacuum"
+    )
+
+
+# --- the real CLI refresh, killed at random points --------------------------------------------------
+
+CITIES = ["Zürich", "a/b", "k=v", "100%", 'say "hi"', "it's", "", "∅"]
+CLI_KILLS = 3
+
+
+def _write_orders(directory: Path, batch: int, rows: int) -> None:
+    import pyarrow.csv as pacsv
+
+    first = batch * 100_000
+    table = pa.table(
+        {
+            "id": pa.array(range(first, first + rows), pa.int64()),
+            "city": pa.array([CITIES[i % len(CITIES)] for i in range(rows)], pa.string()),
+        }
+    )
+    pacsv.write_csv(table, directory / f"orders-{batch:03d}.csv")
+
+
+def _source_rows(directory: Path) -> list[tuple[int, str]]:
+    import pyarrow.csv as pacsv
+
+    rows: list[tuple[int, str]] = []
+    for path in sorted(directory.glob("*.csv")):
+        table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(strings_can_be_null=False))
+        rows.extend(zip(table["id"].to_pylist(), table["city"].to_pylist(), strict=True))
+    return sorted(rows)
+
+
+def _read_newest(spec_path: Path) -> tuple[int, list[tuple[int, str]]]:
+    """The newest version and every row of it, read through its files."""
+    from airflow_partitions.catalog import open_catalog as open_dataset_catalog
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(spec_path)
+    dataset = project.dataset("orders")
+    catalog = open_dataset_catalog(project, dataset)
+    snapshot = catalog.latest()
+    if snapshot is None:
+        return 0, []
+    assert catalog.data_root is not None
+    files = [f for entry in snapshot.partitions.values() for f in entry.files]
+    table = get_storage(dataset.acceleration).read(catalog.data_root, files)
+    rows = zip(table["id"].to_pylist(), [c or "" for c in table["city"].to_pylist()], strict=True)
+    return snapshot.version, sorted(rows)
+
+
+def _cli_refresh(spec_path: Path) -> Any:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "airflow_partitions.cli.main", "refresh", str(spec_path), "orders"],
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # the run and its Spark JVM die together
+    )
+
+
+def _age_tree(directory: Path, seconds: float) -> None:
+    stamp = time.time() - seconds
+    for folder, dirs, names in os.walk(directory, topdown=False):
+        for name in [*names, *dirs]:
+            os.utime(os.path.join(folder, name), (stamp, stamp), follow_symlinks=False)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_cli_refresh_killed_at_random_points_keeps_the_previous_version_and_the_next_run_cleans_up(
+    tmp_path: Path,
+) -> None:
+    from airflow_partitions.cli.main import main
+
+    source = tmp_path / "src"
+    source.mkdir()
+    _write_orders(source, 0, 3000)
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(
+        f"""accelerator_dir: {tmp_path / "acc"}
+datasets:
+  - name: orders
+    from: file:{source}
+    params: {{file_format: csv}}
+    acceleration:
+      engine: parquet
+      partition_by:
+        - b: "bucket(16, id)"
+"""
+    )
+    started = time.monotonic()
+    first = _cli_refresh(spec_path)
+    assert first.wait(timeout=600) == 0, first.stderr.read() if first.stderr else ""
+    duration = time.monotonic() - started
+    expected = {1: _source_rows(source)}
+    assert _read_newest(spec_path) == (1, expected[1])
+
+    rng = random.Random(2026)
+    for batch in range(1, CLI_KILLS + 1):
+        _write_orders(source, batch, 2000 + batch)
+        now_rows = _source_rows(source)
+        before, _rows = _read_newest(spec_path)
+        run = _cli_refresh(spec_path)
+        kill_at = time.monotonic() + rng.uniform(0.3, 1.0) * duration
+        polls = 0
+        # A reader polls all along: always a whole version, the previous one or the new one.
+        while time.monotonic() < kill_at and run.poll() is None:
+            version, rows = _read_newest(spec_path)
+            assert version in (before, before + 1)
+            assert rows == (expected[before] if version == before else now_rows), f"version {version}"
+            polls += 1
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=60)
+        version, rows = _read_newest(spec_path)
+        assert version in (before, before + 1), "a killed run commits at most its own version"
+        expected[version] = rows
+        assert rows == (expected[before] if version == before else now_rows), "the version read is whole"
+        assert polls > 0
+
+    # Time passes beyond the grace: the next run sweeps what the killed runs left in the staging root.
+    staging = tmp_path / "acc" / "_staging" / "orders"
+    _age_tree(staging, 2 * 3600)
+    last = _cli_refresh(spec_path)
+    assert last.wait(timeout=600) == 0, last.stderr.read() if last.stderr else ""
+    version, rows = _read_newest(spec_path)
+    assert rows == _source_rows(source), "the next run publishes the whole source"
+    assert sorted(p.name for p in staging.iterdir()) == [], "no stage is left in the staging root"
+    # What the killed finalize tasks wrote and no version references goes with vacuum's grace.
+    assert main(["vacuum", str(spec_path), "orders", "--retain-versions", "1", "--grace", "0s"]) == 0
+    assert _read_newest(spec_path) == (version, rows)
+    data_root = tmp_path / "acc" / "orders"
+    from airflow_partitions.catalog import open_catalog as open_dataset_catalog
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(spec_path)
+    snapshot = open_dataset_catalog(project, project.dataset("orders")).latest()
+    assert snapshot is not None
+    referenced = {f.path for entry in snapshot.partitions.values() for f in entry.files}
+    on_disk = {
+        p.relative_to(data_root).as_posix()
+        for p in data_root.rglob("*")
+        if p.is_file() and not p.relative_to(data_root).as_posix().startswith("_catalog")
+    }
+    assert on_disk == referenced, "no orphan file or temporary is left"

@@ -285,3 +285,44 @@ def test_vacuum_cli_snapshots_with_the_same_retention(
 
     assert main(["vacuum", str(path), "events", "--snapshots"]) == 2
     assert "only the owner of a snapshot" in capsys.readouterr().err
+
+
+def test_vacuum_cli_compacts_the_shared_tables_file_and_reports_its_bytes(
+    spec_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_partitions.refresh.commit import partition_spec_info
+
+    project = load_spec(spec_path)
+    dataset = project.dataset("events")
+    catalog = open_catalog(project, dataset)
+    spec = partition_spec_info(dataset)
+    assert catalog.storage is not None
+    assert catalog.data_root is not None
+    shared = Path(catalog.data_root) / "_tables.duckdb"
+    for version in range(6):
+        entries = []
+        for bucket in range(4):
+            key = PartitionKey((bucket,))
+            ids = range(version * 10_000 + bucket, version * 10_000 + 3000, 4)
+            table = pa.table({"id": list(ids), "note": [f"'v{version}' \"{i}\" ✓" for i in ids]})
+            files = catalog.storage.write(table, catalog.data_root, key.path(spec.names))
+            published = catalog.storage.publish(catalog.data_root, files)
+            entries.append(PartitionEntry.from_files(key, spec, published))
+        newest = catalog.latest()
+        catalog.commit(base_version=newest.version if newest else None, upserts=entries, partition_spec=spec)
+    before = shared.stat().st_size
+
+    code, out = run_cli(
+        capsys, "vacuum", str(spec_path), "events", "--retain-versions", "1", "--grace", "0s", "--json"
+    )
+    assert code == 0
+    (compaction,) = json.loads(out)["shared_files"]
+    assert compaction["path"] == "_tables.duckdb"
+    assert compaction["bytes_before"] == before
+    assert compaction["bytes_after"] == shared.stat().st_size
+    assert compaction["compacted"] is True
+    assert compaction["bytes_after"] < before / 2, compaction
+
+    code, out = run_cli(capsys, "vacuum", str(spec_path), "events", "--retain-versions", "1", "--grace", "0s")
+    assert code == 0
+    assert "shared file  _tables.duckdb" in out

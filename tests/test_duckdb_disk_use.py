@@ -285,3 +285,78 @@ def test_partition_files_of_the_earlier_layout_still_read_exactly(tmp_path: Path
     names = [row[0] for row in connection.sql("SELECT table_name FROM duckdb_tables()").fetchall()]
     connection.close()
     assert names == ["data"], "new files keep the schema in the table comment, not in a second table"
+
+
+def _version_rows(region: str | None, version: int, rows: int) -> pa.Table:
+    first = version * 100_000
+    return pa.table(
+        {
+            "region": pa.array([region] * rows, pa.string()),
+            "trip_id": pa.array(range(first, first + rows), pa.int64()),
+            "note": pa.array(
+                [f"v{version} 'n°{i}' \"q\"" if i % 7 else None for i in range(rows)], pa.string()
+            ),
+        }
+    )
+
+
+def _publish_version(catalog: Catalog, storage: DuckDBTablesStorage, version: int, rows: int) -> None:
+    assert catalog.data_root is not None
+    root = Path(catalog.data_root)
+    entries = []
+    for region in ["EU", "a/b", "k=v", "Überprüfung ✓", None]:
+        key = PartitionKey((region,))
+        files = storage.write(_version_rows(region, version, rows), root, key.path(SPEC.names))
+        entries.append(PartitionEntry.from_files(key, SPEC, storage.publish(root, files)))
+    latest = catalog.latest()
+    catalog.commit(base_version=latest.version if latest else None, upserts=entries, partition_spec=SPEC)
+
+
+def _retained_tables(catalog: Catalog, storage: DuckDBTablesStorage) -> dict[str, pa.Table]:
+    assert catalog.data_root is not None
+    snapshot = catalog.latest()
+    assert snapshot is not None
+    return {
+        str(f.table): storage.read(Path(catalog.data_root), [f])
+        for entry in snapshot.partitions.values()
+        for f in entry.files
+    }
+
+
+def test_vacuum_compacts_the_shared_tables_file_keeping_retained_tables_identical(tmp_path: Path) -> None:
+    storage = DuckDBTablesStorage(keep_staged=False)
+    catalog = Catalog(LocalStore(tmp_path / "grown"), "trips", storage=storage)
+    assert catalog.data_root is not None
+    shared = Path(catalog.data_root) / SHARED_FILE
+    for version in range(11):
+        _publish_version(catalog, storage, version, rows=2000 + version)
+    expected = _retained_tables(catalog, storage)
+    before = shared.stat().st_size
+    # The same retained rows published once into a fresh file: what the file needs.
+    fresh = Catalog(LocalStore(tmp_path / "fresh"), "trips", storage=storage)
+    _publish_version(fresh, storage, 10, rows=2010)
+    assert fresh.data_root is not None
+    needed = (Path(fresh.data_root) / SHARED_FILE).stat().st_size
+
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+    dry = catalog.vacuum(retain_versions=1, grace=dt.timedelta(0), now=later, dry_run=True)
+    assert [(c.path, c.bytes_before) for c in dry.shared_files] == [(SHARED_FILE, before)]
+    assert shared.stat().st_size == before, "a dry run rewrites nothing"
+
+    report = catalog.vacuum(retain_versions=1, grace=dt.timedelta(0), now=later)
+    after = shared.stat().st_size
+    (compaction,) = report.shared_files
+    assert (compaction.path, compaction.bytes_before, compaction.bytes_after) == (SHARED_FILE, before, after)
+    assert report.to_json()["shared_files"] == [
+        {"path": SHARED_FILE, "bytes_before": before, "bytes_after": after, "compacted": True}
+    ]
+    assert after <= needed * 1.25, f"{before} -> {after} bytes; the retained tables need {needed}"
+    assert _retained_tables(catalog, storage) == expected, "retained tables read back identical"
+    assert sorted(p.name for p in shared.parent.iterdir() if p.is_file()) == [SHARED_FILE], (
+        "no copy, temporary or WAL is left next to the shared file"
+    )
+    # Publishing and vacuuming go on over the compacted file.
+    _publish_version(catalog, storage, 11, rows=5)
+    assert all(t.num_rows == 5 for t in _retained_tables(catalog, storage).values())
+    again = catalog.vacuum(retain_versions=1, grace=dt.timedelta(0), now=later + dt.timedelta(hours=1))
+    assert len([f for f in again.removed_files if f.path.startswith(SHARED_FILE)]) == 5

@@ -553,17 +553,27 @@ def test_vacuum_reports_then_removes_unreferenced_files(tmp_path: Path) -> None:
     append_sales(tmp_path / "sales", rows=9, days=1, regions=("EU", "US", "APAC"), name="sales-1.parquet")
     commit(spec, stage_and_refresh(spec))
     files_before = sorted(p for p in (tmp_path / "acc").rglob("*.parquet"))
+    # The stage of a killed run (manifest and staged rows), left in the staging root.
+    abandoned = tmp_path / "acc" / "_staging" / "sales" / "20260101T000000-0123456789"
+    (abandoned / "data" / "__ap_item=0").mkdir(parents=True)
+    (abandoned / "data" / "__ap_item=0" / "rows.bin").write_bytes(b"\0" * 100)
+    (abandoned / "_stage.json").write_text("{}")
     common = {"spec_path": spec, "dataset": "sales", "retain_versions": 1, "grace": dt.timedelta(0)}
     report = VacuumOperator(task_id="v", report_only=True, older_than=dt.timedelta(0), **common).execute(
         context()
     )
     assert report["dry_run"] is True
+    assert report["staging"]["removed"] == [abandoned.name]
+    assert report["staging"]["bytes_before"] - report["staging"]["bytes_after"] == 102
+    assert abandoned.exists(), "a report deletes no stage"
     assert report["removed_files"] == 3
     assert sorted(p for p in (tmp_path / "acc").rglob("*.parquet")) == files_before, (
         "a report deletes nothing"
     )
     done = VacuumOperator(task_id="v", older_than=dt.timedelta(0), **common).execute(context())
     assert done["removed_files"] == 3
+    assert done["staging"]["removed"] == [abandoned.name]
+    assert not abandoned.exists()
     assert done["removed_versions"] == [1]
     assert len(list((tmp_path / "acc").rglob("*.parquet"))) == len(files_before) - 3
     with pytest.raises(OrchestrationError, match="retain_versions"):

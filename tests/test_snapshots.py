@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo, Snapshot
-from airflow_partitions.exceptions import PartitionSpecChangedError, SnapshotError
+from airflow_partitions.exceptions import CommitConflictError, PartitionSpecChangedError, SnapshotError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.snapshots import (
     bootstrap_snapshot,
@@ -674,3 +674,80 @@ def test_snapshot_vacuum_rejects_bad_retention(
     empty = vacuum_snapshots(s3_server, f"s3://{s3_bucket}/snapshots", "trips")
     assert empty.latest_version is None
     assert empty.deleted_objects == 0
+
+
+# --- a refused bootstrap leaves nothing behind ----------------------------------------------------
+
+
+def _tree(root: Path) -> list[str]:
+    """Every path under `root` (files and directories), relative; empty when `root` does not exist."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) if root.exists() else []
+
+
+@pytest.mark.parametrize(("engine", "mode"), [("parquet", None), ("duckdb", "tables")])
+def test_refused_bootstrap_leaves_nothing_downloaded_when_one_object_is_corrupt(
+    s3_server: dict[str, str], s3_bucket: str, tmp_path: Path, engine: str, mode: str | None
+) -> None:
+    location = f"s3://{s3_bucket}/snapshots"
+    source = _side(tmp_path / "source", engine, mode)
+    _refresh(source, {region: _rows(region, offset=10 * i) for i, region in enumerate(HOSTILE_REGIONS)})
+    _upload_all(s3_server, location, source)
+    upload_snapshot_manifest(s3_server, location, "trips", _latest(source))
+    # The last partition in key order is corrupted: every other file downloads and verifies first.
+    last = sorted(_latest(source).partitions)[-1]
+    bad = _latest(source).partitions[last].files[0]
+    _client(s3_server).put_object(
+        Bucket=s3_bucket, Key=f"snapshots/trips/data/{bad.path}", Body=os.urandom(bad.bytes)
+    )
+
+    replica = _side(tmp_path / "replica", engine, mode)
+    before = _tree(tmp_path / "replica")
+    with pytest.raises(SnapshotError, match="does not match the snapshot manifest"):
+        bootstrap_snapshot(
+            s3_server, location, "trips", replica.root, catalog=replica.catalog, storage=replica.storage
+        )
+    assert _tree(tmp_path / "replica") == before, "no file, temporary, directory or shared file is left"
+    assert replica.catalog.latest() is None
+
+
+class _RacedCatalog(Catalog):
+    """A catalog whose first commit loses to another local writer refreshing the same partition."""
+
+    def __init__(self, *args: Any, race: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.race = race
+
+    def commit(self, **kwargs: Any) -> int:
+        if self.race is not None:
+            race, self.race = self.race, None
+            race()
+        return super().commit(**kwargs)
+
+
+def test_bootstrap_refused_at_commit_removes_the_files_it_placed(
+    s3_server: dict[str, str], s3_bucket: str, tmp_path: Path
+) -> None:
+    location = f"s3://{s3_bucket}/snapshots"
+    source = _side(tmp_path / "source")
+    _refresh(source, {"EU": _rows("EU"), "k=v": _rows("k=v", offset=40)})
+    _upload_all(s3_server, location, source)
+    upload_snapshot_manifest(s3_server, location, "trips", _latest(source))
+
+    replica = _side(tmp_path / "replica")
+    _refresh(replica, {"EU": _rows("EU", count=2, offset=900)})  # local version 1
+    local_files = _tree(replica.root)
+    # While the bootstrap downloads, a local refresh of the snapshot's partitions commits version 2.
+    raced = _RacedCatalog(
+        LocalStore(tmp_path / "replica"),
+        "trips",
+        storage=replica.storage,
+        race=lambda: _refresh(replica, {"k=v": _rows("k=v", count=5, offset=700)}),
+    )
+    with pytest.raises(CommitConflictError, match="changed in version 2"):
+        bootstrap_snapshot(s3_server, location, "trips", replica.root, catalog=raced)
+    latest = _latest(replica)
+    assert latest.version == 2, "only the racing local refresh committed"
+    kept = {f.path for e in latest.partitions.values() for f in e.files}
+    leftover = [p for p in _tree(replica.root) if p not in local_files and p not in kept]
+    leftover = [p for p in leftover if not (replica.root / p).is_dir() and not p.startswith("_catalog/")]
+    assert leftover == [], "the files the refused bootstrap downloaded are gone"

@@ -59,7 +59,12 @@ from airflow_partitions.exceptions import (
 )
 from airflow_partitions.keys import escape_component
 from airflow_partitions.objectstore import LocalStore, ObjectStore
-from airflow_partitions.storage.base import PartitionStorage, VacuumedFile, vacuum_files
+from airflow_partitions.storage.base import (
+    PartitionStorage,
+    SharedFileCompaction,
+    VacuumedFile,
+    vacuum_files,
+)
 from airflow_partitions.storage.datafile import DataFile
 
 log = logging.getLogger(__name__)
@@ -701,8 +706,10 @@ class Catalog:
         referenced = self._referenced_files(retained_snapshot, head)
         removed_temporaries = self._vacuum_catalog_temporaries(cutoff, dry_run)
         removed_files: list[VacuumedFile] = []
+        compactions: list[SharedFileCompaction] = []
         young = 0
         if self.data_root is not None:
+            shared_before = self.storage.shared_file_sizes(self.data_root) if self.storage else {}
             result = vacuum_files(
                 self.data_root, {f.path for f in referenced}, cutoff=cutoff, dry_run=dry_run
             )
@@ -713,6 +720,9 @@ class Catalog:
                     self.storage.remove_unreferenced(
                         self.data_root, referenced, cutoff=cutoff, dry_run=dry_run
                     )
+                )
+                compactions.extend(
+                    self.storage.compact_shared(self.data_root, dry_run=dry_run, sizes_before=shared_before)
                 )
         else:
             notes.append("no local data directory known for this catalog: data files were not vacuumed")
@@ -726,6 +736,7 @@ class Catalog:
             removed_catalog_temporaries=removed_temporaries,
             young_files_kept=young,
             notes=tuple(notes),
+            shared_files=tuple(compactions),
         )
 
     @staticmethod

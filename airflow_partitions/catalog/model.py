@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from airflow_partitions.exceptions import CatalogError
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.storage.base import VacuumedFile
+from airflow_partitions.storage.base import SharedFileCompaction, VacuumedFile
 from airflow_partitions.storage.datafile import DataFile
 
 
@@ -189,6 +189,8 @@ class VacuumReport:
     removed_catalog_temporaries: int = 0
     young_files_kept: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Shared files (duckdb `tables` mode) with their size before and after vacuum rewrote them.
+    shared_files: tuple[SharedFileCompaction, ...] = ()
 
     @property
     def bytes_freed(self) -> int:
@@ -206,6 +208,7 @@ class VacuumReport:
             "young_files_kept": self.young_files_kept,
             "bytes_freed": self.bytes_freed,
             "notes": list(self.notes),
+            "shared_files": [c.to_json() for c in self.shared_files],
         }
 
 

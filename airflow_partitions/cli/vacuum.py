@@ -57,8 +57,9 @@ def register(subparsers: Any) -> None:
         description=(
             "Keep the newest catalog versions (by count or by age; default: the last 7 days), delete older "
             "versions' commit records and checkpoints, then delete partition files that no retained version "
-            "references, including leftovers of crashed writes. Files and versions younger than --grace are "
-            "always kept: they may belong to a commit in flight or a running read."
+            "references, including leftovers of crashed writes, and stages killed runs left behind. Files, "
+            "stages and versions younger than --grace are always kept: they may belong to a commit in "
+            "flight or a running read."
         ),
     )
     parser.add_argument("spec", metavar="SPEC", help="path of the spec YAML file")
@@ -78,7 +79,7 @@ def register(subparsers: Any) -> None:
         type=_duration_argument,
         default=dt.timedelta(hours=1),
         metavar="DURATION",
-        help="never delete anything younger than this (default 1h)",
+        help="never delete anything younger than this, stages included (default 1h)",
     )
     parser.add_argument(
         "--snapshots",
@@ -95,6 +96,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from airflow_partitions.catalog import open_catalog
+    from airflow_partitions.refresh.leftovers import sweep_dataset_staging
     from airflow_partitions.spec import load_spec
 
     project = load_spec(args.spec)
@@ -111,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         grace=args.grace,
     )
+    staging = sweep_dataset_staging(project, dataset, grace=args.grace, dry_run=args.dry_run)
     snapshot_report = None
     if args.snapshots:
         from airflow_partitions.objectstore import S3Settings
@@ -126,12 +129,13 @@ def run(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
         )
     if args.json:
-        document = {"dataset": dataset.name, **report.to_json()}
+        document = {"dataset": dataset.name, **report.to_json(), "staging": staging.to_json()}
         if snapshot_report is not None:
             document["snapshots"] = snapshot_report.to_json()
         print(json.dumps(document, indent=2, ensure_ascii=False))
     else:
         print(render_report(dataset.name, report))
+        print(render_staging(staging))
         if snapshot_report is not None:
             print(render_snapshot_report(snapshot_report))
     return 0
@@ -163,6 +167,19 @@ def render_snapshot_report(report: Any) -> str:
     return "\n".join(lines)
 
 
+def render_staging(sweep: Any) -> str:
+    from airflow_partitions.cli.status import format_bytes
+
+    verb = "would delete" if sweep.dry_run else "deleted"
+    line = (
+        f"  staging      {verb} {len(sweep.removed)} stage(s) left by earlier runs; {sweep.root}: "
+        f"{format_bytes(sweep.bytes_before)} -> {format_bytes(sweep.bytes_after)}"
+    )
+    if sweep.kept_young:
+        line += f" (kept {sweep.kept_young} younger than the grace period)"
+    return line
+
+
 def render_report(name: str, report: Any) -> str:
     from airflow_partitions.cli.status import format_bytes
 
@@ -179,6 +196,14 @@ def render_report(name: str, report: Any) -> str:
     if report.young_files_kept:
         lines.append(
             f"  kept         {report.young_files_kept} unreferenced file(s) younger than the grace period"
+        )
+    for shared in report.shared_files:
+        state = "compacted" if shared.compacted else "not compacted (little free space)"
+        if report.dry_run:
+            state = "measured (a dry run rewrites nothing)"
+        lines.append(
+            f"  shared file  {shared.path} {state}: {format_bytes(shared.bytes_before)} -> "
+            f"{format_bytes(shared.bytes_after)}"
         )
     if report.removed_catalog_temporaries:
         lines.append(f"  temporaries  {verb} {report.removed_catalog_temporaries} leftover catalog write(s)")

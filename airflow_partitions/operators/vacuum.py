@@ -62,8 +62,8 @@ class RetentionOptions:
 
 class VacuumOperator(RetentionOptions, DatasetOperator):
     """Vacuum the dataset's catalog: keep the newest `retain_versions` and/or versions younger than
-    `older_than`, delete unreferenced files older than `grace`. `report_only=True` deletes nothing and
-    reports what a vacuum would remove."""
+    `older_than`, delete unreferenced files and stages of killed runs older than `grace`.
+    `report_only=True` deletes nothing and reports what a vacuum would remove."""
 
     template_fields: Sequence[str] = (*DatasetOperator.template_fields, "retain_versions")
     ui_color = "#eeeeee"
@@ -81,20 +81,28 @@ class VacuumOperator(RetentionOptions, DatasetOperator):
         self.set_retention(retain_versions, older_than, grace, report_only)
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.refresh.leftovers import sweep_dataset_staging
+
         catalog = self.open_catalog()
         report = catalog.vacuum(dry_run=self.report_only, **self.retention())
-        summary = report.to_json()
+        staging = sweep_dataset_staging(
+            self.project, self.dataset_spec, grace=self.grace, dry_run=self.report_only
+        )
+        summary = {**report.to_json(), "staging": staging.to_json()}
         # The file list can be long; XCom gets the count, the log gets the names.
         summary["removed_files"] = len(report.removed_files)
         for removed in report.removed_files:
             self.log.debug("vacuum: %s (%d bytes)", removed.path, removed.bytes)
         self.log.info(
-            "%s %s: %d version(s), %d file(s) (%d bytes) %s",
+            "%s %s: %d version(s), %d file(s) (%d bytes), %d stage(s) (staging %d -> %d bytes) %s",
             "Vacuum (dry run) of" if self.report_only else "Vacuumed",
             self.dataset,
             len(report.removed_versions),
             len(report.removed_files),
             report.bytes_freed,
+            len(staging.removed),
+            staging.bytes_before,
+            staging.bytes_after,
             "would be removed" if self.report_only else "removed",
         )
         return summary

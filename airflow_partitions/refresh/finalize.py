@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import PartitionEntry
 from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.refresh.leftovers import mark_stage_in_use
 from airflow_partitions.refresh.plan import (
     DiscoveryKind,
     PartitionResult,
@@ -123,6 +124,7 @@ def finalize_partition(
     if not location:
         raise RefreshError("the stage staged nothing (empty plan): there is no partition to finalize")
     manifest = StageManifest.load(location)
+    mark_stage_in_use(location)  # a sweep by another run or vacuum leaves a stage being read alone
     spec_id = dataset.acceleration.partition_spec_id
     if manifest.dataset != dataset.name or manifest.spec_id != spec_id:
         raise RefreshError(

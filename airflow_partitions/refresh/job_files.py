@@ -22,6 +22,8 @@ from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan, Stag
 
 PLAN_FILE = "plan.json"
 STAGE_RESULT_FILE = "stage.json"
+# `<staging root>/.job-*/`: removed after the task; `refresh.leftovers` sweeps those a killed task left
+JOB_FILES_PREFIX = ".job-"
 
 
 def build_stage_job_args(
@@ -83,7 +85,7 @@ class StageJobFiles:
 @contextmanager
 def stage_job_files(root: str | os.PathLike[str]) -> Iterator[StageJobFiles]:
     """A fresh `StageJobFiles` under `root` (a directory every Spark driver sees), removed afterwards."""
-    with tempfile.TemporaryDirectory(dir=root, prefix=".job-") as directory:
+    with tempfile.TemporaryDirectory(dir=root, prefix=JOB_FILES_PREFIX) as directory:
         yield StageJobFiles(Path(directory))
 
 

@@ -23,6 +23,7 @@ finalize checks what it reads against it. Any mismatch is a `ConservationError` 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog.catalog import DEFAULT_GRACE
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, recorded_now
@@ -190,14 +192,23 @@ def stage_refresh(
     strategy: str = "auto",
     repartition: bool = False,
     source: Source | None = None,
+    sweep_grace: dt.timedelta = DEFAULT_GRACE,
 ) -> StageResult:
     """Stage the rows of every planned partition (one source scan at most); returns where they are.
 
     `spark` is a ready session; without one a local session is built, or a Spark Connect one for `remote`
     (`sc://host:15002`). `repartition=True` shuffles so each partition is one staged file (fewer, larger
-    files for finalize, at the price of a shuffle).
+    files for finalize, at the price of a shuffle). First, stages that killed runs left in the staging
+    root and that were last active more than `sweep_grace` ago (default: vacuum's 1 h) are removed.
     """
+    from airflow_partitions.refresh.leftovers import sweep_stale_stages  # it builds on this module
+
     started = time.monotonic()
+    sweep_stale_stages(
+        staging_root(project, dataset),
+        grace=sweep_grace,
+        keep=[location] if location is not None else [],
+    )
     if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
         raise RefreshError(
             f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r} "

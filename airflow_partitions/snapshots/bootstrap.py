@@ -3,8 +3,9 @@
 The manifest is verified against its recorded SHA-256 before it is used (see `manifest.py`); every file
 is then downloaded and checked against the manifest's SHA-256 before any is placed (atomically, see
 `download.py`), and the partitions are registered in the local catalog with one commit, so reads work as
-soon as this returns. A refused bootstrap (an edited manifest, a corrupted object, a file in the way)
-leaves the destination as it found it: temporaries, placed files and created directories are removed.
+soon as this returns. A refused bootstrap (an edited manifest, a corrupted object, a file in the way, a
+local commit of the same partitions that won the race) leaves the destination as it found it:
+temporaries, placed files and created directories are removed.
 Running it again changes nothing: identical local files are not fetched and partitions the local catalog
 already holds unchanged are not committed again.
 """
@@ -206,25 +207,26 @@ def bootstrap_snapshot(
             entry if entry.key_path in in_shared_tables else _published(entry, root, storage)
             for entry in selected
         ]
+        changed = [entry for entry in upserts if not _unchanged(local, entry)]
+        removed = _removed(local, manifest, where_keys)
+        kept_local += [
+            key_path for key_path in removed if _refreshed_after(local, key_path, manifest.committed_at)
+        ]
+        removed = [key_path for key_path in removed if key_path not in kept_local]
+        committed_version = None
+        if changed or removed:
+            # A refused commit (a local refresh of the same partitions won) takes its downloads back too.
+            committed_version = catalog.commit(
+                base_version=local.version if local is not None else None,
+                upserts=changed,
+                removes=removed,
+                partition_spec=manifest.partition_spec,
+                operation="bootstrap",
+                commit_id=_commit_id(layout, manifest, changed, removed),
+            )
     except BaseException:
         _discard(catalog, root, list(fetched.values()), placed, created_directories)
         raise
-    changed = [entry for entry in upserts if not _unchanged(local, entry)]
-    removed = _removed(local, manifest, where_keys)
-    kept_local += [
-        key_path for key_path in removed if _refreshed_after(local, key_path, manifest.committed_at)
-    ]
-    removed = [key_path for key_path in removed if key_path not in kept_local]
-    committed_version = None
-    if changed or removed:
-        committed_version = catalog.commit(
-            base_version=local.version if local is not None else None,
-            upserts=changed,
-            removes=removed,
-            partition_spec=manifest.partition_spec,
-            operation="bootstrap",
-            commit_id=_commit_id(layout, manifest, changed, removed),
-        )
     downloaded = [
         item for item, action in zip(downloads, actions, strict=True) if action is DownloadAction.DOWNLOADED
     ]

@@ -18,13 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_partitions.catalog.catalog import DEFAULT_GRACE, DEFAULT_RETENTION
 from airflow_partitions.exceptions import ObjectStoreError, SnapshotError
 from airflow_partitions.objectstore import S3Location, S3Store, SettingsLike
 from airflow_partitions.snapshots.layout import SnapshotLayout
 from airflow_partitions.snapshots.manifest import fetch_manifest
-
-DEFAULT_RETENTION = dt.timedelta(days=7)
-DEFAULT_GRACE = dt.timedelta(hours=1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from airflow_partitions.exceptions import StorageError
 from airflow_partitions.storage.base import (
     FileVacuumResult,
     PartitionStorage,
+    SharedFileCompaction,
     VacuumedFile,
     partition_directory,
     vacuum_files,
@@ -27,6 +28,7 @@ __all__ = [
     "DataFile",
     "FileVacuumResult",
     "PartitionStorage",
+    "SharedFileCompaction",
     "VacuumedFile",
     "compute_column_stats",
     "file_checksum",

@@ -14,7 +14,7 @@ import os
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -43,6 +43,25 @@ class VacuumedFile:
 
     path: str
     bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SharedFileCompaction:
+    """A shared file (duckdb `tables` mode) that vacuum rewrote without its free space, or measured in a
+    dry run or when there was nothing to gain (`compacted` False, sizes equal)."""
+
+    path: str  # relative to the dataset root
+    bytes_before: int
+    bytes_after: int
+    compacted: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "compacted": self.compacted,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +357,20 @@ class PartitionStorage(ABC):
     ) -> list[VacuumedFile]:
         """Engine-specific clean-up beyond plain files (the duckdb `tables` mode drops tables)."""
         del dataset_root, referenced, cutoff, dry_run
+        return []
+
+    def shared_file_sizes(self, dataset_root: Path) -> dict[str, int]:
+        """Bytes of each shared file under `dataset_root` (duckdb `tables` mode: `_tables.duckdb`)."""
+        del dataset_root
+        return {}
+
+    def compact_shared(
+        self, dataset_root: Path, *, dry_run: bool, sizes_before: Mapping[str, int]
+    ) -> list[SharedFileCompaction]:
+        """Give back the space of what `remove_unreferenced` dropped from shared files (duckdb `tables`
+        mode rewrites `_tables.duckdb`); `sizes_before`: `shared_file_sizes` when vacuum began, reported
+        as each file's `bytes_before`. Engines without shared files have nothing to compact."""
+        del dataset_root, dry_run, sizes_before
         return []
 
 

@@ -34,8 +34,10 @@ import base64
 import contextlib
 import datetime as dt
 import itertools
+import os
 import time
-from collections.abc import Collection, Iterator, Sequence
+import uuid
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -45,7 +47,13 @@ import duckdb
 import pyarrow as pa
 
 from airflow_partitions.exceptions import StorageError
-from airflow_partitions.storage.base import PartitionStorage, VacuumedFile, conform, data_file_path
+from airflow_partitions.storage.base import (
+    PartitionStorage,
+    SharedFileCompaction,
+    VacuumedFile,
+    conform,
+    data_file_path,
+)
 from airflow_partitions.storage.datafile import DataFile
 from airflow_partitions.storage.sql import quote_identifier, quote_literal
 
@@ -54,6 +62,9 @@ SCHEMA_TABLE = "_ap_arrow_schema"  # where files written before schema comments 
 SCHEMA_COMMENT_PREFIX = "ap-arrow-schema:"
 SHARED_FILE = "_tables.duckdb"
 TABLES_REGISTRY = "_ap_tables"
+_COMPACT_PREFIX = f".{SHARED_FILE}.compact-"  # a compaction's new file before it takes the shared name
+# Vacuum rewrites the shared file once free blocks are this share of it (a rewrite copies every live table).
+COMPACT_FREE_SHARE = 0.25
 _LOCK_MESSAGES = ("Could not set lock", "Conflicting lock", "database is locked")
 KiB = 1024
 MiB = 1024 * KiB
@@ -389,6 +400,60 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
                     removed.extend(_remove_files(root, [leftover]))
         return removed
 
+    def shared_file_sizes(self, dataset_root: Path) -> dict[str, int]:
+        path = Path(dataset_root) / SHARED_FILE
+        return {SHARED_FILE: path.stat().st_size} if path.exists() else {}
+
+    def compact_shared(
+        self, dataset_root: Path, *, dry_run: bool, sizes_before: Mapping[str, int]
+    ) -> list[SharedFileCompaction]:
+        """Rewrite the shared file without its free blocks when they are `COMPACT_FREE_SHARE` of it or more.
+
+        DuckDB reuses the blocks of dropped tables but never gives them back to the filesystem (only
+        trailing ones), so a file that saw many versions keeps the size of its largest past. Under the
+        writer lock, the live tables are copied (`COPY FROM DATABASE`: same tables, same rows, same
+        registry) into a new file of the same block size; the new file is locked by a second connection
+        before it takes the shared file's name (`os.replace`), so waiting publishers and readers open the
+        new file once both locks go, and a writer that opened the old file meanwhile notices the swap and
+        opens again (`_shared`). A crash leaves at most a `.compact-*` file, removed by the next vacuum.
+        """
+        root = Path(dataset_root)
+        path = root / SHARED_FILE
+        if not path.exists():
+            return []
+        before = sizes_before.get(SHARED_FILE, path.stat().st_size)
+        if dry_run:
+            return [SharedFileCompaction(SHARED_FILE, before, before, compacted=False)]
+        successor: Any = None
+        with self._shared(root, read_only=False) as connection:
+            # Under the writer lock no compaction is in flight: a new file found now is a killed one's.
+            for leftover in root.glob(f"{_COMPACT_PREFIX}*"):
+                leftover.unlink(missing_ok=True)
+            database, block_size, total_blocks, free_blocks = connection.execute(
+                "SELECT database_name, block_size, total_blocks, free_blocks FROM pragma_database_size() "
+                "WHERE database_name = current_database()"
+            ).fetchall()[0]
+            if total_blocks == 0 or free_blocks < COMPACT_FREE_SHARE * total_blocks:
+                return [SharedFileCompaction(SHARED_FILE, before, path.stat().st_size, compacted=False)]
+            compacted = root / f"{_COMPACT_PREFIX}{uuid.uuid4().hex}"
+            try:
+                connection.execute(
+                    f"ATTACH {quote_literal(str(compacted))} AS ap_compact (BLOCK_SIZE {int(block_size)})"
+                )
+                connection.execute(f"COPY FROM DATABASE {quote_identifier(database)} TO ap_compact")
+                connection.execute("DETACH ap_compact")  # checkpointed: complete, no WAL
+                successor = duckdb.connect(str(compacted))  # holds the new file's lock across the swap
+                os.replace(compacted, path)
+            except (duckdb.Error, OSError) as err:
+                if successor is not None:
+                    successor.close()
+                for partial in (compacted, compacted.with_name(compacted.name + ".wal")):
+                    partial.unlink(missing_ok=True)
+                raise StorageError(f"could not compact {path}: {err}") from err
+        # The old file is closed (unlinked, nothing left to write); now waiting processes may have the new.
+        successor.close()
+        return [SharedFileCompaction(SHARED_FILE, before, path.stat().st_size, compacted=True)]
+
     @contextmanager
     def _shared(self, root: Path, *, read_only: bool, block_size: int = MIN_BLOCK_SIZE) -> Iterator[Any]:
         """A connection to the shared file; a writer creates it with `block_size` when it is missing."""
@@ -400,7 +465,13 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
             try:
                 if not read_only and not path.exists():
                     _create_database(path, block_size)
+                opened = _file_identity(path)
                 connection = duckdb.connect(str(path), read_only=read_only)
+                if _file_identity(path) != opened:
+                    # A compaction swapped the file in while this opened it: the lock held may be the
+                    # old file's, whose writes would be lost. Open the file now under the name.
+                    connection.close()
+                    continue
                 break
             except duckdb.Error as err:
                 if not _is_lock_error(err) or time.monotonic() > deadline:
@@ -416,6 +487,14 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
 
 
 # --- helpers --------------------------------------------------------------------------------------
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return (status.st_dev, status.st_ino)
 
 
 def _read_table(connection: Any) -> pa.Table:
