@@ -13,6 +13,8 @@ the query can see stays readable; the query itself still applies all its conditi
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import sqlglot
 from sqlglot import exp
@@ -25,6 +27,7 @@ from airflow_partitions.pruning.filters import DIALECT, FilterBinder
 from airflow_partitions.transforms.parser import is_transform_call, may_call_transforms
 
 _INNER_KINDS = (None, "", "INNER", "CROSS")
+_CONTEXT_LINE = re.compile(r"LINE (\d+): (.*)")
 
 
 def check_read_only(sql: str) -> None:
@@ -36,7 +39,9 @@ def check_read_only(sql: str) -> None:
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as err:
-        raise UnsafeQueryError(f"cannot parse the query: {str(err).strip().splitlines()[0]}") from err
+        raise UnsafeQueryError(
+            f"the query is not valid SQL: {describe_duckdb_parse_error(err)}; pass one SELECT statement"
+        ) from err
     if len(statements) != 1:
         raise UnsafeQueryError(
             f"the query holds {len(statements)} statements; pass exactly one read-only SELECT statement"
@@ -48,6 +53,23 @@ def check_read_only(sql: str) -> None:
             f"only read-only SELECT queries are accepted, not {name} statements; "
             "use SELECT ... FROM <dataset>"
         )
+
+
+def describe_duckdb_parse_error(err: Exception) -> str:
+    """DuckDB's parser message on one line: what is wrong and where (`syntax error at or near "SELEC" at
+    line 1, column 1`), without its multi-line caret picture."""
+    lines = str(err).strip().splitlines()
+    head = lines[0].removeprefix("Parser Error: ").strip() if lines else type(err).__name__
+    for number, line in enumerate(lines):
+        context = _CONTEXT_LINE.match(line)
+        if context is None or number + 1 >= len(lines) or "^" not in lines[number + 1]:
+            continue
+        text = context.group(2)
+        if text.startswith("..."):  # DuckDB cut the line: the caret no longer gives the column
+            return f"{head} at line {context.group(1)}"
+        column = lines[number + 1].index("^") - (len(line) - len(text)) + 1
+        return f"{head} at line {context.group(1)}, column {column}"
+    return head
 
 
 @deep_stack
