@@ -119,3 +119,36 @@ def test_big_in_list_prunes_partitions(acceleration: Any) -> None:
     assert plan.files == [], (
         "Should not read: no value of the list is in the data (all >= 100,000, data below 3,000)"
     )
+
+
+_LITERALS = ["-1", "2.50", "'x''y'", "NULL", "TRUE", "false", "007", "-0.5", "'IN (1, 2)'", "'東京 🚀'", "''"]
+_LIST = ", ".join(_LITERALS * 10)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        f"SELECT 1 WHERE a IN ({_LIST})",
+        f"SELECT 1 WHERE a NOT IN ({_LIST}) AND b in({_LIST}) OR c = 'x IN ({_LIST})'",
+        f"SELECT 1 WHERE a IN ({_LIST}, 1 + 1)",
+        f'SELECT 1 WHERE "IN (" = 1 -- IN ({_LIST})\n AND z IN ({_LIST})',
+        f"SELECT 1 WHERE a IN ({_LIST}",
+        f"SELECT 1 WHERE a IN ({_LIST}) AND b = 'it''s \\' IN ({_LIST})'",
+        f"SELECT count(*) FROM t WHERE a IN ({_LIST}); SELECT 2",
+        f"SELECT 1 WHERE a IN ({_LIST}) /* IN ({_LIST}) */",
+    ],
+)
+def test_long_literal_lists_parse_to_the_tree_sqlglot_builds(sql: str) -> None:
+    import sqlglot
+
+    from airflow_partitions.pruning.filters import parse_sql
+
+    try:
+        expected: Any = [repr(tree) for tree in sqlglot.parse(sql, read="duckdb")]
+    except sqlglot.errors.SqlglotError as err:
+        expected = type(err)
+    try:
+        parsed: Any = [repr(tree) for tree in parse_sql(sql)]
+    except sqlglot.errors.SqlglotError as err:
+        parsed = type(err)
+    assert parsed == expected, "the shortcut for long literal lists builds exactly sqlglot's tree"

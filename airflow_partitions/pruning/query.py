@@ -16,14 +16,13 @@ from __future__ import annotations
 import re
 
 import pyarrow as pa
-import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from airflow_partitions.exceptions import UnsafeQueryError
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import AlwaysFalse, AlwaysTrue, Predicate, or_
-from airflow_partitions.pruning.filters import DIALECT, FilterBinder
+from airflow_partitions.pruning.filters import DIALECT, FilterBinder, parse_one_sql, parse_sql
 from airflow_partitions.transforms.parser import is_transform_call, may_call_transforms
 
 _INNER_KINDS = (None, "", "INNER", "CROSS")
@@ -83,7 +82,7 @@ def executable_sql(sql: str, schema: pa.Schema) -> str:
     if not may_call_transforms(sql):
         return sql  # no function a partition transform could be spelled with: skip parsing
     try:
-        tree = sqlglot.parse_one(sql, read=DIALECT)
+        tree = parse_one_sql(sql)
     except (SqlglotError, ValueError):
         return sql
     if not any(is_transform_call(node) for node in tree.walk()):
@@ -95,7 +94,7 @@ def executable_sql(sql: str, schema: pa.Schema) -> str:
 def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
     """The rows of `dataset` that `sql` can look at, as a predicate (TRUE when it cannot tell)."""
     try:
-        trees = sqlglot.parse(sql, read=DIALECT)
+        trees = parse_sql(sql)
     except (SqlglotError, ValueError):
         return AlwaysTrue()
     statements = [tree for tree in trees if tree is not None]
@@ -115,7 +114,7 @@ def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
 def tables_named_in(sql: str) -> set[str]:
     """Lower-cased names of the plain tables `sql` reads (CTE names excluded); empty if unparsable."""
     try:
-        tree = sqlglot.parse_one(sql, read=DIALECT)
+        tree = parse_one_sql(sql)
     except (SqlglotError, ValueError):
         return set()
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
