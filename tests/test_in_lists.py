@@ -141,7 +141,7 @@ _LIST = ", ".join(_LITERALS * 10)
 def test_long_literal_lists_parse_to_the_tree_sqlglot_builds(sql: str) -> None:
     import sqlglot
 
-    from airflow_partitions.pruning.filters import parse_sql
+    from airflow_partitions.pruning.sql_text import parse_sql
 
     try:
         expected: Any = [repr(tree) for tree in sqlglot.parse(sql, read="duckdb")]

@@ -22,7 +22,8 @@ from sqlglot.errors import SqlglotError
 from airflow_partitions.exceptions import UnsafeQueryError
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import AlwaysFalse, AlwaysTrue, Predicate, or_
-from airflow_partitions.pruning.filters import DIALECT, FilterBinder, parse_one_sql, parse_sql
+from airflow_partitions.pruning.filters import DIALECT, FilterBinder
+from airflow_partitions.pruning.sql_text import parse_one_sql, parse_sql
 from airflow_partitions.transforms.parser import is_transform_call, may_call_transforms
 
 _INNER_KINDS = (None, "", "INNER", "CROSS")
