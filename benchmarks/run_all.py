@@ -19,6 +19,7 @@ BENCHMARKS = (
     "bench_transforms",
     "bench_catalog",
     "bench_pruning",
+    "bench_in_lists",
     "bench_refresh",
     "bench_snapshots",
     "bench_orchestration",

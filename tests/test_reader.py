@@ -95,10 +95,15 @@ def test_read_projects_only_the_asked_columns(accelerations: dict[str, Accelerat
     assert sort_rows(result).equals(sort_rows(expected))
 
 
-def test_read_resolves_column_names_like_duckdb(accelerations: dict[str, Acceleration]) -> None:
+def test_read_takes_column_names_spelt_exactly(accelerations: dict[str, Acceleration]) -> None:
+    # One rule with partition_by: names are case-sensitive; a case-only miss names the exact spelling.
     acc = accelerations["parquet"]
     with acc.reader() as reader:
-        result = reader.read("REGION = 'EU'", columns=["ID"])
+        with pytest.raises(FilterError, match=r"'REGION'.*case-sensitive; did you mean 'region'"):
+            reader.read("REGION = 'EU'")
+        with pytest.raises(FilterError, match="did you mean 'id'"):
+            reader.read(columns=["ID"])
+        result = reader.read("region = 'EU'", columns=["id"])
     assert result.column_names == ["id"]
     assert result.num_rows == len([r for r in acc.table["region"].to_pylist() if r == "EU"])
 

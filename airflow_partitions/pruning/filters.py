@@ -1,7 +1,9 @@
 """Turn a SQL WHERE string or a pyarrow-style DNF list into one bound predicate over the dataset schema.
 
-Both forms end in the same `expressions` tree. Columns resolve against the dataset's Arrow schema (exact
-name first, then a unique case-insensitive match, as DuckDB resolves unquoted identifiers); literals are
+Both forms end in the same `expressions` tree. Columns resolve against the dataset's Arrow schema by their
+exact name, the rule `partition_by` follows (a name differing only in case is refused with the exact
+spelling; lenient binding, for a query DuckDB itself resolves, also takes a unique case-insensitive match);
+calls of functions that read files, the environment or settings are refused; literals are
 coerced to the type of the term they meet (`literals.coerce_literal`); partition expressions written in
 the filter (`bucket(50, c) = 7`, `date_part('year', ts) >= 2026`, `truncate(1000, amount)`, `id % 16`)
 become `TransformRef` terms with exactly the semantics used to write partitions.
@@ -46,12 +48,13 @@ from airflow_partitions.pruning.expressions import (
     or_,
 )
 from airflow_partitions.pruning.literals import Between, coerce_literal
+from airflow_partitions.pruning.sql_text import DIALECT, collection_paused, parse_sql
 from airflow_partitions.spec.model import did_you_mean
+from airflow_partitions.transforms.parser import describe_sql_error
 
 if TYPE_CHECKING:
     from airflow_partitions.transforms import Transform
 
-DIALECT = "duckdb"
 # Node types a lenient (query) binding may fold into a constant: deterministic, column-free.
 _DETERMINISTIC_CONSTANT_NODES = (
     exp.Literal,
@@ -71,6 +74,42 @@ _DETERMINISTIC_CONSTANT_NODES = (
     exp.Null,
     exp.HexString,
     exp.Identifier,
+)
+
+# DuckDB functions that read files, the environment or settings. A filter names rows of the dataset; these
+# would fail on the read connection (external access is off) as a storage error, or leak what they read.
+OUTSIDE_WORLD_FUNCTIONS = frozenset(
+    {
+        "getenv",
+        "current_setting",
+        "glob",
+        "query",
+        "query_table",
+        "read_text",
+        "read_blob",
+        "read_csv",
+        "read_csv_auto",
+        "sniff_csv",
+        "read_parquet",
+        "parquet_scan",
+        "parquet_metadata",
+        "parquet_schema",
+        "parquet_file_metadata",
+        "parquet_kv_metadata",
+        "read_json",
+        "read_json_auto",
+        "read_json_objects",
+        "read_json_objects_auto",
+        "read_ndjson",
+        "read_ndjson_auto",
+        "read_ndjson_objects",
+        "read_xlsx",
+        "iceberg_scan",
+        "delta_scan",
+        "sqlite_scan",
+        "postgres_scan",
+        "mysql_scan",
+    }
 )
 
 FilterInput = str | Sequence[Any] | Predicate | None
@@ -94,11 +133,14 @@ def parse_where_sql(where: str) -> exp.Expression:
     """The sqlglot tree of a WHERE condition; a `FilterError` for anything but one boolean expression."""
     if not isinstance(where, str) or not where.strip():
         raise FilterError("the filter is empty; pass a SQL condition such as \"region = 'EU'\" or None")
+    # Parsed inside a SELECT: a bare `truncate(...)` would otherwise read as a TRUNCATE statement.
+    prefix = "SELECT 1 WHERE "
     try:
-        # Parsed inside a SELECT: a bare `truncate(...)` would otherwise read as a TRUNCATE statement.
-        statements = sqlglot.parse(f"SELECT 1 WHERE {where}", read=DIALECT)
+        statements = parse_sql(prefix + where)
     except (ParseError, TokenError) as err:
-        raise FilterError(f"syntax error in filter {where!r}: {_first_line(err)}") from err
+        raise FilterError(
+            f"syntax error in filter {where!r}: {describe_sql_error(err, prefix=prefix)}"
+        ) from err
     if len(statements) != 1 or not isinstance(statements[0], exp.Select):
         raise FilterError(f"filter {where!r} must be a single condition, not several statements")
     select = statements[0]
@@ -108,6 +150,17 @@ def parse_where_sql(where: str) -> exp.Expression:
         raise FilterError(f"filter {where!r} is not a single boolean condition")
     inner: exp.Expression = condition.this
     return inner
+
+
+def refuse_outside_world_functions(node: exp.Expression) -> None:
+    """`FilterError` when `node` calls a function that reads files, the environment or settings."""
+    for call in node.find_all(exp.Func):
+        name = call.name if isinstance(call, exp.Anonymous) else call.sql_name()
+        if name.lower() in OUTSIDE_WORLD_FUNCTIONS:
+            raise FilterError(
+                f"{name.lower()}() cannot be used in a filter: a filter may not read files, the environment "
+                "or settings; compare the dataset's columns with values instead"
+            )
 
 
 def _first_line(err: Exception) -> str:
@@ -150,10 +203,13 @@ class FilterBinder:
         )
 
     def bind_sql(self, where: str) -> Predicate:
-        return self.bind_node(parse_where_sql(where))
+        with collection_paused(where):
+            return self.bind_node(parse_where_sql(where))
 
     def bind_node(self, node: exp.Expression) -> Predicate:
         """A predicate from a sqlglot boolean expression."""
+        if not self.lenient:
+            refuse_outside_world_functions(node)
         try:
             return self._predicate(node)
         except FilterError:
@@ -164,14 +220,22 @@ class FilterBinder:
     # --- column resolution ------------------------------------------------------------------------
 
     def resolve(self, name: str) -> ColumnRef:
-        """The schema column `name` refers to (exact, else unique case-insensitive match)."""
-        if name in self._names and self._names.count(name) == 1:
+        """The schema column `name` refers to, spelt exactly: column names are case-sensitive, as in
+        `partition_by` (`transforms.parser`). Lenient binding (a query's conditions, which DuckDB resolves
+        itself) also takes a unique case-insensitive match."""
+        exact = self._names.count(name)
+        if exact == 1:
             return ColumnRef(name, self.schema.field(name).type)
+        if exact > 1:
+            raise FilterError(f"column {name!r} appears {exact} times in the dataset schema; it is ambiguous")
         matches = self._by_lower.get(name.lower(), [])
-        if len(matches) == 1:
+        if len(matches) == 1 and self.lenient:
             return ColumnRef(matches[0], self.schema.field(matches[0]).type)
-        if len(matches) > 1:
-            raise FilterError(f"column {name!r} is ambiguous: it matches {matches}; quote the exact name")
+        if matches:
+            spelled = " or ".join(repr(match) for match in matches)
+            raise FilterError(
+                f"unknown column {name!r} in filter: column names are case-sensitive; did you mean {spelled}?"
+            )
         listing = ", ".join(self._names) if len(self._names) <= 30 else f"{len(self._names)} columns"
         raise FilterError(
             f"unknown column {name!r} in filter{did_you_mean(name, self._names)}; the dataset has: {listing}"
@@ -313,7 +377,9 @@ class FilterBinder:
 
     def in_list(self, term: Term, values: Iterable[Any]) -> Predicate:
         """`term IN (values)`; a NULL among the values makes non-matching rows NULL instead of FALSE."""
-        kept: list[Any] = []
+        # A dict keeps the first spelling of each value in order: membership in a list made big IN lists
+        # quadratic (20,000 values took seconds).
+        kept: dict[Any, None] = {}
         has_null = False
         for value in values:
             if value is None:
@@ -325,8 +391,8 @@ class FilterBinder:
                     (term.column,),
                 )
             coerced = coerce_literal(value, term.type, column=str(term))
-            if not isinstance(coerced, Between) and coerced not in kept:
-                kept.append(coerced)
+            if not isinstance(coerced, Between):
+                kept.setdefault(coerced)
         leaf = InList(term, tuple(kept))
         return or_(leaf, AlwaysNull()) if has_null else leaf
 
@@ -363,7 +429,8 @@ class FilterBinder:
         try:
             statements = sqlglot.parse(f"SELECT {text}", read=DIALECT)
         except (ParseError, TokenError) as err:
-            raise FilterError(f"cannot parse filter term {text!r}: {_first_line(err)}") from err
+            reason = describe_sql_error(err, prefix="SELECT ")
+            raise FilterError(f"syntax error in filter term {text!r}: {reason}") from err
         if (
             len(statements) != 1
             or not isinstance(statements[0], exp.Select)
@@ -485,6 +552,10 @@ def _nan_sql() -> str:
 def _is_constant(node: exp.Expression | None) -> bool:
     if node is None:
         return False
+    if isinstance(node, exp.Literal | exp.Null | exp.Boolean) or (
+        isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal)
+    ):
+        return True  # the common cases, without walking (IN lists of 100,000 values)
     return node.find(exp.Column, exp.Select, exp.Subquery, exp.Star, exp.Placeholder, exp.Parameter) is None
 
 

@@ -13,8 +13,9 @@ the query can see stays readable; the query itself still applies all its conditi
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
-import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
@@ -22,9 +23,11 @@ from airflow_partitions.exceptions import UnsafeQueryError
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import AlwaysFalse, AlwaysTrue, Predicate, or_
 from airflow_partitions.pruning.filters import DIALECT, FilterBinder
+from airflow_partitions.pruning.sql_text import parse_one_sql, parse_sql
 from airflow_partitions.transforms.parser import is_transform_call, may_call_transforms
 
 _INNER_KINDS = (None, "", "INNER", "CROSS")
+_CONTEXT_LINE = re.compile(r"LINE (\d+): (.*)")
 
 
 def check_read_only(sql: str) -> None:
@@ -36,7 +39,9 @@ def check_read_only(sql: str) -> None:
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as err:
-        raise UnsafeQueryError(f"cannot parse the query: {str(err).strip().splitlines()[0]}") from err
+        raise UnsafeQueryError(
+            f"the query is not valid SQL: {describe_duckdb_parse_error(err)}; pass one SELECT statement"
+        ) from err
     if len(statements) != 1:
         raise UnsafeQueryError(
             f"the query holds {len(statements)} statements; pass exactly one read-only SELECT statement"
@@ -50,6 +55,23 @@ def check_read_only(sql: str) -> None:
         )
 
 
+def describe_duckdb_parse_error(err: Exception) -> str:
+    """DuckDB's parser message on one line: what is wrong and where (`syntax error at or near "SELEC" at
+    line 1, column 1`), without its multi-line caret picture."""
+    lines = str(err).strip().splitlines()
+    head = lines[0].removeprefix("Parser Error: ").strip() if lines else type(err).__name__
+    for number, line in enumerate(lines):
+        context = _CONTEXT_LINE.match(line)
+        if context is None or number + 1 >= len(lines) or "^" not in lines[number + 1]:
+            continue
+        text = context.group(2)
+        if text.startswith("..."):  # DuckDB cut the line: the caret no longer gives the column
+            return f"{head} at line {context.group(1)}"
+        column = lines[number + 1].index("^") - (len(line) - len(text)) + 1
+        return f"{head} at line {context.group(1)}, column {column}"
+    return head
+
+
 @deep_stack
 def executable_sql(sql: str, schema: pa.Schema) -> str:
     """`sql` with partition transform calls rewritten so DuckDB computes exactly our partition values.
@@ -61,7 +83,7 @@ def executable_sql(sql: str, schema: pa.Schema) -> str:
     if not may_call_transforms(sql):
         return sql  # no function a partition transform could be spelled with: skip parsing
     try:
-        tree = sqlglot.parse_one(sql, read=DIALECT)
+        tree = parse_one_sql(sql)
     except (SqlglotError, ValueError):
         return sql
     if not any(is_transform_call(node) for node in tree.walk()):
@@ -73,7 +95,7 @@ def executable_sql(sql: str, schema: pa.Schema) -> str:
 def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
     """The rows of `dataset` that `sql` can look at, as a predicate (TRUE when it cannot tell)."""
     try:
-        trees = sqlglot.parse(sql, read=DIALECT)
+        trees = parse_sql(sql)
     except (SqlglotError, ValueError):
         return AlwaysTrue()
     statements = [tree for tree in trees if tree is not None]
@@ -93,7 +115,7 @@ def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
 def tables_named_in(sql: str) -> set[str]:
     """Lower-cased names of the plain tables `sql` reads (CTE names excluded); empty if unparsable."""
     try:
-        tree = sqlglot.parse_one(sql, read=DIALECT)
+        tree = parse_one_sql(sql)
     except (SqlglotError, ValueError):
         return set()
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}

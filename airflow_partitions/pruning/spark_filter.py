@@ -95,6 +95,9 @@ def spark_condition(predicate: Predicate) -> Any:
         try:
             text = sqlglot.transpile(predicate.text, read="duckdb", write="spark")[0]
         except sqlglot.errors.SqlglotError as err:
-            raise FilterError(f"cannot express {predicate.text!r} in Spark SQL: {err}") from err
+            from airflow_partitions.transforms.parser import describe_sql_error
+
+            reason = describe_sql_error(err)
+            raise FilterError(f"cannot express {predicate.text!r} in Spark SQL: {reason}") from err
         return F.expr(text)
     raise FilterError(f"cannot express {predicate} as a Spark condition")

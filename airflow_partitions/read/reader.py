@@ -57,10 +57,12 @@ def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
 
 
 def dataset_named_in(project: ProjectSpec | str | Path, sql: str) -> str:
-    """The one dataset of the spec that `sql` reads; `FilterError` when it names none or several."""
-    from airflow_partitions.pruning.query import tables_named_in
+    """The one dataset of the spec that `sql` reads; `FilterError` when it names none or several,
+    `UnsafeQueryError` when it is not one valid SELECT."""
+    from airflow_partitions.pruning.query import check_read_only, tables_named_in
 
     spec = open_project(project)
+    check_read_only(sql)  # a query that is not SQL names no table: say that, not "reads none"
     by_name = {name.lower(): name for name in spec.names}
     named = sorted({by_name[t] for t in tables_named_in(sql) if t in by_name})
     if len(named) == 1:

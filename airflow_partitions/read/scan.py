@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from airflow_partitions.exceptions import FilterError, StorageError
 from airflow_partitions.pruning import FilterBinder
-from airflow_partitions.pruning.expressions import Predicate, quote_identifier, walk
+from airflow_partitions.pruning.expressions import InList, Predicate, quote_identifier, walk
 from airflow_partitions.read.query import needs_partition_functions, new_duckdb_connection
 from airflow_partitions.storage.base import conform
 
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from airflow_partitions.pruning import PrunePlan
     from airflow_partitions.storage import DataFile, PartitionStorage
 
-# Residual filters with more nodes than this are applied above the scan instead of inside it.
+# Residual filters with more nodes than this (each IN-list value counts as one) are applied above the
+# scan instead of inside it.
 MAX_PUSHED_FILTER_NODES = 256
 
 
@@ -280,4 +281,6 @@ def _checked_relative(path: str) -> str:
 
 
 def _node_count(predicate: Predicate) -> int:
-    return sum(1 for _ in walk(predicate))
+    # Each value of an IN list counts: pushed into the scan, a 10,000-value list read bucketed files in
+    # 0.27-0.45 s, fenced in 0.14 s (100,000 values: 3.4-3.6 s vs 2.4-2.7 s).
+    return sum(1 + len(node.values) if isinstance(node, InList) else 1 for node in walk(predicate))

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 EPOCH_DATE = dt.date(1970, 1, 1)
 EPOCH_NAIVE = dt.datetime(1970, 1, 1)
 UTC = dt.UTC
+# Beyond this many values (an IN list) images are computed as one Arrow array: hashing 100,000 values one
+# Python call at a time took seconds.
+VECTORISED_IMAGES = 64
 _PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -200,12 +203,29 @@ class Transform(ABC):
         """Timestamps in one UTC-aligned step of this many microseconds share a partition value."""
         return 1
 
-    def _images(self, values: Iterable[Any]) -> list[Any] | None:
+    def _images(self, values: Iterable[Any]) -> Sequence[Any] | pa.Array | None:
         """The distinct partition values of `values`, or None when one cannot be evaluated."""
+        if not isinstance(values, Sequence):
+            values = list(values)
+        if len(values) > VECTORISED_IMAGES and self._source_type is not None:
+            images = self._images_as_array(values)
+            if images is not None:
+                return images
         try:
             return list(dict.fromkeys(self.apply_scalar(value) for value in values))
         except EVALUATION_ERRORS:
             return None
+
+    def _images_as_array(self, values: Sequence[Any]) -> pa.Array | None:
+        """The distinct images of many values through the Arrow kernel (same values as `apply_scalar`);
+        None when Arrow cannot take them, and the scalar path then decides."""
+        import pyarrow as pa
+
+        try:
+            candidates = pa.array(values, type=self._source_type)
+        except (*EVALUATION_ERRORS, *arrow_errors()):
+            return None
+        return self._images_of_array(candidates)
 
     def _images_of_array(self, candidates: pa.Array) -> pa.Array | None:
         import pyarrow as pa

@@ -29,7 +29,12 @@ from airflow_partitions.transforms.base import Transform
 from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
-from airflow_partitions.transforms.parser import DIALECT, is_transform_call, transform_from_node
+from airflow_partitions.transforms.parser import (
+    DIALECT,
+    describe_sql_error,
+    is_transform_call,
+    transform_from_node,
+)
 from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
 from airflow_partitions.transforms.truncate import TruncateTransform
 
@@ -247,7 +252,7 @@ def rewrite_partition_functions(sql: str, column_types: Mapping[str, pa.DataType
     try:
         tree = sqlglot.parse_one(sql, read=DIALECT)
     except sqlglot.errors.SqlglotError as err:
-        raise FilterError(f"cannot parse SQL for DuckDB: {err}") from err
+        raise FilterError(f"syntax error in SQL {sql!r}: {describe_sql_error(err)}") from err
     return rewrite_partition_nodes(tree, column_types).sql(dialect=DIALECT)
 
 

@@ -142,6 +142,68 @@ def parses_as_plain_column(name: str) -> bool:
     )
 
 
+# --- SQL errors in plain words -----------------------------------------------------------------------
+
+# What an incomplete node is, by sqlglot class name: its messages name classes ("Required keyword:
+# 'expression' missing for <class 'sqlglot.expressions.core.EQ'>"), which mean nothing to a user.
+_INCOMPLETE_NODES: dict[str, str] = {
+    "EQ": "comparison '='",
+    "NEQ": "comparison '<>'",
+    "LT": "comparison '<'",
+    "LTE": "comparison '<='",
+    "GT": "comparison '>'",
+    "GTE": "comparison '>='",
+    "NullSafeEQ": "comparison 'IS NOT DISTINCT FROM'",
+    "NullSafeNEQ": "comparison 'IS DISTINCT FROM'",
+    "And": "condition 'AND'",
+    "Or": "condition 'OR'",
+    "Not": "condition 'NOT'",
+    "Between": "BETWEEN (write BETWEEN low AND high)",
+    "In": "IN list",
+    "Like": "LIKE",
+    "ILike": "ILIKE",
+    "Is": "IS",
+    "Add": "arithmetic '+'",
+    "Sub": "arithmetic '-'",
+    "Mul": "arithmetic '*'",
+    "Div": "arithmetic '/'",
+    "Mod": "arithmetic '%'",
+    "Cast": "CAST",
+}
+_REQUIRED_KEYWORD = re.compile(r"Required keyword: '\w+' missing for <class '[\w.]*?(\w+)'>")
+_CLASS_NAME = re.compile(r"<class '[\w.]*?(\w+)'>")
+
+
+def describe_sql_error(err: Exception, *, prefix: str = "") -> str:
+    """A sqlglot parse or tokenize error of `prefix + text` in plain words about `text`: what is wrong and
+    at which character of `text`, without parser class names, terminal escapes or the added `prefix`."""
+    details = getattr(err, "errors", None) or []
+    if not details:
+        # Tokenizer errors carry only the text read so far: the usual cause is a quote left open.
+        return "unclosed quote or unreadable character; close every '...' string and \"...\" name"
+    first = details[0]
+    description = str(first.get("description") or type(err).__name__)
+    highlight = str(first.get("highlight") or "")
+    required = _REQUIRED_KEYWORD.fullmatch(description)
+    if required is not None:
+        what = f"incomplete {_INCOMPLETE_NODES.get(required.group(1), 'expression')}"
+    elif description.startswith("Expecting )"):
+        what = "missing ')'"
+    elif description.startswith("Invalid expression / Unexpected token"):
+        what = f"unexpected {highlight!r}"
+    else:
+        what = _CLASS_NAME.sub(lambda match: match.group(1), description).rstrip(".")
+    line, column = first.get("line"), first.get("col")
+    if not isinstance(line, int) or not isinstance(column, int):
+        return what
+    # sqlglot reports the column of the highlighted token's last character.
+    start = column - max(len(highlight), 1) + 1
+    if line == 1:
+        start -= len(prefix)
+        return f"{what} at character {max(start, 1)}"
+    return f"{what} at line {line}, character {max(start, 1)}"
+
+
 # --- parsing and rejection ------------------------------------------------------------------------
 
 
@@ -153,7 +215,7 @@ def _parse_single(text: str) -> exp.Expr:
     try:
         trees = sqlglot.parse(text, read=DIALECT)
     except SqlglotError as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = describe_sql_error(err)
         raise _error(
             text, f"is not valid SQL ({reason})", f"write a SQL expression such as {SUPPORTED_FORMS}"
         ) from err
