@@ -139,7 +139,9 @@ def test_refresh_where_syntax_errors_are_plain(acceleration: Acceleration) -> No
     from airflow_partitions.refresh.pipeline import where_selector
     from airflow_partitions.spec import load_spec
 
-    dataset = load_spec(acceleration.spec_path).dataset("events").bind(acceleration.table.schema)
+    schema = acceleration.table.schema
+    schema = schema.remove(schema.get_field_index("A"))  # a source may not hold both `a` and `A`
+    dataset = load_spec(acceleration.spec_path).dataset("events").bind(schema)
     with pytest.raises(FilterError) as info:
         where_selector(dataset, "PULocationID = AND v = 'a'")
     assert "incomplete comparison '='" in str(info.value)
@@ -187,6 +189,35 @@ def test_columns_differing_only_in_case_each_bind_exactly(acceleration: Accelera
 def test_partition_by_keeps_the_same_rule() -> None:
     with pytest.raises(PartitionExpressionError, match="did you mean 'PULocationID'"):
         parse_transform("bucket(50, pulocationid)").resolve_source_column(["PULocationID"])
+
+
+def test_a_source_with_columns_differing_only_by_case_is_refused(tmp_path: Path) -> None:
+    """DuckDB reads accelerations and matches names case-insensitively: a source holding `a` and `A`
+    would read one column as the other (or as NULL), so refresh and validate refuse it up front."""
+    import pyarrow.parquet as pq
+
+    from airflow_partitions.exceptions import SpecValidationError
+    from airflow_partitions.refresh import plan_refresh
+    from airflow_partitions.spec import load_spec, validate_against_schema
+
+    (tmp_path / "src").mkdir()
+    table = pa.table({"id": [1, 2, None], "a": ["x", None, "é/="], "A": [10, None, 30]})
+    pq.write_table(table, tmp_path / "src" / "part.parquet")
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: cased\n"
+        "    from: file:src\n"
+        "    acceleration:\n"
+        "      partition_by: ['bucket(2, id)']\n"
+    )
+    with pytest.raises(SpecValidationError) as info:
+        plan_refresh(tmp_path / "spec.yaml", "cased")
+    assert "'A' and 'a'" in str(info.value)
+    assert "differ only by case" in str(info.value)
+    assert not (tmp_path / "acc" / "cased" / "_catalog").exists(), "nothing committed"
+    problems = validate_against_schema(load_spec(tmp_path / "spec.yaml").dataset("cased"), table.schema)
+    assert any("differ only by case" in p for p in problems)
 
 
 def test_query_sql_is_resolved_by_duckdb(acceleration: Acceleration) -> None:

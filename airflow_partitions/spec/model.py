@@ -742,6 +742,21 @@ def bind_fields(
             return f"unknown column {column!r}{did_you_mean(column, names)}{listing}"
         return None
 
+    by_folded: dict[str, list[str]] = {}
+    for name in names:
+        by_folded.setdefault(name.casefold(), []).append(name)
+    for spellings in by_folded.values():
+        if len(set(spellings)) > 1:
+            # DuckDB, which reads every acceleration, resolves names case-insensitively: one of the two
+            # columns would read as the other (or as NULL), so such a source is refused, not half read.
+            problems.append(
+                (
+                    None,
+                    f"{label}: the source has columns {' and '.join(map(repr, sorted(set(spellings))))}, "
+                    "whose names differ only by case; the accelerations cannot keep them apart (DuckDB "
+                    "matches names case-insensitively): rename one in the source",
+                )
+            )
     for index, partition_field in indexed_fields:
         where = f"{label}: partition_by[{index}] {json.dumps(partition_field.expression)}"
         problem = column_problem(partition_field.source_column)
