@@ -124,6 +124,11 @@ class FaultProxy:
         with self._lock:
             self._forced.append(_Forced(fault, method, path_contains, times))
 
+    def clear(self) -> None:
+        """Forget the faults `inject_next` forced that did not happen yet."""
+        with self._lock:
+            self._forced.clear()
+
     def choose(self, method: str, path: str) -> Fault | None:
         """The fault for this request (forced ones first, in order), or `None` to relay it faithfully."""
         with self._lock:
@@ -155,7 +160,7 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        def log_message(self, format: str, *args: Any) -> None:
             del format, args
 
         def do_GET(self) -> None:
@@ -192,7 +197,7 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             for name, value in headers:
                 if name.lower() not in _HOP_HEADERS and name.lower() != "content-length":
                     self.send_header(name, value)
-            length = dict((k.lower(), v) for k, v in headers).get("content-length", "0")
+            length = {k.lower(): v for k, v in headers}.get("content-length", "0")
             self.send_header("Content-Length", length if self.command == "HEAD" else str(len(payload)))
             self.end_headers()
             if self.command == "HEAD":
@@ -240,4 +245,3 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 pass
 
     return Handler
-

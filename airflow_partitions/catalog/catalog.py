@@ -29,6 +29,7 @@ import itertools
 import json
 import logging
 import threading
+import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -53,6 +54,8 @@ from airflow_partitions.catalog.state import (
 from airflow_partitions.exceptions import (
     CatalogError,
     CommitConflictError,
+    CommitOutcomeUnknownError,
+    ObjectStoreError,
     PartitionSpecChangedError,
     PartitionValueError,
     VersionNotFoundError,
@@ -70,6 +73,8 @@ DEFAULT_CHECKPOINT_CHANGES = 5000
 DEFAULT_RETENTION = dt.timedelta(days=7)
 DEFAULT_GRACE = dt.timedelta(hours=1)
 _HEADER_BYTES = 16 * 1024
+# Writes of one commit record before a commit gives up (each a conditional write the store may repeat).
+_PUBLISH_ATTEMPTS = 3
 _FETCH_THREADS = 8
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
@@ -412,10 +417,14 @@ class Catalog:
         `CommitConflictError` (or `PartitionSpecChangedError`). `replace_all=True` makes `upserts` the whole
         partition set (re-partitioning under a new spec); it must be based on the newest version.
         `commit_id` makes a retried commit idempotent: if a commit with that id landed since
-        `base_version`, its version is returned instead of committing twice. `conservation` (JSON) is
-        recorded in the header as is: the row counts the refresh checked (`VersionInfo.conservation`).
+        `base_version`, its version is returned instead of committing twice. Without one, the commit
+        gets a fresh id: after a write whose response was lost, the record found at the version is read
+        back, and carrying this id means it is this commit's own (success), not a conflicting one.
+        `conservation` (JSON) is recorded in the header as is: the row counts the refresh checked
+        (`VersionInfo.conservation`).
         """
         self._validate_commit(upserts, removes, partition_spec, replace_all)
+        token = commit_id if commit_id is not None else uuid.uuid4().hex
         base = self._load(base_version) if base_version else None
         base_number = base_version or 0
         self._check_spec(base, partition_spec, replace_all)
@@ -450,7 +459,7 @@ class Catalog:
                         version=head,
                     ) from err
                 for record in newer:
-                    if commit_id is not None and record.commit_id == commit_id:
+                    if record.commit_id == token:
                         return record.version
                     self._check_concurrent(record, touched, base_number, partition_spec, replace_all)
                 intervening.extend(newer)
@@ -463,14 +472,14 @@ class Catalog:
                 operation=operation,
                 replace_all=replace_all,
                 partition_spec=partition_spec,
-                commit_id=commit_id,
+                commit_id=token,
                 base_version=base_number,
                 summary=self._summary(base, upserts, removes, replace_all, parent_totals),
                 upserts=upsert_json,
                 removes=tuple(removes),
                 conservation=conservation,
             )
-            if self.store.put_if_absent(self._log_key(record.version), record.encode()):
+            if self._publish(record):
                 self._contended = attempt > 0
                 self._after_commit(base, intervening, record)
                 return record.version
@@ -481,6 +490,49 @@ class Catalog:
             "(each touching other partitions); retry later or raise max_retries",
             version=head,
         )
+
+    def _publish(self, record: CommitRecord) -> bool:
+        """Create `record`'s version; whether the record there now is this commit's (by its commit id).
+
+        A write whose response was lost is sent again by the S3 client and then refused (412) by the
+        record it created, or fails outright although it landed. Either way the record at the version is
+        read back: this commit's id means published, another's means a lost race, none means the write
+        never landed and is sent again.
+        """
+        assert record.commit_id is not None
+        key = self._log_key(record.version)
+        data = record.encode()
+        failure: ObjectStoreError | None = None
+        for _attempt in range(_PUBLISH_ATTEMPTS):
+            try:
+                if self.store.put_if_absent(key, data):
+                    return True
+                failure = None
+            except ObjectStoreError as err:
+                failure = err
+            try:
+                existing = self._read_header(key)
+            except VersionNotFoundError:
+                existing = None
+            except ObjectStoreError as err:
+                raise CommitOutcomeUnknownError(
+                    f"dataset {self.dataset!r}: the outcome of committing version {record.version} is "
+                    f"unknown: writing its record failed ({failure or 'refused'}) and reading it back "
+                    f"failed ({err}). Commit again with commit_id={record.commit_id!r}: if this commit "
+                    "was published, that returns its version instead of publishing it twice",
+                    commit_id=record.commit_id,
+                    version=record.version,
+                ) from err
+            if existing is not None:
+                return existing.commit_id == record.commit_id
+            if failure is None:
+                return False  # refused, yet gone when read: let the caller list the log again
+        assert failure is not None
+        raise ObjectStoreError(
+            f"dataset {self.dataset!r}: cannot commit version {record.version}: {failure}. Nothing was "
+            "published (its record is absent) and the previous version stays current: commit again "
+            "once the store is reachable"
+        ) from failure
 
     def _validate_commit(
         self,
