@@ -21,6 +21,7 @@ BENCHMARKS = (
     "bench_pruning",
     "bench_refresh",
     "bench_snapshots",
+    "bench_s3_faults",
     "bench_orchestration",
     "bench_spark_modes",
     "bench_duckdb_bytes",

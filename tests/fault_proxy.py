@@ -14,6 +14,7 @@ RNG whether to inject a fault and which one:
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import random
 import socket
@@ -55,7 +56,10 @@ class _Forced:
 
 
 class FaultProxy:
-    """A threaded proxy to `upstream` (`http://host:port`) injecting faults at `rate` (0..1)."""
+    """A threaded proxy to `upstream` (`http://host:port`) injecting faults at `rate` (0..1).
+
+    `serialise=True` forwards one request at a time (for an upstream moto server that is not serialised).
+    """
 
     def __init__(
         self,
@@ -64,6 +68,7 @@ class FaultProxy:
         rate: float = 0.0,
         seed: int = 0,
         faults: tuple[Fault, ...] = ALL_FAULTS,
+        serialise: bool = False,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or parts.hostname is None or parts.port is None:
@@ -76,6 +81,11 @@ class FaultProxy:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._forced: list[_Forced] = []
+        # moto checks `If-None-Match` and stores without a lock; forwarding one request at a time restores
+        # the atomic conditional writes S3 has (tests/conftest.py serialises its server the same way).
+        self.forward_lock: threading.Lock | contextlib.nullcontext[None] = (
+            threading.Lock() if serialise else contextlib.nullcontext()
+        )
         self._server = _QuietServer(("127.0.0.1", 0), _handler_for(self))
         self._thread: threading.Thread | None = None
 
@@ -223,13 +233,14 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
         def _forward(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+            headers["Content-Length"] = str(len(body))
             connection = http.client.HTTPConnection(*proxy.upstream, timeout=60)
             try:
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
-                headers["Content-Length"] = str(len(body))
-                connection.request(self.command, self.path, body=body, headers=headers)
-                response = connection.getresponse()
-                payload = response.read()
+                with proxy.forward_lock:
+                    connection.request(self.command, self.path, body=body, headers=headers)
+                    response = connection.getresponse()
+                    payload = response.read()
                 return response.status, response.reason, response.getheaders(), payload
             finally:
                 connection.close()

@@ -21,7 +21,11 @@ import pytest
 from fault_proxy import Fault, FaultProxy
 
 from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo, S3Store
-from airflow_partitions.exceptions import AirflowPartitionsError, ObjectStoreError
+from airflow_partitions.exceptions import (
+    AirflowPartitionsError,
+    CommitOutcomeUnknownError,
+    ObjectStoreError,
+)
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.objectstore import S3Settings
 from airflow_partitions.snapshots import (
@@ -64,12 +68,15 @@ def entry(owner: str, fingerprint: str, rows: int) -> PartitionEntry:
     return PartitionEntry.from_files(key, SPEC, [data_file], source_fingerprint=fingerprint)
 
 
-def commit_one(catalog: Catalog, owner: str, fingerprint: str, rows: int = 1) -> int:
+def commit_one(
+    catalog: Catalog, owner: str, fingerprint: str, rows: int = 1, commit_id: str | None = None
+) -> int:
     base = catalog.latest()
     return catalog.commit(
         base_version=base.version if base is not None else None,
         upserts=[entry(owner, fingerprint, rows)],
         partition_spec=SPEC,
+        commit_id=commit_id,
     )
 
 
@@ -174,6 +181,10 @@ def test_truncated_reads_are_retried_and_a_read_that_keeps_failing_is_typed(
     assert store.get("blob") == payload
     s3_fault_proxy.inject_next(Fault.TRUNCATE, method="GET")
     assert store.get_range("blob", 100, 1000) == payload[100:1100]
+    # A 404's error body cut short escapes botocore as urllib3's ProtocolError: retried too.
+    s3_fault_proxy.inject_next(Fault.TRUNCATE, method="GET", times=2)
+    assert store.get("missing") is None
+    assert s3_fault_proxy.injected[Fault.TRUNCATE] == 5
     s3_fault_proxy.inject_next(Fault.TRUNCATE, method="GET", times=1000)
     with pytest.raises(ObjectStoreError, match=r"s3://.*blob.*kept failing"):
         store.get("blob")
@@ -190,7 +201,8 @@ SHARED_EVERY = 4
 def test_concurrent_writers_under_random_faults_commit_exactly_once(
     s3_fault_proxy: FaultProxy, s3_server: dict[str, str], s3_bucket: str
 ) -> None:
-    """4 writers x 12 commits at 20% faults; a writer re-plans after any typed failure, with no commit id.
+    """4 writers x 12 commits at 20% faults; a writer re-plans after any typed failure, with no commit id
+    of its own (after `CommitOutcomeUnknownError`, with the one the error carries, as its message says).
 
     Afterwards: every acknowledged commit is the one record of its version (none lost), no commit is in two
     versions (none duplicated), every failure was typed, and the newest version's rows are exactly the
@@ -209,12 +221,15 @@ def test_concurrent_writers_under_random_faults_commit_exactly_once(
             owner = f"shared{index % 2}" if index % SHARED_EVERY == 0 else f"w{number}"
             fingerprint = f"w{number}-{index}"
             rows = 1 + number * 100 + index
+            commit_id = None
             while True:
                 try:
-                    version = commit_one(catalog, owner, fingerprint, rows)
+                    version = commit_one(catalog, owner, fingerprint, rows, commit_id)
                 except AirflowPartitionsError as err:
                     with lock:
                         typed.append(type(err).__name__)
+                    if isinstance(err, CommitOutcomeUnknownError):
+                        commit_id = err.commit_id  # as the error says: again, with its commit id
                     continue
                 except Exception as err:  # a raw library error escaped: recorded and fails the test
                     with lock:
@@ -242,7 +257,7 @@ def test_concurrent_writers_under_random_faults_commit_exactly_once(
     lost = [a for a in acknowledged if logged.get(a[0]) != [a[2]]]
     assert lost == [], f"acknowledged but not the record of their version: {lost[:3]}"
     assert sorted(logged) == list(range(1, len(acknowledged) + 1)), "one version per acknowledged commit"
-    assert set(typed) <= {"CommitConflictError", "ObjectStoreError"}
+    assert set(typed) <= {"CommitConflictError", "ObjectStoreError", "CommitOutcomeUnknownError"}
 
     latest = catalog.latest()
     assert latest is not None

@@ -58,9 +58,14 @@ def is_transient(err: BaseException) -> bool:
     The connection broke (reset, closed, timed out while reading, a body cut short) or the server
     answered 5xx / `SlowDown`. An unreachable endpoint or refused credentials are not transient.
     """
-    from botocore.exceptions import HTTPClientError, IncompleteReadError
+    from http.client import HTTPException
 
-    if isinstance(err, HTTPClientError | IncompleteReadError):
+    from botocore.exceptions import HTTPClientError, IncompleteReadError
+    from urllib3.exceptions import ProtocolError
+
+    # botocore reads an error response's body outside its own error handling: a body cut short there
+    # surfaces as urllib3's ProtocolError, not as a botocore exception.
+    if isinstance(err, HTTPClientError | IncompleteReadError | ProtocolError | HTTPException):
         return True
     return error_code(err) in _TRANSIENT_CODES
 

@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 # DeleteObjects takes at most 1000 keys per request.
 _DELETE_BATCH = 1000
 # Attempts of an idempotent request whose failures are transient (each one already retried by botocore).
-REQUEST_ATTEMPTS = 5
+# botocore's retry quota runs dry under a burst of faults, and then it sends each request once.
+REQUEST_ATTEMPTS = 8
 _BACKOFF_SECONDS = 0.05
+_MAX_BACKOFF_SECONDS = 1.0
 _T = TypeVar("_T")
 
 
@@ -49,7 +51,7 @@ def repeat_transient(call: Callable[[], _T], attempts: int = REQUEST_ATTEMPTS) -
         except Exception as err:
             if attempt == attempts or not is_transient(err):
                 raise
-            time.sleep(random.uniform(0.5, 1.0) * _BACKOFF_SECONDS * 2**attempt)
+            time.sleep(random.uniform(0.5, 1.0) * min(_MAX_BACKOFF_SECONDS, _BACKOFF_SECONDS * 2**attempt))
     raise AssertionError("unreachable")
 
 
