@@ -13,6 +13,8 @@ version; if none of them touched a partition it touches (and none replaced every
 partition spec), it rebases onto the new head and tries N+2, else it raises `CommitConflictError` naming
 the partitions. Nothing is written before the record, so a writer killed at any point leaves the previous
 version intact; a record is the only thing that makes a version, so no commit is ever half applied.
+Every record carries a commit id (the caller's, else a fresh one), so a writer whose write landed but
+whose response was lost recognises its own record and reports its version: it is published exactly once.
 
 **Reading.** The newest version is found by listing the log after the hint's checkpoint (one list request
 on S3; one shard directory locally), then loaded as checkpoint + the few records after it. A `Catalog`
@@ -460,6 +462,8 @@ class Catalog:
                     ) from err
                 for record in newer:
                     if record.commit_id == token:
+                        # This commit, published by an earlier call with the caller's commit_id, or by
+                        # an attempt of this call whose response was lost (see `_publish`).
                         return record.version
                     self._check_concurrent(record, touched, base_number, partition_spec, replace_all)
                 intervening.extend(newer)
@@ -492,12 +496,13 @@ class Catalog:
         )
 
     def _publish(self, record: CommitRecord) -> bool:
-        """Create `record`'s version; whether the record there now is this commit's (by its commit id).
+        """Create `record`'s version: `True` if the record there is this commit's, `False` if refused.
 
-        A write whose response was lost is sent again by the S3 client and then refused (412) by the
-        record it created, or fails outright although it landed. Either way the record at the version is
-        read back: this commit's id means published, another's means a lost race, none means the write
-        never landed and is sent again.
+        Refused (412) may mean this commit's own earlier attempt: S3 clients send a write whose response
+        was lost again, and the record it created refuses it. The caller's next step reads the records
+        after its parent anyway, and finds its own by the commit id. A write that fails outright may have
+        landed too: then the record at the version is read back here. This commit's id means published,
+        another's a lost race, none that the write never landed, so it is sent again.
         """
         assert record.commit_id is not None
         key = self._log_key(record.version)
@@ -505,28 +510,23 @@ class Catalog:
         failure: ObjectStoreError | None = None
         for _attempt in range(_PUBLISH_ATTEMPTS):
             try:
-                if self.store.put_if_absent(key, data):
-                    return True
-                failure = None
+                return self.store.put_if_absent(key, data)
             except ObjectStoreError as err:
                 failure = err
             try:
                 existing = self._read_header(key)
             except VersionNotFoundError:
-                existing = None
+                continue
             except ObjectStoreError as err:
                 raise CommitOutcomeUnknownError(
                     f"dataset {self.dataset!r}: the outcome of committing version {record.version} is "
-                    f"unknown: writing its record failed ({failure or 'refused'}) and reading it back "
-                    f"failed ({err}). Commit again with commit_id={record.commit_id!r}: if this commit "
-                    "was published, that returns its version instead of publishing it twice",
+                    f"unknown: writing its record failed ({failure}) and reading it back failed ({err}). "
+                    f"Commit again with commit_id={record.commit_id!r}: if this commit was published, "
+                    "that returns its version instead of publishing it twice",
                     commit_id=record.commit_id,
                     version=record.version,
                 ) from err
-            if existing is not None:
-                return existing.commit_id == record.commit_id
-            if failure is None:
-                return False  # refused, yet gone when read: let the caller list the log again
+            return existing.commit_id == record.commit_id
         assert failure is not None
         raise ObjectStoreError(
             f"dataset {self.dataset!r}: cannot commit version {record.version}: {failure}. Nothing was "
