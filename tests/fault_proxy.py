@@ -6,10 +6,12 @@ RNG whether to inject a fault and which one:
 * `ERROR_500` / `ERROR_503`: an S3 error response (`InternalError` / `SlowDown`); nothing is forwarded.
 * `RESET_BEFORE`: the connection is reset before the request is forwarded (the store never sees it).
 * `RESET_AFTER`: the request is forwarded and applied, then the connection is reset: the response is lost.
-* `TRUNCATE`: the response announces its full length but only half the body arrives before a reset.
+* `TRUNCATE`: the response announces its full length but only half the body arrives before a reset
+  (a response without a body to cut short is lost instead, as with `RESET_AFTER`).
 
-`inject_next` forces faults on the next matching requests, for tests of one exact failure. The counters
-(`requests`, `injected`) let a test check that faults really happened.
+Each request draws once: a fault with probability `rate`, then which one, uniformly. `inject_next` forces
+faults on the next matching requests, for tests of one exact failure. The counters (`requests`,
+`injected`) let a test check that faults really happened.
 """
 
 from __future__ import annotations
