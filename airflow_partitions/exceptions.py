@@ -219,3 +219,15 @@ class QueryLimitError(FilterError):
     def __init__(self, message: str, *, limit: str | None = None) -> None:
         super().__init__(message)
         self.limit = limit
+
+
+class CommitOutcomeUnknownError(ObjectStoreError):
+    """A commit's write failed and reading it back failed too: it may or may not be published.
+
+    Commit again with `commit_id=err.commit_id`: a published one is then recognised, not repeated.
+    """
+
+    def __init__(self, message: str, *, commit_id: str, version: int) -> None:
+        super().__init__(message)
+        self.commit_id = commit_id  # the token the unknown record carries, if it was written
+        self.version = version  # the version it tried to create

@@ -22,6 +22,7 @@ BENCHMARKS = (
     "bench_in_lists",
     "bench_refresh",
     "bench_snapshots",
+    "bench_s3_faults",
     "bench_orchestration",
     "bench_spark_modes",
     "bench_duckdb_bytes",

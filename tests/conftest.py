@@ -136,3 +136,16 @@ def pg_database() -> Iterator[str]:
     yield f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}"
     with _pg_admin_connect() as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def s3_fault_proxy(s3_server: dict[str, str]) -> Iterator[Any]:
+    """A `fault_proxy.FaultProxy` in front of the moto server, injecting nothing until a test asks.
+
+    `proxy.through(s3_server)` gives client settings that go through it; `faulty(rate)` turns random
+    faults on for a block, `inject_next` forces one exact fault.
+    """
+    from fault_proxy import FaultProxy
+
+    with FaultProxy(s3_server["endpoint_url"], seed=13) as proxy:
+        yield proxy

@@ -13,6 +13,8 @@ version; if none of them touched a partition it touches (and none replaced every
 partition spec), it rebases onto the new head and tries N+2, else it raises `CommitConflictError` naming
 the partitions. Nothing is written before the record, so a writer killed at any point leaves the previous
 version intact; a record is the only thing that makes a version, so no commit is ever half applied.
+Every record carries a commit id (the caller's, else a fresh one), so a writer whose write landed but
+whose response was lost recognises its own record and reports its version: it is published exactly once.
 
 **Reading.** The newest version is found by listing the log after the hint's checkpoint (one list request
 on S3; one shard directory locally), then loaded as checkpoint + the few records after it. A `Catalog`
@@ -29,6 +31,7 @@ import itertools
 import json
 import logging
 import threading
+import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -53,6 +56,8 @@ from airflow_partitions.catalog.state import (
 from airflow_partitions.exceptions import (
     CatalogError,
     CommitConflictError,
+    CommitOutcomeUnknownError,
+    ObjectStoreError,
     PartitionSpecChangedError,
     PartitionValueError,
     VersionNotFoundError,
@@ -75,6 +80,8 @@ DEFAULT_CHECKPOINT_CHANGES = 5000
 DEFAULT_RETENTION = dt.timedelta(days=7)
 DEFAULT_GRACE = dt.timedelta(hours=1)
 _HEADER_BYTES = 16 * 1024
+# Writes of one commit record before a commit gives up (each a conditional write the store may repeat).
+_PUBLISH_ATTEMPTS = 3
 _FETCH_THREADS = 8
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
@@ -417,10 +424,14 @@ class Catalog:
         `CommitConflictError` (or `PartitionSpecChangedError`). `replace_all=True` makes `upserts` the whole
         partition set (re-partitioning under a new spec); it must be based on the newest version.
         `commit_id` makes a retried commit idempotent: if a commit with that id landed since
-        `base_version`, its version is returned instead of committing twice. `conservation` (JSON) is
-        recorded in the header as is: the row counts the refresh checked (`VersionInfo.conservation`).
+        `base_version`, its version is returned instead of committing twice. Without one, the commit
+        gets a fresh id: after a write whose response was lost, the record found at the version is read
+        back, and carrying this id means it is this commit's own (success), not a conflicting one.
+        `conservation` (JSON) is recorded in the header as is: the row counts the refresh checked
+        (`VersionInfo.conservation`).
         """
         self._validate_commit(upserts, removes, partition_spec, replace_all)
+        token = commit_id if commit_id is not None else uuid.uuid4().hex
         base = self._load(base_version) if base_version else None
         base_number = base_version or 0
         self._check_spec(base, partition_spec, replace_all)
@@ -455,7 +466,9 @@ class Catalog:
                         version=head,
                     ) from err
                 for record in newer:
-                    if commit_id is not None and record.commit_id == commit_id:
+                    if record.commit_id == token:
+                        # This commit, published by an earlier call with the caller's commit_id, or by
+                        # an attempt of this call whose response was lost (see `_publish`).
                         return record.version
                     self._check_concurrent(record, touched, base_number, partition_spec, replace_all)
                 intervening.extend(newer)
@@ -468,14 +481,14 @@ class Catalog:
                 operation=operation,
                 replace_all=replace_all,
                 partition_spec=partition_spec,
-                commit_id=commit_id,
+                commit_id=token,
                 base_version=base_number,
                 summary=self._summary(base, upserts, removes, replace_all, parent_totals),
                 upserts=upsert_json,
                 removes=tuple(removes),
                 conservation=conservation,
             )
-            if self.store.put_if_absent(self._log_key(record.version), record.encode()):
+            if self._publish(record):
                 self._contended = attempt > 0
                 self._after_commit(base, intervening, record)
                 return record.version
@@ -486,6 +499,45 @@ class Catalog:
             "(each touching other partitions); retry later or raise max_retries",
             version=head,
         )
+
+    def _publish(self, record: CommitRecord) -> bool:
+        """Create `record`'s version: `True` if the record there is this commit's, `False` if refused.
+
+        Refused (412) may mean this commit's own earlier attempt: S3 clients send a write whose response
+        was lost again, and the record it created refuses it. The caller's next step reads the records
+        after its parent anyway, and finds its own by the commit id. A write that fails outright may have
+        landed too: then the record at the version is read back here. This commit's id means published,
+        another's a lost race, none that the write never landed, so it is sent again.
+        """
+        assert record.commit_id is not None
+        key = self._log_key(record.version)
+        data = record.encode()
+        failure: ObjectStoreError | None = None
+        for _attempt in range(_PUBLISH_ATTEMPTS):
+            try:
+                return self.store.put_if_absent(key, data)
+            except ObjectStoreError as err:
+                failure = err
+            try:
+                existing = self._read_header(key)
+            except VersionNotFoundError:
+                continue
+            except ObjectStoreError as err:
+                raise CommitOutcomeUnknownError(
+                    f"dataset {self.dataset!r}: the outcome of committing version {record.version} is "
+                    f"unknown: writing its record failed ({failure}) and reading it back failed ({err}). "
+                    f"Commit again with commit_id={record.commit_id!r}: if this commit was published, "
+                    "that returns its version instead of publishing it twice",
+                    commit_id=record.commit_id,
+                    version=record.version,
+                ) from err
+            return existing.commit_id == record.commit_id
+        assert failure is not None
+        raise ObjectStoreError(
+            f"dataset {self.dataset!r}: cannot commit version {record.version}: {failure}. Nothing was "
+            "published (its record is absent) and the previous version stays current: commit again "
+            "once the store is reachable"
+        ) from failure
 
     def _validate_commit(
         self,

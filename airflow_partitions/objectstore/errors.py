@@ -9,6 +9,10 @@ _NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 _PRECONDITION_CODES = frozenset({"412", "PreconditionFailed"})
 # Another conditional write of the same key was in flight: the outcome is unknown until it finishes.
 _CONFLICT_CODES = frozenset({"409", "ConditionalRequestConflict"})
+# The server failed or throttled this one request; the same request may well succeed a moment later.
+_TRANSIENT_CODES = frozenset(
+    {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"}
+)
 
 
 def error_code(err: BaseException) -> str | None:
@@ -48,6 +52,24 @@ def is_write_conflict(err: BaseException) -> bool:
     return error_code(err) in _CONFLICT_CODES
 
 
+def is_transient(err: BaseException) -> bool:
+    """A failure of this one request, not of the request itself: worth sending again after a pause.
+
+    The connection broke (reset, closed, timed out while reading, a body cut short) or the server
+    answered 5xx / `SlowDown`. An unreachable endpoint or refused credentials are not transient.
+    """
+    from http.client import HTTPException
+
+    from botocore.exceptions import HTTPClientError, IncompleteReadError
+    from urllib3.exceptions import ProtocolError
+
+    # botocore reads an error response's body outside its own error handling: a body cut short there
+    # surfaces as urllib3's ProtocolError, not as a botocore exception.
+    if isinstance(err, HTTPClientError | IncompleteReadError | ProtocolError | HTTPException):
+        return True
+    return error_code(err) in _TRANSIENT_CODES
+
+
 def store_error(err: BaseException, action: str, uri: str) -> ObjectStoreError:
     """An `ObjectStoreError` for a failed S3 call that says what failed and how to fix it."""
     from botocore.exceptions import (
@@ -66,6 +88,11 @@ def store_error(err: BaseException, action: str, uri: str) -> ObjectStoreError:
         hint = f"access denied ({code}): check the access key, secret and the bucket policy"
     elif code == "NoSuchBucket":
         hint = "the bucket does not exist: create it or fix the location"
+    elif is_transient(err):
+        hint = (
+            f"{code or type(err).__name__}: {err}; the request kept failing when sent again (a network or "
+            "endpoint fault): check the endpoint's health and retry later"
+        )
     elif isinstance(err, BotoCoreError):
         hint = str(err)
     else:

@@ -1,18 +1,28 @@
-"""Objects under `s3://bucket/prefix` through one boto3 client; conditional writes follow `base`'s rule."""
+"""Objects under `s3://bucket/prefix` through one boto3 client; conditional writes follow `base`'s rule.
+
+Requests that fail transiently (a reset or truncated response, 5xx, `SlowDown`) are sent again by botocore
+itself, but a body cut short while it is read is not: reads, listings, unconditional writes and deletes
+are idempotent, so the store repeats those with a backoff (`REQUEST_ATTEMPTS` in all). A conditional write
+is not repeated here: after an unknown outcome, only its caller can tell its own object from another
+writer's (the catalog reads back its commit id). Whatever still fails is an `ObjectStoreError`.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from airflow_partitions.exceptions import ObjectStoreError
 from airflow_partitions.objectstore.base import CONFLICT_RETRIES, ObjectInfo, as_key_list
 from airflow_partitions.objectstore.errors import (
     is_not_found,
     is_precondition_failed,
+    is_transient,
     is_write_conflict,
     store_error,
 )
@@ -21,9 +31,28 @@ from airflow_partitions.objectstore.settings import S3Settings, SettingsLike, as
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import DeleteTypeDef
 
 # DeleteObjects takes at most 1000 keys per request.
 _DELETE_BATCH = 1000
+# Attempts of an idempotent request whose failures are transient (each one already retried by botocore).
+# botocore's retry quota runs dry under a burst of faults, and then it sends each request once.
+REQUEST_ATTEMPTS = 8
+_BACKOFF_SECONDS = 0.05
+_MAX_BACKOFF_SECONDS = 1.0
+_T = TypeVar("_T")
+
+
+def repeat_transient(call: Callable[[], _T], attempts: int = REQUEST_ATTEMPTS) -> _T:
+    """`call()`, repeated after a growing, jittered pause while it fails transiently; the last error else."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except Exception as err:
+            if attempt == attempts or not is_transient(err):
+                raise
+            time.sleep(random.uniform(0.5, 1.0) * min(_MAX_BACKOFF_SECONDS, _BACKOFF_SECONDS * 2**attempt))
+    raise AssertionError("unreachable")
 
 
 class S3Store:
@@ -73,20 +102,27 @@ class S3Store:
         return None if found is None else found[0]
 
     def _get(self, key: str, extra: dict[str, Any]) -> tuple[bytes, str] | None:
-        try:
+        def read() -> tuple[bytes, str]:
             response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key), **extra)
             body: bytes = response["Body"].read()
+            return body, str(response.get("ETag", ""))
+
+        try:
+            return repeat_transient(read)
         except Exception as err:
             if is_not_found(err):
                 return None
             raise store_error(err, "read", self.uri(key)) from err
-        return body, str(response.get("ETag", ""))
 
     def head(self, key: str) -> dict[str, Any] | None:
         """HEAD with checksums enabled (metadata, size, SHA-256); `None` when the object does not exist."""
         try:
             return dict(
-                self.client.head_object(Bucket=self.bucket, Key=self.object_key(key), ChecksumMode="ENABLED")
+                repeat_transient(
+                    lambda: self.client.head_object(
+                        Bucket=self.bucket, Key=self.object_key(key), ChecksumMode="ENABLED"
+                    )
+                )
             )
         except Exception as err:
             if is_not_found(err):
@@ -101,25 +137,32 @@ class S3Store:
         arguments: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.object_key(prefix)}
         if start_after is not None:
             arguments["StartAfter"] = self.object_key(start_after)
-        try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(**arguments):
-                for item in page.get("Contents", []):
-                    modified = item["LastModified"]
-                    if modified.tzinfo is None:
-                        modified = modified.replace(tzinfo=dt.UTC)
-                    etag = str(item["ETag"]).strip('"') if "ETag" in item else None
-                    yield ObjectInfo(item["Key"][strip:], int(item["Size"]), modified, etag)
-        except ObjectStoreError:
-            raise
-        except Exception as err:
-            raise store_error(err, "list", self.uri(prefix)) from err
+        while True:
+            # One page per request, so a page that fails is fetched again, not the whole listing.
+            try:
+                page = repeat_transient(lambda: self.client.list_objects_v2(**arguments))
+            except Exception as err:
+                raise store_error(err, "list", self.uri(prefix)) from err
+            for item in page.get("Contents", []):
+                modified = item["LastModified"]
+                if modified.tzinfo is None:
+                    modified = modified.replace(tzinfo=dt.UTC)
+                etag = str(item["ETag"]).strip('"') if "ETag" in item else None
+                yield ObjectInfo(item["Key"][strip:], int(item["Size"]), modified, etag)
+            if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
+                return
+            arguments["ContinuationToken"] = page["NextContinuationToken"]
 
     # --- writes -----------------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes, *, content_type: str | None = None) -> None:
         arguments = _put_arguments(content_type, None, None)
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data, **arguments)
+            repeat_transient(
+                lambda: self.client.put_object(
+                    Bucket=self.bucket, Key=self.object_key(key), Body=data, **arguments
+                )
+            )
         except Exception as err:
             raise store_error(err, "write", self.uri(key)) from err
 
@@ -170,7 +213,9 @@ class S3Store:
         wanted = as_key_list(keys)
         if len(wanted) == 1:
             try:
-                self.client.delete_object(Bucket=self.bucket, Key=self.object_key(wanted[0]))
+                repeat_transient(
+                    lambda: self.client.delete_object(Bucket=self.bucket, Key=self.object_key(wanted[0]))
+                )
             except Exception as err:
                 if not is_not_found(err):
                     raise store_error(err, "delete", self.uri(wanted[0])) from err
@@ -178,9 +223,12 @@ class S3Store:
         for start in range(0, len(wanted), _DELETE_BATCH):
             batch = wanted[start : start + _DELETE_BATCH]
             try:
-                response = self.client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": self.object_key(key)} for key in batch], "Quiet": True},
+                delete: DeleteTypeDef = {
+                    "Objects": [{"Key": self.object_key(key)} for key in batch],
+                    "Quiet": True,
+                }
+                response = repeat_transient(
+                    functools.partial(self.client.delete_objects, Bucket=self.bucket, Delete=delete)
                 )
             except Exception as err:
                 raise store_error(err, "delete objects under", self.describe()) from err
