@@ -330,3 +330,79 @@ def test_snapshot_upload_and_bootstrap_under_random_faults_conserve_rows(
                 source.data_root / data_file.path
             ).read_bytes()
     assert [p for p in replica.data_root.rglob("*") if p.name.startswith(".tmp-")] == []
+
+
+@pytest.mark.spark
+def test_a_refresh_from_s3_under_random_faults_fails_typed_and_publishes_once(
+    spark: Any,
+    s3_fault_proxy: FaultProxy,
+    s3_server: dict[str, str],
+    s3_bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refresh whose source and catalog sit behind a faulty S3: every failed attempt is a typed error and
+    publishes nothing; once one succeeds there is exactly one version and a full read equals the source."""
+    import datetime as dt
+    import io
+
+    import boto3
+    import pyarrow.parquet as pq
+
+    from airflow_partitions.catalog import open_catalog
+    from airflow_partitions.read import PartitionedDatasetReader
+    from airflow_partitions.refresh import refresh_dataset
+    from airflow_partitions.spec import load_spec
+
+    regions = ["EU", "a/b=c", "50%", "it's", "Zürich", "", None]
+    client = boto3.client("s3", **s3_server)
+    expected: list[tuple[Any, ...]] = []
+    for part in range(3):
+        ids = [part * 100 + i if i % 9 else None for i in range(40)]
+        rows = {
+            "id": pa.array(ids, pa.int64()),
+            "region": pa.array([regions[(i + part) % len(regions)] for i in range(40)], pa.string()),
+            "ts": pa.array(
+                [
+                    None if i % 11 == 0 else dt.datetime(2026, 1, 1) + dt.timedelta(hours=i * 7)
+                    for i in range(40)
+                ],
+                pa.timestamp("us"),
+            ),
+        }
+        table = pa.table(rows)
+        expected.extend(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
+        body = io.BytesIO()
+        pq.write_table(table, body)
+        client.put_object(Bucket=s3_bucket, Key=f"faulty-src/part-{part}.parquet", Body=body.getvalue())
+    proxied = s3_fault_proxy.through(s3_server)
+    # The catalog on S3 is reached with the environment's settings: they point at the proxy too.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxied["endpoint_url"])
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: trips\n"
+        f"    from: s3://{s3_bucket}/faulty-src\n"
+        f"    params: {{file_format: parquet, endpoint_url: '{proxied['endpoint_url']}'}}\n"
+        "    acceleration:\n"
+        "      partition_by: ['bucket(4, id)', region]\n"
+        f"      params: {{catalog_location: 's3://{s3_bucket}/faulty-catalog'}}\n"
+    )
+    failures: list[str] = []
+    summary = None
+    with s3_fault_proxy.faulty(0.2):
+        for _ in range(25):
+            try:
+                summary = refresh_dataset(tmp_path / "spec.yaml", "trips", spark=spark)
+                break
+            except AirflowPartitionsError as err:  # anything else fails the test: untyped
+                failures.append(type(err).__name__)
+    assert summary is not None, f"25 attempts failed: {failures[-5:]}"
+    assert sum(s3_fault_proxy.injected.values()) > 0, "faults were injected"
+    project = load_spec(tmp_path / "spec.yaml")
+    catalog = open_catalog(project, project.dataset("trips"))
+    assert [v.version for v in catalog.versions()] == [1], "published exactly once"
+    with PartitionedDatasetReader(project, "trips") as reader:
+        table = reader.read()
+    got = list(zip(*(table.column(c).to_pylist() for c in ["id", "region", "ts"]), strict=True))
+    assert sorted(got, key=repr) == sorted(expected, key=repr)
