@@ -406,3 +406,38 @@ def test_a_refresh_from_s3_under_random_faults_fails_typed_and_publishes_once(
         table = reader.read()
     got = list(zip(*(table.column(c).to_pylist() for c in ["id", "region", "ts"]), strict=True))
     assert sorted(got, key=repr) == sorted(expected, key=repr)
+
+
+def test_a_bootstrap_download_cut_short_is_sent_again(
+    s3_fault_proxy: FaultProxy, s3_server: dict[str, str], s3_bucket: str, tmp_path: Path
+) -> None:
+    """A data object whose body is truncated on the way is fetched again, not a failed bootstrap."""
+    storage = get_storage("parquet", None)
+    (tmp_path / "source").mkdir()
+    source = Catalog(LocalStore(tmp_path / "source"), "trips", storage=storage)
+    assert source.data_root is not None
+    key = PartitionKey(("a/b=c",))
+    table = pa.table({"owner": pa.array(["a/b=c"] * 500, pa.string()), "n": pa.array(range(500), pa.int64())})
+    files = storage.publish(source.data_root, storage.write(table, source.data_root, key.path(SPEC.names)))
+    source.commit(
+        base_version=None, upserts=[PartitionEntry.from_files(key, SPEC, files)], partition_spec=SPEC
+    )
+    published = source.latest()
+    assert published is not None
+    settings = s3_fault_proxy.through(s3_server)
+    location = f"s3://{s3_bucket}/cut-short"
+    for partition in published.partitions.values():
+        upload_partition_snapshot(settings, location, source.data_root, partition, dataset="trips")
+    upload_snapshot_manifest(settings, location, "trips", published)
+    (tmp_path / "replica").mkdir()
+    replica = Catalog(LocalStore(tmp_path / "replica"), "trips", storage=storage)
+    assert replica.data_root is not None
+    s3_fault_proxy.inject_next(Fault.TRUNCATE, method="GET", path_contains="/data/", times=2)
+    result = bootstrap_snapshot(settings, location, "trips", replica.data_root, catalog=replica)
+    assert s3_fault_proxy.injected[Fault.TRUNCATE] == 2, "the data object was cut short twice"
+    assert result.version == 1
+    for data_file in files:
+        assert (replica.data_root / data_file.path).read_bytes() == (
+            source.data_root / data_file.path
+        ).read_bytes()
+    assert [p for p in replica.data_root.rglob("*") if p.name.startswith(".tmp-")] == []

@@ -22,6 +22,7 @@ from airflow_partitions.exceptions import SnapshotError, SnapshotIntegrityError
 from airflow_partitions.objectstore.base import TEMP_PREFIX
 from airflow_partitions.objectstore.errors import is_not_found, store_error
 from airflow_partitions.objectstore.local import ensure_directory, fsync_directory, fsync_file
+from airflow_partitions.objectstore.s3 import repeat_transient
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -124,12 +125,18 @@ def fetch_verified(
     temporary = item.local.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex}-{item.local.name}")
     verified = False
     try:
-        try:
+
+        def download() -> tuple[int, str]:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()  # what an attempt cut short wrote
             if item.size >= ranged_threshold:
                 _ranged_download(client, item, temporary, chunksize, max_concurrency)
-                received, sha256_hex = _digest(temporary)
-            else:
-                received, sha256_hex = _streamed_download(client, item, temporary)
+                return _digest(temporary)
+            return _streamed_download(client, item, temporary)
+
+        try:
+            # A body cut short or a reset connection fetches the object again from its start.
+            received, sha256_hex = repeat_transient(download)
         except (ClientError, S3TransferFailedError) as err:
             if is_not_found(err):
                 raise SnapshotError(
