@@ -15,8 +15,8 @@ WORKDIR /opt/airflow-partitions
 COPY pyproject.toml README.md ./
 COPY airflow_partitions ./airflow_partitions
 RUN pip install --no-cache-dir uv \
-    && uv pip install --system --no-cache ".[deploy]" \
-    && uv pip install --system --no-cache --reinstall --no-deps pyspark==4.2.0
+    && uv pip install --system --no-cache --compile-bytecode ".[deploy]" \
+    && uv pip install --system --no-cache --compile-bytecode --reinstall --no-deps pyspark==4.2.0
 
 COPY dags /opt/airflow/dags
 # Task processes fork with the refresh modules already imported (see the file).

@@ -13,10 +13,10 @@ $(STAMP): pyproject.toml
 	$(MAKE) --no-print-directory system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip uv
-	$(BIN)/uv pip install --python $(BIN)/python --quiet -e '.[dev]'
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode -e '.[dev]'
 	# pyspark-client (from the Spark provider) shares the pyspark/ folder: reinstall pyspark last so
 	# its files win; the pins in pyproject.toml keep both at the same version.
-	$(BIN)/uv pip install --python $(BIN)/python --quiet --reinstall --no-deps pyspark==4.2.0
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode --reinstall --no-deps pyspark==4.2.0
 	touch $(STAMP)
 
 # The Postgres JDBC driver for Spark comes from Debian (Maven Central is not assumed reachable).
