@@ -248,7 +248,9 @@ def test_connections_resolve_through_the_hooks_that_use_them(monkeypatch: pytest
 def test_image_installs_the_drivers_the_stack_configures() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     deploy = " ".join(pyproject["project"]["optional-dependencies"]["deploy"])
-    assert 'uv pip install --system --no-cache ".[deploy]"' in DOCKERFILE
+    install = re.search(r'uv pip install --system --no-cache (?P<flags>[^"\n]*)"\.\[deploy\]"', DOCKERFILE)
+    assert install, "the image installs the package with its deploy extra"
+    assert "--compile-bytecode" in install["flags"], "task processes must not recompile Airflow on start"
     env = _env(SERVICES["airflow-scheduler"])
     if env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://"):
         assert "psycopg2" in deploy, "the metadata URL needs psycopg2 in the image"
