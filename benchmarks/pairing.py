@@ -111,6 +111,6 @@ def run_rounds(
     return measured
 
 
-def figure_line(figure: str, ratio: Ratio, target: Target | None, width: int = 58) -> str:
+def figure_line(figure: str, ratio: Ratio, target: Target | None, width: int = 62) -> str:
     """One printed line per figure, the same in every benchmark."""
     return f"  {figure:{width}} {ratio.format(target)}"
