@@ -160,7 +160,7 @@ def pyiceberg_missing() -> str | None:
     """Why the pyiceberg append anchor cannot run here, or None when it can."""
     try:
         import pyiceberg  # noqa: F401
-        import pyiceberg_core  # type: ignore[import-not-found]  # noqa: F401
+        import pyiceberg_core  # noqa: F401
     except ImportError as error:
         return (
             f"{error.name} is not installed; pyiceberg writes to a bucket-partitioned table need "
