@@ -22,12 +22,15 @@ Measured (median of `--repeat` warm runs):
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import shutil
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +38,8 @@ import pyarrow.parquet as pq
 
 from airflow_partitions.pruning import plan_partitions
 from airflow_partitions.read import PartitionedDatasetReader
-from benchmarks.bench_pruning import build, paired, timed
+from benchmarks.bench_pruning import build, run_sql, timed
+from benchmarks.pairing import run_rounds
 
 SEED = 13
 SIZES = (10_000, 20_000, 50_000, 100_000)
@@ -115,11 +119,13 @@ def run(base: Path, rows: int, repeat: int) -> None:
             )
             plan_times[size] = plan_seconds
             anchor_sql = f"SELECT * FROM read_parquet('{source}') WHERE {where}"
-            read_seconds, anchor_seconds, ours, anchor = paired(
-                lambda plan=plan, reader=reader: reader.read_plan(plan),
-                lambda sql=anchor_sql: anchor_connection.sql(sql).to_arrow_table(),
-                repeat,
-            )
+            contenders: dict[str, Callable[[], Any]] = {
+                "ours": functools.partial(reader.read_plan, plan),
+                "anchor": functools.partial(run_sql, anchor_connection, anchor_sql),
+            }
+            rounds = run_rounds(contenders, repeat)
+            read_seconds, anchor_seconds = rounds.median_seconds("ours"), rounds.median_seconds("anchor")
+            ours, anchor = rounds.results["ours"], rounds.results["anchor"]
             if ours.num_rows != anchor.num_rows:
                 raise SystemExit(
                     f"{name} IN ({size}): read {ours.num_rows} rows, DuckDB over the source {anchor.num_rows}"

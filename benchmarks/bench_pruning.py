@@ -10,18 +10,20 @@ value, ~500k rows at 10M), zone 264 a few hundred (the cold value), the rest a Z
 zones. Two accelerations of it, written with the real storage engine and committed to the real catalog:
 `bucket(50, PULocationID)` and `date_trunc('day', tpep_pickup_datetime)` (365 partitions).
 
-Measured (median of `--repeat` warm runs; page cache warm; every DuckDB connection caches Parquet
-footers, ours as well as the anchors'):
+Measured in one run: each round runs ours and every anchor of a case once, in a shuffled order (see
+`benchmarks/pairing.py`), after one warm-up each; a figure is the median and min-max of the per-round
+ratios, printed with issue 17's target (page cache warm; every DuckDB connection caches Parquet footers,
+ours as well as the anchors'):
 
 * point query, hot and cold value: `reader.read("PULocationID = v")` vs
-  - DuckDB reading the single matching partition file directly (the physical limit): target <= 1.2x;
-  - pyiceberg: a real Iceberg table (SQL catalog on SQLite, the same bucket spec, the same files),
-    `scan(row_filter=EqualTo(...)).to_arrow()`: target ours faster, >= 1.3x hot, >= 2.5x cold;
-  - DuckDB over every partition file with its own filter pushdown (full scan): target >= 4x cold;
-* the same cold point query with the files on an S3 endpoint (moto over HTTP) vs a full scan through
-  the same pyarrow S3 filesystem (every opened file costs round trips): target >= 10x;
-* a one-week range over the daily layout vs DuckDB's own Hive-partition pruning on the same files:
-  target ours faster;
+  - DuckDB reading the single matching partition file directly (the physical limit): ours / it <= 1.2;
+  - pyiceberg: a real Iceberg table (SQL catalog on SQLite, the same bucket spec, the same files), each
+    read a full `load_table` + `scan(row_filter=EqualTo(...)).to_arrow()`: pyiceberg / ours >= 1.3 (hot);
+  - DuckDB over every partition file with its own filter pushdown (full scan): full scan / ours >= 4 (cold);
+* the same cold point query with the files on an S3 endpoint (moto over HTTP) vs a full scan through the
+  same pyarrow S3 filesystem (every opened file costs round trips): repeat reads on one reader >= 10,
+  first reads (a new reader, connection and filesystem each time) >= 4;
+* a one-week range over the daily layout vs DuckDB's own Hive-partition pruning on the same files: >= 2;
 * planning alone at `--plan-partitions` partitions (100,000 by default): building the pruning index of
   a version (once per version per reader) and planning point / IN / range / zone-map filters.
 
@@ -56,6 +58,7 @@ from airflow_partitions.read import PartitionedDatasetReader, new_duckdb_connect
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.datafile import ColumnStats, DataFile
 from airflow_partitions.transforms import parse_transform
+from benchmarks.pairing import Ratio, Target, figure_line, run_rounds
 from benchmarks.support import moto_server
 
 HOT_ZONE = 132
@@ -66,15 +69,13 @@ YEAR = 2025
 WEEK = ("2025-03-03", "2025-03-10")
 SEED = 7
 
-TARGETS = {
-    "vs single file (hot)": ("<=", 1.2),
-    "vs single file (cold)": ("<=", 1.2),
-    "vs pyiceberg (hot)": (">=", 1.3),
-    "vs pyiceberg (cold)": (">=", 2.5),
-    "vs full scan (cold)": (">=", 4.0),
-    "vs full scan on S3 (cold)": (">=", 10.0),
-    "vs DuckDB hive pruning (week)": (">=", 1.0),
-}
+# Issue 17's targets; the single-file bound is this benchmark's own (the physical limit, not in the issue).
+SINGLE_FILE_BOUND = Target("<=", 1.2)
+PYICEBERG_HOT = Target(">=", 1.3)
+FULL_SCAN_COLD = Target(">=", 4.0)
+FULL_SCAN_S3_REPEAT = Target(">=", 10.0)
+FULL_SCAN_S3_FIRST = Target(">=", 4.0)
+HIVE_WEEK = Target(">=", 2.0)
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -180,20 +181,6 @@ def write_spec(base: Path, source: Path) -> Path:
 # --- timing ----------------------------------------------------------------------------------------
 
 
-def paired(ours: Callable[[], Any], anchor: Callable[[], Any], repeat: int) -> tuple[float, float, Any, Any]:
-    """Median seconds of ours and of the anchor, run alternately (so load drift hits both alike)."""
-    our_result, anchor_result = ours(), anchor()
-    our_samples, anchor_samples = [], []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        our_result = ours()
-        middle = time.perf_counter()
-        anchor_result = anchor()
-        our_samples.append(middle - started)
-        anchor_samples.append(time.perf_counter() - middle)
-    return statistics.median(our_samples), statistics.median(anchor_samples), our_result, anchor_result
-
-
 def timed(function: Callable[..., Any], repeat: int) -> tuple[float, Any]:
     """Median seconds of `repeat` warm runs (after one warm-up), and the last result."""
     result = function()
@@ -206,34 +193,18 @@ def timed(function: Callable[..., Any], repeat: int) -> tuple[float, Any]:
 
 
 @dataclass
-class Row:
-    case: str
-    ours: float
-    anchor: float
-    anchor_name: str
-    rows: int
-
-    @property
-    def ratio(self) -> float:
-        return self.anchor / self.ours if self.ours else float("inf")
+class Figure:
+    name: str
+    ratio: Ratio
+    target: Target | None
+    note: str
 
 
-def report(rows: list[Row]) -> None:
-    print()
-    print(f"{'case':32} {'ours ms':>9} {'anchor ms':>10} {'ratio':>7}  {'target':>8}  anchor")
-    for row in rows:
-        target = TARGETS.get(row.case)
-        if target is None:
-            verdict = ""
-        else:
-            op, bound = target
-            # `<=` targets are "ours within N x of the anchor": compare ours / anchor.
-            ok = (row.ours / row.anchor <= bound) if op == "<=" else (row.ratio >= bound)
-            verdict = f"{op}{bound:g}x {'ok' if ok else 'MISS'}"
-        print(
-            f"{row.case:32} {row.ours * 1000:9.2f} {row.anchor * 1000:10.2f} {row.ratio:6.2f}x  {verdict:>8}"
-            f"  {row.anchor_name} ({row.rows} rows)"
-        )
+def report(figures: list[Figure]) -> None:
+    print("\nratio median [min–max] of paired rounds (order shuffled per round):")
+    for figure in figures:
+        print(figure_line(figure.name, figure.ratio, figure.target))
+        print(f"      {figure.note}")
 
 
 # --- anchors ---------------------------------------------------------------------------------------
@@ -243,8 +214,9 @@ def run_sql(connection: Any, sql: str) -> pa.Table:
     return connection.sql(sql).to_arrow_table()
 
 
-def scan_iceberg(table: Any, row_filter: Any) -> pa.Table:
-    return table.scan(row_filter=row_filter).to_arrow()
+def scan_iceberg(catalog: Any, identifier: str, row_filter: Any) -> pa.Table:
+    """What a pyiceberg reader does per read: load the table's current metadata, plan, read to Arrow."""
+    return catalog.load_table(identifier).scan(row_filter=row_filter).to_arrow()
 
 
 def duckdb_files_sql(paths: list[Path], where: str) -> str:
@@ -253,7 +225,8 @@ def duckdb_files_sql(paths: list[Path], where: str) -> str:
 
 
 def iceberg_table(base: Path, built: Built, schema: pa.Schema) -> Any:
-    """A real Iceberg table (SQL catalog on SQLite) with the same bucket spec over the same files."""
+    """A real Iceberg table (SQL catalog on SQLite) with the same bucket spec over the same files; returns
+    the catalog holding it as `bench.trips`."""
     import pyarrow.parquet as pq
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.io.pyarrow import (
@@ -314,7 +287,7 @@ def iceberg_table(base: Path, built: Built, schema: pa.Schema) -> Any:
     with table.transaction() as transaction, transaction.update_snapshot().fast_append() as append:
         for data_file in data_files:
             append.append_data_file(data_file)
-    return catalog.load_table("bench.trips")
+    return catalog
 
 
 # --- planning at scale -----------------------------------------------------------------------------
@@ -391,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rows", type=int, default=2_000_000, help="trips to generate (default 2,000,000)")
     parser.add_argument("--quick", action="store_true", help="300,000 rows and 20,000 planned partitions")
-    parser.add_argument("--repeat", type=int, default=7, help="timed runs per case (median reported)")
+    parser.add_argument(
+        "--repeat", type=int, default=7, help="paired rounds per case (median, min-max of the ratios)"
+    )
     parser.add_argument(
         "--plan-partitions", type=int, default=100_000, help="partitions of the planning case"
     )
@@ -414,6 +389,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def pyiceberg_missing() -> str | None:
+    """Why the pyiceberg anchor cannot run here, or None when it can."""
+    try:
+        import pyiceberg  # noqa: F401
+    except ImportError:
+        return "pyiceberg is not installed (it is in the dev extra: pip install -e '.[dev]')"
+    return None
+
+
 def run(base: Path, rows: int, repeat: int, plan_count: int, *, s3: bool, iceberg: bool) -> None:
     print(f"generating {rows:,} trips ...", flush=True)
     table = make_trips(rows)
@@ -428,54 +412,62 @@ def run(base: Path, rows: int, repeat: int, plan_count: int, *, s3: bool, iceber
     spec_path = write_spec(base, source)
     del table
 
-    results: list[Row] = []
+    figures: list[Figure] = []
     anchor = new_duckdb_connection(functions=False)
     bucket_reader = PartitionedDatasetReader(spec_path, "taxi_bucket")
     daily_reader = PartitionedDatasetReader(spec_path, "taxi_daily")
     bucket_of = parse_transform(f"bucket({BUCKETS}, PULocationID)").bind(pa.int64())
     all_bucket_files = [bucketed.root / f.path for files in bucketed.files.values() for f in files]
-    ice = iceberg_table(base, bucketed, bucket_reader.schema()) if iceberg else None
+    skipped = pyiceberg_missing() if iceberg else "--no-iceberg"
+    if skipped is not None:
+        print(f"pyiceberg anchor skipped: {skipped}")
+    ice_catalog = iceberg_table(base, bucketed, bucket_reader.schema()) if skipped is None else None
 
     for label, zone in (("hot", HOT_ZONE), ("cold", COLD_ZONE)):
         where = f"PULocationID = {zone}"
-
-        def ours(w: str = where) -> pa.Table:
-            return bucket_reader.read(w)
-
         files = [bucketed.root / f.path for f in bucketed.files[bucket_of.apply_scalar(zone)]]
-        single_sql = duckdb_files_sql(files, where)
-        full_sql = duckdb_files_sql(all_bucket_files, where)
-        anchors: list[tuple[str, str, Callable[[], Any]]] = [
-            (
-                "single file",
-                "DuckDB on the one bucket file",
-                functools.partial(run_sql, anchor, single_sql),
-            ),
-            (
-                "full scan",
-                f"DuckDB over all {len(all_bucket_files)} files",
-                functools.partial(run_sql, anchor, full_sql),
-            ),
-        ]
-        if ice is not None:
+        contenders: dict[str, Callable[[], Any]] = {
+            "ours": functools.partial(bucket_reader.read, where),
+            "single file": functools.partial(run_sql, anchor, duckdb_files_sql(files, where)),
+            "full scan": functools.partial(run_sql, anchor, duckdb_files_sql(all_bucket_files, where)),
+        }
+        if ice_catalog is not None:
             from pyiceberg.expressions import EqualTo
 
             row_filter: Any = EqualTo("PULocationID", zone)  # type: ignore[arg-type,call-arg]
-            anchors.append(
-                (
-                    "pyiceberg",
-                    "pyiceberg SQL catalog scan",
-                    functools.partial(scan_iceberg, ice, row_filter),
+            contenders["pyiceberg"] = functools.partial(scan_iceberg, ice_catalog, "bench.trips", row_filter)
+        rounds = run_rounds(contenders, repeat)
+        got = rounds.results["ours"].num_rows
+        for name, result in rounds.results.items():
+            assert result.num_rows == got, f"{name} ({label}): {result.num_rows} rows vs ours {got}"
+        ours_ms = rounds.median_seconds("ours") * 1000
+        figures.append(
+            Figure(
+                f"{label} point read: ours / DuckDB on the one matching file",
+                rounds.ratio("ours", "single file"),
+                SINGLE_FILE_BOUND,
+                f"{got} rows; ours {ours_ms:.2f} ms, single file "
+                f"{rounds.median_seconds('single file') * 1000:.2f} ms (bound of this benchmark)",
+            )
+        )
+        if "pyiceberg" in rounds.seconds:
+            figures.append(
+                Figure(
+                    f"{label} point read: pyiceberg load+scan / ours",
+                    rounds.ratio("pyiceberg", "ours"),
+                    PYICEBERG_HOT if label == "hot" else None,
+                    f"pyiceberg {rounds.median_seconds('pyiceberg') * 1000:.2f} ms, ours {ours_ms:.2f} ms",
                 )
             )
-        for case, description, run_anchor in anchors:
-            our_seconds, anchor_seconds, got, expected = paired(ours, run_anchor, repeat)
-            assert got.num_rows == expected.num_rows, (
-                f"{case} ({label}): {got.num_rows} vs {expected.num_rows}"
+        figures.append(
+            Figure(
+                f"{label} point read: DuckDB full scan with pushdown / ours",
+                rounds.ratio("full scan", "ours"),
+                FULL_SCAN_COLD if label == "cold" else None,
+                f"DuckDB over all {len(all_bucket_files)} files "
+                f"{rounds.median_seconds('full scan') * 1000:.2f} ms, ours {ours_ms:.2f} ms",
             )
-            results.append(
-                Row(f"vs {case} ({label})", our_seconds, anchor_seconds, description, got.num_rows)
-            )
+        )
 
     low, high = WEEK
     week_where = f"tpep_pickup_datetime >= '{low}' AND tpep_pickup_datetime < '{high}'"
@@ -484,35 +476,42 @@ def run(base: Path, rows: int, repeat: int, plan_count: int, *, s3: bool, iceber
         f"SELECT * EXCLUDE (day) FROM read_parquet('{glob}', hive_partitioning = true) "
         f"WHERE day >= '{low}T00:00:00' AND day < '{high}T00:00:00'"
     )
-    ours_seconds, hive, got, expected = paired(
-        lambda: daily_reader.read(week_where), lambda: anchor.sql(hive_sql).to_arrow_table(), repeat
+    week = run_rounds(
+        {
+            "ours": functools.partial(daily_reader.read, week_where),
+            "hive": functools.partial(run_sql, anchor, hive_sql),
+        },
+        repeat,
     )
-    assert got.num_rows == expected.num_rows, f"week: {got.num_rows} rows vs {expected.num_rows}"
-    results.append(
-        Row(
-            "vs DuckDB hive pruning (week)",
-            ours_seconds,
-            hive,
-            "DuckDB hive_partitioning over 365 dirs",
-            got.num_rows,
+    got, expected = week.results["ours"].num_rows, week.results["hive"].num_rows
+    assert got == expected, f"week: {got} rows vs {expected}"
+    figures.append(
+        Figure(
+            "one-week range, daily layout: DuckDB hive pruning / ours",
+            week.ratio("hive", "ours"),
+            HIVE_WEEK,
+            f"{got} rows; DuckDB hive_partitioning over 365 dirs "
+            f"{week.median_seconds('hive') * 1000:.2f} ms, "
+            f"ours {week.median_seconds('ours') * 1000:.2f} ms",
         )
     )
 
     if s3:
-        results.extend(s3_case(base, spec_path, bucketed, all_bucket_files, repeat))
+        figures.extend(s3_case(base, spec_path, bucketed, all_bucket_files, repeat))
 
-    report(results)
+    report(figures)
     bucket_reader.close()
     daily_reader.close()
     anchor.close()
     planning_benchmark(base, plan_count, repeat)
 
 
-def s3_case(base: Path, spec_path: Path, bucketed: Built, local_files: list[Path], repeat: int) -> list[Row]:
+def s3_case(
+    base: Path, spec_path: Path, bucketed: Built, local_files: list[Path], repeat: int
+) -> list[Figure]:
     import boto3
     import pyarrow.dataset as ds
 
-    rows: list[Row] = []
     with moto_server() as settings:
         client: Any = boto3.client("s3", **settings)  # type: ignore[call-overload]
         client.create_bucket(Bucket="lake")
@@ -530,24 +529,63 @@ def s3_case(base: Path, spec_path: Path, bucketed: Built, local_files: list[Path
         remote = [f"lake/taxi_bucket/{p.relative_to(bucketed.root).as_posix()}" for p in local_files]
         connection = new_duckdb_connection(functions=False)
         connection.register("all_files", ds.dataset(remote, filesystem=filesystem, format="parquet"))
-        ours, full, got, expected = paired(
-            lambda: reader.read(where),
-            lambda: connection.sql(f"SELECT * FROM all_files WHERE {where}").to_arrow_table(),
+        rounds = run_rounds(
+            {
+                "ours": functools.partial(reader.read, where),
+                "full scan": functools.partial(run_sql, connection, f"SELECT * FROM all_files WHERE {where}"),
+            },
             repeat,
         )
-        assert got.num_rows == expected.num_rows
-        rows.append(
-            Row(
-                "vs full scan on S3 (cold)",
-                ours,
-                full,
-                f"DuckDB over all {len(remote)} files on S3",
-                got.num_rows,
-            )
-        )
+        got, expected = rounds.results["ours"].num_rows, rounds.results["full scan"].num_rows
+        assert got == expected, f"S3 cold: {got} rows vs {expected}"
         connection.close()
         reader.close()
-    return rows
+
+        def ours_first() -> pa.Table:
+            """A new reader on a new filesystem: no footer, plan or connection carried over."""
+            fresh = PartitionedDatasetReader(
+                spec_path,
+                "taxi_bucket",
+                catalog=Catalog(LocalStore(base), bucketed.name, storage=get_storage("parquet")),
+                data_root="s3://lake/taxi_bucket",
+                filesystem=S3Settings.from_mapping(settings).arrow_filesystem(),
+            )
+            try:
+                return fresh.read(where)
+            finally:
+                fresh.close()
+
+        def full_scan_first() -> pa.Table:
+            fresh = new_duckdb_connection(functions=False)
+            try:
+                files = ds.dataset(
+                    remote, filesystem=S3Settings.from_mapping(settings).arrow_filesystem(), format="parquet"
+                )
+                fresh.register("all_files", files)
+                return run_sql(fresh, f"SELECT * FROM all_files WHERE {where}")
+            finally:
+                fresh.close()
+
+        first = run_rounds({"ours": ours_first, "full scan": full_scan_first}, repeat)
+        assert first.results["ours"].num_rows == first.results["full scan"].num_rows
+    return [
+        Figure(
+            "cold point read on S3 (moto), repeat reads: full scan / ours",
+            rounds.ratio("full scan", "ours"),
+            FULL_SCAN_S3_REPEAT,
+            f"{got} rows; DuckDB over all {len(remote)} files on S3 "
+            f"{rounds.median_seconds('full scan') * 1000:.2f} ms, "
+            f"ours {rounds.median_seconds('ours') * 1000:.2f} ms",
+        ),
+        Figure(
+            "cold point read on S3 (moto), first read: full scan / ours",
+            first.ratio("full scan", "ours"),
+            FULL_SCAN_S3_FIRST,
+            "a new reader (ours) and a new connection and dataset (full scan) on a new filesystem each read: "
+            f"full scan {first.median_seconds('full scan') * 1000:.2f} ms, "
+            f"ours {first.median_seconds('ours') * 1000:.2f} ms",
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+"""Paired measurements: the contenders of one figure run in shuffled order each round, compared per round.
+
+A fixed order (ours, then the anchor) lets caches, JIT warm-up and load drift favour one side: in
+`bench_pruning` it moved a ratio from 1.04-1.11 (shuffled) to 1.43-1.68. Here every round runs each
+contender once, in a fresh random order, and a figure is the ratio of two contenders' times *within the
+same round*; the median and min-max of those per-round ratios are what a benchmark prints, next to its
+target.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Target:
+    """A bound a ratio must meet: `Target("<=", 1.0)` or `Target(">=", 4)`."""
+
+    op: str
+    bound: float
+
+    def __post_init__(self) -> None:
+        if self.op not in ("<=", ">="):
+            raise ValueError(f"a target's op is '<=' or '>=', not {self.op!r}")
+
+    def met(self, ratio: float) -> bool:
+        return ratio <= self.bound if self.op == "<=" else ratio >= self.bound
+
+    def __str__(self) -> str:
+        return f"target {'≤' if self.op == '<=' else '≥'} {self.bound:g}"
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """Per-round ratios of one contender's time to another's."""
+
+    samples: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def low(self) -> float:
+        return min(self.samples)
+
+    @property
+    def high(self) -> float:
+        return max(self.samples)
+
+    def format(self, target: Target | None = None) -> str:
+        """`1.23 [1.10–1.40]  target ≤ 1: met` (judged on the median), or without a target."""
+        text = f"{self.median:6.2f} [{self.low:.2f}–{self.high:.2f}]"
+        if target is None:
+            return f"{text}  (no target)"
+        return f"{text}  {target}: {'met' if target.met(self.median) else 'not met'}"
+
+
+@dataclass
+class Rounds:
+    """Seconds per round of each contender, and each contender's last result."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def ratio(self, numerator: str, denominator: str) -> Ratio:
+        """`numerator`'s time / `denominator`'s time, one value per round."""
+        return Ratio(
+            tuple(
+                top / bottom if bottom else float("inf")
+                for top, bottom in zip(self.seconds[numerator], self.seconds[denominator], strict=True)
+            )
+        )
+
+    def median_seconds(self, name: str) -> float:
+        return statistics.median(self.seconds[name])
+
+
+def run_rounds(
+    contenders: Mapping[str, Callable[[], Any]],
+    rounds: int,
+    *,
+    warmup: bool = True,
+    seed: int = 0,
+) -> Rounds:
+    """Run every contender once per round, in a freshly shuffled order each round.
+
+    With `warmup`, each contender runs once (also shuffled) before the timed rounds, so first-call costs
+    (imports, JIT, footer caches) are not counted for either side.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
+    order = list(contenders)
+    shuffler = random.Random(seed)
+    measured = Rounds(seconds={name: [] for name in order})
+    if warmup:
+        shuffler.shuffle(order)
+        for name in order:
+            measured.results[name] = contenders[name]()
+    for _ in range(rounds):
+        shuffler.shuffle(order)
+        for name in order:
+            started = time.perf_counter()
+            measured.results[name] = contenders[name]()
+            measured.seconds[name].append(time.perf_counter() - started)
+    return measured
+
+
+def figure_line(figure: str, ratio: Ratio, target: Target | None, width: int = 62) -> str:
+    """One printed line per figure, the same in every benchmark."""
+    return f"  {figure:{width}} {ratio.format(target)}"
