@@ -20,7 +20,7 @@ from test_pruning_support import Acceleration, build_acceleration, sort_rows
 from airflow_partitions.exceptions import SnapshotIntegrityError, StorageError
 from airflow_partitions.objectstore import S3Settings
 from airflow_partitions.read import PartitionedDatasetReader
-from airflow_partitions.read.cache import CachedFile, FileCache
+from airflow_partitions.read.cache import CHECKSUM_DIRECTORY, CachedFile, FileCache
 
 ROWS = 4_000
 
@@ -209,7 +209,7 @@ def test_repeat_reads_on_s3_fetch_nothing_again(
         )
         assert s3_fault_proxy.requests == after_first, "repeat reads of a version fetch nothing again"
         # A cached copy changed on disk is fetched again, and the read still returns the version's rows.
-        cached = [p for p in (tmp_path / "cache").iterdir() if p.suffix == ".parquet"]
+        cached = [p for p in (tmp_path / "cache" / CHECKSUM_DIRECTORY).iterdir() if p.suffix == ".parquet"]
         assert cached
         for path in cached:
             data = bytearray(path.read_bytes())

@@ -31,6 +31,8 @@ from airflow_partitions.exceptions import SnapshotIntegrityError
 DEFAULT_MAX_BYTES = 2 * 1024**3
 _FREE_FRACTION = 0.1
 _TEMP_PREFIX = ".tmp-"
+# The subdirectory of a reader's `cache_dir` holding the files keyed by checksum.
+CHECKSUM_DIRECTORY = "by-checksum"
 _CHUNK = 1 << 20
 
 # A fetch: the file's bytes (exactly the catalog's size, or a `StorageError`).
@@ -208,8 +210,9 @@ _process_directory: Path | None = None
 
 
 def file_cache(directory: Path | None, max_bytes: int | None = None) -> FileCache:
-    """The process's cache over `directory` (None: a temporary directory removed when the process
-    exits); `max_bytes`, when given, sets its bound."""
+    """The process's cache under `directory` (in its `by-checksum` subdirectory, beside the copies
+    `RemoteFiles.local_root` keeps by path; None: a temporary directory removed when the process exits);
+    `max_bytes`, when given, sets its bound."""
     global _process_directory
     with _caches_lock:
         if directory is None:
@@ -217,7 +220,7 @@ def file_cache(directory: Path | None, max_bytes: int | None = None) -> FileCach
                 _process_directory = Path(tempfile.mkdtemp(prefix="ap-cache-", dir=_scratch_directory()))
                 atexit.register(shutil.rmtree, _process_directory, True)
             directory = _process_directory
-        directory = directory.resolve()
+        directory = (directory / CHECKSUM_DIRECTORY).resolve()
         cache = _caches.get(directory)
         if cache is None:
             cache = _caches[directory] = FileCache(directory, max_bytes)
