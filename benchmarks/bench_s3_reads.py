@@ -53,10 +53,10 @@ TARGETS = {"first read": 4.0, "repeat read": 10.0}
 
 
 def make_rows(rows: int) -> pa.Table:
-    """`rows` rows whose `zone` is Zipf-like over 264 values; the cold zone holds a few hundred."""
+    """`rows` rows whose `zone` is Zipf-like over 264 values; the cold zone holds one in 10,000."""
     rng = np.random.default_rng(SEED)
     cold = max(50, rows // 10_000)
-    others = np.arange(1, ZONES)
+    others = np.array([zone for zone in range(1, ZONES + 1) if zone != COLD_ZONE])
     weights = 1.0 / np.arange(1, len(others) + 1) ** 0.8
     zones = np.concatenate(
         [np.full(cold, COLD_ZONE), rng.choice(others, size=rows - cold, p=weights / weights.sum())]
