@@ -23,6 +23,7 @@ BENCHMARKS = (
     "bench_refresh",
     "bench_snapshots",
     "bench_s3_faults",
+    "bench_s3_reads",
     "bench_orchestration",
     "bench_spark_modes",
     "bench_duckdb_bytes",

@@ -134,3 +134,51 @@ def test_files_on_s3_use_the_aws_connection(
         hook.close()
     expected = acceleration.expected_rows("region = 'EU' AND ts >= '2026-02-01'", ["id"])
     assert sort_rows(result).equals(sort_rows(expected)), "the same rows, read from S3"
+
+
+@pytest.mark.s3
+def test_the_file_cache_is_set_from_the_connection(
+    acceleration: Acceleration,
+    s3_server: dict[str, str],
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    import boto3
+
+    client = boto3.client("s3", **s3_server)
+    root = acceleration.root / acceleration.dataset
+    for path in root.rglob("*.parquet"):
+        client.upload_file(str(path), s3_bucket, f"lake/events/{path.relative_to(root).as_posix()}")
+    aws: dict[str, Any] = {
+        "conn_type": "aws",
+        "login": s3_server["aws_access_key_id"],
+        "password": s3_server["aws_secret_access_key"],
+        "extra": {"endpoint_url": s3_server["endpoint_url"], "region_name": s3_server["region_name"]},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE_S3", json.dumps(aws))
+    extra = {
+        "spec_path": str(acceleration.spec_path),
+        "data_root": f"s3://{s3_bucket}/lake/events",
+        "aws_conn_id": "lake_s3",
+        "cache_dir": str(tmp_path / "cache"),
+        "cache_max_bytes": 1_000_000,
+    }
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_LAKE_EVENTS", json.dumps({"conn_type": "airflow_partitions", "extra": extra})
+    )
+    hook = PartitionedDatasetHook(dataset="events", partitions_conn_id="lake_events")
+    try:
+        result = hook.read("region = 'US'", columns=["id"])
+    finally:
+        hook.close()
+    assert result.num_rows == 100
+    assert any(path.suffix == ".parquet" for path in (tmp_path / "cache" / "by-checksum").iterdir())
+
+    extra["cache_max_bytes"] = "2GB"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_LAKE_EVENTS", json.dumps({"conn_type": "airflow_partitions", "extra": extra})
+    )
+    hook = PartitionedDatasetHook(dataset="events", partitions_conn_id="lake_events")
+    with pytest.raises(OrchestrationError, match=r"cache_max_bytes .* positive whole number of bytes"):
+        hook.read("region = 'US'")

@@ -30,7 +30,9 @@ class PartitionedDatasetHook(BaseHook):
 
     Connection (type `airflow_partitions`), all optional: extra `spec_path` (used when the argument is
     not given), `data_root` (where partition files live, e.g. `s3://bucket/prefix/<dataset>`) and
-    `aws_conn_id` (the AWS connection for an `s3://` data root).
+    `aws_conn_id` (the AWS connection for an `s3://` data root), `cache_dir` and `cache_max_bytes` (where
+    and how many bytes of files fetched from S3 are kept locally, keyed by checksum; default a temporary
+    directory of the process and 2 GiB or a tenth of its free space, whichever is less).
     """
 
     conn_name_attr = "partitions_conn_id"
@@ -46,6 +48,8 @@ class PartitionedDatasetHook(BaseHook):
         partitions_conn_id: str | None = None,
         data_root: str | None = None,
         aws_conn_id: str | None = None,
+        cache_dir: str | None = None,
+        cache_max_bytes: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(dataset, str) or not dataset:
@@ -55,6 +59,8 @@ class PartitionedDatasetHook(BaseHook):
         self.partitions_conn_id = partitions_conn_id
         self.data_root = data_root
         self.aws_conn_id = aws_conn_id
+        self.cache_dir = cache_dir
+        self.cache_max_bytes = cache_max_bytes
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
@@ -122,8 +128,22 @@ class PartitionedDatasetHook(BaseHook):
         settings = self._s3_settings() if remote_data or remote_catalog else None
         filesystem = settings.arrow_filesystem() if settings is not None and remote_data else None
         catalog = open_catalog(project, dataset, s3_settings=settings)
+        max_bytes = self.cache_max_bytes
+        if max_bytes is None and (extra := self._setting("cache_max_bytes", None)) is not None:
+            if not extra.isdigit() or int(extra) <= 0:
+                raise OrchestrationError(
+                    f"PartitionedDatasetHook for dataset {self.dataset!r}: cache_max_bytes in the connection "
+                    f"extra is {extra!r}; give a positive whole number of bytes"
+                )
+            max_bytes = int(extra)
         return PartitionedDatasetReader(
-            project, self.dataset, catalog=catalog, data_root=data_root, filesystem=filesystem
+            project,
+            self.dataset,
+            catalog=catalog,
+            data_root=data_root,
+            filesystem=filesystem,
+            cache_dir=self._setting("cache_dir", self.cache_dir),
+            cache_max_bytes=max_bytes,
         )
 
     def _s3_settings(self) -> S3Settings:

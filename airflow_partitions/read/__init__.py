@@ -16,8 +16,10 @@ partitions of two commits. It prunes with `pruning.plan_partitions`, then opens 
 How each format is scanned, and whether Spark reads it natively, is the storage class's business
 (`storage.PartitionStorage.duckdb_relation`, `spark_frame`): nothing here depends on the format.
 Files under an `s3://` data root are read through a pyarrow `FileSystem` (`read.remote`; DuckDB cannot
-open remote files here): files scanned in place (Parquet) are fetched whole, one request each,
-concurrently, for the call; others (Arrow IPC, DuckDB) are copied to a local cache keyed by checksum.
+open remote files here): files scanned in place (Parquet) come from a bounded local cache keyed by
+checksum (`read.cache`: fetched whole once, one request each, concurrently, verified, evicted least
+recently used, never while a call holds them); others (Arrow IPC, DuckDB) are copied to a local tree
+keyed by path and checksum.
 
 Versions are immutable, so the pruning index of a version and the plan of a (version, filter) are cached
 per reader: repeated reads pay only for resolving the newest version and scanning.

@@ -354,7 +354,6 @@ def _scrubbed(message: str, connection: Any, scope: CallScope) -> str:
         paths.extend(row[0] for row in rows if row[0])
     root = getattr(scope.location, "root", None)
     directories = {str(root)} if isinstance(root, os.PathLike | str) else set()
-    directories.update(scope.temporary)
     directories.update(os.path.dirname(path) for path in paths)
     # Shortest first: the dataset root goes before the partition directories under it.
     for prefix in sorted((d for d in directories if d and d != os.sep), key=len):

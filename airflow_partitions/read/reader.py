@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_partitions.exceptions import CatalogError, FilterError
+from airflow_partitions.exceptions import CatalogError, FilterError, StorageError
 from airflow_partitions.keys import escape_component
 from airflow_partitions.pruning import (
     MAX_RANGE_ENUMERATION,
@@ -90,6 +90,7 @@ class PartitionedDatasetReader:
         filesystem: pafs.FileSystem | None = None,
         schema: pa.Schema | None = None,
         cache_dir: str | Path | None = None,
+        cache_max_bytes: int | None = None,
         max_enumeration: int = MAX_RANGE_ENUMERATION,
         query_limits: QueryLimits | None = None,
     ) -> None:
@@ -106,12 +107,18 @@ class PartitionedDatasetReader:
         self._remote: RemoteFiles | None = None
         location: LocalFiles | RemoteFiles
         root = self._resolve_root(data_root)
+        if cache_max_bytes is not None and (isinstance(cache_max_bytes, bool) or cache_max_bytes <= 0):
+            raise StorageError(
+                f"cache_max_bytes is {cache_max_bytes!r}; give a positive number of bytes (or None for the "
+                "default: 2 GiB or a tenth of the cache directory's free space)"
+            )
         if root.startswith("s3://") or filesystem is not None:
             location = self._remote = RemoteFiles(
                 root,
                 filesystem if filesystem is not None else default_filesystem(),
                 dataset=self.name,
                 cache_dir=Path(cache_dir) if cache_dir is not None else None,
+                cache_max_bytes=cache_max_bytes,
             )
         else:
             self._local_root = Path(root)

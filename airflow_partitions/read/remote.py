@@ -1,18 +1,18 @@
 """Partition files under an object-storage data root, reached through a pyarrow `FileSystem`.
 
-DuckDB cannot open remote files here, so every read works on local copies: selected files are fetched
-whole, one request each, concurrently, for the call (`paths_for_call`), or copied once to a local cache
-keyed by checksum (`local_root`; the files are immutable). Which of the two an engine uses is the storage
-class's choice (`PartitionStorage.duckdb_relation`).
+DuckDB cannot open remote files here, so every read works on local copies of the (immutable) files:
+either from the bounded checksum-keyed file cache (`paths_for_call`, `read.cache`), each file fetched
+whole with one request, concurrently, and verified once, or copied once to a local tree keyed by path and
+checksum (`local_root`, for formats that need the dataset's layout). Which of the two an engine uses is
+the storage class's choice (`PartitionStorage.duckdb_relation`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from airflow_partitions.exceptions import StorageError
 from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.read.cache import CachedFile, file_cache
 from airflow_partitions.storage.base import data_file_path
 
 if TYPE_CHECKING:
@@ -40,12 +41,19 @@ class RemoteFiles:
     """The partition files of one dataset under `root` (`s3://bucket/prefix` or a path of `filesystem`)."""
 
     def __init__(
-        self, root: str, filesystem: pafs.FileSystem, *, dataset: str, cache_dir: Path | None = None
+        self,
+        root: str,
+        filesystem: pafs.FileSystem,
+        *,
+        dataset: str,
+        cache_dir: Path | None = None,
+        cache_max_bytes: int | None = None,
     ) -> None:
         self.root = root.rstrip("/")
         self.filesystem = filesystem
         self.dataset = dataset
         self.cache_dir = cache_dir
+        self.cache_max_bytes = cache_max_bytes
 
     def path(self, relative: str) -> str:
         """The filesystem path of an object given relative to the dataset root."""
@@ -63,24 +71,51 @@ class RemoteFiles:
         with self.filesystem.open_input_file(self.file_path(file)) as handle:
             yield handle
 
-    def paths_for_call(self, files: Sequence[DataFile], temporary: list[str]) -> list[str]:
-        """Fetch `files` whole into a new directory (appended to `temporary`, removed when the call
-        ends); their local paths, in order.
-
-        On object storage every request costs a round trip: each selected (immutable, already pruned)
-        file is fetched with one GET, concurrently, and DuckDB's own reader takes over locally.
+    def paths_for_call(self, files: Sequence[DataFile], releases: list[Callable[[], None]]) -> list[str]:
+        """Local paths of `files`, in order, from the checksum-keyed file cache (`read.cache`); what is
+        not there yet is fetched whole, one GET each, concurrently, and verified against its checksum.
+        The files stay pinned in the cache until the call runs what this appends to `releases`.
         """
-        filesystem = self.filesystem
-        directory = tempfile.mkdtemp(prefix=f"ap-{self.dataset}-", dir=_scratch_directory())
-        temporary.append(directory)
+        cache = file_cache(self.cache_dir, self.cache_max_bytes)
+        wanted = [
+            CachedFile(
+                file.checksum, file.bytes, Path(file.path).suffix, self.file_path(file), self._fetcher(file)
+            )
+            for file in files
+        ]
+        if len(wanted) == 1:
+            paths, release = cache.acquire(wanted)
+            releases.append(release)
+            return paths
+        from concurrent.futures import ThreadPoolExecutor
 
-        def fetch(numbered: tuple[int, DataFile]) -> str:
-            number, file = numbered
-            remote = self.file_path(file)
-            local = os.path.join(directory, f"{number:06d}{Path(file.path).suffix}")
+        # Each file pinned on its own: concurrent fetches, one release per file.
+        def acquire(file: CachedFile) -> tuple[list[str], Callable[[], None]]:
+            return cache.acquire([file])
+
+        with ThreadPoolExecutor(max_workers=min(16, len(wanted))) as pool:
+            futures = [pool.submit(acquire, file) for file in wanted]
+            paths = []
+            failure: BaseException | None = None
+            for future in futures:
+                try:
+                    acquired, release = future.result()
+                except BaseException as err:  # the others still get released
+                    failure = failure or err
+                    continue
+                releases.append(release)
+                paths.extend(acquired)
+        if failure is not None:
+            raise failure
+        return paths
+
+    def _fetcher(self, file: DataFile) -> Callable[[], bytes]:
+        remote = self.file_path(file)
+
+        def fetch() -> bytes:
             try:
                 # The catalog knows the size: asking for exactly that many bytes is a single GET.
-                with filesystem.open_input_stream(remote) as stream:
+                with self.filesystem.open_input_stream(remote) as stream:
                     data = stream.read(file.bytes)
             except (OSError, pa.ArrowException) as err:
                 raise StorageError(f"cannot read {remote}: {err}") from err
@@ -89,16 +124,9 @@ class RemoteFiles:
                     f"{remote} holds {len(data)} bytes, the catalog recorded {file.bytes}: it is not the "
                     "file this version references; read another version or refresh the partition"
                 )
-            with open(local, "wb") as handle:
-                handle.write(data)
-            return local
+            return bytes(data)
 
-        if len(files) == 1:
-            return [fetch((0, files[0]))]
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-            return list(pool.map(fetch, enumerate(files)))
+        return fetch
 
     def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
         """Copy `files` (immutable, keyed by path and checksum) and the `shared` objects to the local
@@ -127,9 +155,3 @@ class RemoteFiles:
             local = root / file.path
             local.with_name(local.name + f".{file.checksum[:16]}.ok").touch()
         return root
-
-
-def _scratch_directory() -> str | None:
-    """Memory-backed /dev/shm for fetched files when the machine has it, else the default temp dir."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,8 +37,8 @@ MAX_PUSHED_FILTER_NODES = 256
 class FileLocation(Protocol):
     """Where a dataset's partition files are: a local directory (`LocalFiles`) or object storage."""
 
-    def paths_for_call(self, files: Sequence[DataFile], temporary: list[str]) -> list[str]:
-        """One local path per file, valid until the directories added to `temporary` are removed."""
+    def paths_for_call(self, files: Sequence[DataFile], releases: list[Callable[[], None]]) -> list[str]:
+        """One local path per file, valid until the call runs what was appended to `releases`."""
         ...
 
     def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
@@ -53,8 +52,8 @@ class LocalFiles:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def paths_for_call(self, files: Sequence[DataFile], temporary: list[str]) -> list[str]:
-        del temporary
+    def paths_for_call(self, files: Sequence[DataFile], releases: list[Callable[[], None]]) -> list[str]:
+        del releases
         root = str(self.root)
         return [os.path.join(root, _checked_relative(f.path)) for f in files]
 
@@ -73,10 +72,10 @@ class CallScope:
     location: FileLocation
     registered: list[str] = field(default_factory=list)
     local_files: list[str] = field(default_factory=list)  # local files DuckDB may open
-    temporary: list[str] = field(default_factory=list)  # per-call directories of fetched files
+    releases: list[Callable[[], None]] = field(default_factory=list)  # unpin cached files
 
     def local_paths(self, files: Sequence[DataFile]) -> list[str]:
-        paths = self.location.paths_for_call(files, self.temporary)
+        paths = self.location.paths_for_call(files, self.releases)
         self.local_files.extend(paths)
         return paths
 
@@ -238,8 +237,8 @@ class DuckDBScanner:
                     connection.unregister(name)
                 with contextlib.suppress(Exception):
                     connection.execute(f"DROP VIEW IF EXISTS {quote_identifier(name)}")
-            for directory in scope.temporary:
-                shutil.rmtree(directory, ignore_errors=True)
+            for release in scope.releases:
+                release()
 
     def close(self) -> None:
         """Release the database (a later call opens a new one)."""
