@@ -542,18 +542,21 @@ def s3_case(
         reader.close()
 
         def ours_first() -> pa.Table:
-            """A new reader on a new filesystem: no footer, plan or connection carried over."""
-            fresh = PartitionedDatasetReader(
-                spec_path,
-                "taxi_bucket",
-                catalog=Catalog(LocalStore(base), bucketed.name, storage=get_storage("parquet")),
-                data_root="s3://lake/taxi_bucket",
-                filesystem=S3Settings.from_mapping(settings).arrow_filesystem(),
-            )
-            try:
-                return fresh.read(where)
-            finally:
-                fresh.close()
+            """A new reader on a new filesystem and an empty file cache: no footer, file, plan or
+            connection carried over."""
+            with tempfile.TemporaryDirectory(prefix="ap-bench-cache-") as cache_dir:
+                fresh = PartitionedDatasetReader(
+                    spec_path,
+                    "taxi_bucket",
+                    catalog=Catalog(LocalStore(base), bucketed.name, storage=get_storage("parquet")),
+                    data_root="s3://lake/taxi_bucket",
+                    filesystem=S3Settings.from_mapping(settings).arrow_filesystem(),
+                    cache_dir=cache_dir,
+                )
+                try:
+                    return fresh.read(where)
+                finally:
+                    fresh.close()
 
         def full_scan_first() -> pa.Table:
             fresh = new_duckdb_connection(functions=False)
