@@ -186,6 +186,15 @@ def test_unknown_sort_by_column_names_its_line_and_the_columns() -> None:
     assert "columns are id, k, s, l" in text
 
 
+def test_unknown_sort_by_column_without_type_checks_names_its_line_and_the_columns() -> None:
+    with pytest.raises(SpecValidationError) as caught:
+        parse_spec(spec("sort_by: [s, kk]"), check_types=False)
+    text = str(caught.value)
+    assert "line 11" in text
+    assert "acceleration.params.sort_by: unknown column 'kk' (did you mean 'k'?)" in text
+    assert "schema lists id, k, s, l" in text
+
+
 def test_unknown_sort_by_column_at_bind_names_its_line_and_the_columns() -> None:
     dataset = parse_spec(spec("sort_by: zzz", schema=False)).dataset("events")
     schema = pa.schema([("id", pa.int64()), ("k", pa.int64()), ("s", pa.string())])

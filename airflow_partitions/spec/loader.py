@@ -396,7 +396,7 @@ class _SpecReader:
         if declared and self.check_types:
             self.check_declared_columns(raw, label, declared, indexed_fields)
         elif declared:
-            self.check_declared_names(label, declared, indexed_fields)
+            self.check_declared_names(raw, label, declared, indexed_fields)
         if len(self.findings) > before or source is None or acceleration is None or declared is None:
             return None
         assert isinstance(name, str)
@@ -407,6 +407,7 @@ class _SpecReader:
 
     def check_declared_names(
         self,
+        raw: LineDict,
         label: str,
         declared: Sequence[tuple[str, str]],
         indexed_fields: Sequence[tuple[int, PartitionField]],
@@ -420,6 +421,16 @@ class _SpecReader:
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; schema lists {', '.join(names)}"
                 where = f"{label}: partition_by[{index}] {field.expression!r}"
                 self.add(field.line, f"{where}: unknown column {column!r}{suggestion}")
+        block = raw.get("acceleration")
+        params = block.get("params") if isinstance(block, LineDict) else None
+        if isinstance(params, LineDict):
+            for column in declared_sort_columns(_plain(params)):
+                if column not in names:
+                    self.add(
+                        params.line_of("sort_by"),
+                        f"{label}: acceleration.params.sort_by: unknown column {column!r}"
+                        f"{did_you_mean(column, names)}; schema lists {', '.join(names)}",
+                    )
 
     def check_declared_columns(
         self,
