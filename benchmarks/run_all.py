@@ -19,6 +19,7 @@ BENCHMARKS = (
     "bench_transforms",
     "bench_catalog",
     "bench_pruning",
+    "bench_cold_reads",
     "bench_in_lists",
     "bench_refresh",
     "bench_snapshots",

@@ -112,13 +112,17 @@ def build_acceleration(
     engine: str = "parquet",
     partition_mode: str = "files",
     max_rows_per_file: int | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Acceleration:
-    """Write `table` partitioned by `partition_by` ((name, expression) pairs) and commit it once."""
+    """Write `table` partitioned by `partition_by` ((name, expression) pairs) and commit it once;
+    `storage_options` go to the engine (e.g. parquet `sort_by`, `row_group_rows`)."""
     directory.mkdir(parents=True, exist_ok=True)
     root = directory / "accelerations"
     source = directory / "source.parquet"
     pq.write_table(table, source)
-    storage = get_storage(engine, partition_mode, max_rows_per_file=max_rows_per_file)
+    storage = get_storage(
+        engine, partition_mode, max_rows_per_file=max_rows_per_file, **(storage_options or {})
+    )
     catalog = Catalog(LocalStore(root), dataset, storage=storage)
     spec = PartitionSpecInfo.from_fields(
         [(name, parse_transform(expr).canonical) for name, expr in partition_by]

@@ -41,10 +41,12 @@ from airflow_partitions.spec.model import (
     bind_fields,
     dataset_name_problem,
     declared_arrow_schema,
+    declared_sort_columns,
     did_you_mean,
     engine_problems,
     expression_detail,
     field_name_problem,
+    file_layout_problems,
     format_problem,
     one_of,
     partition_count_problems,
@@ -63,7 +65,7 @@ REFRESH_KEYS = ("schedule", "check_column", "discovery_timeout_s", "max_partitio
 SNAPSHOT_KEYS = ("mode", "location")
 # Free-form params blocks are not closed, but a key that is one typo away from a known one is an error.
 KNOWN_SOURCE_PARAMS = ("file_format", "connection_id", "url")
-KNOWN_ACCELERATION_PARAMS = ("partition_mode",)
+KNOWN_ACCELERATION_PARAMS = ("partition_mode", "max_rows_per_file", "row_group_rows", "sort_by")
 
 EnumT = TypeVar("EnumT", Engine, Mode, PartitionMode, SnapshotMode, FileFormat)
 
@@ -394,7 +396,7 @@ class _SpecReader:
         if declared and self.check_types:
             self.check_declared_columns(raw, label, declared, indexed_fields)
         elif declared:
-            self.check_declared_names(label, declared, indexed_fields)
+            self.check_declared_names(raw, label, declared, indexed_fields)
         if len(self.findings) > before or source is None or acceleration is None or declared is None:
             return None
         assert isinstance(name, str)
@@ -405,6 +407,7 @@ class _SpecReader:
 
     def check_declared_names(
         self,
+        raw: LineDict,
         label: str,
         declared: Sequence[tuple[str, str]],
         indexed_fields: Sequence[tuple[int, PartitionField]],
@@ -418,6 +421,16 @@ class _SpecReader:
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; schema lists {', '.join(names)}"
                 where = f"{label}: partition_by[{index}] {field.expression!r}"
                 self.add(field.line, f"{where}: unknown column {column!r}{suggestion}")
+        block = raw.get("acceleration")
+        params = block.get("params") if isinstance(block, LineDict) else None
+        if isinstance(params, LineDict):
+            for column in declared_sort_columns(_plain(params)):
+                if column not in names:
+                    self.add(
+                        params.line_of("sort_by"),
+                        f"{label}: acceleration.params.sort_by: unknown column {column!r}"
+                        f"{did_you_mean(column, names)}; schema lists {', '.join(names)}",
+                    )
 
     def check_declared_columns(
         self,
@@ -431,12 +444,16 @@ class _SpecReader:
         block = raw.get("acceleration")
         refresh = block.get("refresh") if isinstance(block, LineDict) else None
         check_column = refresh.get("check_column") if isinstance(refresh, LineDict) else None
+        params = block.get("params") if isinstance(block, LineDict) else None
+        sort_by = declared_sort_columns(_plain(params)) if isinstance(params, LineDict) else ()
         _, problems = bind_fields(
             label,
             indexed_fields,
             check_column if isinstance(check_column, str) else None,
             declared_arrow_schema(declared),
             refresh.line_of("check_column") if isinstance(refresh, LineDict) else None,
+            sort_by=sort_by,
+            sort_by_line=params.line_of("sort_by") if isinstance(params, LineDict) else None,
         )
         for line, message in problems:
             self.add(line, message)
@@ -533,6 +550,8 @@ class _SpecReader:
         self.add_problems(block, (), label, partition_name_problems(indexed_fields))
         if engine is not None and mode is not None and partition_mode is not None:
             self.add_problems(block, (), label, engine_problems(engine, mode, partition_mode))
+        if engine is not None and params is not None:
+            self.add_problems(block, (), label, file_layout_problems(engine, _plain(params)))
         if fields_ok and isinstance(enabled, bool):
             max_partitions = refresh.max_partitions if refresh is not None else DEFAULT_MAX_PARTITIONS
             fields = [f for _, f in indexed_fields]
@@ -557,6 +576,7 @@ class _SpecReader:
             params=_plain(params),
             refresh=refresh,
             snapshots=snapshots,
+            sort_by_line=params.line_of("sort_by") if "sort_by" in params else None,
         )
         return acceleration, indexed_fields
 

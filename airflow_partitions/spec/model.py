@@ -499,6 +499,60 @@ def engine_problems(engine: Engine, mode: Mode, partition_mode: PartitionMode) -
     return problems
 
 
+def file_layout_problems(engine: Engine, params: Mapping[str, Any]) -> list[Problem]:
+    """Rules for the parquet file layout params: `row_group_rows` and `sort_by` (columns checked at bind)."""
+    problems: list[Problem] = []
+    rows = params.get("row_group_rows")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        problems.append(
+            Problem(
+                ("params", "row_group_rows"),
+                "params.row_group_rows must be a positive integer (rows per Parquet row group), "
+                f"got {rows!r}",
+            )
+        )
+    sort_by = params.get("sort_by")
+    if sort_by is not None:
+        names = [sort_by] if isinstance(sort_by, str) else sort_by
+        if (
+            not isinstance(names, list)
+            or not names
+            or not all(isinstance(name, str) and name for name in names)
+        ):
+            problems.append(
+                Problem(
+                    ("params", "sort_by"),
+                    "params.sort_by must be a column name or a non-empty list of column names, "
+                    f"got {sort_by!r}",
+                )
+            )
+        elif len(set(names)) != len(names):
+            problems.append(
+                Problem(("params", "sort_by"), f"params.sort_by lists a column twice: {sort_by!r}")
+            )
+    for key in ("row_group_rows", "sort_by"):
+        if key in params and engine is not Engine.PARQUET:
+            problems.append(
+                Problem(
+                    ("params", key),
+                    f"params.{key} applies to engine parquet only (engine {engine} files have no Parquet "
+                    "row groups); remove it or use engine: parquet",
+                )
+            )
+    return problems
+
+
+def declared_sort_columns(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """`params.sort_by` as a tuple of column names (empty when not declared or malformed: the malformed
+    value is `file_layout_problems`' to report)."""
+    sort_by = params.get("sort_by")
+    if isinstance(sort_by, str):
+        return (sort_by,)
+    if isinstance(sort_by, list) and all(isinstance(column, str) for column in sort_by):
+        return tuple(sort_by)
+    return ()
+
+
 def partition_name_problems(indexed_fields: Sequence[tuple[int, PartitionField]]) -> list[Problem]:
     """Partition names must be unique (ignoring case: they become columns and directory names)."""
     problems: list[Problem] = []
@@ -558,12 +612,14 @@ def acceleration_problems(
     partition_by: Sequence[PartitionField],
     partition_mode: PartitionMode,
     refresh: RefreshConfig,
+    params: Mapping[str, Any],
 ) -> list[Problem]:
     """Every rule across the fields of `acceleration:` (each field is valid on its own by now)."""
     problems: list[Problem] = []
     if not isinstance(enabled, bool):
         problems.append(Problem(("enabled",), f"acceleration.enabled must be true or false, got {enabled!r}"))
     problems += engine_problems(engine, mode, partition_mode)
+    problems += file_layout_problems(engine, params)
     problems += partition_name_problems(list(enumerate(partition_by)))
     problems += partition_count_problems(enabled, partition_by, refresh.max_partitions)
     return problems
@@ -585,6 +641,8 @@ class AccelerationSpec:
     params: Mapping[str, Any] = field(default_factory=dict)
     refresh: RefreshConfig = field(default_factory=RefreshConfig)
     snapshots: SnapshotConfig = field(default_factory=SnapshotConfig)
+    # Where `params.sort_by` sits in the spec file, so an unknown column found at bind points at it.
+    sort_by_line: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _raise_problems(
@@ -595,8 +653,29 @@ class AccelerationSpec:
                 partition_by=self.partition_by,
                 partition_mode=self.partition_mode,
                 refresh=self.refresh,
+                params=self.params,
             )
         )
+
+    @property
+    def sort_columns(self) -> tuple[str, ...]:
+        """The columns each partition file is sorted by: `params.sort_by` when declared, else the source
+        columns of the `bucket` / `mod` fields (the values that still vary inside one partition, so
+        row-group min / max can exclude most of a file on a point read)."""
+        declared = declared_sort_columns(self.params)
+        if declared:
+            return declared
+        from airflow_partitions.transforms import BucketTransform, ModTransform
+
+        columns: list[str] = []
+        for partition_field in self.partition_by:
+            column = partition_field.source_column
+            if (
+                isinstance(partition_field.transform, BucketTransform | ModTransform)
+                and column not in columns
+            ):
+                columns.append(column)
+        return tuple(columns)
 
     @property
     def partition_names(self) -> tuple[str, ...]:
@@ -717,6 +796,8 @@ def bind_problems(
         dataset.acceleration.refresh.check_column,
         schema,
         dataset.acceleration.refresh.check_column_line or dataset.line,
+        sort_by=declared_sort_columns(dataset.acceleration.params),
+        sort_by_line=dataset.acceleration.sort_by_line or dataset.line,
     )
 
 
@@ -726,9 +807,13 @@ def bind_fields(
     check_column: str | None,
     schema: pa.Schema,
     check_column_line: int | None = None,
+    *,
+    sort_by: Sequence[str] = (),
+    sort_by_line: int | None = None,
 ) -> tuple[list[PartitionField], list[tuple[int | None, str]]]:
-    """Bind `(position, field)`s to `schema`: every unknown column, unusable result type and unknown
-    `check_column` becomes a `(line, message)` starting with `label` (`dataset 'name'`)."""
+    """Bind `(position, field)`s to `schema`: every unknown column, unusable result type, unknown
+    `check_column` and unknown or unsortable `sort_by` column becomes a `(line, message)` starting with
+    `label` (`dataset 'name'`)."""
     names = list(schema.names)
     bound: list[PartitionField] = []
     problems: list[tuple[int | None, str]] = []
@@ -773,7 +858,21 @@ def bind_fields(
         problem = column_problem(check_column)
         if problem:
             problems.append((check_column_line, f"{label}: refresh.check_column: {problem}"))
+    for column in sort_by:
+        problem = column_problem(column)
+        if problem is None and _unsortable(schema.field(column).type):
+            problem = f"column {column!r} is of type {schema.field(column).type}, which has no order"
+        if problem:
+            listing = f"; columns are {one_of(names)}" if "columns are" not in problem else ""
+            problems.append((sort_by_line, f"{label}: acceleration.params.sort_by: {problem}{listing}"))
     return bound, problems
+
+
+def _unsortable(arrow_type: pa.DataType) -> bool:
+    """Nested types (lists, structs, maps, unions) have no order Arrow can sort by."""
+    import pyarrow as pa
+
+    return pa.types.is_nested(arrow_type) or pa.types.is_null(arrow_type)
 
 
 def validate_against_schema(dataset: DatasetSpec, schema: pa.Schema) -> list[str]:

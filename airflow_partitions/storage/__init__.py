@@ -49,8 +49,11 @@ def get_storage(engine: Any, partition_mode: Any = None, **options: Any) -> Part
     """The storage engine for `engine` (`parquet` | `duckdb` | `arrow`) and, for duckdb, `partition_mode`.
 
     `engine` may also be a spec `AccelerationSpec`: its engine, partition_mode and the
-    `acceleration.params.max_rows_per_file` setting are used. `options` go to the engine:
-    `max_rows_per_file` (split large partitions into several files; parquet and arrow), and for duckdb
+    `acceleration.params.max_rows_per_file` setting are used, and for parquet its `row_group_rows` and
+    sort columns (`params.sort_by`, else the source columns of bucket / mod fields: `sort_columns`).
+    `options` go to the engine: `max_rows_per_file` (split large partitions into several files; parquet
+    and arrow), for parquet `row_group_rows` (rows per row group) and `sort_by` (columns each
+    partition's rows are sorted by, NULLs last), and for duckdb
     `tables` mode `lock_timeout` (seconds to wait for the shared file) and `keep_staged` (keep the staged
     per-partition files after publishing; default True, from a spec: only when its snapshots are
     `enabled`, since snapshot uploads send those files).
@@ -65,6 +68,11 @@ def get_storage(engine: Any, partition_mode: Any = None, **options: Any) -> Part
                     f"acceleration.params.max_rows_per_file must be a positive integer, got {limit!r}"
                 )
             options["max_rows_per_file"] = limit
+        if _name(engine) == "parquet":
+            row_group_rows = (getattr(acceleration, "params", None) or {}).get("row_group_rows")
+            if row_group_rows is not None:
+                options.setdefault("row_group_rows", row_group_rows)
+            options.setdefault("sort_by", getattr(acceleration, "sort_columns", ()))
         if _name(partition_mode) == "tables" and "keep_staged" not in options:
             # Staged DuckDB copies are what snapshot uploads send; a dataset that uploads keeps them until
             # its manifest is published (see `release_staged`), any other drops them once published.
