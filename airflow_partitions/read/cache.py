@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_partitions.exceptions import SnapshotIntegrityError
+from airflow_partitions.objectstore.base import TEMP_PREFIX
+from airflow_partitions.storage.datafile import file_checksum
 
 # The default bound: 2 GiB, or a tenth of the free space of the cache's file system when that is less.
 DEFAULT_MAX_BYTES = 2 * 1024**3
 _FREE_FRACTION = 0.1
-_TEMP_PREFIX = ".tmp-"
 # The subdirectory of a reader's `cache_dir` holding the files keyed by checksum.
 CHECKSUM_DIRECTORY = "by-checksum"
-_CHUNK = 1 << 20
 
 # A fetch: the file's bytes (exactly the catalog's size, or a `StorageError`).
 Fetch = Callable[[], bytes]
@@ -119,7 +119,7 @@ class FileCache:
             return False
         if entry.verified and stat.st_size == entry.size and stat.st_mtime_ns == entry.mtime_ns:
             return True
-        if stat.st_size == file.size and _sha256(entry.path) == file.checksum:
+        if stat.st_size == file.size and file_checksum(entry.path) == file.checksum:
             with self._lock:
                 entry.size, entry.mtime_ns, entry.verified = stat.st_size, stat.st_mtime_ns, True
             return True
@@ -138,7 +138,7 @@ class FileCache:
                 actual=actual,
             )
         final = self.directory / f"{file.checksum}{file.suffix}"
-        temporary = self.directory / f"{_TEMP_PREFIX}{uuid.uuid4().hex}{file.suffix}"
+        temporary = self.directory / f"{TEMP_PREFIX}{uuid.uuid4().hex}{file.suffix}"
         try:
             with open(temporary, "wb") as handle:
                 handle.write(data)
@@ -182,7 +182,7 @@ class FileCache:
         """Files an earlier process left, oldest use first; each is verified on its first reuse."""
         found = []
         for path in self.directory.iterdir():
-            if path.name.startswith(_TEMP_PREFIX):
+            if path.name.startswith(TEMP_PREFIX):
                 path.unlink(missing_ok=True)  # a fetch cut short
                 continue
             key = path.name.split(".", 1)[0]
@@ -227,14 +227,6 @@ def file_cache(directory: Path | None, max_bytes: int | None = None) -> FileCach
         elif max_bytes is not None:
             cache.max_bytes = max_bytes
         return cache
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _scratch_directory() -> str | None:
