@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import random
 import shutil
-import statistics
 import tempfile
 import textwrap
 import time
@@ -47,8 +45,9 @@ from airflow_partitions.read import PartitionedDatasetReader, new_duckdb_connect
 from airflow_partitions.storage.parquet import ParquetStorage
 from airflow_partitions.transforms import parse_transform
 from benchmarks.bench_pruning import BUCKETS, COLD_ZONE, make_trips
+from benchmarks.pairing import Target, run_rounds
 
-TARGET = 4.0  # issue 17: cold point read, DuckDB full scan with pushdown / ours >= 4
+TARGET = Target(">=", 4)  # issue 17: cold point read, DuckDB full scan with pushdown / ours
 LAYOUTS: dict[str, tuple[int, tuple[str, ...]]] = {
     "unsorted_128k": (128 * 1024, ()),
     "sorted_16k": (16 * 1024, ("PULocationID",)),
@@ -105,22 +104,6 @@ def scan_files(paths: list[Path]) -> pa.Table:
     return ds.dataset([str(p) for p in paths], format="parquet").to_table(
         filter=ds.field("PULocationID") == COLD_ZONE
     )
-
-
-def measure(cases: dict[str, Callable[[], Any]], rounds: int, seed: int = 17) -> dict[str, list[float]]:
-    """Seconds per case per round, every case once per round in a shuffled order (after one warm-up)."""
-    for run in cases.values():
-        run()
-    order = list(cases)
-    shuffler = random.Random(seed)
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        shuffler.shuffle(order)
-        for name in order:
-            started = time.perf_counter()
-            cases[name]()
-            samples[name].append(time.perf_counter() - started)
-    return samples
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,27 +164,20 @@ def run(base: Path, rows: int, rounds: int, expression: str) -> None:
     for name, run_case in cases.items():
         got = run_case().num_rows
         assert got == expected, f"{name}: {got} rows, expected {expected}"
-    samples = measure(cases, rounds)
+    measured = run_rounds(cases, rounds, seed=17)
 
-    anchor_samples = samples["anchor"]
-    anchor_ms = statistics.median(anchor_samples) * 1000
+    anchor_ms = measured.median_seconds("anchor") * 1000
     print(
         f"\ncold point read ({expected} rows of zone {COLD_ZONE}), {rounds} shuffled rounds; anchor: DuckDB "
         f"full scan with pushdown over the source file, median {anchor_ms:.2f} ms"
     )
-    print(f"{'case':24} {'median ms':>10} {'anchor/case median':>19} {'min-max':>15}  target")
-    for name, timings in samples.items():
+    print(f"{'case':24} {'median ms':>10}  anchor/case median [min-max]")
+    for name in cases:
         if name == "anchor":
             continue
-        ratios = [a / s for a, s in zip(anchor_samples, timings, strict=True)]
-        median = statistics.median(ratios)
-        verdict = (
-            f">= {TARGET:g}x {'met' if median >= TARGET else 'not met'}" if name.startswith("ours") else ""
-        )
-        print(
-            f"{name:24} {statistics.median(timings) * 1000:10.2f} {median:18.2f}x "
-            f"{min(ratios):6.2f}-{max(ratios):.2f}x  {verdict}"
-        )
+        ratio = measured.ratio("anchor", name)
+        target = TARGET if name.startswith("ours") else None
+        print(f"{name:24} {measured.median_seconds(name) * 1000:10.2f}  {ratio.format(target)}")
     for reader in readers.values():
         reader.close()
     anchor.close()
