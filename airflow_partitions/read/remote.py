@@ -50,6 +50,12 @@ class RemoteFiles:
         cache_max_bytes: int | None = None,
     ) -> None:
         self.root = root.rstrip("/")
+        # The filesystem path every object path starts with (for `s3://`: `bucket/prefix`), parsed once.
+        if self.root.startswith("s3://"):
+            location = parse_s3_location(self.root, what="data_root", error=StorageError, strict=False)
+            self._base = location.uri().removeprefix("s3://").rstrip("/")
+        else:
+            self._base = self.root
         self.filesystem = filesystem
         self.dataset = dataset
         self.cache_dir = cache_dir
@@ -57,10 +63,7 @@ class RemoteFiles:
 
     def path(self, relative: str) -> str:
         """The filesystem path of an object given relative to the dataset root."""
-        if self.root.startswith("s3://"):
-            location = parse_s3_location(self.root, what="data_root", error=StorageError, strict=False)
-            return f"{location.bucket}/{location.key(relative)}"
-        return f"{self.root}/{relative}"
+        return f"{self._base}/{relative}"
 
     def file_path(self, file: DataFile) -> str:
         relative = data_file_path(Path("."), file).as_posix()  # refuses absolute and `..` paths
