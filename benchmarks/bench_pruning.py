@@ -24,6 +24,8 @@ ours as well as the anchors'):
   same pyarrow S3 filesystem (every opened file costs round trips): repeat reads on one reader >= 10,
   first reads (a new reader, connection and filesystem each time) >= 4;
 * a one-week range over the daily layout vs DuckDB's own Hive-partition pruning on the same files: >= 2;
+* a TPC-H Q6-style aggregate (`sum(fare * tip)` with range and BETWEEN filters) over one month, through
+  `reader.query()` on the daily layout vs DuckDB running the same SQL on the raw source file: >= 1.5;
 * planning alone at `--plan-partitions` partitions (100,000 by default): building the pruning index of
   a version (once per version per reader) and planning point / IN / range / zone-map filters.
 
@@ -76,6 +78,8 @@ FULL_SCAN_COLD = Target(">=", 4.0)
 FULL_SCAN_S3_REPEAT = Target(">=", 10.0)
 FULL_SCAN_S3_FIRST = Target(">=", 4.0)
 HIVE_WEEK = Target(">=", 2.0)
+Q6_RAW = Target(">=", 1.5)
+Q6_MONTH = ("2025-03-01", "2025-04-01")
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -496,6 +500,8 @@ def run(base: Path, rows: int, repeat: int, plan_count: int, *, s3: bool, iceber
         )
     )
 
+    figures.append(q6_case(daily_reader, anchor, source, repeat))
+
     if s3:
         figures.extend(s3_case(base, spec_path, bucketed, all_bucket_files, repeat))
 
@@ -504,6 +510,34 @@ def run(base: Path, rows: int, repeat: int, plan_count: int, *, s3: bool, iceber
     daily_reader.close()
     anchor.close()
     planning_benchmark(base, plan_count, repeat)
+
+
+def q6_case(reader: PartitionedDatasetReader, anchor: Any, source: Path, repeat: int) -> Figure:
+    """A Q6-style aggregate over one month: `reader.query()` vs DuckDB on the raw source file."""
+    low, high = Q6_MONTH
+    condition = (
+        f"tpep_pickup_datetime >= TIMESTAMP '{low}' AND tpep_pickup_datetime < TIMESTAMP '{high}' "
+        "AND trip_distance BETWEEN 1 AND 3 AND passenger_count < 3"
+    )
+    select = "SELECT sum(fare_amount * tip_amount) AS revenue, count(*) AS n FROM"
+    raw_sql = f"{select} read_parquet('{source}') WHERE {condition}"
+    rounds = run_rounds(
+        {
+            "ours": functools.partial(reader.query, f"{select} taxi_daily WHERE {condition}"),
+            "raw": functools.partial(run_sql, anchor, raw_sql),
+        },
+        repeat,
+    )
+    ours, raw = rounds.results["ours"].to_pylist()[0], rounds.results["raw"].to_pylist()[0]
+    assert ours["n"] == raw["n"], f"Q6: ours aggregated {ours['n']} rows, DuckDB {raw['n']}"
+    assert abs(ours["revenue"] - raw["revenue"]) <= 1e-6 * max(1.0, abs(raw["revenue"])), (ours, raw)
+    return Figure(
+        "query() Q6-style aggregate over a month / DuckDB on the raw file",
+        rounds.ratio("raw", "ours"),
+        Q6_RAW,
+        f"{ours['n']} rows aggregated; DuckDB on the source file "
+        f"{rounds.median_seconds('raw') * 1000:.2f} ms, ours {rounds.median_seconds('ours') * 1000:.2f} ms",
+    )
 
 
 def s3_case(

@@ -300,3 +300,55 @@ def test_tables_mode_query_sees_only_its_version(two_versions: tuple[Acceleratio
                 reader.query(f"SELECT * FROM (WITH {near} AS (SELECT 1) SELECT 1), {near}, events")
             assert old_table not in str(caught.value)
             assert "_ap_tables" not in str(caught.value)
+
+
+# --- queries sharing one locked database (local files scanned in place) --------------------------------
+
+
+def test_queries_on_one_reader_each_see_only_their_version(tmp_path: Path) -> None:
+    """A reader's queries share one locked database: each query's view holds its own version's files."""
+    acc = build_acceleration(tmp_path, make_table(), [("region", "region")], engine="parquet")
+    storage = get_storage("parquet")
+    old = acc.snapshot()
+    spec = old.partition_spec
+    key = PartitionKey(("EU",))
+    replacement = make_table(first_id=10_000, rows=9).filter(pc.equal(make_table(10_000, 9)["region"], "EU"))
+    dataset_root = acc.root / acc.dataset
+    files = storage.publish(dataset_root, storage.write(replacement, dataset_root, key.path(spec.names)))
+    acc.catalog.commit(
+        base_version=old.version, upserts=[PartitionEntry.from_files(key, spec, files)], partition_spec=spec
+    )
+    old_eu = set(make_table().filter(pc.equal(make_table()["region"], "EU"))["id"].to_pylist())
+    sql = "SELECT id FROM events WHERE region = 'EU'"
+    with acc.reader() as reader:
+        for _ in range(2):  # alternate versions on the same reader: no view outlives its query
+            assert set(reader.query(sql, version=1).column("id").to_pylist()) == old_eu
+            assert set(reader.query(sql).column("id").to_pylist()) == set(replacement["id"].to_pylist())
+        assert reader._scanner.sandbox_root is not None, "parquet on local disk uses the shared database"
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_queries_on_one_reader_are_isolated(accelerations: dict[str, Acceleration]) -> None:
+    """Threads querying one reader get their own answers; a timed-out query stops only itself."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    table = make_table()
+    expected = {
+        region: pc.sum(table.filter(pc.equal(table["region"], region))["id"]).as_py()
+        for region in ("EU", "US", "APAC")
+    }
+    with accelerations["parquet"].reader() as reader:
+
+        def total(region: str) -> int:
+            return reader.query(f"SELECT sum(id) AS s FROM events WHERE region = '{region}'")["s"][0].as_py()
+
+        def endless() -> str:
+            with pytest.raises(QueryLimitError):
+                reader.query(ENDLESS[0], timeout_s=1)
+            return "stopped"
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            stopped = pool.submit(endless)
+            answers = [(region, pool.submit(total, region)) for region in list(expected) * 8]
+            assert {region: future.result() for region, future in answers} == expected
+            assert stopped.result() == "stopped"

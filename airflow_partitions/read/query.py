@@ -12,6 +12,13 @@ error messages have those paths replaced before they are raised.
 
 Limits (`QueryLimits`): a wall-clock timeout, enforced by interrupting DuckDB from a timer; a memory limit,
 with spilling to disk off; a bounded number of threads. Either limit reached raises `QueryLimitError`.
+
+Opening a DuckDB database costs ~10 ms, more than a pruned aggregate, and a fresh one has an empty Parquet
+footer cache. So a reader whose files are local and scanned in place keeps one locked-down database per
+(memory limit, threads) (`SandboxDatabases`): configured and locked once, external access only to the
+dataset's directory, and each query runs on a cursor of its own, whose temporary views and registered
+tables no other cursor sees. Concurrent queries of one reader share that memory limit. Engines that attach
+files to the database (DuckDB files) and object-storage data roots get a fresh database per query.
 """
 
 from __future__ import annotations
@@ -158,6 +165,40 @@ def needs_partition_functions(sql: str) -> bool:
     return "ap_bucket_" in lowered or "ap_truncate_" in lowered
 
 
+class SandboxDatabases:
+    """A reader's locked-down DuckDB databases for queries over a local data root, one per limits.
+
+    Each is configured as a per-query sandbox would be, except that DuckDB may open any file under the
+    dataset's directory (the view of one query names only its selected files, and the statement itself
+    can name no file: `check_sandboxed`), and is locked before its first query. `cursor()` hands out a
+    cursor of its own to each query.
+    """
+
+    def __init__(self, lock: threading.RLock) -> None:
+        self._lock = lock
+        self._databases: dict[tuple[str, int], Any] = {}
+
+    def cursor(self, root: os.PathLike[str], limits: QueryLimits) -> Any:
+        """A new cursor of the database for `limits`, which reads files under `root` only."""
+        key = (limits.memory, limits.thread_count)
+        with self._lock:
+            database = self._databases.get(key)
+            if database is None:
+                database = new_duckdb_connection(functions=True)
+                directory = os.path.join(os.fspath(root), "")
+                database.execute(f"SET allowed_directories = [{quote_string(directory)}]")
+                _apply_limits(database, limits)
+                _lock_down(database)
+                self._databases[key] = database
+            return database.cursor()
+
+    def close(self) -> None:
+        with self._lock:
+            databases, self._databases = list(self._databases.values()), {}
+        for database in databases:
+            database.close()
+
+
 def run_query(
     scanner: DuckDBScanner,
     dataset: str,
@@ -167,12 +208,20 @@ def run_query(
     limits: QueryLimits | None = None,
 ) -> pa.Table:
     """Run `statement` (checked read-only, made executable) where `dataset` is a view over `files`."""
-    connection = new_duckdb_connection(functions=needs_partition_functions(statement))
+    limits = limits or QueryLimits()
+    root = scanner.sandbox_root
+    if root is not None:
+        # A cursor of the reader's locked database: its temporary view goes with the cursor.
+        connection = scanner.sandboxes.cursor(root, limits)
+        configure = False
+    else:
+        connection = new_duckdb_connection(functions=needs_partition_functions(statement))
+        configure = True
     try:
         check_sandboxed(connection, statement, dataset)
         with scanner.call_scope(connection) as scope:
             return _run_sandboxed(
-                scanner, connection, scope, dataset, files, schema, statement, limits or QueryLimits()
+                scanner, connection, scope, dataset, files, schema, statement, limits, configure=configure
             )
     finally:
         connection.close()
@@ -187,7 +236,15 @@ def _run_sandboxed(
     schema: pa.Schema,
     statement: str,
     limits: QueryLimits,
+    *,
+    configure: bool,
 ) -> pa.Table:
+    """Create the dataset's view over `files` and run `statement` under `limits`.
+
+    `configure`: the connection is a fresh database, to be limited and locked here once the view exists
+    (DuckDB may then open only the view's files); otherwise it is a cursor of a `SandboxDatabases`
+    database, limited and locked already.
+    """
     import duckdb
 
     try:
@@ -200,21 +257,13 @@ def _run_sandboxed(
         # A file DuckDB cannot open is a StorageError of the scan; its DuckDB message names the local path.
         cause = err.__cause__ if isinstance(err.__cause__, duckdb.Error) else err
         raise FilterError(f"query failed: {_scrubbed(str(cause).strip(), connection, scope)}") from err
-    # Only the selected files DuckDB scans in place stay readable (other engines are attached or in memory).
-    allowed = ", ".join(quote_string(path) for path in scope.local_files)
-    connection.execute(f"SET allowed_paths = [{allowed}]")
-    # Limits go in before the configuration is locked; no spilling: the memory limit is the bound.
-    try:
-        connection.execute(f"SET memory_limit = {quote_string(limits.memory)}")
-    except duckdb.Error as err:
-        raise QueryLimitError(
-            f"memory_limit must be a size DuckDB accepts, such as '512MB' or '4GB', not {limits.memory!r}",
-            limit="memory",
-        ) from err
-    connection.execute("SET temp_directory = ''")
-    connection.execute(f"SET threads = {limits.thread_count}")
-    connection.execute("SET enable_external_access = false")
-    connection.execute("SET lock_configuration = true")
+    if configure:
+        # Only the selected files DuckDB scans in place stay readable (other engines are attached or in
+        # memory).
+        allowed = ", ".join(quote_string(path) for path in scope.local_files)
+        connection.execute(f"SET allowed_paths = [{allowed}]")
+        _apply_limits(connection, limits)
+        _lock_down(connection)
     timed_out = threading.Event()
 
     def interrupt() -> None:
@@ -246,6 +295,27 @@ def _run_sandboxed(
         raise FilterError(f"query failed: {_scrubbed(str(err).strip(), connection, scope)}") from err
     finally:
         timer.cancel()
+
+
+def _apply_limits(connection: Any, limits: QueryLimits) -> None:
+    """Memory limit (no spilling: the limit is the bound) and threads, set before the lock."""
+    import duckdb
+
+    try:
+        connection.execute(f"SET memory_limit = {quote_string(limits.memory)}")
+    except duckdb.Error as err:
+        raise QueryLimitError(
+            f"memory_limit must be a size DuckDB accepts, such as '512MB' or '4GB', not {limits.memory!r}",
+            limit="memory",
+        ) from err
+    connection.execute("SET temp_directory = ''")
+    connection.execute(f"SET threads = {limits.thread_count}")
+
+
+def _lock_down(connection: Any) -> None:
+    """No file access but what `allowed_paths` / `allowed_directories` name, and no further SET."""
+    connection.execute("SET enable_external_access = false")
+    connection.execute("SET lock_configuration = true")
 
 
 def check_sandboxed(connection: Any, statement: str, dataset: str) -> None:

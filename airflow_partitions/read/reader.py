@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
     from airflow_partitions.catalog import Catalog, Snapshot
+    from airflow_partitions.pruning.expressions import Predicate
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile
 
@@ -130,6 +131,10 @@ class PartitionedDatasetReader:
         self._lock = threading.RLock()
         self._indexes: collections.OrderedDict[int, PartitionIndex] = collections.OrderedDict()
         self._plans: collections.OrderedDict[tuple[int, Any], PrunePlan] = collections.OrderedDict()
+        # A checked query's filter and executable SQL, by (SQL text, dataset schema).
+        self._queries: collections.OrderedDict[tuple[str, pa.Schema], tuple[Predicate, str]] = (
+            collections.OrderedDict()
+        )
         self._schemas: dict[int, pa.Schema] = {}
         self._scanner = DuckDBScanner(self.storage, location, self._lock)
 
@@ -282,19 +287,37 @@ class PartitionedDatasetReader:
         `timeout_s` and `memory_limit` (e.g. "8GB") override the reader's `query_limits` for this call;
         a query past either raises `QueryLimitError`.
         """
-        check_read_only(sql)
         limits = self.query_limits.merged(timeout_s, memory_limit)
         snapshot = self.snapshot(version)
         schema = self._schema_of(snapshot)
-        plan = self._plan(snapshot, dataset_filter(sql, self.name, schema))
-        return run_query(self._scanner, self.name, plan.files, schema, executable_sql(sql, schema), limits)
+        where, executable = self._prepared_query(sql, schema)
+        plan = self._plan(snapshot, where)
+        return run_query(self._scanner, self.name, plan.files, schema, executable, limits)
+
+    def _prepared_query(self, sql: str, schema: pa.Schema) -> tuple[Predicate, str]:
+        """`sql` checked read-only, the rows of the dataset it can look at, and its executable form.
+
+        Parsing costs more than a small pruned query: a reader repeating a query parses it once.
+        """
+        key = (sql, schema)
+        with self._lock:
+            prepared = self._queries.get(key) if isinstance(sql, str) else None
+            if prepared is not None:
+                self._queries.move_to_end(key)
+                return prepared
+        check_read_only(sql)
+        prepared = (dataset_filter(sql, self.name, schema), executable_sql(sql, schema))
+        with self._lock:
+            self._queries[key] = prepared
+            while len(self._queries) > CACHED_PLANS:
+                self._queries.popitem(last=False)
+        return prepared
 
     @deep_stack
     def plan_query(self, sql: str, version: int | None = None) -> PrunePlan:
         """The pruning plan `query(sql)` would use."""
-        check_read_only(sql)
         snapshot = self.snapshot(version)
-        return self._plan(snapshot, dataset_filter(sql, self.name, self._schema_of(snapshot)))
+        return self._plan(snapshot, self._prepared_query(sql, self._schema_of(snapshot))[0])
 
     # --- Spark ------------------------------------------------------------------------------------
 

@@ -22,7 +22,11 @@ import pyarrow as pa
 from airflow_partitions.exceptions import FilterError, StorageError
 from airflow_partitions.pruning import FilterBinder
 from airflow_partitions.pruning.expressions import InList, Predicate, quote_identifier, walk
-from airflow_partitions.read.query import needs_partition_functions, new_duckdb_connection
+from airflow_partitions.read.query import (
+    SandboxDatabases,
+    needs_partition_functions,
+    new_duckdb_connection,
+)
 from airflow_partitions.storage.base import conform
 
 if TYPE_CHECKING:
@@ -107,6 +111,17 @@ class DuckDBScanner:
         self._connection: Any = None
         self._functions_ready = False
         self._attach_lock = threading.Lock()
+        self.sandboxes = SandboxDatabases(lock)
+
+    @property
+    def sandbox_root(self) -> Path | None:
+        """The local directory a query's pooled sandbox may read, when queries can share one.
+
+        None (a fresh database per query) for object storage and for engines that attach files.
+        """
+        if self.storage.duckdb_attaches_files or not isinstance(self.location, LocalFiles):
+            return None
+        return self.location.root
 
     # --- reads ------------------------------------------------------------------------------------
 
@@ -246,6 +261,7 @@ class DuckDBScanner:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
+        self.sandboxes.close()
 
 
 def resolve_columns(schema: pa.Schema, columns: Sequence[str] | None) -> list[str]:
