@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from airflow_partitions.catalog.open import partition_spec_info, value_kind_of
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.plan import (
     CommitResult,
@@ -29,12 +30,13 @@ from airflow_partitions.refresh.plan import (
 from airflow_partitions.refresh.stage import STAGE_MANIFEST, StageManifest, stage_location
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from airflow_partitions.catalog import Catalog, PartitionSpecInfo
+    from airflow_partitions.catalog import Catalog
     from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
+
+
+__all__ = ["partition_spec_info", "value_kind_of"]  # re-exported: they moved to catalog/open.py
 
 
 def open_dataset_catalog(
@@ -61,44 +63,6 @@ def dataset_data_root(project: ProjectSpec, dataset: DatasetSpec) -> Path:
     from airflow_partitions.catalog import dataset_directory
 
     return dataset_directory(project, dataset)
-
-
-def value_kind_of(arrow_type: pa.DataType) -> str:
-    """The `keys.value_kind` name of partition values of `arrow_type` (to decode key paths)."""
-    import pyarrow as pa
-
-    if pa.types.is_boolean(arrow_type):
-        return "bool"
-    if pa.types.is_integer(arrow_type):
-        return "int"
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-        return "string"
-    if pa.types.is_timestamp(arrow_type):
-        return "timestamp"
-    if pa.types.is_date(arrow_type):
-        return "date"
-    if pa.types.is_decimal(arrow_type):
-        return "decimal"
-    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
-        return "binary"
-    return "string"
-
-
-def partition_spec_info(dataset: DatasetSpec) -> PartitionSpecInfo:
-    """The catalog's record of the dataset's partition spec (field names, canonical transforms, kinds)."""
-    from airflow_partitions.catalog import PartitionSpecInfo
-
-    fields = []
-    for field in dataset.acceleration.partition_by:
-        kind = value_kind_of(field.transform.result_type) if field.transform.is_bound else None
-        fields.append((field.name, field.canonical, kind))
-    info = PartitionSpecInfo.from_fields(fields)
-    if info.spec_id != dataset.acceleration.partition_spec_id:
-        raise RefreshError(
-            f"partition spec id mismatch for {dataset.name!r}: catalog computes {info.spec_id}, spec says "
-            f"{dataset.acceleration.partition_spec_id}"
-        )
-    return info
 
 
 def commit_refresh(

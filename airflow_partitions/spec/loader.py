@@ -41,6 +41,7 @@ from airflow_partitions.spec.model import (
     bind_fields,
     dataset_name_problem,
     declared_arrow_schema,
+    declared_primary_key,
     declared_sort_columns,
     did_you_mean,
     engine_problems,
@@ -51,6 +52,7 @@ from airflow_partitions.spec.model import (
     one_of,
     partition_count_problems,
     partition_name_problems,
+    primary_key_problems,
     qualify_postgres_table,
     refresh_problems,
     snapshot_problems,
@@ -65,7 +67,13 @@ REFRESH_KEYS = ("schedule", "check_column", "discovery_timeout_s", "max_partitio
 SNAPSHOT_KEYS = ("mode", "location")
 # Free-form params blocks are not closed, but a key that is one typo away from a known one is an error.
 KNOWN_SOURCE_PARAMS = ("file_format", "connection_id", "url")
-KNOWN_ACCELERATION_PARAMS = ("partition_mode", "max_rows_per_file", "row_group_rows", "sort_by")
+KNOWN_ACCELERATION_PARAMS = (
+    "partition_mode",
+    "max_rows_per_file",
+    "row_group_rows",
+    "sort_by",
+    "primary_key",
+)
 
 EnumT = TypeVar("EnumT", Engine, Mode, PartitionMode, SnapshotMode, FileFormat)
 
@@ -431,6 +439,13 @@ class _SpecReader:
                         f"{label}: acceleration.params.sort_by: unknown column {column!r}"
                         f"{did_you_mean(column, names)}; schema lists {', '.join(names)}",
                     )
+            for column in declared_primary_key(_plain(params)):
+                if column not in names:
+                    self.add(
+                        params.line_of("primary_key"),
+                        f"{label}: acceleration.params.primary_key: unknown column {column!r}"
+                        f"{did_you_mean(column, names)}; schema lists {', '.join(names)}",
+                    )
 
     def check_declared_columns(
         self,
@@ -454,6 +469,8 @@ class _SpecReader:
             refresh.line_of("check_column") if isinstance(refresh, LineDict) else None,
             sort_by=sort_by,
             sort_by_line=params.line_of("sort_by") if isinstance(params, LineDict) else None,
+            primary_key=declared_primary_key(_plain(params)) if isinstance(params, LineDict) else (),
+            primary_key_line=params.line_of("primary_key") if isinstance(params, LineDict) else None,
         )
         for line, message in problems:
             self.add(line, message)
@@ -552,6 +569,8 @@ class _SpecReader:
             self.add_problems(block, (), label, engine_problems(engine, mode, partition_mode))
         if engine is not None and params is not None:
             self.add_problems(block, (), label, file_layout_problems(engine, _plain(params)))
+        if params is not None:
+            self.add_problems(block, (), label, primary_key_problems(_plain(params)))
         if fields_ok and isinstance(enabled, bool):
             max_partitions = refresh.max_partitions if refresh is not None else DEFAULT_MAX_PARTITIONS
             fields = [f for _, f in indexed_fields]

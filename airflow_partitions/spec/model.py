@@ -553,6 +553,38 @@ def declared_sort_columns(params: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
 
+def primary_key_problems(params: Mapping[str, Any]) -> list[Problem]:
+    """`params.primary_key` (the key columns an upsert matches rows on): a column name or a non-empty list
+    of distinct names (columns checked at bind)."""
+    primary_key = params.get("primary_key")
+    if primary_key is None:
+        return []
+    names = [primary_key] if isinstance(primary_key, str) else primary_key
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) and name for name in names):
+        return [
+            Problem(
+                ("params", "primary_key"),
+                "params.primary_key must be a column name or a non-empty list of column names, "
+                f"got {primary_key!r}",
+            )
+        ]
+    if len(set(names)) != len(names):
+        problem = f"params.primary_key lists a column twice: {primary_key!r}"
+        return [Problem(("params", "primary_key"), problem)]
+    return []
+
+
+def declared_primary_key(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """`params.primary_key` as a tuple of column names (empty when not declared or malformed: the
+    malformed value is `primary_key_problems`' to report)."""
+    primary_key = params.get("primary_key")
+    if isinstance(primary_key, str):
+        return (primary_key,)
+    if isinstance(primary_key, list) and all(isinstance(column, str) for column in primary_key):
+        return tuple(primary_key)
+    return ()
+
+
 def partition_name_problems(indexed_fields: Sequence[tuple[int, PartitionField]]) -> list[Problem]:
     """Partition names must be unique (ignoring case: they become columns and directory names)."""
     problems: list[Problem] = []
@@ -620,6 +652,7 @@ def acceleration_problems(
         problems.append(Problem(("enabled",), f"acceleration.enabled must be true or false, got {enabled!r}"))
     problems += engine_problems(engine, mode, partition_mode)
     problems += file_layout_problems(engine, params)
+    problems += primary_key_problems(params)
     problems += partition_name_problems(list(enumerate(partition_by)))
     problems += partition_count_problems(enabled, partition_by, refresh.max_partitions)
     return problems
@@ -676,6 +709,11 @@ class AccelerationSpec:
             ):
                 columns.append(column)
         return tuple(columns)
+
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        """The key columns upserts match rows on (`params.primary_key`; empty when not declared)."""
+        return declared_primary_key(self.params)
 
     @property
     def partition_names(self) -> tuple[str, ...]:
@@ -798,6 +836,8 @@ def bind_problems(
         dataset.acceleration.refresh.check_column_line or dataset.line,
         sort_by=declared_sort_columns(dataset.acceleration.params),
         sort_by_line=dataset.acceleration.sort_by_line or dataset.line,
+        primary_key=declared_primary_key(dataset.acceleration.params),
+        primary_key_line=dataset.line,
     )
 
 
@@ -810,6 +850,8 @@ def bind_fields(
     *,
     sort_by: Sequence[str] = (),
     sort_by_line: int | None = None,
+    primary_key: Sequence[str] = (),
+    primary_key_line: int | None = None,
 ) -> tuple[list[PartitionField], list[tuple[int | None, str]]]:
     """Bind `(position, field)`s to `schema`: every unknown column, unusable result type, unknown
     `check_column` and unknown or unsortable `sort_by` column becomes a `(line, message)` starting with
@@ -865,6 +907,15 @@ def bind_fields(
         if problem:
             listing = f"; columns are {one_of(names)}" if "columns are" not in problem else ""
             problems.append((sort_by_line, f"{label}: acceleration.params.sort_by: {problem}{listing}"))
+    for column in primary_key:
+        problem = column_problem(column)
+        if problem is None and _unsortable(schema.field(column).type):
+            problem = f"column {column!r} is of type {schema.field(column).type}, which cannot be a key"
+        if problem:
+            listing = f"; columns are {one_of(names)}" if "columns are" not in problem else ""
+            problems.append(
+                (primary_key_line, f"{label}: acceleration.params.primary_key: {problem}{listing}")
+            )
     return bound, problems
 
 

@@ -99,7 +99,8 @@ def key_match_mask(table: pa.Table, key_rows: pa.Table, keys: Sequence[str]) -> 
     left, right = _key_codes(table, key_rows, keys)
     code_names = [name for name in left.column_names if name != _ROW]
     if len(code_names) == 1:
-        return pc.is_in(left.column(code_names[0]), value_set=right.column(code_names[0]).combine_chunks())
+        found = pc.is_in(left.column(code_names[0]), value_set=right.column(code_names[0]).combine_chunks())
+        return found.combine_chunks() if isinstance(found, pa.ChunkedArray) else found
     matched = left.join(
         right.select(code_names).group_by(code_names).aggregate([]),
         keys=code_names,
