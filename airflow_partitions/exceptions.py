@@ -269,16 +269,19 @@ class WriteKeyError(WriteError):
 
 
 class WriteThroughError(WriteError):
-    """A write-through reached the source (committed there) but not the acceleration; the next refresh
-    catches the acceleration up. `.source_rows` is what the source transaction wrote."""
+    """A write-through reached the source (committed there) but not the acceleration. `.source_rows` is
+    what the source transaction wrote, `.partitions` the acceleration partitions to refresh to catch up."""
 
-    def __init__(self, message: str, *, source_rows: int) -> None:
+    def __init__(self, message: str, *, source_rows: int, partitions: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.source_rows = source_rows
+        self.partitions = partitions
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_write_through_error, (str(self), self.source_rows))
+        return (_rebuild_write_through_error, (str(self), self.source_rows, self.partitions))
 
 
-def _rebuild_write_through_error(message: str, source_rows: int) -> WriteThroughError:
-    return WriteThroughError(message, source_rows=source_rows)
+def _rebuild_write_through_error(
+    message: str, source_rows: int, partitions: tuple[str, ...]
+) -> WriteThroughError:
+    return WriteThroughError(message, source_rows=source_rows, partitions=partitions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,55 @@ class Oracle:
 
     def table(self) -> pa.Table:
         return pa.Table.from_pylist(list(self.rows.values()), schema=SCHEMA)
+
+
+def fresh_database() -> Any:
+    """A context manager creating a fresh Postgres database (dropped on exit), yielding its URL: one per
+    test module, each test using its own tables (a database costs seconds to drop)."""
+    import contextlib
+    import uuid
+
+    import psycopg
+
+    from tests.conftest import PG_HOST, PG_PORT, PG_USER
+
+    @contextlib.contextmanager
+    def database() -> Any:
+        name = f"ap_test_{uuid.uuid4().hex[:12]}"
+        admin = {"host": PG_HOST, "port": PG_PORT, "user": PG_USER, "dbname": "postgres", "autocommit": True}
+        with psycopg.connect(**admin) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}"
+        finally:
+            with psycopg.connect(**admin) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return database()
+
+
+class Source:
+    """A Postgres table of its own in the module's database (create it, read it back, spec over it)."""
+
+    def __init__(self, url: str, tmp_path: Path) -> None:
+        self.url = url
+        self.table = f"items_{uuid.uuid4().hex[:8]}"
+        self.tmp_path = tmp_path
+
+    def create(self, rows: pa.Table) -> None:
+        create_source(self.url, rows, self.table)
+
+    def rows(self) -> pa.Table:
+        return source_rows(self.url, self.table)
+
+    def spec(self, layout: list[str], **options: Any) -> ProjectSpec:
+        return write_spec(self.tmp_path, self.url, layout, table=self.table, **options)
+
+
+def assert_same_rows(got: pa.Table, expected: pa.Table, what: str) -> None:
+    """Row for row by hash (NULLs, types and values), and the dataset's exact Arrow types."""
+    from tests.matrix_support import multiset_difference
+
+    missing, extra = multiset_difference(got, expected)
+    assert (missing[:3], extra[:3]) == ([], []), f"{what}: rows missing / extra"
+    assert got.schema.equals(SCHEMA), f"{what}: types changed: {got.schema}"

@@ -629,7 +629,8 @@ def matching_rows(table: pa.Table, predicate_sql: str) -> pa.BooleanArray:
         view = f"ap_delete_{uuid.uuid4().hex[:12]}"
         connection.register(view, numbered)
         try:
-            found = connection.sql(f'SELECT "{row_column}" FROM {view} WHERE {predicate_sql}').to_arrow_table()
+            query = f'SELECT "{row_column}" FROM {view} WHERE {predicate_sql}'
+            found = connection.sql(query).to_arrow_table()
         except duckdb.Error as err:
             raise FilterError(f"cannot evaluate the delete filter on the partition rows: {err}") from err
     finally:
