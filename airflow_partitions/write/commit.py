@@ -41,7 +41,7 @@ from airflow_partitions.write.merge import (
     key_match_mask,
 )
 from airflow_partitions.write.routing import route_to_paths
-from airflow_partitions.write.rows import arrow_rows, conform_rows
+from airflow_partitions.write.rows import RowsFile, arrow_rows, conform_rows, read_rows_file
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -381,8 +381,10 @@ def commit_changes(
 
 
 def prepare_rows(target: WriteTarget, data: Any) -> pa.Table:
-    """The write's rows as an Arrow table of the dataset's schema (or `WriteSchemaError`)."""
-    return conform_rows(arrow_rows(data), target.schema, dataset=target.dataset.name)
+    """The write's rows as an Arrow table of the dataset's schema (or `WriteSchemaError`); a `RowsFile`
+    is read with the dataset's column types."""
+    table = read_rows_file(data, target.schema) if isinstance(data, RowsFile) else arrow_rows(data)
+    return conform_rows(table, target.schema, dataset=target.dataset.name)
 
 
 def append(

@@ -3,7 +3,9 @@ to the acceleration's schema with an error that names every column that does not
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import WriteError, WriteSchemaError
@@ -16,6 +18,78 @@ ACCEPTED_INPUT = (
     "a pyarrow Table, RecordBatch, RecordBatchReader or iterable of RecordBatches, a pandas DataFrame, or a "
     "Spark DataFrame"
 )
+
+
+ROWS_FILE_FORMATS = ("parquet", "csv", "jsonl")
+_FORMAT_OF_SUFFIX = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+}
+
+
+@dataclass(frozen=True)
+class RowsFile:
+    """A local file of rows to write: parquet, csv (with a header line) or jsonl (one JSON object a line).
+
+    The format comes from `file_format`, else the extension (`.parquet`/`.pq`, `.csv`, `.jsonl`/`.json`/
+    `.ndjson`). Text formats are parsed with the dataset's column types, so values keep their types.
+    """
+
+    path: str
+    file_format: str | None = None
+
+    @property
+    def format(self) -> str:
+        chosen = (self.file_format or "").lower()
+        if not chosen:
+            suffix = os.path.splitext(self.path)[1].lower()
+            chosen = _FORMAT_OF_SUFFIX.get(suffix, "")
+        if chosen not in ROWS_FILE_FORMATS:
+            raise WriteError(
+                f"cannot tell the format of {self.path!r}: give file_format as one of "
+                f"{', '.join(ROWS_FILE_FORMATS)} (or name the file .parquet, .csv or .jsonl)"
+            )
+        return chosen
+
+
+def read_rows_file(rows_file: RowsFile, schema: pa.Schema) -> pa.Table:
+    """The rows of `rows_file`, text formats parsed with `schema`'s types for the columns it names."""
+    import pyarrow as pa
+
+    file_format = rows_file.format
+    if not os.path.isfile(rows_file.path):
+        raise WriteError(f"the file of rows to write {rows_file.path!r} does not exist (or is not a file)")
+    try:
+        if file_format == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(rows_file.path)
+        if file_format == "csv":
+            import pyarrow.csv as pcsv
+
+            return pcsv.read_csv(
+                rows_file.path,
+                convert_options=pcsv.ConvertOptions(
+                    column_types={f.name: f.type for f in schema},
+                    strings_can_be_null=True,
+                    quoted_strings_can_be_null=False,
+                ),
+            )
+        import pyarrow.json as pjson
+
+        return pjson.read_json(
+            rows_file.path,
+            parse_options=pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as err:
+        raise WriteError(
+            f"cannot read the rows in {rows_file.path} as {file_format}: {err}; check the file against "
+            f"the dataset's columns ({', '.join(f'{f.name} {f.type}' for f in schema)})"
+        ) from err
 
 
 def arrow_rows(data: Any) -> pa.Table:
