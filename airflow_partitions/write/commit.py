@@ -23,9 +23,11 @@ vacuum removes.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -52,6 +54,10 @@ if TYPE_CHECKING:
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
     from airflow_partitions.transforms import Transform
+
+
+# Partition files written at once by one write.
+WRITE_WORKERS = 4
 
 
 class WriteOperation(StrEnum):
@@ -290,12 +296,12 @@ def commit_changes(
     written_files = 0
     differing: dict[str, tuple[int | None, int]] = {}
     added_total = removed_total = 0
-    pending: list[tuple[PartitionChange, list[DataFile], int]] = []
-    for change in changes:
-        if not change.changes_anything:
-            continue
-        files, written = _write_change(target, change)
-        pending.append((change, files, written))
+    active = [change for change in changes if change.changes_anything]
+    # Partitions are written side by side (encoding and fsync release the GIL), as finalize does.
+    workers = max(1, min(WRITE_WORKERS, len(active), os.cpu_count() or 2))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        outcomes = list(pool.map(lambda change: _write_change(target, change), active))
+    pending = [(change, files, written) for change, (files, written) in zip(active, outcomes, strict=True)]
     for change, _files, written in pending:
         before_rows = change.before.rows if change.before is not None else 0
         kept_rows = sum(f.rows for f in change.kept)

@@ -3,14 +3,14 @@
 The partition values are computed by `Transform.apply`, the same vectorised code the refresh uses to
 check staged rows (`refresh/finalize.py verify_partition`) and discovery uses to list keys, so a row a
 write adds lands in the partition a refresh would put it in. Rows are grouped by the tuple of partition
-values in one Arrow group-by (NULL is a value like any other); every row lands in exactly one group and
+values (NULL is a value like any other; one sort and one take); every row lands in exactly one group and
 the counts are checked: rows in == rows routed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError
 from airflow_partitions.keys import PartitionKey
@@ -19,9 +19,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.transforms import Transform
-
-# Column names that cannot collide with a dataset's own columns (the grouping table holds only these).
-_ROW_COLUMN = "__ap_row"
 
 
 def partition_values(table: pa.Table, transforms: Sequence[Transform]) -> list[pa.Array]:
@@ -49,6 +46,7 @@ def route_rows(
     An empty table routes to `{}`. Raises `ConservationError` if the groups do not hold exactly the input
     rows (a routing bug must not reach a commit).
     """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -57,21 +55,28 @@ def route_rows(
     if not transforms:
         return {PartitionKey(()): table}
     values = partition_values(table, transforms)
-    names = [f"__ap_k{i}" for i in range(len(values))]
-    grouping = pa.table(
-        {**dict(zip(names, values, strict=True)), _ROW_COLUMN: pa.array(range(table.num_rows), pa.int64())}
-    )
-    groups = grouping.group_by(names, use_threads=False).aggregate([(_ROW_COLUMN, "list")])
-    rows_column = groups.column(f"{_ROW_COLUMN}_list")
-    key_columns = [groups.column(name).to_pylist() for name in names]
+    # One integer group per row: each field's values dictionary-encoded (NULL a value of its own) and
+    # combined with the groups so far, re-encoded at each step so codes stay below the row count. Then one
+    # stable sort by group and one `take`: each partition is a slice of the sorted rows, in input order.
+    group: Any = None
+    for array in values:
+        encoded = pc.dictionary_encode(array, null_encoding="encode")
+        codes = encoded.indices.cast(pa.int64())
+        if group is not None:
+            codes = pc.add(pc.multiply(group, len(encoded.dictionary)), codes)
+        group = pc.dictionary_encode(codes).indices.cast(pa.int64())
+    order = pc.sort_indices(group)
+    counts = np.bincount(group.to_numpy(zero_copy_only=False)).tolist()
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    first_rows = pc.take(order, pa.array(starts))
+    key_values = [array.take(first_rows).to_pylist() for array in values]
+    ordered = table.take(order)
     routed: dict[PartitionKey, pa.Table] = {}
-    for position in range(groups.num_rows):
-        key = PartitionKey(tuple(column[position] for column in key_columns))
-        indices = rows_column[position].values
-        # Input order within a partition, whatever order the aggregation collected the indices in.
-        rows = table.take(pc.take(indices, pc.array_sort_indices(indices)))
-        # Two groups can only share a key if the group-by told values apart that compare equal in Python.
-        routed[key] = pa.concat_tables([routed[key], rows]) if key in routed else rows
+    for position, (start, rows) in enumerate(zip(starts.tolist(), counts, strict=True)):
+        key = PartitionKey(tuple(column[position] for column in key_values))
+        part = ordered.slice(start, rows)
+        # Two groups can only share a key if the encoding told values apart that compare equal in Python.
+        routed[key] = pa.concat_tables([routed[key], part]) if key in routed else part
     check_routed(dataset, table.num_rows, routed)
     return routed
 
