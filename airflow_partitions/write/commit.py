@@ -487,21 +487,25 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
         before = target.entry(key_path)
         assert before is not None
         change = PartitionChange(before.key, key_path, before)
-        to_rewrite: list[DataFile] = []
         for file in before.files:
             if not _may_hold_keys(file, bounds):
                 change.kept.append(file)
                 continue
-            file_keys = target.storage.read(target.root, [file], columns=list(keys), schema=target.schema)
-            if key_match_mask(file_keys, incoming_keys, keys).true_count:
-                to_rewrite.append(file)
-            else:
-                change.kept.append(file)
-        if to_rewrite:
-            existing = target.storage.read(target.root, to_rewrite, schema=target.schema)
+            # Where the keys decide the partition, a routed partition's files likely hold some: read them
+            # whole once. Elsewhere read the key columns first, and the whole file only on a match.
+            if not key_decides:
+                columns = list(keys)
+                file_keys = target.storage.read(target.root, [file], columns=columns, schema=target.schema)
+                if not key_match_mask(file_keys, incoming_keys, keys).true_count:
+                    change.kept.append(file)
+                    continue
+            existing = target.storage.read(target.root, [file], schema=target.schema)
             merged = delete_rows_by_key(existing, incoming_keys, keys)
+            if merged.removed == 0:
+                change.kept.append(file)
+                continue
             change.rewritten.append(merged.table)
-            change.removed = merged.removed
+            change.removed += merged.removed
         changes[key_path] = change
     for key_path, (key, partition_rows) in routed.items():
         if key_path not in changes:
