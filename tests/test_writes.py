@@ -7,6 +7,7 @@ import datetime as dt
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -215,3 +216,20 @@ def test_write_result_round_trips_json() -> None:
     assert writes.WriteResult.from_json(result.to_json()) == result
     assert "committed version 3" in result.describe()
     assert dt.datetime  # keep the import used for typed fixtures above
+
+
+@pytest.mark.spark
+def test_append_and_upsert_a_spark_dataframe(source: Source, spark: Any) -> None:
+    source.create(hostile_rows(51, range(1, 41), regions=FEW_REGIONS))
+    project = source.spec(["region"])
+    refresh_dataset(project, "items")
+    dataset = project.dataset("items")
+    oracle = Oracle(source.rows())
+    appended = hostile_rows(52, range(300, 340), regions=FEW_REGIONS)
+    result = writes.append(project, dataset, spark.createDataFrame(appended.to_pandas()))
+    oracle.append(appended)
+    assert result.rows_added == 40
+    changed = hostile_rows(53, range(1, 41, 4), regions=FEW_REGIONS)
+    writes.upsert(project, dataset, spark.createDataFrame(changed.to_pandas()))
+    oracle.upsert(changed)
+    assert_same_rows(read_all(project), oracle.table(), "after Spark DataFrame writes")
