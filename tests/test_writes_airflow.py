@@ -20,7 +20,7 @@ from airflow_partitions.exceptions import OrchestrationError
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from tests.writes_support import Oracle, Source, assert_same_rows, fresh_database, hostile_rows, read_all
 
-pytestmark = [pytest.mark.airflow]
+pytestmark = [pytest.mark.airflow, pytest.mark.postgres]
 
 REGIONS: list[str | None] = [None, "EU", "a/b", "it's"]
 
@@ -43,6 +43,7 @@ def dags_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
         yield dags, database
 
 
+@pytest.mark.s3
 def test_operator_appends_upserts_through_and_deletes_in_a_dag_run(
     source: Source,
     tmp_path: Path,

@@ -32,6 +32,8 @@ from tests.writes_support import Oracle, Source, assert_same_rows, fresh_databas
 
 REGIONS: list[str | None] = [None, "EU", "US"]
 
+pytestmark = [pytest.mark.postgres]
+
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:

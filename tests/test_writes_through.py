@@ -15,6 +15,8 @@ from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.write.write_through import write_through
 from tests.writes_support import Oracle, Source, assert_same_rows, fresh_database, hostile_rows, read_all
 
+pytestmark = [pytest.mark.postgres]
+
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
