@@ -69,7 +69,7 @@ def write_spec(directory: Path) -> Path:
                 schema: {{id: int64, region: string, ts: "timestamp[us, UTC]", amount: double}}
                 acceleration:
                   engine: parquet
-                  params: {{primary_key: id}}
+                  primary_key: [id]
                   partition_by:
                     - b: "bucket(16, id)"
             """

@@ -178,14 +178,13 @@ def test_schema_mismatch_names_the_columns_and_writes_nothing(source: Source) ->
 
 def test_upsert_without_keys_and_with_repeated_keys_is_refused(source: Source) -> None:
     source.create(hostile_rows(12, range(1, 11)))
-    project = source.spec(["region"], params={})
+    project = source.spec(["region"])
     refresh_dataset(project, "items")
-    keyless = project.dataset("items")
-    # The spec above declares primary_key id; a dataset without one needs keys=[...].
+    declared = project.dataset("items")
+    # The spec declares primary_key [id]; the same dataset without it needs keys=[...].
     from dataclasses import replace
 
-    params = {k: v for k, v in keyless.acceleration.params.items() if k != "primary_key"}
-    keyless = replace(keyless, acceleration=replace(keyless.acceleration, params=params))
+    keyless = replace(declared, acceleration=replace(declared.acceleration, primary_key=()))
     head = open_catalog(project, keyless).head_version()
     with pytest.raises(WriteKeyError, match="upsert needs key columns"):
         writes.upsert(project, keyless, hostile_rows(13, range(1, 3)))

@@ -85,7 +85,7 @@ def write_spec(
     params: dict[str, Any] | None = None,
     table: str = "items",
 ) -> ProjectSpec:
-    acceleration_params = {"primary_key": ["id"], **(params or {})}
+    acceleration_params = params or {}
     lines = [
         "accelerator_dir: acc",
         "datasets:",
@@ -95,6 +95,7 @@ def write_spec(
         "    acceleration:",
         f"      engine: {engine}",
         f"      params: {json.dumps(acceleration_params)}",
+        '      primary_key: ["id"]',
         "      partition_by:",
         *[f"        - {json.dumps(field)}" for field in partition_by],
     ]

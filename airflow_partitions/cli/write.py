@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
             "Write to a dataset's acceleration: rows of a parquet, csv or jsonl file are routed to their "
             "partitions with the dataset's partition expressions (the NULL partition included) and "
             "committed at once; readers see all of the write or none of it. --upsert replaces rows with "
-            "the same key (--key, else the spec's acceleration.params.primary_key); --delete-where deletes "
+            "the same key (--key, else the spec's acceleration.primary_key); --delete-where deletes "
             "the rows a SQL condition matches. A write conflicts with a concurrent commit (refresh or "
             "write) of one of the same partitions: write again."
         ),

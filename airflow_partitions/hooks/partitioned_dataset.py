@@ -211,7 +211,7 @@ class PartitionedDatasetHook(BaseHook):
         self, data: Any, keys: Sequence[str] | None = None, *, write_through: bool = False
     ) -> WriteResult:
         """Insert rows, replacing existing rows with the same `keys` (default the spec's
-        `acceleration.params.primary_key`), in one atomic commit; a row whose partition changed moves."""
+        `acceleration.primary_key`), in one atomic commit; a row whose partition changed moves."""
         return self._write("upsert", data, keys=keys, write_through=write_through)
 
     def delete(self, where: FilterInput) -> WriteResult:

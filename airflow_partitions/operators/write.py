@@ -24,7 +24,7 @@ class PartitionedDatasetWriteOperator(BaseOperator):
 
     `mode` append / upsert: the rows of `source_path` (a local parquet, csv or jsonl file; `file_format`
     when its extension does not say) are routed to their partitions; upsert replaces rows with the same
-    `keys` (default the spec's `acceleration.params.primary_key`). `mode` delete: the rows matching
+    `keys` (default the spec's `acceleration.primary_key`). `mode` delete: the rows matching
     `where` (a SQL condition) are deleted. `write_through` (append / upsert, Postgres sources) writes the
     rows to the source table in one transaction first. The spec comes from `spec_path` or the
     `partitions_conn_id` connection, as for `PartitionedDatasetHook`.

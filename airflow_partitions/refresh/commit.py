@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow_partitions.catalog.open import partition_spec_info, value_kind_of
+# `partition_spec_info` lives with the catalog (writes use it too); importable from here as before.
+from airflow_partitions.catalog.open import partition_spec_info as partition_spec_info
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.plan import (
     CommitResult,
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
     from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
-
-
-__all__ = ["partition_spec_info", "value_kind_of"]  # re-exported: they moved to catalog/open.py
 
 
 def open_dataset_catalog(

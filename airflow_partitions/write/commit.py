@@ -431,7 +431,7 @@ def append_changes(target: WriteTarget, rows: pa.Table) -> list[PartitionChange]
 
 
 def resolve_keys(target: WriteTarget, keys: Sequence[str] | None, *, what: str) -> tuple[str, ...]:
-    """The key columns of an upsert / delete by key: `keys`, else the spec's `params.primary_key`."""
+    """The key columns of an upsert / delete by key: `keys`, else the spec's `acceleration.primary_key`."""
     chosen = tuple(keys) if keys else target.dataset.acceleration.primary_key
     return check_key_columns(target.schema, chosen, what=what)
 
@@ -449,7 +449,7 @@ def upsert(
 ) -> WriteResult:
     """Insert `data`'s rows, replacing existing rows with the same key (NULL-safe), in one commit.
 
-    `keys`: the key columns (default `acceleration.params.primary_key`; neither is a `WriteKeyError`).
+    `keys`: the key columns (default `acceleration.primary_key`; neither is a `WriteKeyError`).
     A key may appear once in `data`. A row whose partition value changed moves to its new partition.
     """
     started = time.monotonic()
