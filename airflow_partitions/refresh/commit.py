@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# `partition_spec_info` lives with the catalog (writes use it too); importable from here as before.
-from airflow_partitions.catalog.open import partition_spec_info as partition_spec_info
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.plan import (
     CommitResult,
@@ -31,7 +29,9 @@ from airflow_partitions.refresh.plan import (
 from airflow_partitions.refresh.stage import STAGE_MANIFEST, StageManifest, stage_location
 
 if TYPE_CHECKING:
-    from airflow_partitions.catalog import Catalog
+    import pyarrow as pa
+
+    from airflow_partitions.catalog import Catalog, PartitionSpecInfo
     from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
@@ -61,6 +61,21 @@ def dataset_data_root(project: ProjectSpec, dataset: DatasetSpec) -> Path:
     from airflow_partitions.catalog import dataset_directory
 
     return dataset_directory(project, dataset)
+
+
+def value_kind_of(arrow_type: pa.DataType) -> str:
+    """The `keys.value_kind` name of partition values of `arrow_type` (to decode key paths)."""
+    from airflow_partitions.catalog.open import value_kind_of as catalog_value_kind_of
+
+    return catalog_value_kind_of(arrow_type)
+
+
+def partition_spec_info(dataset: DatasetSpec) -> PartitionSpecInfo:
+    """The catalog's record of the dataset's partition spec (field names, canonical transforms, kinds);
+    it lives with the catalog, which writes use too."""
+    from airflow_partitions.catalog.open import partition_spec_info as catalog_partition_spec_info
+
+    return catalog_partition_spec_info(dataset)
 
 
 def commit_refresh(
