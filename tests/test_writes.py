@@ -242,3 +242,22 @@ def test_append_and_upsert_a_spark_dataframe(source: Source, spark: Any) -> None
     writes.upsert(project, dataset, spark.createDataFrame(changed.to_pandas()))
     oracle.upsert(changed)
     assert_same_rows(read_all(project), oracle.table(), "after Spark DataFrame writes")
+
+
+def test_a_change_that_does_not_add_up_publishes_nothing(source: Source) -> None:
+    """The commit checks each partition: rows before - removed + added == rows in its files after."""
+    from airflow_partitions.exceptions import ConservationError
+
+    source.create(hostile_rows(61, range(1, 41), regions=FEW_REGIONS))
+    project = source.spec(["region"])
+    refresh_dataset(project, "items")
+    target = writes.open_write_target(project, project.dataset("items"))
+    head = target.catalog.head_version()
+    changes = writes.append_changes(target, hostile_rows(62, range(100, 110), regions=["EU"]))
+    changes[0].removed = 1  # claims a row went that is still there
+    with pytest.raises(ConservationError, match=r"expr0=EU: \d+ rows before - rows removed \+ rows added"):
+        writes.commit_changes(target, writes.WriteOperation.APPEND, changes, rows_in=10)
+    changes[0].removed = 0
+    with pytest.raises(ConservationError, match="rows given to the write"):
+        writes.commit_changes(target, writes.WriteOperation.APPEND, changes, rows_in=11)
+    assert open_catalog(project, project.dataset("items")).head_version() == head
