@@ -177,3 +177,25 @@ def test_cli_write_appends_upserts_and_deletes_with_json(
     assert "['colour'] the dataset does not have" in err
     assert main(["write", spec, "items", "--append", str(tmp_path / "bad.parquet"), "--key", "id"]) == 2
     assert "--key applies to --upsert only" in capsys.readouterr().err
+
+
+def test_hook_writes_and_its_next_read_sees_them(source: Source, tmp_path: Path) -> None:
+    from airflow_partitions.exceptions import WriteKeyError
+    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
+
+    source.create(hostile_rows(44, range(1, 31), regions=REGIONS))
+    project = source.spec(["region"])
+    refresh_dataset(project, "items")
+    hook = PartitionedDatasetHook(dataset="items", spec_path=str(tmp_path / "spec.yaml"))
+    try:
+        assert hook.read().num_rows == 30
+        batches = hostile_rows(45, range(100, 110), regions=REGIONS).to_batches(max_chunksize=3)
+        assert hook.append(pa.RecordBatchReader.from_batches(batches[0].schema, batches)).rows_added == 10
+        assert hook.read().num_rows == 40, "the hook's reader moved to the new version"
+        assert hook.upsert(hostile_rows(46, range(1, 6), regions=REGIONS)).rows_removed == 5
+        with pytest.raises(WriteKeyError, match="nope"):
+            hook.upsert(hostile_rows(47, range(1, 2), regions=REGIONS), keys=["nope"])
+        assert hook.delete([("id", "<", 3)]).rows_removed == 2
+        assert hook.read().num_rows == 38
+    finally:
+        hook.close()
