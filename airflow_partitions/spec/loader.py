@@ -34,6 +34,7 @@ from airflow_partitions.spec.model import (
     Problem,
     ProjectSpec,
     RefreshConfig,
+    RefreshMode,
     SnapshotConfig,
     SnapshotMode,
     SourceRef,
@@ -51,6 +52,7 @@ from airflow_partitions.spec.model import (
     one_of,
     partition_count_problems,
     partition_name_problems,
+    primary_key_problems,
     qualify_postgres_table,
     refresh_problems,
     snapshot_problems,
@@ -60,8 +62,18 @@ from airflow_partitions.spec.yaml_lines import LineDict, LineList, format_yaml_e
 
 TOP_LEVEL_KEYS = ("accelerator_dir", "datasets")
 DATASET_KEYS = ("name", "from", "params", "acceleration", "schema")
-ACCELERATION_KEYS = ("enabled", "engine", "mode", "partition_by", "params", "refresh", "snapshots")
-REFRESH_KEYS = ("schedule", "check_column", "discovery_timeout_s", "max_partitions")
+ACCELERATION_KEYS = (
+    "enabled",
+    "engine",
+    "mode",
+    "partition_by",
+    "params",
+    "refresh",
+    "refresh_mode",
+    "primary_key",
+    "snapshots",
+)
+REFRESH_KEYS = ("schedule", "check_column", "watermark_column", "discovery_timeout_s", "max_partitions")
 SNAPSHOT_KEYS = ("mode", "location")
 # Free-form params blocks are not closed, but a key that is one typo away from a known one is an error.
 KNOWN_SOURCE_PARAMS = ("file_format", "connection_id", "url")
@@ -444,6 +456,8 @@ class _SpecReader:
         block = raw.get("acceleration")
         refresh = block.get("refresh") if isinstance(block, LineDict) else None
         check_column = refresh.get("check_column") if isinstance(refresh, LineDict) else None
+        watermark = refresh.get("watermark_column") if isinstance(refresh, LineDict) else None
+        primary_key = block.get("primary_key") if isinstance(block, LineDict) else None
         params = block.get("params") if isinstance(block, LineDict) else None
         sort_by = declared_sort_columns(_plain(params)) if isinstance(params, LineDict) else ()
         _, problems = bind_fields(
@@ -454,6 +468,14 @@ class _SpecReader:
             refresh.line_of("check_column") if isinstance(refresh, LineDict) else None,
             sort_by=sort_by,
             sort_by_line=params.line_of("sort_by") if isinstance(params, LineDict) else None,
+            watermark_column=watermark if isinstance(watermark, str) else None,
+            watermark_column_line=refresh.line_of("watermark_column")
+            if isinstance(refresh, LineDict)
+            else None,
+            primary_key=[c for c in primary_key if isinstance(c, str)]
+            if isinstance(primary_key, list)
+            else (),
+            primary_key_line=block.line_of("primary_key") if isinstance(block, LineDict) else None,
         )
         for line, message in problems:
             self.add(line, message)
@@ -543,7 +565,13 @@ class _SpecReader:
             self.check_near_misses(params, KNOWN_ACCELERATION_PARAMS, "acceleration.params.", f"{label}: ")
 
         indexed_fields, fields_ok = self.read_partition_by(block, label)
-        refresh = self.read_refresh(block, label)
+        refresh_mode = self.read_enum(
+            block, "refresh_mode", RefreshMode, RefreshMode.FULL, "refresh_mode", label
+        )
+        refresh = self.read_refresh(block, label, refresh_mode or RefreshMode.FULL)
+        primary_key = _plain(block.get("primary_key"))
+        if refresh_mode is not None:
+            self.add_problems(block, (), label, primary_key_problems(refresh_mode, primary_key))
         snapshots = self.read_snapshots(block, label)
 
         # Cross-field rules run on whatever parsed, so one bad expression does not hide the others.
@@ -563,6 +591,7 @@ class _SpecReader:
             or mode is None
             or partition_mode is None
             or refresh is None
+            or refresh_mode is None
             or snapshots is None
             or params is None
         ):
@@ -577,6 +606,8 @@ class _SpecReader:
             refresh=refresh,
             snapshots=snapshots,
             sort_by_line=params.line_of("sort_by") if "sort_by" in params else None,
+            primary_key=tuple(primary_key or ()),
+            primary_key_line=block.line_of("primary_key") if "primary_key" in block else None,
         )
         return acceleration, indexed_fields
 
@@ -676,7 +707,9 @@ class _SpecReader:
             return None
         return name, expression.strip()
 
-    def read_refresh(self, block: LineDict, label: str) -> RefreshConfig | None:
+    def read_refresh(
+        self, block: LineDict, label: str, mode: RefreshMode = RefreshMode.FULL
+    ) -> RefreshConfig | None:
         raw = self.read_mapping(block, "refresh", "acceleration.refresh", label)
         if raw is None:
             return None
@@ -686,6 +719,8 @@ class _SpecReader:
             "check_column": raw.get("check_column"),
             "discovery_timeout_s": _default(raw.get("discovery_timeout_s"), DEFAULT_DISCOVERY_TIMEOUT_S),
             "max_partitions": _default(raw.get("max_partitions"), DEFAULT_MAX_PARTITIONS),
+            "mode": mode,
+            "watermark_column": raw.get("watermark_column"),
         }
         if self.add_problems(block, ("refresh",), label, refresh_problems(**values)):
             return None
@@ -697,6 +732,9 @@ class _SpecReader:
             discovery_timeout_s=float(values["discovery_timeout_s"]),
             max_partitions=values["max_partitions"],
             check_column_line=raw.line_of("check_column") if "check_column" in raw else None,
+            mode=mode,
+            watermark_column=values["watermark_column"],
+            watermark_column_line=raw.line_of("watermark_column") if "watermark_column" in raw else None,
         )
 
     def read_snapshots(self, block: LineDict, label: str) -> SnapshotConfig | None:

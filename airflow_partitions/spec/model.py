@@ -81,6 +81,14 @@ class SnapshotMode(StrEnum):
     DISABLED = "disabled"
 
 
+class RefreshMode(StrEnum):
+    """How a refresh brings a changed partition up to date (`acceleration.refresh_mode`)."""
+
+    FULL = "full"  # rewrite the partition from all its source rows
+    APPEND = "append"  # add the rows past the partition's watermark as new files
+    CHANGES = "changes"  # upsert the rows changed since the last watermark, by primary key (Postgres)
+
+
 # Allowed modes per engine, the first being the default. Partition files always live on disk (Airflow
 # tasks are separate processes); `memory` only tells readers to load the selected partitions into memory,
 # which is the Arrow engine's natural use and meaningless for DuckDB or Parquet files.
@@ -307,12 +315,36 @@ class SourceRef:
 
 
 def refresh_problems(
-    schedule: str | None, check_column: str | None, discovery_timeout_s: float, max_partitions: int
+    schedule: str | None,
+    check_column: str | None,
+    discovery_timeout_s: float,
+    max_partitions: int,
+    mode: RefreshMode = RefreshMode.FULL,
+    watermark_column: str | None = None,
 ) -> list[Problem]:
-    """Rules for `acceleration.refresh`."""
+    """Rules for `acceleration.refresh` (and `acceleration.refresh_mode`, which it records)."""
     from airflow_partitions.spec.schedule import schedule_problem
 
     problems: list[Problem] = []
+    if watermark_column is not None and (
+        not isinstance(watermark_column, str) or not watermark_column.strip()
+    ):
+        problems.append(
+            Problem(
+                ("watermark_column",),
+                f"refresh.watermark_column must be a column name, got {watermark_column!r}",
+            )
+        )
+    elif mode is not RefreshMode.FULL and watermark_column is None:
+        column = "created_at" if mode is RefreshMode.APPEND else "updated_at"
+        problems.append(
+            Problem(
+                ("watermark_column",),
+                f"refresh_mode: {mode} needs refresh.watermark_column: the column whose values grow with "
+                f"each new{' or changed' if mode is RefreshMode.CHANGES else ''} row (e.g. {column}); "
+                "set it, or use refresh_mode: full",
+            )
+        )
     if schedule is not None:
         if not isinstance(schedule, str):
             problems.append(Problem(("schedule",), f"refresh.schedule must be a string, got {schedule!r}"))
@@ -350,18 +382,30 @@ def refresh_problems(
 @dataclass(frozen=True)
 class RefreshConfig:
     """When to refresh (`schedule`: an Airflow preset or cron, None = triggered only), which column tells a
-    changed source partition (`check_column`, e.g. `updated_at`), and the bounds of partition discovery."""
+    changed source partition (`check_column`, e.g. `updated_at`), the bounds of partition discovery, and
+    how a changed partition is refreshed (`mode`, with its `watermark_column`)."""
 
     schedule: str | None = None
     check_column: str | None = None
     discovery_timeout_s: float = DEFAULT_DISCOVERY_TIMEOUT_S
     max_partitions: int = DEFAULT_MAX_PARTITIONS
+    # `acceleration.refresh_mode` and, for append / changes, the column whose values grow with new rows.
+    mode: RefreshMode = RefreshMode.FULL
+    watermark_column: str | None = None
     # Where `check_column:` sits in the spec file, so a problem found against the source points at it.
     check_column_line: int | None = field(default=None, compare=False, repr=False)
+    watermark_column_line: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _raise_problems(
-            refresh_problems(self.schedule, self.check_column, self.discovery_timeout_s, self.max_partitions)
+            refresh_problems(
+                self.schedule,
+                self.check_column,
+                self.discovery_timeout_s,
+                self.max_partitions,
+                self.mode,
+                self.watermark_column,
+            )
         )
 
 
@@ -613,6 +657,7 @@ def acceleration_problems(
     partition_mode: PartitionMode,
     refresh: RefreshConfig,
     params: Mapping[str, Any],
+    primary_key: Sequence[str] = (),
 ) -> list[Problem]:
     """Every rule across the fields of `acceleration:` (each field is valid on its own by now)."""
     problems: list[Problem] = []
@@ -622,7 +667,35 @@ def acceleration_problems(
     problems += file_layout_problems(engine, params)
     problems += partition_name_problems(list(enumerate(partition_by)))
     problems += partition_count_problems(enabled, partition_by, refresh.max_partitions)
+    problems += primary_key_problems(refresh.mode, primary_key)
     return problems
+
+
+def primary_key_problems(mode: RefreshMode, primary_key: object) -> list[Problem]:
+    """`primary_key` is a list of distinct column names, and refresh_mode: changes cannot do without it."""
+    if primary_key is None or primary_key == ():
+        if mode is RefreshMode.CHANGES:
+            return [
+                Problem(
+                    ("primary_key",),
+                    "refresh_mode: changes needs primary_key: the column(s) that identify a row (e.g. "
+                    "primary_key: [id]), so a changed row replaces its old version instead of being added "
+                    "twice; set it, or use refresh_mode: append (new rows only) or full",
+                )
+            ]
+        return []
+    columns = list(primary_key) if isinstance(primary_key, list | tuple) else None
+    if not columns or not all(isinstance(c, str) and c.strip() for c in columns):
+        return [
+            Problem(
+                ("primary_key",),
+                f"primary_key must be a list of column names (e.g. [id]), got {primary_key!r}",
+            )
+        ]
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        return [Problem(("primary_key",), f"primary_key names {repeated} more than once")]
+    return []
 
 
 @dataclass(frozen=True)
@@ -641,8 +714,11 @@ class AccelerationSpec:
     params: Mapping[str, Any] = field(default_factory=dict)
     refresh: RefreshConfig = field(default_factory=RefreshConfig)
     snapshots: SnapshotConfig = field(default_factory=SnapshotConfig)
+    # The columns that identify a row (refresh_mode: changes; writes); () = none declared.
+    primary_key: tuple[str, ...] = ()
     # Where `params.sort_by` sits in the spec file, so an unknown column found at bind points at it.
     sort_by_line: int | None = field(default=None, compare=False, repr=False)
+    primary_key_line: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _raise_problems(
@@ -654,8 +730,13 @@ class AccelerationSpec:
                 partition_mode=self.partition_mode,
                 refresh=self.refresh,
                 params=self.params,
+                primary_key=self.primary_key,
             )
         )
+
+    @property
+    def refresh_mode(self) -> RefreshMode:
+        return self.refresh.mode
 
     @property
     def sort_columns(self) -> tuple[str, ...]:
@@ -798,6 +879,10 @@ def bind_problems(
         dataset.acceleration.refresh.check_column_line or dataset.line,
         sort_by=declared_sort_columns(dataset.acceleration.params),
         sort_by_line=dataset.acceleration.sort_by_line or dataset.line,
+        watermark_column=dataset.acceleration.refresh.watermark_column,
+        watermark_column_line=dataset.acceleration.refresh.watermark_column_line or dataset.line,
+        primary_key=dataset.acceleration.primary_key,
+        primary_key_line=dataset.acceleration.primary_key_line or dataset.line,
     )
 
 
@@ -810,6 +895,10 @@ def bind_fields(
     *,
     sort_by: Sequence[str] = (),
     sort_by_line: int | None = None,
+    watermark_column: str | None = None,
+    watermark_column_line: int | None = None,
+    primary_key: Sequence[str] = (),
+    primary_key_line: int | None = None,
 ) -> tuple[list[PartitionField], list[tuple[int | None, str]]]:
     """Bind `(position, field)`s to `schema`: every unknown column, unusable result type, unknown
     `check_column` and unknown or unsortable `sort_by` column becomes a `(line, message)` starting with
@@ -865,7 +954,40 @@ def bind_fields(
         if problem:
             listing = f"; columns are {one_of(names)}" if "columns are" not in problem else ""
             problems.append((sort_by_line, f"{label}: acceleration.params.sort_by: {problem}{listing}"))
+    if watermark_column is not None:
+        problem = column_problem(watermark_column)
+        if problem is None:
+            problem = watermark_type_problem(watermark_column, schema.field(watermark_column).type)
+        if problem:
+            problems.append((watermark_column_line, f"{label}: refresh.watermark_column: {problem}"))
+    for column in primary_key:
+        problem = column_problem(column)
+        if problem:
+            problems.append((primary_key_line, f"{label}: primary_key: {problem}"))
     return bound, problems
+
+
+def watermark_type_problem(column: str, arrow_type: pa.DataType) -> str | None:
+    """A watermark must be an integer, date or timestamp (s / ms / us) column: the types whose file
+    statistics are exact, so the committed maximum is the watermark (no rounding can skip or repeat a row).
+    """
+    import pyarrow as pa
+
+    if pa.types.is_integer(arrow_type) or pa.types.is_date(arrow_type):
+        return None
+    if pa.types.is_timestamp(arrow_type):
+        if arrow_type.unit != "ns":
+            return None
+        return (
+            f"column {column!r} is {arrow_type}; nanosecond timestamps cannot be an exact watermark here "
+            f"(statistics hold microseconds): declare it as `{column}: timestamp[us"
+            f"{', ' + arrow_type.tz if arrow_type.tz else ''}]` under the dataset's schema: (refused if a "
+            "value has nanoseconds), or choose another column"
+        )
+    return (
+        f"column {column!r} is {arrow_type}; a watermark must be an integer, date or timestamp column "
+        "whose values grow with new rows"
+    )
 
 
 def _unsortable(arrow_type: pa.DataType) -> bool:
