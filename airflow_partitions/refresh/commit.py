@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.refresh.plan import (
     CommitResult,
     ConservationCounts,
@@ -31,7 +31,7 @@ from airflow_partitions.refresh.stage import STAGE_MANIFEST, StageManifest, stag
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.catalog import Catalog, PartitionSpecInfo
+    from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
     from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
@@ -157,13 +157,23 @@ def commit_refresh(
     catalog = catalog or open_dataset_catalog(project, dataset)
     storage = catalog.storage or dataset_storage(dataset)
     root = catalog.data_root or dataset_data_root(project, dataset)
+    base = appended_to(catalog, dataset.name, plan, finished)
     entries = []
+    appended_rows = 0
     for key_path in planned:
         result = by_path.get(key_path)
         if result is None:
             continue
         published = storage.publish(Path(root), result.files) if result.files else []
-        entries.append(result.entry.with_files(published))
+        if result.appended:
+            # The committed files stay; the new ones join them in the same atomic commit.
+            before = base[key_path]
+            entry = result.entry.with_files([*before.files, *published])
+            check_appended_rows(dataset.name, key_path, before.rows, result.rows, entry.rows)
+            appended_rows += result.rows
+            entries.append(entry)
+        else:
+            entries.append(result.entry.with_files(published))
     if not entries and not plan.removed and not plan.replace_all:
         version = None
     else:
@@ -181,6 +191,9 @@ def commit_refresh(
         )
     if cleanup:
         remove_stage(stage)
+    unread_nulls = None
+    if plan.refresh_mode == "append" and plan.watermark_column is not None:
+        unread_nulls = unread_null_watermarks(catalog, dataset, plan.watermark_column, version)
     return CommitResult(
         dataset=dataset.name,
         version=version,
@@ -190,7 +203,75 @@ def commit_refresh(
         bytes=sum(e.bytes for e in entries),
         missing=missing,
         conservation=counts.to_json() if version is not None else None,
+        appended_partitions=sum(1 for r in finished if r.appended) if version is not None else 0,
+        appended_rows=appended_rows if version is not None else 0,
+        refresh_mode=plan.refresh_mode,
+        null_watermark_rows=unread_nulls,
     )
+
+
+def unread_null_watermarks(
+    catalog: Catalog, dataset: DatasetSpec, column: str, version: int | None
+) -> int | None:
+    """Source rows with a NULL watermark minus those the newest version holds (from file statistics).
+
+    An append reads a NULL-watermark row only with a partition it writes whole, so these rows wait for a
+    full refresh; they are counted so that is said, not silent. None when the source cannot be asked.
+    """
+    from airflow_partitions.sources import open_dataset_source
+
+    snapshot = catalog.snapshot(version) if version is not None else catalog.latest()
+    held = 0
+    if snapshot is not None:
+        for entry in snapshot.partitions.values():
+            for data_file in entry.files:
+                stats = data_file.stats.get(column)
+                held += stats.null_count if stats is not None else 0
+    try:
+        in_source = open_dataset_source(dataset).count_null_rows(column)
+    except (SourceError, OSError):
+        return None
+    return max(0, in_source - held)
+
+
+def appended_to(
+    catalog: Catalog, dataset: str, plan: RefreshPlan, results: Sequence[PartitionResult]
+) -> dict[str, PartitionEntry]:
+    """The committed entries (at the plan's base version) that appended results extend.
+
+    The commit is made on that base version: a concurrent commit that touched one of these partitions
+    since then is a conflict (`CommitConflictError`), so files are never added to an entry that moved.
+    """
+    wanted = [r.key_path for r in results if r.appended]
+    if not wanted:
+        return {}
+    if plan.base_version is None:
+        raise RefreshError(
+            f"results append to partitions of {dataset!r}, but the plan has no base version; plan again"
+        )
+    snapshot = catalog.snapshot(plan.base_version)
+    entries: dict[str, PartitionEntry] = {}
+    for key_path in wanted:
+        entry = snapshot.partitions.get(key_path)
+        if entry is None:
+            raise RefreshError(
+                f"partition {key_path} of {dataset!r} was planned as an append to version "
+                f"{plan.base_version}, which does not hold it; plan again"
+            )
+        entries[key_path] = entry
+    return entries
+
+
+def check_appended_rows(dataset: str, key_path: str, before: int, appended: int, after: int) -> None:
+    """Rows after an append = rows before + rows appended, or nothing is committed."""
+    if after != before + appended:
+        raise ConservationError(
+            dataset,
+            {key_path: (before + appended, after)},
+            expected="rows before the append + rows appended",
+            actual="rows in the partition's files after it",
+            hint="The committed entry and the new files disagree; run the refresh again.",
+        )
 
 
 def check_conservation(

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.catalog.model import PartitionEntry
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.leftovers import mark_stage_in_use
+from airflow_partitions.refresh.modes import rows_since
 from airflow_partitions.refresh.plan import (
     DiscoveryKind,
     PartitionResult,
@@ -41,7 +42,7 @@ from airflow_partitions.sources.files import filter_to_key
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.sources import Source
+    from airflow_partitions.sources import RowsSince, Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
     from airflow_partitions.transforms import Transform
@@ -137,9 +138,14 @@ def finalize_partition(
     bound = dataset.bind(manifest.schema)
     transforms = [f.transform for f in bound.acceleration.partition_by]
     key = item.partition_key.values
+    since = rows_since(dataset, item)
     if manifest.mode is StageMode.PUSHDOWN:
         source = staged_source(dataset, manifest, location)
-        table = conform_to_schema(source.read_partition(transforms, key, staged.get("hint")), manifest.schema)
+        if since is None:
+            rows = source.read_partition(transforms, key, staged.get("hint"))
+        else:
+            rows = source.read_partition_since(transforms, key, staged.get("hint"), since)
+        table = conform_to_schema(rows, manifest.schema)
         routed = table.num_rows
     else:
         table = read_staged_rows(location, int(staged["index"]), manifest.schema)
@@ -155,7 +161,10 @@ def finalize_partition(
             )
         if verify:
             verify_partition(table, transforms, key, item.key_path)
-    if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC:
+    if since is not None and verify:
+        verify_past_watermark(table, since, item.key_path)
+    # An appended partition may gain nothing; one written whole was seen with rows by discovery.
+    if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC and since is None:
         raise discovered_but_empty(dataset.name, [item.key_path], actual="rows read")
     engine = storage or dataset_storage(dataset)
     root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
@@ -171,7 +180,19 @@ def finalize_partition(
         source_fingerprint=item.fingerprint,
         refreshed_at=dt.datetime.now(dt.UTC),
     )
-    return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed)
+    return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed, appended=item.append)
+
+
+def verify_past_watermark(table: pa.Table, since: RowsSince, key_path: str) -> None:
+    """Refuse appended rows at or below the partition's watermark: they are committed already, and adding
+    them again would duplicate them."""
+    kept = since.filter_table(table).num_rows
+    if kept != table.num_rows:
+        raise RefreshError(
+            f"partition {key_path}: {table.num_rows - kept} of {table.num_rows} rows to append are not past "
+            f"the watermark ({since.column} > {since.after!r}); they would duplicate committed rows. Not "
+            "committed"
+        )
 
 
 def staged_source(dataset: DatasetSpec, manifest: StageManifest, location: str) -> Source:

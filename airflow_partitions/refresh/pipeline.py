@@ -28,6 +28,7 @@ from airflow_partitions.refresh.commit import (
 )
 from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.finalize import finalize_partition
+from airflow_partitions.refresh.modes import apply_refresh_mode
 from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
 from airflow_partitions.refresh.stage import stage_refresh
 from airflow_partitions.sources import Source, open_dataset_source
@@ -113,7 +114,7 @@ def plan_refresh(
     bound = bind_dataset(spec, source)
     snapshot = (catalog or open_dataset_catalog(project, spec)).latest()
     selector = where_selector(bound, where) if where else None
-    return discover(
+    plan = discover(
         bound,
         source,
         snapshot,
@@ -122,6 +123,7 @@ def plan_refresh(
         full=full,
         timeout_s=timeout_s,
     )
+    return apply_refresh_mode(plan, bound, snapshot)
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,14 @@ class RefreshSummary:
     # The row counts the commit checked and recorded (`CommitResult.conservation`); on a refused commit,
     # the differing partitions as {key path: {"expected", "actual"}} under "differing".
     conservation: dict[str, Any] | None = None
+    # The refresh mode the plan ran under ("full" for --full and re-partitioning), the partitions and rows
+    # an append added to committed partitions, the rows written to new files (appended + rewritten), and
+    # the source rows with a NULL watermark an append left for a full refresh.
+    refresh_mode: str = "full"
+    appended_partitions: int = 0
+    appended_rows: int = 0
+    rows_written: int = 0
+    null_watermark_rows: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,6 +178,11 @@ class RefreshSummary:
             "timings_s": {k: round(v, 3) for k, v in self.timings_s.items()},
             "notes": list(self.notes),
             "conservation": self.conservation,
+            "refresh_mode": self.refresh_mode,
+            "appended_partitions": self.appended_partitions,
+            "appended_rows": self.appended_rows,
+            "rows_written": self.rows_written,
+            "null_watermark_rows": self.null_watermark_rows,
         }
 
 
@@ -345,4 +360,9 @@ def _summary(
         timings_s=timings,
         notes=plan.notes,
         conservation=conservation,
+        refresh_mode=plan.refresh_mode,
+        appended_partitions=commit.appended_partitions if commit else 0,
+        appended_rows=commit.appended_rows if commit else 0,
+        rows_written=int(commit.conservation["written"]) if commit and commit.conservation else 0,
+        null_watermark_rows=commit.null_watermark_rows if commit else None,
     )

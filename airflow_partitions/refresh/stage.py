@@ -37,9 +37,11 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.catalog.catalog import DEFAULT_GRACE
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.refresh.modes import lowest_since, rows_since
 from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, recorded_now
 from airflow_partitions.refresh.spark_session import describe_session
 from airflow_partitions.sources import Source, open_dataset_source
+from airflow_partitions.sources.base import RowsSince
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -52,6 +54,8 @@ STAGE_DATA = "data"
 ITEM_COLUMN = "__ap_item"
 _PARTITION_PREFIX = "__ap_p"
 _KEY_PREFIX = "__ap_k"
+_WATERMARK_COLUMN = "__ap_wm"
+_APPEND_COLUMN = "__ap_append"
 STRATEGIES = ("auto", "spark", "pushdown")
 MANIFEST_FORMAT = 1
 
@@ -231,7 +235,9 @@ def stage_refresh(
     ran_on: str | None = None
     counts: SparkStageCounts | None = None
     # Every discovered key planned: the source read is not narrowed, so every source row must be routed.
-    full_scan = len(keys) >= plan.discovered
+    # An append reads only rows past watermarks: rows at or below them are not routed, by design.
+    full_scan = len(keys) >= plan.discovered and not plan.appending
+    sinces = [rows_since(dataset, item) for item in plan.items]
     try:
         if mode is StageMode.PUSHDOWN:
             for index, (item, key) in enumerate(zip(plan.items, keys, strict=True)):
@@ -241,7 +247,15 @@ def stage_refresh(
             ran_on = describe_session(session)
             subset = None if full_scan else keys
             counts = _run_spark_stage(
-                session, source, transforms, keys, subset, target, repartition=repartition
+                session,
+                source,
+                transforms,
+                keys,
+                subset,
+                target,
+                repartition=repartition,
+                sinces=sinces,
+                shared_since=lowest_since(dataset, plan.items),
             )
             staged = staged_item_rows(target, len(keys))
             for index, item in enumerate(plan.items):
@@ -377,7 +391,12 @@ def check_stage_conservation(
             "misses these partitions.",
         )
     if plan.discovery is DiscoveryKind.DYNAMIC:
-        empty = [item.key_path for index, item in enumerate(plan.items) if not staged.get(index)]
+        # An appended partition may have no row past its watermark; a written-whole one must have rows.
+        empty = [
+            item.key_path
+            for index, item in enumerate(plan.items)
+            if not staged.get(index) and not item.append
+        ]
         if empty:
             raise discovered_but_empty(dataset, empty, actual="rows staged")
 
@@ -427,6 +446,8 @@ def _run_spark_stage(
     target: Path,
     *,
     repartition: bool,
+    sinces: Sequence[RowsSince | None] = (),
+    shared_since: RowsSince | None = None,
 ) -> SparkStageCounts:
     from functools import reduce
 
@@ -437,7 +458,12 @@ def _run_spark_stage(
     # Partition values must match the Arrow evaluation: UTC session, microsecond timestamps in parquet.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    frame = source.spark_frame(spark, transforms, subset, work_dir=str(target))
+    if shared_since is not None:
+        frame = source.spark_frame(spark, transforms, subset, work_dir=str(target), since=shared_since)
+        # Also filtered here: Spark pushes it into a Parquet scan (row-group statistics) or a JDBC query.
+        frame = frame.filter(_spark_since(frame, shared_since))
+    else:
+        frame = source.spark_frame(spark, transforms, subset, work_dir=str(target))
     columns = list(frame.columns)
     clashes = [c for c in columns if c.startswith(("__ap_",))]
     if clashes:
@@ -452,7 +478,7 @@ def _run_spark_stage(
         frame = frame.withColumn(
             f"{_PARTITION_PREFIX}{position}", transform.to_spark(F.col(quote_column(transform.source_column)))
         )
-    key_frame = _key_frame(spark, transforms, keys, frame)
+    key_frame = _key_frame(spark, transforms, keys, frame, sinces=sinces)
     condition = reduce(
         lambda left, right: left & right,
         [
@@ -460,6 +486,15 @@ def _run_spark_stage(
             for position in range(len(transforms))
         ],
     )
+    if any(since is not None for since in sinces):
+        # Each appended partition keeps only its rows past its own watermark; the others keep all.
+        column = frame[quote_column(next(s for s in sinces if s is not None).column)]
+        mark = key_frame[_WATERMARK_COLUMN]
+        condition = condition & (
+            ~key_frame[_APPEND_COLUMN]
+            | (mark.isNull() & column.isNotNull())
+            | (mark.isNotNull() & (column > mark))
+        )
     routed = frame.join(F.broadcast(key_frame), condition, "inner").select(
         *[frame[quote_column(c)] for c in columns], key_frame[ITEM_COLUMN]
     )
@@ -561,17 +596,63 @@ def _unrouted_partitions(
 
 
 def _key_frame(
-    spark: Any, transforms: Sequence[Transform], keys: Sequence[tuple[Any, ...]], frame: Any
+    spark: Any,
+    transforms: Sequence[Transform],
+    keys: Sequence[tuple[Any, ...]],
+    frame: Any,
+    *,
+    sinces: Sequence[RowsSince | None] = (),
 ) -> Any:
-    """The planned keys as a Spark frame, each key column cast to its partition column's Spark type."""
+    """The planned keys as a Spark frame, each key column cast to its partition column's Spark type;
+    with `sinces` (append), each key's watermark and whether it appends, the watermark cast to the
+    watermark column's Spark type."""
+    import pyarrow as pa
     from pyspark.sql import functions as F
 
-    key_frame = spark.createDataFrame(keys_table(transforms, keys))
+    table = keys_table(transforms, keys)
+    since = next((s for s in sinces if s is not None), None)
+    if since is not None:
+        # Text, cast by Spark in the UTC session: no Python-side time zone reaches the values.
+        marks = [None if s is None or s.after is None else _spark_literal_text(s.after) for s in sinces]
+        table = table.append_column(_WATERMARK_COLUMN, pa.array(marks, type=pa.string()))
+        table = table.append_column(
+            _APPEND_COLUMN, pa.array([s is not None for s in sinces], type=pa.bool_())
+        )
+    key_frame = spark.createDataFrame(table)
     for position in range(len(transforms)):
         name = f"{_KEY_PREFIX}{position}"
         data_type = frame.schema[f"{_PARTITION_PREFIX}{position}"].dataType
         key_frame = key_frame.withColumn(name, F.col(name).cast(data_type))
+    if since is not None:
+        data_type = frame.schema[since.column].dataType
+        key_frame = key_frame.withColumn(_WATERMARK_COLUMN, F.col(_WATERMARK_COLUMN).cast(data_type))
     return key_frame
+
+
+def _spark_literal_text(value: Any) -> str:
+    """A watermark as text Spark casts back exactly: ISO wall time in UTC for instants."""
+    import datetime as dt
+
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None and value.utcoffset() is not None:
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)
+        return value.isoformat(sep=" ")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return str(value)
+
+
+def _spark_since(frame: Any, since: RowsSince) -> Any:
+    """`since` as a Spark condition on `frame` (the literal cast to the column's own type)."""
+    from pyspark.sql import functions as F
+
+    from airflow_partitions.sources.spark import quote_column
+
+    column = frame[quote_column(since.column)]
+    if since.after is None:
+        return column.isNotNull()
+    data_type = frame.schema[since.column].dataType
+    return column > F.lit(_spark_literal_text(since.after)).cast(data_type)
 
 
 def _first_line(err: BaseException) -> str:

@@ -79,7 +79,7 @@ SNAPSHOT_KEYS = ("mode", "location")
 KNOWN_SOURCE_PARAMS = ("file_format", "connection_id", "url")
 KNOWN_ACCELERATION_PARAMS = ("partition_mode", "max_rows_per_file", "row_group_rows", "sort_by")
 
-EnumT = TypeVar("EnumT", Engine, Mode, PartitionMode, SnapshotMode, FileFormat)
+EnumT = TypeVar("EnumT", Engine, Mode, PartitionMode, SnapshotMode, FileFormat, RefreshMode)
 
 
 def load_spec(path: str | Path, *, check_types: bool = True) -> ProjectSpec:
