@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_partitions.catalog import open_catalog
-from airflow_partitions.exceptions import SpecValidationError
+from airflow_partitions.exceptions import RefreshError, SpecValidationError
 from airflow_partitions.refresh import plan_refresh, refresh_dataset
 from airflow_partitions.sources import open_source
 from airflow_partitions.spec import load_spec, parse_spec
@@ -255,3 +255,104 @@ def test_changes_without_primary_key_is_refused() -> None:
     )
     with pytest.raises(SpecValidationError, match=r"refresh_mode: changes needs primary_key"):
         parse_spec(text)
+
+
+# --- refresh_mode: changes ----------------------------------------------------------------------
+
+
+def create_accounts(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE public.accounts (id bigint PRIMARY KEY, region text, balance numeric(12, 2), "
+            "note text, updated_at timestamptz)"
+        )
+        conn.execute("CREATE INDEX accounts_updated ON public.accounts (updated_at)")
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s)",
+                [
+                    (
+                        i,
+                        TEXTS[i % 4],  # a/b, k=v, 100%, it's
+                        None if i % 6 == 0 else f"{i * 2.5:.2f}",
+                        TEXTS[(i + 5) % len(TEXTS)],
+                        dt.datetime(2026, 5, 1, 8, tzinfo=dt.UTC) + dt.timedelta(minutes=i),
+                    )
+                    for i in range(30)
+                ],
+            )
+
+
+@pytest.mark.postgres
+def test_postgres_changes_upserts_moves_and_keeps_ties(pg_database: str, tmp_path: Path) -> None:
+    create_accounts(pg_database)
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: accounts\n"
+        "    from: postgres:public.accounts\n"
+        f"    params: {{url: '{pg_database}', pushdown: always}}\n"
+        "    acceleration:\n"
+        "      refresh_mode: changes\n"
+        "      primary_key: [id]\n"
+        '      partition_by: [{r: "region"}]\n'
+        "      refresh: {watermark_column: updated_at}\n"
+    )
+    project = load_spec(tmp_path / "spec.yaml")
+    first = refresh_dataset(project, "accounts")
+    assert first.refresh_mode == "full", "nothing committed yet: the first refresh reads every row"
+    before = assert_equals_source(project, "accounts")
+    newest = dt.datetime(2026, 5, 1, 8, 29, tzinfo=dt.UTC)
+
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        later = newest + dt.timedelta(hours=1)
+        conn.execute("UPDATE public.accounts SET balance = 999.99, updated_at = %s WHERE id = 1", (later,))
+        # id 2 moves from 'k=v' to a new region; id 3 moves to an existing one.
+        conn.execute("UPDATE public.accounts SET region = 'é/中', updated_at = %s WHERE id = 2", (later,))
+        conn.execute("UPDATE public.accounts SET region = 'a/b', updated_at = %s WHERE id = 3", (later,))
+        conn.execute("INSERT INTO public.accounts VALUES (100, NULL, 1, '', %s)", (later,))
+        # A tie: committed after the last refresh with the watermark's own timestamp.
+        conn.execute("INSERT INTO public.accounts VALUES (101, 'a/b', 2, 'tie', %s)", (newest,))
+    plan = plan_refresh(project, "accounts")
+    assert plan.refresh_mode == "changes"
+    assert plan.changed_rows == 6, "the 4 changed rows, the tie, and the row at the watermark itself"
+    summary = refresh_dataset(project, "accounts")
+    assert summary.refresh_mode == "changes"
+    after = assert_equals_source(project, "accounts")
+    assert after.partitions["r=100%25"].rows == before.partitions["r=100%25"].rows - 1, "id 2 moved out"
+    assert after.partitions["r=a%2Fb"].rows == before.partitions["r=a%2Fb"].rows + 2, "id 3 and 101 in"
+    untouched = [p for p in before.partitions if p not in {item.key_path for item in plan.items}]
+    for key_path in untouched:
+        assert after.partitions[key_path].files == before.partitions[key_path].files
+
+    # Nothing changed since: the row at the watermark is read again and replaced by itself.
+    assert refresh_dataset(project, "accounts").refresh_mode == "changes"
+    assert_equals_source(project, "accounts")
+
+    # A hard delete is not a change: the row stays until a full refresh compares everything.
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("DELETE FROM public.accounts WHERE id = 7")
+    refresh_dataset(project, "accounts")
+    _, table = accelerated(project, "accounts")
+    assert 7 in table.column("id").to_pylist()
+    assert refresh_dataset(project, "accounts", full=True).refresh_mode == "full"
+    assert_equals_source(project, "accounts")
+
+
+def test_changes_needs_a_postgres_source(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    root.mkdir()
+    pq.write_table(day_table(1, range(5)), root / "d1.parquet")
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: events\n"
+        f"    from: file:{root}\n"
+        "    acceleration:\n"
+        "      refresh_mode: changes\n"
+        "      primary_key: [id]\n"
+        '      partition_by: [{k: "kind"}]\n'
+        "      refresh: {watermark_column: created_at}\n"
+    )
+    with pytest.raises(RefreshError, match="refresh_mode: changes reads Postgres sources only"):
+        refresh_dataset(load_spec(tmp_path / "spec.yaml"), "events")

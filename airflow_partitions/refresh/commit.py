@@ -192,7 +192,7 @@ def commit_refresh(
     if cleanup:
         remove_stage(stage)
     unread_nulls = None
-    if plan.refresh_mode == "append" and plan.watermark_column is not None:
+    if plan.refresh_mode in ("append", "changes") and plan.watermark_column is not None:
         unread_nulls = unread_null_watermarks(catalog, dataset, plan.watermark_column, version)
     return CommitResult(
         dataset=dataset.name,
@@ -305,6 +305,16 @@ def check_conservation(
             actual="rows in the partition's files",
             hint="Finalize those partitions again (their files were written short or changed), then commit.",
         )
+    changes = [r.changed_rows for r in results if r.changed_rows is not None]
+    staged_changes = _staged_changes(stage)
+    if staged_changes is not None and not missing and sum(changes) != staged_changes:
+        raise ConservationError(
+            dataset,
+            {"[changed rows]": (staged_changes, sum(changes))},
+            expected="rows changed in the source (staged)",
+            actual="changed rows upserted into the committed partitions",
+            hint="A changed row found no partition (or two); stage and finalize again.",
+        )
     source_rows = _full_scan_source_rows(stage)
     if source_rows is not None and not missing and source_rows != routed_total:
         raise ConservationError(
@@ -330,6 +340,15 @@ def _full_scan_source_rows(stage: StageResult | str | os.PathLike[str] | None) -
         return None
     manifest = StageManifest.load(location)
     return manifest.source_rows if manifest.full_scan else None
+
+
+def _staged_changes(stage: StageResult | str | os.PathLike[str] | None) -> int | None:
+    """Rows a changes stage read (None for other stages)."""
+    location = stage_location(stage)
+    if not location or not (Path(location) / STAGE_MANIFEST).exists():
+        return None
+    manifest = StageManifest.load(location)
+    return manifest.source_rows if str(manifest.mode) == "changes" else None
 
 
 def plan_commit_id(plan: RefreshPlan) -> str:

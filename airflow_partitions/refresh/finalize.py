@@ -139,7 +139,15 @@ def finalize_partition(
     transforms = [f.transform for f in bound.acceleration.partition_by]
     key = item.partition_key.values
     since = rows_since(dataset, item)
-    if manifest.mode is StageMode.PUSHDOWN:
+    changed_here: int | None = None
+    engine = storage or dataset_storage(dataset)
+    root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
+    if manifest.mode is StageMode.CHANGES:
+        table, changed_here = upsert_changes(
+            dataset, engine, root, location, item, transforms, key, manifest.schema
+        )
+        routed = table.num_rows
+    elif manifest.mode is StageMode.PUSHDOWN:
         source = staged_source(dataset, manifest, location)
         if since is None:
             rows = source.read_partition(transforms, key, staged.get("hint"))
@@ -164,10 +172,9 @@ def finalize_partition(
     if since is not None and verify:
         verify_past_watermark(table, since, item.key_path)
     # An appended partition may gain nothing; one written whole was seen with rows by discovery.
-    if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC and since is None:
+    # (Changes may empty a partition: every row of it moved or ... it had none.)
+    if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC and since is None and not item.changes:
         raise discovered_but_empty(dataset.name, [item.key_path], actual="rows read")
-    engine = storage or dataset_storage(dataset)
-    root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
     files = engine.write(table, root, item.key_path) if table.num_rows else []
     check_written_rows(dataset.name, item.key_path, engine, root, files, routed)
     entry = PartitionEntry(
@@ -180,7 +187,60 @@ def finalize_partition(
         source_fingerprint=item.fingerprint,
         refreshed_at=dt.datetime.now(dt.UTC),
     )
-    return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed, appended=item.append)
+    return PartitionResult(
+        entry,
+        elapsed_s=time.monotonic() - started,
+        routed=routed,
+        appended=item.append,
+        changed_rows=changed_here,
+    )
+
+
+def upsert_changes(
+    dataset: DatasetSpec,
+    engine: PartitionStorage,
+    root: Path,
+    location: str,
+    item: PartitionWorkItem,
+    transforms: Sequence[Transform],
+    key: tuple[Any, ...],
+    schema: pa.Schema,
+) -> tuple[pa.Table, int]:
+    """refresh_mode changes: the partition's committed rows minus every changed key (a changed row
+    leaves the partition it was in, whether it stays or moves), plus the changed rows routed here.
+
+    Returns the rows to write and how many of them are changed rows.
+    """
+    import pyarrow as pa
+
+    from airflow_partitions.refresh.stage import read_staged_changes
+
+    keys = list(dataset.acceleration.primary_key)
+    changed = conform_to_schema(read_staged_changes(location, schema), schema)
+    if item.base_files:
+        base = conform_to_schema(engine.read(root, list(item.base_files), schema=schema), schema)
+    else:
+        base = schema.empty_table()
+    committed = sum(f.rows for f in item.base_files)
+    if base.num_rows != committed:
+        raise ConservationError(
+            dataset.name,
+            {item.key_path: (committed, base.num_rows)},
+            expected="rows the catalog records for the partition",
+            actual="rows read from its files",
+            hint="The partition's committed files changed on disk; run a full refresh.",
+        )
+    kept = base
+    if base.num_rows and changed.num_rows:
+        positions = pa.array(range(base.num_rows), type=pa.int64())
+        probe = base.select(keys).append_column("__ap_row", positions)
+        hit = probe.join(changed.select(keys), keys=keys, join_type="left semi")
+        drop = set(hit.column("__ap_row").to_pylist())
+        if drop:
+            mask = pa.array([row not in drop for row in range(base.num_rows)], type=pa.bool_())
+            kept = base.filter(mask)
+    here = filter_to_key(changed, transforms, key)
+    return pa.concat_tables([kept, here]), here.num_rows
 
 
 def verify_past_watermark(table: pa.Table, since: RowsSince, key_path: str) -> None:

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.exceptions import RefreshError
 from airflow_partitions.keys import value_to_json
 from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan
-from airflow_partitions.sources.base import RowsSince
+from airflow_partitions.sources.base import (
+    RowsSince,
+    Source,
+    fingerprint_schema_tag,
+    schema_tag,
+    tagged_fingerprint,
+)
 from airflow_partitions.spec.model import RefreshMode
 
 if TYPE_CHECKING:
@@ -61,12 +67,7 @@ def apply_refresh_mode(plan: RefreshPlan, dataset: DatasetSpec, snapshot: Snapsh
     with rows becomes an append item carrying its watermark; `--full` and re-partitioning rewrite."""
     refresh = dataset.acceleration.refresh
     mode = refresh.mode
-    if mode is RefreshMode.CHANGES:
-        raise RefreshError(
-            f"dataset {dataset.name!r}: refresh_mode: changes is not available in this version; use "
-            "refresh_mode: append (new rows past the watermark) or full"
-        )
-    if mode is RefreshMode.FULL or plan.full or plan.replace_all or snapshot is None:
+    if mode is not RefreshMode.APPEND or plan.full or plan.replace_all or snapshot is None:
         return replace(plan, refresh_mode=str(RefreshMode.FULL), watermark_column=refresh.watermark_column)
     column = refresh.watermark_column
     assert column is not None  # the spec requires it for append
@@ -105,3 +106,139 @@ def lowest_since(dataset: DatasetSpec, items: Sequence[PartitionWorkItem]) -> Ro
     if any(after is None for after in afters):
         return RowsSince(column, None)
     return RowsSince(column, min(afters))
+
+
+# --- refresh_mode: changes ----------------------------------------------------------------------
+
+
+def changes_watermark(snapshot: Snapshot, column: str) -> Any:
+    """The largest committed `column` value over every partition: where the next changes read starts."""
+    best: Any = None
+    for entry in snapshot.partitions.values():
+        value = partition_watermark(entry, column)
+        if value is not None and (best is None or value > best):
+            best = value
+    return best
+
+
+def changes_fallback(
+    dataset: DatasetSpec, source: Source, snapshot: Snapshot | None, *, selecting: bool, full: bool
+) -> str | None:
+    """Why a changes refresh rewrites partitions as a full one does (None: it can upsert changes)."""
+    if dataset.acceleration.refresh.mode is not RefreshMode.CHANGES:
+        return "not in changes mode"
+    if getattr(source, "kind", None) != "postgres":
+        raise RefreshError(
+            f"dataset {dataset.name!r}: refresh_mode: changes reads Postgres sources only (rows changed "
+            f"since the watermark, by primary key); {source.describe()} is not one. Use refresh_mode: "
+            "append or full"
+        )
+    if full or selecting:
+        return "--full / a selection of partitions rewrites them whole"
+    if snapshot is None or not len(snapshot.partitions):
+        return "no committed version yet: the first refresh reads every row"
+    if snapshot.partition_spec.spec_id != dataset.acceleration.partition_spec_id:
+        return "partition_by changed: every partition is rebuilt"
+    tag = schema_tag(source.schema())
+    table = snapshot.table
+    tags = {fingerprint_schema_tag(fp) for fp in table.column("source_fingerprint").to_pylist()}
+    if tags - {None, tag}:
+        return "the source schema changed: every partition is rewritten under the new one"
+    return None
+
+
+def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> RefreshPlan:
+    """The changes plan: the rows changed since the committed watermark (read once, keys and partition
+    columns only), the partitions they land in now, and the partitions their keys may live in (file
+    statistics of the first primary-key column; no statistics = might). Each item carries its committed
+    files; the stage reads the changed rows once more, up to the highest value seen here.
+
+    Ties: the read starts AT the watermark (`>=`), so rows updated within the same timestamp as the newest
+    committed row are not lost; re-applying one already committed replaces it by key with itself.
+    """
+    import time
+
+    import pyarrow.compute as pc
+
+    from airflow_partitions.keys import PartitionKey
+    from airflow_partitions.refresh.plan import Reason
+    from airflow_partitions.sources.postgres import PostgresSource
+
+    started = time.monotonic()
+    acceleration = dataset.acceleration
+    column = acceleration.refresh.watermark_column
+    keys = acceleration.primary_key
+    assert column is not None
+    assert keys
+    assert isinstance(source, PostgresSource)
+    watermark = changes_watermark(snapshot, column)
+    transforms = [f.transform for f in acceleration.partition_by]
+    wanted = list(dict.fromkeys([*keys, *(t.source_column for t in transforms), column]))
+    changed = source.read_changed(wanted, column, watermark)
+    upper = pc.max(changed.column(column)).as_py() if changed.num_rows else None
+    names = acceleration.partition_names
+    landing: set[tuple[Any, ...]] = set()
+    if changed.num_rows:
+        values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
+        landing = set(zip(*values, strict=True))
+    touched: dict[str, PartitionKey] = {PartitionKey(k).path(names): PartitionKey(k) for k in landing}
+    if changed.num_rows:
+        probe = sorted(v for v in changed.column(keys[0]).to_pylist() if v is not None)
+        for key_path, committed in snapshot.partitions.items():
+            if key_path not in touched and _may_hold_any(committed, keys[0], probe):
+                touched[key_path] = committed.key
+    tag = schema_tag(source.schema())
+    fingerprint = tagged_fingerprint(tag, f"changes-{value_to_json(upper)}")
+    items: list[PartitionWorkItem] = []
+    for key_path in sorted(touched):
+        entry = snapshot.partitions.get(key_path)
+        items.append(
+            PartitionWorkItem(
+                key=tuple(touched[key_path].to_json()),
+                key_path=key_path,
+                reason=Reason.NEW if entry is None else Reason.CHANGED,
+                fingerprint=fingerprint,
+                changes=True,
+                watermark=value_to_json(watermark),
+                upper=value_to_json(upper),
+                base_files=tuple(entry.files) if entry is not None else (),
+            )
+        )
+    from airflow_partitions.refresh.plan import DiscoveryKind
+
+    return RefreshPlan(
+        dataset=dataset.name,
+        spec_id=acceleration.partition_spec_id,
+        partition_names=names,
+        base_version=snapshot.version,
+        items=tuple(items),
+        removed=(),
+        unchanged=len(snapshot.partitions) - sum(1 for i in items if i.reason is Reason.CHANGED),
+        discovered=len(set(snapshot.partitions) | set(touched)),
+        discovery=DiscoveryKind.DYNAMIC,
+        fingerprint_granularity="partition",
+        elapsed_s=time.monotonic() - started,
+        notes=(f"{changed.num_rows} row(s) changed since {column} >= {watermark!r}",),
+        refresh_mode=str(RefreshMode.CHANGES),
+        watermark_column=column,
+        changed_rows=changed.num_rows,
+    )
+
+
+def _may_hold_any(entry: PartitionEntry, column: str, probe: Sequence[Any]) -> bool:
+    """Whether some file of the partition may hold one of the (sorted) `probe` values of `column`."""
+    import bisect
+
+    for data_file in entry.files:
+        stats = data_file.stats.get(column)
+        if stats is None or stats.min is None or stats.max is None:
+            if stats is not None and stats.null_count >= data_file.rows:
+                continue  # every key NULL: no changed key can be here
+            return True
+        try:
+            at = bisect.bisect_left(probe, stats.min)
+        except TypeError:
+            return True
+        if at < len(probe) and probe[at] <= stats.max:
+            return True
+    return False

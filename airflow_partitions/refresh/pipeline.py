@@ -28,7 +28,7 @@ from airflow_partitions.refresh.commit import (
 )
 from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.finalize import finalize_partition
-from airflow_partitions.refresh.modes import apply_refresh_mode
+from airflow_partitions.refresh.modes import apply_refresh_mode, changes_fallback, plan_changes
 from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
 from airflow_partitions.refresh.stage import stage_refresh
 from airflow_partitions.sources import Source, open_dataset_source
@@ -113,6 +113,10 @@ def plan_refresh(
     source = source or open_dataset_source(spec)
     bound = bind_dataset(spec, source)
     snapshot = (catalog or open_dataset_catalog(project, spec)).latest()
+    selecting = partitions is not None or where is not None
+    if changes_fallback(bound, source, snapshot, selecting=selecting, full=full) is None:
+        assert snapshot is not None
+        return plan_changes(bound, source, snapshot)
     selector = where_selector(bound, where) if where else None
     plan = discover(
         bound,

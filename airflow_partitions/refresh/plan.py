@@ -61,6 +61,11 @@ class PartitionWorkItem:
     # and add them to the partition's committed files. False: rewrite the partition from all its rows.
     append: bool = False
     watermark: Any = None
+    # refresh_mode changes: upsert the rows changed in [watermark, upper] (JSON forms) into the partition's
+    # committed `base_files` (rewritten as new files: kept rows + changed rows routed here).
+    changes: bool = False
+    upper: Any = None
+    base_files: tuple[DataFile, ...] = ()
 
     @property
     def partition_key(self) -> PartitionKey:
@@ -83,6 +88,11 @@ class PartitionWorkItem:
         if self.append:
             data["append"] = True
             data["wm"] = self.watermark
+        if self.changes:
+            data["changes"] = True
+            data["wm"] = self.watermark
+            data["upper"] = self.upper
+            data["base"] = [f.to_json() for f in self.base_files]
         return data
 
     @classmethod
@@ -95,6 +105,9 @@ class PartitionWorkItem:
             fingerprint=str(_require(data, "fp", what)),
             append=bool(data.get("append", False)),
             watermark=data.get("wm"),
+            changes=bool(data.get("changes", False)),
+            upper=data.get("upper"),
+            base_files=tuple(DataFile.from_json(f) for f in data.get("base", ())),
         )
 
 
@@ -125,6 +138,9 @@ class RefreshPlan:
     # `acceleration.refresh_mode` the plan was made under, and its watermark column (append / changes).
     refresh_mode: str = "full"
     watermark_column: str | None = None
+    # refresh_mode changes: the rows changed in the items' [watermark, upper] when planned (the stage
+    # refuses a different count: the source changed in between).
+    changed_rows: int | None = None
 
     def __post_init__(self) -> None:
         # replace_all drops every partition the commit does not write, so its items must be all of them.
@@ -176,6 +192,7 @@ class RefreshPlan:
             "notes": list(self.notes),
             "refresh_mode": self.refresh_mode,
             "watermark_column": self.watermark_column,
+            "changed_rows": self.changed_rows,
         }
 
     def dumps(self) -> str:
@@ -202,6 +219,7 @@ class RefreshPlan:
             notes=tuple(data.get("notes", ())),
             refresh_mode=str(data.get("refresh_mode", "full")),
             watermark_column=data.get("watermark_column"),
+            changed_rows=_optional_int(data.get("changed_rows")),
         )
 
     @property
@@ -220,6 +238,7 @@ class StageMode(StrEnum):
     SPARK = "spark"  # one Spark job scanned the source once and wrote rows per partition to staging
     PUSHDOWN = "pushdown"  # each partition reads its own rows from the source (Hive files, Postgres WHERE)
     EMPTY = "empty"  # nothing to stage
+    CHANGES = "changes"  # the rows changed since the watermark, read once into one staged file
 
 
 @dataclass(frozen=True)
@@ -282,6 +301,9 @@ class PartitionResult:
     # refresh_mode append: `entry` holds only the new rows' files; the commit adds them to the partition's
     # committed files (`entry.rows` is then the rows appended).
     appended: bool = False
+    # refresh_mode changes: how many of the written rows are changed rows routed here (the rest were
+    # committed before and kept); None in other modes.
+    changed_rows: int | None = None
 
     @property
     def key_path(self) -> str:
@@ -307,6 +329,8 @@ class PartitionResult:
         data = {**self.entry.to_json(), "elapsed_s": round(self.elapsed_s, 4), "routed": self.routed}
         if self.appended:
             data["appended"] = True
+        if self.changed_rows is not None:
+            data["changed_rows"] = self.changed_rows
         return data
 
     @classmethod
@@ -323,6 +347,7 @@ class PartitionResult:
             elapsed_s=float(data.get("elapsed_s", 0.0)),
             routed=_optional_int(data.get("routed")),
             appended=bool(data.get("appended", False)),
+            changed_rows=_optional_int(data.get("changed_rows")),
         )
 
 

@@ -223,7 +223,8 @@ def stage_refresh(
     source = source or open_dataset_source(dataset)
     bound = bind_to_source(dataset, source)
     transforms = [f.transform for f in bound.acceleration.partition_by]
-    mode = choose_mode(source, transforms, strategy)
+    changes = any(item.changes for item in plan.items)
+    mode = StageMode.CHANGES if changes else choose_mode(source, transforms, strategy)
     target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
     if (target / STAGE_MANIFEST).exists():
         raise RefreshError(f"stage location {target} already holds a finished stage; use a new location")
@@ -239,7 +240,12 @@ def stage_refresh(
     full_scan = len(keys) >= plan.discovered and not plan.appending
     sinces = [rows_since(dataset, item) for item in plan.items]
     try:
-        if mode is StageMode.PUSHDOWN:
+        if mode is StageMode.CHANGES:
+            changed_rows = stage_changes(dataset, source, transforms, plan, target)
+            counts = SparkStageCounts(source_rows=changed_rows, routed_rows=changed_rows)
+            for index, item in enumerate(plan.items):
+                entries[item.key_path] = {"index": index}
+        elif mode is StageMode.PUSHDOWN:
             for index, (item, key) in enumerate(zip(plan.items, keys, strict=True)):
                 entries[item.key_path] = {"index": index, "hint": source.partition_read_hint(transforms, key)}
         else:
@@ -280,7 +286,11 @@ def stage_refresh(
             source_rows=counts.source_rows if counts is not None else None,
             routed_rows=counts.routed_rows if counts is not None else None,
             full_scan=full_scan and mode is StageMode.SPARK,
-            counted_by=None if counts is None else "observed" if counts.observed else "recounted",
+            counted_by=None
+            if counts is None or mode is StageMode.CHANGES
+            else "observed"
+            if counts.observed
+            else "recounted",
         ).write(target)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
@@ -295,6 +305,54 @@ def stage_refresh(
         source_rows=counts.source_rows if counts is not None else None,
         routed_rows=counts.routed_rows if counts is not None else None,
     )
+
+
+CHANGES_FILE = "changes.parquet"
+
+
+def stage_changes(
+    dataset: DatasetSpec, source: Source, transforms: Sequence[Transform], plan: RefreshPlan, target: Path
+) -> int:
+    """refresh_mode changes: read the changed rows once (the range the plan saw) into one staged file.
+
+    Refused when the rows are not the ones planned (another count, or a row landing in a partition the
+    plan does not hold): the source changed between plan and stage, and the plan's partitions might miss
+    where a changed row's old version lives.
+    """
+    import pyarrow.parquet as pq
+
+    from airflow_partitions.keys import value_from_json
+
+    first = plan.items[0]
+    column = dataset.acceleration.refresh.watermark_column
+    read_changed = getattr(source, "read_changed", None)
+    if column is None or read_changed is None:
+        raise RefreshError(f"{source.describe()} cannot read changed rows; plan again")
+    changed = read_changed(
+        source.schema().names, column, value_from_json(first.watermark), value_from_json(first.upper)
+    )
+    planned = {tuple(PartitionKey.from_json(item.key).values) for item in plan.items}
+    if changed.num_rows:
+        values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
+        landing = set(zip(*values, strict=True))
+    else:
+        landing = set()
+    if (plan.changed_rows is not None and changed.num_rows != plan.changed_rows) or not landing <= planned:
+        raise RefreshError(
+            f"the rows of {source.describe()} changed between the plan ({plan.changed_rows} changed rows) "
+            f"and the stage ({changed.num_rows}); nothing was written: run the refresh again"
+        )
+    pq.write_table(changed, target / CHANGES_FILE)
+    return int(changed.num_rows)
+
+
+def read_staged_changes(location: str | os.PathLike[str], schema: pa.Schema) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    path = Path(location) / CHANGES_FILE
+    if not path.exists():
+        raise RefreshError(f"the stage at {location} holds no {CHANGES_FILE}; stage again")
+    return pq.read_table(path)
 
 
 @dataclass(frozen=True)

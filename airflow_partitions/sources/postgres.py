@@ -426,6 +426,26 @@ class PostgresSource:
     def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
         return self.read_where()
 
+    def read_changed(self, columns: Sequence[str], column: str, after: Any, upper: Any = None) -> pa.Table:
+        """`columns` of the rows whose `column` is at or past `after` (and at most `upper`), canonical
+        types. `after` None: every row whose `column` is not NULL."""
+        import pyarrow as pa
+
+        quoted = quote_ident(column)
+        clauses = [f"{quoted} IS NOT NULL" if after is None else f"{quoted} >= {sql_literal(after)}"]
+        if upper is not None:
+            clauses.append(f"{quoted} <= {sql_literal(upper)}")
+        listing = ", ".join(quote_ident(name) for name in columns)
+        sql = f"SELECT {listing} FROM {self.table.sql} WHERE {' AND '.join(clauses)}"
+        try:
+            raw = self.query_arrow(sql)
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+        schema = self.schema()
+        return conform_table(raw, pa.schema([schema.field(name) for name in columns]))
+
     def count_null_rows(self, column: str) -> int:
         sql = f"SELECT count(*) AS n FROM {self.table.sql} WHERE {quote_ident(column)} IS NULL"
         try:
