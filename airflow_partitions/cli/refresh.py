@@ -135,16 +135,23 @@ def run(args: argparse.Namespace) -> int:
 
 def describe_mode(summary: Any) -> str:
     """One line on the refresh mode and what it added (append) or rewrote (full)."""
-    if summary.refresh_mode != "append":
+    if summary.refresh_mode == "changes":
+        line = (
+            f"refresh_mode changes: {summary.changed_rows or 0:,} changed row(s) upserted into "
+            f"{summary.refreshed:,} partition(s) ({summary.rows_written:,} rows rewritten in all)"
+        )
+    elif summary.refresh_mode != "append":
         return f"refresh_mode {summary.refresh_mode}: {summary.rows_written:,} rows written to new files"
-    line = (
-        f"refresh_mode append: {summary.appended_rows:,} rows appended to {summary.appended_partitions:,} "
-        f"partition(s); {summary.rows_written:,} rows written to new files in all"
-    )
+    else:
+        line = (
+            f"refresh_mode append: {summary.appended_rows:,} rows appended to "
+            f"{summary.appended_partitions:,} partition(s); {summary.rows_written:,} rows written to new "
+            "files in all"
+        )
     if summary.null_watermark_rows:
         line += (
             f"; {summary.null_watermark_rows:,} source row(s) with a NULL watermark are not in the "
-            "acceleration (append never reads them: run refresh --full)"
+            "acceleration (append and changes never read them: run refresh --full)"
         )
     return line
 

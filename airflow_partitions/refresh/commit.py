@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
     from airflow_partitions.objectstore import SettingsLike
+    from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
 
@@ -112,6 +113,7 @@ def commit_refresh(
     cleanup: bool = True,
     catalog: Catalog | None = None,
     commit_id: str | None = None,
+    source: Source | None = None,
 ) -> CommitResult:
     """One atomic catalog commit of the finalised partitions plus the plan's removals.
 
@@ -193,7 +195,7 @@ def commit_refresh(
         remove_stage(stage)
     unread_nulls = None
     if plan.refresh_mode in ("append", "changes") and plan.watermark_column is not None:
-        unread_nulls = unread_null_watermarks(catalog, dataset, plan.watermark_column, version)
+        unread_nulls = unread_null_watermarks(catalog, dataset, plan.watermark_column, version, source=source)
     return CommitResult(
         dataset=dataset.name,
         version=version,
@@ -211,7 +213,12 @@ def commit_refresh(
 
 
 def unread_null_watermarks(
-    catalog: Catalog, dataset: DatasetSpec, column: str, version: int | None
+    catalog: Catalog,
+    dataset: DatasetSpec,
+    column: str,
+    version: int | None,
+    *,
+    source: Source | None = None,
 ) -> int | None:
     """Source rows with a NULL watermark minus those the newest version holds (from file statistics).
 
@@ -228,7 +235,7 @@ def unread_null_watermarks(
                 stats = data_file.stats.get(column)
                 held += stats.null_count if stats is not None else 0
     try:
-        in_source = open_dataset_source(dataset).count_null_rows(column)
+        in_source = (source or open_dataset_source(dataset)).count_null_rows(column)
     except (SourceError, OSError):
         return None
     return max(0, in_source - held)

@@ -167,6 +167,7 @@ class RefreshSummary:
     appended_rows: int = 0
     rows_written: int = 0
     null_watermark_rows: int | None = None
+    changed_rows: int | None = None  # refresh_mode changes: rows changed since the watermark, upserted
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -187,6 +188,7 @@ class RefreshSummary:
             "appended_rows": self.appended_rows,
             "rows_written": self.rows_written,
             "null_watermark_rows": self.null_watermark_rows,
+            "changed_rows": self.changed_rows,
         }
 
 
@@ -299,7 +301,9 @@ def refresh_dataset(
         )
     tick("commit", total, total, rows)
     try:
-        commit = commit_refresh(project, spec, plan, results, stage=stage, require_all=not allow_partial)
+        commit = commit_refresh(
+            project, spec, plan, results, stage=stage, require_all=not allow_partial, source=source
+        )
     except ConservationError as err:
         remove_stage(stage)
         timings["commit"] = time.monotonic() - mark
@@ -369,4 +373,5 @@ def _summary(
         appended_rows=commit.appended_rows if commit else 0,
         rows_written=int(commit.conservation["written"]) if commit and commit.conservation else 0,
         null_watermark_rows=commit.null_watermark_rows if commit else None,
+        changed_rows=plan.changed_rows,
     )
