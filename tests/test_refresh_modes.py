@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_partitions.catalog import open_catalog
+from airflow_partitions.cli.main import main
 from airflow_partitions.exceptions import RefreshError, SpecValidationError
 from airflow_partitions.refresh import plan_refresh, refresh_dataset
 from airflow_partitions.sources import open_source
@@ -202,7 +203,7 @@ def files_spec(tmp_path: Path, location: Path, partition_by: str) -> ProjectSpec
     return load_spec(tmp_path / "spec.yaml")
 
 
-def test_hive_files_append_by_pushdown(tmp_path: Path) -> None:
+def test_hive_files_append_by_pushdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "src"
     for kind in ("a", "b%2Fc"):
         (root / f"kind={kind}").mkdir(parents=True)
@@ -215,12 +216,25 @@ def test_hive_files_append_by_pushdown(tmp_path: Path) -> None:
     # file with rows at or below the watermark lands in the other.
     pq.write_table(day_table(2, range(100, 120)).drop(["kind"]), root / "kind=a/d2.parquet", row_group_size=5)
     pq.write_table(day_table(1, range(200, 203)).drop(["kind"]), root / "kind=b%2Fc/late.parquet")
-    summary = refresh_dataset(project, "events")
-    assert summary.refresh_mode == "append"
-    assert summary.appended_rows == 20
+    capsys.readouterr()
+    assert main(["refresh", str(tmp_path / "spec.yaml"), "events", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["refresh_mode"] == "append"
+    assert summary["appended_rows"] == 20
+    assert summary["appended_partitions"] == 2, "both partitions changed; one gained nothing"
     late = set(range(200, 203))
     after = assert_equals_source(project, "events", leaving_out=late)
     assert after.partitions["k=a"].rows == before.partitions["k=a"].rows + 20
+    assert main(["status", str(tmp_path / "spec.yaml"), "events", "--json", "--partitions"]) == 0
+    status = json.loads(capsys.readouterr().out)["datasets"][0]
+    assert status["refresh_mode"] == "append"
+    assert status["watermark_column"] == "created_at"
+    assert status["watermark"] == "2026-03-02T23:59:00", "the newest committed value (day 2, id 119)"
+    marks = {p["key_path"]: p["watermark"] for p in status["partitions"]}
+    other = next(path for path in marks if path != "k=a")
+    assert marks[other] == "2026-03-01T23:23:00", "late rows at or below it were not appended"
+    assert main(["status", str(tmp_path / "spec.yaml"), "events"]) == 0
+    assert "refresh mode  append; watermark created_at up to 2026-03-02T23:59:00" in capsys.readouterr().out
 
 
 @pytest.mark.spark
