@@ -222,6 +222,7 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
         refresh_mode=str(RefreshMode.CHANGES),
         watermark_column=column,
         changed_rows=changed.num_rows,
+        changed_partitions=len(items),
     )
 
 

@@ -141,6 +141,7 @@ class RefreshPlan:
     # refresh_mode changes: the rows changed in the items' [watermark, upper] when planned (the stage
     # refuses a different count: the source changed in between).
     changed_rows: int | None = None
+    changed_partitions: int | None = None  # the items of the whole changes plan
 
     def __post_init__(self) -> None:
         # replace_all drops every partition the commit does not write, so its items must be all of them.
@@ -193,6 +194,7 @@ class RefreshPlan:
             "refresh_mode": self.refresh_mode,
             "watermark_column": self.watermark_column,
             "changed_rows": self.changed_rows,
+            "changed_partitions": self.changed_partitions,
         }
 
     def dumps(self) -> str:
@@ -220,6 +222,7 @@ class RefreshPlan:
             refresh_mode=str(data.get("refresh_mode", "full")),
             watermark_column=data.get("watermark_column"),
             changed_rows=_optional_int(data.get("changed_rows")),
+            changed_partitions=_optional_int(data.get("changed_partitions")),
         )
 
     @property

@@ -315,9 +315,10 @@ def stage_changes(
 ) -> int:
     """refresh_mode changes: read the changed rows once (the range the plan saw) into one staged file.
 
-    Refused when the rows are not the ones planned (another count, or a row landing in a partition the
-    plan does not hold): the source changed between plan and stage, and the plan's partitions might miss
-    where a changed row's old version lives.
+    Refused when the rows are not the ones planned (another count, or, when the stage serves the whole
+    plan, a row landing in a partition the plan does not hold): the source changed between plan and
+    stage, and the plan's partitions might miss where a changed row's old version lives. (A partition
+    task staging itself holds one item: it checks the count only.)
     """
     import pyarrow.parquet as pq
 
@@ -337,7 +338,10 @@ def stage_changes(
         landing = set(zip(*values, strict=True))
     else:
         landing = set()
-    if (plan.changed_rows is not None and changed.num_rows != plan.changed_rows) or not landing <= planned:
+    whole_plan = plan.changed_partitions is None or len(plan.items) == plan.changed_partitions
+    if (plan.changed_rows is not None and changed.num_rows != plan.changed_rows) or (
+        whole_plan and not landing <= planned
+    ):
         raise RefreshError(
             f"the rows of {source.describe()} changed between the plan ({plan.changed_rows} changed rows) "
             f"and the stage ({changed.num_rows}); nothing was written: run the refresh again"
