@@ -231,3 +231,57 @@ class CommitOutcomeUnknownError(ObjectStoreError):
         super().__init__(message)
         self.commit_id = commit_id  # the token the unknown record carries, if it was written
         self.version = version  # the version it tried to create
+
+
+class WriteError(AirflowPartitionsError):
+    """A write (append, upsert, delete) was refused or failed; nothing of it was published."""
+
+
+class WriteSchemaError(WriteError):
+    """The rows of a write do not fit the dataset's schema; `.missing`, `.extra` and `.uncastable` name
+    the columns."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        missing: tuple[str, ...] = (),
+        extra: tuple[str, ...] = (),
+        uncastable: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.extra = extra
+        self.uncastable = uncastable
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_write_schema_error, (str(self), self.missing, self.extra, self.uncastable))
+
+
+def _rebuild_write_schema_error(
+    message: str, missing: tuple[str, ...], extra: tuple[str, ...], uncastable: tuple[str, ...]
+) -> WriteSchemaError:
+    return WriteSchemaError(message, missing=missing, extra=extra, uncastable=uncastable)
+
+
+class WriteKeyError(WriteError):
+    """An upsert or delete by key has no key columns, unknown ones, or incoming rows repeating a key."""
+
+
+class WriteThroughError(WriteError):
+    """A write-through reached the source (committed there) but not the acceleration. `.source_rows` is
+    what the source transaction wrote, `.partitions` the acceleration partitions to refresh to catch up."""
+
+    def __init__(self, message: str, *, source_rows: int, partitions: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.source_rows = source_rows
+        self.partitions = partitions
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_write_through_error, (str(self), self.source_rows, self.partitions))
+
+
+def _rebuild_write_through_error(
+    message: str, source_rows: int, partitions: tuple[str, ...]
+) -> WriteThroughError:
+    return WriteThroughError(message, source_rows=source_rows, partitions=partitions)

@@ -40,6 +40,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_partitions.operators.snapshots",
                     "airflow_partitions.operators.commit",
                     "airflow_partitions.operators.vacuum",
+                    "airflow_partitions.operators.write",
                 ],
             }
         ],

@@ -29,6 +29,7 @@ BENCHMARKS = (
     "bench_orchestration",
     "bench_spark_modes",
     "bench_duckdb_bytes",
+    "bench_writes",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

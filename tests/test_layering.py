@@ -25,6 +25,7 @@ CORE_ORDER = [
     "sources",
     "read",
     "snapshots",
+    "write",
     "refresh",
     "spark_jobs",
 ]

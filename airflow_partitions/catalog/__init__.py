@@ -13,7 +13,12 @@ from airflow_partitions.catalog.model import (
     VacuumReport,
     VersionInfo,
 )
-from airflow_partitions.catalog.open import catalog_location, dataset_directory, open_catalog
+from airflow_partitions.catalog.open import (
+    catalog_location,
+    dataset_directory,
+    open_catalog,
+    partition_spec_info,
+)
 from airflow_partitions.catalog.state import PartitionMap, Snapshot
 
 # Re-export (documented import path): the stores a `Catalog` is built on live in `objectstore`.
@@ -35,4 +40,5 @@ __all__ = [
     "catalog_location",
     "dataset_directory",
     "open_catalog",
+    "partition_spec_info",
 ]

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.spec.model import DatasetSpec
 
 from airflow_partitions.catalog.catalog import Catalog
-from airflow_partitions.exceptions import CatalogError
+from airflow_partitions.catalog.model import PartitionSpecInfo
+from airflow_partitions.exceptions import CatalogError, RefreshError
 from airflow_partitions.keys import escape_component
 from airflow_partitions.objectstore import LocalStore, ObjectStore, SettingsLike, store_from_url
 
@@ -77,3 +83,39 @@ def open_catalog(
         storage=get_storage(dataset_spec.acceleration),
         cache_dir=cache_dir,
     )
+
+
+def value_kind_of(arrow_type: pa.DataType) -> str:
+    """The `keys.value_kind` name of partition values of `arrow_type` (to decode key paths)."""
+    import pyarrow as pa
+
+    if pa.types.is_boolean(arrow_type):
+        return "bool"
+    if pa.types.is_integer(arrow_type):
+        return "int"
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "string"
+    if pa.types.is_timestamp(arrow_type):
+        return "timestamp"
+    if pa.types.is_date(arrow_type):
+        return "date"
+    if pa.types.is_decimal(arrow_type):
+        return "decimal"
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return "binary"
+    return "string"
+
+
+def partition_spec_info(dataset: DatasetSpec) -> PartitionSpecInfo:
+    """The catalog's record of the dataset's partition spec (field names, canonical transforms, kinds)."""
+    fields = []
+    for field in dataset.acceleration.partition_by:
+        kind = value_kind_of(field.transform.result_type) if field.transform.is_bound else None
+        fields.append((field.name, field.canonical, kind))
+    info = PartitionSpecInfo.from_fields(fields)
+    if info.spec_id != dataset.acceleration.partition_spec_id:
+        raise RefreshError(
+            f"partition spec id mismatch for {dataset.name!r}: catalog computes {info.spec_id}, spec says "
+            f"{dataset.acceleration.partition_spec_id}"
+        )
+    return info

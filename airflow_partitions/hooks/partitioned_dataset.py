@@ -1,8 +1,10 @@
-"""An Airflow hook for pruned reads of one accelerated dataset: plan, read to Arrow, SQL query, Spark.
+"""An Airflow hook for pruned reads of one accelerated dataset (plan, read to Arrow, SQL query, Spark) and
+for writes to it (append, upsert, delete; each one atomic catalog commit).
 
 The hook is thin: it finds the spec (the `spec_path` argument, else the `spec_path` in the extra of an
 `airflow_partitions` connection) and, for files on S3, the credentials of an AWS connection, then
-delegates every call to `airflow_partitions.read.PartitionedDatasetReader`. Building the hook reads
+delegates every read to `airflow_partitions.read.PartitionedDatasetReader` and every write to
+`airflow_partitions.write`. Building the hook reads
 nothing; the reader (spec, catalog, DuckDB) is created on first use. pyarrow, DuckDB and pyspark load
 only then, so DAG files can import this module cheaply.
 """
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
     from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.pruning import FilterInput, PrunePlan
     from airflow_partitions.read import PartitionedDatasetReader
+    from airflow_partitions.spec import DatasetSpec, ProjectSpec
+    from airflow_partitions.write.commit import WriteResult
 
 
 class PartitionedDatasetHook(BaseHook):
@@ -192,6 +196,82 @@ class PartitionedDatasetHook(BaseHook):
     ) -> Any:
         """A Spark DataFrame over the pruned partitions (for reads beyond one machine)."""
         return self.reader.to_spark(spark, where, version, columns)
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    def append(self, data: Any, *, write_through: bool = False) -> WriteResult:
+        """Add rows (pyarrow Table / RecordBatch / RecordBatchReader / batches, pandas or Spark DataFrame)
+        to the partitions they route to, in one atomic commit.
+
+        `write_through` (Postgres sources): insert them into the source table in one transaction first.
+        """
+        return self._write("append", data, write_through=write_through)
+
+    def upsert(
+        self, data: Any, keys: Sequence[str] | None = None, *, write_through: bool = False
+    ) -> WriteResult:
+        """Insert rows, replacing existing rows with the same `keys` (default the spec's
+        `acceleration.primary_key`), in one atomic commit; a row whose partition changed moves."""
+        return self._write("upsert", data, keys=keys, write_through=write_through)
+
+    def delete(self, where: FilterInput) -> WriteResult:
+        """Delete the rows matching `where` (SQL condition or DNF list), in one atomic commit."""
+        from airflow_partitions.write.commit import delete
+
+        project, dataset, settings = self._write_context()
+        try:
+            return delete(project, dataset, where, s3_settings=settings)
+        finally:
+            self._after_write()
+
+    def _write(
+        self, operation: str, data: Any, *, keys: Sequence[str] | None = None, write_through: bool = False
+    ) -> WriteResult:
+        from airflow_partitions.write import commit
+
+        project, dataset, settings = self._write_context()
+        try:
+            if write_through:
+                from airflow_partitions.hooks.connections import install_connection_resolver
+                from airflow_partitions.write.write_through import write_through as through
+
+                install_connection_resolver()
+                return through(project, dataset, data, operation=operation, keys=keys, s3_settings=settings)
+            if operation == "upsert":
+                return commit.upsert(project, dataset, data, keys=keys, s3_settings=settings)
+            return commit.append(project, dataset, data, s3_settings=settings)
+        finally:
+            self._after_write()
+
+    def _write_context(self) -> tuple[ProjectSpec, DatasetSpec, S3Settings | None]:
+        """The spec, the dataset and the S3 settings of a catalog on S3 (writes need local files)."""
+        from airflow_partitions.catalog import catalog_location
+        from airflow_partitions.hooks.connections import install_secret_masker
+        from airflow_partitions.spec import load_spec
+
+        spec_path = self._setting("spec_path", self.spec_path)
+        if spec_path is None:
+            raise OrchestrationError(
+                f"PartitionedDatasetHook for dataset {self.dataset!r}: connection extra has no spec_path; "
+                "pass spec_path=... or add it to the connection's extra"
+            )
+        data_root = self._setting("data_root", self.data_root)
+        if data_root is not None and data_root.startswith("s3://"):
+            raise OrchestrationError(
+                f"PartitionedDatasetHook for dataset {self.dataset!r}: writes go to the accelerator_dir the "
+                f"spec names, not to the data_root {data_root}; use a hook without data_root to write"
+            )
+        install_secret_masker()
+        project = load_spec(spec_path)
+        dataset = project.dataset(self.dataset)
+        remote_catalog = (catalog_location(dataset) or "").startswith("s3://")
+        return project, dataset, self._s3_settings() if remote_catalog else None
+
+    def _after_write(self) -> None:
+        # A reader of this hook pinned the version before the write: reads after it start afresh.
+        if "reader" in self.__dict__:
+            self.reader.close()
+            del self.__dict__["reader"]
 
     def close(self) -> None:
         """Release the reader's DuckDB database, if one was opened."""

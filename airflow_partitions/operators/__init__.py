@@ -1,4 +1,4 @@
-"""Airflow operators of a partitioned refresh: discover, stage, refresh, snapshot, commit, vacuum."""
+"""Airflow operators of a partitioned refresh: discover, stage, refresh, snapshot, commit, vacuum; writes."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from airflow_partitions.operators.snapshots import (
     SnapshotVacuumOperator,
 )
 from airflow_partitions.operators.vacuum import VacuumOperator
+from airflow_partitions.operators.write import PartitionedDatasetWriteOperator
 
 __all__ = [
     "PartitionCommitOperator",
     "PartitionDiscoveryOperator",
+    "PartitionedDatasetWriteOperator",
     "SnapshotBootstrapOperator",
     "SnapshotPublishOperator",
     "SnapshotUploadOperator",

@@ -66,40 +66,17 @@ def dataset_data_root(project: ProjectSpec, dataset: DatasetSpec) -> Path:
 
 def value_kind_of(arrow_type: pa.DataType) -> str:
     """The `keys.value_kind` name of partition values of `arrow_type` (to decode key paths)."""
-    import pyarrow as pa
+    from airflow_partitions.catalog.open import value_kind_of as catalog_value_kind_of
 
-    if pa.types.is_boolean(arrow_type):
-        return "bool"
-    if pa.types.is_integer(arrow_type):
-        return "int"
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-        return "string"
-    if pa.types.is_timestamp(arrow_type):
-        return "timestamp"
-    if pa.types.is_date(arrow_type):
-        return "date"
-    if pa.types.is_decimal(arrow_type):
-        return "decimal"
-    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
-        return "binary"
-    return "string"
+    return catalog_value_kind_of(arrow_type)
 
 
 def partition_spec_info(dataset: DatasetSpec) -> PartitionSpecInfo:
-    """The catalog's record of the dataset's partition spec (field names, canonical transforms, kinds)."""
-    from airflow_partitions.catalog import PartitionSpecInfo
+    """The catalog's record of the dataset's partition spec (field names, canonical transforms, kinds);
+    it lives with the catalog, which writes use too."""
+    from airflow_partitions.catalog.open import partition_spec_info as catalog_partition_spec_info
 
-    fields = []
-    for field in dataset.acceleration.partition_by:
-        kind = value_kind_of(field.transform.result_type) if field.transform.is_bound else None
-        fields.append((field.name, field.canonical, kind))
-    info = PartitionSpecInfo.from_fields(fields)
-    if info.spec_id != dataset.acceleration.partition_spec_id:
-        raise RefreshError(
-            f"partition spec id mismatch for {dataset.name!r}: catalog computes {info.spec_id}, spec says "
-            f"{dataset.acceleration.partition_spec_id}"
-        )
-    return info
+    return catalog_partition_spec_info(dataset)
 
 
 def commit_refresh(

@@ -1,0 +1,652 @@
+"""Append, upsert and delete as one atomic catalog commit each: plan the partitions a write touches,
+write their new files, check conservation, publish.
+
+A write reads the newest catalog version (its base), routes the rows with the dataset's transforms, and
+for every partition it touches computes the files the partition keeps and the rows it gets newly written:
+
+* append: the partition keeps every file and gains a new one with its routed rows;
+* upsert: files that may hold one of the incoming keys (by their statistics, then by reading the key
+  columns) are rewritten without those rows, the partition's routed rows are added, so a row whose
+  partition value changed leaves its old partition and lands in its new one;
+* delete: the filter is planned with `plan_partitions`; files it selects exactly are dropped, files it
+  selects inexactly are rewritten without the matching rows, a partition left empty is removed.
+
+New files get new names and nothing points at them until the commit. Before it, every touched partition
+is checked: rows in its new files (counted back from the files) + rows of the files it keeps == its rows
+before - rows removed + rows added; and the rows added over all partitions == the rows given. A mismatch
+raises `ConservationError` and publishes nothing. The commit (`Catalog.commit`, OCC by partition) conflicts
+with a commit made since the base that touched one of the same partitions (`CommitConflictError`: write
+again); commits of other partitions are rebased onto. Files of a write that did not commit are orphans
+vacuum removes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.catalog.model import PartitionEntry
+from airflow_partitions.exceptions import ConservationError, FilterError, WriteError
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.write.merge import (
+    check_key_columns,
+    check_unique_keys,
+    delete_rows_by_key,
+    key_match_mask,
+)
+from airflow_partitions.write.routing import route_to_paths
+from airflow_partitions.write.rows import RowsFile, arrow_rows, conform_rows, read_rows_file
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.catalog import Catalog, PartitionSpecInfo, Snapshot
+    from airflow_partitions.objectstore import SettingsLike
+    from airflow_partitions.pruning import FilterInput
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.storage import DataFile, PartitionStorage
+    from airflow_partitions.transforms import Transform
+
+
+# Partition files written at once by one write.
+WRITE_WORKERS = 4
+
+
+class WriteOperation(StrEnum):
+    """What a write does; recorded as the catalog version's operation."""
+
+    APPEND = "append"
+    UPSERT = "upsert"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one write committed (`version` None: it changed nothing, e.g. a delete that matched no row)."""
+
+    dataset: str
+    operation: WriteOperation
+    version: int | None
+    base_version: int | None
+    partitions: tuple[str, ...]  # partitions the commit wrote (new or changed)
+    removed_partitions: tuple[str, ...]  # partitions the commit removed (left empty)
+    rows_in: int  # rows given to the write (0 for a delete)
+    rows_added: int
+    rows_removed: int  # rows replaced by an upsert or deleted
+    files_written: int
+    elapsed_s: float = 0.0
+    commit_id: str | None = None
+
+    @property
+    def partitions_touched(self) -> int:
+        return len(self.partitions) + len(self.removed_partitions)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "operation": str(self.operation),
+            "version": self.version,
+            "base_version": self.base_version,
+            "partitions": list(self.partitions),
+            "removed_partitions": list(self.removed_partitions),
+            "rows_in": self.rows_in,
+            "rows_added": self.rows_added,
+            "rows_removed": self.rows_removed,
+            "files_written": self.files_written,
+            "elapsed_s": round(self.elapsed_s, 6),
+            "commit_id": self.commit_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WriteResult:
+        try:
+            return cls(
+                dataset=str(data["dataset"]),
+                operation=WriteOperation(data["operation"]),
+                version=None if data["version"] is None else int(data["version"]),
+                base_version=None if data["base_version"] is None else int(data["base_version"]),
+                partitions=tuple(data["partitions"]),
+                removed_partitions=tuple(data["removed_partitions"]),
+                rows_in=int(data["rows_in"]),
+                rows_added=int(data["rows_added"]),
+                rows_removed=int(data["rows_removed"]),
+                files_written=int(data["files_written"]),
+                elapsed_s=float(data.get("elapsed_s", 0.0)),
+                commit_id=data.get("commit_id"),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise WriteError(f"malformed write result: {err}") from err
+
+    def describe(self) -> str:
+        if self.version is None:
+            return f"{self.dataset}: {self.operation} changed nothing (no version committed)"
+        return (
+            f"{self.dataset}: {self.operation} committed version {self.version}: +{self.rows_added} / "
+            f"-{self.rows_removed} rows in {len(self.partitions)} partition(s), "
+            f"{len(self.removed_partitions)} removed, {self.files_written} file(s) written"
+        )
+
+
+@dataclass
+class WriteTarget:
+    """A dataset opened for one write: its newest version (the base), schema, transforms and storage."""
+
+    project: ProjectSpec
+    dataset: DatasetSpec  # bound to `schema`
+    catalog: Catalog
+    storage: PartitionStorage
+    root: Path
+    schema: pa.Schema
+    snapshot: Snapshot | None
+    spec_info: PartitionSpecInfo
+
+    @property
+    def base_version(self) -> int | None:
+        return self.snapshot.version if self.snapshot is not None else None
+
+    @property
+    def transforms(self) -> list[Transform]:
+        return [f.transform for f in self.dataset.acceleration.partition_by]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.dataset.acceleration.partition_names
+
+    def entry(self, key_path: str) -> PartitionEntry | None:
+        if self.snapshot is None or key_path not in self.snapshot.partitions:
+            return None
+        return self.snapshot.partitions[key_path]
+
+
+def open_write_target(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    *,
+    catalog: Catalog | None = None,
+    s3_settings: SettingsLike | None = None,
+    schema: pa.Schema | None = None,
+) -> WriteTarget:
+    """Open `dataset` for a write: the newest catalog version and the schema rows must have.
+
+    The schema is the acceleration's (a file of its most recently written partition), else the spec's
+    `schema:` block, else the source's: writes never change the schema of a version.
+    """
+    from airflow_partitions.catalog import dataset_directory, open_catalog, partition_spec_info
+    from airflow_partitions.storage import get_storage
+
+    catalog = catalog or open_catalog(project, dataset, s3_settings=s3_settings)
+    storage = catalog.storage or get_storage(dataset.acceleration)
+    root = Path(catalog.data_root or dataset_directory(project, dataset))
+    snapshot = catalog.latest()
+    if schema is None:
+        schema = acceleration_schema(dataset, snapshot, storage, root)
+    bound = dataset.bind(schema)
+    return WriteTarget(
+        project=project,
+        dataset=bound,
+        catalog=catalog,
+        storage=storage,
+        root=root,
+        schema=schema,
+        snapshot=snapshot,
+        spec_info=partition_spec_info(bound),
+    )
+
+
+def acceleration_schema(
+    dataset: DatasetSpec, snapshot: Snapshot | None, storage: PartitionStorage, root: Path
+) -> pa.Schema:
+    """The schema of the newest written partition's first file; else the declared or the source schema."""
+    import pyarrow.compute as pc
+
+    if snapshot is not None and snapshot.partition_count:
+        table = snapshot.table
+        newest = int(pc.index(table.column("refreshed_at"), pc.max(table.column("refreshed_at"))).as_py())
+        for position in [newest, *range(min(table.num_rows, 64))]:
+            files = snapshot.partitions[table.column("key_path")[position].as_py()].files
+            if files:
+                return storage.file_schema(root, files[0])
+    declared = dataset.bound_schema or dataset.declared_schema()
+    if declared is not None:
+        return declared
+    from airflow_partitions.sources import open_dataset_source
+
+    return open_dataset_source(dataset).schema()
+
+
+# --- one partition's change -----------------------------------------------------------------------
+
+
+@dataclass
+class PartitionChange:
+    """What a write does to one partition: files it keeps, rows it rewrites or adds, rows it drops."""
+
+    key: PartitionKey
+    key_path: str
+    before: PartitionEntry | None
+    kept: list[DataFile] = field(default_factory=list)
+    rewritten: list[pa.Table] = field(default_factory=list)  # surviving rows of rewritten files
+    added: pa.Table | None = None
+    removed: int = 0  # existing rows dropped (replaced or deleted)
+
+    @property
+    def rows_added(self) -> int:
+        return self.added.num_rows if self.added is not None else 0
+
+    @property
+    def changes_anything(self) -> bool:
+        kept_all = self.before is None or len(self.kept) == len(self.before.files)
+        return self.rows_added > 0 or self.removed > 0 or not kept_all
+
+
+def _write_change(target: WriteTarget, change: PartitionChange) -> tuple[list[DataFile], int]:
+    """Write the change's new file(s); their rows counted back from the files. Nothing is published."""
+    import pyarrow as pa
+
+    parts = [t for t in change.rewritten if t.num_rows]
+    if change.added is not None and change.added.num_rows:
+        parts.append(change.added)
+    if not parts:
+        return [], 0
+    rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    files = target.storage.write(rows, target.root, change.key_path)
+    counted = sum(target.storage.count_rows(target.root, f) for f in files)
+    declared = sum(f.rows for f in files)
+    if counted != rows.num_rows or declared != counted:
+        raise ConservationError(
+            target.dataset.name,
+            {change.key_path: (rows.num_rows, counted if counted != rows.num_rows else declared)},
+            expected="rows to write",
+            actual="rows in the written files" if counted != rows.num_rows else "rows the writer recorded",
+            hint=f"The {target.storage.engine} writer did not write the rows it was given; the files are "
+            "not referenced and vacuum removes them. Check the disk, then write again.",
+        )
+    return files, counted
+
+
+def commit_changes(
+    target: WriteTarget,
+    operation: WriteOperation,
+    changes: Sequence[PartitionChange],
+    *,
+    rows_in: int,
+    commit_id: str | None = None,
+    keep_fingerprints: bool = True,
+    started: float | None = None,
+) -> WriteResult:
+    """Write, check and publish `changes` in one catalog commit based on `target.snapshot`.
+
+    `keep_fingerprints`: a changed partition keeps the source fingerprint it had (the source did not
+    change: the next refresh leaves it alone unless its source changes); False records none, so the next
+    refresh rebuilds those partitions from the source (write-through).
+    """
+    started = time.monotonic() if started is None else started
+    commit_id = commit_id or f"{operation}-{uuid.uuid4().hex}"
+    now = dt.datetime.now(dt.UTC)
+    upserts: list[PartitionEntry] = []
+    removes: list[str] = []
+    written_files = 0
+    differing: dict[str, tuple[int | None, int]] = {}
+    added_total = removed_total = 0
+    active = [change for change in changes if change.changes_anything]
+    # Partitions are written side by side (encoding and fsync release the GIL), as finalize does.
+    workers = max(1, min(WRITE_WORKERS, len(active), os.cpu_count() or 2))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        outcomes = list(pool.map(lambda change: _write_change(target, change), active))
+    pending = [(change, files, written) for change, (files, written) in zip(active, outcomes, strict=True)]
+    for change, _files, written in pending:
+        before_rows = change.before.rows if change.before is not None else 0
+        kept_rows = sum(f.rows for f in change.kept)
+        expected = before_rows - change.removed + change.rows_added
+        if kept_rows + written != expected:
+            differing[change.key_path] = (expected, kept_rows + written)
+        added_total += change.rows_added
+        removed_total += change.removed
+    if differing:
+        raise ConservationError(
+            target.dataset.name,
+            differing,
+            expected="rows before - rows removed + rows added",
+            actual="rows in the partition's files after the write",
+            hint="The write planned inconsistent changes; nothing was published.",
+        )
+    if operation is not WriteOperation.DELETE and added_total != rows_in:
+        raise ConservationError(
+            target.dataset.name,
+            {"[all written partitions]": (rows_in, added_total)},
+            expected="rows given to the write",
+            actual="rows added to partitions",
+            hint="Routing lost or duplicated rows; nothing was published.",
+        )
+    for change, files, _written in pending:
+        published = target.storage.publish(target.root, files) if files else []
+        written_files += len(published)
+        all_files = [*change.kept, *published]
+        if not all_files:
+            if change.before is not None:
+                removes.append(change.key_path)
+            continue
+        fingerprint = change.before.source_fingerprint if change.before is not None else None
+        upserts.append(
+            PartitionEntry(
+                key=change.key,
+                key_path=change.key_path,
+                spec_id=target.spec_info.spec_id,
+                files=tuple(all_files),
+                rows=sum(f.rows for f in all_files),
+                bytes=sum(f.bytes for f in all_files),
+                source_fingerprint=fingerprint if keep_fingerprints else None,
+                refreshed_at=now,
+            )
+        )
+    conservation = {
+        "partitions_checked": len(pending),
+        "routed": rows_in,
+        "written": sum(w for _, _, w in pending),
+        "source_rows": None,
+        "rows_in": rows_in,
+        "added": added_total,
+        "removed": removed_total,
+    }
+    version = None
+    if upserts or removes:
+        version = target.catalog.commit(
+            base_version=target.base_version,
+            upserts=upserts,
+            removes=removes,
+            partition_spec=target.spec_info,
+            operation=str(operation),
+            commit_id=commit_id,
+            conservation=conservation,
+        )
+    return WriteResult(
+        dataset=target.dataset.name,
+        operation=operation,
+        version=version,
+        base_version=target.base_version,
+        partitions=tuple(e.key_path for e in upserts),
+        removed_partitions=tuple(removes),
+        rows_in=rows_in,
+        rows_added=added_total,
+        rows_removed=removed_total,
+        files_written=written_files,
+        elapsed_s=time.monotonic() - started,
+        commit_id=commit_id if version is not None else None,
+    )
+
+
+# --- the three writes -----------------------------------------------------------------------------
+
+
+def prepare_rows(target: WriteTarget, data: Any) -> pa.Table:
+    """The write's rows as an Arrow table of the dataset's schema (or `WriteSchemaError`); a `RowsFile`
+    is read with the dataset's column types."""
+    table = read_rows_file(data, target.schema) if isinstance(data, RowsFile) else arrow_rows(data)
+    return conform_rows(table, target.schema, dataset=target.dataset.name)
+
+
+def append(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    data: Any,
+    *,
+    catalog: Catalog | None = None,
+    s3_settings: SettingsLike | None = None,
+    commit_id: str | None = None,
+    keep_fingerprints: bool = True,
+) -> WriteResult:
+    """Add `data`'s rows to the partitions they route to (new partitions included) in one commit."""
+    started = time.monotonic()
+    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    rows = prepare_rows(target, data)
+    return commit_changes(
+        target,
+        WriteOperation.APPEND,
+        append_changes(target, rows),
+        rows_in=rows.num_rows,
+        commit_id=commit_id,
+        keep_fingerprints=keep_fingerprints,
+        started=started,
+    )
+
+
+def append_changes(target: WriteTarget, rows: pa.Table) -> list[PartitionChange]:
+    """Each routed partition keeps its files and gains the rows routed to it."""
+    changes = []
+    for key_path, (key, routed) in route_to_paths(
+        rows, target.transforms, target.names, dataset=target.dataset.name
+    ).items():
+        before = target.entry(key_path)
+        kept = list(before.files) if before is not None else []
+        changes.append(PartitionChange(key, key_path, before, kept=kept, added=routed))
+    return changes
+
+
+def resolve_keys(target: WriteTarget, keys: Sequence[str] | None, *, what: str) -> tuple[str, ...]:
+    """The key columns of an upsert / delete by key: `keys`, else the spec's `acceleration.primary_key`."""
+    chosen = tuple(keys) if keys else target.dataset.acceleration.primary_key
+    return check_key_columns(target.schema, chosen, what=what)
+
+
+def upsert(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    data: Any,
+    *,
+    keys: Sequence[str] | None = None,
+    catalog: Catalog | None = None,
+    s3_settings: SettingsLike | None = None,
+    commit_id: str | None = None,
+    keep_fingerprints: bool = True,
+) -> WriteResult:
+    """Insert `data`'s rows, replacing existing rows with the same key (NULL-safe), in one commit.
+
+    `keys`: the key columns (default `acceleration.primary_key`; neither is a `WriteKeyError`).
+    A key may appear once in `data`. A row whose partition value changed moves to its new partition.
+    """
+    started = time.monotonic()
+    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    key_columns = resolve_keys(target, keys, what="upsert")
+    rows = prepare_rows(target, data)
+    check_unique_keys(rows, key_columns)
+    return commit_changes(
+        target,
+        WriteOperation.UPSERT,
+        upsert_changes(target, rows, key_columns),
+        rows_in=rows.num_rows,
+        commit_id=commit_id,
+        keep_fingerprints=keep_fingerprints,
+        started=started,
+    )
+
+
+def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> list[PartitionChange]:
+    """Partitions losing rows whose key is in `rows` (files rewritten) and gaining the rows routed there."""
+    routed = route_to_paths(rows, target.transforms, target.names, dataset=target.dataset.name)
+    incoming_keys = rows.select(list(keys))
+    # When every partition field is computed from key columns, a key decides its partition: the old row
+    # of a key can only be where the new one goes. Otherwise any partition may hold it.
+    key_decides = all(t.source_column in keys for t in target.transforms)
+    candidates: list[str] = []
+    if target.snapshot is not None:
+        if key_decides:
+            candidates = [p for p in routed if p in target.snapshot.partitions]
+        else:
+            candidates = list(target.snapshot.partitions.keys())
+    bounds = key_bounds(incoming_keys, keys)
+    changes: dict[str, PartitionChange] = {}
+    for key_path in candidates:
+        before = target.entry(key_path)
+        assert before is not None
+        change = PartitionChange(before.key, key_path, before)
+        for file in before.files:
+            if not _may_hold_keys(file, bounds):
+                change.kept.append(file)
+                continue
+            # Where the keys decide the partition, a routed partition's files likely hold some: read them
+            # whole once. Elsewhere read the key columns first, and the whole file only on a match.
+            if not key_decides:
+                columns = list(keys)
+                file_keys = target.storage.read(target.root, [file], columns=columns, schema=target.schema)
+                if not key_match_mask(file_keys, incoming_keys, keys).true_count:
+                    change.kept.append(file)
+                    continue
+            existing = target.storage.read(target.root, [file], schema=target.schema)
+            merged = delete_rows_by_key(existing, incoming_keys, keys)
+            if merged.removed == 0:
+                change.kept.append(file)
+                continue
+            change.rewritten.append(merged.table)
+            change.removed += merged.removed
+        changes[key_path] = change
+    for key_path, (key, partition_rows) in routed.items():
+        if key_path not in changes:
+            before = target.entry(key_path)
+            kept = list(before.files) if before is not None else []
+            changes[key_path] = PartitionChange(key, key_path, before, kept=kept)
+        changes[key_path].added = partition_rows
+    return list(changes.values())
+
+
+def key_bounds(keys_table: pa.Table, keys: Sequence[str]) -> dict[str, tuple[Any, Any, bool]]:
+    """Per key column: (min, max, has NULL) of the incoming keys (min / max None when all NULL)."""
+    import pyarrow.compute as pc
+
+    bounds = {}
+    for name in keys:
+        column = keys_table.column(name)
+        try:
+            extremes = pc.min_max(column)
+            low, high = extremes["min"].as_py(), extremes["max"].as_py()
+        except Exception:  # an unordered type: no bounds, every file may match
+            low = high = None
+            bounds[name] = (None, None, True)
+            continue
+        bounds[name] = (low, high, column.null_count > 0)
+    return bounds
+
+
+def _may_hold_keys(file: DataFile, bounds: Mapping[str, tuple[Any, Any, bool]]) -> bool:
+    """Whether `file` may hold a row with one of the incoming keys, judged on its column statistics.
+
+    Never rules out on doubt: a column without statistics, or bounds that do not compare, may match.
+    """
+    for name, (low, high, has_null) in bounds.items():
+        stats = file.stats.get(name)
+        if stats is None:
+            continue
+        null_may_match = has_null and stats.null_count > 0
+        if low is None or high is None:
+            values_may_match = low is None and high is None and not has_null  # unordered: keep
+        elif stats.min is None or stats.max is None:
+            values_may_match = stats.null_count < file.rows
+        else:
+            try:
+                values_may_match = not (high < stats.min or low > stats.max)
+            except TypeError:
+                values_may_match = True
+        if not (null_may_match or values_may_match):
+            return False
+    return True
+
+
+def delete(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    where: FilterInput,
+    *,
+    catalog: Catalog | None = None,
+    s3_settings: SettingsLike | None = None,
+    commit_id: str | None = None,
+    keep_fingerprints: bool = True,
+) -> WriteResult:
+    """Delete the rows matching `where` (SQL WHERE text or DNF, as reads take it) in one commit.
+
+    A row where `where` is NULL is kept (SQL `DELETE`). Only partitions the filter can match are read;
+    a partition left empty is removed from the version.
+    """
+    if where is None or (isinstance(where, str) and not where.strip()) or where == []:
+        raise WriteError(
+            "delete needs a filter (where=...); to empty the dataset pass where='TRUE' explicitly"
+        )
+    started = time.monotonic()
+    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    return commit_changes(
+        target,
+        WriteOperation.DELETE,
+        delete_changes(target, where),
+        rows_in=0,
+        commit_id=commit_id,
+        keep_fingerprints=keep_fingerprints,
+        started=started,
+    )
+
+
+def delete_changes(target: WriteTarget, where: FilterInput) -> list[PartitionChange]:
+    """Per partition the filter selects: exact files dropped, inexact ones rewritten without matches."""
+    from airflow_partitions.pruning import PartitionIndex, plan_partitions
+
+    if target.snapshot is None:
+        return []
+    # Planned even over no partition, so a filter naming an unknown column is an error either way.
+    plan = plan_partitions(
+        PartitionIndex.from_snapshot(target.snapshot, target.schema), where, dataset=target.dataset.name
+    )
+    predicate_sql = plan.predicate.sql()
+    changes = []
+    for selected in plan.selected:
+        before = target.entry(selected.key_path)
+        assert before is not None
+        chosen = set(selected.files)
+        change = PartitionChange(before.key, selected.key_path, before)
+        change.kept = [f for f in before.files if f not in chosen]
+        inexact = [f for f, exact in zip(selected.files, selected.exact_files, strict=True) if not exact]
+        change.removed = sum(
+            f.rows for f, exact in zip(selected.files, selected.exact_files, strict=True) if exact
+        )
+        if inexact:
+            existing = target.storage.read(target.root, inexact, schema=target.schema)
+            doomed = matching_rows(existing, predicate_sql)
+            if doomed.true_count == 0:
+                change.kept.extend(inexact)
+            else:
+                import pyarrow.compute as pc
+
+                change.rewritten.append(existing.filter(pc.invert(doomed)))
+                change.removed += doomed.true_count
+        changes.append(change)
+    return changes
+
+
+def matching_rows(table: pa.Table, predicate_sql: str) -> pa.BooleanArray:
+    """Per row of `table`: is `predicate_sql` (a bound filter's DuckDB SQL) TRUE? (NULL counts as not.)"""
+    import duckdb
+    import numpy as np
+    import pyarrow as pa
+
+    from airflow_partitions.read.query import needs_partition_functions, new_duckdb_connection
+
+    row_column = "__ap_row"
+    numbered = table.append_column(row_column, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    connection = new_duckdb_connection(functions=needs_partition_functions(predicate_sql))
+    try:
+        view = f"ap_delete_{uuid.uuid4().hex[:12]}"
+        connection.register(view, numbered)
+        try:
+            query = f'SELECT "{row_column}" FROM {view} WHERE {predicate_sql}'
+            found = connection.sql(query).to_arrow_table()
+        except duckdb.Error as err:
+            raise FilterError(f"cannot evaluate the delete filter on the partition rows: {err}") from err
+    finally:
+        connection.close()
+    mask = np.zeros(table.num_rows, dtype=bool)
+    mask[found.column(0).to_numpy()] = True
+    return pa.array(mask, pa.bool_())

@@ -1,0 +1,118 @@
+"""Routing rows to partitions and merging rows on keys: the primitives every write (and refresh mode) uses."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from airflow_partitions.exceptions import WriteKeyError
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.write.merge import (
+    check_key_columns,
+    check_unique_keys,
+    delete_rows_by_key,
+    delete_rows_matching,
+    key_match_mask,
+    upsert_rows,
+)
+from airflow_partitions.write.routing import route_rows, route_to_paths
+from tests.matrix_support import SCHEMA, bound_transforms, hostile_chunks, multiset_difference, rows_by_key
+
+LAYOUTS = [
+    [("b", "bucket(8, id)")],
+    [("s", "s"), ("day", "date_trunc('day', ts)")],
+    [("m", "n_int % 5"), ("flag", "flag"), ("y", "year(d)")],
+    [("t", "truncate(1000, amount)"), ("h", "hour(ts_naive)")],
+]
+
+
+@pytest.fixture(scope="module")
+def hostile() -> pa.Table:
+    return pa.concat_tables(hostile_chunks(seed=16, rows=300))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: ",".join(e for _, e in layout))
+def test_route_rows_matches_the_transforms_row_by_row(
+    hostile: pa.Table, layout: list[tuple[str, str]]
+) -> None:
+    routed = route_to_paths(hostile, bound_transforms(layout, SCHEMA), [name for name, _ in layout])
+    expected = rows_by_key(hostile, layout)
+    assert set(routed) == set(expected), "every partition a row belongs to, and no other, is routed"
+    for path, (key, rows) in routed.items():
+        assert key.path([name for name, _ in layout]) == path
+        assert multiset_difference(rows, expected[path]) == ([], []), f"rows of {path} differ"
+    assert sum(rows.num_rows for _, rows in routed.values()) == hostile.num_rows
+
+
+def test_route_rows_keeps_the_null_partition_and_input_order() -> None:
+    table = pa.table({"id": pa.array([5, None, 3, None, 5], pa.int64()), "v": ["a", "b", "c", "d", "e"]})
+    routed = route_rows(table, bound_transforms([("id", "id")], table.schema))
+    assert routed[PartitionKey((None,))].column("v").to_pylist() == ["b", "d"]
+    assert routed[PartitionKey((5,))].column("v").to_pylist() == ["a", "e"]
+    assert routed[PartitionKey((3,))].column("v").to_pylist() == ["c"]
+
+
+def test_route_rows_without_fields_and_without_rows() -> None:
+    table = pa.table({"id": [1, 2]})
+    assert route_rows(table, []) == {PartitionKey(()): table}
+    assert route_rows(table.slice(0, 0), bound_transforms([("id", "id")], table.schema)) == {}
+
+
+def _people(ids: list[int | None], names: list[str | None]) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "name": pa.array(names, pa.string())})
+
+
+def test_upsert_replaces_matching_keys_null_safe_and_appends_new_ones() -> None:
+    existing = _people([1, 2, None, 4], ["a", "b", "null-id", "d"])
+    incoming = _people([2, None, 9], ["B", "NULL-ID", "i"])
+    merged = upsert_rows(existing, incoming, ["id"])
+    assert (merged.kept, merged.removed, merged.added, merged.rows) == (2, 2, 3, 5)
+    assert sorted(merged.table.to_pylist(), key=repr) == sorted(
+        [
+            {"id": 1, "name": "a"},
+            {"id": 4, "name": "d"},
+            {"id": 2, "name": "B"},
+            {"id": None, "name": "NULL-ID"},
+            {"id": 9, "name": "i"},
+        ],
+        key=repr,
+    )
+
+
+def test_upsert_on_two_key_columns_and_a_separate_replace_set() -> None:
+    existing = pa.table({"a": [1, 1, 2, None], "b": ["x", "y", "x", None], "v": [1, 2, 3, 4]})
+    incoming = pa.table({"a": [1], "b": ["y"], "v": [20]})
+    moved_away = pa.table({"a": pa.array([None], pa.int64()), "b": pa.array([None], pa.string())})
+    merged = upsert_rows(
+        existing, incoming, ["a", "b"], replaces=pa.concat_tables([incoming.select(["a", "b"]), moved_away])
+    )
+    assert merged.removed == 2, "the (1, y) row is replaced and the (NULL, NULL) row moved elsewhere"
+    assert sorted(merged.table.column("v").to_pylist()) == [1, 3, 20]
+
+
+def test_delete_by_key_and_by_mask() -> None:
+    existing = _people([1, 2, None, 4], ["a", "b", "c", "d"])
+    deleted = delete_rows_by_key(existing, _people([None, 4, 99], [None, None, None]).select(["id"]), ["id"])
+    assert (deleted.kept, deleted.removed) == (2, 2)
+    assert deleted.table.column("id").to_pylist() == [1, 2]
+    masked = delete_rows_matching(existing, pa.array([True, None, False, True]))
+    assert masked.table.column("name").to_pylist() == ["b", "c"], "a NULL condition keeps the row"
+
+
+def test_key_match_mask_on_hostile_types(hostile: pa.Table) -> None:
+    keys = ["s", "ts", "amount", "d"]
+    probe = hostile.slice(10, 40)
+    mask = key_match_mask(hostile, probe.select(keys), keys).to_pylist()
+    probe_keys = {tuple(row[k] for k in keys) for row in probe.select(keys).to_pylist()}
+    expected = [tuple(row[k] for k in keys) in probe_keys for row in hostile.select(keys).to_pylist()]
+    assert mask == expected
+
+
+def test_key_checks_refuse_what_cannot_be_a_key() -> None:
+    with pytest.raises(WriteKeyError, match="needs key columns"):
+        check_key_columns(SCHEMA, [])
+    with pytest.raises(WriteKeyError, match=r"\['nope'\] are not columns"):
+        check_key_columns(SCHEMA, ["id", "nope"])
+    with pytest.raises(WriteKeyError, match=r"repeat key \['id'\] values, e.g. \[\(None,\), \(1,\)\]"):
+        check_unique_keys(_people([None, 1, 1, None, 2], ["a"] * 5), ["id"])
+    check_unique_keys(_people([None, 1, 2], ["a"] * 3), ["id"])
