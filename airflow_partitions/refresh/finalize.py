@@ -211,9 +211,8 @@ def upsert_changes(
 
     Returns the rows to write and how many of them are changed rows.
     """
-    import pyarrow as pa
-
     from airflow_partitions.refresh.stage import read_staged_changes
+    from airflow_partitions.write.merge import upsert_rows
 
     keys = list(dataset.acceleration.primary_key)
     changed = conform_to_schema(read_staged_changes(location, schema), schema)
@@ -230,17 +229,10 @@ def upsert_changes(
             actual="rows read from its files",
             hint="The partition's committed files changed on disk; run a full refresh.",
         )
-    kept = base
-    if base.num_rows and changed.num_rows:
-        positions = pa.array(range(base.num_rows), type=pa.int64())
-        probe = base.select(keys).append_column("__ap_row", positions)
-        hit = probe.join(changed.select(keys), keys=keys, join_type="left semi")
-        drop = set(hit.column("__ap_row").to_pylist())
-        if drop:
-            mask = pa.array([row not in drop for row in range(base.num_rows)], type=pa.bool_())
-            kept = base.filter(mask)
     here = filter_to_key(changed, transforms, key)
-    return pa.concat_tables([kept, here]), here.num_rows
+    # Every changed key leaves the partition (it may have moved), then the rows routed here join it.
+    merged = upsert_rows(base, here, keys, replaces=changed.select(keys))
+    return merged.table, merged.added
 
 
 def verify_past_watermark(table: pa.Table, since: RowsSince, key_path: str) -> None:
