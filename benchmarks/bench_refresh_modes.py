@@ -3,17 +3,17 @@
     python -m benchmarks.bench_refresh_modes             # 365 days x 2,000 rows
     python -m benchmarks.bench_refresh_modes --quick     # 365 days x 200 rows, 3 rounds
 
-Both contenders keep the same source in their own accelerator_dir, partitioned by
-`date_trunc('month', created_at)`. Each round one more day of rows is added to the source (untimed), then
-the contenders refresh in a shuffled order (`benchmarks/pairing.py`, one round at a time) and the figure is
-the per-round ratio append / full:
-* `refresh_mode: append`: reads the rows past each changed partition's watermark and writes them as a new
-  file next to the partition's files;
+Both contenders keep the same source in their own accelerator_dir, partitioned by `bucket(16, account)`,
+so every partition receives rows every day. Each round one more day of rows is added to the source
+(untimed), then the contenders refresh in a shuffled order (`benchmarks/pairing.py`, one round at a time)
+and the figure is the per-round ratio append / full:
+* `refresh_mode: append`: reads the rows past each partition's watermark and writes them as a new file
+  next to the partition's files;
 * `refresh_mode: full` (the anchor): rewrites each changed partition from all its source rows.
-Postgres (indexed `created_at`: per-partition fingerprints, each partition read by a pushed-down range)
-changes one month per day; the Parquet files (one per day, no Hive layout) have one fingerprint for the
-whole source, so both modes plan every month and run one Spark stage; append reads only the rows past the
-lowest watermark (Parquet row-group statistics) and writes one day.
+Both run one Spark stage (bucket has no range to push down). Postgres gives per-partition fingerprints;
+the Parquet files (one per day, no Hive layout) one for the whole source; either way every partition
+changed, so full mode rewrites the whole dataset and append reads and writes one day (the read pushed into
+the Postgres query, or to Parquet row-group statistics).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def spec_text(root: Path, source: str, params: str) -> str:
             f"    params: {params}\n"
             "    acceleration:\n"
             f"      refresh_mode: {mode}\n"
-            "      partition_by: [{month: \"date_trunc('month', created_at)\"}]\n"
+            '      partition_by: ["bucket(16, account)"]\n'
             "      refresh: {watermark_column: created_at}\n"
         )
     return f"accelerator_dir: {root / 'acc'}\ndatasets:\n" + "".join(datasets)
@@ -99,6 +99,7 @@ def postgres_figure(root: Path, url: str, days: int, rows: int, rounds: int) -> 
     import psycopg
 
     from airflow_partitions.refresh import refresh_dataset
+    from airflow_partitions.refresh.spark_session import build_local_session
     from airflow_partitions.spec import load_spec
 
     with psycopg.connect(url, autocommit=True) as conn:
@@ -118,12 +119,15 @@ def postgres_figure(root: Path, url: str, days: int, rows: int, rounds: int) -> 
         add_day(day)
     (root / "pg.yaml").write_text(spec_text(root / "pg", "postgres:public.bench_events", f"{{url: '{url}'}}"))
     project = load_spec(root / "pg.yaml")
+    spark = build_local_session(app_name="bench-refresh-modes")
     for name in ("append", "full"):
-        refresh_dataset(project, name)
+        refresh_dataset(project, name, spark=spark)
     add_day(days)  # the warm-up round
     for name in ("append", "full"):
-        refresh_dataset(project, name)
-    contenders = {name: (lambda n=name: refresh_dataset(project, n)) for name in ("append", "full")}
+        refresh_dataset(project, name, spark=spark)
+    contenders = {
+        name: (lambda n=name: refresh_dataset(project, n, spark=spark)) for name in ("append", "full")
+    }
     measured = paired_days(add_day, contenders, days + 1, rounds)
     check_equal(project)
     summary = measured.results["append"]

@@ -750,14 +750,41 @@ class FileSource:
     def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
         return self.read_files([f.path for f in self.list_files()])
 
+    def _footer_null_count(self, files: Sequence[SourceFile], column: str) -> int | None:
+        """NULLs of `column` over `files` from their Parquet footers; None if one cannot tell (no such
+        column in a file, or a row group without a NULL count)."""
+        import pyarrow.parquet as pq
+
+        total = 0
+        for source_file in files:
+            try:
+                metadata = pq.read_metadata(source_file.path, filesystem=self.filesystem)
+            except (OSError, ValueError):
+                return None
+            paths = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+            if column not in paths:
+                return None
+            index = paths.index(column)
+            for group in range(metadata.num_row_groups):
+                statistics = metadata.row_group(group).column(index).statistics
+                if statistics is None or not statistics.has_null_count:
+                    return None
+                total += statistics.null_count
+        return total
+
     def count_null_rows(self, column: str) -> int:
-        """Counted from the one column (Parquet: row groups whose statistics hold no NULL are skipped)."""
+        """Parquet: summed from the footers' NULL counts (no data read) where every row group records one,
+        else counted from the one column; other formats: read and counted."""
         import pyarrow.compute as pc
 
         schema = self.schema()
         files = self.list_files()
         if not files:
             return 0
+        if self.file_format == "parquet" and column not in self.hive_columns:
+            from_footers = self._footer_null_count(files, column)
+            if from_footers is not None:
+                return from_footers
         if self.file_format == "parquet":
             try:
                 dataset = self._dataset(files, schema)
