@@ -370,3 +370,53 @@ def test_changes_needs_a_postgres_source(tmp_path: Path) -> None:
     )
     with pytest.raises(RefreshError, match="refresh_mode: changes reads Postgres sources only"):
         refresh_dataset(load_spec(tmp_path / "spec.yaml"), "events")
+
+
+@pytest.mark.parametrize(
+    ("settings", "schema", "message"),
+    [
+        (
+            "refresh_mode: append",
+            "{ts: 'timestamp[us]'}",
+            r"refresh_mode: append needs refresh.watermark_column",
+        ),
+        (
+            "refresh_mode: append\n      refresh: {watermark_column: ts}",
+            "{ts: 'timestamp[ns]'}",
+            r"nanosecond timestamps cannot be an exact watermark.*declare it as `ts: timestamp\[us\]`",
+        ),
+        (
+            "refresh_mode: append\n      refresh: {watermark_column: f}",
+            "{ts: 'timestamp[us]', f: double}",
+            r"column 'f' is double; a watermark must be an integer, date or timestamp column",
+        ),
+        (
+            "refresh_mode: append\n      refresh: {watermark_column: tss}",
+            "{ts: 'timestamp[us]'}",
+            r"refresh.watermark_column: unknown column 'tss' \(did you mean 'ts'\?\)",
+        ),
+        (
+            "refresh_mode: changes\n      primary_key: [idd]\n      refresh: {watermark_column: ts}",
+            "{id: int64, ts: 'timestamp[us]'}",
+            r"primary_key: unknown column 'idd'",
+        ),
+        ("refresh_mode: sometimes", "{ts: 'timestamp[us]'}", r"unknown refresh_mode 'sometimes'"),
+        (
+            "primary_key: [id, id]",
+            "{id: int64, ts: 'timestamp[us]'}",
+            r"primary_key names \['id'\] more than once",
+        ),
+    ],
+)
+def test_refresh_mode_settings_are_checked_at_load(settings: str, schema: str, message: str) -> None:
+    text = (
+        "datasets:\n"
+        "  - name: t\n"
+        "    from: postgres:public.t\n"
+        f"    schema: {schema}\n"
+        "    acceleration:\n"
+        f"      {settings}\n"
+        "      partition_by: [\"date_trunc('day', ts)\"]\n"
+    )
+    with pytest.raises(SpecValidationError, match=message):
+        parse_spec(text)
