@@ -1,5 +1,6 @@
-"""refresh_mode: append through the refresh DAG (`dag.test()`): the mode comes from the spec, the DAG
-has no new parameter, and the second run appends only the new rows to the committed partition."""
+"""refresh_mode: append and changes through the refresh DAG (`dag.test()`): the mode comes from the spec,
+the DAG has no new parameter; the second run of `clicks` appends only the new rows to the committed
+partition, the second run of `accounts` upserts a changed row that moves to another partition."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from airflow_partitions.storage import get_storage
 pytestmark = [pytest.mark.airflow, pytest.mark.postgres, pytest.mark.slow]
 
 
-def test_append_through_the_refresh_dag(pg_database: str, tmp_path: Path) -> None:
+def test_append_and_changes_through_the_refresh_dag(pg_database: str, tmp_path: Path) -> None:
     from airflow_partitions.operators.run_conf import RefreshRunConf
 
     with psycopg.connect(pg_database, autocommit=True) as conn:
@@ -26,6 +27,13 @@ def test_append_through_the_refresh_dag(pg_database: str, tmp_path: Path) -> Non
         conn.execute(
             "INSERT INTO public.clicks SELECT i, CASE WHEN i % 5 = 0 THEN NULL ELSE 'p/' || i || '%' END, "
             "timestamp '2026-04-01' + i * interval '7 minutes' FROM generate_series(0, 99) AS i"
+        )
+        conn.execute(
+            "CREATE TABLE public.accounts (id bigint PRIMARY KEY, region text, updated_at timestamptz)"
+        )
+        conn.execute(
+            "INSERT INTO public.accounts SELECT i, CASE WHEN i % 3 = 0 THEN 'eu' ELSE 'us/é' END, "
+            "timestamptz '2026-04-01 00:00+00' + i * interval '1 minute' FROM generate_series(0, 29) AS i"
         )
     (tmp_path / "spec.yaml").write_text(
         "accelerator_dir: acc\n"
@@ -37,6 +45,14 @@ def test_append_through_the_refresh_dag(pg_database: str, tmp_path: Path) -> Non
         "      refresh_mode: append\n"
         "      partition_by: [{day: \"date_trunc('day', at)\"}]\n"
         "      refresh: {watermark_column: at}\n"
+        "  - name: accounts\n"
+        "    from: postgres:public.accounts\n"
+        f"    params: {{url: '{pg_database}', pushdown: always}}\n"
+        "    acceleration:\n"
+        "      refresh_mode: changes\n"
+        "      primary_key: [id]\n"
+        '      partition_by: [{r: "region"}]\n'
+        "      refresh: {watermark_column: updated_at}\n"
     )
     project = load_spec(tmp_path / "spec.yaml")
     dataset = project.dataset("clicks")
@@ -64,6 +80,26 @@ def test_append_through_the_refresh_dag(pg_database: str, tmp_path: Path) -> Non
             )
         run = dag.test(run_conf=RefreshRunConf().to_conf())
         assert str(run.state) == "success"
+        accounts_dag = bag.dags["refresh_accounts"]
+        assert str(accounts_dag.test(run_conf=RefreshRunConf().to_conf()).state) == "success"
+        with psycopg.connect(pg_database, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE public.accounts SET region = 'eu', updated_at = timestamptz '2026-04-02 00:00+00' "
+                "WHERE id = 1"
+            )
+        assert str(accounts_dag.test(run_conf=RefreshRunConf().to_conf()).state) == "success"
+    accounts = project.dataset("accounts")
+    moved = open_catalog(project, accounts).latest()
+    assert moved is not None
+    assert moved.operation == "refresh"
+    assert {path: entry.rows for path, entry in moved.partitions.items()} == {"r=eu": 11, "r=us%2F%C3%A9": 19}
+    accounts_files = [f for entry in moved.partitions.values() for f in entry.files]
+    accounts_table = get_storage(accounts.acceleration).read(
+        open_catalog(project, accounts).data_root, accounts_files
+    )
+    assert sorted(accounts_table.to_pylist(), key=lambda r: r["id"]) == sorted(
+        open_source(accounts.source).read_all().to_pylist(), key=lambda r: r["id"]
+    )
     second = open_catalog(project, dataset).latest()
     assert second is not None
     day = "day=2026-04-01T00%3A00%3A00"
