@@ -129,7 +129,31 @@ def run(args: argparse.Namespace) -> int:
         )
         if summary.conservation is not None:
             print(f"{summary.dataset}: {describe_conservation(summary.conservation)}", file=sys.stderr)
+        print(f"{summary.dataset}: {describe_mode(summary)}", file=sys.stderr)
     return 1 if summary.failed else 0
+
+
+def describe_mode(summary: Any) -> str:
+    """One line on the refresh mode and what it added (append) or rewrote (full)."""
+    if summary.refresh_mode == "changes":
+        line = (
+            f"refresh_mode changes: {summary.changed_rows or 0:,} changed row(s) upserted into "
+            f"{summary.refreshed:,} partition(s) ({summary.rows_written:,} rows rewritten in all)"
+        )
+    elif summary.refresh_mode != "append":
+        return f"refresh_mode {summary.refresh_mode}: {summary.rows_written:,} rows written to new files"
+    else:
+        line = (
+            f"refresh_mode append: {summary.appended_rows:,} rows appended to "
+            f"{summary.appended_partitions:,} partition(s); {summary.rows_written:,} rows written to new "
+            "files in all"
+        )
+    if summary.null_watermark_rows:
+        line += (
+            f"; {summary.null_watermark_rows:,} source row(s) with a NULL watermark are not in the "
+            "acceleration (append and changes never read them: run refresh --full)"
+        )
+    return line
 
 
 def describe_conservation(counts: Any) -> str:

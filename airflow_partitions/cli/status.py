@@ -76,6 +76,19 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
         catalog_partition_by=[list(field[:2]) for field in snapshot.partition_spec.fields],
         spec_partition_by=[[f.name, f.transform.canonical] for f in acceleration.partition_by],
         spec_matches_catalog=snapshot.partition_spec.spec_id == acceleration.partition_spec_id,
+        refresh_mode=str(acceleration.refresh.mode),
+        watermark_column=acceleration.refresh.watermark_column,
+        # The newest committed watermark (per partition with --partitions): where an append resumes.
+        watermark=_watermark_text(
+            max(
+                (
+                    w
+                    for w in _watermarks(snapshot, acceleration.refresh.watermark_column).values()
+                    if w is not None
+                ),
+                default=None,
+            )
+        ),
         recent_versions=[info.to_json() for info in history[-RECENT_VERSIONS:]],
         # Row counts the newest refresh commit checked (None when it recorded none, e.g. a bootstrap).
         conservation=_last_conservation(history),
@@ -86,6 +99,7 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
         )
     if partitions:
         names = snapshot.partition_spec.names
+        marks = _watermarks(snapshot, acceleration.refresh.watermark_column)
         report["partitions"] = [
             {
                 "key_path": entry.key_path,
@@ -95,6 +109,7 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
                 "files": len(entry.files),
                 "refreshed_at": _time(entry.refreshed_at),
                 "source_fingerprint": entry.source_fingerprint,
+                "watermark": _watermark_text(marks.get(entry.key_path)),
             }
             for entry in sorted(snapshot.partitions.values(), key=lambda e: e.key_path)
         ]
@@ -139,6 +154,11 @@ def render_status(report: dict[str, Any]) -> str:
         f"  bytes         {format_bytes(report['bytes'])}",
         f"  last refresh  {report['last_refreshed_at'] or '-'}",
     ]
+    if report.get("watermark_column"):
+        lines.append(
+            f"  refresh mode  {report['refresh_mode']}; watermark {report['watermark_column']} "
+            f"up to {report['watermark'] or '-'}"
+        )
     counts = report.get("conservation")
     if counts is not None:
         from airflow_partitions.cli.refresh import describe_conservation
@@ -164,6 +184,30 @@ def render_status(report: dict[str, Any]) -> str:
         for row in rows:
             lines.append("    " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     return "\n".join(lines)
+
+
+def _watermarks(snapshot: Any, column: str | None) -> dict[str, Any]:
+    """Key path -> committed watermark (max of `column` in the partition's files) of every partition."""
+    if column is None:
+        return {}
+    from airflow_partitions.exceptions import RefreshError
+    from airflow_partitions.refresh.modes import partition_watermark
+
+    marks: dict[str, Any] = {}
+    for entry in snapshot.partitions.values():
+        try:
+            marks[entry.key_path] = partition_watermark(entry, column)
+        except RefreshError:
+            marks[entry.key_path] = None
+    return marks
+
+
+def _watermark_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    from airflow_partitions.keys import value_to_text
+
+    return value_to_text(value)
 
 
 def _last_conservation(history: Any) -> dict[str, Any] | None:

@@ -66,7 +66,13 @@ def partition_result_from_xcom(result: Any, *, argument: str = "partition_result
 
 
 def partition_results_from_xcom(results: Iterable[Any] | None) -> list[PartitionResult]:
-    """The refresh tasks' descriptors; a missing one (a failed or skipped task) is left out."""
+    """The refresh tasks' descriptors; a missing one (a failed or skipped task) is left out.
+
+    When the mapped refresh ran one task instance, Airflow hands over that instance's value itself, not a
+    one-element list (seen with `dag.test()` on Airflow 3.3): it is taken as the one descriptor.
+    """
+    if isinstance(results, Mapping):
+        results = [results]
     values = [r for r in (results or []) if r is not None]
     if not all(isinstance(r, Mapping) for r in values):
         raise OrchestrationError("results must be the partition descriptors returned by the refresh tasks")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.refresh.plan import (
     CommitResult,
     ConservationCounts,
@@ -31,8 +31,9 @@ from airflow_partitions.refresh.stage import STAGE_MANIFEST, StageManifest, stag
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.catalog import Catalog, PartitionSpecInfo
+    from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
     from airflow_partitions.objectstore import SettingsLike
+    from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
 
@@ -89,6 +90,7 @@ def commit_refresh(
     cleanup: bool = True,
     catalog: Catalog | None = None,
     commit_id: str | None = None,
+    source: Source | None = None,
 ) -> CommitResult:
     """One atomic catalog commit of the finalised partitions plus the plan's removals.
 
@@ -134,13 +136,23 @@ def commit_refresh(
     catalog = catalog or open_dataset_catalog(project, dataset)
     storage = catalog.storage or dataset_storage(dataset)
     root = catalog.data_root or dataset_data_root(project, dataset)
+    base = appended_to(catalog, dataset.name, plan, finished)
     entries = []
+    appended_rows = 0
     for key_path in planned:
         result = by_path.get(key_path)
         if result is None:
             continue
         published = storage.publish(Path(root), result.files) if result.files else []
-        entries.append(result.entry.with_files(published))
+        if result.appended:
+            # The committed files stay; the new ones join them in the same atomic commit.
+            before = base[key_path]
+            entry = result.entry.with_files([*before.files, *published])
+            check_appended_rows(dataset.name, key_path, before.rows, result.rows, entry.rows)
+            appended_rows += result.rows
+            entries.append(entry)
+        else:
+            entries.append(result.entry.with_files(published))
     if not entries and not plan.removed and not plan.replace_all:
         version = None
     else:
@@ -158,6 +170,9 @@ def commit_refresh(
         )
     if cleanup:
         remove_stage(stage)
+    unread_nulls = None
+    if plan.refresh_mode in ("append", "changes") and plan.watermark_column is not None:
+        unread_nulls = unread_null_watermarks(catalog, dataset, plan.watermark_column, version, source=source)
     return CommitResult(
         dataset=dataset.name,
         version=version,
@@ -167,7 +182,80 @@ def commit_refresh(
         bytes=sum(e.bytes for e in entries),
         missing=missing,
         conservation=counts.to_json() if version is not None else None,
+        appended_partitions=sum(1 for r in finished if r.appended) if version is not None else 0,
+        appended_rows=appended_rows if version is not None else 0,
+        refresh_mode=plan.refresh_mode,
+        null_watermark_rows=unread_nulls,
     )
+
+
+def unread_null_watermarks(
+    catalog: Catalog,
+    dataset: DatasetSpec,
+    column: str,
+    version: int | None,
+    *,
+    source: Source | None = None,
+) -> int | None:
+    """Source rows with a NULL watermark minus those the newest version holds (from file statistics).
+
+    An append reads a NULL-watermark row only with a partition it writes whole, so these rows wait for a
+    full refresh; they are counted so that is said, not silent. None when the source cannot be asked.
+    """
+    from airflow_partitions.sources import open_dataset_source
+
+    snapshot = catalog.snapshot(version) if version is not None else catalog.latest()
+    held = 0
+    if snapshot is not None:
+        for entry in snapshot.partitions.values():
+            for data_file in entry.files:
+                stats = data_file.stats.get(column)
+                held += stats.null_count if stats is not None else 0
+    try:
+        in_source = (source or open_dataset_source(dataset)).count_null_rows(column)
+    except (SourceError, OSError):
+        return None
+    return max(0, in_source - held)
+
+
+def appended_to(
+    catalog: Catalog, dataset: str, plan: RefreshPlan, results: Sequence[PartitionResult]
+) -> dict[str, PartitionEntry]:
+    """The committed entries (at the plan's base version) that appended results extend.
+
+    The commit is made on that base version: a concurrent commit that touched one of these partitions
+    since then is a conflict (`CommitConflictError`), so files are never added to an entry that moved.
+    """
+    wanted = [r.key_path for r in results if r.appended]
+    if not wanted:
+        return {}
+    if plan.base_version is None:
+        raise RefreshError(
+            f"results append to partitions of {dataset!r}, but the plan has no base version; plan again"
+        )
+    snapshot = catalog.snapshot(plan.base_version)
+    entries: dict[str, PartitionEntry] = {}
+    for key_path in wanted:
+        entry = snapshot.partitions.get(key_path)
+        if entry is None:
+            raise RefreshError(
+                f"partition {key_path} of {dataset!r} was planned as an append to version "
+                f"{plan.base_version}, which does not hold it; plan again"
+            )
+        entries[key_path] = entry
+    return entries
+
+
+def check_appended_rows(dataset: str, key_path: str, before: int, appended: int, after: int) -> None:
+    """Rows after an append = rows before + rows appended, or nothing is committed."""
+    if after != before + appended:
+        raise ConservationError(
+            dataset,
+            {key_path: (before + appended, after)},
+            expected="rows before the append + rows appended",
+            actual="rows in the partition's files after it",
+            hint="The committed entry and the new files disagree; run the refresh again.",
+        )
 
 
 def check_conservation(
@@ -201,6 +289,16 @@ def check_conservation(
             actual="rows in the partition's files",
             hint="Finalize those partitions again (their files were written short or changed), then commit.",
         )
+    changes = [r.changed_rows for r in results if r.changed_rows is not None]
+    staged_changes = _staged_changes(stage)
+    if staged_changes is not None and not missing and sum(changes) != staged_changes:
+        raise ConservationError(
+            dataset,
+            {"[changed rows]": (staged_changes, sum(changes))},
+            expected="rows changed in the source (staged)",
+            actual="changed rows upserted into the committed partitions",
+            hint="A changed row found no partition (or two); stage and finalize again.",
+        )
     source_rows = _full_scan_source_rows(stage)
     if source_rows is not None and not missing and source_rows != routed_total:
         raise ConservationError(
@@ -226,6 +324,15 @@ def _full_scan_source_rows(stage: StageResult | str | os.PathLike[str] | None) -
         return None
     manifest = StageManifest.load(location)
     return manifest.source_rows if manifest.full_scan else None
+
+
+def _staged_changes(stage: StageResult | str | os.PathLike[str] | None) -> int | None:
+    """Rows a changes stage read (None for other stages)."""
+    location = stage_location(stage)
+    if not location or not (Path(location) / STAGE_MANIFEST).exists():
+        return None
+    manifest = StageManifest.load(location)
+    return manifest.source_rows if str(manifest.mode) == "changes" else None
 
 
 def plan_commit_id(plan: RefreshPlan) -> str:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.catalog.model import PartitionEntry
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.leftovers import mark_stage_in_use
+from airflow_partitions.refresh.modes import rows_since
 from airflow_partitions.refresh.plan import (
     DiscoveryKind,
     PartitionResult,
@@ -41,7 +42,7 @@ from airflow_partitions.sources.files import filter_to_key
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.sources import Source
+    from airflow_partitions.sources import RowsSince, Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
     from airflow_partitions.transforms import Transform
@@ -137,9 +138,22 @@ def finalize_partition(
     bound = dataset.bind(manifest.schema)
     transforms = [f.transform for f in bound.acceleration.partition_by]
     key = item.partition_key.values
-    if manifest.mode is StageMode.PUSHDOWN:
+    since = rows_since(dataset, item)
+    changed_here: int | None = None
+    engine = storage or dataset_storage(dataset)
+    root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
+    if manifest.mode is StageMode.CHANGES:
+        table, changed_here = upsert_changes(
+            dataset, engine, root, location, item, transforms, key, manifest.schema
+        )
+        routed = table.num_rows
+    elif manifest.mode is StageMode.PUSHDOWN:
         source = staged_source(dataset, manifest, location)
-        table = conform_to_schema(source.read_partition(transforms, key, staged.get("hint")), manifest.schema)
+        if since is None:
+            rows = source.read_partition(transforms, key, staged.get("hint"))
+        else:
+            rows = source.read_partition_since(transforms, key, staged.get("hint"), since)
+        table = conform_to_schema(rows, manifest.schema)
         routed = table.num_rows
     else:
         table = read_staged_rows(location, int(staged["index"]), manifest.schema)
@@ -155,10 +169,12 @@ def finalize_partition(
             )
         if verify:
             verify_partition(table, transforms, key, item.key_path)
-    if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC:
+    if since is not None and verify:
+        verify_past_watermark(table, since, item.key_path)
+    # An appended partition may gain nothing; one written whole was seen with rows by discovery.
+    # (Changes may empty a partition: every row of it moved or ... it had none.)
+    if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC and since is None and not item.changes:
         raise discovered_but_empty(dataset.name, [item.key_path], actual="rows read")
-    engine = storage or dataset_storage(dataset)
-    root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
     files = engine.write(table, root, item.key_path) if table.num_rows else []
     check_written_rows(dataset.name, item.key_path, engine, root, files, routed)
     entry = PartitionEntry(
@@ -171,7 +187,64 @@ def finalize_partition(
         source_fingerprint=item.fingerprint,
         refreshed_at=dt.datetime.now(dt.UTC),
     )
-    return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed)
+    return PartitionResult(
+        entry,
+        elapsed_s=time.monotonic() - started,
+        routed=routed,
+        appended=item.append,
+        changed_rows=changed_here,
+    )
+
+
+def upsert_changes(
+    dataset: DatasetSpec,
+    engine: PartitionStorage,
+    root: Path,
+    location: str,
+    item: PartitionWorkItem,
+    transforms: Sequence[Transform],
+    key: tuple[Any, ...],
+    schema: pa.Schema,
+) -> tuple[pa.Table, int]:
+    """refresh_mode changes: the partition's committed rows minus every changed key (a changed row
+    leaves the partition it was in, whether it stays or moves), plus the changed rows routed here.
+
+    Returns the rows to write and how many of them are changed rows.
+    """
+    from airflow_partitions.refresh.stage import read_staged_changes
+    from airflow_partitions.write.merge import upsert_rows
+
+    keys = list(dataset.acceleration.primary_key)
+    changed = conform_to_schema(read_staged_changes(location, schema), schema)
+    if item.base_files:
+        base = conform_to_schema(engine.read(root, list(item.base_files), schema=schema), schema)
+    else:
+        base = schema.empty_table()
+    committed = sum(f.rows for f in item.base_files)
+    if base.num_rows != committed:
+        raise ConservationError(
+            dataset.name,
+            {item.key_path: (committed, base.num_rows)},
+            expected="rows the catalog records for the partition",
+            actual="rows read from its files",
+            hint="The partition's committed files changed on disk; run a full refresh.",
+        )
+    here = filter_to_key(changed, transforms, key)
+    # Every changed key leaves the partition (it may have moved), then the rows routed here join it.
+    merged = upsert_rows(base, here, keys, replaces=changed.select(keys))
+    return merged.table, merged.added
+
+
+def verify_past_watermark(table: pa.Table, since: RowsSince, key_path: str) -> None:
+    """Refuse appended rows at or below the partition's watermark: they are committed already, and adding
+    them again would duplicate them."""
+    kept = since.filter_table(table).num_rows
+    if kept != table.num_rows:
+        raise RefreshError(
+            f"partition {key_path}: {table.num_rows - kept} of {table.num_rows} rows to append are not past "
+            f"the watermark ({since.column} > {since.after!r}); they would duplicate committed rows. Not "
+            "committed"
+        )
 
 
 def staged_source(dataset: DatasetSpec, manifest: StageManifest, location: str) -> Source:

@@ -28,6 +28,7 @@ from airflow_partitions.refresh.commit import (
 )
 from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.finalize import finalize_partition
+from airflow_partitions.refresh.modes import apply_refresh_mode, changes_fallback, plan_changes
 from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
 from airflow_partitions.refresh.stage import stage_refresh
 from airflow_partitions.sources import Source, open_dataset_source
@@ -112,8 +113,12 @@ def plan_refresh(
     source = source or open_dataset_source(spec)
     bound = bind_dataset(spec, source)
     snapshot = (catalog or open_dataset_catalog(project, spec)).latest()
+    selecting = partitions is not None or where is not None
+    if changes_fallback(bound, source, snapshot, selecting=selecting, full=full) is None:
+        assert snapshot is not None
+        return plan_changes(bound, source, snapshot)
     selector = where_selector(bound, where) if where else None
-    return discover(
+    plan = discover(
         bound,
         source,
         snapshot,
@@ -122,6 +127,7 @@ def plan_refresh(
         full=full,
         timeout_s=timeout_s,
     )
+    return apply_refresh_mode(plan, bound, snapshot)
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,15 @@ class RefreshSummary:
     # The row counts the commit checked and recorded (`CommitResult.conservation`); on a refused commit,
     # the differing partitions as {key path: {"expected", "actual"}} under "differing".
     conservation: dict[str, Any] | None = None
+    # The refresh mode the plan ran under ("full" for --full and re-partitioning), the partitions and rows
+    # an append added to committed partitions, the rows written to new files (appended + rewritten), and
+    # the source rows with a NULL watermark an append left for a full refresh.
+    refresh_mode: str = "full"
+    appended_partitions: int = 0
+    appended_rows: int = 0
+    rows_written: int = 0
+    null_watermark_rows: int | None = None
+    changed_rows: int | None = None  # refresh_mode changes: rows changed since the watermark, upserted
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,6 +183,12 @@ class RefreshSummary:
             "timings_s": {k: round(v, 3) for k, v in self.timings_s.items()},
             "notes": list(self.notes),
             "conservation": self.conservation,
+            "refresh_mode": self.refresh_mode,
+            "appended_partitions": self.appended_partitions,
+            "appended_rows": self.appended_rows,
+            "rows_written": self.rows_written,
+            "null_watermark_rows": self.null_watermark_rows,
+            "changed_rows": self.changed_rows,
         }
 
 
@@ -280,7 +301,9 @@ def refresh_dataset(
         )
     tick("commit", total, total, rows)
     try:
-        commit = commit_refresh(project, spec, plan, results, stage=stage, require_all=not allow_partial)
+        commit = commit_refresh(
+            project, spec, plan, results, stage=stage, require_all=not allow_partial, source=source
+        )
     except ConservationError as err:
         remove_stage(stage)
         timings["commit"] = time.monotonic() - mark
@@ -345,4 +368,10 @@ def _summary(
         timings_s=timings,
         notes=plan.notes,
         conservation=conservation,
+        refresh_mode=plan.refresh_mode,
+        appended_partitions=commit.appended_partitions if commit else 0,
+        appended_rows=commit.appended_rows if commit else 0,
+        rows_written=int(commit.conservation["written"]) if commit and commit.conservation else 0,
+        null_watermark_rows=commit.null_watermark_rows if commit else None,
+        changed_rows=plan.changed_rows,
     )

@@ -56,18 +56,44 @@ class PartitionWorkItem:
     key_path: str
     reason: Reason
     fingerprint: str
+    # refresh_mode append: read only the rows past `watermark` (JSON form of the partition's committed
+    # maximum of the watermark column; None = every committed row has a NULL one, so rows with a value)
+    # and add them to the partition's committed files. False: rewrite the partition from all its rows.
+    append: bool = False
+    watermark: Any = None
+    # refresh_mode changes: upsert the rows changed in [watermark, upper] (JSON forms) into the partition's
+    # committed `base_files` (rewritten as new files: kept rows + changed rows routed here).
+    changes: bool = False
+    upper: Any = None
+    base_files: tuple[DataFile, ...] = ()
 
     @property
     def partition_key(self) -> PartitionKey:
         return PartitionKey.from_json(self.key)
 
+    @property
+    def watermark_value(self) -> Any:
+        """The watermark as a Python value (`keys.value_from_json`)."""
+        from airflow_partitions.keys import value_from_json
+
+        return value_from_json(self.watermark)
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "key": list(self.key),
             "key_path": self.key_path,
             "reason": str(self.reason),
             "fp": self.fingerprint,
         }
+        if self.append:
+            data["append"] = True
+            data["wm"] = self.watermark
+        if self.changes:
+            data["changes"] = True
+            data["wm"] = self.watermark
+            data["upper"] = self.upper
+            data["base"] = [f.to_json() for f in self.base_files]
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PartitionWorkItem:
@@ -77,6 +103,11 @@ class PartitionWorkItem:
             key_path=str(_require(data, "key_path", what)),
             reason=Reason(_require(data, "reason", what)),
             fingerprint=str(_require(data, "fp", what)),
+            append=bool(data.get("append", False)),
+            watermark=data.get("wm"),
+            changes=bool(data.get("changes", False)),
+            upper=data.get("upper"),
+            base_files=tuple(DataFile.from_json(f) for f in data.get("base", ())),
         )
 
 
@@ -104,6 +135,13 @@ class RefreshPlan:
     elapsed_s: float = 0.0
     created_at: str = field(default_factory=recorded_now)
     notes: tuple[str, ...] = ()
+    # `acceleration.refresh_mode` the plan was made under, and its watermark column (append / changes).
+    refresh_mode: str = "full"
+    watermark_column: str | None = None
+    # refresh_mode changes: the rows changed in the items' [watermark, upper] when planned (the stage
+    # refuses a different count: the source changed in between).
+    changed_rows: int | None = None
+    changed_partitions: int | None = None  # the items of the whole changes plan
 
     def __post_init__(self) -> None:
         # replace_all drops every partition the commit does not write, so its items must be all of them.
@@ -126,6 +164,7 @@ class RefreshPlan:
             by_reason[str(item.reason)] += 1
         return {
             **by_reason,
+            "append": len(self.appending),
             "removed": len(self.removed),
             "unchanged": self.unchanged,
             "discovered": self.discovered,
@@ -152,6 +191,10 @@ class RefreshPlan:
             "elapsed_s": round(self.elapsed_s, 4),
             "created_at": self.created_at,
             "notes": list(self.notes),
+            "refresh_mode": self.refresh_mode,
+            "watermark_column": self.watermark_column,
+            "changed_rows": self.changed_rows,
+            "changed_partitions": self.changed_partitions,
         }
 
     def dumps(self) -> str:
@@ -176,7 +219,16 @@ class RefreshPlan:
             elapsed_s=float(data.get("elapsed_s", 0.0)),
             created_at=str(data.get("created_at", recorded_now())),
             notes=tuple(data.get("notes", ())),
+            refresh_mode=str(data.get("refresh_mode", "full")),
+            watermark_column=data.get("watermark_column"),
+            changed_rows=_optional_int(data.get("changed_rows")),
+            changed_partitions=_optional_int(data.get("changed_partitions")),
         )
+
+    @property
+    def appending(self) -> tuple[PartitionWorkItem, ...]:
+        """The items that add rows past their watermark to a committed partition."""
+        return tuple(item for item in self.items if item.append)
 
     def without_items(self) -> RefreshPlan:
         """The plan minus its item list (what the commit needs besides the partition results)."""
@@ -189,6 +241,7 @@ class StageMode(StrEnum):
     SPARK = "spark"  # one Spark job scanned the source once and wrote rows per partition to staging
     PUSHDOWN = "pushdown"  # each partition reads its own rows from the source (Hive files, Postgres WHERE)
     EMPTY = "empty"  # nothing to stage
+    CHANGES = "changes"  # the rows changed since the watermark, read once into one staged file
 
 
 @dataclass(frozen=True)
@@ -248,6 +301,12 @@ class PartitionResult:
     # Rows the stage routed to this partition (or the pushdown read returned): what `rows` must equal.
     # None only in results of older versions, which recorded no such count.
     routed: int | None = None
+    # refresh_mode append: `entry` holds only the new rows' files; the commit adds them to the partition's
+    # committed files (`entry.rows` is then the rows appended).
+    appended: bool = False
+    # refresh_mode changes: how many of the written rows are changed rows routed here (the rest were
+    # committed before and kept); None in other modes.
+    changed_rows: int | None = None
 
     @property
     def key_path(self) -> str:
@@ -270,7 +329,12 @@ class PartitionResult:
         return self.entry.bytes
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.entry.to_json(), "elapsed_s": round(self.elapsed_s, 4), "routed": self.routed}
+        data = {**self.entry.to_json(), "elapsed_s": round(self.elapsed_s, 4), "routed": self.routed}
+        if self.appended:
+            data["appended"] = True
+        if self.changed_rows is not None:
+            data["changed_rows"] = self.changed_rows
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PartitionResult:
@@ -285,6 +349,8 @@ class PartitionResult:
             entry=PartitionEntry.from_json(entry),
             elapsed_s=float(data.get("elapsed_s", 0.0)),
             routed=_optional_int(data.get("routed")),
+            appended=bool(data.get("appended", False)),
+            changed_rows=_optional_int(data.get("changed_rows")),
         )
 
 
@@ -302,11 +368,21 @@ class CommitResult:
     # The row counts the commit checked and recorded (`ConservationCounts.to_json()`); None when nothing
     # was committed.
     conservation: Mapping[str, Any] | None = None
+    appended_partitions: int = 0  # partitions that kept their files and gained new ones (append)
+    appended_rows: int = 0
+    refresh_mode: str = "full"
+    # Append: source rows whose watermark is NULL and that the committed version does not hold (an
+    # append never reads them; a full refresh does). None when not counted (full mode, or uncountable).
+    null_watermark_rows: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "dataset": self.dataset,
             "version": self.version,
+            "refresh_mode": self.refresh_mode,
+            "appended_partitions": self.appended_partitions,
+            "appended_rows": self.appended_rows,
+            "null_watermark_rows": self.null_watermark_rows,
             "upserted": self.upserted,
             "removed": self.removed,
             "rows": self.rows,

@@ -37,9 +37,11 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.catalog.catalog import DEFAULT_GRACE
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.refresh.modes import lowest_since, rows_since
 from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, recorded_now
 from airflow_partitions.refresh.spark_session import describe_session
 from airflow_partitions.sources import Source, open_dataset_source
+from airflow_partitions.sources.base import RowsSince
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -52,6 +54,8 @@ STAGE_DATA = "data"
 ITEM_COLUMN = "__ap_item"
 _PARTITION_PREFIX = "__ap_p"
 _KEY_PREFIX = "__ap_k"
+_WATERMARK_COLUMN = "__ap_wm"
+_APPEND_COLUMN = "__ap_append"
 STRATEGIES = ("auto", "spark", "pushdown")
 MANIFEST_FORMAT = 1
 
@@ -219,7 +223,8 @@ def stage_refresh(
     source = source or open_dataset_source(dataset)
     bound = bind_to_source(dataset, source)
     transforms = [f.transform for f in bound.acceleration.partition_by]
-    mode = choose_mode(source, transforms, strategy)
+    changes = any(item.changes for item in plan.items)
+    mode = StageMode.CHANGES if changes else choose_mode(source, transforms, strategy)
     target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
     if (target / STAGE_MANIFEST).exists():
         raise RefreshError(f"stage location {target} already holds a finished stage; use a new location")
@@ -231,9 +236,16 @@ def stage_refresh(
     ran_on: str | None = None
     counts: SparkStageCounts | None = None
     # Every discovered key planned: the source read is not narrowed, so every source row must be routed.
-    full_scan = len(keys) >= plan.discovered
+    # An append reads only rows past watermarks: rows at or below them are not routed, by design.
+    full_scan = len(keys) >= plan.discovered and not plan.appending
+    sinces = [rows_since(dataset, item) for item in plan.items]
     try:
-        if mode is StageMode.PUSHDOWN:
+        if mode is StageMode.CHANGES:
+            changed_rows = stage_changes(dataset, source, transforms, plan, target)
+            counts = SparkStageCounts(source_rows=changed_rows, routed_rows=changed_rows)
+            for index, item in enumerate(plan.items):
+                entries[item.key_path] = {"index": index}
+        elif mode is StageMode.PUSHDOWN:
             for index, (item, key) in enumerate(zip(plan.items, keys, strict=True)):
                 entries[item.key_path] = {"index": index, "hint": source.partition_read_hint(transforms, key)}
         else:
@@ -241,7 +253,15 @@ def stage_refresh(
             ran_on = describe_session(session)
             subset = None if full_scan else keys
             counts = _run_spark_stage(
-                session, source, transforms, keys, subset, target, repartition=repartition
+                session,
+                source,
+                transforms,
+                keys,
+                subset,
+                target,
+                repartition=repartition,
+                sinces=sinces,
+                shared_since=lowest_since(dataset, plan.items),
             )
             staged = staged_item_rows(target, len(keys))
             for index, item in enumerate(plan.items):
@@ -266,7 +286,11 @@ def stage_refresh(
             source_rows=counts.source_rows if counts is not None else None,
             routed_rows=counts.routed_rows if counts is not None else None,
             full_scan=full_scan and mode is StageMode.SPARK,
-            counted_by=None if counts is None else "observed" if counts.observed else "recounted",
+            counted_by=None
+            if counts is None or mode is StageMode.CHANGES
+            else "observed"
+            if counts.observed
+            else "recounted",
         ).write(target)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
@@ -281,6 +305,58 @@ def stage_refresh(
         source_rows=counts.source_rows if counts is not None else None,
         routed_rows=counts.routed_rows if counts is not None else None,
     )
+
+
+CHANGES_FILE = "changes.parquet"
+
+
+def stage_changes(
+    dataset: DatasetSpec, source: Source, transforms: Sequence[Transform], plan: RefreshPlan, target: Path
+) -> int:
+    """refresh_mode changes: read the changed rows once (the range the plan saw) into one staged file.
+
+    Refused when the rows are not the ones planned (another count, or, when the stage serves the whole
+    plan, a row landing in a partition the plan does not hold): the source changed between plan and
+    stage, and the plan's partitions might miss where a changed row's old version lives. (A partition
+    task staging itself holds one item: it checks the count only.)
+    """
+    import pyarrow.parquet as pq
+
+    from airflow_partitions.keys import value_from_json
+
+    first = plan.items[0]
+    column = dataset.acceleration.refresh.watermark_column
+    read_changed = getattr(source, "read_changed", None)
+    if column is None or read_changed is None:
+        raise RefreshError(f"{source.describe()} cannot read changed rows; plan again")
+    changed = read_changed(
+        source.schema().names, column, value_from_json(first.watermark), value_from_json(first.upper)
+    )
+    planned = {tuple(PartitionKey.from_json(item.key).values) for item in plan.items}
+    if changed.num_rows:
+        values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
+        landing = set(zip(*values, strict=True))
+    else:
+        landing = set()
+    whole_plan = plan.changed_partitions is None or len(plan.items) == plan.changed_partitions
+    if (plan.changed_rows is not None and changed.num_rows != plan.changed_rows) or (
+        whole_plan and not landing <= planned
+    ):
+        raise RefreshError(
+            f"the rows of {source.describe()} changed between the plan ({plan.changed_rows} changed rows) "
+            f"and the stage ({changed.num_rows}); nothing was written: run the refresh again"
+        )
+    pq.write_table(changed, target / CHANGES_FILE)
+    return int(changed.num_rows)
+
+
+def read_staged_changes(location: str | os.PathLike[str], schema: pa.Schema) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    path = Path(location) / CHANGES_FILE
+    if not path.exists():
+        raise RefreshError(f"the stage at {location} holds no {CHANGES_FILE}; stage again")
+    return pq.read_table(path)
 
 
 @dataclass(frozen=True)
@@ -377,7 +453,12 @@ def check_stage_conservation(
             "misses these partitions.",
         )
     if plan.discovery is DiscoveryKind.DYNAMIC:
-        empty = [item.key_path for index, item in enumerate(plan.items) if not staged.get(index)]
+        # An appended partition may have no row past its watermark; a written-whole one must have rows.
+        empty = [
+            item.key_path
+            for index, item in enumerate(plan.items)
+            if not staged.get(index) and not item.append
+        ]
         if empty:
             raise discovered_but_empty(dataset, empty, actual="rows staged")
 
@@ -427,6 +508,8 @@ def _run_spark_stage(
     target: Path,
     *,
     repartition: bool,
+    sinces: Sequence[RowsSince | None] = (),
+    shared_since: RowsSince | None = None,
 ) -> SparkStageCounts:
     from functools import reduce
 
@@ -437,7 +520,12 @@ def _run_spark_stage(
     # Partition values must match the Arrow evaluation: UTC session, microsecond timestamps in parquet.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    frame = source.spark_frame(spark, transforms, subset, work_dir=str(target))
+    if shared_since is not None:
+        frame = source.spark_frame(spark, transforms, subset, work_dir=str(target), since=shared_since)
+        # Also filtered here: Spark pushes it into a Parquet scan (row-group statistics) or a JDBC query.
+        frame = frame.filter(_spark_since(frame, shared_since))
+    else:
+        frame = source.spark_frame(spark, transforms, subset, work_dir=str(target))
     columns = list(frame.columns)
     clashes = [c for c in columns if c.startswith(("__ap_",))]
     if clashes:
@@ -452,7 +540,7 @@ def _run_spark_stage(
         frame = frame.withColumn(
             f"{_PARTITION_PREFIX}{position}", transform.to_spark(F.col(quote_column(transform.source_column)))
         )
-    key_frame = _key_frame(spark, transforms, keys, frame)
+    key_frame = _key_frame(spark, transforms, keys, frame, sinces=sinces)
     condition = reduce(
         lambda left, right: left & right,
         [
@@ -460,6 +548,15 @@ def _run_spark_stage(
             for position in range(len(transforms))
         ],
     )
+    if any(since is not None for since in sinces):
+        # Each appended partition keeps only its rows past its own watermark; the others keep all.
+        column = frame[quote_column(next(s for s in sinces if s is not None).column)]
+        mark = key_frame[_WATERMARK_COLUMN]
+        condition = condition & (
+            ~key_frame[_APPEND_COLUMN]
+            | (mark.isNull() & column.isNotNull())
+            | (mark.isNotNull() & (column > mark))
+        )
     routed = frame.join(F.broadcast(key_frame), condition, "inner").select(
         *[frame[quote_column(c)] for c in columns], key_frame[ITEM_COLUMN]
     )
@@ -561,17 +658,63 @@ def _unrouted_partitions(
 
 
 def _key_frame(
-    spark: Any, transforms: Sequence[Transform], keys: Sequence[tuple[Any, ...]], frame: Any
+    spark: Any,
+    transforms: Sequence[Transform],
+    keys: Sequence[tuple[Any, ...]],
+    frame: Any,
+    *,
+    sinces: Sequence[RowsSince | None] = (),
 ) -> Any:
-    """The planned keys as a Spark frame, each key column cast to its partition column's Spark type."""
+    """The planned keys as a Spark frame, each key column cast to its partition column's Spark type;
+    with `sinces` (append), each key's watermark and whether it appends, the watermark cast to the
+    watermark column's Spark type."""
+    import pyarrow as pa
     from pyspark.sql import functions as F
 
-    key_frame = spark.createDataFrame(keys_table(transforms, keys))
+    table = keys_table(transforms, keys)
+    since = next((s for s in sinces if s is not None), None)
+    if since is not None:
+        # Text, cast by Spark in the UTC session: no Python-side time zone reaches the values.
+        marks = [None if s is None or s.after is None else _spark_literal_text(s.after) for s in sinces]
+        table = table.append_column(_WATERMARK_COLUMN, pa.array(marks, type=pa.string()))
+        table = table.append_column(
+            _APPEND_COLUMN, pa.array([s is not None for s in sinces], type=pa.bool_())
+        )
+    key_frame = spark.createDataFrame(table)
     for position in range(len(transforms)):
         name = f"{_KEY_PREFIX}{position}"
         data_type = frame.schema[f"{_PARTITION_PREFIX}{position}"].dataType
         key_frame = key_frame.withColumn(name, F.col(name).cast(data_type))
+    if since is not None:
+        data_type = frame.schema[since.column].dataType
+        key_frame = key_frame.withColumn(_WATERMARK_COLUMN, F.col(_WATERMARK_COLUMN).cast(data_type))
     return key_frame
+
+
+def _spark_literal_text(value: Any) -> str:
+    """A watermark as text Spark casts back exactly: ISO wall time in UTC for instants."""
+    import datetime as dt
+
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None and value.utcoffset() is not None:
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)
+        return value.isoformat(sep=" ")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return str(value)
+
+
+def _spark_since(frame: Any, since: RowsSince) -> Any:
+    """`since` as a Spark condition on `frame` (the literal cast to the column's own type)."""
+    from pyspark.sql import functions as F
+
+    from airflow_partitions.sources.spark import quote_column
+
+    column = frame[quote_column(since.column)]
+    if since.after is None:
+        return column.isNotNull()
+    data_type = frame.schema[since.column].dataType
+    return column > F.lit(_spark_literal_text(since.after)).cast(data_type)
 
 
 def _first_line(err: BaseException) -> str:

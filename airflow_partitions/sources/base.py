@@ -117,6 +117,37 @@ class SourceSurvey:
         return self.per_key.get(projected, EMPTY_FINGERPRINT)
 
 
+@dataclass(frozen=True)
+class RowsSince:
+    """The rows an append refresh reads: `column` past `after` (strictly greater), or, with `after` None,
+    every row whose `column` is not NULL. NULL values are never past a watermark."""
+
+    column: str
+    after: Any = None
+
+    def arrow_expression(self, arrow_type: pa.DataType) -> Any:
+        """The condition as a `pyarrow.compute.Expression` (pushed to Parquet row groups by a dataset)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        field_ref = pc.field(self.column)
+        if self.after is None:
+            return field_ref.is_valid()
+        return field_ref > pa.scalar(self.after, type=arrow_type)
+
+    def filter_table(self, table: pa.Table) -> pa.Table:
+        """The rows of `table` past the watermark."""
+        import pyarrow.compute as pc
+
+        column = table.column(self.column)
+        if self.after is None:
+            return table.filter(pc.is_valid(column))
+        import pyarrow as pa
+
+        mask = pc.greater(column, pa.scalar(self.after, type=column.type))
+        return table.filter(pc.fill_null(mask, False))
+
+
 @runtime_checkable
 class Source(Protocol):
     """A readable source of rows: files (local or S3, parquet/csv/jsonl) or a Postgres table."""
@@ -154,14 +185,31 @@ class Source(Protocol):
         """The rows of one partition, read with the predicate pushed down to the source."""
         ...
 
+    def read_partition_since(
+        self, transforms: Sequence[Transform], key: KeyTuple, hint: Any, since: RowsSince
+    ) -> pa.Table:
+        """The rows of one partition past a watermark (append refresh), the condition pushed down too."""
+        ...
+
     def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
         """Every row of the source as Arrow (tests and small sources)."""
         ...
 
+    def count_null_rows(self, column: str) -> int:
+        """How many source rows have a NULL `column` (an append refresh reports those it cannot read)."""
+        ...
+
     def spark_frame(
-        self, spark: Any, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None, *, work_dir: str
+        self,
+        spark: Any,
+        transforms: Sequence[Transform],
+        keys: Sequence[KeyTuple] | None,
+        *,
+        work_dir: str,
+        since: RowsSince | None = None,
     ) -> Any:
-        """A Spark DataFrame of the source rows, pruned to what can feed `keys` where the source allows."""
+        """A Spark DataFrame of the source rows, pruned to what can feed `keys` where the source allows,
+        and to the rows past `since` where the source can skip the others (the caller filters too)."""
         ...
 
     def to_json(self) -> dict[str, Any]:

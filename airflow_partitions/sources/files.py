@@ -27,6 +27,7 @@ from airflow_partitions.sources.base import (
     EMPTY_FINGERPRINT,
     Deadline,
     KeyTuple,
+    RowsSince,
     SourceSurvey,
     digest,
     schema_tag,
@@ -723,8 +724,74 @@ class FileSource:
             paths = list(hint)
         return filter_to_key(self.read_files(paths), transforms, key)
 
+    def read_partition_since(
+        self, transforms: Sequence[Transform], key: KeyTuple, hint: Any, since: RowsSince
+    ) -> pa.Table:
+        """Like `read_partition`, keeping the rows past `since`; Parquet row groups (and so whole files)
+        whose statistics put every value at or below the watermark are not read."""
+        if hint is None:
+            hint = self.partition_read_hint(transforms, key)
+        if isinstance(hint, Mapping):
+            self.__dict__.setdefault("hive_columns", tuple(hint.get("hive", ())))
+            paths = list(hint.get("paths", ()))
+        else:
+            paths = list(hint)
+        schema = self.schema()
+        if self.file_format != "parquet" or not paths:
+            return filter_to_key(since.filter_table(self.read_files(paths)), transforms, key)
+        files = [SourceFile(p, p, 0, "") for p in paths]
+        condition = since.arrow_expression(schema.field(since.column).type)
+        try:
+            table = self._typed(self._dataset(files, schema).to_table(filter=condition), schema)
+        except (OSError, ValueError) as err:
+            raise self._read_error(files, schema, err) from err
+        return filter_to_key(since.filter_table(table), transforms, key)
+
     def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
         return self.read_files([f.path for f in self.list_files()])
+
+    def _footer_null_count(self, files: Sequence[SourceFile], column: str) -> int | None:
+        """NULLs of `column` over `files` from their Parquet footers; None if one cannot tell (no such
+        column in a file, or a row group without a NULL count)."""
+        import pyarrow.parquet as pq
+
+        total = 0
+        for source_file in files:
+            try:
+                metadata = pq.read_metadata(source_file.path, filesystem=self.filesystem)
+            except (OSError, ValueError):
+                return None
+            paths = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+            if column not in paths:
+                return None
+            index = paths.index(column)
+            for group in range(metadata.num_row_groups):
+                statistics = metadata.row_group(group).column(index).statistics
+                if statistics is None or not statistics.has_null_count:
+                    return None
+                total += statistics.null_count
+        return total
+
+    def count_null_rows(self, column: str) -> int:
+        """Parquet: summed from the footers' NULL counts (no data read) where every row group records one,
+        else counted from the one column; other formats: read and counted."""
+        import pyarrow.compute as pc
+
+        schema = self.schema()
+        files = self.list_files()
+        if not files:
+            return 0
+        if self.file_format == "parquet" and column not in self.hive_columns:
+            from_footers = self._footer_null_count(files, column)
+            if from_footers is not None:
+                return from_footers
+        if self.file_format == "parquet":
+            try:
+                dataset = self._dataset(files, schema)
+                return int(dataset.count_rows(filter=pc.field(column).is_null()))
+            except (OSError, ValueError) as err:
+                raise self._read_error(files, schema, err) from err
+        return int(self.read_all().column(column).null_count)
 
     # --- Spark side ---------------------------------------------------------------------------
 
@@ -742,9 +809,18 @@ class FileSource:
         return sorted((f for partial in wanted for f in groups.get(partial, [])), key=lambda f: f.relative)
 
     def spark_frame(
-        self, spark: Any, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None, *, work_dir: str
+        self,
+        spark: Any,
+        transforms: Sequence[Transform],
+        keys: Sequence[KeyTuple] | None,
+        *,
+        work_dir: str,
+        since: RowsSince | None = None,
     ) -> Any:
         """The source rows in Spark, under `schema()` exactly.
+
+        `since` is left to the caller's filter on the frame, which Spark pushes into the Parquet scan
+        (row groups whose statistics hold no row past the watermark are skipped).
 
         CSV and JSON are read with `mode=FAILFAST` (a value that does not parse fails the job instead of
         becoming NULL); JSON timestamps are parsed as instants (any offset, UTC when none) and naive

@@ -27,6 +27,7 @@ from airflow_partitions.exceptions import DiscoveryTimeoutError, SourceError
 from airflow_partitions.sources.base import (
     Deadline,
     KeyTuple,
+    RowsSince,
     SourceSurvey,
     connection_resolver,
     digest,
@@ -34,7 +35,7 @@ from airflow_partitions.sources.base import (
     tagged_fingerprint,
 )
 from airflow_partitions.sources.files import filter_to_key
-from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident
+from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident, sql_literal
 from airflow_partitions.spec.masking import mask_secrets, mask_url_passwords, masked_params
 
 if TYPE_CHECKING:
@@ -416,8 +417,43 @@ class PostgresSource:
         # The range comes from the transform's preimage; the exact filter guards its edges.
         return filter_to_key(self.read_where(self._key_predicate(transforms, key)), transforms, key)
 
+    def read_partition_since(
+        self, transforms: Sequence[Transform], key: KeyTuple, hint: Any, since: RowsSince
+    ) -> pa.Table:
+        where = f"({self._key_predicate(transforms, key)}) AND {since_predicate(since)}"
+        return filter_to_key(self.read_where(where), transforms, key)
+
     def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
         return self.read_where()
+
+    def read_changed(self, columns: Sequence[str], column: str, after: Any, upper: Any = None) -> pa.Table:
+        """`columns` of the rows whose `column` is at or past `after` (and at most `upper`), canonical
+        types. `after` None: every row whose `column` is not NULL."""
+        import pyarrow as pa
+
+        quoted = quote_ident(column)
+        clauses = [f"{quoted} IS NOT NULL" if after is None else f"{quoted} >= {sql_literal(after)}"]
+        if upper is not None:
+            clauses.append(f"{quoted} <= {sql_literal(upper)}")
+        listing = ", ".join(quote_ident(name) for name in columns)
+        sql = f"SELECT {listing} FROM {self.table.sql} WHERE {' AND '.join(clauses)}"
+        try:
+            raw = self.query_arrow(sql)
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+        schema = self.schema()
+        return conform_table(raw, pa.schema([schema.field(name) for name in columns]))
+
+    def count_null_rows(self, column: str) -> int:
+        sql = f"SELECT count(*) AS n FROM {self.table.sql} WHERE {quote_ident(column)} IS NULL"
+        try:
+            return int(self.query_arrow(sql).column("n")[0].as_py())
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"cannot count rows of {self.describe()}: {_clean_error(err)}") from err
 
     # --- Spark --------------------------------------------------------------------------------
 
@@ -432,11 +468,19 @@ class PostgresSource:
         return " OR ".join(f"({self._key_predicate(transforms, key)})" for key in keys)
 
     def spark_frame(
-        self, spark: Any, transforms: Sequence[Transform], keys: Sequence[KeyTuple] | None, *, work_dir: str
+        self,
+        spark: Any,
+        transforms: Sequence[Transform],
+        keys: Sequence[KeyTuple] | None,
+        *,
+        work_dir: str,
+        since: RowsSince | None = None,
     ) -> Any:
         from airflow_partitions.sources.spark import quote_column, spark_schema
 
         where = self._subset_predicate(transforms, keys)
+        if since is not None:
+            where = f"({where}) AND {since_predicate(since)}" if where else since_predicate(since)
         struct = spark_schema(self.schema())
         if self.reader_for(spark) == "adbc":
             exported = Path(work_dir) / "source" / "adbc-0.parquet"
@@ -552,6 +596,14 @@ class PostgresSource:
             "connection_id": self.connection_id,
             "url": mask_url_passwords(self._url) if self._url else None,
         }
+
+
+def since_predicate(since: RowsSince) -> str:
+    """`since` as SQL: `column > literal`, or `column IS NOT NULL` before any watermark."""
+    column = quote_ident(since.column)
+    if since.after is None:
+        return f"{column} IS NOT NULL"
+    return f"{column} > {sql_literal(since.after)}"
 
 
 def _watermark_text(value: Any) -> str:
