@@ -231,3 +231,7 @@ class CommitOutcomeUnknownError(ObjectStoreError):
         super().__init__(message)
         self.commit_id = commit_id  # the token the unknown record carries, if it was written
         self.version = version  # the version it tried to create
+
+
+class CompactionError(AirflowPartitionsError):
+    """A compaction was asked for with bad arguments or cannot run on the catalog as it is."""

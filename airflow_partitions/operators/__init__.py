@@ -1,8 +1,9 @@
-"""Airflow operators of a partitioned refresh: discover, stage, refresh, snapshot, commit, vacuum."""
+"""Airflow operators of a partitioned refresh: discover, stage, refresh, snapshot, commit, vacuum, compact."""
 
 from __future__ import annotations
 
 from airflow_partitions.operators.commit import PartitionCommitOperator
+from airflow_partitions.operators.compact import CompactOperator
 from airflow_partitions.operators.discovery import PartitionDiscoveryOperator
 from airflow_partitions.operators.refresh import SparkPartitionRefreshOperator, SparkStageOperator
 from airflow_partitions.operators.snapshots import (
@@ -14,6 +15,7 @@ from airflow_partitions.operators.snapshots import (
 from airflow_partitions.operators.vacuum import VacuumOperator
 
 __all__ = [
+    "CompactOperator",
     "PartitionCommitOperator",
     "PartitionDiscoveryOperator",
     "SnapshotBootstrapOperator",
