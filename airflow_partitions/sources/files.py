@@ -60,6 +60,8 @@ FORMAT_ALIASES = {
     "ndjson": "json",
 }
 _GLOB_CHARS = frozenset("*?[")
+# The most bucket combinations files are mapped onto by their column ranges (more: refresh them all).
+STATIC_MAPPING_LIMIT = 100_000
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".lz4")
 # Spark and pyarrow agree on skipping these: job markers, checksums, hidden files.
 _IGNORED_SUFFIXES = (".crc",)
@@ -685,17 +687,19 @@ class FileSource:
         elif need_keys:
             keys = self._scan_distinct(transforms, deadline)
             notes.append("keys scanned (SELECT DISTINCT over the partition expressions)")
-        elif keyed:
-            keys = None
         else:
-            notes.append(
-                "a file holds too many partition keys to keep and bucket-only partitions are not listed: "
-                "any change refreshes every partition"
-            )
-            return None
-        mapped_keys = (
-            keys if keys is not None else list(dict.fromkeys(k for f in facts.values() for k in f.keys or ()))
-        )
+            keys = None
+        if keys is not None:
+            mapped_keys = keys
+        elif keyed:
+            mapped_keys = list(dict.fromkeys(k for f in facts.values() for k in f.keys or ()))
+        else:
+            # Static (bucket-only) discovery and a file whose keys were not kept: map onto every bucket.
+            static = _static_keys(transforms)
+            if static is None:
+                notes.append("too many partitions to map files onto: any change refreshes every partition")
+                return None
+            mapped_keys = static
         fields = [(f"k{i}", t.canonical) for i, t in enumerate(transforms)]
         by_key, by_stats, _ = files_by_key(mapped_keys, facts, fields, self.schema(), transforms)
         if by_stats:
@@ -1142,6 +1146,25 @@ class FileSource:
 # Columns the Spark read adds while joining on Hive values; the final select drops them.
 _FILE_KEY = "__airflow_partitions_file__"
 _FILE_FOUND = "__airflow_partitions_file_found__"
+
+
+def _static_keys(transforms: Sequence[Transform]) -> list[KeyTuple] | None:
+    """Every key of an all-bucket partitioning (each field's buckets and NULL), or None beyond
+    `STATIC_MAPPING_LIMIT` keys or when a field is not a bucket."""
+    import itertools
+
+    from airflow_partitions.spec.model import bucket_count
+
+    counts = [bucket_count(t) for t in transforms]
+    total = 1
+    for count in counts:
+        if count is None:
+            return None
+        total *= count + 1
+    if total > STATIC_MAPPING_LIMIT:
+        return None
+    choices = [[*range(count or 0), None] for count in counts]
+    return [tuple(key) for key in itertools.product(*choices)]
 
 
 def _glob_escaped(path: str) -> str:
