@@ -22,6 +22,7 @@ BENCHMARKS = (
     "bench_cold_reads",
     "bench_in_lists",
     "bench_refresh",
+    "bench_changed_files",
     "bench_snapshots",
     "bench_s3_faults",
     "bench_s3_reads",

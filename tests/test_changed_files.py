@@ -20,8 +20,7 @@ from matrix_support import SCHEMA, MatrixSource, _row, key_path, rows_by_key
 from test_conservation_matrix import DATASET, check_equals_source, write_spec
 
 from airflow_partitions.refresh import plan_refresh, refresh_dataset
-from airflow_partitions.sources import keep_file_facts, open_dataset_source
-from airflow_partitions.sources import file_facts
+from airflow_partitions.sources import file_facts, keep_file_facts, open_dataset_source
 from airflow_partitions.spec import load_spec
 
 pytestmark = pytest.mark.spark
@@ -41,7 +40,9 @@ def month_rows(seed: int, month: int, count: int, *, with_nulls: bool = False) -
         # Month edges on purpose: the first and last microsecond of the month.
         edge = [dt.timedelta(0), dt.timedelta(days=28 - day, microseconds=-1)][i % 2] if i < 3 else None
         start = dt.datetime(2026, month, 1, tzinfo=UTC)
-        row["ts"] = start + (edge if edge is not None else dt.timedelta(days=day, seconds=rng.randrange(86_400)))
+        row["ts"] = start + (
+            edge if edge is not None else dt.timedelta(days=day, seconds=rng.randrange(86_400))
+        )
         if i >= 3 and with_nulls and i % 4 == 0:
             row["ts"] = None
         rows.append(row)
@@ -54,9 +55,7 @@ def planned(spec: Path) -> tuple[set[str], set[str], tuple[str, ...]]:
 
 
 def months(*values: int | None) -> set[str]:
-    return {
-        key_path((None if m is None else dt.datetime(2026, m, 1, tzinfo=UTC),), FIELDS) for m in values
-    }
+    return {key_path((None if m is None else dt.datetime(2026, m, 1, tzinfo=UTC),), FIELDS) for m in values}
 
 
 @pytest.mark.parametrize("kind", ["parquet", "csv", "json"])
@@ -152,7 +151,7 @@ def test_bucket_fields_map_by_enumeration_and_wide_ranges_refresh_all(
     added = month_rows(2, 3, 6).set_column(1, "n_int", pa.array([10, 11, 12, 10, 11, 12], pa.int64()))
     source._write_chunk(5, added)
     items, _, _ = planned(spec)
-    bucket_of = {key for key in rows_by_key(added, fields)}
+    bucket_of = set(rows_by_key(added, fields))
     assert items == bucket_of, f"the new file's buckets only: planned {sorted(items)}, expected {bucket_of}"
     refresh_dataset(spec, DATASET, spark=spark)
     # A file over a huge range cannot be enumerated: every partition it could hit (all) refreshes.
