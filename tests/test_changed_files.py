@@ -22,6 +22,7 @@ from test_conservation_matrix import DATASET, check_equals_source, write_spec
 from airflow_partitions.refresh import plan_refresh, refresh_dataset
 from airflow_partitions.sources import file_facts, keep_file_facts, open_dataset_source
 from airflow_partitions.spec import load_spec
+from airflow_partitions.transforms import parse_transform
 
 pytestmark = pytest.mark.spark
 
@@ -205,3 +206,24 @@ def test_schema_drift_between_files_refreshes_everything_once(tmp_path: Path, sp
     items, _, _ = planned(spec)
     assert items == months(1, 2), "a schema change refreshes every partition"
     assert refresh_dataset(spec, DATASET, spark=spark).rows == 30
+
+
+def test_stage_reads_only_the_files_that_can_feed_the_planned_partitions(tmp_path: Path) -> None:
+    source = MatrixSource("parquet", tmp_path)
+    source.write([month_rows(1, m, 5, with_nulls=m == 2) for m in (1, 2, 3, 4)])
+    spec = write_spec(tmp_path, source, "parquet", FIELDS)
+    project = load_spec(spec)
+    dataset = project.dataset(DATASET)
+    files = keep_file_facts(open_dataset_source(dataset), Path(project.accelerator_dir) / DATASET)
+    plan_refresh(project, dataset, source=files)  # learns the facts
+    transform = parse_transform(FIELDS[0][1]).bind(SCHEMA.field("ts").type)
+    march = (dt.datetime(2026, 3, 1, tzinfo=UTC),)
+    read = files.files_for_keys([transform], [march])  # type: ignore[attr-defined]
+    assert [f.relative for f in read] == ["chunk2-v0.parquet"], "only March's file feeds March"
+    nulls = files.files_for_keys([transform], [(None,)])  # type: ignore[attr-defined]
+    assert [f.relative for f in nulls] == ["chunk1-v0.parquet"], "only February's file has NULL ts"
+    # A file listed after the facts were learnt has none: it is read for every partition (doubt).
+    source._write_chunk(8, month_rows(9, 6, 3))
+    files.list_files(refresh=True)  # type: ignore[attr-defined]
+    read = files.files_for_keys([transform], [march])  # type: ignore[attr-defined]
+    assert [f.relative for f in read] == ["chunk2-v0.parquet", "chunk8-v0.parquet"]
