@@ -285,3 +285,7 @@ def _rebuild_write_through_error(
     message: str, source_rows: int, partitions: tuple[str, ...]
 ) -> WriteThroughError:
     return WriteThroughError(message, source_rows=source_rows, partitions=partitions)
+
+
+class CompactionError(AirflowPartitionsError):
+    """A compaction was asked for with bad arguments or cannot run on the catalog as it is."""

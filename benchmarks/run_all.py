@@ -23,6 +23,7 @@ BENCHMARKS = (
     "bench_in_lists",
     "bench_refresh",
     "bench_refresh_modes",
+    "bench_changed_files",
     "bench_snapshots",
     "bench_s3_faults",
     "bench_s3_reads",

@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "refresh",
     "status",
     "vacuum",
+    "compact",
     "backfill",
     "plan",
     "query",

@@ -1,8 +1,10 @@
-"""Airflow operators of a partitioned refresh: discover, stage, refresh, snapshot, commit, vacuum; writes."""
+"""Airflow operators of a partitioned refresh: discover, stage, refresh, snapshot, commit, vacuum, compact;
+writes."""
 
 from __future__ import annotations
 
 from airflow_partitions.operators.commit import PartitionCommitOperator
+from airflow_partitions.operators.compact import CompactOperator
 from airflow_partitions.operators.discovery import PartitionDiscoveryOperator
 from airflow_partitions.operators.refresh import SparkPartitionRefreshOperator, SparkStageOperator
 from airflow_partitions.operators.snapshots import (
@@ -15,6 +17,7 @@ from airflow_partitions.operators.vacuum import VacuumOperator
 from airflow_partitions.operators.write import PartitionedDatasetWriteOperator
 
 __all__ = [
+    "CompactOperator",
     "PartitionCommitOperator",
     "PartitionDiscoveryOperator",
     "PartitionedDatasetWriteOperator",

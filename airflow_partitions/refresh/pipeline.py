@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog.open import dataset_directory
 from airflow_partitions.exceptions import (
     ConservationError,
     FilterError,
@@ -31,7 +32,7 @@ from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.modes import apply_refresh_mode, changes_fallback, plan_changes
 from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
 from airflow_partitions.refresh.stage import stage_refresh
-from airflow_partitions.sources import Source, open_dataset_source
+from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog
@@ -110,7 +111,7 @@ def plan_refresh(
     """
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
-    source = source or open_dataset_source(spec)
+    source = keep_file_facts(source or open_dataset_source(spec), dataset_directory(project, spec))
     bound = bind_dataset(spec, source)
     snapshot = (catalog or open_dataset_catalog(project, spec)).latest()
     selecting = partitions is not None or where is not None
@@ -224,7 +225,7 @@ def refresh_dataset(
     timings: dict[str, float] = {}
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
-    source = source or open_dataset_source(spec)
+    source = keep_file_facts(source or open_dataset_source(spec), dataset_directory(project, spec))
 
     def tick(phase: str, done: int, total: int, rows: int) -> None:
         if progress is not None:

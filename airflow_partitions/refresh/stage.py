@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.catalog import DEFAULT_GRACE
+from airflow_partitions.catalog.open import dataset_directory
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.modes import lowest_since, rows_since
 from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, recorded_now
 from airflow_partitions.refresh.spark_session import describe_session
-from airflow_partitions.sources import Source, open_dataset_source
+from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
 from airflow_partitions.sources.base import RowsSince
 
 if TYPE_CHECKING:
@@ -220,7 +221,7 @@ def stage_refresh(
         )
     if not plan.items:
         return StageResult(plan.dataset, None, StageMode.EMPTY, 0, time.monotonic() - started)
-    source = source or open_dataset_source(dataset)
+    source = keep_file_facts(source or open_dataset_source(dataset), dataset_directory(project, dataset))
     bound = bind_to_source(dataset, source)
     transforms = [f.transform for f in bound.acceleration.partition_by]
     changes = any(item.changes for item in plan.items)

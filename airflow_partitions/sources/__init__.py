@@ -30,6 +30,7 @@ __all__ = [
     "Source",
     "SourceSurvey",
     "connection_resolver",
+    "keep_file_facts",
     "open_dataset_source",
     "open_source",
     "set_connection_resolver",
@@ -73,3 +74,16 @@ def open_source(ref: Any, *, declared_schema: Any = None, schema: Any = None) ->
 def open_dataset_source(dataset: Any, *, schema: Any = None) -> Source:
     """The connector for a spec `DatasetSpec`'s source, with the types its `schema:` block declares."""
     return open_source(dataset.source, declared_schema=dataset.declared_schema(), schema=schema)
+
+
+def keep_file_facts(source: Source, directory: Any) -> Source:
+    """Let a file source keep its per-file facts in `directory` (the dataset's directory, where its
+    partition files live), so each refresh learns only new or changed files; other sources keep none."""
+    use = getattr(source, "use_file_facts", None)
+    if use is not None:
+        from pathlib import Path
+
+        from airflow_partitions.sources.file_facts import STATE_FILE
+
+        use(Path(directory) / STATE_FILE)
+    return source

@@ -2,7 +2,9 @@
 
 Hive-style directories (`col=value/`) are detected: when a partition expression reads a Hive column, each
 file maps to one partition value without being opened, so fingerprints are per partition, discovery can
-list instead of scan, and a partition can be read from its own files (pushdown).
+list instead of scan, and a partition can be read from its own files (pushdown). Without such a layout,
+per-file facts learnt once per file (`sources/file_facts.py`: its distinct keys, else its column ranges)
+map each file to the partitions it can feed, so fingerprints are per partition there too.
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ from airflow_partitions.sources.base import (
     schema_tag,
     tagged_fingerprint,
 )
+from airflow_partitions.sources.file_facts import (
+    FileFacts,
+    FileFactsState,
+    facts_context,
+    files_by_key,
+    learn_facts,
+)
 from airflow_partitions.sources.schema import unify_types
 from airflow_partitions.spec.masking import masked_params
 
@@ -52,6 +61,8 @@ FORMAT_ALIASES = {
     "ndjson": "json",
 }
 _GLOB_CHARS = frozenset("*?[")
+# The most bucket combinations files are mapped onto by their column ranges (more: refresh them all).
+STATIC_MAPPING_LIMIT = 100_000
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".lz4")
 # Spark and pyarrow agree on skipping these: job markers, checksums, hidden files.
 _IGNORED_SUFFIXES = (".crc",)
@@ -154,6 +165,10 @@ class FileSource:
         self.is_s3 = scheme in ("s3", "s3a") or location.startswith(("s3://", "s3a://"))
         self._root, self._pattern = self._split_location()
         self._files: list[SourceFile] | None = None
+        # Per-file facts (keys, column ranges) and where they are kept: see `use_file_facts`.
+        self.facts_state: FileFactsState | None = None
+        # Relative paths of the files read to learn their facts, in order (what a refresh had to open).
+        self.facts_reads: list[str] = []
         if schema is not None:
             # Known from a stage manifest: a finalize task then reads its files without listing the source.
             self.__dict__["_schema"] = schema
@@ -579,18 +594,30 @@ class FileSource:
         }
         keys: list[KeyTuple] | None = None
         notes: list[str] = []
-        if need_keys:
-            if projection and len(projection) == len(transforms):
-                # Every field is decided by the directories: the listing is the discovery.
-                keys = [
-                    tuple(partial[projection.index(i)] for i in range(len(transforms))) for partial in groups
-                ]
-                notes.append("keys listed from Hive directories")
-            else:
-                keys = self._scan_distinct(transforms, deadline)
-                notes.append("keys scanned (SELECT DISTINCT over the partition expressions)")
+        if need_keys and projection and len(projection) == len(transforms):
+            # Every field is decided by the directories: the listing is the discovery.
+            keys = [tuple(partial[projection.index(i)] for i in range(len(transforms))) for partial in groups]
+            notes.append("keys listed from Hive directories")
         if check_column:
             notes.append("check_column is ignored for file sources: file sizes and versions are compared")
+        if not projection and transforms and self.facts_state is not None:
+            mapped = self._survey_by_facts(transforms, files, need_keys, tag, deadline, notes)
+            if mapped is not None:
+                keys, per_key = mapped
+                return SourceSurvey(
+                    keys=keys,
+                    whole_fingerprint=whole,
+                    per_key=per_key,
+                    projection=tuple(range(len(transforms))),
+                    granularity="partition",
+                    notes=tuple(notes),
+                    schema_tag=tag,
+                )
+        elif not projection and transforms:
+            notes.append("no per-file facts kept for this source: any change refreshes every partition")
+        if need_keys and keys is None:
+            keys = self._scan_distinct(transforms, deadline)
+            notes.append("keys scanned (SELECT DISTINCT over the partition expressions)")
         return SourceSurvey(
             keys=keys,
             whole_fingerprint=whole,
@@ -600,6 +627,93 @@ class FileSource:
             notes=tuple(notes),
             schema_tag=tag,
         )
+
+    # --- per-file facts (no Hive layout) ------------------------------------------------------
+
+    def use_file_facts(self, path: str | os.PathLike[str] | None) -> None:
+        """Keep per-file facts in `path` (a JSON file, written atomically), or in memory for None.
+
+        Without a call the source keeps none: fingerprints are then one for the whole source.
+        """
+        if self.facts_state is None or (path is not None and self.facts_state.path != Path(path)):
+            self.facts_state = FileFactsState(Path(path) if path is not None else None)
+
+    def file_facts(
+        self, transforms: Sequence[Transform], files: Sequence[SourceFile], deadline: Deadline | None = None
+    ) -> dict[str, FileFacts]:
+        """The facts of `files` by fingerprint line: kept ones, and the others learnt now (one read of each
+        new file's partition columns) and kept, for the files listed now only."""
+        assert self.facts_state is not None
+        schema = self.schema()
+        context = facts_context(schema, transforms)
+        known = self.facts_state.load(context)
+        current = {f.fingerprint_line(): known.get(f.fingerprint_line()) for f in files}
+        missing = [f for f in files if current[f.fingerprint_line()] is None]
+        columns = sorted({t.source_column for t in transforms})
+        for source_file in missing:
+            if deadline is not None:
+                deadline.check(f"reading the partition columns of {source_file.relative}")
+            try:
+                table = self._typed(self._dataset([source_file], schema).to_table(columns=columns), schema)
+            except (OSError, ValueError) as err:
+                raise self._read_error([source_file], schema, err) from err
+            self.facts_reads.append(source_file.relative)
+            current[source_file.fingerprint_line()] = learn_facts(table, transforms)
+        learnt = {line: facts for line, facts in current.items() if facts is not None}
+        if missing or len(learnt) != len(known):
+            self.facts_state.save(context, learnt)
+        return learnt
+
+    def _survey_by_facts(
+        self,
+        transforms: Sequence[Transform],
+        files: Sequence[SourceFile],
+        need_keys: bool,
+        tag: str,
+        deadline: Deadline,
+        notes: list[str],
+    ) -> tuple[list[KeyTuple] | None, dict[KeyTuple, str]] | None:
+        """Keys (when asked) and per-partition fingerprints from per-file facts; None when the partitions
+        are not known (static discovery and a file whose keys were not kept): the whole-source
+        fingerprint then stands for every partition."""
+        reads_before = len(self.facts_reads)
+        facts = self.file_facts(transforms, files, deadline)
+        read = len(self.facts_reads) - reads_before
+        keyed = all(f.keys is not None for f in facts.values())
+        if need_keys and keyed:
+            keys: list[KeyTuple] | None = list(dict.fromkeys(k for f in facts.values() for k in f.keys or ()))
+            notes.append(
+                f"keys from per-file facts ({read} new or changed file(s) read, {len(files) - read} kept)"
+            )
+        elif need_keys:
+            keys = self._scan_distinct(transforms, deadline)
+            notes.append("keys scanned (SELECT DISTINCT over the partition expressions)")
+        else:
+            keys = None
+        if keys is not None:
+            mapped_keys = keys
+        elif keyed:
+            mapped_keys = list(dict.fromkeys(k for f in facts.values() for k in f.keys or ()))
+        else:
+            # Static (bucket-only) discovery and a file whose keys were not kept: map onto every bucket.
+            static = _static_keys(transforms)
+            if static is None:
+                notes.append("too many partitions to map files onto: any change refreshes every partition")
+                return None
+            mapped_keys = static
+        fields = [(f"k{i}", t.canonical) for i, t in enumerate(transforms)]
+        by_key, by_stats, _ = files_by_key(mapped_keys, facts, fields, self.schema(), transforms)
+        if by_stats:
+            notes.append(
+                f"{by_stats} file(s) hold too many partition keys to keep: mapped to partitions by their "
+                "column ranges"
+            )
+        per_key = {
+            key: tagged_fingerprint(tag, digest(sorted(lines))) if lines else EMPTY_FINGERPRINT
+            for key, lines in by_key.items()
+        }
+        notes.append("changed files mapped to the partitions they can feed (per-file facts)")
+        return keys, per_key
 
     def _scan_distinct(self, transforms: Sequence[Transform], deadline: Deadline) -> list[KeyTuple]:
         import pyarrow as pa
@@ -804,9 +918,24 @@ class FileSource:
             return files
         projection, groups = self._cached_groups(transforms)
         if not projection:
-            return files
+            return self._files_by_facts(transforms, keys, files)
         wanted = {tuple(k[i] for i in projection) for k in keys}
         return sorted((f for partial in wanted for f in groups.get(partial, [])), key=lambda f: f.relative)
+
+    def _files_by_facts(
+        self, transforms: Sequence[Transform], keys: Sequence[KeyTuple], files: list[SourceFile]
+    ) -> list[SourceFile]:
+        """The files whose kept facts say they can feed `keys`, plus every file without kept facts."""
+        if self.facts_state is None or not transforms:
+            return files
+        known = self.facts_state.load(facts_context(self.schema(), transforms))
+        facts: dict[str, FileFacts | None] = {
+            f.fingerprint_line(): known.get(f.fingerprint_line()) for f in files
+        }
+        fields = [(f"k{i}", t.canonical) for i, t in enumerate(transforms)]
+        by_key, _, _ = files_by_key([tuple(k) for k in keys], facts, fields, self.schema(), transforms)
+        wanted = {line for lines in by_key.values() for line in lines}
+        return [f for f in files if f.fingerprint_line() in wanted]
 
     def spark_frame(
         self,
@@ -1093,6 +1222,25 @@ class FileSource:
 # Columns the Spark read adds while joining on Hive values; the final select drops them.
 _FILE_KEY = "__airflow_partitions_file__"
 _FILE_FOUND = "__airflow_partitions_file_found__"
+
+
+def _static_keys(transforms: Sequence[Transform]) -> list[KeyTuple] | None:
+    """Every key of an all-bucket partitioning (each field's buckets and NULL), or None beyond
+    `STATIC_MAPPING_LIMIT` keys or when a field is not a bucket."""
+    import itertools
+
+    from airflow_partitions.spec.model import bucket_count
+
+    counts = [bucket_count(t) for t in transforms]
+    total = 1
+    for count in counts:
+        if count is None:
+            return None
+        total *= count + 1
+    if total > STATIC_MAPPING_LIMIT:
+        return None
+    choices = [[*range(count or 0), None] for count in counts]
+    return [tuple(key) for key in itertools.product(*choices)]
 
 
 def _glob_escaped(path: str) -> str:
