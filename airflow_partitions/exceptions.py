@@ -231,3 +231,7 @@ class CommitOutcomeUnknownError(ObjectStoreError):
         super().__init__(message)
         self.commit_id = commit_id  # the token the unknown record carries, if it was written
         self.version = version  # the version it tried to create
+
+
+class ExampleInitError(AirflowPartitionsError):
+    """`airflow-partitions init` cannot write the example (its files are already there, or bad options)."""

@@ -13,7 +13,16 @@ from airflow_partitions.exceptions import AirflowPartitionsError
 
 # Each module defines `register(subparsers) -> None`; the parser it adds sets `func(args) -> int`.
 # Add a subcommand by creating `cli/<name>.py` and listing it here.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("validate", "refresh", "status", "vacuum", "backfill", "plan", "query")
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "init",
+    "validate",
+    "refresh",
+    "status",
+    "vacuum",
+    "backfill",
+    "plan",
+    "query",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
