@@ -283,7 +283,9 @@ def key_text_problem(text: str, names: Sequence[str]) -> str | None:
         if sep and expected is not None and field in (expected, escape_component(expected)):
             found.append(expected)
         elif not found:
-            return f"partition key {text!r} must start with `{names[0]}=`; this dataset's keys look like {shape}"
+            return (
+                f"partition key {text!r} must start with `{names[0]}=`; this dataset's keys look like {shape}"
+            )
         elif sep and field and field not in names and field.isidentifier():
             strangers.append(field)
     if len(found) == len(names):

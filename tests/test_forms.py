@@ -148,7 +148,8 @@ def test_a_misspelt_conf_key_fails_the_first_task_and_nothing_is_written(
     assert str(run.state) == "failed"
     assert states[first_task] == "failed", "the first task refuses the conf"
     assert states["stage"] == "upstream_failed", "no Spark stage, no partition task"
-    assert not (root / "acc").exists() and not (root / "acc_plain").exists(), "no catalog, no stage"
+    assert not (root / "acc").exists(), "no catalog, no stage"
+    assert not (root / "acc_plain").exists(), "no catalog, no stage"
     out, err = capfd.readouterr()
     assert "unknown key 'wher' (did you mean 'where'?)" in out + err
     assert "valid keys: full_refresh, partitions, snapshot, where" in out + err

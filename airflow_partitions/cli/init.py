@@ -37,7 +37,9 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def write_example(directory: Path, *, rows: int = DEFAULT_ROWS, data: bool = True, force: bool = False) -> Path:
+def write_example(
+    directory: Path, *, rows: int = DEFAULT_ROWS, data: bool = True, force: bool = False
+) -> Path:
     """Write the example into `directory`; returns its dags folder."""
     if rows < 1:
         raise ExampleInitError(f"--rows must be at least 1, got {rows}")
