@@ -3,9 +3,15 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# A second venv with the lowest supported Airflow, pyarrow, duckdb and boto3 (constraints-lowest.txt) and
+# the package without dev extras: `make compat` smoke-tests what a user installing into an older Airflow
+# gets. Built once; the package itself is reinstalled on every run.
+COMPAT_VENV := .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+PYSPARK_VERSION := 4.2.0
 export PYTHONHASHSEED := 0
 
-.PHONY: venv system-deps demo test lint typecheck unit bench clean
+.PHONY: venv system-deps demo test lint typecheck unit compat bench clean
 
 venv: $(STAMP)
 
@@ -13,11 +19,19 @@ $(STAMP): pyproject.toml
 	$(MAKE) --no-print-directory system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip uv
-	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode -e '.[dev]'
+	# pyproject.toml holds version ranges; constraints.txt the exact versions this environment is tested with.
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode -c constraints.txt -e '.[dev]'
 	# pyspark-client (from the Spark provider) shares the pyspark/ folder: reinstall pyspark last so
 	# its files win; the pins in pyproject.toml keep both at the same version.
-	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode --reinstall --no-deps pyspark==4.2.0
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode --reinstall --no-deps pyspark==$(PYSPARK_VERSION)
 	touch $(STAMP)
+
+$(COMPAT_STAMP): pyproject.toml constraints-lowest.txt | $(STAMP)
+	rm -rf $(COMPAT_VENV)
+	$(BIN)/uv venv --quiet --python $(PYTHON) $(COMPAT_VENV)
+	$(BIN)/uv pip install --python $(COMPAT_VENV)/bin/python --quiet -c constraints-lowest.txt .
+	$(BIN)/uv pip install --python $(COMPAT_VENV)/bin/python --quiet --reinstall --no-deps pyspark==$(PYSPARK_VERSION)
+	touch $(COMPAT_STAMP)
 
 # The Postgres JDBC driver for Spark comes from Debian (Maven Central is not assumed reachable).
 JDBC_JAR := /usr/share/java/postgresql.jar
@@ -41,7 +55,13 @@ typecheck: venv
 unit: venv
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck unit
+# The smoke test runs from a scratch directory, so it imports the installed package, not the checkout.
+compat: $(COMPAT_STAMP)
+	$(BIN)/uv pip install --python $(COMPAT_VENV)/bin/python --quiet --reinstall-package airflow-partitions --no-deps .
+	scratch=$$(mktemp -d) && cd $$scratch && $(CURDIR)/$(COMPAT_VENV)/bin/python $(CURDIR)/tests/install_smoke.py $$scratch; \
+		status=$$?; rm -rf $$scratch; exit $$status
+
+test: lint typecheck unit compat
 
 demo: venv
 	$(BIN)/python -m airflow_partitions.demo
@@ -50,4 +70,4 @@ bench: venv
 	$(BIN)/python -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) .accelerations .demo build *.egg-info
+	rm -rf $(VENV) $(COMPAT_VENV) .accelerations .demo build *.egg-info

@@ -88,19 +88,42 @@ def dataset_asset(project: ProjectSpec, dataset: DatasetSpec | str) -> Asset:
     return Asset(name=spec.name, uri=root.as_uri(), group="airflow-partitions")
 
 
-def run_params() -> dict[str, Any]:
-    """The DAG params behind the trigger form, from the run options' JSON schemas."""
+def run_params(dataset: DatasetSpec | None = None) -> dict[str, Any]:
+    """The DAG params behind the trigger form, from the run options' JSON schemas.
+
+    With `dataset`, the `partitions` param shows that dataset's key format and its items must name the
+    dataset's partition fields in order (the REST API refuses other keys when the run is triggered).
+    """
     from airflow.sdk import Param
 
-    from airflow_partitions.operators.run_conf import RUN_PARAM_SCHEMAS
+    from airflow_partitions.operators.run_conf import PARTITIONS, RUN_PARAM_SCHEMAS, partitions_schema
 
     params: dict[str, Any] = {}
     for name, schema in RUN_PARAM_SCHEMAS.items():
-        fields = dict(schema)
+        fields = partitions_schema(dataset) if dataset is not None and name == PARTITIONS else dict(schema)
         default = fields.pop("default")
         description = fields.pop("description", None)
         params[name] = Param(default, description=description, **fields)
     return params
+
+
+def schedule_options(schedule: str | None) -> dict[str, Any]:
+    """`schedule` and `start_date` of a refresh DAG: unpausing it starts no run by itself.
+
+    A cron schedule (or preset) runs at its ticks, in UTC, from the first tick after the DAG is first
+    unpaused: no `start_date`, no catchup, and a trigger timetable that never runs the tick just passed.
+    Airflow's defaults would create a run for the latest tick (or interval) the moment the DAG is
+    unpaused, and for a new dataset that run is a full build racing the run the user triggered (the
+    trigger dialog unpauses too). Unpausing a DAG that already ran still runs the one latest missed tick,
+    as `catchup=False` does. `@once` keeps a start date: its one run is the point of it.
+    """
+    if schedule is None or schedule in ("@once", "@continuous"):
+        return {"schedule": schedule, "start_date": DEFAULT_START_DATE}
+    from airflow.sdk import CronTriggerTimetable
+
+    # run_immediately=0: even right after a tick, the first run waits for the next one.
+    timetable = CronTriggerTimetable(schedule, timezone="UTC", run_immediately=dt.timedelta(0))
+    return {"schedule": timetable, "start_date": None}
 
 
 def describe_for_ui(dataset: DatasetSpec) -> str:
@@ -114,7 +137,8 @@ def describe_for_ui(dataset: DatasetSpec) -> str:
         f"- source: `{dataset.source.uri}`\n"
         f"- engine: `{acceleration.engine}` ({acceleration.mode}, {acceleration.partition_mode})\n"
         f"- partition_by:\n{fields}\n"
-        f"- schedule: `{acceleration.refresh.schedule or 'manual'}`\n"
+        f"- schedule: `{acceleration.refresh.schedule or 'manual'}` (UTC; unpausing starts no run: the "
+        "first scheduled run is the first tick after the DAG is first unpaused)\n"
         f"- snapshots: `{snapshots.mode}`{where}\n\n"
         "Trigger with params to refresh chosen partitions (`partitions`), those matching a filter "
         "(`where`), or everything (`full_refresh`). A failed partition can be cleared and re-run alone."
@@ -167,12 +191,11 @@ def build_refresh_dag(
     actions = snapshot_actions(spec.acceleration.snapshots.mode)
     asset = dataset_asset(project, spec)
     options: dict[str, Any] = {
-        "schedule": spec.acceleration.refresh.schedule,
-        "start_date": DEFAULT_START_DATE,
+        **schedule_options(spec.acceleration.refresh.schedule),
         "catchup": False,
         # One refresh per dataset at a time: two would only fight over the same catalog commit.
         "max_active_runs": 1,
-        "params": run_params(),
+        "params": run_params(spec),
         "tags": [TAG, spec.name],
         "doc_md": describe_for_ui(spec),
         "description": f"Refresh the partitioned acceleration of {spec.name}",

@@ -289,3 +289,7 @@ def _rebuild_write_through_error(
 
 class CompactionError(AirflowPartitionsError):
     """A compaction was asked for with bad arguments or cannot run on the catalog as it is."""
+
+
+class ExampleInitError(AirflowPartitionsError):
+    """`airflow-partitions init` cannot write the example (its files are already there, or bad options)."""

@@ -261,3 +261,38 @@ def parse_path(path: str, names: Sequence[str], kinds: Sequence[str]) -> Partiti
             raise PartitionValueError(f"path component {part!r} is not `{name}=<value>`")
         values.append(decode_value(component, kind))
     return PartitionKey(tuple(values))
+
+
+def key_text_problem(text: str, names: Sequence[str]) -> str | None:
+    """Why `text` cannot name a partition of fields `names`, or None when its shape fits.
+
+    Accepts the canonical key string (`region=EU/day=2026-01-01T00%3A00%3A00`) and the readable form
+    people type (`region=EU/day=2026-01-01T00:00:00`), whose values may hold `/`: a component that does
+    not start with the next field's `name=` continues the previous value. Only the field names, their
+    order and their number are checked here; whether such a partition exists is discovery's answer.
+    """
+    shape = "/".join(f"{name}=<value>" for name in names)
+    if not names:
+        return f"the dataset has no partition fields, so {text!r} names no partition"
+    stripped = text.strip().strip("/")
+    found: list[str] = []
+    strangers: list[str] = []
+    for part in stripped.split("/") if stripped else []:
+        field, sep, _ = part.partition("=")
+        expected = names[len(found)] if len(found) < len(names) else None
+        if sep and expected is not None and field in (expected, escape_component(expected)):
+            found.append(expected)
+        elif not found:
+            return (
+                f"partition key {text!r} must start with `{names[0]}=`; this dataset's keys look like {shape}"
+            )
+        elif sep and field and field not in names and field.isidentifier():
+            strangers.append(field)
+    if len(found) == len(names):
+        return None
+    missing = ", ".join(names[len(found) :])
+    unknown = f"; {', '.join(repr(s) for s in strangers)} is not a partition field" if strangers else ""
+    return (
+        f"partition key {text!r} gives {len(found)} of the {len(names)} partition fields "
+        f"({', '.join(names)}), missing {missing}{unknown}; this dataset's keys look like {shape}"
+    )

@@ -6,6 +6,55 @@ from typing import Any
 
 from airflow_partitions import __version__
 
+# Where the providers page and `[project.urls]` Documentation point (pyproject.toml repeats it; a test
+# keeps the two equal).
+DOCUMENTATION_URL = "https://github.com/airflow-partitions/airflow-partitions#readme"
+
+# The connection form of PartitionedDatasetHook, declared here so Airflow builds it without importing the
+# hook: only the extra matters, each key of it a field of its own.
+PARTITIONS_CONNECTION: dict[str, Any] = {
+    "hook-class-name": "airflow_partitions.hooks.partitioned_dataset.PartitionedDatasetHook",
+    "hook-name": "Airflow Partitions",
+    "connection-type": "airflow_partitions",
+    "ui-field-behaviour": {
+        "hidden-fields": ["host", "schema", "login", "password", "port"],
+        "relabeling": {},
+        "placeholders": {},
+    },
+    "conn-fields": {
+        "spec_path": {
+            "label": "Spec path",
+            "description": "The datasets spec (YAML) the hook reads, as the workers see it, e.g. "
+            "/opt/airflow/dags/datasets.yaml. Used when the hook gets no spec_path argument.",
+            "schema": {"type": ["string", "null"]},
+        },
+        "data_root": {
+            "label": "Data root",
+            "description": "Where the partition files live when not under the spec's accelerator_dir, "
+            "e.g. s3://bucket/prefix/<dataset> (a snapshot location). Empty: the spec's.",
+            "schema": {"type": ["string", "null"]},
+        },
+        "aws_conn_id": {
+            "label": "AWS connection id",
+            "description": "The AWS connection of an s3:// data root or catalog. Empty: aws_default, else "
+            "boto3's default credential chain.",
+            "schema": {"type": ["string", "null"]},
+        },
+        "cache_dir": {
+            "label": "Cache directory",
+            "description": "Where files fetched from S3 are kept, by checksum. Empty: a temporary "
+            "directory of the process.",
+            "schema": {"type": ["string", "null"]},
+        },
+        "cache_max_bytes": {
+            "label": "Cache size (bytes)",
+            "description": "Most bytes the cache keeps. Empty: 2 GiB or a tenth of the free space, "
+            "whichever is less.",
+            "schema": {"type": ["integer", "null"], "minimum": 1},
+        },
+    },
+}
+
 
 def get_provider_info() -> dict[str, Any]:
     """What this provider ships: hooks, operators, sensors, triggers and its connection type."""
@@ -17,7 +66,7 @@ def get_provider_info() -> dict[str, Any]:
         "integrations": [
             {
                 "integration-name": "Airflow Partitions",
-                "external-doc-url": "https://pypi.org/project/airflow-partitions/",
+                "external-doc-url": DOCUMENTATION_URL,
                 "tags": ["software"],
             }
         ],
@@ -83,10 +132,5 @@ def get_provider_info() -> dict[str, Any]:
         },
         # `aws` and `spark` / `spark_connect` connections belong to their own providers; this one adds
         # a connection whose extra carries `spec_path` for PartitionedDatasetHook.
-        "connection-types": [
-            {
-                "hook-class-name": "airflow_partitions.hooks.partitioned_dataset.PartitionedDatasetHook",
-                "connection-type": "airflow_partitions",
-            }
-        ],
+        "connection-types": [PARTITIONS_CONNECTION],
     }

@@ -50,7 +50,9 @@ def test_hook_declares_its_connection_type() -> None:
     assert PartitionedDatasetHook.conn_name_attr == "partitions_conn_id"
     assert PartitionedDatasetHook.default_conn_name == "airflow_partitions_default"
     assert PartitionedDatasetHook.hook_name
-    assert "extra" not in PartitionedDatasetHook.get_ui_field_behaviour()["hidden_fields"]
+    from airflow_partitions.provider_info import PARTITIONS_CONNECTION
+
+    assert "extra" not in PARTITIONS_CONNECTION["ui-field-behaviour"]["hidden-fields"]
 
 
 def test_building_the_hook_does_no_io(tmp_path: Path) -> None:

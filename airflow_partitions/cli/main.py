@@ -14,6 +14,7 @@ from airflow_partitions.exceptions import AirflowPartitionsError
 # Each module defines `register(subparsers) -> None`; the parser it adds sets `func(args) -> int`.
 # Add a subcommand by creating `cli/<name>.py` and listing it here.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "init",
     "validate",
     "refresh",
     "status",

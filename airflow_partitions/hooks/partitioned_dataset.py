@@ -36,7 +36,8 @@ class PartitionedDatasetHook(BaseHook):
     not given), `data_root` (where partition files live, e.g. `s3://bucket/prefix/<dataset>`) and
     `aws_conn_id` (the AWS connection for an `s3://` data root), `cache_dir` and `cache_max_bytes` (where
     and how many bytes of files fetched from S3 are kept locally, keyed by checksum; default a temporary
-    directory of the process and 2 GiB or a tenth of its free space, whichever is less).
+    directory of the process and 2 GiB or a tenth of its free space, whichever is less). The connection
+    form (one field per extra key, Host / Login / Password hidden) is declared in `provider_info.py`.
     """
 
     conn_name_attr = "partitions_conn_id"
@@ -65,18 +66,6 @@ class PartitionedDatasetHook(BaseHook):
         self.aws_conn_id = aws_conn_id
         self.cache_dir = cache_dir
         self.cache_max_bytes = cache_max_bytes
-
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        """The connection form: only the extra matters."""
-        return {
-            "hidden_fields": ["host", "schema", "login", "password", "port"],
-            "relabeling": {},
-            "placeholders": {
-                "extra": '{"spec_path": "/opt/airflow/dags/datasets.yaml", "data_root": null, '
-                '"aws_conn_id": null}'
-            },
-        }
 
     # --- configuration ------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ class PartitionDiscoveryOperator(DatasetOperator):
         run = RefreshRunConf.from_context(
             context, partitions=self.partitions, where=self.where, full_refresh=self.full_refresh
         )
+        run.check_partitions(self.dataset, self.dataset_spec.acceleration.partition_names)
         self.prepare_sources()
         plan = plan_refresh(
             self.project,

@@ -2,16 +2,24 @@
 
 A refresh DAG declares these as `Param`s, so the Airflow UI's trigger form offers them and the REST API
 validates a run's `conf` against the same schemas. Operators read the merged values from
-`context["params"]`; an explicit operator argument wins over the run's value.
+`context["params"]`; an explicit operator argument wins over the run's value. Airflow keeps conf keys no
+param declares, so `from_context` refuses them itself: a misspelt `wher` must not run an unfiltered refresh.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import datetime as dt
+import difflib
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import RunConfError
+from airflow_partitions.keys import PartitionKey, Scalar, escape_component, key_text_problem
+
+if TYPE_CHECKING:
+    from airflow_partitions.spec import DatasetSpec
 
 PARTITIONS = "partitions"
 WHERE = "where"
@@ -26,9 +34,9 @@ RUN_PARAM_SCHEMAS: dict[str, dict[str, Any]] = {
         "items": {"type": "string", "minLength": 1},
         "title": "Partitions",
         "description": (
-            "Refresh exactly these partitions, one canonical key per line as shown on the mapped task "
-            "(e.g. bucket=7/day=2026-01-01). They are refreshed even if unchanged. "
-            "Empty: let discovery decide."
+            "Refresh exactly these partitions, one key per line as shown on the mapped task "
+            "(e.g. bucket=7/day=2026-01-01). They are refreshed even if unchanged; no other partition "
+            "is refreshed or removed. Empty: let discovery decide."
         ),
     },
     WHERE: {
@@ -37,7 +45,8 @@ RUN_PARAM_SCHEMAS: dict[str, dict[str, Any]] = {
         "title": "Where",
         "description": (
             "SQL filter on partition columns or expressions (e.g. region = 'EU' AND day >= '2026-01-01'): "
-            "only partitions that can hold matching rows are considered."
+            "every partition that can hold matching rows is refreshed, even if unchanged; the others are "
+            "left as they are."
         ),
     },
     FULL_REFRESH: {
@@ -45,7 +54,10 @@ RUN_PARAM_SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "boolean",
         "title": "Full refresh",
         "description": (
-            "Refresh every selected partition, changed or not (otherwise only new and changed ones)."
+            "Without Partitions or Where: on, every partition is rewritten, changed or not; off, only new "
+            "and changed partitions are refreshed and unchanged ones are left as they are. With Partitions "
+            "or Where it changes nothing: the selected partitions are refreshed even if unchanged and "
+            "every other partition is left as it is."
         ),
     },
     SNAPSHOT: {
@@ -96,9 +108,23 @@ class RefreshRunConf:
 
     @classmethod
     def from_context(cls, context: Mapping[str, Any], **overrides: Any) -> RefreshRunConf:
-        """From a task's context: the DAG's params merged with the run's conf, as Airflow resolves them."""
+        """From a task's context: the DAG's params merged with the run's conf, as Airflow resolves them.
+
+        A conf key that neither these options nor the DAG's own params declare is refused
+        (`check_conf_keys`) before any value is read.
+        """
+        dag_run = context.get("dag_run")
+        conf = getattr(dag_run, "conf", None) or {}
+        declared = getattr(context.get("dag"), "params", None) or {}
+        check_conf_keys(conf, {*RUN_PARAM_SCHEMAS, *declared})
         params = context.get("params") or {}
         return cls.from_mapping(params, **overrides)
+
+    def check_partitions(self, dataset: str, names: Sequence[str]) -> None:
+        """Refuse `partitions` keys that do not have the dataset's partition fields, in order."""
+        problems = [problem for key in self.partitions or () if (problem := key_text_problem(key, names))]
+        if problems:
+            raise RunConfError(f"`{PARTITIONS}` of dataset {dataset!r}: {'; '.join(problems)}")
 
     def to_conf(self) -> dict[str, Any]:
         """The run conf that reproduces these options (what the UI form and the backfill CLI send)."""
@@ -131,3 +157,112 @@ def _as_where(value: Any) -> str | None:
     if isinstance(value, str):
         return value.strip() or None
     raise RunConfError(f"`{WHERE}` must be a SQL filter string, got {type(value).__name__}")
+
+
+def check_conf_keys(conf: Mapping[str, Any], valid: Collection[str]) -> None:
+    """Refuse a run conf with keys outside `valid`, naming the closest valid key of each and all of them."""
+    unknown = sorted((str(key) for key in conf if key not in valid), key=str)
+    if not unknown:
+        return
+    described = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.6)
+        described.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    raise RunConfError(
+        f"the run's conf has unknown key{'s' if len(unknown) > 1 else ''} {', '.join(described)}; "
+        f"valid keys: {', '.join(sorted(valid))}. Nothing was refreshed: trigger the DAG again with "
+        "the key spelt as listed"
+    )
+
+
+# Sample values, by the declared type of the column a partition field reads (the DAG parser has no pyarrow).
+_SAMPLE_BY_TYPE: tuple[tuple[str, Scalar], ...] = (
+    ("timestamp", dt.datetime(2026, 1, 1)),
+    ("date", dt.date(2026, 1, 1)),
+    ("bool", True),
+    ("decimal", Decimal("10.00")),
+    ("int", 42),
+    ("uint", 42),
+    ("string", "EU"),
+    ("large_string", "EU"),
+    ("utf8", "EU"),
+)
+_SAMPLE_DATE_PART = {"year": 2026, "quarter": 1, "month": 1, "week": 1, "day": 1, "hour": 0, "minute": 0}
+
+
+def example_partition_key(dataset: DatasetSpec) -> PartitionKey | None:
+    """A plausible key of the dataset, for the trigger form's help; None when a field's type is unknown."""
+    from airflow_partitions.transforms import (
+        BucketTransform,
+        DatePartTransform,
+        DateTruncTransform,
+        ModTransform,
+        TruncateTransform,
+    )
+
+    declared = dict(dataset.declared_columns)
+    values: list[Scalar] = []
+    for field in dataset.acceleration.partition_by:
+        transform = field.transform
+        column_type = str(declared.get(transform.source_column, ""))
+        by_type = next((v for prefix, v in _SAMPLE_BY_TYPE if column_type.startswith(prefix)), None)
+        if isinstance(by_type, dt.datetime) and "," in column_type:
+            by_type = by_type.replace(tzinfo=dt.UTC)  # `timestamp[us, UTC]`: keys hold UTC instants
+        if isinstance(transform, BucketTransform):
+            value: Scalar = min(7, transform.num_buckets - 1)
+        elif isinstance(transform, ModTransform):
+            value = min(3, transform.modulus - 1)
+        elif isinstance(transform, DatePartTransform):
+            value = _SAMPLE_DATE_PART.get(transform.unit, 1)
+        elif isinstance(transform, DateTruncTransform):
+            value = by_type if isinstance(by_type, dt.date) else dt.datetime(2026, 1, 1)
+        elif isinstance(transform, TruncateTransform) and isinstance(by_type, int | Decimal):
+            value = by_type if isinstance(by_type, Decimal) else 0
+        elif isinstance(transform, TruncateTransform) and by_type is None:
+            return None
+        else:
+            if by_type is None:
+                return None
+            value = by_type
+        values.append(value)
+    return PartitionKey(tuple(values))
+
+
+def partitions_schema(dataset: DatasetSpec) -> dict[str, Any]:
+    """The `partitions` param of one dataset: its key format in the help, and a pattern the form checks."""
+    names = dataset.acceleration.partition_names
+    shape = "/".join(f"{name}=<value>" for name in names)
+    example = example_partition_key(dataset)
+    if example is not None:
+        readable = example.describe(names).replace(", ", "/")
+        canonical = example.path(names)
+        sample = f"; e.g. `{canonical}`" + (f" or, readable, `{readable}`" if readable != canonical else "")
+    else:
+        sample = ""
+    schema = dict(RUN_PARAM_SCHEMAS[PARTITIONS])
+    schema["description"] = (
+        f"Refresh exactly these partitions of {dataset.name}, one key per line as shown on the mapped "
+        f"task: `{shape}`{sample}. NULL is %NULL. They are refreshed even if unchanged; no other "
+        "partition is refreshed or removed. Empty: let discovery decide."
+    )
+    schema["items"] = {"type": "string", "minLength": 1, "pattern": _key_pattern(names)}
+    return schema
+
+
+def _key_pattern(names: Sequence[str]) -> str:
+    """A regular expression (JSON Schema dialect) of keys naming `names` in order, readable or escaped."""
+
+    def alternatives(name: str) -> str:
+        spellings = dict.fromkeys((name, escape_component(name)))
+        return "(?:" + "|".join(_regex_literal(s) for s in spellings) + ")"
+
+    if not names:
+        return "^$"
+    rest = "".join(f".*/{alternatives(name)}=" for name in names[1:])
+    return rf"^\s*/?{alternatives(names[0])}={rest}.*$"
+
+
+def _regex_literal(text: str) -> str:
+    # Only the syntax characters: Python's re.escape adds escapes (`\-`) that ECMAScript's unicode mode
+    # (the UI's validator) rejects.
+    return "".join(f"\\{ch}" if ch in "\\^$.|?*+()[]{}/" else ch for ch in text)

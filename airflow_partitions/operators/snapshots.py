@@ -186,6 +186,8 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
         from airflow_partitions.snapshots.bootstrap import bootstrap_snapshot, select_where
         from airflow_partitions.snapshots.manifest import read_snapshot_manifest
 
+        # The first task of a DAG with bootstrap: a conf with unknown keys stops the run here.
+        RefreshRunConf.from_context(context)
         self.skip_unless(self.actions.bootstrap, "bootstrap")
         catalog = self.open_catalog()
         if self.only_if_empty and catalog.latest() is not None:

@@ -26,7 +26,7 @@ from airflow_partitions.exceptions import (
     SchemaMixedRefreshError,
     TooManyPartitionsError,
 )
-from airflow_partitions.keys import PartitionKey, Scalar, value_to_text
+from airflow_partitions.keys import PartitionKey, Scalar, key_text_problem, value_to_text
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import Deadline, KeyTuple, Source, fingerprint_schema_tag
 from airflow_partitions.spec.model import bucket_count, static_partition_count
@@ -145,6 +145,11 @@ def discover(
     if not all(t.is_bound for t in transforms):
         raise DiscoveryError(f"dataset {dataset.name!r} must be bound to its source schema before discovery")
     names = acceleration.partition_names
+    if partitions is not None:
+        # Before the survey, which may scan the whole source: a key of the wrong shape names nothing.
+        problems = [problem for text in partitions if (problem := key_text_problem(text, names))]
+        if problems:
+            raise DiscoveryError(f"dataset {dataset.name!r}: {'; '.join(problems)}")
     spec_id = acceleration.partition_spec_id
     refresh = acceleration.refresh
     limit = max_partitions if max_partitions is not None else refresh.max_partitions

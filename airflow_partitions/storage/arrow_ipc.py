@@ -35,7 +35,9 @@ class ArrowIpcStorage(PartitionStorage):
 
     def _count_file_rows(self, dataset_root: Path, file: DataFile) -> int:
         source = pa.memory_map(str(data_file_path(dataset_root, file)), "r")
-        return int(pa.ipc.open_file(source).count_rows())
+        reader = pa.ipc.open_file(source)
+        # The batch lengths, read from the memory map without copying; `count_rows` is pyarrow 26+ only.
+        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
 
     def register_duckdb(
         self,
