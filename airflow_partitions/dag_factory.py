@@ -103,6 +103,24 @@ def run_params() -> dict[str, Any]:
     return params
 
 
+def refresh_schedule(schedule: str | None) -> Any:
+    """The DAG schedule of `refresh.schedule`: the cron / preset as given, or, without one,
+    `PartitionedAtRuntime()`.
+
+    An unscheduled refresh DAG is a partitioned DAG in Airflow's sense (3.2+): a run triggered with a
+    `partition_key` (REST API, the UI's trigger dialog) refreshes exactly that partition and the run
+    carries the key (Partition Key column and filter, `airflow dags clear --partition-key`). Airflow
+    accepts a trigger-time key only on partitioned timetables, and its cron partition timetable would
+    give every scheduled run a date key of its own; a cron-scheduled refresh DAG therefore keeps its plain
+    cron and takes partitions through the `partitions` / `where` params.
+    """
+    if schedule:
+        return schedule
+    from airflow.sdk import PartitionedAtRuntime
+
+    return PartitionedAtRuntime()
+
+
 def describe_for_ui(dataset: DatasetSpec) -> str:
     """Markdown shown on the DAG's page: what the DAG refreshes and how."""
     acceleration = dataset.acceleration
@@ -167,7 +185,7 @@ def build_refresh_dag(
     actions = snapshot_actions(spec.acceleration.snapshots.mode)
     asset = dataset_asset(project, spec)
     options: dict[str, Any] = {
-        "schedule": spec.acceleration.refresh.schedule,
+        "schedule": refresh_schedule(spec.acceleration.refresh.schedule),
         "start_date": DEFAULT_START_DATE,
         "catchup": False,
         # One refresh per dataset at a time: two would only fight over the same catalog commit.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import textwrap
 import threading
 import time
@@ -22,7 +23,7 @@ import pytest
 from airflow_e2e.metadata_db import MetadataDatabase, in_process_metadata_db
 from airflow_e2e.sample import append_sales, sample_spec, write_sales
 
-from airflow_partitions.exceptions import OrchestrationError, RefreshError
+from airflow_partitions.exceptions import DiscoveryError, OrchestrationError, RefreshError
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
 
@@ -160,6 +161,53 @@ def test_discovery_returns_work_items_and_pushes_the_plan(
     assert plan["base_version"] is None
 
 
+def _discover_in_run(spec: Path, **ctx: Any) -> list[dict[str, Any]]:
+    """The work items a discovery task returns in a run whose context holds `ctx` (run's partition_key)."""
+    from airflow_partitions.operators import PartitionDiscoveryOperator
+
+    pushed: dict[str, Any] = {}
+    task_context = {
+        **context(),
+        "ti": SimpleNamespace(xcom_push=lambda key, value: pushed.update({key: value})),
+    }
+    task_context.update(ctx)
+    items = PartitionDiscoveryOperator(task_id="discover", spec_path=spec, dataset="sales").execute(
+        task_context  # type: ignore[arg-type]
+    )
+    assert pushed["plan"]["dataset"] == "sales"
+    return items
+
+
+def test_a_run_with_a_partition_key_refreshes_exactly_that_partition(tmp_path: Path) -> None:
+    from airflow_partitions.exceptions import RunConfError
+
+    spec = make_spec(tmp_path)
+    eu_day_2 = "region=EU/day=2026-01-02T00%3A00%3A00"
+    for key in ("EU|2026-01-02T00:00:00", "region=EU/day=2026-01-02T00:00:00", eu_day_2):
+        items = _discover_in_run(spec, partition_key=key)
+        assert [item["key_path"] for item in items] == [eu_day_2], key
+    # The run's key also comes from the dag_run when the context has no `partition_key` of its own.
+    items = _discover_in_run(spec, dag_run=SimpleNamespace(partition_key="US|2026-01-01T00:00:00"))
+    assert [item["key_path"] for item in items] == ["region=US/day=2026-01-01T00%3A00%3A00"]
+    with pytest.raises(RunConfError, match=re.escape("partition_key 'EU|2026-01-02T00:00:00' and also")):
+        _discover_in_run(spec, partition_key="EU|2026-01-02T00:00:00", params={"where": "region = 'US'"})
+    with pytest.raises(DiscoveryError, match=re.escape("no partition 'EU|2031")):
+        _discover_in_run(spec, partition_key="EU|2031-01-01T00:00:00")
+
+
+def test_mapped_refresh_label_is_the_readable_key() -> None:
+    from airflow_partitions.keys import PartitionKey
+    from airflow_partitions.operators import SparkPartitionRefreshOperator
+
+    key = PartitionKey(("Zürich/Ost", dt.datetime(2026, 1, 1)))
+    item = {"key": key.to_json(), "key_path": key.path(["region", "day"]), "reason": "new", "fp": "x"}
+    operator = SparkPartitionRefreshOperator(
+        task_id="refresh", spec_path="unused.yaml", dataset="sales", work_item=item, stage=None
+    )
+    assert operator.partition_label == "region=Zürich%2FOst/day=2026-01-01T00:00:00"
+    assert operator.map_index_template == "{{ task.partition_label }}"
+
+
 # --- stage, refresh, commit -----------------------------------------------------------------------
 
 
@@ -182,7 +230,12 @@ def test_stage_refresh_commit_and_asset_events(tmp_path: Path) -> None:
     snapshot = latest(spec)
     assert {snapshot.partitions[p].rows for p in snapshot.partitions} == {15}
     accessor = ctx["outlet_events"][asset]
-    assert accessor.partition_keys == {r["key_path"] for r in refreshed.results}
+    from airflow_partitions.keys import PartitionKey, composite_key
+
+    assert accessor.partition_keys == {
+        composite_key(PartitionKey.from_json(r["key"])) for r in refreshed.results
+    }, "one event per partition, keyed in Airflow's composite convention"
+    assert "EU|2026-01-01T00:00:00" in accessor.partition_keys
     assert accessor.extra["version"] == 1
     assert accessor.extra["partitions_refreshed"] == 6
     assert not Path(refreshed.stage["location"]).exists(), "the stage is removed once committed"

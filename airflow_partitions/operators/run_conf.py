@@ -8,7 +8,7 @@ validates a run's `conf` against the same schemas. Operators read the merged val
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from airflow_partitions.exceptions import RunConfError
@@ -100,6 +100,25 @@ class RefreshRunConf:
         params = context.get("params") or {}
         return cls.from_mapping(params, **overrides)
 
+    def for_partition_key(self, partition_key: str | None) -> RefreshRunConf:
+        """These options for a run that carries Airflow's `partition_key`: that one partition, conf-less.
+
+        A run triggered with a partition key (the REST API's / UI's `partition_key`, a partition-aware
+        backfill, an asset-triggered partitioned run) refreshes exactly the partition it names, in any
+        form `select_keys` accepts (Airflow's composite key `EU|2026-01-01T00:00:00`, the readable
+        label, the canonical key string), changed or not. Naming partitions a second way (`partitions`
+        or `where`) in the same run is refused: one run, one selection.
+        """
+        if partition_key is None:
+            return self
+        if self.partitions is not None or self.where is not None:
+            raise RunConfError(
+                f"this run carries partition_key {partition_key!r} and also `{PARTITIONS}` / `{WHERE}`; "
+                "a run with a partition key refreshes that partition: trigger it without "
+                f"`{PARTITIONS}` and `{WHERE}`, or without a partition key"
+            )
+        return replace(self, partitions=(partition_key,))
+
     def to_conf(self) -> dict[str, Any]:
         """The run conf that reproduces these options (what the UI form and the backfill CLI send)."""
         return {
@@ -131,3 +150,12 @@ def _as_where(value: Any) -> str | None:
     if isinstance(value, str):
         return value.strip() or None
     raise RunConfError(f"`{WHERE}` must be a SQL filter string, got {type(value).__name__}")
+
+
+def run_partition_key(context: Mapping[str, Any]) -> str | None:
+    """The `partition_key` of the task's run (Airflow 3.2+ partitioned runs), or None."""
+    key = context.get("partition_key")
+    if key is None:
+        dag_run = context.get("dag_run")
+        key = getattr(dag_run, "partition_key", None)
+    return key if isinstance(key, str) and key else None
