@@ -631,3 +631,112 @@ def test_vacuum_reports_then_removes_unreferenced_files(tmp_path: Path) -> None:
     assert len(list((tmp_path / "acc").rglob("*.parquet"))) == len(files_before) - 3
     with pytest.raises(OrchestrationError, match="retain_versions"):
         VacuumOperator(task_id="v", spec_path=spec, dataset="sales", retain_versions=0)
+
+
+# --- metrics through Airflow's Stats --------------------------------------------------------------
+
+
+class StatsdListener:
+    """A real StatsD endpoint: a UDP socket on loopback and a thread collecting every metric line."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = int(self.sock.getsockname()[1])
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            self.lines.extend(data.decode("utf-8").splitlines())
+
+    def metrics(self, name: str) -> list[tuple[float, str]]:
+        """(value, type) of every line sent for `name` (`<name>:<value>|<type>`)."""
+        found = []
+        for line in list(self.lines):
+            metric, _, rest = line.partition(":")
+            if metric == name:
+                value, _, kind = rest.partition("|")
+                found.append((float(value), kind.split("|")[0]))
+        return found
+
+    def wait_for(self, name: str, count: int, timeout: float = 10.0) -> list[tuple[float, str]]:
+        deadline = time.monotonic() + timeout
+        while len(self.metrics(name)) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.metrics(name)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def statsd(monkeypatch: pytest.MonkeyPatch) -> Iterator[StatsdListener]:
+    """Airflow configured to send StatsD metrics to a listener on loopback, Stats not yet initialised
+    (as in `dag.test()`, where no task runner initialises it)."""
+    from airflow.sdk._shared.observability.metrics import stats as shared
+
+    listener = StatsdListener()
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_HOST", "127.0.0.1")
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PORT", str(listener.port))
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PREFIX", "airflow")
+    monkeypatch.setattr(shared, "_factory", None)
+    monkeypatch.setattr(shared, "_backend", None)
+    try:
+        yield listener
+    finally:
+        listener.close()
+
+
+def test_refresh_metrics_reach_a_statsd_listener(
+    tmp_path: Path, dags_folder: tuple[Path, MetadataDatabase], statsd: StatsdListener
+) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    from airflow_partitions.operators.run_conf import RefreshRunConf
+
+    dags, _ = dags_folder
+    spec = make_spec(tmp_path, rows=30, days=1)
+    (dags / "metrics_sales.py").write_text(
+        textwrap.dedent(
+            f"""\
+            from airflow_partitions.dag_factory import build_refresh_dag
+            from airflow_partitions.spec import load_spec
+
+            project = load_spec({str(spec)!r}, check_types=False)
+            dag = build_refresh_dag(project, "sales", dag_id="metrics_sales")
+            """
+        )
+    )
+    run = DagBag(dag_folder=str(dags)).dags["metrics_sales"].test(run_conf=RefreshRunConf().to_conf())
+    assert str(run.state) == "success"
+    snapshot = latest(spec)
+    assert len(snapshot.partitions) == 3
+
+    entries = [snapshot.partitions[path] for path in snapshot.partitions]
+    rows = statsd.wait_for("airflow.dataset_acceleration_refresh_rows.sales", 3)
+    assert sorted(rows) == sorted((float(e.rows), "c") for e in entries), "rows: one count per partition"
+    assert sum(value for value, _ in rows) == 30
+    sizes = statsd.wait_for("airflow.dataset_acceleration_refresh_bytes.sales", 3)
+    assert sorted(sizes) == sorted((float(e.bytes), "c") for e in entries)
+    assert (
+        statsd.wait_for("airflow.dataset_acceleration_refresh_partitions.sales.success", 3)
+        == [(1.0, "c")] * 3
+    )
+    durations = statsd.wait_for("airflow.dataset_acceleration_refresh_duration.sales", 3)
+    assert len(durations) == 3
+    assert all(kind == "ms" and value > 0 for value, kind in durations)
+    assert statsd.wait_for("airflow.dataset_acceleration_refresh_stage_rows.sales", 1) == [(30.0, "c")]
+    assert statsd.metrics("airflow.dataset_acceleration_refresh_partitions.sales.failed") == []
