@@ -245,6 +245,18 @@ def test_stage_refresh_commit_and_asset_events(tmp_path: Path) -> None:
     assert latest(spec).version == 1
 
 
+def test_commit_of_a_single_partition_run_takes_the_lone_descriptor(tmp_path: Path) -> None:
+    """A mapped group of one instance hands the commit its descriptor alone, not a list of one."""
+    spec = make_spec(tmp_path, days=1)
+    refreshed = stage_and_refresh(spec, partitions=["US|2026-01-01T00:00:00"])
+    assert refreshed.results is not None
+    assert len(refreshed.results) == 1
+    refreshed.results = refreshed.results[0]  # type: ignore[assignment]
+    result, _ = commit(spec, refreshed)
+    assert result["upserted"] == 1
+    assert set(latest(spec).partitions) == {"region=US/day=2026-01-01T00%3A00%3A00"}
+
+
 def test_refresh_without_a_stage_task_stages_its_own_partition(tmp_path: Path) -> None:
     from airflow_partitions.operators import SparkPartitionRefreshOperator
 
