@@ -205,6 +205,7 @@ class Progress:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._poll_spark()
         self._read_log()
 
     def say(self, text: str) -> None:
@@ -253,15 +254,21 @@ class Progress:
             return
         try:
             tracker = context.statusTracker()
-            active = set(tracker.getActiveStageIds())
-            # One line as a stage starts and one once it is done: the screen stays short.
-            for stage_id in sorted(active - set(self.stages)):
+            stage_ids = set(tracker.getActiveStageIds())
+            for job_id in tracker.getJobIdsForGroup():
+                job = tracker.getJobInfo(job_id)
+                stage_ids.update(job.stageIds if job is not None else ())
+            # One line as a stage starts and one once its tasks are done: the screen stays short.
+            for stage_id in sorted(stage_ids - self.finished):
                 info = tracker.getStageInfo(stage_id)
-                self.stages[stage_id] = info.numTasks if info is not None else 0
-                self.say(f"Spark stage {stage_id}: running {self.stages[stage_id]} task(s)")
-            for stage_id in sorted(set(self.stages) - active - self.finished):
-                self.finished.add(stage_id)
-                self.say(f"Spark stage {stage_id}: done")
+                if info is None or info.numTasks == 0:
+                    continue
+                if info.numCompletedTasks >= info.numTasks:
+                    self.finished.add(stage_id)
+                    self.say(f"Spark stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} tasks done")
+                elif stage_id not in self.stages:
+                    self.stages[stage_id] = info.numTasks
+                    self.say(f"Spark stage {stage_id}: running {info.numTasks} task(s)")
         except Exception:  # the session may stop between two polls; progress is best-effort
             return
 

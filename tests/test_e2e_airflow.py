@@ -326,6 +326,85 @@ def test_a_run_triggered_with_a_partition_key_refreshes_only_that_partition(
     assert ("US|2026-01-01", "success") in runs, stack.logs_tail()
 
 
+DAILY_REFRESH_DAG_ID = "refresh_sales_daily"
+DAILY_REFRESH_DAG = f'''\
+"""A day-partitioned refresh on Airflow's cron partition timetable: one run, and one key, per day."""
+
+from airflow.sdk import CronPartitionTimetable
+
+from airflow_partitions.dag_factory import build_refresh_dag
+from airflow_partitions.spec import load_spec
+
+project = load_spec({{spec!r}}, check_types=False)
+dag = build_refresh_dag(
+    project,
+    "sales_daily",
+    dag_id="{DAILY_REFRESH_DAG_ID}",
+    dag_kwargs={{{{"schedule": CronPartitionTimetable("0 0 * * *", timezone="UTC")}}}},
+)
+'''
+
+
+def test_airflow_backfill_over_days_refreshes_one_partition_per_run(
+    stack: AirflowStack, client: AirflowApiClient
+) -> None:
+    """Airflow's own partition-aware backfill (the Backfill dialog's API) on a day-partitioned dataset."""
+    root = stack.dags_folder.parent / "daily"
+    write_sales(root / "src", rows=30, days=3, regions=("EU", "US"))
+    spec = root / "datasets.yaml"
+    spec.write_text(
+        f"accelerator_dir: {root / 'acc'}\n"
+        "datasets:\n"
+        "  - name: sales_daily\n"
+        f"    from: file:{root / 'src'}/\n"
+        "    params: {file_format: parquet}\n"
+        "    acceleration:\n"
+        "      engine: parquet\n"
+        "      partition_by:\n"
+        "        - day: \"date_trunc('day', ts)\"\n"
+    )
+    (stack.dags_folder / "sales_daily.py").write_text(DAILY_REFRESH_DAG.format(spec=str(spec)))
+    stack.wait_for_dag(client, DAILY_REFRESH_DAG_ID, poll=2)
+    client.set_paused(DAILY_REFRESH_DAG_ID, paused=False)
+
+    client._send(
+        "POST",
+        "/api/v2/backfills",
+        json_body={
+            "dag_id": DAILY_REFRESH_DAG_ID,
+            "from_date": "2026-01-01T00:00:00Z",
+            "to_date": "2026-01-03T00:00:00Z",
+            "max_active_runs": 1,
+        },
+    )
+    days = {f"2026-01-0{day}T00:00:00" for day in (1, 2, 3)}
+    deadline = time.monotonic() + 400
+    while True:
+        runs = stack.query(
+            "SELECT run_id, partition_key, state FROM dag_run WHERE dag_id = %s", (DAILY_REFRESH_DAG_ID,)
+        )
+        if {key for _, key, state in runs if state in ("success", "failed")} == days:
+            break
+        assert time.monotonic() < deadline, f"{runs}\n{stack.logs_tail()}"
+        time.sleep(2)
+    assert sorted((key, state) for _, key, state in runs) == [(day, "success") for day in sorted(days)]
+    for run_id, key, _ in runs:
+        refreshed = [
+            ti["rendered_map_index"]
+            for ti in client.task_instances(DAILY_REFRESH_DAG_ID, run_id)
+            if ti["task_id"] == "partition.refresh"
+        ]
+        assert refreshed == [f"day={key}"], "each backfill run refreshes the day its partition key names"
+
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(spec)
+    snapshot = open_dataset_catalog(project, project.dataset("sales_daily")).latest()
+    assert snapshot.version == 3, "one commit per backfill run"
+    assert sum(snapshot.partitions[path].rows for path in snapshot.partitions) == 30
+
+
 def test_stage_less_dag_runs_each_partition_task_on_spark_connect(
     stack: AirflowStack, client: AirflowApiClient
 ) -> None:
