@@ -26,8 +26,9 @@ RUN_PARAM_SCHEMAS: dict[str, dict[str, Any]] = {
         "items": {"type": "string", "minLength": 1},
         "title": "Partitions",
         "description": (
-            "Refresh exactly these partitions, one canonical key per line as shown on the mapped task "
-            "(e.g. bucket=7/day=2026-01-01). They are refreshed even if unchanged. "
+            "Refresh exactly these partitions, one per line as the mapped refresh task shows it "
+            "(e.g. region=Zürich/day=2026-01-01T00:00:00) or as Airflow partition key "
+            "(Zürich|2026-01-01T00:00:00). They are refreshed even if unchanged. "
             "Empty: let discovery decide."
         ),
     },
