@@ -231,9 +231,9 @@ class Progress:
             self.total = int(match.group(1))
             self.say(f"discover: {self.total} partition(s) to refresh, {match.group(2)} to remove")
         elif match := _STAGED.search(line):
-            parts, seconds, read, routed = match.groups()
+            parts, seconds, read, routed = (_count(value) for value in match.groups())
             self.say(
-                f"stage: one Spark job, {read} rows read, {routed} routed to {parts} partitions ({seconds} s)"
+                f"stage: one Spark job read {read} rows, routed {routed} to {parts} partitions in {seconds} s"
             )
         elif _REFRESHED.search(line):
             self.done += 1
