@@ -266,15 +266,22 @@ def parse_path(path: str, names: Sequence[str], kinds: Sequence[str]) -> Partiti
 def key_text_problem(text: str, names: Sequence[str]) -> str | None:
     """Why `text` cannot name a partition of fields `names`, or None when its shape fits.
 
-    Accepts the canonical key string (`region=EU/day=2026-01-01T00%3A00%3A00`) and the readable form
+    Accepts the canonical key string (`region=EU/day=2026-01-01T00%3A00%3A00`), the readable form
     people type (`region=EU/day=2026-01-01T00:00:00`), whose values may hold `/`: a component that does
-    not start with the next field's `name=` continues the previous value. Only the field names, their
-    order and their number are checked here; whether such a partition exists is discovery's answer.
+    not start with the next field's `name=` continues the previous value, and Airflow's composite key
+    (`EU|2026-01-01T00:00:00`: as many `|`-separated values as fields, `composite_key`). Only the field
+    names, their order and their number are checked here; whether such a partition exists is discovery's
+    answer.
     """
     shape = "/".join(f"{name}=<value>" for name in names)
     if not names:
         return f"the dataset has no partition fields, so {text!r} names no partition"
     stripped = text.strip().strip("/")
+    first = stripped.split("/", 1)[0].partition("=")[0]
+    if first not in (names[0], escape_component(names[0])) and (
+        text.count(COMPOSITE_DELIMITER) == len(names) - 1
+    ):
+        return None  # Airflow's composite key (`EU|2026-01-01T00:00:00`): one value per field
     found: list[str] = []
     strangers: list[str] = []
     for part in stripped.split("/") if stripped else []:
@@ -284,7 +291,9 @@ def key_text_problem(text: str, names: Sequence[str]) -> str | None:
             found.append(expected)
         elif not found:
             return (
-                f"partition key {text!r} must start with `{names[0]}=`; this dataset's keys look like {shape}"
+                f"partition key {text!r} must start with `{names[0]}=` or be Airflow's partition key "
+                f"({len(names)} value(s) joined by `{COMPOSITE_DELIMITER}`); this dataset's keys look like "
+                f"{shape}"
             )
         elif sep and field and field not in names and field.isidentifier():
             strangers.append(field)
@@ -296,3 +305,121 @@ def key_text_problem(text: str, names: Sequence[str]) -> str | None:
         f"partition key {text!r} gives {len(found)} of the {len(names)} partition fields "
         f"({', '.join(names)}), missing {missing}{unknown}; this dataset's keys look like {shape}"
     )
+
+
+# --- readable keys: map index labels and Airflow partition keys --------------------------------------
+
+# Airflow keeps a partition key (asset events, runs) and a mapped task's label in 250-character columns.
+AIRFLOW_KEY_LIMIT = 250
+# Airflow's composite-key delimiter (`ProductMapper(..., delimiter="|")`'s default).
+COMPOSITE_DELIMITER = "|"
+# A composite key is never empty: Airflow refuses an empty partition key, so an empty string value is this.
+EMPTY_MARKER = "%EMPTY"
+_LABEL_NAME_RESERVED = "/="
+_LABEL_VALUE_RESERVED = "/"
+_DIGEST_CHARS = 24
+
+
+def escape_readable(text: str, reserved: str) -> str:
+    """Percent-encode only what a readable key must: `%`, the delimiters in `reserved`, characters that do
+    not print, and whitespace at either end (run options strip it); unicode, `=`, quotes stay as they are.
+
+    The escapes are those of `escape_component` (UTF-8 bytes as `%XX`), so `unescape_readable` decodes both.
+    """
+    last = len(text) - 1
+    out: list[str] = []
+    for i, ch in enumerate(text):
+        edge_space = ch.isspace() and (i == 0 or i == last)
+        if ch == "%" or ch in reserved or not ch.isprintable() or edge_space:
+            out.append("".join(f"%{_HEX[b >> 4]}{_HEX[b & 15]}" for b in ch.encode("utf-8")))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def unescape_readable(text: str) -> str:
+    """Inverse of `escape_readable` (and of `escape_component`): decode every `%XX`, keep the rest."""
+    raw = bytearray()
+    i = 0
+    while i < len(text):
+        if text[i] == "%":
+            pair = text[i + 1 : i + 3]
+            if len(pair) != 2 or any(c not in "0123456789abcdefABCDEF" for c in pair):
+                raise PartitionValueError(
+                    f"invalid escape {text[i : i + 3]!r} in {text!r}: a literal % is written %25"
+                )
+            raw.append(int(pair, 16))
+            i += 3
+        else:
+            raw.extend(text[i].encode("utf-8"))
+            i += 1
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise PartitionValueError(f"{text!r} is not valid UTF-8 once decoded") from err
+
+
+def bounded_key(text: str, limit: int = AIRFLOW_KEY_LIMIT) -> str:
+    """`text` if it fits in `limit` characters, else a readable prefix + `%H` + a digest of all of it.
+
+    The prefix never ends inside a `%XX` escape. A shortened key names no partition by itself (the
+    catalog entry and the asset event's extra hold the exact key).
+    """
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:_DIGEST_CHARS]
+    prefix = text[: limit - len(HASHED_MARKER) - _DIGEST_CHARS]
+    cut = prefix.rfind("%")
+    if cut != -1 and cut >= len(prefix) - 2:
+        prefix = prefix[:cut]
+    return f"{prefix}{HASHED_MARKER}{digest}"
+
+
+def _readable_value(value: Scalar, reserved: str) -> str:
+    if value is None:
+        return NULL_MARKER
+    return escape_readable(value_to_text(value), reserved)
+
+
+def partition_label(names: Sequence[str], key: PartitionKey) -> str:
+    """The key as people read it, for mapped task labels and logs: `region=Zürich/day=2026-01-01`.
+
+    Same shape as the canonical key string (`PartitionKey.path`), but only `%`, `/` (and `=` in names),
+    unprintable characters and edge whitespace are escaped; NULL is `%NULL`. The `partitions` run option
+    accepts it as typed (`refresh.discovery.select_keys`). Longer than Airflow's 250 characters: shortened
+    by `bounded_key`.
+    """
+    if len(names) != len(key.values):
+        raise PartitionValueError(f"key {key.values!r} has {len(key.values)} values for fields {names}")
+    return bounded_key(
+        "/".join(
+            f"{escape_readable(name, _LABEL_NAME_RESERVED)}={_readable_value(value, _LABEL_VALUE_RESERVED)}"
+            for name, value in zip(names, key.values, strict=True)
+        )
+    )
+
+
+def composite_key(key: PartitionKey) -> str:
+    """The key in Airflow's composite-key convention: the values joined by `|`, in field order.
+
+    `ProductMapper(IdentityMapper(), StartOfDayMapper())` reads `EU|2026-01-01T00:00:00` segment by
+    segment; a one-field key is the value alone (`IdentityMapper`, `AllowedKeyMapper`). Values are written
+    as `value_to_text` writes them (ISO timestamps, with their UTC offset when the column has a time
+    zone); `%`, `|`, unprintable characters and edge whitespace are `%XX`, NULL is `%NULL`, an empty
+    string `%EMPTY`, so every key maps back to exactly one partition (`refresh.discovery.select_keys`).
+    Longer than 250 characters: shortened by `bounded_key`.
+    """
+    segments = [
+        EMPTY_MARKER
+        if value is not None and value_to_text(value) == ""
+        else _readable_value(value, COMPOSITE_DELIMITER)
+        for value in key.values
+    ]
+    return bounded_key(COMPOSITE_DELIMITER.join(segments))
+
+
+def names_of_path(key_path: str) -> list[str]:
+    """The field names of a canonical key string, in order (`region=EU/day=...` -> `[region, day]`)."""
+    if not key_path:
+        return []
+    return [unescape_component(part.partition("=")[0]) for part in key_path.split("/")]

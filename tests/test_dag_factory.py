@@ -68,7 +68,7 @@ def test_refresh_dag_shape_with_snapshots(sample_dags: Path) -> None:
     assert dag.get_task("stage").upstream_task_ids == {"discover"}
     refresh = dag.get_task("partition.refresh")
     assert refresh.upstream_task_ids == {"discover", "stage"}
-    assert refresh.map_index_template == "{{ task.work_item['key_path'] }}", "UI label = partition key"
+    assert refresh.map_index_template == "{{ task.partition_label }}", "UI label = readable partition key"
     upload = dag.get_task("partition.upload_snapshot")
     assert upload.upstream_task_ids == {"partition.refresh"}
     assert "key_path" in upload.map_index_template
@@ -98,7 +98,8 @@ def test_snapshot_tasks_only_when_the_mode_uploads(tmp_path: Path) -> None:
     assert set(dag.task_ids) == {"discover", "stage", "partition.refresh", "commit"}, (
         "snapshots disabled: no bootstrap, upload or publish task"
     )
-    assert dag.schedule is None
+    assert dag.timetable.partitioned_at_runtime, "unscheduled: triggered runs may carry a partition_key"
+    assert not dag.timetable.can_be_scheduled
 
 
 def test_spark_settings_and_a_second_stage_less_dag_over_one_dataset(tmp_path: Path) -> None:

@@ -66,6 +66,23 @@ class Deployment:
         return [(key, extra if isinstance(extra, dict) else json.loads(extra or "{}")) for key, extra in rows]
 
 
+def readable(key_path: str) -> str:
+    """The readable label of a canonical key string (what a mapped refresh task shows)."""
+    from airflow_partitions.keys import NULL_MARKER, unescape_component
+
+    parts = (part.partition("=") for part in key_path.split("/"))
+    return "/".join(
+        f"{name}={value if value == NULL_MARKER else unescape_component(value)}" for name, _, value in parts
+    )
+
+
+def airflow_key(key_path: str) -> str:
+    """The Airflow partition key (composite convention) of a canonical key string of plain values."""
+    from airflow_partitions.keys import unescape_component
+
+    return "|".join(unescape_component(part.partition("=")[2]) for part in key_path.split("/"))
+
+
 def task_states(run: Any) -> dict[tuple[str, int], tuple[str | None, str | None]]:
     """(task_id, map_index) -> (state, rendered map index) of a finished run."""
     return {
@@ -140,7 +157,9 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
     assert snapshot is not None
     assert snapshot.version == 1
     key_paths = set(snapshot.partitions)
-    assert {label for _, label in refreshed.values()} == key_paths, "each mapped task is labelled by its key"
+    labels = {path: readable(path) for path in key_paths}
+    assert {label for _, label in refreshed.values()} == set(labels.values()), "labelled by readable key"
+    assert labels["region=EU/day=2026-01-01T00%3A00%3A00"] == "region=EU/day=2026-01-01T00:00:00"
     assert sum(snapshot.partitions[p].rows for p in key_paths) == 180
     assert all(snapshot.partitions[p].rows == 20 for p in key_paths)
     assert states[("commit", -1)][0] == "success"
@@ -162,7 +181,8 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
 
     # --- asset events: one per refreshed partition, keyed by the partition -------------------------
     events = deployment.asset_events("sales")
-    assert {key for key, _ in events} == key_paths
+    assert {key for key, _ in events} == {airflow_key(path) for path in key_paths}
+    assert "EU|2026-01-01T00:00:00" in {key for key, _ in events}, "Airflow's composite-key convention"
     assert all(extra["version"] == 1 and extra["dataset"] == "sales" for _, extra in events)
 
     # --- a pruned read through the hook afterwards opens only the EU partitions ----------------------
@@ -191,7 +211,7 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
     states = task_states(run)
     assert str(run.state) == "success", states
     eu = {label for (task, _), (_, label) in states.items() if task == "partition.refresh"}
-    assert eu == {p for p in key_paths if p.startswith("region=EU/")}
+    assert eu == {labels[p] for p in key_paths if p.startswith("region=EU/")}
     assert all(
         state == "skipped" for (task, _), (state, _) in states.items() if task == "partition.upload_snapshot"
     ), "param snapshot=false skips uploads"
@@ -201,9 +221,9 @@ def test_refresh_dag_end_to_end(deployment: Deployment) -> None:
     changed = {
         p for p in key_paths if after.partitions[p].refreshed_at != snapshot.partitions[p].refreshed_at
     }
-    assert changed == eu, "only the filtered partitions were rewritten"
+    assert {labels[p] for p in changed} == eu, "only the filtered partitions were rewritten"
     new_events = deployment.asset_events("sales")[len(events) :]
-    assert {key for key, _ in new_events} == eu
+    assert {key for key, _ in new_events} == {airflow_key(p) for p in changed}
     assert read_snapshot_manifest(deployment.s3, f"s3://{deployment.bucket}/accel", "sales").version == 1
 
     # --- new source rows: the changed partitions are refreshed, the snapshot catches up ------------
@@ -231,7 +251,9 @@ def test_postgres_source_dag(deployment: Deployment) -> None:
     snapshot = deployment.catalog("orders").latest()
     assert snapshot is not None
     assert sum(e.rows for e in (snapshot.partitions[p] for p in snapshot.partitions)) == 120
-    assert {key for key, _ in deployment.asset_events("orders")} == labels
+    assert {key for key, _ in deployment.asset_events("orders")} == {
+        label.removeprefix("amount_band=") for label in labels
+    }, "a one-field key is the value alone"
     hook = PartitionedDatasetHook(spec_path=str(deployment.spec_path), dataset="orders")
     plan = hook.plan("amount >= 1000 AND amount < 2000")
     assert [s.key_path for s in plan.selected] == ["amount_band=1000"], "Should read only the 1000 band"

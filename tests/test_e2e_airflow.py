@@ -82,7 +82,18 @@ dag = build_refresh_dag(
 
 
 def key(region: str, day: int) -> str:
+    """A partition's canonical key string (the catalog's)."""
     return f"region={region}/day=2026-01-0{day}T00%3A00%3A00"
+
+
+def label(region: str, day: int) -> str:
+    """A partition's readable key: its mapped refresh task's label."""
+    return f"region={region}/day=2026-01-0{day}T00:00:00"
+
+
+def airflow_key(region: str, day: int) -> str:
+    """A partition's key in Airflow's composite convention: asset events, partitioned runs."""
+    return f"{region}|2026-01-0{day}T00:00:00"
 
 
 @pytest.fixture(scope="module")
@@ -150,16 +161,16 @@ def test_trigger_with_conf_like_the_ui(stack: AirflowStack, client: AirflowApiCl
     assert finished["state"] == "success", stack.logs_tail()
     assert finished["conf"] == FULL_CONF
     refreshed = instances(client, run["dag_run_id"], "partition.refresh")
-    expected = {key("EU", 1), key("US", 1)}
-    assert set(refreshed) == expected, "each mapped instance is labelled with its partition key"
+    assert set(refreshed) == {label("EU", 1), label("US", 1)}, "each mapped instance shows its readable key"
     assert all(ti["state"] == "success" for ti in refreshed.values())
     snapshot = catalog(stack)
     assert snapshot.version == 1
-    assert set(snapshot.partitions) == expected
+    assert set(snapshot.partitions) == {key("EU", 1), key("US", 1)}
     events = stack.query(
         "SELECT e.partition_key FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.name = 'sales'"
     )
-    assert {row[0] for row in events} == expected, "one asset event per refreshed partition"
+    expected = {airflow_key("EU", 1), airflow_key("US", 1)}
+    assert {row[0] for row in events} == expected, "one asset event per partition, Airflow's composite key"
 
     # The partition-aware downstream DAG runs once per refreshed partition, with that partition's key.
     deadline = time.monotonic() + 180
@@ -215,15 +226,15 @@ def test_backfill_cli_refreshes_only_the_filtered_partitions(
     assert report["state"] == "failed"
     run_id = report["dag_run_id"]
     refreshed = instances(client, run_id, "partition.refresh")
-    assert {label: ti["state"] for label, ti in refreshed.items()} == {
-        key("EU", 1): "success",
-        key("EU", 3): "failed",
+    assert {shown: ti["state"] for shown, ti in refreshed.items()} == {
+        label("EU", 1): "success",
+        label("EU", 3): "failed",
     }
     assert catalog(stack).version == before.version, "nothing is committed while a partition failed"
 
     # Fix the cause and clear only the failed partition: it re-runs alone, then the commit does.
     blocker.unlink()
-    failed = refreshed[key("EU", 3)]
+    failed = refreshed[label("EU", 3)]
     cleared = client.clear_task_instances(DAG_ID, run_id, [("partition.refresh", int(failed["map_index"]))])
     assert {(ti["task_id"], ti.get("map_index")) for ti in cleared} >= {
         ("partition.refresh", failed["map_index"]),
@@ -232,8 +243,8 @@ def test_backfill_cli_refreshes_only_the_filtered_partitions(
     finished = wait(client, stack, run_id)
     assert finished["state"] == "success", stack.logs_tail()
     rerun = instances(client, run_id, "partition.refresh")
-    assert rerun[key("EU", 3)]["try_number"] == 2
-    assert rerun[key("EU", 1)]["try_number"] == 1, "the partition that succeeded did not run again"
+    assert rerun[label("EU", 3)]["try_number"] == 2
+    assert rerun[label("EU", 1)]["try_number"] == 1, "the partition that succeeded did not run again"
 
     after = catalog(stack)
     assert after.version == before.version + 1
@@ -242,6 +253,158 @@ def test_backfill_cli_refreshes_only_the_filtered_partitions(
     assert after.partitions[untouched].refreshed_at == before.partitions[untouched].refreshed_at
     assert after.partitions[rewritten].refreshed_at > before.partitions[rewritten].refreshed_at
     assert after.partitions[key("EU", 3)].rows > 0
+
+
+DAILY_DAG_ID = "sales_per_region_day"
+# Airflow's own mappers read the composite key: the region as is, the day cut to a date.
+DAILY_DAG = f'''\
+"""Runs once per refreshed (region, day) partition of `sales`, keyed `<region>|<YYYY-MM-DD>` (airflow dag)."""
+
+from airflow.sdk import DAG, Asset, IdentityMapper, PartitionedAssetTimetable, ProductMapper
+from airflow.sdk import StartOfDayMapper, task
+
+with DAG(
+    "{DAILY_DAG_ID}",
+    schedule=PartitionedAssetTimetable(
+        assets=Asset.ref(name="sales"),
+        default_partition_mapper=ProductMapper(IdentityMapper(), StartOfDayMapper()),
+    ),
+    catchup=False,
+):
+
+    @task
+    def consume(dag_run=None):
+        return dag_run.partition_key
+
+    consume()
+'''
+
+
+def test_a_run_triggered_with_a_partition_key_refreshes_only_that_partition(
+    stack: AirflowStack, client: AirflowApiClient
+) -> None:
+    (stack.dags_folder / "sales_per_region_day.py").write_text(DAILY_DAG)
+    stack.wait_for_dag(client, DAILY_DAG_ID, poll=2)
+    client.set_paused(DAILY_DAG_ID, paused=False)
+    before = catalog(stack)
+    target = airflow_key("US", 1)
+
+    # As the UI's trigger dialog of a partitioned DAG sends it: a partition key and no conf.
+    run = client.trigger_dag_run(DAG_ID, {}, partition_key=target)
+    finished = wait(client, stack, run["dag_run_id"])
+    assert finished["state"] == "success", stack.logs_tail()
+    assert finished["partition_key"] == target, "the run carries its partition key (Partition Key column)"
+    refreshed = instances(client, run["dag_run_id"], "partition.refresh")
+    assert set(refreshed) == {label("US", 1)}, "exactly the partition the key names"
+
+    after = catalog(stack)
+    assert after.version == before.version + 1
+    changed = {
+        path
+        for path in after.partitions
+        if path not in before.partitions
+        or after.partitions[path].refreshed_at != before.partitions[path].refreshed_at
+    }
+    assert changed == {key("US", 1)}, "no other partition was rewritten"
+    events = stack.query(
+        "SELECT e.partition_key FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+        "WHERE a.name = 'sales' AND e.source_run_id = %s",
+        (run["dag_run_id"],),
+    )
+    assert [row[0] for row in events] == [target], "one event, keyed in Airflow's composite convention"
+
+    # Airflow's ProductMapper(IdentityMapper(), StartOfDayMapper()) reads that key as (region, day).
+    deadline = time.monotonic() + 180
+    while True:
+        runs = stack.query(
+            "SELECT partition_key, state FROM dag_run WHERE dag_id = %s AND partition_key = %s",
+            (DAILY_DAG_ID, "US|2026-01-01"),
+        )
+        if any(state == "success" for _, state in runs) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert ("US|2026-01-01", "success") in runs, stack.logs_tail()
+
+
+DAILY_REFRESH_DAG_ID = "refresh_sales_daily"
+DAILY_REFRESH_DAG = f'''\
+"""A day-partitioned refresh on Airflow's cron partition timetable: one run, and one key, per day."""
+
+from airflow.sdk import CronPartitionTimetable
+
+from airflow_partitions.dag_factory import build_refresh_dag
+from airflow_partitions.spec import load_spec
+
+project = load_spec({{spec!r}}, check_types=False)
+dag = build_refresh_dag(
+    project,
+    "sales_daily",
+    dag_id="{DAILY_REFRESH_DAG_ID}",
+    dag_kwargs={{{{"schedule": CronPartitionTimetable("0 0 * * *", timezone="UTC")}}}},
+)
+'''
+
+
+def test_airflow_backfill_over_days_refreshes_one_partition_per_run(
+    stack: AirflowStack, client: AirflowApiClient
+) -> None:
+    """Airflow's own partition-aware backfill (the Backfill dialog's API) on a day-partitioned dataset."""
+    root = stack.dags_folder.parent / "daily"
+    write_sales(root / "src", rows=30, days=3, regions=("EU", "US"))
+    spec = root / "datasets.yaml"
+    spec.write_text(
+        f"accelerator_dir: {root / 'acc'}\n"
+        "datasets:\n"
+        "  - name: sales_daily\n"
+        f"    from: file:{root / 'src'}/\n"
+        "    params: {file_format: parquet}\n"
+        "    acceleration:\n"
+        "      engine: parquet\n"
+        "      partition_by:\n"
+        "        - day: \"date_trunc('day', ts)\"\n"
+    )
+    (stack.dags_folder / "sales_daily.py").write_text(DAILY_REFRESH_DAG.format(spec=str(spec)))
+    stack.wait_for_dag(client, DAILY_REFRESH_DAG_ID, poll=2)
+    client.set_paused(DAILY_REFRESH_DAG_ID, paused=False)
+
+    client._send(
+        "POST",
+        "/api/v2/backfills",
+        json_body={
+            "dag_id": DAILY_REFRESH_DAG_ID,
+            "from_date": "2026-01-01T00:00:00Z",
+            "to_date": "2026-01-03T00:00:00Z",
+            "max_active_runs": 1,
+        },
+    )
+    days = {f"2026-01-0{day}T00:00:00" for day in (1, 2, 3)}
+    deadline = time.monotonic() + 400
+    while True:
+        # Backfill runs only: the timetable may also schedule today's tick, a day with no source rows.
+        runs = stack.query(
+            "SELECT run_id, partition_key, state FROM dag_run WHERE dag_id = %s AND run_type = 'backfill'",
+            (DAILY_REFRESH_DAG_ID,),
+        )
+        if {key for _, key, state in runs if state in ("success", "failed")} == days:
+            break
+        assert time.monotonic() < deadline, f"{runs}\n{stack.logs_tail()}"
+        time.sleep(2)
+    assert sorted((key, state) for _, key, state in runs) == [(day, "success") for day in sorted(days)]
+    for run_id, key, _ in runs:
+        refreshed = [
+            ti["rendered_map_index"]
+            for ti in client.task_instances(DAILY_REFRESH_DAG_ID, run_id)
+            if ti["task_id"] == "partition.refresh"
+        ]
+        assert refreshed == [f"day={key}"], "each backfill run refreshes the day its partition key names"
+
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(spec)
+    snapshot = open_dataset_catalog(project, project.dataset("sales_daily")).latest()
+    assert snapshot.version == 3, "one commit per backfill run"
+    assert sum(snapshot.partitions[path].rows for path in snapshot.partitions) == 30
 
 
 def test_stage_less_dag_runs_each_partition_task_on_spark_connect(

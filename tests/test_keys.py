@@ -142,3 +142,96 @@ def test_unescape_refuses_what_escape_cannot_produce(bad: str) -> None:
 def test_path_with_wrong_field_is_rejected() -> None:
     with pytest.raises(PartitionValueError, match="region"):
         parse_path("zone=1", ["region"], ["string"])
+
+
+# --- readable labels and Airflow composite keys ---------------------------------------------------
+
+LABEL_FIELDS = ("region", "day")
+
+
+def _select(keys: list[tuple[object, ...]], requested: str) -> list[tuple[object, ...]]:
+    from airflow_partitions.refresh.discovery import select_keys
+
+    selected, unknown = select_keys(LABEL_FIELDS, keys, [requested])  # type: ignore[arg-type]
+    assert not unknown, f"{requested!r} names no partition"
+    return selected  # type: ignore[return-value]
+
+
+def test_labels_and_composite_keys_are_readable() -> None:
+    from airflow_partitions.keys import composite_key, partition_label
+
+    key = PartitionKey(("Zürich", dt.datetime(2026, 1, 1)))
+    assert partition_label(LABEL_FIELDS, key) == "region=Zürich/day=2026-01-01T00:00:00"
+    assert composite_key(key) == "Zürich|2026-01-01T00:00:00"
+    assert composite_key(PartitionKey((2025,))) == "2025"
+    aware = PartitionKey(("EU", dt.datetime(2026, 1, 1, tzinfo=dt.UTC)))
+    assert composite_key(aware) == "EU|2026-01-01T00:00:00+00:00", "the UTC offset is kept, never guessed"
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_values_map_back_to_exactly_their_partition(text: str) -> None:
+    """Every value, however hostile, gives a label and a composite key that select its partition alone."""
+    from airflow_partitions.keys import composite_key, partition_label
+
+    day = dt.datetime(2026, 1, 1)
+    keys: list[tuple[object, ...]] = [(value, day) for value in HOSTILE if value != text]
+    keys += [(None, day), (text, day)]
+    key = PartitionKey((text, day))
+    label, composite = partition_label(LABEL_FIELDS, key), composite_key(key)
+    assert label.count("/") == 1, f"a value's '/' never reads as a field separator: {label!r}"
+    assert composite.count("|") == 1, f"a value's '|' never reads as a segment delimiter: {composite!r}"
+    assert composite.strip(), "Airflow refuses an empty or blank partition key"
+    assert composite == composite.strip(), "run options strip edge whitespace"
+    assert label == label.strip(), "run options strip edge whitespace"
+    assert _select(keys, label) == [(text, day)]
+    assert _select(keys, composite) == [(text, day)]
+    assert _select(keys, key.path(LABEL_FIELDS)) == [(text, day)], "canonical keys still select"
+
+
+def test_null_and_empty_string_have_distinct_readable_forms() -> None:
+    from airflow_partitions.keys import composite_key, partition_label
+
+    day = dt.datetime(2026, 1, 1)
+    null, empty = PartitionKey((None, day)), PartitionKey(("", day))
+    assert partition_label(LABEL_FIELDS, null) == "region=%NULL/day=2026-01-01T00:00:00"
+    assert partition_label(LABEL_FIELDS, empty) == "region=/day=2026-01-01T00:00:00"
+    assert composite_key(PartitionKey((None,))) == "%NULL"
+    assert composite_key(PartitionKey(("",))) == "%EMPTY", "an empty key would be refused by Airflow"
+    assert composite_key(PartitionKey(("%NULL",))) == "%25NULL"
+    assert composite_key(PartitionKey(("%EMPTY",))) == "%25EMPTY"
+    keys: list[tuple[object, ...]] = [(None, day), ("", day), ("NULL", day), ("%NULL", day)]
+    for key in keys:
+        pk = PartitionKey(key)
+        assert _select(keys, partition_label(LABEL_FIELDS, pk)) == [key]
+        assert _select(keys, composite_key(pk)) == [key]
+
+
+@pytest.mark.parametrize(
+    ("text", "escaped"),
+    [("a|b", "a%7Cb"), ("50%", "50%25"), (" x ", "%20x%20"), ("a\nb", "a%0Ab"), ("a=b/c", "a=b/c")],
+)
+def test_composite_segments_escape_only_what_they_must(text: str, escaped: str) -> None:
+    from airflow_partitions.keys import composite_key, unescape_readable
+
+    assert composite_key(PartitionKey((text,))) == escaped
+    assert unescape_readable(escaped) == text
+
+
+def test_long_readable_keys_fit_airflow_and_stay_distinct() -> None:
+    from airflow_partitions.keys import AIRFLOW_KEY_LIMIT, composite_key, partition_label
+
+    long_a, long_b = PartitionKey(("ü/" * 200 + "a",)), PartitionKey(("ü/" * 200 + "b",))
+    for render in (composite_key, lambda k: partition_label(["region"], k)):
+        a, b = render(long_a), render(long_b)
+        assert len(a) <= AIRFLOW_KEY_LIMIT
+        assert a != b, "different keys never collapse into one"
+        assert "%H" in a
+        assert not a.split("%H")[0].endswith(("%", "%2")), "the prefix never ends inside an escape"
+
+
+@pytest.mark.parametrize("bad", ["%", "%2", "%zz", "a%G1"])
+def test_readable_decoding_refuses_a_bare_percent(bad: str) -> None:
+    from airflow_partitions.keys import unescape_readable
+
+    with pytest.raises(PartitionValueError, match="%25"):
+        unescape_readable(bad)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import textwrap
 import threading
 import time
@@ -22,7 +23,7 @@ import pytest
 from airflow_e2e.metadata_db import MetadataDatabase, in_process_metadata_db
 from airflow_e2e.sample import append_sales, sample_spec, write_sales
 
-from airflow_partitions.exceptions import OrchestrationError, RefreshError
+from airflow_partitions.exceptions import DiscoveryError, OrchestrationError, RefreshError
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
 
@@ -160,6 +161,53 @@ def test_discovery_returns_work_items_and_pushes_the_plan(
     assert plan["base_version"] is None
 
 
+def _discover_in_run(spec: Path, **ctx: Any) -> list[dict[str, Any]]:
+    """The work items a discovery task returns in a run whose context holds `ctx` (run's partition_key)."""
+    from airflow_partitions.operators import PartitionDiscoveryOperator
+
+    pushed: dict[str, Any] = {}
+    task_context = {
+        **context(),
+        "ti": SimpleNamespace(xcom_push=lambda key, value: pushed.update({key: value})),
+    }
+    task_context.update(ctx)
+    items = PartitionDiscoveryOperator(task_id="discover", spec_path=spec, dataset="sales").execute(
+        task_context  # type: ignore[arg-type]
+    )
+    assert pushed["plan"]["dataset"] == "sales"
+    return items
+
+
+def test_a_run_with_a_partition_key_refreshes_exactly_that_partition(tmp_path: Path) -> None:
+    from airflow_partitions.exceptions import RunConfError
+
+    spec = make_spec(tmp_path)
+    eu_day_2 = "region=EU/day=2026-01-02T00%3A00%3A00"
+    for key in ("EU|2026-01-02T00:00:00", "region=EU/day=2026-01-02T00:00:00", eu_day_2):
+        items = _discover_in_run(spec, partition_key=key)
+        assert [item["key_path"] for item in items] == [eu_day_2], key
+    # The run's key also comes from the dag_run when the context has no `partition_key` of its own.
+    items = _discover_in_run(spec, dag_run=SimpleNamespace(partition_key="US|2026-01-01T00:00:00"))
+    assert [item["key_path"] for item in items] == ["region=US/day=2026-01-01T00%3A00%3A00"]
+    with pytest.raises(RunConfError, match=re.escape("partition_key 'EU|2026-01-02T00:00:00' and also")):
+        _discover_in_run(spec, partition_key="EU|2026-01-02T00:00:00", params={"where": "region = 'US'"})
+    with pytest.raises(DiscoveryError, match=re.escape("no partition 'EU|2031")):
+        _discover_in_run(spec, partition_key="EU|2031-01-01T00:00:00")
+
+
+def test_mapped_refresh_label_is_the_readable_key() -> None:
+    from airflow_partitions.keys import PartitionKey
+    from airflow_partitions.operators import SparkPartitionRefreshOperator
+
+    key = PartitionKey(("Zürich/Ost", dt.datetime(2026, 1, 1)))
+    item = {"key": key.to_json(), "key_path": key.path(["region", "day"]), "reason": "new", "fp": "x"}
+    operator = SparkPartitionRefreshOperator(
+        task_id="refresh", spec_path="unused.yaml", dataset="sales", work_item=item, stage=None
+    )
+    assert operator.partition_label == "region=Zürich%2FOst/day=2026-01-01T00:00:00"
+    assert operator.map_index_template == "{{ task.partition_label }}"
+
+
 # --- stage, refresh, commit -----------------------------------------------------------------------
 
 
@@ -182,7 +230,12 @@ def test_stage_refresh_commit_and_asset_events(tmp_path: Path) -> None:
     snapshot = latest(spec)
     assert {snapshot.partitions[p].rows for p in snapshot.partitions} == {15}
     accessor = ctx["outlet_events"][asset]
-    assert accessor.partition_keys == {r["key_path"] for r in refreshed.results}
+    from airflow_partitions.keys import PartitionKey, composite_key
+
+    assert accessor.partition_keys == {
+        composite_key(PartitionKey.from_json(r["key"])) for r in refreshed.results
+    }, "one event per partition, keyed in Airflow's composite convention"
+    assert "EU|2026-01-01T00:00:00" in accessor.partition_keys
     assert accessor.extra["version"] == 1
     assert accessor.extra["partitions_refreshed"] == 6
     assert not Path(refreshed.stage["location"]).exists(), "the stage is removed once committed"
@@ -190,6 +243,18 @@ def test_stage_refresh_commit_and_asset_events(tmp_path: Path) -> None:
     again, _ = commit(spec, refreshed, outlets=[asset])
     assert again["version"] == 1, "a retried commit (same stage) returns the version it made"
     assert latest(spec).version == 1
+
+
+def test_commit_of_a_single_partition_run_takes_the_lone_descriptor(tmp_path: Path) -> None:
+    """A mapped group of one instance hands the commit its descriptor alone, not a list of one."""
+    spec = make_spec(tmp_path, days=1)
+    refreshed = stage_and_refresh(spec, partitions=["US|2026-01-01T00:00:00"])
+    assert refreshed.results is not None
+    assert len(refreshed.results) == 1
+    refreshed.results = refreshed.results[0]  # type: ignore[assignment]
+    result, _ = commit(spec, refreshed)
+    assert result["upserted"] == 1
+    assert set(latest(spec).partitions) == {"region=US/day=2026-01-01T00%3A00%3A00"}
 
 
 def test_refresh_without_a_stage_task_stages_its_own_partition(tmp_path: Path) -> None:
@@ -578,3 +643,112 @@ def test_vacuum_reports_then_removes_unreferenced_files(tmp_path: Path) -> None:
     assert len(list((tmp_path / "acc").rglob("*.parquet"))) == len(files_before) - 3
     with pytest.raises(OrchestrationError, match="retain_versions"):
         VacuumOperator(task_id="v", spec_path=spec, dataset="sales", retain_versions=0)
+
+
+# --- metrics through Airflow's Stats --------------------------------------------------------------
+
+
+class StatsdListener:
+    """A real StatsD endpoint: a UDP socket on loopback and a thread collecting every metric line."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = int(self.sock.getsockname()[1])
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            self.lines.extend(data.decode("utf-8").splitlines())
+
+    def metrics(self, name: str) -> list[tuple[float, str]]:
+        """(value, type) of every line sent for `name` (`<name>:<value>|<type>`)."""
+        found = []
+        for line in list(self.lines):
+            metric, _, rest = line.partition(":")
+            if metric == name:
+                value, _, kind = rest.partition("|")
+                found.append((float(value), kind.split("|")[0]))
+        return found
+
+    def wait_for(self, name: str, count: int, timeout: float = 10.0) -> list[tuple[float, str]]:
+        deadline = time.monotonic() + timeout
+        while len(self.metrics(name)) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.metrics(name)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def statsd(monkeypatch: pytest.MonkeyPatch) -> Iterator[StatsdListener]:
+    """Airflow configured to send StatsD metrics to a listener on loopback, Stats not yet initialised
+    (as in `dag.test()`, where no task runner initialises it)."""
+    from airflow.sdk._shared.observability.metrics import stats as shared
+
+    listener = StatsdListener()
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_HOST", "127.0.0.1")
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PORT", str(listener.port))
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PREFIX", "airflow")
+    monkeypatch.setattr(shared, "_factory", None)
+    monkeypatch.setattr(shared, "_backend", None)
+    try:
+        yield listener
+    finally:
+        listener.close()
+
+
+def test_refresh_metrics_reach_a_statsd_listener(
+    tmp_path: Path, dags_folder: tuple[Path, MetadataDatabase], statsd: StatsdListener
+) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    from airflow_partitions.operators.run_conf import RefreshRunConf
+
+    dags, _ = dags_folder
+    spec = make_spec(tmp_path, rows=30, days=1)
+    (dags / "metrics_sales.py").write_text(
+        textwrap.dedent(
+            f"""\
+            from airflow_partitions.dag_factory import build_refresh_dag
+            from airflow_partitions.spec import load_spec
+
+            project = load_spec({str(spec)!r}, check_types=False)
+            dag = build_refresh_dag(project, "sales", dag_id="metrics_sales")
+            """
+        )
+    )
+    run = DagBag(dag_folder=str(dags)).dags["metrics_sales"].test(run_conf=RefreshRunConf().to_conf())
+    assert str(run.state) == "success"
+    snapshot = latest(spec)
+    assert len(snapshot.partitions) == 3
+
+    entries = [snapshot.partitions[path] for path in snapshot.partitions]
+    rows = statsd.wait_for("airflow.dataset_acceleration_refresh_rows.sales", 3)
+    assert sorted(rows) == sorted((float(e.rows), "c") for e in entries), "rows: one count per partition"
+    assert sum(value for value, _ in rows) == 30
+    sizes = statsd.wait_for("airflow.dataset_acceleration_refresh_bytes.sales", 3)
+    assert sorted(sizes) == sorted((float(e.bytes), "c") for e in entries)
+    assert (
+        statsd.wait_for("airflow.dataset_acceleration_refresh_partitions.sales.success", 3)
+        == [(1.0, "c")] * 3
+    )
+    durations = statsd.wait_for("airflow.dataset_acceleration_refresh_duration.sales", 3)
+    assert len(durations) == 3
+    assert all(kind == "ms" and value > 0 for value, kind in durations)
+    assert statsd.wait_for("airflow.dataset_acceleration_refresh_stage_rows.sales", 1) == [(30.0, "c")]
+    assert statsd.metrics("airflow.dataset_acceleration_refresh_partitions.sales.failed") == []

@@ -179,17 +179,21 @@ def test_submit_environment_uses_this_interpreter() -> None:
 
 
 def test_asset_partition_keys_fit_airflow_and_stay_distinct() -> None:
-    short = "region=EU/day=2026-01-01"
-    assert asset_partition_key(short) == short
-    long_a = "name=" + "a%2F" * 100 + "x"
-    long_b = "name=" + "a%2F" * 100 + "y"
+    import datetime as dt
+
+    from airflow_partitions.keys import PartitionKey
+
+    short = PartitionKey(("EU", dt.datetime(2026, 1, 1)))
+    assert asset_partition_key(short) == "EU|2026-01-01T00:00:00", "Airflow's composite-key convention"
+    long_a = PartitionKey(("a/" * 100 + "x", "|" * 50))
+    long_b = PartitionKey(("a/" * 100 + "y", "|" * 50))
     key_a, key_b = asset_partition_key(long_a), asset_partition_key(long_b)
     assert len(key_a) <= MAX_ASSET_PARTITION_KEY
     assert key_a != key_b, "different keys never collapse into one event"
     assert "%H" in key_a
     prefix = key_a.split("%H")[0]
-    assert long_a.startswith(prefix)
-    assert not prefix.endswith(("%", "%2")), "the prefix never ends inside an escape"
+    assert ("a/" * 100 + "x|" + "%7C" * 50).startswith(prefix), "a readable prefix of the whole key"
+    assert not prefix.endswith(("%", "%7")), "the prefix never ends inside an escape"
 
 
 def test_preload_imports_what_refresh_tasks_need() -> None:

@@ -142,14 +142,23 @@ class AirflowApiClient:
         self._send("PATCH", f"/api/v2/dags/{quote(dag_id, safe='')}", json_body={"is_paused": paused})
 
     def trigger_dag_run(
-        self, dag_id: str, conf: Mapping[str, Any], *, note: str | None = None, run_id: str | None = None
+        self,
+        dag_id: str,
+        conf: Mapping[str, Any],
+        *,
+        note: str | None = None,
+        run_id: str | None = None,
+        partition_key: str | None = None,
     ) -> dict[str, Any]:
-        """`POST /api/v2/dags/{dag_id}/dagRuns` with `conf`, as the UI's trigger form does."""
+        """`POST /api/v2/dags/{dag_id}/dagRuns` with `conf` (and the run's `partition_key`, for a
+        partitioned DAG), as the UI's trigger dialog does."""
         body: dict[str, Any] = {"logical_date": None, "conf": dict(conf)}
         if note:
             body["note"] = note
         if run_id:
             body["dag_run_id"] = run_id
+        if partition_key is not None:
+            body["partition_key"] = partition_key
         return dict(self._send("POST", f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns", json_body=body))
 
     def get_dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -10,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_partitions.keys import HASHED_MARKER
+from airflow_partitions.keys import AIRFLOW_KEY_LIMIT, PartitionKey, composite_key
 from airflow_partitions.operators.base import DatasetOperator
 from airflow_partitions.operators.xcom import partition_results_from_xcom, plan_from_xcom, stage_from_xcom
 
@@ -18,35 +17,26 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 # Airflow stores an asset event's partition key in a 250-character column.
-MAX_ASSET_PARTITION_KEY = 250
-_DIGEST_CHARS = 24
+MAX_ASSET_PARTITION_KEY = AIRFLOW_KEY_LIMIT
 
 
-def asset_partition_key(key_path: str) -> str:
-    """The partition key an asset event carries: the canonical key string, shortened when too long.
+def asset_partition_key(key: PartitionKey) -> str:
+    """The partition key an asset event carries: Airflow's composite key (`EU|2026-01-01T00:00:00`).
 
-    A shortened key keeps a readable prefix and ends in `%H<digest of the full key>`; the catalog entry
-    (and the event's extra) hold the exact key.
+    Its segments are the key's values in field order (`keys.composite_key`), as Airflow's partition
+    mappers read them (`ProductMapper(IdentityMapper(), StartOfDayMapper())`); a key over 250 characters
+    keeps a readable prefix and ends in `%H<digest>`.
     """
-    if len(key_path) <= MAX_ASSET_PARTITION_KEY:
-        return key_path
-    digest = hashlib.sha256(key_path.encode("utf-8")).hexdigest()[:_DIGEST_CHARS]
-    keep = MAX_ASSET_PARTITION_KEY - len(HASHED_MARKER) - _DIGEST_CHARS
-    prefix = key_path[:keep]
-    cut = prefix.rfind("%")
-    # Never end the prefix inside a %XX escape.
-    if cut != -1 and cut >= len(prefix) - 2:
-        prefix = prefix[:cut]
-    return f"{prefix}{HASHED_MARKER}{digest}"
+    return composite_key(key)
 
 
 class PartitionCommitOperator(DatasetOperator):
     """Commit the refreshed partitions and the plan's removals as one new catalog version.
 
     Readers see the previous version or the new one, never a mix. Afterwards every `Asset` in `outlets`
-    gets one event per refreshed partition carrying the partition's canonical key (Airflow's partitioned
-    asset events), so partition-aware downstream DAGs (`PartitionedAssetTimetable`) run per partition.
-    Skips when the plan has nothing to write or remove. A retried commit is idempotent.
+    gets one event per refreshed partition carrying the partition's key in Airflow's composite-key
+    convention (`EU|2026-01-01T00:00:00`), so partition-aware downstream DAGs (`PartitionedAssetTimetable`)
+    run per partition. Skips when the plan has nothing to write or remove. A retried commit is idempotent.
     """
 
     template_fields: Sequence[str] = (
@@ -96,18 +86,17 @@ class PartitionCommitOperator(DatasetOperator):
         if commit.conservation is not None:
             # The counts the commit checked (also in the commit record and in the returned XCom).
             self.log.info("Row conservation of %s: %s", self.dataset, dict(commit.conservation))
-        refreshed = [r.key_path for r in results]
-        self.emit_asset_events(context, refreshed, commit.to_json())
+        self.emit_asset_events(context, [r.entry.key for r in results], commit.to_json())
         return commit.to_json()
 
     def emit_asset_events(
-        self, context: Context, key_paths: Sequence[str], commit: Mapping[str, Any]
+        self, context: Context, keys: Sequence[PartitionKey], commit: Mapping[str, Any]
     ) -> None:
         """One event per refreshed partition on each outlet asset (a removal-only commit: one plain event)."""
         assets = [outlet for outlet in self.outlets if isinstance(outlet, Asset)]
         if not assets:
             return
-        partition_keys = sorted({asset_partition_key(path) for path in key_paths})
+        partition_keys = sorted({asset_partition_key(key) for key in keys})
         extra = {
             "dataset": self.dataset,
             "version": commit.get("version"),

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.operators.base import DatasetOperator
-from airflow_partitions.operators.run_conf import RefreshRunConf
+from airflow_partitions.operators.run_conf import RefreshRunConf, run_partition_key
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -22,7 +22,8 @@ class PartitionDiscoveryOperator(DatasetOperator):
     `.expand()`. The rest of the plan (catalog base version, removed partitions, counts) is pushed as the
     XCom `plan` for the stage and commit tasks. The run's params decide the selection: `partitions`
     (canonical keys, refreshed even if unchanged), `where` (a filter on partition values) and
-    `full_refresh`; explicit arguments here win over the run's params.
+    `full_refresh`; explicit arguments here win over the run's params. A run that carries Airflow's
+    `partition_key` refreshes exactly that partition (`RefreshRunConf.for_partition_key`).
     """
 
     template_fields: Sequence[str] = (*DatasetOperator.template_fields, "partitions", "where")
@@ -50,7 +51,7 @@ class PartitionDiscoveryOperator(DatasetOperator):
 
         run = RefreshRunConf.from_context(
             context, partitions=self.partitions, where=self.where, full_refresh=self.full_refresh
-        )
+        ).for_partition_key(run_partition_key(context))
         run.check_partitions(self.dataset, self.dataset_spec.acceleration.partition_names)
         self.prepare_sources()
         plan = plan_refresh(

@@ -11,25 +11,29 @@ connection, or a Spark Connect server through a `spark_connect` connection.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.exceptions import ConservationError, OrchestrationError
 from airflow_partitions.hooks.spark_refresh import SparkMode, SparkRefreshHook
+from airflow_partitions.keys import names_of_path, partition_label
 from airflow_partitions.operators.base import DatasetOperator
+from airflow_partitions.operators.metrics import Outcome, record_partition, record_stage
 from airflow_partitions.operators.xcom import plan_from_xcom, stage_from_xcom, work_item_from_xcom
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_partitions.refresh.plan import RefreshPlan, StageResult
+    from airflow_partitions.refresh.plan import PartitionResult, PartitionWorkItem, RefreshPlan, StageResult
     from airflow_partitions.spec import DatasetSpec, ProjectSpec
 
-# The label of each mapped refresh instance in the UI: the canonical key of its partition.
-REFRESH_MAP_INDEX_TEMPLATE = "{{ task.work_item['key_path'] }}"
+# The label of each mapped refresh instance in the UI: its partition's readable key
+# (`region=Zürich/day=2026-01-01T00:00:00`, `keys.partition_label`), which the `partitions` option accepts.
+REFRESH_MAP_INDEX_TEMPLATE = "{{ task.partition_label }}"
 
 
 def _stage_in_session(
@@ -147,6 +151,7 @@ class SparkStageOperator(SparkOperatorBase):
             self.log.info("Nothing to refresh in %s: no stage needed", self.dataset)
             return stage_refresh(self.project, self.dataset_spec, plan).to_json()
         stage = self.run_stage(plan)
+        record_stage(self.dataset, elapsed_s=stage.elapsed_s, source_rows=stage.source_rows)
         self.log.info(
             "Staged %d partition(s) at %s (%s, Spark on %s) in %.2fs; rows read %s, routed %s",
             stage.partitions,
@@ -187,11 +192,48 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
         self.stage = stage
         self.plan = plan
 
+    @property
+    def partition_label(self) -> str:
+        """The readable key of this instance's partition (its label in the UI); the map index template."""
+        item = work_item_from_xcom(self.work_item)
+        return partition_label(names_of_path(item.key_path), item.partition_key)
+
     def execute(self, context: Context) -> dict[str, Any]:
+        item = work_item_from_xcom(self.work_item)
+        started = time.perf_counter()
+        try:
+            result = self._refresh(item)
+        except ConservationError:
+            record_partition(
+                self.dataset, Outcome.CONSERVATION_REFUSED, elapsed_s=time.perf_counter() - started
+            )
+            raise
+        except Exception:
+            record_partition(self.dataset, Outcome.FAILED, elapsed_s=time.perf_counter() - started)
+            raise
+        record_partition(
+            self.dataset,
+            Outcome.SUCCESS,
+            elapsed_s=time.perf_counter() - started,
+            rows=result.rows,
+            size=result.bytes,
+        )
+        self.log.info(
+            "Partition %s (%s): %s rows routed, %d rows in %d file(s), %d bytes, in %.2fs",
+            partition_label(names_of_path(item.key_path), item.partition_key),
+            item.reason,
+            result.routed,
+            result.rows,
+            len(result.files),
+            result.bytes,
+            result.elapsed_s,
+        )
+        return result.to_json()
+
+    def _refresh(self, item: PartitionWorkItem) -> PartitionResult:
         from airflow_partitions.refresh.commit import remove_stage
         from airflow_partitions.refresh.finalize import finalize_partition
 
-        item = work_item_from_xcom(self.work_item)
         stage = stage_from_xcom(self.stage)
         own_stage: StageResult | None = None
         if stage is None:
@@ -204,18 +246,7 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
             stage = own_stage
         self.prepare_sources()
         try:
-            result = finalize_partition(self.project, self.dataset_spec, stage, item)
+            return finalize_partition(self.project, self.dataset_spec, stage, item)
         finally:
             if own_stage is not None:
                 remove_stage(own_stage)
-        self.log.info(
-            "Partition %s (%s): %s rows routed, %d rows in %d file(s), %d bytes, in %.2fs",
-            item.key_path,
-            item.reason,
-            result.routed,
-            result.rows,
-            len(result.files),
-            result.bytes,
-            result.elapsed_s,
-        )
-        return result.to_json()

@@ -11,12 +11,18 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import RunConfError
-from airflow_partitions.keys import PartitionKey, Scalar, escape_component, key_text_problem
+from airflow_partitions.keys import (
+    PartitionKey,
+    Scalar,
+    composite_key,
+    escape_component,
+    key_text_problem,
+)
 
 if TYPE_CHECKING:
     from airflow_partitions.spec import DatasetSpec
@@ -34,9 +40,10 @@ RUN_PARAM_SCHEMAS: dict[str, dict[str, Any]] = {
         "items": {"type": "string", "minLength": 1},
         "title": "Partitions",
         "description": (
-            "Refresh exactly these partitions, one key per line as shown on the mapped task "
-            "(e.g. bucket=7/day=2026-01-01). They are refreshed even if unchanged; no other partition "
-            "is refreshed or removed. Empty: let discovery decide."
+            "Refresh exactly these partitions, one per line as the mapped refresh task shows it "
+            "(e.g. region=Zürich/day=2026-01-01T00:00:00) or as Airflow partition key "
+            "(Zürich|2026-01-01T00:00:00). They are refreshed even if unchanged. "
+            "Empty: let discovery decide."
         ),
     },
     WHERE: {
@@ -125,6 +132,25 @@ class RefreshRunConf:
         problems = [problem for key in self.partitions or () if (problem := key_text_problem(key, names))]
         if problems:
             raise RunConfError(f"`{PARTITIONS}` of dataset {dataset!r}: {'; '.join(problems)}")
+
+    def for_partition_key(self, partition_key: str | None) -> RefreshRunConf:
+        """These options for a run that carries Airflow's `partition_key`: that one partition, conf-less.
+
+        A run triggered with a partition key (the REST API's / UI's `partition_key`, a partition-aware
+        backfill, an asset-triggered partitioned run) refreshes exactly the partition it names, in any
+        form `select_keys` accepts (Airflow's composite key `EU|2026-01-01T00:00:00`, the readable
+        label, the canonical key string), changed or not. Naming partitions a second way (`partitions`
+        or `where`) in the same run is refused: one run, one selection.
+        """
+        if partition_key is None:
+            return self
+        if self.partitions is not None or self.where is not None:
+            raise RunConfError(
+                f"this run carries partition_key {partition_key!r} and also `{PARTITIONS}` / `{WHERE}`; "
+                "a run with a partition key refreshes that partition: trigger it without "
+                f"`{PARTITIONS}` and `{WHERE}`, or without a partition key"
+            )
+        return replace(self, partitions=(partition_key,))
 
     def to_conf(self) -> dict[str, Any]:
         """The run conf that reproduces these options (what the UI form and the backfill CLI send)."""
@@ -240,10 +266,11 @@ def partitions_schema(dataset: DatasetSpec) -> dict[str, Any]:
     else:
         sample = ""
     schema = dict(RUN_PARAM_SCHEMAS[PARTITIONS])
+    composite = f" or as Airflow partition key (`{composite_key(example)}`)" if example is not None else ""
     schema["description"] = (
         f"Refresh exactly these partitions of {dataset.name}, one key per line as shown on the mapped "
-        f"task: `{shape}`{sample}. NULL is %NULL. They are refreshed even if unchanged; no other "
-        "partition is refreshed or removed. Empty: let discovery decide."
+        f"task: `{shape}`{sample}{composite}. NULL is %NULL. They are refreshed even if unchanged; no "
+        "other partition is refreshed or removed. Empty: let discovery decide."
     )
     schema["items"] = {"type": "string", "minLength": 1, "pattern": _key_pattern(names)}
     return schema
@@ -259,10 +286,21 @@ def _key_pattern(names: Sequence[str]) -> str:
     if not names:
         return "^$"
     rest = "".join(f".*/{alternatives(name)}=" for name in names[1:])
-    return rf"^\s*/?{alternatives(names[0])}={rest}.*$"
+    # Or Airflow's composite key: one value per field, joined by `|` (a value escapes its own `|`).
+    composite = r"\|".join(["[^|]*"] * len(names))
+    return rf"^(?:\s*/?{alternatives(names[0])}={rest}.*|{composite})$"
 
 
 def _regex_literal(text: str) -> str:
     # Only the syntax characters: Python's re.escape adds escapes (`\-`) that ECMAScript's unicode mode
     # (the UI's validator) rejects.
     return "".join(f"\\{ch}" if ch in "\\^$.|?*+()[]{}/" else ch for ch in text)
+
+
+def run_partition_key(context: Mapping[str, Any]) -> str | None:
+    """The `partition_key` of the task's run (Airflow 3.2+ partitioned runs), or None."""
+    key = context.get("partition_key")
+    if key is None:
+        dag_run = context.get("dag_run")
+        key = getattr(dag_run, "partition_key", None)
+    return key if isinstance(key, str) and key else None

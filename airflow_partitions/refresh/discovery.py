@@ -26,7 +26,14 @@ from airflow_partitions.exceptions import (
     SchemaMixedRefreshError,
     TooManyPartitionsError,
 )
-from airflow_partitions.keys import PartitionKey, Scalar, key_text_problem, value_to_text
+from airflow_partitions.keys import (
+    PartitionKey,
+    Scalar,
+    composite_key,
+    key_text_problem,
+    partition_label,
+    value_to_text,
+)
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import Deadline, KeyTuple, Source, fingerprint_schema_tag
 from airflow_partitions.spec.model import bucket_count, static_partition_count
@@ -78,16 +85,28 @@ def key_text(names: Sequence[str], key: Sequence[Scalar]) -> str:
 def select_keys(
     names: Sequence[str], keys: Sequence[KeyTuple], requested: Sequence[str]
 ) -> tuple[list[KeyTuple], list[str]]:
-    """The discovered keys named in `requested` (canonical key strings or `name=value/...` text), and the
-    requested strings that name no discovered partition."""
+    """The discovered keys named in `requested`, and the requested strings that name no discovered partition.
+
+    A partition is named by its canonical key string (`region=Z%C3%BCrich`), its readable label as a
+    mapped task shows it (`region=Zürich`, `keys.partition_label`), its Airflow partition key as asset
+    events and partitioned runs carry it (`Zürich|2026-01-01T00:00:00`, `keys.composite_key`), or
+    `name=value/...` with unescaped values. Where two forms collide, that order decides.
+    """
     by_text: dict[str, KeyTuple] = {}
     for key in keys:
         by_text[PartitionKey(key).path(names)] = key
+    for key in keys:
+        by_text.setdefault(partition_label(names, PartitionKey(key)), key)
+    for key in keys:
+        by_text.setdefault(composite_key(PartitionKey(key)), key)
+    for key in keys:
         by_text.setdefault(key_text(names, key), key)
     chosen: dict[KeyTuple, None] = {}
     unknown: list[str] = []
     for text in requested:
-        found = by_text.get(text.strip().strip("/"))
+        found = by_text.get(text)
+        if found is None:
+            found = by_text.get(text.strip().strip("/"))
         if found is None:
             unknown.append(text)
         else:
@@ -240,10 +259,12 @@ def discover(
         refuse_mixed_schema_refresh(dataset.name, existing, survey.schema_tag, items, removed)
     unknown = [text for text in unknown if text not in removed]
     if unknown:
-        sample = ", ".join(key_paths[k] for k in keys[:5])
+        sample = ", ".join(partition_label(names, PartitionKey(k)) for k in keys[:5])
+        example = f" or Airflow partition keys such as {composite_key(PartitionKey(keys[0]))}" if keys else ""
         raise DiscoveryError(
             f"dataset {dataset.name!r} has no partition {', '.join(repr(u) for u in unknown)} in the source; "
-            f"give canonical key strings such as {sample or '(none discovered)'}"
+            f"name partitions as their refresh tasks are labelled, such as {sample or '(none discovered)'}"
+            f"{example}"
         )
     return RefreshPlan(
         dataset=dataset.name,

@@ -1,0 +1,88 @@
+"""Refresh metrics through Airflow's Stats: StatsD, OpenTelemetry or Datadog, as `[metrics]` configures.
+
+Emitted by the operators only (the core knows nothing of Airflow). Names start with
+`dataset_acceleration_refresh_` and end in the dataset (`.<dataset>`, made safe for metric names), so
+plain StatsD, which has no tags, still tells datasets apart; backends with tags also get `dataset` (and
+`outcome`) as tags. With `statsd_prefix` (default `airflow`) in front:
+
+- `dataset_acceleration_refresh_rows.<dataset>` counter: rows written, per refreshed partition
+- `dataset_acceleration_refresh_bytes.<dataset>` counter: bytes written, per refreshed partition
+- `dataset_acceleration_refresh_duration.<dataset>` timer (ms): one partition task's refresh
+- `dataset_acceleration_refresh_partitions.<dataset>.<outcome>` counter: partitions refreshed
+  (`success`), refused by a conservation check (`conservation_refused`) or failed otherwise (`failed`)
+- `dataset_acceleration_refresh_stage_duration.<dataset>` timer (ms) and
+  `dataset_acceleration_refresh_stage_rows.<dataset>` counter: the shared Spark stage
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from enum import StrEnum
+from typing import Any
+
+METRIC_PREFIX = "dataset_acceleration_refresh"
+ROWS = f"{METRIC_PREFIX}_rows"
+BYTES = f"{METRIC_PREFIX}_bytes"
+DURATION = f"{METRIC_PREFIX}_duration"
+PARTITIONS = f"{METRIC_PREFIX}_partitions"
+STAGE_DURATION = f"{METRIC_PREFIX}_stage_duration"
+STAGE_ROWS = f"{METRIC_PREFIX}_stage_rows"
+
+
+class Outcome(StrEnum):
+    """How one partition's refresh ended."""
+
+    SUCCESS = "success"
+    CONSERVATION_REFUSED = "conservation_refused"
+    FAILED = "failed"
+
+
+def _stats() -> Any:
+    """Airflow's task-side Stats, initialised from `[metrics]` if this process has not done it yet.
+
+    A task process started by an executor initialises Stats in Airflow's task runner; `dag.test()` runs
+    tasks in the calling process, where nothing has, and Stats would drop every metric.
+    """
+    from airflow.sdk._shared.observability.metrics import stats as shared
+    from airflow.sdk.observability import stats
+
+    if getattr(shared, "_factory", None) is None:
+        from airflow.sdk.configuration import conf
+        from airflow.sdk.observability.metrics import stats_utils
+
+        stats.initialize(
+            factory=stats_utils.get_stats_factory(),
+            export_legacy_names=conf.getboolean("metrics", "legacy_names_on", fallback=False),
+        )
+    return stats
+
+
+def metric_name(metric: str, dataset: str, *parts: str) -> str:
+    """`<metric>.<dataset>[.<part>...]` with the dataset made safe for metric names (`[a-zA-Z0-9_.-]`)."""
+    from airflow.sdk.observability.stats import normalize_name_for_stats
+
+    safe = normalize_name_for_stats(dataset, log_warning=False).replace(".", "_")
+    return ".".join((metric, safe, *parts))
+
+
+def record_partition(
+    dataset: str, outcome: Outcome, *, elapsed_s: float, rows: int | None = None, size: int | None = None
+) -> None:
+    """Metrics of one partition refresh: outcome and duration always, rows and bytes when it wrote them."""
+    stats = _stats()
+    tags = {"dataset": dataset, "outcome": str(outcome)}
+    stats.incr(metric_name(PARTITIONS, dataset, str(outcome)), tags=tags)
+    stats.timing(metric_name(DURATION, dataset), dt.timedelta(seconds=elapsed_s), tags=tags)
+    if rows is not None:
+        stats.incr(metric_name(ROWS, dataset), count=rows, tags={"dataset": dataset})
+    if size is not None:
+        stats.incr(metric_name(BYTES, dataset), count=size, tags={"dataset": dataset})
+
+
+def record_stage(dataset: str, *, elapsed_s: float, source_rows: int | None) -> None:
+    """Metrics of the shared stage: its duration and the source rows it read (when it counted them)."""
+    stats = _stats()
+    tags = {"dataset": dataset}
+    stats.timing(metric_name(STAGE_DURATION, dataset), dt.timedelta(seconds=elapsed_s), tags=tags)
+    if source_rows is not None:
+        stats.incr(metric_name(STAGE_ROWS, dataset), count=source_rows, tags=tags)
