@@ -49,6 +49,8 @@ def test_a_key_far_from_every_valid_one_gets_no_guess_and_known_keys_pass() -> N
         "region=EU/day=2026-01-01T00%3A00%3A00",
         "region=EU/West/day=2026-01-01T00:00:00",  # readable: `/` inside a value
         "/region=EU/day=2026-01-01/",
+        "EU|2026-01-01T00:00:00",  # Airflow's composite key: one value per field
+        "EU/West=1%25|%NULL",
     ],
 )
 def test_keys_of_the_dataset_shape_pass(text: str) -> None:
@@ -62,6 +64,7 @@ def test_keys_of_the_dataset_shape_pass(text: str) -> None:
         ("bucket=7", "must start with `region=`"),
         ("region=EU", "gives 1 of the 2 partition fields (region, day), missing day"),
         ("region=EU/dya=2026-01-01", "'dya' is not a partition field"),
+        ("EU|2026-01-01|x", "or be Airflow's partition key (2 value(s) joined by `|`)"),
     ],
 )
 def test_keys_of_another_shape_are_refused_naming_the_fields(text: str, expected: str) -> None:
@@ -89,8 +92,11 @@ def test_the_partitions_param_shows_the_dataset_key_format_and_its_pattern_check
     assert "`region=<value>/day=<value>`" in schema["description"]
     assert "`region=EU/day=2026-01-01T00%3A00%3A00`" in schema["description"]
     assert "`region=EU/day=2026-01-01T00:00:00`" in schema["description"], "the readable form too"
-    jsonschema.validate(["region=EU/day=2026-01-01T00%3A00%3A00", "region=a/b/day=x"], schema)
-    for wrong in (["day=2026-01-01/region=EU"], ["region=EU"], ["bucket=7"]):
+    assert "`EU|2026-01-01T00:00:00`" in schema["description"], "and Airflow's composite key"
+    jsonschema.validate(
+        ["region=EU/day=2026-01-01T00%3A00%3A00", "region=a/b/day=x", "EU|2026-01-01"], schema
+    )
+    for wrong in (["day=2026-01-01/region=EU"], ["region=EU"], ["bucket=7"], ["EU|2026|x"]):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(wrong, schema)
 
