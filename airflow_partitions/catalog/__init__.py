@@ -8,6 +8,7 @@ from __future__ import annotations
 from airflow_partitions.catalog.catalog import Catalog
 from airflow_partitions.catalog.model import (
     PartitionEntry,
+    WrittenBy,
     PartitionFieldInfo,
     PartitionSpecInfo,
     VacuumReport,
@@ -25,6 +26,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "PartitionEntry",
+    "WrittenBy",
     "PartitionFieldInfo",
     "PartitionMap",
     "PartitionSpecInfo",
