@@ -8,11 +8,11 @@ from __future__ import annotations
 from airflow_partitions.catalog.catalog import Catalog
 from airflow_partitions.catalog.model import (
     PartitionEntry,
-    WrittenBy,
     PartitionFieldInfo,
     PartitionSpecInfo,
     VacuumReport,
     VersionInfo,
+    WrittenBy,
 )
 from airflow_partitions.catalog.open import catalog_location, dataset_directory, open_catalog
 from airflow_partitions.catalog.state import PartitionMap, Snapshot
@@ -26,7 +26,6 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "PartitionEntry",
-    "WrittenBy",
     "PartitionFieldInfo",
     "PartitionMap",
     "PartitionSpecInfo",
@@ -34,6 +33,7 @@ __all__ = [
     "Snapshot",
     "VacuumReport",
     "VersionInfo",
+    "WrittenBy",
     "catalog_location",
     "dataset_directory",
     "open_catalog",

@@ -76,7 +76,12 @@ class WrittenBy:
     map_index: int = -1
 
     def to_json(self) -> dict[str, Any]:
-        return {"dag_id": self.dag_id, "run_id": self.run_id, "task_id": self.task_id, "map_index": self.map_index}
+        return {
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "map_index": self.map_index,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> WrittenBy | None:

@@ -385,7 +385,9 @@ class PartitionMap(Mapping[str, PartitionEntry]):
         keys = json.loads("[" + ",".join(table.column("key").to_pylist()) + "]")
         files = json.loads("[" + ",".join(table.column("files").to_pylist()) + "]")
         refreshed = table.column("refreshed_at").cast(pa.int64()).to_pylist()
-        writers = [WrittenBy.from_json(json.loads(w)) if w else None for w in table.column("written_by").to_pylist()]
+        writers = [
+            WrittenBy.from_json(json.loads(w)) if w else None for w in table.column("written_by").to_pylist()
+        ]
         return [
             PartitionEntry(
                 key=_key_from_json(key),
