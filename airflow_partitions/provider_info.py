@@ -55,6 +55,13 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_partitions.triggers.partitions"],
             }
         ],
+        # The Partitions page (Airflow 3.1+ plugin: a FastAPI app plus nav and DAG-tab views).
+        "plugins": [
+            {
+                "name": "airflow_partitions",
+                "plugin-class": "airflow_partitions.plugins.partitions.PartitionsPlugin",
+            }
+        ],
         # No "cli" entry: Airflow 3.3 already defines an `airflow partitions` command group, and a provider
         # redefining it breaks the whole `airflow` CLI; use `airflow-partitions backfill` instead.
         "config": {

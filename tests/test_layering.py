@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "airflow_partitions"
-AIRFLOW_LAYER = {"cli", "hooks", "operators", "sensors", "triggers", "dag_factory", "demo", "provider_info"}
+AIRFLOW_LAYER = {
+    "cli",
+    "hooks",
+    "operators",
+    "sensors",
+    "triggers",
+    "dag_factory",
+    "demo",
+    "provider_info",
+    "plugins",
+}
 # Lower index = lower layer; a module may import its own layer or any layer below it.
 CORE_ORDER = [
     "exceptions",
@@ -38,7 +48,7 @@ AIRFLOW_ORDER = [
     {"sensors"},
     {"dag_factory"},
     {"cli"},
-    {"demo", "provider_info"},
+    {"demo", "provider_info", "plugins"},
 ]
 
 
