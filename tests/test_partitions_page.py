@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import requests
@@ -80,12 +81,12 @@ def browser() -> Iterator[Any]:
 
 
 def row_states(driver: Any) -> dict[str, str]:
-    from selenium.webdriver.common.by import By
-
-    return {
-        row.get_attribute("data-key-path"): row.get_attribute("data-state")
-        for row in driver.find_elements(By.CSS_SELECTOR, "#rows tr")
-    }
+    # Read in one script: the page re-renders its rows while it polls, so element handles go stale.
+    rows = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#rows tr'))"
+        ".map((row) => [row.dataset.keyPath, row.dataset.state]);"
+    )
+    return {str(key_path): str(state) for key_path, state in rows}
 
 
 def wait_for_states(driver: Any, stack: AirflowStack, expected: dict[str, str], timeout: float) -> None:
@@ -130,7 +131,9 @@ def test_partitions_page_shows_a_failed_partition_and_refreshes_it(
     wait_for_states(browser, stack, {EU: "failed", US: "fresh"}, timeout=60)
     eu_row = browser.find_element(By.CSS_SELECTOR, f'#rows tr[data-key-path="{EU}"]')
     assert "not a directory" in eu_row.text.lower() or "Error" in eu_row.text, eu_row.text
-    assert run["dag_run_id"] in eu_row.text, "the failed task instance is linked"
+    links = [a.get_attribute("href") for a in eu_row.find_elements(By.TAG_NAME, "a")]
+    failed_ti = f"/dags/{UI_DAG_ID}/runs/{quote(run['dag_run_id'], safe='')}/tasks/partition.refresh/mapped/0"
+    assert any(link.endswith(failed_ti) for link in links), f"the failed task instance is linked: {links}"
     counts = {
         b.get_attribute("data-state-count"): b.text
         for b in browser.find_elements(By.CSS_SELECTOR, "#summary .badge")

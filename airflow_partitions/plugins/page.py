@@ -6,7 +6,7 @@ with the browser's Airflow session; every value is inserted as text, never as HT
 
 from __future__ import annotations
 
-PAGE_HTML = """<!doctype html>
+PAGE_HTML = r"""<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -38,7 +38,8 @@ PAGE_HTML = """<!doctype html>
   .muted { color: #616e7c; }
   .error { color: #912018; white-space: pre-wrap; }
   #message { min-height: 20px; margin: 6px 0; }
-  td.key { font-family: ui-monospace, monospace; word-break: break-all; }
+  td.key { font-family: ui-monospace, monospace; overflow-wrap: anywhere; min-width: 8em; }
+  td.time { white-space: nowrap; }
 </style>
 </head>
 <body>
@@ -101,6 +102,11 @@ function formatBytes(size) {
   return unit === 0 ? value + " B" : value.toFixed(1) + " " + units[unit];
 }
 
+function formatTime(text) {
+  if (!text) return "-";
+  return text.replace("T", " ").replace(/\.\d+/, "").replace(/(\+00:00|Z)$/, " UTC");
+}
+
 function uiLink(path, text) {
   const link = el("a", {href: path, target: "_top"}, text);
   return link;
@@ -123,7 +129,7 @@ function errorCell(partition) {
   const cell = el("td", {class: "error"});
   const failure = partition.failure;
   if (!failure) return cell;
-  cell.textContent = failure.error.split("\\n")[0].slice(0, 300);
+  cell.textContent = failure.error.split("\n")[0].slice(0, 300);
   cell.title = failure.error;
   if (failure.dag_id && failure.run_id) {
     cell.appendChild(document.createElement("br"));
@@ -131,7 +137,7 @@ function errorCell(partition) {
       + "/runs/" + encodeURIComponent(failure.run_id);
     let task = base + "/tasks/" + encodeURIComponent(failure.task_id || "");
     if (failure.map_index !== null && failure.map_index >= 0) task += "/mapped/" + failure.map_index;
-    cell.appendChild(uiLink(task, "failed task (" + failure.failed_at + ")"));
+    cell.appendChild(uiLink(task, "failed task, " + formatTime(failure.failed_at)));
   }
   return cell;
 }
@@ -149,7 +155,8 @@ function render() {
   if (!documentData) return;
   const report = documentData.datasets[0];
   $("version").textContent = report.latest_version === null ? "no version committed yet"
-    : "version " + report.latest_version + " (" + report.operation + ", " + report.committed_at + ")";
+    : "version " + report.latest_version + " (" + report.operation + ", "
+      + formatTime(report.committed_at) + ")";
   const summary = $("summary");
   summary.replaceChildren();
   for (const [state, count] of Object.entries(report.states || {})) {
@@ -176,7 +183,7 @@ function render() {
     const rows = partition.rows === null ? "-" : partition.rows.toLocaleString();
     row.appendChild(el("td", {class: "num"}, rows));
     row.appendChild(el("td", {class: "num"}, formatBytes(partition.bytes)));
-    row.appendChild(el("td", {}, partition.refreshed_at || "-"));
+    row.appendChild(el("td", {class: "time"}, formatTime(partition.refreshed_at)));
     row.appendChild(writerCell(partition));
     row.appendChild(errorCell(partition));
     tbody.appendChild(row);
