@@ -31,7 +31,7 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.postgres,
     pytest.mark.browser,
-    pytest.mark.timeout(600),
+    pytest.mark.timeout(900),
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

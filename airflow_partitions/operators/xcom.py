@@ -66,7 +66,13 @@ def partition_result_from_xcom(result: Any, *, argument: str = "partition_result
 
 
 def partition_results_from_xcom(results: Iterable[Any] | None) -> list[PartitionResult]:
-    """The refresh tasks' descriptors; a missing one (a failed or skipped task) is left out."""
+    """The refresh tasks' descriptors; a missing one (a failed or skipped task) is left out.
+
+    A run that refreshes a single partition gets that one descriptor itself, not a list of one: Airflow
+    pulls the XCom of a task in an expanded task group as a plain value when only one instance exists.
+    """
+    if isinstance(results, Mapping):
+        results = [results]
     values = [r for r in (results or []) if r is not None]
     if not all(isinstance(r, Mapping) for r in values):
         raise OrchestrationError("results must be the partition descriptors returned by the refresh tasks")
