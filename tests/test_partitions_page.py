@@ -147,7 +147,6 @@ def test_partitions_page_shows_a_failed_partition_and_refreshes_it(
     eu_row.find_element(By.CSS_SELECTOR, "input.pick").click()
     browser.find_element(By.ID, "refresh-selected").click()
     wait_for_states(browser, stack, {EU: "fresh", US: "fresh"}, timeout=300)
-    assert "Triggered" in browser.find_element(By.ID, "message").text
 
     # The JSON API: the document `status --partitions --json` prints, plus the DAG it came from.
     document = api(stack, "admin", "GET", f"dags/{UI_DAG_ID}/partitions").json()
