@@ -35,6 +35,8 @@ $(COMPAT_STAMP): pyproject.toml constraints-lowest.txt | $(STAMP)
 
 # The Postgres JDBC driver for Spark comes from Debian (Maven Central is not assumed reachable).
 JDBC_JAR := /usr/share/java/postgresql.jar
+# The Partitions page's browser test drives Debian's chromium through its chromedriver.
+CHROMEDRIVER := /usr/bin/chromedriver
 system-deps:
 	@if [ ! -f $(JDBC_JAR) ]; then \
 		if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -42,6 +44,14 @@ system-deps:
 			 (apt-get update -qq >/dev/null && apt-get install -y -qq libpostgresql-jdbc-java >/dev/null)); \
 		else \
 			echo "note: $(JDBC_JAR) missing; install libpostgresql-jdbc-java for Spark JDBC reads"; \
+		fi; \
+	fi
+	@if [ ! -x $(CHROMEDRIVER) ]; then \
+		if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+			(apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+			 (apt-get update -qq >/dev/null && apt-get install -y -qq chromium chromium-driver >/dev/null)); \
+		else \
+			echo "note: $(CHROMEDRIVER) missing; install chromium chromium-driver for the browser test"; \
 		fi; \
 	fi
 

@@ -105,6 +105,9 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_partitions.triggers.partitions"],
             }
         ],
+        # No "plugins" entry: Airflow loads provider plugins only with [core] lazy_load_providers = False;
+        # the Partitions page registers through the `airflow.plugins` entry point instead, which every
+        # Airflow process loads (a second registration would be refused as a duplicate).
         # No "cli" entry: Airflow 3.3 already defines an `airflow partitions` command group, and a provider
         # redefining it breaks the whole `airflow` CLI; use `airflow-partitions backfill` instead.
         "config": {

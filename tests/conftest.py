@@ -149,3 +149,28 @@ def s3_fault_proxy(s3_server: dict[str, str]) -> Iterator[Any]:
 
     with FaultProxy(s3_server["endpoint_url"], seed=13) as proxy:
         yield proxy
+
+
+# --- the session's Airflow stack ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, spark_connect_server: dict[str, Any]) -> Iterator[Any]:
+    """One real Airflow (api-server, scheduler, dag-processor, triggerer) for every end-to-end module:
+    the DAGs, data and users of `airflow_e2e/shared.py`."""
+    from airflow_e2e.shared import shared_stack
+
+    with shared_stack(tmp_path_factory.mktemp("airflow_e2e"), spark_connect_server) as airflow:
+        yield airflow
+
+
+@pytest.fixture(scope="session")
+def client(stack: Any) -> Any:
+    """An `AirflowApiClient` of the stack's admin, once the main refresh DAG is parsed."""
+    from airflow_e2e.shared import DAG_ID
+
+    from airflow_partitions.cli.backfill import AirflowApiClient
+
+    api = AirflowApiClient(stack.api_url, username="admin", password=stack.password)
+    stack.wait_for_dag(api, DAG_ID, poll=2)
+    return api

@@ -18,13 +18,18 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_e2e.sample import install_example_dag, sample_spec, write_sales
-from airflow_e2e.stack import AirflowStack, running_airflow
+from airflow_e2e.sample import write_sales
+from airflow_e2e.shared import (
+    CONNECT_DAG_ID,
+    CONNECT_REGIONS,
+    DAG_ID,
+    DOWNSTREAM_DAG_ID,
+)
+from airflow_e2e.stack import AirflowStack
 
 from airflow_partitions.cli.backfill import AirflowApiClient
 
@@ -36,49 +41,7 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 
-DAG_ID = "refresh_sales"
-DOWNSTREAM_DAG_ID = "sales_per_partition"
-# A partition-aware consumer: one run per partition key the refresh's asset events carry.
-DOWNSTREAM_DAG = f'''\
-"""Runs once per refreshed partition of the `sales` acceleration (airflow dag)."""
-
-from airflow.sdk import DAG, Asset, PartitionedAssetTimetable, task
-
-with DAG(
-    "{DOWNSTREAM_DAG_ID}",
-    schedule=PartitionedAssetTimetable(assets=Asset.ref(name="sales")),
-    catchup=False,
-):
-
-    @task
-    def consume(dag_run=None):
-        return dag_run.partition_key
-
-    consume()
-'''
 FULL_CONF = {"partitions": None, "where": None, "full_refresh": False, "snapshot": True}
-CONNECT_CONN_ID = "spark_connect_e2e"
-CONNECT_DAG_ID = "refresh_sales_connect_each"
-CONNECT_REGIONS = ("a/b", "Zürich", "")
-CONNECT_DATASET = """\
-  - name: sales_connect
-    from: file:{src}/
-    params: {{file_format: parquet}}
-    acceleration:
-      partition_by:
-        - region: region
-"""
-CONNECT_DAG = f'''\
-"""sales_connect without a shared stage, on Spark Connect: each partition task runs its own Spark job."""
-
-from airflow_partitions.dag_factory import build_refresh_dag, default_spec_path
-from airflow_partitions.spec import load_spec
-
-project = load_spec(default_spec_path(__file__), check_types=False)
-dag = build_refresh_dag(
-    project, "sales_connect", stage=False, spark_conn_id="{CONNECT_CONN_ID}", dag_id="{CONNECT_DAG_ID}"
-)
-'''
 
 
 def key(region: str, day: int) -> str:
@@ -94,41 +57,6 @@ def label(region: str, day: int) -> str:
 def airflow_key(region: str, day: int) -> str:
     """A partition's key in Airflow's composite convention: asset events, partitioned runs."""
     return f"{region}|2026-01-0{day}T00:00:00"
-
-
-@pytest.fixture(scope="module")
-def stack(
-    tmp_path_factory: pytest.TempPathFactory, spark_connect_server: dict[str, Any]
-) -> Iterator[AirflowStack]:
-    root = tmp_path_factory.mktemp("airflow_e2e")
-    write_sales(root / "sales", rows=20, days=1, regions=("EU", "US"))
-    write_sales(root / "sales_connect", rows=30, days=1, regions=CONNECT_REGIONS)
-    # Snapshots are covered by the dag.test() suite; here every task is a process of its own, so the
-    # DAG is kept to the refresh path to keep the run short.
-    spec = sample_spec(accelerator_dir=root / "acc", sales_dir=root / "sales")
-    install_example_dag(root / "dags", spec + CONNECT_DATASET.format(src=root / "sales_connect"))
-    (root / "dags" / "sales_downstream.py").write_text(DOWNSTREAM_DAG)
-    (root / "dags" / "sales_connect_each.py").write_text(CONNECT_DAG)
-    connect = {
-        f"AIRFLOW_CONN_{CONNECT_CONN_ID.upper()}": json.dumps(
-            {
-                "conn_type": "spark_connect",
-                "host": spark_connect_server["host"],
-                "port": spark_connect_server["port"],
-            }
-        )
-    }
-    with running_airflow(
-        root / "airflow_home", root / "dags", parallelism=4, preload=True, extra_env=connect
-    ) as airflow:
-        yield airflow
-
-
-@pytest.fixture(scope="module")
-def client(stack: AirflowStack) -> AirflowApiClient:
-    api = AirflowApiClient(stack.api_url, username="admin", password=stack.password)
-    stack.wait_for_dag(api, DAG_ID, poll=2)
-    return api
 
 
 def catalog(stack: AirflowStack, dataset: str = "sales") -> Any:

@@ -19,6 +19,7 @@ AIRFLOW_LAYER = {
     "demo",
     "provider_info",
     "examples",
+    "plugins",
 }
 # Lower index = lower layer; a module may import its own layer or any layer below it.
 CORE_ORDER = [
@@ -50,7 +51,7 @@ AIRFLOW_ORDER = [
     {"dag_factory"},
     {"cli"},
     # examples/: the DAG file `airflow-partitions init` writes out (read as a file, never imported).
-    {"demo", "provider_info", "examples"},
+    {"demo", "provider_info", "examples", "plugins"},
 ]
 
 

@@ -752,3 +752,31 @@ def test_refresh_metrics_reach_a_statsd_listener(
     assert all(kind == "ms" and value > 0 for value, kind in durations)
     assert statsd.wait_for("airflow.dataset_acceleration_refresh_stage_rows.sales", 1) == [(30.0, "c")]
     assert statsd.metrics("airflow.dataset_acceleration_refresh_partitions.sales.failed") == []
+
+
+def test_commit_decodes_the_lone_descriptor_of_a_one_partition_run() -> None:
+    """Airflow hands the commit a single refresh task's XCom as the value itself, not a list of one; the
+    descriptor's writer (the task instance) survives the round trip."""
+    import datetime as dt
+
+    from airflow_partitions.catalog import PartitionEntry, WrittenBy
+    from airflow_partitions.keys import PartitionKey
+    from airflow_partitions.operators.xcom import partition_results_from_xcom
+    from airflow_partitions.refresh.plan import PartitionResult
+
+    writer = WrittenBy(dag_id="refresh_sales", run_id="manual__1", task_id="partition.refresh", map_index=0)
+    entry = PartitionEntry(
+        key=PartitionKey(("a/b",)),
+        key_path="region=a%2Fb",
+        spec_id="s1",
+        files=(),
+        rows=0,
+        bytes=0,
+        source_fingerprint="fp",
+        refreshed_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        written_by=writer,
+    )
+    descriptor = json.loads(json.dumps(PartitionResult(entry=entry, routed=0).to_json()))
+    lone = partition_results_from_xcom(descriptor)
+    assert lone == partition_results_from_xcom([descriptor, None])
+    assert [r.entry.written_by for r in lone] == [writer]

@@ -42,3 +42,29 @@ def test_the_airflow_cli_still_builds_with_the_provider_installed() -> None:
     airflow_bin = Path(sys.executable).with_name("airflow")
     result = subprocess.run([str(airflow_bin), "version"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_partitions_page_plugin_is_declared_as_an_airflow_plugins_entry_point() -> None:
+    """Airflow loads `airflow.plugins` entry points in every process; provider-info plugins only with
+    lazy_load_providers off. The declared object is the plugin, and building it imports no FastAPI."""
+    import subprocess
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    from airflow.plugins_manager import AirflowPlugin
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    target = pyproject["project"]["entry-points"]["airflow.plugins"]["airflow_partitions"]
+    module, _, name = target.partition(":")
+    plugin = getattr(importlib.import_module(module), name)
+    assert issubclass(plugin, AirflowPlugin)
+    assert [app["url_prefix"] for app in plugin.fastapi_apps] == ["/partitions"]
+    assert {view["destination"] for view in plugin.external_views} == {"nav", "dag"}
+    assert "plugins" not in get_provider_info(), "registered once, through the entry point"
+    probe = (
+        f"import sys, {module}; "
+        "print(sorted(m for m in ('fastapi', 'airflow.api_fastapi.core_api.security') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "airflow.api_fastapi.core_api.security" not in loaded.stdout, "task processes load plugins too"

@@ -12,6 +12,7 @@ from airflow_partitions.catalog.model import (
     PartitionSpecInfo,
     VacuumReport,
     VersionInfo,
+    WrittenBy,
 )
 from airflow_partitions.catalog.open import (
     catalog_location,
@@ -37,6 +38,7 @@ __all__ = [
     "Snapshot",
     "VacuumReport",
     "VersionInfo",
+    "WrittenBy",
     "catalog_location",
     "dataset_directory",
     "open_catalog",

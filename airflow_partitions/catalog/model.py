@@ -67,6 +67,35 @@ class PartitionSpecInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class WrittenBy:
+    """The Airflow task instance that wrote a partition's files (shown by `status` and the UI page)."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int = -1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "map_index": self.map_index,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> WrittenBy | None:
+        if not data:
+            return None
+        return cls(
+            dag_id=str(data["dag_id"]),
+            run_id=str(data["run_id"]),
+            task_id=str(data["task_id"]),
+            map_index=int(data.get("map_index", -1)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionEntry:
     """One partition in one catalog version: its key, files and provenance."""
 
@@ -78,6 +107,8 @@ class PartitionEntry:
     bytes: int
     source_fingerprint: str | None
     refreshed_at: dt.datetime
+    # Which task instance wrote it, when an Airflow task did (None: the CLI, a bootstrap, older versions).
+    written_by: WrittenBy | None = None
 
     @classmethod
     def from_files(
@@ -117,6 +148,7 @@ class PartitionEntry:
             "bytes": self.bytes,
             "source_fingerprint": self.source_fingerprint,
             "refreshed_at": format_time(self.refreshed_at),
+            **({"written_by": self.written_by.to_json()} if self.written_by is not None else {}),
         }
 
     @classmethod
@@ -131,6 +163,7 @@ class PartitionEntry:
                 bytes=int(data["bytes"]),
                 source_fingerprint=data.get("source_fingerprint"),
                 refreshed_at=parse_time(data["refreshed_at"]),
+                written_by=WrittenBy.from_json(data.get("written_by")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CatalogError(f"malformed partition entry: {err}") from err

@@ -23,7 +23,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.catalog.model import PartitionEntry, PartitionSpecInfo, format_time, parse_time
+from airflow_partitions.catalog.model import (
+    PartitionEntry,
+    PartitionSpecInfo,
+    WrittenBy,
+    format_time,
+    parse_time,
+)
 from airflow_partitions.exceptions import CatalogError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.storage.datafile import DataFile
@@ -172,6 +178,9 @@ def state_schema() -> pa.Schema:
             pa.field("refreshed_at", pa.timestamp("us", tz="UTC"), nullable=False),
             pa.field("source_fingerprint", pa.string()),
             pa.field("files", pa.string(), nullable=False),
+            # JSON of `WrittenBy`; null when no Airflow task wrote the partition. Checkpoints written
+            # before the column existed get it as nulls when read.
+            pa.field("written_by", pa.string()),
         ]
     )
 
@@ -191,6 +200,7 @@ def entries_to_table(entries: Sequence[Mapping[str, Any]]) -> pa.Table:
         pa.array(refreshed, pa.int64()).cast(schema.field("refreshed_at").type),
         pa.array([e.get("source_fingerprint") for e in entries], pa.string()),
         pa.array([dumps(e["files"]) for e in entries], pa.string()),
+        pa.array([dumps(e["written_by"]) if e.get("written_by") else None for e in entries], pa.string()),
     ]
     return pa.Table.from_arrays(columns, schema=schema)
 
@@ -291,10 +301,20 @@ def decode_checkpoint(source: Any, *, where: str) -> Snapshot:
         partition_spec=PartitionSpecInfo.from_json(metadata["partition_spec"]),
         committed_at=parse_time(metadata["committed_at"]),
         operation=str(metadata["operation"]),
-        partitions=PartitionMap(table.replace_schema_metadata(None)),
+        partitions=PartitionMap(_with_current_columns(table.replace_schema_metadata(None))),
         checkpoint_version=version,
         changes_since_checkpoint=0,
     )
+
+
+def _with_current_columns(table: pa.Table) -> pa.Table:
+    """A checkpoint table from an older release, given the nullable columns added since (as nulls)."""
+    import pyarrow as pa
+
+    for schema_field in state_schema():
+        if schema_field.name not in table.column_names:
+            table = table.append_column(schema_field, pa.nulls(table.num_rows, schema_field.type))
+    return table
 
 
 # --- snapshots ------------------------------------------------------------------------------------
@@ -365,6 +385,9 @@ class PartitionMap(Mapping[str, PartitionEntry]):
         keys = json.loads("[" + ",".join(table.column("key").to_pylist()) + "]")
         files = json.loads("[" + ",".join(table.column("files").to_pylist()) + "]")
         refreshed = table.column("refreshed_at").cast(pa.int64()).to_pylist()
+        writers = [
+            WrittenBy.from_json(json.loads(w)) if w else None for w in table.column("written_by").to_pylist()
+        ]
         return [
             PartitionEntry(
                 key=_key_from_json(key),
@@ -375,8 +398,9 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 bytes=size,
                 source_fingerprint=fingerprint,
                 refreshed_at=_EPOCH + dt.timedelta(microseconds=micros),
+                written_by=writer,
             )
-            for key_path, key, spec_id, file_list, rows_count, size, fingerprint, micros in zip(
+            for key_path, key, spec_id, file_list, rows_count, size, fingerprint, micros, writer in zip(
                 key_paths,
                 keys,
                 table.column("spec_id").to_pylist(),
@@ -385,6 +409,7 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 table.column("bytes").to_pylist(),
                 table.column("source_fingerprint").to_pylist(),
                 refreshed,
+                writers,
                 strict=True,
             )
         ]

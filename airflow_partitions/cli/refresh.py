@@ -14,7 +14,7 @@ import sys
 from typing import Any, TextIO
 
 from airflow_partitions.cli import print_error
-from airflow_partitions.exceptions import ConservationError, PartitionsFailedError
+from airflow_partitions.exceptions import ConservationError, PartitionsFailedError, RunConfError
 
 BAR_WIDTH = 28
 
@@ -40,6 +40,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--where",
         help="refresh only partitions whose values match this SQL condition (e.g. \"day >= '2026-01-01'\")",
+    )
+    parser.add_argument(
+        "--failed",
+        action="store_true",
+        help="refresh exactly the partitions whose last refresh failed (as `status --partitions` and the "
+        "Airflow UI's Partitions page show them)",
     )
     parser.add_argument("--full", action="store_true", help="refresh every partition, changed or not")
     parser.add_argument(
@@ -95,12 +101,21 @@ class ProgressBar:
 def run(args: argparse.Namespace) -> int:
     from airflow_partitions.refresh import refresh_dataset
 
+    partitions = args.partitions
+    if args.failed:
+        if args.partitions or args.where:
+            raise RunConfError("--failed selects the partitions itself: drop --partitions / --where")
+        partitions = remembered_failures(args.spec, args.dataset)
+        if not partitions:
+            print(f"{args.dataset}: no partition's last refresh failed; nothing to do", file=sys.stderr)
+            return 0
+        print(f"{args.dataset}: refreshing {len(partitions)} failed partition(s)", file=sys.stderr)
     bar = ProgressBar(sys.stderr)
     try:
         summary = refresh_dataset(
             args.spec,
             args.dataset,
-            partitions=args.partitions,
+            partitions=partitions,
             where=args.where,
             full=args.full,
             progress=bar,
@@ -154,6 +169,17 @@ def describe_mode(summary: Any) -> str:
             "acceleration (append and changes never read them: run refresh --full)"
         )
     return line
+
+
+def remembered_failures(spec_path: str, dataset_name: str) -> list[str]:
+    """Key paths of the dataset's partitions whose last refresh failed (the failure store)."""
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.refresh.failures import FailureStore
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(spec_path)
+    catalog = open_dataset_catalog(project, project.dataset(dataset_name))
+    return sorted(FailureStore.for_catalog(catalog).failures())
 
 
 def describe_conservation(counts: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+from collections.abc import Iterable
 from typing import Any
 
 RECENT_VERSIONS = 5
@@ -17,7 +18,8 @@ def register(subparsers: Any) -> None:
         description=(
             "For each dataset of the spec (or only DATASET): the newest catalog version and the retained "
             "ones, partition count, rows, bytes, last refresh and the latest commits. --partitions lists "
-            "every partition with its key, rows, bytes and refresh time."
+            "every partition with its state (fresh, stale, failed, missing, removed: the source is "
+            "surveyed), key, rows, bytes, refresh time and the Airflow task that wrote it."
         ),
     )
     parser.add_argument("spec", metavar="SPEC", help="path of the spec YAML file")
@@ -59,6 +61,8 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
     snapshot = catalog.latest()
     if snapshot is None:
         report.update(latest_version=None, retained_versions=0, partition_count=0, rows=0, bytes=0)
+        if partitions:
+            report.update(partition_report(project, dataset, catalog=catalog))
         return report
     history = catalog.versions()
     last_refreshed = snapshot.last_refreshed_at
@@ -98,22 +102,24 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
             dataset.name, report["catalog_partition_by"], report["spec_partition_by"]
         )
     if partitions:
-        names = snapshot.partition_spec.names
-        marks = _watermarks(snapshot, acceleration.refresh.watermark_column)
-        report["partitions"] = [
-            {
-                "key_path": entry.key_path,
-                "key": entry.key.describe(names),
-                "rows": entry.rows,
-                "bytes": entry.bytes,
-                "files": len(entry.files),
-                "refreshed_at": _time(entry.refreshed_at),
-                "source_fingerprint": entry.source_fingerprint,
-                "watermark": _watermark_text(marks.get(entry.key_path)),
-            }
-            for entry in sorted(snapshot.partitions.values(), key=lambda e: e.key_path)
-        ]
+        report.update(partition_report(project, dataset, catalog=catalog))
+        marks = _watermarks(snapshot, acceleration.refresh.watermark_column) if snapshot is not None else {}
+        for partition in report["partitions"]:
+            partition["watermark"] = _watermark_text(marks.get(partition["key_path"]))
     return report
+
+
+def partition_report(
+    project: Any, dataset: Any, *, catalog: Any = None, refreshing: Iterable[str] = ()
+) -> dict[str, Any]:
+    """`states` (counts), `discovery_error` and `partitions` (each with its state) of `status --partitions`:
+    the same document the Airflow UI's Partitions page reads (`refreshing`: key paths a task writes now)."""
+    from airflow_partitions.refresh.partition_states import partition_states
+
+    states = partition_states(project, dataset, catalog=catalog)
+    if refreshing:
+        states = states.with_refreshing(refreshing)
+    return states.to_json()
 
 
 def respec_status(
@@ -144,7 +150,8 @@ def render_status(report: dict[str, Any]) -> str:
         header += f", partition_mode {report['partition_mode']}"
     header += f"; catalog {report['catalog']})"
     if report["latest_version"] is None:
-        return f"{header}\n  no committed version yet: run `airflow-partitions refresh` for this dataset"
+        text = f"{header}\n  no committed version yet: run `airflow-partitions refresh` for this dataset"
+        return "\n".join([text, *render_partitions(report)])
     lines = [
         header,
         f"  version       {report['latest_version']} ({report['operation']}, {report['committed_at']}); "
@@ -173,16 +180,7 @@ def render_status(report: dict[str, Any]) -> str:
             f"    {info['version']:>6}  {info['committed_at']}  {info['operation']:<10} {what}, "
             f"{info['partitions_removed']} removed, {info['rows']:,} rows written"
         )
-    if "partitions" in report:
-        lines.append("  partitions:")
-        rows = [["key", "rows", "bytes", "files", "refreshed_at"]]
-        rows += [
-            [p["key"], f"{p['rows']:,}", format_bytes(p["bytes"]), str(p["files"]), p["refreshed_at"]]
-            for p in report["partitions"]
-        ]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            lines.append("    " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    lines.extend(render_partitions(report))
     return "\n".join(lines)
 
 
@@ -208,6 +206,37 @@ def _watermark_text(value: Any) -> str | None:
     from airflow_partitions.keys import value_to_text
 
     return value_to_text(value)
+
+
+def render_partitions(report: dict[str, Any]) -> list[str]:
+    """The `--partitions` table: state, key, rows, bytes, files, refresh time and who wrote it."""
+    if "partitions" not in report:
+        return []
+    counts = ", ".join(f"{n} {state}" for state, n in report["states"].items() if n)
+    lines = [f"  partitions:   {counts or 'none'}"]
+    if report.get("discovery_error"):
+        lines.append(f"  WARNING: the source could not be surveyed: {report['discovery_error']}")
+    rows = [["state", "key", "rows", "bytes", "files", "refreshed_at", "written_by / error"]]
+    for p in report["partitions"]:
+        writer = p["written_by"]
+        note = f"{writer['dag_id']} {writer['run_id']}" if writer else ""
+        if p["failure"] is not None:
+            note = p["failure"]["error"].splitlines()[0][:120] if p["failure"]["error"] else "failed"
+        rows.append(
+            [
+                p["state"],
+                p["key"],
+                f"{p['rows']:,}" if p["rows"] is not None else "-",
+                format_bytes(p["bytes"]) if p["bytes"] is not None else "-",
+                str(p["files"]) if p["files"] is not None else "-",
+                p["refreshed_at"] or "-",
+                note,
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        lines.append("    " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return lines
 
 
 def _last_conservation(history: Any) -> dict[str, Any] | None:

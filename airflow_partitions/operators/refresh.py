@@ -10,6 +10,7 @@ connection, or a Spark Connect server through a `spark_connect` connection.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import time
 import uuid
@@ -28,7 +29,12 @@ from airflow_partitions.operators.xcom import plan_from_xcom, stage_from_xcom, w
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_partitions.refresh.plan import PartitionResult, PartitionWorkItem, RefreshPlan, StageResult
+    from airflow_partitions.refresh.plan import (
+        PartitionResult,
+        PartitionWorkItem,
+        RefreshPlan,
+        StageResult,
+    )
     from airflow_partitions.spec import DatasetSpec, ProjectSpec
 
 # The label of each mapped refresh instance in the UI: its partition's readable key
@@ -199,17 +205,16 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
         return partition_label(names_of_path(item.key_path), item.partition_key)
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.catalog.model import WrittenBy
+
         item = work_item_from_xcom(self.work_item)
         started = time.perf_counter()
         try:
             result = self._refresh(item)
-        except ConservationError:
-            record_partition(
-                self.dataset, Outcome.CONSERVATION_REFUSED, elapsed_s=time.perf_counter() - started
-            )
-            raise
-        except Exception:
-            record_partition(self.dataset, Outcome.FAILED, elapsed_s=time.perf_counter() - started)
+        except Exception as err:
+            outcome = Outcome.CONSERVATION_REFUSED if isinstance(err, ConservationError) else Outcome.FAILED
+            record_partition(self.dataset, outcome, elapsed_s=time.perf_counter() - started)
+            self.remember_failure(context, item.key_path, err)
             raise
         record_partition(
             self.dataset,
@@ -228,7 +233,35 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
             result.bytes,
             result.elapsed_s,
         )
+        # The entry names this task instance, so status and the Partitions page can link to it.
+        ti = context.get("ti")
+        if ti is not None:
+            map_index = ti.map_index if ti.map_index is not None else -1
+            writer = WrittenBy(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=map_index)
+            result = replace(result, entry=replace(result.entry, written_by=writer))
         return result.to_json()
+
+    def remember_failure(self, context: Context, key_path: str, err: BaseException) -> None:
+        """Record the failure beside the catalog (`refresh --failed`, `status`, the Partitions page).
+
+        Best effort: an unreachable store must not hide the task's own error, which is re-raised.
+        """
+        from airflow_partitions.refresh.failures import FailureStore, PartitionFailure, describe_error
+
+        ti = context.get("ti")
+        failure = PartitionFailure(
+            key_path=key_path,
+            error=describe_error(err),
+            failed_at=dt.datetime.now(dt.UTC),
+            dag_id=getattr(ti, "dag_id", None),
+            run_id=getattr(ti, "run_id", None),
+            task_id=getattr(ti, "task_id", None),
+            map_index=getattr(ti, "map_index", None),
+        )
+        try:
+            FailureStore.for_catalog(self.open_catalog()).record(failure)
+        except Exception as store_err:
+            self.log.warning("Could not remember the failure of %s: %s", key_path, store_err)
 
     def _refresh(self, item: PartitionWorkItem) -> PartitionResult:
         from airflow_partitions.refresh.commit import remove_stage

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
+from airflow_partitions.refresh.failures import FailureStore
 from airflow_partitions.refresh.plan import (
     CommitResult,
     ConservationCounts,
@@ -168,6 +169,8 @@ def commit_refresh(
             commit_id=commit_id,
             conservation=counts.to_json(),
         )
+        # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
+        FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
     if cleanup:
         remove_stage(stage)
     unread_nulls = None

@@ -6,9 +6,10 @@ for the command line and tests, finalising partitions on a small thread pool.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,6 +292,8 @@ def refresh_dataset(
         refused = merge_conservation_errors(spec.name, lost)
         refused.summary = _summary(spec, plan, stage, None, failed, timings, started, refused=refused)
         raise refused
+    if failed:
+        record_failures(project, spec, failed)
     if failed and not allow_partial:
         remove_stage(stage)
         summary = _summary(spec, plan, stage, None, failed, timings, started)
@@ -313,6 +316,16 @@ def refresh_dataset(
     timings["commit"] = time.monotonic() - mark
     tick("done", total, total, rows)
     return _summary(spec, plan, stage, commit, failed, timings, started)
+
+
+def record_failures(project: ProjectSpec, dataset: DatasetSpec, failed: Mapping[str, str]) -> None:
+    """Remember partitions this process failed to refresh (`refresh --failed`, `status`, the UI page)."""
+    from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
+
+    store = FailureStore.for_catalog(open_dataset_catalog(project, dataset))
+    now = dt.datetime.now(dt.UTC)
+    for key_path, message in failed.items():
+        store.record(PartitionFailure(key_path=key_path, error=message, failed_at=now))
 
 
 def merge_conservation_errors(dataset: str, errors: Sequence[ConservationError]) -> ConservationError:

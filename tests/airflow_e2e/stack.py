@@ -62,6 +62,10 @@ class AirflowStack:
     preload: bool = False
     api_port: int = field(default_factory=free_port)
     password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+    # More SimpleAuthManager users besides the admin: name -> role (viewer, user, op, admin); their
+    # passwords are in `passwords`.
+    users: Mapping[str, str] = field(default_factory=dict)
+    passwords: dict[str, str] = field(default_factory=dict)
     database: MetadataDatabase | None = None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _log_files: dict[str, IO[bytes]] = field(default_factory=dict)
@@ -89,7 +93,9 @@ class AirflowStack:
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                f"{name}:{role}" for name, role in {ADMIN_USER: "admin", **self.users}.items()
+            ),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database.sqlalchemy_url,
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": self.database.sqlalchemy_async_url,
@@ -127,7 +133,9 @@ class AirflowStack:
         """
         self.home.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        (self.home / "passwords.json").write_text(json.dumps({ADMIN_USER: self.password}))
+        self.passwords = {name: secrets.token_urlsafe(12) for name in self.users}
+        self.passwords[ADMIN_USER] = self.password
+        (self.home / "passwords.json").write_text(json.dumps(self.passwords))
         if self.preload:
             (self.home / "config").mkdir(exist_ok=True)
             (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS_PRELOAD)
@@ -298,6 +306,7 @@ def running_airflow(
     parallelism: int = 4,
     preload: bool = False,
     timeout: float = 120.0,
+    users: Mapping[str, str] | None = None,
 ) -> Iterator[AirflowStack]:
     """Start an `AirflowStack` for the duration of a `with` block; always torn down."""
     stack = AirflowStack(
@@ -306,6 +315,7 @@ def running_airflow(
         extra_env=dict(extra_env or {}),
         parallelism=parallelism,
         preload=preload,
+        users=dict(users or {}),
     )
     stack.start(components, timeout=timeout)
     try:

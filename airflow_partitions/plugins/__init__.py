@@ -1,0 +1,1 @@
+"""Airflow UI plugins of the provider: the Partitions page (`plugins/partitions.py`)."""

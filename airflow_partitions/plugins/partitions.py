@@ -1,0 +1,204 @@
+"""The Partitions page: an Airflow plugin (a FastAPI app under /partitions plus nav and DAG-tab views).
+
+Its JSON API serves, per refresh DAG, the document `airflow-partitions status SPEC DATASET --partitions
+--json` prints (the same core function: `cli.status.dataset_status`), with partitions a running task
+instance writes now marked `refreshing`, and triggers refresh runs of chosen partitions. Every endpoint
+applies Airflow's auth manager to the caller (the UI's session cookie, or a bearer token): reading a
+dataset needs read access to its refresh DAG, refreshing needs permission to create runs of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow.plugins_manager import AirflowPlugin
+
+from airflow_partitions.dag_factory import DISCOVER_TASK, REFRESH_TASK, TAG
+
+if TYPE_CHECKING:
+    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+
+URL_PREFIX = "/partitions"
+# Task instance states in which a partition counts as being refreshed now.
+ACTIVE_TI_STATES = (
+    "scheduled",
+    "queued",
+    "running",
+    "up_for_retry",
+    "up_for_reschedule",
+    "deferred",
+    "restarting",
+)
+
+
+@dataclass(frozen=True)
+class RefreshDag:
+    """A refresh DAG built by `dag_factory` and the spec and dataset its tasks name."""
+
+    dag_id: str
+    spec_path: str
+    dataset: str
+
+
+def refresh_dags(dag_ids: Iterable[str] | None = None) -> list[RefreshDag]:
+    """The refresh DAGs Airflow knows (tagged by `dag_factory`), with the spec and dataset of each.
+
+    The spec path and dataset are read from the serialized DAG's discovery task, so the page needs no
+    configuration of its own: it shows what the deployed DAG files refresh.
+    """
+    from airflow.models.dag import DagModel, DagTag
+    from airflow.models.dagbag import DBDagBag
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    found: list[RefreshDag] = []
+    with create_session() as session:
+        query = (
+            select(DagModel.dag_id)
+            .join(DagTag, DagTag.dag_id == DagModel.dag_id)
+            .where(DagTag.name == TAG, ~DagModel.is_stale)
+        )
+        if dag_ids is not None:
+            query = query.where(DagModel.dag_id.in_(list(dag_ids)))
+        bag = DBDagBag()
+        for dag_id in sorted(session.scalars(query)):
+            dag = bag.get_latest_version_of_dag(dag_id, session=session)
+            if dag is None or not dag.has_task(DISCOVER_TASK):
+                continue
+            task = dag.get_task(DISCOVER_TASK)
+            spec_path = getattr(task, "spec_path", None)
+            dataset = getattr(task, "dataset", None)
+            if spec_path and dataset:
+                found.append(RefreshDag(dag_id, str(spec_path), str(dataset)))
+    return found
+
+
+def refresh_dag(dag_id: str) -> RefreshDag | None:
+    return next(iter(refresh_dags([dag_id])), None)
+
+
+def refreshing_partitions(dag_id: str) -> set[str]:
+    """Key paths a queued or running run of `dag_id` is refreshing: its partition task instances that are
+    not finished, and partitions its conf names whose task instances do not exist yet."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    refreshing: set[str] = set()
+    with create_session() as session:
+        runs = session.execute(
+            select(DagRun.run_id, DagRun.conf).where(
+                DagRun.dag_id == dag_id, DagRun.state.in_(("queued", "running"))
+            )
+        ).all()
+        for run_id, conf in runs:
+            instances = session.execute(
+                select(TaskInstance._rendered_map_index, TaskInstance.state).where(
+                    TaskInstance.dag_id == dag_id,
+                    TaskInstance.run_id == run_id,
+                    TaskInstance.task_id == REFRESH_TASK,
+                    TaskInstance.map_index >= 0,
+                )
+            ).all()
+            seen = {label for label, _ in instances if label}
+            refreshing.update(
+                label for label, state in instances if label and (state is None or state in ACTIVE_TI_STATES)
+            )
+            named = (conf or {}).get("partitions") or []
+            refreshing.update(str(path) for path in named if str(path) not in seen)
+    return refreshing
+
+
+def dataset_document(dag: RefreshDag) -> dict[str, Any]:
+    """`status --partitions --json` of the DAG's dataset, refreshing partitions marked, plus `airflow`."""
+    from airflow_partitions.cli.status import dataset_status
+    from airflow_partitions.refresh.partition_states import PartitionState
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(dag.spec_path)
+    report = dataset_status(project, project.dataset(dag.dataset), partitions=True)
+    running = refreshing_partitions(dag.dag_id)
+    if running:
+        counts = report["states"]
+        for partition in report["partitions"]:
+            if partition["key_path"] in running and partition["state"] != PartitionState.REFRESHING:
+                counts[partition["state"]] -= 1
+                counts[PartitionState.REFRESHING] += 1
+                partition["state"] = str(PartitionState.REFRESHING)
+    return {
+        "spec": dag.spec_path,
+        "datasets": [report],
+        "airflow": {"dag_id": dag.dag_id, "refresh_task_id": REFRESH_TASK},
+    }
+
+
+def partitions_to_refresh(document: dict[str, Any]) -> list[str]:
+    """What "refresh everything that failed or is stale" selects (missing partitions too)."""
+    from airflow_partitions.refresh.partition_states import NEEDS_REFRESH
+
+    wanted = {str(state) for state in NEEDS_REFRESH}
+    return [p["key_path"] for p in document["datasets"][0]["partitions"] if p["state"] in wanted]
+
+
+def trigger_refresh(dag_id: str, partitions: Sequence[str], user: BaseUser) -> str:
+    """A manual run of the refresh DAG for exactly `partitions`, recorded as the user's, from the UI;
+    its run id. Raises `ValueError` when Airflow refuses the run."""
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.utils.types import DagRunTriggeredByType
+
+    run = trigger_dag(
+        dag_id,
+        triggered_by=DagRunTriggeredByType.UI,
+        triggering_user_name=user.get_name(),
+        conf={"partitions": list(partitions)},
+        note=f"Partitions page: refresh {len(partitions)} partition(s)",
+    )
+    if run is None:
+        raise ValueError(f"DAG {dag_id!r} not found")
+    return str(run.run_id)
+
+
+class LazyPartitionsApp:
+    """The page's ASGI app, built on its first request.
+
+    Every Airflow process loads plugins (task processes too), but only the api-server serves them: the
+    FastAPI app and Airflow's API security are imported when a request arrives, not at plugin load.
+    """
+
+    def __init__(self) -> None:
+        self._app: Any = None
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self._app is None:
+            with self._lock:
+                if self._app is None:
+                    from airflow_partitions.plugins.partitions_api import create_app
+
+                    self._app = create_app()
+        await self._app(scope, receive, send)
+
+
+class PartitionsPlugin(AirflowPlugin):
+    """The Partitions page: in the nav bar (every dataset) and as a tab of each refresh DAG."""
+
+    name = "airflow_partitions"
+    fastapi_apps = [{"app": LazyPartitionsApp(), "url_prefix": URL_PREFIX, "name": "Partitions"}]
+    external_views = [
+        {
+            "name": "Partitions",
+            "href": f"{URL_PREFIX}/",
+            "destination": "nav",
+            "url_route": "partitions",
+        },
+        {
+            "name": "Partitions",
+            "href": f"{URL_PREFIX}/?dag_id={{DAG_ID}}",
+            "destination": "dag",
+            "url_route": "partitions-of-dag",
+        },
+    ]

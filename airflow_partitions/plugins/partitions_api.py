@@ -1,0 +1,97 @@
+"""The routes of the Partitions page (`plugins/partitions.py`), imported on the page's first request.
+
+Auth is Airflow's: `GetUserDep` takes the caller from the UI's session cookie or a bearer token, and
+`requires_access_dag` asks the configured auth manager, as Airflow's own API does for the same DAG.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException, status
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel
+
+from airflow_partitions.plugins.page import PAGE_HTML
+from airflow_partitions.plugins.partitions import (
+    RefreshDag,
+    dataset_document,
+    partitions_to_refresh,
+    refresh_dag,
+    refresh_dags,
+    trigger_refresh,
+)
+
+
+class RefreshRequest(BaseModel):
+    """What to refresh: these key paths, or every failed, stale or missing partition."""
+
+    partitions: list[str] | None = None
+    needs_refresh: bool = False
+
+
+def known_refresh_dag(dag_id: str) -> RefreshDag:
+    dag = refresh_dag(dag_id)
+    if dag is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"{dag_id!r} is not a refresh DAG of airflow-partitions"
+        )
+    return dag
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="airflow-partitions: Partitions",
+        description="Partition states of accelerated datasets, and refreshes of chosen partitions.",
+    )
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> str:
+        return PAGE_HTML
+
+    @app.get("/api/datasets")
+    def datasets(user: GetUserDep) -> dict[str, Any]:
+        """The refresh DAGs (one per dataset) the caller may read."""
+        allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+        return {
+            "datasets": [
+                {"dag_id": dag.dag_id, "dataset": dag.dataset, "spec": dag.spec_path}
+                for dag in refresh_dags()
+                if dag.dag_id in allowed
+            ]
+        }
+
+    @app.get("/api/dags/{dag_id}/partitions", dependencies=[Depends(requires_access_dag(method="GET"))])
+    def partitions(dag_id: str) -> dict[str, Any]:
+        """Every partition of the DAG's dataset with its state: `status --partitions --json`."""
+        return dataset_document(known_refresh_dag(dag_id))
+
+    @app.post(
+        "/api/dags/{dag_id}/refresh",
+        dependencies=[Depends(requires_access_dag(method="POST", access_entity=DagAccessEntity.RUN))],
+    )
+    def refresh(
+        dag_id: str,
+        user: GetUserDep,
+        body: RefreshRequest,
+    ) -> dict[str, Any]:
+        """Trigger a refresh of `partitions`, or (`needs_refresh`) of every failed, stale or missing one."""
+        partitions, needs_refresh = body.partitions, body.needs_refresh
+        dag = known_refresh_dag(dag_id)
+        if needs_refresh:
+            if partitions:
+                raise HTTPException(status.HTTP_400_BAD_REQUEST, "give partitions or needs_refresh, not both")
+            partitions = partitions_to_refresh(dataset_document(dag))
+        selected = [p for p in dict.fromkeys(partitions or []) if p]
+        if not selected:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, "no partition selected: nothing to refresh")
+        try:
+            run_id = trigger_refresh(dag.dag_id, selected, user)
+        except ValueError as err:  # Airflow refused the run (conf, allowed run types, a duplicate id)
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, str(err)) from err
+        return {"dag_id": dag.dag_id, "dag_run_id": run_id, "partitions": selected}
+
+    return app
