@@ -153,3 +153,19 @@ def test_failure_records_are_masked_per_partition_and_cleared(tmp_path: Path) ->
     assert found["k=1"].dag_id == "d"
     store.clear(["k=1", "never-failed"])
     assert set(store.failures()) == {"k=%2F"}
+
+
+def test_the_page_knows_a_refreshing_partition_by_every_name_a_run_gives_it() -> None:
+    """A running refresh names its partitions by task label (readable key) and a run's conf or
+    partition key by any accepted form: each marks the same catalog partition refreshing."""
+    from airflow_partitions.plugins.partitions import key_spellings
+
+    zurich = PartitionKey(("Zürich/a=b%", dt.datetime(2026, 1, 1)))
+    path = zurich.path(["region", "day"])
+    assert key_spellings(path) == {
+        path,
+        "region=Zürich%2Fa=b%25/day=2026-01-01T00:00:00",
+        "Zürich/a=b%25|2026-01-01T00:00:00",
+    }
+    assert key_spellings(PartitionKey((None,)).path(["region"])) == {"region=%NULL", "%NULL"}
+    assert key_spellings(PartitionKey(("",)).path(["region"])) == {"region=", "%EMPTY"}

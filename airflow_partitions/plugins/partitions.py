@@ -81,8 +81,9 @@ def refresh_dag(dag_id: str) -> RefreshDag | None:
 
 
 def refreshing_partitions(dag_id: str) -> set[str]:
-    """Key paths a queued or running run of `dag_id` is refreshing: its partition task instances that are
-    not finished, and partitions its conf names whose task instances do not exist yet."""
+    """Partitions a queued or running run of `dag_id` is refreshing, as the run names them (task labels,
+    conf keys in any form `key_spellings` knows): its partition task instances that are not finished, and
+    partitions its conf names whose task instances do not exist yet."""
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
@@ -113,6 +114,21 @@ def refreshing_partitions(dag_id: str) -> set[str]:
     return refreshing
 
 
+def key_spellings(key_path: str) -> set[str]:
+    """The ways a run names the partition at `key_path`: the canonical key string, its task label
+    (`keys.partition_label`, the rendered map index) and Airflow's composite key (`keys.composite_key`)."""
+    from airflow_partitions.exceptions import PartitionValueError
+    from airflow_partitions.keys import composite_key, names_of_path, parse_path, partition_label
+
+    names = names_of_path(key_path)
+    try:
+        # As text: a value's label and composite key are made from its text (`value_to_text`).
+        key = parse_path(key_path, names, ["string"] * len(names))
+    except PartitionValueError:
+        return {key_path}
+    return {key_path, partition_label(names, key), composite_key(key)}
+
+
 def dataset_document(dag: RefreshDag) -> dict[str, Any]:
     """`status --partitions --json` of the DAG's dataset, refreshing partitions marked, plus `airflow`."""
     from airflow_partitions.cli.status import dataset_status
@@ -125,7 +141,8 @@ def dataset_document(dag: RefreshDag) -> dict[str, Any]:
     if running:
         counts = report["states"]
         for partition in report["partitions"]:
-            if partition["key_path"] in running and partition["state"] != PartitionState.REFRESHING:
+            named = running & key_spellings(partition["key_path"])
+            if named and partition["state"] != PartitionState.REFRESHING:
                 counts[partition["state"]] -= 1
                 counts[PartitionState.REFRESHING] += 1
                 partition["state"] = str(PartitionState.REFRESHING)
