@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.s3, pytest.mar
 CONN_ID = "accel_s3"
 FIRST_WORKER_TASKS = ("discover", "stage")
 WORKERS_ENV = "AP_TEST_WORKERS"
+FEW_REGIONS: list[str | None] = [None, "a/b", "k=v%"]
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Site:
     spec_path: Path
     source: pa.Table
     source_file: Path
+    few: pa.Table
     bucket: str
     s3: dict[str, str]
     workers: tuple[Path, Path]
@@ -88,10 +90,10 @@ def on_worker(context):
 
 
 project = load_spec(SPEC)
-for dag_id, stage in (("refresh_items_s3", True), ("refresh_items_s3_each", False)):
+for dag_id, dataset, stage in (("refresh_items_s3", "items", True), ("refresh_few_s3_each", "few", False)):
     globals()[dag_id] = build_refresh_dag(
         project,
-        "items",
+        dataset,
         aws_conn_id="accel_s3",
         stage=stage,
         dag_id=dag_id,
@@ -108,9 +110,14 @@ def site(tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, str]) ->
     bucket = "ap-s3-accel"
     boto3.client("s3", **s3_server).create_bucket(Bucket=bucket)
     source = hostile_rows(41, range(1, 401))
-    source_file = root / "src" / "items.parquet"
-    source_file.parent.mkdir()
+    source_file = root / "src" / "items" / "items.parquet"
+    source_file.parent.mkdir(parents=True)
     pq.write_table(source, source_file)
+    # Few partitions for the stage-less DAG, whose every partition task runs its own Spark job.
+    few = hostile_rows(42, range(1, 121), regions=FEW_REGIONS)
+    few_file = root / "src" / "few" / "few.parquet"
+    few_file.parent.mkdir(parents=True)
+    pq.write_table(few, few_file)
     spec_path = install_example_dag(
         root / "dags",
         f"accelerator_dir: s3://{bucket}/accel\n"
@@ -120,6 +127,13 @@ def site(tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, str]) ->
         "    params: {file_format: parquet}\n"
         "    acceleration:\n"
         "      engine: parquet\n"
+        "      partition_by:\n"
+        "        - region: region\n"
+        "  - name: few\n"
+        f"    from: file:{few_file.parent}/\n"
+        "    params: {file_format: parquet}\n"
+        "    acceleration:\n"
+        "      engine: arrow\n"
         "      partition_by:\n"
         "        - region: region\n",
     )
@@ -136,7 +150,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, str]) ->
 
             bag = DagBag(dag_folder=str(root / "dags"))
             assert bag.import_errors == {}, bag.import_errors
-            yield Site(spec_path, source, source_file, bucket, s3_server, workers, log, bag.dags)
+            yield Site(spec_path, source, source_file, few, bucket, s3_server, workers, log, bag.dags)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -165,11 +179,11 @@ def run_dag(site: Site, dag_id: str) -> Any:
     return site.dags[dag_id].test(run_conf={**RefreshRunConf().to_conf(), "full_refresh": True})
 
 
-def read_through_hook(site: Site, where: Any = None) -> pa.Table:
+def read_through_hook(site: Site, where: Any = None, dataset: str = "items") -> pa.Table:
     from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
 
     hook = PartitionedDatasetHook(
-        dataset="items", spec_path=str(site.spec_path), aws_conn_id=CONN_ID, cache_dir=str(site.workers[1])
+        dataset=dataset, spec_path=str(site.spec_path), aws_conn_id=CONN_ID, cache_dir=str(site.workers[1])
     )
     try:
         return hook.read(where) if where is not None else hook.read()
@@ -230,30 +244,34 @@ def test_staged_dag_on_two_workers_reads_back_the_source(site: Site, spark: Any)
 def test_failed_upload_publishes_nothing_and_a_rerun_completes(
     site: Site, spark: Any, s3_fault_proxy: Any
 ) -> None:
-    """Stage-less DAG: every partition task stages itself; uploads of partition files fail at first."""
+    """Stage-less DAG (arrow IPC files): every partition task stages its own partition; the upload of
+    one partition's file fails (more HTTP 500s than the client retries), so the run commits nothing."""
     from airflow_partitions.refresh.commit import open_dataset_catalog
 
     del spark
     project = load_spec(site.spec_path)
-    versions_before = site.objects("accel/items/_catalog/")
     use_connection(s3_fault_proxy.through(site.s3))
-    # More 500s than the client retries: the first partition tasks to upload fail.
-    s3_fault_proxy.inject_next(Fault.ERROR_500, method="PUT", path_contains="part-", times=40)
-    failed = run_dag(site, "refresh_items_s3_each")
+    s3_fault_proxy.inject_next(Fault.ERROR_500, method="PUT", path_contains="b/part-", times=10)
+    failed = run_dag(site, "refresh_few_s3_each")
     assert str(failed.state) == "failed", states(failed)
+    assert s3_fault_proxy.injected[Fault.ERROR_500] >= 5
     assert "success" not in states(failed)["commit"]
-    assert site.objects("accel/items/_catalog/") == versions_before, "a failed run commits nothing"
+    assert site.objects("accel/few/_catalog/") == [], "a failed run commits nothing"
     s3_fault_proxy.clear()
-    rerun = run_dag(site, "refresh_items_s3_each")
+    rerun = run_dag(site, "refresh_few_s3_each")
     assert str(rerun.state) == "success", states(rerun)
-    assert_same_rows(read_through_hook(site), site.source, "read after the rerun")
+    assert_same_rows(read_through_hook(site, dataset="few"), site.few, "read after the rerun")
+    first = {k for k in site.objects("accel/few/") if "/_catalog" not in k}
+    assert all(k.endswith(".arrow") for k in first), first
 
-    # Two full refreshes of the same rows: the first run's files are no longer referenced.
-    catalog = open_dataset_catalog(project, project.dataset("items"))
-    referenced = {f"accel/items/{f.path}" for e in catalog.snapshot().partitions.values() for f in e.files}
-    data = {k for k in site.objects("accel/items/") if "/_catalog" not in k}
-    assert referenced < data
+    # A second full refresh of the same rows: the first version's files are no longer referenced.
+    assert str(run_dag(site, "refresh_few_s3_each").state) == "success"
+    catalog = open_dataset_catalog(project, project.dataset("few"))
+    referenced = {f"accel/few/{f.path}" for e in catalog.snapshot().partitions.values() for f in e.files}
+    data = {k for k in site.objects("accel/few/") if "/_catalog" not in k}
+    assert first <= data
+    assert referenced == data - first
     report = catalog.vacuum(retain_versions=1, now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=2))
-    assert {f"accel/items/{f.path}" for f in report.removed_files} == data - referenced
-    assert {k for k in site.objects("accel/items/") if "/_catalog" not in k} == referenced
-    assert_same_rows(read_through_hook(site), site.source, "read after vacuum")
+    assert {f"accel/few/{f.path}" for f in report.removed_files} == first
+    assert {k for k in site.objects("accel/few/") if "/_catalog" not in k} == referenced
+    assert_same_rows(read_through_hook(site, dataset="few"), site.few, "read after vacuum")
