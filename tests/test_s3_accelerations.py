@@ -213,6 +213,14 @@ def test_accelerator_dir_on_s3_is_validated(tmp_path: Path) -> None:
     spec.write_text(f"accelerator_dir: s3://bucket/acc/\nlocal_scratch_dir: scratch\n{body}")
     project = load_spec(spec)
     assert (project.accelerator_url, project.accelerator_dir) == ("s3://bucket/acc", tmp_path / "scratch")
+    tables = body.replace(
+        "{partition_by: [a]}", "{engine: duckdb, partition_by: [a], params: {partition_mode: tables}}"
+    )
+    spec.write_text(f"accelerator_dir: s3://bucket/acc\n{tables}")
+    with pytest.raises(
+        SpecValidationError, match="partition_mode tables keeps every partition in one shared"
+    ):
+        load_spec(spec)
     spec.write_text(f"accelerator_dir: acc\nlocal_scratch_dir: scratch\n{body}")
     with pytest.raises(SpecValidationError, match="local_scratch_dir applies only"):
         load_spec(spec)
@@ -275,3 +283,46 @@ def test_failed_upload_publishes_nothing_and_a_rerun_completes(
     assert {f"accel/few/{f.path}" for f in report.removed_files} == first
     assert {k for k in site.objects("accel/few/") if "/_catalog" not in k} == referenced
     assert_same_rows(read_through_hook(site, dataset="few"), site.few, "read after vacuum")
+
+
+def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
+    tmp_path: Path, s3_server: dict[str, str], s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_partitions.exceptions import StorageError
+    from airflow_partitions.refresh import remote
+    from airflow_partitions.storage import get_storage
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
+    spec = tmp_path / "datasets.yaml"
+    spec.write_text(
+        f"accelerator_dir: s3://{s3_bucket}/acc\nlocal_scratch_dir: scratch\n"
+        "datasets:\n  - name: t\n    from: file:/tmp/x/\n    acceleration: {partition_by: [a]}\n"
+    )
+    project = load_spec(spec)
+    dataset = project.dataset("t")
+    root = tmp_path / "local"
+    files = get_storage(dataset.acceleration).write(pa.table({"a": [1, None]}), root, "a=1")
+    store = remote.data_store(project, dataset)
+    remote.upload_partition_files(store, root, files)
+    assert store.get(files[0].path) == (root / files[0].path).read_bytes()
+    with pytest.raises(StorageError, match="already exists"):
+        remote.upload_partition_files(store, root, files)
+
+    stage = tmp_path / "stage"
+    (stage / "data" / "__ap_item=0").mkdir(parents=True)
+    (stage / "data" / "__ap_item=0" / "part-0.parquet").write_bytes(b"rows")
+    (stage / "data" / "__ap_item=0" / "_SUCCESS").write_bytes(b"")
+    (stage / "_stage.json").write_text("{}")
+    url = remote.stage_url(project, dataset, "old")
+    remote.upload_stage(stage, url)
+    assert not stage.exists()
+    fetched = remote.fetch_stage(url, 0, tmp_path / "fetched")
+    assert sorted(p.relative_to(fetched).as_posix() for p in fetched.rglob("*") if p.is_file()) == [
+        "_stage.json",
+        "data/__ap_item=0/part-0.parquet",
+    ]
+    assert remote.sweep_remote_stages(project, dataset, grace=dt.timedelta(hours=1)) == []
+    assert remote.sweep_remote_stages(project, dataset, grace=dt.timedelta(0)) == [url]
+    assert list(store.list("")) != []  # partition files are not stages
+    with pytest.raises(Exception, match="no finished stage"):
+        remote.fetch_stage(url, 0, tmp_path / "again")

@@ -358,6 +358,16 @@ class _SpecReader:
             self.check_duplicate_names(raw_datasets)
         if accelerator_dir is None:
             return None
+        if accelerator_url is not None:
+            for dataset in datasets:
+                if dataset.acceleration.partition_mode == PartitionMode.TABLES:
+                    self.add(
+                        data.line_of("accelerator_dir"),
+                        f"dataset {dataset.name!r}: duckdb partition_mode tables keeps every partition in "
+                        "one shared database file that each commit rewrites in place, which write-once "
+                        "objects on S3 cannot hold; use partition_mode files (or engine parquet or arrow) "
+                        "with an s3:// accelerator_dir",
+                    )
         return ProjectSpec(
             path=path,
             accelerator_dir=accelerator_dir,
