@@ -27,7 +27,7 @@ from fault_proxy import Fault
 from airflow_partitions.exceptions import SpecValidationError
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.loader import SCRATCH_DIR_ENV
-from tests.writes_support import assert_same_rows, hostile_rows
+from tests.writes_support import Oracle, assert_same_rows, hostile_rows
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.s3, pytest.mark.postgres]
 
@@ -283,6 +283,29 @@ def test_failed_upload_publishes_nothing_and_a_rerun_completes(
     assert {f"accel/few/{f.path}" for f in report.removed_files} == first
     assert {k for k in site.objects("accel/few/") if "/_catalog" not in k} == referenced
     assert_same_rows(read_through_hook(site, dataset="few"), site.few, "read after vacuum")
+
+    # Writes through the hook: written in local scratch, uploaded write-once, committed to the S3 catalog.
+    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
+
+    oracle = Oracle(site.few)
+    appended = hostile_rows(43, range(500, 530), regions=[*FEW_REGIONS, "new=part%/"])
+    changed = hostile_rows(44, range(1, 60, 3), regions=FEW_REGIONS)
+    hook = PartitionedDatasetHook(dataset="few", spec_path=str(site.spec_path), aws_conn_id=CONN_ID)
+    try:
+        assert hook.append(appended).rows_added == appended.num_rows
+        oracle.append(appended)
+        hook.upsert(changed, keys=["id"])
+        oracle.upsert(changed)
+        hook.delete("region = 'k=v%' AND id < 100")
+        oracle.delete(lambda row: row["region"] == "k=v%" and row["id"] < 100)
+    finally:
+        hook.close()
+    assert_same_rows(read_through_hook(site, dataset="few"), oracle.table(), "read after the writes")
+    remaining = {k for k in site.objects("accel/few/") if "/_catalog" not in k}
+    catalog = open_dataset_catalog(project, project.dataset("few"))
+    assert {
+        f"accel/few/{f.path}" for e in catalog.snapshot().partitions.values() for f in e.files
+    } <= remaining
 
 
 def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(

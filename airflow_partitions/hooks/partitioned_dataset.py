@@ -265,7 +265,7 @@ class PartitionedDatasetHook(BaseHook):
         install_secret_masker()
         project = load_spec(spec_path)
         dataset = project.dataset(self.dataset)
-        remote_catalog = (catalog_location(dataset) or "").startswith("s3://")
+        remote_catalog = (catalog_location(dataset) or "").startswith("s3://") or project.remote
         return project, dataset, self._s3_settings() if remote_catalog else None
 
     def _after_write(self) -> None:

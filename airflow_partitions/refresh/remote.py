@@ -12,7 +12,6 @@ which vacuum removes after the grace period, exactly like local orphans.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import os
 import shutil
 import tempfile
@@ -23,11 +22,13 @@ from typing import TYPE_CHECKING
 from airflow_partitions.exceptions import RefreshError, StorageError
 from airflow_partitions.keys import escape_component
 from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.storage.remote import upload_partition_files
 
 if TYPE_CHECKING:
     from airflow_partitions.objectstore import ObjectStore, SettingsLike
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
-    from airflow_partitions.storage import DataFile
+
+__all__ = ["upload_partition_files"]
 
 STAGING = "_staging"
 STAGE_MANIFEST_NAME = "_stage.json"
@@ -71,33 +72,6 @@ def scratch_directory(project: ProjectSpec, what: str) -> Path:
     base = Path(project.accelerator_dir) / "_scratch"
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
     return Path(tempfile.mkdtemp(prefix=f"{what}-", dir=base))
-
-
-def upload_partition_files(store: ObjectStore, local_root: Path, files: Sequence[DataFile]) -> None:
-    """Upload written files under their write-once names and check what the store then holds.
-
-    `put_if_absent` never replaces an object: names are unique, so an existing one means a name clash or
-    a tampered store, and is refused rather than trusted. Each object is read back and must have the
-    file's size and checksum before anything references it.
-    """
-    for file in files:
-        data = (local_root / file.path).read_bytes()
-        if len(data) != file.bytes or hashlib.sha256(data).hexdigest() != file.checksum:
-            raise StorageError(
-                f"local file {file.path} changed between its write and its upload; nothing was uploaded"
-            )
-        if not store.put_if_absent(file.path, data):
-            raise StorageError(
-                f"{store.describe()}/{file.path} already exists; partition file names are unique, so "
-                "another writer used the same name. Nothing references it; run the refresh again"
-            )
-        stored = store.get(file.path)
-        if stored is None or len(stored) != file.bytes or hashlib.sha256(stored).hexdigest() != file.checksum:
-            raise StorageError(
-                f"{store.describe()}/{file.path} does not hold the bytes uploaded (size "
-                f"{None if stored is None else len(stored)} vs {file.bytes}); not referenced, vacuum removes "
-                "it. Run the refresh again"
-            )
 
 
 def stage_url(project: ProjectSpec, dataset: DatasetSpec, name: str) -> str:
