@@ -311,7 +311,7 @@ def test_failed_upload_publishes_nothing_and_a_rerun_completes(
 def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
     tmp_path: Path, s3_server: dict[str, str], s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_partitions.exceptions import StorageError
+    from airflow_partitions.exceptions import RefreshError, StorageError
     from airflow_partitions.refresh import remote
     from airflow_partitions.storage import get_storage
 
@@ -347,5 +347,14 @@ def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
     assert remote.sweep_remote_stages(project, dataset, grace=dt.timedelta(hours=1)) == []
     assert remote.sweep_remote_stages(project, dataset, grace=dt.timedelta(0)) == [url]
     assert list(store.list("")) != []  # partition files are not stages
-    with pytest.raises(Exception, match="no finished stage"):
+    with pytest.raises(RefreshError, match="no finished stage"):
         remote.fetch_stage(url, 0, tmp_path / "again")
+
+    from dataclasses import replace
+
+    from airflow_partitions.refresh.stage import staging_root
+
+    assert staging_root(project, dataset) == tmp_path / "scratch" / "_staging" / "t"
+    on_s3a = replace(dataset, acceleration=replace(dataset.acceleration, params={"staging_dir": "s3a://b/s"}))
+    with pytest.raises(RefreshError, match="is a URL; give a directory path"):
+        staging_root(project, on_s3a)
