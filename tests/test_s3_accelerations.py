@@ -256,7 +256,6 @@ def test_failed_upload_publishes_nothing_and_a_rerun_completes(
     one partition's file fails (more HTTP 500s than the client retries), so the run commits nothing."""
     from airflow_partitions.refresh.commit import open_dataset_catalog
 
-    del spark
     project = load_spec(site.spec_path)
     use_connection(s3_fault_proxy.through(site.s3))
     s3_fault_proxy.inject_next(Fault.ERROR_500, method="PUT", path_contains="b/part-", times=10)
@@ -306,6 +305,12 @@ def test_failed_upload_publishes_nothing_and_a_rerun_completes(
     assert {
         f"accel/few/{f.path}" for e in catalog.snapshot().partitions.values() for f in e.files
     } <= remaining
+
+    # The in-process refresh (`airflow-partitions refresh`) on the same S3 layout: back to the source.
+    from airflow_partitions.refresh.pipeline import refresh_dataset
+
+    refresh_dataset(load_spec(site.spec_path), "few", full=True, spark=spark)
+    assert_same_rows(read_through_hook(site, dataset="few"), site.few, "read after an in-process refresh")
 
 
 def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
