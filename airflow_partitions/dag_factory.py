@@ -84,8 +84,11 @@ def dataset_asset(project: ProjectSpec, dataset: DatasetSpec | str) -> Asset:
     from airflow.sdk import Asset
 
     spec = project.dataset(dataset) if isinstance(dataset, str) else dataset
-    root = Path(project.accelerator_dir).resolve() / escape_component(spec.name)
-    return Asset(name=spec.name, uri=root.as_uri(), group="airflow-partitions")
+    if project.accelerator_url is not None:
+        uri = f"{project.accelerator_url.rstrip('/')}/{escape_component(spec.name)}"
+    else:
+        uri = (Path(project.accelerator_dir).resolve() / escape_component(spec.name)).as_uri()
+    return Asset(name=spec.name, uri=uri, group="airflow-partitions")
 
 
 def run_params(dataset: DatasetSpec | None = None) -> dict[str, Any]:

@@ -253,7 +253,7 @@ def test_unknown_top_level_key() -> None:
     text = "acelerator_dir: x\n" + spec_text()
     assert only_error(text) == (
         "line 1: unknown key acelerator_dir (did you mean 'accelerator_dir'?); "
-        "allowed keys: accelerator_dir, datasets"
+        "allowed keys: accelerator_dir, local_scratch_dir, datasets"
     )
 
 

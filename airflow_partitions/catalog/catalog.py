@@ -109,6 +109,7 @@ class Catalog:
         checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
         checkpoint_changes: int = DEFAULT_CHECKPOINT_CHANGES,
         cache_dir: Path | None = None,
+        data_store: ObjectStore | None = None,
     ) -> None:
         if not dataset:
             raise CatalogError("a catalog needs a dataset name")
@@ -120,6 +121,9 @@ class Catalog:
         if data_root is None and isinstance(store, LocalStore):
             data_root = store.root / escape_component(dataset)
         self.data_root = data_root
+        # The dataset's partition files on object storage (an `s3://` accelerator_dir): vacuum lists and
+        # deletes there, and readers read there. None for local files.
+        self.data_store = data_store
         self.storage = storage
         self.checkpoint_interval = checkpoint_interval
         self.checkpoint_changes = checkpoint_changes
@@ -776,6 +780,14 @@ class Catalog:
                 compactions.extend(
                     self.storage.compact_shared(self.data_root, dry_run=dry_run, sizes_before=shared_before)
                 )
+        elif self.data_store is not None:
+            from airflow_partitions.storage.remote import vacuum_remote_files
+
+            remote_removed, remote_young = vacuum_remote_files(
+                self.data_store, {f.path for f in referenced}, cutoff=cutoff, dry_run=dry_run
+            )
+            removed_files.extend(remote_removed)
+            young = len(remote_young)
         else:
             notes.append("no local data directory known for this catalog: data files were not vacuumed")
         return VacuumReport(

@@ -68,20 +68,33 @@ def open_catalog(
     """
     from airflow_partitions.storage import get_storage
 
-    data_root = dataset_directory(project_spec, dataset_spec)
+    cache_root = dataset_directory(project_spec, dataset_spec)
+    data_root: Path | None = cache_root
+    accelerator_url = getattr(project_spec, "accelerator_url", None)
+    data_store = None
+    if accelerator_url:
+        # Files on S3 (`accelerator_dir: s3://...`): the local accelerator_dir is this worker's scratch,
+        # which holds only the catalog cache; the catalog defaults to `<accelerator_dir>/<dataset>/_catalog`.
+        data_store = store_from_url(
+            f"{accelerator_url.rstrip('/')}/{escape_component(dataset_spec.name)}",
+            settings=s3_settings,
+            what="accelerator_dir",
+        )
+        data_root = None
     if store is None:
-        remote = catalog_location(dataset_spec, location)
+        remote = catalog_location(dataset_spec, location) or accelerator_url
         if remote:
             store = store_from_url(remote, settings=s3_settings, what="catalog location")
         else:
             store = LocalStore(Path(project_spec.accelerator_dir))
-    cache_dir = None if isinstance(store, LocalStore) else data_root / CACHE_DIRECTORY
+    cache_dir = None if isinstance(store, LocalStore) else cache_root / CACHE_DIRECTORY
     return Catalog(
         store,
         dataset_spec.name,
         data_root=data_root,
         storage=get_storage(dataset_spec.acceleration),
         cache_dir=cache_dir,
+        data_store=data_store,
     )
 
 

@@ -116,8 +116,9 @@ class PartitionedDatasetHook(BaseHook):
         install_secret_masker()
         project = load_spec(spec_path)
         dataset = project.dataset(self.dataset)
-        remote_data = data_root is not None and data_root.startswith("s3://")
-        remote_catalog = (catalog_location(dataset) or "").startswith("s3://")
+        # `accelerator_dir: s3://...` puts files and catalog on S3 without a data_root.
+        remote_data = (data_root or "").startswith("s3://") or (data_root is None and project.remote)
+        remote_catalog = (catalog_location(dataset) or "").startswith("s3://") or project.remote
         settings = self._s3_settings() if remote_data or remote_catalog else None
         filesystem = settings.arrow_filesystem() if settings is not None and remote_data else None
         catalog = open_catalog(project, dataset, s3_settings=settings)
@@ -253,7 +254,7 @@ class PartitionedDatasetHook(BaseHook):
         install_secret_masker()
         project = load_spec(spec_path)
         dataset = project.dataset(self.dataset)
-        remote_catalog = (catalog_location(dataset) or "").startswith("s3://")
+        remote_catalog = (catalog_location(dataset) or "").startswith("s3://") or project.remote
         return project, dataset, self._s3_settings() if remote_catalog else None
 
     def _after_write(self) -> None:

@@ -66,9 +66,14 @@ class DatasetOperator(BaseOperator):
         from airflow_partitions.catalog import catalog_location
         from airflow_partitions.refresh.commit import open_dataset_catalog
 
-        remote = (catalog_location(self.dataset_spec) or "").startswith("s3://")
+        remote = (catalog_location(self.dataset_spec) or "").startswith("s3://") or self.project.remote
         settings = self.storage_hook.s3_settings if remote else None
         return open_dataset_catalog(self.project, self.dataset_spec, s3_settings=settings)
+
+    @property
+    def data_s3_settings(self) -> Any:
+        """The S3 settings of `aws_conn_id` when partition files live on S3 (`accelerator_dir: s3://`)."""
+        return self.storage_hook.s3_settings if self.project.remote else None
 
     def prepare_sources(self) -> None:
         """Let the dataset's source resolve Airflow connection ids (Postgres `params.connection_id`)."""

@@ -72,7 +72,13 @@ class PartitionCommitOperator(DatasetOperator):
         results = partition_results_from_xcom(self.results)
         stage = stage_from_xcom(self.stage)
         commit = commit_refresh(
-            self.project, self.dataset_spec, plan, results, stage=stage, catalog=self.open_catalog()
+            self.project,
+            self.dataset_spec,
+            plan,
+            results,
+            stage=stage,
+            catalog=self.open_catalog(),
+            s3_settings=self.data_s3_settings,
         )
         self.log.info(
             "Committed %s version %s: %d partition(s) written (%d rows, %d bytes), %d removed",

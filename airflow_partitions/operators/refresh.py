@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, OrchestrationError
@@ -158,6 +159,8 @@ class SparkStageOperator(SparkOperatorBase):
             return stage_refresh(self.project, self.dataset_spec, plan).to_json()
         stage = self.run_stage(plan)
         record_stage(self.dataset, elapsed_s=stage.elapsed_s, source_rows=stage.source_rows)
+        if self.project.remote and stage.location and not stage.location.startswith("s3://"):
+            stage = self.upload_stage(stage)
         self.log.info(
             "Staged %d partition(s) at %s (%s, Spark on %s) in %.2fs; rows read %s, routed %s",
             stage.partitions,
@@ -169,6 +172,23 @@ class SparkStageOperator(SparkOperatorBase):
             stage.routed_rows,
         )
         return stage.to_json()
+
+    def upload_stage(self, stage: StageResult) -> StageResult:
+        """Move a local stage to `<accelerator_dir>/_staging/<dataset>/<stamp>/` on S3, so partition tasks
+        on any worker fetch their own item from there (no shared local disk); stale stages of killed
+        runs there are swept first, as locally."""
+        from airflow_partitions.refresh import remote
+        from airflow_partitions.refresh.leftovers import DEFAULT_GRACE
+
+        assert stage.location is not None
+        url = remote.stage_url(self.project, self.dataset_spec, Path(stage.location).name)
+        swept = remote.sweep_remote_stages(
+            self.project, self.dataset_spec, grace=DEFAULT_GRACE, settings=self.data_s3_settings
+        )
+        if swept:
+            self.log.info("Removed %d stale stage(s) on S3: %s", len(swept), swept)
+        remote.upload_stage(Path(stage.location), url, self.data_s3_settings)
+        return replace(stage, location=url)
 
 
 class SparkPartitionRefreshOperator(SparkOperatorBase):
@@ -279,7 +299,9 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
             stage = own_stage
         self.prepare_sources()
         try:
-            return finalize_partition(self.project, self.dataset_spec, stage, item)
+            return finalize_partition(
+                self.project, self.dataset_spec, stage, item, s3_settings=self.data_s3_settings
+            )
         finally:
             if own_stage is not None:
-                remove_stage(own_stage)
+                remove_stage(own_stage, self.data_s3_settings)

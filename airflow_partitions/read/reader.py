@@ -146,6 +146,9 @@ class PartitionedDatasetReader:
     def _resolve_root(self, data_root: str | Path | None) -> str:
         if data_root is None:
             data_root = self.catalog.data_root
+            data_store = getattr(self.catalog, "data_store", None)
+            if data_root is None and data_store is not None:
+                data_root = data_store.describe()  # files on S3 (`accelerator_dir: s3://...`)
             if data_root is None:
                 store = self.catalog.store
                 describe = store.describe()

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
-    from airflow_partitions.storage import PartitionStorage
+    from airflow_partitions.storage import DataFile, PartitionStorage
 
 
 def open_dataset_catalog(
@@ -92,6 +92,7 @@ def commit_refresh(
     catalog: Catalog | None = None,
     commit_id: str | None = None,
     source: Source | None = None,
+    s3_settings: SettingsLike | None = None,
 ) -> CommitResult:
     """One atomic catalog commit of the finalised partitions plus the plan's removals.
 
@@ -101,6 +102,9 @@ def commit_refresh(
     A retried commit is idempotent: it returns the version an earlier attempt committed. The attempts are
     recognised by `commit_id`, by default the stage's name, or without a stage (each partition staged
     itself) a digest of the plan, which a new discovery changes.
+
+    Under an `s3://` accelerator_dir every file is checked to exist on S3 before the catalog references
+    it, and a stage on S3 is deleted there; `s3_settings` reach S3 (unset: the AWS environment).
     """
     if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
         raise RefreshError(
@@ -132,19 +136,25 @@ def commit_refresh(
             "retry them before committing"
         )
     counts = check_conservation(
-        dataset.name, plan, [by_path[p] for p in planned if p in by_path], stage, missing
+        dataset.name, plan, [by_path[p] for p in planned if p in by_path], stage, missing, s3_settings
     )
-    catalog = catalog or open_dataset_catalog(project, dataset)
+    catalog = catalog or open_dataset_catalog(project, dataset, s3_settings=s3_settings)
     storage = catalog.storage or dataset_storage(dataset)
     root = catalog.data_root or dataset_data_root(project, dataset)
     base = appended_to(catalog, dataset.name, plan, finished)
     entries = []
     appended_rows = 0
+    if project.remote:
+        _check_uploaded(project, dataset, [f for r in finished for f in r.files], s3_settings)
     for key_path in planned:
         result = by_path.get(key_path)
         if result is None:
             continue
-        published = storage.publish(Path(root), result.files) if result.files else []
+        if project.remote:
+            # Objects on S3 are final once uploaded: no engine finishes them at commit time.
+            published = list(result.files)
+        else:
+            published = storage.publish(Path(root), result.files) if result.files else []
         if result.appended:
             # The committed files stay; the new ones join them in the same atomic commit.
             before = base[key_path]
@@ -172,7 +182,7 @@ def commit_refresh(
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
     if cleanup:
-        remove_stage(stage)
+        remove_stage(stage, s3_settings)
     unread_nulls = None
     if plan.refresh_mode in ("append", "changes") and plan.watermark_column is not None:
         unread_nulls = unread_null_watermarks(catalog, dataset, plan.watermark_column, version, source=source)
@@ -267,6 +277,7 @@ def check_conservation(
     results: Sequence[PartitionResult],
     stage: StageResult | str | os.PathLike[str] | None,
     missing: Sequence[str],
+    s3_settings: SettingsLike | None = None,
 ) -> ConservationCounts:
     """Every result's routed rows = the rows its files hold; after a full-source stage, routed = scanned.
 
@@ -302,7 +313,7 @@ def check_conservation(
             actual="changed rows upserted into the committed partitions",
             hint="A changed row found no partition (or two); stage and finalize again.",
         )
-    source_rows = _full_scan_source_rows(stage)
+    source_rows = _full_scan_source_rows(stage, s3_settings)
     if source_rows is not None and not missing and source_rows != routed_total:
         raise ConservationError(
             dataset,
@@ -320,9 +331,34 @@ def check_conservation(
     )
 
 
-def _full_scan_source_rows(stage: StageResult | str | os.PathLike[str] | None) -> int | None:
+def _check_uploaded(
+    project: ProjectSpec, dataset: DatasetSpec, files: Sequence[DataFile], settings: SettingsLike | None
+) -> None:
+    """Refuse to reference a file that is not on S3 (a finalize that returned without its upload)."""
+    from airflow_partitions.refresh.remote import data_store
+
+    store = data_store(project, dataset, settings)
+    absent = [f.path for f in files if not store.exists(f.path)]
+    if absent:
+        raise RefreshError(
+            f"{len(absent)} partition file(s) are not on {store.describe()}, e.g. {absent[:3]}; the catalog "
+            "is untouched. Finalize those partitions again, then commit"
+        )
+
+
+def _full_scan_source_rows(
+    stage: StageResult | str | os.PathLike[str] | None, settings: SettingsLike | None = None
+) -> int | None:
     """Rows the stage scanned, when it scanned the whole source (else None: nothing to compare with)."""
     location = stage_location(stage)
+    if location and location.startswith("s3://"):
+        import json
+
+        from airflow_partitions.refresh.remote import read_stage_manifest
+
+        raw = read_stage_manifest(location, settings)
+        data = json.loads(raw) if raw is not None else {}
+        return data.get("source_rows") if data.get("full_scan") else None
     if not location or not (Path(location) / STAGE_MANIFEST).exists():
         return None
     manifest = StageManifest.load(location)
@@ -347,10 +383,17 @@ def plan_commit_id(plan: RefreshPlan) -> str:
     return "plan-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 
-def remove_stage(stage: StageResult | str | os.PathLike[str] | None) -> None:
+def remove_stage(
+    stage: StageResult | str | os.PathLike[str] | None, s3_settings: SettingsLike | None = None
+) -> None:
     """Delete a stage location (only one that holds a stage manifest: never an arbitrary directory)."""
     location = stage_location(stage)
     if not location:
+        return
+    if location.startswith("s3://"):
+        from airflow_partitions.refresh.remote import remove_remote_stage
+
+        remove_remote_stage(location, s3_settings)
         return
     path = Path(location)
     if (path / STAGE_MANIFEST).exists() or (path / "data").exists():

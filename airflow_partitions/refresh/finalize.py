@@ -42,6 +42,7 @@ from airflow_partitions.sources.files import filter_to_key
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.sources import RowsSince, Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
@@ -111,19 +112,67 @@ def finalize_partition(
     storage: PartitionStorage | None = None,
     data_root: str | os.PathLike[str] | None = None,
     verify: bool = True,
+    s3_settings: SettingsLike | None = None,
 ) -> PartitionResult:
     """Write one planned partition's engine file(s) from the stage (a `StageResult`, or the directory it
     staged to); returns the partition's future catalog entry.
 
     `verify` re-evaluates the partition expressions over the rows (vectorised Arrow) and fails on a row that
     belongs elsewhere. Nothing becomes visible to readers until `commit_refresh`.
-    """
-    from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
 
-    started = time.monotonic()
+    Under an `s3://` accelerator_dir (and no `data_root`), the file is written in private local scratch,
+    counted, uploaded write-once and checked (`refresh.remote`); a stage on S3 is fetched item by item.
+    `s3_settings` reach S3 (unset: the AWS environment).
+    """
     location = stage_location(stage)
     if not location:
         raise RefreshError("the stage staged nothing (empty plan): there is no partition to finalize")
+    if not (project.remote and data_root is None) and not location.startswith("s3://"):
+        return _finalize(project, dataset, location, item, storage, data_root, verify, None, s3_settings)
+    from airflow_partitions.refresh import remote
+
+    scratch = remote.scratch_directory(project, "finalize")
+    try:
+        if location.startswith("s3://"):
+            index = _remote_item_index(location, item, s3_settings)
+            location = str(remote.fetch_stage(location, index, scratch / "stage", s3_settings))
+        if project.remote and data_root is None:
+            remote.check_remote_engine(dataset)
+            return _finalize(
+                project, dataset, location, item, storage, scratch / "data", verify, True, s3_settings
+            )
+        return _finalize(project, dataset, location, item, storage, data_root, verify, None, s3_settings)
+    finally:
+        remote.remove_local(scratch)
+
+
+def _remote_item_index(location: str, item: PartitionWorkItem, settings: SettingsLike | None) -> int | None:
+    """The staged item index of `item` in the stage manifest on S3 (None: not a Spark-staged item)."""
+    import json
+
+    from airflow_partitions.refresh import remote
+
+    raw = remote.read_stage_manifest(location, settings)
+    if raw is None:
+        return None  # `fetch_stage` raises the missing-stage error
+    staged = json.loads(raw).get("items", {}).get(item.key_path) or {}
+    return int(staged["index"]) if "rows" in staged else None
+
+
+def _finalize(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    location: str,
+    item: PartitionWorkItem,
+    storage: PartitionStorage | None,
+    data_root: str | os.PathLike[str] | None,
+    verify: bool,
+    upload: bool | None,
+    s3_settings: SettingsLike | None,
+) -> PartitionResult:
+    from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
+
+    started = time.monotonic()
     manifest = StageManifest.load(location)
     mark_stage_in_use(location)  # a sweep by another run or vacuum leaves a stage being read alone
     spec_id = dataset.acceleration.partition_spec_id
@@ -177,6 +226,10 @@ def finalize_partition(
         raise discovered_but_empty(dataset.name, [item.key_path], actual="rows read")
     files = engine.write(table, root, item.key_path) if table.num_rows else []
     check_written_rows(dataset.name, item.key_path, engine, root, files, routed)
+    if upload and files:
+        from airflow_partitions.refresh import remote
+
+        remote.upload_partition_files(remote.data_store(project, dataset, s3_settings), root, files)
     entry = PartitionEntry(
         key=item.partition_key,
         key_path=item.key_path,

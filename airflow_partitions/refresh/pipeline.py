@@ -262,7 +262,8 @@ def refresh_dataset(
     rows = 0
     if stage.location is not None:
         tick("finalize", 0, total, 0)
-        data_root = dataset_data_root(project, spec)
+        # An s3:// accelerator_dir: finalize writes in scratch and uploads (no local data root).
+        data_root = None if project.remote else dataset_data_root(project, spec)
         pool_size = workers or min(4, os.cpu_count() or 2)
         with ThreadPoolExecutor(max_workers=max(1, pool_size)) as pool:
             futures = {

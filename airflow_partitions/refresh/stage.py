@@ -68,6 +68,13 @@ def staging_root(project: ProjectSpec, dataset: DatasetSpec) -> Path:
     filesystem all of them share (or set `acceleration.params.staging_dir`).
     """
     configured = dataset.acceleration.params.get("staging_dir")
+    if configured and "://" in str(configured):
+        # The stage step counts staged rows from the files and writes its manifest with local file calls.
+        raise RefreshError(
+            f"dataset {dataset.name!r}: staging_dir {configured!r} is a URL; give a directory path the "
+            "stage task and its Spark job both see. With accelerator_dir on S3 leave it unset: the stage "
+            "task uploads its stage to <accelerator_dir>/_staging/ for the partition tasks"
+        )
     if configured:
         base = Path(str(configured)).expanduser()
         if not base.is_absolute() and project.path is not None:

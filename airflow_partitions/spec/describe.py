@@ -61,6 +61,8 @@ def describe_project(project: ProjectSpec) -> dict[str, Any]:
     """JSON-ready summary (params keep the YAML's scalar types, secrets masked; dump with `default=str`)."""
     return {
         "path": None if project.path is None else str(project.path),
-        "accelerator_dir": str(project.accelerator_dir),
+        "accelerator_dir": project.accelerator_url or str(project.accelerator_dir),
+        # With an s3:// accelerator_dir: this worker's private scratch (catalog cache, local stage).
+        **({"local_scratch_dir": str(project.accelerator_dir)} if project.remote else {}),
         "datasets": [describe_dataset(d) for d in project.datasets],
     }

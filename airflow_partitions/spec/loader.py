@@ -60,7 +60,8 @@ from airflow_partitions.spec.model import (
 )
 from airflow_partitions.spec.yaml_lines import LineDict, LineList, format_yaml_error, read_yaml
 
-TOP_LEVEL_KEYS = ("accelerator_dir", "datasets")
+SCRATCH_DIR_ENV = "AIRFLOW_PARTITIONS_SCRATCH_DIR"
+TOP_LEVEL_KEYS = ("accelerator_dir", "local_scratch_dir", "datasets")
 DATASET_KEYS = ("name", "from", "params", "acceleration", "schema")
 ACCELERATION_KEYS = (
     "enabled",
@@ -331,6 +332,14 @@ class _SpecReader:
             return None
         self.check_keys(data, TOP_LEVEL_KEYS, "", "")
         accelerator_dir = self.read_accelerator_dir(data)
+        accelerator_url = None
+        if isinstance(accelerator_dir, str):
+            accelerator_url, accelerator_dir = accelerator_dir, self.read_local_scratch_dir(data)
+        elif "local_scratch_dir" in data:
+            self.add(
+                data.line_of("local_scratch_dir"),
+                "local_scratch_dir applies only to an accelerator_dir on S3 (s3://bucket/prefix); remove it",
+            )
         raw_datasets = data.get("datasets")
         datasets: list[DatasetSpec] = []
         if raw_datasets is None:
@@ -349,16 +358,63 @@ class _SpecReader:
             self.check_duplicate_names(raw_datasets)
         if accelerator_dir is None:
             return None
-        return ProjectSpec(path=path, accelerator_dir=accelerator_dir, datasets=tuple(datasets))
+        if accelerator_url is not None:
+            for dataset in datasets:
+                if dataset.acceleration.partition_mode == PartitionMode.TABLES:
+                    self.add(
+                        data.line_of("accelerator_dir"),
+                        f"dataset {dataset.name!r}: duckdb partition_mode tables keeps every partition in "
+                        "one shared database file that each commit rewrites in place, which write-once "
+                        "objects on S3 cannot hold; use partition_mode files (or engine parquet or arrow) "
+                        "with an s3:// accelerator_dir",
+                    )
+        return ProjectSpec(
+            path=path,
+            accelerator_dir=accelerator_dir,
+            datasets=tuple(datasets),
+            accelerator_url=accelerator_url,
+        )
 
-    def read_accelerator_dir(self, data: LineDict) -> Path | None:
+    def read_accelerator_dir(self, data: LineDict) -> Path | str | None:
+        """A local directory (resolved against the spec's directory), or a validated `s3://` URL string."""
         raw = data.get("accelerator_dir", DEFAULT_ACCELERATOR_DIR)
         if not isinstance(raw, str) or not raw.strip():
             self.add(
                 data.line_of("accelerator_dir"), f"accelerator_dir must be a directory path, got {_kind(raw)}"
             )
             return None
-        return Path(os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(raw.strip()))))
+        text = raw.strip()
+        if "://" in text or text.startswith("s3:"):
+            from airflow_partitions.objectstore.location import parse_s3_location
+
+            try:
+                location = parse_s3_location(text, what="accelerator_dir", error=PartitionSpecError)
+            except PartitionSpecError as err:
+                self.add(data.line_of("accelerator_dir"), f"{err}; or give a local directory path")
+                return None
+            return location.uri()
+        return Path(os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(text))))
+
+    def read_local_scratch_dir(self, data: LineDict) -> Path:
+        """This worker's private scratch directory for an S3 accelerator_dir: `local_scratch_dir`, else
+        `$AIRFLOW_PARTITIONS_SCRATCH_DIR`, else `<tmp>/airflow-partitions-<user>` (never shared by tasks:
+        every byte another task needs goes through S3)."""
+        import getpass
+        import tempfile
+
+        raw = data.get("local_scratch_dir") or os.environ.get(SCRATCH_DIR_ENV)
+        if isinstance(raw, str) and raw.strip():
+            return Path(os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(raw.strip()))))
+        if raw is not None:
+            self.add(
+                data.line_of("local_scratch_dir"),
+                f"local_scratch_dir must be a directory path, got {_kind(raw)}",
+            )
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = str(os.getuid())
+        return Path(tempfile.gettempdir()) / f"airflow-partitions-{user}"
 
     def check_duplicate_names(self, raw_datasets: LineList) -> None:
         first_seen: dict[str, tuple[str, int | None]] = {}

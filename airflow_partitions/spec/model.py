@@ -1007,8 +1007,18 @@ class ProjectSpec:
     """A whole spec file: where it came from, where accelerations live, and its datasets."""
 
     path: Path | None
+    # Local: where partition files and catalogs live. With an `s3://` accelerator_dir (`accelerator_url`)
+    # it is this worker's private scratch directory (catalog cache, local stage before upload), never
+    # shared between tasks.
     accelerator_dir: Path
     datasets: tuple[DatasetSpec, ...]
+    # `s3://bucket/prefix` when accelerator_dir is on S3: data files, catalogs and stages live there.
+    accelerator_url: str | None = None
+
+    @property
+    def remote(self) -> bool:
+        """Whether partition files live on object storage (`accelerator_dir: s3://...`)."""
+        return self.accelerator_url is not None
 
     @property
     def names(self) -> tuple[str, ...]:

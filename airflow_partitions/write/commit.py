@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.catalog import Catalog, PartitionSpecInfo, Snapshot
-    from airflow_partitions.objectstore import SettingsLike
+    from airflow_partitions.objectstore import ObjectStore, SettingsLike
     from airflow_partitions.pruning import FilterInput
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
@@ -147,6 +147,17 @@ class WriteTarget:
     schema: pa.Schema
     snapshot: Snapshot | None
     spec_info: PartitionSpecInfo
+    # The partition files on S3 (`accelerator_dir: s3://...`): `root` is then private local scratch, where
+    # files to rewrite are copied and new files are written, counted and uploaded from.
+    remote: ObjectStore | None = None
+
+    def local(self, files: Sequence[DataFile]) -> Sequence[DataFile]:
+        """`files`, readable under `root` (copied from S3 first, checked, when the files live there)."""
+        if self.remote is not None:
+            from airflow_partitions.storage.remote import fetch_partition_files
+
+            fetch_partition_files(self.remote, self.root, files)
+        return files
 
     @property
     def base_version(self) -> int | None:
@@ -184,12 +195,21 @@ def open_write_target(
 
     catalog = catalog or open_catalog(project, dataset, s3_settings=s3_settings)
     storage = catalog.storage or get_storage(dataset.acceleration)
-    root = Path(catalog.data_root or dataset_directory(project, dataset))
+    remote = getattr(catalog, "data_store", None)
+    if remote is not None:
+        import shutil
+        import tempfile
+
+        scratch = Path(project.accelerator_dir) / "_scratch"
+        scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+        root = Path(tempfile.mkdtemp(prefix="write-", dir=scratch))
+    else:
+        root = Path(catalog.data_root or dataset_directory(project, dataset))
     snapshot = catalog.latest()
     if schema is None:
-        schema = acceleration_schema(dataset, snapshot, storage, root)
+        schema = acceleration_schema(dataset, snapshot, storage, root, remote)
     bound = dataset.bind(schema)
-    return WriteTarget(
+    target = WriteTarget(
         project=project,
         dataset=bound,
         catalog=catalog,
@@ -198,11 +218,21 @@ def open_write_target(
         schema=schema,
         snapshot=snapshot,
         spec_info=partition_spec_info(bound),
+        remote=remote,
     )
+    if remote is not None:
+        import weakref
+
+        weakref.finalize(target, shutil.rmtree, root, True)  # the scratch goes with the target
+    return target
 
 
 def acceleration_schema(
-    dataset: DatasetSpec, snapshot: Snapshot | None, storage: PartitionStorage, root: Path
+    dataset: DatasetSpec,
+    snapshot: Snapshot | None,
+    storage: PartitionStorage,
+    root: Path,
+    remote: ObjectStore | None = None,
 ) -> pa.Schema:
     """The schema of the newest written partition's first file; else the declared or the source schema."""
     import pyarrow.compute as pc
@@ -213,6 +243,10 @@ def acceleration_schema(
         for position in [newest, *range(min(table.num_rows, 64))]:
             files = snapshot.partitions[table.column("key_path")[position].as_py()].files
             if files:
+                if remote is not None:
+                    from airflow_partitions.storage.remote import fetch_partition_files
+
+                    fetch_partition_files(remote, root, files[:1])
                 return storage.file_schema(root, files[0])
     declared = dataset.bound_schema or dataset.declared_schema()
     if declared is not None:
@@ -269,6 +303,10 @@ def _write_change(target: WriteTarget, change: PartitionChange) -> tuple[list[Da
             hint=f"The {target.storage.engine} writer did not write the rows it was given; the files are "
             "not referenced and vacuum removes them. Check the disk, then write again.",
         )
+    if target.remote is not None and files:
+        from airflow_partitions.storage.remote import upload_partition_files
+
+        upload_partition_files(target.remote, target.root, files)
     return files, counted
 
 
@@ -327,7 +365,8 @@ def commit_changes(
             hint="Routing lost or duplicated rows; nothing was published.",
         )
     for change, files, _written in pending:
-        published = target.storage.publish(target.root, files) if files else []
+        # Objects on S3 are final once uploaded: no engine finishes them at commit time.
+        published = target.storage.publish(target.root, files) if files and target.remote is None else files
         written_files += len(published)
         all_files = [*change.kept, *published]
         if not all_files:
@@ -495,11 +534,13 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
             # whole once. Elsewhere read the key columns first, and the whole file only on a match.
             if not key_decides:
                 columns = list(keys)
-                file_keys = target.storage.read(target.root, [file], columns=columns, schema=target.schema)
+                file_keys = target.storage.read(
+                    target.root, target.local([file]), columns=columns, schema=target.schema
+                )
                 if not key_match_mask(file_keys, incoming_keys, keys).true_count:
                     change.kept.append(file)
                     continue
-            existing = target.storage.read(target.root, [file], schema=target.schema)
+            existing = target.storage.read(target.root, target.local([file]), schema=target.schema)
             merged = delete_rows_by_key(existing, incoming_keys, keys)
             if merged.removed == 0:
                 change.kept.append(file)
@@ -613,7 +654,7 @@ def delete_changes(target: WriteTarget, where: FilterInput) -> list[PartitionCha
             f.rows for f, exact in zip(selected.files, selected.exact_files, strict=True) if exact
         )
         if inexact:
-            existing = target.storage.read(target.root, inexact, schema=target.schema)
+            existing = target.storage.read(target.root, target.local(inexact), schema=target.schema)
             doomed = matching_rows(existing, predicate_sql)
             if doomed.true_count == 0:
                 change.kept.extend(inexact)

@@ -1,0 +1,162 @@
+"""Accelerations on object storage: partition files, stages and clean-up under an `s3://` accelerator_dir.
+
+Every byte one task hands to another goes through the store, never through a local disk: a finalize task
+writes its partition file in private local scratch (the engine, its stats and the row count back from the
+file work as for a local root), uploads it under its write-once name with a conditional create, checks
+what the store holds (size and sha256 of the bytes read back) and only then returns the entry; the stage
+task uploads the staged files and `_stage.json` under `<accelerator_dir>/_staging/<dataset>/<stamp>/`, and
+each finalize task fetches only its own item's files. A failed upload leaves at most unreferenced objects,
+which vacuum removes after the grace period, exactly like local orphans.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from airflow_partitions.exceptions import RefreshError, StorageError
+from airflow_partitions.keys import escape_component
+from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.storage.remote import upload_partition_files
+
+if TYPE_CHECKING:
+    from airflow_partitions.objectstore import ObjectStore, SettingsLike
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+
+__all__ = ["upload_partition_files"]
+
+STAGING = "_staging"
+STAGE_MANIFEST_NAME = "_stage.json"
+STAGE_DATA_NAME = "data"
+ITEM_PREFIX = "__ap_item="
+
+
+def _store(url: str, settings: SettingsLike | None) -> ObjectStore:
+    from airflow_partitions.objectstore import S3Store
+
+    return S3Store.at(parse_s3_location(url, what="accelerator_dir", error=StorageError), settings)
+
+
+def check_remote_engine(dataset: DatasetSpec) -> None:
+    """Refuse the duckdb `tables` mode on object storage: its one shared database file is rewritten in
+    place by every commit, which write-once objects cannot do (use `files` mode, parquet or arrow)."""
+    if str(dataset.acceleration.partition_mode) == "tables":
+        raise StorageError(
+            f"dataset {dataset.name!r}: duckdb partition_mode 'tables' keeps every partition in one shared "
+            "database file that each commit rewrites in place; objects on S3 are written once, so it cannot "
+            "live under an s3:// accelerator_dir. Use partition_mode 'files', or engine parquet or arrow"
+        )
+
+
+def data_url(project: ProjectSpec, dataset: DatasetSpec) -> str:
+    """`s3://bucket/prefix/<dataset>`: where the dataset's partition files live."""
+    if project.accelerator_url is None:
+        raise RefreshError("the accelerator_dir is local: there is no remote data root")
+    return f"{project.accelerator_url.rstrip('/')}/{escape_component(dataset.name)}"
+
+
+def data_store(
+    project: ProjectSpec, dataset: DatasetSpec, settings: SettingsLike | None = None
+) -> ObjectStore:
+    """The dataset's partition files on S3 (keys are `DataFile.path`: `<key path>/part-...`)."""
+    return _store(data_url(project, dataset), settings)
+
+
+def scratch_directory(project: ProjectSpec, what: str) -> Path:
+    """A fresh private directory under this worker's scratch (`accelerator_dir` of a remote project)."""
+    base = Path(project.accelerator_dir) / "_scratch"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return Path(tempfile.mkdtemp(prefix=f"{what}-", dir=base))
+
+
+def stage_url(project: ProjectSpec, dataset: DatasetSpec, name: str) -> str:
+    """`<accelerator_dir>/_staging/<dataset>/<name>`: where a stage lives on S3."""
+    if project.accelerator_url is None:
+        raise RefreshError("the accelerator_dir is local: stages stay on the shared stage directory")
+    return f"{project.accelerator_url.rstrip('/')}/{STAGING}/{escape_component(dataset.name)}/{name}"
+
+
+def upload_stage(local: Path, url: str, settings: SettingsLike | None = None) -> None:
+    """Upload a finished local stage (data files first, `_stage.json` last: a stage without its
+    manifest is unfinished to every reader) to `url`, then delete the local copy."""
+    store = _store(url, settings)
+    files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != STAGE_MANIFEST_NAME)
+    for path in files:
+        relative = path.relative_to(local).as_posix()
+        if any(part.startswith((".", "_")) for part in relative.split("/")[2:]):
+            continue  # Spark's _SUCCESS and .crc files: finalize never reads them
+        store.put(relative, path.read_bytes())
+    store.put(STAGE_MANIFEST_NAME, (local / STAGE_MANIFEST_NAME).read_bytes())
+    shutil.rmtree(local, ignore_errors=True)
+
+
+def fetch_stage(url: str, index: int | None, into: Path, settings: SettingsLike | None = None) -> Path:
+    """Download the stage manifest and only item `index`'s staged files (None: the manifest only) into
+    `into`; returns the local stage directory, laid out like the remote one."""
+    store = _store(url, settings)
+    manifest = store.get(STAGE_MANIFEST_NAME)
+    if manifest is None:
+        raise RefreshError(
+            f"no finished stage at {url}: {STAGE_MANIFEST_NAME} is missing. The stage step failed or was "
+            "cleaned up after a commit; run the refresh again"
+        )
+    into.mkdir(parents=True, exist_ok=True)
+    (into / STAGE_MANIFEST_NAME).write_bytes(manifest)
+    if index is not None:
+        prefix = f"{STAGE_DATA_NAME}/{ITEM_PREFIX}{index}/"
+        for info in store.list(prefix):
+            data = store.get(info.key)
+            if data is None:
+                raise RefreshError(f"staged file {url}/{info.key} vanished while it was read; stage again")
+            target = into / info.key
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    return into
+
+
+def read_stage_manifest(url: str, settings: SettingsLike | None = None) -> bytes | None:
+    return _store(url, settings).get(STAGE_MANIFEST_NAME)
+
+
+def remove_remote_stage(url: str, settings: SettingsLike | None = None) -> None:
+    """Delete a stage on S3 (only one that holds a manifest or staged data: never an arbitrary prefix)."""
+    store = _store(url, settings)
+    keys = [info.key for info in store.list("")]
+    if any(k == STAGE_MANIFEST_NAME or k.startswith(f"{STAGE_DATA_NAME}/") for k in keys):
+        store.delete(keys)
+
+
+def sweep_remote_stages(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    *,
+    grace: dt.timedelta,
+    keep: Sequence[str] = (),
+    settings: SettingsLike | None = None,
+) -> list[str]:
+    """Delete stages under `_staging/<dataset>/` whose newest object is older than `grace` (left by killed
+    runs); returns the stage URLs removed."""
+    root = _store(stage_url(project, dataset, ""), settings)
+    newest: dict[str, dt.datetime] = {}
+    keys: dict[str, list[str]] = {}
+    for info in root.list(""):
+        name = info.key.split("/", 1)[0]
+        keys.setdefault(name, []).append(info.key)
+        newest[name] = max(newest.get(name, info.modified), info.modified)
+    cutoff = dt.datetime.now(dt.UTC) - grace
+    removed = []
+    for name, modified in sorted(newest.items()):
+        url = stage_url(project, dataset, name)
+        if modified < cutoff and url not in keep:
+            root.delete(keys[name])
+            removed.append(url)
+    return removed
+
+
+def remove_local(path: str | os.PathLike[str]) -> None:
+    shutil.rmtree(path, ignore_errors=True)
