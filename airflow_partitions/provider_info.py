@@ -7,8 +7,12 @@ from typing import Any
 from airflow_partitions import __version__
 
 # Where the providers page and `[project.urls]` Documentation point (pyproject.toml repeats it; a test
-# keeps the two equal).
-DOCUMENTATION_URL = "https://github.com/airflow-partitions/airflow-partitions#readme"
+# keeps the two equal): the README, served by the provider's own Partitions plugin on the Airflow
+# api-server (`plugins/partitions_api.py`, `DOCUMENTATION_PATH`), at Airflow's default address. The
+# package has no public home; Airflow takes this link from the distribution's metadata, which must hold
+# an absolute URL. On another address the same page is `<api-server>/partitions/docs`.
+DOCUMENTATION_PATH = "/partitions/docs"
+DOCUMENTATION_URL = f"http://localhost:8080{DOCUMENTATION_PATH}"
 
 # The connection form of PartitionedDatasetHook, declared here so Airflow builds it without importing the
 # hook: only the extra matters, each key of it a field of its own.

@@ -252,7 +252,17 @@ def test_the_providers_page_links_to_the_documentation_url_the_package_declares(
         "project"
     ]
     assert project["urls"]["Documentation"] == DOCUMENTATION_URL
-    assert {"Homepage", "Source"} <= set(project["urls"])
+    assert DOCUMENTATION_URL.endswith("/partitions/docs"), "served by the provider's own plugin"
     info = get_provider_info()
     assert info["integrations"][0]["external-doc-url"] == DOCUMENTATION_URL
     assert "pypi.org" not in str(info), "the package is not on PyPI: no link there"
+
+
+def test_the_documentation_page_renders_the_installed_readme() -> None:
+    """What the providers page's documentation link opens: the README the installed package carries."""
+    from airflow_partitions.plugins.partitions_api import documentation_html
+
+    page = documentation_html()
+    assert "<h2>Quick start</h2>" in page
+    assert "<table>" in page, "README tables render as tables"
+    assert "<script" not in page.lower(), "raw HTML in the README is not passed through"

@@ -191,3 +191,22 @@ def cli_status(spec_path: str) -> dict[str, Any]:
     with contextlib.redirect_stdout(out):
         assert cli_main(["status", spec_path, UI_DATASET, "--partitions", "--json"]) == 0
     return dict(json.loads(out.getvalue()))
+
+
+def test_the_providers_page_documentation_link_serves_the_readme(stack: AirflowStack) -> None:
+    """The provider's documentation URL (the providers page links it) is served by its own plugin."""
+    from airflow_partitions.provider_info import DOCUMENTATION_PATH, DOCUMENTATION_URL
+
+    providers = requests.get(
+        f"{stack.api_url}/api/v2/providers",
+        headers={"Authorization": f"Bearer {token(stack, 'viewer')}"},
+        timeout=30,
+    )
+    assert providers.status_code == 200
+    ours = [p for p in providers.json()["providers"] if p["package_name"] == "airflow-partitions"]
+    assert ours, "the provider is registered"
+    assert ours[0]["documentation_url"] == DOCUMENTATION_URL
+    page = requests.get(f"{stack.api_url}{DOCUMENTATION_PATH}", timeout=30)
+    assert page.status_code == 200
+    assert "<h2>Quick start</h2>" in page.text
+    assert "make demo" in page.text

@@ -52,6 +52,11 @@ def create_app() -> FastAPI:
     def page() -> str:
         return PAGE_HTML
 
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    def docs() -> str:
+        """The installed package's README: the provider's documentation URL (`DOCUMENTATION_URL`)."""
+        return documentation_html()
+
     @app.get("/api/datasets")
     def datasets(user: GetUserDep) -> dict[str, Any]:
         """The refresh DAGs (one per dataset) the caller may read."""
@@ -95,3 +100,35 @@ def create_app() -> FastAPI:
         return {"dag_id": dag.dag_id, "dag_run_id": run_id, "partitions": selected}
 
     return app
+
+
+def documentation_html() -> str:
+    """The README the installed distribution carries (its long description), as one HTML page.
+
+    Served by the provider itself, so the providers page's documentation link works wherever the package
+    is installed, published or not. Markdown is rendered with markdown-it (Airflow's `rich` brings it);
+    without it the text is shown as is.
+    """
+    import html
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        # `description`: the README, from the metadata's body or its Description header.
+        text = str(metadata("airflow-partitions").json.get("description") or "")
+    except PackageNotFoundError:
+        text = ""
+    if not text.strip():
+        text = "# airflow-partitions\n\nThe package's README is not in its installed metadata."
+    try:
+        from markdown_it import MarkdownIt
+
+        body = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    except ImportError:
+        body = f"<pre>{html.escape(text)}</pre>"
+    return (
+        '<!doctype html><html><head><meta charset="utf-8"><title>airflow-partitions</title>'
+        "<style>body{font-family:sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}"
+        "pre,code{background:#f4f4f4}pre{padding:.6rem;overflow-x:auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:.2rem .5rem}</style></head>"
+        f"<body>{body}</body></html>"
+    )
