@@ -4,9 +4,6 @@ DAG and spec inside the wheel, and `airflow-partitions init` writing a DAG folde
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
 import tomllib
 import zipfile
 from pathlib import Path
@@ -92,22 +89,8 @@ def test_init_writes_a_dag_folder_that_airflow_parses(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_wheel_carries_the_example_and_the_project_urls(tmp_path: Path) -> None:
-    uv = Path(sys.executable).with_name("uv")
-    if not uv.exists():
-        pytest.skip("uv is not installed next to this interpreter")
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    shutil.copytree(PACKAGE, source / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(
-        [str(uv), "build", "--wheel", "--out-dir", str(tmp_path), str(source)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = tmp_path.glob("airflow_partitions-*.whl")
+def test_the_wheel_carries_the_example_and_the_project_urls(built_wheel: Path) -> None:
+    wheel = built_wheel
     archive = zipfile.ZipFile(wheel)
     names = set(archive.namelist())
     assert {

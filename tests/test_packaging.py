@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -30,23 +27,8 @@ def test_spark_job_script_directory_holds_nothing_that_could_shadow_a_module() -
 
 
 @pytest.mark.slow
-def test_wheel_ships_the_spark_job_and_type_marker(tmp_path: Path) -> None:
-    uv = Path(sys.executable).with_name("uv")
-    if not uv.exists():
-        pytest.skip("uv is not installed next to this interpreter")
-    # Build from a copy: setuptools leaves build/ and *.egg-info next to the sources it builds.
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    shutil.copytree(PACKAGE, source / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(
-        [str(uv), "build", "--wheel", "--out-dir", str(tmp_path), str(source)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = tmp_path.glob("airflow_partitions-*.whl")
+def test_wheel_ships_the_spark_job_and_type_marker(built_wheel: Path) -> None:
+    wheel = built_wheel
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "airflow_partitions/spark_jobs/refresh_partitions.py" in names
     assert "airflow_partitions/py.typed" in names
