@@ -210,3 +210,6 @@ def test_the_providers_page_documentation_link_serves_the_readme(stack: AirflowS
     assert page.status_code == 200
     assert "<h2>Quick start</h2>" in page.text
     assert "make demo" in page.text
+    api_docs = requests.get(f"{stack.api_url}/partitions/api/docs", timeout=30)
+    assert api_docs.status_code == 200, "the API's own OpenAPI page moved under /partitions/api/"
+    assert "swagger" in api_docs.text.lower()

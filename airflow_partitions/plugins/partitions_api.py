@@ -46,6 +46,10 @@ def create_app() -> FastAPI:
     app = FastAPI(
         title="airflow-partitions: Partitions",
         description="Partition states of accelerated datasets, and refreshes of chosen partitions.",
+        # `/docs` is the README (`docs` below); the API's own OpenAPI pages live under `/api`.
+        docs_url="/api/docs",
+        redoc_url=None,
+        openapi_url="/api/openapi.json",
     )
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
