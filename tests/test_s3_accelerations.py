@@ -363,3 +363,40 @@ def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
     on_s3a = replace(dataset, acceleration=replace(dataset.acceleration, params={"staging_dir": "s3a://b/s"}))
     with pytest.raises(RefreshError, match="is a URL; give a directory path"):
         staging_root(project, on_s3a)
+
+
+def test_vacuum_sweeps_stages_left_on_s3(
+    tmp_path: Path, s3_server: dict[str, str], s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage a killed run left on S3 is reported by a dry run, kept within the grace period, and
+    deleted by vacuum after it; partition files beside it are not stages and stay."""
+    from airflow_partitions.refresh import remote
+    from airflow_partitions.refresh.leftovers import sweep_dataset_staging
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
+    spec = tmp_path / "datasets.yaml"
+    spec.write_text(
+        f"accelerator_dir: s3://{s3_bucket}/vac\nlocal_scratch_dir: scratch\n"
+        "datasets:\n  - name: t\n    from: file:/tmp/x/\n    acceleration: {partition_by: [a]}\n"
+    )
+    project = load_spec(spec)
+    dataset = project.dataset("t")
+    stage = tmp_path / "stage"
+    (stage / "data" / "__ap_item=0").mkdir(parents=True)
+    (stage / "data" / "__ap_item=0" / "part-0.parquet").write_bytes(b"rows" * 10)
+    (stage / "_stage.json").write_text("{}")
+    url = remote.stage_url(project, dataset, "killed-run")
+    remote.upload_stage(stage, url)
+
+    young = sweep_dataset_staging(project, dataset, grace=dt.timedelta(hours=1))
+    assert young.removed == (), "within the grace period a stage may be in use"
+    assert young.kept_young == 1
+    dry = sweep_dataset_staging(project, dataset, grace=dt.timedelta(0), dry_run=True)
+    assert dry.removed == (url,)
+    assert dry.bytes_freed == 42
+    assert dry.bytes_after == 0
+    assert remote.read_stage_manifest(url) is not None, "a dry run deletes nothing"
+    swept = sweep_dataset_staging(project, dataset, grace=dt.timedelta(0))
+    assert swept.removed == (url,)
+    assert swept.root == remote.stage_url(project, dataset, "")
+    assert remote.read_stage_manifest(url) is None

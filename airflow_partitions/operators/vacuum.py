@@ -86,7 +86,11 @@ class VacuumOperator(RetentionOptions, DatasetOperator):
         catalog = self.open_catalog()
         report = catalog.vacuum(dry_run=self.report_only, **self.retention())
         staging = sweep_dataset_staging(
-            self.project, self.dataset_spec, grace=self.grace, dry_run=self.report_only
+            self.project,
+            self.dataset_spec,
+            grace=self.grace,
+            dry_run=self.report_only,
+            s3_settings=self.data_s3_settings,
         )
         summary = {**report.to_json(), "staging": staging.to_json()}
         # The file list can be long; XCom gets the count, the log gets the names.

@@ -29,6 +29,7 @@ from airflow_partitions.refresh.job_files import JOB_FILES_PREFIX
 from airflow_partitions.refresh.stage import STAGE_DATA, STAGE_MANIFEST, staging_root
 
 if TYPE_CHECKING:
+    from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
 
 _SPARK_TEMPORARY = "_temporary"
@@ -164,9 +165,25 @@ def _tree_bytes(directory: Path) -> int:
 
 
 def sweep_dataset_staging(
-    project: ProjectSpec, dataset: DatasetSpec, *, grace: dt.timedelta | None = None, dry_run: bool = False
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    *,
+    grace: dt.timedelta | None = None,
+    dry_run: bool = False,
+    s3_settings: SettingsLike | None = None,
 ) -> StagingSweep:
-    """Vacuum's part: sweep the dataset's staging root (`staging_root`) with vacuum's grace (None: 1 h)."""
+    """Vacuum's part: sweep the dataset's staging root (`staging_root`) with vacuum's grace (None: 1 h);
+    with `accelerator_dir` on S3, the stages under `<accelerator_dir>/_staging/<dataset>/` there."""
+    if project.remote:
+        from airflow_partitions.refresh.remote import remote_staging_sweep
+
+        return remote_staging_sweep(
+            project,
+            dataset,
+            grace=DEFAULT_GRACE if grace is None else grace,
+            settings=s3_settings,
+            dry_run=dry_run,
+        )
     return sweep_stale_stages(
         staging_root(project, dataset),
         grace=DEFAULT_GRACE if grace is None else grace,

@@ -26,6 +26,7 @@ from airflow_partitions.storage.remote import upload_partition_files
 
 if TYPE_CHECKING:
     from airflow_partitions.objectstore import ObjectStore, SettingsLike
+    from airflow_partitions.refresh.leftovers import StagingSweep
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
 
 __all__ = ["upload_partition_files"]
@@ -141,21 +142,58 @@ def sweep_remote_stages(
 ) -> list[str]:
     """Delete stages under `_staging/<dataset>/` whose newest object is older than `grace` (left by killed
     runs); returns the stage URLs removed."""
-    root = _store(stage_url(project, dataset, ""), settings)
+    sweep = remote_staging_sweep(project, dataset, grace=grace, keep=keep, settings=settings)
+    return list(sweep.removed)
+
+
+def remote_staging_sweep(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    *,
+    grace: dt.timedelta,
+    keep: Sequence[str] = (),
+    settings: SettingsLike | None = None,
+    dry_run: bool = False,
+) -> StagingSweep:
+    """The stage step's and vacuum's sweep of `<accelerator_dir>/_staging/<dataset>/` on S3: every stage
+    whose newest object is older than `grace` is deleted (a dry run only reports it); stages in `keep`
+    and younger ones stay. Reports stage URLs and the bytes under the prefix before and after."""
+    from airflow_partitions.refresh.leftovers import StagingSweep
+
+    prefix = stage_url(project, dataset, "")
+    root = _store(prefix, settings)
     newest: dict[str, dt.datetime] = {}
     keys: dict[str, list[str]] = {}
+    sizes: dict[str, int] = {}
     for info in root.list(""):
         name = info.key.split("/", 1)[0]
         keys.setdefault(name, []).append(info.key)
+        sizes[name] = sizes.get(name, 0) + info.size
         newest[name] = max(newest.get(name, info.modified), info.modified)
     cutoff = dt.datetime.now(dt.UTC) - grace
-    removed = []
+    removed: list[str] = []
+    freed = kept_young = 0
     for name, modified in sorted(newest.items()):
         url = stage_url(project, dataset, name)
-        if modified < cutoff and url not in keep:
+        if url in keep:
+            continue
+        if modified >= cutoff:
+            kept_young += 1
+            continue
+        if not dry_run:
             root.delete(keys[name])
-            removed.append(url)
-    return removed
+        removed.append(url)
+        freed += sizes[name]
+    before = sum(sizes.values())
+    return StagingSweep(
+        root=prefix,
+        dry_run=dry_run,
+        removed=tuple(removed),
+        kept_young=kept_young,
+        bytes_freed=freed,
+        bytes_before=before,
+        bytes_after=before - freed,
+    )
 
 
 def remove_local(path: str | os.PathLike[str]) -> None:
