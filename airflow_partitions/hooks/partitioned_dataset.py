@@ -36,7 +36,9 @@ class PartitionedDatasetHook(BaseHook):
     not given), `data_root` (where partition files live, e.g. `s3://bucket/prefix/<dataset>`) and
     `aws_conn_id` (the AWS connection for an `s3://` data root), `cache_dir` and `cache_max_bytes` (where
     and how many bytes of files fetched from S3 are kept locally, keyed by checksum; default a temporary
-    directory of the process and 2 GiB or a tenth of its free space, whichever is less). The connection
+    directory of the process and 2 GiB or a tenth of its free space, whichever is less). The first
+    filtered read of a Parquet file of at least `ranged_read_min_bytes` (argument; default 8 MiB) that is
+    not cached reads only its footer and the row groups the filter may need. The connection
     form (one field per extra key, Host / Login / Password hidden) is declared in `provider_info.py`.
     """
 
@@ -55,6 +57,7 @@ class PartitionedDatasetHook(BaseHook):
         aws_conn_id: str | None = None,
         cache_dir: str | None = None,
         cache_max_bytes: int | None = None,
+        ranged_read_min_bytes: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(dataset, str) or not dataset:
@@ -66,6 +69,7 @@ class PartitionedDatasetHook(BaseHook):
         self.aws_conn_id = aws_conn_id
         self.cache_dir = cache_dir
         self.cache_max_bytes = cache_max_bytes
+        self.ranged_read_min_bytes = ranged_read_min_bytes
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -130,6 +134,8 @@ class PartitionedDatasetHook(BaseHook):
                     f"extra is {extra!r}; give a positive whole number of bytes"
                 )
             max_bytes = int(extra)
+        from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
+
         return PartitionedDatasetReader(
             project,
             self.dataset,
@@ -138,6 +144,9 @@ class PartitionedDatasetHook(BaseHook):
             filesystem=filesystem,
             cache_dir=self._setting("cache_dir", self.cache_dir),
             cache_max_bytes=max_bytes,
+            ranged_read_min_bytes=(
+                RANGED_READ_MIN_BYTES if self.ranged_read_min_bytes is None else self.ranged_read_min_bytes
+            ),
         )
 
     def _s3_settings(self) -> S3Settings:

@@ -77,6 +77,11 @@ class FileCache:
         with self._lock:
             return sum(entry.size for entry in self._entries.values())
 
+    def holds(self, checksum: str) -> bool:
+        """Whether a copy of the file with this checksum is in the cache (not verified here)."""
+        with self._lock:
+            return checksum in self._entries
+
     def acquire(self, files: Sequence[CachedFile]) -> tuple[list[str], Callable[[], None]]:
         """Local paths of `files`, in order, pinned until the returned release is called."""
         keys: list[str] = []

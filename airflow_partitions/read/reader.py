@@ -30,6 +30,7 @@ from airflow_partitions.pruning import (
 )
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.read.query import QueryLimits, run_query
+from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 from airflow_partitions.read.remote import RemoteFiles, default_filesystem
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
 from airflow_partitions.storage import get_storage
@@ -92,6 +93,7 @@ class PartitionedDatasetReader:
         schema: pa.Schema | None = None,
         cache_dir: str | Path | None = None,
         cache_max_bytes: int | None = None,
+        ranged_read_min_bytes: int | None = RANGED_READ_MIN_BYTES,
         max_enumeration: int = MAX_RANGE_ENUMERATION,
         query_limits: QueryLimits | None = None,
     ) -> None:
@@ -120,6 +122,7 @@ class PartitionedDatasetReader:
                 dataset=self.name,
                 cache_dir=Path(cache_dir) if cache_dir is not None else None,
                 cache_max_bytes=cache_max_bytes,
+                ranged_read_min_bytes=ranged_read_min_bytes,
             )
         else:
             self._local_root = Path(root)

@@ -3,14 +3,18 @@
 DuckDB cannot open remote files here, so every read works on local copies of the (immutable) files:
 either from the bounded checksum-keyed file cache (`paths_for_call`, `read.cache`), each file fetched
 whole with one request, concurrently, and verified once, or copied once to a local tree keyed by path and
-checksum (`local_root`, for formats that need the dataset's layout). Which of the two an engine uses is
+checksum (`local_root`, for formats that need the dataset's layout). The first filtered read of a large
+Parquet file fetches only its footer and the row groups the filter may need (`read.ranged`); a file read
+again is fetched whole into the cache. Which of the two an engine uses is
 the storage class's choice (`PartitionStorage.duckdb_relation`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,11 +25,13 @@ import pyarrow as pa
 from airflow_partitions.exceptions import StorageError
 from airflow_partitions.objectstore.location import parse_s3_location
 from airflow_partitions.read.cache import CachedFile, file_cache
+from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES, RangedRead, read_row_groups
 from airflow_partitions.storage.base import data_file_path
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
+    from airflow_partitions.read.scan import RowFilter
     from airflow_partitions.storage import DataFile
 
 
@@ -48,6 +54,7 @@ class RemoteFiles:
         dataset: str,
         cache_dir: Path | None = None,
         cache_max_bytes: int | None = None,
+        ranged_read_min_bytes: int | None = RANGED_READ_MIN_BYTES,
     ) -> None:
         self.root = root.rstrip("/")
         # The filesystem path every object path starts with (for `s3://`: `bucket/prefix`), parsed once.
@@ -60,6 +67,11 @@ class RemoteFiles:
         self.dataset = dataset
         self.cache_dir = cache_dir
         self.cache_max_bytes = cache_max_bytes
+        # Files at least this large are read by ranges on their first filtered read (None: never).
+        self.ranged_read_min_bytes = ranged_read_min_bytes
+        self._ranged_lock = threading.Lock()
+        self._ranged_seen: set[str] = set()  # checksums read by ranges once
+        self.ranged_reads: list[RangedRead] = []  # what ranged reads fetched, newest last
 
     def path(self, relative: str) -> str:
         """The filesystem path of an object given relative to the dataset root."""
@@ -74,12 +86,39 @@ class RemoteFiles:
         with self.filesystem.open_input_file(self.file_path(file)) as handle:
             yield handle
 
-    def paths_for_call(self, files: Sequence[DataFile], releases: list[Callable[[], None]]) -> list[str]:
+    def paths_for_call(
+        self,
+        files: Sequence[DataFile],
+        releases: list[Callable[[], None]],
+        *,
+        row_filter: RowFilter | None = None,
+    ) -> list[str]:
         """Local paths of `files`, in order, from the checksum-keyed file cache (`read.cache`); what is
         not there yet is fetched whole, one GET each, concurrently, and verified against its checksum.
         The files stay pinned in the cache until the call runs what this appends to `releases`.
+
+        With a `row_filter`, a large Parquet file neither cached nor read before is read by ranges
+        instead (`read.ranged`): its path then holds only the row groups the filter may need, and is
+        removed when the call ends.
         """
         cache = file_cache(self.cache_dir, self.cache_max_bytes)
+        if row_filter is not None and self.ranged_read_min_bytes is not None:
+            with self._ranged_lock:
+                ranged = [
+                    file.format == "parquet"
+                    and file.bytes >= self.ranged_read_min_bytes
+                    and file.checksum not in self._ranged_seen
+                    and not cache.holds(file.checksum)
+                    for file in files
+                ]
+                self._ranged_seen.update(f.checksum for f, r in zip(files, ranged, strict=True) if r)
+            if any(ranged):
+                whole = [f for f, r in zip(files, ranged, strict=True) if not r]
+                cached = iter(self.paths_for_call(whole, releases) if whole else [])
+                partial = iter(
+                    self._ranged([f for f, r in zip(files, ranged, strict=True) if r], row_filter, releases)
+                )
+                return [next(partial) if r else next(cached) for r in ranged]
         wanted = [
             CachedFile(
                 file.checksum, file.bytes, Path(file.path).suffix, self.file_path(file), self._fetcher(file)
@@ -111,6 +150,29 @@ class RemoteFiles:
         if failure is not None:
             raise failure
         return paths
+
+    def _ranged(
+        self, files: Sequence[DataFile], row_filter: RowFilter, releases: list[Callable[[], None]]
+    ) -> list[str]:
+        """Per-call local files holding the row groups of `files` that `row_filter` may need."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        scratch = Path(tempfile.mkdtemp(prefix=f"ap-ranged-{self.dataset}-"))
+        releases.append(lambda: shutil.rmtree(scratch, ignore_errors=True))
+
+        def read(file: DataFile) -> RangedRead:
+            return read_row_groups(
+                self.filesystem, self.file_path(file), file, row_filter.predicate, row_filter.schema, scratch
+            )
+
+        if len(files) == 1:
+            done = [read(files[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+                done = list(pool.map(read, files))
+        with self._ranged_lock:
+            self.ranged_reads.extend(done)
+        return [result.path for result in done]
 
     def _fetcher(self, file: DataFile) -> Callable[[], bytes]:
         remote = self.file_path(file)
