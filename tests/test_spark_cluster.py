@@ -3,11 +3,12 @@
 Every run is `airflow dags test` (the DAG's `dag.test()`) in a new process on a fresh, migrated Postgres
 metadata database, with the example DAG file users deploy; only connections and configuration differ:
 
-* a `spark` connection whose master is the cluster's `spark://` URL (spark-submit, client deploy mode);
+* a `spark` connection whose master is the cluster's `spark://` URL (spark-submit, client deploy mode),
+  with a worker killed (with its executor) while the stage job's task runs on it: nothing half
+  published, and the data is exactly the source's whether Spark finished the job on the other worker or
+  the run failed and a rerun did it;
 * a `spark_connect` connection to a Spark Connect server whose master is the cluster;
-* a master nobody listens on: a typed error naming it and saying how to fix it, nothing published;
-* a worker killed (with its executor) while the stage job's task runs on it: nothing half published,
-  and the data is exactly the source's whether Spark finished the job on the other worker or not.
+* a master nobody listens on: a typed error naming it and saying how to fix it, nothing published.
 
 The source holds NULLs in every column (the partition column too), unicode, `/ = %`, quotes and empty
 strings. Each run must commit every partition, and a full read must equal the source row by row (hashes).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,8 +51,8 @@ ROWS = 120
 SUBMIT_CONN_ID = "spark_cluster"
 CONNECT_CONN_ID = "spark_cluster_connect"
 UNREACHABLE_CONN_ID = "spark_nowhere"
-DATASETS = ("events_submit", "events_connect", "events_unreachable", "events_worker_loss")
-SLOW_DAG_ID = "refresh_events_worker_loss_slow_start"
+DATASETS = ("events_submit", "events_connect", "events_unreachable")
+SLOW_DAG_ID = "refresh_events_submit_slow_start"
 
 # A PySpark daemon (`spark.python.daemon.module`) whose first start anywhere in the cluster waits: the
 # stage job's first Python task is then certainly running on a known executor when the test kills it.
@@ -78,7 +80,7 @@ if __name__ == "__main__":
     manager()
 '''
 
-SLOW_DAG = '''"""events_worker_loss whose first Python task waits: a test kills the worker running it."""
+SLOW_DAG = '''"""events_submit whose first Python task waits: a test kills the worker running it."""
 
 from airflow_partitions.dag_factory import build_refresh_dag, default_spec_path
 from airflow_partitions.spec import load_spec
@@ -86,7 +88,7 @@ from airflow_partitions.spec import load_spec
 project = load_spec(default_spec_path(__file__), check_types=False)
 dag = build_refresh_dag(
     project,
-    "events_worker_loss",
+    "events_submit",
     dag_id={dag_id!r},
     spark_conf={{
         "spark.python.daemon.module": "slow_first_daemon",
@@ -181,7 +183,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     dags = root / "dags"
     dags.mkdir()
     shutil.copy(EXAMPLE_DAG_FILE, dags / EXAMPLE_DAG_FILE.name)
-    (dags / "refresh_events_worker_loss_slow.py").write_text(
+    (dags / "refresh_events_submit_slow.py").write_text(
         SLOW_DAG.format(dag_id=SLOW_DAG_ID, python_path=os.pathsep.join([str(gate_dir), str(REPO_ROOT)]))
     )
     dataset = (
@@ -254,28 +256,6 @@ def app_named(cluster: SparkCluster, name: str, known: set[str]) -> dict[str, An
     return apps[0]
 
 
-def test_refresh_dag_on_cluster_through_spark_submit(
-    deployment: Deployment, spark_cluster: SparkCluster
-) -> None:
-    known = {a["id"] for a in spark_cluster.apps()}
-    env = cluster_env(SUBMIT_CONN_ID, submit_connection(spark_cluster.master_url))
-    output = deployment.run("refresh_events_submit", env)
-
-    states = deployment.task_states("refresh_events_submit")
-    assert deployment.run_state("refresh_events_submit") == "success", (states, output[-4000:])
-    assert states["stage"] == ["success"]
-    assert states["partition.refresh"] == ["success"] * (len(REGIONS) * BUCKETS)
-    assert states["commit"] == ["success"]
-    stage = deployment.stage_result("refresh_events_submit")
-    assert stage["spark"] == spark_cluster.master_url, "the stage job's master is the cluster"
-    assert "/submit-" in stage["location"], "written by the spark-submit job"
-    assert_source_committed(deployment, "events_submit")
-
-    # The master ran the job as an application, and the workers' executors ran its tasks.
-    app = app_named(spark_cluster, "airflow-partitions-stage-events_submit", known)
-    assert spark_cluster.tasks_run_by(app["id"]) > 0, spark_cluster.logs_tail()
-
-
 def test_refresh_dag_on_cluster_through_spark_connect(
     deployment: Deployment, spark_cluster: SparkCluster, tmp_path: Path
 ) -> None:
@@ -336,46 +316,63 @@ def _ancestors(pid: int) -> list[int]:
     return chain
 
 
-def test_worker_lost_mid_stage_publishes_nothing_partial(
+def test_refresh_dag_on_cluster_through_spark_submit_losing_a_worker_mid_stage(
     deployment: Deployment, spark_cluster: SparkCluster
 ) -> None:
-    env = cluster_env(SUBMIT_CONN_ID, submit_connection(spark_cluster.master_url))
+    """spark-submit (client mode) to the cluster's master; while the stage job's first Python task runs,
+    the worker running it is killed with its executor. Spark may run the task again on the other worker
+    (the run succeeds) or the run fails and publishes nothing, and a rerun succeeds: either way every
+    partition ends up committed once, with exactly the source's rows. One run covers both the plain
+    spark-submit path and the lost worker (each DAG run costs a driver JVM and every partition task)."""
+    master = spark_cluster.master_url
+    known = {a["id"] for a in spark_cluster.apps()}
+    env = cluster_env(SUBMIT_CONN_ID, submit_connection(master))
     claim = deployment.gate_dir / "claimed"
-    before = deployment.catalog_version("events_worker_loss")
+    before = deployment.catalog_version("events_submit")
     outputs: list[str] = []
     run = threading.Thread(target=lambda: outputs.append(deployment.run(SLOW_DAG_ID, env)))
     run.start()
-    killed = None
     try:
         deadline = time.monotonic() + 300
         while not claim.exists():
             assert run.is_alive(), f"the run ended before its first task started: {''.join(outputs)[-4000:]}"
             assert time.monotonic() < deadline, "the stage job's first Python task never started"
             time.sleep(0.2)
-        daemon = int(claim.read_text())
-        chain = _ancestors(daemon)
+        chain = _ancestors(int(claim.read_text()))
         workers = {w.process.pid: w for w in spark_cluster.workers}
         (killed,) = [workers[pid] for pid in chain if pid in workers]
-        # The waiting daemon, its executor JVM and the worker JVM that launched it.
+        # The waiting daemon, its executor JVM and the worker JVM that launched it; then a new worker.
         for pid in chain[: chain.index(killed.process.pid) + 1]:
             os.kill(pid, signal.SIGKILL)
-        run.join(timeout=540)
-        assert not run.is_alive(), "the run did not end after its worker was lost"
+        killed.process.wait(timeout=30)
+        spark_cluster.start_worker(killed.index)
     finally:
         run.join(timeout=540)
-        if killed is not None:
-            killed.process.wait(timeout=30)
-            spark_cluster.start_worker(killed.index)
-            spark_cluster.wait_for_workers(2)
+    assert not run.is_alive(), "the run did not end after its worker was lost"
+    spark_cluster.wait_for_workers(2)
     output = "".join(outputs)
 
-    state = deployment.run_state(SLOW_DAG_ID)
-    if state == "success":
-        # Spark ran the lost task again on the other worker: the whole source, exactly once.
-        assert deployment.catalog_version("events_worker_loss") == (before or 0) + 1
+    dag_id = SLOW_DAG_ID
+    if deployment.run_state(SLOW_DAG_ID) != "success":
+        assert deployment.run_state(SLOW_DAG_ID) == "failed", output[-4000:]
+        assert deployment.catalog_version("events_submit") == before, "nothing of the lost run published"
+        dag_id = "refresh_events_submit"
+        output = deployment.run(dag_id, env)
     else:
-        assert state == "failed", output[-4000:]
-        assert deployment.catalog_version("events_worker_loss") == before, "nothing published"
-        deployment.run("refresh_events_worker_loss", env)
-        assert deployment.run_state("refresh_events_worker_loss") == "success"
-    assert_source_committed(deployment, "events_worker_loss")
+        stage_app = app_named(spark_cluster, "airflow-partitions-stage-events_submit", known)
+        logs = "".join(p.read_text(errors="replace") for p in spark_cluster.executor_logs(stage_app["id"]))
+        assert re.search(r"Running task \d+\.1 in stage", logs), "the lost task ran again elsewhere"
+
+    states = deployment.task_states(dag_id)
+    assert deployment.run_state(dag_id) == "success", (states, output[-4000:])
+    assert states["stage"] == ["success"]
+    assert states["partition.refresh"] == ["success"] * (len(REGIONS) * BUCKETS)
+    assert states["commit"] == ["success"]
+    stage = deployment.stage_result(dag_id)
+    assert stage["spark"] == master, "the stage job's master is the cluster"
+    assert "/submit-" in stage["location"], "written by the spark-submit job"
+    assert deployment.catalog_version("events_submit") == (before or 0) + 1, "one version, published once"
+    assert_source_committed(deployment, "events_submit")
+    # The master ran the job as an application, and the workers' executors ran its tasks.
+    apps = [a for a in spark_cluster.apps() if a["name"] == "airflow-partitions-stage-events_submit"]
+    assert sum(spark_cluster.tasks_run_by(a["id"]) for a in apps if a["id"] not in known) > 0
