@@ -293,3 +293,22 @@ class CompactionError(AirflowPartitionsError):
 
 class ExampleInitError(AirflowPartitionsError):
     """`airflow-partitions init` cannot write the example (its files are already there, or bad options)."""
+
+
+class SparkUnreachableError(RefreshError, OrchestrationError):
+    """The Spark master or Spark Connect server a refresh was sent to did not accept a connection.
+
+    `.url` is the master / server URL as configured, `.timeout` the seconds each address was given.
+    """
+
+    def __init__(self, message: str, *, url: str, timeout: float) -> None:
+        super().__init__(message)
+        self.url = url
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_spark_unreachable_error, (str(self), self.url, self.timeout))
+
+
+def _rebuild_spark_unreachable_error(message: str, url: str, timeout: float) -> SparkUnreachableError:
+    return SparkUnreachableError(message, url=url, timeout=timeout)

@@ -51,6 +51,16 @@ def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
         yield {"host": host, "port": port, "url": f"sc://{host}:{port}", "log": log}
 
 
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Spark standalone cluster for the session: a master and two 1-core workers on loopback
+    (`airflow_e2e.spark_cluster.SparkCluster`; `.master_url`, `.state()`, logs under its `.root`)."""
+    from airflow_e2e.spark_cluster import running_spark_cluster
+
+    with running_spark_cluster(tmp_path_factory.mktemp("spark-cluster"), workers=2) as cluster:
+        yield cluster
+
+
 def _atomic_moto_server(port: int) -> Any:
     """moto's threaded S3 server with requests applied one at a time.
 

@@ -46,6 +46,24 @@ def configured_spark_conn_id() -> str | None:
     return value.strip() or None
 
 
+def configured_master_timeout() -> float | None:
+    """`[airflow_partitions] spark_master_timeout` (env `AIRFLOW__AIRFLOW_PARTITIONS__SPARK_MASTER_TIMEOUT`):
+    seconds a refresh waits for its Spark master or Connect server to accept a connection (default 60)."""
+    value = conf.get(CONFIG_SECTION, "spark_master_timeout", fallback=None)
+    if value is None or not str(value).strip():
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise OrchestrationError(
+            f"[{CONFIG_SECTION}] spark_master_timeout = {value!r} is not a positive number of seconds; "
+            "set it to e.g. 60"
+        )
+    return seconds
+
+
 def spark_job_path() -> Path:
     """The spark-submit application: `spark_jobs/refresh_partitions.py` (env `AP_SPARK_JOB` overrides)."""
     override = os.environ.get("AP_SPARK_JOB")
@@ -146,12 +164,21 @@ class SparkRefreshHook(BaseHook):
         if self._session is None:
             from airflow_partitions.refresh.spark_session import build_connect_session, build_local_session
 
+            timeout = configured_master_timeout()
             if self.mode is SparkMode.LOCAL:
                 self._session = build_local_session(
-                    app_name="airflow-partitions-refresh", conf=self.spark_conf
+                    app_name="airflow-partitions-refresh",
+                    conf=self.spark_conf,
+                    reach_timeout=timeout,
+                    configured_in="AP_SPARK_MASTER",
                 )
             elif self.mode is SparkMode.CONNECT:
-                self._session = build_connect_session(self.connect_url, conf=self.spark_conf)
+                self._session = build_connect_session(
+                    self.connect_url,
+                    conf=self.spark_conf,
+                    reach_timeout=timeout,
+                    configured_in=f"connection {self.spark_conn_id!r}",
+                )
             else:
                 raise OrchestrationError(
                     f"connection {self.spark_conn_id!r} submits Spark jobs; it has no session to hand out"
@@ -166,8 +193,14 @@ class SparkRefreshHook(BaseHook):
         conf_overrides: Mapping[str, Any] | None = None,
         name: str = APP_NAME,
     ) -> None:
-        """Run the refresh Spark job through the provider's SparkSubmitHook; raises if it fails."""
+        """Run the refresh Spark job through the provider's SparkSubmitHook; raises if it fails.
+
+        A `spark://` master must first accept a connection (`SparkUnreachableError` otherwise): Spark's
+        own registration retries would take minutes to fail, with a message that does not name it.
+        """
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        from airflow_partitions.refresh.spark_session import check_spark_reachable
 
         if self.mode is not SparkMode.SUBMIT:
             raise OrchestrationError(f"spark-submit needs a connection of type spark, not {self.mode}")
@@ -177,6 +210,11 @@ class SparkRefreshHook(BaseHook):
             application_args=list(application_args),
             env_vars=submit_environment(env),
             name=name,
+        )
+        # The master exactly as spark-submit will get it (the provider's reading of the connection).
+        master = str(getattr(self._submit_hook, "_connection", {}).get("master") or "")
+        check_spark_reachable(
+            master, timeout=configured_master_timeout(), configured_in=f"connection {self.spark_conn_id!r}"
         )
         try:
             self._submit_hook.submit(application=str(spark_job_path()))

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+from airflow_partitions.exceptions import SparkUnreachableError
 
 # Debian/Ubuntu `libpostgresql-jdbc-java` installs the PostgreSQL JDBC driver here; Postgres sources read
 # through it when present (override with AP_SPARK_JARS, a comma-separated list).
@@ -25,6 +30,15 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
 }
 
+
+# How long a refresh waits for a Spark master / Connect server to accept a TCP connection before it
+# gives up (AP_SPARK_MASTER_TIMEOUT, or `[airflow_partitions] spark_master_timeout` in Airflow). Without
+# this check an unreachable standalone master costs Spark's own three 20 s registration attempts plus
+# the context's start and stop (about two minutes here) and ends in "Cannot call methods on a stopped
+# SparkContext"; a Connect client retries for longer still.
+DEFAULT_REACH_TIMEOUT = 60.0
+STANDALONE_MASTER_PORT = 7077
+CONNECT_SERVER_PORT = 15002
 
 # Settings a caller cannot override: partition values must be computed in UTC everywhere.
 PINNED_CONF: dict[str, str] = {"spark.sql.session.timeZone": "UTC"}
@@ -45,25 +59,44 @@ def local_session_conf(conf: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def build_local_session(
-    *, app_name: str = "airflow-partitions", master: str | None = None, conf: Mapping[str, str] | None = None
+    *,
+    app_name: str = "airflow-partitions",
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    reach_timeout: float | None = None,
+    configured_in: str | None = None,
 ) -> Any:
-    """A classic in-process SparkSession (`local[*]` unless `master` or AP_SPARK_MASTER says otherwise)."""
+    """A classic in-process SparkSession (`local[2]` unless `master` or AP_SPARK_MASTER says otherwise).
+
+    A `spark://` master must accept a connection within `reach_timeout` seconds, else
+    `SparkUnreachableError` (`configured_in` says where its URL came from, for the message).
+    """
     from pyspark.sql import SparkSession
 
+    master = master or os.environ.get("AP_SPARK_MASTER", "local[2]")
+    check_spark_reachable(master, timeout=reach_timeout, configured_in=configured_in)
     # PySpark picks the worker interpreter from this variable (not from the conf) when the context starts.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name).master(
-        master or os.environ.get("AP_SPARK_MASTER", "local[2]")
-    )
+    builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in local_session_conf(conf).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
-def build_connect_session(remote: str, *, conf: Mapping[str, str] | None = None) -> Any:
-    """A Spark Connect client session for `remote` (e.g. `sc://127.0.0.1:15002`)."""
+def build_connect_session(
+    remote: str,
+    *,
+    conf: Mapping[str, str] | None = None,
+    reach_timeout: float | None = None,
+    configured_in: str | None = None,
+) -> Any:
+    """A Spark Connect client session for `remote` (e.g. `sc://127.0.0.1:15002`).
+
+    The server must accept a connection within `reach_timeout` seconds, else `SparkUnreachableError`.
+    """
     from pyspark.sql import SparkSession
 
+    check_spark_reachable(remote, timeout=reach_timeout, configured_in=configured_in)
     builder = SparkSession.builder.remote(remote)
     for key, value in {**(conf or {}), **PINNED_CONF}.items():
         builder = builder.config(key, value)
@@ -72,8 +105,11 @@ def build_connect_session(remote: str, *, conf: Mapping[str, str] | None = None)
 
 def build_submitted_session(*, conf: Mapping[str, str] | None = None) -> Any:
     """The session of a `spark-submit`ted job: master and resources come from spark-submit, UTC enforced."""
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
+    # spark-submit handed the master to this driver's JVM; check it before the context tries to register.
+    check_spark_reachable(SparkConf().get("spark.master", ""), configured_in="spark-submit --master")
     session = SparkSession.builder.getOrCreate()
     for key, value in {**(conf or {}), **PINNED_CONF}.items():
         session.conf.set(key, value)
@@ -85,3 +121,104 @@ def describe_session(session: Any) -> str:
     if type(session).__module__.startswith("pyspark.sql.connect"):
         return "spark_connect"
     return str(session.sparkContext.master)
+
+
+def reach_timeout_default() -> float:
+    """Seconds to wait for a master / Connect server: AP_SPARK_MASTER_TIMEOUT, else 60."""
+    text = os.environ.get("AP_SPARK_MASTER_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_REACH_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SparkUnreachableError(
+            f"AP_SPARK_MASTER_TIMEOUT={text!r} is not a positive number of seconds; set it to e.g. 60",
+            url="",
+            timeout=DEFAULT_REACH_TIMEOUT,
+        )
+    return value
+
+
+def spark_endpoints(url: str) -> list[tuple[str, int]]:
+    """The (host, port) pairs a `spark://` master (HA: `spark://h1:7077,h2:7077`) or an `sc://` Spark
+    Connect URL connects to; empty for masters reached some other way (`local[*]`, `yarn`, `k8s://`)."""
+    scheme, separator, rest = url.strip().partition("://")
+    scheme = scheme.lower()
+    if not separator or scheme not in ("spark", "sc"):
+        return []
+    authority = rest.split("/", 1)[0].split(";", 1)[0]
+    default_port = STANDALONE_MASTER_PORT if scheme == "spark" else CONNECT_SERVER_PORT
+    items = authority.split(",") if scheme == "spark" else [authority]
+    endpoints = []
+    for item in items:
+        try:
+            parts = urlsplit(f"//{item.strip()}")
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            host, port = None, None
+        if not host:
+            raise SparkUnreachableError(
+                f"{_shown_url(url)!r} names no host:port to connect to; write it as "
+                f"{scheme}://HOST:{default_port}",
+                url=_shown_url(url),
+                timeout=0.0,
+            )
+        endpoints.append((host, port or default_port))
+    return endpoints
+
+
+def _shown_url(url: str) -> str:
+    """The URL without what may be a secret: a Spark Connect URL's `;token=...` parameters and path."""
+    scheme, separator, rest = url.strip().partition("://")
+    if scheme.lower() != "sc" or not separator:
+        return url.strip()
+    return f"{scheme}://{rest.split('/', 1)[0].split(';', 1)[0]}"
+
+
+def check_spark_reachable(
+    url: str, *, timeout: float | None = None, configured_in: str | None = None
+) -> None:
+    """Raise `SparkUnreachableError` unless the master / Connect server of `url` accepts a TCP connection
+    within `timeout` seconds (default `reach_timeout_default()`); other masters are not checked.
+
+    A master that is down is then a clear error at once, not minutes of Spark's own retries.
+    """
+    endpoints = spark_endpoints(url)
+    if not endpoints:
+        return
+    limit = reach_timeout_default() if timeout is None else timeout
+    deadline = time.monotonic() + limit
+    problems = []
+    for host, port in endpoints:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())):
+                return
+        except TimeoutError:
+            problems.append(f"{host}:{port}: no answer within {limit:g} s")
+        except OSError as err:
+            problems.append(f"{host}:{port}: {err.strerror or err}")
+    shown = _shown_url(url)
+    where = f" (from {configured_in})" if configured_in else ""
+    if shown.lower().startswith("sc://"):
+        what = "Spark Connect server"
+        fix = (
+            "start the server (spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer "
+            "--master ... --conf spark.connect.grpc.binding.port=PORT) or correct the host and port of the "
+            "spark_connect connection"
+        )
+    else:
+        what = "Spark master"
+        fix = (
+            "start the master (spark-class org.apache.spark.deploy.master.Master --host HOST --port PORT) "
+            "and its workers, or correct the master URL (spark://HOST:PORT; a `spark` connection's host "
+            "and port)"
+        )
+    raise SparkUnreachableError(
+        f"cannot reach the {what} {shown}{where}: {'; '.join(problems)}. Nothing was run. To fix it, {fix}; "
+        "if it is up but slow to answer, raise the timeout ([airflow_partitions] spark_master_timeout or "
+        "AP_SPARK_MASTER_TIMEOUT, in seconds).",
+        url=shown,
+        timeout=limit,
+    )

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,7 +31,12 @@ def spark_submit_executable() -> Path:
 
 @contextmanager
 def running_connect_server(
-    log_path: Path, *, master: str = "local[2]", driver_memory: str = "1g", timeout: float = 120.0
+    log_path: Path,
+    *,
+    master: str = "local[2]",
+    driver_memory: str = "1g",
+    timeout: float = 120.0,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[str, int]]:
     """Start a Spark Connect server; yields `("127.0.0.1", port)` once it accepts connections.
 
@@ -41,7 +46,7 @@ def running_connect_server(
     if not spark_submit.exists():
         raise SparkConnectServerError(f"pyspark's spark-submit is not at {spark_submit}; install pyspark")
     port = free_port()
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(extra_env or {})}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as handle:
         server = subprocess.Popen(
