@@ -343,14 +343,23 @@ def build_refresh_dags(
 
     A DAG file exposes them with `globals().update(build_refresh_dags(...))`. A broken spec raises
     `SpecValidationError` listing every problem, which Airflow shows as the file's import error.
+
+    In a task process, which parses its DAG file again before it runs, only the DAG of that task is built
+    (Airflow's parsing context names it): every mapped partition task would otherwise build the refresh
+    DAG of every dataset in the spec.
     """
+    from airflow.sdk import get_parsing_context
+
     from airflow_partitions.spec import load_spec
 
     # Type checks need pyarrow; tasks re-load the spec with them, DAG parsing stays light.
     project = load_spec(Path(spec_path), check_types=False)
+    wanted = get_parsing_context().dag_id
     dags: dict[str, DAG] = {}
     for spec in project.datasets:
         if not spec.acceleration.enabled:
+            continue
+        if wanted is not None and refresh_dag_id(spec.name) != wanted:
             continue
         dag = build_refresh_dag(
             project,

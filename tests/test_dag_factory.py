@@ -299,3 +299,27 @@ def test_preload_leaves_a_forked_task_nothing_to_import(tmp_path: Path) -> None:
     assert report["dags"] == ["refresh_sales"]
     assert report["label"].startswith("region="), report["label"]
     assert report["imported"] == [], f"imported after the preload: {report['imported']}"
+
+
+def test_a_task_process_builds_only_its_own_dag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Airflow's task runner parses the DAG file again with its DAG id in the parsing context: the
+    file then builds that one refresh DAG, not one per dataset of the spec; without a context (the
+    dag-processor) every DAG is built."""
+    import runpy
+
+    from airflow.sdk.definitions.context import _AIRFLOW_PARSING_CONTEXT_DAG_ID
+
+    spec = sample_spec(
+        accelerator_dir=tmp_path / "acc", sales_dir=tmp_path / "sales", orders_connection_id="pg_orders"
+    )
+    dag_file = install_example_dag(tmp_path / "dags", spec).with_name("refresh_datasets.py")
+
+    def built() -> list[str]:
+        return sorted(k for k, v in runpy.run_path(str(dag_file)).items() if k.startswith("refresh_"))
+
+    monkeypatch.delenv(_AIRFLOW_PARSING_CONTEXT_DAG_ID, raising=False)
+    assert built() == ["refresh_orders", "refresh_sales"]
+    monkeypatch.setenv(_AIRFLOW_PARSING_CONTEXT_DAG_ID, "refresh_orders")
+    assert built() == ["refresh_orders"]
+    monkeypatch.setenv(_AIRFLOW_PARSING_CONTEXT_DAG_ID, "some_other_dag")
+    assert built() == [], "a task of another DAG in the same file builds none of ours"
