@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,12 +124,29 @@ def run_times(stack: Any, dag_id: str, run_id: str) -> RunTimes:
     return RunTimes(statistics.median(durations), span, len(rows))
 
 
+def wait_for_run(stack: Any, client: Any, dag_id: str, run_id: str, timeout: float = 900.0) -> dict[str, Any]:
+    """Poll a run until it ends; an API call that times out on the loaded machine is asked again."""
+    from airflow_partitions.exceptions import AirflowApiError
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            run = client.get_dag_run(dag_id, run_id)
+        except AirflowApiError:
+            stack.raise_if_dead()
+            continue
+        if run["state"] in ("success", "failed"):
+            return dict(run)
+        time.sleep(0.5)
+    raise SystemExit(f"{dag_id} run {run_id} did not end in {timeout:.0f}s\n{stack.logs_tail()}")
+
+
 def contender(
     stack: Any, client: Any, dag_id: str, conf: dict[str, Any], out: list[RunTimes]
 ) -> Callable[[], None]:
     def run() -> None:
         triggered = client.trigger_dag_run(dag_id, conf)
-        finished = client.wait_for_dag_run(dag_id, triggered["dag_run_id"], timeout=900, poll_interval=0.5)
+        finished = wait_for_run(stack, client, dag_id, triggered["dag_run_id"])
         if finished["state"] != "success":
             raise SystemExit(f"{dag_id} run ended {finished['state']}\n{stack.logs_tail()}")
         out.append(run_times(stack, dag_id, triggered["dag_run_id"]))
