@@ -43,23 +43,75 @@ PUBLISH_TASK = "publish_snapshot"
 
 # What refresh tasks import when they run. With LocalExecutor (and Celery's prefork) task processes are
 # forked from a long-lived Airflow process; importing these there first, from `airflow_local_settings.py`,
-# saves every task the cold imports (seconds each: pyarrow.dataset pulls in pandas).
+# saves every task the cold imports (seconds each: pyarrow.dataset pulls in pandas). A task process also
+# parses its DAG file again before it runs, so what parsing loads counts as much as what the task does.
 TASK_PRELOAD_MODULES: tuple[str, ...] = (
     "pyarrow.dataset",
     "pyarrow.parquet",
+    "pyarrow.compute",
+    "pyarrow.acero",
+    "pyarrow.csv",
+    "pyarrow.json",
     "duckdb",
     "sqlglot",
+    # sqlglot loads a dialect (a few hundred ms) on the first parse that names it.
+    "sqlglot.dialects.duckdb",
+    "airflow_partitions.spec",
+    "airflow_partitions.transforms",
+    "airflow_partitions.transforms.arrow_support",
+    "airflow_partitions.storage.parquet",
+    "airflow_partitions.storage.arrow_ipc",
+    "airflow_partitions.storage.duckdb_engine",
+    "airflow_partitions.pruning",
+    "airflow_partitions.pruning.plan",
+    "airflow_partitions.snapshots",
+    "airflow_partitions.hooks.connections",
     "airflow_partitions.refresh",
+    "airflow_partitions.refresh.finalize",
+    "airflow_partitions.refresh.commit",
     "airflow_partitions.operators",
 )
+# Parsed and built once by `preload_task_modules`, so the Airflow modules a refresh DAG's construction
+# loads lazily (task groups, params, assets, timetables) and sqlglot's first-parse work are done too.
+_WARM_UP_SPEC = """\
+accelerator_dir: .
+datasets:
+  - name: preload
+    from: file:.
+    params: {file_format: parquet}
+    acceleration:
+      partition_by:
+        - region: region
+        - day: "date_trunc('day', ts)"
+        - bucket(4, id)
+"""
 
 
-def preload_task_modules() -> None:
-    """Import `TASK_PRELOAD_MODULES` now; call it from `airflow_local_settings.py` (see the README)."""
+def preload_task_modules(*, build_dag: bool = True) -> None:
+    """Import `TASK_PRELOAD_MODULES` now; call it from `airflow_local_settings.py` (see the README).
+
+    With `build_dag`, one refresh DAG is also built from a small spec in memory (nothing is written or
+    registered), so forked task processes find what parsing their DAG file needs already loaded. A
+    failure of that warm-up is logged and ignored: preloading only saves time and must never stop an
+    Airflow process from starting.
+    """
     import importlib
 
     for module in TASK_PRELOAD_MODULES:
         importlib.import_module(module)
+    if not build_dag:
+        return
+    try:
+        from airflow_partitions.spec.loader import parse_spec
+
+        project = parse_spec(_WARM_UP_SPEC, path=Path("/nonexistent/airflow-partitions-preload.yaml"))
+        build_refresh_dag(project, "preload")
+        # What the refresh task's metrics import (Airflow's own module: its name may move).
+        importlib.import_module("airflow.sdk.observability.stats")
+    except Exception as err:  # an optimisation only: Airflow must start without it
+        import logging
+
+        logging.getLogger(__name__).warning("airflow-partitions: preload warm-up skipped: %s", err)
 
 
 def refresh_dag_id(dataset_name: str) -> str:
@@ -291,14 +343,23 @@ def build_refresh_dags(
 
     A DAG file exposes them with `globals().update(build_refresh_dags(...))`. A broken spec raises
     `SpecValidationError` listing every problem, which Airflow shows as the file's import error.
+
+    In a task process, which parses its DAG file again before it runs, only the DAG of that task is built
+    (Airflow's parsing context names it): every mapped partition task would otherwise build the refresh
+    DAG of every dataset in the spec.
     """
+    from airflow.sdk import get_parsing_context
+
     from airflow_partitions.spec import load_spec
 
     # Type checks need pyarrow; tasks re-load the spec with them, DAG parsing stays light.
     project = load_spec(Path(spec_path), check_types=False)
+    wanted = get_parsing_context().dag_id
     dags: dict[str, DAG] = {}
     for spec in project.datasets:
         if not spec.acceleration.enabled:
+            continue
+        if wanted is not None and refresh_dag_id(spec.name) != wanted:
             continue
         dag = build_refresh_dag(
             project,

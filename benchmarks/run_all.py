@@ -29,6 +29,7 @@ BENCHMARKS = (
     "bench_s3_reads",
     "bench_orchestration",
     "bench_spark_modes",
+    "bench_task_overhead",
     "bench_duckdb_bytes",
     "bench_writes",
 )

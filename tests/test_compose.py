@@ -114,7 +114,12 @@ def test_connections_point_at_services_in_the_stack() -> None:
     env = _env(SERVICES["airflow-scheduler"])
     spark = Connection(conn_id="spark_default", uri=env["AIRFLOW_CONN_SPARK_DEFAULT"])
     assert spark.conn_type == "spark"
-    assert env["AIRFLOW__AIRFLOW_PARTITIONS__SPARK_CONN_ID"] == "spark_default"
+    # Stages run on the long-lived Connect server (no JVM start per stage task); it and the workers see
+    # the stage at the same path as the Airflow tasks that finalize from it.
+    assert env["AIRFLOW__AIRFLOW_PARTITIONS__SPARK_CONN_ID"] == "spark_connect_default"
+    for node in ("spark-connect", "spark-worker"):
+        assert "accelerations:/opt/airflow/.accelerations" in SERVICES[node]["volumes"], node
+    assert "accelerations:/opt/airflow/.accelerations" in SERVICES["airflow-scheduler"]["volumes"]
     assert spark.host == "spark-master"
     assert spark.port == 7077
     assert "7077:7077" in SERVICES["spark-master"]["ports"]

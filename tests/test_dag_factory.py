@@ -248,3 +248,78 @@ def test_run_conf_round_trips_to_the_conf_the_ui_sends() -> None:
     run = RefreshRunConf(partitions=("a=1",), where=None, full_refresh=True, snapshot=False)
     assert json.loads(json.dumps(run.to_conf())) == run.to_conf()
     assert RefreshRunConf.from_mapping(run.to_conf()) == run
+
+
+def test_preload_leaves_a_forked_task_nothing_to_import(tmp_path: Path) -> None:
+    """A task process forked after `airflow_local_settings.py` parses its DAG file again, loads the spec
+    with types and plans or renders its partition: with the preload, none of that imports a module (every
+    cold import there is paid again by every mapped partition task)."""
+    from airflow_e2e.sample import write_sales
+
+    write_sales(tmp_path / "sales", rows=30, days=2)
+    dags = tmp_path / "dags"
+    spec = install_example_dag(
+        dags,
+        sample_spec(
+            accelerator_dir=tmp_path / "acc",
+            sales_dir=tmp_path / "sales",
+            snapshot_location="s3://snapshots-bucket/accel",
+        ),
+    )
+    probe = textwrap.dedent(
+        f"""\
+        import json, runpy, sys
+        import airflow.sdk
+        from airflow_partitions.dag_factory import preload_task_modules
+        preload_task_modules()
+        before = set(sys.modules)
+        found = runpy.run_path({str(dags / "refresh_datasets.py")!r})
+        from airflow_partitions.operators import SparkPartitionRefreshOperator
+        from airflow_partitions.refresh import plan_refresh
+        op = SparkPartitionRefreshOperator(
+            task_id="refresh", spec_path={str(spec)!r}, dataset="sales", work_item=None
+        )
+        plan = plan_refresh(op.project, op.dataset_spec)
+        op.work_item = plan.items[0].to_json()
+        label = op.partition_label
+        watched = ("airflow", "airflow_partitions", "sqlglot", "pyarrow", "duckdb", "pandas", "numpy")
+        print(json.dumps({{
+            "dags": sorted(k for k in found if k.startswith("refresh_")),
+            "label": label,
+            "imported": sorted(m for m in set(sys.modules) - before if m.split(".")[0] in watched),
+        }}))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["dags"] == ["refresh_sales"]
+    assert report["label"].startswith("region="), report["label"]
+    assert report["imported"] == [], f"imported after the preload: {report['imported']}"
+
+
+def test_a_task_process_builds_only_its_own_dag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Airflow's task runner parses the DAG file again with its DAG id in the parsing context: the
+    file then builds that one refresh DAG, not one per dataset of the spec; without a context (the
+    dag-processor) every DAG is built."""
+    import runpy
+
+    from airflow.sdk.definitions.context import _AIRFLOW_PARSING_CONTEXT_DAG_ID
+
+    spec = sample_spec(
+        accelerator_dir=tmp_path / "acc", sales_dir=tmp_path / "sales", orders_connection_id="pg_orders"
+    )
+    dag_file = install_example_dag(tmp_path / "dags", spec).with_name("refresh_datasets.py")
+
+    def built() -> list[str]:
+        return sorted(k for k, v in runpy.run_path(str(dag_file)).items() if k.startswith("refresh_"))
+
+    monkeypatch.delenv(_AIRFLOW_PARSING_CONTEXT_DAG_ID, raising=False)
+    assert built() == ["refresh_orders", "refresh_sales"]
+    monkeypatch.setenv(_AIRFLOW_PARSING_CONTEXT_DAG_ID, "refresh_orders")
+    assert built() == ["refresh_orders"]
+    monkeypatch.setenv(_AIRFLOW_PARSING_CONTEXT_DAG_ID, "some_other_dag")
+    assert built() == [], "a task of another DAG in the same file builds none of ours"
