@@ -49,7 +49,7 @@ def write_wide(directory: Path) -> Any:
     table = pa.table(
         {
             "id": pa.array(ids, pa.int64()),
-            "k": pa.array([None if i >= 2 * WIDE_PARTITIONS else i % WIDE_PARTITIONS for i in ids], pa.int64()),
+            "k": pa.array([i % WIDE_PARTITIONS if i < n - 3 else None for i in ids], pa.int64()),
             "note": pa.array([None if i % 7 == 0 else f"ü/{i}=%" for i in ids], pa.string()),
             "amount": pa.array([None if i % 5 == 0 else i * 0.25 for i in ids], pa.float64()),
         }
