@@ -3,7 +3,9 @@
 Each DAG runs `[bootstrap] → discover → stage → per partition [refresh → upload] → commit → [publish]`:
 the bootstrap and snapshot tasks exist only when the dataset's snapshot mode asks for them. The per
 partition task group is mapped over the discovery output, one instance per partition, labelled in the UI
-with the partition's canonical key. The DAG's params (`partitions`, `where`, `full_refresh`, `snapshot`)
+with the partition's canonical key; beyond `[airflow_partitions] max_mapped_tasks` (or `[core]
+max_map_length`, if smaller) one instance per batch of contiguous partitions, labelled with its count and
+first and last keys. The DAG's params (`partitions`, `where`, `full_refresh`, `snapshot`)
 make the UI's trigger form and the REST API's run conf drive a refresh. Nothing here imports pyspark,
 pyarrow, duckdb, pandas or boto3: DAG files stay fast to parse.
 """

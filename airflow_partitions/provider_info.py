@@ -134,6 +134,16 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "minio",
                         "default": "",
                     },
+                    "max_mapped_tasks": {
+                        "description": "Most mapped partition.refresh tasks one refresh run creates. A run "
+                        "with more partitions than this (or than [core] max_map_length, if smaller) "
+                        "refreshes them in that many balanced batches of contiguous partitions, one task "
+                        "per batch. Raise both options together to map more tasks.",
+                        "version_added": "0.1.0",
+                        "type": "integer",
+                        "example": "256",
+                        "default": "1024",
+                    },
                 },
             }
         },

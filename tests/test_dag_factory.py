@@ -71,7 +71,19 @@ def test_refresh_dag_shape_with_snapshots(sample_dags: Path) -> None:
     assert refresh.map_index_template == "{{ task.partition_label }}", "UI label = readable partition key"
     upload = dag.get_task("partition.upload_snapshot")
     assert upload.upstream_task_ids == {"partition.refresh"}
-    assert "key_path" in upload.map_index_template
+    assert upload.map_index_template == "{{ task.upload_label }}"
+    # One partition's result is labelled by its key path, a batch task's list by count and ends.
+    from airflow_partitions.operators import SnapshotUploadOperator
+
+    def upload_label(result: object) -> str:
+        spec = str(sample_dags / "datasets.yaml")
+        return SnapshotUploadOperator(
+            task_id="u", spec_path=spec, dataset="sales", partition_result=result
+        ).upload_label
+
+    assert upload_label({"key_path": "region=EU"}) == "region=EU"
+    pair = [{"key_path": "region=EU"}, {"key_path": "region=US"}]
+    assert upload_label(pair) == "2 partitions: region=EU .. region=US"
     commit = dag.get_task("commit")
     assert commit.upstream_task_ids == {"discover", "stage", "partition.refresh", "partition.upload_snapshot"}
     assert commit.trigger_rule == "none_failed", "skipped partition tasks must not skip a removal commit"

@@ -13,13 +13,38 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 PLAN_XCOM_KEY = "plan"
+CONFIG_SECTION = "airflow_partitions"
+# The provider's own cap on mapped refresh tasks per run, below Airflow's `[core] max_map_length`.
+DEFAULT_MAX_MAPPED_TASKS = 1024
+
+
+def max_mapped_tasks() -> int:
+    """How many mapped refresh tasks one run may have: the smaller of Airflow's `[core] max_map_length`
+    (a longer mapped input fails the run) and `[airflow_partitions] max_mapped_tasks`."""
+    from airflow.configuration import conf
+
+    from airflow_partitions.exceptions import OrchestrationError
+
+    limits = {
+        "[core] max_map_length": conf.getint("core", "max_map_length", fallback=1024),
+        f"[{CONFIG_SECTION}] max_mapped_tasks": conf.getint(
+            CONFIG_SECTION, "max_mapped_tasks", fallback=DEFAULT_MAX_MAPPED_TASKS
+        ),
+    }
+    for name, value in limits.items():
+        if value < 1:
+            raise OrchestrationError(f"{name} must be a positive number of mapped tasks, got {value}")
+    return min(limits.values())
 
 
 class PartitionDiscoveryOperator(DatasetOperator):
     """Discover the dataset's partitions, diff them against the catalog, return the work items.
 
     Returns one JSON work item per partition to refresh (`key`, `key_path`, `reason`, `fp`): the input of
-    `.expand()`. The rest of the plan (catalog base version, removed partitions, counts) is pushed as the
+    `.expand()`. When there are more partitions than a run may map (`max_mapped_tasks()`: the smaller of
+    `[core] max_map_length` and `[airflow_partitions] max_mapped_tasks`), it returns exactly that many
+    balanced batches of contiguous work items instead (`refresh.plan.WorkBatch`), each refreshed by one
+    task. The rest of the plan (catalog base version, removed partitions, counts) is pushed as the
     XCom `plan` for the stage and commit tasks. The run's params decide the selection: `partitions`
     (canonical keys, refreshed even if unchanged), `where` (a filter on partition values) and
     `full_refresh`; explicit arguments here win over the run's params. A run that carries Airflow's
@@ -48,6 +73,7 @@ class PartitionDiscoveryOperator(DatasetOperator):
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
         from airflow_partitions.refresh.pipeline import plan_refresh
+        from airflow_partitions.refresh.plan import mapped_work
 
         run = RefreshRunConf.from_context(
             context, partitions=self.partitions, where=self.where, full_refresh=self.full_refresh
@@ -76,4 +102,17 @@ class PartitionDiscoveryOperator(DatasetOperator):
         for note in plan.notes:
             self.log.info("Discovery note: %s", note)
         context["ti"].xcom_push(key=PLAN_XCOM_KEY, value=plan.without_items().to_json())
-        return plan.items_json()
+        limit = max_mapped_tasks()
+        work = mapped_work(plan.items, limit)
+        if len(plan.items) > limit:
+            self.log.info(
+                "%d partitions are more than the %d mapped tasks a run may have ([core] max_map_length, "
+                "[%s] max_mapped_tasks): %d batches of %d to %d partitions each",
+                len(plan.items),
+                limit,
+                CONFIG_SECTION,
+                len(work),
+                min(len(batch["items"]) for batch in work),
+                max(len(batch["items"]) for batch in work),
+            )
+        return work

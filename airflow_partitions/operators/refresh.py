@@ -20,12 +20,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import ConservationError, OrchestrationError
+from airflow_partitions.exceptions import ConservationError, OrchestrationError, PartitionsFailedError
 from airflow_partitions.hooks.spark_refresh import SparkMode, SparkRefreshHook
 from airflow_partitions.keys import names_of_path, partition_label
 from airflow_partitions.operators.base import DatasetOperator
 from airflow_partitions.operators.metrics import Outcome, record_partition, record_stage
-from airflow_partitions.operators.xcom import plan_from_xcom, stage_from_xcom, work_item_from_xcom
+from airflow_partitions.operators.xcom import mapped_work_from_xcom, plan_from_xcom, stage_from_xcom
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -35,12 +35,18 @@ if TYPE_CHECKING:
         PartitionWorkItem,
         RefreshPlan,
         StageResult,
+        WorkBatch,
     )
     from airflow_partitions.spec import DatasetSpec, ProjectSpec
 
 # The label of each mapped refresh instance in the UI: its partition's readable key
-# (`region=Zürich/day=2026-01-01T00:00:00`, `keys.partition_label`), which the `partitions` option accepts.
+# (`region=Zürich/day=2026-01-01T00:00:00`, `keys.partition_label`), which the `partitions` option accepts;
+# for a batch, its count and first and last keys (`WorkBatch.label`).
 REFRESH_MAP_INDEX_TEMPLATE = "{{ task.partition_label }}"
+# XCom a failed batch task leaves: which of its partitions were refreshed and which failed (and why).
+BATCH_OUTCOME_XCOM_KEY = "batch_outcome"
+# How many failed partitions a batch task's error names before it says "and N more".
+FAILED_NAMES_SHOWN = 20
 
 
 def _stage_in_session(
@@ -195,7 +201,10 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
     """Refresh one partition: write its engine file from the staged rows and return its descriptor.
 
     Map it over the discovery output (`work_item=XComArg`), one task instance per partition; a failed
-    partition can be cleared and re-run alone while the stage is kept. Nothing is visible to readers
+    partition can be cleared and re-run alone while the stage is kept. Given a batch of work items
+    (discovery's output beyond `max_mapped_tasks`), it refreshes each in turn and returns the list of
+    their descriptors; a partition that fails does not stop the others: each failure is recorded, then the
+    task fails naming the failed partitions. Nothing is visible to readers
     until `PartitionCommitOperator` commits. With `stage=None` the task stages its own partition first,
     through the Spark connection (`plan` then comes from the discovery task's `plan` XCom).
     """
@@ -220,14 +229,66 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
 
     @property
     def partition_label(self) -> str:
-        """The readable key of this instance's partition (its label in the UI); the map index template."""
-        item = work_item_from_xcom(self.work_item)
-        return partition_label(names_of_path(item.key_path), item.partition_key)
+        """The readable key of this instance's partition (its label in the UI); the map index template.
 
-    def execute(self, context: Context) -> dict[str, Any]:
+        A batch is labelled by its partition count and first and last keys (`WorkBatch.label`)."""
+        from airflow_partitions.refresh.plan import WorkBatch, item_label
+
+        work = mapped_work_from_xcom(self.work_item)
+        return work.label if isinstance(work, WorkBatch) else item_label(work)
+
+    def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
+        from airflow_partitions.refresh.plan import WorkBatch
+
+        work = mapped_work_from_xcom(self.work_item)
+        if isinstance(work, WorkBatch):
+            return self.refresh_batch(context, work)
+        return self.refresh_partition(context, work).to_json()
+
+    def refresh_batch(self, context: Context, batch: WorkBatch) -> list[dict[str, Any]]:
+        """Refresh every partition of the batch, in order; fail afterwards if any of them failed."""
+        from airflow_partitions.refresh.failures import describe_error
+
+        started = time.perf_counter()
+        results: list[PartitionResult] = []
+        failed: dict[str, str] = {}
+        for item in batch.items:
+            try:
+                results.append(self.refresh_partition(context, item))
+            except Exception as err:
+                # Recorded in the failure store by refresh_partition; the batch goes on.
+                failed[item.key_path] = describe_error(err)
+                self.log.error("Partition %s failed: %s", item.key_path, failed[item.key_path])
+        self.log.info(
+            "Batch %d: %d of %d partition(s) refreshed in %.2fs, %d failed",
+            batch.index,
+            len(results),
+            len(batch.items),
+            time.perf_counter() - started,
+            len(failed),
+        )
+        if failed:
+            context["ti"].xcom_push(
+                key=BATCH_OUTCOME_XCOM_KEY,
+                value={"refreshed": [r.key_path for r in results], "failed": failed},
+            )
+            named = ", ".join(list(failed)[:FAILED_NAMES_SHOWN])
+            more = f" and {len(failed) - FAILED_NAMES_SHOWN} more" if len(failed) > FAILED_NAMES_SHOWN else ""
+            raise PartitionsFailedError(
+                f"{len(failed)} of {len(batch.items)} partition(s) of batch {batch.index} of {self.dataset} "
+                f"failed: {named}{more} (each error is in the log and in `status --partitions`); the "
+                f"other {len(results)} were refreshed but nothing is committed. Fix the cause, then clear "
+                "this task, or trigger the DAG with the failed partitions (`airflow-partitions refresh "
+                "SPEC DATASET --failed` refreshes them outside Airflow)",
+                failed,
+            )
+        return [result.to_json() for result in results]
+
+    def refresh_partition(self, context: Context, item: PartitionWorkItem) -> PartitionResult:
+        """Refresh one partition and return its descriptor, naming this task instance as its writer; a
+        failure is recorded in the failure store and re-raised."""
         from airflow_partitions.catalog.model import WrittenBy
 
-        item = work_item_from_xcom(self.work_item)
         started = time.perf_counter()
         try:
             result = self._refresh(item)
@@ -259,7 +320,7 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
             map_index = ti.map_index if ti.map_index is not None else -1
             writer = WrittenBy(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, map_index=map_index)
             result = replace(result, entry=replace(result.entry, written_by=writer))
-        return result.to_json()
+        return result
 
     def remember_failure(self, context: Context, key_path: str, err: BaseException) -> None:
         """Record the failure beside the catalog (`refresh --failed`, `status`, the Partitions page).

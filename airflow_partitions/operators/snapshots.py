@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from airflow_partitions.snapshots.modes import SnapshotActions
 
-UPLOAD_MAP_INDEX_TEMPLATE = "{{ task.partition_result['key_path'] }}"
+UPLOAD_MAP_INDEX_TEMPLATE = "{{ task.upload_label }}"
 
 
 class SnapshotOperatorBase(DatasetOperator):
@@ -58,7 +58,8 @@ class SnapshotOperatorBase(DatasetOperator):
 
 
 class SnapshotUploadOperator(SnapshotOperatorBase):
-    """Upload one refreshed partition's files (map it over the refresh results, one partition each).
+    """Upload one refreshed partition's files (map it over the refresh results, one partition each; a
+    batch refresh task's list of results uploads each of its partitions in turn).
 
     Checksums are verified before and after sending, large files go up in parts, and a file already
     stored with the same content is skipped, so a retry sends nothing twice. Skips when the dataset's
@@ -74,7 +75,20 @@ class SnapshotUploadOperator(SnapshotOperatorBase):
         self.partition_result = partition_result
         self.upload = upload
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    @property
+    def upload_label(self) -> str:
+        """This instance's label in the UI: the partition's key path, or a batch's count and first and
+        last key paths (the map index template)."""
+        results = self.partition_result
+        if isinstance(results, list):
+            paths = [str(r.get("key_path")) for r in results if isinstance(r, Mapping)]
+            if len(paths) == 1:
+                return paths[0]
+            label = f"{len(paths)} partitions: {paths[0]} .. {paths[-1]}" if paths else "0 partitions"
+            return label if len(label) <= 250 else label[:249] + "…"
+        return str(results["key_path"]) if isinstance(results, Mapping) else str(results)
+
+    def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
         from airflow_partitions.operators.xcom import partition_result_from_xcom
         from airflow_partitions.refresh.commit import dataset_data_root
         from airflow_partitions.snapshots import upload_partition_snapshot
@@ -82,23 +96,26 @@ class SnapshotUploadOperator(SnapshotOperatorBase):
         self.skip_unless(self.actions.upload, "upload")
         if not RefreshRunConf.from_context(context, snapshot=self.upload).snapshot:
             raise AirflowSkipException("snapshot upload is switched off for this run (param `snapshot`)")
-        result = partition_result_from_xcom(self.partition_result)
-        uploaded = upload_partition_snapshot(
-            self.storage_hook.s3_settings,
-            self.snapshot_location(),
-            dataset_data_root(self.project, self.dataset_spec),
-            result.files,
-            dataset=self.dataset,
-        )
-        self.log.info(
-            "Partition %s: uploaded %d file(s) (%d bytes), %d already there, to %s",
-            result.key_path,
-            len(uploaded.uploaded),
-            uploaded.uploaded_bytes,
-            len(uploaded.skipped),
-            uploaded.location,
-        )
-        return {"key_path": result.key_path, **uploaded.to_json()}
+        batch = isinstance(self.partition_result, list)
+        values = self.partition_result if batch else [self.partition_result]
+        location = self.snapshot_location()
+        data_root = dataset_data_root(self.project, self.dataset_spec)
+        outcomes: list[dict[str, Any]] = []
+        for value in values:
+            result = partition_result_from_xcom(value)
+            uploaded = upload_partition_snapshot(
+                self.storage_hook.s3_settings, location, data_root, result.files, dataset=self.dataset
+            )
+            self.log.info(
+                "Partition %s: uploaded %d file(s) (%d bytes), %d already there, to %s",
+                result.key_path,
+                len(uploaded.uploaded),
+                uploaded.uploaded_bytes,
+                len(uploaded.skipped),
+                uploaded.location,
+            )
+            outcomes.append({"key_path": result.key_path, **uploaded.to_json()})
+        return outcomes if batch else outcomes[0]
 
 
 class SnapshotPublishOperator(SnapshotOperatorBase):

@@ -83,7 +83,8 @@ def refresh_dag(dag_id: str) -> RefreshDag | None:
 def refreshing_partitions(dag_id: str) -> set[str]:
     """Partitions a queued or running run of `dag_id` is refreshing, as the run names them (task labels,
     conf keys in any form `key_spellings` knows): its partition task instances that are not finished, and
-    partitions its conf names whose task instances do not exist yet."""
+    partitions its conf names whose task instances do not exist yet. A batch task (a run with more
+    partitions than it may map) stands for each key path of its batch, read from the discovery's XCom."""
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
@@ -98,20 +99,42 @@ def refreshing_partitions(dag_id: str) -> set[str]:
         ).all()
         for run_id, conf in runs:
             instances = session.execute(
-                select(TaskInstance._rendered_map_index, TaskInstance.state).where(
+                select(TaskInstance.map_index, TaskInstance._rendered_map_index, TaskInstance.state).where(
                     TaskInstance.dag_id == dag_id,
                     TaskInstance.run_id == run_id,
                     TaskInstance.task_id == REFRESH_TASK,
                     TaskInstance.map_index >= 0,
                 )
             ).all()
-            seen = {label for label, _ in instances if label}
-            refreshing.update(
-                label for label, state in instances if label and (state is None or state in ACTIVE_TI_STATES)
-            )
+            batches = batch_key_paths(session, dag_id, run_id) if instances else {}
+            seen: set[str] = set()
+            for map_index, label, state in instances:
+                names = set(batches.get(map_index, ())) or ({label} if label else set())
+                seen |= names
+                if state is None or state in ACTIVE_TI_STATES:
+                    refreshing |= names
             named = (conf or {}).get("partitions") or []
             refreshing.update(str(path) for path in named if str(path) not in seen)
     return refreshing
+
+
+def batch_key_paths(session: Any, dag_id: str, run_id: str) -> dict[int, tuple[str, ...]]:
+    """map index -> key paths of each batch the run's discovery handed out (`refresh.plan.WorkBatch`);
+    empty when it mapped one partition per task (the task labels name them) or returned nothing."""
+    from airflow.models.xcom import XComModel
+
+    from airflow_partitions.refresh.plan import WorkBatch, is_batch_json
+
+    row = session.scalars(
+        XComModel.get_many(
+            key="return_value", run_id=run_id, dag_ids=dag_id, task_ids=DISCOVER_TASK, map_indexes=-1
+        )
+    ).first()
+    work = XComModel.deserialize_value(row) if row is not None else None
+    if not isinstance(work, list):
+        return {}
+    batches = [WorkBatch.from_json(value) for value in work if is_batch_json(value)]
+    return {batch.index: batch.key_paths for batch in batches}
 
 
 def key_spellings(key_path: str) -> set[str]:

@@ -1,21 +1,22 @@
 """The JSON documents passed between refresh steps: work items, the refresh plan, stage and partition results.
 
 Each one is small and JSON-only so Airflow can hand it from task to task through XCom: `RefreshPlan.items`
-is the list a mapped task `.expand()`s over, one `PartitionWorkItem` per partition to refresh.
+is the list a mapped task `.expand()`s over, one `PartitionWorkItem` per partition to refresh, or, beyond
+what one mapped task group may carry, one `WorkBatch` of contiguous items per mapped task (`mapped_work`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from airflow_partitions.catalog.model import PartitionEntry, format_time
 from airflow_partitions.exceptions import RefreshError
-from airflow_partitions.keys import PartitionKey
+from airflow_partitions.keys import PartitionKey, names_of_path, partition_label
 from airflow_partitions.storage.datafile import DataFile
 
 
@@ -109,6 +110,105 @@ class PartitionWorkItem:
             upper=data.get("upper"),
             base_files=tuple(DataFile.from_json(f) for f in data.get("base", ())),
         )
+
+
+# A mapped task's label is stored in a 250-character column (Airflow's rendered map index).
+BATCH_LABEL_LIMIT = 250
+
+
+@dataclass(frozen=True)
+class WorkBatch:
+    """Contiguous work items one mapped refresh task refreshes in turn (`index`: its place in the map).
+
+    Its JSON `{"batch": index, "label": ..., "items": [...]}` is one element of the mapped input when a plan
+    holds more partitions than the refresh DAG may map (`mapped_work`).
+    """
+
+    index: int
+    items: tuple[PartitionWorkItem, ...]
+
+    @property
+    def key_paths(self) -> tuple[str, ...]:
+        return tuple(item.key_path for item in self.items)
+
+    @property
+    def label(self) -> str:
+        """`<count> partitions: <first> .. <last>` (readable keys), at most `BATCH_LABEL_LIMIT` characters."""
+        if not self.items:
+            return "0 partitions"
+        first, last = (item_label(self.items[0]), item_label(self.items[-1]))
+        head = f"{len(self.items)} partition{'s' if len(self.items) != 1 else ''}: "
+        if len(self.items) == 1:
+            return _shorten(head + first, BATCH_LABEL_LIMIT)
+        room = (BATCH_LABEL_LIMIT - len(head) - len(" .. ")) // 2
+        return f"{head}{_shorten(first, room)} .. {_shorten(last, room)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batch": self.index, "label": self.label, "items": [item.to_json() for item in self.items]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WorkBatch:
+        what = "a batch of work items"
+        return cls(
+            index=int(_require(data, "batch", what)),
+            items=tuple(PartitionWorkItem.from_json(i) for i in _require(data, "items", what)),
+        )
+
+
+def item_label(item: PartitionWorkItem) -> str:
+    """The readable key of one work item (`keys.partition_label`): a mapped task's label."""
+    return partition_label(names_of_path(item.key_path), item.partition_key)
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def is_batch_json(value: Any) -> bool:
+    """True for a `WorkBatch` JSON (a mapped input element holding several work items)."""
+    return isinstance(value, Mapping) and "batch" in value and "items" in value
+
+
+def batch_bounds(count: int, batches: int) -> list[tuple[int, int]]:
+    """`[start, stop)` of `batches` contiguous groups over `count` items, sizes differing by one at most."""
+    if batches < 1:
+        raise RefreshError(f"a plan needs at least one mapped task, got {batches}")
+    batches = min(batches, count) or 1
+    size, extra = divmod(count, batches)
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    for index in range(batches):
+        stop = start + size + (1 if index < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def mapped_work(items: Sequence[PartitionWorkItem], max_tasks: int) -> list[dict[str, Any]]:
+    """The mapped input of the refresh tasks: one work item per task while the items fit in `max_tasks`,
+    else exactly `max_tasks` balanced batches of contiguous items (`WorkBatch` JSON)."""
+    if max_tasks < 1:
+        raise RefreshError(
+            f"max_mapped_tasks must be at least 1, got {max_tasks}; set [airflow_partitions] "
+            "max_mapped_tasks (and [core] max_map_length) to a positive number"
+        )
+    if len(items) <= max_tasks:
+        return [item.to_json() for item in items]
+    return [
+        WorkBatch(index, tuple(items[start:stop])).to_json()
+        for index, (start, stop) in enumerate(batch_bounds(len(items), max_tasks))
+    ]
+
+
+def unbatched_items_json(values: Sequence[Any]) -> list[Any]:
+    """The work items of a mapped input, batches opened in order (the plan's own item order)."""
+    flat: list[Any] = []
+    for value in values:
+        if is_batch_json(value):
+            flat.extend(value["items"])
+        else:
+            flat.append(value)
+    return flat
 
 
 @dataclass(frozen=True)

@@ -143,3 +143,21 @@ def install_example_dag(dags_dir: Path, spec_text: str) -> Path:
     spec_path = dags_dir / "datasets.yaml"
     spec_path.write_text(spec_text)
     return spec_path
+
+
+def write_wide(directory: Path, partitions: int, *, rows_per_partition: int = 2) -> Any:
+    """Rows `id`, `k` (`id % partitions`: one partition per value) and `note` (NULL every seventh row)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ids = list(range(partitions * rows_per_partition))
+    table = pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "k": pa.array([i % partitions for i in ids], pa.int64()),
+            "note": pa.array([None if i % 7 == 0 else f"ü/{i}=%" for i in ids], pa.string()),
+        }
+    )
+    pq.write_table(table, directory / "wide.parquet")
+    return table

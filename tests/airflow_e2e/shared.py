@@ -2,8 +2,9 @@
 the end-to-end modules so the suite starts Airflow once.
 
 What it serves: the example DAG file over a spec with `sales` (by region and day), `sales_connect` (a
-stage-less DAG on Spark Connect), `ui_sales` (by region, for the Partitions page) and a downstream DAG
-scheduled on the `sales` asset. Users: `admin`, `viewer` (reads every DAG, may not trigger) and
+stage-less DAG on Spark Connect), `ui_sales` (by region, for the Partitions page), `wide_e2e` (1,500
+partitions: refreshed in batches, `max_mapped_tasks` is 6 here) and a downstream DAG scheduled on the
+`sales` asset. Users: `admin`, `viewer` (reads every DAG, may not trigger) and
 `outsider` (a viewer from whom `DagScopedSimpleAuthManager` hides the `ui_sales` refresh DAG).
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .auth_manager import HIDDEN_DAGS_ENV
-from .sample import install_example_dag, sample_spec, write_sales
+from .sample import install_example_dag, sample_spec, write_sales, write_wide
 from .stack import AirflowStack, running_airflow
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -76,6 +77,21 @@ UI_DATASET_SPEC = """\
       partition_by:
         - region: region
 """
+# More partitions than the stack lets one run map (`[airflow_partitions] max_mapped_tasks` below): its
+# refresh runs in batches.
+WIDE_DATASET = "wide_e2e"
+WIDE_DAG_ID = f"refresh_{WIDE_DATASET}"
+WIDE_PARTITIONS = 1500
+STACK_MAX_MAPPED_TASKS = 6
+WIDE_DATASET_SPEC = """\
+  - name: wide_e2e
+    from: file:{src}/
+    params: {{file_format: parquet}}
+    acceleration:
+      engine: parquet
+      partition_by:
+        - k: k
+"""
 USERS = {"viewer": "viewer", "outsider": "viewer"}
 AUTH_MANAGER = "airflow_e2e.auth_manager.DagScopedSimpleAuthManager"
 
@@ -91,6 +107,8 @@ def shared_stack(root: Path, spark_connect_server: dict[str, Any]) -> Iterator[A
     spec = sample_spec(accelerator_dir=root / "acc", sales_dir=root / "sales")
     spec += CONNECT_DATASET.format(src=root / "sales_connect")
     spec += UI_DATASET_SPEC.format(src=root / UI_DATASET)
+    write_wide(root / WIDE_DATASET, WIDE_PARTITIONS)
+    spec += WIDE_DATASET_SPEC.format(src=root / WIDE_DATASET)
     install_example_dag(root / "dags", spec)
     (root / "dags" / "sales_downstream.py").write_text(DOWNSTREAM_DAG)
     (root / "dags" / "sales_connect_each.py").write_text(CONNECT_DAG)
@@ -103,6 +121,7 @@ def shared_stack(root: Path, spark_connect_server: dict[str, Any]) -> Iterator[A
             }
         ),
         "AIRFLOW__CORE__AUTH_MANAGER": AUTH_MANAGER,
+        "AIRFLOW__AIRFLOW_PARTITIONS__MAX_MAPPED_TASKS": str(STACK_MAX_MAPPED_TASKS),
         HIDDEN_DAGS_ENV: f"outsider:{UI_DAG_ID}",
         # The auth manager lives in tests/airflow_e2e; every component imports it.
         "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
