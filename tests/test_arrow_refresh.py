@@ -93,7 +93,7 @@ def catalog_version(spec: Path) -> int | None:
 
 @pytest.mark.parametrize("engine", ["parquet", "arrow", "duckdb_files", "duckdb_tables"])
 def test_full_arrow_refresh_equals_the_source_with_null_keys(tmp_path: Path, engine: str) -> None:
-    chunks = hostile_chunks(11 + len(engine))
+    chunks = hostile_chunks(11 + len(engine), rows=180)
     write_source(tmp_path, chunks)
     spec = write_spec(tmp_path, engine, COMPOSITE)
     expected = pa.concat_tables(chunks)
