@@ -10,6 +10,8 @@ per round in a shuffled order (`benchmarks/pairing.py`) and a figure is the medi
 per-round ratios, printed with issue 17's target:
 * full refresh vs what a plain Spark user writes: one job bucketing with a native expression
   (`pmod(hash(PULocationID), 50)`) and `df.write.partitionBy(...).parquet()`: ours / it <= 1.0;
+* full refresh with `strategy="arrow"` (one in-process pyarrow read, routed and written on 2 threads, no
+  Spark) against the same two anchors, and against the Spark-staged refresh;
 * full refresh vs pyiceberg: `pyarrow` reads the source, `create_table` with `bucket(50, PULocationID)`,
   `append`: ours / it <= 1.0 (skipped, saying why, without pyiceberg and pyiceberg-core);
 * incremental refresh after rewriting one partition's source rows vs the full refresh of the same dataset
@@ -301,10 +303,13 @@ def main(argv: list[str] | None = None) -> int:
         contenders: dict[str, Callable[[], Any]] = {
             "ours": lambda: refresh_dataset(project, "trips_flat", full=True, spark=spark, strategy="spark"),
             "spark": lambda: anchor_partition_write(spark, flat, root / "anchor"),
+            # strategy arrow: one in-process pyarrow read, route, 2 writer threads, commit (no Spark).
+            "arrow": lambda: refresh_dataset(project, "trips_flat", full=True, strategy="arrow"),
         }
         # Warm up every side on a small source: JVM code paths, our Python workers, pyiceberg's imports.
         anchor_partition_write(spark, root / "warm", root / "warmup")
         refresh_dataset(project, "trips_warm", spark=spark, strategy="spark")
+        refresh_dataset(project, "trips_warm", full=True, strategy="arrow")
         if iceberg_skipped is None:
             catalog = pyiceberg_catalog(root)
             anchor_pyiceberg_append(catalog, root / "warm")
@@ -376,6 +381,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     phases = ", ".join(f"{k} {v:.2f}s" for k, v in figures["full_timings"].items())
     print(f"      our phases (last round): {phases}")
+    print(
+        figure_line(
+            "full refresh, strategy arrow / plain native Spark job",
+            full.ratio("arrow", "spark"),
+            REFRESH_TARGET,
+        )
+    )
+    print(figure_line("full refresh, strategy arrow / ours (Spark stage)", full.ratio("arrow", "ours"), None))
+    print(
+        "      strategy arrow (pyarrow read, route, 2 writer threads, commit) "
+        f"{full.median_seconds('arrow'):.2f} s"
+    )
     if "pyiceberg" in full.seconds:
         print(
             figure_line(
@@ -383,6 +400,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         print(f"      pyiceberg read + create_table + append {full.median_seconds('pyiceberg'):.2f} s")
+        print(
+            figure_line(
+                "full refresh, strategy arrow / pyiceberg Arrow append",
+                full.ratio("arrow", "pyiceberg"),
+                REFRESH_TARGET,
+            )
+        )
     else:
         print(f"  full refresh: ours / pyiceberg Arrow append: skipped ({iceberg_skipped})")
     spark_s = full.median_seconds("spark")

@@ -55,10 +55,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--strategy",
-        choices=("auto", "spark", "pushdown"),
+        choices=("auto", "spark", "pushdown", "arrow"),
         default="auto",
         help="auto: read partitions straight from the source when it can prune (Hive files, indexed "
-        "Postgres), else one Spark scan; spark/pushdown force one",
+        "Postgres), else one Spark scan; spark/pushdown force one; arrow: one in-process pyarrow read "
+        "of the whole source, routed and written here (no Spark; sources that fit this machine, full "
+        "refresh mode only)",
     )
     parser.add_argument("--remote", metavar="SC_URL", help="use a Spark Connect server (sc://host:15002)")
     parser.add_argument("--workers", type=int, default=None, help="parallel partition writers (default 4)")

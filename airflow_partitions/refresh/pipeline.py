@@ -236,6 +236,20 @@ def refresh_dataset(
     plan = plan_refresh(project, spec, partitions=partitions, where=where, full=full, source=source)
     timings["discover"] = time.monotonic() - started
     total = len(plan.items)
+    if strategy == "arrow":
+        return _refresh_with_arrow(
+            project,
+            spec,
+            plan,
+            source,
+            selecting=partitions is not None or where is not None,
+            storage=storage,
+            workers=workers,
+            allow_partial=allow_partial,
+            timings=timings,
+            started=started,
+            tick=tick,
+        )
     tick("stage", 0, total, 0)
     mark = time.monotonic()
     try:
@@ -317,6 +331,69 @@ def refresh_dataset(
     timings["commit"] = time.monotonic() - mark
     tick("done", total, total, rows)
     return _summary(spec, plan, stage, commit, failed, timings, started)
+
+
+def _refresh_with_arrow(
+    project: ProjectSpec,
+    spec: DatasetSpec,
+    plan: RefreshPlan,
+    source: Source,
+    *,
+    selecting: bool,
+    storage: PartitionStorage | None,
+    workers: int | None,
+    allow_partial: bool,
+    timings: dict[str, float],
+    started: float,
+    tick: Callable[[str, int, int, int], None],
+) -> RefreshSummary:
+    """`refresh_dataset` with `strategy="arrow"`: one in-process pyarrow read, route, write, commit."""
+    from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
+    from airflow_partitions.refresh.plan import StageMode
+    from airflow_partitions.refresh.stage import bind_to_source
+
+    check_arrow_supported(project, plan)
+    total = len(plan.items)
+    tick("finalize", 0, total, 0)
+    mark = time.monotonic()
+    try:
+        written = arrow_refresh(
+            bind_to_source(spec, source),
+            plan,
+            source,
+            dataset_data_root(project, spec),
+            selecting=selecting,
+            storage=storage,
+            workers=workers,
+        )
+    except ConservationError as err:
+        timings["finalize"] = time.monotonic() - mark
+        err.summary = _summary(spec, plan, None, None, {}, timings, started, refused=err)
+        raise
+    timings["finalize"] = time.monotonic() - mark
+    stage = StageResult(
+        spec.name,
+        None,
+        StageMode.ARROW if plan.items else StageMode.EMPTY,
+        total,
+        written.elapsed_s,
+        source_rows=written.source_rows,
+        routed_rows=written.routed_rows,
+    )
+    rows = sum(r.rows for r in written.results)
+    tick("commit", total, total, rows)
+    mark = time.monotonic()
+    try:
+        commit = commit_refresh(
+            project, spec, plan, list(written.results), require_all=not allow_partial, source=source
+        )
+    except ConservationError as err:
+        timings["commit"] = time.monotonic() - mark
+        err.summary = _summary(spec, plan, stage, None, {}, timings, started, refused=err)
+        raise
+    timings["commit"] = time.monotonic() - mark
+    tick("done", total, total, rows)
+    return _summary(spec, plan, stage, commit, {}, timings, started)
 
 
 def record_failures(project: ProjectSpec, dataset: DatasetSpec, failed: Mapping[str, str]) -> None:

@@ -342,6 +342,7 @@ class StageMode(StrEnum):
     PUSHDOWN = "pushdown"  # each partition reads its own rows from the source (Hive files, Postgres WHERE)
     EMPTY = "empty"  # nothing to stage
     CHANGES = "changes"  # the rows changed since the watermark, read once into one staged file
+    ARROW = "arrow"  # one in-process pyarrow read routed and written by refresh_dataset (no stage)
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,12 @@ def bind_to_source(dataset: DatasetSpec, source: Source) -> DatasetSpec:
 
 
 def choose_mode(source: Source, transforms: Sequence[Transform], strategy: str) -> StageMode:
+    if strategy == "arrow":
+        raise RefreshError(
+            "strategy 'arrow' reads, routes and writes in one process without a stage: run it with "
+            "refresh_dataset(..., strategy='arrow') or `refresh --strategy arrow`; to stage, use one of "
+            f"{', '.join(STRATEGIES)}"
+        )
     if strategy not in STRATEGIES:
         raise RefreshError(f"unknown stage strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
     can_push = source.can_read_partition(transforms)

@@ -1,0 +1,191 @@
+"""The in-process Arrow refresh (`strategy="arrow"`): one pyarrow read of the source, routed and written
+in this process, for sources that fit one machine.
+
+It replaces the stage and finalize steps with the project's own pieces: the source read once as Arrow
+(`Source.read_all`), conformed to the source schema, routed by the dataset's transforms (`route_rows`,
+the NULL partition included), each planned partition written by the dataset's storage engine on a small
+thread pool and counted back from its files (`check_written_rows`). The results are the
+`PartitionResult`s finalize returns, for `commit_refresh`.
+
+Rows are conserved: the rows read are the rows routed (a full plan routes every row to a planned
+partition; a selection or an incremental plan drops the rows of partitions it does not refresh), and
+each partition's written rows are its routed rows. On a mismatch nothing is published: the files
+written so far are removed and `ConservationError` names the partitions and both counts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from airflow_partitions.catalog.model import PartitionEntry
+from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema
+from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
+from airflow_partitions.refresh.stage import discovered_but_empty
+
+if TYPE_CHECKING:
+    from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan
+    from airflow_partitions.sources import Source
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.storage import DataFile, PartitionStorage
+
+DEFAULT_ARROW_WORKERS = 2
+
+
+@dataclass(frozen=True)
+class ArrowRefreshResult:
+    """The partitions written by `arrow_refresh` (not yet published) and the rows counted on the way."""
+
+    results: tuple[PartitionResult, ...]
+    source_rows: int  # rows read from the source
+    routed_rows: int  # rows routed to planned partitions (== source_rows for a plan of every partition)
+    dropped_rows: int  # rows of partitions the plan does not refresh (a selection, or unchanged ones)
+    elapsed_s: float
+
+
+def check_arrow_supported(project: ProjectSpec, plan: RefreshPlan) -> None:
+    """Refuse plans the Arrow path does not handle, saying what to use instead."""
+    appending = any(item.append for item in plan.items)
+    changing = any(item.changes for item in plan.items)
+    if plan.refresh_mode in ("append", "changes") or appending or changing:
+        mode = "changes" if changing or plan.refresh_mode == "changes" else "append"
+        raise RefreshError(
+            f"strategy 'arrow' does not support refresh_mode {mode!r} (it rewrites whole partitions from "
+            "one read of the source); use strategy 'auto' or 'spark' for this refresh, or refresh with "
+            "--full to rewrite every partition with strategy 'arrow'"
+        )
+    if project.remote:
+        raise RefreshError(
+            "strategy 'arrow' writes partitions to a local accelerator_dir only; this project's "
+            "accelerator_dir is on S3: use strategy 'auto' or 'spark'"
+        )
+
+
+def plans_every_partition(plan: RefreshPlan, selecting: bool) -> bool:
+    """True when the plan refreshes every partition of the source: then every row must be routed to one."""
+    return not selecting and plan.unchanged == 0
+
+
+def arrow_refresh(
+    dataset: DatasetSpec,
+    plan: RefreshPlan,
+    source: Source,
+    data_root: Path,
+    *,
+    selecting: bool,
+    storage: PartitionStorage | None = None,
+    workers: int | None = None,
+) -> ArrowRefreshResult:
+    """Read `source` once, route its rows, write every planned partition under `data_root`.
+
+    `dataset` is bound to the source schema. `selecting`: the plan came from a `partitions=` / `where=`
+    selection (rows of other partitions are dropped, not refused). Returns the unpublished results; on
+    any error the files written are removed first.
+    """
+    from airflow_partitions.refresh.commit import dataset_storage
+    from airflow_partitions.write.routing import route_rows
+
+    started = time.monotonic()
+    if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
+        raise RefreshError(
+            f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r} "
+            f"(spec {dataset.acceleration.partition_spec_id}); plan again"
+        )
+    engine = storage or dataset_storage(dataset)
+    if not plan.items:
+        return ArrowRefreshResult((), 0, 0, 0, time.monotonic() - started)
+    schema = source.schema()
+    table = conform_to_schema(source.read_all(), schema)
+    transforms = [f.transform for f in dataset.acceleration.partition_by]
+    names = plan.partition_names
+    routed = {
+        key.path(names): rows for key, rows in route_rows(table, transforms, dataset=dataset.name).items()
+    }
+    planned = {item.key_path: item for item in plan.items}
+    unplanned = {path: rows.num_rows for path, rows in routed.items() if path not in planned}
+    if unplanned and plans_every_partition(plan, selecting):
+        raise ConservationError(
+            dataset.name,
+            {path: (0, count) for path, count in sorted(unplanned.items())},
+            expected="rows planned for the partition (the plan does not contain it)",
+            actual="source rows routed to it",
+            hint="The source changed between discovery and the read, or discovery and routing disagree "
+            "on a partition value; nothing was written. Run the refresh again.",
+        )
+    routed_total = sum(routed[path].num_rows for path in planned if path in routed)
+    dropped = sum(unplanned.values())
+    if routed_total + dropped != table.num_rows:
+        raise ConservationError(
+            dataset.name,
+            {"[all partitions]": (table.num_rows, routed_total + dropped)},
+            expected="rows read from the source",
+            actual="rows routed to partitions",
+            hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
+        )
+    if plan.discovery is DiscoveryKind.DYNAMIC:
+        empty = [path for path in planned if path not in routed]
+        if empty:
+            raise discovered_but_empty(dataset.name, empty, actual="rows read")
+
+    written: list[DataFile] = []
+
+    def write_one(item: PartitionWorkItem) -> PartitionResult:
+        mark = time.monotonic()
+        rows = routed.get(item.key_path, schema.empty_table())
+        files = engine.write(rows, data_root, item.key_path) if rows.num_rows else []
+        written.extend(files)
+        check_written_rows(dataset.name, item.key_path, engine, data_root, files, rows.num_rows)
+        entry = PartitionEntry(
+            key=item.partition_key,
+            key_path=item.key_path,
+            spec_id=dataset.acceleration.partition_spec_id,
+            files=tuple(files),
+            rows=sum(f.rows for f in files),
+            bytes=sum(f.bytes for f in files),
+            source_fingerprint=item.fingerprint,
+            refreshed_at=dt.datetime.now(dt.UTC),
+        )
+        return PartitionResult(entry, elapsed_s=time.monotonic() - mark, routed=rows.num_rows)
+
+    results: list[PartitionResult] = []
+    lost: list[ConservationError] = []
+    failures: list[Exception] = []
+    with ThreadPoolExecutor(max_workers=max(1, workers or DEFAULT_ARROW_WORKERS)) as pool:
+        futures = [pool.submit(write_one, item) for item in plan.items]
+        for future in futures:
+            try:
+                results.append(future.result())
+            except ConservationError as err:
+                lost.append(err)
+            except Exception as err:
+                failures.append(err)
+    if lost or failures:
+        remove_written(engine, data_root, written)
+        if lost:
+            from airflow_partitions.refresh.pipeline import merge_conservation_errors
+
+            raise merge_conservation_errors(dataset.name, lost)
+        raise failures[0]
+    return ArrowRefreshResult(
+        tuple(results), table.num_rows, routed_total, dropped, time.monotonic() - started
+    )
+
+
+def remove_written(engine: PartitionStorage, data_root: Path, files: Sequence[DataFile]) -> None:
+    """Delete files this refresh wrote and will not publish (shared objects are left to vacuum)."""
+    shared = set(engine.shared_objects(files))
+    for file in files:
+        if file.path in shared:
+            continue
+        path = Path(data_root) / file.path
+        try:
+            if path.is_file():
+                path.unlink()
+        except OSError:
+            pass  # unreferenced: vacuum removes it
