@@ -31,6 +31,7 @@ BENCHMARKS = (
     "bench_spark_modes",
     "bench_duckdb_bytes",
     "bench_writes",
+    "bench_scale",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
