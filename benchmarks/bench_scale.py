@@ -1,7 +1,7 @@
 """Scale: rows through the Spark path as Airflow runs it, partitions 100 -> 10,000, the catalog at 100,000.
 
     python -m benchmarks.bench_scale --quick                         # tiny sizes, every section
-    python -m benchmarks.bench_scale                                 # 10M / 30M rows, 100 -> 10,000 partitions, 100k catalog
+    python -m benchmarks.bench_scale                                 # 10M, 30M rows; 100-10,000; 100k
     python -m benchmarks.bench_scale --rows 10000000,30000000,100000000 --sections rows
     python -m benchmarks.bench_scale --sections catalog --catalog-partitions 100000
 
@@ -44,7 +44,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -113,9 +112,8 @@ def run_task(kind: str, request_path: str) -> None:
         results = [PartitionResult.from_json(json.loads(Path(p).read_text())) for p in request["results"]]
         output = commit_refresh(project, dataset, plan, results, stage=stage).to_json()
     elif kind == "anchor":
-        from benchmarks.bench_refresh import anchor_partition_write
-
         from airflow_partitions.refresh.spark_session import build_local_session
+        from benchmarks.bench_refresh import anchor_partition_write
 
         spark = build_local_session(app_name="bench-scale-anchor")
         try:
@@ -259,7 +257,9 @@ def write_taxi_source(directory: Path, rows: int) -> None:
     written = index = 0
     while written < rows:
         count = min(CHUNK_ROWS, rows - written)
-        pq.write_table(taxi_chunk(count, seed=index), directory / f"part-{index:04d}.parquet", row_group_size=256_000)
+        pq.write_table(
+            taxi_chunk(count, seed=index), directory / f"part-{index:04d}.parquet", row_group_size=256_000
+        )
         written += count
         index += 1
 
@@ -284,7 +284,8 @@ def rows_axis(root: Path, sizes: Sequence[int], rounds: int, task_slots: int) ->
             f"    acceleration:\n      partition_by: [{{b: 'bucket({BUCKETS}, PULocationID)'}}]\n"
         )
         print(
-            f"rows {rows:,}: source {directory_bytes(source) / 2**30:.2f} GiB generated in {generated_s:.0f} s;"
+            f"rows {rows:,}: source {directory_bytes(source) / 2**30:.2f} GiB"
+            f" generated in {generated_s:.0f} s;"
             f" disk free {shutil.disk_usage(base).free / 2**30:.0f} GiB",
             flush=True,
         )
@@ -293,9 +294,12 @@ def rows_axis(root: Path, sizes: Sequence[int], rounds: int, task_slots: int) ->
         anchor_target = base / "anchor"
         measured = run_rounds(
             {
-                "ours": lambda spec=spec, workdir=workdir: refresh_as_tasks(spec, "trips", workdir, task_slots),
-                "spark": lambda source=source, workdir=workdir, target=anchor_target: spawn_task(
-                    "anchor", {"spec": str(spec), "dataset": "trips", "source": str(source), "target": str(target)},
+                "ours": lambda spec=spec, workdir=workdir: refresh_as_tasks(
+                    spec, "trips", workdir, task_slots
+                ),
+                "spark": lambda spec=spec, source=source, workdir=workdir, target=anchor_target: spawn_task(
+                    "anchor",
+                    {"spec": str(spec), "dataset": "trips", "source": str(source), "target": str(target)},
                     workdir,
                 ),
             },
@@ -321,7 +325,11 @@ def rows_axis(root: Path, sizes: Sequence[int], rounds: int, task_slots: int) ->
 
 
 def print_rows_size(rows: int, figure: dict[str, Any]) -> None:
-    print(figure_line(f"{rows:>11,} rows: refresh as tasks / plain Spark partitionBy", figure["ratio"], REFRESH_BOUND))
+    print(
+        figure_line(
+            f"{rows:>11,} rows: refresh as tasks / plain Spark partitionBy", figure["ratio"], REFRESH_BOUND
+        )
+    )
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in figure["phases"].items())
     print(f"      ours {figure['ours_s']:.1f} s ({phases}); Spark job {figure['spark_s']:.1f} s")
     rss = ", ".join(f"{name} {mib:.0f}" for name, mib in figure["rss"].items())
@@ -349,7 +357,9 @@ def print_rows_summary(figures: dict[int, dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes for every section")
-    parser.add_argument("--sections", default="rows,partitions,catalog", help="comma-separated sections to run")
+    parser.add_argument(
+        "--sections", default="rows,partitions,catalog", help="comma-separated sections to run"
+    )
     parser.add_argument("--rows", default="10000000,30000000", help="comma-separated row counts (rows axis)")
     parser.add_argument("--partitions", default="100,1000,10000", help="partition counts (partitions axis)")
     parser.add_argument("--rows-per-partition", type=int, default=20)
@@ -366,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     sections = {name.strip() for name in args.sections.split(",") if name.strip()}
     unknown = sections - {"rows", "partitions", "catalog"}
     if unknown:
-        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from rows, partitions, catalog")
+        parser.error(
+            f"unknown section(s) {', '.join(sorted(unknown))}; choose from rows, partitions, catalog"
+        )
     if args.quick:
         row_sizes, partition_counts, catalog_partitions = [100_000, 300_000], [10, 100], 2_000
     else:
@@ -377,15 +389,20 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="ap-bench-scale-"))
     root.mkdir(parents=True, exist_ok=True)
     print(
-        f"cpus {os.cpu_count()}, memory {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB,"
+        f"cpus {os.cpu_count()},"
+        f" memory {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB,"
         f" disk free under {root}: {shutil.disk_usage(root).free / 2**30:.0f} GiB (machine possibly shared);"
         f" {args.repeat} paired round(s), order shuffled per round",
         flush=True,
     )
     try:
         if "rows" in sections:
-            print(f"\n== rows axis: {', '.join(f'{r:,}' for r in row_sizes)} rows, bucket({BUCKETS}, PULocationID),"
-                  f" every task its own process, {args.task_slots} finalize processes at a time ==", flush=True)
+            print(
+                f"\n== rows axis: {', '.join(f'{r:,}' for r in row_sizes)} rows,"
+                f" bucket({BUCKETS}, PULocationID),"
+                f" every task its own process, {args.task_slots} finalize processes at a time ==",
+                flush=True,
+            )
             figures = rows_axis(root, row_sizes, args.repeat, args.task_slots)
             print_rows_summary(figures)
         if "partitions" in sections:
@@ -398,12 +415,374 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@dataclass
+class InProcessRefresh:
+    phases: dict[str, float]
+    partitions: int
+    rows: int
+
+
+def refresh_in_process(spec: Path, name: str, spark: Any) -> InProcessRefresh:
+    """plan_refresh + stage_refresh (Spark) + finalize_partition one partition after the other + commit."""
+    from airflow_partitions.refresh import commit_refresh, finalize_partition, plan_refresh, stage_refresh
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(spec)
+    dataset = project.dataset(name)
+    phases: dict[str, float] = {}
+    mark = time.perf_counter()
+    plan = plan_refresh(project, dataset, full=True)
+    phases["discover"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    stage = stage_refresh(project, dataset, plan, spark=spark, strategy="spark")
+    phases["stage"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
+    phases["finalize"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    commit = commit_refresh(project, dataset, plan, results, stage=stage)
+    phases["commit"] = time.perf_counter() - mark
+    return InProcessRefresh(phases, len(plan.items), commit.rows)
+
+
+def anchor_partition_by(spark: Any, source: Path, target: Path) -> None:
+    """What a plain Spark user writes for an identity partitioning: `partitionBy` on the column."""
+    spark.read.parquet(str(source)).write.mode("overwrite").partitionBy("part_id").parquet(str(target))
+
+
 def partitions_axis(root: Path, counts: Sequence[int], rows_per_partition: int, rounds: int) -> None:
-    raise NotImplementedError
+    from airflow_partitions.refresh.spark_session import build_local_session
+
+    print(
+        f"\n== partitions axis: {', '.join(f'{c:,}' for c in counts)} partitions of {rows_per_partition} rows"
+        " (identity part_id), in this process, one Spark session, finalize one partition after the other ==",
+        flush=True,
+    )
+    spark = build_local_session(app_name="bench-scale-partitions")
+    warm = root / "partitions-warm"
+    write_keyed_source(warm / "source", 10, rows_per_partition)
+    refresh_in_process(keyed_spec(warm, "warm", warm / "source", 10), "warm", spark)
+    anchor_partition_by(spark, warm / "source", warm / "anchor")
+    per_partition: dict[int, dict[str, float]] = {}
+    for count in counts:
+        base = root / f"partitions-{count}"
+        write_keyed_source(base / "source", count, rows_per_partition)
+        spec = keyed_spec(base, f"keyed_{count}", base / "source", count)
+        measured = run_rounds(
+            {
+                "ours": lambda spec=spec, count=count: refresh_in_process(spec, f"keyed_{count}", spark),
+                "spark": lambda base=base: anchor_partition_by(spark, base / "source", base / "anchor"),
+            },
+            rounds,
+            warmup=False,
+        )
+        ours: InProcessRefresh = measured.results["ours"]
+        assert ours.partitions == count, (ours, count)
+        assert ours.rows == count * rows_per_partition, (ours, count)
+        per_partition[count] = {
+            **{phase: seconds * 1000 / count for phase, seconds in ours.phases.items()},
+            "total": measured.median_seconds("ours") * 1000 / count,
+            "spark": measured.median_seconds("spark") * 1000 / count,
+        }
+        print(
+            figure_line(
+                f"{count:>7,} partitions: refresh / plain Spark partitionBy",
+                measured.ratio("ours", "spark"),
+                None,
+            )
+        )
+        phases = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in ours.phases.items())
+        print(
+            f"      ours {measured.median_seconds('ours'):.1f} s ({phases}); Spark job"
+            f" {measured.median_seconds('spark'):.1f} s",
+            flush=True,
+        )
+        shutil.rmtree(base, ignore_errors=True)
+    smallest = min(per_partition)
+    print("  ms per partition (growth vs the smallest count: 1.0 = linear in partitions):")
+    names = ["discover", "stage", "finalize", "commit", "total", "spark"]
+    print("    " + f"{'partitions':>10}" + "".join(f"{n:>18}" for n in names))
+    for count, figures in per_partition.items():
+        cells = "".join(
+            f"{figures[n]:10.2f} ({figures[n] / per_partition[smallest][n]:4.1f}x)" for n in names
+        )
+        print(f"    {count:>10,}{cells}", flush=True)
+    spark.stop()
 
 
-def catalog_axis(root: Path, partitions: int) -> None:
-    raise NotImplementedError
+KEYS_PER_FILE = 1_000
+
+
+def write_keyed_source(directory: Path, partitions: int, rows_per_partition: int) -> None:
+    """`partitions` distinct `part_id` values, `rows_per_partition` rows each, one file per 1,000 keys."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True)
+    for start in range(0, partitions, KEYS_PER_FILE):
+        keys = np.arange(start, min(start + KEYS_PER_FILE, partitions), dtype=np.int64)
+        part_id = np.repeat(keys, rows_per_partition)
+        rng = np.random.default_rng(start)
+        pq.write_table(
+            pa.table({"part_id": part_id, "amount": np.round(rng.gamma(2.0, 10.0, len(part_id)), 2)}),
+            directory / f"keys-{start:08d}.parquet",
+        )
+
+
+def keyed_spec(root: Path, name: str, source: Path, partitions: int) -> Path:
+    spec = root / f"{name}.yaml"
+    spec.write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        f"  - name: {name}\n    from: file:{source}\n"
+        "    acceleration:\n      partition_by: [part_id]\n"
+        f"      refresh: {{max_partitions: {partitions + 10}}}\n"
+    )
+    return spec
+
+
+def synthetic_entry(item: Any, spec_info: Any, generation: int = 0) -> Any:
+    """The entry a finalize of `item` would give: one Parquet file with statistics on both columns."""
+    from airflow_partitions.catalog import PartitionEntry
+    from airflow_partitions.storage.datafile import ColumnStats, DataFile
+
+    key = item.partition_key
+    value = key.values[0]
+    data_file = DataFile(
+        path=f"{key.path(spec_info.names)}/part-{uuid.uuid4().hex}-0000.parquet",
+        format="parquet",
+        rows=20,
+        bytes=2_048,
+        checksum=uuid.uuid4().hex * 2,
+        stats={"part_id": ColumnStats(value, value, 0), "amount": ColumnStats(0.5, 99.5 + generation, 0)},
+    )
+    return PartitionEntry.from_files(
+        key, spec_info, [data_file], source_fingerprint=item.fingerprint, refreshed_at=dt.datetime.now(dt.UTC)
+    )
+
+
+def samples_ms(action: Callable[[], Any], repeat: int) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        action()
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def print_ms(
+    name: str, ours: list[float], anchor: list[float] | None, partitions: int, note: str = ""
+) -> None:
+    median = statistics.median(ours)
+    line = f"  {name:<44} {median:9.1f} ms [{min(ours):.1f}–{max(ours):.1f}]"
+    line += f"  {median * 1000 / partitions:7.2f} µs per catalog partition"
+    if anchor is not None:
+        anchor_median = statistics.median(anchor)
+        line += f"   pyiceberg {anchor_median:9.1f} ms  ours/pyiceberg {median / anchor_median:6.2f}"
+    print(line + (f"  {note}" if note else ""), flush=True)
+
+
+def catalog_axis(root: Path, partitions: int, repeat: int = 3) -> None:
+    from airflow_partitions.pruning import PartitionIndex, plan_partitions
+    from airflow_partitions.refresh import plan_refresh
+    from airflow_partitions.refresh.commit import open_dataset_catalog, partition_spec_info
+    from airflow_partitions.refresh.pipeline import bind_dataset
+    from airflow_partitions.sources import open_dataset_source
+    from airflow_partitions.spec import load_spec
+
+    print(f"\n== catalog at {partitions:,} partitions (identity part_id, one file each) ==", flush=True)
+    base = root / "catalog"
+    source = base / "source"
+    write_keyed_source(source, partitions, rows_per_partition=2)
+    spec = keyed_spec(base, "keyed", source, partitions)
+    project = load_spec(spec)
+    dataset = project.dataset("keyed")
+    bound = bind_dataset(dataset, open_dataset_source(dataset))
+    spec_info = partition_spec_info(bound)
+
+    started = time.perf_counter()
+    first = plan_refresh(project, dataset, full=True)
+    print(
+        f"  first discovery, {len(first.items):,} new partitions:"
+        f" {time.perf_counter() - started:.2f} s (setup)"
+    )
+    assert len(first.items) == partitions, (len(first.items), partitions)
+    entries = [synthetic_entry(item, spec_info) for item in first.items]
+    started = time.perf_counter()
+    open_dataset_catalog(project, dataset).commit(
+        base_version=None, upserts=entries, partition_spec=spec_info, replace_all=True
+    )
+    print(
+        f"  initial commit of {partitions:,} partitions: {time.perf_counter() - started:.2f} s (setup)",
+        flush=True,
+    )
+    items = {item.key_path: item for item in first.items}
+    del entries
+
+    def unchanged_plan() -> None:
+        plan = plan_refresh(project, dataset)
+        assert not plan.items, f"{len(plan.items)} partitions planned with nothing changed"
+
+    generation = 0
+
+    def commit_changed(count: int) -> Callable[[], None]:
+        def commit() -> None:
+            nonlocal generation
+            generation += 1
+            catalog = open_dataset_catalog(project, dataset)
+            newest = catalog.latest()
+            assert newest is not None
+            chosen = [first.items[(generation * 7919 + i * 97) % partitions] for i in range(count)]
+            upserts = {
+                e.key_path: e for e in (synthetic_entry(item, spec_info, generation) for item in chosen)
+            }
+            catalog.commit(
+                base_version=newest.version, upserts=list(upserts.values()), partition_spec=spec_info
+            )
+
+        return commit
+
+    def open_newest() -> Any:
+        snapshot = open_dataset_catalog(project, dataset).latest()
+        assert snapshot is not None
+        assert snapshot.partition_count == partitions
+        return snapshot
+
+    point = partitions // 2
+    snapshot = open_newest()
+    schema = bound.bound_schema
+
+    def point_plan() -> None:
+        plan = plan_partitions(PartitionIndex.from_snapshot(open_newest(), schema), f"part_id = {point}")
+        assert len(plan.selected) == 1, len(plan.selected)
+
+    index = PartitionIndex.from_snapshot(snapshot, schema)
+
+    def point_plan_on_index() -> None:
+        assert len(plan_partitions(index, f"part_id = {point}").selected) == 1
+
+    ours = {
+        "plan_refresh, nothing changed": samples_ms(unchanged_plan, repeat),
+        "commit 1 changed partition": samples_ms(commit_changed(1), repeat),
+        "commit 1,000 changed partitions": samples_ms(commit_changed(1_000), repeat),
+        "open the newest snapshot": samples_ms(open_newest, repeat),
+        "open + index + plan_partitions(part_id = k)": samples_ms(point_plan, repeat),
+        "plan_partitions(part_id = k), index built": samples_ms(point_plan_on_index, repeat),
+    }
+    del items
+    anchors = pyiceberg_catalog_anchor(base, partitions, repeat)
+    anchor_of = {
+        "commit 1 changed partition": "fast_append 1 file",
+        "commit 1,000 changed partitions": "fast_append 1,000 files",
+        "open the newest snapshot": "load_table + scan().plan_files (every file)",
+        "open + index + plan_partitions(part_id = k)": "load_table + scan(part_id = k).plan_files",
+    }
+    for name, samples in ours.items():
+        anchor = anchors.get(anchor_of.get(name, "")) if anchors else None
+        target = f"target {COMMIT_TARGET_MS:.0f} ms" if name.startswith("commit 1 ") else ""
+        print_ms(name, samples, anchor, partitions, target)
+    if anchors:
+        print("  anchor: pyiceberg, in-memory SQLite catalog, a table of the same number of data files:")
+        for name, samples in anchors.items():
+            print(
+                f"    {name:<42} {statistics.median(samples):9.1f} ms [{min(samples):.1f}–{max(samples):.1f}]"
+            )
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def pyiceberg_catalog_anchor(base: Path, partitions: int, repeat: int) -> dict[str, list[float]] | None:
+    """pyiceberg with the same number of files, one per identity partition; None when not installed."""
+    try:
+        from pyiceberg.catalog.sql import SqlCatalog
+        from pyiceberg.expressions import EqualTo
+        from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+        from pyiceberg.partitioning import PartitionField, PartitionSpec
+        from pyiceberg.schema import Schema
+        from pyiceberg.transforms import IdentityTransform
+        from pyiceberg.typedef import Record
+        from pyiceberg.types import DoubleType, LongType, NestedField
+    except ImportError as error:
+        print(f"  pyiceberg anchor skipped: {error.name} is not installed")
+        return None
+
+    warehouse = base / "iceberg"
+    warehouse.mkdir()
+    catalog = SqlCatalog("bench", uri="sqlite:///:memory:", warehouse=f"file://{warehouse}")
+    catalog.create_namespace("bench")
+    table = catalog.create_table(
+        "bench.keyed",
+        schema=Schema(
+            NestedField(1, "part_id", LongType(), required=False),
+            NestedField(2, "amount", DoubleType(), required=False),
+        ),
+        partition_spec=PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "part_id")),
+    )
+    generation = 0
+
+    def data_files(keys: Sequence[int]) -> list[Any]:
+        import struct
+
+        return [
+            DataFile.from_args(
+                content=DataFileContent.DATA,
+                file_path=f"{warehouse}/data/part_id={k}/{uuid.uuid4().hex}.parquet",
+                file_format=FileFormat.PARQUET,
+                partition=Record(k),
+                file_size_in_bytes=2_048,
+                record_count=20,
+                lower_bounds={1: struct.pack("<q", k), 2: struct.pack("<d", 0.5)},
+                upper_bounds={1: struct.pack("<q", k), 2: struct.pack("<d", 99.5)},
+                null_value_counts={1: 0, 2: 0},
+                value_counts={1: 20, 2: 20},
+                spec_id=0,
+            )
+            for k in keys
+        ]
+
+    def append(keys: Sequence[int]) -> None:
+        loaded = catalog.load_table("bench.keyed")
+        with loaded.transaction() as transaction, transaction.update_snapshot().fast_append() as fast_append:
+            for data_file in data_files(keys):
+                fast_append.append_data_file(data_file)
+
+    started = time.perf_counter()
+    append(range(partitions))
+    print(
+        f"  pyiceberg: table of {partitions:,} files in one fast_append:"
+        f" {time.perf_counter() - started:.2f} s (setup)"
+    )
+    assert table is not None
+
+    def append_changed(count: int) -> Callable[[], None]:
+        def run() -> None:
+            nonlocal generation
+            generation += 1
+            append([(generation * 7919 + i * 97) % partitions for i in range(count)])
+
+        return run
+
+    point = partitions // 2
+
+    def newest() -> None:
+        assert catalog.load_table("bench.keyed").current_snapshot() is not None
+
+    def all_files() -> None:
+        assert len(list(catalog.load_table("bench.keyed").scan().plan_files())) >= partitions
+
+    def point_scan() -> None:
+        tasks = list(
+            catalog.load_table("bench.keyed").scan(row_filter=EqualTo("part_id", point)).plan_files()
+        )
+        assert len(tasks) >= 1, len(tasks)
+
+    return {
+        "fast_append 1 file": samples_ms(append_changed(1), repeat),
+        "fast_append 1,000 files": samples_ms(append_changed(1_000), repeat),
+        "load_table + current_snapshot": samples_ms(newest, repeat),
+        "load_table + scan().plan_files (every file)": samples_ms(all_files, repeat),
+        "load_table + scan(part_id = k).plan_files": samples_ms(point_scan, repeat),
+    }
 
 
 if __name__ == "__main__":
