@@ -24,6 +24,7 @@ import base64
 import datetime as dt
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -38,6 +39,10 @@ HASHED_MARKER = "%H"
 MAX_COMPONENT_BYTES = 160
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _HEX = "0123456789ABCDEF"
+# A component with nothing to escape (numbers, plain names: most partition values). Matching it whole is
+# one C call instead of one Python call per character, which was a tenth of a 100,000-partition discovery
+# and of its commit. ASCII ranges only, and `fullmatch` (a `$` would accept a trailing newline).
+_NOTHING_TO_ESCAPE = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_.-]*")
 
 
 # --- path components ------------------------------------------------------------------------------
@@ -53,6 +58,8 @@ def _escape_char(ch: str, leading: bool) -> str:
 
 def escape_component(text: str) -> str:
     """Percent-encode every byte of `text` outside `[A-Za-z0-9_.-]` (and a leading `.`/`_`)."""
+    if _NOTHING_TO_ESCAPE.fullmatch(text):
+        return text
     return "".join(_escape_char(ch, i == 0) for i, ch in enumerate(text))
 
 

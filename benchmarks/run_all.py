@@ -32,6 +32,7 @@ BENCHMARKS = (
     "bench_task_overhead",
     "bench_duckdb_bytes",
     "bench_writes",
+    "bench_scale",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -442,3 +442,28 @@ def test_vacuum_drops_shared_duckdb_tables_no_retained_version_uses(tmp_path: Pa
     assert len([f for f in report.removed_files if f.path.endswith(".duckdb")]) == 2, "staged copies go too"
     (current,) = Catalog(LocalStore(tmp_path), "sales").snapshot().partitions.values()
     assert storage.read(catalog.data_root, current.files).column("v").to_pylist() == [2]
+
+
+def test_a_commit_of_many_changed_partitions_decodes_their_old_entries_in_one_batch(
+    local_catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The version summary needs the old size of every changed partition. Looked up one key at a time, each
+    lookup took from the whole table: 1,000 changed partitions of a 100,000-partition catalog cost a
+    thousand takes. They must be decoded together, and the totals stay exact."""
+    from airflow_partitions.catalog.state import PartitionMap
+
+    commit(local_catalog, *(entry(f"r{i:04d}", "v1", rows=10) for i in range(120)))
+    decoded_batches: list[int] = []
+    decode = PartitionMap._decode_rows
+
+    def counting_decode(self: PartitionMap, rows: Any) -> Any:
+        decoded_batches.append(len(rows))
+        return decode(self, rows)
+
+    monkeypatch.setattr(PartitionMap, "_decode_rows", counting_decode)
+    changed = [entry(f"r{i:04d}", "v2", rows=25) for i in range(0, 120, 2)]
+    commit(local_catalog, *changed, entry("new", "v2", rows=7), removes=(key_path("r0001"),))
+    assert len(decoded_batches) <= 2, f"{len(decoded_batches)} decodes for 61 touched partitions"
+    info = local_catalog.versions()[-1]
+    assert info.total_partitions == 120 + 1 - 1
+    assert info.total_rows == 120 * 10 + 60 * (25 - 10) + 7 - 10

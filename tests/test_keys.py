@@ -59,6 +59,43 @@ def test_hostile_strings_escape_to_safe_components_and_back(text: str) -> None:
     assert unescape_component(escaped) == text
 
 
+def escaped_byte_by_byte(text: str) -> str:
+    """The escaping rule spelt out: every UTF-8 byte outside [A-Za-z0-9_.-], and a leading '.' or '_'."""
+    safe = set(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+    out = []
+    for i, ch in enumerate(text):
+        encoded = ch.encode("utf-8")
+        plain = len(encoded) == 1 and encoded[0] in safe and not (i == 0 and ch in "._")
+        out.append(ch if plain else "".join(f"%{b:02X}" for b in encoded))
+    return "".join(out)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        *HOSTILE,
+        "12345",
+        "-7",
+        "abc\n",  # a `$`-anchored shortcut would let the trailing newline through
+        "abc\r",
+        "a.b_c-d",
+        "_hidden",
+        ".hidden",
+        "٣",  # an Arabic-Indic digit: a digit to `str.isdigit` and to `\\d`, not in [0-9]
+        "Ⅻ",
+        "ａ",  # fullwidth letter
+        "x" * 400,
+    ],
+)
+def test_plain_components_take_the_shortcut_and_every_other_one_is_escaped_byte_by_byte(text: str) -> None:
+    assert escape_component(text) == escaped_byte_by_byte(text)
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=0x3000)))
+def test_escaping_equals_the_byte_by_byte_rule(text: str) -> None:
+    assert escape_component(text) == escaped_byte_by_byte(text)
+
+
 @given(st.text())
 def test_any_string_round_trips_through_a_component(text: str) -> None:
     component = encode_value(text)

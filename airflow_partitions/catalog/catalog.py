@@ -654,7 +654,7 @@ class Catalog:
         # Partitions this commit touches are unchanged between base and parent (else it conflicted), so
         # their old sizes come from the base snapshot.
         keys = [*(e.key_path for e in upserts), *removes]
-        previous = [base.partitions[k] for k in keys if k in base.partitions] if base is not None else []
+        previous = base.partitions.entries_of(keys) if base is not None else []
         present = {p.key_path for p in previous}
         added = sum(1 for e in upserts if e.key_path not in present)
         partitions, rows, size = parent_totals

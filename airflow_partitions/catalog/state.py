@@ -366,6 +366,17 @@ class PartitionMap(Mapping[str, PartitionEntry]):
             self._decoded[row] = entry
         return entry
 
+    def entries_of(self, key_paths: Iterable[str]) -> list[PartitionEntry]:
+        """The entries of those of `key_paths` present, in order; rows not decoded yet are decoded in one
+        batch (a lookup per key would take from the whole table once per key: a commit of 1,000 changed
+        partitions took a thousand takes)."""
+        rows = [row for row in (self._row(k) for k in key_paths) if row is not None]
+        missing = sorted({row for row in rows if row not in self._decoded})
+        if missing:
+            for row, entry in zip(missing, self._decode_rows(missing), strict=True):
+                self._decoded[row] = entry
+        return [self._decoded[row] for row in rows]
+
     def values(self) -> list[PartitionEntry]:  # type: ignore[override]
         """Every entry, decoded in bulk (one JSON parse per column, not per row)."""
         missing = [row for row in range(len(self)) if row not in self._decoded]
