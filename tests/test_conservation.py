@@ -196,7 +196,7 @@ def test_a_deleted_staged_directory_is_an_error_not_an_empty_partition(spark: An
     version = refresh_once(spark, project)
 
     plan = plan_refresh(project, dataset, full=True)
-    stage = stage_refresh(project, dataset, plan, spark=spark)
+    stage = stage_refresh(project, dataset, plan, spark=spark, write_files=False)
     assert stage.mode is StageMode.SPARK
     manifest = StageManifest.load(stage.location or "")
     victim = next(item for item in plan.items if item.key_path == region_path("EU"))

@@ -242,6 +242,9 @@ class StageMode(StrEnum):
     PUSHDOWN = "pushdown"  # each partition reads its own rows from the source (Hive files, Postgres WHERE)
     EMPTY = "empty"  # nothing to stage
     CHANGES = "changes"  # the rows changed since the watermark, read once into one staged file
+    # One Spark job scanned the source once and its executors wrote each partition's final files; the
+    # manifest lists them per item and finalize only builds catalog entries from it (no data read).
+    WRITTEN = "written"
 
 
 @dataclass(frozen=True)
