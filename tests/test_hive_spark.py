@@ -230,7 +230,7 @@ def test_hive_values_through_spark_connect(spark_connect_server: dict[str, Any],
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     output = json.loads((tmp_path / "out.json").read_text())
-    assert output["mode"] == "spark"
+    assert output["mode"] == "written"
     results = [PartitionResult.from_json(r) for r in output["results"]]
     commit = commit_refresh(project, project.dataset("t"), plan, results, stage=StageResult.from_json(output))
     assert commit.rows == source.num_rows

@@ -329,7 +329,7 @@ def test_spark_job_entry_point_stages_and_finalizes(spark: Any, tmp_path: Path) 
     ]
     assert job.main(args) == 0
     output = json.loads((tmp_path / "out.json").read_text())
-    assert output["mode"] == "spark"
+    assert output["mode"] == "written", "the executors wrote the final files"
     assert output["location"] == str(tmp_path / "stage-1")
     assert len(output["results"]) == 4, "3 buckets and the NULL partition"
     results = [PartitionResult.from_json(r) for r in output["results"]]

@@ -212,6 +212,7 @@ def check_written_items(
     counted back from its files = the rows its DataFiles declare, and in total the rows the job routed
     = the rows the executors received."""
     differing: dict[str, tuple[int | None, int]] = {}
+    recorded_only = True  # every difference is between the files and what the writer recorded
     for index, item in sorted(items.items()):
         if item.error is not None:
             continue  # this partition fails in its finalize with the executor's error
@@ -219,12 +220,13 @@ def check_written_items(
         if item.written != item.routed or declared != item.routed:
             shown = item.written if item.written != item.routed else declared
             differing[key_paths[index]] = (item.routed, shown)
+            recorded_only = recorded_only and item.written == item.routed
     if differing:
         raise ConservationError(
             dataset,
             differing,
-            expected="rows routed to the partition",
-            actual="rows in the files the executors wrote",
+            expected="rows read",
+            actual="rows the writer recorded" if recorded_only else "rows in the written files",
             hint="A Spark executor's storage writer did not write the rows it was given; nothing was "
             "published and the written files were removed. Check the executors' disks (or the "
             "object store), then run the refresh again.",
