@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 # Partition files (`part-<uuid>-<n>.<ext>`), Spark's staged files and anything in a data format; the
 # catalog, the stage manifest and other JSON records under the same roots are metadata and stay readable.
 DATA_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc", ".duckdb")
@@ -102,9 +101,7 @@ def no_data_reads(roots: Sequence[str | os.PathLike[str]]) -> Iterator[DataReadG
 
     from airflow_partitions.refresh import remote
 
-    resolved = tuple(
-        str(root) if "://" in str(root) else os.path.realpath(Path(root)) for root in roots
-    )
+    resolved = tuple(str(root) if "://" in str(root) else os.path.realpath(Path(root)) for root in roots)
     guard = DataReadGuard(resolved)
     targets: list[tuple[Any, str, bool]] = [
         (pq, "ParquetFile", False),

@@ -177,7 +177,10 @@ def test_a_writer_losing_a_row_refuses_the_commit(
     snapshot = open_catalog(project, dataset).latest()
     assert snapshot is not None
     referenced = {f.path for entry in snapshot.partitions.values() for f in entry.files}
-    on_disk = {p.relative_to(tmp_path / "acc" / "trips").as_posix() for p in (tmp_path / "acc" / "trips").rglob("part-*")}
+    on_disk = {
+        p.relative_to(tmp_path / "acc" / "trips").as_posix()
+        for p in (tmp_path / "acc" / "trips").rglob("part-*")
+    }
     assert on_disk == referenced, "the files the executors wrote for the refused refresh are removed"
     summary: Any = error.summary
     assert summary is not None
