@@ -270,7 +270,10 @@ def stage_refresh(
     transforms = [f.transform for f in bound.acceleration.partition_by]
     changes = any(item.changes for item in plan.items)
     mode = StageMode.CHANGES if changes else choose_mode(source, transforms, strategy)
-    if mode is StageMode.SPARK and choose_written(dataset, plan, write_files):
+    # Executors upload to an s3:// accelerator_dir with the caller's settings; without them (a
+    # spark-submit job, whose executors know no Airflow connection) the rows are staged as before.
+    executors_reach_data = not project.remote or s3_settings is not None or write_files is True
+    if mode is StageMode.SPARK and executors_reach_data and choose_written(dataset, plan, write_files):
         mode = StageMode.WRITTEN
     target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
     if (target / STAGE_MANIFEST).exists():
