@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark import cloudpickle
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.cli.main import main as cli_main
@@ -33,6 +34,7 @@ from airflow_partitions.refresh import (
     refresh_dataset,
     stage_refresh,
 )
+from airflow_partitions.refresh import stage as stage_module
 from airflow_partitions.refresh.stage import StageManifest, staged_item_directory
 from airflow_partitions.sources import open_source
 from airflow_partitions.spec import load_spec
@@ -96,6 +98,11 @@ def region_path(region: str | None) -> str:
 
 def rows_of(table: pa.Table, region: str | None) -> int:
     return sum(1 for value in table.column("region").to_pylist() if value == region)
+
+
+# The faulty writers below run where the rows are written: on the Spark executors (StageMode.WRITTEN).
+# Their Python workers cannot import this test module, so Spark ships the classes by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class HonestlyDroppingStorage(ParquetStorage):
@@ -167,6 +174,15 @@ def test_a_writer_losing_a_row_refuses_the_commit(
     assert "nothing was published" in message
     assert_previous_version_current(project, version, source)
     assert no_stage_left(tmp_path)
+    dataset = project.dataset("trips")
+    snapshot = open_catalog(project, dataset).latest()
+    assert snapshot is not None
+    referenced = {f.path for entry in snapshot.partitions.values() for f in entry.files}
+    on_disk = {
+        p.relative_to(tmp_path / "acc" / "trips").as_posix()
+        for p in (tmp_path / "acc" / "trips").rglob("part-*")
+    }
+    assert on_disk == referenced, "the files the executors wrote for the refused refresh are removed"
     summary: Any = error.summary
     assert summary is not None
     assert summary.conservation["differing"] == {victim: {"expected": expected, "actual": expected - 1}}
@@ -179,7 +195,7 @@ def test_a_writer_losing_a_row_is_refused_by_finalize_even_when_it_reports_the_o
     project = write_project(tmp_path, BY_REGION, [source])
     dataset = project.dataset("trips")
     plan = plan_refresh(project, dataset)
-    stage = stage_refresh(project, dataset, plan, spark=spark)
+    stage = stage_refresh(project, dataset, plan, spark=spark, write_files=False)
     victim = next(item for item in plan.items if item.key_path == region_path(None))
     with pytest.raises(ConservationError) as raised:
         finalize_partition(project, dataset, stage, victim, storage=SilentlyDroppingStorage(victim.key_path))
@@ -196,7 +212,7 @@ def test_a_deleted_staged_directory_is_an_error_not_an_empty_partition(spark: An
     version = refresh_once(spark, project)
 
     plan = plan_refresh(project, dataset, full=True)
-    stage = stage_refresh(project, dataset, plan, spark=spark)
+    stage = stage_refresh(project, dataset, plan, spark=spark, write_files=False)
     assert stage.mode is StageMode.SPARK
     manifest = StageManifest.load(stage.location or "")
     victim = next(item for item in plan.items if item.key_path == region_path("EU"))
@@ -254,6 +270,9 @@ def test_the_cli_refuses_a_refresh_that_loses_a_row(
         write_file(self, table.slice(1) if path.parent.name == victim else table, path)
 
     monkeypatch.setattr(ParquetStorage, "_write_file", lose_a_row)
+    # The patch lives in this process: finalize writes here on the staged path. (Executors writing the
+    # files refuse a lost row too: test_a_writer_losing_a_row_refuses_the_commit.)
+    monkeypatch.setattr(stage_module, "choose_written", lambda *args: False)
     capsys.readouterr()
     assert cli_main(["refresh", str(tmp_path / "spec.yaml"), "trips", "--json"]) == 1
     captured = capsys.readouterr()

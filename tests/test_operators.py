@@ -216,7 +216,7 @@ def test_stage_refresh_commit_and_asset_events(tmp_path: Path) -> None:
 
     spec = make_spec(tmp_path)
     refreshed = stage_and_refresh(spec)
-    assert refreshed.stage["mode"] == "spark"
+    assert refreshed.stage["mode"] == "written"
     assert refreshed.stage["partitions"] == 6
     assert refreshed.results is not None
     assert all(r["rows"] == 15 and r["files"] for r in refreshed.results)
@@ -389,7 +389,7 @@ def test_stage_through_spark_submit(tmp_path: Path, spark_submit_connection: str
     )
     stage = operator.execute(context())
     assert operator.spark_hook.mode == "spark"
-    assert stage["mode"] == "spark"
+    assert stage["mode"] == "written"
     assert stage["partitions"] == 6
     assert Path(stage["location"], "_stage.json").exists()
     result = SparkPartitionRefreshOperator(

@@ -73,7 +73,7 @@ def test_stage_and_finalize_through_spark_connect(
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     output = json.loads((tmp_path / "out.json").read_text())
-    assert output["mode"] == "spark"
+    assert output["mode"] == "written", "the executors (Spark Connect) wrote the final files"
     assert sorted(r["key_path"] for r in output["results"]) == sorted(i.key_path for i in plan.items)
     results = [PartitionResult.from_json(r) for r in output["results"]]
     commit = commit_refresh(project, dataset, plan, results, stage=StageResult.from_json(output))

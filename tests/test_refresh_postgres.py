@@ -83,7 +83,7 @@ def test_update_in_two_partitions_rewrites_exactly_those(
     create_orders(pg_database)
     project = write_spec(tmp_path, pg_database, '{b: "bucket(6, id)"}', reader=reader)
     first = refresh_dataset(project, "orders", spark=spark)
-    assert first.stage_mode == "spark", "bucket has no range to push down: one Spark scan of the table"
+    assert first.stage_mode == "written", "bucket has no range to push down: one Spark scan of the table"
     before, rows = accelerated_rows(project)
     assert rows == source_rows(project), "the acceleration equals the table row for row"
 

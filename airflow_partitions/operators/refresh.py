@@ -54,7 +54,9 @@ def _stage_in_session(
 ) -> StageResult:
     from airflow_partitions.refresh.stage import stage_refresh
 
-    return stage_refresh(project, dataset, plan, spark=operator.spark_hook.session())
+    return stage_refresh(
+        project, dataset, plan, spark=operator.spark_hook.session(), s3_settings=operator.data_s3_settings
+    )
 
 
 def _stage_with_spark_submit(

@@ -31,6 +31,9 @@ from airflow_partitions.refresh.plan import (
     StageResult,
 )
 from airflow_partitions.refresh.stage import (
+    STAGE_MANIFEST as STAGE_MANIFEST_NAME,
+)
+from airflow_partitions.refresh.stage import (
     StageManifest,
     discovered_but_empty,
     stage_location,
@@ -127,6 +130,9 @@ def finalize_partition(
     location = stage_location(stage)
     if not location:
         raise RefreshError("the stage staged nothing (empty plan): there is no partition to finalize")
+    written = stage.mode is StageMode.WRITTEN if isinstance(stage, StageResult) else None
+    if written or (written is None and _written_stage(location, s3_settings)):
+        return finalize_written(project, dataset, location, item, s3_settings)
     if not (project.remote and data_root is None) and not location.startswith("s3://"):
         return _finalize(project, dataset, location, item, storage, data_root, verify, None, s3_settings)
     from airflow_partitions.refresh import remote
@@ -144,6 +150,114 @@ def finalize_partition(
         return _finalize(project, dataset, location, item, storage, data_root, verify, None, s3_settings)
     finally:
         remote.remove_local(scratch)
+
+
+def _written_stage(location: str, s3_settings: SettingsLike | None) -> bool:
+    """Whether the stage at `location` (a directory, no `StageResult`) is a WRITTEN one: its manifest
+    says so (a small read, no data)."""
+    import json
+
+    try:
+        if location.startswith("s3://"):
+            from airflow_partitions.refresh import remote
+
+            raw = remote.read_stage_manifest(location, s3_settings)
+            return raw is not None and json.loads(raw).get("mode") == str(StageMode.WRITTEN)
+        return StageManifest.load(location).mode is StageMode.WRITTEN
+    except RefreshError:
+        return False  # `_finalize` raises the missing-stage error
+
+
+def finalize_written(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    location: str,
+    item: PartitionWorkItem,
+    s3_settings: SettingsLike | None = None,
+) -> PartitionResult:
+    """A partition of a WRITTEN stage: its catalog entry, from the stage manifest alone.
+
+    The executors wrote the files, counted them back and the stage job checked the counts; this reads no
+    partition data. It re-checks the manifest's own numbers and, for a local data root, that every file
+    is there with its recorded size (a stat: a file vacuumed or deleted since the stage is refused here,
+    not at read time). On S3 the executor read each object back after its upload.
+    """
+    import json
+
+    from airflow_partitions.refresh.commit import dataset_data_root
+    from airflow_partitions.storage import DataFile
+
+    started = time.monotonic()
+    if location.startswith("s3://"):
+        from airflow_partitions.refresh import remote
+
+        raw = remote.read_stage_manifest(location, s3_settings)
+        if raw is None:
+            raise RefreshError(
+                f"no finished stage at {location}: {STAGE_MANIFEST_NAME} is missing. The stage step failed "
+                "or was cleaned up after a commit; run the refresh again"
+            )
+        manifest = StageManifest.from_json(json.loads(raw), where=location)
+    else:
+        manifest = StageManifest.load(location)
+        mark_stage_in_use(location)
+    spec_id = dataset.acceleration.partition_spec_id
+    if manifest.dataset != dataset.name or manifest.spec_id != spec_id:
+        raise RefreshError(
+            f"stage {location} was made for {manifest.dataset!r} spec {manifest.spec_id}, not "
+            f"{dataset.name!r} spec {spec_id}; stage again"
+        )
+    if manifest.mode is not StageMode.WRITTEN:
+        raise RefreshError(f"stage {location} is a {manifest.mode} stage, not a written one")
+    staged = manifest.items.get(item.key_path)
+    if staged is None:
+        raise RefreshError(f"partition {item.key_path} was not planned in stage {location}; plan again")
+    if staged.get("error"):
+        raise RefreshError(
+            f"partition {item.key_path}: the Spark executor could not write its files: {staged['error']}. "
+            "Fix the cause and run the refresh again (a new stage writes it again)"
+        )
+    files = tuple(DataFile.from_json(f) for f in staged.get("files", []))
+    routed = int(staged["rows"])
+    written = int(staged["written"])
+    declared = sum(f.rows for f in files)
+    if written != routed or declared != routed:
+        raise ConservationError(
+            dataset.name,
+            {item.key_path: (routed, written if written != routed else declared)},
+            expected="rows routed by the stage",
+            actual="rows in the files the executors wrote"
+            if written != routed
+            else "rows the stage manifest lists",
+            hint=f"The stage manifest at {location} is inconsistent (edited or truncated); run the "
+            "refresh again.",
+        )
+    if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC:
+        raise discovered_but_empty(dataset.name, [item.key_path], actual="rows written")
+    if not project.remote:
+        root = dataset_data_root(project, dataset)
+        for file in files:
+            try:
+                size = os.stat(root / file.path).st_size
+            except FileNotFoundError:
+                size = -1
+            if size != file.bytes:
+                raise RefreshError(
+                    f"partition {item.key_path}: file {file.path} under {root} is "
+                    f"{'missing' if size < 0 else f'{size} bytes, not {file.bytes}'} since the stage wrote "
+                    "it (deleted by a vacuum with a short grace, or changed); run the refresh again"
+                )
+    entry = PartitionEntry(
+        key=item.partition_key,
+        key_path=item.key_path,
+        spec_id=spec_id,
+        files=files,
+        rows=declared,
+        bytes=sum(f.bytes for f in files),
+        source_fingerprint=item.fingerprint,
+        refreshed_at=dt.datetime.now(dt.UTC),
+    )
+    return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed)
 
 
 def _remote_item_index(location: str, item: PartitionWorkItem, settings: SettingsLike | None) -> int | None:

@@ -262,6 +262,7 @@ def refresh_dataset(
             strategy=strategy,
             repartition=repartition,
             source=source,
+            storage=storage,
         )
     except ConservationError as err:
         timings["stage"] = time.monotonic() - mark

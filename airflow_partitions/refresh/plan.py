@@ -343,6 +343,9 @@ class StageMode(StrEnum):
     EMPTY = "empty"  # nothing to stage
     CHANGES = "changes"  # the rows changed since the watermark, read once into one staged file
     ARROW = "arrow"  # one in-process pyarrow read routed and written by refresh_dataset (no stage)
+    # One Spark job scanned the source once and its executors wrote each partition's final files; the
+    # manifest lists them per item and finalize only builds catalog entries from it (no data read).
+    WRITTEN = "written"
 
 
 @dataclass(frozen=True)

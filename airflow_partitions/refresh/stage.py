@@ -47,7 +47,10 @@ from airflow_partitions.sources.base import RowsSince
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_partitions.objectstore import SettingsLike
+    from airflow_partitions.refresh.written import ItemWriteJob, WrittenItem
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.storage import PartitionStorage
     from airflow_partitions.transforms import Transform
 
 STAGE_MANIFEST = "_stage.json"
@@ -107,6 +110,7 @@ class StageManifest:
     source: Mapping[str, Any]
     schema: pa.Schema
     # key path -> {"index": i, "rows": staged rows (spark mode)} or {"index": i, "hint": ...} (pushdown)
+    # or {"index": i, "rows": routed, "written": counted back, "files": [DataFile JSON]} (written mode)
     items: Mapping[str, Mapping[str, Any]]
     created_at: str
     # How the planned keys were found: a dynamically discovered key has rows in the source, so finalize
@@ -148,8 +152,12 @@ class StageManifest:
                 "stage directory: accelerator_dir (or acceleration.params.staging_dir) must be a path "
                 "shared by every Airflow worker and Spark executor"
             ) from err
+        return cls.from_json(data, where=str(path))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, where: str = STAGE_MANIFEST) -> StageManifest:
         if data.get("format") != MANIFEST_FORMAT:
-            raise RefreshError(f"stage manifest {path} has format {data.get('format')!r}, expected 1")
+            raise RefreshError(f"stage manifest {where} has format {data.get('format')!r}, expected 1")
         return cls(
             dataset=data["dataset"],
             spec_id=data["spec_id"],
@@ -177,6 +185,25 @@ class StageManifest:
 def bind_to_source(dataset: DatasetSpec, source: Source) -> DatasetSpec:
     """`dataset` bound to the source's real schema; every problem (unknown column, ...) raised at once."""
     return dataset.bind(source.schema())
+
+
+def choose_written(dataset: DatasetSpec, plan: RefreshPlan, write_files: bool | None) -> bool:
+    """Whether the Spark executors write the final partition files (`StageMode.WRITTEN`).
+
+    `write_files=None` (default): whenever the engine allows it (parquet, arrow, duckdb `files`) and the
+    refresh writes partitions whole (an append adds to committed files: it keeps the staged path).
+    """
+    from airflow_partitions.refresh.written import written_mode_refusal
+
+    refusal = written_mode_refusal(dataset)
+    if plan.appending:
+        refusal = refusal or "refresh_mode append adds files to committed partitions"
+    if write_files and refusal:
+        raise RefreshError(
+            f"dataset {dataset.name!r}: the Spark executors cannot write the partition files: {refusal}; "
+            "leave write_files unset to stage the rows instead"
+        )
+    return refusal is None if write_files is None else write_files
 
 
 def choose_mode(source: Source, transforms: Sequence[Transform], strategy: str) -> StageMode:
@@ -211,6 +238,10 @@ def stage_refresh(
     repartition: bool = False,
     source: Source | None = None,
     sweep_grace: dt.timedelta = DEFAULT_GRACE,
+    write_files: bool | None = None,
+    storage: PartitionStorage | None = None,
+    s3_settings: SettingsLike | None = None,
+    shuffle_items: bool = True,
 ) -> StageResult:
     """Stage the rows of every planned partition (one source scan at most); returns where they are.
 
@@ -218,6 +249,12 @@ def stage_refresh(
     (`sc://host:15002`). `repartition=True` shuffles so each partition is one staged file (fewer, larger
     files for finalize, at the price of a shuffle). First, stages that killed runs left in the staging
     root and that were last active more than `sweep_grace` ago (default: vacuum's 1 h) are removed.
+
+    `write_files` (default: when the engine allows, see `choose_written`): the Spark executors write each
+    partition's final files themselves (`StageMode.WRITTEN`, with `storage` or the dataset's engine; under
+    an `s3://` accelerator_dir they upload them with `s3_settings`); the manifest lists them per item and
+    finalize reads no data. `shuffle_items=False` skips the shuffle by item: each source task writes the
+    items it read (several files per partition).
     """
     from airflow_partitions.refresh.leftovers import sweep_stale_stages  # it builds on this module
 
@@ -239,6 +276,11 @@ def stage_refresh(
     transforms = [f.transform for f in bound.acceleration.partition_by]
     changes = any(item.changes for item in plan.items)
     mode = StageMode.CHANGES if changes else choose_mode(source, transforms, strategy)
+    # Executors upload to an s3:// accelerator_dir with the caller's settings; without them (a
+    # spark-submit job, whose executors know no Airflow connection) the rows are staged as before.
+    executors_reach_data = not project.remote or s3_settings is not None or write_files is True
+    if mode is StageMode.SPARK and executors_reach_data and choose_written(dataset, plan, write_files):
+        mode = StageMode.WRITTEN
     target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
     if (target / STAGE_MANIFEST).exists():
         raise RefreshError(f"stage location {target} already holds a finished stage; use a new location")
@@ -253,6 +295,8 @@ def stage_refresh(
     # An append reads only rows past watermarks: rows at or below them are not routed, by design.
     full_scan = len(keys) >= plan.discovered and not plan.appending
     sinces = [rows_since(dataset, item) for item in plan.items]
+    job: ItemWriteJob | None = None
+    written: dict[int, WrittenItem] = {}
     try:
         if mode is StageMode.CHANGES:
             changed_rows = stage_changes(dataset, source, transforms, plan, target)
@@ -266,7 +310,9 @@ def stage_refresh(
             session = spark if spark is not None else _session(remote)
             ran_on = describe_session(session)
             subset = None if full_scan else keys
-            counts = _run_spark_stage(
+            if mode is StageMode.WRITTEN:
+                job = _item_write_job(project, bound, source, transforms, plan, keys, storage, s3_settings)
+            counts, written = _run_spark_stage(
                 session,
                 source,
                 transforms,
@@ -276,10 +322,28 @@ def stage_refresh(
                 repartition=repartition,
                 sinces=sinces,
                 shared_since=lowest_since(dataset, plan.items),
+                job=job,
+                shuffle_items=shuffle_items,
             )
-            staged = staged_item_rows(target, len(keys))
-            for index, item in enumerate(plan.items):
-                entries[item.key_path] = {"index": index, "rows": staged.get(index, 0)}
+            if job is None:
+                staged = staged_item_rows(target, len(keys))
+                for index, item in enumerate(plan.items):
+                    entries[item.key_path] = {"index": index, "rows": staged.get(index, 0)}
+            else:
+                from airflow_partitions.refresh.written import check_written_items
+
+                check_written_items(dataset.name, job.key_paths, written, counts.routed_rows)
+                staged = {index: found.routed for index, found in written.items()}
+                for index, item in enumerate(plan.items):
+                    found = written.get(index)
+                    entries[item.key_path] = {
+                        "index": index,
+                        "rows": found.routed if found else 0,
+                        "written": found.written if found else 0,
+                        "files": [f.to_json() for f in found.files] if found else [],
+                    }
+                    if found is not None and found.error is not None:
+                        entries[item.key_path]["error"] = found.error
             check_stage_conservation(
                 dataset.name,
                 plan,
@@ -299,7 +363,7 @@ def stage_refresh(
             discovery=plan.discovery,
             source_rows=counts.source_rows if counts is not None else None,
             routed_rows=counts.routed_rows if counts is not None else None,
-            full_scan=full_scan and mode is StageMode.SPARK,
+            full_scan=full_scan and mode in (StageMode.SPARK, StageMode.WRITTEN),
             counted_by=None
             if counts is None or mode is StageMode.CHANGES
             else "observed"
@@ -307,6 +371,10 @@ def stage_refresh(
             else "recounted",
         ).write(target)
     except BaseException:
+        if job is not None and written:
+            from airflow_partitions.refresh.written import remove_written_files
+
+            remove_written_files(written, job.data_root, job.upload_url, job.s3_settings)
         shutil.rmtree(target, ignore_errors=True)
         raise
     return StageResult(
@@ -524,7 +592,11 @@ def _run_spark_stage(
     repartition: bool,
     sinces: Sequence[RowsSince | None] = (),
     shared_since: RowsSince | None = None,
-) -> SparkStageCounts:
+    job: ItemWriteJob | None = None,
+    shuffle_items: bool = True,
+) -> tuple[SparkStageCounts, dict[int, WrittenItem]]:
+    """Run the stage job: rows staged under `<target>/data` or, with `job`, final files written by the
+    executors (returned per item)."""
     from functools import reduce
 
     from pyspark.sql import functions as F
@@ -575,12 +647,16 @@ def _run_spark_stage(
         *[frame[quote_column(c)] for c in columns], key_frame[ITEM_COLUMN]
     )
     routed = routed.observe(routed_observation, F.count(F.lit(1)).alias("rows"))
-    if repartition:
-        routed = routed.repartition(ITEM_COLUMN)
+    written: dict[int, WrittenItem] = {}
     try:
-        # Staged files live minutes and are read once: skip compression (about 13% faster to write).
-        writer = routed.write.mode("overwrite").option("compression", "none").partitionBy(ITEM_COLUMN)
-        writer.parquet(str(target / STAGE_DATA))
+        if job is not None:
+            written = _write_items_on_executors(spark, routed, job, len(keys), shuffle_items=shuffle_items)
+        else:
+            if repartition:
+                routed = routed.repartition(ITEM_COLUMN)
+            # Staged files live minutes and are read once: skip compression (about 13% faster to write).
+            writer = routed.write.mode("overwrite").option("compression", "none").partitionBy(ITEM_COLUMN)
+            writer.parquet(str(target / STAGE_DATA))
     except Exception as err:
         if isinstance(err, SourceError):
             raise
@@ -591,7 +667,7 @@ def _run_spark_stage(
     source_rows = _observed_rows(source_observation)
     routed_rows = _observed_rows(routed_observation)
     if source_rows is not None and routed_rows is not None:
-        return SparkStageCounts(source_rows=source_rows, routed_rows=routed_rows)
+        return SparkStageCounts(source_rows=source_rows, routed_rows=routed_rows), written
     # No metrics came back (a Spark server without observation support, or a plan the optimizer reduced):
     # count the source in a second job and take the staged footers as the routed count. Correct, at the
     # price of a second scan.
@@ -599,11 +675,73 @@ def _run_spark_stage(
         recounted = int(counted.count())
     except Exception as err:
         raise RefreshError(f"counting the rows of {source.describe()} failed: {_first_line(err)}") from err
-    return SparkStageCounts(
-        source_rows=recounted,
-        routed_rows=sum(staged_item_rows(target, len(keys)).values()),
-        observed=False,
+    routed_total = (
+        sum(item.routed for item in written.values())
+        if job is not None
+        else sum(staged_item_rows(target, len(keys)).values())
     )
+    return SparkStageCounts(source_rows=recounted, routed_rows=routed_total, observed=False), written
+
+
+def _item_write_job(
+    project: ProjectSpec,
+    bound: DatasetSpec,
+    source: Source,
+    transforms: Sequence[Transform],
+    plan: RefreshPlan,
+    keys: Sequence[tuple[Any, ...]],
+    storage: PartitionStorage | None,
+    s3_settings: SettingsLike | None,
+) -> ItemWriteJob:
+    """What the executors need to write the planned items' final files (local root, or S3 upload)."""
+    from airflow_partitions.refresh.written import ItemWriteJob, storage_for
+
+    settings = None
+    upload_url = None
+    data_root: str | None = str(dataset_directory(project, bound))
+    if project.remote:
+        from airflow_partitions.objectstore import S3Settings
+        from airflow_partitions.refresh import remote
+
+        remote.check_remote_engine(bound)
+        upload_url = remote.data_url(project, bound)
+        data_root = None
+        if isinstance(s3_settings, S3Settings):
+            settings = s3_settings
+        elif s3_settings is not None:
+            settings = S3Settings.from_mapping(s3_settings)
+    return ItemWriteJob(
+        dataset=bound.name,
+        schema=source.schema().serialize().to_pybytes(),
+        transforms=tuple(transforms),
+        keys=tuple(tuple(key) for key in keys),
+        key_paths=tuple(item.key_path for item in plan.items),
+        storage=storage_for(bound.acceleration, storage),
+        data_root=data_root,
+        upload_url=upload_url,
+        s3_settings=settings,
+    )
+
+
+def _write_items_on_executors(
+    spark: Any, routed: Any, job: ItemWriteJob, items: int, *, shuffle_items: bool
+) -> dict[int, WrittenItem]:
+    """Shuffle the routed rows by item (one task owns an item) and let each task write its items' final
+    files (`mapInArrow`); collects the small per-item metadata rows on the driver."""
+    from functools import partial
+
+    from airflow_partitions.refresh.written import RESULT_SCHEMA_DDL, merge_item_rows, write_items
+
+    if shuffle_items:
+        # An explicit count: adaptive execution would coalesce a by-column shuffle into a few tasks, and
+        # each task writes its items one after the other.
+        try:
+            limit = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
+        except Exception:
+            limit = 200
+        routed = routed.repartition(max(1, min(items, limit)), ITEM_COLUMN)
+    result = routed.mapInArrow(partial(write_items, job), RESULT_SCHEMA_DDL)
+    return merge_item_rows(result.toArrow().to_pylist())
 
 
 def _observation(spark: Any, name: str) -> Any:

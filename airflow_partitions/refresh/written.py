@@ -1,0 +1,270 @@
+"""Partition files written by the Spark executors themselves (`StageMode.WRITTEN`).
+
+The stage job routes rows to planned items as before; then, instead of staging them for one Airflow task
+per partition to read back, each executor task writes the final engine file(s) of the items it holds with
+the project's own writer (`PartitionStorage.write`: sort order, row groups, stats, checksum), counts the
+rows back from the written files and returns one small metadata row per item. The driver collects those
+rows (a few hundred bytes each), checks conservation and records them in the stage manifest; finalize
+then builds each partition's catalog entry from the manifest alone.
+
+Files go straight to their write-once names under the dataset root (or, with an `s3://` accelerator_dir,
+are written in the executor's scratch and uploaded write-once): nothing references them until the
+commit, and vacuum removes them if the run fails. This module runs on executors: it imports only the
+core, and Spark, pyarrow and boto3 inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import ConservationError, RefreshError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.objectstore import S3Settings
+    from airflow_partitions.spec.model import AccelerationSpec, DatasetSpec
+    from airflow_partitions.storage import DataFile, PartitionStorage
+    from airflow_partitions.transforms import Transform
+
+ITEM_COLUMN = "__ap_item"
+# What each executor task returns per item it wrote (the DataFiles as one JSON list).
+RESULT_SCHEMA_DDL = "item INT, routed BIGINT, written BIGINT, files STRING, error STRING"
+
+
+def written_mode_refusal(dataset: DatasetSpec) -> str | None:
+    """Why the executors cannot write this dataset's final files (None: they can).
+
+    DuckDB `tables` mode keeps every partition in one shared database file that only the committing
+    process may change (under a lock), and `changes` / append refreshes merge with or add to committed
+    files that finalize reads: those stay on the staged path.
+    """
+    acceleration = dataset.acceleration
+    if str(acceleration.engine) == "duckdb" and str(acceleration.partition_mode) == "tables":
+        return "duckdb partition_mode 'tables' publishes into one shared database file"
+    return None
+
+
+@dataclass(frozen=True)
+class ItemWriteJob:
+    """Everything an executor needs to write the items it receives (pickled into the Spark job).
+
+    `s3_settings` reach the bucket of an `s3://` accelerator_dir; they travel inside the job's closure
+    only (never in a log, the plan or the stage manifest).
+    """
+
+    dataset: str
+    schema: bytes  # the source's Arrow schema, serialized
+    transforms: tuple[Transform, ...]
+    keys: tuple[tuple[Any, ...], ...]
+    key_paths: tuple[str, ...]
+    storage: PartitionStorage
+    data_root: str | None  # the local dataset root; None: write in scratch and upload to `upload_url`
+    upload_url: str | None = None
+    s3_settings: S3Settings | None = None
+    verify: bool = True
+
+    def arrow_schema(self) -> pa.Schema:
+        import pyarrow as pa
+
+        return pa.ipc.read_schema(pa.py_buffer(self.schema))
+
+
+def write_items(job: ItemWriteJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The executor side (`mapInArrow`): group the task's rows by item, write each item's final files,
+    count them back and yield one metadata row per item."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    collected = [batch for batch in batches if batch.num_rows]
+    if not collected:
+        return
+    table = pa.Table.from_batches(collected)
+    items = table.column(ITEM_COLUMN)
+    # One stable sort by item, then zero-copy slices: rows keep their order within an item.
+    if pc.min_max(items)["min"] != pc.min_max(items)["max"]:
+        table = table.take(pc.sort_indices(items))
+        items = table.column(ITEM_COLUMN)
+    runs = pc.run_end_encode(items.combine_chunks())
+    ends = runs.run_ends.to_pylist()
+    values = runs.values.to_pylist()
+    rows = table.drop_columns([ITEM_COLUMN])
+    schema = job.arrow_schema()
+    results: list[dict[str, Any]] = []
+    start = 0
+    for index, end in zip(values, ends, strict=True):
+        results.append(write_item(job, schema, int(index), rows.slice(start, end - start)))
+        start = end
+    yield pa.RecordBatch.from_pylist(
+        results,
+        schema=pa.schema(
+            [
+                ("item", pa.int32()),
+                ("routed", pa.int64()),
+                ("written", pa.int64()),
+                ("files", pa.string()),
+                ("error", pa.string()),
+            ]
+        ),
+    )
+
+
+def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table) -> dict[str, Any]:
+    """Write one item's rows (conformed, keys re-checked) as final files; the metadata row for them.
+
+    A partition that cannot be written (its rows belong elsewhere, a disk or store error) fails alone,
+    as a finalize task would: its row carries the error, which its finalize raises; the others go on.
+    """
+    from airflow_partitions.refresh.finalize import conform_to_schema, verify_partition
+
+    if not 0 <= index < len(job.keys):
+        raise RefreshError(f"the Spark stage routed rows to unplanned item {index}; plan again")
+    key_path = job.key_paths[index]
+    files: list[DataFile] = []
+    written = 0
+    error: str | None = None
+    try:
+        table = conform_to_schema(rows, schema)
+        if job.verify:
+            verify_partition(table, job.transforms, job.keys[index], key_path)
+        if job.data_root is not None:
+            root = Path(job.data_root)
+            files = job.storage.write(table, root, key_path)
+            written = sum(job.storage.count_rows(root, f) for f in files)
+        else:
+            files, written = _write_and_upload(job, table, key_path)
+    except Exception as err:
+        error = f"{type(err).__name__}: {err}"[:2000]
+    return {
+        "item": index,
+        "routed": rows.num_rows,
+        "written": written,
+        "files": json.dumps([f.to_json() for f in files], separators=(",", ":")),
+        "error": error,
+    }
+
+
+def _write_and_upload(job: ItemWriteJob, table: pa.Table, key_path: str) -> tuple[list[DataFile], int]:
+    """Write in this executor's private scratch, count back, upload write-once (checked), drop scratch."""
+    from airflow_partitions.exceptions import StorageError
+    from airflow_partitions.objectstore import S3Store
+    from airflow_partitions.objectstore.location import parse_s3_location
+    from airflow_partitions.storage.remote import upload_partition_files
+
+    assert job.upload_url is not None
+    base = os.environ.get("AIRFLOW_PARTITIONS_SCRATCH_DIR") or None
+    if base:
+        Path(base).mkdir(parents=True, exist_ok=True, mode=0o700)
+    scratch = Path(tempfile.mkdtemp(prefix="written-", dir=base))
+    try:
+        files = job.storage.write(table, scratch, key_path)
+        written = sum(job.storage.count_rows(scratch, f) for f in files)
+        location = parse_s3_location(job.upload_url, what="accelerator_dir", error=StorageError)
+        upload_partition_files(S3Store.at(location, job.s3_settings), scratch, files)
+        return files, written
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class WrittenItem:
+    """One item as the executors reported it: rows routed to it, rows counted in its files, the files."""
+
+    routed: int
+    written: int
+    files: tuple[DataFile, ...]
+    error: str | None = None  # why the executor could not write the partition (it then fails alone)
+
+
+def merge_item_rows(rows: Sequence[Mapping[str, Any]]) -> dict[int, WrittenItem]:
+    """The executors' metadata rows per item (an item split over several tasks has several rows)."""
+    from airflow_partitions.storage import DataFile
+
+    merged: dict[int, WrittenItem] = {}
+    for row in rows:
+        index = int(row["item"])
+        files = tuple(DataFile.from_json(f) for f in json.loads(row["files"]))
+        known = merged.get(index)
+        error = row.get("error")
+        if known is None:
+            merged[index] = WrittenItem(int(row["routed"]), int(row["written"]), files, error)
+        else:
+            merged[index] = WrittenItem(
+                known.routed + int(row["routed"]),
+                known.written + int(row["written"]),
+                known.files + files,
+                known.error or error,
+            )
+    return merged
+
+
+def check_written_items(
+    dataset: str, key_paths: Sequence[str], items: Mapping[int, WrittenItem], routed_rows: int
+) -> None:
+    """Refuse executors' output that lost or invented rows: per item the rows routed to it = the rows
+    counted back from its files = the rows its DataFiles declare, and in total the rows the job routed
+    = the rows the executors received."""
+    differing: dict[str, tuple[int | None, int]] = {}
+    recorded_only = True  # every difference is between the files and what the writer recorded
+    for index, item in sorted(items.items()):
+        if item.error is not None:
+            continue  # this partition fails in its finalize with the executor's error
+        declared = sum(f.rows for f in item.files)
+        if item.written != item.routed or declared != item.routed:
+            shown = item.written if item.written != item.routed else declared
+            differing[key_paths[index]] = (item.routed, shown)
+            recorded_only = recorded_only and item.written == item.routed
+    if differing:
+        raise ConservationError(
+            dataset,
+            differing,
+            expected="rows read",
+            actual="rows the writer recorded" if recorded_only else "rows in the written files",
+            hint="A Spark executor's storage writer did not write the rows it was given; nothing was "
+            "published and the written files were removed. Check the executors' disks (or the "
+            "object store), then run the refresh again.",
+        )
+    received = sum(item.routed for item in items.values())
+    if received != routed_rows:
+        raise ConservationError(
+            dataset,
+            {"[all partitions]": (routed_rows, received)},
+            expected="rows routed by the Spark stage job",
+            actual="rows the executors wrote",
+            hint="A Spark task's output was lost; nothing was published. Run the refresh again.",
+        )
+
+
+def remove_written_files(
+    items: Mapping[int, WrittenItem], data_root: str | None, upload_url: str | None, s3_settings: Any
+) -> None:
+    """Delete files the executors wrote for a refused stage (best effort: vacuum removes the rest)."""
+    paths = [f.path for item in items.values() for f in item.files]
+    if not paths:
+        return
+    try:
+        if data_root is not None:
+            for path in paths:
+                Path(data_root, path).unlink(missing_ok=True)
+        elif upload_url is not None:
+            from airflow_partitions.exceptions import StorageError
+            from airflow_partitions.objectstore import S3Store
+            from airflow_partitions.objectstore.location import parse_s3_location
+
+            location = parse_s3_location(upload_url, what="accelerator_dir", error=StorageError)
+            S3Store.at(location, s3_settings).delete(paths)
+    except Exception:  # unreferenced either way; vacuum removes what is left
+        return
+
+
+def storage_for(acceleration: AccelerationSpec, storage: PartitionStorage | None) -> PartitionStorage:
+    from airflow_partitions.storage import get_storage
+
+    return storage if storage is not None else get_storage(acceleration)

@@ -1,0 +1,141 @@
+"""The Spark executors write the final partition files (`StageMode.WRITTEN`): the refresh DAG's finalize
+and commit tasks read no partition data in the Airflow task process, the result equals the source row for
+row (hostile values, NULL partitions), and an item split over several executor tasks lists every file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from matrix_support import hostile_chunks, multiset_difference
+from support_no_reads import DataReadError, no_data_reads
+
+from airflow_partitions.catalog import open_catalog
+from airflow_partitions.read import PartitionedDatasetReader
+from airflow_partitions.refresh import commit_refresh, finalize_partition, plan_refresh, stage_refresh
+from airflow_partitions.refresh.plan import StageMode
+from airflow_partitions.refresh.stage import StageManifest
+from airflow_partitions.spec import load_spec
+
+PARTITION_BY = "[{b: 'bucket(3, n_int)'}, {s: s}]"
+
+
+def write_project(
+    tmp_path: Path, engine: str, *, params: str = "", partition_by: str = PARTITION_BY
+) -> tuple[Path, pa.Table]:
+    chunks = hostile_chunks(seed=23, rows=240)
+    (tmp_path / "src").mkdir()
+    for index, chunk in enumerate(chunks):
+        pq.write_table(chunk, tmp_path / "src" / f"chunk-{index}.parquet")
+    engine_params = "{partition_mode: files" + (f", {params}" if params else "") + "}"
+    if engine != "duckdb":
+        engine_params = "{" + params + "}"
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: trips\n"
+        "    from: file:src\n"
+        "    params: {file_format: parquet}\n"
+        "    acceleration:\n"
+        f"      engine: {engine}\n"
+        f"      params: {engine_params}\n"
+        f"      partition_by: {partition_by}\n"
+    )
+    return tmp_path / "spec.yaml", pa.concat_tables(chunks)
+
+
+def read_all(spec: Path) -> pa.Table:
+    reader = PartitionedDatasetReader(spec, "trips")
+    try:
+        return reader.read()
+    finally:
+        reader.close()
+
+
+def assert_equals_source(spec: Path, source: pa.Table) -> None:
+    read = read_all(spec).select(source.column_names)
+    missing, extra = multiset_difference(read, source)
+    assert (missing, extra) == ([], []), "the acceleration equals the source, row hash for row hash"
+
+
+@pytest.mark.airflow
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["parquet", "duckdb"])
+def test_refresh_dag_reads_no_partition_data_in_the_task_process(
+    spark: Any, tmp_path: Path, engine: str
+) -> None:
+    from airflow_e2e.metadata_db import in_process_metadata_db
+
+    from airflow_partitions.operators.run_conf import RefreshRunConf
+
+    # Four partitions (NULL n_int included) keep the mapped fan-out short; hostile values ride along.
+    spec, source = write_project(tmp_path, engine, partition_by="[{b: 'bucket(3, n_int)'}]")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "refresh_trips.py").write_text(
+        "from airflow_partitions.dag_factory import build_refresh_dags\n"
+        f"globals().update(build_refresh_dags({str(spec)!r}))\n"
+    )
+    data_root = tmp_path / "acc" / "trips"
+    staging = tmp_path / "acc" / "_staging"
+    with in_process_metadata_db(str(dags)):
+        from airflow.dag_processing.dagbag import DagBag
+
+        bag = DagBag(dag_folder=str(dags))
+        assert bag.import_errors == {}, bag.import_errors
+        dag = bag.dags["refresh_trips"]
+        # Every task of the run (discover, stage driver, partition.refresh[i], commit) runs in this
+        # process; Spark's Python workers, which write the files, are separate processes.
+        with no_data_reads([data_root, staging]) as guard:
+            run = dag.test(run_conf=RefreshRunConf().to_conf())
+        guard.check()
+        assert str(run.state) == "success"
+    project = load_spec(spec)
+    snapshot = open_catalog(project, project.dataset("trips")).latest()
+    assert snapshot is not None
+    assert snapshot.total_rows == source.num_rows
+    assert "b=%NULL" in snapshot.partitions, "rows with a NULL n_int have their partition"
+    assert_equals_source(spec, source)
+
+
+@pytest.mark.spark
+def test_the_guard_catches_finalize_reading_staged_rows(spark: Any, tmp_path: Path) -> None:
+    """The guard is not blind: finalize of a stage of staged rows (the older path) is caught."""
+    spec, _ = write_project(tmp_path, "parquet")
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    plan = plan_refresh(project, dataset)
+    stage = stage_refresh(project, dataset, plan, spark=spark, write_files=False)
+    assert stage.mode is StageMode.SPARK
+    item = next(i for i in plan.items if StageManifest.load(stage.location or "").items[i.key_path]["rows"])
+    roots = [tmp_path / "acc" / "trips", tmp_path / "acc" / "_staging"]
+    with no_data_reads(roots) as guard, pytest.raises(DataReadError):
+        finalize_partition(project, dataset, stage, item)
+    assert guard.reads, "the read of the staged rows was recorded"
+
+
+@pytest.mark.spark
+def test_an_item_split_over_several_executor_tasks_lists_every_file(spark: Any, tmp_path: Path) -> None:
+    spec, source = write_project(tmp_path, "parquet", params="max_rows_per_file: 7")
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    plan = plan_refresh(project, dataset)
+    # No shuffle by item, and one Spark task per source file: each task writes the items it read.
+    session = spark.newSession()
+    session.conf.set("spark.sql.files.maxPartitionBytes", "1024")
+    stage = stage_refresh(project, dataset, plan, spark=session, shuffle_items=False)
+    assert stage.mode is StageMode.WRITTEN
+    manifest = StageManifest.load(stage.location or "")
+    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
+    assert any(len(r.entry.files) > 1 for r in results), "several files for one partition"
+    for result in results:
+        listed = manifest.items[result.entry.key_path]
+        assert [f.path for f in result.entry.files] == [f["path"] for f in listed["files"]]
+        assert result.entry.rows == listed["rows"] == sum(f.rows for f in result.entry.files)
+    commit = commit_refresh(project, dataset, plan, results, stage=stage)
+    assert commit.rows == source.num_rows
+    assert_equals_source(spec, source)
