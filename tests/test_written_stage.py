@@ -139,3 +139,29 @@ def test_an_item_split_over_several_executor_tasks_lists_every_file(spark: Any, 
     commit = commit_refresh(project, dataset, plan, results, stage=stage)
     assert commit.rows == source.num_rows
     assert_equals_source(spec, source)
+
+
+def test_a_stage_manifest_is_parsed_once_per_process_until_it_is_rewritten(tmp_path: Path) -> None:
+    """A batch of partition tasks finalizes many items of one stage: the manifest is parsed once."""
+    import dataclasses
+
+    manifest = StageManifest(
+        dataset="trips",
+        spec_id="s1",
+        mode=StageMode.WRITTEN,
+        source={"kind": "files"},
+        schema=pa.schema([("id", pa.int64())]),
+        items={f"k={i}": {"index": i, "rows": 1, "written": 1, "files": []} for i in range(3)},
+        created_at="2026-11-25T00:00:00+00:00",
+    )
+    manifest.write(tmp_path)
+    first = StageManifest.load(tmp_path)
+    assert StageManifest.load(tmp_path) is first
+    assert first == manifest
+    rewritten = dataclasses.replace(
+        manifest, items={"k=0": {"index": 0, "rows": 2, "written": 2, "files": []}}
+    )
+    rewritten.write(tmp_path)
+    again = StageManifest.load(tmp_path)
+    assert again is not first
+    assert again.items == rewritten.items

@@ -23,6 +23,7 @@ finalize checks what it reads against it. Any mismatch is a `ConservationError` 
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
 import json
 import os
@@ -96,6 +97,11 @@ def decode_schema(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
+# Stage manifests loaded by this process, newest last (see `StageManifest.load`).
+_MANIFEST_CACHE: collections.OrderedDict[tuple[str, int, int, int], StageManifest] = collections.OrderedDict()
+_MANIFEST_CACHE_SIZE = 4
+
+
 @dataclass(frozen=True)
 class StageManifest:
     """The stage's own record: mode, source, schema and, per planned key path, where its rows are.
@@ -142,8 +148,16 @@ class StageManifest:
 
     @classmethod
     def load(cls, location: str | os.PathLike[str]) -> StageManifest:
+        """The manifest of the stage at `location`. A batch of partition tasks in one process reads the
+        same manifest once: loads are cached by (path, inode, size, mtime), which a rewrite changes."""
         path = Path(location) / STAGE_MANIFEST
         try:
+            stat = path.stat()
+            cache_key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            cached = _MANIFEST_CACHE.get(cache_key)
+            if cached is not None:
+                _MANIFEST_CACHE.move_to_end(cache_key)
+                return cached
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError as err:
             raise RefreshError(
@@ -152,7 +166,11 @@ class StageManifest:
                 "stage directory: accelerator_dir (or acceleration.params.staging_dir) must be a path "
                 "shared by every Airflow worker and Spark executor"
             ) from err
-        return cls.from_json(data, where=str(path))
+        manifest = cls.from_json(data, where=str(path))
+        _MANIFEST_CACHE[cache_key] = manifest
+        while len(_MANIFEST_CACHE) > _MANIFEST_CACHE_SIZE:
+            _MANIFEST_CACHE.popitem(last=False)
+        return manifest
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], *, where: str = STAGE_MANIFEST) -> StageManifest:
