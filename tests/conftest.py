@@ -216,3 +216,24 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (wheel,) = out.glob("airflow_partitions-*.whl")
     return wheel
+
+
+# --- the scale lane --------------------------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--scale",
+        action="store_true",
+        default=False,
+        help="also run the tests marked `scale` (thousands of partitions, a Spark cluster): make test-scale",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--scale"):
+        return
+    skip = pytest.mark.skip(reason="a scale test (minutes): run `make test-scale` (pytest --scale -m scale)")
+    for item in items:
+        if "scale" in item.keywords:
+            item.add_marker(skip)

@@ -176,6 +176,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         yield Site(root, spec_path, bag.dags, sources)
 
 
+@pytest.mark.scale
 def test_three_thousand_partitions_commit_through_batches(site: Site) -> None:
     from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
     from airflow_partitions.refresh.partition_states import partition_states

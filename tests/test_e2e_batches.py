@@ -17,7 +17,13 @@ from airflow_e2e.stack import AirflowStack
 
 from airflow_partitions.cli.backfill import AirflowApiClient
 
-pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.spark, pytest.mark.postgres]
+pytestmark = [
+    pytest.mark.airflow,
+    pytest.mark.slow,
+    pytest.mark.spark,
+    pytest.mark.postgres,
+    pytest.mark.scale,
+]
 
 REFRESH_TASK = "partition.refresh"
 

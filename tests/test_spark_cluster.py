@@ -39,6 +39,7 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.postgres,
     pytest.mark.slow,
+    pytest.mark.scale,
     # A hung Spark job must fail the test, not the whole run.
     pytest.mark.timeout(600),
 ]
