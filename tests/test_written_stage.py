@@ -165,3 +165,47 @@ def test_a_stage_manifest_is_parsed_once_per_process_until_it_is_rewritten(tmp_p
     again = StageManifest.load(tmp_path)
     assert again is not first
     assert again.items == rewritten.items
+
+
+@pytest.mark.spark
+def test_a_partition_the_executor_could_not_write_is_written_by_a_retry_once_fixed(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Clearing a failed partition task after fixing the cause works with a written stage too: the retry
+    reads that partition's rows from the source, checks them against the stage's count and writes them."""
+    from airflow_partitions.exceptions import ConservationError, RefreshError
+
+    spec, source = write_project(tmp_path, "parquet")
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    plan = plan_refresh(project, dataset)
+    blocked = next(item for item in plan.items if "%NULL" not in item.key_path)
+    blocker = tmp_path / "acc" / "trips" / blocked.key_path
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a directory")
+    stage = stage_refresh(project, dataset, plan, spark=spark)
+    assert stage.mode is StageMode.WRITTEN
+    others = [finalize_partition(project, dataset, stage, item) for item in plan.items if item is not blocked]
+    with pytest.raises(RefreshError, match="could not write"):
+        finalize_partition(project, dataset, stage, blocked)
+    blocker.unlink()
+    retried = finalize_partition(project, dataset, stage, blocked)
+    commit = commit_refresh(project, dataset, plan, [*others, retried], stage=stage)
+    assert commit.rows == source.num_rows
+    assert_equals_source(spec, source)
+
+    # A retry refuses when the source no longer holds what the stage routed to the partition.
+    plan = plan_refresh(project, dataset, full=True)
+    blocked = next(item for item in plan.items if item.key_path == blocked.key_path)
+    blocker = tmp_path / "acc" / "trips" / blocked.key_path
+    for existing in blocker.iterdir():
+        existing.unlink()
+    blocker.rmdir()
+    blocker.write_text("not a directory")
+    stage = stage_refresh(project, dataset, plan, spark=spark)
+    blocker.unlink()
+    for chunk in (tmp_path / "src").iterdir():
+        chunk.unlink()
+    pq.write_table(source.slice(0, 5), tmp_path / "src" / "smaller.parquet")
+    with pytest.raises((ConservationError, RefreshError)):
+        finalize_partition(project, dataset, stage, blocked)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import PartitionEntry
-from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.exceptions import ConservationError, RefreshError, StorageError
 from airflow_partitions.refresh.leftovers import mark_stage_in_use
 from airflow_partitions.refresh.modes import rows_since
 from airflow_partitions.refresh.plan import (
@@ -213,10 +213,13 @@ def finalize_written(
     if staged is None:
         raise RefreshError(f"partition {item.key_path} was not planned in stage {location}; plan again")
     if staged.get("error"):
-        raise RefreshError(
-            f"partition {item.key_path}: the Spark executor could not write its files: {staged['error']}. "
-            "Fix the cause and run the refresh again (a new stage writes it again)"
-        )
+        if project.remote:
+            raise RefreshError(
+                f"partition {item.key_path}: the Spark executor could not write its files: "
+                f"{staged['error']}. Fix the cause and run the refresh again (a new stage writes it again)"
+            )
+        # A retry of this task after the cause was fixed: read the partition's rows from the source here.
+        return rewrite_failed_item(project, dataset, location, manifest, item, staged, started)
     files = tuple(DataFile.from_json(f) for f in staged.get("files", []))
     routed = int(staged["rows"])
     written = int(staged["written"])
@@ -253,6 +256,63 @@ def finalize_written(
         spec_id=spec_id,
         files=files,
         rows=declared,
+        bytes=sum(f.bytes for f in files),
+        source_fingerprint=item.fingerprint,
+        refreshed_at=dt.datetime.now(dt.UTC),
+    )
+    return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed)
+
+
+def rewrite_failed_item(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    location: str,
+    manifest: StageManifest,
+    item: PartitionWorkItem,
+    staged: Mapping[str, Any],
+    started: float,
+) -> PartitionResult:
+    """A partition of a WRITTEN stage whose executor write failed (e.g. its directory was blocked): the
+    task reads the partition's rows from the source itself (the whole source, routed by the dataset's
+    transforms), re-checks them, writes and counts them back. The source must still hold exactly the rows
+    the stage routed to it, else `ConservationError` (the source changed since the stage: run again)."""
+    from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
+    from airflow_partitions.write.routing import route_rows
+
+    source = staged_source(dataset, manifest, location)
+    bound = dataset.bind(manifest.schema)
+    transforms = [f.transform for f in bound.acceleration.partition_by]
+    routed_rows = route_rows(
+        conform_to_schema(source.read_all(), manifest.schema), transforms, dataset=dataset.name
+    )
+    table = routed_rows.get(item.partition_key, manifest.schema.empty_table())
+    routed = int(staged["rows"])
+    if table.num_rows != routed:
+        raise ConservationError(
+            dataset.name,
+            {item.key_path: (routed, table.num_rows)},
+            expected="rows the stage routed to the partition",
+            actual="rows the source holds for it now",
+            hint=f"The executor could not write this partition ({staged['error']}) and the source changed "
+            "since the stage; run the refresh again.",
+        )
+    verify_partition(table, transforms, item.partition_key.values, item.key_path)
+    engine = dataset_storage(dataset)
+    root = dataset_data_root(project, dataset)
+    try:
+        files = engine.write(table, root, item.key_path) if table.num_rows else []
+    except (StorageError, OSError) as err:
+        raise RefreshError(
+            f"partition {item.key_path}: the Spark executor could not write its files ({staged['error']}), "
+            f"and neither could this retry: {err}. Fix the cause and clear this task again"
+        ) from err
+    check_written_rows(dataset.name, item.key_path, engine, root, files, routed)
+    entry = PartitionEntry(
+        key=item.partition_key,
+        key_path=item.key_path,
+        spec_id=dataset.acceleration.partition_spec_id,
+        files=tuple(files),
+        rows=sum(f.rows for f in files),
         bytes=sum(f.bytes for f in files),
         source_fingerprint=item.fingerprint,
         refreshed_at=dt.datetime.now(dt.UTC),

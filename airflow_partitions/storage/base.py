@@ -408,7 +408,9 @@ def data_file_path(dataset_root: Path, file: DataFile) -> Path:
 def _remove_temporaries(temporary: Path) -> None:
     # DuckDB leaves `<name>.wal` next to its file while open; both belong to this write.
     for leftover in (temporary, temporary.with_name(temporary.name + ".wal")):
-        with contextlib.suppress(FileNotFoundError):
+        # Not there (never written, or its directory path is blocked): nothing to remove; the write's
+        # own error is the one to report.
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             leftover.unlink()
 
 
