@@ -15,7 +15,6 @@ written so far are removed and `ConservationError` names the partitions and both
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow_partitions.catalog.model import PartitionEntry
 from airflow_partitions.exceptions import ConservationError, RefreshError
-from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema
+from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema, written_entry
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
 from airflow_partitions.refresh.stage import discovered_but_empty
 
@@ -141,16 +139,7 @@ def arrow_refresh(
         files = engine.write(rows, data_root, item.key_path) if rows.num_rows else []
         written.extend(files)
         check_written_rows(dataset.name, item.key_path, engine, data_root, files, rows.num_rows)
-        entry = PartitionEntry(
-            key=item.partition_key,
-            key_path=item.key_path,
-            spec_id=dataset.acceleration.partition_spec_id,
-            files=tuple(files),
-            rows=sum(f.rows for f in files),
-            bytes=sum(f.bytes for f in files),
-            source_fingerprint=item.fingerprint,
-            refreshed_at=dt.datetime.now(dt.UTC),
-        )
+        entry = written_entry(item, dataset.acceleration.partition_spec_id, files)
         return PartitionResult(entry, elapsed_s=time.monotonic() - mark, routed=rows.num_rows)
 
     results: list[PartitionResult] = []

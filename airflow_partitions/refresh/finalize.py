@@ -106,6 +106,20 @@ def verify_partition(
         )
 
 
+def written_entry(item: PartitionWorkItem, spec_id: str, files: Sequence[DataFile]) -> PartitionEntry:
+    """The catalog entry of a planned partition refreshed into `files` (rows and bytes from the files)."""
+    return PartitionEntry(
+        key=item.partition_key,
+        key_path=item.key_path,
+        spec_id=spec_id,
+        files=tuple(files),
+        rows=sum(f.rows for f in files),
+        bytes=sum(f.bytes for f in files),
+        source_fingerprint=item.fingerprint,
+        refreshed_at=dt.datetime.now(dt.UTC),
+    )
+
+
 def finalize_partition(
     project: ProjectSpec,
     dataset: DatasetSpec,
@@ -250,16 +264,7 @@ def finalize_written(
                     f"{'missing' if size < 0 else f'{size} bytes, not {file.bytes}'} since the stage wrote "
                     "it (deleted by a vacuum with a short grace, or changed); run the refresh again"
                 )
-    entry = PartitionEntry(
-        key=item.partition_key,
-        key_path=item.key_path,
-        spec_id=spec_id,
-        files=files,
-        rows=declared,
-        bytes=sum(f.bytes for f in files),
-        source_fingerprint=item.fingerprint,
-        refreshed_at=dt.datetime.now(dt.UTC),
-    )
+    entry = written_entry(item, spec_id, files)
     return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed)
 
 
@@ -307,16 +312,7 @@ def rewrite_failed_item(
             f"and neither could this retry: {err}. Fix the cause and clear this task again"
         ) from err
     check_written_rows(dataset.name, item.key_path, engine, root, files, routed)
-    entry = PartitionEntry(
-        key=item.partition_key,
-        key_path=item.key_path,
-        spec_id=dataset.acceleration.partition_spec_id,
-        files=tuple(files),
-        rows=sum(f.rows for f in files),
-        bytes=sum(f.bytes for f in files),
-        source_fingerprint=item.fingerprint,
-        refreshed_at=dt.datetime.now(dt.UTC),
-    )
+    entry = written_entry(item, dataset.acceleration.partition_spec_id, files)
     return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed)
 
 
@@ -404,16 +400,7 @@ def _finalize(
         from airflow_partitions.refresh import remote
 
         remote.upload_partition_files(remote.data_store(project, dataset, s3_settings), root, files)
-    entry = PartitionEntry(
-        key=item.partition_key,
-        key_path=item.key_path,
-        spec_id=spec_id,
-        files=tuple(files),
-        rows=sum(f.rows for f in files),
-        bytes=sum(f.bytes for f in files),
-        source_fingerprint=item.fingerprint,
-        refreshed_at=dt.datetime.now(dt.UTC),
-    )
+    entry = written_entry(item, spec_id, files)
     return PartitionResult(
         entry,
         elapsed_s=time.monotonic() - started,
