@@ -312,3 +312,15 @@ class SparkUnreachableError(RefreshError, OrchestrationError):
 
 def _rebuild_spark_unreachable_error(message: str, url: str, timeout: float) -> SparkUnreachableError:
     return SparkUnreachableError(message, url=url, timeout=timeout)
+
+
+class SparkNoExecutorsError(SparkUnreachableError):
+    """A cluster master accepted the refresh's application but granted it no executor in time (no worker
+    alive, or none with the cores and memory asked for); the session was stopped and nothing ran."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_spark_no_executors_error, (str(self), self.url, self.timeout))
+
+
+def _rebuild_spark_no_executors_error(message: str, url: str, timeout: float) -> SparkNoExecutorsError:
+    return SparkNoExecutorsError(message, url=url, timeout=timeout)

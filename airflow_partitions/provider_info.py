@@ -144,6 +144,23 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "256",
                         "default": "1024",
                     },
+                    "spark_master_timeout": {
+                        "description": "Seconds a refresh waits for its Spark master (spark://) or Spark "
+                        "Connect server to accept a connection before failing with SparkUnreachableError.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "30",
+                        "default": "60",
+                    },
+                    "spark_executor_timeout": {
+                        "description": "Seconds a refresh on a cluster master waits for its first executor "
+                        "(a worker with free cores and memory) before failing with SparkNoExecutorsError; "
+                        "not checked with dynamic allocation.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "300",
+                        "default": "120",
+                    },
                 },
             }
         },

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.exceptions import OrchestrationError, RefreshError
 from airflow_partitions.hooks.connections import postgres_url, resolve_postgres_connection
 from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
 from airflow_partitions.hooks.spark_refresh import SparkMode, SparkRefreshHook, submit_environment
@@ -176,6 +176,45 @@ def test_submit_environment_uses_this_interpreter() -> None:
     import shutil
 
     assert shutil.which("spark-submit", path=env["PATH"]), "spark-submit is reachable on the job's PATH"
+
+
+def test_s3_settings_reach_a_submitted_job_through_its_environment_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A spark-submit job on an s3:// accelerator_dir gets the connection's settings in its environment
+    (its executors upload the partition files); where the provider turns the environment into `--conf`
+    entries (YARN), the command it logs shows no credential."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from airflow_partitions.objectstore.settings import S3Settings
+    from airflow_partitions.refresh.job_files import (
+        S3_SETTINGS_ENV,
+        s3_settings_environment,
+        s3_settings_from_environment,
+    )
+
+    settings = S3Settings(
+        endpoint_url="http://127.0.0.1:9000",
+        region_name="eu-west-1",
+        aws_access_key_id="AKIAEXAMPLE",
+        aws_secret_access_key="wJal/rXUt+nF=EMI%K7MDENG",
+        addressing_style="path",
+    )
+    env = s3_settings_environment(settings)
+    monkeypatch.setenv(S3_SETTINGS_ENV, env[S3_SETTINGS_ENV])
+    assert s3_settings_from_environment() == settings, "the job rebuilds exactly the same settings"
+    monkeypatch.delenv(S3_SETTINGS_ENV)
+    assert s3_settings_from_environment() is None
+    monkeypatch.setenv(S3_SETTINGS_ENV, "{not json")
+    with pytest.raises(RefreshError, match="is not JSON"):
+        s3_settings_from_environment()
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN", "spark://yarn?deploy-mode=cluster")
+    hook = SparkSubmitHook(conn_id="spark_yarn", env_vars=submit_environment(env))
+    command = hook._mask_cmd(hook._build_spark_submit_command("job.py"))
+    assert f"spark.yarn.appMasterEnv.{S3_SETTINGS_ENV}=" in command
+    assert "wJal" not in command, command
+    assert "AKIAEXAMPLE" not in command, command
 
 
 def test_asset_partition_keys_fit_airflow_and_stay_distinct() -> None:

@@ -90,16 +90,22 @@ def on_worker(context):
 
 
 project = load_spec(SPEC)
-for dag_id, dataset, stage in (("refresh_items_s3", "items", True), ("refresh_few_s3_each", "few", False)):
+for dag_id, dataset, stage, spark_conn_id in (
+    ("refresh_items_s3", "items", True, None),
+    ("refresh_few_s3_each", "few", False, None),
+    ("refresh_items_s3_submit", "items", True, "spark_submit_local"),
+):
     globals()[dag_id] = build_refresh_dag(
         project,
         dataset,
         aws_conn_id="accel_s3",
+        spark_conn_id=spark_conn_id,
         stage=stage,
         dag_id=dag_id,
         default_args={"on_execute_callback": on_worker},
     )
 """
+SUBMIT_CONN_ID = "spark_submit_local"
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +144,13 @@ def site(tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, str]) ->
         "        - region: region\n",
     )
     (root / "dags" / "refresh_items_s3.py").write_text(DAG_FILE, encoding="utf-8")
-    names = (f"AIRFLOW_CONN_{CONN_ID.upper()}", "AWS_ENDPOINT_URL", SCRATCH_DIR_ENV, WORKERS_ENV)
+    names = (
+        f"AIRFLOW_CONN_{CONN_ID.upper()}",
+        f"AIRFLOW_CONN_{SUBMIT_CONN_ID.upper()}",
+        "AWS_ENDPOINT_URL",
+        SCRATCH_DIR_ENV,
+        WORKERS_ENV,
+    )
     saved = {k: os.environ.get(k) for k in names}
     os.environ["AWS_ENDPOINT_URL"] = s3_server["endpoint_url"]  # the checks below read without a connection
     workers = (root / "worker-a", root / "worker-b")
@@ -247,6 +259,35 @@ def test_staged_dag_on_two_workers_reads_back_the_source(site: Site, spark: Any)
     expected = duckdb.sql(f"SELECT * FROM read_parquet('{site.source_file}') WHERE {where}").to_arrow_table()
     assert expected.num_rows > 0
     assert_same_rows(read_through_hook(site, where), expected.cast(site.source.schema), "filtered read")
+
+
+def test_spark_submit_executors_write_the_files_to_s3_and_tasks_read_no_data(site: Site) -> None:
+    """The same DAG through spark-submit (a `spark` connection, its own driver process): the job gets the
+    S3 settings in its environment, its executors upload the partition files, and no Airflow task
+    process (all of them run here, under the guard) opens partition or stage data."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from support_no_reads import no_data_reads
+
+    use_connection(site.s3)
+    submit = {"conn_type": "spark", "host": "local[2]"}
+    os.environ[f"AIRFLOW_CONN_{SUBMIT_CONN_ID.upper()}"] = json.dumps(submit)
+    with no_data_reads(list(site.workers)) as guard:
+        run = run_dag(site, "refresh_items_s3_submit")
+    guard.check()
+    assert str(run.state) == "success", states(run)
+    with create_session() as session:
+        found = session.scalars(
+            XComModel.get_many(
+                key="return_value", run_id=run.run_id, dag_ids="refresh_items_s3_submit", task_ids="stage"
+            )
+        ).first()
+        assert found is not None
+        stage = XComModel.deserialize_value(found)
+    assert stage["mode"] == "written", "the submitted job's executors wrote the partition files"
+    assert stage["location"].startswith(f"s3://{site.bucket}/accel/_staging/"), stage["location"]
+    assert site.objects("accel/_staging/") == [], "the commit removed the stage from S3"
+    assert_same_rows(read_through_hook(site), site.source, "full read after the spark-submit refresh")
 
 
 def test_failed_upload_publishes_nothing_and_a_rerun_completes(

@@ -145,3 +145,76 @@ def test_hook_checks_each_mode_before_starting_spark(
     monkeypatch.setenv("AIRFLOW__AIRFLOW_PARTITIONS__SPARK_MASTER_TIMEOUT", "-1")
     with pytest.raises(OrchestrationError, match="spark_master_timeout = '-1' is not a positive number"):
         SparkRefreshHook("spark_nowhere").submit(["stage"])
+
+
+NO_EXECUTOR_SCRIPT = """
+import json, sys, time
+from airflow_partitions.exceptions import SparkNoExecutorsError
+from airflow_partitions.refresh.spark_session import build_local_session
+
+started = time.monotonic()
+try:
+    build_local_session(master=sys.argv[1], executor_timeout=4, configured_in="AP_SPARK_MASTER",
+                        conf={"spark.executor.memory": "512m"})
+except SparkNoExecutorsError as err:
+    print(json.dumps({"type": type(err).__name__, "message": str(err), "url": err.url,
+                      "timeout": err.timeout, "seconds": time.monotonic() - started}))
+else:
+    print(json.dumps({"type": None}))
+"""
+
+
+@pytest.mark.spark
+def test_a_master_without_free_workers_fails_in_bounded_time(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A real standalone master with no worker accepts the application and would hold it forever
+    ("Initial job has not accepted any resources"); the session gives up after the executor timeout,
+    names the master and the fix, and stops its application so the master holds nothing."""
+    import subprocess
+    import sys
+
+    from airflow_e2e.spark_cluster import running_spark_cluster
+
+    with running_spark_cluster(tmp_path_factory.mktemp("no-workers"), workers=0) as cluster:
+        done = subprocess.run(
+            [sys.executable, "-c", NO_EXECUTOR_SCRIPT, cluster.master_url],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        outcome = json.loads(done.stdout.strip().splitlines()[-1])
+        assert outcome["type"] == "SparkNoExecutorsError", done.stderr[-3000:]
+        message = outcome["message"]
+        assert message.startswith(f"the Spark master {cluster.master_url} (from AP_SPARK_MASTER) accepted ")
+        assert "gave it no executor within 4 s. Nothing was run." in message
+        assert "512m of memory" in message, "says what each executor asks for"
+        assert f"spark-class org.apache.spark.deploy.worker.Worker {cluster.master_url}" in message
+        assert "spark_executor_timeout" in message
+        assert "AP_SPARK_EXECUTOR_TIMEOUT" in message
+        assert outcome["url"] == cluster.master_url
+        assert outcome["timeout"] == 4
+        # The application was stopped: the master lists it as completed, none as active.
+        state = cluster.state()
+        assert state.get("activeapps") == [], state.get("activeapps")
+        assert len(state.get("completedapps", [])) == 1
+
+
+def test_executor_timeout_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_partitions.hooks.spark_refresh import configured_executor_timeout, executor_timeout_env
+    from airflow_partitions.refresh.spark_session import executor_timeout_default
+
+    monkeypatch.setenv("AP_SPARK_EXECUTOR_TIMEOUT", "0")
+    with pytest.raises(SparkUnreachableError, match="AP_SPARK_EXECUTOR_TIMEOUT='0' is not a positive number"):
+        executor_timeout_default()
+    monkeypatch.setenv("AP_SPARK_EXECUTOR_TIMEOUT", "30")
+    assert executor_timeout_default() == 30
+    monkeypatch.setenv("AIRFLOW__AIRFLOW_PARTITIONS__SPARK_EXECUTOR_TIMEOUT", "45")
+    assert configured_executor_timeout() == 45
+    # A spark-submit driver reads no Airflow config: the setting travels in its environment.
+    assert executor_timeout_env() == {"AP_SPARK_EXECUTOR_TIMEOUT": "45"}
+    monkeypatch.setenv("AIRFLOW__AIRFLOW_PARTITIONS__SPARK_EXECUTOR_TIMEOUT", "never")
+    with pytest.raises(OrchestrationError, match="spark_executor_timeout = 'never' is not a positive number"):
+        configured_executor_timeout()

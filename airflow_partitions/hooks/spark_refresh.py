@@ -49,7 +49,24 @@ def configured_spark_conn_id() -> str | None:
 def configured_master_timeout() -> float | None:
     """`[airflow_partitions] spark_master_timeout` (env `AIRFLOW__AIRFLOW_PARTITIONS__SPARK_MASTER_TIMEOUT`):
     seconds a refresh waits for its Spark master or Connect server to accept a connection (default 60)."""
-    value = conf.get(CONFIG_SECTION, "spark_master_timeout", fallback=None)
+    return _configured_seconds("spark_master_timeout", 60)
+
+
+def configured_executor_timeout() -> float | None:
+    """`[airflow_partitions] spark_executor_timeout` (env
+    `AIRFLOW__AIRFLOW_PARTITIONS__SPARK_EXECUTOR_TIMEOUT`): seconds a refresh on a cluster master waits for
+    its first executor (default 120)."""
+    return _configured_seconds("spark_executor_timeout", 120)
+
+
+def executor_timeout_env() -> dict[str, str]:
+    """The executor timeout for a spark-submit driver, which reads no Airflow config: its environment."""
+    seconds = configured_executor_timeout()
+    return {} if seconds is None else {"AP_SPARK_EXECUTOR_TIMEOUT": f"{seconds:g}"}
+
+
+def _configured_seconds(option: str, example: int) -> float | None:
+    value = conf.get(CONFIG_SECTION, option, fallback=None)
     if value is None or not str(value).strip():
         return None
     try:
@@ -58,8 +75,8 @@ def configured_master_timeout() -> float | None:
         seconds = -1.0
     if not seconds > 0:
         raise OrchestrationError(
-            f"[{CONFIG_SECTION}] spark_master_timeout = {value!r} is not a positive number of seconds; "
-            "set it to e.g. 60"
+            f"[{CONFIG_SECTION}] {option} = {value!r} is not a positive number of seconds; "
+            f"set it to e.g. {example}"
         )
     return seconds
 
@@ -170,6 +187,7 @@ class SparkRefreshHook(BaseHook):
                     app_name="airflow-partitions-refresh",
                     conf=self.spark_conf,
                     reach_timeout=timeout,
+                    executor_timeout=configured_executor_timeout(),
                     configured_in="AP_SPARK_MASTER",
                 )
             elif self.mode is SparkMode.CONNECT:
@@ -208,7 +226,7 @@ class SparkRefreshHook(BaseHook):
             conn_id=str(self.spark_conn_id),
             conf={**submit_conf(), **self.spark_conf, **(conf_overrides or {})},
             application_args=list(application_args),
-            env_vars=submit_environment(env),
+            env_vars=submit_environment({**executor_timeout_env(), **(env or {})}),
             name=name,
         )
         # The master exactly as spark-submit will get it (the provider's reading of the connection).

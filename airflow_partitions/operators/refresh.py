@@ -103,22 +103,27 @@ class SparkOperatorBase(DatasetOperator):
         return SparkRefreshHook(spark_conn_id=self.spark_conn_id, spark_conf=self.spark_conf)
 
     def submit_env(self, dataset: DatasetSpec) -> dict[str, str]:
-        """Environment for a spark-submit driver: the Postgres source's connection as AIRFLOW_CONN_<ID>.
+        """Environment for a spark-submit driver: the Postgres source's connection as AIRFLOW_CONN_<ID>,
+        and the S3 settings of an `s3://` accelerator_dir (`job_files.S3_SETTINGS_ENV`).
 
         The driver runs outside Airflow's task process, so it cannot ask Airflow for connections; the
-        resolved URL travels in the environment (never on the command line, which `ps` shows).
+        resolved settings travel in the environment (never on the command line, which `ps` shows).
         """
         from airflow_partitions.hooks.connections import resolve_postgres_connection
         from airflow_partitions.spec import SourceScheme
 
+        env: dict[str, str] = {}
         source = dataset.source
         if source.scheme is SourceScheme.POSTGRES and source.connection_id:
-            return {
-                f"AIRFLOW_CONN_{source.connection_id.upper()}": resolve_postgres_connection(
-                    source.connection_id
-                )
-            }
-        return {}
+            env[f"AIRFLOW_CONN_{source.connection_id.upper()}"] = resolve_postgres_connection(
+                source.connection_id
+            )
+        if self.project.remote and self.data_s3_settings is not None:
+            from airflow_partitions.refresh.job_files import s3_settings_environment
+
+            # The job's executors write the partition files to the s3:// accelerator_dir themselves.
+            env.update(s3_settings_environment(self.data_s3_settings))
+        return env
 
     def run_stage(self, plan: RefreshPlan) -> StageResult:
         self.prepare_sources()

@@ -24,6 +24,11 @@ PLAN_FILE = "plan.json"
 STAGE_RESULT_FILE = "stage.json"
 # `<staging root>/.job-*/`: removed after the task; `refresh.leftovers` sweeps those a killed task left
 JOB_FILES_PREFIX = ".job-"
+# The S3 settings of an `s3://` accelerator_dir, as compact JSON, in a submitted job's environment: the
+# job and its executors know no Airflow connection. The environment, not the command line (which `ps`
+# shows). On YARN / Kubernetes the provider turns it into a `--conf` entry; "SECRET" in the name and a
+# value without whitespace make its masker hide the whole value in the logged command.
+S3_SETTINGS_ENV = "AP_ACCELERATION_S3_SECRET_SETTINGS"
 
 
 def build_stage_job_args(
@@ -87,6 +92,32 @@ def stage_job_files(root: str | os.PathLike[str]) -> Iterator[StageJobFiles]:
     """A fresh `StageJobFiles` under `root` (a directory every Spark driver sees), removed afterwards."""
     with tempfile.TemporaryDirectory(dir=root, prefix=JOB_FILES_PREFIX) as directory:
         yield StageJobFiles(Path(directory))
+
+
+def s3_settings_environment(settings: Any) -> dict[str, str]:
+    """The environment entry that hands `settings` (an `S3Settings` or its dict form) to a submitted job."""
+    from dataclasses import asdict
+
+    from airflow_partitions.objectstore.settings import as_settings
+
+    return {S3_SETTINGS_ENV: json.dumps(asdict(as_settings(settings)), separators=(",", ":"))}
+
+
+def s3_settings_from_environment() -> Any:
+    """The `S3Settings` a submitter handed over in the environment, or None."""
+    from airflow_partitions.objectstore.settings import S3Settings
+
+    text = os.environ.get(S3_SETTINGS_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        values = json.loads(text)
+    except ValueError:
+        raise RefreshError(
+            f"{S3_SETTINGS_ENV} is not JSON; it is set by the refresh operator for a spark-submit job, "
+            "unset it when running the job by hand (boto3's default credential chain is used then)"
+        ) from None
+    return S3Settings.from_mapping(values)
 
 
 def read_plan(path: str | os.PathLike[str]) -> RefreshPlan:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_partitions.exceptions import SparkUnreachableError
+from airflow_partitions.exceptions import SparkNoExecutorsError, SparkUnreachableError
 
 # Debian/Ubuntu `libpostgresql-jdbc-java` installs the PostgreSQL JDBC driver here; Postgres sources read
 # through it when present (override with AP_SPARK_JARS, a comma-separated list).
@@ -37,6 +37,10 @@ DEFAULT_CONF: dict[str, str] = {
 # the context's start and stop (about two minutes here) and ends in "Cannot call methods on a stopped
 # SparkContext"; a Connect client retries for longer still.
 DEFAULT_REACH_TIMEOUT = 60.0
+# How long a session on a cluster master waits for its first executor (AP_SPARK_EXECUTOR_TIMEOUT, or
+# `[airflow_partitions] spark_executor_timeout`). A master that answers but has no worker with free cores and
+# memory accepts the application and then waits forever ("Initial job has not accepted any resources").
+DEFAULT_EXECUTOR_TIMEOUT = 120.0
 STANDALONE_MASTER_PORT = 7077
 CONNECT_SERVER_PORT = 15002
 
@@ -64,12 +68,15 @@ def build_local_session(
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
     reach_timeout: float | None = None,
+    executor_timeout: float | None = None,
     configured_in: str | None = None,
 ) -> Any:
     """A classic in-process SparkSession (`local[2]` unless `master` or AP_SPARK_MASTER says otherwise).
 
     A `spark://` master must accept a connection within `reach_timeout` seconds, else
-    `SparkUnreachableError` (`configured_in` says where its URL came from, for the message).
+    `SparkUnreachableError` (`configured_in` says where its URL came from, for the message); on a cluster
+    master the session must then get an executor within `executor_timeout` seconds, else
+    `SparkNoExecutorsError` (see `wait_for_executors`).
     """
     from pyspark.sql import SparkSession
 
@@ -80,7 +87,9 @@ def build_local_session(
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in local_session_conf(conf).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    wait_for_executors(session, timeout=executor_timeout, configured_in=configured_in)
+    return session
 
 
 def build_connect_session(
@@ -111,9 +120,64 @@ def build_submitted_session(*, conf: Mapping[str, str] | None = None) -> Any:
     # spark-submit handed the master to this driver's JVM; check it before the context tries to register.
     check_spark_reachable(SparkConf().get("spark.master", ""), configured_in="spark-submit --master")
     session = SparkSession.builder.getOrCreate()
+    wait_for_executors(session, configured_in="spark-submit --master")
     for key, value in {**(conf or {}), **PINNED_CONF}.items():
         session.conf.set(key, value)
     return session
+
+
+def executor_timeout_default() -> float:
+    """Seconds a cluster session waits for its first executor: AP_SPARK_EXECUTOR_TIMEOUT, else 120."""
+    return _positive_seconds("AP_SPARK_EXECUTOR_TIMEOUT", DEFAULT_EXECUTOR_TIMEOUT)
+
+
+def registered_executors(session: Any) -> int:
+    """Executors registered with a classic session's driver (the driver itself not counted)."""
+    status = session.sparkContext._jsc.sc().getExecutorMemoryStatus()
+    return max(0, int(status.size()) - 1)
+
+
+def wait_for_executors(
+    session: Any, *, timeout: float | None = None, configured_in: str | None = None
+) -> None:
+    """Return once a classic session on a cluster master has an executor; raise `SparkNoExecutorsError`
+    (after stopping the session, so the master frees the application) when none registers within `timeout`
+    seconds (default `executor_timeout_default()`).
+
+    Local masters (`local[*]`) have no executors to wait for; with dynamic allocation executors are only
+    requested once a job runs, so nothing is checked then.
+    """
+    context = session.sparkContext
+    master = str(context.master)
+    if master.startswith("local"):
+        return
+    conf = context.getConf()
+    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
+        return
+    limit = executor_timeout_default() if timeout is None else timeout
+    deadline = time.monotonic() + limit
+    while registered_executors(session) == 0:
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    else:
+        return
+    cores = conf.get("spark.executor.cores", None) or "all of a worker's (standalone default)"
+    memory = conf.get("spark.executor.memory", "1g")
+    application = context.applicationId
+    where = f" (from {configured_in})" if configured_in else ""
+    context.stop()
+    raise SparkNoExecutorsError(
+        f"the Spark master {master}{where} accepted application {application} but gave it no executor "
+        f"within {limit:g} s. Nothing was run. The master has no worker with free resources for it: "
+        f"each executor asks for {memory} of memory and {cores} cores. To fix it, start a worker "
+        f"(spark-class org.apache.spark.deploy.worker.Worker {master}), free the cores other applications "
+        "hold, or ask for less (spark.executor.memory / spark.executor.cores in the connection's extras); "
+        "if the cluster is only slow to grant them, raise the timeout ([airflow_partitions] "
+        "spark_executor_timeout or AP_SPARK_EXECUTOR_TIMEOUT, in seconds).",
+        url=master,
+        timeout=limit,
+    )
 
 
 def describe_session(session: Any) -> str:
@@ -125,18 +189,22 @@ def describe_session(session: Any) -> str:
 
 def reach_timeout_default() -> float:
     """Seconds to wait for a master / Connect server: AP_SPARK_MASTER_TIMEOUT, else 60."""
-    text = os.environ.get("AP_SPARK_MASTER_TIMEOUT", "").strip()
+    return _positive_seconds("AP_SPARK_MASTER_TIMEOUT", DEFAULT_REACH_TIMEOUT)
+
+
+def _positive_seconds(variable: str, default: float) -> float:
+    text = os.environ.get(variable, "").strip()
     if not text:
-        return DEFAULT_REACH_TIMEOUT
+        return default
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if not value > 0:
         raise SparkUnreachableError(
-            f"AP_SPARK_MASTER_TIMEOUT={text!r} is not a positive number of seconds; set it to e.g. 60",
+            f"{variable}={text!r} is not a positive number of seconds; set it to e.g. {default:g}",
             url="",
-            timeout=DEFAULT_REACH_TIMEOUT,
+            timeout=default,
         )
     return value
 

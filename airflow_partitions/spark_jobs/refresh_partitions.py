@@ -65,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         read_plan,
         read_stage_reference,
         read_work_items,
+        s3_settings_from_environment,
         write_job_output,
     )
     from airflow_partitions.spec import load_spec
@@ -72,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         project = load_spec(args.spec)
         dataset = project.dataset(args.dataset)
+        # An s3:// accelerator_dir: the executors upload the partition files with these settings.
+        s3_settings = s3_settings_from_environment() if project.remote else None
         output: dict[str, Any]
         if args.command == "stage":
             plan = read_plan(args.plan)
@@ -83,17 +86,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 location=args.location,
                 strategy=args.strategy,
                 repartition=args.repartition,
+                s3_settings=s3_settings,
             )
             output = stage.to_json()
             if args.finalize and stage.location:
                 output["results"] = [
-                    finalize_partition(project, dataset, stage, item).to_json() for item in plan.items
+                    finalize_partition(project, dataset, stage, item, s3_settings=s3_settings).to_json()
+                    for item in plan.items
                 ]
         else:
             stage_ref = read_stage_reference(args.stage)
             items = read_work_items(args.items)
             output = {
-                "results": [finalize_partition(project, dataset, stage_ref, item).to_json() for item in items]
+                "results": [
+                    finalize_partition(project, dataset, stage_ref, item, s3_settings=s3_settings).to_json()
+                    for item in items
+                ]
             }
     except AirflowPartitionsError as err:
         print(f"error: {err}", file=sys.stderr)
