@@ -62,8 +62,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
+# Two workers (pytest-xdist): each test module runs whole on one of them, the modules of the shared
+# Airflow stack on the same one (tests/conftest.py); UNIT_WORKERS=0 runs everything in this process.
+UNIT_WORKERS ?= 2
 unit: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(UNIT_WORKERS)
 
 # Minutes each: 3,000 partitions through dag.test(), 1,500 through the real scheduler, the DAG on a
 # standalone Spark cluster (master + two workers) with a worker lost mid-stage.

@@ -233,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallelism", type=int, default=4, help="LocalExecutor slots (default 4)")
     parser.add_argument("--quick", action="store_true", help="widths 2 and 6, one round")
     parser.add_argument("--no-preload", action="store_true", help="without deploy/airflow_local_settings.py")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the stack's directory (task logs under airflow_home/logs)"
+    )
     args = parser.parse_args(argv)
     widths: tuple[int, int] = (2, 6) if args.quick else (min(args.widths), max(args.widths))
     rounds = 1 if args.quick else args.rounds
@@ -259,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
             run_rounds(contenders, rounds, warmup=True)
         print(report(widths, times, rounds, args.parallelism))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"kept {work} (task logs in {work / 'airflow_home' / 'logs'})")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -17,7 +17,10 @@ from airflow_e2e.stack import free_port
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Isolate Airflow from the developer's ~/airflow before anything imports it.
-os.environ.setdefault("AIRFLOW_HOME", str(REPO_ROOT / ".pytest_airflow_home"))
+# Under pytest-xdist (`make unit` runs two workers) each worker has a home of its own.
+os.environ.setdefault(
+    "AIRFLOW_HOME", str(REPO_ROOT / ".pytest_airflow_home" / os.environ.get("PYTEST_XDIST_WORKER", "main"))
+)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 os.environ.setdefault("TZ", "UTC")
@@ -230,7 +233,41 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Under pytest-xdist (`make unit` runs two workers) each test module runs whole on one worker (its module
+# fixtures are built once, and tests that build on earlier ones in their module keep their order), and the
+# modules of the session's shared Airflow stack run on the same worker, so the stack starts once.
+STACK_FIXTURES = frozenset({"stack", "client"})
+SHARED_STACK_MODULES = frozenset(
+    {"tests/test_e2e_airflow.py", "tests/test_e2e_batches.py", "tests/test_partitions_page.py"}
+)
+
+
+def _module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module_of(nodeid)
+            return "the shared Airflow stack" if module in SHARED_STACK_MODULES else module
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = _module_of(item.nodeid)
+        if (
+            STACK_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            and module not in SHARED_STACK_MODULES
+        ):
+            raise pytest.UsageError(
+                f"{module} uses the shared Airflow stack: add it to SHARED_STACK_MODULES in "
+                "tests/conftest.py so that its tests run on the stack's worker"
+            )
     if config.getoption("--scale"):
         return
     skip = pytest.mark.skip(reason="a scale test (minutes): run `make test-scale` (pytest --scale -m scale)")

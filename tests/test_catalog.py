@@ -182,6 +182,49 @@ def test_loser_touching_the_same_partition_gets_a_conflict(make_store: Callable[
     assert fingerprints(Catalog(make_store(), "sales")) == {key_path("a"): "a2", key_path("b"): "b1"}
 
 
+def test_a_writer_losing_race_after_race_backs_off_and_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every attempt of one writer is beaten by another writer's commit to another partition (a slow
+    process among fast ones). From the second lost race on it waits, with exponential backoff and full
+    jitter, so the others can finish instead of starving it; it lands once it stops losing, and only
+    gives up (CommitConflictError) after max_retries."""
+    from airflow_partitions.catalog import catalog as catalog_module
+
+    store = LocalStore(tmp_path)
+    slow, fast = Catalog(store, "sales"), Catalog(LocalStore(tmp_path), "sales")
+    base = commit(slow, entry("a", "a1"))
+    waits: list[float] = []
+    monkeypatch.setattr(catalog_module.time, "sleep", waits.append)
+    real_publish = slow._publish
+    beaten = {"left": 7, "count": 0}
+
+    def publish_after_a_faster_writer(record: Any) -> bool:
+        if beaten["left"] > 0:
+            beaten["left"] -= 1
+            beaten["count"] += 1
+            fast.commit(
+                base_version=fast.head_version(),
+                upserts=[entry(f"other{beaten['count']}", "x")],
+                partition_spec=SPEC,
+            )
+        return bool(real_publish(record))
+
+    monkeypatch.setattr(slow, "_publish", publish_after_a_faster_writer)
+    version = slow.commit(base_version=base, upserts=[entry("a", "a2")], partition_spec=SPEC)
+    assert version == base + 8, "landed after the 7 commits that beat it"
+    assert fingerprints(slow, version)[key_path("a")] == "a2"
+    assert len(fingerprints(slow, version)) == 8, "nothing the faster writer published was lost"
+    assert len(waits) == 6, "no wait after the first lost race, one after each later one"
+    for lost, wait in enumerate(waits, start=1):
+        assert 0.0 <= wait <= min(catalog_module.COMMIT_BACKOFF_CAP_S, 0.01 * 2 ** (lost - 1))
+    beaten["left"] = 3
+    with pytest.raises(CommitConflictError, match="lost the race 3 times"):
+        slow.commit(
+            base_version=slow.head_version(), upserts=[entry("a", "a3")], partition_spec=SPEC, max_retries=2
+        )
+
+
 def test_replace_all_conflicts_with_any_intervening_commit(local_catalog: Catalog) -> None:
     base = commit(local_catalog, entry("a", "a1"))
     commit(local_catalog, entry("z", "z1"))

@@ -189,6 +189,8 @@ def test_sql_literals_escape_quotes_and_keep_types() -> None:
 
 @pytest.fixture
 def clean_resolver() -> Iterator[None]:
+    # Before as well: an Airflow test earlier in this process may have installed Airflow's resolver.
+    set_connection_resolver(None)
     yield
     set_connection_resolver(None)
 

@@ -30,7 +30,9 @@ import datetime as dt
 import itertools
 import json
 import logging
+import random
 import threading
+import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -94,6 +96,19 @@ def _shared_executor() -> ThreadPoolExecutor:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=_FETCH_THREADS, thread_name_prefix="catalog-fetch")
         return _executor
+
+
+# Waits between commit attempts after the second lost race: random in [0, min(cap, base * 2**(n-1))].
+COMMIT_BACKOFF_BASE_S = 0.01
+COMMIT_BACKOFF_CAP_S = 0.5
+
+
+def commit_backoff(lost: int) -> float:
+    """Seconds to wait before the next attempt after losing race number `lost` + 1 (exponential backoff
+    with full jitter, as S3 recommends for conditional writes); the first retry goes at once."""
+    if lost < 1:
+        return 0.0
+    return random.uniform(0.0, min(COMMIT_BACKOFF_CAP_S, COMMIT_BACKOFF_BASE_S * 2 ** min(lost - 1, 16)))
 
 
 class Catalog:
@@ -497,6 +512,9 @@ class Catalog:
                 self._after_commit(base, intervening, record)
                 return record.version
             self._contended = True
+            if attempt > 0:
+                # Lost again: back off (full jitter) so a writer slower than the others is not starved.
+                time.sleep(commit_backoff(attempt))
             head = self._last_log_after(parent) or parent + 1
         raise CommitConflictError(
             f"commit to dataset {self.dataset!r} lost the race {max_retries + 1} times to other commits "
