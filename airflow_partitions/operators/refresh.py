@@ -118,11 +118,12 @@ class SparkOperatorBase(DatasetOperator):
             env[f"AIRFLOW_CONN_{source.connection_id.upper()}"] = resolve_postgres_connection(
                 source.connection_id
             )
-        if self.project.remote and self.data_s3_settings is not None:
+        settings = self.data_s3_settings  # None unless accelerator_dir is on S3
+        if settings is not None:
             from airflow_partitions.refresh.job_files import s3_settings_environment
 
             # The job's executors write the partition files to the s3:// accelerator_dir themselves.
-            env.update(s3_settings_environment(self.data_s3_settings))
+            env.update(s3_settings_environment(settings))
         return env
 
     def run_stage(self, plan: RefreshPlan) -> StageResult:
