@@ -288,6 +288,12 @@ def test_spark_submit_executors_write_the_files_to_s3_and_tasks_read_no_data(sit
     assert stage["location"].startswith(f"s3://{site.bucket}/accel/_staging/"), stage["location"]
     assert site.objects("accel/_staging/") == [], "the commit removed the stage from S3"
     assert_same_rows(read_through_hook(site), site.source, "full read after the spark-submit refresh")
+    import duckdb
+
+    where = "region IN ('a/b', 'k=v', '100%', '日本') OR region IS NULL"
+    expected = duckdb.sql(f"SELECT * FROM read_parquet('{site.source_file}') WHERE {where}").to_arrow_table()
+    assert expected.num_rows > 0
+    assert_same_rows(read_through_hook(site, where), expected.cast(site.source.schema), "filtered read")
 
 
 def test_failed_upload_publishes_nothing_and_a_rerun_completes(
