@@ -5,6 +5,7 @@ Each fixture starts the real thing; nothing here is a mock. Session-scoped where
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -140,15 +141,31 @@ def _pg_admin_connect() -> Any:
     return psycopg.connect(host=PG_HOST, port=PG_PORT, user=PG_USER, dbname="postgres", autocommit=True)
 
 
-@pytest.fixture
-def pg_database() -> Iterator[str]:
-    """A fresh Postgres database for one test, dropped afterwards; yields its URL."""
+@contextlib.contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A new Postgres database, dropped on exit; yields its URL."""
     name = f"ap_test_{uuid.uuid4().hex[:12]}"
     with _pg_admin_connect() as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}"
-    with _pg_admin_connect() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/{name}"
+    finally:
+        with _pg_admin_connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """A fresh Postgres database for one test, dropped afterwards; yields its URL."""
+    with fresh_pg_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def pg_module_database() -> Iterator[str]:
+    """A fresh Postgres database shared by one module's tests (for module-scoped sites)."""
+    with fresh_pg_database() as url:
+        yield url
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark import cloudpickle
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.cli.main import main
@@ -26,6 +28,7 @@ from airflow_partitions.sources import open_source
 from airflow_partitions.spec import load_spec, parse_spec
 from airflow_partitions.spec.model import ProjectSpec
 from airflow_partitions.storage import get_storage
+from airflow_partitions.storage.parquet import ParquetStorage
 
 TEXTS = ["a/b", "k=v", "100%", "it's", 'say "hi"', "", None, "é中", "plain"]
 
@@ -163,7 +166,7 @@ def test_postgres_append_through_spark_moves_nothing_twice(
         conn.execute("INSERT INTO public.events VALUES (301, 'null wm', 1, 'a/b', NULL)")
     summary = refresh_dataset(project, "events", spark=spark, strategy="spark")
     assert summary.refresh_mode == "append"
-    assert summary.stage_mode == "spark"
+    assert summary.stage_mode == "written", "the executors write the appended files too"
     assert summary.appended_rows == summary.rows_written == 20
     after = assert_equals_source(project, "events", leaving_out={301})
     for key_path, entry in before.partitions.items():
@@ -250,7 +253,7 @@ def test_parquet_day_files_append_through_spark(spark: Any, tmp_path: Path) -> N
     before = assert_equals_source(project, "events")
     pq.write_table(day_table(3, range(300, 340)), root / "d3.parquet")
     summary = refresh_dataset(project, "events", spark=spark)
-    assert summary.stage_mode == "spark"
+    assert summary.stage_mode == "written", "the executors write the appended files too"
     assert summary.refresh_mode == "append"
     assert summary.appended_rows == 40
     after = assert_equals_source(project, "events")
@@ -298,7 +301,13 @@ def create_accounts(url: str) -> None:
 
 
 @pytest.mark.postgres
-def test_postgres_changes_upserts_moves_and_keeps_ties(pg_database: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("merged_by", ["task", "spark"])
+def test_postgres_changes_upserts_moves_and_keeps_ties(
+    pg_database: str, tmp_path: Path, merged_by: str, request: pytest.FixtureRequest
+) -> None:
+    """Changes merged by the refresh's own process (no Spark) or, with a Spark session, by its executors
+    (`written` stage: the partition tasks then read no data)."""
+    spark = request.getfixturevalue("spark") if merged_by == "spark" else None
     create_accounts(pg_database)
     (tmp_path / "spec.yaml").write_text(
         "accelerator_dir: acc\n"
@@ -313,7 +322,7 @@ def test_postgres_changes_upserts_moves_and_keeps_ties(pg_database: str, tmp_pat
         "      refresh: {watermark_column: updated_at}\n"
     )
     project = load_spec(tmp_path / "spec.yaml")
-    first = refresh_dataset(project, "accounts")
+    first = refresh_dataset(project, "accounts", spark=spark)
     assert first.refresh_mode == "full", "nothing committed yet: the first refresh reads every row"
     before = assert_equals_source(project, "accounts")
     newest = dt.datetime(2026, 5, 1, 8, 29, tzinfo=dt.UTC)
@@ -330,8 +339,10 @@ def test_postgres_changes_upserts_moves_and_keeps_ties(pg_database: str, tmp_pat
     plan = plan_refresh(project, "accounts")
     assert plan.refresh_mode == "changes"
     assert plan.changed_rows == 6, "the 4 changed rows, the tie, and the row at the watermark itself"
-    summary = refresh_dataset(project, "accounts")
+    summary = refresh_dataset(project, "accounts", spark=spark)
     assert summary.refresh_mode == "changes"
+    assert summary.stage_mode == ("written" if spark is not None else "changes")
+    assert summary.changed_rows == 6, "each changed row merged into exactly one partition"
     after = assert_equals_source(project, "accounts")
     assert after.partitions["r=100%25"].rows == before.partitions["r=100%25"].rows - 1, "id 2 moved out"
     assert after.partitions["r=a%2Fb"].rows == before.partitions["r=a%2Fb"].rows + 2, "id 3 and 101 in"
@@ -340,17 +351,89 @@ def test_postgres_changes_upserts_moves_and_keeps_ties(pg_database: str, tmp_pat
         assert after.partitions[key_path].files == before.partitions[key_path].files
 
     # Nothing changed since: the row at the watermark is read again and replaced by itself.
-    assert refresh_dataset(project, "accounts").refresh_mode == "changes"
+    assert refresh_dataset(project, "accounts", spark=spark).refresh_mode == "changes"
     assert_equals_source(project, "accounts")
 
     # A hard delete is not a change: the row stays until a full refresh compares everything.
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute("DELETE FROM public.accounts WHERE id = 7")
-    refresh_dataset(project, "accounts")
+    refresh_dataset(project, "accounts", spark=spark)
     _, table = accelerated(project, "accounts")
     assert 7 in table.column("id").to_pylist()
     assert refresh_dataset(project, "accounts", full=True).refresh_mode == "full"
     assert_equals_source(project, "accounts")
+
+
+class OnePartitionFailingStorage(ParquetStorage):
+    """Fails to write one partition (a full disk, say); shipped by value to the Spark executors."""
+
+    def __init__(self, victim: str) -> None:
+        super().__init__()
+        self.victim = victim
+
+    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[Any]:
+        if key_path == self.victim:
+            raise OSError(28, "No space left on device")
+        return super().write(table, dataset_root, key_path)
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.mark.postgres
+@pytest.mark.spark
+def test_a_changes_partition_the_executor_could_not_merge_is_merged_by_its_retry(
+    spark: Any, pg_database: str, tmp_path: Path
+) -> None:
+    """One partition's executor write fails: the stage records it, the other partitions stay the
+    executors' files, and that partition's task merges the staged changes itself."""
+    from airflow_partitions.refresh import commit_refresh, finalize_partition, stage_refresh
+    from airflow_partitions.refresh.stage import StageManifest
+
+    create_accounts(pg_database)
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: accounts\n"
+        "    from: postgres:public.accounts\n"
+        f"    params: {{url: '{pg_database}', pushdown: always}}\n"
+        "    acceleration:\n"
+        "      refresh_mode: changes\n"
+        "      primary_key: [id]\n"
+        '      partition_by: [{r: "region"}]\n'
+        "      refresh: {watermark_column: updated_at}\n"
+    )
+    project = load_spec(tmp_path / "spec.yaml")
+    refresh_dataset(project, "accounts", spark=spark)
+    later = dt.datetime(2026, 5, 2, tzinfo=dt.UTC)
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("UPDATE public.accounts SET region = 'a/b', updated_at = %s WHERE id = 1", (later,))
+        conn.execute("INSERT INTO public.accounts VALUES (200, 'a/b', NULL, '', %s)", (later,))
+    dataset = project.dataset("accounts")
+    plan = plan_refresh(project, dataset)
+    assert plan.refresh_mode == "changes"
+    victim = "r=a%2Fb"
+    stage = stage_refresh(project, dataset, plan, spark=spark, storage=OnePartitionFailingStorage(victim))
+    assert str(stage.mode) == "written"
+    assert "No space left" in StageManifest.load(stage.location or "").items[victim]["error"]
+    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
+    retried = next(r for r in results if r.entry.key_path == victim)
+    assert retried.changed_rows == 2, "id 1 moved in, id 200 is new"
+    commit_refresh(project, dataset, plan, results, stage=stage)
+    assert_equals_source(project, "accounts")
+
+
+def test_a_merge_that_lost_a_changed_row_is_refused() -> None:
+    from airflow_partitions.exceptions import ConservationError
+    from airflow_partitions.refresh.written import WrittenItem, check_merged_changes
+
+    paths = ["r=a", "r=b", "r=c"]
+    fine = {0: WrittenItem(5, 5, (), changed=2), 1: WrittenItem(3, 3, (), changed=0)}
+    check_merged_changes("accounts", paths, fine, {0: 2})
+    failed = {**fine, 2: WrittenItem(0, 0, (), error="OSError: disk full")}
+    check_merged_changes("accounts", paths, failed, {0: 2, 2: 4})  # a failed item fails in its own task
+    with pytest.raises(ConservationError, match=r"r=a: 2 changed rows routed to the partition, 1 changed"):
+        check_merged_changes("accounts", paths, {0: WrittenItem(5, 5, (), changed=1)}, {0: 2})
 
 
 def test_changes_needs_a_postgres_source(tmp_path: Path) -> None:

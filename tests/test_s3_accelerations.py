@@ -45,6 +45,8 @@ class Site:
     source: pa.Table
     source_file: Path
     few: pa.Table
+    events_file: Path
+    pg_url: str
     bucket: str
     s3: dict[str, str]
     workers: tuple[Path, Path]
@@ -94,6 +96,8 @@ for dag_id, dataset, stage, spark_conn_id in (
     ("refresh_items_s3", "items", True, None),
     ("refresh_few_s3_each", "few", False, None),
     ("refresh_items_s3_submit", "items", True, "spark_submit_local"),
+    ("refresh_events_s3", "events", True, None),
+    ("refresh_accounts_s3", "accounts", True, None),
 ):
     globals()[dag_id] = build_refresh_dag(
         project,
@@ -109,7 +113,9 @@ SUBMIT_CONN_ID = "spark_submit_local"
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, str]) -> Iterator[Site]:
+def site(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, str], pg_module_database: str
+) -> Iterator[Site]:
     import boto3
 
     root = tmp_path_factory.mktemp("s3accel")
@@ -124,6 +130,10 @@ def site(tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, str]) ->
     few_file = root / "src" / "few" / "few.parquet"
     few_file.parent.mkdir(parents=True)
     pq.write_table(few, few_file)
+    events_file = root / "src" / "events" / "events-1.parquet"
+    events_file.parent.mkdir(parents=True)
+    pq.write_table(hostile_rows(45, range(1, 201), regions=FEW_REGIONS), events_file)
+    create_accounts(pg_module_database)
     spec_path = install_example_dag(
         root / "dags",
         f"accelerator_dir: s3://{bucket}/accel\n"
@@ -140,6 +150,23 @@ def site(tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, str]) ->
         "    params: {file_format: parquet}\n"
         "    acceleration:\n"
         "      engine: arrow\n"
+        "      partition_by:\n"
+        "        - region: region\n"
+        "  - name: events\n"
+        f"    from: file:{events_file.parent}/\n"
+        "    params: {file_format: parquet}\n"
+        "    acceleration:\n"
+        "      refresh_mode: append\n"
+        "      refresh: {watermark_column: id}\n"
+        "      partition_by:\n"
+        "        - region: region\n"
+        "  - name: accounts\n"
+        "    from: postgres:public.accounts\n"
+        f"    params: {{url: '{pg_module_database}', pushdown: always}}\n"
+        "    acceleration:\n"
+        "      refresh_mode: changes\n"
+        "      primary_key: [id]\n"
+        "      refresh: {watermark_column: updated_at}\n"
         "      partition_by:\n"
         "        - region: region\n",
     )
@@ -162,13 +189,84 @@ def site(tmp_path_factory: pytest.TempPathFactory, s3_server: dict[str, str]) ->
 
             bag = DagBag(dag_folder=str(root / "dags"))
             assert bag.import_errors == {}, bag.import_errors
-            yield Site(spec_path, source, source_file, few, bucket, s3_server, workers, log, bag.dags)
+            yield Site(
+                spec_path,
+                source,
+                source_file,
+                few,
+                events_file,
+                pg_module_database,
+                bucket,
+                s3_server,
+                workers,
+                log,
+                bag.dags,
+            )
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+ACCOUNTS_START = dt.datetime(2026, 5, 1, 8, tzinfo=dt.UTC)
+
+
+def create_accounts(url: str) -> None:
+    """A Postgres table of hostile rows (NULL and unicode regions, `/ = %` and quotes, NULL amounts)
+    with an `updated_at` that each change moves forward."""
+    import psycopg
+
+    rows = hostile_rows(48, range(1, 121), regions=FEW_REGIONS)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE public.accounts (id bigint PRIMARY KEY, region text, amount numeric(12, 2), "
+            "note text, updated_at timestamptz NOT NULL)"
+        )
+        conn.execute("CREATE INDEX accounts_updated ON public.accounts (updated_at)")
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s)",
+                [
+                    (
+                        r["id"],
+                        r["region"],
+                        r["amount"],
+                        r["note"],
+                        ACCOUNTS_START + dt.timedelta(minutes=r["id"]),
+                    )
+                    for r in rows.to_pylist()
+                ],
+            )
+
+
+ACCOUNTS_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("region", pa.string()),
+        ("amount", pa.decimal128(12, 2)),
+        ("note", pa.string()),
+        ("updated_at", pa.timestamp("us", "UTC")),
+    ]
+)
+
+
+def assert_accounts_match_postgres(site: Site, what: str) -> None:
+    """A full read through the hook = what Postgres holds (read with psycopg, not the package's own
+    reader), row hash for row hash, with the Postgres types mapped to Arrow."""
+    import psycopg
+    from matrix_support import multiset_difference
+
+    with psycopg.connect(site.pg_url) as conn:
+        cur = conn.execute("SELECT id, region, amount, note, updated_at FROM public.accounts")
+        names = [column.name for column in cur.description or ()]
+        rows = [dict(zip(names, values, strict=True)) for values in cur.fetchall()]
+    expected = pa.Table.from_pylist(rows, schema=ACCOUNTS_SCHEMA)
+    read = read_through_hook(site, dataset="accounts")
+    assert read.schema.equals(ACCOUNTS_SCHEMA), f"{what}: types changed: {read.schema}"
+    missing, extra = multiset_difference(read, expected)
+    assert (missing[:3], extra[:3]) == ([], []), f"{what}: rows missing / extra"
 
 
 def use_connection(settings: dict[str, str]) -> None:
@@ -182,13 +280,27 @@ def use_connection(settings: dict[str, str]) -> None:
     )
 
 
-def run_dag(site: Site, dag_id: str) -> Any:
+def run_dag(site: Site, dag_id: str, *, full: bool = True) -> Any:
     from airflow_partitions.operators.run_conf import RefreshRunConf
 
     for worker in site.workers:
         worker.mkdir(exist_ok=True)
     site.log.write_text("", encoding="utf-8")
-    return site.dags[dag_id].test(run_conf={**RefreshRunConf().to_conf(), "full_refresh": True})
+    return site.dags[dag_id].test(run_conf={**RefreshRunConf().to_conf(), "full_refresh": full})
+
+
+def stage_xcom(run: Any, dag_id: str) -> dict[str, Any]:
+    """What the run's stage task returned (mode, location)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        found = session.scalars(
+            XComModel.get_many(key="return_value", run_id=run.run_id, dag_ids=dag_id, task_ids="stage")
+        ).first()
+        assert found is not None
+        stage: dict[str, Any] = XComModel.deserialize_value(found)
+    return stage
 
 
 def read_through_hook(site: Site, where: Any = None, dataset: str = "items") -> pa.Table:
@@ -265,8 +377,6 @@ def test_spark_submit_executors_write_the_files_to_s3_and_tasks_read_no_data(sit
     """The same DAG through spark-submit (a `spark` connection, its own driver process): the job gets the
     S3 settings in its environment, its executors upload the partition files, and no Airflow task
     process (all of them run here, under the guard) opens partition or stage data."""
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
     from support_no_reads import no_data_reads
 
     use_connection(site.s3)
@@ -276,14 +386,7 @@ def test_spark_submit_executors_write_the_files_to_s3_and_tasks_read_no_data(sit
         run = run_dag(site, "refresh_items_s3_submit")
     guard.check()
     assert str(run.state) == "success", states(run)
-    with create_session() as session:
-        found = session.scalars(
-            XComModel.get_many(
-                key="return_value", run_id=run.run_id, dag_ids="refresh_items_s3_submit", task_ids="stage"
-            )
-        ).first()
-        assert found is not None
-        stage = XComModel.deserialize_value(found)
+    stage = stage_xcom(run, "refresh_items_s3_submit")
     assert stage["mode"] == "written", "the submitted job's executors wrote the partition files"
     assert stage["location"].startswith(f"s3://{site.bucket}/accel/_staging/"), stage["location"]
     assert site.objects("accel/_staging/") == [], "the commit removed the stage from S3"
@@ -294,6 +397,117 @@ def test_spark_submit_executors_write_the_files_to_s3_and_tasks_read_no_data(sit
     expected = duckdb.sql(f"SELECT * FROM read_parquet('{site.source_file}') WHERE {where}").to_arrow_table()
     assert expected.num_rows > 0
     assert_same_rows(read_through_hook(site, where), expected.cast(site.source.schema), "filtered read")
+
+
+def test_an_append_on_s3_uploads_only_new_files_from_the_executors(site: Site, spark: Any) -> None:
+    """refresh_mode append on an `s3://` accelerator_dir: the executors upload the rows past each
+    partition's watermark as new objects, the committed objects stay, no task process reads partition
+    data, and a read through the hook equals the source without the late rows (at or below a watermark,
+    which an append does not read)."""
+    from support_no_reads import no_data_reads
+
+    del spark  # the session the tasks' in-process Spark hook reuses
+    use_connection(site.s3)
+    first = pq.read_table(site.events_file)
+    run = run_dag(site, "refresh_events_s3")
+    assert str(run.state) == "success", states(run)
+    committed = set(site.objects("accel/events/"))
+    new = hostile_rows(46, range(1001, 1041), regions=[*FEW_REGIONS, "new/é=%"])
+    late = hostile_rows(47, range(-3, 0), regions=FEW_REGIONS)  # ids below every watermark
+    pq.write_table(new, site.events_file.with_name("events-2.parquet"))
+    pq.write_table(late, site.events_file.with_name("events-late.parquet"))
+    with no_data_reads(list(site.workers)) as guard:
+        run = run_dag(site, "refresh_events_s3", full=False)
+    guard.check()
+    assert str(run.state) == "success", states(run)
+    assert stage_xcom(run, "refresh_events_s3")["mode"] == "written"
+    assert committed < set(site.objects("accel/events/")), "committed objects stay, new ones join them"
+    expected = pa.concat_tables([first, new])
+    assert_same_rows(read_through_hook(site, dataset="events"), expected, "full read after the append")
+    where = "region = 'new/é=%' OR region IS NULL"
+    import duckdb
+
+    oracle = duckdb.sql(f"SELECT * FROM expected WHERE {where}").to_arrow_table()
+    assert oracle.num_rows > 0
+    assert_same_rows(
+        read_through_hook(site, where, dataset="events"), oracle, "filtered read after the append"
+    )
+
+
+def test_changes_on_s3_are_merged_by_the_executors(site: Site, spark: Any) -> None:
+    """refresh_mode changes on an `s3://` accelerator_dir through the DAG: the executors fetch each
+    changed partition's committed objects, merge the changed rows (a row moving between partitions, a
+    new NULL-region row, an update in place) and upload the new objects; no task process reads
+    partition data, untouched partitions keep their objects, and the hook reads what Postgres holds."""
+    import psycopg
+    from support_no_reads import no_data_reads
+
+    del spark  # the session the tasks' in-process Spark hook reuses
+    use_connection(site.s3)
+    run = run_dag(site, "refresh_accounts_s3")
+    assert str(run.state) == "success", states(run)
+    assert_accounts_match_postgres(site, "after the full refresh")
+    before = set(site.objects("accel/accounts/"))
+    later = ACCOUNTS_START + dt.timedelta(days=1)
+    with psycopg.connect(site.pg_url, autocommit=True) as conn:
+        moving = conn.execute("SELECT id FROM public.accounts WHERE region = 'a/b' LIMIT 1").fetchone()
+        assert moving is not None
+        conn.execute(
+            "UPDATE public.accounts SET region = 'k=v%%', updated_at = %s WHERE id = %s", (later, moving[0])
+        )
+        conn.execute(
+            "UPDATE public.accounts SET amount = NULL, note = 'it''s \"new\"', updated_at = %s "
+            "WHERE region = 'k=v%%' AND id <> %s AND id = (SELECT min(id) FROM public.accounts "
+            "WHERE region = 'k=v%%')",
+            (later, moving[0]),
+        )
+        conn.execute("INSERT INTO public.accounts VALUES (999, NULL, -0.01, '', %s)", (later,))
+    with no_data_reads(list(site.workers)) as guard:
+        run = run_dag(site, "refresh_accounts_s3", full=False)
+    guard.check()
+    assert str(run.state) == "success", states(run)
+    assert stage_xcom(run, "refresh_accounts_s3")["mode"] == "written", "the executors merged"
+    after = set(site.objects("accel/accounts/"))
+    assert before - after == set(), "no object is deleted by a commit (vacuum removes old ones)"
+    assert len(after - before) > 1, "new objects for the changed partitions and the catalog"
+    assert_accounts_match_postgres(site, "after the changes refresh")
+
+
+def test_changes_on_s3_are_merged_by_the_cli_refresh_without_spark(
+    site: Site, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a Spark session (`airflow-partitions refresh`), the refresh process merges each changed
+    partition itself: it fetches the committed objects, merges, uploads; a full read = Postgres. (Before,
+    it looked for the committed files on its local scratch and failed every partition.)"""
+    import psycopg
+
+    from airflow_partitions.cli.main import main
+
+    use_connection(site.s3)  # for the hook's reads below
+    for name, key in (
+        ("AWS_ACCESS_KEY_ID", "aws_access_key_id"),
+        ("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key"),
+    ):
+        monkeypatch.setenv(name, site.s3[key])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", site.s3["region_name"])
+    monkeypatch.setenv(SCRATCH_DIR_ENV, str(site.workers[1] / "cli"))
+    spec = str(site.spec_path)
+    assert main(["refresh", spec, "accounts", "--json"]) == 0  # a full one first, if none is committed
+    later = ACCOUNTS_START + dt.timedelta(days=2)
+    with psycopg.connect(site.pg_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE public.accounts SET region = 'a/b', updated_at = %s "
+            "WHERE id = (SELECT min(id) FROM public.accounts WHERE region IS NULL)",
+            (later,),
+        )
+        conn.execute("INSERT INTO public.accounts VALUES (1001, 'é/中', 12.5, 'x=y%%', %s)", (later,))
+    capsys.readouterr()
+    assert main(["refresh", spec, "accounts", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["refresh_mode"] == "changes"
+    assert summary["stage_mode"] == "changes", "merged by this process: no Spark session"
+    assert summary["changed_rows"] >= 2, "the two changed rows (and rows at the watermark, read again)"
+    assert_accounts_match_postgres(site, "after the CLI changes refresh")
 
 
 def test_failed_upload_publishes_nothing_and_a_rerun_completes(
@@ -396,6 +610,17 @@ def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
         "_stage.json",
         "data/__ap_item=0/part-0.parquet",
     ]
+    changes = tmp_path / "changes-stage"
+    changes.mkdir()
+    pq.write_table(pa.table({"a": [1, None]}), changes / "changes.parquet")
+    (changes / "_stage.json").write_text('{"mode": "changes"}')
+    changes_url = remote.stage_url(project, dataset, "changes")
+    remote.upload_stage(changes, changes_url)
+    fetched = remote.fetch_stage(changes_url, None, tmp_path / "fetched-changes")
+    assert pq.read_table(fetched / "changes.parquet").column("a").to_pylist() == [1, None], (
+        "a changes stage's changed rows come with its manifest: every partition task merges them"
+    )
+    remote.remove_remote_stage(changes_url)
     assert remote.sweep_remote_stages(project, dataset, grace=dt.timedelta(hours=1)) == []
     assert remote.sweep_remote_stages(project, dataset, grace=dt.timedelta(0)) == [url]
     assert list(store.list("")) != []  # partition files are not stages

@@ -4,6 +4,7 @@ row (hostile values, NULL partitions), and an item split over several executor t
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,20 +12,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from matrix_support import hostile_chunks, multiset_difference
+from pyspark import cloudpickle
 from support_no_reads import DataReadError, no_data_reads
 
 from airflow_partitions.catalog import open_catalog
+from airflow_partitions.keys import PartitionKey
 from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh import commit_refresh, finalize_partition, plan_refresh, stage_refresh
 from airflow_partitions.refresh.plan import StageMode
 from airflow_partitions.refresh.stage import StageManifest
 from airflow_partitions.spec import load_spec
+from airflow_partitions.storage.parquet import ParquetStorage
 
 PARTITION_BY = "[{b: 'bucket(3, n_int)'}, {s: s}]"
 
 
 def write_project(
-    tmp_path: Path, engine: str, *, params: str = "", partition_by: str = PARTITION_BY
+    tmp_path: Path, engine: str, *, params: str = "", partition_by: str = PARTITION_BY, append: bool = False
 ) -> tuple[Path, pa.Table]:
     chunks = hostile_chunks(seed=23, rows=240)
     (tmp_path / "src").mkdir()
@@ -43,6 +47,7 @@ def write_project(
         f"      engine: {engine}\n"
         f"      params: {engine_params}\n"
         f"      partition_by: {partition_by}\n"
+        + ("      refresh_mode: append\n      refresh: {watermark_column: id}\n" if append else "")
     )
     return tmp_path / "spec.yaml", pa.concat_tables(chunks)
 
@@ -209,3 +214,162 @@ def test_a_partition_the_executor_could_not_write_is_written_by_a_retry_once_fix
     pq.write_table(source.slice(0, 5), tmp_path / "src" / "smaller.parquet")
     with pytest.raises((ConservationError, RefreshError)):
         finalize_partition(project, dataset, stage, blocked)
+
+
+def appended_rows(source: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Rows for an append: new hostile rows past every watermark (ids above the source's), and late rows
+    (copies of committed rows with ids below every watermark) that an append must not read."""
+    new = pa.concat_tables(hostile_chunks(seed=31, rows=60, chunks=1))
+    top = max(source.column("id").to_pylist())
+    new = new.set_column(0, "id", pa.array([top + 1 + i for i in range(new.num_rows)], type=pa.int64()))
+    late = source.slice(3, 4)
+    late = late.set_column(0, "id", pa.array([-1 - i for i in range(late.num_rows)], type=pa.int64()))
+    return new, late
+
+
+@pytest.mark.airflow
+@pytest.mark.spark
+@pytest.mark.slow
+def test_an_append_through_the_refresh_dag_has_the_executors_write_the_new_files(
+    spark: Any, tmp_path: Path
+) -> None:
+    """refresh_mode append on the written stage: the executors write only the rows past each partition's
+    watermark as new files, the task process reads no partition data, and the commit adds the new files
+    to the committed ones."""
+    from airflow_e2e.metadata_db import in_process_metadata_db
+
+    from airflow_partitions.operators.run_conf import RefreshRunConf
+    from airflow_partitions.refresh import refresh_dataset
+
+    spec, source = write_project(tmp_path, "parquet", partition_by="[{b: 'bucket(3, n_int)'}]", append=True)
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    first = refresh_dataset(project, dataset, spark=spark)
+    assert first.refresh_mode == "full"
+    assert first.stage_mode == "written"
+    before = open_catalog(project, dataset).latest()
+    assert before is not None
+    new, late = appended_rows(source)
+    pq.write_table(new, tmp_path / "src" / "chunk-new.parquet")
+    pq.write_table(late, tmp_path / "src" / "chunk-late.parquet")
+    plan = plan_refresh(project, dataset)
+    assert plan.refresh_mode == "append"
+    assert all(item.append for item in plan.items), "every partition is committed: each appends"
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "refresh_trips.py").write_text(
+        "from airflow_partitions.dag_factory import build_refresh_dags\n"
+        f"globals().update(build_refresh_dags({str(spec)!r}))\n"
+    )
+    with in_process_metadata_db(str(dags)):
+        from airflow.dag_processing.dagbag import DagBag
+
+        bag = DagBag(dag_folder=str(dags))
+        assert bag.import_errors == {}, bag.import_errors
+        with no_data_reads([tmp_path / "acc" / "trips", tmp_path / "acc" / "_staging"]) as guard:
+            run = bag.dags["refresh_trips"].test(run_conf=RefreshRunConf().to_conf())
+        guard.check()
+        assert str(run.state) == "success"
+    catalog = open_catalog(project, dataset)
+    after = catalog.latest()
+    assert after is not None
+    assert after.total_rows == source.num_rows + new.num_rows, "the late rows are not appended"
+    for key_path, entry in before.partitions.items():
+        assert set(entry.files) <= set(after.partitions[key_path].files), f"{key_path} kept its files"
+    header = catalog.versions()[-1]
+    assert header.conservation is not None
+    assert header.conservation["routed"] == header.conservation["written"] == new.num_rows
+    assert_equals_source(spec, pa.concat_tables([source, new]))
+
+
+def test_an_executor_refuses_appended_rows_at_or_below_the_watermark(tmp_path: Path) -> None:
+    """The executors' own check: rows routed to an appended partition that are not past its watermark
+    would duplicate committed rows; the item fails with nothing written, the other items are written."""
+    from airflow_partitions.refresh.written import ItemWriteJob, write_item
+    from airflow_partitions.sources.base import RowsSince
+    from airflow_partitions.storage import get_storage
+    from airflow_partitions.transforms import parse_transform
+
+    spec, source = write_project(tmp_path, "parquet", append=True)
+    acceleration = load_spec(spec).dataset("trips").acceleration
+    transform = parse_transform("bucket(3, n_int)")
+    rows = source.filter(pa.compute.is_null(source.column("n_int")))
+    assert rows.num_rows > 1
+    mark = sorted(rows.column("id").to_pylist())[1]
+    job = ItemWriteJob(
+        dataset="trips",
+        schema=source.schema.serialize().to_pybytes(),
+        transforms=(transform,),
+        keys=((None,), (None,)),
+        key_paths=("b=%NULL", "b=%NULL"),
+        storage=get_storage(acceleration),
+        data_root=str(tmp_path / "out"),
+        sinces=(RowsSince("id", mark), RowsSince("id", -1)),
+    )
+    refused = write_item(job, source.schema, 0, rows)
+    assert refused["written"] == 0
+    assert refused["files"] == "[]"
+    assert "not past the watermark" in (refused["error"] or "")
+    assert "2 of" in (refused["error"] or ""), "the two rows at or below id " + str(mark)
+    written = write_item(job, source.schema, 1, rows)
+    assert written["error"] is None
+    assert written["written"] == written["routed"] == rows.num_rows
+
+
+class OnePartitionFailingStorage(ParquetStorage):
+    """Fails to write one partition (a full disk, say): shipped by value to the Spark executors."""
+
+    def __init__(self, victim: str) -> None:
+        super().__init__()
+        self.victim = victim
+
+    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[Any]:
+        if key_path == self.victim:
+            raise OSError(28, "No space left on device")
+        return super().write(table, dataset_root, key_path)
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.mark.spark
+def test_a_retried_append_partition_writes_only_the_rows_past_its_watermark(
+    spark: Any, tmp_path: Path
+) -> None:
+    """An appended partition whose executor write failed is written by its task's retry from the source:
+    only its rows past the watermark, as the stage routed them; the commit adds them to its files."""
+    from airflow_partitions.refresh import refresh_dataset
+
+    spec, source = write_project(tmp_path, "parquet", partition_by="[{b: 'bucket(3, n_int)'}]", append=True)
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    refresh_dataset(project, dataset, spark=spark)
+    new, late = appended_rows(source)
+    pq.write_table(new, tmp_path / "src" / "chunk-new.parquet")
+    pq.write_table(late, tmp_path / "src" / "chunk-late.parquet")
+    plan = plan_refresh(project, dataset)
+    victim = next(item for item in plan.items if "%NULL" not in item.key_path)
+    assert victim.append
+    stage = stage_refresh(
+        project, dataset, plan, spark=spark, storage=OnePartitionFailingStorage(victim.key_path)
+    )
+    assert stage.mode is StageMode.WRITTEN
+    assert "No space left" in StageManifest.load(stage.location or "").items[victim.key_path]["error"]
+    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
+    retried = next(r for r in results if r.entry.key_path == victim.key_path)
+    assert retried.appended
+    expected_new = sum(
+        1
+        for row in new.to_pylist()
+        if PartitionKey.from_json(victim.key).values == (bucket_of(row["n_int"]),)
+    )
+    assert retried.routed == expected_new > 0
+    commit = commit_refresh(project, dataset, plan, results, stage=stage)
+    assert commit.rows == source.num_rows + new.num_rows
+    assert_equals_source(spec, pa.concat_tables([source, new]))
+
+
+def bucket_of(value: Any) -> Any:
+    from airflow_partitions.transforms import parse_transform
+
+    return parse_transform("bucket(3, n_int)").apply(pa.array([value], type=pa.int64()))[0].as_py()

@@ -227,6 +227,9 @@ def finalize_written(
     if staged is None:
         raise RefreshError(f"partition {item.key_path} was not planned in stage {location}; plan again")
     if staged.get("error"):
+        if item.changes and not project.remote:
+            # A retry after the cause was fixed: merge the staged changes into the partition here.
+            return _finalize(project, dataset, location, item, None, None, True, None, s3_settings)
         if project.remote:
             raise RefreshError(
                 f"partition {item.key_path}: the Spark executor could not write its files: "
@@ -249,7 +252,9 @@ def finalize_written(
             hint=f"The stage manifest at {location} is inconsistent (edited or truncated); run the "
             "refresh again.",
         )
-    if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC:
+    # An appended partition may gain nothing, changes may empty one; one written whole was seen with
+    # rows by discovery.
+    if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC and not (item.append or item.changes):
         raise discovered_but_empty(dataset.name, [item.key_path], actual="rows written")
     if not project.remote:
         root = dataset_data_root(project, dataset)
@@ -265,7 +270,14 @@ def finalize_written(
                     "it (deleted by a vacuum with a short grace, or changed); run the refresh again"
                 )
     entry = written_entry(item, spec_id, files)
-    return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed)
+    changed = staged.get("changed")
+    return PartitionResult(
+        entry,
+        elapsed_s=time.monotonic() - started,
+        routed=routed,
+        appended=item.append,
+        changed_rows=int(changed) if changed is not None else None,
+    )
 
 
 def rewrite_failed_item(
@@ -279,8 +291,9 @@ def rewrite_failed_item(
 ) -> PartitionResult:
     """A partition of a WRITTEN stage whose executor write failed (e.g. its directory was blocked): the
     task reads the partition's rows from the source itself (the whole source, routed by the dataset's
-    transforms), re-checks them, writes and counts them back. The source must still hold exactly the rows
-    the stage routed to it, else `ConservationError` (the source changed since the stage: run again)."""
+    transforms; for an appended partition only its rows past the watermark), re-checks them, writes and
+    counts them back. The source must still hold exactly the rows the stage routed to it, else
+    `ConservationError` (the source changed since the stage: run again)."""
     from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
     from airflow_partitions.write.routing import route_rows
 
@@ -291,6 +304,9 @@ def rewrite_failed_item(
         conform_to_schema(source.read_all(), manifest.schema), transforms, dataset=dataset.name
     )
     table = routed_rows.get(item.partition_key, manifest.schema.empty_table())
+    since = rows_since(dataset, item)
+    if since is not None:
+        table = since.filter_table(table)
     routed = int(staged["rows"])
     if table.num_rows != routed:
         raise ConservationError(
@@ -313,7 +329,7 @@ def rewrite_failed_item(
         ) from err
     check_written_rows(dataset.name, item.key_path, engine, root, files, routed)
     entry = written_entry(item, dataset.acceleration.partition_spec_id, files)
-    return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed)
+    return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed, appended=item.append)
 
 
 def _remote_item_index(location: str, item: PartitionWorkItem, settings: SettingsLike | None) -> int | None:
@@ -361,9 +377,17 @@ def _finalize(
     changed_here: int | None = None
     engine = storage or dataset_storage(dataset)
     root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
-    if manifest.mode is StageMode.CHANGES:
+    if manifest.mode is StageMode.CHANGES or item.changes:  # (a written stage's failed item: merged here)
+        from airflow_partitions.refresh.stage import read_staged_changes
+
+        changed = read_staged_changes(location, manifest.schema)
+        if upload and item.base_files:  # the committed files live on the object store: fetch them once
+            from airflow_partitions.refresh import remote
+            from airflow_partitions.storage.remote import fetch_partition_files
+
+            fetch_partition_files(remote.data_store(project, dataset, s3_settings), root, item.base_files)
         table, changed_here = upsert_changes(
-            dataset, engine, root, location, item, transforms, key, manifest.schema
+            dataset, engine, root, changed, item, transforms, key, manifest.schema
         )
         routed = table.num_rows
     elif manifest.mode is StageMode.PUSHDOWN:
@@ -414,22 +438,21 @@ def upsert_changes(
     dataset: DatasetSpec,
     engine: PartitionStorage,
     root: Path,
-    location: str,
+    changed: pa.Table,
     item: PartitionWorkItem,
     transforms: Sequence[Transform],
     key: tuple[Any, ...],
     schema: pa.Schema,
 ) -> tuple[pa.Table, int]:
     """refresh_mode changes: the partition's committed rows minus every changed key (a changed row
-    leaves the partition it was in, whether it stays or moves), plus the changed rows routed here.
+    leaves the partition it was in, whether it stays or moves), plus the `changed` rows routed here.
 
     Returns the rows to write and how many of them are changed rows.
     """
-    from airflow_partitions.refresh.stage import read_staged_changes
     from airflow_partitions.write.merge import upsert_rows
 
     keys = list(dataset.acceleration.primary_key)
-    changed = conform_to_schema(read_staged_changes(location, schema), schema)
+    changed = conform_to_schema(changed, schema)
     if item.base_files:
         base = conform_to_schema(engine.read(root, list(item.base_files), schema=schema), schema)
     else:

@@ -12,6 +12,7 @@ which vacuum removes after the grace period, exactly like local orphans.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 import tempfile
@@ -108,6 +109,16 @@ def fetch_stage(url: str, index: int | None, into: Path, settings: SettingsLike 
         )
     into.mkdir(parents=True, exist_ok=True)
     (into / STAGE_MANIFEST_NAME).write_bytes(manifest)
+    from airflow_partitions.refresh.plan import StageMode
+
+    if json.loads(manifest).get("mode") == str(StageMode.CHANGES):
+        # A changes stage's one data file: every partition task merges it into its committed rows.
+        from airflow_partitions.refresh.stage import CHANGES_FILE
+
+        changes = store.get(CHANGES_FILE)
+        if changes is None:
+            raise RefreshError(f"staged file {url}/{CHANGES_FILE} is missing; stage again")
+        (into / CHANGES_FILE).write_bytes(changes)
     if index is not None:
         prefix = f"{STAGE_DATA_NAME}/{ITEM_PREFIX}{index}/"
         for info in store.list(prefix):

@@ -48,8 +48,8 @@ from airflow_partitions.sources.base import RowsSince
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.objectstore import SettingsLike
-    from airflow_partitions.refresh.written import ItemWriteJob, WrittenItem
+    from airflow_partitions.objectstore import S3Settings, SettingsLike
+    from airflow_partitions.refresh.written import ItemMergeJob, ItemWriteJob, WrittenItem
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
     from airflow_partitions.transforms import Transform
@@ -208,14 +208,12 @@ def bind_to_source(dataset: DatasetSpec, source: Source) -> DatasetSpec:
 def choose_written(dataset: DatasetSpec, plan: RefreshPlan, write_files: bool | None) -> bool:
     """Whether the Spark executors write the final partition files (`StageMode.WRITTEN`).
 
-    `write_files=None` (default): whenever the engine allows it (parquet, arrow, duckdb `files`) and the
-    refresh writes partitions whole (an append adds to committed files: it keeps the staged path).
+    `write_files=None` (default): whenever the engine allows it (parquet, arrow, duckdb `files`); an
+    append's executors write the new files that the commit adds to the committed ones.
     """
     from airflow_partitions.refresh.written import written_mode_refusal
 
     refusal = written_mode_refusal(dataset)
-    if plan.appending:
-        refusal = refusal or "refresh_mode append adds files to committed partitions"
     if write_files and refusal:
         raise RefreshError(
             f"dataset {dataset.name!r}: the Spark executors cannot write the partition files: {refusal}; "
@@ -294,8 +292,8 @@ def stage_refresh(
     transforms = [f.transform for f in bound.acceleration.partition_by]
     changes = any(item.changes for item in plan.items)
     mode = StageMode.CHANGES if changes else choose_mode(source, transforms, strategy)
-    # Executors upload to an s3:// accelerator_dir with the caller's settings; without them (a
-    # spark-submit job, whose executors know no Airflow connection) the rows are staged as before.
+    # Executors reach an s3:// accelerator_dir with the caller's settings; without them (a spark-submit
+    # job, whose executors know no Airflow connection) the rows are staged (or merged) as before.
     executors_reach_data = not project.remote or s3_settings is not None or write_files is True
     if mode is StageMode.SPARK and executors_reach_data and choose_written(dataset, plan, write_files):
         mode = StageMode.WRITTEN
@@ -314,13 +312,37 @@ def stage_refresh(
     full_scan = len(keys) >= plan.discovered and not plan.appending
     sinces = [rows_since(dataset, item) for item in plan.items]
     job: ItemWriteJob | None = None
+    merge: ItemMergeJob | None = None
     written: dict[int, WrittenItem] = {}
     try:
         if mode is StageMode.CHANGES:
-            changed_rows = stage_changes(dataset, source, transforms, plan, target)
-            counts = SparkStageCounts(source_rows=changed_rows, routed_rows=changed_rows)
-            for index, item in enumerate(plan.items):
-                entries[item.key_path] = {"index": index}
+            changed, landing = stage_changes(dataset, source, transforms, plan, target)
+            counts = SparkStageCounts(source_rows=changed.num_rows, routed_rows=changed.num_rows)
+            session = spark if spark is not None else _session(remote) if remote else None
+            if session is not None and executors_reach_data and merge_on_executors(dataset, write_files):
+                # Spark is at hand: its executors merge and write the partitions, not the partition tasks.
+                from airflow_partitions.refresh.written import check_merged_changes, check_written_items
+
+                ran_on = describe_session(session)
+                merge = _item_merge_job(
+                    project, bound, source, transforms, plan, storage, changed, s3_settings
+                )
+                written = _merge_on_executors(session, merge)
+                key_paths = [item.key_path for item in plan.items]
+                merged_rows = sum(found.routed for found in written.values())
+                check_written_items(dataset.name, key_paths, written, merged_rows)
+                check_merged_changes(dataset.name, key_paths, written, landing)
+                mode = StageMode.WRITTEN
+                entries.update(written_entries(plan, written))
+            else:
+                for index, item in enumerate(plan.items):
+                    entries[item.key_path] = {"index": index}
+            if mode is StageMode.CHANGES or not project.remote:
+                # Partition tasks merge these rows (locally also the retry of an item an executor
+                # could not write); on an object store the executors' merge needs nothing staged.
+                import pyarrow.parquet as pq
+
+                pq.write_table(changed, target / CHANGES_FILE)
         elif mode is StageMode.PUSHDOWN:
             for index, (item, key) in enumerate(zip(plan.items, keys, strict=True)):
                 entries[item.key_path] = {"index": index, "hint": source.partition_read_hint(transforms, key)}
@@ -329,7 +351,9 @@ def stage_refresh(
             ran_on = describe_session(session)
             subset = None if full_scan else keys
             if mode is StageMode.WRITTEN:
-                job = _item_write_job(project, bound, source, transforms, plan, keys, storage, s3_settings)
+                job = _item_write_job(
+                    project, bound, source, transforms, plan, keys, storage, s3_settings, sinces
+                )
             counts, written = _run_spark_stage(
                 session,
                 source,
@@ -352,16 +376,7 @@ def stage_refresh(
 
                 check_written_items(dataset.name, job.key_paths, written, counts.routed_rows)
                 staged = {index: found.routed for index, found in written.items()}
-                for index, item in enumerate(plan.items):
-                    found = written.get(index)
-                    entries[item.key_path] = {
-                        "index": index,
-                        "rows": found.routed if found else 0,
-                        "written": found.written if found else 0,
-                        "files": [f.to_json() for f in found.files] if found else [],
-                    }
-                    if found is not None and found.error is not None:
-                        entries[item.key_path]["error"] = found.error
+                entries.update(written_entries(plan, written))
             check_stage_conservation(
                 dataset.name,
                 plan,
@@ -381,18 +396,17 @@ def stage_refresh(
             discovery=plan.discovery,
             source_rows=counts.source_rows if counts is not None else None,
             routed_rows=counts.routed_rows if counts is not None else None,
-            full_scan=full_scan and mode in (StageMode.SPARK, StageMode.WRITTEN),
-            counted_by=None
-            if counts is None or mode is StageMode.CHANGES
-            else "observed"
-            if counts.observed
-            else "recounted",
+            full_scan=full_scan and not changes and mode in (StageMode.SPARK, StageMode.WRITTEN),
+            counted_by=None if counts is None or changes else "observed" if counts.observed else "recounted",
         ).write(target)
     except BaseException:
-        if job is not None and written:
+        if written:
             from airflow_partitions.refresh.written import remove_written_files
 
-            remove_written_files(written, job.data_root, job.upload_url, job.s3_settings)
+            if job is not None:
+                remove_written_files(written, job.data_root, job.upload_url, job.s3_settings)
+            elif merge is not None:
+                remove_written_files(written, merge.data_root, merge.upload_url, merge.s3_settings)
         shutil.rmtree(target, ignore_errors=True)
         raise
     return StageResult(
@@ -412,15 +426,16 @@ CHANGES_FILE = "changes.parquet"
 
 def stage_changes(
     dataset: DatasetSpec, source: Source, transforms: Sequence[Transform], plan: RefreshPlan, target: Path
-) -> int:
-    """refresh_mode changes: read the changed rows once (the range the plan saw) into one staged file.
+) -> tuple[pa.Table, dict[int, int]]:
+    """refresh_mode changes: read the changed rows once (the range the plan saw); the caller stages them.
+
+    Returns the changed rows and, per planned item, how many of them land in it.
 
     Refused when the rows are not the ones planned (another count, or, when the stage serves the whole
     plan, a row landing in a partition the plan does not hold): the source changed between plan and
     stage, and the plan's partitions might miss where a changed row's old version lives. (A partition
     task staging itself holds one item: it checks the count only.)
     """
-    import pyarrow.parquet as pq
 
     from airflow_partitions.keys import value_from_json
 
@@ -432,22 +447,22 @@ def stage_changes(
     changed = read_changed(
         source.schema().names, column, value_from_json(first.watermark), value_from_json(first.upper)
     )
-    planned = {tuple(PartitionKey.from_json(item.key).values) for item in plan.items}
+    planned = {tuple(PartitionKey.from_json(item.key).values): i for i, item in enumerate(plan.items)}
     if changed.num_rows:
         values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
-        landing = set(zip(*values, strict=True))
+        per_key = collections.Counter(zip(*values, strict=True))
     else:
-        landing = set()
+        per_key = collections.Counter()
+    landing = set(per_key)
     whole_plan = plan.changed_partitions is None or len(plan.items) == plan.changed_partitions
     if (plan.changed_rows is not None and changed.num_rows != plan.changed_rows) or (
-        whole_plan and not landing <= planned
+        whole_plan and not landing <= planned.keys()
     ):
         raise RefreshError(
             f"the rows of {source.describe()} changed between the plan ({plan.changed_rows} changed rows) "
             f"and the stage ({changed.num_rows}); nothing was written: run the refresh again"
         )
-    pq.write_table(changed, target / CHANGES_FILE)
-    return int(changed.num_rows)
+    return changed, {planned[key]: rows for key, rows in per_key.items() if key in planned}
 
 
 def read_staged_changes(location: str | os.PathLike[str], schema: pa.Schema) -> pa.Table:
@@ -701,6 +716,116 @@ def _run_spark_stage(
     return SparkStageCounts(source_rows=recounted, routed_rows=routed_total, observed=False), written
 
 
+def written_entries(plan: RefreshPlan, written: Mapping[int, WrittenItem]) -> dict[str, dict[str, Any]]:
+    """The stage manifest's items of a WRITTEN stage: what the executors wrote for each planned item."""
+    entries: dict[str, dict[str, Any]] = {}
+    for index, item in enumerate(plan.items):
+        found = written.get(index)
+        entry: dict[str, Any] = {
+            "index": index,
+            "rows": found.routed if found else 0,
+            "written": found.written if found else 0,
+            "files": [f.to_json() for f in found.files] if found else [],
+        }
+        if found is not None and found.error is not None:
+            entry["error"] = found.error
+        if found is not None and found.changed is not None:
+            entry["changed"] = found.changed
+        entries[item.key_path] = entry
+    return entries
+
+
+def merge_on_executors(dataset: DatasetSpec, write_files: bool | None) -> bool:
+    """Whether a changes refresh that has a Spark session merges on its executors (`write_files` unset
+    or True): whenever the executors write the engine's files (they read the committed files from the
+    local accelerator_dir, or fetch them from an `s3://` one)."""
+    from airflow_partitions.refresh.written import written_mode_refusal
+
+    if write_files is False:
+        return False
+    refusal = written_mode_refusal(dataset)
+    if write_files and refusal:
+        raise RefreshError(
+            f"dataset {dataset.name!r}: the Spark executors cannot write the partition files: {refusal}; "
+            "leave write_files unset to merge in the partition tasks instead"
+        )
+    return refusal is None
+
+
+def _item_merge_job(
+    project: ProjectSpec,
+    bound: DatasetSpec,
+    source: Source,
+    transforms: Sequence[Transform],
+    plan: RefreshPlan,
+    storage: PartitionStorage | None,
+    changed: pa.Table,
+    s3_settings: SettingsLike | None,
+) -> ItemMergeJob:
+    """What the executors need to merge the changed rows into the planned items (the changed rows ride
+    in the job: the stage holds them in memory already, and executors need no path to the stage)."""
+    import pyarrow as pa
+
+    from airflow_partitions.refresh.written import ItemMergeJob, storage_for
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, changed.schema) as writer:
+        writer.write_table(changed)
+    data_root, upload_url, settings = _data_destination(project, bound, s3_settings)
+    return ItemMergeJob(
+        dataset=bound,
+        schema=source.schema().serialize().to_pybytes(),
+        transforms=tuple(transforms),
+        items=tuple(plan.items),
+        storage=storage_for(bound.acceleration, storage),
+        changes=sink.getvalue().to_pybytes(),
+        data_root=data_root,
+        upload_url=upload_url,
+        s3_settings=settings,
+    )
+
+
+def _data_destination(
+    project: ProjectSpec, bound: DatasetSpec, s3_settings: SettingsLike | None
+) -> tuple[str | None, str | None, S3Settings | None]:
+    """Where executors write partition files: (local dataset root, None, None), or, under an `s3://`
+    accelerator_dir, (None, the dataset's URL, the settings that reach it)."""
+    if not project.remote:
+        return str(dataset_directory(project, bound)), None, None
+    from airflow_partitions.objectstore import S3Settings
+    from airflow_partitions.refresh import remote
+
+    remote.check_remote_engine(bound)
+    if isinstance(s3_settings, S3Settings) or s3_settings is None:
+        settings = s3_settings
+    else:
+        settings = S3Settings.from_mapping(s3_settings)
+    return None, remote.data_url(project, bound), settings
+
+
+def _merge_on_executors(spark: Any, job: ItemMergeJob) -> dict[int, WrittenItem]:
+    """One Spark task per planned item (up to the shuffle partitions) merges and writes it."""
+    from functools import partial
+
+    from airflow_partitions.refresh.written import RESULT_SCHEMA_DDL, merge_item_rows, merge_items
+
+    count = len(job.items)
+    try:
+        limit = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
+    except Exception:
+        limit = 200
+    items = spark.createDataFrame([(i,) for i in range(count)], "item INT").repartition(
+        max(1, min(count, limit)), "item"
+    )
+    try:
+        rows = items.mapInArrow(partial(merge_items, job), RESULT_SCHEMA_DDL).toArrow().to_pylist()
+    except Exception as err:
+        raise RefreshError(
+            f"the Spark merge job of dataset {job.dataset.name!r} failed: {_first_line(err)}"
+        ) from err
+    return merge_item_rows(rows)
+
+
 def _item_write_job(
     project: ProjectSpec,
     bound: DatasetSpec,
@@ -710,24 +835,12 @@ def _item_write_job(
     keys: Sequence[tuple[Any, ...]],
     storage: PartitionStorage | None,
     s3_settings: SettingsLike | None,
+    sinces: Sequence[RowsSince | None] = (),
 ) -> ItemWriteJob:
     """What the executors need to write the planned items' final files (local root, or S3 upload)."""
     from airflow_partitions.refresh.written import ItemWriteJob, storage_for
 
-    settings = None
-    upload_url = None
-    data_root: str | None = str(dataset_directory(project, bound))
-    if project.remote:
-        from airflow_partitions.objectstore import S3Settings
-        from airflow_partitions.refresh import remote
-
-        remote.check_remote_engine(bound)
-        upload_url = remote.data_url(project, bound)
-        data_root = None
-        if isinstance(s3_settings, S3Settings):
-            settings = s3_settings
-        elif s3_settings is not None:
-            settings = S3Settings.from_mapping(s3_settings)
+    data_root, upload_url, settings = _data_destination(project, bound, s3_settings)
     return ItemWriteJob(
         dataset=bound.name,
         schema=source.schema().serialize().to_pybytes(),
@@ -738,6 +851,7 @@ def _item_write_job(
         data_root=data_root,
         upload_url=upload_url,
         s3_settings=settings,
+        sinces=tuple(sinces),
     )
 
 

@@ -30,21 +30,39 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.objectstore import S3Settings
+    from airflow_partitions.refresh.plan import PartitionWorkItem
+    from airflow_partitions.sources.base import RowsSince
     from airflow_partitions.spec.model import AccelerationSpec, DatasetSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
     from airflow_partitions.transforms import Transform
 
 ITEM_COLUMN = "__ap_item"
-# What each executor task returns per item it wrote (the DataFiles as one JSON list).
-RESULT_SCHEMA_DDL = "item INT, routed BIGINT, written BIGINT, files STRING, error STRING"
+# What each executor task returns per item it wrote (the DataFiles as one JSON list; `changed`: for a
+# changes refresh, how many of the written rows are changed rows merged in).
+RESULT_SCHEMA_DDL = "item INT, routed BIGINT, written BIGINT, files STRING, error STRING, changed BIGINT"
+
+
+def result_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("item", pa.int32()),
+            ("routed", pa.int64()),
+            ("written", pa.int64()),
+            ("files", pa.string()),
+            ("error", pa.string()),
+            ("changed", pa.int64()),
+        ]
+    )
 
 
 def written_mode_refusal(dataset: DatasetSpec) -> str | None:
     """Why the executors cannot write this dataset's final files (None: they can).
 
     DuckDB `tables` mode keeps every partition in one shared database file that only the committing
-    process may change (under a lock), and `changes` / append refreshes merge with or add to committed
-    files that finalize reads: those stay on the staged path.
+    process may change (under a lock): it stays on the staged path. (An append writes new files beside
+    the committed ones, so executors write those too; `changes` refreshes are not Spark-staged.)
     """
     acceleration = dataset.acceleration
     if str(acceleration.engine) == "duckdb" and str(acceleration.partition_mode) == "tables":
@@ -57,7 +75,8 @@ class ItemWriteJob:
     """Everything an executor needs to write the items it receives (pickled into the Spark job).
 
     `s3_settings` reach the bucket of an `s3://` accelerator_dir; they travel inside the job's closure
-    only (never in a log, the plan or the stage manifest).
+    only (never in a log, the plan or the stage manifest). `sinces` holds, per item, the watermark an
+    appended partition's rows must be past (None: the partition is written whole).
     """
 
     dataset: str
@@ -70,6 +89,7 @@ class ItemWriteJob:
     upload_url: str | None = None
     s3_settings: S3Settings | None = None
     verify: bool = True
+    sinces: tuple[RowsSince | None, ...] = ()
 
     def arrow_schema(self) -> pa.Schema:
         import pyarrow as pa
@@ -102,18 +122,7 @@ def write_items(job: ItemWriteJob, batches: Iterator[pa.RecordBatch]) -> Iterato
     for index, end in zip(values, ends, strict=True):
         results.append(write_item(job, schema, int(index), rows.slice(start, end - start)))
         start = end
-    yield pa.RecordBatch.from_pylist(
-        results,
-        schema=pa.schema(
-            [
-                ("item", pa.int32()),
-                ("routed", pa.int64()),
-                ("written", pa.int64()),
-                ("files", pa.string()),
-                ("error", pa.string()),
-            ]
-        ),
-    )
+    yield pa.RecordBatch.from_pylist(results, schema=result_schema())
 
 
 def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table) -> dict[str, Any]:
@@ -122,7 +131,11 @@ def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table)
     A partition that cannot be written (its rows belong elsewhere, a disk or store error) fails alone,
     as a finalize task would: its row carries the error, which its finalize raises; the others go on.
     """
-    from airflow_partitions.refresh.finalize import conform_to_schema, verify_partition
+    from airflow_partitions.refresh.finalize import (
+        conform_to_schema,
+        verify_partition,
+        verify_past_watermark,
+    )
 
     if not 0 <= index < len(job.keys):
         raise RefreshError(f"the Spark stage routed rows to unplanned item {index}; plan again")
@@ -132,8 +145,11 @@ def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table)
     error: str | None = None
     try:
         table = conform_to_schema(rows, schema)
+        since = job.sinces[index] if job.sinces else None
         if job.verify:
             verify_partition(table, job.transforms, job.keys[index], key_path)
+            if since is not None:  # an appended row at or below the watermark would be a duplicate
+                verify_past_watermark(table, since, key_path)
         if job.data_root is not None:
             root = Path(job.data_root)
             files = job.storage.write(table, root, key_path)
@@ -151,26 +167,150 @@ def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table)
     }
 
 
+@dataclass(frozen=True)
+class ItemMergeJob:
+    """refresh_mode changes on the executors: each task merges the staged changed rows into the committed
+    files of the items it receives (`upsert_changes`) and writes each partition's new files."""
+
+    dataset: DatasetSpec
+    schema: bytes  # the source's Arrow schema, serialized
+    transforms: tuple[Transform, ...]
+    items: tuple[PartitionWorkItem, ...]
+    storage: PartitionStorage
+    changes: bytes  # the staged changed rows (an Arrow IPC stream; the stage read them already)
+    data_root: str | None  # the local dataset root; None: fetch from and upload to `upload_url`
+    upload_url: str | None = None
+    s3_settings: S3Settings | None = None
+    verify: bool = True
+
+    def arrow_schema(self) -> pa.Schema:
+        import pyarrow as pa
+
+        return pa.ipc.read_schema(pa.py_buffer(self.schema))
+
+    def changed_rows(self) -> pa.Table:
+        import pyarrow as pa
+
+        return pa.ipc.open_stream(pa.py_buffer(self.changes)).read_all()
+
+
+def merge_items(job: ItemMergeJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The executor side of a changes refresh (`mapInArrow` over item numbers): the changed rows are
+    decoded once per task, then each item is merged, written, counted back; one metadata row per item."""
+    import pyarrow as pa
+
+    indexes = [int(i) for batch in batches for i in batch.column("item").to_pylist()]
+    if not indexes:
+        return
+    schema = job.arrow_schema()
+    changed = job.changed_rows()
+    results = [merge_item(job, schema, changed, index) for index in indexes]
+    yield pa.RecordBatch.from_pylist(results, schema=result_schema())
+
+
+def merge_item(job: ItemMergeJob, schema: pa.Schema, changed: pa.Table, index: int) -> dict[str, Any]:
+    """One partition of a changes refresh: committed rows minus every changed key, plus the changed rows
+    routed here, re-checked and written as the partition's new files. Fails alone, like `write_item`."""
+    from airflow_partitions.refresh.finalize import upsert_changes, verify_partition
+
+    if not 0 <= index < len(job.items):
+        raise RefreshError(f"the Spark merge job received unplanned item {index}; plan again")
+    item = job.items[index]
+    key = item.partition_key.values
+    files: list[DataFile] = []
+    routed = written = 0
+    added: int | None = None
+    error: str | None = None
+    scratch = None if job.data_root is not None else _scratch()
+    root = Path(job.data_root) if job.data_root is not None else scratch
+    assert root is not None
+    try:
+        store = None
+        if scratch is not None:  # the committed files come from the object store, the new ones go there
+            from airflow_partitions.storage.remote import fetch_partition_files
+
+            store = _upload_store(job.upload_url, job.s3_settings)
+            fetch_partition_files(store, scratch, item.base_files)
+        table, added = upsert_changes(
+            job.dataset, job.storage, root, changed, item, list(job.transforms), key, schema
+        )
+        routed = table.num_rows
+        if job.verify:
+            verify_partition(table, job.transforms, key, item.key_path)
+        files = job.storage.write(table, root, item.key_path) if table.num_rows else []
+        written = sum(job.storage.count_rows(root, f) for f in files)
+        if store is not None and files:
+            from airflow_partitions.storage.remote import upload_partition_files
+
+            upload_partition_files(store, root, files)
+    except Exception as err:
+        error = f"{type(err).__name__}: {err}"[:2000]
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "item": index,
+        "routed": routed,
+        "written": written,
+        "files": json.dumps([f.to_json() for f in files], separators=(",", ":")),
+        "error": error,
+        "changed": added,
+    }
+
+
+def check_merged_changes(
+    dataset: str, key_paths: Sequence[str], items: Mapping[int, WrittenItem], landing: Mapping[int, int]
+) -> None:
+    """Refuse a changes merge that lost or duplicated a changed row: per item, the changed rows merged in
+    = the staged changed rows whose partition values are that item's key."""
+    differing: dict[str, tuple[int | None, int]] = {}
+    for index, key_path in enumerate(key_paths):
+        item = items.get(index)
+        if item is None or item.error is not None:
+            continue  # missing items are refused by `check_written_items`; failed ones fail alone
+        if item.changed != landing.get(index, 0):
+            differing[key_path] = (landing.get(index, 0), item.changed or 0)
+    if differing:
+        raise ConservationError(
+            dataset,
+            differing,
+            expected="changed rows routed to the partition",
+            actual="changed rows merged into its files",
+            hint="A Spark executor's merge did not keep every changed row; nothing was published and the "
+            "written files were removed. Run the refresh again.",
+        )
+
+
 def _write_and_upload(job: ItemWriteJob, table: pa.Table, key_path: str) -> tuple[list[DataFile], int]:
     """Write in this executor's private scratch, count back, upload write-once (checked), drop scratch."""
-    from airflow_partitions.exceptions import StorageError
-    from airflow_partitions.objectstore import S3Store
-    from airflow_partitions.objectstore.location import parse_s3_location
     from airflow_partitions.storage.remote import upload_partition_files
 
-    assert job.upload_url is not None
-    base = os.environ.get("AIRFLOW_PARTITIONS_SCRATCH_DIR") or None
-    if base:
-        Path(base).mkdir(parents=True, exist_ok=True, mode=0o700)
-    scratch = Path(tempfile.mkdtemp(prefix="written-", dir=base))
+    scratch = _scratch()
     try:
         files = job.storage.write(table, scratch, key_path)
         written = sum(job.storage.count_rows(scratch, f) for f in files)
-        location = parse_s3_location(job.upload_url, what="accelerator_dir", error=StorageError)
-        upload_partition_files(S3Store.at(location, job.s3_settings), scratch, files)
+        upload_partition_files(_upload_store(job.upload_url, job.s3_settings), scratch, files)
         return files, written
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch() -> Path:
+    """A private scratch directory on this executor (under AIRFLOW_PARTITIONS_SCRATCH_DIR when set)."""
+    base = os.environ.get("AIRFLOW_PARTITIONS_SCRATCH_DIR") or None
+    if base:
+        Path(base).mkdir(parents=True, exist_ok=True, mode=0o700)
+    return Path(tempfile.mkdtemp(prefix="written-", dir=base))
+
+
+def _upload_store(upload_url: str | None, settings: S3Settings | None) -> Any:
+    from airflow_partitions.exceptions import StorageError
+    from airflow_partitions.objectstore import S3Store
+    from airflow_partitions.objectstore.location import parse_s3_location
+
+    if upload_url is None:
+        raise StorageError("no accelerator_dir URL to upload the partition files to")
+    return S3Store.at(parse_s3_location(upload_url, what="accelerator_dir", error=StorageError), settings)
 
 
 @dataclass(frozen=True)
@@ -181,6 +321,7 @@ class WrittenItem:
     written: int
     files: tuple[DataFile, ...]
     error: str | None = None  # why the executor could not write the partition (it then fails alone)
+    changed: int | None = None  # a changes refresh: changed rows merged into the partition
 
 
 def merge_item_rows(rows: Sequence[Mapping[str, Any]]) -> dict[int, WrittenItem]:
@@ -193,14 +334,16 @@ def merge_item_rows(rows: Sequence[Mapping[str, Any]]) -> dict[int, WrittenItem]
         files = tuple(DataFile.from_json(f) for f in json.loads(row["files"]))
         known = merged.get(index)
         error = row.get("error")
+        changed = row.get("changed")
         if known is None:
-            merged[index] = WrittenItem(int(row["routed"]), int(row["written"]), files, error)
+            merged[index] = WrittenItem(int(row["routed"]), int(row["written"]), files, error, changed)
         else:
             merged[index] = WrittenItem(
                 known.routed + int(row["routed"]),
                 known.written + int(row["written"]),
                 known.files + files,
                 known.error or error,
+                None if known.changed is None and changed is None else (known.changed or 0) + (changed or 0),
             )
     return merged
 
