@@ -386,8 +386,9 @@ def _finalize(
             from airflow_partitions.storage.remote import fetch_partition_files
 
             fetch_partition_files(remote.data_store(project, dataset, s3_settings), root, item.base_files)
+        primary_key = dataset.acceleration.primary_key
         table, changed_here = upsert_changes(
-            dataset, engine, root, changed, item, transforms, key, manifest.schema
+            dataset.name, primary_key, engine, root, changed, item, transforms, key, manifest.schema
         )
         routed = table.num_rows
     elif manifest.mode is StageMode.PUSHDOWN:
@@ -435,7 +436,8 @@ def _finalize(
 
 
 def upsert_changes(
-    dataset: DatasetSpec,
+    dataset: str,
+    primary_key: Sequence[str],
     engine: PartitionStorage,
     root: Path,
     changed: pa.Table,
@@ -451,7 +453,7 @@ def upsert_changes(
     """
     from airflow_partitions.write.merge import upsert_rows
 
-    keys = list(dataset.acceleration.primary_key)
+    keys = list(primary_key)
     changed = conform_to_schema(changed, schema)
     if item.base_files:
         base = conform_to_schema(engine.read(root, list(item.base_files), schema=schema), schema)
@@ -460,7 +462,7 @@ def upsert_changes(
     committed = sum(f.rows for f in item.base_files)
     if base.num_rows != committed:
         raise ConservationError(
-            dataset.name,
+            dataset,
             {item.key_path: (committed, base.num_rows)},
             expected="rows the catalog records for the partition",
             actual="rows read from its files",

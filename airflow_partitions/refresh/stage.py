@@ -773,7 +773,8 @@ def _item_merge_job(
         writer.write_table(changed)
     data_root, upload_url, settings = _data_destination(project, bound, s3_settings)
     return ItemMergeJob(
-        dataset=bound,
+        dataset=bound.name,
+        primary_key=tuple(bound.acceleration.primary_key),
         schema=source.schema().serialize().to_pybytes(),
         transforms=tuple(transforms),
         items=tuple(plan.items),
@@ -821,7 +822,7 @@ def _merge_on_executors(spark: Any, job: ItemMergeJob) -> dict[int, WrittenItem]
         rows = items.mapInArrow(partial(merge_items, job), RESULT_SCHEMA_DDL).toArrow().to_pylist()
     except Exception as err:
         raise RefreshError(
-            f"the Spark merge job of dataset {job.dataset.name!r} failed: {_first_line(err)}"
+            f"the Spark merge job of dataset {job.dataset!r} failed: {_first_line(err)}"
         ) from err
     return merge_item_rows(rows)
 

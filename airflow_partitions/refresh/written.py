@@ -170,9 +170,11 @@ def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table)
 @dataclass(frozen=True)
 class ItemMergeJob:
     """refresh_mode changes on the executors: each task merges the staged changed rows into the committed
-    files of the items it receives (`upsert_changes`) and writes each partition's new files."""
+    files of the items it receives (`upsert_changes`) and writes each partition's new files. It carries
+    the dataset's name and primary key, not its spec (whose source parameters may hold credentials)."""
 
-    dataset: DatasetSpec
+    dataset: str
+    primary_key: tuple[str, ...]
     schema: bytes  # the source's Arrow schema, serialized
     transforms: tuple[Transform, ...]
     items: tuple[PartitionWorkItem, ...]
@@ -232,7 +234,7 @@ def merge_item(job: ItemMergeJob, schema: pa.Schema, changed: pa.Table, index: i
             store = _upload_store(job.upload_url, job.s3_settings)
             fetch_partition_files(store, scratch, item.base_files)
         table, added = upsert_changes(
-            job.dataset, job.storage, root, changed, item, list(job.transforms), key, schema
+            job.dataset, job.primary_key, job.storage, root, changed, item, list(job.transforms), key, schema
         )
         routed = table.num_rows
         if job.verify:
