@@ -148,3 +148,33 @@ def test_the_deep_stack_limit_is_in_force_before_the_worker_runs() -> None:
 
     for _ in range(5):
         assert call_with_deep_stack(depth, 5_000) == 5_000
+
+
+def test_only_a_filter_too_deep_for_the_callers_stack_moves_to_the_deep_stack_thread(
+    acceleration: Acceleration, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shallow read runs inline (a thread start costs a fifth of a cached point read); one that recursed
+    too deep inline is answered on the deep-stack thread, and answered the same as DuckDB's."""
+    import threading
+
+    started: list[str] = []
+    original = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        original(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    reader = acceleration.reader()
+    try:
+        shallow = "region = 'EU' OR user_id = 3"
+        got = reader.read(shallow)
+        assert sort_rows(got) == sort_rows(duckdb_rows(acceleration.table, shallow))
+        assert got.num_rows > 0
+        assert "airflow-partitions-deep-filter" not in started, "no thread for a shallow filter"
+        deep = nested_or(1000)
+        got = reader.read(deep)
+    finally:
+        reader.close()
+    assert "airflow-partitions-deep-filter" in started, "the deep filter moved to the deep stack"
+    assert sort_rows(got) == sort_rows(duckdb_rows(acceleration.table, deep))
