@@ -178,6 +178,48 @@ def test_each_call_reads_one_pinned_version(tmp_path: Path) -> None:
     assert new.num_rows == 3, "the newest version shows the replaced EU partition"
 
 
+def test_a_repeated_read_reuses_its_relation_until_its_files_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same read again reuses the DuckDB relation the first one built (no parse, no bind); a new
+    version names new files, so it builds a new one; a file gone under a kept relation is an error, never
+    rows from anywhere else."""
+    from airflow_partitions.exceptions import StorageError
+    from airflow_partitions.read import scan
+
+    built: list[str] = []
+    original = scan._execute
+
+    def counting(cursor: Any, sql: str, keep: Any = None) -> pa.Table:
+        built.append(sql)
+        return original(cursor, sql, keep)
+
+    monkeypatch.setattr(scan, "_execute", counting)
+    table = make_table()
+    acc = build_acceleration(tmp_path, table, [("region", "region")])
+    with acc.reader() as reader:
+        first = reader.read("region = 'EU'")
+        again = reader.read("region = 'EU'")
+        assert len(built) == 1, "the second read reused the relation"
+        assert sort_rows(first) == sort_rows(again) == sort_rows(acc.expected_rows("region = 'EU'"))
+        snapshot = acc.snapshot()
+        spec = snapshot.partition_spec
+        eu_key = PartitionKey(("EU",))
+        replacement = table.filter(pa.compute.equal(table["region"], "EU")).slice(0, 3)
+        files = get_storage("parquet").write(replacement, acc.root / acc.dataset, eu_key.path(spec.names))
+        acc.catalog.commit(
+            base_version=snapshot.version,
+            upserts=[PartitionEntry.from_files(eu_key, spec, files)],
+            partition_spec=spec,
+        )
+        new = reader.read("region = 'EU'")
+        assert len(built) == 2, "new files, a new relation"
+        assert sort_rows(new) == sort_rows(replacement)
+        (acc.root / acc.dataset / files[0].path).unlink()
+        with pytest.raises(StorageError, match="reading the selected partitions failed"):
+            reader.read("region = 'EU'")
+
+
 class CountingCatalog(Catalog):
     """The real catalog, counting how often a read resolves a version."""
 

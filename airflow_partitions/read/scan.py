@@ -8,6 +8,7 @@ tables) is the storage class's business: `PartitionStorage.duckdb_relation`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -183,8 +184,31 @@ class DuckDBScanner:
                     source = f"(SELECT * FROM {source} OFFSET 0)"
                 parts.append(f"SELECT {projection} FROM {source} WHERE {residual_sql}")
             sql = (" UNION ALL BY NAME " if everything else " UNION ALL ").join(parts)
-            table = _execute(cursor, sql)
+            table = self._execute(cursor, scope, sql)
         return conform(table, target)
+
+    def _execute(self, cursor: Any, scope: CallScope, sql: str) -> pa.Table:
+        """Run `sql`, reusing the relation an earlier read on this thread's cursor built for the same
+        text: parsing and binding cost about a third of a cached point read. Only relations that name
+        nothing the call registers are kept (their text names write-once files and the SQL alone); the
+        newest `CACHED_RELATIONS` per thread."""
+        import duckdb
+
+        if scope.registered or getattr(self._local, "cursor", None) is not cursor:
+            return _execute(cursor, sql)
+        relations: collections.OrderedDict[str, Any] | None = getattr(self._local, "relations", None)
+        if relations is None or getattr(self._local, "relations_cursor", None) is not cursor:
+            relations = collections.OrderedDict()
+            self._local.relations, self._local.relations_cursor = relations, cursor
+        relation = relations.get(sql)
+        if relation is None:
+            return _execute(cursor, sql, keep=lambda built: _remember(relations, sql, built))
+        relations.move_to_end(sql)
+        try:
+            return relation.to_arrow_table()
+        except duckdb.Error as err:
+            relations.pop(sql, None)
+            raise StorageError(f"reading the selected partitions failed: {str(err).strip()}") from err
 
     def relation(self, cursor: Any, scope: CallScope, files: Sequence[DataFile], schema: pa.Schema) -> str:
         """A relation over exactly `files` with every schema column, that DuckDB scans without error.
@@ -310,13 +334,27 @@ def resolve_columns(schema: pa.Schema, columns: Sequence[str] | None) -> list[st
     return resolved
 
 
-def _execute(cursor: Any, sql: str) -> pa.Table:
+def _execute(cursor: Any, sql: str, keep: Callable[[Any], None] | None = None) -> pa.Table:
     import duckdb
 
     try:
-        return cursor.sql(sql).to_arrow_table()
+        relation = cursor.sql(sql)
+        table = relation.to_arrow_table()
     except duckdb.Error as err:
         raise StorageError(f"reading the selected partitions failed: {str(err).strip()}") from err
+    if keep is not None:
+        keep(relation)
+    return table
+
+
+# Relations kept per thread for repeated reads (`DuckDBScanner._execute`).
+CACHED_RELATIONS = 32
+
+
+def _remember(relations: collections.OrderedDict[str, Any], sql: str, relation: Any) -> None:
+    relations[sql] = relation
+    while len(relations) > CACHED_RELATIONS:
+        relations.popitem(last=False)
 
 
 def _checked_relative(path: str) -> str:
