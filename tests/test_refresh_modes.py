@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyspark import cloudpickle
+from faulty_storage import OnePartitionFailingStorage
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.cli.main import main
@@ -28,7 +27,6 @@ from airflow_partitions.sources import open_source
 from airflow_partitions.spec import load_spec, parse_spec
 from airflow_partitions.spec.model import ProjectSpec
 from airflow_partitions.storage import get_storage
-from airflow_partitions.storage.parquet import ParquetStorage
 
 TEXTS = ["a/b", "k=v", "100%", "it's", 'say "hi"', "", None, "é中", "plain"]
 
@@ -300,6 +298,24 @@ def create_accounts(url: str) -> None:
             )
 
 
+def accounts_project(tmp_path: Path, url: str) -> ProjectSpec:
+    """`create_accounts` in Postgres, and a spec refreshing it with refresh_mode changes by region."""
+    create_accounts(url)
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: accounts\n"
+        "    from: postgres:public.accounts\n"
+        f"    params: {{url: '{url}', pushdown: always}}\n"
+        "    acceleration:\n"
+        "      refresh_mode: changes\n"
+        "      primary_key: [id]\n"
+        '      partition_by: [{r: "region"}]\n'
+        "      refresh: {watermark_column: updated_at}\n"
+    )
+    return load_spec(tmp_path / "spec.yaml")
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("merged_by", ["task", "spark"])
 def test_postgres_changes_upserts_moves_and_keeps_ties(
@@ -308,20 +324,7 @@ def test_postgres_changes_upserts_moves_and_keeps_ties(
     """Changes merged by the refresh's own process (no Spark) or, with a Spark session, by its executors
     (`written` stage: the partition tasks then read no data)."""
     spark = request.getfixturevalue("spark") if merged_by == "spark" else None
-    create_accounts(pg_database)
-    (tmp_path / "spec.yaml").write_text(
-        "accelerator_dir: acc\n"
-        "datasets:\n"
-        "  - name: accounts\n"
-        "    from: postgres:public.accounts\n"
-        f"    params: {{url: '{pg_database}', pushdown: always}}\n"
-        "    acceleration:\n"
-        "      refresh_mode: changes\n"
-        "      primary_key: [id]\n"
-        '      partition_by: [{r: "region"}]\n'
-        "      refresh: {watermark_column: updated_at}\n"
-    )
-    project = load_spec(tmp_path / "spec.yaml")
+    project = accounts_project(tmp_path, pg_database)
     first = refresh_dataset(project, "accounts", spark=spark)
     assert first.refresh_mode == "full", "nothing committed yet: the first refresh reads every row"
     before = assert_equals_source(project, "accounts")
@@ -364,22 +367,6 @@ def test_postgres_changes_upserts_moves_and_keeps_ties(
     assert_equals_source(project, "accounts")
 
 
-class OnePartitionFailingStorage(ParquetStorage):
-    """Fails to write one partition (a full disk, say); shipped by value to the Spark executors."""
-
-    def __init__(self, victim: str) -> None:
-        super().__init__()
-        self.victim = victim
-
-    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[Any]:
-        if key_path == self.victim:
-            raise OSError(28, "No space left on device")
-        return super().write(table, dataset_root, key_path)
-
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
 @pytest.mark.postgres
 @pytest.mark.spark
 def test_a_changes_partition_the_executor_could_not_merge_is_merged_by_its_retry(
@@ -390,20 +377,7 @@ def test_a_changes_partition_the_executor_could_not_merge_is_merged_by_its_retry
     from airflow_partitions.refresh import commit_refresh, finalize_partition, stage_refresh
     from airflow_partitions.refresh.stage import StageManifest
 
-    create_accounts(pg_database)
-    (tmp_path / "spec.yaml").write_text(
-        "accelerator_dir: acc\n"
-        "datasets:\n"
-        "  - name: accounts\n"
-        "    from: postgres:public.accounts\n"
-        f"    params: {{url: '{pg_database}', pushdown: always}}\n"
-        "    acceleration:\n"
-        "      refresh_mode: changes\n"
-        "      primary_key: [id]\n"
-        '      partition_by: [{r: "region"}]\n'
-        "      refresh: {watermark_column: updated_at}\n"
-    )
-    project = load_spec(tmp_path / "spec.yaml")
+    project = accounts_project(tmp_path, pg_database)
     refresh_dataset(project, "accounts", spark=spark)
     later = dt.datetime(2026, 5, 2, tzinfo=dt.UTC)
     with psycopg.connect(pg_database, autocommit=True) as conn:

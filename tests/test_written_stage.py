@@ -4,15 +4,14 @@ row (hostile values, NULL partitions), and an item split over several executor t
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from faulty_storage import OnePartitionFailingStorage
 from matrix_support import hostile_chunks, multiset_difference
-from pyspark import cloudpickle
 from support_no_reads import DataReadError, no_data_reads
 
 from airflow_partitions.catalog import open_catalog
@@ -22,7 +21,6 @@ from airflow_partitions.refresh import commit_refresh, finalize_partition, plan_
 from airflow_partitions.refresh.plan import StageMode
 from airflow_partitions.refresh.stage import StageManifest
 from airflow_partitions.spec import load_spec
-from airflow_partitions.storage.parquet import ParquetStorage
 
 PARTITION_BY = "[{b: 'bucket(3, n_int)'}, {s: s}]"
 
@@ -314,22 +312,6 @@ def test_an_executor_refuses_appended_rows_at_or_below_the_watermark(tmp_path: P
     written = write_item(job, source.schema, 1, rows)
     assert written["error"] is None
     assert written["written"] == written["routed"] == rows.num_rows
-
-
-class OnePartitionFailingStorage(ParquetStorage):
-    """Fails to write one partition (a full disk, say): shipped by value to the Spark executors."""
-
-    def __init__(self, victim: str) -> None:
-        super().__init__()
-        self.victim = victim
-
-    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[Any]:
-        if key_path == self.victim:
-            raise OSError(28, "No space left on device")
-        return super().write(table, dataset_root, key_path)
-
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.mark.spark
