@@ -269,8 +269,10 @@ def stage_refresh(
     `write_files` (default: when the engine allows, see `choose_written`): the Spark executors write each
     partition's final files themselves (`StageMode.WRITTEN`, with `storage` or the dataset's engine; under
     an `s3://` accelerator_dir they upload them with `s3_settings`); the manifest lists them per item and
-    finalize reads no data. `shuffle_items=False` skips the shuffle by item: each source task writes the
-    items it read (several files per partition).
+    finalize reads no data. An append's executors write only rows past each item's watermark; a changes
+    refresh given a session (`spark` or `remote`) merges each item on an executor (`merge_on_executors`).
+    `shuffle_items=False` skips the shuffle by item: each source task writes the items it read (several
+    files per partition).
     """
     from airflow_partitions.refresh.leftovers import sweep_stale_stages  # it builds on this module
 
