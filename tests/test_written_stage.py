@@ -355,3 +355,23 @@ def bucket_of(value: Any) -> Any:
     from airflow_partitions.transforms import parse_transform
 
     return parse_transform("bucket(3, n_int)").apply(pa.array([value], type=pa.int64()))[0].as_py()
+
+
+def test_duckdb_tables_keeps_the_staged_path_and_asking_for_executor_writes_says_why(tmp_path: Path) -> None:
+    """DuckDB `tables` is the one layout executors do not write (one shared database file only the
+    committing task may change); asking for it anyway is a clear error, not a silent fallback."""
+    from airflow_partitions.exceptions import RefreshError
+    from airflow_partitions.refresh.stage import choose_written
+
+    spec, _ = write_project(tmp_path, "duckdb")
+    files = load_spec(spec).dataset("trips")
+    assert choose_written(files, None) is True
+    assert choose_written(files, False) is False
+    tables_spec = spec.read_text().replace("partition_mode: files", "partition_mode: tables")
+    spec.write_text(tables_spec)
+    tables = load_spec(spec).dataset("trips")
+    assert choose_written(tables, None) is False
+    with pytest.raises(
+        RefreshError, match=r"partition_mode 'tables' publishes into one shared database file"
+    ):
+        choose_written(tables, True)

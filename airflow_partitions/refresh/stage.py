@@ -205,11 +205,13 @@ def bind_to_source(dataset: DatasetSpec, source: Source) -> DatasetSpec:
     return dataset.bind(source.schema())
 
 
-def choose_written(dataset: DatasetSpec, plan: RefreshPlan, write_files: bool | None) -> bool:
-    """Whether the Spark executors write the final partition files (`StageMode.WRITTEN`).
+def choose_written(dataset: DatasetSpec, write_files: bool | None) -> bool:
+    """Whether the Spark executors write the final partition files (`StageMode.WRITTEN`), for a full,
+    partial or append refresh, and merge a changes refresh's partitions.
 
     `write_files=None` (default): whenever the engine allows it (parquet, arrow, duckdb `files`); an
-    append's executors write the new files that the commit adds to the committed ones.
+    append's executors write the new files that the commit adds to the committed ones; a changes merge
+    reads the committed files from the local accelerator_dir or fetches them from an `s3://` one.
     """
     from airflow_partitions.refresh.written import written_mode_refusal
 
@@ -217,7 +219,7 @@ def choose_written(dataset: DatasetSpec, plan: RefreshPlan, write_files: bool | 
     if write_files and refusal:
         raise RefreshError(
             f"dataset {dataset.name!r}: the Spark executors cannot write the partition files: {refusal}; "
-            "leave write_files unset to stage the rows instead"
+            "leave write_files unset to stage (or merge) the rows in the partition tasks instead"
         )
     return refusal is None if write_files is None else write_files
 
@@ -270,7 +272,7 @@ def stage_refresh(
     partition's final files themselves (`StageMode.WRITTEN`, with `storage` or the dataset's engine; under
     an `s3://` accelerator_dir they upload them with `s3_settings`); the manifest lists them per item and
     finalize reads no data. An append's executors write only rows past each item's watermark; a changes
-    refresh given a session (`spark` or `remote`) merges each item on an executor (`merge_on_executors`).
+    refresh given a session (`spark` or `remote`) merges each item on an executor (`choose_written`).
     `shuffle_items=False` skips the shuffle by item: each source task writes the items it read (several
     files per partition).
     """
@@ -297,7 +299,7 @@ def stage_refresh(
     # Executors reach an s3:// accelerator_dir with the caller's settings; without them (a spark-submit
     # job, whose executors know no Airflow connection) the rows are staged (or merged) as before.
     executors_reach_data = not project.remote or s3_settings is not None or write_files is True
-    if mode is StageMode.SPARK and executors_reach_data and choose_written(dataset, plan, write_files):
+    if mode is StageMode.SPARK and executors_reach_data and choose_written(dataset, write_files):
         mode = StageMode.WRITTEN
     target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
     if (target / STAGE_MANIFEST).exists():
@@ -318,10 +320,10 @@ def stage_refresh(
     written: dict[int, WrittenItem] = {}
     try:
         if mode is StageMode.CHANGES:
-            changed, landing = stage_changes(dataset, source, transforms, plan, target)
+            changed, landing = stage_changes(dataset, source, transforms, plan)
             counts = SparkStageCounts(source_rows=changed.num_rows, routed_rows=changed.num_rows)
             session = spark if spark is not None else _session(remote) if remote else None
-            if session is not None and executors_reach_data and merge_on_executors(dataset, write_files):
+            if session is not None and executors_reach_data and choose_written(dataset, write_files):
                 # Spark is at hand: its executors merge and write the partitions, not the partition tasks.
                 from airflow_partitions.refresh.written import check_merged_changes, check_written_items
 
@@ -427,7 +429,7 @@ CHANGES_FILE = "changes.parquet"
 
 
 def stage_changes(
-    dataset: DatasetSpec, source: Source, transforms: Sequence[Transform], plan: RefreshPlan, target: Path
+    dataset: DatasetSpec, source: Source, transforms: Sequence[Transform], plan: RefreshPlan
 ) -> tuple[pa.Table, dict[int, int]]:
     """refresh_mode changes: read the changed rows once (the range the plan saw); the caller stages them.
 
@@ -438,7 +440,6 @@ def stage_changes(
     stage, and the plan's partitions might miss where a changed row's old version lives. (A partition
     task staging itself holds one item: it checks the count only.)
     """
-
     from airflow_partitions.keys import value_from_json
 
     first = plan.items[0]
@@ -735,23 +736,6 @@ def written_entries(plan: RefreshPlan, written: Mapping[int, WrittenItem]) -> di
             entry["changed"] = found.changed
         entries[item.key_path] = entry
     return entries
-
-
-def merge_on_executors(dataset: DatasetSpec, write_files: bool | None) -> bool:
-    """Whether a changes refresh that has a Spark session merges on its executors (`write_files` unset
-    or True): whenever the executors write the engine's files (they read the committed files from the
-    local accelerator_dir, or fetch them from an `s3://` one)."""
-    from airflow_partitions.refresh.written import written_mode_refusal
-
-    if write_files is False:
-        return False
-    refusal = written_mode_refusal(dataset)
-    if write_files and refusal:
-        raise RefreshError(
-            f"dataset {dataset.name!r}: the Spark executors cannot write the partition files: {refusal}; "
-            "leave write_files unset to merge in the partition tasks instead"
-        )
-    return refusal is None
 
 
 def _item_merge_job(
