@@ -190,9 +190,9 @@ def test_a_repeated_read_reuses_its_relation_until_its_files_change(
     built: list[str] = []
     original = scan._execute
 
-    def counting(cursor: Any, sql: str, keep: Any = None) -> pa.Table:
+    def counting(cursor: Any, sql: str) -> tuple[pa.Table, Any]:
         built.append(sql)
-        return original(cursor, sql, keep)
+        return original(cursor, sql)
 
     monkeypatch.setattr(scan, "_execute", counting)
     table = make_table()

@@ -191,18 +191,18 @@ class DuckDBScanner:
         """Run `sql`, reusing the relation an earlier read on this thread's cursor built for the same
         text: parsing and binding cost about a third of a cached point read. Only relations that name
         nothing the call registers are kept (their text names write-once files and the SQL alone); the
-        newest `CACHED_RELATIONS` per thread."""
+        newest `CACHED_RELATIONS` per thread's cursor."""
         import duckdb
 
-        if scope.registered or getattr(self._local, "cursor", None) is not cursor:
-            return _execute(cursor, sql)
         relations: collections.OrderedDict[str, Any] | None = getattr(self._local, "relations", None)
-        if relations is None or getattr(self._local, "relations_cursor", None) is not cursor:
-            relations = collections.OrderedDict()
-            self._local.relations, self._local.relations_cursor = relations, cursor
+        if relations is None or scope.registered or self._local.cursor is not cursor:
+            return _execute(cursor, sql)[0]
         relation = relations.get(sql)
         if relation is None:
-            return _execute(cursor, sql, keep=lambda built: _remember(relations, sql, built))
+            table, relations[sql] = _execute(cursor, sql)
+            while len(relations) > CACHED_RELATIONS:
+                relations.popitem(last=False)
+            return table
         relations.move_to_end(sql)
         try:
             return relation.to_arrow_table()
@@ -292,6 +292,7 @@ class DuckDBScanner:
         if cursor is None or getattr(self._local, "base", None) is not base:
             cursor = base.cursor()
             self._local.cursor, self._local.base = cursor, base
+            self._local.relations = collections.OrderedDict()  # the relations `_execute` keeps on it
         with self.call_scope(cursor) as scope:
             yield cursor, scope
 
@@ -334,27 +335,19 @@ def resolve_columns(schema: pa.Schema, columns: Sequence[str] | None) -> list[st
     return resolved
 
 
-def _execute(cursor: Any, sql: str, keep: Callable[[Any], None] | None = None) -> pa.Table:
+def _execute(cursor: Any, sql: str) -> tuple[pa.Table, Any]:
+    """The rows of `sql`, and the DuckDB relation that produced them."""
     import duckdb
 
     try:
         relation = cursor.sql(sql)
-        table = relation.to_arrow_table()
+        return relation.to_arrow_table(), relation
     except duckdb.Error as err:
         raise StorageError(f"reading the selected partitions failed: {str(err).strip()}") from err
-    if keep is not None:
-        keep(relation)
-    return table
 
 
 # Relations kept per thread for repeated reads (`DuckDBScanner._execute`).
 CACHED_RELATIONS = 32
-
-
-def _remember(relations: collections.OrderedDict[str, Any], sql: str, relation: Any) -> None:
-    relations[sql] = relation
-    while len(relations) > CACHED_RELATIONS:
-        relations.popitem(last=False)
 
 
 def _checked_relative(path: str) -> str:

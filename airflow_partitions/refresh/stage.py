@@ -404,13 +404,11 @@ def stage_refresh(
             counted_by=None if counts is None or changes else "observed" if counts.observed else "recounted",
         ).write(target)
     except BaseException:
-        if written:
+        writer = job if job is not None else merge
+        if written and writer is not None:
             from airflow_partitions.refresh.written import remove_written_files
 
-            if job is not None:
-                remove_written_files(written, job.data_root, job.upload_url, job.s3_settings)
-            elif merge is not None:
-                remove_written_files(written, merge.data_root, merge.upload_url, merge.s3_settings)
+            remove_written_files(written, writer.data_root, writer.upload_url, writer.s3_settings)
         shutil.rmtree(target, ignore_errors=True)
         raise
     return StageResult(
@@ -456,10 +454,9 @@ def stage_changes(
         per_key = collections.Counter(zip(*values, strict=True))
     else:
         per_key = collections.Counter()
-    landing = set(per_key)
     whole_plan = plan.changed_partitions is None or len(plan.items) == plan.changed_partitions
     if (plan.changed_rows is not None and changed.num_rows != plan.changed_rows) or (
-        whole_plan and not landing <= planned.keys()
+        whole_plan and not per_key.keys() <= planned.keys()
     ):
         raise RefreshError(
             f"the rows of {source.describe()} changed between the plan ({plan.changed_rows} changed rows) "
@@ -790,6 +787,15 @@ def _data_destination(
     return None, remote.data_url(project, bound), settings
 
 
+def _item_tasks(spark: Any, items: int) -> int:
+    """Spark tasks for a job with one task per item, up to the session's shuffle partitions."""
+    try:
+        limit = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
+    except Exception:
+        limit = 200
+    return max(1, min(items, limit))
+
+
 def _merge_on_executors(spark: Any, job: ItemMergeJob) -> dict[int, WrittenItem]:
     """One Spark task per planned item (up to the shuffle partitions) merges and writes it."""
     from functools import partial
@@ -797,12 +803,8 @@ def _merge_on_executors(spark: Any, job: ItemMergeJob) -> dict[int, WrittenItem]
     from airflow_partitions.refresh.written import RESULT_SCHEMA_DDL, merge_item_rows, merge_items
 
     count = len(job.items)
-    try:
-        limit = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
-    except Exception:
-        limit = 200
     items = spark.createDataFrame([(i,) for i in range(count)], "item INT").repartition(
-        max(1, min(count, limit)), "item"
+        _item_tasks(spark, count), "item"
     )
     try:
         rows = items.mapInArrow(partial(merge_items, job), RESULT_SCHEMA_DDL).toArrow().to_pylist()
@@ -854,11 +856,7 @@ def _write_items_on_executors(
     if shuffle_items:
         # An explicit count: adaptive execution would coalesce a by-column shuffle into a few tasks, and
         # each task writes its items one after the other.
-        try:
-            limit = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
-        except Exception:
-            limit = 200
-        routed = routed.repartition(max(1, min(items, limit)), ITEM_COLUMN)
+        routed = routed.repartition(_item_tasks(spark, items), ITEM_COLUMN)
     result = routed.mapInArrow(partial(write_items, job), RESULT_SCHEMA_DDL)
     return merge_item_rows(result.toArrow().to_pylist())
 

@@ -150,21 +150,57 @@ def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table)
             verify_partition(table, job.transforms, job.keys[index], key_path)
             if since is not None:  # an appended row at or below the watermark would be a duplicate
                 verify_past_watermark(table, since, key_path)
-        if job.data_root is not None:
-            root = Path(job.data_root)
-            files = job.storage.write(table, root, key_path)
-            written = sum(job.storage.count_rows(root, f) for f in files)
-        else:
-            files, written = _write_and_upload(job, table, key_path)
+        files, written = _write_final_files(
+            job.storage, table, key_path, job.data_root, job.upload_url, job.s3_settings
+        )
     except Exception as err:
         error = f"{type(err).__name__}: {err}"[:2000]
+    return _result_row(index, rows.num_rows, written, files, error)
+
+
+def _result_row(
+    index: int,
+    routed: int,
+    written: int,
+    files: Sequence[DataFile],
+    error: str | None,
+    changed: int | None = None,
+) -> dict[str, Any]:
+    """One executor's metadata row for an item (`result_schema`)."""
     return {
         "item": index,
-        "routed": rows.num_rows,
+        "routed": routed,
         "written": written,
         "files": json.dumps([f.to_json() for f in files], separators=(",", ":")),
         "error": error,
+        "changed": changed,
     }
+
+
+def _write_final_files(
+    storage: PartitionStorage,
+    table: pa.Table,
+    key_path: str,
+    data_root: str | None,
+    upload_url: str | None,
+    settings: S3Settings | None,
+) -> tuple[list[DataFile], int]:
+    """Write a partition's final files and count their rows back: under the local dataset root, or (no
+    `data_root`) in this executor's private scratch, uploaded write-once to `upload_url` (checked)."""
+    if data_root is not None:
+        root = Path(data_root)
+        files = storage.write(table, root, key_path)
+        return files, sum(storage.count_rows(root, f) for f in files)
+    from airflow_partitions.storage.remote import upload_partition_files
+
+    scratch = _scratch()
+    try:
+        files = storage.write(table, scratch, key_path)
+        written = sum(storage.count_rows(scratch, f) for f in files)
+        upload_partition_files(_upload_store(upload_url, settings), scratch, files)
+        return files, written
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -223,41 +259,38 @@ def merge_item(job: ItemMergeJob, schema: pa.Schema, changed: pa.Table, index: i
     routed = written = 0
     added: int | None = None
     error: str | None = None
-    scratch = None if job.data_root is not None else _scratch()
-    root = Path(job.data_root) if job.data_root is not None else scratch
-    assert root is not None
+    # Under an s3:// accelerator_dir the committed files are fetched into private scratch first.
+    scratch = _scratch() if job.data_root is None else None
     try:
-        store = None
-        if scratch is not None:  # the committed files come from the object store, the new ones go there
+        if scratch is not None:
             from airflow_partitions.storage.remote import fetch_partition_files
 
-            store = _upload_store(job.upload_url, job.s3_settings)
-            fetch_partition_files(store, scratch, item.base_files)
+            fetch_partition_files(_upload_store(job.upload_url, job.s3_settings), scratch, item.base_files)
+        base_root = scratch if scratch is not None else Path(str(job.data_root))
         table, added = upsert_changes(
-            job.dataset, job.primary_key, job.storage, root, changed, item, list(job.transforms), key, schema
+            job.dataset,
+            job.primary_key,
+            job.storage,
+            base_root,
+            changed,
+            item,
+            list(job.transforms),
+            key,
+            schema,
         )
         routed = table.num_rows
         if job.verify:
             verify_partition(table, job.transforms, key, item.key_path)
-        files = job.storage.write(table, root, item.key_path) if table.num_rows else []
-        written = sum(job.storage.count_rows(root, f) for f in files)
-        if store is not None and files:
-            from airflow_partitions.storage.remote import upload_partition_files
-
-            upload_partition_files(store, root, files)
+        if table.num_rows:
+            files, written = _write_final_files(
+                job.storage, table, item.key_path, job.data_root, job.upload_url, job.s3_settings
+            )
     except Exception as err:
         error = f"{type(err).__name__}: {err}"[:2000]
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    return {
-        "item": index,
-        "routed": routed,
-        "written": written,
-        "files": json.dumps([f.to_json() for f in files], separators=(",", ":")),
-        "error": error,
-        "changed": added,
-    }
+    return _result_row(index, routed, written, files, error, added)
 
 
 def check_merged_changes(
@@ -281,20 +314,6 @@ def check_merged_changes(
             hint="A Spark executor's merge did not keep every changed row; nothing was published and the "
             "written files were removed. Run the refresh again.",
         )
-
-
-def _write_and_upload(job: ItemWriteJob, table: pa.Table, key_path: str) -> tuple[list[DataFile], int]:
-    """Write in this executor's private scratch, count back, upload write-once (checked), drop scratch."""
-    from airflow_partitions.storage.remote import upload_partition_files
-
-    scratch = _scratch()
-    try:
-        files = job.storage.write(table, scratch, key_path)
-        written = sum(job.storage.count_rows(scratch, f) for f in files)
-        upload_partition_files(_upload_store(job.upload_url, job.s3_settings), scratch, files)
-        return files, written
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _scratch() -> Path:
