@@ -60,8 +60,7 @@ from airflow_partitions.read import PartitionedDatasetReader, new_duckdb_connect
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.datafile import ColumnStats, DataFile
 from airflow_partitions.transforms import parse_transform
-from benchmarks.bench_s3_reads import REPEAT_CALLS
-from benchmarks.pairing import Ratio, Target, figure_line, run_rounds
+from benchmarks.pairing import REPEAT_CALLS, Ratio, Target, figure_line, repeated, run_rounds
 from benchmarks.support import moto_server
 
 HOT_ZONE = 132
@@ -539,17 +538,6 @@ def q6_case(reader: PartitionedDatasetReader, anchor: Any, source: Path, repeat:
         f"{ours['n']} rows aggregated; DuckDB on the source file "
         f"{rounds.median_seconds('raw') * 1000:.2f} ms, ours {rounds.median_seconds('ours') * 1000:.2f} ms",
     )
-
-
-def repeated(read: Callable[[], Any]) -> Callable[[], Any]:
-    """`read` REPEAT_CALLS times in a row (the last result returned): one sample of repeat reads."""
-
-    def calls() -> Any:
-        for _ in range(REPEAT_CALLS - 1):
-            read()
-        return read()
-
-    return calls
 
 
 def s3_case(

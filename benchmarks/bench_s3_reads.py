@@ -43,16 +43,13 @@ from airflow_partitions.objectstore import S3Settings
 from airflow_partitions.read import PartitionedDatasetReader, new_duckdb_connection
 from airflow_partitions.storage import get_storage
 from airflow_partitions.transforms import parse_transform
-from benchmarks.pairing import Ratio, Target, run_rounds
+from benchmarks.pairing import Ratio, Target, repeated, run_rounds
 from benchmarks.support import moto_server
 
 BUCKETS = 50
 COLD_ZONE = 264
 ZONES = 265
 SEED = 11
-# A cached read takes a millisecond or two: each repeat-read sample times this many reads back to back
-# (both sides), so one sample is not one timer tick and whatever the other contender left running.
-REPEAT_CALLS = 10
 TARGETS = {
     "first read": Target(">=", 4),
     "first, ranged": Target(">=", 4),
@@ -210,14 +207,6 @@ def run(base: Path, rows: int, samples: int, buckets: int = BUCKETS) -> None:
         warm_anchor.register("all_files", ds.dataset(remote, filesystem=filesystem, format="parquet"))
         sql = f"SELECT * FROM all_files WHERE {where}"
         warm_anchor.sql(sql).to_arrow_table()
-
-        def repeated(read: Any) -> Any:
-            def calls() -> Any:
-                for _ in range(REPEAT_CALLS - 1):
-                    read()
-                return read()
-
-            return calls
 
         results["repeat read"] = run_rounds(
             {

@@ -111,6 +111,22 @@ def run_rounds(
     return measured
 
 
+# A cached read takes a millisecond or two: a sample of repeat reads times this many back to back (the
+# same on both sides), so one sample is not one timer tick after whatever the other contender left running.
+REPEAT_CALLS = 10
+
+
+def repeated(read: Callable[[], Any], calls: int = REPEAT_CALLS) -> Callable[[], Any]:
+    """`read` `calls` times in a row (the last result returned): one sample of repeat reads."""
+
+    def sample() -> Any:
+        for _ in range(calls - 1):
+            read()
+        return read()
+
+    return sample
+
+
 def figure_line(figure: str, ratio: Ratio, target: Target | None, width: int = 62) -> str:
     """One printed line per figure, the same in every benchmark."""
     return f"  {figure:{width}} {ratio.format(target)}"
