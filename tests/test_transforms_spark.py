@@ -486,3 +486,38 @@ def test_spark_bucket_matches_iceberg_spec_vectors(spark: Any) -> None:
         frame = spark.createDataFrame(pa.table({"v": spark_ready(values)}))
         got = frame.select(transform.to_spark(F.col("v")).alias("b")).toArrow().column("b").to_pylist()
         assert got == [(spec_hash & 0x7FFFFFFF) % 999983], f"{values.type}: {got}"
+
+
+def test_spark_hash_of_the_seed_prefix_is_zero(spark: Any) -> None:
+    """The native bucket seeds Spark's `hash()` with 0 through a prefix int whose hash (seed 42) is 0."""
+    from airflow_partitions.transforms.spark import SEED_ZERO_PREFIX
+
+    assert spark.sql(f"SELECT hash(CAST({SEED_ZERO_PREFIX} AS INT)) AS h").collect()[0]["h"] == 0
+
+
+@pytest.mark.parametrize(
+    ("arrow_type", "native"),
+    [
+        (pa.int32(), True),
+        (pa.int64(), True),
+        (pa.uint32(), True),
+        (pa.date32(), True),
+        (pa.timestamp("us"), True),
+        (pa.timestamp("us", tz="UTC"), True),
+        (pa.uint64(), False),
+        (pa.string(), False),
+        (pa.decimal128(10, 2), False),
+    ],
+)
+def test_bucket_runs_natively_where_spark_hashes_the_same_bytes(
+    spark: Any, arrow_type: pa.DataType, native: bool
+) -> None:
+    """Integers, dates and timestamps are bucketed in the JVM (no Python worker); the others keep the
+    Arrow UDF, whose bytes Spark's hash() would not reproduce."""
+    from pyspark.sql import functions as F
+
+    transform = parse_transform("bucket(50, v)").bind(arrow_type)
+    frame = spark.createDataFrame(pa.table({"v": spark_ready(pa.array([None], arrow_type))}))
+    plan = frame.select(transform.to_spark(F.col("v")).alias("b"))._jdf.queryExecution().executedPlan()
+    uses_python = "ArrowEvalPython" in plan.toString()
+    assert uses_python is not native, plan.toString()

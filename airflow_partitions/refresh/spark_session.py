@@ -54,7 +54,8 @@ def local_session_conf(conf: Mapping[str, str] | None = None) -> dict[str, str]:
     jars = os.environ.get("AP_SPARK_JARS") or (str(POSTGRES_JDBC_JAR) if POSTGRES_JDBC_JAR.exists() else "")
     if jars:
         settings["spark.jars"] = jars
-    # Python UDF workers (the bucket hash) must import this package: run them on this interpreter.
+    # Python workers (the executors' writers, the bucket UDF of strings) must import this package: run
+    # them on this interpreter.
     settings["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON", sys.executable)
     settings["spark.pyspark.driver.python"] = sys.executable
     settings.update(conf or {})

@@ -4,9 +4,12 @@ Native Spark expressions are used where their semantics provably match ours (int
 `%`, `substring` on code points / bytes, calendar fields of a UTC date). Timestamps are handled as
 microseconds since the epoch (`unix_micros`), which does not depend on the session time zone for
 tz-aware columns; naive timestamps are UTC wall time, so they need a UTC session (checked here).
-`bucket` runs our own vectorised Murmur3 as an Arrow UDF, so there is one definition of the hash.
-Decimals of precision 38 go through the same Arrow UDF route, because Spark's decimal arithmetic would
-round them. Imported lazily: it loads pyspark and pyarrow.
+`bucket` of integers, dates and timestamps is native: Spark's own `hash()` is Murmur3 x86_32, and
+Iceberg's bucket hashes these values as one 64-bit long with seed 0 (see `_bucket`). Strings, binary,
+UUIDs, decimals and uint64 (whose canonical bytes Spark's `hash()` does not produce) run our own
+vectorised Murmur3 as an Arrow UDF, so the hash has one definition there. Decimals of precision 38 go
+through the same Arrow UDF route, because Spark's decimal arithmetic would round them. Imported lazily:
+it loads pyspark and pyarrow.
 """
 
 from __future__ import annotations
@@ -112,10 +115,38 @@ def _identity(transform: IdentityTransform, column: Column, source: pa.DataType)
     return column
 
 
+# Spark's `hash(a, b)` is Murmur3 x86_32 of `b` seeded with Murmur3 of `a` seeded with 42, and an int `a`
+# hashes with `hashInt`. This int is the one whose `hashInt(_, 42)` is 0 (Murmur3 of one 4-byte block is a
+# bijection, so exactly one exists; found by inverting its steps), so `hash(int(this), long v)` is
+# Murmur3 x86_32 of v's 8 little-endian bytes with seed 0: Iceberg's hash of an integer, date (days) or
+# timestamp (microseconds). tests/test_transforms_spark.py checks the zero and every bucket against Arrow.
+SEED_ZERO_PREFIX = -1693959553
+_INT32_MASK = 0x7FFFFFFF
+
+
 @_spark_column.register
 def _bucket(transform: BucketTransform, column: Column, source: pa.DataType) -> Column:
     result_type = T.LongType() if transform.result_bits == 64 else T.IntegerType()
-    return _arrow_udf(transform, column, source, result_type)
+    long_value = _bucket_long(column, source)
+    if long_value is None:
+        return _arrow_udf(transform, column, source, result_type)
+    # Native: about as cheap as reading the column, where the Arrow UDF ships it to Python and back.
+    hashed = F.hash(F.lit(SEED_ZERO_PREFIX).cast(T.IntegerType()), long_value)
+    bucket = hashed.bitwiseAND(F.lit(_INT32_MASK)) % F.lit(transform.num_buckets)
+    # Spark's hash skips NULL arguments; a NULL value has no bucket.
+    return F.when(long_value.isNotNull(), bucket.cast(result_type))
+
+
+def _bucket_long(column: Column, source: pa.DataType) -> Column | None:
+    """The 64-bit value Iceberg's bucket hashes, as a Spark long; None when Spark cannot produce it
+    natively (uint64 beyond 2^63, strings, binary, UUIDs and decimals hash other bytes)."""
+    if support.is_signed_integer(source) or (support.is_unsigned_integer(source) and source.bit_width < 64):
+        return column.cast(T.LongType())
+    if support.is_date(source):
+        return F.unix_date(column).cast(T.LongType())
+    if support.is_timestamp(source):
+        return _micros(column)
+    return None
 
 
 def _arrow_udf(transform: Transform, column: Column, source: pa.DataType, result_type: T.DataType) -> Column:
