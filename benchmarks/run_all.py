@@ -22,6 +22,7 @@ BENCHMARKS = (
     "bench_cold_reads",
     "bench_in_lists",
     "bench_refresh",
+    "bench_spark_stage",
     "bench_refresh_modes",
     "bench_changed_files",
     "bench_snapshots",

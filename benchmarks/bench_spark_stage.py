@@ -1,0 +1,146 @@
+"""Where the Spark pipeline's refresh time goes, step by step, against the plain native Spark job.
+
+    python -m benchmarks.bench_spark_stage                   # 10,000,000 taxi-like rows (issue 17's size)
+    python -m benchmarks.bench_spark_stage --quick           # 300,000 rows
+
+Each contender is the stage job cut after one more step, with its output discarded by Spark's `noop`
+sink (every column materialized, nothing written), on the same files and Spark session; a round runs
+them all once in a shuffled order (`benchmarks/pairing.py`) and each is printed as median [min-max] of
+its per-round ratio to the plain job (`pmod(hash(PULocationID), 50)` + `partitionBy`):
+* scan: read every column;
+* + bucket (native): `bucket(50, PULocationID)` as our Spark expression (Spark's Murmur3 seeded to 0);
+* + bucket (Arrow UDF): the same buckets through a Python Arrow UDF (what strings and decimals use);
+* + route: the broadcast join on the planned keys, NULL-safe;
+* + item shuffle: rows repartitioned by work item (one task owns an item);
+* + hand-off: the shuffled rows converted to Arrow batches for the Python writers (which do nothing);
+* ours: the whole refresh (`refresh_dataset(strategy="spark")`: the writers sort, write, count back).
+The difference between consecutive steps is what that step costs; the plain job has no shuffle and no
+Python hand-off, which is why the Spark pipeline stays above it on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.bench_refresh import BUCKETS, CHUNK_ROWS, anchor_partition_write, bound_transform, taxi_chunk
+from benchmarks.pairing import Target, figure_line, run_rounds
+
+REFRESH_TARGET = Target("<=", 1.0)
+
+
+def write_flat(root: Path, rows: int) -> Path:
+    flat = root / "flat"
+    flat.mkdir(parents=True)
+    written = index = 0
+    while written < rows:
+        count = min(CHUNK_ROWS, rows - written)
+        pq.write_table(
+            taxi_chunk(count, seed=index), flat / f"part-{index:04d}.parquet", row_group_size=256_000
+        )
+        written += count
+        index += 1
+    return flat
+
+
+def discard_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A Python writer that writes nothing: what is left is Spark's hand-off of the rows to Python."""
+    rows = sum(batch.num_rows for batch in batches)
+    yield pa.RecordBatch.from_pylist([{"rows": rows}], schema=pa.schema([("rows", pa.int64())]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--quick", action="store_true", help="300,000 rows")
+    parser.add_argument("--repeat", type=int, default=3, help="paired rounds (default 3)")
+    args = parser.parse_args(argv)
+    rows = 300_000 if args.quick else args.rows
+
+    from pyspark.sql import functions as F
+
+    from airflow_partitions.refresh import refresh_dataset
+    from airflow_partitions.refresh.spark_session import build_local_session
+    from airflow_partitions.spec import load_spec
+    from airflow_partitions.transforms.spark import _arrow_udf, spark_type_for
+
+    root = Path(tempfile.mkdtemp(prefix="ap-bench-spark-stage-"))
+    try:
+        flat = write_flat(root, rows)
+        spec = root / "spec.yaml"
+        spec.write_text(
+            "accelerator_dir: acc\n"
+            "datasets:\n"
+            f"  - name: trips\n    from: file:{flat}\n"
+            f"    acceleration:\n      partition_by: [{{b: 'bucket({BUCKETS}, PULocationID)'}}]\n"
+        )
+        project = load_spec(spec)
+        transform = bound_transform(project, "trips")
+        spark = build_local_session(app_name="bench-spark-stage")
+        keys = spark.createDataFrame([(b, b) for b in range(BUCKETS)], "k BIGINT, item INT")
+        source_type = pa.int32()
+
+        def scan() -> Any:
+            return spark.read.parquet(str(flat))
+
+        def bucketed() -> Any:
+            return scan().withColumn("b", transform.to_spark(F.col("PULocationID")))
+
+        def bucketed_udf() -> Any:
+            udf = _arrow_udf(transform, F.col("PULocationID"), source_type, spark_type_for(pa.int64()))
+            return scan().withColumn("b", udf)
+
+        def routed() -> Any:
+            frame = bucketed()
+            joined = frame.join(F.broadcast(keys), frame["b"].eqNullSafe(keys["k"]), "inner")
+            return joined.drop("b", "k")
+
+        def shuffled() -> Any:
+            return routed().repartition(8, "item")
+
+        def sink(frame: Any) -> None:
+            frame.write.format("noop").mode("overwrite").save()
+
+        contenders: dict[str, Callable[[], Any]] = {
+            "plain": lambda: anchor_partition_write(spark, flat, root / "anchor"),
+            "scan": lambda: sink(scan()),
+            "bucket": lambda: sink(bucketed()),
+            "bucket_udf": lambda: sink(bucketed_udf()),
+            "route": lambda: sink(routed()),
+            "shuffle": lambda: sink(shuffled()),
+            "handoff": lambda: shuffled().mapInArrow(discard_rows, "rows BIGINT").collect(),
+            "ours": lambda: refresh_dataset(project, "trips", full=True, spark=spark, strategy="spark"),
+        }
+        measured = run_rounds(contenders, args.repeat)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    print(f"\nrows: {rows:,}   cpus: {os.cpu_count()}   {args.repeat} paired rounds, shuffled")
+    print("each step / the plain native Spark job (pmod(hash) + partitionBy), median [min–max]:")
+    labels = {
+        "scan": "scan (noop sink)",
+        "bucket": "+ bucket(50, PULocationID), native",
+        "bucket_udf": "  (the same bucket as an Arrow UDF, for comparison)",
+        "route": "+ route (broadcast join on planned keys)",
+        "shuffle": "+ shuffle by item",
+        "handoff": "+ hand-off to Python writers (writers discard)",
+    }
+    for name, label in labels.items():
+        print(figure_line(label, measured.ratio(name, "plain"), None))
+    whole = measured.ratio("ours", "plain")
+    print(figure_line("ours: the whole Spark-pipeline refresh", whole, REFRESH_TARGET))
+    seconds = ", ".join(f"{name} {measured.median_seconds(name):.2f}s" for name in contenders)
+    print(f"      median seconds: {seconds}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
