@@ -80,19 +80,23 @@ def taxi_chunk(rows: int, seed: int) -> pa.Table:
     )
 
 
-def write_sources(root: Path, rows: int) -> tuple[Path, Path]:
-    """The same rows twice: flat files (`flat/part-N.parquet`) and Hive directories by PULocationID."""
-    flat, hive = root / "flat", root / "hive"
-    flat.mkdir(parents=True)
-    written = 0
-    index = 0
+def write_taxi_files(directory: Path, rows: int) -> None:
+    """`rows` taxi-like rows as 1M-row Parquet files (`part-NNNN.parquet`) in a new `directory`."""
+    directory.mkdir(parents=True)
+    written = index = 0
     while written < rows:
         count = min(CHUNK_ROWS, rows - written)
         pq.write_table(
-            taxi_chunk(count, seed=index), flat / f"part-{index:04d}.parquet", row_group_size=256_000
+            taxi_chunk(count, seed=index), directory / f"part-{index:04d}.parquet", row_group_size=256_000
         )
         written += count
         index += 1
+
+
+def write_sources(root: Path, rows: int) -> tuple[Path, Path]:
+    """The same rows twice: flat files (`flat/part-N.parquet`) and Hive directories by PULocationID."""
+    flat, hive = root / "flat", root / "hive"
+    write_taxi_files(flat, rows)
     # One pass over the flat files: one file per location directory, with reasonably sized row groups.
     pads.write_dataset(
         pads.dataset(flat, format="parquet"),

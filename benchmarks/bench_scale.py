@@ -56,7 +56,6 @@ from benchmarks.pairing import Target, figure_line, run_rounds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = 50
-CHUNK_ROWS = 1_000_000
 # The refresh of a dataset is one job more than the plain Spark write (discovery, per-partition tasks, the
 # commit); this benchmark's bound on the ratio at scale, and on the RSS growth of the task processes.
 REFRESH_BOUND = Target("<=", 1.5)
@@ -247,34 +246,19 @@ def refresh_as_tasks(spec: Path, dataset: str, workdir: Path, task_slots: int) -
 # --------------------------------------------------------------------------------------------------
 
 
-def write_taxi_source(directory: Path, rows: int) -> None:
-    """`rows` taxi-like rows as 1M-row Parquet files (the generator of `bench_refresh`)."""
-    import pyarrow.parquet as pq
-
-    from benchmarks.bench_refresh import taxi_chunk
-
-    directory.mkdir(parents=True)
-    written = index = 0
-    while written < rows:
-        count = min(CHUNK_ROWS, rows - written)
-        pq.write_table(
-            taxi_chunk(count, seed=index), directory / f"part-{index:04d}.parquet", row_group_size=256_000
-        )
-        written += count
-        index += 1
-
-
 def directory_bytes(directory: Path) -> int:
     return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
 
 
 def rows_axis(root: Path, sizes: Sequence[int], rounds: int, task_slots: int) -> dict[str, Any]:
+    from benchmarks.bench_refresh import write_taxi_files
+
     figures: dict[str, Any] = {}
     for rows in sizes:
         base = root / f"rows-{rows}"
         source = base / "source"
         started = time.perf_counter()
-        write_taxi_source(source, rows)
+        write_taxi_files(source, rows)
         generated_s = time.perf_counter() - started
         spec = base / "spec.yaml"
         spec.write_text(

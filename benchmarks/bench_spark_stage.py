@@ -29,26 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from benchmarks.bench_refresh import BUCKETS, CHUNK_ROWS, anchor_partition_write, bound_transform, taxi_chunk
+from benchmarks.bench_refresh import BUCKETS, anchor_partition_write, bound_transform, write_taxi_files
 from benchmarks.pairing import Target, figure_line, run_rounds
 
 REFRESH_TARGET = Target("<=", 1.0)
-
-
-def write_flat(root: Path, rows: int) -> Path:
-    flat = root / "flat"
-    flat.mkdir(parents=True)
-    written = index = 0
-    while written < rows:
-        count = min(CHUNK_ROWS, rows - written)
-        pq.write_table(
-            taxi_chunk(count, seed=index), flat / f"part-{index:04d}.parquet", row_group_size=256_000
-        )
-        written += count
-        index += 1
-    return flat
 
 
 def discard_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -74,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="ap-bench-spark-stage-"))
     try:
-        flat = write_flat(root, rows)
+        flat = root / "flat"
+        write_taxi_files(flat, rows)
         spec = root / "spec.yaml"
         spec.write_text(
             "accelerator_dir: acc\n"
