@@ -72,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
         transform = bound_transform(project, "trips")
         spark = build_local_session(app_name="bench-spark-stage")
         keys = spark.createDataFrame([(b, b) for b in range(BUCKETS)], "k BIGINT, item INT")
-        source_type = pa.int32()
 
         def scan() -> Any:
             return spark.read.parquet(str(flat))
@@ -81,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             return scan().withColumn("b", transform.to_spark(F.col("PULocationID")))
 
         def bucketed_udf() -> Any:
-            udf = _arrow_udf(transform, F.col("PULocationID"), source_type, spark_type_for(pa.int64()))
+            result = spark_type_for(transform.result_type)
+            udf = _arrow_udf(transform, F.col("PULocationID"), transform.source_type, result)
             return scan().withColumn("b", udf)
 
         def routed() -> Any:

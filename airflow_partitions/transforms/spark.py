@@ -138,8 +138,8 @@ def _bucket(transform: BucketTransform, column: Column, source: pa.DataType) -> 
 
 
 def _bucket_long(column: Column, source: pa.DataType) -> Column | None:
-    """The 64-bit value Iceberg's bucket hashes, as a Spark long; None when Spark cannot produce it
-    natively (uint64 beyond 2^63, strings, binary, UUIDs and decimals hash other bytes)."""
+    """The 64-bit value Iceberg's bucket hashes, as a Spark long; None where Spark's hash() would not see
+    the canonical bytes (uint64, held as DECIMAL(20,0); strings, binary, UUIDs and decimals)."""
     if support.is_signed_integer(source) or (support.is_unsigned_integer(source) and source.bit_width < 64):
         return column.cast(T.LongType())
     if support.is_date(source):
