@@ -34,7 +34,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -434,6 +434,7 @@ class Catalog:
         max_retries: int = 50,
         commit_id: str | None = None,
         conservation: Mapping[str, Any] | None = None,
+        check_intervening: Callable[[CommitRecord], None] | None = None,
     ) -> int:
         """Publish `upserts` and `removes` atomically as a new version based on `base_version`; its number.
 
@@ -447,7 +448,10 @@ class Catalog:
         gets a fresh id: after a write whose response was lost, the record found at the version is read
         back, and carrying this id means it is this commit's own (success), not a conflicting one.
         `conservation` (JSON) is recorded in the header as is: the row counts the refresh checked
-        (`VersionInfo.conservation`).
+        (`VersionInfo.conservation`). `check_intervening` is called with each commit made since the base
+        that this one rebases onto (after the partition checks), before it is published: it raises (e.g.
+        `CommitConflictError`) to refuse the rebase on grounds the catalog cannot see, such as an upsert's
+        keys now held by a partition it does not touch.
         """
         self._validate_commit(upserts, removes, partition_spec, replace_all)
         token = commit_id if commit_id is not None else uuid.uuid4().hex
@@ -490,6 +494,8 @@ class Catalog:
                         # an attempt of this call whose response was lost (see `_publish`).
                         return record.version
                     self._check_concurrent(record, touched, base_number, partition_spec, replace_all)
+                    if check_intervening is not None:
+                        check_intervening(record)
                 intervening.extend(newer)
                 parent = head
                 totals = newer[-1].summary

@@ -190,15 +190,27 @@ class PartitionedDatasetReader:
         if schema is None:
             schema = self.dataset.bound_schema or self.dataset.declared_schema()
         if schema is None:
-            raise CatalogError(
-                f"dataset {self.name!r} has no partition file in catalog version {snapshot.version} and "
-                "its spec declares no schema: refresh it first, or add a schema: block to the spec"
-            )
+            schema = self._source_schema(snapshot)
         with self._lock:
             self._schemas[snapshot.version] = schema
             while len(self._schemas) > CACHED_VERSIONS:
                 self._schemas.pop(min(self._schemas))
         return schema
+
+    def _source_schema(self, snapshot: Snapshot) -> pa.Schema:
+        """A version without files (never refreshed, or emptied by a delete) reads as 0 rows of the schema
+        its first write would use: the source's (as `acceleration_schema` takes it for writes)."""
+        from airflow_partitions.exceptions import AirflowPartitionsError
+        from airflow_partitions.sources import open_dataset_source
+
+        try:
+            return open_dataset_source(self.dataset).schema()
+        except AirflowPartitionsError as err:
+            raise CatalogError(
+                f"dataset {self.name!r} has no partition file in catalog version {snapshot.version}, its "
+                f"spec declares no schema and its source's schema cannot be read ({err}): make the source "
+                "reachable, or add a schema: block to the spec"
+            ) from err
 
     def _file_schema(self, snapshot: Snapshot) -> pa.Schema | None:
         """Schema of a file of the most recently refreshed partition (newest columns included)."""

@@ -47,6 +47,7 @@ from airflow_partitions.spec.masking import masked_params
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.csv as pacsv
     import pyarrow.dataset as pads
 
     from airflow_partitions.transforms import Transform
@@ -66,6 +67,23 @@ STATIC_MAPPING_LIMIT = 100_000
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".lz4")
 # Spark and pyarrow agree on skipping these: job markers, checksums, hidden files.
 _IGNORED_SUFFIXES = (".crc",)
+
+
+def csv_convert_options(schema: pa.Schema | None = None) -> pacsv.ConvertOptions:
+    """The one CSV rule, for CSV sources and CSV files given to writes: an empty field is NULL, quoted
+    (`""`) or not, and only an empty field; the text NULL, NA, N/A, #N/A, null, nan ... is that string.
+
+    As Spark reads CSV sources. pyarrow's default would also read those texts as NULL (a region `NA` would
+    land in the NULL partition). With `schema`, values are parsed as its types, not inferred.
+    """
+    import pyarrow.csv as pacsv
+
+    return pacsv.ConvertOptions(
+        null_values=[""],
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=True,
+        column_types={f.name: f.type for f in schema} if schema is not None else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,14 +357,7 @@ class FileSource:
             delimiter = self._csv_delimiter()
             header = bool(self.params.get("header", True))
             read_options = pacsv.ReadOptions(autogenerate_column_names=not header)
-            # As Spark reads CSV: an empty field is NULL, quoted ("") or not, and only an empty field
-            # (pyarrow's default also reads the text NULL, NA, N/A, nan, ... as NULL; Spark keeps them).
-            convert_options = pacsv.ConvertOptions(
-                null_values=[""],
-                strings_can_be_null=True,
-                quoted_strings_can_be_null=True,
-                column_types={f.name: f.type for f in physical} if physical is not None else None,
-            )
+            convert_options = csv_convert_options(physical)
             return pads.CsvFileFormat(
                 parse_options=pacsv.ParseOptions(delimiter=str(delimiter)),
                 read_options=read_options,

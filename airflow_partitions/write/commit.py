@@ -26,7 +26,7 @@ import datetime as dt
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import PartitionEntry
-from airflow_partitions.exceptions import ConservationError, FilterError, WriteError
+from airflow_partitions.exceptions import CommitConflictError, ConservationError, FilterError, WriteError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.write.merge import (
     check_key_columns,
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.catalog import Catalog, PartitionSpecInfo, Snapshot
+    from airflow_partitions.catalog.state import CommitRecord
     from airflow_partitions.objectstore import ObjectStore, SettingsLike
     from airflow_partitions.pruning import FilterInput
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
@@ -319,12 +320,14 @@ def commit_changes(
     commit_id: str | None = None,
     keep_fingerprints: bool = True,
     started: float | None = None,
+    claim: KeyClaim | None = None,
 ) -> WriteResult:
     """Write, check and publish `changes` in one catalog commit based on `target.snapshot`.
 
     `keep_fingerprints`: a changed partition keeps the source fingerprint it had (the source did not
     change: the next refresh leaves it alone unless its source changes); False records none, so the next
-    refresh rebuilds those partitions from the source (write-through).
+    refresh rebuilds those partitions from the source (write-through). `claim` (an upsert's keys): the
+    commit rebases onto a concurrent commit only if no partition it changed holds one of the keys.
     """
     started = time.monotonic() if started is None else started
     commit_id = commit_id or f"{operation}-{uuid.uuid4().hex}"
@@ -397,6 +400,7 @@ def commit_changes(
     }
     version = None
     if upserts or removes:
+        touched = {e.key_path for e in upserts} | set(removes)
         version = target.catalog.commit(
             base_version=target.base_version,
             upserts=upserts,
@@ -405,6 +409,7 @@ def commit_changes(
             operation=str(operation),
             commit_id=commit_id,
             conservation=conservation,
+            check_intervening=claim.checker(target, touched) if claim is not None else None,
         )
     return WriteResult(
         dataset=target.dataset.name,
@@ -420,6 +425,55 @@ def commit_changes(
         elapsed_s=time.monotonic() - started,
         commit_id=commit_id if version is not None else None,
     )
+
+
+@dataclass(frozen=True)
+class KeyClaim:
+    """The keys an upsert writes, each to be on one row after it: OCC on the key space.
+
+    An upsert planned from its base removes each key from every partition that held it there. A commit
+    made since (a concurrent upsert or refresh) may have put one of the keys into a partition this upsert
+    does not touch: rebasing onto it would leave the key on two rows. `checker` refuses that rebase with
+    `CommitConflictError` (write again: planned from the new head, the upsert replaces that row).
+    """
+
+    rows: pa.Table  # the incoming rows' key columns
+    keys: tuple[str, ...]
+
+    def checker(self, target: WriteTarget, touched: set[str]) -> Callable[[CommitRecord], None]:
+        """The check `Catalog.commit` runs on each commit it rebases onto."""
+        bounds = key_bounds(self.rows, self.keys)
+
+        def check(record: CommitRecord) -> None:
+            for raw in record.upserts:
+                key_path = str(raw["key_path"])
+                if key_path in touched:  # the catalog refuses an overlap already
+                    continue
+                entry = PartitionEntry.from_json(raw)
+                before = target.entry(key_path)
+                # Files the base had were searched when the upsert was planned; only newer ones may hold
+                # a key now.
+                known = {f.path for f in before.files} if before is not None else set()
+                fresh = [f for f in entry.files if f.path not in known and _may_hold_keys(f, bounds)]
+                if not fresh:
+                    continue
+                held = target.storage.read(
+                    target.root, target.local(fresh), columns=list(self.keys), schema=target.schema
+                )
+                found = key_match_mask(held, self.rows, self.keys)
+                if found.true_count:
+                    shown = held.filter(found).slice(0, 3).to_pylist()
+                    raise CommitConflictError(
+                        f"dataset {target.dataset.name!r}: partition {key_path} gained key(s) of this upsert "
+                        f"({', '.join(map(str, shown))}) in version {record.version} ({record.operation}) "
+                        f"after base version {target.base_version}; committing would leave a key on two "
+                        "rows. Nothing was published: upsert again (planned from the newest version, it "
+                        "replaces those rows)",
+                        partitions=(key_path,),
+                        version=record.version,
+                    )
+
+        return check
 
 
 # --- the three writes -----------------------------------------------------------------------------
@@ -504,6 +558,7 @@ def upsert(
         commit_id=commit_id,
         keep_fingerprints=keep_fingerprints,
         started=started,
+        claim=KeyClaim(rows.select(list(key_columns)), key_columns),
     )
 
 
@@ -557,33 +612,39 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
     return list(changes.values())
 
 
-def key_bounds(keys_table: pa.Table, keys: Sequence[str]) -> dict[str, tuple[Any, Any, bool]]:
-    """Per key column: (min, max, has NULL) of the incoming keys (min / max None when all NULL)."""
+def key_bounds(keys_table: pa.Table, keys: Sequence[str]) -> dict[str, tuple[Any, Any, bool] | None]:
+    """Per key column: (min, max, has NULL) of the incoming keys (min / max None when all NULL), or None
+    when the bounds cannot rule out a file: an unordered type, or a NaN key (min / max skip NaN, and
+    file statistics leave NaN out, but a NaN key matches a NaN row)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    bounds = {}
+    bounds: dict[str, tuple[Any, Any, bool] | None] = {}
     for name in keys:
         column = keys_table.column(name)
+        if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
+            bounds[name] = None
+            continue
         try:
             extremes = pc.min_max(column)
             low, high = extremes["min"].as_py(), extremes["max"].as_py()
         except Exception:  # an unordered type: no bounds, every file may match
-            low = high = None
-            bounds[name] = (None, None, True)
+            bounds[name] = None
             continue
         bounds[name] = (low, high, column.null_count > 0)
     return bounds
 
 
-def _may_hold_keys(file: DataFile, bounds: Mapping[str, tuple[Any, Any, bool]]) -> bool:
+def _may_hold_keys(file: DataFile, bounds: Mapping[str, tuple[Any, Any, bool] | None]) -> bool:
     """Whether `file` may hold a row with one of the incoming keys, judged on its column statistics.
 
     Never rules out on doubt: a column without statistics, or bounds that do not compare, may match.
     """
-    for name, (low, high, has_null) in bounds.items():
+    for name, bound in bounds.items():
         stats = file.stats.get(name)
-        if stats is None:
+        if stats is None or bound is None:
             continue
+        low, high, has_null = bound
         null_may_match = has_null and stats.null_count > 0
         if low is None or high is None:
             values_may_match = low is None and high is None and not has_null  # unordered: keep

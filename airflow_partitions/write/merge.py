@@ -1,10 +1,12 @@
 """Merge rows on key columns: upsert (incoming rows replace existing rows with the same key) and delete
 by a set of keys, vectorised in Arrow, with the counts a conservation check needs.
 
-Keys compare NULL-safe (`IS NOT DISTINCT FROM`): a NULL key value matches a NULL, so rows of the NULL
-partition can be upserted and deleted like any other. Both sides must have the same schema (the caller
-conforms them). Key values of the two sides are dictionary-encoded together, NULL encoded as a value,
-so matching is an integer join whatever the key types are.
+Keys compare as DuckDB's `IS NOT DISTINCT FROM` does, the one key equality of upserts and deletes by key
+(writes and the changes merge of a refresh): a NULL key value matches a NULL, so rows of the NULL
+partition can be upserted and deleted like any other; -0.0 matches 0.0; NaN matches NaN (every NaN, of
+either sign or payload, is one value, as DuckDB orders and compares it). Both sides must have the same
+schema (the caller conforms them). Key values of the two sides are dictionary-encoded together, NULL
+encoded as a value, so matching is an integer join whatever the key types are.
 """
 
 from __future__ import annotations
@@ -61,6 +63,23 @@ def check_key_columns(schema: pa.Schema, keys: Sequence[str], *, what: str = "up
     return columns
 
 
+def comparable_keys(values: pa.Array) -> pa.Array:
+    """`values` with the key values `IS NOT DISTINCT FROM` holds equal made identical: a float column's
+    -0.0 as 0.0 and each NaN as one NaN (Arrow's hashing tells them apart by their bits). NULL stays NULL.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pa.types.is_floating(values.type):
+        return values
+    if pa.types.is_float16(values.type):
+        values = values.cast(pa.float32())
+    # IEEE: -0.0 + 0.0 is 0.0, every other value is unchanged (NaN stays a NaN, replaced next).
+    zeroed = pc.add(values, pa.scalar(0.0, values.type))
+    one_nan = pa.scalar(float("nan"), values.type)
+    return pc.if_else(pc.is_nan(zeroed), one_nan, zeroed)
+
+
 def _key_codes(left: pa.Table, right: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, pa.Table]:
     """Integer codes of each key column, shared by both sides (NULL is a code too), plus row numbers."""
     import pyarrow as pa
@@ -80,7 +99,7 @@ def _key_codes(left: pa.Table, right: pa.Table, keys: Sequence[str]) -> tuple[pa
         if pa.types.is_dictionary(both.type):
             both = both.cast(both.type.value_type)
         combined = both.combine_chunks() if both.num_chunks else pa.array([], both.type)
-        codes = pc.dictionary_encode(combined, null_encoding="encode").indices
+        codes = pc.dictionary_encode(comparable_keys(combined), null_encoding="encode").indices
         code_name = f"__ap_c{position}"
         left_columns[code_name] = codes.slice(0, left.num_rows)
         right_columns[code_name] = codes.slice(left.num_rows)

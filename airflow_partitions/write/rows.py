@@ -71,14 +71,10 @@ def read_rows_file(rows_file: RowsFile, schema: pa.Schema) -> pa.Table:
         if file_format == "csv":
             import pyarrow.csv as pcsv
 
-            return pcsv.read_csv(
-                rows_file.path,
-                convert_options=pcsv.ConvertOptions(
-                    column_types={f.name: f.type for f in schema},
-                    strings_can_be_null=True,
-                    quoted_strings_can_be_null=False,
-                ),
-            )
+            from airflow_partitions.sources.files import csv_convert_options
+
+            # The rule CSV sources are read by: only an empty field is NULL.
+            return pcsv.read_csv(rows_file.path, convert_options=csv_convert_options(schema))
         import pyarrow.json as pjson
 
         return pjson.read_json(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.exceptions import ConservationError, WriteError, WriteThroughError
 from airflow_partitions.quoting import quote_identifier
 from airflow_partitions.write.commit import (
+    KeyClaim,
     PartitionChange,
     WriteOperation,
     WriteResult,
@@ -97,6 +98,7 @@ def write_through(
             commit_id=commit_id,
             keep_fingerprints=False,
             started=started,
+            claim=KeyClaim(rows.select(list(key_columns)), key_columns) if key_columns else None,
         )
     except Exception as err:
         raise through_failed(target, operation, written, partitions, err) from err
