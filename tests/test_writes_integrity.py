@@ -288,40 +288,34 @@ RACE_ROUNDS = 50
 RACE_REGIONS: list[str | None] = [None, "EU", "a/b", "k=v", "100%", "it's", 'say "hi"', "日本", "🙂", ""]
 
 
-def _planned_upsert(project_path: str, rows: pa.Table) -> Any:
-    """One writer's upsert planned from the newest version (its own catalog), ready to commit."""
-    project = load_spec(project_path)
-    dataset = project.dataset(DATASET)
-    target = writes.open_write_target(project, dataset)
-    keys = writes.resolve_keys(target, None, what="upsert")
-    changes = writes.upsert_changes(target, rows, keys)
-    claim = writes.KeyClaim(rows.select(list(keys)), keys)
-
-    def commit() -> writes.WriteResult:
-        return writes.commit_changes(
-            target, writes.WriteOperation.UPSERT, changes, rows_in=rows.num_rows, claim=claim
-        )
-
-    return commit
-
-
-def _commit_together(commits: list[Any]) -> dict[int, Any]:
-    """Run the planned commits in threads released at once; each one's result or error."""
-    barrier = threading.Barrier(len(commits))
+def _upserts_together(project: ProjectSpec, batches: list[pa.Table]) -> dict[int, Any]:
+    """Upsert each batch in its own thread, all planned from the same version: each writer opens the
+    dataset (its own catalog, its base version), then waits for the others before planning and committing.
+    Each one's result or error."""
+    barrier = threading.Barrier(len(batches))
     outcomes: dict[int, Any] = {}
+    open_target = writes.open_write_target
+
+    def opened_together(*args: Any, **kwargs: Any) -> writes.WriteTarget:
+        target = open_target(*args, **kwargs)
+        barrier.wait(timeout=60)
+        return target
 
     def run(index: int) -> None:
-        barrier.wait(timeout=60)
+        own = load_spec(project.path)
         try:
-            outcomes[index] = commits[index]()
+            outcomes[index] = writes.upsert(own, own.dataset(DATASET), batches[index])
         except Exception as err:  # collected: the caller's assertion names it
             outcomes[index] = err
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(commits))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    with pytest.MonkeyPatch.context() as patch:
+        # Forced interleaving, not a stand-in: the real open, then a barrier.
+        patch.setattr(writes, "open_write_target", opened_together)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(batches))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
     return outcomes
 
 
@@ -345,7 +339,7 @@ def test_concurrent_upserts_of_one_new_key_never_duplicate_it(tmp_path: Path) ->
         # Both carry the same new keys to different partitions: neither touches the other's partition.
         rows_a = hostile_rows(round_number, ids, regions=[region_a])
         rows_b = hostile_rows(round_number + 1000, ids, regions=[region_b])
-        outcomes = _commit_together([_planned_upsert(str(project.path), rows) for rows in (rows_a, rows_b)])
+        outcomes = _upserts_together(project, [rows_a, rows_b])
         committed = [i for i, o in outcomes.items() if isinstance(o, writes.WriteResult)]
         lost = [i for i, o in outcomes.items() if isinstance(o, CommitConflictError)]
         assert (len(committed), len(lost)) == (1, 1), f"round {round_number}: {outcomes}"
