@@ -13,8 +13,9 @@ it writes whole (a new one); later ones are left for a full refresh, and counted
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import RefreshError
@@ -183,9 +184,9 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
         landing = set(zip(*values, strict=True))
     touched: dict[str, PartitionKey] = {PartitionKey(k).path(names): PartitionKey(k) for k in landing}
     if changed.num_rows:
-        probe = sorted(v for v in changed.column(keys[0]).to_pylist() if v is not None)
+        probe = KeyProbe.of(changed.column(keys[0]).to_pylist())
         for key_path, committed in snapshot.partitions.items():
-            if key_path not in touched and _may_hold_any(committed, keys[0], probe):
+            if key_path not in touched and probe.may_be_in(committed, keys[0]):
                 touched[key_path] = committed.key
     tag = schema_tag(source.schema())
     fingerprint = tagged_fingerprint(tag, f"changes-{value_to_json(upper)}")
@@ -226,20 +227,40 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
     )
 
 
-def _may_hold_any(entry: PartitionEntry, column: str, probe: Sequence[Any]) -> bool:
-    """Whether some file of the partition may hold one of the (sorted) `probe` values of `column`."""
-    import bisect
+@dataclass(frozen=True)
+class KeyProbe:
+    """Changed key values of one column, to find the partitions that may hold their old rows, matched as
+    the merge matches keys (`IS NOT DISTINCT FROM`): a NULL key may be in any file with a NULL, a NaN key
+    in any file (statistics leave NaN out), -0.0 is 0.0."""
 
-    for data_file in entry.files:
-        stats = data_file.stats.get(column)
-        if stats is None or stats.min is None or stats.max is None:
-            if stats is not None and stats.null_count >= data_file.rows:
-                continue  # every key NULL: no changed key can be here
-            return True
-        try:
-            at = bisect.bisect_left(probe, stats.min)
-        except TypeError:
-            return True
-        if at < len(probe) and probe[at] <= stats.max:
-            return True
-    return False
+    values: tuple[Any, ...]  # sorted, without NULL and NaN
+    has_null: bool
+    has_nan: bool
+
+    @classmethod
+    def of(cls, keys: Sequence[Any]) -> KeyProbe:
+        nan = [k for k in keys if isinstance(k, float) and math.isnan(k)]
+        ordered = sorted(k for k in keys if k is not None and not (isinstance(k, float) and math.isnan(k)))
+        return cls(tuple(ordered), has_null=any(k is None for k in keys), has_nan=bool(nan))
+
+    def may_be_in(self, entry: PartitionEntry, column: str) -> bool:
+        """Whether some file of the partition may hold one of the values of `column`."""
+        import bisect
+
+        for data_file in entry.files:
+            stats = data_file.stats.get(column)
+            if self.has_nan or stats is None:
+                return True
+            if self.has_null and stats.null_count > 0:
+                return True
+            if stats.min is None or stats.max is None:
+                if stats.null_count >= data_file.rows:
+                    continue  # every key NULL: no changed non-NULL key can be here
+                return True
+            try:
+                at = bisect.bisect_left(self.values, stats.min)
+            except TypeError:
+                return True
+            if at < len(self.values) and self.values[at] <= stats.max:
+                return True
+        return False
