@@ -23,12 +23,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_partitions.cli.main import main as cli_main
+from airflow_partitions.exceptions import WriteKeyError
 from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import ProjectSpec
 from airflow_partitions.write import commit as writes
-from airflow_partitions.write.merge import delete_rows_by_key, key_match_mask, upsert_rows
+from airflow_partitions.write.merge import check_unique_keys, delete_rows_by_key, key_match_mask, upsert_rows
 from tests.writes_support import SCHEMA, Oracle, assert_same_rows, hostile_rows
 
 DATASET = "items"
@@ -190,6 +191,11 @@ def test_key_equality_is_duckdbs_is_not_distinct_from(float_type: pa.DataType) -
     assert sorted(upserted.table.column("v").to_pylist()) == ["new0", "newnan", "null", "two"]
     deleted = delete_rows_by_key(single, pa.table({"k": pa.array([-0.0, None], float_type)}), ["k"])
     assert sorted(deleted.table.column("v").to_pylist()) == ["nan", "two"]
+    # One write may not give a key twice, however it is spelt.
+    for repeated in ([0.0, -0.0], [NAN, -NAN], [None, None]):
+        with pytest.raises(WriteKeyError, match="repeat key"):
+            check_unique_keys(pa.table({"k": pa.array([*repeated, 1.0], float_type)}), ["k"])
+    check_unique_keys(pa.table({"k": pa.array([0.0, NAN, None, 1.0], float_type)}), ["k"])
 
 
 def test_upsert_and_delete_by_key_on_float_keys_through_a_dataset(tmp_path: Path) -> None:
