@@ -318,10 +318,14 @@ def _lock_down(connection: Any) -> None:
     connection.execute("SET lock_configuration = true")
 
 
-def check_sandboxed(connection: Any, statement: str, dataset: str) -> None:
-    """Raise `UnsafeQueryError` unless `statement` reads only `dataset`, its own CTEs and row generators.
+def check_sandboxed(connection: Any, statement: str, dataset: str) -> int:
+    """Raise `UnsafeQueryError` unless `statement` reads only `dataset`, CTEs in scope and row generators;
+    return how many of its names DuckDB resolves to the dataset.
 
-    The statement is judged on DuckDB's own parse of it, so what is checked is what runs.
+    The statement is judged on DuckDB's own parse of it, so what is checked is what runs, and names are
+    resolved as DuckDB's binder resolves them (`_scoped_nodes`): a CTE's name means the CTE only inside
+    the query that declares it, after its declaration; anywhere else DuckDB looks the name up in the
+    catalog (`pg_settings`, `duckdb_settings`, ...), so there it must be the dataset or is refused.
     """
     import duckdb
 
@@ -332,17 +336,11 @@ def check_sandboxed(connection: Any, statement: str, dataset: str) -> None:
     tree = json.loads(rows[0][0]) if rows else {"error": True, "error_message": "no statement"}
     if tree.get("error"):
         raise UnsafeQueryError(f"cannot check the query: {tree.get('error_message', 'unknown error')}")
-    nodes = list(_walk(tree["statements"]))
-    ctes = {
-        entry["key"].lower()
-        for node in nodes
-        if isinstance(node.get("cte_map"), dict)
-        for entry in node["cte_map"].get("map", ())
-    }
-    for node in nodes:
+    references = 0
+    for node, ctes in _scoped_nodes(tree["statements"]):
         kind = node.get("type")
         if kind == "BASE_TABLE":
-            _check_table(node, dataset.lower(), ctes)
+            references += _check_table(node, dataset.lower(), ctes)
         elif kind == "TABLE_FUNCTION":
             name = str(node.get("function", {}).get("function_name", "")).lower()
             if name not in SANDBOX_TABLE_FUNCTIONS:
@@ -357,20 +355,47 @@ def check_sandboxed(connection: Any, statement: str, dataset: str) -> None:
             )
         if "function_name" in node:
             _check_function(node)
+    return references
 
 
-def _check_table(node: dict[str, Any], dataset: str, ctes: set[str]) -> None:
+def sandbox_references(statement: str, dataset: str) -> int:
+    """`check_sandboxed` on a parse-only connection of the process (before any view exists)."""
+    global _parse_connection
+    with _PARSE_LOCK:
+        if _parse_connection is None:
+            connection = new_duckdb_connection(functions=False)
+            _lock_down(connection)
+            _parse_connection = connection
+        return check_sandboxed(_parse_connection, statement, dataset)
+
+
+_PARSE_LOCK = threading.Lock()
+_parse_connection: Any = None
+
+
+def _check_table(node: dict[str, Any], dataset: str, ctes: frozenset[str]) -> int:
+    """1 when `node` names the dataset, 0 when a CTE in scope; `UnsafeQueryError` for anything else."""
     name = str(node.get("table_name", "")).lower()
     catalog = str(node.get("catalog_name", "")).lower()
     schema = str(node.get("schema_name", "")).lower()
     if not catalog and not schema and name in ctes:
-        return
-    if name == dataset and catalog in ("", "temp") and schema in ("", "main", "temp"):
-        return
+        return 0
+    # The dataset is a temporary view: catalog `temp`, schema `main` (which `temp` alone also names).
+    if name == dataset and (catalog, schema) in _DATASET_QUALIFIERS:
+        return 1
     shown = ".".join(part for part in (catalog, schema, name) if part)
+    if name in ctes:
+        raise UnsafeQueryError(
+            f"the query reads {shown!r}: a CTE's name is only its own when unqualified; a query sees only "
+            f"the dataset {dataset!r} and the CTEs in scope"
+        )
     raise UnsafeQueryError(
-        f"the query reads {shown!r}; a query sees only the dataset {dataset!r} and its own CTEs"
+        f"the query reads {shown!r}; a query sees only the dataset {dataset!r} and the CTEs in scope "
+        "(a CTE declared inside a subquery is not visible outside it)"
     )
+
+
+_DATASET_QUALIFIERS = frozenset({("", ""), ("", "main"), ("", "temp"), ("temp", "main")})
 
 
 def _check_function(node: dict[str, Any]) -> None:
@@ -399,16 +424,38 @@ def _constant_text(argument: Any) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def _walk(tree: Any) -> Iterator[dict[str, Any]]:
-    """Every JSON object in `tree` (iteratively: deep filters nest thousands of levels)."""
-    stack = [tree]
+def _scoped_nodes(tree: Any) -> Iterator[tuple[dict[str, Any], frozenset[str]]]:
+    """Every JSON object of DuckDB's parse with the (lower-cased) CTE names in scope where it stands.
+
+    DuckDB's rules: a query node's CTEs are visible in the whole node; a CTE's body sees the CTEs declared
+    before it in the same WITH, not itself nor later ones (DuckDB looks those up in the catalog), except
+    the recursive term of a recursive CTE, which sees its own name. Iterative: deep filters nest thousands
+    of levels.
+    """
+    stack: list[tuple[Any, frozenset[str]]] = [(tree, frozenset())]
     while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            yield item
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+        item, scope = stack.pop()
+        if isinstance(item, list):
+            stack.extend((child, scope) for child in item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        yield item, scope
+        cte_map = item.get("cte_map")
+        entries = cte_map.get("map") if isinstance(cte_map, dict) else None
+        inner = scope
+        if entries:
+            declared: list[str] = []
+            for entry in entries:
+                stack.append((entry.get("value"), scope | frozenset(declared)))
+                declared.append(str(entry.get("key", "")).lower())
+            inner = scope | frozenset(declared)
+        if item.get("type") == "RECURSIVE_CTE_NODE":
+            stack.append((item.get("right"), inner | {str(item.get("cte_name", "")).lower()}))
+            skipped: tuple[str, ...] = ("cte_map", "right")
+        else:
+            skipped = ("cte_map",)
+        stack.extend((value, inner) for key, value in item.items() if key not in skipped)
 
 
 def _scrubbed(message: str, connection: Any, scope: CallScope) -> str:

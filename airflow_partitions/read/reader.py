@@ -29,7 +29,7 @@ from airflow_partitions.pruning import (
     plan_partitions,
 )
 from airflow_partitions.pruning.deep import deep_stack
-from airflow_partitions.read.query import QueryLimits, run_query
+from airflow_partitions.read.query import QueryLimits, run_query, sandbox_references
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 from airflow_partitions.read.remote import RemoteFiles, default_filesystem
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
@@ -312,7 +312,9 @@ class PartitionedDatasetReader:
                 self._queries.move_to_end(key)
                 return prepared
         check_read_only(sql)
-        prepared = (dataset_filter(sql, self.name, schema), executable_sql(sql, schema))
+        # DuckDB's count of the names meaning the dataset: pruning that finds another reads everything.
+        references = sandbox_references(sql, self.name)
+        prepared = (dataset_filter(sql, self.name, schema, references), executable_sql(sql, schema))
         with self._lock:
             self._queries[key] = prepared
             while len(self._queries) > CACHED_PLANS:
