@@ -489,3 +489,59 @@ def test_ctes_in_scope_still_work(accelerations: dict[str, Acceleration]) -> Non
             "AND id IN (WITH ids AS (SELECT id FROM eu) SELECT id FROM ids)",
         ):
             assert reader.query(sql).column("n")[0].as_py() == ROWS // 3, sql
+
+
+# --- limits that bound: memory outside DuckDB's buffers, time spent before DuckDB runs ------------------
+
+# Memory DuckDB's `memory_limit` does not count: a list or a string built by one function call.
+UNBUFFERED = [
+    "SELECT len(generate_series(1, 300000000)) AS n",
+    "SELECT length(repeat('x', 1500000000)) AS n",
+    "SELECT count(*) AS n FROM events WHERE length(repeat(note, 100000000)) > 0",
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sql", UNBUFFERED)
+def test_memory_duckdb_does_not_count_is_bounded_too(
+    accelerations: dict[str, Acceleration], sql: str
+) -> None:
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with accelerations["parquet"].reader() as reader:
+        with pytest.raises(QueryLimitError, match=r"200MB memory limit.*memory_limit") as caught:
+            reader.query(sql, memory_limit="200MB", timeout_s=60)
+        assert caught.value.limit == "memory"
+        assert resource.getrlimit(resource.RLIMIT_AS) == before, "the process's limit is restored"
+        assert reader.query("SELECT count(*) AS n FROM events").column("n")[0].as_py() == ROWS
+
+
+@pytest.mark.timeout(120)
+def test_a_read_filter_is_bounded_in_memory(tmp_path: Path) -> None:
+    acc = build_acceleration(tmp_path, make_table(), [("region", "region")], engine="parquet")
+    with acc.reader(query_limits=QueryLimits(memory_limit="200MB")) as reader:
+        with pytest.raises(QueryLimitError) as caught:
+            reader.read("length(repeat(note, 100000000)) > 0")
+        assert caught.value.limit == "memory"
+        assert reader.read("region = 'EU'").num_rows == ROWS // 3
+
+
+def long_or(terms: int) -> str:
+    return " OR ".join(f"id = {i}" for i in range(terms))
+
+
+@pytest.mark.timeout(300)
+def test_the_time_limit_covers_parsing_and_pruning(accelerations: dict[str, Acceleration]) -> None:
+    """A 10,000-term OR costs far more than 0.05 s to parse, check and prune, before DuckDB runs."""
+    sql = f"SELECT count(*) AS n FROM events WHERE {long_or(10_000)}"
+    with accelerations["parquet"].reader() as reader:
+        with pytest.raises(QueryLimitError, match="time limit") as caught:
+            reader.query(sql, timeout_s=0.05)
+        assert caught.value.limit == "timeout"
+    limits = QueryLimits(timeout_s=0.05)
+    with accelerations["parquet"].reader(query_limits=limits) as reader:
+        for call in (reader.plan, reader.read):
+            with pytest.raises(QueryLimitError, match="time limit") as caught:
+                call(long_or(10_000))
+            assert caught.value.limit == "timeout"

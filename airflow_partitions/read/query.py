@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import FilterError, QueryLimitError, StorageError, UnsafeQueryError
 from airflow_partitions.pruning.expressions import quote_identifier, quote_string
+from airflow_partitions.pruning.limits import Budget, budget, check_budget, run_bounded, size_in_bytes
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -45,6 +46,11 @@ if TYPE_CHECKING:
 DISABLED_OPTIMIZERS = "statistics_propagation"
 
 DEFAULT_QUERY_TIMEOUT_S = 300.0
+QUERY_HINT = (
+    "query(sql, timeout_s=..., memory_limit='8GB'), airflow-partitions query --timeout SECONDS "
+    "--memory-limit SIZE"
+)
+READ_HINT = "PartitionedDatasetReader(..., query_limits=QueryLimits(timeout_s=..., memory_limit='8GB'))"
 DEFAULT_QUERY_MEMORY_BYTES = 4 * 1024**3  # capped at half the machine's memory (`default_memory_limit`)
 MAX_QUERY_THREADS = 4
 # Table functions a sandboxed query may call: they generate rows and touch neither files nor the catalog.
@@ -101,6 +107,10 @@ class QueryLimits:
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
             memory_limit=self.memory_limit if memory_limit is None else memory_limit,
         )
+
+    def budget(self, hint: str) -> contextlib.AbstractContextManager[Budget]:
+        """A budget of these limits for one call, from now (`pruning.limits`); `hint`: how to raise them."""
+        return budget(self.seconds, size_in_bytes(self.memory), hint)
 
     @property
     def seconds(self) -> float:
@@ -209,6 +219,18 @@ def run_query(
 ) -> pa.Table:
     """Run `statement` (checked read-only, made executable) where `dataset` is a view over `files`."""
     limits = limits or QueryLimits()
+    with limits.budget(QUERY_HINT):
+        return _run_query(scanner, dataset, files, schema, statement, limits)
+
+
+def _run_query(
+    scanner: DuckDBScanner,
+    dataset: str,
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+    statement: str,
+    limits: QueryLimits,
+) -> pa.Table:
     root = scanner.sandbox_root
     if root is not None:
         # A cursor of the reader's locked database: its temporary view goes with the cursor.
@@ -264,37 +286,12 @@ def _run_sandboxed(
         connection.execute(f"SET allowed_paths = [{allowed}]")
         _apply_limits(connection, limits)
         _lock_down(connection)
-    timed_out = threading.Event()
-
-    def interrupt() -> None:
-        timed_out.set()
-        connection.interrupt()
-
-    timer = threading.Timer(limits.seconds, interrupt)
-    timer.daemon = True
-    timer.start()
     try:
-        return connection.sql(statement).to_arrow_table()
-    except duckdb.InterruptException as err:
-        if not timed_out.is_set():
-            raise
-        raise QueryLimitError(
-            f"the query ran past its {limits.seconds:g} s time limit and was stopped; read fewer partitions "
-            "(a WHERE on the partition columns opens fewer files) or raise the limit: query(sql, "
-            "timeout_s=...), airflow-partitions query --timeout SECONDS",
-            limit="timeout",
-        ) from err
-    except duckdb.OutOfMemoryException as err:
-        raise QueryLimitError(
-            f"the query needed more than its {limits.memory} memory limit; read fewer partitions or "
-            "columns, or raise the limit: query(sql, memory_limit='8GB'), airflow-partitions query "
-            "--memory-limit 8GB",
-            limit="memory",
-        ) from err
+        return run_bounded(
+            connection, lambda: connection.sql(statement).to_arrow_table(), memory=limits.memory
+        )
     except duckdb.Error as err:
         raise FilterError(f"query failed: {_scrubbed(str(err).strip(), connection, scope)}") from err
-    finally:
-        timer.cancel()
 
 
 def _apply_limits(connection: Any, limits: QueryLimits) -> None:
@@ -433,6 +430,7 @@ def _scoped_nodes(tree: Any) -> Iterator[tuple[dict[str, Any], frozenset[str]]]:
     of levels.
     """
     stack: list[tuple[Any, frozenset[str]]] = [(tree, frozenset())]
+    visited = 0
     while stack:
         item, scope = stack.pop()
         if isinstance(item, list):
@@ -441,6 +439,9 @@ def _scoped_nodes(tree: Any) -> Iterator[tuple[dict[str, Any], frozenset[str]]]:
         if not isinstance(item, dict):
             continue
         yield item, scope
+        visited += 1
+        if visited % 1024 == 0:
+            check_budget()
         cte_map = item.get("cte_map")
         entries = cte_map.get("map") if isinstance(cte_map, dict) else None
         inner = scope
