@@ -3,15 +3,18 @@
 The dataset name is a view over the files the statement's WHERE clauses can need; external file access
 is disabled except for those files, and the configuration is locked before the statement runs.
 
-The statement, as DuckDB's own parser reads it (`json_serialize_sql`), may name only the dataset and its
-own CTEs, call only table functions that generate rows (`SANDBOX_TABLE_FUNCTIONS`), and read only the
-settings in `SANDBOX_VISIBLE_SETTINGS`: catalog functions, `information_schema`, `SHOW TABLES` and the
-other databases attached for the scan (the shared `_tables.duckdb` holds every version's tables) stay out
-of reach, and so do the local paths of the files (which `allowed_paths` and the views' SQL hold). DuckDB's
-error messages have those paths replaced before they are raised.
+The statement, as DuckDB's own parser reads it (`json_serialize_sql`), may name only the dataset and the
+CTEs in scope where a name stands (`_scoped_nodes`), call only table functions that generate rows
+(`SANDBOX_TABLE_FUNCTIONS`), and read only the settings in `SANDBOX_VISIBLE_SETTINGS`: catalog functions,
+`information_schema`, `SHOW TABLES` and the other databases attached for the scan (the shared
+`_tables.duckdb` holds every version's tables) stay out of reach, and so do the local paths of the files
+(which `allowed_paths` and the views' SQL hold). DuckDB's error messages have those paths replaced before
+they are raised.
 
-Limits (`QueryLimits`): a wall-clock timeout, enforced by interrupting DuckDB from a timer; a memory limit,
-with spilling to disk off; a bounded number of threads. Either limit reached raises `QueryLimitError`.
+Limits (`QueryLimits`): a wall-clock timeout counted from the call (parsing and pruning included), DuckDB
+interrupted when it is spent; a memory limit, with spilling to disk off, that also caps the process's
+address space while DuckDB runs (`pruning.limits`); a bounded number of threads. Either limit reached
+raises `QueryLimitError`.
 
 Opening a DuckDB database costs ~10 ms, more than a pruned aggregate, and a fresh one has an empty Parquet
 footer cache. So a reader whose files are local and scanned in place keeps one locked-down database per
