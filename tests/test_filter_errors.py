@@ -290,3 +290,16 @@ def test_a_filter_constant_is_evaluated_within_a_memory_limit(acceleration: Acce
                 call("a = length(repeat('x', 1000000000))")
             assert info.value.limit == "memory"
         assert reader.read("a = length(repeat('x', 3))").column("a").to_pylist() == [3]
+
+
+@pytest.mark.timeout(120)
+def test_a_delete_filter_is_bounded_in_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`write --delete-where` evaluates its filter on the partition rows within a query's default limits:
+    a filter building a 16 GB list per row (memory DuckDB's own limit does not count) stops as a memory
+    limit, deleting nothing."""
+    table = pa.table({"id": pa.array([1, 2, None], pa.int64()), "v": ["a", None, "c/=%'"]})
+    acceleration = build_acceleration(tmp_path, table, [("b", "bucket(4, id)")])
+    where = "len(generate_series(1, 2000000000 + coalesce(id, 0))) > 0 OR v = 'a'"
+    assert main(["write", str(acceleration.spec_path), "events", "--delete-where", where]) == 2
+    assert "memory limit" in capsys.readouterr().err
+    assert acceleration.snapshot().version == 1, "nothing was deleted"
