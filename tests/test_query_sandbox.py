@@ -429,6 +429,9 @@ OUT_OF_SCOPE_CTES = [
     "SELECT * FROM (WITH pg_settings AS (SELECT 1) SELECT 1 UNION SELECT 2) y, pg_settings, events",
     "WITH RECURSIVE pg_settings AS (SELECT * FROM pg_settings UNION ALL SELECT * FROM pg_settings LIMIT 1) "
     "SELECT * FROM pg_settings, events",
+    # A name DuckDB reads as a glob over the dataset directory (every version's files).
+    'SELECT * FROM (WITH "**/*.parquet" AS (SELECT 1) SELECT 1) x, "**/*.parquet"',
+    'SELECT count(*) AS n FROM (WITH "region=EU/*.parquet" AS (SELECT 1) SELECT 1) x, "region=EU/*.parquet"',
 ]
 # Relations no query may read, whatever it declares around them.
 FOREIGN_RELATIONS = [
