@@ -225,3 +225,81 @@ def test_query_sql_is_resolved_by_duckdb(acceleration: Acceleration) -> None:
     with acceleration.reader() as reader:
         result = reader.query("SELECT count(*) AS n FROM events WHERE pulocationid = 132")
     assert result.to_pylist() == [{"n": 1}]
+
+
+# --- functions that sleep or answer differently on each call ------------------------------------------
+
+NON_DETERMINISTIC = [
+    ("PULocationID > sleep_ms(1)", "sleep_ms"),
+    ("a < random() * 10", "rand"),  # DuckDB's other name for random()
+    ("a = 1 OR setseed(0.5) IS NULL", "setseed"),
+    ("v <> CAST(uuid() AS VARCHAR)", "uuid"),
+    ("v <> CAST(gen_random_uuid() AS VARCHAR)", "uuid"),
+    ("CAST(now() AS DATE) > DATE '2000-01-01'", "now"),
+    ("current_timestamp > TIMESTAMPTZ '2000-01-01 00:00:00+00'", "current_timestamp"),
+    ("current_date > DATE '2000-01-01' AND a = 1", "current_date"),
+    ("get_current_timestamp() IS NOT NULL", "get_current_timestamp"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("where", "function"), NON_DETERMINISTIC)
+def test_a_filter_calling_a_sleeping_or_non_deterministic_function_is_refused(
+    acceleration: Acceleration, where: str, function: str
+) -> None:
+    with acceleration.reader() as reader:
+        for call in (reader.plan, reader.read):
+            with pytest.raises(FilterError) as info:
+                call(where)
+            message = str(info.value)
+            assert f"{function}()" in message, message
+            assert "answers differently on each call" in message, message
+            _assert_plain(message)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["plan", "{spec}", "events", "--where", "a > sleep_ms(1)"],
+        ["plan", "{spec}", "events", "--where", "a > sleep_ms(1)", "--json"],
+        ["write", "{spec}", "events", "--delete-where", "a > sleep_ms(1)"],
+        ["write", "{spec}", "events", "--delete-where", "a < random() * 10", "--json"],
+    ],
+    ids=["plan", "plan-json", "delete-where", "delete-where-json"],
+)
+def test_cli_filters_refuse_a_sleeping_function(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = pa.table({"id": pa.array([1, 2, None], pa.int64()), "a": [1, None, 3]})
+    acceleration = build_acceleration(tmp_path, table, [("b", "bucket(4, id)")])
+    spec = str(acceleration.spec_path)
+    assert main([part.format(spec=spec) for part in command]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be used in a filter" in err, err
+    assert acceleration.snapshot().version == 1, "nothing was deleted"
+
+
+def test_a_filter_constant_is_evaluated_within_a_memory_limit(acceleration: Acceleration) -> None:
+    """A constant DuckDB folds for pruning may not take the machine's memory (1 GB asked, 256 MiB given)."""
+    from airflow_partitions.exceptions import QueryLimitError
+
+    with acceleration.reader() as reader:
+        for call in (reader.plan, reader.read):
+            with pytest.raises(QueryLimitError) as info:
+                call("a = length(repeat('x', 1000000000))")
+            assert info.value.limit == "memory"
+        assert reader.read("a = length(repeat('x', 3))").column("a").to_pylist() == [3]
+
+
+@pytest.mark.timeout(120)
+def test_a_delete_filter_is_bounded_in_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`write --delete-where` evaluates its filter on the partition rows within a query's default limits:
+    a filter building a 16 GB list per row (memory DuckDB's own limit does not count) stops as a memory
+    limit, deleting nothing."""
+    table = pa.table({"id": pa.array([1, 2, None], pa.int64()), "v": ["a", None, "c/=%'"]})
+    acceleration = build_acceleration(tmp_path, table, [("b", "bucket(4, id)")])
+    where = "len(generate_series(1, 2000000000 + coalesce(id, 0))) > 0 OR v = 'a'"
+    assert main(["write", str(acceleration.spec_path), "events", "--delete-where", where]) == 2
+    assert "memory limit" in capsys.readouterr().err
+    assert acceleration.snapshot().version == 1, "nothing was deleted"

@@ -352,3 +352,199 @@ def test_concurrent_queries_on_one_reader_are_isolated(accelerations: dict[str, 
             answers = [(region, pool.submit(total, region)) for region in list(expected) * 8]
             assert {region: future.result() for region, future in answers} == expected
             assert stopped.result() == "stopped"
+
+
+# --- names resolved the way DuckDB resolves them ---------------------------------------------------------
+
+# Spellings DuckDB reads as the dataset: each must read every row, never an empty placeholder.
+DATASET_SPELLINGS = [
+    "events",
+    "main.events",
+    "temp.events",
+    "temp.main.events",
+    '"events"',
+    'temp."main"."events"',
+    "EVENTS",
+]
+# Unicode format characters (category Cf): DuckDB's tokenizer reads them as white space, sqlglot as part
+# of the name, so a query holding one outside a string literal is refused as invisible and ambiguous.
+FORMAT_CHARACTERS = ["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u202e"]
+
+
+@pytest.mark.parametrize("engine", ["parquet", "duckdb_tables"])
+@pytest.mark.parametrize("name", DATASET_SPELLINGS)
+def test_every_spelling_of_the_dataset_reads_all_its_rows(
+    accelerations: dict[str, Acceleration], engine: str, name: str
+) -> None:
+    with accelerations[engine].reader() as reader:
+        assert reader.query(f"SELECT count(*) AS n FROM {name}").column("n")[0].as_py() == ROWS
+        eu = reader.query(f"SELECT count(*) AS n FROM {name} WHERE region = 'EU'").column("n")[0].as_py()
+        assert eu == ROWS // 3
+        both = reader.query(
+            f"SELECT count(*) AS n FROM events e JOIN {name} f ON e.id = f.id WHERE e.region = 'EU'"
+        )
+        assert both.column("n")[0].as_py() == ROWS // 3
+
+
+@pytest.mark.parametrize("character", FORMAT_CHARACTERS)
+@pytest.mark.parametrize(
+    "template",
+    [
+        "SELECT count(*) AS n FROM {c}events",
+        "SELECT count(*) AS n FROM events{c}",
+        "SELECT count(*) AS n FROM ev{c}ents",
+        "SELECT count(*) AS n FROM events WHERE region{c} = 'EU'",
+        'SELECT count(*) AS n FROM "{c}events"',
+        "SELECT count(*) AS n FROM events e, {c}events f WHERE e.id = f.id",
+    ],
+)
+def test_an_invisible_format_character_in_the_sql_is_refused(
+    accelerations: dict[str, Acceleration], character: str, template: str
+) -> None:
+    with accelerations["parquet"].reader() as reader, pytest.raises(UnsafeQueryError) as caught:
+        reader.query(template.format(c=character))
+    message = str(caught.value)
+    assert f"U+{ord(character):04X}" in message
+    assert "delete it" in message
+
+
+def test_a_format_character_inside_a_string_literal_is_data(accelerations: dict[str, Acceleration]) -> None:
+    with accelerations["parquet"].reader() as reader:
+        row = reader.query("SELECT 'a\u200bb' AS s, count(*) AS n FROM events").to_pylist()[0]
+    assert row == {"s": "a\u200bb", "n": ROWS}
+
+
+# A CTE's name is legal only where it is in scope; outside, DuckDB resolves the name in the catalog.
+OUT_OF_SCOPE_CTES = [
+    "SELECT * FROM (WITH pg_settings AS (SELECT 1) SELECT * FROM pg_settings) x, pg_settings",
+    "SELECT * FROM (WITH duckdb_settings AS (SELECT 1) SELECT 1) x, duckdb_settings",
+    "SELECT * FROM events WHERE id IN (WITH pg_settings AS (SELECT 1) SELECT 1) UNION ALL BY NAME "
+    "SELECT * FROM pg_settings",
+    "WITH a AS (SELECT * FROM pg_settings), pg_settings AS (SELECT 1) SELECT * FROM a, events",
+    "WITH pg_settings AS (SELECT * FROM pg_settings) SELECT * FROM pg_settings, events",
+    "SELECT (WITH pg_settings AS (SELECT 1) SELECT 1) AS x, * FROM pg_settings, events",
+    "SELECT * FROM (WITH information_schema AS (SELECT 1) SELECT 1) x, information_schema.tables, events",
+    "SELECT * FROM (WITH pg_catalog AS (SELECT 1) SELECT 1) x, pg_catalog.pg_settings, events",
+    "SELECT * FROM (WITH x AS (SELECT 1) SELECT 1) y, system.main.pg_settings, events",
+    "SELECT * FROM (WITH pg_settings AS (SELECT 1) SELECT 1 UNION SELECT 2) y, pg_settings, events",
+    "WITH RECURSIVE pg_settings AS (SELECT * FROM pg_settings UNION ALL SELECT * FROM pg_settings LIMIT 1) "
+    "SELECT * FROM pg_settings, events",
+    # A name DuckDB reads as a glob over the dataset directory (every version's files).
+    'SELECT * FROM (WITH "**/*.parquet" AS (SELECT 1) SELECT 1) x, "**/*.parquet"',
+    'SELECT count(*) AS n FROM (WITH "region=EU/*.parquet" AS (SELECT 1) SELECT 1) x, "region=EU/*.parquet"',
+]
+# Relations no query may read, whatever it declares around them.
+FOREIGN_RELATIONS = [
+    "pg_settings",
+    "pg_catalog.pg_settings",
+    "main.pg_settings",
+    "duckdb_settings()",
+    "information_schema.tables",
+    "memory.main.events",
+    "system.main.events",
+    "read_parquet('**/*.parquet')",
+    "glob('*')",
+    "read_csv('x.csv')",
+    '"pg_settings"',
+    '"pg\u0073ettings"',
+    '"events\u200b"',
+    '"еvents"',  # a Cyrillic е
+]
+
+
+@pytest.mark.parametrize("sql", OUT_OF_SCOPE_CTES)
+def test_a_cte_name_outside_its_scope_is_refused(accelerations: dict[str, Acceleration], sql: str) -> None:
+    acc = accelerations["parquet"]
+    with acc.reader() as reader, pytest.raises(UnsafeQueryError) as caught:
+        reader.query(sql)
+    assert "allowed_directories" not in str(caught.value)
+    assert_no_local_path(str(caught.value), acc)
+
+
+@pytest.mark.parametrize("relation", FOREIGN_RELATIONS)
+@pytest.mark.parametrize(
+    "template",
+    [
+        "SELECT * FROM {r}",
+        "SELECT * FROM (WITH x AS (SELECT 1) SELECT 1) y, {r}",
+        "WITH q AS (SELECT * FROM {r}) SELECT * FROM q",
+        "SELECT * FROM events WHERE id IN (SELECT 1 FROM {r})",
+    ],
+)
+def test_no_spelling_reaches_a_foreign_relation(
+    accelerations: dict[str, Acceleration], relation: str, template: str
+) -> None:
+    with accelerations["parquet"].reader() as reader, pytest.raises(UnsafeQueryError):
+        reader.query(template.format(r=relation))
+
+
+def test_ctes_in_scope_still_work(accelerations: dict[str, Acceleration]) -> None:
+    with accelerations["parquet"].reader() as reader:
+        for sql in (
+            "WITH eu AS (SELECT * FROM events WHERE region = 'EU'), n AS (SELECT count(*) AS n FROM eu) "
+            "SELECT n FROM n",
+            "SELECT n FROM (WITH eu AS (SELECT * FROM events WHERE region = 'EU') "
+            "SELECT count(*) AS n FROM eu)",
+            "WITH events AS (SELECT * FROM events WHERE region = 'EU') SELECT count(*) AS n FROM events",
+            "WITH RECURSIVE t(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM t WHERE k < 3) "
+            "SELECT count(*) // 3 AS n FROM t, events WHERE region = 'EU'",
+            "WITH eu AS (SELECT * FROM events) SELECT count(*) AS n FROM eu WHERE region = 'EU' "
+            "AND id IN (WITH ids AS (SELECT id FROM eu) SELECT id FROM ids)",
+        ):
+            assert reader.query(sql).column("n")[0].as_py() == ROWS // 3, sql
+
+
+# --- limits that bound: memory outside DuckDB's buffers, time spent before DuckDB runs ------------------
+
+# Memory DuckDB's `memory_limit` does not count: a list or a string built by one function call.
+UNBUFFERED = [
+    "SELECT len(generate_series(1, 300000000)) AS n",
+    "SELECT length(repeat('x', 1500000000)) AS n",
+    "SELECT count(*) AS n FROM events WHERE length(repeat(note, 100000000)) > 0",
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sql", UNBUFFERED)
+def test_memory_duckdb_does_not_count_is_bounded_too(
+    accelerations: dict[str, Acceleration], sql: str
+) -> None:
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with accelerations["parquet"].reader() as reader:
+        with pytest.raises(QueryLimitError, match=r"200MB memory limit.*memory_limit") as caught:
+            reader.query(sql, memory_limit="200MB", timeout_s=60)
+        assert caught.value.limit == "memory"
+        assert resource.getrlimit(resource.RLIMIT_AS) == before, "the process's limit is restored"
+        assert reader.query("SELECT count(*) AS n FROM events").column("n")[0].as_py() == ROWS
+
+
+@pytest.mark.timeout(120)
+def test_a_read_filter_is_bounded_in_memory(tmp_path: Path) -> None:
+    acc = build_acceleration(tmp_path, make_table(), [("region", "region")], engine="parquet")
+    with acc.reader(query_limits=QueryLimits(memory_limit="200MB")) as reader:
+        with pytest.raises(QueryLimitError) as caught:
+            reader.read("length(repeat(note, 100000000)) > 0")
+        assert caught.value.limit == "memory"
+        assert reader.read("region = 'EU'").num_rows == ROWS // 3
+
+
+def long_or(terms: int) -> str:
+    return " OR ".join(f"id = {i}" for i in range(terms))
+
+
+@pytest.mark.timeout(300)
+def test_the_time_limit_covers_parsing_and_pruning(accelerations: dict[str, Acceleration]) -> None:
+    """A 10,000-term OR costs far more than 0.05 s to parse, check and prune, before DuckDB runs."""
+    sql = f"SELECT count(*) AS n FROM events WHERE {long_or(10_000)}"
+    with accelerations["parquet"].reader() as reader:
+        with pytest.raises(QueryLimitError, match="time limit") as caught:
+            reader.query(sql, timeout_s=0.05)
+        assert caught.value.limit == "timeout"
+    limits = QueryLimits(timeout_s=0.05)
+    with accelerations["parquet"].reader(query_limits=limits) as reader:
+        for call in (reader.plan, reader.read):
+            with pytest.raises(QueryLimitError, match="time limit") as caught:
+                call(long_or(10_000))
+            assert caught.value.limit == "timeout"

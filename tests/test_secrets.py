@@ -312,6 +312,83 @@ def test_validate_of_a_valid_spec_and_of_unreachable_sources_shows_no_secret(
     assert '"aws_secret_access_key": "***"' in out
 
 
+# --- a URL whose password holds an unencoded `@` or `#` ---------------------------------------------
+
+# The driver reads what follows an unencoded `@` (or, for a URL parser, `#`) as the host and prints it in
+# every error: such a URL is refused before anything connects, and says how to encode it.
+UNENCODED = {
+    "at": ("pl4nted@pl4nted-tail", "'@'", "%40"),
+    "hash": ("pl4nted#pl4nted-tail", "'#'", "%23"),
+    "both": ("pl4nted@pl4nted#pl4nted-tail", "'@'", "%40"),
+}
+
+
+def unencoded_spec(tmp_path: Path, password: str, database_url: str) -> Path:
+    user, _, rest = database_url.removeprefix("postgresql://").partition("@")
+    spec = tmp_path / "unencoded.yaml"
+    url = f"postgresql://{user}:{password}@{rest}"
+    spec.write_text(
+        "accelerator_dir: acc\ndatasets:\n  - name: orders\n    from: postgres:public.orders\n"
+        f"    params: {json.dumps({'url': url})}\n"
+        '    acceleration:\n      partition_by: [{b: "bucket(3, id)"}]\n'
+    )
+    return spec
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("case", sorted(UNENCODED))
+def test_a_url_password_with_an_unencoded_at_or_hash_is_flagged_and_never_printed(
+    case: str,
+    pg_database: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    capture_logs(caplog)
+    password, character, encoded = UNENCODED[case]
+    spec = str(unencoded_spec(tmp_path, password, pg_database))
+    assert main(["validate", spec]) == 1
+    assert main(["validate", spec, "--json"]) == 1
+    out, err = capfd.readouterr()
+    assert_no_secret(out + err + caplog.text, "validate")
+    assert f"unencoded {character}" in out
+    assert "%40" in out
+    assert "%23" in out
+    for command in (["plan", spec, "orders"], ["plan", spec, "orders", "--json"]):
+        assert main(command) == 2, command
+    for command in (["refresh", spec, "orders"], ["refresh", spec, "orders", "--json"]):
+        assert main(command) == 2, command
+    out, err = capfd.readouterr()
+    assert_no_secret(out + err + caplog.text, "plan and refresh")
+    assert encoded in err
+
+
+@pytest.mark.postgres
+def test_a_connection_url_with_an_unencoded_at_is_refused_without_printing_it(
+    pg_database: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A URL resolved from a connection id (here `AIRFLOW_CONN_*`) never passes the spec's check."""
+    capture_logs(caplog)
+    user, _, rest = pg_database.removeprefix("postgresql://").partition("@")
+    monkeypatch.setenv("AIRFLOW_CONN_AP_UNENCODED", f"postgresql://{user}:pl4nted@pl4nted-tail@{rest}")
+    spec = tmp_path / "conn.yaml"
+    spec.write_text(
+        "accelerator_dir: acc\ndatasets:\n  - name: orders\n    from: postgres:public.orders\n"
+        "    params: {connection_id: ap_unencoded}\n"
+        '    acceleration:\n      partition_by: [{b: "bucket(3, id)"}]\n'
+    )
+    assert main(["refresh", str(spec), "orders"]) == 2
+    assert main(["validate", str(spec), "--json"]) == 0  # the source is unreadable: a warning
+    out, err = capfd.readouterr()
+    assert_no_secret(out + err + caplog.text, "refresh through a connection")
+    assert "%40" in err
+    assert "%40" in out
+
+
 # --- the stage ------------------------------------------------------------------------------------
 
 

@@ -14,13 +14,14 @@ parse, plan and read: a failed first attempt leaves nothing behind that the seco
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from airflow_partitions.exceptions import FilterError
+from airflow_partitions.exceptions import FilterError, QueryLimitError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,6 +61,8 @@ def call_with_deep_stack(function: Callable[P, R], *args: P.args, **kwargs: P.kw
         return function(*args, **kwargs)
     try:
         return function(*args, **kwargs)
+    except QueryLimitError:
+        raise  # the call's budget is spent (`limits`): running it again would spend it twice
     except (RecursionError, FilterError):
         pass  # too deep for this thread's stack, perhaps: the deep-stack thread decides
     return _on_deep_stack(function, *args, **kwargs)
@@ -67,11 +70,13 @@ def call_with_deep_stack(function: Callable[P, R], *args: P.args, **kwargs: P.kw
 
 def _on_deep_stack(function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     outcome: dict[str, Any] = {}
+    # The caller's context (its time and memory budget, `limits`) goes with the work to the worker.
+    context = contextvars.copy_context()
 
     def run() -> None:
         _state.deep = True
         try:
-            outcome["value"] = function(*args, **kwargs)
+            outcome["value"] = context.run(function, *args, **kwargs)
         except BaseException as err:  # handed to the calling thread as is
             outcome["error"] = err
 

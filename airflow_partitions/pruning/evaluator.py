@@ -53,6 +53,7 @@ from airflow_partitions.pruning.expressions import (
     TransformRef,
 )
 from airflow_partitions.pruning.index import BoundField, ColumnStatsArrays
+from airflow_partitions.pruning.limits import check_budget
 from airflow_partitions.transforms.projection import (
     EVALUATION_ERRORS,
     AllOf,
@@ -188,6 +189,7 @@ class Evaluator:
     # --- connectives --------------------------------------------------------------------------
 
     def evaluate(self, predicate: Predicate) -> Outcome:
+        check_budget()
         if isinstance(predicate, AlwaysTrue):
             return Outcome(self._ones(), self._zeros(), self._zeros())
         if isinstance(predicate, AlwaysFalse):

@@ -27,7 +27,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from airflow_partitions.exceptions import FilterError, PartitionExpressionError
+from airflow_partitions.exceptions import FilterError, PartitionExpressionError, QueryLimitError
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import (
     OPERATORS_BY_TEXT,
@@ -47,6 +47,7 @@ from airflow_partitions.pruning.expressions import (
     not_,
     or_,
 )
+from airflow_partitions.pruning.limits import budget, check_budget, run_bounded
 from airflow_partitions.pruning.literals import Between, coerce_literal
 from airflow_partitions.pruning.sql_text import DIALECT, collection_paused, parse_sql
 from airflow_partitions.spec.model import did_you_mean
@@ -112,6 +113,39 @@ OUTSIDE_WORLD_FUNCTIONS = frozenset(
     }
 )
 
+# Functions whose value is not a fact about the row: they sleep (a filter that waits), or answer
+# differently each call (time, randomness, sequences), so a plan, a read and a delete of one filter would
+# each select other rows.
+NON_DETERMINISTIC_FUNCTIONS = frozenset(
+    {
+        "sleep_ms",
+        "random",
+        "rand",
+        "setseed",
+        "uuid",
+        "uuidv4",
+        "uuidv7",
+        "gen_random_uuid",
+        "now",
+        "current_timestamp",
+        "get_current_timestamp",
+        "transaction_timestamp",
+        "current_date",
+        "current_time",
+        "get_current_time",
+        "localtimestamp",
+        "localtime",
+        "current_localtimestamp",
+        "current_localtime",
+        "today",
+        "nextval",
+        "currval",
+    }
+)
+# Each constant of a filter outside a query or read budget (`limits.budget`) gets this much.
+CONSTANT_SECONDS = 30.0
+CONSTANT_MEMORY_BYTES = 256 * 1024**2
+
 FilterInput = str | Sequence[Any] | Predicate | None
 ColumnResolver = Callable[[exp.Column], str | None]
 
@@ -153,13 +187,20 @@ def parse_where_sql(where: str) -> exp.Expression:
 
 
 def refuse_outside_world_functions(node: exp.Expression) -> None:
-    """`FilterError` when `node` calls a function that reads files, the environment or settings."""
+    """`FilterError` when `node` calls a function that reads files, the environment or settings, or one
+    that sleeps or answers differently each call (`NON_DETERMINISTIC_FUNCTIONS`)."""
     for call in node.find_all(exp.Func):
-        name = call.name if isinstance(call, exp.Anonymous) else call.sql_name()
-        if name.lower() in OUTSIDE_WORLD_FUNCTIONS:
+        name = (call.name if isinstance(call, exp.Anonymous) else call.sql_name()).lower()
+        if name in OUTSIDE_WORLD_FUNCTIONS:
             raise FilterError(
-                f"{name.lower()}() cannot be used in a filter: a filter may not read files, the environment "
+                f"{name}() cannot be used in a filter: a filter may not read files, the environment "
                 "or settings; compare the dataset's columns with values instead"
+            )
+        if name in NON_DETERMINISTIC_FUNCTIONS:
+            raise FilterError(
+                f"{name}() cannot be used in a filter: it sleeps or answers differently on each call, so "
+                "the rows a filter selects would change between planning and reading; compare the "
+                "columns with literal values (e.g. ts >= TIMESTAMP '2026-01-01 00:00:00+00')"
             )
 
 
@@ -212,6 +253,8 @@ class FilterBinder:
             refuse_outside_world_functions(node)
         try:
             return self._predicate(node)
+        except QueryLimitError:
+            raise  # the call's time is spent: no binding fallback may hide that
         except FilterError:
             if self.lenient:
                 return Opaque(render(node))
@@ -257,6 +300,7 @@ class FilterBinder:
     # --- predicates -------------------------------------------------------------------------------
 
     def _predicate(self, node: exp.Expression) -> Predicate:
+        check_budget()
         if isinstance(node, exp.Paren):
             return self._predicate(node.this)
         if isinstance(node, exp.And):
@@ -271,6 +315,8 @@ class FilterBinder:
             return AlwaysNull()
         try:
             return self._leaf(node)
+        except QueryLimitError:
+            raise  # the call's time is spent: no binding fallback may hide that
         except FilterError:
             if self.lenient:
                 return Opaque(render(node))
@@ -585,6 +631,8 @@ def _constants() -> Any:
 
         connection = duckdb.connect()
         connection.execute("SET TimeZone = 'UTC'")
+        connection.execute(f"SET memory_limit = '{CONSTANT_MEMORY_BYTES}B'")
+        connection.execute("SET temp_directory = ''")
         connection.execute("SET enable_external_access = false")
         connection.execute("SET lock_configuration = true")
         _constants_connection = connection
@@ -595,9 +643,15 @@ def evaluate_constant(sql: str) -> Any:
     """Evaluate a column-free SQL expression with DuckDB (so casts and intervals mean what DuckDB says)."""
     import duckdb
 
-    with _CONSTANTS_LOCK:
+    hint = "compute the value beforehand and compare the column with it"
+    with _CONSTANTS_LOCK, budget(CONSTANT_SECONDS, CONSTANT_MEMORY_BYTES, hint):
+        connection = _constants()
         try:
-            table = _constants().sql(f"SELECT ({sql}) AS value").to_arrow_table()
+            table = run_bounded(
+                connection,
+                lambda: connection.sql(f"SELECT ({sql}) AS value").to_arrow_table(),
+                memory=f"{CONSTANT_MEMORY_BYTES // 1024**2}MiB",
+            )
         except duckdb.Error as err:
             raise FilterError(f"cannot evaluate {sql!r} in filter: {_first_line(err)}") from err
     column = table.column(0)

@@ -2,6 +2,7 @@
 
 `check_read_only(sql)` asks DuckDB's own parser how many statements `sql` holds and what they are: exactly
 one SELECT (WITH ... SELECT, set operations, FROM-first) passes, anything else raises `UnsafeQueryError`.
+So does an invisible Unicode format character outside a string literal (`refuse_format_characters`).
 
 `dataset_filter(sql, dataset, schema)` finds every reference to the dataset table and, for each, the
 conditions of its scope's WHERE that constrain the table's own rows: the conjuncts over its columns,
@@ -14,6 +15,7 @@ the query can see stays readable; the query itself still applies all its conditi
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import pyarrow as pa
 from sqlglot import exp
@@ -42,6 +44,7 @@ def check_read_only(sql: str) -> None:
         raise UnsafeQueryError(
             f"the query is not valid SQL: {describe_duckdb_parse_error(err)}; pass one SELECT statement"
         ) from err
+    refuse_format_characters(sql)
     if len(statements) != 1:
         raise UnsafeQueryError(
             f"the query holds {len(statements)} statements; pass exactly one read-only SELECT statement"
@@ -52,6 +55,44 @@ def check_read_only(sql: str) -> None:
         raise UnsafeQueryError(
             f"only read-only SELECT queries are accepted, not {name} statements; "
             "use SELECT ... FROM <dataset>"
+        )
+
+
+def refuse_format_characters(sql: str) -> None:
+    """`UnsafeQueryError` for a Unicode format character (category Cf: U+200B ZERO WIDTH SPACE, U+FEFF,
+    U+202E, soft hyphen, ...) outside a string literal.
+
+    DuckDB's tokenizer reads some of them as white space (`\u200bevents` is `events`), sqlglot as part of
+    the name: the query and its pruning would then disagree on which table is meant. Invisible, they are
+    never what the author meant; inside a string literal they are data and stay.
+    """
+    import duckdb
+
+    if sql.isascii():
+        return
+    found = [(at, char) for at, char in enumerate(sql) if unicodedata.category(char) == "Cf"]
+    if not found:
+        return
+    data = sql.encode()
+    literals = []
+    try:
+        tokens = duckdb.tokenize(sql)
+    except duckdb.Error:
+        tokens = []
+    # DuckDB's token positions are byte offsets; a literal ends at its last quote before the next token.
+    for number, (start, kind) in enumerate(tokens):
+        if kind == duckdb.token_type.string_const:
+            end = tokens[number + 1][0] if number + 1 < len(tokens) else len(data)
+            text = data[start:end]
+            literals.append((start, start + max(text.rfind(b"'"), text.rfind(b"$"))))
+    for at, char in found:
+        offset = len(sql[:at].encode())
+        if any(start < offset < end for start, end in literals):
+            continue
+        name = unicodedata.name(char, "a format character")
+        raise UnsafeQueryError(
+            f"the query holds the invisible character U+{ord(char):04X} ({name}) at character {at + 1}, "
+            "outside a string literal, where it would change which table or column a name means; delete it"
         )
 
 
@@ -92,8 +133,13 @@ def executable_sql(sql: str, schema: pa.Schema) -> str:
 
 
 @deep_stack
-def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
-    """The rows of `dataset` that `sql` can look at, as a predicate (TRUE when it cannot tell)."""
+def dataset_filter(sql: str, dataset: str, schema: pa.Schema, references: int | None = None) -> Predicate:
+    """The rows of `dataset` that `sql` can look at, as a predicate (TRUE when it cannot tell).
+
+    `references`: how many times DuckDB, which runs the query, resolves a name of `sql` to the dataset
+    (`read.query.check_sandboxed`). When this parse finds another number, the two disagree on what a
+    name means, and the predicate is TRUE: every row stays readable, never an empty placeholder.
+    """
     try:
         trees = parse_sql(sql)
     except (SqlglotError, ValueError):
@@ -105,10 +151,12 @@ def dataset_filter(sql: str, dataset: str, schema: pa.Schema) -> Predicate:
     name = dataset.lower()
     if any(cte.alias_or_name.lower() == name for cte in tree.find_all(exp.CTE)):
         return AlwaysTrue()
-    references = [table for table in tree.find_all(exp.Table) if _is_dataset(table, name)]
-    if not references:
+    tables = [table for table in tree.find_all(exp.Table) if _is_dataset(table, name)]
+    if references is not None and len(tables) != references:
+        return AlwaysTrue()
+    if not tables:
         return AlwaysFalse()
-    return or_(*(_reference_filter(table, schema) for table in references))
+    return or_(*(_reference_filter(table, schema) for table in tables))
 
 
 @deep_stack
@@ -127,12 +175,16 @@ def tables_named_in(sql: str) -> set[str]:
 
 
 def _is_dataset(table: exp.Table, name: str) -> bool:
+    """Whether `table` names the dataset's view: `events`, `main.events`, `temp.events` or
+    `temp.main.events` (the view is temporary: catalog `temp`, schema `main`)."""
     if not isinstance(table.this, exp.Identifier) or table.name.lower() != name:
         return False
-    if table.args.get("catalog") is not None:
-        return False
+    catalog = table.args.get("catalog")
     database = table.args.get("db")
-    return database is None or database.name.lower() in ("main", "temp")
+    schema = database.name.lower() if database is not None else None
+    if catalog is not None:
+        return catalog.name.lower() == "temp" and schema == "main"
+    return schema in (None, "main", "temp")
 
 
 def _reference_filter(table: exp.Table, schema: pa.Schema) -> Predicate:

@@ -3,15 +3,18 @@
 The dataset name is a view over the files the statement's WHERE clauses can need; external file access
 is disabled except for those files, and the configuration is locked before the statement runs.
 
-The statement, as DuckDB's own parser reads it (`json_serialize_sql`), may name only the dataset and its
-own CTEs, call only table functions that generate rows (`SANDBOX_TABLE_FUNCTIONS`), and read only the
-settings in `SANDBOX_VISIBLE_SETTINGS`: catalog functions, `information_schema`, `SHOW TABLES` and the
-other databases attached for the scan (the shared `_tables.duckdb` holds every version's tables) stay out
-of reach, and so do the local paths of the files (which `allowed_paths` and the views' SQL hold). DuckDB's
-error messages have those paths replaced before they are raised.
+The statement, as DuckDB's own parser reads it (`json_serialize_sql`), may name only the dataset and the
+CTEs in scope where a name stands (`_scoped_nodes`), call only table functions that generate rows
+(`SANDBOX_TABLE_FUNCTIONS`), and read only the settings in `SANDBOX_VISIBLE_SETTINGS`: catalog functions,
+`information_schema`, `SHOW TABLES` and the other databases attached for the scan (the shared
+`_tables.duckdb` holds every version's tables) stay out of reach, and so do the local paths of the files
+(which `allowed_paths` and the views' SQL hold). DuckDB's error messages have those paths replaced before
+they are raised.
 
-Limits (`QueryLimits`): a wall-clock timeout, enforced by interrupting DuckDB from a timer; a memory limit,
-with spilling to disk off; a bounded number of threads. Either limit reached raises `QueryLimitError`.
+Limits (`QueryLimits`): a wall-clock timeout counted from the call (parsing and pruning included), DuckDB
+interrupted when it is spent; a memory limit, with spilling to disk off, that also caps the process's
+address space while DuckDB runs (`pruning.limits`); a bounded number of threads. Either limit reached
+raises `QueryLimitError`.
 
 Opening a DuckDB database costs ~10 ms, more than a pruned aggregate, and a fresh one has an empty Parquet
 footer cache. So a reader whose files are local and scanned in place keeps one locked-down database per
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import FilterError, QueryLimitError, StorageError, UnsafeQueryError
 from airflow_partitions.pruning.expressions import quote_identifier, quote_string
+from airflow_partitions.pruning.limits import Budget, budget, check_budget, run_bounded, size_in_bytes
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -45,6 +49,11 @@ if TYPE_CHECKING:
 DISABLED_OPTIMIZERS = "statistics_propagation"
 
 DEFAULT_QUERY_TIMEOUT_S = 300.0
+QUERY_HINT = (
+    "query(sql, timeout_s=..., memory_limit='8GB'), airflow-partitions query --timeout SECONDS "
+    "--memory-limit SIZE"
+)
+READ_HINT = "PartitionedDatasetReader(..., query_limits=QueryLimits(timeout_s=..., memory_limit='8GB'))"
 DEFAULT_QUERY_MEMORY_BYTES = 4 * 1024**3  # capped at half the machine's memory (`default_memory_limit`)
 MAX_QUERY_THREADS = 4
 # Table functions a sandboxed query may call: they generate rows and touch neither files nor the catalog.
@@ -101,6 +110,10 @@ class QueryLimits:
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
             memory_limit=self.memory_limit if memory_limit is None else memory_limit,
         )
+
+    def budget(self, hint: str) -> contextlib.AbstractContextManager[Budget]:
+        """A budget of these limits for one call, from now (`pruning.limits`); `hint`: how to raise them."""
+        return budget(self.seconds, size_in_bytes(self.memory), hint)
 
     @property
     def seconds(self) -> float:
@@ -209,6 +222,18 @@ def run_query(
 ) -> pa.Table:
     """Run `statement` (checked read-only, made executable) where `dataset` is a view over `files`."""
     limits = limits or QueryLimits()
+    with limits.budget(QUERY_HINT):
+        return _run_query(scanner, dataset, files, schema, statement, limits)
+
+
+def _run_query(
+    scanner: DuckDBScanner,
+    dataset: str,
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+    statement: str,
+    limits: QueryLimits,
+) -> pa.Table:
     root = scanner.sandbox_root
     if root is not None:
         # A cursor of the reader's locked database: its temporary view goes with the cursor.
@@ -264,37 +289,12 @@ def _run_sandboxed(
         connection.execute(f"SET allowed_paths = [{allowed}]")
         _apply_limits(connection, limits)
         _lock_down(connection)
-    timed_out = threading.Event()
-
-    def interrupt() -> None:
-        timed_out.set()
-        connection.interrupt()
-
-    timer = threading.Timer(limits.seconds, interrupt)
-    timer.daemon = True
-    timer.start()
     try:
-        return connection.sql(statement).to_arrow_table()
-    except duckdb.InterruptException as err:
-        if not timed_out.is_set():
-            raise
-        raise QueryLimitError(
-            f"the query ran past its {limits.seconds:g} s time limit and was stopped; read fewer partitions "
-            "(a WHERE on the partition columns opens fewer files) or raise the limit: query(sql, "
-            "timeout_s=...), airflow-partitions query --timeout SECONDS",
-            limit="timeout",
-        ) from err
-    except duckdb.OutOfMemoryException as err:
-        raise QueryLimitError(
-            f"the query needed more than its {limits.memory} memory limit; read fewer partitions or "
-            "columns, or raise the limit: query(sql, memory_limit='8GB'), airflow-partitions query "
-            "--memory-limit 8GB",
-            limit="memory",
-        ) from err
+        return run_bounded(
+            connection, lambda: connection.sql(statement).to_arrow_table(), memory=limits.memory
+        )
     except duckdb.Error as err:
         raise FilterError(f"query failed: {_scrubbed(str(err).strip(), connection, scope)}") from err
-    finally:
-        timer.cancel()
 
 
 def _apply_limits(connection: Any, limits: QueryLimits) -> None:
@@ -318,10 +318,14 @@ def _lock_down(connection: Any) -> None:
     connection.execute("SET lock_configuration = true")
 
 
-def check_sandboxed(connection: Any, statement: str, dataset: str) -> None:
-    """Raise `UnsafeQueryError` unless `statement` reads only `dataset`, its own CTEs and row generators.
+def check_sandboxed(connection: Any, statement: str, dataset: str) -> int:
+    """Raise `UnsafeQueryError` unless `statement` reads only `dataset`, CTEs in scope and row generators;
+    return how many of its names DuckDB resolves to the dataset.
 
-    The statement is judged on DuckDB's own parse of it, so what is checked is what runs.
+    The statement is judged on DuckDB's own parse of it, so what is checked is what runs, and names are
+    resolved as DuckDB's binder resolves them (`_scoped_nodes`): a CTE's name means the CTE only inside
+    the query that declares it, after its declaration; anywhere else DuckDB looks the name up in the
+    catalog (`pg_settings`, `duckdb_settings`, ...), so there it must be the dataset or is refused.
     """
     import duckdb
 
@@ -332,17 +336,11 @@ def check_sandboxed(connection: Any, statement: str, dataset: str) -> None:
     tree = json.loads(rows[0][0]) if rows else {"error": True, "error_message": "no statement"}
     if tree.get("error"):
         raise UnsafeQueryError(f"cannot check the query: {tree.get('error_message', 'unknown error')}")
-    nodes = list(_walk(tree["statements"]))
-    ctes = {
-        entry["key"].lower()
-        for node in nodes
-        if isinstance(node.get("cte_map"), dict)
-        for entry in node["cte_map"].get("map", ())
-    }
-    for node in nodes:
+    references = 0
+    for node, ctes in _scoped_nodes(tree["statements"]):
         kind = node.get("type")
         if kind == "BASE_TABLE":
-            _check_table(node, dataset.lower(), ctes)
+            references += _check_table(node, dataset.lower(), ctes)
         elif kind == "TABLE_FUNCTION":
             name = str(node.get("function", {}).get("function_name", "")).lower()
             if name not in SANDBOX_TABLE_FUNCTIONS:
@@ -357,20 +355,47 @@ def check_sandboxed(connection: Any, statement: str, dataset: str) -> None:
             )
         if "function_name" in node:
             _check_function(node)
+    return references
 
 
-def _check_table(node: dict[str, Any], dataset: str, ctes: set[str]) -> None:
+def sandbox_references(statement: str, dataset: str) -> int:
+    """`check_sandboxed` on a parse-only connection of the process (before any view exists)."""
+    global _parse_connection
+    with _PARSE_LOCK:
+        if _parse_connection is None:
+            connection = new_duckdb_connection(functions=False)
+            _lock_down(connection)
+            _parse_connection = connection
+        return check_sandboxed(_parse_connection, statement, dataset)
+
+
+_PARSE_LOCK = threading.Lock()
+_parse_connection: Any = None
+
+
+def _check_table(node: dict[str, Any], dataset: str, ctes: frozenset[str]) -> int:
+    """1 when `node` names the dataset, 0 when a CTE in scope; `UnsafeQueryError` for anything else."""
     name = str(node.get("table_name", "")).lower()
     catalog = str(node.get("catalog_name", "")).lower()
     schema = str(node.get("schema_name", "")).lower()
     if not catalog and not schema and name in ctes:
-        return
-    if name == dataset and catalog in ("", "temp") and schema in ("", "main", "temp"):
-        return
+        return 0
+    # The dataset is a temporary view: catalog `temp`, schema `main` (which `temp` alone also names).
+    if name == dataset and (catalog, schema) in _DATASET_QUALIFIERS:
+        return 1
     shown = ".".join(part for part in (catalog, schema, name) if part)
+    if name in ctes:
+        raise UnsafeQueryError(
+            f"the query reads {shown!r}: a CTE's name is only its own when unqualified; a query sees only "
+            f"the dataset {dataset!r} and the CTEs in scope"
+        )
     raise UnsafeQueryError(
-        f"the query reads {shown!r}; a query sees only the dataset {dataset!r} and its own CTEs"
+        f"the query reads {shown!r}; a query sees only the dataset {dataset!r} and the CTEs in scope "
+        "(a CTE declared inside a subquery is not visible outside it)"
     )
+
+
+_DATASET_QUALIFIERS = frozenset({("", ""), ("", "main"), ("", "temp"), ("temp", "main")})
 
 
 def _check_function(node: dict[str, Any]) -> None:
@@ -399,16 +424,42 @@ def _constant_text(argument: Any) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def _walk(tree: Any) -> Iterator[dict[str, Any]]:
-    """Every JSON object in `tree` (iteratively: deep filters nest thousands of levels)."""
-    stack = [tree]
+def _scoped_nodes(tree: Any) -> Iterator[tuple[dict[str, Any], frozenset[str]]]:
+    """Every JSON object of DuckDB's parse with the (lower-cased) CTE names in scope where it stands.
+
+    DuckDB's rules: a query node's CTEs are visible in the whole node; a CTE's body sees the CTEs declared
+    before it in the same WITH, not itself nor later ones (DuckDB looks those up in the catalog), except
+    the recursive term of a recursive CTE, which sees its own name. Iterative: deep filters nest thousands
+    of levels.
+    """
+    stack: list[tuple[Any, frozenset[str]]] = [(tree, frozenset())]
+    visited = 0
     while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            yield item
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+        item, scope = stack.pop()
+        if isinstance(item, list):
+            stack.extend((child, scope) for child in item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        yield item, scope
+        visited += 1
+        if visited % 1024 == 0:
+            check_budget()
+        cte_map = item.get("cte_map")
+        entries = cte_map.get("map") if isinstance(cte_map, dict) else None
+        inner = scope
+        if entries:
+            declared: list[str] = []
+            for entry in entries:
+                stack.append((entry.get("value"), scope | frozenset(declared)))
+                declared.append(str(entry.get("key", "")).lower())
+            inner = scope | frozenset(declared)
+        if item.get("type") == "RECURSIVE_CTE_NODE":
+            stack.append((item.get("right"), inner | {str(item.get("cte_name", "")).lower()}))
+            skipped: tuple[str, ...] = ("cte_map", "right")
+        else:
+            skipped = ("cte_map",)
+        stack.extend((value, inner) for key, value in item.items() if key not in skipped)
 
 
 def _scrubbed(message: str, connection: Any, scope: CallScope) -> str:

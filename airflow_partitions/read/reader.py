@@ -29,7 +29,8 @@ from airflow_partitions.pruning import (
     plan_partitions,
 )
 from airflow_partitions.pruning.deep import deep_stack
-from airflow_partitions.read.query import QueryLimits, run_query
+from airflow_partitions.pruning.limits import check_budget
+from airflow_partitions.read.query import QUERY_HINT, READ_HINT, QueryLimits, run_query, sandbox_references
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 from airflow_partitions.read.remote import RemoteFiles, default_filesystem
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
@@ -251,8 +252,10 @@ class PartitionedDatasetReader:
 
     @deep_stack
     def plan(self, where: FilterInput = None, version: int | None = None) -> PrunePlan:
-        """Which partitions and files of `version` a read with `where` opens, and why."""
-        return self._plan(self.snapshot(version), where)
+        """Which partitions and files of `version` a read with `where` opens, and why (within the reader's
+        `query_limits`: binding the filter and pruning count against its time)."""
+        with self.query_limits.budget(READ_HINT):
+            return self._plan(self.snapshot(version), where)
 
     def _plan(self, snapshot: Snapshot, where: FilterInput) -> PrunePlan:
         """The one place plans are made, cached per (version, filter)."""
@@ -281,13 +284,18 @@ class PartitionedDatasetReader:
         columns: Sequence[str] | None = None,
         version: int | None = None,
     ) -> pa.Table:
-        """Rows matching `where` as an Arrow table of `columns` (all when None), from pruned files only."""
-        plan = self.plan(where, version)
-        return self.read_plan(plan, columns)
+        """Rows matching `where` as an Arrow table of `columns` (all when None), from pruned files only.
+
+        Planning and reading together stay within the reader's `query_limits` (`QueryLimitError`).
+        """
+        with self.query_limits.budget(READ_HINT):
+            plan = self.plan(where, version)
+            return self.read_plan(plan, columns)
 
     def read_plan(self, plan: PrunePlan, columns: Sequence[str] | None = None) -> pa.Table:
         """Execute a plan made by this reader: read its files, apply its residual where inexact."""
-        return self._scanner.read(plan, resolve_columns(plan.index.schema, columns))
+        with self.query_limits.budget(READ_HINT):
+            return self._scanner.read(plan, resolve_columns(plan.index.schema, columns))
 
     # --- query ------------------------------------------------------------------------------------
 
@@ -306,11 +314,14 @@ class PartitionedDatasetReader:
         a query past either raises `QueryLimitError`.
         """
         limits = self.query_limits.merged(timeout_s, memory_limit)
-        snapshot = self.snapshot(version)
-        schema = self._schema_of(snapshot)
-        where, executable = self._prepared_query(sql, schema)
-        plan = self._plan(snapshot, where)
-        return run_query(self._scanner, self.name, plan.files, schema, executable, limits)
+        # The time limit covers parsing, checking and pruning the statement, not only running it.
+        with limits.budget(QUERY_HINT):
+            snapshot = self.snapshot(version)
+            schema = self._schema_of(snapshot)
+            where, executable = self._prepared_query(sql, schema)
+            plan = self._plan(snapshot, where)
+            check_budget()
+            return run_query(self._scanner, self.name, plan.files, schema, executable, limits)
 
     def _prepared_query(self, sql: str, schema: pa.Schema) -> tuple[Predicate, str]:
         """`sql` checked read-only, the rows of the dataset it can look at, and its executable form.
@@ -324,7 +335,13 @@ class PartitionedDatasetReader:
                 self._queries.move_to_end(key)
                 return prepared
         check_read_only(sql)
-        prepared = (dataset_filter(sql, self.name, schema), executable_sql(sql, schema))
+        check_budget()
+        # DuckDB's count of the names meaning the dataset: pruning that finds another reads everything.
+        references = sandbox_references(sql, self.name)
+        check_budget()
+        predicate = dataset_filter(sql, self.name, schema, references)
+        check_budget()
+        prepared = (predicate, executable_sql(sql, schema))
         with self._lock:
             self._queries[key] = prepared
             while len(self._queries) > CACHED_PLANS:

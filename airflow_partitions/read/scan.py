@@ -23,6 +23,7 @@ import pyarrow as pa
 from airflow_partitions.exceptions import FilterError, StorageError
 from airflow_partitions.pruning import FilterBinder
 from airflow_partitions.pruning.expressions import InList, Predicate, quote_identifier, walk
+from airflow_partitions.pruning.limits import run_bounded
 from airflow_partitions.read.query import (
     SandboxDatabases,
     needs_partition_functions,
@@ -205,7 +206,7 @@ class DuckDBScanner:
             return table
         relations.move_to_end(sql)
         try:
-            return relation.to_arrow_table()
+            return run_bounded(cursor, relation.to_arrow_table)
         except duckdb.Error as err:
             relations.pop(sql, None)
             raise StorageError(f"reading the selected partitions failed: {str(err).strip()}") from err
@@ -339,9 +340,12 @@ def _execute(cursor: Any, sql: str) -> tuple[pa.Table, Any]:
     """The rows of `sql`, and the DuckDB relation that produced them."""
     import duckdb
 
-    try:
+    def run() -> tuple[pa.Table, Any]:
         relation = cursor.sql(sql)
         return relation.to_arrow_table(), relation
+
+    try:
+        return run_bounded(cursor, run)  # within the call's time and memory (`pruning.limits`)
     except duckdb.Error as err:
         raise StorageError(f"reading the selected partitions failed: {str(err).strip()}") from err
 

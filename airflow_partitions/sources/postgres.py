@@ -36,7 +36,12 @@ from airflow_partitions.sources.base import (
 )
 from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident, sql_literal
-from airflow_partitions.spec.masking import mask_secrets, mask_url_passwords, masked_params
+from airflow_partitions.spec.masking import (
+    mask_secrets,
+    mask_url_passwords,
+    masked_params,
+    unencoded_password_problem,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -85,7 +90,14 @@ def connection_url_from_env(connection_id: str) -> str | None:
 
 
 def normalise_url(url: str) -> str:
-    """`postgres://` and `postgresql+driver://` to `postgresql://`; Airflow-only query args dropped."""
+    """`postgres://` and `postgresql+driver://` to `postgresql://`; Airflow-only query args dropped.
+
+    A URL whose password holds an unencoded `@` or `#` is refused before any driver sees it: the driver
+    would print a piece of the password as a host name.
+    """
+    unencoded = unencoded_password_problem(url)
+    if unencoded is not None:
+        raise SourceError(f"the Postgres URL {unencoded}")
     parts = urlsplit(url)
     scheme = parts.scheme.split("+", 1)[0]
     if scheme not in ("postgres", "postgresql"):

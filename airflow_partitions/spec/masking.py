@@ -42,6 +42,30 @@ def mask_url_passwords(text: str) -> str:
     return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{MASK}@", text)
 
 
+def unencoded_password_problem(url: str) -> str | None:
+    """Why `url` cannot be used as written when its password holds an unencoded `@` or `#`; else None.
+
+    A driver (libpq) ends the password at its first `@` and takes the rest for the host, a URL parser
+    ends it at `#` and takes the rest for a fragment: either then prints a piece of the password in
+    every error (`could not translate host name "tail@127.0.0.1"`), where no mask can recognise it. The
+    message shows the URL with its password masked.
+    """
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return None
+    if parts.netloc.count("@") <= 1 and "@" not in parts.fragment:
+        return None
+    match = _URL_PASSWORD.search(url)
+    password = match.group("password") if match is not None else ""
+    held = [repr(character) for character in "@#" if character in password] or ["'@'"]
+    return (
+        f"{mask_url_passwords(url)!r}: its password holds an unencoded {' and '.join(held)}; percent-encode "
+        "@ as %40 and # as %23 in a URL's password (the driver would read the rest as the host name "
+        "and print it in its errors)"
+    )
+
+
 def masked_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of `params` fit to print: secret values masked, URL passwords masked (nested too)."""
     return {key: _masked_value(key, value) for key, value in params.items()}

@@ -24,7 +24,7 @@ from airflow_partitions.exceptions import (
     SpecValidationError,
 )
 from airflow_partitions.objectstore.location import is_valid_bucket_name
-from airflow_partitions.spec.masking import mask_url_passwords
+from airflow_partitions.spec.masking import mask_url_passwords, unencoded_password_problem
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -213,6 +213,9 @@ def source_problems(
                     f"params.url {mask_url_passwords(url)!r} must start with postgresql:// or postgres://",
                 )
             )
+        unencoded = unencoded_password_problem(url) if isinstance(url, str) else None
+        if unencoded is not None:
+            problems.append(Problem(("params", "url"), f"params.url {unencoded}"))
         return problems
 
     if file_format is None:

@@ -728,23 +728,33 @@ def delete_changes(target: WriteTarget, where: FilterInput) -> list[PartitionCha
     return changes
 
 
+DELETE_LIMITS_HINT = "delete fewer rows at a time, or with a filter that needs less memory or time"
+
+
 def matching_rows(table: pa.Table, predicate_sql: str) -> pa.BooleanArray:
     """Per row of `table`: is `predicate_sql` (a bound filter's DuckDB SQL) TRUE? (NULL counts as not.)"""
     import duckdb
     import numpy as np
     import pyarrow as pa
 
-    from airflow_partitions.read.query import needs_partition_functions, new_duckdb_connection
+    from airflow_partitions.pruning.limits import run_bounded
+    from airflow_partitions.read.query import QueryLimits, needs_partition_functions, new_duckdb_connection
 
     row_column = "__ap_row"
     numbered = table.append_column(row_column, pa.array(np.arange(table.num_rows, dtype=np.int64)))
     connection = new_duckdb_connection(functions=needs_partition_functions(predicate_sql))
+    # A delete filter runs under a query's default limits: time, DuckDB's memory and the address space.
+    limits = QueryLimits()
+    connection.execute(f"SET memory_limit = '{limits.memory}'")
     try:
         view = f"ap_delete_{uuid.uuid4().hex[:12]}"
         connection.register(view, numbered)
         try:
             query = f'SELECT "{row_column}" FROM {view} WHERE {predicate_sql}'
-            found = connection.sql(query).to_arrow_table()
+            with limits.budget(DELETE_LIMITS_HINT):
+                found = run_bounded(
+                    connection, lambda: connection.sql(query).to_arrow_table(), memory=limits.memory
+                )
         except duckdb.Error as err:
             raise FilterError(f"cannot evaluate the delete filter on the partition rows: {err}") from err
     finally:
