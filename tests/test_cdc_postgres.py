@@ -167,6 +167,27 @@ def test_cdc_inserts_updates_moves_deletes_and_truncate(pg_logical_database: str
     assert_equals_source(project)
 
 
+@pytest.mark.spark
+def test_cdc_changes_merged_by_spark_executors(pg_logical_database: str, tmp_path: Path, spark: Any) -> None:
+    """With a Spark session the executors merge each touched partition (rows upserted, keys deleted),
+    with the same per-partition conservation."""
+    url = pg_logical_database
+    create_accounts(url)
+    project = accounts_project(tmp_path, url)
+    refresh_dataset(project, "accounts", spark=spark)
+    execute(
+        url,
+        "UPDATE public.accounts SET region = NULL, note = 'moved' WHERE id = 1",
+        "UPDATE public.accounts SET id = 1000, region = 'k=v' WHERE id = 2",
+        "DELETE FROM public.accounts WHERE id IN (17, 18, 19)",
+        "INSERT INTO public.accounts VALUES (1001, '100%', 0.01, '', '2026-01-01 00:00:00-08', NULL)",
+    )
+    second = refresh_dataset(project, "accounts", spark=spark)
+    assert second.refresh_mode == "changes"
+    assert second.stage_mode == "written", "the executors merged the partitions"
+    assert_equals_source(project)
+
+
 def test_cdc_long_transaction_update_arrives(pg_logical_database: str, tmp_path: Path) -> None:
     """T1 updates id 8 and stays open, T2 updates id 9 and commits, refresh, T1 commits, refresh: id 8's
     new values and partition arrive (the watermark variant loses them for ever)."""
@@ -188,8 +209,12 @@ def test_cdc_long_transaction_update_arrives(pg_logical_database: str, tmp_path:
 def test_cdc_unchanged_toasted_values_are_kept(pg_logical_database: str, tmp_path: Path) -> None:
     url = pg_logical_database
     create_accounts(url)
-    big = "é" * 200_000  # stored out of line (TOAST), sent as "unchanged" when another column changes
-    execute(url, f"UPDATE public.accounts SET note = '{big}' WHERE id = 10")
+    # Incompressible, so stored out of line (TOAST): sent as "unchanged" when another column changes.
+    execute(
+        url,
+        "UPDATE public.accounts SET note = (SELECT string_agg(md5(g::text) || 'é', '') "
+        "FROM generate_series(1, 5000) g) WHERE id = 10",
+    )
     project = accounts_project(tmp_path, url)
     refresh_dataset(project, "accounts")
     execute(url, "UPDATE public.accounts SET balance = 7 WHERE id = 10")
@@ -215,6 +240,13 @@ def test_cdc_dropped_slot_is_refused_until_full(pg_logical_database: str, tmp_pa
     status = json.loads(capsys.readouterr().out)
     assert status["slot"]["slot"].startswith("ap_accounts_")
     assert status["slot"]["lag_bytes"] >= 0
+    assert status["slot"]["retained_wal_bytes"] >= status["slot"]["lag_bytes"]
+    assert status["committed_lsn"] == status["slot"]["confirmed_flush_lsn"]
+    assert main(["status", spec, "accounts", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["datasets"][0]
+    assert report["cdc"]["slot_name"] == status["slot_name"]
+    assert main(["status", spec, "accounts"]) == 0
+    assert f"change capture accounts: slot {status['slot_name']} confirmed at" in capsys.readouterr().out
     assert main(["cdc", "drop", spec, "accounts"]) == 0
     capsys.readouterr()
     execute(url, "DELETE FROM public.accounts WHERE id = 11")

@@ -47,6 +47,20 @@ def slot_status(project: Any, dataset: Any) -> dict[str, Any]:
     }
 
 
+def cdc_report(project: Any, dataset: Any) -> dict[str, Any] | None:
+    """`slot_status` for `status` (None for a dataset without change data capture; an unreachable
+    server or a missing slot is reported, not raised)."""
+    from airflow_partitions.exceptions import AirflowPartitionsError
+    from airflow_partitions.refresh.cdc import uses_cdc
+
+    if not uses_cdc(dataset):
+        return None
+    try:
+        return slot_status(project, dataset)
+    except AirflowPartitionsError as err:
+        return {"dataset": dataset.name, "slot_name": None, "slot": None, "committed_lsn": None, "error": str(err)}
+
+
 def run(args: argparse.Namespace) -> int:
     from airflow_partitions.exceptions import RefreshError
     from airflow_partitions.refresh.cdc import change_stream, uses_cdc
@@ -80,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_slot_status(status: dict[str, Any]) -> str:
+    if status.get("error"):
+        return f"{status['dataset']}: cannot read the replication slot: {status['error']}"
     slot = status["slot"]
     if slot is None:
         return f"{status['dataset']}: no replication slot {status['slot_name']} (the next refresh creates it" + (
