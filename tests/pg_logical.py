@@ -61,7 +61,17 @@ def logical_cluster() -> Iterator[tuple[str, int] | None]:
         )
         subprocess.run(
             _as_postgres(
-                [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]
+                [
+                    str(bin_dir / "pg_ctl"),
+                    "-D",
+                    str(data),
+                    "-o",
+                    options,
+                    "-l",
+                    str(root / "log"),
+                    "-w",
+                    "start",
+                ]
             ),
             check=True,
             capture_output=True,

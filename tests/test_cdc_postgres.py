@@ -83,7 +83,9 @@ def create_accounts(url: str, rows: int = 30) -> None:
             "note text, updated_at timestamptz, seen timestamp)"
         )
         with conn.cursor() as cur:
-            cur.executemany("INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s, %s)", [row(i) for i in range(rows)])
+            cur.executemany(
+                "INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s, %s)", [row(i) for i in range(rows)]
+            )
 
 
 def row(i: int, *, version: int = 0) -> tuple[Any, ...]:
@@ -156,7 +158,9 @@ def test_cdc_inserts_updates_moves_deletes_and_truncate(pg_logical_database: str
     assert_equals_source(project)
 
     # TRUNCATE forces a full copy, said in the output.
-    execute(url, "TRUNCATE public.accounts", "INSERT INTO public.accounts VALUES (1, 'north', 3, 'x', NULL, NULL)")
+    execute(
+        url, "TRUNCATE public.accounts", "INSERT INTO public.accounts VALUES (1, 'north', 3, 'x', NULL, NULL)"
+    )
     fourth = refresh_dataset(project, "accounts")
     assert fourth.refresh_mode == "full"
     assert any("TRUNCATE" in note for note in fourth.notes), fourth.notes
@@ -226,11 +230,15 @@ def test_cdc_refuses_a_server_without_logical_wal(pg_database: str, tmp_path: Pa
     """The shared server runs wal_level=replica: the error says what to change."""
     create_accounts(pg_database)
     project = accounts_project(tmp_path, pg_database)
-    with pytest.raises(WalLevelError, match=r"ALTER SYSTEM SET wal_level = logical.*change_detection: watermark"):
+    with pytest.raises(
+        WalLevelError, match=r"ALTER SYSTEM SET wal_level = logical.*change_detection: watermark"
+    ):
         refresh_dataset(project, "accounts")
 
 
-def test_cdc_dropped_slot_is_refused_until_full(pg_logical_database: str, tmp_path: Path, capsys: Any) -> None:
+def test_cdc_dropped_slot_is_refused_until_full(
+    pg_logical_database: str, tmp_path: Path, capsys: Any
+) -> None:
     url = pg_logical_database
     create_accounts(url)
     project = accounts_project(tmp_path, url)
@@ -314,4 +322,5 @@ def test_cdc_exactly_once_across_sigkill(pg_logical_database: str, tmp_path: Pat
     assert rerun.returncode == 0, rerun.stderr
     assert_equals_source(project)
     info = change_stream(project, dataset).info()
-    assert info is not None and info.confirmed_flush_lsn == committed_position(catalog)
+    assert info is not None
+    assert info.confirmed_flush_lsn == committed_position(catalog)

@@ -1,4 +1,4 @@
-"""`airflow-partitions cdc status|drop SPEC DATASET`: the replication slot of a change data capture dataset."""
+"""`airflow-partitions cdc status|drop SPEC DATASET`: a change data capture dataset's replication slot."""
 
 from __future__ import annotations
 
@@ -58,7 +58,13 @@ def cdc_report(project: Any, dataset: Any) -> dict[str, Any] | None:
     try:
         return slot_status(project, dataset)
     except AirflowPartitionsError as err:
-        return {"dataset": dataset.name, "slot_name": None, "slot": None, "committed_lsn": None, "error": str(err)}
+        return {
+            "dataset": dataset.name,
+            "slot_name": None,
+            "slot": None,
+            "committed_lsn": None,
+            "error": str(err),
+        }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,10 +104,13 @@ def format_slot_status(status: dict[str, Any]) -> str:
         return f"{status['dataset']}: cannot read the replication slot: {status['error']}"
     slot = status["slot"]
     if slot is None:
-        return f"{status['dataset']}: no replication slot {status['slot_name']} (the next refresh creates it" + (
-            "; the acceleration continues from a position the slot no longer holds: refresh --full)"
-            if status["committed_lsn"]
-            else ")"
+        return (
+            f"{status['dataset']}: no replication slot {status['slot_name']} (the next refresh creates it"
+            + (
+                "; the acceleration continues from a position the slot no longer holds: refresh --full)"
+                if status["committed_lsn"]
+                else ")"
+            )
         )
     return (
         f"{status['dataset']}: slot {slot['slot']} confirmed at {slot['confirmed_flush_lsn']}, "

@@ -109,7 +109,9 @@ class PartitionCommitOperator(DatasetOperator):
             self.log.warning("Cannot read the replication slot of %s: %s", self.dataset, err)
             return
         if info is not None and info.lag_bytes is not None:
-            self.log.info("Replication slot %s of %s lags %d WAL bytes", info.slot, self.dataset, info.lag_bytes)
+            self.log.info(
+                "Replication slot %s of %s lags %d WAL bytes", info.slot, self.dataset, info.lag_bytes
+            )
             record_cdc_lag(self.dataset, info.lag_bytes)
 
     def emit_asset_events(

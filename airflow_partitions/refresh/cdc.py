@@ -77,7 +77,11 @@ def change_stream(project: ProjectSpec, dataset: DatasetSpec, source: Source | N
             f"{source.describe()} is not one"
         )
     configured = dataset.acceleration.params.get(SLOT_PARAM)
-    slot = str(configured) if configured else slot_name_for(dataset.name, f"{project.accelerator_dir}|{source.table}")
+    slot = (
+        str(configured)
+        if configured
+        else slot_name_for(dataset.name, f"{project.accelerator_dir}|{source.table}")
+    )
     return ChangeStream(source, slot)
 
 
@@ -149,7 +153,8 @@ def plan_cdc(
         if reason is not None:
             plan = copy()
             return replace(plan, cdc=cdc, notes=(*plan.notes, *notes, f"change data capture: {reason}"))
-        assert changes is not None and snapshot is not None
+        assert changes is not None
+        assert snapshot is not None
         if changes.empty:
             # Nothing of this table committed before `upto`: the slot may skip to it at once.
             stream.advance(conn, upto)
@@ -170,7 +175,9 @@ def plan_cdc(
                 changed_partitions=0,
             )
         typed = stream.typed(conn, changes, source.schema(), keys)
-    return _changes_plan(dataset, snapshot, typed, changes.upserts.__len__(), len(changes.deletes), cdc, notes)
+    return _changes_plan(
+        dataset, snapshot, typed, changes.upserts.__len__(), len(changes.deletes), cdc, notes
+    )
 
 
 def _changes_plan(
@@ -199,7 +206,9 @@ def _changes_plan(
     for key_path, committed in snapshot.partitions.items():
         if key_path in touched:
             continue
-        if (probe and _may_hold_any(committed, keys[0], probe)) or (nulls and _may_hold_null(committed, keys[0])):
+        if (probe and _may_hold_any(committed, keys[0], probe)) or (
+            nulls and _may_hold_null(committed, keys[0])
+        ):
             touched[key_path] = committed.key
     schema = typed.schema.remove(typed.schema.get_field_index(deleted_column()))
     fingerprint = tagged_fingerprint(schema_tag(schema), f"cdc-{cdc['upto']}")

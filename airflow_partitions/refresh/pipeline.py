@@ -22,6 +22,7 @@ from airflow_partitions.exceptions import (
     PartitionsFailedError,
     SpecValidationError,
 )
+from airflow_partitions.refresh.cdc import kill_point, uses_cdc
 from airflow_partitions.refresh.commit import (
     commit_refresh,
     dataset_data_root,
@@ -30,7 +31,6 @@ from airflow_partitions.refresh.commit import (
 )
 from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.finalize import finalize_partition
-from airflow_partitions.refresh.cdc import kill_point, uses_cdc
 from airflow_partitions.refresh.modes import apply_refresh_mode, changes_fallback, plan_changes
 from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
 from airflow_partitions.refresh.stage import stage_refresh

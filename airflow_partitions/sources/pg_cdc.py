@@ -177,7 +177,9 @@ class _Reader:
             elif kind in ("n", "u"):
                 values.append((kind, None))
             else:
-                raise ChangeCaptureError(f"pgoutput sent tuple value kind {kind!r}, which text mode never sends")
+                raise ChangeCaptureError(
+                    f"pgoutput sent tuple value kind {kind!r}, which text mode never sends"
+                )
         return values
 
 
@@ -191,7 +193,9 @@ class _Relation:
 class ChangeDecoder:
     """Folds pgoutput messages, in order, into a `ChangeSet` over `columns` keyed by `keys`."""
 
-    def __init__(self, table: tuple[str, str], columns: Sequence[str], keys: Sequence[str], upto: str) -> None:
+    def __init__(
+        self, table: tuple[str, str], columns: Sequence[str], keys: Sequence[str], upto: str
+    ) -> None:
         self.table = table
         self.columns = list(columns)
         self.keys = list(keys)
@@ -407,13 +411,16 @@ class ChangeStream:
     def create(self, conn: Any) -> str:
         """Create the publication (REPLICA IDENTITY FULL on the table) and the slot; the slot's start."""
         table = self.source.table.sql
-        exists = self._rows(conn, "SELECT 1 AS one FROM pg_publication WHERE pubname = $1", [self.publication])
+        exists = self._rows(
+            conn, "SELECT 1 AS one FROM pg_publication WHERE pubname = $1", [self.publication]
+        )
+        identity = self._rows(
+            conn,
+            f"SELECT relreplident::text AS identity FROM pg_class WHERE oid = '{_regclass(table)}'::regclass",
+        )[0]["identity"]
+        if identity != "f":
+            self._rows(conn, f"ALTER TABLE {table} REPLICA IDENTITY FULL")
         if not exists:
-            identity = self._rows(
-                conn, f"SELECT relreplident::text AS identity FROM pg_class WHERE oid = '{_regclass(table)}'::regclass"
-            )[0]["identity"]
-            if identity != "f":
-                self._rows(conn, f"ALTER TABLE {table} REPLICA IDENTITY FULL")
             self._rows(conn, f'CREATE PUBLICATION "{self.publication}" FOR TABLE {table}')
         rows = self._rows(
             conn,
@@ -425,7 +432,11 @@ class ChangeStream:
     def drop(self) -> dict[str, bool]:
         """Drop the slot and the publication of this dataset (each when it exists)."""
         with self.connect() as conn:
-            slot = bool(self._rows(conn, "SELECT 1 AS one FROM pg_replication_slots WHERE slot_name = $1", [self.slot]))
+            slot = bool(
+                self._rows(
+                    conn, "SELECT 1 AS one FROM pg_replication_slots WHERE slot_name = $1", [self.slot]
+                )
+            )
             if slot:
                 self._rows(conn, "SELECT pg_drop_replication_slot($1) IS NULL AS dropped", [self.slot])
             publication = bool(
@@ -452,7 +463,11 @@ class ChangeStream:
             raise SlotLostError(_lost_message(self.source.describe(), self.slot, lsn))
         if info.confirmed_flush_lsn is not None and lsn_to_int(info.confirmed_flush_lsn) >= lsn_to_int(lsn):
             return
-        self._rows(conn, "SELECT end_lsn::text AS lsn FROM pg_replication_slot_advance($1, $2::pg_lsn)", [self.slot, lsn])
+        self._rows(
+            conn,
+            "SELECT end_lsn::text AS lsn FROM pg_replication_slot_advance($1, $2::pg_lsn)",
+            [self.slot, lsn],
+        )
 
     def peek(self, conn: Any, upto: str, columns: Sequence[str], keys: Sequence[str]) -> ChangeSet:
         """The changes of the transactions committed before `upto` that the slot has not confirmed."""
@@ -497,14 +512,18 @@ class ChangeStream:
         names = list(schema.names)
         missing = [n for n in names if n not in types]
         if missing:
-            raise ChangeCaptureError(f"{self.source.describe()} has no column(s) {missing}; refresh with --full")
+            raise ChangeCaptureError(
+                f"{self.source.describe()} has no column(s) {missing}; refresh with --full"
+            )
         rows = list(changes.upserts.values())
         key_rows = [list(key) for key in changes.deletes]
         upserts = self._cast(conn, names, types, rows, schema)
         deleted = self._cast(conn, list(keys), types, key_rows, pa.schema([schema.field(k) for k in keys]))
         deleted_full = pa.table(
             {
-                name: deleted.column(name) if name in keys else pa.nulls(deleted.num_rows, schema.field(name).type)
+                name: deleted.column(name)
+                if name in keys
+                else pa.nulls(deleted.num_rows, schema.field(name).type)
                 for name in names
             },
             schema=schema,
@@ -523,7 +542,12 @@ class ChangeStream:
         return {str(row["name"]): str(row["type"]) for row in rows}
 
     def _cast(
-        self, conn: Any, names: list[str], types: Mapping[str, str], rows: list[list[str | None]], schema: pa.Schema
+        self,
+        conn: Any,
+        names: list[str],
+        types: Mapping[str, str],
+        rows: list[list[str | None]],
+        schema: pa.Schema,
     ) -> pa.Table:
         import pyarrow as pa
 

@@ -74,7 +74,13 @@ ACCELERATION_KEYS = (
     "primary_key",
     "snapshots",
 )
-REFRESH_KEYS = ("schedule", "check_column", "watermark_column", "discovery_timeout_s", "max_partitions")
+REFRESH_KEYS: tuple[str, ...] = (
+    "schedule",
+    "check_column",
+    "watermark_column",
+    "discovery_timeout_s",
+    "max_partitions",
+)
 REFRESH_KEYS += ("change_detection",)
 SNAPSHOT_KEYS = ("mode", "location")
 # Free-form params blocks are not closed, but a key that is one typo away from a known one is an error.
