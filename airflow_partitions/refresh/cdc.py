@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 # Tests stop a refresh with SIGKILL at a named point of the protocol (see the module docstring).
 KILL_AT_ENV = "AIRFLOW_PARTITIONS_TEST_KILL_AT"
 POSITION_KEY = "cdc_lsn"  # where a commit record's conservation holds the WAL position it reached
-SLOT_PARAM = "cdc_slot"  # acceleration.params.cdc_slot: the replication slot's name, when not derived
+SLOT_PARAM = "cdc_slot"
+NOTE = "change data capture: "  # how the plan's notes on the stream start (the CLI prints them)  # acceleration.params.cdc_slot: the replication slot's name, when not derived
 
 
 def kill_point(name: str) -> None:
@@ -130,13 +131,16 @@ def plan_cdc(
                     f"{dataset.name} --full` to copy the table again and re-create the slot"
                 )
             start = stream.create(conn)
-            notes.append(f"replication slot {stream.slot} created at WAL position {start}")
+            notes.append(f"{NOTE}replication slot {stream.slot} created at WAL position {start}")
         elif committed is not None and (
             info.confirmed_flush_lsn is None or lsn_to_int(committed) > lsn_to_int(info.confirmed_flush_lsn)
         ):
             # The last refresh committed but died before advancing the slot.
             stream.advance(conn, committed)
-            notes.append(f"replication slot {stream.slot} advanced to the committed WAL position {committed}")
+            notes.append(
+                f"{NOTE}replication slot {stream.slot} advanced to the committed WAL position {committed} "
+                "(the last refresh stopped between its commit and the slot's advance)"
+            )
         upto = stream.position(conn)
         reason = changes_fallback(dataset, source, snapshot, selecting=False, full=full)
         if reason is None and committed is None:
@@ -152,7 +156,7 @@ def plan_cdc(
         cdc = {"slot": stream.slot, "upto": upto}
         if reason is not None:
             plan = copy()
-            return replace(plan, cdc=cdc, notes=(*plan.notes, *notes, f"change data capture: {reason}"))
+            return replace(plan, cdc=cdc, notes=(*plan.notes, *notes, f"{NOTE}{reason}"))
         assert changes is not None
         assert snapshot is not None
         if changes.empty:
@@ -169,7 +173,7 @@ def plan_cdc(
                 discovered=len(snapshot.partitions),
                 discovery=DiscoveryKind.DYNAMIC,
                 fingerprint_granularity="partition",
-                notes=(*notes, f"change data capture: no change of {stream.source.table} up to {upto}"),
+                notes=(*notes, f"{NOTE}no change of {stream.source.table} up to {upto}"),
                 refresh_mode=str(RefreshMode.CHANGES),
                 changed_rows=0,
                 changed_partitions=0,
@@ -240,7 +244,7 @@ def _changes_plan(
         fingerprint_granularity="partition",
         notes=(
             *notes,
-            f"change data capture: {upserts} row(s) to upsert, {deletes} key(s) to delete, from the "
+            f"{NOTE}{upserts} row(s) to upsert, {deletes} key(s) to delete, from the "
             f"transactions committed before WAL position {cdc['upto']}",
         ),
         refresh_mode=str(RefreshMode.CHANGES),
