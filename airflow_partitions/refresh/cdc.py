@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 # Tests stop a refresh with SIGKILL at a named point of the protocol (see the module docstring).
 KILL_AT_ENV = "AIRFLOW_PARTITIONS_TEST_KILL_AT"
 POSITION_KEY = "cdc_lsn"  # where a commit record's conservation holds the WAL position it reached
-SLOT_PARAM = "cdc_slot"
-NOTE = "change data capture: "  # how the plan's notes on the stream start (the CLI prints them)  # acceleration.params.cdc_slot: the replication slot's name, when not derived
+SLOT_PARAM = "cdc_slot"  # acceleration.params.cdc_slot: the replication slot's name, when not derived
+NOTE = "change data capture: "  # how the plan's notes on the stream start (the CLI prints them)
 
 
 def kill_point(name: str) -> None:
