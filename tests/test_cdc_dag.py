@@ -8,17 +8,23 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import test_operators
 from airflow_e2e.metadata_db import in_process_metadata_db
 from test_cdc_postgres import assert_equals_source, create_accounts, execute
+from test_operators import StatsdListener
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.refresh.cdc import change_stream, committed_position
 from airflow_partitions.spec import load_spec
 
+statsd_fixture = test_operators.statsd  # registers the `statsd` fixture here
+
 pytestmark = [pytest.mark.airflow, pytest.mark.postgres, pytest.mark.slow]
 
 
-def test_cdc_through_the_refresh_dag(pg_logical_database: str, tmp_path: Path) -> None:
+def test_cdc_through_the_refresh_dag(
+    pg_logical_database: str, tmp_path: Path, statsd: StatsdListener
+) -> None:
     from airflow_partitions.operators.run_conf import RefreshRunConf
 
     url = pg_logical_database
@@ -67,3 +73,6 @@ def test_cdc_through_the_refresh_dag(pg_logical_database: str, tmp_path: Path) -
     info = change_stream(project, dataset).info()
     assert info is not None
     assert info.confirmed_flush_lsn == committed_position(catalog), "the commit task advanced the slot"
+    lags = statsd.wait_for("airflow.dataset_acceleration_refresh_cdc_lag_bytes.accounts", 2)
+    assert len(lags) == 2, "each commit task exports the slot's lag"
+    assert all(kind == "g" and value >= 0 for value, kind in lags)

@@ -207,6 +207,7 @@ def test_cdc_long_transaction_update_arrives(pg_logical_database: str, tmp_path:
         t1.execute("UPDATE public.accounts SET region = 'late', updated_at = now() WHERE id = 8")
         execute(url, "UPDATE public.accounts SET balance = 1234.5, updated_at = now() WHERE id = 9")
         refresh_dataset(project, "accounts")
+        assert_equals_source(project)  # T2's update; T1's is not committed yet
         t1.commit()
     refresh_dataset(project, "accounts")
     assert_equals_source(project)
