@@ -8,22 +8,21 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import test_operators
 from airflow_e2e.metadata_db import in_process_metadata_db
 from test_cdc_postgres import assert_equals_source, create_accounts, execute
-from test_operators import StatsdListener
+from test_operators import StatsdListener, statsd  # noqa: F401 (the `statsd` fixture)
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.refresh.cdc import change_stream, committed_position
 from airflow_partitions.spec import load_spec
 
-statsd_fixture = test_operators.statsd  # registers the `statsd` fixture here
-
 pytestmark = [pytest.mark.airflow, pytest.mark.postgres, pytest.mark.slow]
 
 
 def test_cdc_through_the_refresh_dag(
-    pg_logical_database: str, tmp_path: Path, statsd: StatsdListener
+    pg_logical_database: str,
+    tmp_path: Path,
+    statsd: StatsdListener,  # noqa: F811 (the fixture imported above)
 ) -> None:
     from airflow_partitions.operators.run_conf import RefreshRunConf
 
