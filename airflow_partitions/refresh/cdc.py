@@ -179,9 +179,7 @@ def plan_cdc(
                 changed_partitions=0,
             )
         typed = stream.typed(conn, changes, source.schema(), keys)
-    return _changes_plan(
-        dataset, snapshot, typed, changes.upserts.__len__(), len(changes.deletes), cdc, notes
-    )
+    return _changes_plan(dataset, snapshot, typed, len(changes.upserts), len(changes.deletes), cdc, notes)
 
 
 def _changes_plan(
@@ -198,7 +196,7 @@ def _changes_plan(
     from airflow_partitions.refresh.modes import _may_hold_any
     from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
     from airflow_partitions.sources.base import schema_tag, tagged_fingerprint
-    from airflow_partitions.sources.pg_cdc import deleted_mask
+    from airflow_partitions.sources.pg_cdc import DELETED_COLUMN
 
     acceleration = dataset.acceleration
     keys = list(acceleration.primary_key)
@@ -214,7 +212,7 @@ def _changes_plan(
             nulls and _may_hold_null(committed, keys[0])
         ):
             touched[key_path] = committed.key
-    schema = typed.schema.remove(typed.schema.get_field_index(deleted_column()))
+    schema = typed.schema.remove(typed.schema.get_field_index(DELETED_COLUMN))
     fingerprint = tagged_fingerprint(schema_tag(schema), f"cdc-{cdc['upto']}")
     items = []
     for key_path in sorted(touched):
@@ -229,8 +227,6 @@ def _changes_plan(
                 base_files=tuple(entry.files) if entry is not None else (),
             )
         )
-    mask = deleted_mask(typed)
-    assert mask is not None
     return RefreshPlan(
         dataset=dataset.name,
         spec_id=acceleration.partition_spec_id,
@@ -252,12 +248,6 @@ def _changes_plan(
         changed_partitions=len(items),
         cdc=cdc,
     )
-
-
-def deleted_column() -> str:
-    from airflow_partitions.sources.pg_cdc import DELETED_COLUMN
-
-    return DELETED_COLUMN
 
 
 def _landing(dataset: DatasetSpec, typed: pa.Table) -> collections.Counter[tuple[Any, ...]]:
