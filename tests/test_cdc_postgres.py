@@ -24,7 +24,7 @@ import pytest
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.cli.main import main
-from airflow_partitions.exceptions import SlotLostError, WalLevelError
+from airflow_partitions.exceptions import ChangeCaptureError, SlotLostError, WalLevelError
 from airflow_partitions.refresh import refresh_dataset
 from airflow_partitions.refresh.cdc import KILL_AT_ENV, change_stream, committed_position
 from airflow_partitions.sources import open_source
@@ -270,6 +270,28 @@ def test_cdc_dropped_slot_is_refused_until_full(
     assert_equals_source(project)
     execute(url, "DELETE FROM public.accounts WHERE id = 12")
     refresh_dataset(project, "accounts")
+    assert_equals_source(project)
+
+
+def test_cdc_refuses_a_re_created_table_until_full(pg_logical_database: str, tmp_path: Path) -> None:
+    """A table dropped and re-created leaves the publication: its changes never reach the slot."""
+    url = pg_logical_database
+    create_accounts(url)
+    project = accounts_project(tmp_path, url)
+    refresh_dataset(project, "accounts")
+    execute(url, "DROP TABLE public.accounts")
+    create_accounts(url, rows=12)
+    execute(url, "DELETE FROM public.accounts WHERE id = 3")
+    with pytest.raises(ChangeCaptureError, match=r"no longer in publication .* --full"):
+        refresh_dataset(project, "accounts")
+    refresh_dataset(project, "accounts", full=True)
+    assert_equals_source(project)
+    execute(
+        url,
+        "UPDATE public.accounts SET region = 'k=v' WHERE id = 4",
+        "DELETE FROM public.accounts WHERE id = 5",
+    )
+    assert refresh_dataset(project, "accounts").refresh_mode == "changes"
     assert_equals_source(project)
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import RefreshError, SlotLostError
+from airflow_partitions.exceptions import ChangeCaptureError, RefreshError, SlotLostError
 from airflow_partitions.spec.model import ChangeDetection, RefreshMode
 
 if TYPE_CHECKING:
@@ -132,6 +132,17 @@ def plan_cdc(
                 )
             start = stream.create(conn)
             notes.append(f"{NOTE}replication slot {stream.slot} created at WAL position {start}")
+        elif not stream.publishes(conn):
+            if not full:
+                raise ChangeCaptureError(
+                    f"dataset {dataset.name!r}: {stream.source.table} is no longer in publication "
+                    f"{stream.publication!r} with REPLICA IDENTITY FULL (the table was dropped and "
+                    "re-created, or the publication or the table's replica identity was changed), so its "
+                    "changes may not have reached the slot. Run `airflow-partitions refresh SPEC "
+                    f"{dataset.name} --full` to copy the table again and publish it"
+                )
+            stream.publish(conn)
+            notes.append(f"{NOTE}{stream.source.table} published again in {stream.publication}")
         elif committed is not None and (
             info.confirmed_flush_lsn is None or lsn_to_int(committed) > lsn_to_int(info.confirmed_flush_lsn)
         ):

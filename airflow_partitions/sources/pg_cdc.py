@@ -408,20 +408,41 @@ class ChangeStream:
         row = rows[0]
         return SlotInfo(self.slot, row["confirmed"], row["restart"], row["current"], bool(row["active"]))
 
-    def create(self, conn: Any) -> str:
-        """Create the publication (REPLICA IDENTITY FULL on the table) and the slot; the slot's start."""
-        table = self.source.table.sql
-        exists = self._rows(
-            conn, "SELECT 1 AS one FROM pg_publication WHERE pubname = $1", [self.publication]
+    def publishes(self, conn: Any) -> bool:
+        """Whether the publication holds the table and the table's replica identity is FULL (a table
+        dropped and re-created leaves the publication: its changes would not reach the slot)."""
+        table = self.source.table
+        rows = self._rows(
+            conn,
+            "SELECT c.relreplident::text AS identity, EXISTS (SELECT 1 FROM pg_publication_tables p "
+            "WHERE p.pubname = $1 AND p.schemaname = $2 AND p.tablename = $3) AS published "
+            f"FROM pg_class c WHERE c.oid = '{_regclass(table.sql)}'::regclass",
+            [self.publication, table.schema, table.name],
         )
+        return bool(rows) and rows[0]["identity"] == "f" and bool(rows[0]["published"])
+
+    def publish(self, conn: Any) -> None:
+        """Set REPLICA IDENTITY FULL on the table and put it in the publication (created if need be)."""
+        table = self.source.table.sql
+        if self.publishes(conn):
+            return
         identity = self._rows(
             conn,
             f"SELECT relreplident::text AS identity FROM pg_class WHERE oid = '{_regclass(table)}'::regclass",
         )[0]["identity"]
         if identity != "f":
             self._rows(conn, f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+        exists = self._rows(
+            conn, "SELECT 1 AS one FROM pg_publication WHERE pubname = $1", [self.publication]
+        )
         if not exists:
             self._rows(conn, f'CREATE PUBLICATION "{self.publication}" FOR TABLE {table}')
+        elif not self.publishes(conn):
+            self._rows(conn, f'ALTER PUBLICATION "{self.publication}" SET TABLE {table}')
+
+    def create(self, conn: Any) -> str:
+        """Publish the table (`publish`) and create the slot; the slot's start."""
+        self.publish(conn)
         rows = self._rows(
             conn,
             "SELECT lsn::text AS lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')",
