@@ -111,6 +111,18 @@ class PartitionsFailedError(RefreshError):
         self.summary = summary
 
 
+class ChangeCaptureError(RefreshError):
+    """Change data capture from a Postgres replication slot cannot go on (server setting, slot, table)."""
+
+
+class WalLevelError(ChangeCaptureError):
+    """The Postgres server's `wal_level` is not `logical`, so no replication slot can stream changes."""
+
+
+class SlotLostError(ChangeCaptureError):
+    """The replication slot a committed version continues from is gone: its changes cannot be recovered."""
+
+
 # --- snapshots ------------------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ BENCHMARKS = (
     "bench_refresh",
     "bench_spark_stage",
     "bench_refresh_modes",
+    "bench_cdc",
     "bench_changed_files",
     "bench_snapshots",
     "bench_s3_faults",

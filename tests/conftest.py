@@ -291,3 +291,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "scale" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def pg_logical_cluster() -> Iterator[tuple[str, int]]:
+    """A private Postgres cluster with wal_level=logical for the session (`pg_logical`); (host, port)."""
+    from pg_logical import logical_cluster
+
+    with logical_cluster() as address:
+        if address is None:
+            pytest.fail("change data capture tests need Postgres' initdb/pg_ctl (Debian package postgresql)")
+        yield address
+
+
+@pytest.fixture
+def pg_logical_database(pg_logical_cluster: tuple[str, int]) -> Iterator[str]:
+    """A fresh database on the wal_level=logical cluster, dropped (with its slots) afterwards; its URL."""
+    from pg_logical import fresh_database
+
+    with fresh_database(*pg_logical_cluster) as url:
+        yield url

@@ -147,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
         if summary.conservation is not None:
             print(f"{summary.dataset}: {describe_conservation(summary.conservation)}", file=sys.stderr)
         print(f"{summary.dataset}: {describe_mode(summary)}", file=sys.stderr)
+        from airflow_partitions.refresh.cdc import NOTE
+
+        for note in summary.notes:
+            if note.startswith(NOTE):  # e.g. a TRUNCATE in the stream forced a full copy
+                print(f"{summary.dataset}: {note}", file=sys.stderr)
     return 1 if summary.failed else 0
 
 

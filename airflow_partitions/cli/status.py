@@ -58,6 +58,9 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
         "data_root": str(catalog.data_root) if catalog.data_root is not None else None,
         "spec_partition_spec_id": acceleration.partition_spec_id,
     }
+    from airflow_partitions.cli.cdc import cdc_report
+
+    report["cdc"] = cdc_report(project, dataset)
     snapshot = catalog.latest()
     if snapshot is None:
         report.update(latest_version=None, retained_versions=0, partition_count=0, rows=0, bytes=0)
@@ -166,6 +169,10 @@ def render_status(report: dict[str, Any]) -> str:
             f"  refresh mode  {report['refresh_mode']}; watermark {report['watermark_column']} "
             f"up to {report['watermark'] or '-'}"
         )
+    if report.get("cdc") is not None:
+        from airflow_partitions.cli.cdc import format_slot_status
+
+        lines.append(f"  change capture {format_slot_status(report['cdc'])}")
     counts = report.get("conservation")
     if counts is not None:
         from airflow_partitions.cli.refresh import describe_conservation

@@ -93,7 +93,26 @@ class PartitionCommitOperator(DatasetOperator):
             # The counts the commit checked (also in the commit record and in the returned XCom).
             self.log.info("Row conservation of %s: %s", self.dataset, dict(commit.conservation))
         self.emit_asset_events(context, [r.entry.key for r in results], commit.to_json())
+        if plan.cdc is not None:
+            self.emit_cdc_lag()
         return commit.to_json()
+
+    def emit_cdc_lag(self) -> None:
+        """The replication slot's lag after the commit advanced it (a failure to read it only logs)."""
+        from airflow_partitions.exceptions import AirflowPartitionsError
+        from airflow_partitions.operators.metrics import record_cdc_lag
+        from airflow_partitions.refresh.cdc import change_stream
+
+        try:
+            info = change_stream(self.project, self.dataset_spec).info()
+        except AirflowPartitionsError as err:
+            self.log.warning("Cannot read the replication slot of %s: %s", self.dataset, err)
+            return
+        if info is not None and info.lag_bytes is not None:
+            self.log.info(
+                "Replication slot %s of %s lags %d WAL bytes", info.slot, self.dataset, info.lag_bytes
+            )
+            record_cdc_lag(self.dataset, info.lag_bytes)
 
     def emit_asset_events(
         self, context: Context, keys: Sequence[PartitionKey], commit: Mapping[str, Any]

@@ -12,6 +12,8 @@ plain StatsD, which has no tags, still tells datasets apart; backends with tags 
   (`success`), refused by a conservation check (`conservation_refused`) or failed otherwise (`failed`)
 - `dataset_acceleration_refresh_stage_duration.<dataset>` timer (ms) and
   `dataset_acceleration_refresh_stage_rows.<dataset>` counter: the shared Spark stage
+- `dataset_acceleration_refresh_cdc_lag_bytes.<dataset>` gauge: WAL bytes written since the position a
+  change data capture dataset's replication slot confirmed, after each commit (`cdc status` shows it too)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ DURATION = f"{METRIC_PREFIX}_duration"
 PARTITIONS = f"{METRIC_PREFIX}_partitions"
 STAGE_DURATION = f"{METRIC_PREFIX}_stage_duration"
 STAGE_ROWS = f"{METRIC_PREFIX}_stage_rows"
+CDC_LAG = f"{METRIC_PREFIX}_cdc_lag_bytes"
 
 
 class Outcome(StrEnum):
@@ -86,3 +89,8 @@ def record_stage(dataset: str, *, elapsed_s: float, source_rows: int | None) -> 
     stats.timing(metric_name(STAGE_DURATION, dataset), dt.timedelta(seconds=elapsed_s), tags=tags)
     if source_rows is not None:
         stats.incr(metric_name(STAGE_ROWS, dataset), count=source_rows, tags=tags)
+
+
+def record_cdc_lag(dataset: str, lag_bytes: int) -> None:
+    """The replication slot's lag of a change data capture dataset, in WAL bytes."""
+    _stats().gauge(metric_name(CDC_LAG, dataset), lag_bytes, tags={"dataset": dataset})

@@ -177,10 +177,15 @@ def commit_refresh(
             partition_spec=partition_spec_info(dataset),
             replace_all=plan.replace_all,
             commit_id=commit_id,
-            conservation=counts.to_json(),
+            # refresh.change_detection cdc: the stream position this version holds the changes up to.
+            conservation={**counts.to_json(), **({"cdc_lsn": plan.cdc["upto"]} if plan.cdc else {})},
         )
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
+    if plan.cdc is not None and not missing:
+        from airflow_partitions.refresh.cdc import after_commit
+
+        after_commit(plan, dataset, source, committed=version is not None)
     if cleanup:
         remove_stage(stage, s3_settings)
     unread_nulls = None

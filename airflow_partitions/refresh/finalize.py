@@ -451,9 +451,15 @@ def upsert_changes(
 
     Returns the rows to write and how many of them are changed rows.
     """
+    import pyarrow.compute as pc
+
+    from airflow_partitions.sources.pg_cdc import deleted_mask
     from airflow_partitions.write.merge import upsert_rows
 
     keys = list(primary_key)
+    # Change data capture stages keys to delete too (marked; their other columns are NULL): they leave
+    # the partition like every changed key, and are routed nowhere.
+    deleting = deleted_mask(changed)
     changed = conform_to_schema(changed, schema)
     if item.base_files:
         base = conform_to_schema(engine.read(root, list(item.base_files), schema=schema), schema)
@@ -468,9 +474,19 @@ def upsert_changes(
             actual="rows read from its files",
             hint="The partition's committed files changed on disk; run a full refresh.",
         )
-    here = filter_to_key(changed, transforms, key)
+    upserted = changed if deleting is None else changed.filter(pc.invert(deleting))
+    here = filter_to_key(upserted, transforms, key)
     # Every changed key leaves the partition (it may have moved), then the rows routed here join it.
     merged = upsert_rows(base, here, keys, replaces=changed.select(keys))
+    if base.num_rows - merged.removed + merged.added != merged.rows:
+        raise ConservationError(
+            dataset,
+            {item.key_path: (base.num_rows - merged.removed + merged.added, merged.rows)},
+            expected="committed rows - changed or deleted keys + changed rows routed here",
+            actual="rows after the merge",
+            hint="The merge of the changes lost or duplicated rows; nothing was published. Run the refresh "
+            "again.",
+        )
     return merged.table, merged.added
 
 

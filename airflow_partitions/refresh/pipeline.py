@@ -22,6 +22,7 @@ from airflow_partitions.exceptions import (
     PartitionsFailedError,
     SpecValidationError,
 )
+from airflow_partitions.refresh.cdc import kill_point, uses_cdc
 from airflow_partitions.refresh.commit import (
     commit_refresh,
     dataset_data_root,
@@ -114,8 +115,18 @@ def plan_refresh(
     spec = resolve_dataset(project, dataset)
     source = keep_file_facts(source or open_dataset_source(spec), dataset_directory(project, spec))
     bound = bind_dataset(spec, source)
-    snapshot = (catalog or open_dataset_catalog(project, spec)).latest()
+    catalog = catalog or open_dataset_catalog(project, spec)
+    snapshot = catalog.latest()
     selecting = partitions is not None or where is not None
+    if not selecting and uses_cdc(bound, source):  # a selection copies partitions; the stream waits
+        from airflow_partitions.refresh.cdc import change_stream, plan_cdc
+
+        def copy() -> RefreshPlan:
+            plan = discover(bound, source, snapshot, full=True, timeout_s=timeout_s)
+            return apply_refresh_mode(plan, bound, snapshot)
+
+        stream = change_stream(project, bound, source)
+        return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy)
     if changes_fallback(bound, source, snapshot, selecting=selecting, full=full) is None:
         assert snapshot is not None
         return plan_changes(bound, source, snapshot)
@@ -251,6 +262,7 @@ def refresh_dataset(
             tick=tick,
         )
     tick("stage", 0, total, 0)
+    kill_point("cdc-before-apply")
     mark = time.monotonic()
     try:
         stage = stage_refresh(

@@ -242,6 +242,10 @@ class RefreshPlan:
     # refuses a different count: the source changed in between).
     changed_rows: int | None = None
     changed_partitions: int | None = None  # the items of the whole changes plan
+    # refresh.change_detection cdc: {"slot": replication slot, "upto": WAL position}. The plan holds the
+    # changes committed before `upto` (or copies the table, read after `upto`); the commit records `upto`
+    # and only then advances the slot to it.
+    cdc: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         # replace_all drops every partition the commit does not write, so its items must be all of them.
@@ -295,6 +299,7 @@ class RefreshPlan:
             "watermark_column": self.watermark_column,
             "changed_rows": self.changed_rows,
             "changed_partitions": self.changed_partitions,
+            "cdc": dict(self.cdc) if self.cdc is not None else None,
         }
 
     def dumps(self) -> str:
@@ -323,6 +328,7 @@ class RefreshPlan:
             watermark_column=data.get("watermark_column"),
             changed_rows=_optional_int(data.get("changed_rows")),
             changed_partitions=_optional_int(data.get("changed_partitions")),
+            cdc={str(k): str(v) for k, v in data["cdc"].items()} if data.get("cdc") else None,
         )
 
     @property

@@ -44,6 +44,7 @@ from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMod
 from airflow_partitions.refresh.spark_session import describe_session
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
 from airflow_partitions.sources.base import RowsSince
+from airflow_partitions.sources.pg_cdc import upserted_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -321,7 +322,8 @@ def stage_refresh(
     try:
         if mode is StageMode.CHANGES:
             changed, landing = stage_changes(dataset, source, transforms, plan)
-            counts = SparkStageCounts(source_rows=changed.num_rows, routed_rows=changed.num_rows)
+            upserted = upserted_rows(changed)  # change capture stages keys to delete too
+            counts = SparkStageCounts(source_rows=upserted, routed_rows=upserted)
             session = spark if spark is not None else _session(remote) if remote else None
             if session is not None and executors_reach_data and choose_written(dataset, write_files):
                 # Spark is at hand: its executors merge and write the partitions, not the partition tasks.
@@ -440,6 +442,10 @@ def stage_changes(
     """
     from airflow_partitions.keys import value_from_json
 
+    if plan.cdc is not None:  # refresh.change_detection: cdc
+        from airflow_partitions.refresh.cdc import stage_cdc_changes
+
+        return stage_cdc_changes(dataset, source, transforms, plan)
     first = plan.items[0]
     column = dataset.acceleration.refresh.watermark_column
     read_changed = getattr(source, "read_changed", None)

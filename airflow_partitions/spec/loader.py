@@ -74,7 +74,14 @@ ACCELERATION_KEYS = (
     "primary_key",
     "snapshots",
 )
-REFRESH_KEYS = ("schedule", "check_column", "watermark_column", "discovery_timeout_s", "max_partitions")
+REFRESH_KEYS: tuple[str, ...] = (
+    "schedule",
+    "check_column",
+    "watermark_column",
+    "discovery_timeout_s",
+    "max_partitions",
+)
+REFRESH_KEYS += ("change_detection",)
 SNAPSHOT_KEYS = ("mode", "location")
 # Free-form params blocks are not closed, but a key that is one typo away from a known one is an error.
 KNOWN_SOURCE_PARAMS = ("file_format", "connection_id", "url")
@@ -777,6 +784,7 @@ class _SpecReader:
             "max_partitions": _default(raw.get("max_partitions"), DEFAULT_MAX_PARTITIONS),
             "mode": mode,
             "watermark_column": raw.get("watermark_column"),
+            "change_detection": raw.get("change_detection"),
         }
         if self.add_problems(block, ("refresh",), label, refresh_problems(**values)):
             return None
@@ -791,6 +799,7 @@ class _SpecReader:
             mode=mode,
             watermark_column=values["watermark_column"],
             watermark_column_line=raw.line_of("watermark_column") if "watermark_column" in raw else None,
+            change_detection=values["change_detection"],
         )
 
     def read_snapshots(self, block: LineDict, label: str) -> SnapshotConfig | None:

@@ -89,6 +89,13 @@ class RefreshMode(StrEnum):
     CHANGES = "changes"  # upsert the rows changed since the last watermark, by primary key (Postgres)
 
 
+class ChangeDetection(StrEnum):
+    """How `refresh_mode: changes` finds changed rows (`acceleration.refresh.change_detection`)."""
+
+    CDC = "cdc"  # a logical replication slot: inserts, updates, deletes, truncates, in commit order
+    WATERMARK = "watermark"  # rows whose watermark_column is at or past the last one (no deletes)
+
+
 # Allowed modes per engine, the first being the default. Partition files always live on disk (Airflow
 # tasks are separate processes); `memory` only tells readers to load the selected partitions into memory,
 # which is the Arrow engine's natural use and meaningless for DuckDB or Parquet files.
@@ -324,11 +331,29 @@ def refresh_problems(
     max_partitions: int,
     mode: RefreshMode = RefreshMode.FULL,
     watermark_column: str | None = None,
+    change_detection: str | None = None,
 ) -> list[Problem]:
     """Rules for `acceleration.refresh` (and `acceleration.refresh_mode`, which it records)."""
     from airflow_partitions.spec.schedule import schedule_problem
 
     problems: list[Problem] = []
+    if change_detection is not None and change_detection not in tuple(ChangeDetection):
+        problems.append(
+            Problem(
+                ("change_detection",),
+                f"refresh.change_detection must be one of {', '.join(ChangeDetection)}, "
+                f"got {change_detection!r}",
+            )
+        )
+    elif change_detection is not None and mode is not RefreshMode.CHANGES:
+        problems.append(
+            Problem(
+                ("change_detection",),
+                f"refresh.change_detection applies to refresh_mode: changes only (this dataset is {mode}); "
+                "remove it",
+            )
+        )
+    detection = resolve_change_detection(mode, watermark_column, change_detection)
     if watermark_column is not None and (
         not isinstance(watermark_column, str) or not watermark_column.strip()
     ):
@@ -338,7 +363,7 @@ def refresh_problems(
                 f"refresh.watermark_column must be a column name, got {watermark_column!r}",
             )
         )
-    elif mode is not RefreshMode.FULL and watermark_column is None:
+    elif mode is not RefreshMode.FULL and watermark_column is None and detection is not ChangeDetection.CDC:
         column = "created_at" if mode is RefreshMode.APPEND else "updated_at"
         problems.append(
             Problem(
@@ -398,6 +423,8 @@ class RefreshConfig:
     # Where `check_column:` sits in the spec file, so a problem found against the source points at it.
     check_column_line: int | None = field(default=None, compare=False, repr=False)
     watermark_column_line: int | None = field(default=None, compare=False, repr=False)
+    # refresh_mode changes: `cdc` or `watermark` as written (None: see `resolve_change_detection`).
+    change_detection: str | None = None
 
     def __post_init__(self) -> None:
         _raise_problems(
@@ -408,8 +435,26 @@ class RefreshConfig:
                 self.max_partitions,
                 self.mode,
                 self.watermark_column,
+                self.change_detection,
             )
         )
+
+    @property
+    def detection(self) -> ChangeDetection | None:
+        """How a changes refresh finds changed rows (None outside refresh_mode: changes)."""
+        return resolve_change_detection(self.mode, self.watermark_column, self.change_detection)
+
+
+def resolve_change_detection(
+    mode: RefreshMode, watermark_column: str | None, change_detection: str | None
+) -> ChangeDetection | None:
+    """The change detection of a changes dataset (None for other modes): the one the spec names, else
+    `cdc`, unless the spec names only a `watermark_column` (a watermark spec written before `cdc`)."""
+    if mode is not RefreshMode.CHANGES:
+        return None
+    if change_detection in tuple(ChangeDetection):
+        return ChangeDetection(change_detection)
+    return ChangeDetection.WATERMARK if watermark_column is not None else ChangeDetection.CDC
 
 
 def snapshot_problems(mode: SnapshotMode, location: str | None) -> list[Problem]:

@@ -1,0 +1,336 @@
+"""`refresh_mode: changes` with `refresh.change_detection: cdc`: refreshes fed by a replication slot.
+
+Exactly once (docs/ARCHITECTURE.md, "Change data capture"):
+1. plan: check the server (`wal_level = logical`), find the WAL position the newest catalog version
+   recorded (`conservation.cdc_lsn`) and the slot's confirmed position. No slot and a recorded position:
+   the slot was dropped, changes are lost, `SlotLostError` (`--full` copies again). No slot, nothing
+   recorded: create it. The recorded position ahead of the slot (a refresh died between its commit and
+   the advance): advance the slot to it first. Then take `upto`, a flushed WAL position, and peek the
+   changes committed before it (or, for a first refresh, `--full`, a TRUNCATE in the stream, a changed
+   spec: copy every partition, read after `upto`).
+2. stage + finalize: the same peek (the slot has not moved) gives the same changes; each touched
+   partition is merged (rows upserted by primary key, keys deleted), conservation checked per partition.
+3. commit: the catalog version records `upto`; only then is the slot advanced to `upto`.
+A crash before 3 loses nothing (the slot still holds every change); a crash between the commit and the
+advance replays changes the commit holds already, which the merge by primary key applies idempotently.
+
+The first copy is read after the slot exists (not at the slot's exported snapshot: the stage reads through
+ADBC or Spark JDBC, which cannot join a snapshot). Replaying the stream from the slot's start over a later
+copy converges: every change is the full row to upsert, or the key to delete, by primary key.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import ChangeCaptureError, RefreshError, SlotLostError
+from airflow_partitions.spec.model import ChangeDetection, RefreshMode
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.catalog import Catalog, Snapshot
+    from airflow_partitions.refresh.plan import RefreshPlan
+    from airflow_partitions.sources.base import Source
+    from airflow_partitions.sources.pg_cdc import ChangeStream
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.transforms import Transform
+
+# Tests stop a refresh with SIGKILL at a named point of the protocol (see the module docstring).
+KILL_AT_ENV = "AIRFLOW_PARTITIONS_TEST_KILL_AT"
+POSITION_KEY = "cdc_lsn"  # where a commit record's conservation holds the WAL position it reached
+SLOT_PARAM = "cdc_slot"  # acceleration.params.cdc_slot: the replication slot's name, when not derived
+NOTE = "change data capture: "  # how the plan's notes on the stream start (the CLI prints them)
+
+
+def kill_point(name: str) -> None:
+    """Die here (SIGKILL, no cleanup) when the kill-point environment variable names this point."""
+    if os.environ.get(KILL_AT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def uses_cdc(dataset: DatasetSpec, source: Source | None = None) -> bool:
+    """Whether the dataset's changes come from a replication slot (changes mode, cdc, Postgres)."""
+    refresh = dataset.acceleration.refresh
+    if refresh.mode is not RefreshMode.CHANGES or refresh.detection is not ChangeDetection.CDC:
+        return False
+    if source is not None:
+        return getattr(source, "kind", None) == "postgres"
+    return str(dataset.source.uri).startswith("postgres:")
+
+
+def change_stream(project: ProjectSpec, dataset: DatasetSpec, source: Source | None = None) -> ChangeStream:
+    """The dataset's replication slot and publication (`acceleration.params.cdc_slot`, or a name derived
+    from the dataset, where its acceleration lives and the table it reads)."""
+    from airflow_partitions.sources import open_dataset_source
+    from airflow_partitions.sources.pg_cdc import ChangeStream, slot_name_for
+    from airflow_partitions.sources.postgres import PostgresSource
+
+    source = source or open_dataset_source(dataset)
+    if not isinstance(source, PostgresSource):
+        raise RefreshError(
+            f"dataset {dataset.name!r}: change data capture reads Postgres sources only; "
+            f"{source.describe()} is not one"
+        )
+    configured = dataset.acceleration.params.get(SLOT_PARAM)
+    slot = (
+        str(configured)
+        if configured
+        else slot_name_for(dataset.name, f"{project.accelerator_dir}|{source.table}")
+    )
+    return ChangeStream(source, slot)
+
+
+def committed_position(catalog: Catalog) -> str | None:
+    """The WAL position the newest catalog version fed by the stream recorded (None: none was)."""
+    for limit in (20, None):
+        versions = catalog.versions(limit=limit)
+        for info in reversed(versions):
+            recorded = (info.conservation or {}).get(POSITION_KEY)
+            if recorded:
+                return str(recorded)
+        if limit is not None and len(versions) < limit:
+            break
+    return None
+
+
+def plan_cdc(
+    dataset: DatasetSpec,
+    source: Source,
+    snapshot: Snapshot | None,
+    catalog: Catalog,
+    stream: ChangeStream,
+    *,
+    full: bool,
+    copy: Callable[[], RefreshPlan],
+) -> RefreshPlan:
+    """Step 1 of the module docstring: the changes plan, or `copy()` (a full plan) marked with the
+    position it is read after."""
+    from airflow_partitions.refresh.modes import changes_fallback
+    from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan
+    from airflow_partitions.sources.pg_cdc import lsn_to_int
+
+    keys = list(dataset.acceleration.primary_key)
+    notes: list[str] = []
+    with stream.connect() as conn:
+        stream.check_server(conn)
+        committed = committed_position(catalog) if snapshot is not None else None
+        info = stream.info(conn)
+        if info is None:
+            if committed is not None and not full:
+                raise SlotLostError(
+                    f"dataset {dataset.name!r}: replication slot {stream.slot!r} on "
+                    f"{stream.source.describe()} is gone (dropped, or invalidated by "
+                    f"max_slot_wal_keep_size), and the acceleration continues from WAL position {committed}: "
+                    "the changes since then cannot be recovered. Run `airflow-partitions refresh SPEC "
+                    f"{dataset.name} --full` to copy the table again and re-create the slot"
+                )
+            start = stream.create(conn)
+            notes.append(f"{NOTE}replication slot {stream.slot} created at WAL position {start}")
+        elif not stream.publishes(conn):
+            if not full:
+                raise ChangeCaptureError(
+                    f"dataset {dataset.name!r}: {stream.source.table} is no longer in publication "
+                    f"{stream.publication!r} with REPLICA IDENTITY FULL (the table was dropped and "
+                    "re-created, or the publication or the table's replica identity was changed), so its "
+                    "changes may not have reached the slot. Run `airflow-partitions refresh SPEC "
+                    f"{dataset.name} --full` to copy the table again and publish it"
+                )
+            stream.publish(conn)
+            notes.append(f"{NOTE}{stream.source.table} published again in {stream.publication}")
+        elif committed is not None and (
+            info.confirmed_flush_lsn is None or lsn_to_int(committed) > lsn_to_int(info.confirmed_flush_lsn)
+        ):
+            # The last refresh committed but died before advancing the slot.
+            stream.advance(conn, committed)
+            notes.append(
+                f"{NOTE}replication slot {stream.slot} advanced to the committed WAL position {committed} "
+                "(the last refresh stopped between its commit and the slot's advance)"
+            )
+        upto = stream.position(conn)
+        reason = changes_fallback(dataset, source, snapshot, selecting=False, full=full)
+        if reason is None and committed is None:
+            reason = "no version records a position in the change stream: the table is copied to start it"
+        changes = None
+        if reason is None:
+            changes = stream.peek(conn, upto, source.schema().names, keys)
+            if changes.truncated:
+                reason = (
+                    f"TRUNCATE of {stream.source.table} in the change stream: a full refresh copies every "
+                    "partition again"
+                )
+        cdc = {"slot": stream.slot, "upto": upto}
+        if reason is not None:
+            plan = copy()
+            return replace(plan, cdc=cdc, notes=(*plan.notes, *notes, f"{NOTE}{reason}"))
+        assert changes is not None
+        assert snapshot is not None
+        if changes.empty:
+            # Nothing of this table committed before `upto`: the slot may skip to it at once.
+            stream.advance(conn, upto)
+            return RefreshPlan(
+                dataset=dataset.name,
+                spec_id=dataset.acceleration.partition_spec_id,
+                partition_names=dataset.acceleration.partition_names,
+                base_version=snapshot.version,
+                items=(),
+                removed=(),
+                unchanged=len(snapshot.partitions),
+                discovered=len(snapshot.partitions),
+                discovery=DiscoveryKind.DYNAMIC,
+                fingerprint_granularity="partition",
+                notes=(*notes, f"{NOTE}no change of {stream.source.table} up to {upto}"),
+                refresh_mode=str(RefreshMode.CHANGES),
+                changed_rows=0,
+                changed_partitions=0,
+            )
+        typed = stream.typed(conn, changes, source.schema(), keys)
+    return _changes_plan(dataset, snapshot, typed, len(changes.upserts), len(changes.deletes), cdc, notes)
+
+
+def _changes_plan(
+    dataset: DatasetSpec,
+    snapshot: Snapshot,
+    typed: pa.Table,
+    upserts: int,
+    deletes: int,
+    cdc: dict[str, str],
+    notes: list[str],
+) -> RefreshPlan:
+    """The partitions the changed rows land in, and those whose files may hold a changed or deleted key."""
+    from airflow_partitions.keys import PartitionKey
+    from airflow_partitions.refresh.modes import _may_hold_any
+    from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
+    from airflow_partitions.sources.base import schema_tag, tagged_fingerprint
+    from airflow_partitions.sources.pg_cdc import DELETED_COLUMN
+
+    acceleration = dataset.acceleration
+    keys = list(acceleration.primary_key)
+    names = acceleration.partition_names
+    landing = _landing(dataset, typed)
+    touched: dict[str, PartitionKey] = {PartitionKey(k).path(names): PartitionKey(k) for k in landing}
+    probe = sorted(v for v in typed.column(keys[0]).to_pylist() if v is not None)
+    nulls = typed.column(keys[0]).null_count > 0
+    for key_path, committed in snapshot.partitions.items():
+        if key_path in touched:
+            continue
+        if (probe and _may_hold_any(committed, keys[0], probe)) or (
+            nulls and _may_hold_null(committed, keys[0])
+        ):
+            touched[key_path] = committed.key
+    schema = typed.schema.remove(typed.schema.get_field_index(DELETED_COLUMN))
+    fingerprint = tagged_fingerprint(schema_tag(schema), f"cdc-{cdc['upto']}")
+    items = []
+    for key_path in sorted(touched):
+        entry = snapshot.partitions.get(key_path)
+        items.append(
+            PartitionWorkItem(
+                key=tuple(touched[key_path].to_json()),
+                key_path=key_path,
+                reason=Reason.NEW if entry is None else Reason.CHANGED,
+                fingerprint=fingerprint,
+                changes=True,
+                base_files=tuple(entry.files) if entry is not None else (),
+            )
+        )
+    return RefreshPlan(
+        dataset=dataset.name,
+        spec_id=acceleration.partition_spec_id,
+        partition_names=names,
+        base_version=snapshot.version,
+        items=tuple(items),
+        removed=(),
+        unchanged=len(snapshot.partitions) - sum(1 for i in items if i.reason is Reason.CHANGED),
+        discovered=len(set(snapshot.partitions) | set(touched)),
+        discovery=DiscoveryKind.DYNAMIC,
+        fingerprint_granularity="partition",
+        notes=(
+            *notes,
+            f"{NOTE}{upserts} row(s) to upsert, {deletes} key(s) to delete, from the "
+            f"transactions committed before WAL position {cdc['upto']}",
+        ),
+        refresh_mode=str(RefreshMode.CHANGES),
+        changed_rows=typed.num_rows,
+        changed_partitions=len(items),
+        cdc=cdc,
+    )
+
+
+def _landing(dataset: DatasetSpec, typed: pa.Table) -> collections.Counter[tuple[Any, ...]]:
+    """Upserted rows per partition key they land in (keys to delete land nowhere)."""
+    import pyarrow.compute as pc
+
+    from airflow_partitions.sources.pg_cdc import deleted_mask
+
+    mask = deleted_mask(typed)
+    rows = typed if mask is None else typed.filter(pc.invert(mask))
+    if not rows.num_rows:
+        return collections.Counter()
+    transforms = [f.transform for f in dataset.acceleration.partition_by]
+    values = [t.apply(rows.column(t.source_column)).to_pylist() for t in transforms]
+    return collections.Counter(zip(*values, strict=True))
+
+
+def _may_hold_null(entry: Any, column: str) -> bool:
+    for data_file in entry.files:
+        stats = data_file.stats.get(column)
+        if stats is None or stats.null_count > 0:
+            return True
+    return False
+
+
+def stage_cdc_changes(
+    dataset: DatasetSpec, source: Source, transforms: Sequence[Transform], plan: RefreshPlan
+) -> tuple[pa.Table, dict[int, int]]:
+    """The stage's read of a cdc plan: the same peek (the slot has not moved), the same changes.
+    Returns the change table (rows to upsert and keys to delete, marked) and upserted rows per item."""
+    from airflow_partitions.keys import PartitionKey
+    from airflow_partitions.sources.pg_cdc import ChangeStream
+    from airflow_partitions.sources.postgres import PostgresSource
+
+    assert plan.cdc is not None
+    if not isinstance(source, PostgresSource):
+        raise RefreshError(f"{source.describe()} cannot stream changes; plan again")
+    stream = ChangeStream(source, plan.cdc["slot"])
+    keys = list(dataset.acceleration.primary_key)
+    with stream.connect() as conn:
+        changes = stream.peek(conn, plan.cdc["upto"], source.schema().names, keys)
+        typed = stream.typed(conn, changes, source.schema(), keys)
+    if changes.truncated or typed.num_rows != plan.changed_rows:
+        raise RefreshError(
+            f"the change stream of {source.describe()} (slot {stream.slot}) holds {typed.num_rows} change(s) "
+            f"up to {plan.cdc['upto']}, the plan {plan.changed_rows}: another refresh advanced the slot "
+            "meanwhile. Nothing was written: plan again"
+        )
+    planned = {tuple(PartitionKey.from_json(item.key).values): i for i, item in enumerate(plan.items)}
+    per_key = _landing(dataset, typed)
+    whole_plan = plan.changed_partitions is None or len(plan.items) == plan.changed_partitions
+    if whole_plan and not per_key.keys() <= planned.keys():
+        raise RefreshError(
+            f"changed rows of {source.describe()} land in partitions the plan does not hold; plan again"
+        )
+    return typed, {planned[key]: rows for key, rows in per_key.items() if key in planned}
+
+
+def after_commit(plan: RefreshPlan, dataset: DatasetSpec, source: Source | None, *, committed: bool) -> None:
+    """Step 3 of the module docstring, after the catalog commit (or when there was nothing to commit):
+    advance the slot to the plan's position."""
+    from airflow_partitions.sources import open_dataset_source
+    from airflow_partitions.sources.pg_cdc import ChangeStream
+    from airflow_partitions.sources.postgres import PostgresSource
+
+    if plan.cdc is None:
+        return
+    if committed:
+        kill_point("cdc-after-commit")
+    source = source or open_dataset_source(dataset)
+    assert isinstance(source, PostgresSource)
+    stream = ChangeStream(source, plan.cdc["slot"])
+    with stream.connect() as conn:
+        stream.advance(conn, plan.cdc["upto"])
+    kill_point("cdc-after-advance")
