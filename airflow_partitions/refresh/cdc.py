@@ -204,7 +204,7 @@ def _changes_plan(
 ) -> RefreshPlan:
     """The partitions the changed rows land in, and those whose files may hold a changed or deleted key."""
     from airflow_partitions.keys import PartitionKey
-    from airflow_partitions.refresh.modes import _may_hold_any
+    from airflow_partitions.refresh.modes import KeyProbe
     from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
     from airflow_partitions.sources.base import schema_tag, tagged_fingerprint
     from airflow_partitions.sources.pg_cdc import DELETED_COLUMN
@@ -214,14 +214,10 @@ def _changes_plan(
     names = acceleration.partition_names
     landing = _landing(dataset, typed)
     touched: dict[str, PartitionKey] = {PartitionKey(k).path(names): PartitionKey(k) for k in landing}
-    probe = sorted(v for v in typed.column(keys[0]).to_pylist() if v is not None)
-    nulls = typed.column(keys[0]).null_count > 0
+    # Matched as the merge matches keys (IS NOT DISTINCT FROM): NULL, NaN and -0.0 included.
+    probe = KeyProbe.of(typed.column(keys[0]).to_pylist())
     for key_path, committed in snapshot.partitions.items():
-        if key_path in touched:
-            continue
-        if (probe and _may_hold_any(committed, keys[0], probe)) or (
-            nulls and _may_hold_null(committed, keys[0])
-        ):
+        if key_path not in touched and probe.may_be_in(committed, keys[0]):
             touched[key_path] = committed.key
     schema = typed.schema.remove(typed.schema.get_field_index(DELETED_COLUMN))
     fingerprint = tagged_fingerprint(schema_tag(schema), f"cdc-{cdc['upto']}")
@@ -274,14 +270,6 @@ def _landing(dataset: DatasetSpec, typed: pa.Table) -> collections.Counter[tuple
     transforms = [f.transform for f in dataset.acceleration.partition_by]
     values = [t.apply(rows.column(t.source_column)).to_pylist() for t in transforms]
     return collections.Counter(zip(*values, strict=True))
-
-
-def _may_hold_null(entry: Any, column: str) -> bool:
-    for data_file in entry.files:
-        stats = data_file.stats.get(column)
-        if stats is None or stats.null_count > 0:
-            return True
-    return False
 
 
 def stage_cdc_changes(
