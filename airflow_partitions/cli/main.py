@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "plan",
     "query",
     "write",
+    "verify",
 )
 
 
