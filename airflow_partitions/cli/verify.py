@@ -43,6 +43,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="refresh exactly the partitions that are not equal, in one commit, then verify them again",
     )
+    parser.add_argument(
+        "--strategy",
+        choices=("auto", "spark", "pushdown", "arrow"),
+        default="auto",
+        help="how --repair refreshes (as `refresh --strategy`)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.set_defaults(func=run)
 
@@ -58,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         where=args.where,
         repair=args.repair,
         progress=bar,
+        strategy=args.strategy,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))

@@ -163,6 +163,7 @@ def verify_dataset(
     source: Source | None = None,
     catalog: Catalog | None = None,
     record: bool = True,
+    strategy: str = "auto",
 ) -> VerifyReport:
     """Compare the dataset's latest catalog version with its source, partition by partition.
 
@@ -170,7 +171,8 @@ def verify_dataset(
     or source columns, as `refresh --where`) narrow the check; the source is then read one partition at a
     time where it can prune (Hive files, Postgres with monotonic transforms). `repair` refreshes every
     partition that is not equal in one commit and verifies them again (`after_repair`). The result is
-    recorded next to the catalog (`record`) for `status` and the Partitions page.
+    recorded next to the catalog (`record`) for `status` and the Partitions page. `strategy` is the
+    repair refresh's (`refresh_dataset`).
     """
     from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.refresh.pipeline import bind_dataset, load_project, resolve_dataset
@@ -216,7 +218,7 @@ def verify_dataset(
         selection=_selection_text(partitions, where),
     )
     if repair and report.differing:
-        report = _repair(project, spec, report, source, catalog, progress, tick)
+        report = _repair(project, spec, report, catalog, progress, tick, strategy)
     tick("done", len(checks), len(checks), sum(c.source_rows for c in checks))
     report.elapsed_s = time.monotonic() - started
     if record:
@@ -367,10 +369,10 @@ def _repair(
     project: ProjectSpec,
     spec: DatasetSpec,
     report: VerifyReport,
-    source: Source,
     catalog: Catalog,
     progress: ProgressCallback | None,
     tick: Callable[[str, int, int, int], None],
+    strategy: str,
 ) -> VerifyReport:
     """Refresh exactly the partitions that are not equal (one commit), then verify those again."""
     from airflow_partitions.refresh.pipeline import refresh_dataset
@@ -379,7 +381,7 @@ def _repair(
     tick("repair", 0, len(paths), 0)
     # Partitions the source no longer has are removed by the same selected refresh (`plan.removed`). The
     # source is reopened: a file source caches its listing, and the repair must see the source as it is.
-    summary = refresh_dataset(project, spec, partitions=paths, strategy=_repair_strategy(source))
+    summary = refresh_dataset(project, spec, partitions=paths, strategy=strategy)
     if summary.failed:
         raise RefreshError(
             f"repairing {len(paths)} partition(s) of {spec.name!r} failed; nothing was committed: "
@@ -387,14 +389,21 @@ def _repair(
         )
     report.repaired = paths
     report.repaired_version = summary.version
-    report.after_repair = verify_dataset(
-        project, spec, partitions=paths, progress=progress, catalog=catalog, record=False
-    )
+    # Extra partitions were removed: they can no longer be named, so check that they are gone.
+    extra = {c.key_path: c for c in report.differing if c.verdict is Verdict.EXTRA}
+    recheck = [p for p in paths if p not in extra]
+    if recheck:
+        after = verify_dataset(
+            project, spec, partitions=recheck, progress=progress, catalog=catalog, record=False, strategy=strategy
+        )
+    else:
+        after = VerifyReport(spec.name, None, [], dt.datetime.now(dt.UTC), 0.0, selection="(removed partitions)")
+    snapshot = catalog.latest()
+    remaining = snapshot.partitions if snapshot is not None else {}
+    after.partitions.extend(check for path, check in extra.items() if path in remaining)
+    after.version = snapshot.version if snapshot is not None else None
+    report.after_repair = after
     return report
-
-
-def _repair_strategy(source: Source) -> str:
-    return "auto"
 
 
 def _selection_text(partitions: Sequence[str] | None, where: str | None) -> str | None:

@@ -1,0 +1,368 @@
+"""`verify` proves an acceleration equals its source partition by partition, and `--repair` restores it.
+
+Real parquet sources of hostile rows (NULLs in every column, partition columns included; unicode, `/ = %`
+and quotes; -0.0, NaN, timestamps with offsets), every engine (parquet, duckdb files and tables, arrow),
+a real Postgres source. Drift is injected on the source side (a file rewritten, an UPDATE / DELETE /
+INSERT) and on the acceleration side (a partition republished through the catalog API with different but
+valid files). Every injected drift is found in exactly the partitions it touched; an unchanged dataset
+verifies clean.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from matrix_support import hostile_chunks, multiset_difference, rows_by_key
+from test_arrow_refresh import COMPOSITE, DATASET, read_back, write_source, write_spec
+
+from airflow_partitions.catalog import RowCertificate
+from airflow_partitions.cli.main import main as cli_main
+from airflow_partitions.refresh import refresh_dataset
+from airflow_partitions.refresh.commit import (
+    dataset_data_root,
+    dataset_storage,
+    open_dataset_catalog,
+    partition_spec_info,
+)
+from airflow_partitions.refresh.pipeline import load_project
+from airflow_partitions.refresh.row_hash import RowTally, tally_by_partition, tally_rows
+from airflow_partitions.refresh.verify import Verdict, last_verify, verify_dataset
+from airflow_partitions.transforms import parse_transform
+
+ENGINES = ["parquet", "duckdb", "duckdb_tables", "arrow"]
+
+
+# --- the row hash ---------------------------------------------------------------------------------
+
+
+def test_row_hash_tells_null_empty_and_null_text_apart() -> None:
+    """NULL, '' and 'NULL' are three different rows; so are 0.0 and -0.0 (the files keep the sign)."""
+    schema = pa.schema([("s", pa.string())])
+    tallies = {
+        repr(value): tally_rows(pa.table({"s": pa.array([value], pa.string())}), schema)
+        for value in (None, "", "NULL")
+    }
+    assert len({t.total for t in tallies.values()}) == 3, tallies
+    doubles = pa.schema([("x", pa.float64())])
+    zero = tally_rows(pa.table({"x": [0.0]}), doubles)
+    negative_zero = tally_rows(pa.table({"x": [-0.0]}), doubles)
+    assert zero != negative_zero
+    # Every NaN is one NaN: a NaN rewritten with another payload is the same value.
+    nan_bits = pa.array([0x7FF8000000000001], pa.int64()).view(pa.float64())
+    assert tally_rows(pa.table({"x": nan_bits}), doubles) == tally_rows(pa.table({"x": [float("nan")]}), doubles)
+
+
+def test_row_hash_is_order_independent_and_counts_duplicates() -> None:
+    schema = pa.schema([("a", pa.int64()), ("b", pa.string())])
+    table = pa.table({"a": [1, 2, 3], "b": ["x", None, "z"]}, schema=schema)
+    reversed_rows = table.take(pa.array([2, 1, 0]))
+    assert tally_rows(table, schema) == tally_rows(reversed_rows, schema)
+    doubled = pa.concat_tables([table, table.slice(0, 1)])
+    once = tally_rows(table, schema)
+    assert tally_rows(doubled, schema) != once
+    # A duplicate adds its row's hash again (a xor would cancel a pair out).
+    assert tally_rows(pa.concat_tables([table, table]), schema).total != 0
+    # The hash of a union is the sum of the parts' (what an append's certificate relies on).
+    first, second = tally_rows(table.slice(0, 1), schema), tally_rows(table.slice(1), schema)
+    assert first.certificate().plus(second.certificate()) == once.certificate()
+
+
+def test_row_hash_sees_column_order_and_values_swapped_between_columns() -> None:
+    schema = pa.schema([("a", pa.string()), ("b", pa.string())])
+    one = pa.table({"a": ["x"], "b": ["y"]}, schema=schema)
+    swapped = pa.table({"a": ["y"], "b": ["x"]}, schema=schema)
+    assert tally_rows(one, schema) != tally_rows(swapped, schema)
+
+
+def test_row_hash_is_the_same_in_another_process() -> None:
+    """The certificate recorded by one process is checked by another: the hash must not be seeded."""
+    code = (
+        "import pyarrow as pa, datetime as dt;"
+        "from airflow_partitions.refresh.row_hash import tally_rows;"
+        "t = pa.table({'s': ['a', None, ''], 'ts': pa.array([dt.datetime(2026, 1, 1, 5, tzinfo=dt.timezone.utc),"
+        " None, dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)], pa.timestamp('us', tz='UTC'))});"
+        "print(tally_rows(t, t.schema).row_hash)"
+    )
+    table = pa.table(
+        {
+            "s": ["a", None, ""],
+            "ts": pa.array(
+                [dt.datetime(2026, 1, 1, 5, tzinfo=dt.UTC), None, dt.datetime(1970, 1, 1, tzinfo=dt.UTC)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_env_with_random_seed()
+    )
+    assert other.stdout.strip() == tally_rows(table, table.schema).row_hash
+
+
+def _env_with_random_seed() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONHASHSEED"] = "12345"
+    return env
+
+
+def test_timestamps_hash_as_the_instant_they_store() -> None:
+    """A timestamp read with an offset is the instant: +02:00 05:00 equals UTC 03:00."""
+    utc = pa.schema([("ts", pa.timestamp("us", tz="UTC"))])
+    offset = pa.array([dt.datetime(2026, 1, 1, 5, tzinfo=dt.timezone(dt.timedelta(hours=2)))], pa.timestamp("us", tz="+02:00"))
+    same_instant = pa.array([dt.datetime(2026, 1, 1, 3, tzinfo=dt.UTC)], pa.timestamp("us", tz="UTC"))
+    assert tally_rows(pa.table({"ts": offset}), utc) == tally_rows(pa.table({"ts": same_instant}), utc)
+
+
+def test_tally_by_partition_routes_like_a_refresh() -> None:
+    """Per-partition tallies add up to the whole, NULL keys included."""
+    table = pa.concat_tables(hostile_chunks(3))
+    transforms = [parse_transform(expr) for _, expr in COMPOSITE]
+    transforms = [t.bind(table.schema.field(t.source_column).type) for t in transforms]
+    tallies = tally_by_partition(table, table.schema, transforms)
+    assert sum(t.rows for t in tallies.values()) == table.num_rows
+    total = RowTally()
+    for tally in tallies.values():
+        total.add(tally.rows, tally.total)
+    assert total == tally_rows(table, table.schema)
+    assert any(None in key.values for key in tallies)
+
+
+# --- files source, every engine ---------------------------------------------------------------------
+
+
+def build(tmp_path: Path, engine: str, seed: int = 11) -> tuple[Path, list[pa.Table]]:
+    chunks = hostile_chunks(seed)
+    write_source(tmp_path, chunks)
+    spec = write_spec(tmp_path, engine, COMPOSITE)
+    refresh_dataset(spec, DATASET, strategy="arrow")
+    return spec, chunks
+
+
+def verdicts(report: Any) -> dict[str, str]:
+    return {c.key_path: str(c.verdict) for c in report.differing}
+
+
+def source_key_of(chunks: list[pa.Table], chunk: int, row: int) -> str:
+    table = pa.concat_tables(chunks)
+    offset = sum(c.num_rows for c in chunks[:chunk]) + row
+    return next(
+        path
+        for path, rows in rows_by_key(table, COMPOSITE).items()
+        if table.column("id")[offset].as_py() in rows.column("id").to_pylist()
+    )
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_unchanged_dataset_verifies_clean_and_certified(tmp_path: Path, engine: str) -> None:
+    spec, chunks = build(tmp_path, engine)
+    report = verify_dataset(spec, DATASET)
+    assert report.ok, [c.to_json() for c in report.differing]
+    total = sum(c.num_rows for c in chunks)
+    assert sum(c.source_rows for c in report.partitions) == total
+    assert sum(c.acceleration_rows for c in report.partitions) == total
+    # Every partition carries the certificate its commit computed, and the files still match it.
+    assert all(c.certificate_matches is True for c in report.partitions)
+    recorded = last_verify(open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET)))
+    assert recorded is not None and recorded["result"] == "equal"
+
+
+def _rewrite_chunk(tmp_path: Path, chunks: list[pa.Table], index: int, table: pa.Table) -> None:
+    chunks[index] = table
+    pq.write_table(table, tmp_path / "src" / f"chunk{index}.parquet")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_source_drift_is_found_in_exactly_the_touched_partitions(tmp_path: Path, engine: str) -> None:
+    spec, chunks = build(tmp_path, engine)
+    expected: dict[str, str] = {}
+    first = chunks[0]
+    # A changed value (the partition columns kept: same partition, same count, different rows).
+    changed_at = 5
+    amount = pa.array(
+        [v if i != changed_at else (v + 1 if v is not None else 7) for i, v in enumerate(first.column("n_int").to_pylist())],
+        pa.int64(),
+    )
+    first = first.set_column(first.schema.get_field_index("n_int"), "n_int", amount)
+    expected[source_key_of(chunks, 0, changed_at)] = "drifted"
+    # A value changed to NULL (a non-partition column) in another row.
+    nulled_at = 9
+    x = first.column("x").to_pylist()
+    if x[nulled_at] is None:
+        x[nulled_at] = 1.5
+    else:
+        x[nulled_at] = None
+    first = first.set_column(first.schema.get_field_index("x"), "x", pa.array(x, pa.float64()))
+    expected[source_key_of(chunks, 0, nulled_at)] = "drifted"
+    _rewrite_chunk(tmp_path, chunks, 0, first)
+    # A row deleted, and a row added (copy of another row with a new id).
+    second = chunks[1]
+    deleted_key = source_key_of(chunks, 1, 3)
+    deleted_id = second.column("id")[3].as_py()
+    _rewrite_chunk(tmp_path, chunks, 1, second.filter(pc.not_equal(second.column("id"), deleted_id)))
+    added = chunks[2].slice(4, 1)
+    added = added.set_column(0, "id", pa.array([42], pa.int64()))
+    added_key = source_key_of(chunks, 2, 4)
+    _rewrite_chunk(tmp_path, chunks, 2, pa.concat_tables([chunks[2], added]))
+    report = verify_dataset(spec, DATASET)
+    found = verdicts(report)
+    for key in (deleted_key, added_key):
+        assert key in found, f"{key} not reported: {found}"
+    for key, verdict in expected.items():
+        assert found.get(key) == verdict, (key, found)
+    assert set(found) == {*expected, deleted_key, added_key}
+    assert not report.ok
+    # The CLI reports the same and exits 1; --repair fixes it in one commit and verifies clean.
+    assert cli_main(["verify", str(spec), DATASET, "--json"]) == 1
+    versions_before = open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET)).latest()
+    assert cli_main(["verify", str(spec), DATASET, "--repair", "--strategy", "arrow"]) == 0
+    catalog = open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET))
+    assert versions_before is not None
+    assert catalog.latest().version == versions_before.version + 1  # type: ignore[union-attr]
+    assert verify_dataset(spec, DATASET).ok
+    missing, extra = multiset_difference(read_back(spec), pa.concat_tables(chunks))
+    assert not missing and not extra
+
+
+def _republish(spec: Path, changes: dict[str, pa.Table]) -> None:
+    """Publish `changes` (key path -> rows) as those partitions' files through the catalog API: valid
+    files with their own sizes and checksums, the old certificates kept (as a wrong writer would)."""
+    project = load_project(spec)
+    dataset = project.dataset(DATASET)
+    catalog = open_dataset_catalog(project, dataset)
+    snapshot = catalog.latest()
+    assert snapshot is not None
+    storage = dataset_storage(dataset)
+    root = dataset_data_root(project, dataset)
+    upserts = []
+    for key_path, table in changes.items():
+        entry = snapshot.partitions[key_path]
+        files = storage.write(table, root, key_path) if table.num_rows else []
+        published = storage.publish(root, files) if files else []
+        upserts.append(entry.with_files(published))
+    catalog.commit(
+        base_version=snapshot.version,
+        upserts=upserts,
+        partition_spec=partition_spec_info(dataset),
+        operation="write",
+    )
+
+
+def _partition_rows(spec: Path, key_path: str) -> pa.Table:
+    project = load_project(spec)
+    dataset = project.dataset(DATASET)
+    snapshot = open_dataset_catalog(project, dataset).latest()
+    assert snapshot is not None
+    entry = snapshot.partitions[key_path]
+    return dataset_storage(dataset).read(dataset_data_root(project, dataset), entry.files)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_acceleration_drift_is_found_and_repaired(tmp_path: Path, engine: str) -> None:
+    spec, chunks = build(tmp_path, engine)
+    sizes = {
+        path: rows.num_rows for path, rows in rows_by_key(pa.concat_tables(chunks), COMPOSITE).items()
+    }
+    big = sorted((path for path, n in sizes.items() if n >= 3), key=lambda p: -sizes[p])
+    changed, shrunk, moved_from, moved_to, nulled = big[:5]
+    tables = {path: _partition_rows(spec, path) for path in (changed, shrunk, moved_from, moved_to, nulled)}
+    # A changed value: a string column edited in one row.
+    s = tables[changed].column("n_int").to_pylist()
+    s[0] = (s[0] or 0) + 1
+    tables[changed] = tables[changed].set_column(
+        tables[changed].schema.get_field_index("n_int"), "n_int", pa.array(s, pa.int64())
+    )
+    # A missing row.
+    tables[shrunk] = tables[shrunk].slice(1)
+    # A row moved to another partition's file (the totals unchanged).
+    row = tables[moved_from].slice(0, 1)
+    tables[moved_from] = tables[moved_from].slice(1)
+    tables[moved_to] = pa.concat_tables([tables[moved_to], row])
+    # A value changed to NULL.
+    x = tables[nulled].column("d").to_pylist()
+    x[0] = None if x[0] is not None else dt.date(2026, 1, 1)
+    tables[nulled] = tables[nulled].set_column(tables[nulled].schema.get_field_index("d"), "d", pa.array(x, pa.date32()))
+    _republish(spec, tables)
+    report = verify_dataset(spec, DATASET)
+    found = verdicts(report)
+    assert found == dict.fromkeys([changed, shrunk, moved_from, moved_to, nulled], "drifted"), found
+    # The files no longer hold what their commits certified.
+    assert all(c.certificate_matches is False for c in report.differing)
+    repaired = verify_dataset(spec, DATASET, repair=True, strategy="arrow")
+    assert repaired.ok and sorted(repaired.repaired) == sorted(found)
+    assert verify_dataset(spec, DATASET).ok
+    missing, extra = multiset_difference(read_back(spec), pa.concat_tables(chunks))
+    assert not missing and not extra
+
+
+def test_extra_and_missing_partitions(tmp_path: Path) -> None:
+    """A partition only the acceleration has is extra; one only the source has is missing."""
+    spec, chunks = build(tmp_path, "parquet")
+    by_key = rows_by_key(pa.concat_tables(chunks), COMPOSITE)
+    gone = sorted(by_key)[-1]
+    ids = by_key[gone].column("id")
+    for index, chunk in enumerate(chunks):
+        _rewrite_chunk(tmp_path, chunks, index, chunk.filter(pc.invert(pc.is_in(chunk.column("id"), ids))))
+    # The acceleration loses a partition through the catalog (as a bad removal would).
+    project = load_project(spec)
+    dataset = project.dataset(DATASET)
+    catalog = open_dataset_catalog(project, dataset)
+    snapshot = catalog.latest()
+    assert snapshot is not None
+    lost = sorted(p for p in by_key if p != gone)[0]
+    catalog.commit(
+        base_version=snapshot.version, upserts=[], removes=[lost], partition_spec=partition_spec_info(dataset)
+    )
+    report = verify_dataset(spec, DATASET)
+    assert verdicts(report) == {gone: "extra", lost: "missing"}
+    assert report.counts() == {"equal": len(by_key) - 2, "drifted": 0, "missing": 1, "extra": 1}
+    # Narrowed to the two partitions: the same verdicts, read from those partitions only.
+    narrowed = verify_dataset(spec, DATASET, partitions=[gone, lost])
+    assert verdicts(narrowed) == {gone: "extra", lost: "missing"} and len(narrowed.partitions) == 2
+    assert verify_dataset(spec, DATASET, repair=True, strategy="arrow").ok
+    assert verify_dataset(spec, DATASET).ok
+
+
+def test_where_selects_partitions(tmp_path: Path) -> None:
+    spec, _ = build(tmp_path, "parquet")
+    report = verify_dataset(spec, DATASET, where="cf = true")
+    assert report.ok and report.partitions
+    assert all(c.key_path.endswith("cf=true") for c in report.partitions)
+
+
+def test_cli_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec, _ = build(tmp_path, "arrow")
+    assert cli_main(["verify", str(spec), DATASET, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["result"] == "equal" and out["counts"]["drifted"] == 0
+    assert all(p["verdict"] == "equal" for p in out["partitions"])
+
+
+def test_certificates_in_status_and_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The certificate survives the catalog's checkpoint and shows in `status --partitions --json`."""
+    spec, _ = build(tmp_path, "parquet")
+    project = load_project(spec)
+    dataset = project.dataset(DATASET)
+    catalog = open_dataset_catalog(project, dataset)
+    snapshot = catalog.latest()
+    assert snapshot is not None
+    from airflow_partitions.catalog.state import decode_checkpoint, encode_checkpoint
+
+    reloaded = decode_checkpoint(encode_checkpoint(snapshot), where="test")
+    for path, entry in snapshot.partitions.items():
+        assert isinstance(entry.certificate, RowCertificate)
+        assert reloaded.partitions[path].certificate == entry.certificate
+    assert cli_main(["status", str(spec), DATASET, "--partitions", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    text = json.dumps(out)
+    some = next(iter(snapshot.partitions.values()))
+    assert some.certificate is not None and some.certificate.row_hash in text
