@@ -233,11 +233,11 @@ def test_source_drift_is_found_in_exactly_the_touched_partitions(tmp_path: Path,
     assert not missing and not extra
 
 
-def _republish(spec: Path, changes: dict[str, pa.Table]) -> None:
+def _republish(spec: Path, changes: dict[str, pa.Table], dataset_name: str = DATASET) -> None:
     """Publish `changes` (key path -> rows) as those partitions' files through the catalog API: valid
     files with their own sizes and checksums, the old certificates kept (as a wrong writer would)."""
     project = load_project(spec)
-    dataset = project.dataset(DATASET)
+    dataset = project.dataset(dataset_name)
     catalog = open_dataset_catalog(project, dataset)
     snapshot = catalog.latest()
     assert snapshot is not None
@@ -257,9 +257,9 @@ def _republish(spec: Path, changes: dict[str, pa.Table]) -> None:
     )
 
 
-def _partition_rows(spec: Path, key_path: str) -> pa.Table:
+def _partition_rows(spec: Path, key_path: str, dataset_name: str = DATASET) -> pa.Table:
     project = load_project(spec)
-    dataset = project.dataset(DATASET)
+    dataset = project.dataset(dataset_name)
     snapshot = open_dataset_catalog(project, dataset).latest()
     assert snapshot is not None
     entry = snapshot.partitions[key_path]
@@ -366,3 +366,47 @@ def test_certificates_in_status_and_checkpoints(tmp_path: Path, capsys: pytest.C
     text = json.dumps(out)
     some = next(iter(snapshot.partitions.values()))
     assert some.certificate is not None and some.certificate.row_hash in text
+
+
+# --- Airflow: certificates on asset events, the VerifyOperator ------------------------------------------
+
+
+@pytest.mark.airflow
+@pytest.mark.spark
+def test_spark_written_partitions_are_certified_and_verify_operator_repairs(tmp_path: Path) -> None:
+    """Partitions the Spark executors write carry the certificate they computed; the commit's asset
+    events carry them by partition key; `VerifyOperator` passes, fails on injected drift, repairs it."""
+    from airflow.sdk import Asset
+    from test_operators import commit, context, latest, make_spec, stage_and_refresh
+
+    from airflow_partitions.exceptions import VerifyDriftError
+    from airflow_partitions.operators import VerifyOperator
+    from airflow_partitions.operators.commit import asset_partition_key
+
+    spec = make_spec(tmp_path)
+    refreshed = stage_and_refresh(spec)
+    assert refreshed.stage is not None and refreshed.stage["mode"] == "written"
+    asset = Asset(name="sales", uri=(tmp_path / "acc" / "sales").as_uri())
+    _, ctx = commit(spec, refreshed, outlets=[asset])
+    snapshot = latest(spec)
+    extra = ctx["outlet_events"][asset].extra
+    assert extra["certificates"] == {
+        asset_partition_key(entry.key): entry.certificate.to_json() for entry in snapshot.partitions.values()
+    }
+    assert len(extra["certificates"]) == 6
+    # The executors' certificates are the row hashes of the files as verify recomputes them.
+    result = VerifyOperator(task_id="verify", spec_path=spec, dataset="sales").execute(context())
+    assert result["ok"] and result["counts"]["equal"] == 6
+    assert result["partitions"] == []
+
+    key_path = sorted(snapshot.partitions)[0]
+    rows = _partition_rows(spec, key_path, "sales")
+    _republish(spec, {key_path: rows.slice(1)}, "sales")
+    with pytest.raises(VerifyDriftError, match="1 partition"):
+        VerifyOperator(task_id="verify", spec_path=spec, dataset="sales").execute(context())
+    repaired = VerifyOperator(
+        task_id="verify", spec_path=spec, dataset="sales", repair=True, strategy="arrow"
+    ).execute(context())
+    assert repaired["ok"] and repaired["repaired"] == [key_path]
+    assert repaired["result"] == "repaired"
+    assert VerifyOperator(task_id="verify", spec_path=spec, dataset="sales").execute(context())["ok"]
