@@ -34,6 +34,7 @@ BENCHMARKS = (
     "bench_duckdb_bytes",
     "bench_writes",
     "bench_scale",
+    "bench_verify",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -420,7 +420,18 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 written_by=writer,
                 certificate=certificate,
             )
-            for key_path, key, spec_id, file_list, rows_count, size, fingerprint, micros, writer, certificate in zip(
+            for (
+                key_path,
+                key,
+                spec_id,
+                file_list,
+                rows_count,
+                size,
+                fingerprint,
+                micros,
+                writer,
+                certificate,
+            ) in zip(
                 key_paths,
                 keys,
                 table.column("spec_id").to_pylist(),

@@ -187,8 +187,8 @@ def render_status(report: dict[str, Any]) -> str:
     if verified is not None:
         differing = f"; differing {', '.join(verified['differing'][:5])}" if verified["differing"] else ""
         lines.append(
-            f"  last verify   {verified['result']} at {verified['verified_at']} (version {verified['version']})"
-            f"{differing}"
+            f"  last verify   {verified['result']} at {verified['verified_at']} "
+            f"(version {verified['version']}){differing}"
         )
     if "partition_by_changed" in report:
         lines.append(f"  WARNING: {report['partition_by_changed']['message']}")

@@ -62,7 +62,9 @@ class VerifyOperator(DatasetOperator):
             summary["after_repair"]["partitions"] = [c.to_json() for c in final.differing]
         for check in report.differing:
             self.log.warning("%s: %s %s: %s", self.dataset, check.verdict, check.key_path, check.reason)
-        self.log.info("Verify of %s (version %s): %s %s", self.dataset, report.version, report.result, report.counts())
+        self.log.info(
+            "Verify of %s (version %s): %s %s", self.dataset, report.version, report.result, report.counts()
+        )
         if not report.ok and self.fail_on_drift:
             raise VerifyDriftError(
                 f"{self.dataset}: {len(final.differing)} partition(s) differ from the source "

@@ -23,7 +23,6 @@ from airflow_partitions.catalog.model import PartitionEntry, RowCertificate
 from airflow_partitions.exceptions import ConservationError, RefreshError, StorageError
 from airflow_partitions.refresh.leftovers import mark_stage_in_use
 from airflow_partitions.refresh.modes import rows_since
-from airflow_partitions.refresh.row_hash import certify_rows
 from airflow_partitions.refresh.plan import (
     DiscoveryKind,
     PartitionResult,
@@ -31,6 +30,7 @@ from airflow_partitions.refresh.plan import (
     StageMode,
     StageResult,
 )
+from airflow_partitions.refresh.row_hash import certify_rows
 from airflow_partitions.refresh.stage import (
     STAGE_MANIFEST as STAGE_MANIFEST_NAME,
 )

@@ -120,10 +120,11 @@ def _row_expression(schema: pa.Schema) -> str:
     return "hash(row(" + ", ".join(quote_identifier(name) for name in schema.names) + "))"
 
 
-def _connection() -> Any:
+def hash_connection() -> Any:
+    """A DuckDB connection for the row hash (a context manager); reuse one across many partitions."""
     import duckdb
 
-    return duckdb.connect(config={"threads": 2})
+    return duckdb.connect()
 
 
 def tally_rows(table: pa.Table, schema: pa.Schema, connection: Any = None) -> RowTally:
@@ -132,7 +133,7 @@ def tally_rows(table: pa.Table, schema: pa.Schema, connection: Any = None) -> Ro
     if prepared.num_rows == 0:
         return RowTally()
     own = connection is None
-    connection = connection or _connection()
+    connection = connection or hash_connection()
     try:
         connection.register(_TABLE, prepared)
         ((rows, total),) = connection.execute(
@@ -167,7 +168,7 @@ def tally_by_partition(
     row_expression = _row_expression(prepared.schema)
     prepared = prepared.append_column(_GROUP_COLUMN, pa.array(groups, pa.int64()))
     own = connection is None
-    connection = connection or _connection()
+    connection = connection or hash_connection()
     try:
         connection.register(_TABLE, prepared)
         result = connection.execute(

@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import format_time, parse_time
 from airflow_partitions.exceptions import RefreshError, StorageError
-from airflow_partitions.refresh.row_hash import RowTally, certificates_equal, tally_by_partition, tally_rows
+from airflow_partitions.refresh.row_hash import (
+    RowTally,
+    certificates_equal,
+    hash_connection,
+    tally_by_partition,
+    tally_rows,
+)
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry
@@ -204,7 +210,7 @@ def verify_dataset(
     else:
         source_tallies = {
             key.path(names): tally
-            for key, tally in tally_by_partition(source.read_all(), schema, transforms).items()
+            for key, tally in _tally_source(source.read_all(), schema, transforms).items()
         }
     tick("source", len(source_tallies), len(source_tallies), sum(t.rows for t in source_tallies.values()))
 
@@ -249,22 +255,32 @@ def _selected_source_tallies(
         rows = 0
         for done, (key_path, key) in enumerate(sorted(keys.items()), start=1):
             table = source.read_partition(transforms, key.values, None)
-            tally = tally_rows(table, schema)
+            with hash_connection() as connection:
+                tally = tally_rows(table, schema, connection)
             if tally.rows:
                 tallies[key_path] = tally
             rows += tally.rows
             tick("source", done, len(keys), rows)
     else:
-        for key, tally in tally_by_partition(source.read_all(), schema, transforms).items():
+        for key, tally in _tally_source(source.read_all(), schema, transforms).items():
             if key.path(names) in keys:
                 tallies[key.path(names)] = tally
     return tallies, wanted
 
 
+def _tally_source(table: Any, schema: Any, transforms: Sequence[Any]) -> dict[Any, RowTally]:
+    with hash_connection() as connection:
+        return tally_by_partition(table, schema, transforms, connection)
+
+
 def _pushes_predicates(source: Source, transforms: Sequence[Any]) -> bool:
     """A Postgres source takes a partition's WHERE whenever every transform has a preimage (monotonic),
     index or not: a verify reads the selected partitions only, not the table once per partition."""
-    return source.kind == "postgres" and bool(transforms) and all(getattr(t, "monotonic", False) for t in transforms)
+    return (
+        source.kind == "postgres"
+        and bool(transforms)
+        and all(getattr(t, "monotonic", False) for t in transforms)
+    )
 
 
 def _compare(
@@ -279,7 +295,8 @@ def _compare(
     paths = sorted(set(entries) | set(source_tallies))
     checks: list[PartitionCheck] = []
     rows = 0
-    with _acceleration_files(project, spec, catalog) as (storage, root, fetch):
+    connection = hash_connection()
+    with connection, _acceleration_files(project, spec, catalog) as (storage, root, fetch):
         for done, path in enumerate(paths, start=1):
             entry = entries.get(path)
             want = source_tallies.get(path, RowTally())
@@ -289,7 +306,7 @@ def _compare(
             if entry is not None and entry.files:
                 try:
                     fetch(entry.files)
-                    got = tally_rows(storage.read(root, entry.files), schema)
+                    got = tally_rows(storage.read(root, entry.files), schema, connection)
                 except StorageError as err:
                     reason = f"the acceleration's files cannot be read as the source's rows: {err}"
                     got = RowTally(-1)
@@ -335,7 +352,7 @@ def _judge(path: str, want: RowTally, got: RowTally, certificate: bool | None, r
     )
 
 
-class _acceleration_files:  # noqa: N801 - a context manager used as a function
+class _acceleration_files:
     """The dataset's storage, a local root its files can be read under, and a function that makes sure a
     partition's files are there (an `s3://` accelerator_dir: fetched, checked, into scratch)."""
 
@@ -394,10 +411,18 @@ def _repair(
     recheck = [p for p in paths if p not in extra]
     if recheck:
         after = verify_dataset(
-            project, spec, partitions=recheck, progress=progress, catalog=catalog, record=False, strategy=strategy
+            project,
+            spec,
+            partitions=recheck,
+            progress=progress,
+            catalog=catalog,
+            record=False,
+            strategy=strategy,
         )
     else:
-        after = VerifyReport(spec.name, None, [], dt.datetime.now(dt.UTC), 0.0, selection="(removed partitions)")
+        after = VerifyReport(
+            spec.name, None, [], dt.datetime.now(dt.UTC), 0.0, selection="(removed partitions)"
+        )
     snapshot = catalog.latest()
     remaining = snapshot.partitions if snapshot is not None else {}
     after.partitions.extend(check for path, check in extra.items() if path in remaining)
@@ -444,4 +469,3 @@ def last_verify(catalog: Catalog) -> dict[str, Any] | None:
     except (ValueError, KeyError, TypeError):
         return None
     return dict(data)
-

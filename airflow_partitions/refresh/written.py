@@ -369,7 +369,9 @@ def merge_item_rows(rows: Sequence[Mapping[str, Any]]) -> dict[int, WrittenItem]
         known = merged.get(index)
         error = row.get("error")
         changed = row.get("changed")
-        certificate = RowCertificate.from_json(json.loads(row["certificate"])) if row.get("certificate") else None
+        certificate = (
+            RowCertificate.from_json(json.loads(row["certificate"])) if row.get("certificate") else None
+        )
         if known is None:
             merged[index] = WrittenItem(
                 int(row["routed"]), int(row["written"]), files, error, changed, certificate

@@ -56,16 +56,18 @@ def partition_groups(table: pa.Table, transforms: Sequence[Transform]) -> tuple[
     """Per row of `table`, the index of its partition in the returned key list (keys as `route_rows`
     computes them, without moving any row)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if not transforms:
         return pa.array([0] * table.num_rows, pa.int64()), [PartitionKey(())]
+    import numpy as np
+
     values = partition_values(table, transforms)
     group = _group_codes(values)
-    # Codes are dense (0..groups-1, in order of first appearance): the first row of each names its key.
-    first_rows = pc.index_in(pa.array(range(len(pc.unique(group))), pa.int64()), value_set=group)
+    # Codes are dense (0..groups-1): the first row of each group names its key.
+    _, first = np.unique(group.to_numpy(zero_copy_only=False), return_index=True)
+    first_rows = pa.array(first, pa.int64())
     key_values = [array.take(first_rows).to_pylist() for array in values]
-    keys = [PartitionKey(tuple(column[position] for column in key_values)) for position in range(len(first_rows))]
+    keys = [PartitionKey(tuple(column[position] for column in key_values)) for position in range(len(first))]
     return group, keys
 
 
