@@ -361,6 +361,12 @@ def test_cli_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert out["result"] == "equal"
     assert out["counts"]["drifted"] == 0
     assert all(p["verdict"] == "equal" for p in out["partitions"])
+    # status shows the last verify, in text and JSON.
+    assert cli_main(["status", str(spec), DATASET, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["datasets"][0]["last_verify"]["result"] == "equal"
+    assert cli_main(["status", str(spec), DATASET]) == 0
+    assert "last verify   equal" in capsys.readouterr().out
 
 
 def test_certificates_in_status_and_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -543,3 +549,38 @@ def read_back_dataset(spec: Path, dataset: str) -> pa.Table:
         return hook.read()
     finally:
         hook.reader.close()
+
+
+@pytest.mark.postgres
+def test_append_certificates_add_up_and_verify_names_the_late_row(pg_database: str, tmp_path: Path) -> None:
+    """An appended partition's certificate is its old rows' plus the new ones' (the files agree), and the
+    late row an append cannot see is named by verify as its partition's drift, then repaired."""
+    import psycopg
+    from test_refresh_modes import create_events, events_spec, insert_events
+
+    create_events(pg_database)
+    project = events_spec(tmp_path, pg_database, "{day: \"date_trunc('day', created_at)\"}")
+    refresh_dataset(project, "events")
+    day1 = "day=2026-03-01T00%3A00%3A00%2B00%3A00"
+    catalog = open_dataset_catalog(project, project.dataset("events"))
+    before = catalog.latest()
+    assert before is not None
+    watermark = max(f.stats["created_at"].max for f in before.partitions[day1].files)
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        insert_events(conn, range(100, 110), day=1, hour=23)
+        conn.execute("INSERT INTO public.events VALUES (300, 'late', 1, 'x', %s)", (watermark,))
+    summary = refresh_dataset(project, "events")
+    assert summary.refresh_mode == "append" and summary.appended_rows == 10
+    after = catalog.latest()
+    assert after is not None
+    entry = after.partitions[day1]
+    old = before.partitions[day1].certificate
+    assert entry.certificate is not None and old is not None
+    assert entry.certificate.rows == old.rows + 10
+    report = verify_dataset(project, "events")
+    assert verdicts(report) == {day1: "drifted"}
+    (check,) = report.differing
+    assert (check.source_rows, check.acceleration_rows) == (entry.rows + 1, entry.rows)
+    assert check.certificate_matches is True, "the files hold exactly what the append certified"
+    assert verify_dataset(project, "events", repair=True).ok
+    assert verify_dataset(project, "events").ok

@@ -398,7 +398,9 @@ def _repair(
     tick("repair", 0, len(paths), 0)
     # Partitions the source no longer has are removed by the same selected refresh (`plan.removed`). The
     # source is reopened: a file source caches its listing, and the repair must see the source as it is.
-    summary = refresh_dataset(project, spec, partitions=paths, strategy=strategy)
+    # `full`: each partition is rewritten whole from the source, whatever the refresh mode (an append
+    # would read past the watermark only and miss the very rows verify found).
+    summary = refresh_dataset(project, spec, partitions=paths, full=True, strategy=strategy)
     if summary.failed:
         raise RefreshError(
             f"repairing {len(paths)} partition(s) of {spec.name!r} failed; nothing was committed: "
