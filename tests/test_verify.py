@@ -570,12 +570,14 @@ def test_append_certificates_add_up_and_verify_names_the_late_row(pg_database: s
         insert_events(conn, range(100, 110), day=1, hour=23)
         conn.execute("INSERT INTO public.events VALUES (300, 'late', 1, 'x', %s)", (watermark,))
     summary = refresh_dataset(project, "events")
-    assert summary.refresh_mode == "append" and summary.appended_rows == 10
+    assert summary.refresh_mode == "append"
+    assert summary.appended_rows == 10
     after = catalog.latest()
     assert after is not None
     entry = after.partitions[day1]
     old = before.partitions[day1].certificate
-    assert entry.certificate is not None and old is not None
+    assert entry.certificate is not None
+    assert old is not None
     assert entry.certificate.rows == old.rows + 10
     report = verify_dataset(project, "events")
     assert verdicts(report) == {day1: "drifted"}
