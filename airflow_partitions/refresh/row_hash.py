@@ -17,6 +17,8 @@ reported as drift.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,23 +129,34 @@ def hash_connection() -> Any:
     return duckdb.connect()
 
 
+_per_thread = threading.local()
+
+
+def _thread_connection() -> Any:
+    """This thread's DuckDB connection for one-off tallies: a refresh certifies every partition it writes,
+    and opening a connection per partition would cost more than hashing a small one."""
+    # Keyed by process too: a connection inherited through fork() is not safe to use.
+    owner, connection = getattr(_per_thread, "connection", (None, None))
+    if connection is None or owner != os.getpid():
+        connection = hash_connection()
+        _per_thread.connection = (os.getpid(), connection)
+    return connection
+
+
 def tally_rows(table: pa.Table, schema: pa.Schema, connection: Any = None) -> RowTally:
     """The count and row hash of every row of `table` (conformed to `schema`)."""
     prepared = hash_ready(table, schema)
     if prepared.num_rows == 0:
         return RowTally()
-    own = connection is None
-    connection = connection or hash_connection()
+    connection = connection or _thread_connection()
     try:
         connection.register(_TABLE, prepared)
         ((rows, total),) = connection.execute(
             f"SELECT count(*)::BIGINT, coalesce(sum({_row_expression(prepared.schema)}), 0)::HUGEINT "
             f"FROM {_TABLE}"
         ).fetchall()
-        connection.unregister(_TABLE)
     finally:
-        if own:
-            connection.close()
+        connection.unregister(_TABLE)
     return RowTally(int(rows), int(total))
 
 
@@ -167,8 +180,7 @@ def tally_by_partition(
     prepared = hash_ready(table, schema)
     row_expression = _row_expression(prepared.schema)
     prepared = prepared.append_column(_GROUP_COLUMN, pa.array(groups, pa.int64()))
-    own = connection is None
-    connection = connection or hash_connection()
+    connection = connection or _thread_connection()
     try:
         connection.register(_TABLE, prepared)
         result = connection.execute(
@@ -176,10 +188,8 @@ def tally_by_partition(
             f"sum({row_expression})::HUGEINT FROM {_TABLE} "
             f"GROUP BY {quote_identifier(_GROUP_COLUMN)}"
         ).fetchall()
-        connection.unregister(_TABLE)
     finally:
-        if own:
-            connection.close()
+        connection.unregister(_TABLE)
     for group, rows, total in result:
         tally = out.setdefault(keys[int(group)], RowTally())
         tally.add(int(rows), int(total))
