@@ -586,3 +586,13 @@ def test_append_certificates_add_up_and_verify_names_the_late_row(pg_database: s
     assert check.certificate_matches is True, "the files hold exactly what the append certified"
     assert verify_dataset(project, "events", repair=True).ok
     assert verify_dataset(project, "events").ok
+
+
+def test_verify_refuses_a_changed_partition_by(tmp_path: Path) -> None:
+    from airflow_partitions.exceptions import RefreshError
+
+    spec, _ = build(tmp_path, "parquet")
+    spec.write_text(spec.read_text().replace("bucket(4, s)", "bucket(5, s)"), encoding="utf-8")
+    with pytest.raises(RefreshError, match="partition_by in the spec differs"):
+        verify_dataset(spec, DATASET)
+    assert cli_main(["verify", str(spec), DATASET]) == 2

@@ -197,6 +197,12 @@ def verify_dataset(
             progress(VerifyProgress(phase, done, total, rows, time.monotonic() - started))
 
     snapshot = catalog.latest()
+    if snapshot is not None and snapshot.partition_spec.spec_id != bound.acceleration.partition_spec_id:
+        raise RefreshError(
+            f"dataset {spec.name!r}: partition_by in the spec differs from the catalog's "
+            f"({snapshot.partition_spec.describe()}); partitions of the two cannot be compared. Run "
+            f"`airflow-partitions refresh SPEC {spec.name}` to re-partition first, or revert partition_by"
+        )
     entries: dict[str, PartitionEntry] = dict(snapshot.partitions.items()) if snapshot is not None else {}
     transforms = [f.transform for f in bound.acceleration.partition_by]
     names = bound.acceleration.partition_names
