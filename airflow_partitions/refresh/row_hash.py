@@ -2,12 +2,12 @@
 source and over an acceleration.
 
 Each row hashes to 64 bits: DuckDB's `hash()` of the row as one struct of its columns, in the dataset's
-column order, over the Arrow values conformed to the dataset's declared schema. A set of rows hashes to the
-sum of its rows' hashes modulo 2**64: the order of rows and files does not matter, a duplicated row is
-counted twice (a xor would cancel it), and the hash of a union is the sum of the parts' (an appended
-partition's certificate is the old one plus the new files'). Before hashing, floating-point columns are
-replaced by their IEEE bit patterns (so -0.0 and 0.0 differ, as the files store them; every NaN is one
-NaN) and dictionary columns by their values. NULL, '' and 'NULL' hash differently; a timestamp with an
+column order, over the values conformed to the dataset's declared schema (`row_expression`). A set of rows
+hashes to the sum of its rows' hashes modulo 2**64: the order of rows and files does not matter, a
+duplicated row is counted twice (a xor would cancel it), and the hash of a union is the sum of the parts'
+(an appended partition's certificate is the old one plus the new files'). A float column also hashes a
+flag that is true only for -0.0 (DuckDB hashes -0.0 as 0.0; the files keep the sign); every NaN is one
+NaN; dictionary columns hash as their values. NULL, '' and 'NULL' hash differently; a timestamp with an
 offset is the instant it stores.
 
 DuckDB's `hash()` is deterministic across connections and processes; `ALGORITHM` names it with DuckDB's
@@ -78,11 +78,10 @@ class RowTally:
 
 
 def hash_ready(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` as the hash reads it: exactly `schema`'s columns in its order and types, floats as their
-    bit patterns (one NaN), dictionaries decoded. A column the table lacks or cannot cast is a
-    `StorageError` naming it (the rows cannot equal rows of `schema`)."""
+    """`table` as the hash reads it: exactly `schema`'s columns in its order and types, dictionaries
+    decoded. A column the table lacks or cannot cast is a `StorageError` naming it (the rows cannot equal
+    rows of `schema`)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     columns: list[Any] = []
     fields: list[pa.Field] = []
@@ -100,26 +99,32 @@ def hash_ready(table: pa.Table, schema: pa.Schema) -> pa.Table:
                     f"column {target.name!r} is {column.type}, not {target.type}, and cannot be read as it: "
                     f"{err}"
                 ) from err
-        if pa.types.is_floating(column.type):
-            column = _float_bits(column, pc)
+        if pa.types.is_float16(column.type):
+            column = column.cast(pa.float32())  # DuckDB has no half float
         columns.append(column)
         fields.append(pa.field(target.name, column.type))
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
-def _float_bits(column: Any, pc: Any) -> Any:
+def row_expression(schema: pa.Schema, columns: Sequence[str] | None = None) -> str:
+    """The SQL of one row's hash over `schema`'s columns (`columns`: their SQL, default the quoted names).
+
+    DuckDB's `hash` of a float takes -0.0 for 0.0 (and every NaN as one NaN): a float column adds a
+    flag that is true only for -0.0, so the sign the files store is part of the row.
+    """
     import pyarrow as pa
 
-    if pa.types.is_float16(column.type):
-        column = column.cast(pa.float32())
-    width = pa.int64() if pa.types.is_float64(column.type) else pa.int32()
-    canonical = pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), column.type), column)
-    chunks = canonical.chunks if isinstance(canonical, pa.ChunkedArray) else [canonical]
-    return pa.chunked_array([chunk.view(width) for chunk in chunks], type=width)
+    parts: list[str] = []
+    for index, field in enumerate(schema):
+        column = columns[index] if columns is not None else quote_identifier(field.name)
+        parts.append(column)
+        if pa.types.is_floating(field.type):
+            parts.append(f"({column} = 0 AND signbit({column}))")
+    return "hash(row(" + ", ".join(parts) + "))"
 
 
 def _row_expression(schema: pa.Schema) -> str:
-    return "hash(row(" + ", ".join(quote_identifier(name) for name in schema.names) + "))"
+    return row_expression(schema)
 
 
 def hash_connection() -> Any:
@@ -234,3 +239,43 @@ def certificates_equal(recorded: RowCertificate | None, tally: RowTally) -> bool
 
 def tallies_json(tallies: Mapping[str, RowTally]) -> dict[str, dict[str, Any]]:
     return {path: {"rows": t.rows, "row_hash": t.row_hash} for path, t in sorted(tallies.items())}
+
+
+def tally_parquet_files(
+    paths: Sequence[str], schema: pa.Schema, connection: Any = None
+) -> dict[str, RowTally] | None:
+    """Count and row hash per Parquet file, all files in one DuckDB scan (columns cast to the types the
+    Arrow path hashes, a column a file lacks read as NULL); None when DuckDB cannot read them so (the
+    caller reads the files through their engine instead)."""
+    import duckdb
+
+    if not paths:
+        return {}
+    connection = connection or _thread_connection()
+    ready = hash_ready(schema.empty_table(), schema)
+    try:
+        connection.register(_TABLE, ready)
+        try:
+            described = connection.execute(f"DESCRIBE SELECT * FROM {_TABLE}").fetchall()
+        finally:
+            connection.unregister(_TABLE)
+        types = [str(row[1]) for row in described]
+        columns = [
+            f"CAST({quote_identifier(name)} AS {sql_type})"
+            for name, sql_type in zip(ready.schema.names, types, strict=True)
+        ]
+        listed = ", ".join("'" + path.replace("'", "''") + "'" for path in paths)
+        file_column = quote_identifier(_GROUP_COLUMN)
+        result = connection.execute(
+            f"SELECT {file_column}, count(*)::BIGINT, sum({row_expression(ready.schema, columns)})::HUGEINT "
+            f"FROM read_parquet([{listed}], filename='{_GROUP_COLUMN}', union_by_name=true) "
+            f"GROUP BY {file_column}"
+        ).fetchall()
+    except duckdb.Error:
+        return None
+    tallies = {path: RowTally() for path in paths}
+    for path, rows, total in result:
+        if str(path) not in tallies:
+            return None  # a file named otherwise than asked: do not guess which it is
+        tallies[str(path)].add(int(rows), int(total))
+    return tallies
