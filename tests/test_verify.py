@@ -596,3 +596,62 @@ def test_verify_refuses_a_changed_partition_by(tmp_path: Path) -> None:
     with pytest.raises(RefreshError, match="partition_by in the spec differs"):
         verify_dataset(spec, DATASET)
     assert cli_main(["verify", str(spec), DATASET]) == 2
+
+
+def test_writes_keep_certificates_that_match_their_files(tmp_path: Path) -> None:
+    """An append through the write API adds the new rows' certificate to the partition's; an upsert that
+    rewrites a partition certifies what it wrote; verify finds the files match them."""
+    import numpy as np
+
+    from airflow_partitions.write.commit import append, upsert
+
+    source = tmp_path / "src"
+    source.mkdir()
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(200, dtype=np.int64)),
+            "s": pa.array([None if i % 7 == 0 else ("" if i % 5 == 0 else f"v{i}") for i in range(200)]),
+            "x": pa.array([-0.0 if i % 3 == 0 else i / 4 for i in range(200)], pa.float64()),
+        }
+    )
+    pq.write_table(table, source / "rows.parquet")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        f"accelerator_dir: {tmp_path / 'acc'}\n"
+        "datasets:\n"
+        "  - name: w\n"
+        f"    from: file:{source}\n"
+        "    params: {file_format: parquet}\n"
+        "    acceleration:\n"
+        "      engine: parquet\n"
+        "      primary_key: [id]\n"
+        '      partition_by: [{b: "bucket(4, id)"}]\n',
+        encoding="utf-8",
+    )
+    refresh_dataset(spec, "w", strategy="arrow")
+    project = load_project(spec)
+    more = table.slice(0, 20).set_column(0, "id", pa.array(np.arange(1000, 1020, dtype=np.int64)))
+    append(project, project.dataset("w"), more)
+    pq.write_table(pa.concat_tables([table, more]), source / "rows.parquet")
+    check_certificates(spec, project, expect_all=True)
+    # An upsert rewrites files: a partition that lost rows from kept files has no certificate until its
+    # next refresh; one rewritten whole, or untouched, keeps a true one.
+    changed = table.slice(40, 10).set_column(1, "s", pa.array(["changed"] * 10))
+    upsert(project, project.dataset("w"), changed)
+    unchanged = table.filter(pc.invert(pc.is_in(table.column("id"), changed.column("id"))))
+    pq.write_table(pa.concat_tables([unchanged, changed, more]), source / "rows.parquet")
+    check_certificates(spec, project, expect_all=False)
+
+
+def check_certificates(spec: Path, project: Any, *, expect_all: bool) -> None:
+    snapshot = open_dataset_catalog(project, project.dataset("w")).latest()
+    assert snapshot is not None
+    with_rows = [e for e in snapshot.partitions.values() if e.files]
+    if expect_all:
+        assert all(e.certificate is not None for e in with_rows)
+    report = verify_dataset(spec, "w")
+    assert report.ok, [c.to_json() for c in report.differing]
+    by_path = {c.key_path: c for c in report.partitions}
+    for entry in with_rows:
+        expected = True if entry.certificate is not None else None
+        assert by_path[entry.key_path].certificate_matches is expected, entry.key_path
