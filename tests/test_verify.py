@@ -143,6 +143,22 @@ def test_tally_by_partition_routes_like_a_refresh() -> None:
     assert any(None in key.values for key in tallies)
 
 
+def test_partition_groups_name_the_keys_route_rows_finds() -> None:
+    """The group of each row is the partition `route_rows` puts it in (NULL keys included)."""
+    from airflow_partitions.write.routing import partition_groups, route_rows
+
+    table = pa.concat_tables(hostile_chunks(5))
+    transforms = [parse_transform(expr) for _, expr in COMPOSITE]
+    transforms = [t.bind(table.schema.field(t.source_column).type) for t in transforms]
+    groups, keys = partition_groups(table, transforms)
+    routed = route_rows(table, transforms)
+    assert sorted(map(repr, keys)) == sorted(map(repr, routed))
+    codes = groups.to_pylist()
+    for index, key in enumerate(keys):
+        ids = sorted(table.column("id").filter(pa.array([c == index for c in codes])).to_pylist())
+        assert ids == sorted(routed[key].column("id").to_pylist()), key
+
+
 # --- files source, every engine ---------------------------------------------------------------------
 
 

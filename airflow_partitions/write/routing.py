@@ -63,8 +63,11 @@ def partition_groups(table: pa.Table, transforms: Sequence[Transform]) -> tuple[
 
     values = partition_values(table, transforms)
     group = _group_codes(values)
-    # Codes are dense (0..groups-1): the first row of each group names its key.
-    _, first = np.unique(group.to_numpy(zero_copy_only=False), return_index=True)
+    # Codes are dense and numbered in order of first appearance (dictionary encoding), so the running
+    # maximum steps up by one at each group's first row: one linear pass finds them all.
+    codes = group.to_numpy(zero_copy_only=False)
+    running = np.maximum.accumulate(codes)
+    first = np.searchsorted(running, np.arange(int(running[-1]) + 1), side="left")
     first_rows = pa.array(first, pa.int64())
     key_values = [array.take(first_rows).to_pylist() for array in values]
     keys = [PartitionKey(tuple(column[position] for column in key_values)) for position in range(len(first))]
