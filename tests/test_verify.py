@@ -34,9 +34,9 @@ from airflow_partitions.refresh.commit import (
     partition_spec_info,
 )
 from airflow_partitions.refresh.pipeline import load_project
-from airflow_partitions.refresh.row_hash import RowTally, tally_by_partition, tally_rows
 from airflow_partitions.refresh.verify import last_verify, verify_dataset
 from airflow_partitions.transforms import parse_transform
+from airflow_partitions.write.row_hash import RowTally, tally_by_partition, tally_rows
 
 ENGINES = ["parquet", "duckdb", "duckdb_tables", "arrow"]
 
@@ -89,7 +89,7 @@ def test_row_hash_is_the_same_in_another_process() -> None:
     """The certificate recorded by one process is checked by another: the hash must not be seeded."""
     code = (
         "import pyarrow as pa, datetime as dt;"
-        "from airflow_partitions.refresh.row_hash import tally_rows;"
+        "from airflow_partitions.write.row_hash import tally_rows;"
         "u = dt.timezone.utc;"
         "t = pa.table({'s': ['a', None, ''], 'ts': pa.array([dt.datetime(2026, 1, 1, 5, tzinfo=u),"
         " None, dt.datetime(1970, 1, 1, tzinfo=u)], pa.timestamp('us', tz='UTC'))});"

@@ -99,7 +99,7 @@ class WrittenBy:
 class RowCertificate:
     """A partition's row count and order-independent row hash, recorded by the commit that wrote it.
 
-    `row_hash` is 16 hex digits: the sum modulo 2**64 of one 64-bit hash per row (`refresh/row_hash.py`
+    `row_hash` is 16 hex digits: the sum modulo 2**64 of one 64-bit hash per row (`write/row_hash.py`
     defines it), so the certificate of a union of rows is the sum of the parts' and a duplicate row
     counts twice. `algorithm` names the row hash; certificates of different algorithms do not compare.
     """

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema, written_entry
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
-from airflow_partitions.refresh.row_hash import certify_rows
 from airflow_partitions.refresh.stage import discovered_but_empty
+from airflow_partitions.write.row_hash import certify_rows
 
 if TYPE_CHECKING:
     from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan

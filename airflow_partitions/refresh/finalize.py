@@ -30,7 +30,6 @@ from airflow_partitions.refresh.plan import (
     StageMode,
     StageResult,
 )
-from airflow_partitions.refresh.row_hash import certify_rows
 from airflow_partitions.refresh.stage import (
     STAGE_MANIFEST as STAGE_MANIFEST_NAME,
 )
@@ -42,6 +41,7 @@ from airflow_partitions.refresh.stage import (
 )
 from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.sources.files import filter_to_key
+from airflow_partitions.write.row_hash import certify_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa

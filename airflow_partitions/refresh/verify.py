@@ -1,6 +1,6 @@
 """`verify`: prove a dataset's acceleration still equals its source, partition by partition, and repair it.
 
-Per partition, the row count and row hash (`refresh/row_hash.py`) are computed on the source side (the
+Per partition, the row count and row hash (`write/row_hash.py`) are computed on the source side (the
 source connector's typed Arrow rows, one partition's predicate pushed down where the source can prune,
 keys computed by the dataset's transforms) and on the acceleration side (the partition's files read back,
 grouped by the catalog entry that holds them, so a row filed under the wrong partition is seen), and the
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import format_time, parse_time
 from airflow_partitions.exceptions import RefreshError, StorageError
-from airflow_partitions.refresh.row_hash import (
+from airflow_partitions.write.row_hash import (
     RowTally,
     certificates_equal,
     hash_connection,

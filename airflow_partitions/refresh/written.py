@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import RowCertificate
 from airflow_partitions.exceptions import ConservationError, RefreshError
-from airflow_partitions.refresh.row_hash import certify_rows
+from airflow_partitions.write.row_hash import certify_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -315,7 +315,7 @@ def _written_certificate(change: PartitionChange) -> RowCertificate | None:
     partition keeps all its files, as an append does, or none); None when kept files lost rows."""
     import pyarrow as pa
 
-    from airflow_partitions.refresh.row_hash import certify_rows
+    from airflow_partitions.write.row_hash import certify_rows
 
     parts = [t for t in change.rewritten if t.num_rows]
     if change.added is not None and change.added.num_rows:
