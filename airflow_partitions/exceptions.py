@@ -221,6 +221,10 @@ def _rebuild_conservation_error(
     return ConservationError(dataset, partitions, expected=expected, actual=actual, hint=hint)
 
 
+class VerifyDriftError(RefreshError):
+    """`verify` found partitions whose acceleration differs from the source (drifted, missing or extra)."""
+
+
 class ObjectStoreError(CatalogError, SnapshotError, SourceError):
     """An object store call (read, write, list, delete) failed; raised for catalogs, snapshots and sources."""
 

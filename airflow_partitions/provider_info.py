@@ -94,6 +94,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_partitions.operators.commit",
                     "airflow_partitions.operators.vacuum",
                     "airflow_partitions.operators.write",
+                    "airflow_partitions.operators.verify",
                 ],
             }
         ],

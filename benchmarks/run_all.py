@@ -36,6 +36,7 @@ BENCHMARKS = (
     "bench_writes",
     "bench_scale",
     "bench_limits",
+    "bench_verify",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

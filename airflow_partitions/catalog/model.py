@@ -96,6 +96,36 @@ class WrittenBy:
 
 
 @dataclass(frozen=True, slots=True)
+class RowCertificate:
+    """A partition's row count and order-independent row hash, recorded by the commit that wrote it.
+
+    `row_hash` is 16 hex digits: the sum modulo 2**64 of one 64-bit hash per row (`write/row_hash.py`
+    defines it), so the certificate of a union of rows is the sum of the parts' and a duplicate row
+    counts twice. `algorithm` names the row hash; certificates of different algorithms do not compare.
+    """
+
+    rows: int
+    row_hash: str
+    algorithm: str
+
+    def plus(self, other: RowCertificate | None) -> RowCertificate | None:
+        """The certificate of both row sets together (None when `other` is None or hashed otherwise)."""
+        if other is None or other.algorithm != self.algorithm:
+            return None
+        total = (int(self.row_hash, 16) + int(other.row_hash, 16)) % (1 << 64)
+        return RowCertificate(self.rows + other.rows, f"{total:016x}", self.algorithm)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": self.rows, "row_hash": self.row_hash, "algorithm": self.algorithm}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> RowCertificate | None:
+        if not data:
+            return None
+        return cls(rows=int(data["rows"]), row_hash=str(data["row_hash"]), algorithm=str(data["algorithm"]))
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionEntry:
     """One partition in one catalog version: its key, files and provenance."""
 
@@ -109,6 +139,9 @@ class PartitionEntry:
     refreshed_at: dt.datetime
     # Which task instance wrote it, when an Airflow task did (None: the CLI, a bootstrap, older versions).
     written_by: WrittenBy | None = None
+    # The rows' count and hash as the writing commit computed them from its files (None: written by a
+    # path that does not certify, or by an older release). `verify` compares the files with it.
+    certificate: RowCertificate | None = None
 
     @classmethod
     def from_files(
@@ -149,6 +182,7 @@ class PartitionEntry:
             "source_fingerprint": self.source_fingerprint,
             "refreshed_at": format_time(self.refreshed_at),
             **({"written_by": self.written_by.to_json()} if self.written_by is not None else {}),
+            **({"certificate": self.certificate.to_json()} if self.certificate is not None else {}),
         }
 
     @classmethod
@@ -164,6 +198,7 @@ class PartitionEntry:
                 source_fingerprint=data.get("source_fingerprint"),
                 refreshed_at=parse_time(data["refreshed_at"]),
                 written_by=WrittenBy.from_json(data.get("written_by")),
+                certificate=RowCertificate.from_json(data.get("certificate")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CatalogError(f"malformed partition entry: {err}") from err

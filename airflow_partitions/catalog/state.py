@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.catalog.model import (
     PartitionEntry,
     PartitionSpecInfo,
+    RowCertificate,
     WrittenBy,
     format_time,
     parse_time,
@@ -181,6 +182,8 @@ def state_schema() -> pa.Schema:
             # JSON of `WrittenBy`; null when no Airflow task wrote the partition. Checkpoints written
             # before the column existed get it as nulls when read.
             pa.field("written_by", pa.string()),
+            # JSON of `RowCertificate`; null when the writing commit recorded none.
+            pa.field("certificate", pa.string()),
         ]
     )
 
@@ -201,6 +204,7 @@ def entries_to_table(entries: Sequence[Mapping[str, Any]]) -> pa.Table:
         pa.array([e.get("source_fingerprint") for e in entries], pa.string()),
         pa.array([dumps(e["files"]) for e in entries], pa.string()),
         pa.array([dumps(e["written_by"]) if e.get("written_by") else None for e in entries], pa.string()),
+        pa.array([dumps(e["certificate"]) if e.get("certificate") else None for e in entries], pa.string()),
     ]
     return pa.Table.from_arrays(columns, schema=schema)
 
@@ -399,6 +403,10 @@ class PartitionMap(Mapping[str, PartitionEntry]):
         writers = [
             WrittenBy.from_json(json.loads(w)) if w else None for w in table.column("written_by").to_pylist()
         ]
+        certificates = [
+            RowCertificate.from_json(json.loads(c)) if c else None
+            for c in table.column("certificate").to_pylist()
+        ]
         return [
             PartitionEntry(
                 key=_key_from_json(key),
@@ -410,8 +418,20 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 source_fingerprint=fingerprint,
                 refreshed_at=_EPOCH + dt.timedelta(microseconds=micros),
                 written_by=writer,
+                certificate=certificate,
             )
-            for key_path, key, spec_id, file_list, rows_count, size, fingerprint, micros, writer in zip(
+            for (
+                key_path,
+                key,
+                spec_id,
+                file_list,
+                rows_count,
+                size,
+                fingerprint,
+                micros,
+                writer,
+                certificate,
+            ) in zip(
                 key_paths,
                 keys,
                 table.column("spec_id").to_pylist(),
@@ -421,6 +441,7 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 table.column("source_fingerprint").to_pylist(),
                 refreshed,
                 writers,
+                certificates,
                 strict=True,
             )
         ]

@@ -99,6 +99,8 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
         recent_versions=[info.to_json() for info in history[-RECENT_VERSIONS:]],
         # Row counts the newest refresh commit checked (None when it recorded none, e.g. a bootstrap).
         conservation=_last_conservation(history),
+        # The last `verify` of the dataset (None: never verified).
+        last_verify=_last_verify(catalog),
     )
     if not report["spec_matches_catalog"]:
         report["partition_by_changed"] = respec_status(
@@ -109,7 +111,17 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
         marks = _watermarks(snapshot, acceleration.refresh.watermark_column) if snapshot is not None else {}
         for partition in report["partitions"]:
             partition["watermark"] = _watermark_text(marks.get(partition["key_path"]))
+            # The rows' count and hash its commit certified (`verify` checks the files against it).
+            entry = snapshot.partitions.get(partition["key_path"])
+            certificate = entry.certificate if entry is not None else None
+            partition["certificate"] = certificate.to_json() if certificate is not None else None
     return report
+
+
+def _last_verify(catalog: Any) -> dict[str, Any] | None:
+    from airflow_partitions.refresh.verify import last_verify
+
+    return last_verify(catalog)
 
 
 def partition_report(
@@ -178,6 +190,13 @@ def render_status(report: dict[str, Any]) -> str:
         from airflow_partitions.cli.refresh import describe_conservation
 
         lines.append(f"  last commit   {describe_conservation(counts)} (version {counts['version']})")
+    verified = report.get("last_verify")
+    if verified is not None:
+        differing = f"; differing {', '.join(verified['differing'][:5])}" if verified["differing"] else ""
+        lines.append(
+            f"  last verify   {verified['result']} at {verified['verified_at']} "
+            f"(version {verified['version']}){differing}"
+        )
     if "partition_by_changed" in report:
         lines.append(f"  WARNING: {report['partition_by_changed']['message']}")
     lines.append("  recent versions:")
@@ -223,7 +242,7 @@ def render_partitions(report: dict[str, Any]) -> list[str]:
     lines = [f"  partitions:   {counts or 'none'}"]
     if report.get("discovery_error"):
         lines.append(f"  WARNING: the source could not be surveyed: {report['discovery_error']}")
-    rows = [["state", "key", "rows", "bytes", "files", "refreshed_at", "written_by / error"]]
+    rows = [["state", "key", "rows", "bytes", "files", "refreshed_at", "row_hash", "written_by / error"]]
     for p in report["partitions"]:
         writer = p["written_by"]
         note = f"{writer['dag_id']} {writer['run_id']}" if writer else ""
@@ -237,6 +256,7 @@ def render_partitions(report: dict[str, Any]) -> list[str]:
                 format_bytes(p["bytes"]) if p["bytes"] is not None else "-",
                 str(p["files"]) if p["files"] is not None else "-",
                 p["refreshed_at"] or "-",
+                p["certificate"]["row_hash"] if p.get("certificate") else "-",
                 note,
             ]
         )

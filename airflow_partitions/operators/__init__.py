@@ -1,5 +1,5 @@
 """Airflow operators of a partitioned refresh: discover, stage, refresh, snapshot, commit, vacuum, compact;
-writes."""
+writes; verify."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from airflow_partitions.operators.snapshots import (
     SnapshotVacuumOperator,
 )
 from airflow_partitions.operators.vacuum import VacuumOperator
+from airflow_partitions.operators.verify import VerifyOperator
 from airflow_partitions.operators.write import PartitionedDatasetWriteOperator
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "SparkPartitionRefreshOperator",
     "SparkStageOperator",
     "VacuumOperator",
+    "VerifyOperator",
 ]

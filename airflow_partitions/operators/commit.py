@@ -71,13 +71,14 @@ class PartitionCommitOperator(DatasetOperator):
             raise AirflowSkipException(f"{self.dataset}: nothing changed in the source; no commit needed")
         results = partition_results_from_xcom(self.results)
         stage = stage_from_xcom(self.stage)
+        catalog = self.open_catalog()
         commit = commit_refresh(
             self.project,
             self.dataset_spec,
             plan,
             results,
             stage=stage,
-            catalog=self.open_catalog(),
+            catalog=catalog,
             s3_settings=self.data_s3_settings,
         )
         self.log.info(
@@ -92,7 +93,8 @@ class PartitionCommitOperator(DatasetOperator):
         if commit.conservation is not None:
             # The counts the commit checked (also in the commit record and in the returned XCom).
             self.log.info("Row conservation of %s: %s", self.dataset, dict(commit.conservation))
-        self.emit_asset_events(context, [r.entry.key for r in results], commit.to_json())
+        certificates = committed_certificates(catalog, commit.version, [r.entry.key_path for r in results])
+        self.emit_asset_events(context, [r.entry.key for r in results], commit.to_json(), certificates)
         if plan.cdc is not None:
             self.emit_cdc_lag()
         return commit.to_json()
@@ -115,9 +117,16 @@ class PartitionCommitOperator(DatasetOperator):
             record_cdc_lag(self.dataset, info.lag_bytes)
 
     def emit_asset_events(
-        self, context: Context, keys: Sequence[PartitionKey], commit: Mapping[str, Any]
+        self,
+        context: Context,
+        keys: Sequence[PartitionKey],
+        commit: Mapping[str, Any],
+        certificates: Mapping[str, Any] | None = None,
     ) -> None:
-        """One event per refreshed partition on each outlet asset (a removal-only commit: one plain event)."""
+        """One event per refreshed partition on each outlet asset (a removal-only commit: one plain event).
+
+        The extra carries each partition's certificate by Airflow partition key (`certificates`), so a
+        downstream DAG can check that what it reads is what the commit certified."""
         assets = [outlet for outlet in self.outlets if isinstance(outlet, Asset)]
         if not assets:
             return
@@ -129,8 +138,24 @@ class PartitionCommitOperator(DatasetOperator):
             "partitions_removed": commit.get("removed", 0),
             "spec": os.path.abspath(self.spec_path),
         }
+        if certificates:
+            extra["certificates"] = dict(certificates)
         for asset in assets:
             accessor = context["outlet_events"][asset]
             accessor.extra = dict(extra)
             if partition_keys:
                 accessor.add_partitions(partition_keys)
+
+
+def committed_certificates(catalog: Any, version: int | None, key_paths: Sequence[str]) -> dict[str, Any]:
+    """Airflow partition key -> the certificate JSON the committed version records for it (certified
+    partitions only; an appended partition's is its old rows' plus the new ones')."""
+    if version is None:
+        return {}
+    partitions = catalog.snapshot(version).partitions
+    out: dict[str, Any] = {}
+    for key_path in key_paths:
+        entry = partitions.get(key_path)
+        if entry is not None and entry.certificate is not None:
+            out[asset_partition_key(entry.key)] = entry.certificate.to_json()
+    return out

@@ -164,6 +164,12 @@ function render() {
     const badge = el("span", {class: "badge state-" + state, "data-state-count": state}, count + " " + state);
     summary.appendChild(badge);
   }
+  const verified = report.last_verify;
+  if (verified) {
+    summary.appendChild(el("span", {class: "badge", "data-last-verify": verified.result},
+      "verified " + verified.result + " at " + formatTime(verified.verified_at)
+      + " (version " + verified.version + ")"));
+  }
   $("warning").textContent = report.discovery_error ? "Source not surveyed: " + report.discovery_error : "";
   for (const partition of report.partitions || []) {
     if (!matchesFilter(partition)) continue;

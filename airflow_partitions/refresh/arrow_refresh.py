@@ -26,6 +26,7 @@ from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema, written_entry
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
 from airflow_partitions.refresh.stage import discovered_but_empty
+from airflow_partitions.write.row_hash import certify_rows
 
 if TYPE_CHECKING:
     from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan
@@ -139,7 +140,7 @@ def arrow_refresh(
         files = engine.write(rows, data_root, item.key_path) if rows.num_rows else []
         written.extend(files)
         check_written_rows(dataset.name, item.key_path, engine, data_root, files, rows.num_rows)
-        entry = written_entry(item, dataset.acceleration.partition_spec_id, files)
+        entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certify_rows(rows))
         return PartitionResult(entry, elapsed_s=time.monotonic() - mark, routed=rows.num_rows)
 
     results: list[PartitionResult] = []

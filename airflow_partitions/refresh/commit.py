@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -159,6 +160,9 @@ def commit_refresh(
             # The committed files stay; the new ones join them in the same atomic commit.
             before = base[key_path]
             entry = result.entry.with_files([*before.files, *published])
+            # The certificate of old rows plus new ones is the sum of both (None if either has none).
+            added = result.entry.certificate
+            entry = replace(entry, certificate=added.plus(before.certificate) if added is not None else None)
             check_appended_rows(dataset.name, key_path, before.rows, result.rows, entry.rows)
             appended_rows += result.rows
             entries.append(entry)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.catalog.model import PartitionEntry
+from airflow_partitions.catalog.model import PartitionEntry, RowCertificate
 from airflow_partitions.exceptions import ConservationError, RefreshError, StorageError
 from airflow_partitions.refresh.leftovers import mark_stage_in_use
 from airflow_partitions.refresh.modes import rows_since
@@ -41,6 +41,7 @@ from airflow_partitions.refresh.stage import (
 )
 from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.sources.files import filter_to_key
+from airflow_partitions.write.row_hash import certify_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -106,8 +107,14 @@ def verify_partition(
         )
 
 
-def written_entry(item: PartitionWorkItem, spec_id: str, files: Sequence[DataFile]) -> PartitionEntry:
-    """The catalog entry of a planned partition refreshed into `files` (rows and bytes from the files)."""
+def written_entry(
+    item: PartitionWorkItem,
+    spec_id: str,
+    files: Sequence[DataFile],
+    certificate: RowCertificate | None = None,
+) -> PartitionEntry:
+    """The catalog entry of a planned partition refreshed into `files` (rows and bytes from the files),
+    with the certificate of the rows written (`row_hash.certify_rows`)."""
     return PartitionEntry(
         key=item.partition_key,
         key_path=item.key_path,
@@ -117,6 +124,7 @@ def written_entry(item: PartitionWorkItem, spec_id: str, files: Sequence[DataFil
         bytes=sum(f.bytes for f in files),
         source_fingerprint=item.fingerprint,
         refreshed_at=dt.datetime.now(dt.UTC),
+        certificate=certificate,
     )
 
 
@@ -269,7 +277,8 @@ def finalize_written(
                     f"{'missing' if size < 0 else f'{size} bytes, not {file.bytes}'} since the stage wrote "
                     "it (deleted by a vacuum with a short grace, or changed); run the refresh again"
                 )
-    entry = written_entry(item, spec_id, files)
+    # The executors certified the rows they wrote (this step reads no partition data).
+    entry = written_entry(item, spec_id, files, RowCertificate.from_json(staged.get("certificate")))
     changed = staged.get("changed")
     return PartitionResult(
         entry,
@@ -328,7 +337,7 @@ def rewrite_failed_item(
             f"and neither could this retry: {err}. Fix the cause and clear this task again"
         ) from err
     check_written_rows(dataset.name, item.key_path, engine, root, files, routed)
-    entry = written_entry(item, dataset.acceleration.partition_spec_id, files)
+    entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certify_rows(table))
     return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed, appended=item.append)
 
 
@@ -425,7 +434,7 @@ def _finalize(
         from airflow_partitions.refresh import remote
 
         remote.upload_partition_files(remote.data_store(project, dataset, s3_settings), root, files)
-    entry = written_entry(item, spec_id, files)
+    entry = written_entry(item, spec_id, files, certify_rows(table))
     return PartitionResult(
         entry,
         elapsed_s=time.monotonic() - started,

@@ -737,6 +737,8 @@ def written_entries(plan: RefreshPlan, written: Mapping[int, WrittenItem]) -> di
             entry["error"] = found.error
         if found is not None and found.changed is not None:
             entry["changed"] = found.changed
+        if found is not None and found.certificate is not None:
+            entry["certificate"] = found.certificate.to_json()
         entries[item.key_path] = entry
     return entries
 

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog.model import RowCertificate
 from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.write.row_hash import certify_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -39,7 +41,9 @@ if TYPE_CHECKING:
 ITEM_COLUMN = "__ap_item"
 # What each executor task returns per item it wrote (the DataFiles as one JSON list; `changed`: for a
 # changes refresh, how many of the written rows are changed rows merged in).
-RESULT_SCHEMA_DDL = "item INT, routed BIGINT, written BIGINT, files STRING, error STRING, changed BIGINT"
+RESULT_SCHEMA_DDL = (
+    "item INT, routed BIGINT, written BIGINT, files STRING, error STRING, changed BIGINT, certificate STRING"
+)
 
 
 def result_schema() -> pa.Schema:
@@ -53,6 +57,7 @@ def result_schema() -> pa.Schema:
             ("files", pa.string()),
             ("error", pa.string()),
             ("changed", pa.int64()),
+            ("certificate", pa.string()),  # JSON of the written rows' `RowCertificate`
         ]
     )
 
@@ -143,6 +148,7 @@ def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table)
     files: list[DataFile] = []
     written = 0
     error: str | None = None
+    certificate: RowCertificate | None = None
     try:
         table = conform_to_schema(rows, schema)
         since = job.sinces[index] if job.sinces else None
@@ -153,9 +159,10 @@ def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table)
         files, written = _write_final_files(
             job.storage, table, key_path, job.data_root, job.upload_url, job.s3_settings
         )
+        certificate = certify_rows(table)
     except Exception as err:
         error = f"{type(err).__name__}: {err}"[:2000]
-    return _result_row(index, rows.num_rows, written, files, error)
+    return _result_row(index, rows.num_rows, written, files, error, certificate=certificate)
 
 
 def _result_row(
@@ -165,6 +172,8 @@ def _result_row(
     files: Sequence[DataFile],
     error: str | None,
     changed: int | None = None,
+    *,
+    certificate: RowCertificate | None = None,
 ) -> dict[str, Any]:
     """One executor's metadata row for an item (`result_schema`)."""
     return {
@@ -174,6 +183,7 @@ def _result_row(
         "files": json.dumps([f.to_json() for f in files], separators=(",", ":")),
         "error": error,
         "changed": changed,
+        "certificate": json.dumps(certificate.to_json()) if certificate is not None else None,
     }
 
 
@@ -259,6 +269,7 @@ def merge_item(job: ItemMergeJob, schema: pa.Schema, changed: pa.Table, index: i
     routed = written = 0
     added: int | None = None
     error: str | None = None
+    certificate: RowCertificate | None = None
     # Under an s3:// accelerator_dir the committed files are fetched into private scratch first.
     scratch = _scratch() if job.data_root is None else None
     try:
@@ -285,12 +296,13 @@ def merge_item(job: ItemMergeJob, schema: pa.Schema, changed: pa.Table, index: i
             files, written = _write_final_files(
                 job.storage, table, item.key_path, job.data_root, job.upload_url, job.s3_settings
             )
+        certificate = certify_rows(table)
     except Exception as err:
         error = f"{type(err).__name__}: {err}"[:2000]
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    return _result_row(index, routed, written, files, error, added)
+    return _result_row(index, routed, written, files, error, added, certificate=certificate)
 
 
 def check_merged_changes(
@@ -343,6 +355,7 @@ class WrittenItem:
     files: tuple[DataFile, ...]
     error: str | None = None  # why the executor could not write the partition (it then fails alone)
     changed: int | None = None  # a changes refresh: changed rows merged into the partition
+    certificate: RowCertificate | None = None  # of the rows written (None if a task could not tell)
 
 
 def merge_item_rows(rows: Sequence[Mapping[str, Any]]) -> dict[int, WrittenItem]:
@@ -356,8 +369,13 @@ def merge_item_rows(rows: Sequence[Mapping[str, Any]]) -> dict[int, WrittenItem]
         known = merged.get(index)
         error = row.get("error")
         changed = row.get("changed")
+        certificate = (
+            RowCertificate.from_json(json.loads(row["certificate"])) if row.get("certificate") else None
+        )
         if known is None:
-            merged[index] = WrittenItem(int(row["routed"]), int(row["written"]), files, error, changed)
+            merged[index] = WrittenItem(
+                int(row["routed"]), int(row["written"]), files, error, changed, certificate
+            )
         else:
             merged[index] = WrittenItem(
                 known.routed + int(row["routed"]),
@@ -365,6 +383,8 @@ def merge_item_rows(rows: Sequence[Mapping[str, Any]]) -> dict[int, WrittenItem]
                 known.files + files,
                 known.error or error,
                 None if known.changed is None and changed is None else (known.changed or 0) + (changed or 0),
+                # An item split over several tasks: the row hash of the union is the sum of the parts'.
+                known.certificate.plus(certificate) if known.certificate is not None else None,
             )
     return merged
 

@@ -33,7 +33,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.catalog.model import PartitionEntry
+from airflow_partitions.catalog.model import PartitionEntry, RowCertificate
 from airflow_partitions.exceptions import CommitConflictError, ConservationError, FilterError, WriteError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.write.merge import (
@@ -311,6 +311,27 @@ def _write_change(target: WriteTarget, change: PartitionChange) -> tuple[list[Da
     return files, counted
 
 
+def _written_certificate(change: PartitionChange) -> RowCertificate | None:
+    """The partition's certificate after the write: the new rows' plus the kept files' (known when the
+    partition keeps all its files, as an append does, or none); None when kept files lost rows."""
+    import pyarrow as pa
+
+    from airflow_partitions.write.row_hash import certify_rows
+
+    parts = [t for t in change.rewritten if t.num_rows]
+    if change.added is not None and change.added.num_rows:
+        parts.append(change.added)
+    new = certify_rows(pa.concat_tables(parts) if len(parts) > 1 else parts[0]) if parts else None
+    if not change.kept:
+        return new
+    before = change.before
+    if before is None or before.certificate is None:
+        return None
+    if sorted(f.path for f in change.kept) != sorted(f.path for f in before.files):
+        return None
+    return before.certificate.plus(new) if new is not None else before.certificate
+
+
 def commit_changes(
     target: WriteTarget,
     operation: WriteOperation,
@@ -387,6 +408,7 @@ def commit_changes(
                 bytes=sum(f.bytes for f in all_files),
                 source_fingerprint=fingerprint if keep_fingerprints else None,
                 refreshed_at=now,
+                certificate=_written_certificate(change),
             )
         )
     conservation = {

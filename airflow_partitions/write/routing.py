@@ -36,6 +36,44 @@ def partition_values(table: pa.Table, transforms: Sequence[Transform]) -> list[p
     return arrays
 
 
+def _group_codes(values: Sequence[pa.Array]) -> Any:
+    """One integer group per row: each field's values dictionary-encoded (NULL a value of its own) and
+    combined with the groups so far, re-encoded at each step so codes stay below the row count."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    group: Any = None
+    for array in values:
+        encoded = pc.dictionary_encode(array, null_encoding="encode")
+        codes = encoded.indices.cast(pa.int64())
+        if group is not None:
+            codes = pc.add(pc.multiply(group, len(encoded.dictionary)), codes)
+        group = pc.dictionary_encode(codes).indices.cast(pa.int64())
+    return group
+
+
+def partition_groups(table: pa.Table, transforms: Sequence[Transform]) -> tuple[pa.Array, list[PartitionKey]]:
+    """Per row of `table`, the index of its partition in the returned key list (keys as `route_rows`
+    computes them, without moving any row)."""
+    import pyarrow as pa
+
+    if not transforms:
+        return pa.array([0] * table.num_rows, pa.int64()), [PartitionKey(())]
+    import numpy as np
+
+    values = partition_values(table, transforms)
+    group = _group_codes(values)
+    # Codes are dense and numbered in order of first appearance (dictionary encoding), so the running
+    # maximum steps up by one at each group's first row: one linear pass finds them all.
+    codes = group.to_numpy(zero_copy_only=False)
+    running = np.maximum.accumulate(codes)
+    first = np.searchsorted(running, np.arange(int(running[-1]) + 1), side="left")
+    first_rows = pa.array(first, pa.int64())
+    key_values = [array.take(first_rows).to_pylist() for array in values]
+    keys = [PartitionKey(tuple(column[position] for column in key_values)) for position in range(len(first))]
+    return group, keys
+
+
 def route_rows(
     table: pa.Table, transforms: Sequence[Transform], *, dataset: str = "dataset"
 ) -> dict[PartitionKey, pa.Table]:
@@ -55,16 +93,8 @@ def route_rows(
     if not transforms:
         return {PartitionKey(()): table}
     values = partition_values(table, transforms)
-    # One integer group per row: each field's values dictionary-encoded (NULL a value of its own) and
-    # combined with the groups so far, re-encoded at each step so codes stay below the row count. Then one
-    # stable sort by group and one `take`: each partition is a slice of the sorted rows, in input order.
-    group: Any = None
-    for array in values:
-        encoded = pc.dictionary_encode(array, null_encoding="encode")
-        codes = encoded.indices.cast(pa.int64())
-        if group is not None:
-            codes = pc.add(pc.multiply(group, len(encoded.dictionary)), codes)
-        group = pc.dictionary_encode(codes).indices.cast(pa.int64())
+    group = _group_codes(values)
+    # One stable sort by group and one `take`: each partition is a slice of the sorted rows, in input order.
     order = pc.sort_indices(group)
     counts = np.bincount(group.to_numpy(zero_copy_only=False)).tolist()
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)

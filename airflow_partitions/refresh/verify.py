@@ -1,0 +1,510 @@
+"""`verify`: prove a dataset's acceleration still equals its source, partition by partition, and repair it.
+
+Per partition, the row count and row hash (`write/row_hash.py`) are computed on the source side (the
+source connector's typed Arrow rows, one partition's predicate pushed down where the source can prune,
+keys computed by the dataset's transforms) and on the acceleration side (the partition's files read back,
+grouped by the catalog entry that holds them, so a row filed under the wrong partition is seen), and the
+files are checked against the certificate their commit recorded. Each partition is `equal`, `drifted`,
+`missing` (rows in the source, none in the acceleration) or `extra` (rows in the acceleration, none in the
+source). `repair` refreshes exactly the partitions that are not equal, in one commit, and verifies again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.catalog.model import format_time, parse_time
+from airflow_partitions.exceptions import RefreshError, StorageError
+from airflow_partitions.write.row_hash import (
+    RowTally,
+    certificates_equal,
+    hash_connection,
+    tally_by_partition,
+    tally_parquet_files,
+    tally_rows,
+)
+
+if TYPE_CHECKING:
+    from airflow_partitions.catalog import Catalog, PartitionEntry
+    from airflow_partitions.sources import Source
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+
+# The last verify result of a dataset, kept beside its catalog (status and the UI show it).
+LAST_VERIFY_NAME = "last_verify.json"
+
+
+class Verdict(enum.StrEnum):
+    EQUAL = "equal"
+    DRIFTED = "drifted"
+    MISSING = "missing"  # rows in the source, no partition (or an empty one) in the acceleration
+    EXTRA = "extra"  # a partition with rows in the acceleration, none in the source
+
+
+@dataclass(frozen=True)
+class PartitionCheck:
+    """One partition's verdict, with both sides' counts and hashes and the certificate's."""
+
+    key_path: str
+    verdict: Verdict
+    source_rows: int
+    source_hash: str | None
+    acceleration_rows: int
+    acceleration_hash: str | None
+    # True / False: the files match / differ from the certificate their commit recorded; None: none.
+    certificate_matches: bool | None = None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key_path": self.key_path,
+            "verdict": str(self.verdict),
+            "source_rows": self.source_rows,
+            "source_hash": self.source_hash,
+            "acceleration_rows": self.acceleration_rows,
+            "acceleration_hash": self.acceleration_hash,
+            "certificate_matches": self.certificate_matches,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class VerifyProgress:
+    """One progress tick: phase ("source" | "acceleration" | "compare" | "repair" | "done")."""
+
+    phase: str
+    done: int
+    total: int
+    rows: int
+    elapsed_s: float
+
+
+ProgressCallback = Callable[[VerifyProgress], None]
+
+
+@dataclass
+class VerifyReport:
+    """What `verify_dataset` found, JSON-ready for `--json`, XCom and the last-verify record."""
+
+    dataset: str
+    version: int | None
+    partitions: list[PartitionCheck]
+    verified_at: dt.datetime
+    elapsed_s: float
+    selection: str | None = None
+    # After `repair`: the refresh's new version and the report of the verify that followed it.
+    repaired_version: int | None = None
+    repaired: list[str] = field(default_factory=list)
+    after_repair: VerifyReport | None = None
+
+    def counts(self) -> dict[str, int]:
+        out = {str(v): 0 for v in Verdict}
+        for check in self.partitions:
+            out[str(check.verdict)] += 1
+        return out
+
+    @property
+    def differing(self) -> list[PartitionCheck]:
+        return [c for c in self.partitions if c.verdict is not Verdict.EQUAL]
+
+    @property
+    def ok(self) -> bool:
+        """Equal everywhere (after a repair: the verify that followed it)."""
+        if self.after_repair is not None:
+            return self.after_repair.ok
+        return not self.differing
+
+    @property
+    def result(self) -> str:
+        if self.after_repair is not None:
+            return "repaired" if self.after_repair.ok else "drifted"
+        return "equal" if not self.differing else "drifted"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "version": self.version,
+            "verified_at": format_time(self.verified_at),
+            "result": self.result,
+            "ok": self.ok,
+            "selection": self.selection,
+            "counts": self.counts(),
+            "source_rows": sum(c.source_rows for c in self.partitions),
+            "acceleration_rows": sum(c.acceleration_rows for c in self.partitions),
+            "elapsed_s": round(self.elapsed_s, 3),
+            "partitions": [c.to_json() for c in self.partitions],
+            "repaired": list(self.repaired),
+            "repaired_version": self.repaired_version,
+            "after_repair": self.after_repair.to_json() if self.after_repair is not None else None,
+        }
+
+    def summary_json(self) -> dict[str, Any]:
+        """The small record kept as the dataset's last verify (no per-partition rows but the differing)."""
+        final = self.after_repair or self
+        return {
+            "dataset": self.dataset,
+            "version": final.version,
+            "verified_at": format_time(final.verified_at),
+            "result": self.result,
+            "counts": final.counts(),
+            "differing": [c.key_path for c in final.differing][:50],
+            "repaired": list(self.repaired),
+        }
+
+
+def verify_dataset(
+    project: ProjectSpec | str | os.PathLike[str],
+    dataset: DatasetSpec | str,
+    *,
+    partitions: Sequence[str] | None = None,
+    where: str | None = None,
+    repair: bool = False,
+    progress: ProgressCallback | None = None,
+    source: Source | None = None,
+    catalog: Catalog | None = None,
+    record: bool = True,
+    strategy: str = "auto",
+) -> VerifyReport:
+    """Compare the dataset's latest catalog version with its source, partition by partition.
+
+    `partitions` (key strings as `refresh --partitions` takes them) or `where` (SQL over partition values
+    or source columns, as `refresh --where`) narrow the check; the source is then read one partition at a
+    time where it can prune (Hive files, Postgres with monotonic transforms). `repair` refreshes every
+    partition that is not equal in one commit and verifies them again (`after_repair`). The result is
+    recorded next to the catalog (`record`) for `status` and the Partitions page. `strategy` is the
+    repair refresh's (`refresh_dataset`).
+    """
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.refresh.pipeline import bind_dataset, load_project, resolve_dataset
+    from airflow_partitions.sources import open_dataset_source
+
+    started = time.monotonic()
+    project = load_project(project)
+    spec = resolve_dataset(project, dataset)
+    source = source or open_dataset_source(spec)
+    bound = bind_dataset(spec, source)
+    catalog = catalog or open_dataset_catalog(project, spec)
+    schema = source.schema()
+
+    def tick(phase: str, done: int, total: int, rows: int) -> None:
+        if progress is not None:
+            progress(VerifyProgress(phase, done, total, rows, time.monotonic() - started))
+
+    snapshot = catalog.latest()
+    if snapshot is not None and snapshot.partition_spec.spec_id != bound.acceleration.partition_spec_id:
+        raise RefreshError(
+            f"dataset {spec.name!r}: partition_by in the spec differs from the catalog's "
+            f"({snapshot.partition_spec.describe()}); partitions of the two cannot be compared. Run "
+            f"`airflow-partitions refresh SPEC {spec.name}` to re-partition first, or revert partition_by"
+        )
+    entries: dict[str, PartitionEntry] = dict(snapshot.partitions.items()) if snapshot is not None else {}
+    transforms = [f.transform for f in bound.acceleration.partition_by]
+    names = bound.acceleration.partition_names
+    selecting = partitions is not None or where is not None
+    tick("source", 0, 0, 0)
+    if selecting:
+        source_tallies, wanted = _selected_source_tallies(
+            project, spec, source, transforms, names, partitions, where, tick
+        )
+        entries = {path: entry for path, entry in entries.items() if path in wanted}
+    else:
+        source_tallies = {
+            key.path(names): tally
+            for key, tally in _tally_source(source.read_all(), schema, transforms).items()
+        }
+    tick("source", len(source_tallies), len(source_tallies), sum(t.rows for t in source_tallies.values()))
+
+    checks = _compare(project, spec, catalog, entries, source_tallies, schema, tick)
+    report = VerifyReport(
+        dataset=spec.name,
+        version=snapshot.version if snapshot is not None else None,
+        partitions=checks,
+        verified_at=dt.datetime.now(dt.UTC),
+        elapsed_s=time.monotonic() - started,
+        selection=_selection_text(partitions, where),
+    )
+    if repair and report.differing:
+        report = _repair(project, spec, report, catalog, progress, tick, strategy)
+    tick("done", len(checks), len(checks), sum(c.source_rows for c in checks))
+    report.elapsed_s = time.monotonic() - started
+    if record:
+        record_last_verify(catalog, report)
+    return report
+
+
+def _selected_source_tallies(
+    project: ProjectSpec,
+    spec: DatasetSpec,
+    source: Source,
+    transforms: Sequence[Any],
+    names: Sequence[str],
+    partitions: Sequence[str] | None,
+    where: str | None,
+    tick: Callable[[str, int, int, int], None],
+) -> tuple[dict[str, RowTally], set[str]]:
+    """Source tallies of the selected partitions, and the key paths selected on either side (discovery
+    names the source's; the catalog's selected partitions gone from the source are in `plan.removed`)."""
+    from airflow_partitions.refresh.pipeline import plan_refresh
+
+    plan = plan_refresh(project, spec, partitions=partitions, where=where, full=True, source=source)
+    keys = {item.key_path: item.partition_key for item in plan.items}
+    wanted = set(keys) | set(plan.removed)
+    schema = source.schema()
+    tallies: dict[str, RowTally] = {}
+    if source.can_read_partition(transforms) or _pushes_predicates(source, transforms):
+        rows = 0
+        for done, (key_path, key) in enumerate(sorted(keys.items()), start=1):
+            table = source.read_partition(transforms, key.values, None)
+            with hash_connection() as connection:
+                tally = tally_rows(table, schema, connection)
+            if tally.rows:
+                tallies[key_path] = tally
+            rows += tally.rows
+            tick("source", done, len(keys), rows)
+    else:
+        for key, tally in _tally_source(source.read_all(), schema, transforms).items():
+            if key.path(names) in keys:
+                tallies[key.path(names)] = tally
+    return tallies, wanted
+
+
+def _tally_source(table: Any, schema: Any, transforms: Sequence[Any]) -> dict[Any, RowTally]:
+    with hash_connection() as connection:
+        return tally_by_partition(table, schema, transforms, connection)
+
+
+def _pushes_predicates(source: Source, transforms: Sequence[Any]) -> bool:
+    """A Postgres source takes a partition's WHERE whenever every transform has a preimage (monotonic),
+    index or not: a verify reads the selected partitions only, not the table once per partition."""
+    return (
+        source.kind == "postgres"
+        and bool(transforms)
+        and all(getattr(t, "monotonic", False) for t in transforms)
+    )
+
+
+def _compare(
+    project: ProjectSpec,
+    spec: DatasetSpec,
+    catalog: Catalog,
+    entries: dict[str, PartitionEntry],
+    source_tallies: dict[str, RowTally],
+    schema: Any,
+    tick: Callable[[str, int, int, int], None],
+) -> list[PartitionCheck]:
+    paths = sorted(set(entries) | set(source_tallies))
+    checks: list[PartitionCheck] = []
+    rows = 0
+    connection = hash_connection()
+    with connection, _acceleration_files(project, spec, catalog) as (storage, root, fetch):
+        by_file = _parquet_tallies(spec, storage, root, fetch, entries, schema, connection)
+        for done, path in enumerate(paths, start=1):
+            entry = entries.get(path)
+            want = source_tallies.get(path, RowTally())
+            got = RowTally()
+            certificate: bool | None = None
+            reason = ""
+            if entry is not None and entry.files and by_file is not None:
+                for file in entry.files:
+                    part = by_file[str(root / file.path)]
+                    got.add(part.rows, part.total)
+                certificate = certificates_equal(entry.certificate, got)
+            elif entry is not None and entry.files:
+                try:
+                    fetch(entry.files)
+                    got = tally_rows(storage.read(root, entry.files), schema, connection)
+                except StorageError as err:
+                    reason = f"the acceleration's files cannot be read as the source's rows: {err}"
+                    got = RowTally(-1)
+                certificate = certificates_equal(entry.certificate, got) if got.rows >= 0 else None
+            rows += max(got.rows, 0)
+            checks.append(_judge(path, want, got, certificate, reason))
+            tick("compare", done, len(paths), rows)
+    return checks
+
+
+def _parquet_tallies(
+    spec: DatasetSpec,
+    storage: Any,
+    root: Path,
+    fetch: Callable[[Sequence[Any]], None],
+    entries: dict[str, PartitionEntry],
+    schema: Any,
+    connection: Any,
+) -> dict[str, RowTally] | None:
+    """Per-file tallies of every entry's files in one DuckDB scan, for the parquet engine (its files are
+    plain Parquet); None for other engines, or when that scan fails (then each partition is read through
+    its engine, which names what is wrong)."""
+    from airflow_partitions.storage.parquet import ParquetStorage
+
+    if not isinstance(storage, ParquetStorage):
+        return None
+    files = [file for entry in entries.values() for file in entry.files]
+    try:
+        fetch(files)
+    except StorageError:
+        return None
+    return tally_parquet_files([str(root / file.path) for file in files], schema, connection)
+
+
+def _judge(path: str, want: RowTally, got: RowTally, certificate: bool | None, reason: str) -> PartitionCheck:
+    unreadable = got.rows < 0
+    got_rows = max(got.rows, 0)
+    if not unreadable and want == got:
+        verdict = Verdict.EQUAL
+        if certificate is False:
+            # The rows equal the source again (changed back?) but not what the commit certified.
+            verdict, reason = Verdict.DRIFTED, "the files do not hold the rows their commit certified"
+    elif got_rows == 0 and not unreadable:
+        verdict, reason = Verdict.MISSING, f"{want.rows:,} source row(s), none in the acceleration"
+    elif want.rows == 0:
+        verdict = Verdict.EXTRA
+        reason = reason or f"{got_rows:,} row(s) in the acceleration, none in the source"
+    else:
+        verdict = Verdict.DRIFTED
+        if not reason:
+            reason = (
+                f"{want.rows:,} source row(s) vs {got_rows:,} in the acceleration"
+                if want.rows != got_rows
+                else "same count, different rows (a value changed, or rows moved between partitions)"
+            )
+        if certificate is False:
+            reason += "; the files also differ from their commit's certificate"
+    return PartitionCheck(
+        key_path=path,
+        verdict=verdict,
+        source_rows=want.rows,
+        source_hash=want.row_hash if want.rows else None,
+        acceleration_rows=got_rows,
+        acceleration_hash=got.row_hash if got.rows > 0 else None,
+        certificate_matches=certificate,
+        reason=reason if verdict is not Verdict.EQUAL else "",
+    )
+
+
+class _acceleration_files:
+    """The dataset's storage, a local root its files can be read under, and a function that makes sure a
+    partition's files are there (an `s3://` accelerator_dir: fetched, checked, into scratch)."""
+
+    def __init__(self, project: ProjectSpec, spec: DatasetSpec, catalog: Catalog) -> None:
+        self.project, self.spec, self.catalog = project, spec, catalog
+        self._scratch: Any = None
+
+    def __enter__(self) -> tuple[Any, Path, Callable[[Sequence[Any]], None]]:
+        from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
+
+        storage = self.catalog.storage or dataset_storage(self.spec)
+        if not self.project.remote:
+            root = Path(self.catalog.data_root or dataset_data_root(self.project, self.spec))
+            return storage, root, lambda files: None
+        import tempfile
+
+        from airflow_partitions.refresh import remote
+        from airflow_partitions.storage.remote import fetch_partition_files
+
+        self._scratch = tempfile.TemporaryDirectory(prefix="verify-")
+        root = Path(self._scratch.name)
+        store = self.catalog.data_store or remote.data_store(self.project, self.spec)
+        return storage, root, lambda files: fetch_partition_files(store, root, files)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._scratch is not None:
+            self._scratch.cleanup()
+
+
+def _repair(
+    project: ProjectSpec,
+    spec: DatasetSpec,
+    report: VerifyReport,
+    catalog: Catalog,
+    progress: ProgressCallback | None,
+    tick: Callable[[str, int, int, int], None],
+    strategy: str,
+) -> VerifyReport:
+    """Refresh exactly the partitions that are not equal (one commit), then verify those again."""
+    from airflow_partitions.refresh.pipeline import refresh_dataset
+
+    paths = [c.key_path for c in report.differing]
+    tick("repair", 0, len(paths), 0)
+    # Partitions the source no longer has are removed by the same selected refresh (`plan.removed`). The
+    # source is reopened: a file source caches its listing, and the repair must see the source as it is.
+    # `full`: each partition is rewritten whole from the source, whatever the refresh mode (an append
+    # would read past the watermark only and miss the very rows verify found).
+    summary = refresh_dataset(project, spec, partitions=paths, full=True, strategy=strategy)
+    if summary.failed:
+        raise RefreshError(
+            f"repairing {len(paths)} partition(s) of {spec.name!r} failed; nothing was committed: "
+            + "; ".join(f"{p}: {m}" for p, m in list(summary.failed.items())[:5])
+        )
+    report.repaired = paths
+    report.repaired_version = summary.version
+    # Extra partitions were removed: they can no longer be named, so check that they are gone.
+    extra = {c.key_path: c for c in report.differing if c.verdict is Verdict.EXTRA}
+    recheck = [p for p in paths if p not in extra]
+    if recheck:
+        after = verify_dataset(
+            project,
+            spec,
+            partitions=recheck,
+            progress=progress,
+            catalog=catalog,
+            record=False,
+            strategy=strategy,
+        )
+    else:
+        after = VerifyReport(
+            spec.name, None, [], dt.datetime.now(dt.UTC), 0.0, selection="(removed partitions)"
+        )
+    snapshot = catalog.latest()
+    remaining = snapshot.partitions if snapshot is not None else {}
+    after.partitions.extend(check for path, check in extra.items() if path in remaining)
+    after.version = snapshot.version if snapshot is not None else None
+    report.after_repair = after
+    return report
+
+
+def _selection_text(partitions: Sequence[str] | None, where: str | None) -> str | None:
+    if partitions is not None:
+        return "partitions " + ", ".join(partitions)
+    if where is not None:
+        return f"where {where}"
+    return None
+
+
+# --- the last verify, kept next to the catalog ----------------------------------------------------
+
+
+def _last_verify_key(catalog: Catalog) -> str:
+    from airflow_partitions.keys import escape_component
+    from airflow_partitions.refresh.failures import STATE_DIRECTORY
+
+    return f"{escape_component(catalog.dataset)}/{STATE_DIRECTORY}/{LAST_VERIFY_NAME}"
+
+
+def record_last_verify(catalog: Catalog, report: VerifyReport) -> None:
+    """Keep the report's summary as the dataset's last verify (`status`, the Partitions page)."""
+    data = json.dumps(report.summary_json(), sort_keys=True).encode("utf-8")
+    catalog.store.put(_last_verify_key(catalog), data)
+
+
+def last_verify(catalog: Catalog) -> dict[str, Any] | None:
+    """The dataset's last verify summary, or None (never verified, or unreadable)."""
+    try:
+        raw = catalog.store.get(_last_verify_key(catalog))
+    except Exception:  # a missing or unreachable record only hides the field
+        return None
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        parse_time(str(data["verified_at"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+    return dict(data)
