@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -387,13 +388,13 @@ def checkpoint_has_digest(source: Any) -> bool:
 
 def remember_commit_ids(known: Mapping[str, int], records: Sequence[CommitRecord]) -> dict[str, int]:
     """`known` (commit id -> version) plus the ids of `records`, keeping the newest `RECENT_COMMIT_IDS`."""
-    merged = dict(known)
+    merged = dict(known)  # in version order: the oldest first
     for record in records:
         if record.commit_id is not None:
+            merged.pop(record.commit_id, None)
             merged[record.commit_id] = record.version
-    if len(merged) > RECENT_COMMIT_IDS:
-        newest = sorted(merged.items(), key=lambda item: item[1])[-RECENT_COMMIT_IDS:]
-        merged = dict(newest)
+    for oldest in list(itertools.islice(merged, max(0, len(merged) - RECENT_COMMIT_IDS))):
+        del merged[oldest]
     return merged
 
 
