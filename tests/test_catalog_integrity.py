@@ -188,6 +188,28 @@ def test_a_commit_refuses_files_that_are_gone(tmp_path: Path) -> None:
     assert commit(catalog, kept) == version + 1
 
 
+@pytest.mark.s3
+def test_a_commit_refuses_files_missing_on_s3(
+    tmp_path: Path, s3_server: dict[str, str], s3_bucket: str
+) -> None:
+    """Files on S3 (an `s3://` accelerator_dir): one HEAD per new file, run side by side."""
+    import boto3
+
+    from airflow_partitions.catalog import S3Store
+
+    data_store = S3Store(boto3.client("s3", **s3_server), s3_bucket, "accelerations/sales")
+    catalog = Catalog(LocalStore(tmp_path), "sales", data_root=None, data_store=data_store, check_files=True)
+    catalog.data_root = None  # the partition files live on S3 only
+    entries = [entry("a", "a1"), entry("b/=%'ü", "b1")]
+    data_store.put(entries[0].files[0].path, b"x")
+    with pytest.raises(CommitFilesMissingError) as caught:
+        commit(catalog, *entries)
+    assert caught.value.missing == (entries[1].files[0].path,)
+    assert catalog.head_version() == 0
+    data_store.put(entries[1].files[0].path, b"y")
+    assert commit(catalog, *entries) == 1
+
+
 # --- on real datasets: a refresh from Postgres, reads and writes through the package ---------------
 
 
