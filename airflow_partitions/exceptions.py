@@ -68,6 +68,26 @@ class CommitConflictError(CatalogError):
         self.version = version  # the concurrent version that conflicted
 
 
+class CatalogIntegrityError(CatalogError):
+    """A commit record or checkpoint differs from the digest written with it (edited or damaged)."""
+
+    def __init__(
+        self, message: str, *, dataset: str | None = None, version: int | None = None, key: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.dataset = dataset  # the dataset whose catalog failed the check
+        self.version = version  # the version of the record or checkpoint that failed
+        self.key = key  # the store key of the object that failed
+
+
+class CommitFilesMissingError(CatalogError):
+    """Files a commit would publish are gone from storage (e.g. vacuumed meanwhile); nothing was published."""
+
+    def __init__(self, message: str, *, missing: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.missing = missing  # paths (relative to the dataset root) that do not exist
+
+
 # --- filters and pruning --------------------------------------------------------------------------
 
 

@@ -207,3 +207,84 @@ def test_hook_writes_and_its_next_read_sees_them(source: Source, tmp_path: Path)
         assert hook.read().num_rows == 38
     finally:
         hook.close()
+
+
+def test_a_task_retry_after_a_lost_commit_response_publishes_the_write_once(
+    source: Source,
+    tmp_path: Path,
+    dags_folder: tuple[Path, MetadataDatabase],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first try's commit record lands, but the store's answer is lost and reading it back fails too
+    (`CommitOutcomeUnknownError`): Airflow retries the task. The retry derives the same commit id from the
+    task instance, finds that commit in the newest version and writes nothing again.
+
+    The lost response is injected (a network failure cannot be provoked on a local disk): the store
+    writes the record, then raises, once; the read-back then fails once."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from airflow_partitions.catalog import open_catalog
+    from airflow_partitions.exceptions import ObjectStoreError
+    from airflow_partitions.objectstore import LocalStore
+
+    source.create(hostile_rows(51, range(1, 41), regions=REGIONS))
+    project = source.spec(["region"])
+    refresh_dataset(project, "items")
+    oracle = Oracle(source.rows())
+    appended = hostile_rows(52, range(300, 330), regions=REGIONS)
+    pq.write_table(appended, tmp_path / "more.parquet")
+    real_put, real_get_range = LocalStore.put_if_absent, LocalStore.get_range
+    lost: dict[str, str] = {}
+
+    def put_then_lose_the_answer(store: LocalStore, key: str, data: bytes) -> bool:
+        created = real_put(store, key, data)
+        if "/_catalog/log/" in key and not lost:
+            lost["key"] = key
+            raise ObjectStoreError(f"connection reset while writing {key}")
+        return created
+
+    def fail_the_read_back(store: LocalStore, key: str, start: int, length: int) -> bytes | None:
+        if lost.get("key") == key and "read_back" not in lost:
+            lost["read_back"] = key
+            raise ObjectStoreError(f"connection reset while reading {key}")
+        return real_get_range(store, key, start, length)
+
+    monkeypatch.setattr(LocalStore, "put_if_absent", put_then_lose_the_answer)
+    monkeypatch.setattr(LocalStore, "get_range", fail_the_read_back)
+    dags, database = dags_folder
+    (dags / "write_retry.py").write_text(
+        textwrap.dedent(
+            f"""\
+            import datetime as dt
+            from airflow.sdk import DAG
+            from airflow_partitions.operators import PartitionedDatasetWriteOperator
+
+            with DAG("write_retry", schedule=None):
+                PartitionedDatasetWriteOperator(
+                    task_id="append",
+                    mode="append",
+                    source_path={str(tmp_path / "more.parquet")!r},
+                    spec_path={str(tmp_path / "spec.yaml")!r},
+                    dataset="items",
+                    retries=1,
+                    retry_delay=dt.timedelta(0),
+                )
+            """
+        )
+    )
+    run = DagBag(dag_folder=str(dags)).dags["write_retry"].test()
+    assert str(run.state) == "success"
+    assert "read_back" in lost, "the first try's commit landed and its outcome was unknown"
+    with database.connect() as conn:
+        tries = conn.execute(
+            "SELECT try_number FROM task_instance WHERE run_id = %s AND task_id = 'append'", (run.run_id,)
+        ).fetchall()
+        result = conn.execute(
+            "SELECT value FROM xcom WHERE run_id = %s AND key = 'return_value'", (run.run_id,)
+        ).fetchall()[0][0]
+    assert tries == [(2,)], "the first try failed, the retry succeeded"
+    oracle.append(appended)
+    assert_same_rows(read_all(project), oracle.table(), "after the retried write")
+    assert open_catalog(project, project.dataset("items")).head_version() == 2, "published once"
+    assert (result["version"], result["already_committed"]) == (2, True)
+    assert result["commit_id"] == f"airflow:write_retry:append:-1:{run.run_id}"

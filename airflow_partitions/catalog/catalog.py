@@ -4,6 +4,7 @@ Layout under the store (the dataset name is escaped with `keys.escape_component`
 
     <dataset>/_catalog/log/<version // 1000>/<version>.json    one commit record per version (immutable)
     <dataset>/_catalog/checkpoints/<version>.arrow             full partition table of some versions
+    <dataset>/_catalog/checkpoints/<version>.arrow.sha256      SHA-256 of that checkpoint's bytes
     <dataset>/_catalog/_last_checkpoint                        hint: newest checkpoint version
 
 **Commit protocol.** Version N+1 exists once its commit record exists, and the record is created with
@@ -15,6 +16,15 @@ the partitions. Nothing is written before the record, so a writer killed at any 
 version intact; a record is the only thing that makes a version, so no commit is ever half applied.
 Every record carries a commit id (the caller's, else a fresh one), so a writer whose write landed but
 whose response was lost recognises its own record and reports its version: it is published exactly once.
+A snapshot also remembers the ids of its newest `RECENT_COMMIT_IDS` commits (kept in checkpoints), so a
+caller retrying with its commit id after re-planning from a newer base, which already holds the first
+attempt, gets that version back instead of a second publication. With `check_files` (set by
+`open_catalog`) a commit first checks that every file it newly references exists (one stat, or one HEAD
+on S3, per new file): a file vacuumed between its write and the commit refuses the commit.
+
+**Integrity.** Records form a digest chain (see `state`): every record read in full is checked against
+its own digest and its predecessor's, and every checkpoint against its `.sha256` object (once per
+process for a local file); a mismatch raises `CatalogIntegrityError` naming the version and the repair.
 
 **Reading.** The newest version is found by listing the log after the hint's checkpoint (one list request
 on S3; one shard directory locally), then loaded as checkpoint + the few records after it. A `Catalog`
@@ -27,9 +37,11 @@ one costs only speed.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import itertools
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -50,14 +62,19 @@ from airflow_partitions.catalog.state import (
     CommitRecord,
     Snapshot,
     apply_changes,
+    broken_link,
+    checkpoint_has_digest,
     decode_checkpoint,
     encode_checkpoint,
     merge_records,
+    remember_commit_ids,
     state_schema,
 )
 from airflow_partitions.exceptions import (
     CatalogError,
+    CatalogIntegrityError,
     CommitConflictError,
+    CommitFilesMissingError,
     CommitOutcomeUnknownError,
     ObjectStoreError,
     PartitionSpecChangedError,
@@ -87,6 +104,8 @@ _PUBLISH_ATTEMPTS = 3
 _FETCH_THREADS = 8
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
+# Local checkpoint files whose bytes matched their digest in this process: (path, size, mtime_ns).
+_verified_checkpoints: set[tuple[str, int, int]] = set()
 
 
 def _shared_executor() -> ThreadPoolExecutor:
@@ -125,6 +144,7 @@ class Catalog:
         checkpoint_changes: int = DEFAULT_CHECKPOINT_CHANGES,
         cache_dir: Path | None = None,
         data_store: ObjectStore | None = None,
+        check_files: bool = False,
     ) -> None:
         if not dataset:
             raise CatalogError("a catalog needs a dataset name")
@@ -140,6 +160,9 @@ class Catalog:
         # deletes there, and readers read there. None for local files.
         self.data_store = data_store
         self.storage = storage
+        # Check that the files a commit newly references exist before publishing it (`open_catalog`
+        # sets it; a catalog built by hand may describe files it never wrote).
+        self.check_files = check_files
         self.checkpoint_interval = checkpoint_interval
         self.checkpoint_changes = checkpoint_changes
         # Remote stores only: checkpoints downloaded once per host, then memory-mapped from here.
@@ -163,6 +186,9 @@ class Catalog:
 
     def _checkpoint_key(self, version: int) -> str:
         return f"{self.prefix}/checkpoints/{version:020d}.arrow"
+
+    def _checkpoint_digest_key(self, version: int) -> str:
+        return f"{self._checkpoint_key(version)}.sha256"
 
     @property
     def _hint_key(self) -> str:
@@ -280,7 +306,24 @@ class Catalog:
             raise VersionNotFoundError(
                 f"version {version} of dataset {self.dataset!r} is not retained (vacuumed or never committed)"
             )
-        return CommitRecord.decode(data, where=key)
+        try:
+            return CommitRecord.decode(data, where=key)
+        except CatalogIntegrityError as err:
+            version = self._log_version(key)
+            raise self._integrity_error(f"commit record of version {version}", version, key, err) from err
+
+    def _integrity_error(
+        self, what: str, version: int | None, key: str, cause: object
+    ) -> CatalogIntegrityError:
+        return CatalogIntegrityError(
+            f"dataset {self.dataset!r}: the {what} ({self.store.describe()}/{key}) is not the one that was "
+            f"committed ({cause}); it was edited or damaged, and reading on could return wrong rows. Restore "
+            "it from a backup; or move the dataset's _catalog directory aside and rebuild the dataset with a "
+            "full refresh (`airflow-partitions refresh SPEC DATASET --full`).",
+            dataset=self.dataset,
+            version=version,
+            key=key,
+        )
 
     def _read_header(self, key: str) -> CommitRecord:
         data = self.store.get_range(key, 0, _HEADER_BYTES)
@@ -380,12 +423,41 @@ class Catalog:
             path = self._cached_checkpoint(key)
         if path is not None:
             try:
-                source: Any = pa.memory_map(str(path), "r")
+                source: Any = pa.memory_map(str(path), "r").read_buffer()
+                info = path.stat()
             except FileNotFoundError:
                 return None
+            seen = (str(path), info.st_size, info.st_mtime_ns)
+            if seen not in _verified_checkpoints:
+                if not self._checkpoint_verified(version, key, source):
+                    return None
+                _verified_checkpoints.add(seen)
             return decode_checkpoint(source, where=str(path))
         data = self.store.get(key)
-        return None if data is None else decode_checkpoint(data, where=key)
+        if data is None or not self._checkpoint_verified(version, key, data):
+            return None
+        return decode_checkpoint(data, where=key)
+
+    def _checkpoint_verified(self, version: int, key: str, data: Any) -> bool:
+        """Whether checkpoint bytes `data` may be used: they match their digest object, or predate digests.
+
+        A checkpoint written with digests but without its digest object (its writer stopped in between) is
+        skipped, as if absent: the version is rebuilt from an older checkpoint and the records."""
+        expected = self.store.get(self._checkpoint_digest_key(version))
+        if expected is None:
+            if checkpoint_has_digest(data):
+                log.warning("dataset %s: checkpoint %s has no digest object; not used", self.dataset, key)
+                return False
+            return True  # written before digests existed
+        actual = hashlib.sha256(memoryview(data)).hexdigest()
+        if actual != expected.decode("ascii", "replace").strip():
+            raise self._integrity_error(
+                f"checkpoint of version {version}",
+                version,
+                key,
+                f"its bytes hash to {actual}, not to the digest written with it",
+            )
+        return True
 
     def _cached_checkpoint(self, key: str) -> Path | None:
         """A local copy of a remote checkpoint (immutable, so a copy never goes stale); `None` if absent."""
@@ -404,6 +476,7 @@ class Catalog:
             if base is None:
                 raise CatalogError("internal: nothing to build a snapshot from")
             return base
+        self._check_chain(base.record_digest if base is not None else None, records)
         changes, reset = merge_records(records)
         table = base.table if base is not None else state_schema().empty_table()
         from airflow_partitions.catalog.state import PartitionMap
@@ -418,7 +491,20 @@ class Catalog:
             partitions=PartitionMap(apply_changes(table, changes, reset=reset or base is None)),
             checkpoint_version=base.checkpoint_version if base is not None else 0,
             changes_since_checkpoint=(base.changes_since_checkpoint if base is not None else 0) + changed,
+            record_digest=last.digest,
+            commit_ids=remember_commit_ids(base.commit_ids if base is not None else {}, records),
         )
+
+    def _check_chain(self, previous: str | None, records: Sequence[CommitRecord]) -> None:
+        broken = broken_link(previous, records)
+        if broken is not None:
+            raise self._integrity_error(
+                f"commit record of version {broken.version}",
+                broken.version,
+                self._log_key(broken.version),
+                f"it names {broken.parent_digest} as its parent's digest and has digest {broken.digest}, "
+                f"which does not continue the digest chain from version {broken.version - 1}",
+            )
 
     # --- committing -------------------------------------------------------------------------------
 
@@ -444,7 +530,9 @@ class Catalog:
         `CommitConflictError` (or `PartitionSpecChangedError`). `replace_all=True` makes `upserts` the whole
         partition set (re-partitioning under a new spec); it must be based on the newest version.
         `commit_id` makes a retried commit idempotent: if a commit with that id landed since
-        `base_version`, its version is returned instead of committing twice. Without one, the commit
+        `base_version`, or is among the newest `RECENT_COMMIT_IDS` commits up to it (a retry re-planned
+        from a base that already holds its first attempt), its version is returned instead of committing
+        twice. Without one, the commit
         gets a fresh id: after a write whose response was lost, the record found at the version is read
         back, and carrying this id means it is this commit's own (success), not a conflicting one.
         `conservation` (JSON) is recorded in the header as is: the row counts the refresh checked
@@ -452,11 +540,15 @@ class Catalog:
         that this one rebases onto (after the partition checks), before it is published: it raises (e.g.
         `CommitConflictError`) to refuse the rebase on grounds the catalog cannot see, such as an upsert's
         keys now held by a partition it does not touch.
+        With `check_files`, files the base does not reference must exist,
+        else `CommitFilesMissingError` and nothing is published.
         """
         self._validate_commit(upserts, removes, partition_spec, replace_all)
         token = commit_id if commit_id is not None else uuid.uuid4().hex
         base = self._load(base_version) if base_version else None
         base_number = base_version or 0
+        if commit_id is not None and base is not None and commit_id in base.commit_ids:
+            return base.commit_ids[commit_id]  # published by an earlier attempt, before this base
         self._check_spec(base, partition_spec, replace_all)
         if base is not None and not replace_all:
             missing = [key_path for key_path in removes if key_path not in base.partitions]
@@ -472,6 +564,9 @@ class Catalog:
             (base.partition_count, base.total_rows, base.total_bytes) if base is not None else (0, 0, 0)
         )
         intervening: list[CommitRecord] = []
+        parent_digest = base.record_digest if base is not None else None
+        if self.check_files:
+            self._check_files_exist(base, upserts)
         with self._lock:
             newest_known = self._newest.version if self._newest is not None else 0
         # Planned from the newest version this process has seen and no race lost lately: try N+1 straight
@@ -488,6 +583,7 @@ class Catalog:
                         "it were vacuumed; plan again from the latest version",
                         version=head,
                     ) from err
+                self._check_chain(parent_digest, newer)
                 for record in newer:
                     if record.commit_id == token:
                         # This commit, published by an earlier call with the caller's commit_id, or by
@@ -498,9 +594,10 @@ class Catalog:
                         check_intervening(record)
                 intervening.extend(newer)
                 parent = head
+                parent_digest = newer[-1].digest
                 totals = newer[-1].summary
                 parent_totals = (totals["total_partitions"], totals["total_rows"], totals["total_bytes"])
-            record = CommitRecord(
+            record, data = CommitRecord(
                 version=parent + 1,
                 committed_at=dt.datetime.now(dt.UTC),
                 operation=operation,
@@ -512,8 +609,9 @@ class Catalog:
                 upserts=upsert_json,
                 removes=tuple(removes),
                 conservation=conservation,
-            )
-            if self._publish(record):
+                parent_digest=parent_digest,
+            ).seal()
+            if self._publish(record, data):
                 self._contended = attempt > 0
                 self._after_commit(base, intervening, record)
                 return record.version
@@ -528,7 +626,7 @@ class Catalog:
             version=head,
         )
 
-    def _publish(self, record: CommitRecord) -> bool:
+    def _publish(self, record: CommitRecord, data: bytes) -> bool:
         """Create `record`'s version: `True` if the record there is this commit's, `False` if refused.
 
         Refused (412) may mean this commit's own earlier attempt: S3 clients send a write whose response
@@ -539,7 +637,6 @@ class Catalog:
         """
         assert record.commit_id is not None
         key = self._log_key(record.version)
-        data = record.encode()
         failure: ObjectStoreError | None = None
         for _attempt in range(_PUBLISH_ATTEMPTS):
             try:
@@ -566,6 +663,39 @@ class Catalog:
             "published (its record is absent) and the previous version stays current: commit again "
             "once the store is reachable"
         ) from failure
+
+    def _check_files_exist(self, base: Snapshot | None, upserts: Sequence[PartitionEntry]) -> None:
+        """Refuse to publish files that are gone (one stat, or one HEAD on S3, per file the base does
+        not reference): a vacuum with a short grace may delete a write's files before its commit."""
+        previous = {
+            file
+            for entry in (base.partitions.entries_of(e.key_path for e in upserts) if base is not None else [])
+            for file in entry.files
+        }
+        # Files inside a shared DuckDB file (`table` set) are tables, not paths: their engine owns them.
+        new = sorted({f.path for e in upserts for f in e.files if f.table is None and f not in previous})
+        if not new:
+            return
+        if self.data_root is not None:
+            root = self.data_root
+            missing = [path for path in new if not os.path.isfile(root / path)]
+            where = str(root)
+        elif self.data_store is not None:
+            store = self.data_store
+            found = list(_shared_executor().map(store.exists, new))
+            missing = [path for path, present in zip(new, found, strict=True) if not present]
+            where = store.describe()
+        else:
+            return
+        if missing:
+            shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+            raise CommitFilesMissingError(
+                f"dataset {self.dataset!r}: {len(missing)} file(s) this commit would publish are missing "
+                f"under {where}: {shown}. Nothing was published; the current version stays as it was. They "
+                "were deleted after they were written (a vacuum with a grace shorter than the write took?): "
+                "write or refresh again, and keep vacuum's grace longer than a write runs",
+                missing=tuple(missing),
+            )
 
     def _validate_commit(
         self,
@@ -712,9 +842,16 @@ class Catalog:
         """Store `snapshot` as a checkpoint (if absent) and advance the hint; the same snapshot, re-based."""
         # LZ4 locally (fast to decompress from page cache), zstd remotely (half the bytes to transfer).
         compression = "lz4" if self.store.local_path(self._hint_key) is not None else "zstd"
-        self.store.put_if_absent(
-            self._checkpoint_key(snapshot.version), encode_checkpoint(snapshot, compression=compression)
-        )
+        key = self._checkpoint_key(snapshot.version)
+        digest_key = self._checkpoint_digest_key(snapshot.version)
+        encoded = encode_checkpoint(snapshot, compression=compression)
+        data: bytes | None = encoded
+        if not self.store.put_if_absent(key, encoded):
+            # Another writer made this checkpoint. If it stopped before the digest, vouch for its bytes (a
+            # checkpoint appears whole or not at all), so any two digest writers write the same digest.
+            data = None if self.store.exists(digest_key) else self.store.get(key)
+        if data is not None:
+            self.store.put_if_absent(digest_key, hashlib.sha256(data).hexdigest().encode("ascii"))
         if self._read_hint() < snapshot.version:
             self.store.put(self._hint_key, json.dumps({"version": snapshot.version}).encode())
         return replace(snapshot, checkpoint_version=snapshot.version, changes_since_checkpoint=0)
@@ -762,7 +899,9 @@ class Catalog:
             if (v := self._version_of(info.key, ".arrow")) is not None
         ]
         retained_snapshot = self._load(oldest)
-        if expired and oldest not in checkpoints:
+        if expired and (
+            oldest not in checkpoints or not self.store.exists(self._checkpoint_digest_key(oldest))
+        ):
             if dry_run:
                 notes.append(f"would write a checkpoint at version {oldest} so it stays readable")
             else:
@@ -778,6 +917,7 @@ class Catalog:
                 self.store.put(self._hint_key, json.dumps({"version": oldest}).encode())
             for version in expired_checkpoints:
                 self.store.delete(self._checkpoint_key(version))
+                self.store.delete(self._checkpoint_digest_key(version))
             if self.cache_dir is not None and self.cache_dir.is_dir():
                 for cached in self.cache_dir.iterdir():
                     number = self._version_of(cached.name, ".arrow")

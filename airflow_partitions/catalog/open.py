@@ -95,6 +95,7 @@ def open_catalog(
         storage=get_storage(dataset_spec.acceleration),
         cache_dir=cache_dir,
         data_store=data_store,
+        check_files=True,
     )
 
 

@@ -4,6 +4,13 @@ A **commit record** (one per version, newline-delimited JSON) holds a header lin
 operation, partition spec, summary) and one line per changed partition: `{"u": <entry>}` for an upsert,
 `{"r": "<key path>"}` for a removal. Listing versions reads only the header line.
 
+**Digest chain.** The header carries `parent_digest` (the digest of the previous version's record) and,
+as its last key, `digest`: the SHA-256 of the record's bytes without that last key. Decoding hashes the
+bytes as read (no re-serialisation) and refuses a record whose digest differs; a snapshot carries the
+digest of its newest record, and each following record must name it as its parent, so an edited, swapped
+or dropped record is refused (`CatalogIntegrityError`). Records written before digests existed have
+neither key and load as they are; once a record carries a digest, every later one must continue the chain.
+
 A **checkpoint** is the full partition table of one version as an Arrow IPC file, one row per partition:
 `key_path`, `key` (JSON), `spec_id`, `rows`, `bytes`, `refreshed_at`, `source_fingerprint`, and `files`
 (JSON list of data file descriptors with their per-column statistics). It is an optimisation written after
@@ -18,9 +25,11 @@ planners that look at every partition.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import (
@@ -31,7 +40,7 @@ from airflow_partitions.catalog.model import (
     format_time,
     parse_time,
 )
-from airflow_partitions.exceptions import CatalogError
+from airflow_partitions.exceptions import CatalogError, CatalogIntegrityError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.storage.datafile import DataFile
 
@@ -49,6 +58,13 @@ CHECKPOINT_COMPRESSION = "lz4"
 CHECKPOINT_BATCH_ROWS = 16 * 1024
 # Up to this many point lookups scan the key column; after that a key path -> row dictionary pays off.
 _SCAN_LOOKUPS = 16
+# Commit ids a snapshot remembers (newest versions), so a retried write whose first attempt landed before
+# its new base is recognised; carried over checkpoints.
+RECENT_COMMIT_IDS = 1000
+DIGEST_KEY = "digest"
+# The header's last key, as `CommitRecord.seal` appends it: `,"digest":"<64 hex>"}`.
+_DIGEST_PREFIX = f',"{DIGEST_KEY}":"'.encode()
+_DIGEST_SUFFIX_LENGTH = len(_DIGEST_PREFIX) + 64 + 2
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
@@ -79,6 +95,9 @@ class CommitRecord:
     # Row counts the refresh checked before committing (routed, written, source rows, partitions);
     # absent from records of other operations and of older versions.
     conservation: Mapping[str, Any] | None = None
+    # The digest chain (see the module docstring); both None in records written before it existed.
+    parent_digest: str | None = None
+    digest: str | None = None
 
     @property
     def touched(self) -> set[str]:
@@ -96,19 +115,32 @@ class CommitRecord:
             "base_version": self.base_version,
             "summary": dict(self.summary),
             **({"conservation": dict(self.conservation)} if self.conservation is not None else {}),
+            "parent_digest": self.parent_digest,
         }
 
-    def encode(self) -> bytes:
-        lines = [dumps(self.header())]
-        lines.extend(dumps({"u": entry}) for entry in self.upserts)
+    def seal(self) -> tuple[CommitRecord, bytes]:
+        """This record with its digest set, and its bytes (the digest appended as the header's last key)."""
+        header = dumps(self.header()).encode("utf-8")
+        lines = [dumps({"u": entry}) for entry in self.upserts]
         lines.extend(dumps({"r": key_path}) for key_path in self.removes)
-        return ("\n".join(lines) + "\n").encode("utf-8")
+        body = ("".join(line + "\n" for line in lines)).encode("utf-8")
+        hasher = hashlib.sha256(header)
+        hasher.update(b"\n")
+        hasher.update(body)
+        digest = hasher.hexdigest()
+        sealed = header[:-1] + _DIGEST_PREFIX + digest.encode() + b'"}\n' + body
+        return replace(self, digest=digest), sealed
+
+    def encode(self) -> bytes:
+        return self.seal()[1]
 
     @classmethod
     def decode(cls, data: bytes, *, where: str) -> CommitRecord:
         text = data.decode("utf-8")
         first, _, rest = text.partition("\n")
         header = _parse_header(first, where)
+        if DIGEST_KEY in header:
+            _check_digest(data, str(header[DIGEST_KEY]), where)
         upserts: list[Mapping[str, Any]] = []
         removes: list[str] = []
         if rest.strip():
@@ -147,7 +179,36 @@ class CommitRecord:
             upserts=upserts,
             removes=removes,
             conservation=header.get("conservation"),
+            parent_digest=header.get("parent_digest"),
+            digest=header.get(DIGEST_KEY),
         )
+
+
+def _check_digest(data: bytes, stated: str, where: str) -> None:
+    """Refuse `data` unless the SHA-256 of its bytes without the header's last key (`digest`) is `stated`."""
+    end = data.find(b"\n")
+    start = end - _DIGEST_SUFFIX_LENGTH
+    if end < 0 or start < 0 or data[start : start + len(_DIGEST_PREFIX)] != _DIGEST_PREFIX:
+        raise CatalogIntegrityError(f"commit record {where}: its digest is not the header's last key")
+    view = memoryview(data)
+    hasher = hashlib.sha256(view[:start])
+    hasher.update(b"}")
+    hasher.update(view[end:])
+    actual = hasher.hexdigest()
+    if actual != stated:
+        raise CatalogIntegrityError(
+            f"commit record {where}: its bytes hash to {actual}, not to the digest {stated} written with it"
+        )
+
+
+def broken_link(previous: str | None, records: Iterable[CommitRecord]) -> CommitRecord | None:
+    """The first of consecutive `records` that does not continue the digest chain from `previous` (the
+    digest of the record before them; None when unknown or written before digests): `None` if all do."""
+    for record in records:
+        if previous is not None and (record.digest is None or record.parent_digest != previous):
+            return record
+        previous = record.digest
+    return None
 
 
 def _parse_header(line: str, where: str) -> Mapping[str, Any]:
@@ -272,6 +333,10 @@ def encode_checkpoint(snapshot: Snapshot, *, compression: str | None = CHECKPOIN
         "committed_at": format_time(snapshot.committed_at),
         "operation": snapshot.operation,
         "partition_spec": snapshot.partition_spec.to_json(),
+        # The digest of this version's record (the next record names it as its parent), and the recent
+        # commit ids (retries are recognised across the checkpoint). Older checkpoints have neither.
+        "record_digest": snapshot.record_digest,
+        "commit_ids": [[commit_id, version] for commit_id, version in snapshot.commit_ids.items()],
     }
     table = snapshot.table
     schema = table.schema.with_metadata({CHECKPOINT_METADATA_KEY: dumps(metadata).encode()})
@@ -290,7 +355,7 @@ def decode_checkpoint(source: Any, *, where: str) -> Snapshot:
     import pyarrow as pa
 
     try:
-        buffer = source if isinstance(source, pa.NativeFile) else pa.py_buffer(source)
+        buffer = source if isinstance(source, (pa.NativeFile, pa.Buffer)) else pa.py_buffer(source)
         table = pa.ipc.open_file(buffer).read_all()
         metadata = json.loads(table.schema.metadata[CHECKPOINT_METADATA_KEY])
     except (pa.ArrowInvalid, KeyError, json.JSONDecodeError) as err:
@@ -308,7 +373,33 @@ def decode_checkpoint(source: Any, *, where: str) -> Snapshot:
         partitions=PartitionMap(_with_current_columns(table.replace_schema_metadata(None))),
         checkpoint_version=version,
         changes_since_checkpoint=0,
+        record_digest=metadata.get("record_digest"),
+        commit_ids={str(commit_id): int(number) for commit_id, number in metadata.get("commit_ids", [])},
     )
+
+
+def checkpoint_has_digest(source: Any) -> bool:
+    """Whether checkpoint bytes were written with the digest chain (then its digest object must vouch)."""
+    import pyarrow as pa
+
+    buffer = source if isinstance(source, (pa.NativeFile, pa.Buffer)) else pa.py_buffer(source)
+    try:
+        metadata = json.loads(pa.ipc.open_file(buffer).schema.metadata[CHECKPOINT_METADATA_KEY])
+    except (pa.ArrowInvalid, KeyError, json.JSONDecodeError):
+        return True  # unreadable: never trusted without a digest
+    return "record_digest" in metadata
+
+
+def remember_commit_ids(known: Mapping[str, int], records: Sequence[CommitRecord]) -> dict[str, int]:
+    """`known` (commit id -> version) plus the ids of `records`, keeping the newest `RECENT_COMMIT_IDS`."""
+    merged = dict(known)  # in version order: the oldest first
+    for record in records:
+        if record.commit_id is not None:
+            merged.pop(record.commit_id, None)
+            merged[record.commit_id] = record.version
+    for oldest in list(itertools.islice(merged, max(0, len(merged) - RECENT_COMMIT_IDS))):
+        del merged[oldest]
+    return merged
 
 
 def _with_current_columns(table: pa.Table) -> pa.Table:
@@ -465,6 +556,10 @@ class Snapshot:
     operation: str = ""
     checkpoint_version: int = 0
     changes_since_checkpoint: int = 0
+    # The digest of this version's commit record (None: written before digests, or unknown).
+    record_digest: str | None = None
+    # Commit id -> version of the newest `RECENT_COMMIT_IDS` commits up to this version.
+    commit_ids: Mapping[str, int] = field(default_factory=dict, repr=False)
     _keys: dict[str, PartitionKey] = field(default_factory=dict, repr=False)
 
     @property

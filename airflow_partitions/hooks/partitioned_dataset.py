@@ -198,33 +198,46 @@ class PartitionedDatasetHook(BaseHook):
 
     # --- writes ---------------------------------------------------------------------------------
 
-    def append(self, data: Any, *, write_through: bool = False) -> WriteResult:
+    def append(self, data: Any, *, write_through: bool = False, commit_id: str | None = None) -> WriteResult:
         """Add rows (pyarrow Table / RecordBatch / RecordBatchReader / batches, pandas or Spark DataFrame)
         to the partitions they route to, in one atomic commit.
 
         `write_through` (Postgres sources): insert them into the source table in one transaction first.
+        `commit_id` (every write): a write retried with the id of one already published returns that
+        version and writes nothing again.
         """
-        return self._write("append", data, write_through=write_through)
+        return self._write("append", data, write_through=write_through, commit_id=commit_id)
 
     def upsert(
-        self, data: Any, keys: Sequence[str] | None = None, *, write_through: bool = False
+        self,
+        data: Any,
+        keys: Sequence[str] | None = None,
+        *,
+        write_through: bool = False,
+        commit_id: str | None = None,
     ) -> WriteResult:
         """Insert rows, replacing existing rows with the same `keys` (default the spec's
         `acceleration.primary_key`), in one atomic commit; a row whose partition changed moves."""
-        return self._write("upsert", data, keys=keys, write_through=write_through)
+        return self._write("upsert", data, keys=keys, write_through=write_through, commit_id=commit_id)
 
-    def delete(self, where: FilterInput) -> WriteResult:
+    def delete(self, where: FilterInput, *, commit_id: str | None = None) -> WriteResult:
         """Delete the rows matching `where` (SQL condition or DNF list), in one atomic commit."""
         from airflow_partitions.write.commit import delete
 
         project, dataset, settings = self._write_context()
         try:
-            return delete(project, dataset, where, s3_settings=settings)
+            return delete(project, dataset, where, s3_settings=settings, commit_id=commit_id)
         finally:
             self._after_write()
 
     def _write(
-        self, operation: str, data: Any, *, keys: Sequence[str] | None = None, write_through: bool = False
+        self,
+        operation: str,
+        data: Any,
+        *,
+        keys: Sequence[str] | None = None,
+        write_through: bool = False,
+        commit_id: str | None = None,
     ) -> WriteResult:
         from airflow_partitions.write import commit
 
@@ -235,10 +248,20 @@ class PartitionedDatasetHook(BaseHook):
                 from airflow_partitions.write.write_through import write_through as through
 
                 install_connection_resolver()
-                return through(project, dataset, data, operation=operation, keys=keys, s3_settings=settings)
+                return through(
+                    project,
+                    dataset,
+                    data,
+                    operation=operation,
+                    keys=keys,
+                    s3_settings=settings,
+                    commit_id=commit_id,
+                )
             if operation == "upsert":
-                return commit.upsert(project, dataset, data, keys=keys, s3_settings=settings)
-            return commit.append(project, dataset, data, s3_settings=settings)
+                return commit.upsert(
+                    project, dataset, data, keys=keys, s3_settings=settings, commit_id=commit_id
+                )
+            return commit.append(project, dataset, data, s3_settings=settings, commit_id=commit_id)
         finally:
             self._after_write()
 

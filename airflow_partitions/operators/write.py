@@ -28,6 +28,11 @@ class PartitionedDatasetWriteOperator(BaseOperator):
     `where` (a SQL condition) are deleted. `write_through` (append / upsert, Postgres sources) writes the
     rows to the source table in one transaction first. The spec comes from `spec_path` or the
     `partitions_conn_id` connection, as for `PartitionedDatasetHook`.
+
+    The write's commit id is derived from the task instance (DAG, run, task, map index; not the try): a
+    retry after a try whose commit landed but whose response was lost returns that version instead of
+    writing the rows a second time. Clearing the task re-runs it the same way; to write again, trigger a
+    new run.
     """
 
     template_fields: Sequence[str] = ("spec_path", "dataset", "source_path", "where", "keys")
@@ -97,15 +102,25 @@ class PartitionedDatasetWriteOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_partitions.write.rows import RowsFile
 
+        commit_id = task_commit_id(context)
         if self.mode == "delete":
             assert self.where is not None
-            result = self.hook.delete(self.where)
+            result = self.hook.delete(self.where, commit_id=commit_id)
         else:
             assert self.source_path is not None
             rows = RowsFile(self.source_path, self.file_format)
             if self.mode == "upsert":
-                result = self.hook.upsert(rows, self.keys, write_through=self.write_through)
+                result = self.hook.upsert(
+                    rows, self.keys, write_through=self.write_through, commit_id=commit_id
+                )
             else:
-                result = self.hook.append(rows, write_through=self.write_through)
+                result = self.hook.append(rows, write_through=self.write_through, commit_id=commit_id)
         self.log.info("%s", result.describe())
         return result.to_json()
+
+
+def task_commit_id(context: Context) -> str:
+    """`airflow:<dag>:<task>:<map index>:<run>`: the same for every try of one task instance (DAG and task
+    ids hold no `:`, so the run id, which may, goes last and the id stays unambiguous)."""
+    ti = context["ti"]
+    return f"airflow:{ti.dag_id}:{ti.task_id}:{ti.map_index}:{ti.run_id}"

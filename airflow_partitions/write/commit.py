@@ -85,6 +85,9 @@ class WriteResult:
     files_written: int
     elapsed_s: float = 0.0
     commit_id: str | None = None
+    # The commit id was already published (an earlier try of this write, e.g. an Airflow task retry after
+    # a lost response): `version` is that commit's, and nothing was written again.
+    already_committed: bool = False
 
     @property
     def partitions_touched(self) -> int:
@@ -104,6 +107,7 @@ class WriteResult:
             "files_written": self.files_written,
             "elapsed_s": round(self.elapsed_s, 6),
             "commit_id": self.commit_id,
+            "already_committed": self.already_committed,
         }
 
     @classmethod
@@ -122,6 +126,7 @@ class WriteResult:
                 files_written=int(data["files_written"]),
                 elapsed_s=float(data.get("elapsed_s", 0.0)),
                 commit_id=data.get("commit_id"),
+                already_committed=bool(data.get("already_committed", False)),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise WriteError(f"malformed write result: {err}") from err
@@ -129,6 +134,11 @@ class WriteResult:
     def describe(self) -> str:
         if self.version is None:
             return f"{self.dataset}: {self.operation} changed nothing (no version committed)"
+        if self.already_committed:
+            return (
+                f"{self.dataset}: {self.operation} {self.commit_id} was already committed as version "
+                f"{self.version}; nothing was written again"
+            )
         return (
             f"{self.dataset}: {self.operation} committed version {self.version}: +{self.rows_added} / "
             f"-{self.rows_removed} rows in {len(self.partitions)} partition(s), "
@@ -351,6 +361,9 @@ def commit_changes(
     commit rebases onto a concurrent commit only if no partition it changed holds one of the keys.
     """
     started = time.monotonic() if started is None else started
+    earlier = committed_earlier(target, operation, commit_id, started)
+    if earlier is not None:
+        return earlier
     commit_id = commit_id or f"{operation}-{uuid.uuid4().hex}"
     now = dt.datetime.now(dt.UTC)
     upserts: list[PartitionEntry] = []
@@ -496,6 +509,33 @@ class KeyClaim:
                     )
 
         return check
+
+
+def committed_earlier(
+    target: WriteTarget, operation: WriteOperation, commit_id: str | None, started: float
+) -> WriteResult | None:
+    """The result of the commit `commit_id` if the base already holds it (a retried write whose first
+    attempt was published): nothing is then written again. `None` when it must be written."""
+    if commit_id is None or target.snapshot is None:
+        return None
+    version = target.snapshot.commit_ids.get(commit_id)
+    if version is None:
+        return None
+    return WriteResult(
+        dataset=target.dataset.name,
+        operation=operation,
+        version=version,
+        base_version=target.base_version,
+        partitions=(),
+        removed_partitions=(),
+        rows_in=0,
+        rows_added=0,
+        rows_removed=0,
+        files_written=0,
+        elapsed_s=time.monotonic() - started,
+        commit_id=commit_id,
+        already_committed=True,
+    )
 
 
 # --- the three writes -----------------------------------------------------------------------------

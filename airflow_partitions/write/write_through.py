@@ -30,6 +30,7 @@ from airflow_partitions.write.commit import (
     WriteTarget,
     append_changes,
     commit_changes,
+    committed_earlier,
     open_write_target,
     prepare_rows,
     resolve_keys,
@@ -79,6 +80,9 @@ def write_through(
             "write to the acceleration only (without write_through), or to the source and refresh"
         )
     target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    earlier = committed_earlier(target, operation, commit_id, started)
+    if earlier is not None:
+        return earlier  # a retry of a write-through that went through: the source has the rows already
     rows = prepare_rows(target, data)
     key_columns: tuple[str, ...] = ()
     if operation is WriteOperation.UPSERT:
