@@ -9,17 +9,31 @@ timestamp s / ms / us columns a watermark may be), so it can never drift from wh
 A partition that is new, empty, re-partitioned or refreshed with `--full` is rewritten as in full mode.
 Rows whose watermark is NULL are never past a watermark: an append refresh reads them only in a partition
 it writes whole (a new one); later ones are left for a full refresh, and counted (`null_watermark_rows`).
+
+Before an append, the rows it would not read are counted (`audit_appends`): per appending partition, the
+source rows at or below its watermark (NULL watermarks included) against the rows the partition holds.
+A difference means late rows (inserted below the watermark, or committed by a transaction that was open at
+the last refresh), deleted rows, or rows whose watermark moved forward (appending them would duplicate
+them); `refresh.late_rows` decides: `rewrite` (the default) rewrites those partitions whole in the same
+commit, `report` appends and reports, `fail` refuses. The count is a cheap grouped count over the projected
+partition and watermark columns; it cannot see a late row and a moved row of the same partition that
+cancel out between two refreshes, nor an update in place that keeps the watermark (append reads only new
+rows: use refresh_mode changes or full for updated sources).
+
+Watermarks from the future are not trusted: values past now + `refresh.max_future_skew_s` are counted per
+partition (`future_rows`), and a partition whose watermark lies there is rewritten whole (not appended
+past that value), so a future-dated row cannot hold back the ordinary rows that come after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.exceptions import LateRowsError, RefreshError
 from airflow_partitions.keys import value_to_json
-from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan
+from airflow_partitions.refresh.plan import PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import (
     RowsSince,
     Source,
@@ -27,9 +41,11 @@ from airflow_partitions.sources.base import (
     schema_tag,
     tagged_fingerprint,
 )
-from airflow_partitions.spec.model import RefreshMode
+from airflow_partitions.spec.model import LateRows, RefreshMode
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from airflow_partitions.catalog import PartitionEntry, Snapshot
     from airflow_partitions.spec.model import DatasetSpec
     from airflow_partitions.storage import DataFile
@@ -62,9 +78,15 @@ def file_watermark(data_file: DataFile, column: str, key_path: str) -> Any:
     )
 
 
-def apply_refresh_mode(plan: RefreshPlan, dataset: DatasetSpec, snapshot: Snapshot | None) -> RefreshPlan:
+def apply_refresh_mode(
+    plan: RefreshPlan, dataset: DatasetSpec, snapshot: Snapshot | None, source: Source | None = None
+) -> RefreshPlan:
     """`plan` under the dataset's refresh mode: in append mode each planned partition the catalog holds
-    with rows becomes an append item carrying its watermark; `--full` and re-partitioning rewrite."""
+    with rows becomes an append item carrying its watermark; `--full` and re-partitioning rewrite.
+
+    With the `source`, the appends are audited first (`audit_appends`): partitions whose rows at or below
+    the watermark differ from the source's, or whose watermark lies in the future, are handled as
+    `refresh.late_rows` says, and reported in the plan (`late_rows`, `future_rows`)."""
     refresh = dataset.acceleration.refresh
     mode = refresh.mode
     if mode is not RefreshMode.APPEND or plan.full or plan.replace_all or snapshot is None:
@@ -79,7 +101,196 @@ def apply_refresh_mode(plan: RefreshPlan, dataset: DatasetSpec, snapshot: Snapsh
             continue
         watermark = partition_watermark(entry, column)
         items.append(replace(item, append=True, watermark=value_to_json(watermark)))
-    return replace(plan, items=tuple(items), refresh_mode=str(mode), watermark_column=column)
+    appended = replace(plan, items=tuple(items), refresh_mode=str(mode), watermark_column=column)
+    if source is None:
+        return appended
+    # Every committed partition is audited, not only the planned ones: a partition left as it was (its
+    # fingerprint unchanged since a refresh that reported it) still lacks its late rows.
+    planned = {item.key_path for item in items}
+    audited = [*appended.appending]
+    for key_path, entry in sorted(snapshot.partitions.items()):
+        if key_path not in planned and entry.rows:
+            audited.append(
+                PartitionWorkItem(
+                    key=tuple(entry.key.to_json()),
+                    key_path=key_path,
+                    reason=Reason.FORCED,
+                    fingerprint=entry.source_fingerprint or "",
+                    append=True,
+                    watermark=value_to_json(partition_watermark(entry, column)),
+                )
+            )
+    return settle_late_rows(appended, dataset, audited, audit_appends(audited, dataset, source, snapshot))
+
+
+@dataclass(frozen=True)
+class AppendAudit:
+    """What an append would not see, per partition key path.
+
+    `late`: source rows at or below the partition's watermark (NULL ones included) minus the rows the
+    committed partition holds; positive = rows the acceleration lacks (late, or from a transaction that
+    was open at the last refresh), negative = rows it holds that the source no longer has there (deleted,
+    or moved past the watermark: an append would hold them twice). Only partitions that differ.
+    `future`: source rows whose watermark is past now + `max_future_skew_s`, per partition.
+    `future_watermark`: appending partitions whose committed watermark is past that bound.
+    """
+
+    late: dict[str, int]
+    future: dict[str, int]
+    future_watermark: tuple[str, ...]
+
+
+def future_bound(arrow_type: pa.DataType, skew_s: float) -> Any:
+    """now + `skew_s` as a value of a watermark column of `arrow_type`; None for integer watermarks (which
+    are not times, so nothing is in their future)."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    bound = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=skew_s)
+    if pa.types.is_timestamp(arrow_type):
+        # A naive timestamp column is read as UTC, as everywhere in the project.
+        return bound if arrow_type.tz is not None else bound.replace(tzinfo=None)
+    if pa.types.is_date(arrow_type):
+        return bound.date()
+    return None
+
+
+def audit_appends(
+    appending: Sequence[PartitionWorkItem], dataset: DatasetSpec, source: Source, snapshot: Snapshot
+) -> AppendAudit:
+    """Count, per appending partition (`appending`: append items carrying their watermarks), the source rows the append would not read against the rows the
+    partition holds, and the source rows with future watermarks (see `AppendAudit`).
+
+    The source is asked for the partition columns and the watermark column only (`read_columns`); the
+    per-partition comparison against each partition's own watermark is one DuckDB join.
+    """
+    import duckdb
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from airflow_partitions.keys import PartitionKey
+
+    column = dataset.acceleration.refresh.watermark_column
+    if column is None:
+        return AppendAudit({}, {}, ())
+    transforms = [f.transform for f in dataset.acceleration.partition_by]
+    names = dataset.acceleration.partition_names
+    wanted = list(dict.fromkeys([*(t.source_column for t in transforms), column]))
+    projected = source.read_columns(wanted)
+    marks = projected.column(column)
+    bound = future_bound(marks.type, dataset.acceleration.refresh.max_future_skew_s)
+    if bound is None:
+        ahead = pa.chunked_array([pa.array([False] * projected.num_rows, type=pa.bool_())])
+    else:
+        ahead = pc.fill_null(pc.greater(marks, pa.scalar(bound, type=marks.type)), False)
+    keys = [t.apply(projected.column(t.source_column)) for t in transforms]
+    key_names = [f"k{i}" for i in range(len(keys))]
+    rows = pa.table({**dict(zip(key_names, keys, strict=True)), "w": marks, "ahead": ahead})
+    bounds = pa.table(
+        {
+            **{
+                name: pa.array([item.partition_key.values[i] for item in appending], type=keys[i].type)
+                for i, name in enumerate(key_names)
+            },
+            "i": pa.array(range(len(appending)), type=pa.int64()),
+            "wm": pa.array([item.watermark_value for item in appending], type=marks.type),
+        }
+    )
+    same_key = " AND ".join(f"r.{k} IS NOT DISTINCT FROM b.{k}" for k in key_names) or "TRUE"
+    group = ", ".join(key_names)
+    with duckdb.connect() as con:
+        con.register("r", rows)
+        con.register("b", bounds)
+        unread = con.execute(
+            "SELECT b.i, count(*) AS n FROM b JOIN r ON "
+            f"{same_key} AND (r.w IS NULL OR (b.wm IS NOT NULL AND r.w <= b.wm)) GROUP BY b.i"
+        ).fetchall()
+        future = con.sql(
+            f"SELECT {group + ', ' if group else ''}count(*) AS n FROM r WHERE ahead"
+            + (f" GROUP BY {group}" if group else "")
+        ).to_arrow_table()
+    counted = {int(i): int(n) for i, n in unread}
+    late: dict[str, int] = {}
+    for index, item in enumerate(appending):
+        held = snapshot.partitions[item.key_path].rows
+        difference = counted.get(index, 0) - held
+        if difference:
+            late[item.key_path] = difference
+    future_rows: dict[str, int] = {}
+    if future.num_rows:
+        values = [future.column(k).cast(keys[i].type).to_pylist() for i, k in enumerate(key_names)]
+        counts = future.column("n").to_pylist()
+        for key, count in zip(zip(*values, strict=True), counts, strict=True):
+            future_rows[PartitionKey(tuple(key)).path(names)] = int(count)
+    ahead_marks: tuple[str, ...] = ()
+    if bound is not None:
+        ahead_marks = tuple(
+            item.key_path
+            for item in appending
+            if item.watermark_value is not None and item.watermark_value > bound
+        )
+    return AppendAudit(late, dict(sorted(future_rows.items())), ahead_marks)
+
+
+def settle_late_rows(
+    plan: RefreshPlan, dataset: DatasetSpec, audited: Sequence[PartitionWorkItem], audit: AppendAudit
+) -> RefreshPlan:
+    """`plan` after the audit of `audited`: under `late_rows: rewrite` the partitions that differ become
+    whole rewrites (added to the plan when it did not hold them); `report` keeps them appending; `fail`
+    raises `LateRowsError`. A partition whose watermark lies in the future is always rewritten whole
+    (appending past it would skip the ordinary rows that follow)."""
+    policy = dataset.acceleration.refresh.late_rows
+    notes: list[str] = []
+    if audit.late:
+        listing = ", ".join(f"{path} ({count:+,})" for path, count in list(audit.late.items())[:10])
+        if policy is LateRows.FAIL:
+            raise LateRowsError(
+                f"dataset {dataset.name!r}: {len(audit.late)} partition(s) hold a different number of rows at "
+                f"or below their watermark than the source (late, deleted or moved rows; source minus "
+                f"acceleration): {listing}. Refresh with --full, or set refresh.late_rows: rewrite to "
+                "rewrite those partitions in the append",
+                dict(audit.late),
+            )
+        action = "rewritten whole" if policy is LateRows.REWRITE else "appended as usual (late_rows: report)"
+        notes.append(
+            f"{len(audit.late)} partition(s) differ from the source at or below their watermark, "
+            f"{action}: {listing}"
+        )
+    if audit.future:
+        total = sum(audit.future.values())
+        listing = ", ".join(f"{path} ({count:,})" for path, count in list(audit.future.items())[:10])
+        notes.append(
+            f"{total:,} source row(s) have a watermark past now + "
+            f"{dataset.acceleration.refresh.max_future_skew_s:g} s: {listing}"
+        )
+    rewrite = set(audit.future_watermark)
+    if audit.future_watermark:
+        notes.append(
+            f"{len(audit.future_watermark)} partition(s) have a watermark in the future, rewritten whole: "
+            + ", ".join(audit.future_watermark[:10])
+        )
+    if policy is LateRows.REWRITE:
+        rewrite |= set(audit.late)
+    items = [
+        replace(item, append=False, watermark=None) if item.append and item.key_path in rewrite else item
+        for item in plan.items
+    ]
+    planned = {item.key_path for item in plan.items}
+    added = [
+        replace(item, append=False, watermark=None)
+        for item in audited
+        if item.key_path in rewrite and item.key_path not in planned
+    ]
+    return replace(
+        plan,
+        items=tuple(sorted([*items, *added], key=lambda item: item.key_path)) if added else tuple(items),
+        unchanged=plan.unchanged - len(added),
+        notes=(*plan.notes, *notes),
+        late_rows=dict(audit.late),
+        future_rows=dict(audit.future),
+        late_rows_policy=str(policy),
+    )
 
 
 def rows_since(dataset: DatasetSpec, item: PartitionWorkItem) -> RowsSince | None:
@@ -161,7 +372,6 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
     import pyarrow.compute as pc
 
     from airflow_partitions.keys import PartitionKey
-    from airflow_partitions.refresh.plan import Reason
     from airflow_partitions.sources.postgres import PostgresSource
 
     started = time.monotonic()

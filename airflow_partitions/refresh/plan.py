@@ -242,6 +242,13 @@ class RefreshPlan:
     # refuses a different count: the source changed in between).
     changed_rows: int | None = None
     changed_partitions: int | None = None  # the items of the whole changes plan
+    # Append / changes on a watermark: per key path, the source rows the mode would not see (`late_rows`:
+    # source minus acceleration at or below the partition's watermark; `modes.AppendAudit`), the rows with
+    # a watermark past now + refresh.max_future_skew_s (`future_rows`), and the `refresh.late_rows` policy
+    # applied. None: not audited (full mode).
+    late_rows: Mapping[str, int] | None = None
+    future_rows: Mapping[str, int] | None = None
+    late_rows_policy: str | None = None
 
     def __post_init__(self) -> None:
         # replace_all drops every partition the commit does not write, so its items must be all of them.
@@ -295,6 +302,9 @@ class RefreshPlan:
             "watermark_column": self.watermark_column,
             "changed_rows": self.changed_rows,
             "changed_partitions": self.changed_partitions,
+            "late_rows": dict(self.late_rows) if self.late_rows is not None else None,
+            "future_rows": dict(self.future_rows) if self.future_rows is not None else None,
+            "late_rows_policy": self.late_rows_policy,
         }
 
     def dumps(self) -> str:
@@ -323,6 +333,9 @@ class RefreshPlan:
             watermark_column=data.get("watermark_column"),
             changed_rows=_optional_int(data.get("changed_rows")),
             changed_partitions=_optional_int(data.get("changed_partitions")),
+            late_rows=_optional_counts(data.get("late_rows")),
+            future_rows=_optional_counts(data.get("future_rows")),
+            late_rows_policy=data.get("late_rows_policy"),
         )
 
     @property
@@ -521,3 +534,7 @@ class ConservationCounts:
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _optional_counts(value: Any) -> dict[str, int] | None:
+    return None if value is None else {str(k): int(v) for k, v in dict(value).items()}

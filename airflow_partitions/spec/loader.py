@@ -21,6 +21,7 @@ from airflow_partitions.spec.model import (
     DEFAULT_ACCELERATOR_DIR,
     DEFAULT_DISCOVERY_TIMEOUT_S,
     DEFAULT_ENGINE,
+    DEFAULT_MAX_FUTURE_SKEW_S,
     DEFAULT_MAX_PARTITIONS,
     ENGINE_MODES,
     FILE_FORMAT_SUFFIXES,
@@ -34,6 +35,7 @@ from airflow_partitions.spec.model import (
     Problem,
     ProjectSpec,
     RefreshConfig,
+    LateRows,
     RefreshMode,
     SnapshotConfig,
     SnapshotMode,
@@ -74,7 +76,15 @@ ACCELERATION_KEYS = (
     "primary_key",
     "snapshots",
 )
-REFRESH_KEYS = ("schedule", "check_column", "watermark_column", "discovery_timeout_s", "max_partitions")
+REFRESH_KEYS = (
+    "schedule",
+    "check_column",
+    "watermark_column",
+    "discovery_timeout_s",
+    "max_partitions",
+    "late_rows",
+    "max_future_skew_s",
+)
 SNAPSHOT_KEYS = ("mode", "location")
 # Free-form params blocks are not closed, but a key that is one typo away from a known one is an error.
 KNOWN_SOURCE_PARAMS = ("file_format", "connection_id", "url")
@@ -777,6 +787,8 @@ class _SpecReader:
             "max_partitions": _default(raw.get("max_partitions"), DEFAULT_MAX_PARTITIONS),
             "mode": mode,
             "watermark_column": raw.get("watermark_column"),
+            "late_rows": _default(raw.get("late_rows"), str(LateRows.REWRITE)),
+            "max_future_skew_s": _default(raw.get("max_future_skew_s"), DEFAULT_MAX_FUTURE_SKEW_S),
         }
         if self.add_problems(block, ("refresh",), label, refresh_problems(**values)):
             return None
@@ -791,6 +803,8 @@ class _SpecReader:
             mode=mode,
             watermark_column=values["watermark_column"],
             watermark_column_line=raw.line_of("watermark_column") if "watermark_column" in raw else None,
+            late_rows=LateRows(values["late_rows"]),
+            max_future_skew_s=float(values["max_future_skew_s"]),
         )
 
     def read_snapshots(self, block: LineDict, label: str) -> SnapshotConfig | None:

@@ -1,0 +1,166 @@
+"""Watermark modes never drift silently: late rows, rows from transactions open at the last refresh,
+future-dated rows, rows whose watermark moved, and in-place updates the Postgres fingerprint must see.
+
+Each test is one way an incremental refresh used to leave the acceleration different from its source
+without saying so; after every refresh the full read is compared with the source row for row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import psycopg
+import pytest
+from test_refresh_modes import TEXTS, assert_equals_source, create_events, events_spec
+
+from airflow_partitions.exceptions import LateRowsError
+from airflow_partitions.refresh import refresh_dataset
+from airflow_partitions.spec import load_spec
+from airflow_partitions.spec.model import ProjectSpec
+
+pytestmark = pytest.mark.postgres
+
+BY_REGION = '{r: "region"}'
+BY_DAY = "{day: \"date_trunc('day', created_at)\"}"
+
+
+def with_refresh_options(tmp_path: Path, options: str) -> ProjectSpec:
+    """The spec `events_spec` wrote, with more `refresh:` options."""
+    spec = tmp_path / "spec.yaml"
+    lines = [
+        f"      refresh: {{watermark_column: created_at, {options}}}"
+        if line.startswith("      refresh: ")
+        else line
+        for line in spec.read_text().splitlines()
+    ]
+    spec.write_text("\n".join(lines) + "\n")
+    return load_spec(spec)
+
+
+def create_indexed_events(url: str) -> None:
+    """`create_events`, with region indexed too: each partition is read by its own query (no Spark)."""
+    create_events(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE INDEX events_region ON public.events (region)")
+
+
+def region_of(url: str, row_id: int) -> str | None:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT region FROM public.events WHERE id = %s", (row_id,)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_append_takes_a_late_row(pg_database: str, tmp_path: Path) -> None:
+    """A row inserted at or below its partition's watermark: the partition is rewritten and reported."""
+    create_events(pg_database)
+    project = events_spec(tmp_path, pg_database, BY_DAY)
+    refresh_dataset(project, "events")
+    before = assert_equals_source(project, "events")
+    day1 = "day=2026-03-01T00%3A00%3A00%2B00%3A00"
+    watermark = max(f.stats["created_at"].max for f in before.partitions[day1].files)
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO public.events VALUES (500, 'late', 1, 'x', %s), (501, 'tie', 2, '', %s)",
+            (watermark - dt.timedelta(hours=3), watermark),
+        )
+    summary = refresh_dataset(project, "events")
+    assert summary.late_rows == {day1: 2}, "the partition and the count are named"
+    assert summary.late_rows_policy == "rewrite"
+    assert summary.appended_rows == 0, "the partition was rewritten whole, not appended to"
+    assert_equals_source(project, "events")
+    assert refresh_dataset(project, "events").late_rows == {}, "nothing left behind"
+
+
+def test_append_reports_or_refuses_late_rows_as_configured(pg_database: str, tmp_path: Path) -> None:
+    create_indexed_events(pg_database)
+    events_spec(tmp_path, pg_database, BY_REGION)
+    project = with_refresh_options(tmp_path, "late_rows: report")
+    refresh_dataset(project, "events")
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("INSERT INTO public.events VALUES (500, 'late', 1, 'a/b', '2026-01-01T00:00:00Z')")
+    summary = refresh_dataset(project, "events")
+    assert summary.late_rows == {"r=a%2Fb": 1}
+    assert any("late_rows: report" in note for note in summary.notes)
+    assert_equals_source(project, "events", leaving_out={500})
+
+    project = with_refresh_options(tmp_path, "late_rows: fail")
+    with pytest.raises(LateRowsError, match=r"r=a%2Fb \(\+1\)") as raised:
+        refresh_dataset(project, "events")
+    assert raised.value.late_rows == {"r=a%2Fb": 1}
+
+
+def test_append_takes_an_insert_of_a_transaction_open_at_the_last_refresh(
+    pg_database: str, tmp_path: Path
+) -> None:
+    """T1 inserts with ts = now() and stays open, T2 inserts later and commits, refresh, T1 commits: the
+    next refresh takes T1's row (it is below the watermark T2's row set)."""
+    create_indexed_events(pg_database)
+    project = events_spec(tmp_path, pg_database, BY_REGION)
+    refresh_dataset(project, "events")
+    with psycopg.connect(pg_database) as slow:
+        slow.execute("INSERT INTO public.events VALUES (600, 'slow', 1, 'plain', now())")
+        with psycopg.connect(pg_database, autocommit=True) as fast:
+            fast.execute("INSERT INTO public.events VALUES (601, 'fast', 1, 'plain', now())")
+        refresh_dataset(project, "events")
+        assert_equals_source(project, "events")  # 600 is not visible yet
+        slow.commit()
+    summary = refresh_dataset(project, "events")
+    assert summary.late_rows == {"r=plain": 1}
+    assert_equals_source(project, "events")
+
+
+def test_append_does_not_duplicate_a_row_whose_watermark_moved(pg_database: str, tmp_path: Path) -> None:
+    create_indexed_events(pg_database)
+    project = events_spec(tmp_path, pg_database, BY_REGION)
+    refresh_dataset(project, "events")
+    region = region_of(pg_database, 7)
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("UPDATE public.events SET created_at = now(), note = 'moved' WHERE id = 7")
+    summary = refresh_dataset(project, "events")
+    assert summary.late_rows is not None
+    assert list(summary.late_rows.values()) == [-1], f"{region}: one row left the committed range"
+    assert_equals_source(project, "events")
+
+
+def test_a_future_row_does_not_stop_the_watermark(pg_database: str, tmp_path: Path) -> None:
+    create_indexed_events(pg_database)
+    project = events_spec(tmp_path, pg_database, BY_REGION)
+    refresh_dataset(project, "events")
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO public.events VALUES (700, 'future', 1, 'plain', now() + interval '30 days')"
+        )
+    summary = refresh_dataset(project, "events")
+    assert summary.future_rows == {"r=plain": 1}, "the future row is named, with its partition"
+    assert_equals_source(project, "events")
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("INSERT INTO public.events VALUES (701, 'ordinary', 1, 'plain', now())")
+    again = refresh_dataset(project, "events")
+    assert again.future_rows == {"r=plain": 1}
+    assert any("watermark in the future" in note for note in again.notes)
+    assert_equals_source(project, "events")
+
+
+def test_postgres_fingerprint_sees_an_update_below_the_max(pg_database: str, tmp_path: Path) -> None:
+    """`check_column` count + max misses an UPDATE that keeps updated_at below the partition's max."""
+    create_indexed_events(pg_database)
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: events\n"
+        "    from: postgres:public.events\n"
+        f"    params: {{url: '{pg_database}', reader: adbc}}\n"
+        "    acceleration:\n"
+        f"      partition_by: [{BY_REGION}]\n"
+        "      refresh: {check_column: created_at}\n"
+    )
+    project = load_spec(tmp_path / "spec.yaml")
+    refresh_dataset(project, "events")
+    region = region_of(pg_database, 3)
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("UPDATE public.events SET note = %s WHERE id = 3", (TEXTS[7] + " changed",))
+    summary = refresh_dataset(project, "events")
+    assert summary.refreshed == 1, f"the partition of id 3 ({region!r}) is refreshed"
+    assert_equals_source(project, "events")
