@@ -84,7 +84,9 @@ def insert_events(conn: Any, ids: range, *, day: int, hour: int | None = None) -
         )
 
 
-def events_spec(tmp_path: Path, url: str, partition_by: str, *, mode: str = "append") -> ProjectSpec:
+def events_spec(
+    tmp_path: Path, url: str, partition_by: str, *, mode: str = "append", late_rows: str = "rewrite"
+) -> ProjectSpec:
     (tmp_path / "spec.yaml").write_text(
         "accelerator_dir: acc\n"
         "datasets:\n"
@@ -94,7 +96,7 @@ def events_spec(tmp_path: Path, url: str, partition_by: str, *, mode: str = "app
         "    acceleration:\n"
         f"      refresh_mode: {mode}\n"
         f"      partition_by: [{partition_by}]\n"
-        "      refresh: {watermark_column: created_at}\n"
+        f"      refresh: {{watermark_column: created_at, late_rows: {late_rows}}}\n"
     )
     return load_spec(tmp_path / "spec.yaml")
 
@@ -102,7 +104,10 @@ def events_spec(tmp_path: Path, url: str, partition_by: str, *, mode: str = "app
 @pytest.mark.postgres
 def test_postgres_append_reads_past_each_partitions_watermark(pg_database: str, tmp_path: Path) -> None:
     create_events(pg_database)
-    project = events_spec(tmp_path, pg_database, "{day: \"date_trunc('day', created_at)\"}")
+    # late_rows: report, to see what append alone reads (the default rewrites late partitions whole).
+    project = events_spec(
+        tmp_path, pg_database, "{day: \"date_trunc('day', created_at)\"}", late_rows="report"
+    )
     first = refresh_dataset(project, "events")
     assert first.stage_mode == "pushdown", "created_at is indexed: each day is one range query"
     before = assert_equals_source(project, "events")
@@ -189,7 +194,9 @@ def day_table(day: int, ids: range, *, null_every: int = 0) -> pa.Table:
     )
 
 
-def files_spec(tmp_path: Path, location: Path, partition_by: str) -> ProjectSpec:
+def files_spec(
+    tmp_path: Path, location: Path, partition_by: str, *, late_rows: str = "rewrite"
+) -> ProjectSpec:
     (tmp_path / "spec.yaml").write_text(
         "accelerator_dir: acc\n"
         "datasets:\n"
@@ -199,7 +206,7 @@ def files_spec(tmp_path: Path, location: Path, partition_by: str) -> ProjectSpec
         "    acceleration:\n"
         "      refresh_mode: append\n"
         f"      partition_by: [{partition_by}]\n"
-        "      refresh: {watermark_column: created_at}\n"
+        f"      refresh: {{watermark_column: created_at, late_rows: {late_rows}}}\n"
     )
     return load_spec(tmp_path / "spec.yaml")
 
@@ -209,7 +216,7 @@ def test_hive_files_append_by_pushdown(tmp_path: Path, capsys: pytest.CaptureFix
     for kind in ("a", "b%2Fc"):
         (root / f"kind={kind}").mkdir(parents=True)
         pq.write_table(day_table(1, range(30), null_every=7).drop(["kind"]), root / f"kind={kind}/d1.parquet")
-    project = files_spec(tmp_path, root, '{k: "kind"}')
+    project = files_spec(tmp_path, root, '{k: "kind"}', late_rows="report")
     assert refresh_dataset(project, "events").stage_mode == "pushdown"
     before = assert_equals_source(project, "events")
 
@@ -223,6 +230,7 @@ def test_hive_files_append_by_pushdown(tmp_path: Path, capsys: pytest.CaptureFix
     assert summary["refresh_mode"] == "append"
     assert summary["appended_rows"] == 20
     assert summary["appended_partitions"] == 2, "both partitions changed; one gained nothing"
+    assert summary["late_rows"] == {"k=b%2Fc": 3}, "the late file is named, with its rows"
     late = set(range(200, 203))
     after = assert_equals_source(project, "events", leaving_out=late)
     assert after.partitions["k=a"].rows == before.partitions["k=a"].rows + 20

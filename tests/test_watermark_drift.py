@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from test_refresh_modes import TEXTS, assert_equals_source, create_events, events_spec
+from test_refresh_modes import TEXTS, accounts_project, assert_equals_source, create_events, events_spec
 
 from airflow_partitions.exceptions import LateRowsError
 from airflow_partitions.refresh import refresh_dataset
@@ -164,3 +164,39 @@ def test_postgres_fingerprint_sees_an_update_below_the_max(pg_database: str, tmp
     summary = refresh_dataset(project, "events")
     assert summary.refreshed == 1, f"the partition of id 3 ({region!r}) is refreshed"
     assert_equals_source(project, "events")
+
+
+# --- refresh_mode changes on a watermark ----------------------------------------------------------
+
+
+def test_changes_takes_an_update_of_a_transaction_open_at_the_last_refresh(
+    pg_database: str, tmp_path: Path
+) -> None:
+    """T1 updates id 8 (ts = now()) and stays open, T2 updates id 9 and commits, refresh, T1 commits:
+    the next refresh takes id 8 (the read stopped before the oldest open transaction)."""
+    project = accounts_project(tmp_path, pg_database)
+    refresh_dataset(project, "accounts")
+    with psycopg.connect(pg_database) as slow:
+        slow.execute("UPDATE public.accounts SET note = 'slow', region = 'k=v', updated_at = now() WHERE id = 8")
+        with psycopg.connect(pg_database, autocommit=True) as fast:
+            fast.execute("UPDATE public.accounts SET note = 'fast', updated_at = now() WHERE id = 9")
+        during = refresh_dataset(project, "accounts")
+        assert any("oldest open transaction" in note for note in during.notes)
+        slow.commit()
+    refresh_dataset(project, "accounts")
+    assert_equals_source(project, "accounts")
+
+
+def test_changes_is_not_stopped_by_a_future_row(pg_database: str, tmp_path: Path) -> None:
+    project = accounts_project(tmp_path, pg_database)
+    refresh_dataset(project, "accounts")
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("UPDATE public.accounts SET updated_at = now() + interval '30 days' WHERE id = 4")
+    summary = refresh_dataset(project, "accounts")
+    assert summary.future_rows is not None
+    assert list(summary.future_rows.values()) == [1], "the future row is named, with its partition"
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("UPDATE public.accounts SET note = 'after', updated_at = now() WHERE id = 5")
+        conn.execute("INSERT INTO public.accounts VALUES (99, 'plain', 1, 'new', now())")
+    refresh_dataset(project, "accounts")
+    assert_equals_source(project, "accounts")

@@ -322,13 +322,24 @@ def lowest_since(dataset: DatasetSpec, items: Sequence[PartitionWorkItem]) -> Ro
 # --- refresh_mode: changes ----------------------------------------------------------------------
 
 
-def changes_watermark(snapshot: Snapshot, column: str) -> Any:
-    """The largest committed `column` value over every partition: where the next changes read starts."""
+def changes_watermark(snapshot: Snapshot, column: str, bound: Any = None) -> Any:
+    """The largest committed `column` value over every partition: where the next changes read starts.
+
+    Values past `bound` (now + refresh.max_future_skew_s) are not trusted: a file whose maximum lies there
+    gives its minimum instead (when that is below the bound), so one future-dated row cannot move the
+    start past the ordinary rows that follow it. Starting lower only re-reads rows, which the upsert by
+    primary key replaces with themselves.
+    """
     best: Any = None
     for entry in snapshot.partitions.values():
-        value = partition_watermark(entry, column)
-        if value is not None and (best is None or value > best):
-            best = value
+        for data_file in entry.files:
+            value = file_watermark(data_file, column, entry.key_path)
+            if value is not None and bound is not None and value > bound:
+                stats = data_file.stats.get(column)
+                low = stats.min if stats is not None else None
+                value = low if low is not None and low <= bound else None
+            if value is not None and (best is None or value > best):
+                best = value
     return best
 
 
@@ -367,8 +378,10 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
     Ties: the read starts AT the watermark (`>=`), so rows updated within the same timestamp as the newest
     committed row are not lost; re-applying one already committed replaces it by key with itself.
     """
+    import datetime as dt
     import time
 
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     from airflow_partitions.keys import PartitionKey
@@ -381,12 +394,22 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
     assert column is not None
     assert keys
     assert isinstance(source, PostgresSource)
-    watermark = changes_watermark(snapshot, column)
+    column_type = source.schema().field(column).type
+    bound = future_bound(column_type, acceleration.refresh.max_future_skew_s)
+    watermark = changes_watermark(snapshot, column, bound)
     transforms = [f.transform for f in acceleration.partition_by]
     wanted = list(dict.fromkeys([*keys, *(t.source_column for t in transforms), column]))
-    changed = source.read_changed(wanted, column, watermark)
-    upper = pc.max(changed.column(column)).as_py() if changed.num_rows else None
+    # A transaction still open may commit rows stamped before rows committed now (`ts = now()` is its
+    # start): read only below the oldest open writer's start, so the next read still starts before them.
+    open_since = source.oldest_open_write() if bound is not None else None
+    cap = open_since - dt.timedelta(microseconds=1) if open_since is not None else None
+    if cap is not None and not isinstance(bound, dt.datetime):
+        cap = cap.date() - dt.timedelta(days=1)
+    elif cap is not None and getattr(column_type, "tz", None) is None:
+        cap = cap.replace(tzinfo=None)
+    changed = source.read_changed(wanted, column, watermark, cap)
     names = acceleration.partition_names
+    upper = pc.max(changed.column(column)).as_py() if changed.num_rows else None
     landing: set[tuple[Any, ...]] = set()
     if changed.num_rows:
         values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
@@ -397,6 +420,14 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
         for key_path, committed in snapshot.partitions.items():
             if key_path not in touched and _may_hold_any(committed, keys[0], probe):
                 touched[key_path] = committed.key
+    future_rows: dict[str, int] = {}
+    if bound is not None and changed.num_rows:
+        ahead = pc.fill_null(pc.greater(changed.column(column), pa.scalar(bound, type=column_type)), False)
+        later = changed.filter(ahead)
+        later_keys = zip(*[t.apply(later.column(t.source_column)).to_pylist() for t in transforms], strict=True)
+        for key in later_keys:
+            path = PartitionKey(tuple(key)).path(names)
+            future_rows[path] = future_rows.get(path, 0) + 1
     tag = schema_tag(source.schema())
     fingerprint = tagged_fingerprint(tag, f"changes-{value_to_json(upper)}")
     items: list[PartitionWorkItem] = []
@@ -428,7 +459,20 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
         discovery=DiscoveryKind.DYNAMIC,
         fingerprint_granularity="partition",
         elapsed_s=time.monotonic() - started,
-        notes=(f"{changed.num_rows} row(s) changed since {column} >= {watermark!r}",),
+        notes=(
+            f"{changed.num_rows} row(s) changed since {column} >= {watermark!r}"
+            + (f", up to before the oldest open transaction ({open_since.isoformat()})" if open_since else ""),
+            *(
+                [
+                    f"{sum(future_rows.values()):,} changed row(s) have a watermark past now + "
+                    f"{acceleration.refresh.max_future_skew_s:g} s (taken; the next read does not start "
+                    "there): " + ", ".join(f"{p} ({n:,})" for p, n in sorted(future_rows.items())[:10])
+                ]
+                if future_rows
+                else []
+            ),
+        ),
+        future_rows=dict(sorted(future_rows.items())),
         refresh_mode=str(RefreshMode.CHANGES),
         watermark_column=column,
         changed_rows=changed.num_rows,

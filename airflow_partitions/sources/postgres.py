@@ -483,6 +483,22 @@ class PostgresSource:
         schema = self.schema()
         return conform_table(raw, pa.schema([schema.field(name) for name in wanted]))
 
+    def oldest_open_write(self) -> dt.datetime | None:
+        """When the oldest transaction of another session that has written (holds a transaction id) in
+        this database started, or None. Its rows become visible only when it commits, stamped with times
+        from before rows committed since (`now()` is the transaction's start)."""
+        sql = (
+            "SELECT min(xact_start) AS started FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL"
+        )
+        try:
+            value = self.query_arrow(sql).column("started")[0].as_py()
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"cannot list the open transactions of {self.describe()}: {_clean_error(err)}") from err
+        return value
+
     def count_null_rows(self, column: str) -> int:
         sql = f"SELECT count(*) AS n FROM {self.table.sql} WHERE {quote_ident(column)} IS NULL"
         try:
