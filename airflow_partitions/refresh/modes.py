@@ -106,7 +106,7 @@ def apply_refresh_mode(
         return appended
     # Every committed partition is audited, not only the planned ones: a partition left as it was (its
     # fingerprint unchanged since a refresh that reported it) still lacks its late rows.
-    planned = {item.key_path for item in items}
+    planned = {item.key_path for item in items} | set(plan.removed)  # removed: gone from the source
     audited = [*appended.appending]
     for key_path, entry in sorted(snapshot.partitions.items()):
         if key_path not in planned and entry.rows:
