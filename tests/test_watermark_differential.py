@@ -126,7 +126,10 @@ def rows_table(ids: list[int], rng: random.Random, stamp: dt.datetime) -> pa.Tab
             "id": pa.array(ids, type=pa.int64()),
             "note": pa.array([rng.choice(NOTES) for _ in ids], type=pa.string()),
             "ts": pa.array(
-                [None if rng.random() < 0.1 else stamp - dt.timedelta(minutes=rng.randint(0, 30)) for _ in ids],
+                [
+                    None if rng.random() < 0.1 else stamp - dt.timedelta(minutes=rng.randint(0, 30))
+                    for _ in ids
+                ],
                 type=pa.timestamp("us"),
             ),
         }

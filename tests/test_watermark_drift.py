@@ -8,12 +8,14 @@ without saying so; after every refresh the full read is compared with the source
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 
 import psycopg
 import pytest
 from test_refresh_modes import TEXTS, accounts_project, assert_equals_source, create_events, events_spec
 
+from airflow_partitions.cli.main import main
 from airflow_partitions.exceptions import LateRowsError
 from airflow_partitions.refresh import refresh_dataset
 from airflow_partitions.spec import load_spec
@@ -73,17 +75,30 @@ def test_append_takes_a_late_row(pg_database: str, tmp_path: Path) -> None:
     assert refresh_dataset(project, "events").late_rows == {}, "nothing left behind"
 
 
-def test_append_reports_or_refuses_late_rows_as_configured(pg_database: str, tmp_path: Path) -> None:
+def test_append_reports_or_refuses_late_rows_as_configured(
+    pg_database: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     create_indexed_events(pg_database)
     events_spec(tmp_path, pg_database, BY_REGION)
     project = with_refresh_options(tmp_path, "late_rows: report")
     refresh_dataset(project, "events")
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute("INSERT INTO public.events VALUES (500, 'late', 1, 'a/b', '2026-01-01T00:00:00Z')")
-    summary = refresh_dataset(project, "events")
-    assert summary.late_rows == {"r=a%2Fb": 1}
-    assert any("late_rows: report" in note for note in summary.notes)
+    spec = str(tmp_path / "spec.yaml")
+    capsys.readouterr()
+    assert main(["refresh", spec, "events", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["late_rows"] == {"r=a%2Fb": 1}
+    assert summary["late_rows_policy"] == "report"
+    assert any("late_rows: report" in note for note in summary["notes"])
     assert_equals_source(project, "events", leaving_out={500})
+    assert main(["status", spec, "events", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)["datasets"][0]
+    assert status["conservation"]["late_rows"] == {"r=a%2Fb": 1}, "the commit record keeps it"
+    assert main(["status", spec, "events"]) == 0
+    assert "NOT taken (late_rows: report): r=a%2Fb +1" in capsys.readouterr().out
+    # Reported again on every refresh while it lasts, although the partition's fingerprint is unchanged.
+    assert refresh_dataset(project, "events").late_rows == {"r=a%2Fb": 1}
 
     project = with_refresh_options(tmp_path, "late_rows: fail")
     with pytest.raises(LateRowsError, match=r"r=a%2Fb \(\+1\)") as raised:
@@ -177,7 +192,9 @@ def test_changes_takes_an_update_of_a_transaction_open_at_the_last_refresh(
     project = accounts_project(tmp_path, pg_database)
     refresh_dataset(project, "accounts")
     with psycopg.connect(pg_database) as slow:
-        slow.execute("UPDATE public.accounts SET note = 'slow', region = 'k=v', updated_at = now() WHERE id = 8")
+        slow.execute(
+            "UPDATE public.accounts SET note = 'slow', region = 'k=v', updated_at = now() WHERE id = 8"
+        )
         with psycopg.connect(pg_database, autocommit=True) as fast:
             fast.execute("UPDATE public.accounts SET note = 'fast', updated_at = now() WHERE id = 9")
         during = refresh_dataset(project, "accounts")

@@ -171,6 +171,13 @@ def render_status(report: dict[str, Any]) -> str:
         from airflow_partitions.cli.refresh import describe_conservation
 
         lines.append(f"  last commit   {describe_conservation(counts)} (version {counts['version']})")
+        from airflow_partitions.cli.refresh import describe_watermark_audit
+
+        audit = describe_watermark_audit(
+            counts.get("late_rows"), counts.get("future_rows"), counts.get("late_rows_policy")
+        )
+        if audit:
+            lines.append(f"  watermark     {audit}")
     if "partition_by_changed" in report:
         lines.append(f"  WARNING: {report['partition_by_changed']['message']}")
     lines.append("  recent versions:")

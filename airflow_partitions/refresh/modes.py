@@ -159,8 +159,9 @@ def future_bound(arrow_type: pa.DataType, skew_s: float) -> Any:
 def audit_appends(
     appending: Sequence[PartitionWorkItem], dataset: DatasetSpec, source: Source, snapshot: Snapshot
 ) -> AppendAudit:
-    """Count, per appending partition (`appending`: append items carrying their watermarks), the source rows the append would not read against the rows the
-    partition holds, and the source rows with future watermarks (see `AppendAudit`).
+    """Count, per appending partition (`appending`: append items carrying their watermarks), the source
+    rows the append would not read against the rows the partition holds, and the source rows with future
+    watermarks (see `AppendAudit`).
 
     The source is asked for the partition columns and the watermark column only (`read_columns`); the
     per-partition comparison against each partition's own watermark is one DuckDB join.
@@ -246,8 +247,8 @@ def settle_late_rows(
         listing = ", ".join(f"{path} ({count:+,})" for path, count in list(audit.late.items())[:10])
         if policy is LateRows.FAIL:
             raise LateRowsError(
-                f"dataset {dataset.name!r}: {len(audit.late)} partition(s) hold a different number of rows at "
-                f"or below their watermark than the source (late, deleted or moved rows; source minus "
+                f"dataset {dataset.name!r}: {len(audit.late)} partition(s) hold a different number of rows "
+                "at or below their watermark than the source (late, deleted or moved rows; source minus "
                 f"acceleration): {listing}. Refresh with --full, or set refresh.late_rows: rewrite to "
                 "rewrite those partitions in the append",
                 dict(audit.late),
@@ -402,11 +403,13 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
     # A transaction still open may commit rows stamped before rows committed now (`ts = now()` is its
     # start): read only below the oldest open writer's start, so the next read still starts before them.
     open_since = source.oldest_open_write() if bound is not None else None
-    cap = open_since - dt.timedelta(microseconds=1) if open_since is not None else None
-    if cap is not None and not isinstance(bound, dt.datetime):
-        cap = cap.date() - dt.timedelta(days=1)
-    elif cap is not None and getattr(column_type, "tz", None) is None:
-        cap = cap.replace(tzinfo=None)
+    cap: Any = None
+    if open_since is not None:
+        cap = open_since - dt.timedelta(microseconds=1)
+        if not isinstance(bound, dt.datetime):  # a date column: stop the day before
+            cap = cap.date() - dt.timedelta(days=1)
+        elif getattr(column_type, "tz", None) is None:
+            cap = cap.replace(tzinfo=None)
     changed = source.read_changed(wanted, column, watermark, cap)
     names = acceleration.partition_names
     upper = pc.max(changed.column(column)).as_py() if changed.num_rows else None
@@ -424,7 +427,9 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
     if bound is not None and changed.num_rows:
         ahead = pc.fill_null(pc.greater(changed.column(column), pa.scalar(bound, type=column_type)), False)
         later = changed.filter(ahead)
-        later_keys = zip(*[t.apply(later.column(t.source_column)).to_pylist() for t in transforms], strict=True)
+        later_keys = zip(
+            *[t.apply(later.column(t.source_column)).to_pylist() for t in transforms], strict=True
+        )
         for key in later_keys:
             path = PartitionKey(tuple(key)).path(names)
             future_rows[path] = future_rows.get(path, 0) + 1
@@ -461,7 +466,9 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
         elapsed_s=time.monotonic() - started,
         notes=(
             f"{changed.num_rows} row(s) changed since {column} >= {watermark!r}"
-            + (f", up to before the oldest open transaction ({open_since.isoformat()})" if open_since else ""),
+            + (
+                f", up to before the oldest open transaction ({open_since.isoformat()})" if open_since else ""
+            ),
             *(
                 [
                     f"{sum(future_rows.values()):,} changed row(s) have a watermark past now + "

@@ -496,7 +496,9 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot list the open transactions of {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(
+                f"cannot list the open transactions of {self.describe()}: {_clean_error(err)}"
+            ) from err
         return value
 
     def count_null_rows(self, column: str) -> int:
