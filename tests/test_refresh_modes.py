@@ -156,11 +156,14 @@ def test_postgres_append_reads_past_each_partitions_watermark(pg_database: str, 
 
 @pytest.mark.postgres
 @pytest.mark.spark
+@pytest.mark.parametrize("late_rows", ["report", "rewrite"])
 def test_postgres_append_through_spark_moves_nothing_twice(
-    spark: Any, pg_database: str, tmp_path: Path
+    spark: Any, pg_database: str, tmp_path: Path, late_rows: str
 ) -> None:
+    """`report`: only the rows past the watermarks are written, the late NULL row is reported; `rewrite`:
+    its partition is rewritten whole by the executors in the same job as the appends of the others."""
     create_events(pg_database)
-    project = events_spec(tmp_path, pg_database, '{r: "region"}')
+    project = events_spec(tmp_path, pg_database, '{r: "region"}', late_rows=late_rows)
     first = refresh_dataset(project, "events", spark=spark, strategy="spark")
     assert first.stage_mode == "written", "a first refresh writes partitions whole: executors write them"
     before = assert_equals_source(project, "events")
@@ -170,11 +173,19 @@ def test_postgres_append_through_spark_moves_nothing_twice(
     summary = refresh_dataset(project, "events", spark=spark, strategy="spark")
     assert summary.refresh_mode == "append"
     assert summary.stage_mode == "written", "the executors write the appended files too"
-    assert summary.appended_rows == summary.rows_written == 20
-    after = assert_equals_source(project, "events", leaving_out={301})
-    for key_path, entry in before.partitions.items():
-        assert set(entry.files) <= set(after.partitions[key_path].files), f"{key_path} kept its files"
-    assert summary.null_watermark_rows == 1
+    assert summary.late_rows == {"r=a%2Fb": 1}, "the late NULL row is named, with its partition"
+    if late_rows == "report":
+        assert summary.appended_rows == summary.rows_written == 20
+        after = assert_equals_source(project, "events", leaving_out={301})
+        for key_path, entry in before.partitions.items():
+            assert set(entry.files) <= set(after.partitions[key_path].files), f"{key_path} kept its files"
+        assert summary.null_watermark_rows == 1
+        return
+    after = assert_equals_source(project, "events")
+    rewritten = after.partitions["r=a%2Fb"].rows
+    assert summary.rows_written == summary.appended_rows + rewritten, "one partition whole, others appended"
+    assert not set(before.partitions["r=a%2Fb"].files) & set(after.partitions["r=a%2Fb"].files)
+    assert summary.null_watermark_rows == 0
 
 
 # --- files --------------------------------------------------------------------------------------

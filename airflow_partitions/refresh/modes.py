@@ -163,8 +163,11 @@ def audit_appends(
     rows the append would not read against the rows the partition holds, and the source rows with future
     watermarks (see `AppendAudit`).
 
-    The source is asked for the partition columns and the watermark column only (`read_columns`); the
-    per-partition comparison against each partition's own watermark is one DuckDB join.
+    Postgres counts in SQL (`count_below_watermarks`: one GROUP BY of the partition expressions and of
+    `width_bucket` of the watermark over every partition's watermark, so only counts cross the wire); other
+    sources (and partition expressions Postgres cannot compute) give the partition and watermark columns
+    only (`read_columns`). The per-partition comparison against each partition's own watermark is one
+    DuckDB join either way.
     """
     import duckdb
     import pyarrow as pa
@@ -177,25 +180,53 @@ def audit_appends(
         return AppendAudit({}, {}, ())
     transforms = [f.transform for f in dataset.acceleration.partition_by]
     names = dataset.acceleration.partition_names
-    wanted = list(dict.fromkeys([*(t.source_column for t in transforms), column]))
-    projected = source.read_columns(wanted)
-    marks = projected.column(column)
-    bound = future_bound(marks.type, dataset.acceleration.refresh.max_future_skew_s)
-    if bound is None:
-        ahead = pa.chunked_array([pa.array([False] * projected.num_rows, type=pa.bool_())])
+    mark_type = source.schema().field(column).type
+    bound = future_bound(mark_type, dataset.acceleration.refresh.max_future_skew_s)
+    marks = [item.watermark_value for item in appending]
+    # Counted in the source where it can: thresholds just past each watermark, so that "at or below W"
+    # is "fewer thresholds at or below the value than below W's own" (`width_bucket` counts them).
+    thresholds = sorted({_just_past(mark) for mark in marks if mark is not None})
+    counter = getattr(source, "count_below_watermarks", None)
+    rows = counter(transforms, column, thresholds, bound) if counter is not None else None
+    if rows is not None:
+        key_types = [rows.column(f"k{i}").type for i in range(len(transforms))]
+        ranks = {threshold: index + 1 for index, threshold in enumerate(thresholds)}
+        below = "(r.b IS NULL OR (b.rank IS NOT NULL AND r.b < b.rank))"
     else:
-        ahead = pc.fill_null(pc.greater(marks, pa.scalar(bound, type=marks.type)), False)
-    keys = [t.apply(projected.column(t.source_column)) for t in transforms]
-    key_names = [f"k{i}" for i in range(len(keys))]
-    rows = pa.table({**dict(zip(key_names, keys, strict=True)), "w": marks, "ahead": ahead})
+        wanted = list(dict.fromkeys([*(t.source_column for t in transforms), column]))
+        projected = source.read_columns(wanted)
+        values = projected.column(column)
+        if bound is None:
+            ahead = pa.array([0] * projected.num_rows, type=pa.int64())
+        else:
+            ahead = pc.fill_null(pc.greater(values, pa.scalar(bound, type=values.type)), False).cast(
+                pa.int64()
+            )
+        keys = [t.apply(projected.column(t.source_column)) for t in transforms]
+        key_types = [key.type for key in keys]
+        rows = pa.table(
+            {
+                **{f"k{i}": key for i, key in enumerate(keys)},
+                "w": values,
+                "n": pa.array([1] * projected.num_rows, type=pa.int64()),
+                "f": ahead,
+            }
+        )
+        ranks = {}
+        below = "(r.w IS NULL OR (b.wm IS NOT NULL AND r.w <= b.wm))"
+    key_names = [f"k{i}" for i in range(len(transforms))]
     bounds = pa.table(
         {
             **{
-                name: pa.array([item.partition_key.values[i] for item in appending], type=keys[i].type)
+                name: pa.array([item.partition_key.values[i] for item in appending], type=key_types[i])
                 for i, name in enumerate(key_names)
             },
             "i": pa.array(range(len(appending)), type=pa.int64()),
-            "wm": pa.array([item.watermark_value for item in appending], type=marks.type),
+            "wm": pa.array(marks, type=mark_type),
+            "rank": pa.array(
+                [ranks.get(_just_past(mark)) if mark is not None else None for mark in marks],
+                type=pa.int64(),
+            ),
         }
     )
     same_key = " AND ".join(f"r.{k} IS NOT DISTINCT FROM b.{k}" for k in key_names) or "TRUE"
@@ -204,12 +235,12 @@ def audit_appends(
         con.register("r", rows)
         con.register("b", bounds)
         unread = con.execute(
-            "SELECT b.i, count(*) AS n FROM b JOIN r ON "
-            f"{same_key} AND (r.w IS NULL OR (b.wm IS NOT NULL AND r.w <= b.wm)) GROUP BY b.i"
+            f"SELECT b.i, sum(r.n) AS n FROM b JOIN r ON {same_key} AND {below} GROUP BY b.i"
         ).fetchall()
         future = con.sql(
-            f"SELECT {group + ', ' if group else ''}count(*) AS n FROM r WHERE ahead"
+            f"SELECT {group + ', ' if group else ''}sum(f) AS n FROM r"
             + (f" GROUP BY {group}" if group else "")
+            + " HAVING sum(f) > 0"
         ).to_arrow_table()
     counted = {int(i): int(n) for i, n in unread}
     late: dict[str, int] = {}
@@ -220,7 +251,7 @@ def audit_appends(
             late[item.key_path] = difference
     future_rows: dict[str, int] = {}
     if future.num_rows:
-        values = [future.column(k).cast(keys[i].type).to_pylist() for i, k in enumerate(key_names)]
+        values = [future.column(k).cast(key_types[i]).to_pylist() for i, k in enumerate(key_names)]
         counts = future.column("n").to_pylist()
         for key, count in zip(zip(*values, strict=True), counts, strict=True):
             future_rows[PartitionKey(tuple(key)).path(names)] = int(count)
@@ -232,6 +263,17 @@ def audit_appends(
             if item.watermark_value is not None and item.watermark_value > bound
         )
     return AppendAudit(late, dict(sorted(future_rows.items())), ahead_marks)
+
+
+def _just_past(value: Any) -> Any:
+    """The smallest watermark value past `value` (microseconds, days, integers: the watermark types)."""
+    import datetime as dt
+
+    if isinstance(value, dt.datetime):
+        return value + dt.timedelta(microseconds=1)
+    if isinstance(value, dt.date):
+        return value + dt.timedelta(days=1)
+    return value + 1
 
 
 def settle_late_rows(

@@ -483,6 +483,43 @@ class PostgresSource:
         schema = self.schema()
         return conform_table(raw, pa.schema([schema.field(name) for name in wanted]))
 
+    def count_below_watermarks(
+        self, transforms: Sequence[Transform], column: str, thresholds: Sequence[Any], bound: Any
+    ) -> pa.Table | None:
+        """Per partition value and watermark bucket, the rows counted in Postgres (only counts cross the
+        wire): `k0..` the partition values, `b` the number of `thresholds` (sorted) at or below the row's
+        `column` (NULL for a NULL one), `n` the rows, `f` those past `bound` (None: none counted). None
+        when some partition expression has no Postgres form (the caller reads the columns instead)."""
+        import pyarrow as pa
+
+        group_sql = [partition_sql(t) for t in transforms]
+        if any(sql is None for sql in group_sql) or not thresholds:
+            return None
+        quoted = quote_ident(column)
+        array = "ARRAY[" + ", ".join(sql_literal(t) for t in thresholds) + "]"
+        keys = [f"{sql} AS k{i}" for i, sql in enumerate(group_sql)]
+        future = f"count(*) FILTER (WHERE {quoted} > {sql_literal(bound)})" if bound is not None else "0"
+        select = ", ".join([*keys, f"width_bucket({quoted}, {array}) AS b"])
+        group_by = ", ".join(str(i + 1) for i in range(len(keys) + 1))
+        sql = f"SELECT {select}, count(*) AS n, {future} AS f FROM {self.table.sql} GROUP BY {group_by}"
+        try:
+            result = self.query_arrow(sql)
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"cannot count the rows of {self.describe()}: {_clean_error(err)}") from err
+        columns: dict[str, Any] = {}
+        for i, transform in enumerate(transforms):
+            column_data = result.column(f"k{i}")
+            if isinstance(column_data.type, pa.BaseExtensionType):
+                column_data = pa.chunked_array(
+                    [c.storage for c in column_data.chunks], type=column_data.type.storage_type
+                )
+            columns[f"k{i}"] = column_data.cast(transform.result_type)
+        for name in ("b", "n", "f"):
+            columns[name] = result.column(name).cast(pa.int64())
+        return pa.table(columns)
+
     def oldest_open_write(self) -> dt.datetime | None:
         """When the oldest transaction of another session that has written (holds a transaction id) in
         this database started, or None. Its rows become visible only when it commits, stamped with times
