@@ -10,14 +10,21 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from test_refresh_modes import TEXTS, accounts_project, assert_equals_source, create_events, events_spec
 
+from airflow_partitions.catalog import open_catalog
 from airflow_partitions.cli.main import main
 from airflow_partitions.exceptions import LateRowsError
+from airflow_partitions.keys import value_to_json
 from airflow_partitions.refresh import refresh_dataset
+from airflow_partitions.refresh.modes import audit_appends, partition_watermark
+from airflow_partitions.refresh.pipeline import bind_dataset
+from airflow_partitions.refresh.plan import PartitionWorkItem, Reason
+from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import ProjectSpec
 
@@ -217,3 +224,69 @@ def test_changes_is_not_stopped_by_a_future_row(pg_database: str, tmp_path: Path
         conn.execute("INSERT INTO public.accounts VALUES (99, 'plain', 1, 'new', now())")
     refresh_dataset(project, "accounts")
     assert_equals_source(project, "accounts")
+
+
+class ColumnsOnly:
+    """The same Postgres source without its SQL counting, so the audit reads the columns instead."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "count_below_watermarks":
+            raise AttributeError(name)
+        return getattr(self._source, name)
+
+
+class CountsInSql(ColumnsOnly):
+    """The Postgres source, remembering what its SQL counting returned."""
+
+    counted: list[Any]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    def count_below_watermarks(self, *args: Any) -> Any:
+        result = self._source.count_below_watermarks(*args)
+        self.counted = [*getattr(self, "counted", []), result]
+        return result
+
+
+@pytest.mark.parametrize("partition_by", [BY_REGION, BY_DAY])
+def test_postgres_counts_the_audit_in_sql_as_the_columns_count_it(
+    pg_database: str, tmp_path: Path, partition_by: str
+) -> None:
+    """The audit counted by Postgres (width_bucket over the watermarks) equals the one counted from the
+    projected columns, NULL partition values and NULL, tied, late and future watermarks included."""
+    create_indexed_events(pg_database)
+    project = events_spec(tmp_path, pg_database, partition_by)
+    refresh_dataset(project, "events")
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO public.events VALUES (800, 'late', 1, NULL, '2026-03-01T00:00:00Z'), "
+            "(801, 'null', 1, 'a/b', NULL), (802, 'future', 1, 'plain', now() + interval '9 days'), "
+            "(803, 'tie', 1, 'k=v', (SELECT max(created_at) FROM public.events WHERE region = 'k=v'))"
+        )
+        conn.execute("DELETE FROM public.events WHERE id = 5")
+    source = open_dataset_source(project.dataset("events"))
+    dataset = bind_dataset(project.dataset("events"), source)
+    snapshot = open_catalog(project, dataset).latest()
+    assert snapshot is not None
+    items = [
+        PartitionWorkItem(
+            key=tuple(entry.key.to_json()),
+            key_path=path,
+            reason=Reason.FORCED,
+            fingerprint="",
+            append=True,
+            watermark=value_to_json(partition_watermark(entry, "created_at")),
+        )
+        for path, entry in snapshot.partitions.items()
+    ]
+    in_sql = CountsInSql(source)
+    counted = audit_appends(items, dataset, in_sql, snapshot)  # type: ignore[arg-type]
+    assert in_sql.counted, "the audit asked Postgres to count"
+    assert in_sql.counted[0] is not None, "Postgres counted (no columns read)"
+    assert counted == audit_appends(items, dataset, ColumnsOnly(source), snapshot)  # type: ignore[arg-type]
+    assert counted.late
+    assert counted.future
