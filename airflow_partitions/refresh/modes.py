@@ -176,7 +176,7 @@ def audit_appends(
     from airflow_partitions.keys import PartitionKey
 
     column = dataset.acceleration.refresh.watermark_column
-    if column is None:
+    if column is None or not appending:
         return AppendAudit({}, {}, ())
     transforms = [f.transform for f in dataset.acceleration.partition_by]
     names = dataset.acceleration.partition_names
