@@ -171,7 +171,6 @@ def audit_appends(
     """
     import duckdb
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from airflow_partitions.keys import PartitionKey
 
@@ -188,32 +187,13 @@ def audit_appends(
     thresholds = sorted({_just_past(mark) for mark in marks if mark is not None})
     counter = getattr(source, "count_below_watermarks", None)
     rows = counter(transforms, column, thresholds, bound) if counter is not None else None
-    if rows is not None:
-        key_types = [rows.column(f"k{i}").type for i in range(len(transforms))]
-        ranks = {threshold: index + 1 for index, threshold in enumerate(thresholds)}
-        below = "(r.b IS NULL OR (b.rank IS NOT NULL AND r.b < b.rank))"
-    else:
+    if rows is None:
+        # The same table, counted here: each value's bucket is the number of thresholds at or below it.
         wanted = list(dict.fromkeys([*(t.source_column for t in transforms), column]))
-        projected = source.read_columns(wanted)
-        values = projected.column(column)
-        if bound is None:
-            ahead = pa.array([0] * projected.num_rows, type=pa.int64())
-        else:
-            ahead = pc.fill_null(pc.greater(values, pa.scalar(bound, type=values.type)), False).cast(
-                pa.int64()
-            )
-        keys = [t.apply(projected.column(t.source_column)) for t in transforms]
-        key_types = [key.type for key in keys]
-        rows = pa.table(
-            {
-                **{f"k{i}": key for i, key in enumerate(keys)},
-                "w": values,
-                "n": pa.array([1] * projected.num_rows, type=pa.int64()),
-                "f": ahead,
-            }
-        )
-        ranks = {}
-        below = "(r.w IS NULL OR (b.wm IS NOT NULL AND r.w <= b.wm))"
+        rows = bucketed_counts(source.read_columns(wanted), transforms, column, thresholds, bound)
+    key_types = [rows.column(f"k{i}").type for i in range(len(transforms))]
+    ranks = {threshold: index + 1 for index, threshold in enumerate(thresholds)}
+    below = "(r.b IS NULL OR (b.rank IS NOT NULL AND r.b < b.rank))"
     key_names = [f"k{i}" for i in range(len(transforms))]
     bounds = pa.table(
         {
@@ -263,6 +243,43 @@ def audit_appends(
             if item.watermark_value is not None and item.watermark_value > bound
         )
     return AppendAudit(late, dict(sorted(future_rows.items())), ahead_marks)
+
+
+def bucketed_counts(
+    projected: pa.Table, transforms: Sequence[Any], column: str, thresholds: Sequence[Any], bound: Any
+) -> pa.Table:
+    """`projected` source columns counted as Postgres' `count_below_watermarks` counts them: per partition
+    value (`k0..`) and bucket `b` (the number of sorted `thresholds` at or below the row's `column`, NULL
+    for a NULL value), the rows `n` and those past `bound` (`f`)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = projected.column(column)
+    if bound is None:
+        ahead = pa.array(np.zeros(projected.num_rows, dtype=np.int64))
+    else:
+        ahead = pc.fill_null(pc.greater(values, pa.scalar(bound, type=values.type)), False).cast(pa.int64())
+    # Watermark types (integers, dates, timestamps) order as their integer storage does.
+    storage = pa.int64() if not pa.types.is_date32(values.type) else pa.int32()
+    numbers = values.cast(storage).cast(pa.int64())
+    edges = pa.array(thresholds, type=values.type).cast(storage).cast(pa.int64()).to_numpy()
+    filled = pc.fill_null(numbers, 0).to_numpy()
+    buckets = pa.array(
+        np.searchsorted(edges, filled, side="right").astype(np.int64),
+        mask=pc.is_null(numbers).to_numpy(zero_copy_only=False),
+    )
+    keys = {f"k{i}": t.apply(projected.column(t.source_column)) for i, t in enumerate(transforms)}
+    table = pa.table({**keys, "b": buckets, "f": ahead})
+    grouped = table.group_by([*keys, "b"], use_threads=False).aggregate([("f", "sum"), ("f", "count")])
+    return pa.table(
+        {
+            **{name: grouped.column(name) for name in keys},
+            "b": grouped.column("b"),
+            "n": grouped.column("f_count").cast(pa.int64()),
+            "f": grouped.column("f_sum").cast(pa.int64()),
+        }
+    )
 
 
 def _just_past(value: Any) -> Any:
