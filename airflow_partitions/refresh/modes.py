@@ -202,7 +202,6 @@ def audit_appends(
                 for i, name in enumerate(key_names)
             },
             "i": pa.array(range(len(appending)), type=pa.int64()),
-            "wm": pa.array(marks, type=mark_type),
             "rank": pa.array(
                 [ranks.get(_just_past(mark)) if mark is not None else None for mark in marks],
                 type=pa.int64(),
