@@ -122,6 +122,14 @@ class RefreshError(AirflowPartitionsError):
     """Refreshing a partition failed."""
 
 
+class LateRowsError(RefreshError):
+    """An append refresh under `refresh.late_rows: fail` found partitions it cannot bring up to date."""
+
+    def __init__(self, message: str, late_rows: dict[str, int]) -> None:
+        super().__init__(message)
+        self.late_rows = late_rows
+
+
 class PartitionsFailedError(RefreshError):
     """Some partitions failed to refresh and nothing was committed; `.failed` maps key path to the error."""
 

@@ -754,6 +754,22 @@ def test_refresh_metrics_reach_a_statsd_listener(
     assert statsd.metrics("airflow.dataset_acceleration_refresh_partitions.sales.failed") == []
 
 
+def test_watermark_audit_gauges_reach_a_statsd_listener(statsd: StatsdListener) -> None:
+    """What a watermark mode could not see is a gauge per dataset (0 when it saw everything), late rows
+    counted by absolute value (a deleted row is as much drift as a late one); full mode sends nothing."""
+    from airflow_partitions.operators.metrics import record_watermark_audit
+
+    record_watermark_audit("sales", late_rows={"day=1": 2, "day=2": -1}, future_rows={"day=9": 4})
+    assert statsd.wait_for("airflow.dataset_acceleration_refresh_late_rows.sales", 1) == [(3.0, "g")]
+    assert statsd.wait_for("airflow.dataset_acceleration_refresh_future_rows.sales", 1) == [(4.0, "g")]
+    record_watermark_audit("sales", late_rows={}, future_rows={})
+    assert statsd.wait_for("airflow.dataset_acceleration_refresh_late_rows.sales", 2)[-1] == (0.0, "g")
+    record_watermark_audit("full_mode", late_rows=None, future_rows=None)
+    record_watermark_audit("after", late_rows={}, future_rows=None)  # a marker sent after it
+    statsd.wait_for("airflow.dataset_acceleration_refresh_late_rows.after", 1)
+    assert not [line for line in statsd.lines if "full_mode" in line]
+
+
 def test_commit_decodes_the_lone_descriptor_of_a_one_partition_run() -> None:
     """Airflow hands the commit a single refresh task's XCom as the value itself, not a list of one; the
     descriptor's writer (the task instance) survives the round trip."""

@@ -84,7 +84,9 @@ def insert_events(conn: Any, ids: range, *, day: int, hour: int | None = None) -
         )
 
 
-def events_spec(tmp_path: Path, url: str, partition_by: str, *, mode: str = "append") -> ProjectSpec:
+def events_spec(
+    tmp_path: Path, url: str, partition_by: str, *, mode: str = "append", late_rows: str = "rewrite"
+) -> ProjectSpec:
     (tmp_path / "spec.yaml").write_text(
         "accelerator_dir: acc\n"
         "datasets:\n"
@@ -94,7 +96,7 @@ def events_spec(tmp_path: Path, url: str, partition_by: str, *, mode: str = "app
         "    acceleration:\n"
         f"      refresh_mode: {mode}\n"
         f"      partition_by: [{partition_by}]\n"
-        "      refresh: {watermark_column: created_at}\n"
+        f"      refresh: {{watermark_column: created_at, late_rows: {late_rows}}}\n"
     )
     return load_spec(tmp_path / "spec.yaml")
 
@@ -102,7 +104,10 @@ def events_spec(tmp_path: Path, url: str, partition_by: str, *, mode: str = "app
 @pytest.mark.postgres
 def test_postgres_append_reads_past_each_partitions_watermark(pg_database: str, tmp_path: Path) -> None:
     create_events(pg_database)
-    project = events_spec(tmp_path, pg_database, "{day: \"date_trunc('day', created_at)\"}")
+    # late_rows: report, to see what append alone reads (the default rewrites late partitions whole).
+    project = events_spec(
+        tmp_path, pg_database, "{day: \"date_trunc('day', created_at)\"}", late_rows="report"
+    )
     first = refresh_dataset(project, "events")
     assert first.stage_mode == "pushdown", "created_at is indexed: each day is one range query"
     before = assert_equals_source(project, "events")
@@ -151,11 +156,14 @@ def test_postgres_append_reads_past_each_partitions_watermark(pg_database: str, 
 
 @pytest.mark.postgres
 @pytest.mark.spark
+@pytest.mark.parametrize("late_rows", ["report", "rewrite"])
 def test_postgres_append_through_spark_moves_nothing_twice(
-    spark: Any, pg_database: str, tmp_path: Path
+    spark: Any, pg_database: str, tmp_path: Path, late_rows: str
 ) -> None:
+    """`report`: only the rows past the watermarks are written, the late NULL row is reported; `rewrite`:
+    its partition is rewritten whole by the executors in the same job as the appends of the others."""
     create_events(pg_database)
-    project = events_spec(tmp_path, pg_database, '{r: "region"}')
+    project = events_spec(tmp_path, pg_database, '{r: "region"}', late_rows=late_rows)
     first = refresh_dataset(project, "events", spark=spark, strategy="spark")
     assert first.stage_mode == "written", "a first refresh writes partitions whole: executors write them"
     before = assert_equals_source(project, "events")
@@ -165,11 +173,19 @@ def test_postgres_append_through_spark_moves_nothing_twice(
     summary = refresh_dataset(project, "events", spark=spark, strategy="spark")
     assert summary.refresh_mode == "append"
     assert summary.stage_mode == "written", "the executors write the appended files too"
-    assert summary.appended_rows == summary.rows_written == 20
-    after = assert_equals_source(project, "events", leaving_out={301})
-    for key_path, entry in before.partitions.items():
-        assert set(entry.files) <= set(after.partitions[key_path].files), f"{key_path} kept its files"
-    assert summary.null_watermark_rows == 1
+    assert summary.late_rows == {"r=a%2Fb": 1}, "the late NULL row is named, with its partition"
+    if late_rows == "report":
+        assert summary.appended_rows == summary.rows_written == 20
+        after = assert_equals_source(project, "events", leaving_out={301})
+        for key_path, entry in before.partitions.items():
+            assert set(entry.files) <= set(after.partitions[key_path].files), f"{key_path} kept its files"
+        assert summary.null_watermark_rows == 1
+        return
+    after = assert_equals_source(project, "events")
+    rewritten = after.partitions["r=a%2Fb"].rows
+    assert summary.rows_written == summary.appended_rows + rewritten, "one partition whole, others appended"
+    assert not set(before.partitions["r=a%2Fb"].files) & set(after.partitions["r=a%2Fb"].files)
+    assert summary.null_watermark_rows == 0
 
 
 # --- files --------------------------------------------------------------------------------------
@@ -189,7 +205,9 @@ def day_table(day: int, ids: range, *, null_every: int = 0) -> pa.Table:
     )
 
 
-def files_spec(tmp_path: Path, location: Path, partition_by: str) -> ProjectSpec:
+def files_spec(
+    tmp_path: Path, location: Path, partition_by: str, *, late_rows: str = "rewrite"
+) -> ProjectSpec:
     (tmp_path / "spec.yaml").write_text(
         "accelerator_dir: acc\n"
         "datasets:\n"
@@ -199,7 +217,7 @@ def files_spec(tmp_path: Path, location: Path, partition_by: str) -> ProjectSpec
         "    acceleration:\n"
         "      refresh_mode: append\n"
         f"      partition_by: [{partition_by}]\n"
-        "      refresh: {watermark_column: created_at}\n"
+        f"      refresh: {{watermark_column: created_at, late_rows: {late_rows}}}\n"
     )
     return load_spec(tmp_path / "spec.yaml")
 
@@ -209,7 +227,7 @@ def test_hive_files_append_by_pushdown(tmp_path: Path, capsys: pytest.CaptureFix
     for kind in ("a", "b%2Fc"):
         (root / f"kind={kind}").mkdir(parents=True)
         pq.write_table(day_table(1, range(30), null_every=7).drop(["kind"]), root / f"kind={kind}/d1.parquet")
-    project = files_spec(tmp_path, root, '{k: "kind"}')
+    project = files_spec(tmp_path, root, '{k: "kind"}', late_rows="report")
     assert refresh_dataset(project, "events").stage_mode == "pushdown"
     before = assert_equals_source(project, "events")
 
@@ -223,6 +241,7 @@ def test_hive_files_append_by_pushdown(tmp_path: Path, capsys: pytest.CaptureFix
     assert summary["refresh_mode"] == "append"
     assert summary["appended_rows"] == 20
     assert summary["appended_partitions"] == 2, "both partitions changed; one gained nothing"
+    assert summary["late_rows"] == {"k=b%2Fc": 3}, "the late file is named, with its rows"
     late = set(range(200, 203))
     after = assert_equals_source(project, "events", leaving_out=late)
     assert after.partitions["k=a"].rows == before.partitions["k=a"].rows + 20

@@ -113,6 +113,7 @@ def test_append_and_changes_through_the_refresh_dag(pg_database: str, tmp_path: 
     header = open_catalog(project, dataset).versions()[-1]
     assert header.conservation is not None
     assert header.conservation["routed"] == header.conservation["written"] == 10
+    assert header.conservation["late_rows"] == {}, "the DAG's plan audited the appends: nothing late"
     files = [f for entry in second.partitions.values() for f in entry.files]
     table = get_storage(dataset.acceleration).read(open_catalog(project, dataset).data_root, files)
     source = open_source(dataset.source).read_all()

@@ -494,12 +494,33 @@ def test_duplicate_partition_names() -> None:
         ({"max_partitions": 0}, "refresh.max_partitions must be a positive integer, got 0"),
         ({"max_partitions": 2.5}, "refresh.max_partitions must be a positive integer, got 2.5"),
         ({"check_column": ""}, "refresh.check_column must be a column name, got ''"),
+        ({"late_rows": "ignore"}, "refresh.late_rows must be one of rewrite, report, fail, got 'ignore'"),
+        (
+            {"max_future_skew_s": -1},
+            "refresh.max_future_skew_s must be a number of seconds, 0 or more, got -1",
+        ),
+        (
+            {"max_future_skew_s": "5m"},
+            "refresh.max_future_skew_s must be a number of seconds, 0 or more, got '5m'",
+        ),
     ],
 )
 def test_bad_refresh_params(refresh: dict[str, Any], fragment: str) -> None:
     error = only_error(spec_text({"partition_by": ["id"], "refresh": refresh}))
     assert "dataset 'taxi_trips'" in error
     assert fragment in error
+
+
+def test_watermark_refresh_options_default_and_load() -> None:
+    """`late_rows` defaults to rewrite and `max_future_skew_s` to 300 s; both are read as written."""
+    from airflow_partitions.spec.model import LateRows
+
+    plain = parse_spec(spec_text({"partition_by": ["id"]}), base_dir=Path("/tmp"))
+    refresh = plain.dataset("taxi_trips").acceleration.refresh
+    assert (refresh.late_rows, refresh.max_future_skew_s) == (LateRows.REWRITE, 300.0)
+    text = spec_text({"partition_by": ["id"], "refresh": {"late_rows": "fail", "max_future_skew_s": 0}})
+    loaded = parse_spec(text, base_dir=Path("/tmp")).dataset("taxi_trips").acceleration.refresh
+    assert (loaded.late_rows, loaded.max_future_skew_s) == (LateRows.FAIL, 0.0)
 
 
 @pytest.mark.parametrize(

@@ -170,6 +170,9 @@ def describe_mode(summary: Any) -> str:
             f"{summary.appended_partitions:,} partition(s); {summary.rows_written:,} rows written to new "
             "files in all"
         )
+    audit = describe_watermark_audit(summary.late_rows, summary.future_rows, summary.late_rows_policy)
+    if audit:
+        line += f"; {audit}"
     if summary.null_watermark_rows:
         line += (
             f"; {summary.null_watermark_rows:,} source row(s) with a NULL watermark are not in the "
@@ -197,3 +200,22 @@ def describe_conservation(counts: Any) -> str:
         f"rows conserved: {counts.get('routed', 0):,} routed, {counts.get('written', 0):,} written"
         f"{scanned} over {counts.get('partitions_checked', 0):,} partition(s)"
     )
+
+
+def describe_watermark_audit(late: Any, future: Any, policy: Any) -> str:
+    """What a watermark mode could not see, per partition (`RefreshPlan.late_rows` / `future_rows`)."""
+    parts: list[str] = []
+    if late:
+        action = {"rewrite": "rewritten whole", "report": "NOT taken (late_rows: report)"}.get(
+            str(policy), ""
+        )
+        listing = ", ".join(f"{path} {count:+,}" for path, count in list(late.items())[:5])
+        more = f" and {len(late) - 5} more" if len(late) > 5 else ""
+        parts.append(
+            f"late rows (source minus acceleration at or below the watermark) in {len(late):,} partition(s)"
+            f"{', ' + action if action else ''}: {listing}{more}"
+        )
+    if future:
+        listing = ", ".join(f"{path} {count:,}" for path, count in list(future.items())[:5])
+        parts.append(f"{sum(future.values()):,} row(s) with a watermark in the future: {listing}")
+    return "; ".join(parts)

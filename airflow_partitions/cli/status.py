@@ -190,6 +190,13 @@ def render_status(report: dict[str, Any]) -> str:
         from airflow_partitions.cli.refresh import describe_conservation
 
         lines.append(f"  last commit   {describe_conservation(counts)} (version {counts['version']})")
+        from airflow_partitions.cli.refresh import describe_watermark_audit
+
+        audit = describe_watermark_audit(
+            counts.get("late_rows"), counts.get("future_rows"), counts.get("late_rows_policy")
+        )
+        if audit:
+            lines.append(f"  watermark     {audit}")
     verified = report.get("last_verify")
     if verified is not None:
         differing = f"; differing {', '.join(verified['differing'][:5])}" if verified["differing"] else ""

@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_partitions.keys import AIRFLOW_KEY_LIMIT, PartitionKey, composite_key
 from airflow_partitions.operators.base import DatasetOperator
+from airflow_partitions.operators.metrics import record_watermark_audit
 from airflow_partitions.operators.xcom import partition_results_from_xcom, plan_from_xcom, stage_from_xcom
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class PartitionCommitOperator(DatasetOperator):
         from airflow_partitions.refresh.commit import commit_refresh
 
         plan = plan_from_xcom(self.plan, self.work_items)
+        record_watermark_audit(self.dataset, late_rows=plan.late_rows, future_rows=plan.future_rows)
         if plan.is_empty:
             raise AirflowSkipException(f"{self.dataset}: nothing changed in the source; no commit needed")
         results = partition_results_from_xcom(self.results)

@@ -19,6 +19,7 @@ plain StatsD, which has no tags, still tells datasets apart; backends with tags 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -30,6 +31,10 @@ PARTITIONS = f"{METRIC_PREFIX}_partitions"
 STAGE_DURATION = f"{METRIC_PREFIX}_stage_duration"
 STAGE_ROWS = f"{METRIC_PREFIX}_stage_rows"
 CDC_LAG = f"{METRIC_PREFIX}_cdc_lag_bytes"
+# Watermark modes: source rows at or below a partition's watermark the acceleration lacked (or held extra,
+# counted by absolute value) when the refresh was planned, and rows with a watermark in the future.
+LATE_ROWS = f"{METRIC_PREFIX}_late_rows"
+FUTURE_ROWS = f"{METRIC_PREFIX}_future_rows"
 
 
 class Outcome(StrEnum):
@@ -94,3 +99,16 @@ def record_stage(dataset: str, *, elapsed_s: float, source_rows: int | None) -> 
 def record_cdc_lag(dataset: str, lag_bytes: int) -> None:
     """The replication slot's lag of a change data capture dataset, in WAL bytes."""
     _stats().gauge(metric_name(CDC_LAG, dataset), lag_bytes, tags={"dataset": dataset})
+
+
+def record_watermark_audit(
+    dataset: str, *, late_rows: Mapping[str, int] | None, future_rows: Mapping[str, int] | None
+) -> None:
+    """Gauges of what a watermark mode could not see at planning (0 when it saw everything), so an alert
+    can fire on drift: late rows summed by absolute value over partitions, and future-dated rows."""
+    if late_rows is None and future_rows is None:
+        return  # full mode: nothing audited
+    stats = _stats()
+    tags = {"dataset": dataset}
+    stats.gauge(metric_name(LATE_ROWS, dataset), sum(abs(n) for n in (late_rows or {}).values()), tags=tags)
+    stats.gauge(metric_name(FUTURE_ROWS, dataset), sum((future_rows or {}).values()), tags=tags)

@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.refresh.failures import FailureStore
@@ -139,6 +139,10 @@ def commit_refresh(
     counts = check_conservation(
         dataset.name, plan, [by_path[p] for p in planned if p in by_path], stage, missing, s3_settings
     )
+    recorded = {**counts.to_json(), **watermark_audit_record(plan)}
+    if plan.cdc is not None:
+        # refresh.change_detection cdc: the stream position this version holds the changes up to.
+        recorded["cdc_lsn"] = plan.cdc["upto"]
     catalog = catalog or open_dataset_catalog(project, dataset, s3_settings=s3_settings)
     storage = catalog.storage or dataset_storage(dataset)
     root = catalog.data_root or dataset_data_root(project, dataset)
@@ -181,8 +185,7 @@ def commit_refresh(
             partition_spec=partition_spec_info(dataset),
             replace_all=plan.replace_all,
             commit_id=commit_id,
-            # refresh.change_detection cdc: the stream position this version holds the changes up to.
-            conservation={**counts.to_json(), **({"cdc_lsn": plan.cdc["upto"]} if plan.cdc else {})},
+            conservation=recorded,
         )
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
@@ -203,12 +206,24 @@ def commit_refresh(
         rows=sum(e.rows for e in entries),
         bytes=sum(e.bytes for e in entries),
         missing=missing,
-        conservation=counts.to_json() if version is not None else None,
+        conservation=recorded if version is not None else None,
         appended_partitions=sum(1 for r in finished if r.appended) if version is not None else 0,
         appended_rows=appended_rows if version is not None else 0,
         refresh_mode=plan.refresh_mode,
         null_watermark_rows=unread_nulls,
     )
+
+
+def watermark_audit_record(plan: RefreshPlan) -> dict[str, Any]:
+    """What a watermark mode's plan found it could not see (`RefreshPlan.late_rows` / `future_rows`), as
+    the commit record keeps it beside the row counts, so `status` can say it later. Empty in full mode."""
+    record: dict[str, Any] = {}
+    if plan.late_rows is not None:
+        record["late_rows"] = dict(plan.late_rows)
+        record["late_rows_policy"] = plan.late_rows_policy
+    if plan.future_rows:
+        record["future_rows"] = dict(plan.future_rows)
+    return record
 
 
 def unread_null_watermarks(

@@ -9,6 +9,20 @@ timestamp s / ms / us columns a watermark may be), so it can never drift from wh
 A partition that is new, empty, re-partitioned or refreshed with `--full` is rewritten as in full mode.
 Rows whose watermark is NULL are never past a watermark: an append refresh reads them only in a partition
 it writes whole (a new one); later ones are left for a full refresh, and counted (`null_watermark_rows`).
+
+Before an append, the rows it would not read are counted (`audit_appends`): per appending partition, the
+source rows at or below its watermark (NULL watermarks included) against the rows the partition holds.
+A difference means late rows (inserted below the watermark, or committed by a transaction that was open at
+the last refresh), deleted rows, or rows whose watermark moved forward (appending them would duplicate
+them); `refresh.late_rows` decides: `rewrite` (the default) rewrites those partitions whole in the same
+commit, `report` appends and reports, `fail` refuses. The count is a cheap grouped count over the projected
+partition and watermark columns; it cannot see a late row and a moved row of the same partition that
+cancel out between two refreshes, nor an update in place that keeps the watermark (append reads only new
+rows: use refresh_mode changes or full for updated sources).
+
+Watermarks from the future are not trusted: values past now + `refresh.max_future_skew_s` are counted per
+partition (`future_rows`), and a partition whose watermark lies there is rewritten whole (not appended
+past that value), so a future-dated row cannot hold back the ordinary rows that come after it.
 """
 
 from __future__ import annotations
@@ -18,9 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.exceptions import LateRowsError, RefreshError
 from airflow_partitions.keys import value_to_json
-from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan
+from airflow_partitions.refresh.plan import PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import (
     RowsSince,
     Source,
@@ -28,9 +42,11 @@ from airflow_partitions.sources.base import (
     schema_tag,
     tagged_fingerprint,
 )
-from airflow_partitions.spec.model import RefreshMode
+from airflow_partitions.spec.model import LateRows, RefreshMode
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from airflow_partitions.catalog import PartitionEntry, Snapshot
     from airflow_partitions.spec.model import DatasetSpec
     from airflow_partitions.storage import DataFile
@@ -63,9 +79,15 @@ def file_watermark(data_file: DataFile, column: str, key_path: str) -> Any:
     )
 
 
-def apply_refresh_mode(plan: RefreshPlan, dataset: DatasetSpec, snapshot: Snapshot | None) -> RefreshPlan:
+def apply_refresh_mode(
+    plan: RefreshPlan, dataset: DatasetSpec, snapshot: Snapshot | None, source: Source | None = None
+) -> RefreshPlan:
     """`plan` under the dataset's refresh mode: in append mode each planned partition the catalog holds
-    with rows becomes an append item carrying its watermark; `--full` and re-partitioning rewrite."""
+    with rows becomes an append item carrying its watermark; `--full` and re-partitioning rewrite.
+
+    With the `source`, the appends are audited first (`audit_appends`): partitions whose rows at or below
+    the watermark differ from the source's, or whose watermark lies in the future, are handled as
+    `refresh.late_rows` says, and reported in the plan (`late_rows`, `future_rows`)."""
     refresh = dataset.acceleration.refresh
     mode = refresh.mode
     if mode is not RefreshMode.APPEND or plan.full or plan.replace_all or snapshot is None:
@@ -80,7 +102,255 @@ def apply_refresh_mode(plan: RefreshPlan, dataset: DatasetSpec, snapshot: Snapsh
             continue
         watermark = partition_watermark(entry, column)
         items.append(replace(item, append=True, watermark=value_to_json(watermark)))
-    return replace(plan, items=tuple(items), refresh_mode=str(mode), watermark_column=column)
+    appended = replace(plan, items=tuple(items), refresh_mode=str(mode), watermark_column=column)
+    if source is None:
+        return appended
+    # Every committed partition is audited, not only the planned ones: a partition left as it was (its
+    # fingerprint unchanged since a refresh that reported it) still lacks its late rows.
+    planned = {item.key_path for item in items} | set(plan.removed)  # removed: gone from the source
+    audited = [*appended.appending]
+    for key_path, entry in sorted(snapshot.partitions.items()):
+        if key_path not in planned and entry.rows:
+            audited.append(
+                PartitionWorkItem(
+                    key=tuple(entry.key.to_json()),
+                    key_path=key_path,
+                    reason=Reason.FORCED,
+                    fingerprint=entry.source_fingerprint or "",
+                    append=True,
+                    watermark=value_to_json(partition_watermark(entry, column)),
+                )
+            )
+    return settle_late_rows(appended, dataset, audited, audit_appends(audited, dataset, source, snapshot))
+
+
+@dataclass(frozen=True)
+class AppendAudit:
+    """What an append would not see, per partition key path.
+
+    `late`: source rows at or below the partition's watermark (NULL ones included) minus the rows the
+    committed partition holds; positive = rows the acceleration lacks (late, or from a transaction that
+    was open at the last refresh), negative = rows it holds that the source no longer has there (deleted,
+    or moved past the watermark: an append would hold them twice). Only partitions that differ.
+    `future`: source rows whose watermark is past now + `max_future_skew_s`, per partition.
+    `future_watermark`: appending partitions whose committed watermark is past that bound.
+    """
+
+    late: dict[str, int]
+    future: dict[str, int]
+    future_watermark: tuple[str, ...]
+
+
+def future_bound(arrow_type: pa.DataType, skew_s: float) -> Any:
+    """now + `skew_s` as a value of a watermark column of `arrow_type`; None for integer watermarks (which
+    are not times, so nothing is in their future)."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    bound = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=skew_s)
+    if pa.types.is_timestamp(arrow_type):
+        # A naive timestamp column is read as UTC, as everywhere in the project.
+        return bound if arrow_type.tz is not None else bound.replace(tzinfo=None)
+    if pa.types.is_date(arrow_type):
+        return bound.date()
+    return None
+
+
+def audit_appends(
+    appending: Sequence[PartitionWorkItem], dataset: DatasetSpec, source: Source, snapshot: Snapshot
+) -> AppendAudit:
+    """Count, per appending partition (`appending`: append items carrying their watermarks), the source
+    rows the append would not read against the rows the partition holds, and the source rows with future
+    watermarks (see `AppendAudit`).
+
+    Postgres counts in SQL (`count_below_watermarks`: one GROUP BY of the partition expressions and of
+    `width_bucket` of the watermark over every partition's watermark, so only counts cross the wire); other
+    sources (and partition expressions Postgres cannot compute) give the partition and watermark columns
+    only (`read_columns`). The per-partition comparison against each partition's own watermark is one
+    DuckDB join either way.
+    """
+    import duckdb
+    import pyarrow as pa
+
+    from airflow_partitions.keys import PartitionKey
+
+    column = dataset.acceleration.refresh.watermark_column
+    if column is None or not appending:
+        return AppendAudit({}, {}, ())
+    transforms = [f.transform for f in dataset.acceleration.partition_by]
+    names = dataset.acceleration.partition_names
+    mark_type = source.schema().field(column).type
+    bound = future_bound(mark_type, dataset.acceleration.refresh.max_future_skew_s)
+    marks = [item.watermark_value for item in appending]
+    # Counted in the source where it can: thresholds just past each watermark, so that "at or below W"
+    # is "fewer thresholds at or below the value than below W's own" (`width_bucket` counts them).
+    thresholds = sorted({_just_past(mark) for mark in marks if mark is not None})
+    counter = getattr(source, "count_below_watermarks", None)
+    rows = counter(transforms, column, thresholds, bound) if counter is not None else None
+    if rows is None:
+        # The same table, counted here: each value's bucket is the number of thresholds at or below it.
+        wanted = list(dict.fromkeys([*(t.source_column for t in transforms), column]))
+        rows = bucketed_counts(source.read_columns(wanted), transforms, column, thresholds, bound)
+    key_types = [rows.column(f"k{i}").type for i in range(len(transforms))]
+    ranks = {threshold: index + 1 for index, threshold in enumerate(thresholds)}
+    below = "(r.b IS NULL OR (b.rank IS NOT NULL AND r.b < b.rank))"
+    key_names = [f"k{i}" for i in range(len(transforms))]
+    bounds = pa.table(
+        {
+            **{
+                name: pa.array([item.partition_key.values[i] for item in appending], type=key_types[i])
+                for i, name in enumerate(key_names)
+            },
+            "i": pa.array(range(len(appending)), type=pa.int64()),
+            "rank": pa.array(
+                [ranks.get(_just_past(mark)) if mark is not None else None for mark in marks],
+                type=pa.int64(),
+            ),
+        }
+    )
+    same_key = " AND ".join(f"r.{k} IS NOT DISTINCT FROM b.{k}" for k in key_names) or "TRUE"
+    group = ", ".join(key_names)
+    with duckdb.connect() as con:
+        con.register("r", rows)
+        con.register("b", bounds)
+        unread = con.execute(
+            f"SELECT b.i, sum(r.n) AS n FROM b JOIN r ON {same_key} AND {below} GROUP BY b.i"
+        ).fetchall()
+        future = con.sql(
+            f"SELECT {group + ', ' if group else ''}sum(f) AS n FROM r"
+            + (f" GROUP BY {group}" if group else "")
+            + " HAVING sum(f) > 0"
+        ).to_arrow_table()
+    counted = {int(i): int(n) for i, n in unread}
+    late: dict[str, int] = {}
+    for index, item in enumerate(appending):
+        held = snapshot.partitions[item.key_path].rows
+        difference = counted.get(index, 0) - held
+        if difference:
+            late[item.key_path] = difference
+    future_rows: dict[str, int] = {}
+    if future.num_rows:
+        values = [future.column(k).cast(key_types[i]).to_pylist() for i, k in enumerate(key_names)]
+        counts = future.column("n").to_pylist()
+        for key, count in zip(zip(*values, strict=True), counts, strict=True):
+            future_rows[PartitionKey(tuple(key)).path(names)] = int(count)
+    ahead_marks: tuple[str, ...] = ()
+    if bound is not None:
+        ahead_marks = tuple(
+            item.key_path
+            for item in appending
+            if item.watermark_value is not None and item.watermark_value > bound
+        )
+    return AppendAudit(late, dict(sorted(future_rows.items())), ahead_marks)
+
+
+def bucketed_counts(
+    projected: pa.Table, transforms: Sequence[Any], column: str, thresholds: Sequence[Any], bound: Any
+) -> pa.Table:
+    """`projected` source columns counted as Postgres' `count_below_watermarks` counts them: per partition
+    value (`k0..`) and bucket `b` (the number of sorted `thresholds` at or below the row's `column`, NULL
+    for a NULL value), the rows `n` and those past `bound` (`f`)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = projected.column(column)
+    if bound is None:
+        ahead = pa.array(np.zeros(projected.num_rows, dtype=np.int64))
+    else:
+        ahead = pc.fill_null(pc.greater(values, pa.scalar(bound, type=values.type)), False).cast(pa.int64())
+    # Watermark types (integers, dates, timestamps) order as their integer storage does.
+    storage = pa.int64() if not pa.types.is_date32(values.type) else pa.int32()
+    numbers = values.cast(storage).cast(pa.int64())
+    edges = pa.array(thresholds, type=values.type).cast(storage).cast(pa.int64()).to_numpy()
+    filled = pc.fill_null(numbers, 0).to_numpy()
+    buckets = pa.array(
+        np.searchsorted(edges, filled, side="right").astype(np.int64),
+        mask=pc.is_null(numbers).to_numpy(zero_copy_only=False),
+    )
+    keys = {f"k{i}": t.apply(projected.column(t.source_column)) for i, t in enumerate(transforms)}
+    table = pa.table({**keys, "b": buckets, "f": ahead})
+    grouped = table.group_by([*keys, "b"], use_threads=False).aggregate([("f", "sum"), ("f", "count")])
+    return pa.table(
+        {
+            **{name: grouped.column(name) for name in keys},
+            "b": grouped.column("b"),
+            "n": grouped.column("f_count").cast(pa.int64()),
+            "f": grouped.column("f_sum").cast(pa.int64()),
+        }
+    )
+
+
+def _just_past(value: Any) -> Any:
+    """The smallest watermark value past `value` (microseconds, days, integers: the watermark types)."""
+    import datetime as dt
+
+    if isinstance(value, dt.datetime):
+        return value + dt.timedelta(microseconds=1)
+    if isinstance(value, dt.date):
+        return value + dt.timedelta(days=1)
+    return value + 1
+
+
+def settle_late_rows(
+    plan: RefreshPlan, dataset: DatasetSpec, audited: Sequence[PartitionWorkItem], audit: AppendAudit
+) -> RefreshPlan:
+    """`plan` after the audit of `audited`: under `late_rows: rewrite` the partitions that differ become
+    whole rewrites (added to the plan when it did not hold them); `report` keeps them appending; `fail`
+    raises `LateRowsError`. A partition whose watermark lies in the future is always rewritten whole
+    (appending past it would skip the ordinary rows that follow)."""
+    policy = dataset.acceleration.refresh.late_rows
+    notes: list[str] = []
+    if audit.late:
+        listing = ", ".join(f"{path} ({count:+,})" for path, count in list(audit.late.items())[:10])
+        if policy is LateRows.FAIL:
+            raise LateRowsError(
+                f"dataset {dataset.name!r}: {len(audit.late)} partition(s) hold a different number of rows "
+                "at or below their watermark than the source (late, deleted or moved rows; source minus "
+                f"acceleration): {listing}. Refresh with --full, or set refresh.late_rows: rewrite to "
+                "rewrite those partitions in the append",
+                dict(audit.late),
+            )
+        action = "rewritten whole" if policy is LateRows.REWRITE else "appended as usual (late_rows: report)"
+        notes.append(
+            f"{len(audit.late)} partition(s) differ from the source at or below their watermark, "
+            f"{action}: {listing}"
+        )
+    if audit.future:
+        total = sum(audit.future.values())
+        listing = ", ".join(f"{path} ({count:,})" for path, count in list(audit.future.items())[:10])
+        notes.append(
+            f"{total:,} source row(s) have a watermark past now + "
+            f"{dataset.acceleration.refresh.max_future_skew_s:g} s: {listing}"
+        )
+    rewrite = set(audit.future_watermark)
+    if audit.future_watermark:
+        notes.append(
+            f"{len(audit.future_watermark)} partition(s) have a watermark in the future, rewritten whole: "
+            + ", ".join(audit.future_watermark[:10])
+        )
+    if policy is LateRows.REWRITE:
+        rewrite |= set(audit.late)
+    items = [
+        replace(item, append=False, watermark=None) if item.append and item.key_path in rewrite else item
+        for item in plan.items
+    ]
+    planned = {item.key_path for item in plan.items}
+    added = [
+        replace(item, append=False, watermark=None)
+        for item in audited
+        if item.key_path in rewrite and item.key_path not in planned
+    ]
+    return replace(
+        plan,
+        items=tuple(sorted([*items, *added], key=lambda item: item.key_path)) if added else tuple(items),
+        unchanged=plan.unchanged - len(added),
+        notes=(*plan.notes, *notes),
+        late_rows=dict(audit.late),
+        future_rows=dict(audit.future),
+        late_rows_policy=str(policy),
+    )
 
 
 def rows_since(dataset: DatasetSpec, item: PartitionWorkItem) -> RowsSince | None:
@@ -112,13 +382,24 @@ def lowest_since(dataset: DatasetSpec, items: Sequence[PartitionWorkItem]) -> Ro
 # --- refresh_mode: changes ----------------------------------------------------------------------
 
 
-def changes_watermark(snapshot: Snapshot, column: str) -> Any:
-    """The largest committed `column` value over every partition: where the next changes read starts."""
+def changes_watermark(snapshot: Snapshot, column: str, bound: Any = None) -> Any:
+    """The largest committed `column` value over every partition: where the next changes read starts.
+
+    Values past `bound` (now + refresh.max_future_skew_s) are not trusted: a file whose maximum lies there
+    gives its minimum instead (when that is below the bound), so one future-dated row cannot move the
+    start past the ordinary rows that follow it. Starting lower only re-reads rows, which the upsert by
+    primary key replaces with themselves.
+    """
     best: Any = None
     for entry in snapshot.partitions.values():
-        value = partition_watermark(entry, column)
-        if value is not None and (best is None or value > best):
-            best = value
+        for data_file in entry.files:
+            value = file_watermark(data_file, column, entry.key_path)
+            if value is not None and bound is not None and value > bound:
+                stats = data_file.stats.get(column)
+                low = stats.min if stats is not None else None
+                value = low if low is not None and low <= bound else None
+            if value is not None and (best is None or value > best):
+                best = value
     return best
 
 
@@ -157,12 +438,13 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
     Ties: the read starts AT the watermark (`>=`), so rows updated within the same timestamp as the newest
     committed row are not lost; re-applying one already committed replaces it by key with itself.
     """
+    import datetime as dt
     import time
 
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     from airflow_partitions.keys import PartitionKey
-    from airflow_partitions.refresh.plan import Reason
     from airflow_partitions.sources.postgres import PostgresSource
 
     started = time.monotonic()
@@ -172,12 +454,24 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
     assert column is not None
     assert keys
     assert isinstance(source, PostgresSource)
-    watermark = changes_watermark(snapshot, column)
+    column_type = source.schema().field(column).type
+    bound = future_bound(column_type, acceleration.refresh.max_future_skew_s)
+    watermark = changes_watermark(snapshot, column, bound)
     transforms = [f.transform for f in acceleration.partition_by]
     wanted = list(dict.fromkeys([*keys, *(t.source_column for t in transforms), column]))
-    changed = source.read_changed(wanted, column, watermark)
-    upper = pc.max(changed.column(column)).as_py() if changed.num_rows else None
+    # A transaction still open may commit rows stamped before rows committed now (`ts = now()` is its
+    # start): read only below the oldest open writer's start, so the next read still starts before them.
+    open_since = source.oldest_open_write() if bound is not None else None
+    cap: Any = None
+    if open_since is not None:
+        cap = open_since - dt.timedelta(microseconds=1)
+        if not isinstance(bound, dt.datetime):  # a date column: stop the day before
+            cap = cap.date() - dt.timedelta(days=1)
+        elif getattr(column_type, "tz", None) is None:
+            cap = cap.replace(tzinfo=None)
+    changed = source.read_changed(wanted, column, watermark, cap)
     names = acceleration.partition_names
+    upper = pc.max(changed.column(column)).as_py() if changed.num_rows else None
     landing: set[tuple[Any, ...]] = set()
     if changed.num_rows:
         values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
@@ -188,6 +482,16 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
         for key_path, committed in snapshot.partitions.items():
             if key_path not in touched and probe.may_be_in(committed, keys[0]):
                 touched[key_path] = committed.key
+    future_rows: dict[str, int] = {}
+    if bound is not None and changed.num_rows:
+        ahead = pc.fill_null(pc.greater(changed.column(column), pa.scalar(bound, type=column_type)), False)
+        later = changed.filter(ahead)
+        later_keys = zip(
+            *[t.apply(later.column(t.source_column)).to_pylist() for t in transforms], strict=True
+        )
+        for key in later_keys:
+            path = PartitionKey(tuple(key)).path(names)
+            future_rows[path] = future_rows.get(path, 0) + 1
     tag = schema_tag(source.schema())
     fingerprint = tagged_fingerprint(tag, f"changes-{value_to_json(upper)}")
     items: list[PartitionWorkItem] = []
@@ -219,7 +523,22 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
         discovery=DiscoveryKind.DYNAMIC,
         fingerprint_granularity="partition",
         elapsed_s=time.monotonic() - started,
-        notes=(f"{changed.num_rows} row(s) changed since {column} >= {watermark!r}",),
+        notes=(
+            f"{changed.num_rows} row(s) changed since {column} >= {watermark!r}"
+            + (
+                f", up to before the oldest open transaction ({open_since.isoformat()})" if open_since else ""
+            ),
+            *(
+                [
+                    f"{sum(future_rows.values()):,} changed row(s) have a watermark past now + "
+                    f"{acceleration.refresh.max_future_skew_s:g} s (taken; the next read does not start "
+                    "there): " + ", ".join(f"{p} ({n:,})" for p, n in sorted(future_rows.items())[:10])
+                ]
+                if future_rows
+                else []
+            ),
+        ),
+        future_rows=dict(sorted(future_rows.items())),
         refresh_mode=str(RefreshMode.CHANGES),
         watermark_column=column,
         changed_rows=changed.num_rows,

@@ -140,7 +140,7 @@ def plan_refresh(
         full=full,
         timeout_s=timeout_s,
     )
-    return apply_refresh_mode(plan, bound, snapshot)
+    return apply_refresh_mode(plan, bound, snapshot, source)
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,11 @@ class RefreshSummary:
     rows_written: int = 0
     null_watermark_rows: int | None = None
     changed_rows: int | None = None  # refresh_mode changes: rows changed since the watermark, upserted
+    # Watermark modes: per key path, source rows the mode would not see at or below the watermark (source
+    # minus acceleration; `RefreshPlan.late_rows`), rows with a watermark in the future, and the policy.
+    late_rows: dict[str, int] | None = None
+    future_rows: dict[str, int] | None = None
+    late_rows_policy: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -202,6 +207,9 @@ class RefreshSummary:
             "rows_written": self.rows_written,
             "null_watermark_rows": self.null_watermark_rows,
             "changed_rows": self.changed_rows,
+            "late_rows": self.late_rows,
+            "future_rows": self.future_rows,
+            "late_rows_policy": self.late_rows_policy,
         }
 
 
@@ -479,4 +487,7 @@ def _summary(
         rows_written=int(commit.conservation["written"]) if commit and commit.conservation else 0,
         null_watermark_rows=commit.null_watermark_rows if commit else None,
         changed_rows=plan.changed_rows,
+        late_rows=dict(plan.late_rows) if plan.late_rows is not None else None,
+        future_rows=dict(plan.future_rows) if plan.future_rows is not None else None,
+        late_rows_policy=plan.late_rows_policy,
     )

@@ -246,6 +246,13 @@ class RefreshPlan:
     # changes committed before `upto` (or copies the table, read after `upto`); the commit records `upto`
     # and only then advances the slot to it.
     cdc: Mapping[str, str] | None = None
+    # Append / changes on a watermark: per key path, the source rows the mode would not see (`late_rows`:
+    # source minus acceleration at or below the partition's watermark; `modes.AppendAudit`), the rows with
+    # a watermark past now + refresh.max_future_skew_s (`future_rows`), and the `refresh.late_rows` policy
+    # applied. None: not audited (full mode).
+    late_rows: Mapping[str, int] | None = None
+    future_rows: Mapping[str, int] | None = None
+    late_rows_policy: str | None = None
 
     def __post_init__(self) -> None:
         # replace_all drops every partition the commit does not write, so its items must be all of them.
@@ -300,6 +307,9 @@ class RefreshPlan:
             "changed_rows": self.changed_rows,
             "changed_partitions": self.changed_partitions,
             "cdc": dict(self.cdc) if self.cdc is not None else None,
+            "late_rows": dict(self.late_rows) if self.late_rows is not None else None,
+            "future_rows": dict(self.future_rows) if self.future_rows is not None else None,
+            "late_rows_policy": self.late_rows_policy,
         }
 
     def dumps(self) -> str:
@@ -329,6 +339,9 @@ class RefreshPlan:
             changed_rows=_optional_int(data.get("changed_rows")),
             changed_partitions=_optional_int(data.get("changed_partitions")),
             cdc={str(k): str(v) for k, v in data["cdc"].items()} if data.get("cdc") else None,
+            late_rows=_optional_counts(data.get("late_rows")),
+            future_rows=_optional_counts(data.get("future_rows")),
+            late_rows_policy=data.get("late_rows_policy"),
         )
 
     @property
@@ -527,3 +540,7 @@ class ConservationCounts:
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _optional_counts(value: Any) -> dict[str, int] | None:
+    return None if value is None else {str(k): int(v) for k, v in dict(value).items()}

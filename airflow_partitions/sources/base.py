@@ -199,6 +199,11 @@ class Source(Protocol):
         """How many source rows have a NULL `column` (an append refresh reports those it cannot read)."""
         ...
 
+    def read_columns(self, columns: Sequence[str]) -> pa.Table:
+        """`columns` of every source row, in the source's types (the projection pushed down): what an
+        append refresh counts per partition to find the rows it cannot append."""
+        ...
+
     def spark_frame(
         self,
         spark: Any,

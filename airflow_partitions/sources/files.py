@@ -797,6 +797,20 @@ class FileSource:
         except (OSError, ValueError) as err:
             raise self._read_error(files, schema, err) from err
 
+    def read_columns(self, columns: Sequence[str]) -> pa.Table:
+        """`columns` of every row; Parquet reads only those columns (Hive ones from the paths)."""
+        schema = self.schema()
+        files = self.list_files()
+        wanted = list(dict.fromkeys(columns))
+        if not files:
+            return schema.empty_table().select(wanted)
+        if self.file_format != "parquet":
+            return self.read_all().select(wanted)
+        try:
+            return self._typed(self._dataset(files, schema).to_table(columns=wanted), schema)
+        except (OSError, ValueError) as err:
+            raise self._read_error(files, schema, err) from err
+
     def _read_error(self, files: Sequence[SourceFile], schema: pa.Schema, err: BaseException) -> SourceError:
         """The error of a failed read, naming the file (found by reading them one by one) and the value."""
         for source_file in files:

@@ -4,8 +4,9 @@ Connection details come from a URL, or from a connection id turned into a URL by
 (the Airflow layer installs one; without it `AIRFLOW_CONN_<ID>` URIs in the environment are understood).
 Metadata queries and pushed-down reads go through ADBC (Arrow end to end); Spark reads the table either
 through the PostgreSQL JDBC driver (parallel, scales to clusters) or through ADBC (one Arrow stream from the
-driver process). Per-partition fingerprints are the row count and the max of `refresh.check_column`, or of
-the row version `xmin` when no check column is configured.
+driver process). Per-partition fingerprints are the row count, the max of `refresh.check_column` (or of the
+row version `xmin` when no check column is configured) and an order-independent sum of hashes of the row
+versions (`xmin`; the row's text for a view), so an UPDATE that keeps the max is seen too.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ PUSHDOWN_MODES = ("auto", "always", "never")
 _QUERY_CANCELED = "57014"
 # Keys up to this many are pushed to the source as one OR of ranges when the stage reads a subset.
 MAX_PUSHED_RANGES = 512
+# The per-partition sum of row-version hashes is kept below 2**40 in SQL, so adding up the groups of one
+# partition (when its expression is applied here) stays far inside int64.
+_VERSION_HASH_MODULUS = 1 << 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,9 +331,15 @@ class PostgresSource:
             exact.append(pushed is not None)
             group_sql.append(pushed if pushed is not None else quote_ident(transform.source_column))
         notes: list[str] = []
+        stored = self.relation_kind in ("r", "p", "m")
+        # Count + max alone miss an UPDATE that keeps the max (a value changed below it, or a transaction
+        # that commits after a younger one): an order-independent sum of a hash of each row's version
+        # (xmin, new on every UPDATE; of the row's text for a view) sees every change.
+        versions = "hashtext(xmin::text)" if stored else "hashtext(ap_row::text)"
+        changes = f"(sum({versions}::bigint) % {_VERSION_HASH_MODULUS})::bigint"
         if check_column:
             watermark = f"max({quote_ident(check_column)})"
-        elif self.relation_kind in ("r", "p", "m"):
+        elif stored:
             watermark = "max(xmin::text::bigint)"
             notes.append("no refresh.check_column: change detection uses the row version (xmin)")
         else:
@@ -341,7 +351,12 @@ class PostgresSource:
         unique_groups = list(dict.fromkeys(group_sql))
         select = ", ".join(f"{sql} AS g{unique_groups.index(sql)}" for sql in unique_groups)
         group_by = ", ".join(str(i + 1) for i in range(len(unique_groups)))
-        sql = f"SELECT {select}, count(*) AS n, {watermark} AS w FROM {self.table.sql} GROUP BY {group_by}"
+        if watermark == "NULL::bigint":
+            changes = "0::bigint"
+        sql = (
+            f"SELECT {select}, count(*) AS n, {watermark} AS w, {changes} AS h "
+            f"FROM {self.table.sql} AS ap_row GROUP BY {group_by}"
+        )
         remaining = deadline.remaining()
         if remaining is not None and remaining <= 0:
             raise deadline.error(f"querying {self.table}")
@@ -371,19 +386,26 @@ class PostgresSource:
                 [c.storage for c in watermark_column.chunks], type=watermark_column.type.storage_type
             )
         stats = pa.table(
-            {**dict(zip(names, arrays, strict=True)), "n": result.column("n"), "w": watermark_column}
+            {
+                **dict(zip(names, arrays, strict=True)),
+                "n": result.column("n"),
+                "w": watermark_column,
+                "h": result.column("h"),
+            }
         )
-        per_partition = stats.group_by(names).aggregate([("n", "sum"), ("w", "max")])
+        per_partition = stats.group_by(names).aggregate([("n", "sum"), ("w", "max"), ("h", "sum")])
         deadline.check(f"aggregating the partition statistics of {self.table}")
         key_columns = [per_partition.column(name).to_pylist() for name in names]
         counts = per_partition.column("n_sum").to_pylist()
         maxima = per_partition.column("w_max").to_pylist()
+        hashes = per_partition.column("h_sum").to_pylist()
         volatile = watermark == "NULL::bigint"
         tag = schema_tag(self.schema())
         per_key: dict[KeyTuple, str] = {}
         for index, key in enumerate(zip(*key_columns, strict=True)):
             token = f"volatile:{time.time_ns()}" if volatile else _watermark_text(maxima[index])
-            per_key[tuple(key)] = tagged_fingerprint(tag, digest([f"rows={counts[index]}", f"max={token}"]))
+            parts = [f"rows={counts[index]}", f"max={token}", f"versions={hashes[index]}"]
+            per_key[tuple(key)] = tagged_fingerprint(tag, digest(parts))
         whole = tagged_fingerprint(tag, digest(sorted(f"{k!r}={v}" for k, v in per_key.items())))
         return SourceSurvey(
             keys=list(per_key) if need_keys else None,
@@ -457,6 +479,76 @@ class PostgresSource:
             raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
         schema = self.schema()
         return conform_table(raw, pa.schema([schema.field(name) for name in columns]))
+
+    def read_columns(self, columns: Sequence[str]) -> pa.Table:
+        """`columns` of every row (only those cross the wire), canonical types."""
+        import pyarrow as pa
+
+        wanted = list(dict.fromkeys(columns))
+        listing = ", ".join(quote_ident(name) for name in wanted)
+        try:
+            raw = self.query_arrow(f"SELECT {listing} FROM {self.table.sql}")
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+        schema = self.schema()
+        return conform_table(raw, pa.schema([schema.field(name) for name in wanted]))
+
+    def count_below_watermarks(
+        self, transforms: Sequence[Transform], column: str, thresholds: Sequence[Any], bound: Any
+    ) -> pa.Table | None:
+        """Per partition value and watermark bucket, the rows counted in Postgres (only counts cross the
+        wire): `k0..` the partition values, `b` the number of `thresholds` (sorted) at or below the row's
+        `column` (NULL for a NULL one), `n` the rows, `f` those past `bound` (None: none counted). None
+        when some partition expression has no Postgres form (the caller reads the columns instead)."""
+        import pyarrow as pa
+
+        group_sql = [partition_sql(t) for t in transforms]
+        if any(sql is None for sql in group_sql) or not thresholds:
+            return None
+        quoted = quote_ident(column)
+        array = "ARRAY[" + ", ".join(sql_literal(t) for t in thresholds) + "]"
+        keys = [f"{sql} AS k{i}" for i, sql in enumerate(group_sql)]
+        future = f"count(*) FILTER (WHERE {quoted} > {sql_literal(bound)})" if bound is not None else "0"
+        select = ", ".join([*keys, f"width_bucket({quoted}, {array}) AS b"])
+        group_by = ", ".join(str(i + 1) for i in range(len(keys) + 1))
+        sql = f"SELECT {select}, count(*) AS n, {future} AS f FROM {self.table.sql} GROUP BY {group_by}"
+        try:
+            result = self.query_arrow(sql)
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"cannot count the rows of {self.describe()}: {_clean_error(err)}") from err
+        columns: dict[str, Any] = {}
+        for i, transform in enumerate(transforms):
+            column_data = result.column(f"k{i}")
+            if isinstance(column_data.type, pa.BaseExtensionType):
+                column_data = pa.chunked_array(
+                    [c.storage for c in column_data.chunks], type=column_data.type.storage_type
+                )
+            columns[f"k{i}"] = column_data.cast(transform.result_type)
+        for name in ("b", "n", "f"):
+            columns[name] = result.column(name).cast(pa.int64())
+        return pa.table(columns)
+
+    def oldest_open_write(self) -> dt.datetime | None:
+        """When the oldest transaction of another session that has written (holds a transaction id) in
+        this database started, or None. Its rows become visible only when it commits, stamped with times
+        from before rows committed since (`now()` is the transaction's start)."""
+        sql = (
+            "SELECT min(xact_start) AS started FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL"
+        )
+        try:
+            value = self.query_arrow(sql).column("started")[0].as_py()
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(
+                f"cannot list the open transactions of {self.describe()}: {_clean_error(err)}"
+            ) from err
+        return value
 
     def count_null_rows(self, column: str) -> int:
         sql = f"SELECT count(*) AS n FROM {self.table.sql} WHERE {quote_ident(column)} IS NULL"

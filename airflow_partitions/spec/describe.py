@@ -48,6 +48,8 @@ def describe_dataset(dataset: DatasetSpec) -> dict[str, Any]:
                 "check_column": acceleration.refresh.check_column,
                 "discovery_timeout_s": acceleration.refresh.discovery_timeout_s,
                 "max_partitions": acceleration.refresh.max_partitions,
+                "late_rows": str(acceleration.refresh.late_rows),
+                "max_future_skew_s": acceleration.refresh.max_future_skew_s,
             },
             "snapshots": {
                 "mode": acceleration.snapshots.mode.value,

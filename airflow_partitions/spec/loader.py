@@ -21,6 +21,7 @@ from airflow_partitions.spec.model import (
     DEFAULT_ACCELERATOR_DIR,
     DEFAULT_DISCOVERY_TIMEOUT_S,
     DEFAULT_ENGINE,
+    DEFAULT_MAX_FUTURE_SKEW_S,
     DEFAULT_MAX_PARTITIONS,
     ENGINE_MODES,
     FILE_FORMAT_SUFFIXES,
@@ -28,6 +29,7 @@ from airflow_partitions.spec.model import (
     DatasetSpec,
     Engine,
     FileFormat,
+    LateRows,
     Mode,
     PartitionField,
     PartitionMode,
@@ -74,14 +76,16 @@ ACCELERATION_KEYS = (
     "primary_key",
     "snapshots",
 )
-REFRESH_KEYS: tuple[str, ...] = (
+REFRESH_KEYS = (
     "schedule",
     "check_column",
     "watermark_column",
     "discovery_timeout_s",
     "max_partitions",
+    "late_rows",
+    "max_future_skew_s",
+    "change_detection",
 )
-REFRESH_KEYS += ("change_detection",)
 SNAPSHOT_KEYS = ("mode", "location")
 # Free-form params blocks are not closed, but a key that is one typo away from a known one is an error.
 KNOWN_SOURCE_PARAMS = ("file_format", "connection_id", "url")
@@ -785,6 +789,8 @@ class _SpecReader:
             "mode": mode,
             "watermark_column": raw.get("watermark_column"),
             "change_detection": raw.get("change_detection"),
+            "late_rows": _default(raw.get("late_rows"), str(LateRows.REWRITE)),
+            "max_future_skew_s": _default(raw.get("max_future_skew_s"), DEFAULT_MAX_FUTURE_SKEW_S),
         }
         if self.add_problems(block, ("refresh",), label, refresh_problems(**values)):
             return None
@@ -800,6 +806,8 @@ class _SpecReader:
             watermark_column=values["watermark_column"],
             watermark_column_line=raw.line_of("watermark_column") if "watermark_column" in raw else None,
             change_detection=values["change_detection"],
+            late_rows=LateRows(values["late_rows"]),
+            max_future_skew_s=float(values["max_future_skew_s"]),
         )
 
     def read_snapshots(self, block: LineDict, label: str) -> SnapshotConfig | None:

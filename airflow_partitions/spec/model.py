@@ -96,6 +96,15 @@ class ChangeDetection(StrEnum):
     WATERMARK = "watermark"  # rows whose watermark_column is at or past the last one (no deletes)
 
 
+class LateRows(StrEnum):
+    """What an append refresh does with a partition whose rows at or below its watermark differ in number
+    from the source's (`refresh.late_rows`): late or deleted rows, rows moved past the watermark."""
+
+    REWRITE = "rewrite"  # rewrite those partitions whole in the same commit (the acceleration = the source)
+    REPORT = "report"  # append as usual and report the partitions and counts
+    FAIL = "fail"  # refuse the refresh (`LateRowsError`), naming the partitions and counts
+
+
 # Allowed modes per engine, the first being the default. Partition files always live on disk (Airflow
 # tasks are separate processes); `memory` only tells readers to load the selected partitions into memory,
 # which is the Arrow engine's natural use and meaningless for DuckDB or Parquet files.
@@ -125,6 +134,8 @@ DEFAULT_POSTGRES_CONNECTION_ID = "postgres_default"
 DEFAULT_POSTGRES_SCHEMA = "public"
 DEFAULT_DISCOVERY_TIMEOUT_S = 60.0
 DEFAULT_MAX_PARTITIONS = 10_000
+# How far past the current time a watermark value is still trusted (clock skew between writers).
+DEFAULT_MAX_FUTURE_SKEW_S = 300.0
 
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PG_IDENTIFIER = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+")'
@@ -332,6 +343,8 @@ def refresh_problems(
     mode: RefreshMode = RefreshMode.FULL,
     watermark_column: str | None = None,
     change_detection: str | None = None,
+    late_rows: Any = LateRows.REWRITE,
+    max_future_skew_s: Any = DEFAULT_MAX_FUTURE_SKEW_S,
 ) -> list[Problem]:
     """Rules for `acceleration.refresh` (and `acceleration.refresh_mode`, which it records)."""
     from airflow_partitions.spec.schedule import schedule_problem
@@ -404,6 +417,25 @@ def refresh_problems(
                 f"refresh.max_partitions must be a positive integer, got {max_partitions!r}",
             )
         )
+    if late_rows not in {str(policy) for policy in LateRows}:
+        problems.append(
+            Problem(
+                ("late_rows",),
+                f"refresh.late_rows must be one of {', '.join(LateRows)}, got {late_rows!r}",
+            )
+        )
+    if (
+        isinstance(max_future_skew_s, bool)
+        or not isinstance(max_future_skew_s, int | float)
+        or not 0 <= max_future_skew_s < float("inf")
+    ):
+        problems.append(
+            Problem(
+                ("max_future_skew_s",),
+                "refresh.max_future_skew_s must be a number of seconds, 0 or more, "
+                f"got {max_future_skew_s!r}",
+            )
+        )
     return problems
 
 
@@ -420,6 +452,10 @@ class RefreshConfig:
     # `acceleration.refresh_mode` and, for append / changes, the column whose values grow with new rows.
     mode: RefreshMode = RefreshMode.FULL
     watermark_column: str | None = None
+    # Append: what to do with partitions whose rows at or below the watermark differ from the source's.
+    late_rows: LateRows = LateRows.REWRITE
+    # Watermark values past now + this many seconds are not trusted (reported, never a read's start).
+    max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S
     # Where `check_column:` sits in the spec file, so a problem found against the source points at it.
     check_column_line: int | None = field(default=None, compare=False, repr=False)
     watermark_column_line: int | None = field(default=None, compare=False, repr=False)
@@ -436,6 +472,8 @@ class RefreshConfig:
                 self.mode,
                 self.watermark_column,
                 self.change_detection,
+                str(self.late_rows),
+                self.max_future_skew_s,
             )
         )
 
