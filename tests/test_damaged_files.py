@@ -175,7 +175,9 @@ def test_compaction_refuses_a_damaged_file_and_vacuum_keeps_it(tmp_path: Path, e
     message = str(raised.value)
     assert damaged.name in message, message
     assert f"--partitions {entry.key_path}" in message, message
-    assert acc.catalog.latest().version == head.version, "a refused compaction publishes nothing"
+    latest = acc.catalog.latest()
+    assert latest is not None
+    assert latest.version == head.version, "a refused compaction publishes nothing"
     acc.catalog.vacuum(retain_versions=1, grace=dt.timedelta(0))
     assert damaged.read_bytes() == bytes(data), "the damaged file stays, as the evidence and to repair"
 
@@ -198,16 +200,23 @@ def test_compaction_of_a_damaged_shared_duckdb_table_refuses(tmp_path: Path) -> 
     # Every 4 KiB block from the first data block on: a flip in a block some table uses must be refused,
     # a flip in a free block changes nothing a compaction reads.
     for offset in range(3 * 4096 + 100, len(pristine), 4096):
+        if refused >= 3:
+            break
         data = bytearray(pristine)
         data[offset] ^= 0xFF
         shared.write_bytes(bytes(data))
+        message = ""
         try:
             compact_dataset(project, dataset, catalog=acc.catalog)  # type: ignore[arg-type]
         except StorageError as err:
+            message = str(err)
+        if message:
             shared.write_bytes(pristine)
-            assert "_tables.duckdb" in str(err), str(err)
-            assert "refresh" in str(err), str(err)
-            assert acc.catalog.latest().version == head.version
+            assert "_tables.duckdb" in message, message
+            assert "refresh" in message, message
+            latest = acc.catalog.latest()
+            assert latest is not None
+            assert latest.version == head.version
             refused += 1
             continue
         # The flip was in a block no table uses (the compaction changed the file: the loop ends). The

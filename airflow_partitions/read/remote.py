@@ -27,6 +27,7 @@ from airflow_partitions.objectstore.location import parse_s3_location
 from airflow_partitions.read.cache import CachedFile, file_cache
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES, RangedRead, read_row_groups
 from airflow_partitions.storage.base import data_file_path
+from airflow_partitions.storage.integrity import verify_file
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -201,20 +202,28 @@ class RemoteFiles:
         if self.cache_dir is None:
             self.cache_dir = Path(tempfile.mkdtemp(prefix=f"ap-{self.dataset}-"))
         root = self.cache_dir
-        wanted: list[tuple[str, Path]] = []
+        wanted: list[tuple[str, Path, DataFile | None]] = []
         for file in files:
             local = root / file.path
             marker = local.with_name(local.name + f".{file.checksum[:16]}.ok")
             if not marker.exists():
-                wanted.append((self.file_path(file), local))
-        wanted.extend((self.path(relative), root / relative) for relative in shared)
-        for remote, local in wanted:
+                wanted.append((self.file_path(file), local, file))
+        # The shared DuckDB file has no recorded digest: DuckDB verifies its blocks as it reads them.
+        wanted.extend((self.path(relative), root / relative, None) for relative in shared)
+        for remote, local, expected in wanted:
             local.parent.mkdir(parents=True, exist_ok=True)
             temporary = local.with_name(f".tmp-{uuid.uuid4().hex}-{local.name}")
             try:
                 pafs.copy_files(remote, str(temporary), source_filesystem=self.filesystem)
+                if expected is not None:
+                    # Checked before it takes its name: a damaged download is never marked good.
+                    verify_file(temporary, expected, dataset=self.dataset, full=True)
             except (OSError, pa.ArrowException) as err:
+                temporary.unlink(missing_ok=True)
                 raise StorageError(f"cannot download {remote}: {err}") from err
+            except StorageError as err:
+                temporary.unlink(missing_ok=True)
+                raise StorageError(str(err).replace(str(temporary), remote)) from err
             temporary.replace(local)
         for file in files:
             local = root / file.path

@@ -176,10 +176,11 @@ class DuckDBScanner:
         try:
             table = self._read_files(plan, exact, inexact, projection, everything)
         except StorageError as err:
-            if _is_duckdb_error(err.__cause__):
+            cause = err.__cause__
+            if isinstance(cause, Exception) and _is_duckdb_error(cause):
                 # Which file failed is DuckDB's to say (a block checksum, a broken footer): name the
                 # files this read opened and the repair.
-                raise self._surfaced(err.__cause__, [*exact, *inexact]) from err.__cause__
+                raise self._surfaced(cause, [*exact, *inexact]) from cause
             raise
         return conform(table, target)
 
@@ -213,14 +214,15 @@ class DuckDBScanner:
             sql = (" UNION ALL BY NAME " if everything else " UNION ALL ").join(parts)
             return self._execute(cursor, scope, sql)
 
-    def _surfaced(self, err: BaseException, files: Sequence[DataFile]) -> StorageError:
+    def _surfaced(self, err: Exception, files: Sequence[DataFile]) -> StorageError:
         """A DuckDB failure over `files` as a `StorageError` naming the files, where they are and the
         repair (`storage.integrity.surface_duckdb_error`)."""
         root = getattr(self.location, "root", "object storage")
         shared = self.storage.shared_objects(files)
         where = f"{root}/{shared[0]}" if shared else str(root)
         dataset = getattr(self.location, "dataset", None) or "DATASET"
-        return integrity.surface_duckdb_error(err, dataset, files, where)
+        surfaced = integrity.surface_duckdb_error(err, dataset, files, where)
+        return StorageError(f"reading the selected partitions failed: {surfaced}")
 
     def _execute(self, cursor: Any, scope: CallScope, sql: str) -> pa.Table:
         """Run `sql`, reusing the relation an earlier read on this thread's cursor built for the same
