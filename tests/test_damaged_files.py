@@ -33,7 +33,8 @@ ENGINES = {
     "arrow": ("arrow", "files"),
 }
 PARTITION_BY = [("b", "bucket(4, n_int)")]
-FILTER = "id < 150 AND s IS NOT NULL"
+# Ids start at 10**12: a filter keeping about half the rows of every partition, the damaged one included.
+FILTER = "id < 1000000000150 AND s IS NOT NULL"
 OFFSETS = 24
 # Seconds one child may take for all its offsets before the test gives up on it.
 CHILD_TIMEOUT_S = 600
@@ -79,6 +80,7 @@ def test_a_flipped_byte_reads_back_the_exact_rows_or_a_storage_error_naming_the_
     pristine = target.read_bytes()
     offsets = spread_offsets(len(pristine))
     assert len(offsets) >= 20
+    assert 0 < len(duckdb_filter_rows(table, FILTER)) < table.num_rows
     full = sorted(row_digests(table))
     filtered = sorted(row_digests(table.take(pa.array(duckdb_filter_rows(table, FILTER), pa.int64()))))
     outcomes: dict[int, str] = {}
@@ -225,6 +227,78 @@ def test_compaction_of_a_damaged_shared_duckdb_table_refuses(tmp_path: Path) -> 
             assert sorted(row_digests(reader.read())) == sorted(row_digests(acc.table))
         break
     assert refused, "a flip in the shared file's table blocks must be refused"
+
+
+# --- object storage: fetched copies are checked before use ----------------------------------------
+
+
+def _damaged_on_s3(tmp_path: Path, engine: str, s3_server: dict[str, str]) -> tuple[Any, str, Any, str]:
+    """An acceleration uploaded to S3 with one byte flipped in the middle of its largest partition file:
+    the acceleration, its S3 root, the damaged file and the name an error must give."""
+    import uuid
+
+    import boto3
+
+    name, mode = ENGINES[engine]
+    acc = build_acceleration(tmp_path, hostile_table(), PARTITION_BY, engine=name, partition_mode=mode)
+    snapshot = acc.catalog.latest()
+    assert snapshot is not None
+    damaged = max(snapshot.partitions.values(), key=lambda e: e.rows).files[0]
+    client = boto3.client("s3", **s3_server)
+    bucket = f"ap-damaged-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    root = acc.root / acc.dataset
+    for path in root.rglob("*"):
+        if path.is_file() and "_catalog" not in path.parts:
+            relative = path.relative_to(root).as_posix()
+            body = bytearray(path.read_bytes())
+            if relative == damaged.path:
+                body[len(body) // 2] ^= 0xFF
+            client.put_object(Bucket=bucket, Key=f"{acc.dataset}/{relative}", Body=bytes(body))
+    return acc, f"s3://{bucket}/{acc.dataset}", damaged, damaged.path.rsplit("/", 1)[-1]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("engine", ["parquet", "arrow", "duckdb_files"])
+def test_a_damaged_object_on_s3_is_refused_whole_or_by_ranges(
+    tmp_path: Path, engine: str, s3_server: dict[str, str]
+) -> None:
+    """Whole-file fetches (the read cache, local copies of DuckDB and Arrow files) are checked against the
+    catalog's SHA-256 before use; a parquet ranged first read verifies the page CRCs of what it fetches."""
+    from airflow_partitions.exceptions import SnapshotIntegrityError, StorageError
+    from airflow_partitions.objectstore import S3Settings
+    from airflow_partitions.read import PartitionedDatasetReader
+
+    acc, s3_root, _, file_name = _damaged_on_s3(tmp_path, engine, s3_server)
+    full = sorted(row_digests(acc.table))
+    filtered = sorted(
+        row_digests(acc.table.take(pa.array(duckdb_filter_rows(acc.table, FILTER), pa.int64())))
+    )
+    for ranged_min, where, expected in ((0, FILTER, filtered), (None, None, full), (None, FILTER, filtered)):
+        reader = PartitionedDatasetReader(
+            acc.spec_path,
+            acc.dataset,
+            catalog=acc.catalog,
+            data_root=s3_root,
+            filesystem=S3Settings.from_mapping(s3_server).arrow_filesystem(),
+            cache_dir=tmp_path / f"cache-{ranged_min}-{where is None}",
+            ranged_read_min_bytes=ranged_min,
+        )
+        with reader:
+            try:
+                got = reader.read(where)
+            except (StorageError, SnapshotIntegrityError) as err:
+                message = str(err)
+            else:
+                message = ""
+                assert sorted(row_digests(got)) == expected, (
+                    f"{engine} {where}: wrong rows from a damaged object"
+                )
+        if message:
+            assert file_name in message, message
+            assert "refresh" in message, message
+        elif engine != "parquet" or ranged_min is None:
+            raise AssertionError(f"{engine} {where}: a damaged object fetched whole must be refused")
 
 
 # --- the child: reads after each flip --------------------------------------------------------------

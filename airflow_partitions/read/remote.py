@@ -27,7 +27,7 @@ from airflow_partitions.objectstore.location import parse_s3_location
 from airflow_partitions.read.cache import CachedFile, file_cache
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES, RangedRead, read_row_groups
 from airflow_partitions.storage.base import data_file_path
-from airflow_partitions.storage.integrity import verify_file
+from airflow_partitions.storage.integrity import repair_command, verify_file
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -162,9 +162,21 @@ class RemoteFiles:
         releases.append(lambda: shutil.rmtree(scratch, ignore_errors=True))
 
         def read(file: DataFile) -> RangedRead:
-            return read_row_groups(
-                self.filesystem, self.file_path(file), file, row_filter.predicate, row_filter.schema, scratch
-            )
+            try:
+                return read_row_groups(
+                    self.filesystem,
+                    self.file_path(file),
+                    file,
+                    row_filter.predicate,
+                    row_filter.schema,
+                    scratch,
+                )
+            except StorageError as err:
+                # A page whose CRC fails, a footer that does not parse: name the repair too.
+                raise StorageError(
+                    f"{err}; if its bytes are damaged, rebuild the partition from the source: "
+                    f"{repair_command(self.dataset, [file])}"
+                ) from err
 
         if len(files) == 1:
             done = [read(files[0])]
