@@ -232,7 +232,7 @@ def test_compaction_of_a_damaged_shared_duckdb_table_refuses(tmp_path: Path) -> 
 # --- object storage: fetched copies are checked before use ----------------------------------------
 
 
-def _damaged_on_s3(tmp_path: Path, engine: str, s3_server: dict[str, str]) -> tuple[Any, str, Any, str]:
+def _damaged_on_s3(tmp_path: Path, engine: str, s3_server: dict[str, Any]) -> tuple[Any, str, Any, str]:
     """An acceleration uploaded to S3 with one byte flipped in the middle of its largest partition file:
     the acceleration, its S3 root, the damaged file and the name an error must give."""
     import uuid

@@ -27,7 +27,7 @@ from airflow_partitions.objectstore.location import parse_s3_location
 from airflow_partitions.read.cache import CachedFile, file_cache
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES, RangedRead, read_row_groups
 from airflow_partitions.storage.base import data_file_path
-from airflow_partitions.storage.integrity import repair_command, verify_file
+from airflow_partitions.storage.integrity import remember_verified, repair_command, verify_file
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -237,6 +237,8 @@ class RemoteFiles:
                 temporary.unlink(missing_ok=True)
                 raise StorageError(str(err).replace(str(temporary), remote)) from err
             temporary.replace(local)
+            if expected is not None:
+                remember_verified(local, expected)
         for file in files:
             local = root / file.path
             local.with_name(local.name + f".{file.checksum[:16]}.ok").touch()

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from airflow_partitions.storage.base import PartitionStorage
 
 # Whether reads check files before opening them. Off only to measure what the check costs
-# (benchmarks/bench_damaged_files.py); compaction and `check_files` always check.
+# (benchmarks/bench_verified_reads.py); compaction and `check_files` always check.
 VERIFY_ON_READ = True
 
 _verified: set[tuple[str, int, int, int, str]] = set()
@@ -81,6 +81,14 @@ def verify_file(path: Path, file: DataFile, *, dataset: str, full: bool = False)
         )
     with _verified_lock:
         _verified.add(identity)
+
+
+def remember_verified(path: Path, file: DataFile) -> None:
+    """Record that `path` was just checked to hold `file`'s bytes (a download checked before it took its
+    name), so its first open does not hash it again."""
+    status = os.stat(path)
+    with _verified_lock:
+        _verified.add((str(path), status.st_size, status.st_mtime_ns, status.st_ino, file.checksum))
 
 
 def verify_files(root: Path, files: Sequence[DataFile], *, dataset: str | None = None) -> None:
@@ -147,6 +155,7 @@ __all__ = [
     "damaged_file_error",
     "forget_verified",
     "partition_key_path",
+    "remember_verified",
     "repair_command",
     "surface_duckdb_error",
     "verify_file",

@@ -186,7 +186,10 @@ class ParquetStorage(PartitionStorage):
         return False
 
     def spark_frame(self, spark: Any, dataset_root: Path, files: Sequence[DataFile]) -> Any:
-        paths = [str(data_file_path(Path(dataset_root), f)) for f in files]
+        root = Path(dataset_root)
+        for file in files:  # Spark's reader checks no page CRC: the bytes are checked here first
+            verify_file(data_file_path(root, file), file, dataset=root.name)
+        paths = [str(data_file_path(root, f)) for f in files]
         return spark.read.option("mergeSchema", "true").parquet(*paths)
 
 
