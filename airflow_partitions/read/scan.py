@@ -177,7 +177,7 @@ class DuckDBScanner:
             table = self._read_files(plan, exact, inexact, projection, everything)
         except StorageError as err:
             cause = err.__cause__
-            if isinstance(cause, Exception) and _is_duckdb_error(cause):
+            if isinstance(cause, Exception) and _is_file_failure(cause):
                 # Which file failed is DuckDB's to say (a block checksum, a broken footer): name the
                 # files this read opened and the repair.
                 raise self._surfaced(cause, [*exact, *inexact]) from cause
@@ -387,7 +387,7 @@ def _execute(cursor: Any, sql: str) -> tuple[pa.Table, Any]:
 CACHED_RELATIONS = 32
 
 
-def _is_duckdb_error(err: BaseException | None) -> bool:
+def _is_file_failure(err: BaseException | None) -> bool:
     """Whether DuckDB failed on a file's bytes (I/O, a block checksum, a broken format), not on the
     statement: a filter's conversion or binder error stays as it is."""
     import duckdb
@@ -405,7 +405,7 @@ def _verify_local(root: Path, files: Sequence[DataFile], dataset: str) -> None:
     for file in files:
         # A missing file: the scan that opens it reports it with its own message.
         with contextlib.suppress(FileNotFoundError):
-            integrity.verify_file(root / file.path, file, dataset=dataset)
+            integrity.verify_file(root / _checked_relative(file.path), file, dataset=dataset)
 
 
 def _checked_relative(path: str) -> str:

@@ -55,7 +55,7 @@ from airflow_partitions.storage.base import (
     data_file_path,
 )
 from airflow_partitions.storage.datafile import DataFile
-from airflow_partitions.storage.integrity import surface_duckdb_error, verify_file
+from airflow_partitions.storage.integrity import REPAIR_PREFIX, surface_duckdb_error, verify_file
 from airflow_partitions.storage.sql import quote_identifier, quote_literal
 
 DATA_TABLE = "data"
@@ -530,8 +530,10 @@ def _surfacing(location: Path, dataset: str, files: Sequence[DataFile]) -> Itera
     except duckdb.Error as err:
         raise surface_duckdb_error(err, dataset, files, str(location)) from err
     except StorageError as err:
+        # `_shared`'s own error for a file DuckDB refused; one that already names its repair (an inner
+        # `_surfacing`, a failed digest) stays as it is.
         cause = err.__cause__
-        if isinstance(cause, duckdb.Error) and not _is_lock_error(cause):
+        if isinstance(cause, duckdb.Error) and not _is_lock_error(cause) and REPAIR_PREFIX not in str(err):
             raise surface_duckdb_error(cause, dataset, files, str(location)) from cause
         raise
 

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 # (benchmarks/bench_verified_reads.py); compaction and `check_files` always check.
 VERIFY_ON_READ = True
 
+# How every repair named in an error starts (`repair_command`).
+REPAIR_PREFIX = "airflow-partitions refresh SPEC"
+
 _verified: set[tuple[str, int, int, int, str]] = set()
 _verified_lock = threading.Lock()
 
@@ -41,7 +44,7 @@ _verified_lock = threading.Lock()
 def repair_command(dataset: str, files: Sequence[DataFile]) -> str:
     """The CLI command that rebuilds the partitions holding `files` from the source."""
     keys = sorted({partition_key_path(f) for f in files})
-    return f"airflow-partitions refresh SPEC {dataset} --partitions {' '.join(k or '<root>' for k in keys)}"
+    return f"{REPAIR_PREFIX} {dataset} --partitions {' '.join(k or '<root>' for k in keys)}"
 
 
 def partition_key_path(file: DataFile) -> str:
