@@ -20,6 +20,7 @@ BENCHMARKS = (
     "bench_catalog",
     "bench_pruning",
     "bench_cold_reads",
+    "bench_verified_reads",
     "bench_in_lists",
     "bench_refresh",
     "bench_spark_stage",

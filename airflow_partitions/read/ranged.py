@@ -150,7 +150,9 @@ def read_row_groups(
                     f"{remote} holds {handle.size()} bytes, the catalog recorded {file.bytes}: it is not "
                     "the file this version references; read another version or refresh the partition"
                 )
-            parquet = pq.ParquetFile(handle, pre_buffer=True)
+            # Pages carry CRCs (written since page checksums were switched on): each page fetched is
+            # verified; the footer has none, but its row count must match the catalog's.
+            parquet = pq.ParquetFile(handle, pre_buffer=True, page_checksum_verification=True)
             metadata = parquet.metadata
             if metadata.num_rows != file.rows:
                 raise StorageError(

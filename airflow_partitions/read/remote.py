@@ -27,6 +27,7 @@ from airflow_partitions.objectstore.location import parse_s3_location
 from airflow_partitions.read.cache import CachedFile, file_cache
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES, RangedRead, read_row_groups
 from airflow_partitions.storage.base import data_file_path
+from airflow_partitions.storage.integrity import remember_verified, repair_command, verify_file
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -161,9 +162,21 @@ class RemoteFiles:
         releases.append(lambda: shutil.rmtree(scratch, ignore_errors=True))
 
         def read(file: DataFile) -> RangedRead:
-            return read_row_groups(
-                self.filesystem, self.file_path(file), file, row_filter.predicate, row_filter.schema, scratch
-            )
+            try:
+                return read_row_groups(
+                    self.filesystem,
+                    self.file_path(file),
+                    file,
+                    row_filter.predicate,
+                    row_filter.schema,
+                    scratch,
+                )
+            except StorageError as err:
+                # A page whose CRC fails, a footer that does not parse: name the repair too.
+                raise StorageError(
+                    f"{err}; if its bytes are damaged, rebuild the partition from the source: "
+                    f"{repair_command(self.dataset, [file])}"
+                ) from err
 
         if len(files) == 1:
             done = [read(files[0])]
@@ -201,21 +214,31 @@ class RemoteFiles:
         if self.cache_dir is None:
             self.cache_dir = Path(tempfile.mkdtemp(prefix=f"ap-{self.dataset}-"))
         root = self.cache_dir
-        wanted: list[tuple[str, Path]] = []
+        wanted: list[tuple[str, Path, DataFile | None]] = []
         for file in files:
             local = root / file.path
             marker = local.with_name(local.name + f".{file.checksum[:16]}.ok")
             if not marker.exists():
-                wanted.append((self.file_path(file), local))
-        wanted.extend((self.path(relative), root / relative) for relative in shared)
-        for remote, local in wanted:
+                wanted.append((self.file_path(file), local, file))
+        # The shared DuckDB file has no recorded digest: DuckDB verifies its blocks as it reads them.
+        wanted.extend((self.path(relative), root / relative, None) for relative in shared)
+        for remote, local, expected in wanted:
             local.parent.mkdir(parents=True, exist_ok=True)
             temporary = local.with_name(f".tmp-{uuid.uuid4().hex}-{local.name}")
             try:
                 pafs.copy_files(remote, str(temporary), source_filesystem=self.filesystem)
+                if expected is not None:
+                    # Checked before it takes its name: a damaged download is never marked good.
+                    verify_file(temporary, expected, dataset=self.dataset, full=True)
             except (OSError, pa.ArrowException) as err:
+                temporary.unlink(missing_ok=True)
                 raise StorageError(f"cannot download {remote}: {err}") from err
+            except StorageError as err:
+                temporary.unlink(missing_ok=True)
+                raise StorageError(str(err).replace(str(temporary), remote)) from err
             temporary.replace(local)
+            if expected is not None:
+                remember_verified(local, expected)
         for file in files:
             local = root / file.path
             local.with_name(local.name + f".{file.checksum[:16]}.ok").touch()

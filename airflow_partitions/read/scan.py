@@ -29,6 +29,7 @@ from airflow_partitions.read.query import (
     needs_partition_functions,
     new_duckdb_connection,
 )
+from airflow_partitions.storage import integrity
 from airflow_partitions.storage.base import conform
 
 if TYPE_CHECKING:
@@ -71,10 +72,12 @@ class RowFilter:
 
 
 class LocalFiles:
-    """Partition files under a local dataset directory, read in place."""
+    """Partition files under a local dataset directory, read in place once their bytes are checked
+    against the catalog's SHA-256 (`storage.integrity.verify_files`: once per process per file)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, dataset: str | None = None) -> None:
         self.root = root
+        self.dataset = dataset or root.name
 
     def paths_for_call(
         self,
@@ -85,10 +88,13 @@ class LocalFiles:
     ) -> list[str]:
         del releases, row_filter
         root = str(self.root)
-        return [os.path.join(root, _checked_relative(f.path)) for f in files]
+        paths = [os.path.join(root, _checked_relative(f.path)) for f in files]
+        _verify_local(self.root, files, self.dataset)
+        return paths
 
     def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
-        del files, shared
+        del shared  # the shared DuckDB file has no recorded digest: DuckDB checks its blocks
+        _verify_local(self.root, [f for f in files if f.table is None], self.dataset)
         return self.root
 
 
@@ -168,6 +174,28 @@ class DuckDBScanner:
         projection = "*" if everything else ", ".join(quote_identifier(name) for name in wanted)
         if needs_partition_functions(residual_sql):
             self._ensure_functions()
+        try:
+            table = self._read_files(plan, exact, inexact, projection, everything)
+        except StorageError as err:
+            cause = err.__cause__
+            if isinstance(cause, Exception) and _is_file_failure(cause):
+                # Which file failed is DuckDB's to say (a block checksum, a broken footer): name the
+                # files this read opened and the repair.
+                raise self._surfaced(cause, [*exact, *inexact]) from cause
+            raise
+        return conform(table, target)
+
+    def _read_files(
+        self,
+        plan: PrunePlan,
+        exact: Sequence[DataFile],
+        inexact: Sequence[DataFile],
+        projection: str,
+        everything: bool,
+    ) -> pa.Table:
+        schema = plan.index.schema
+        residual = plan.residual
+        residual_sql = residual.sql() if residual is not None else "TRUE"
         with self._cursor() as (cursor, scope):
             parts = []
             if exact:
@@ -185,8 +213,17 @@ class DuckDBScanner:
                     source = f"(SELECT * FROM {source} OFFSET 0)"
                 parts.append(f"SELECT {projection} FROM {source} WHERE {residual_sql}")
             sql = (" UNION ALL BY NAME " if everything else " UNION ALL ").join(parts)
-            table = self._execute(cursor, scope, sql)
-        return conform(table, target)
+            return self._execute(cursor, scope, sql)
+
+    def _surfaced(self, err: Exception, files: Sequence[DataFile]) -> StorageError:
+        """A DuckDB failure over `files` as a `StorageError` naming the files, where they are and the
+        repair (`storage.integrity.surface_duckdb_error`)."""
+        root = getattr(self.location, "root", "object storage")
+        shared = self.storage.shared_objects(files)
+        where = f"{root}/{shared[0]}" if shared else str(root)
+        dataset = getattr(self.location, "dataset", None) or "DATASET"
+        surfaced = integrity.surface_duckdb_error(err, dataset, files, where)
+        return StorageError(f"reading the selected partitions failed: {surfaced}")
 
     def _execute(self, cursor: Any, scope: CallScope, sql: str) -> pa.Table:
         """Run `sql`, reusing the relation an earlier read on this thread's cursor built for the same
@@ -352,6 +389,27 @@ def _execute(cursor: Any, sql: str) -> tuple[pa.Table, Any]:
 
 # Relations kept per thread for repeated reads (`DuckDBScanner._execute`).
 CACHED_RELATIONS = 32
+
+
+def _is_file_failure(err: BaseException | None) -> bool:
+    """Whether DuckDB failed on a file's bytes (I/O, a block checksum, a broken format), not on the
+    statement: a filter's conversion or binder error stays as it is."""
+    import duckdb
+
+    damage = (duckdb.IOException, duckdb.SerializationException, duckdb.InternalException)
+    return isinstance(err, damage) or (
+        isinstance(err, duckdb.Error) and any(word in str(err) for word in ("orrupt", "checksum"))
+    )
+
+
+def _verify_local(root: Path, files: Sequence[DataFile], dataset: str) -> None:
+    """Each file's size and SHA-256 against the catalog before DuckDB opens it (a stat once verified)."""
+    if not integrity.VERIFY_ON_READ:
+        return
+    for file in files:
+        # A missing file: the scan that opens it reports it with its own message.
+        with contextlib.suppress(FileNotFoundError):
+            integrity.verify_file(root / _checked_relative(file.path), file, dataset=dataset)
 
 
 def _checked_relative(path: str) -> str:

@@ -8,6 +8,10 @@ them back through the dataset's storage engine (so Parquet rows are sorted by `s
 rows of the new files from disk, and publishes every compacted partition in one `Catalog.commit`
 (operation `compact`) based on the planned version.
 
+Nothing is rewritten from unchecked bytes: every merged file is checked in full against the catalog
+(`storage.integrity.check_files`) first, and a damaged one refuses the compaction with a `StorageError`
+naming the file and the repair (nothing published; the file stays for the repair to replace).
+
 Nothing of the data changes: each partition must hold as many rows after as before (else
 `ConservationError`, nothing published). A refresh or write that touched one of the partitions after the
 planned version makes the commit fail with `CommitConflictError`: the old files stay referenced, and the
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import CompactionError, ConservationError
 from airflow_partitions.refresh.commit import dataset_data_root, open_dataset_catalog
+from airflow_partitions.storage.integrity import check_files
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry, Snapshot
@@ -203,6 +208,9 @@ def run_compaction(
     for position, item in enumerate(plan.partitions, start=1):
         entry = snapshot.partitions[item.key_path]
         merged_rows = sum(f.rows for f in item.merged)
+        # Every byte checked against the catalog before any is rewritten: rewriting damaged rows would
+        # give them a new file with a matching checksum (and vacuum would then delete the evidence).
+        check_files(storage, root, item.merged, dataset=dataset.name)
         table = storage.read(root, item.merged)
         writer = _writer(dataset, storage, table.num_rows, sum(f.bytes for f in item.merged), plan)
         written = writer.write(table, root, entry.key_path) if table.num_rows else []

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from airflow_partitions.storage.base import PartitionStorage, conform, data_file_path, unify_schemas
 from airflow_partitions.storage.datafile import DataFile
+from airflow_partitions.storage.integrity import verify_file
 
 BATCH_ROWS = 64 * 1024
 
@@ -26,16 +27,13 @@ class ArrowIpcStorage(PartitionStorage):
             writer.write_table(table, max_chunksize=BATCH_ROWS)
 
     def _read_file(self, dataset_root: Path, file: DataFile) -> pa.Table:
-        source = pa.memory_map(str(data_file_path(dataset_root, file)), "r")
-        return pa.ipc.open_file(source).read_all()
+        return pa.ipc.open_file(_checked_map(Path(dataset_root), file)).read_all()
 
     def file_schema(self, dataset_root: Path, file: DataFile) -> pa.Schema:
-        source = pa.memory_map(str(data_file_path(Path(dataset_root), file)), "r")
-        return pa.ipc.open_file(source).schema
+        return pa.ipc.open_file(_checked_map(Path(dataset_root), file)).schema
 
     def _count_file_rows(self, dataset_root: Path, file: DataFile) -> int:
-        source = pa.memory_map(str(data_file_path(dataset_root, file)), "r")
-        reader = pa.ipc.open_file(source)
+        reader = pa.ipc.open_file(_checked_map(dataset_root, file))
         # The batch lengths, read from the memory map without copying; `count_rows` is pyarrow 26+ only.
         return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
 
@@ -55,3 +53,11 @@ class ArrowIpcStorage(PartitionStorage):
         tables = self._read_many(Path(dataset_root), files, None)
         unified = schema or unify_schemas([t.schema for t in tables], files)
         connection.register(view_name, pa.concat_tables([conform(t, unified) for t in tables]))
+
+
+def _checked_map(dataset_root: Path, file: DataFile) -> pa.MemoryMappedFile:
+    """`file` memory-mapped once its bytes match the catalog's SHA-256: the IPC reader trusts the offsets
+    in the file, so damaged bytes could otherwise make it read outside its buffers."""
+    path = data_file_path(dataset_root, file)
+    verify_file(path, file, dataset=dataset_root.name)
+    return pa.memory_map(str(path), "r")

@@ -270,6 +270,11 @@ class PartitionStorage(ABC):
         # Engines override this with a metadata-only count; reading the file is the exact fallback.
         return self._read_file(dataset_root, file).num_rows
 
+    def check_tables(self, dataset_root: Path, files: Sequence[DataFile], *, dataset: str) -> None:
+        """Read every row of the shared-file tables `files` are published in (duckdb `tables` mode, whose
+        shared file has no recorded digest); engines without shared files have none."""
+        del dataset_root, files, dataset
+
     # --- DuckDB access ----------------------------------------------------------------------------
 
     @abstractmethod

@@ -55,6 +55,7 @@ from airflow_partitions.storage.base import (
     data_file_path,
 )
 from airflow_partitions.storage.datafile import DataFile
+from airflow_partitions.storage.integrity import REPAIR_PREFIX, surface_duckdb_error, verify_file
 from airflow_partitions.storage.sql import quote_identifier, quote_literal
 
 DATA_TABLE = "data"
@@ -119,25 +120,23 @@ class DuckDBFilesStorage(PartitionStorage):
             connection.close()
 
     def _read_file(self, dataset_root: Path, file: DataFile) -> pa.Table:
-        path = data_file_path(dataset_root, file)
-        if not path.exists():
-            raise FileNotFoundError(str(path))
-        connection = duckdb.connect(str(path), read_only=True)
-        try:
-            return _read_table(connection)
-        finally:
-            connection.close()
+        path = _checked_path(Path(dataset_root), file)
+        with _surfacing(path, Path(dataset_root).name, [file]):
+            connection = duckdb.connect(str(path), read_only=True)
+            try:
+                return _read_table(connection)
+            finally:
+                connection.close()
 
     def _count_file_rows(self, dataset_root: Path, file: DataFile) -> int:
         # The partition's own file (in tables mode: the staged file, which `publish` copies whole).
-        path = data_file_path(dataset_root, file)
-        if not path.exists():
-            raise FileNotFoundError(str(path))
-        connection = duckdb.connect(str(path), read_only=True)
-        try:
-            row = connection.execute(f"SELECT count(*) FROM {DATA_TABLE}").fetchone()
-        finally:
-            connection.close()
+        path = _checked_path(Path(dataset_root), file)
+        with _surfacing(path, Path(dataset_root).name, [file]):
+            connection = duckdb.connect(str(path), read_only=True)
+            try:
+                row = connection.execute(f"SELECT count(*) FROM {DATA_TABLE}").fetchone()
+            finally:
+                connection.close()
         return int(row[0]) if row is not None else 0
 
     def register_duckdb(
@@ -154,7 +153,7 @@ class DuckDBFilesStorage(PartitionStorage):
             return
         selects = []
         for file in files:
-            alias = _attach(connection, data_file_path(Path(dataset_root), file))
+            alias = _attach(connection, _checked_path(Path(dataset_root), file))
             selects.append(f"SELECT * FROM {alias}.{DATA_TABLE}")
         _create_union_view(connection, view_name, selects)
 
@@ -242,6 +241,7 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
         staged = data_file_path(root, file)
         if not staged.exists():
             raise StorageError(f"staged partition file {file.path} is missing under {root}; refresh it again")
+        verify_file(staged, file, dataset=root.name)  # never copy damaged bytes into the shared file
         alias = _attach(connection, staged)
         try:
             schema = _stored_schema(connection, _database_of(connection, staged))
@@ -268,7 +268,11 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
     def _read_file(self, dataset_root: Path, file: DataFile) -> pa.Table:
         if file.table is None:
             return super()._read_file(dataset_root, file)
-        with self._shared(Path(dataset_root), read_only=True) as connection:
+        root = Path(dataset_root)
+        with (
+            _surfacing(root / SHARED_FILE, root.name, [file]),
+            self._shared(root, read_only=True) as connection,
+        ):
             return self._read_shared_table(connection, file)
 
     def _read_many(
@@ -278,12 +282,18 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
             return super()._read_many(dataset_root, files, columns)
         # One open of the shared file for every published table, not one per partition.
         tables: list[pa.Table] = []
-        with self._shared(dataset_root, read_only=True) as connection:
+        root = Path(dataset_root)
+        published = [f for f in files if f.table is not None]
+        with (
+            _surfacing(root / SHARED_FILE, root.name, published),
+            self._shared(root, read_only=True) as connection,
+        ):
             for file in files:
                 if file.table is None:
-                    table = super()._read_file(dataset_root, file)
+                    table = super()._read_file(root, file)
                 else:
-                    table = self._read_shared_table(connection, file)
+                    with _surfacing(root / SHARED_FILE, root.name, [file]):
+                        table = self._read_shared_table(connection, file)
                 if columns is not None:
                     table = table.select([c for c in columns if c in table.column_names])
                 tables.append(table)
@@ -319,11 +329,11 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
         selects = []
         for file in files:
             if file.table is None:
-                alias = _attach(connection, data_file_path(root, file))
+                alias = _attach(connection, _checked_path(root, file))
                 selects.append(f"SELECT * FROM {alias}.{DATA_TABLE}")
             else:
                 if shared_alias is None:
-                    shared_alias = self._attach_shared(connection, root)
+                    shared_alias = self._attach_shared(connection, root, files)
                 selects.append(f"SELECT * FROM {shared_alias}.{quote_identifier(file.table)}")
         _create_union_view(connection, view_name, selects)
 
@@ -331,15 +341,32 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
         """The shared file, when any of `files` is published into it."""
         return [SHARED_FILE] if any(f.table for f in files) else []
 
-    def _attach_shared(self, connection: Any, root: Path) -> str:
+    def _attach_shared(self, connection: Any, root: Path, files: Sequence[DataFile]) -> str:
         deadline = time.monotonic() + self.lock_timeout
         while True:
             try:
                 return _attach(connection, root / SHARED_FILE)
             except duckdb.Error as err:
-                if not _is_lock_error(err) or time.monotonic() > deadline:
+                if _is_lock_error(err) and time.monotonic() > deadline:
                     raise StorageError(f"could not open {root / SHARED_FILE} for reading: {err}") from err
+                if not _is_lock_error(err):
+                    published = [f for f in files if f.table is not None]
+                    raise surface_duckdb_error(err, root.name, published, str(root / SHARED_FILE)) from err
                 time.sleep(0.05)
+
+    def check_tables(self, dataset_root: Path, files: Sequence[DataFile], *, dataset: str) -> None:
+        """Read every row of each published table of `files` through DuckDB, which verifies the checksum
+        of every block it loads: a damaged block raises a `StorageError` naming the shared file."""
+        root = Path(dataset_root)
+        for file in files:
+            with (
+                _surfacing(root / SHARED_FILE, dataset, [file]),
+                self._shared(root, read_only=True) as connection,
+            ):
+                for _batch in connection.sql(
+                    f"SELECT * FROM {quote_identifier(str(file.table))}"
+                ).fetch_record_batch():
+                    pass
 
     def remove_unreferenced(
         self,
@@ -474,7 +501,11 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
                     continue
                 break
             except duckdb.Error as err:
-                if not _is_lock_error(err) or time.monotonic() > deadline:
+                if not _is_lock_error(err):
+                    raise StorageError(
+                        f"could not open {path} ({'read' if read_only else 'write'}): {err}"
+                    ) from err
+                if time.monotonic() > deadline:
                     raise StorageError(
                         f"could not open {path} ({'read' if read_only else 'write'}): {err}; another "
                         f"process held it for more than {self.lock_timeout:.0f} s"
@@ -487,6 +518,31 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
 
 
 # --- helpers --------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _surfacing(location: Path, dataset: str, files: Sequence[DataFile]) -> Iterator[None]:
+    """DuckDB failures on the file at `location` (a block checksum, a header) as `StorageError`s naming
+    it, the partitions and the repair (`storage.integrity.surface_duckdb_error`); lock waits stay as
+    they are."""
+    try:
+        yield
+    except duckdb.Error as err:
+        raise surface_duckdb_error(err, dataset, files, str(location)) from err
+    except StorageError as err:
+        # `_shared`'s own error for a file DuckDB refused; one that already names its repair (an inner
+        # `_surfacing`, a failed digest) stays as it is.
+        cause = err.__cause__
+        if isinstance(cause, duckdb.Error) and not _is_lock_error(cause) and REPAIR_PREFIX not in str(err):
+            raise surface_duckdb_error(cause, dataset, files, str(location)) from cause
+        raise
+
+
+def _checked_path(dataset_root: Path, file: DataFile) -> Path:
+    """The path of a per-partition DuckDB file once its bytes match the catalog's SHA-256."""
+    path = data_file_path(dataset_root, file)
+    verify_file(path, file, dataset=dataset_root.name)
+    return path
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

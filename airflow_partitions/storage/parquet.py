@@ -22,6 +22,7 @@ from airflow_partitions.storage.base import (
     unify_schemas,
 )
 from airflow_partitions.storage.datafile import DataFile
+from airflow_partitions.storage.integrity import verify_file
 from airflow_partitions.storage.sql import quote_identifier, quote_literal
 
 # Parquet has no seconds unit and widens `timestamp[s]` to milliseconds; the original Arrow schema is
@@ -70,17 +71,22 @@ class ParquetStorage(PartitionStorage):
             row_group_size=self.row_group_rows,
             version="2.6",
             write_statistics=True,
+            # A CRC per page, verified by every pyarrow read (compaction, ranged reads of remote files).
+            write_page_checksum=True,
         )
 
     def _read_file(self, dataset_root: Path, file: DataFile) -> pa.Table:
         path = data_file_path(dataset_root, file)
-        table = pq.ParquetFile(str(path)).read()
+        verify_file(path, file, dataset=Path(dataset_root).name)
+        table = pq.ParquetFile(str(path), page_checksum_verification=True).read()
         schema = self.original_schema(table.schema)
         return table.cast(schema) if not table.schema.equals(schema) else table
 
     def file_schema(self, dataset_root: Path, file: DataFile) -> pa.Schema:
         try:
-            return self.original_schema(pq.read_schema(str(data_file_path(Path(dataset_root), file))))
+            path = data_file_path(Path(dataset_root), file)
+            verify_file(path, file, dataset=Path(dataset_root).name)  # a damaged footer: a wrong schema
+            return self.original_schema(pq.read_schema(str(path)))
         except FileNotFoundError as err:
             raise StorageError(f"partition file {file.path} is missing under {dataset_root}") from err
         except (OSError, pa.ArrowException) as err:
@@ -120,7 +126,12 @@ class ParquetStorage(PartitionStorage):
             _project(unified.empty_table(), columns)  # unknown columns: a clear error before scanning
         paths = [str(data_file_path(root, f)) for f in files]
         try:
-            dataset = ds.dataset(paths, schema=unified, format="parquet")
+            for file, path in zip(files, paths, strict=True):
+                verify_file(Path(path), file, dataset=root.name)
+            checked = ds.ParquetFileFormat(
+                default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+            )
+            dataset = ds.dataset(paths, schema=unified, format=checked)
             return dataset.to_table(columns=list(columns) if columns is not None else None, filter=filter)
         except FileNotFoundError as err:
             raise StorageError(f"a partition file is missing under {root}: {err}") from err
@@ -175,7 +186,10 @@ class ParquetStorage(PartitionStorage):
         return False
 
     def spark_frame(self, spark: Any, dataset_root: Path, files: Sequence[DataFile]) -> Any:
-        paths = [str(data_file_path(Path(dataset_root), f)) for f in files]
+        root = Path(dataset_root)
+        for file in files:  # Spark's reader checks no page CRC: the bytes are checked here first
+            verify_file(data_file_path(root, file), file, dataset=root.name)
+        paths = [str(data_file_path(root, f)) for f in files]
         return spark.read.option("mergeSchema", "true").parquet(*paths)
 
 
