@@ -151,6 +151,8 @@ _NON_DETERMINISTIC_NAMES = frozenset(
 )
 # Nodes that may map NULL to a value or a value to NULL.
 _NULL_CHANGING: tuple[type[exp.Expr], ...] = (
+    exp.Null,
+    exp.In,
     exp.Case,
     exp.If,
     exp.Coalesce,
@@ -269,6 +271,10 @@ class ExpressionTransform(Transform):
     @property
     def null_preserving(self) -> bool:
         return not any(isinstance(node, _NULL_CHANGING) for node in self._tree.walk())
+
+    @property
+    def has_preimage(self) -> bool:
+        return False
 
     @property
     def monotonic(self) -> bool:

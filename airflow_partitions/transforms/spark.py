@@ -27,6 +27,7 @@ from airflow_partitions.exceptions import PartitionExpressionError
 from airflow_partitions.transforms import arrow_support as support
 from airflow_partitions.transforms.base import Transform, decimal_from_unscaled
 from airflow_partitions.transforms.bucket import BucketTransform
+from airflow_partitions.transforms.expression import ExpressionTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
 from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
@@ -257,3 +258,20 @@ def _date_trunc(transform: DateTruncTransform, column: Column, source: pa.DataTy
     if source.tz is None:
         return result.cast(T.TimestampNTZType())
     return result
+
+
+@_spark_column.register
+def _expression(transform: ExpressionTransform, column: Column, source: pa.DataType) -> Column:
+    # The expression's one definition is DuckDB's; Spark's own lower/upper, integer division, substr
+    # and casts differ on hostile values, so the workers run the same evaluation over Arrow batches.
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    result_type = spark_type_for(transform.result_type)
+    arrow_result = to_arrow_type(result_type)
+
+    def evaluate_batch(values: pa.Array) -> pa.Array:
+        result: pa.Array = transform.apply(values)
+        return result.cast(arrow_result)
+
+    make_udf = cast(Any, F.arrow_udf)
+    return make_udf(evaluate_batch, result_type)(column)
