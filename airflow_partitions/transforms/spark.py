@@ -267,7 +267,7 @@ def _expression(transform: ExpressionTransform, column: Column, source: pa.DataT
     from pyspark.sql.pandas.types import to_arrow_type
 
     result_type = spark_type_for(transform.result_type)
-    arrow_result = to_arrow_type(result_type)
+    arrow_result = to_arrow_type(result_type, timezone="UTC")
 
     def evaluate_batch(values: pa.Array) -> pa.Array:
         result: pa.Array = transform.apply(values)
