@@ -49,7 +49,28 @@ STRINGS = [
     "é",
     "e\u0301",
 ]
-INTS = [None, 0, 1, -1, 7, -7, 1000, 1001, -1000, 2**63 - 1, -(2**63), 123_456_789, -5, 5, 6, -6, 2, -2, 3, 999]
+INTS = [
+    None,
+    0,
+    1,
+    -1,
+    7,
+    -7,
+    1000,
+    1001,
+    -1000,
+    2**63 - 1,
+    -(2**63),
+    123_456_789,
+    -5,
+    5,
+    6,
+    -6,
+    2,
+    -2,
+    3,
+    999,
+]
 SMALL = [None, 0, 1, -1, 7, -7, 3, -3, 100, -100, 2, -2, 5, -5, 6, 4, 9, -9, 10, 11]
 TIMES = [
     None,
@@ -194,7 +215,7 @@ def reference() -> Iterator[dict[str, list[Any]]]:
     values: dict[str, list[Any]] = {}
     for _, text in ALL:
         # Through the reader's rewrite (built-ins such as date_trunc get their partition semantics).
-        sql = executable_sql(f"SELECT ({text}) FROM source_rows", TABLE.schema)  # noqa: S608
+        sql = executable_sql(f"SELECT ({text}) FROM source_rows", TABLE.schema)
         rows = connection.sql(sql).fetchall()
         values[text] = [as_comparable(row[0]) for row in rows]
     yield values
@@ -224,7 +245,9 @@ def test_spark_equals_arrow(spark: Any, group: str) -> None:
     columns = [t.to_spark(F.col(t.source_column)).alias(f"e{n}") for n, t in enumerate(transforms)]
     computed = frame.select(*columns).toArrow()
     for number, transform in enumerate(transforms):
-        expected = [as_comparable(v) for v in transform.apply(TABLE.column(transform.source_column)).to_pylist()]
+        expected = [
+            as_comparable(v) for v in transform.apply(TABLE.column(transform.source_column)).to_pylist()
+        ]
         got = [as_comparable(v) for v in computed.column(f"e{number}").to_pylist()]
         assert got == expected, f"{transform.canonical}: Spark disagrees with Arrow"
 

@@ -507,9 +507,7 @@ def _query(sql: str, column: str, array: pa.Array) -> pa.Array:
     connection.register(_INPUT_TABLE, table)
     try:
         # Insertion order is preserved for a plain projection (DuckDB's preserve_insertion_order).
-        result = connection.sql(
-            f"SELECT ({sql}) AS value FROM {_INPUT_TABLE}"  # noqa: S608 - the SQL is a checked expression
-        ).to_arrow_table()
+        result = connection.sql(f"SELECT ({sql}) AS value FROM {_INPUT_TABLE}").to_arrow_table()
     except duckdb.Error as err:
         raise PartitionValueError(
             f"partition expression {sql!r} cannot be evaluated on column {quote_identifier(column)} "

@@ -368,7 +368,9 @@ def _build(text: str, node: exp.Expr) -> Transform:
         return _over(text, node.this, "date_trunc", lambda column: DateTruncTransform(column, trunc_unit))
     for function_type, unit in _UNIT_FUNCTIONS.items():
         if type(node) is function_type:
-            return _over(text, node.this, f"{unit.upper()}()", lambda column: DatePartTransform(column, unit))
+            return _over(
+                text, node.this, f"{unit.upper()}()", functools.partial(DatePartTransform, unit=unit)
+            )
     return _expression(text, node)
 
 
