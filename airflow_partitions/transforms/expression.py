@@ -538,8 +538,8 @@ def expression_result_type(sql: str, column: str, source_type: pa.DataType, text
     except PartitionValueError as err:
         raise PartitionExpressionError(
             f"partition expression {text!r} does not apply to column {column!r} of type {source_type}: "
-            f"{err.args[0].split(': ', 1)[-1]}; cast the column inside the expression, e.g. "
-            f"CAST({column} AS VARCHAR)"
+            f"{err.args[0].split(': ', 1)[-1]}; cast the column inside the expression to a type the "
+            f"function takes, e.g. CAST({column} AS <type>)"
         ) from err
     return _normalized_result(result).type
 
