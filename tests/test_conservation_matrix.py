@@ -101,6 +101,15 @@ LAYOUTS: dict[str, Layout] = {
     "composite": Layout(
         (("cb", "bucket(4, s)"), ("cy", "date_part('year', d)"), ("cf", "flag")), None, False
     ),
+    # Custom expressions: case folding, and a CASE band that also gives the NULL rows a value.
+    "expressions": Layout(
+        (
+            ("lo", "lower(s)"),
+            ("band", "CASE WHEN n_int > 1000 THEN 'big' WHEN n_int < 0 THEN 'negative' ELSE 'small' END"),
+        ),
+        ("s", "n_int"),
+        False,
+    ),
 }
 # The layout a `respec` combination starts from before partition_by changes to the combination's layout.
 RESPEC_FROM: tuple[tuple[str, str], ...] = (("old", "bucket(2, id)"),)

@@ -126,6 +126,7 @@ def make_table() -> pa.Table:
     )
 
 
+BAND = "CASE WHEN i > 1000 THEN 'big' WHEN i < 0 THEN 'negative' ELSE 'small' END"
 # Every transform and engine, each layout small (a read opens tens of files, not hundreds) so thousands
 # of cases stay fast; `max_rows_per_file` splits partitions into several files for the zone maps.
 LAYOUTS: dict[str, tuple[list[tuple[str, str]], dict[str, Any]]] = {
@@ -143,6 +144,20 @@ LAYOUTS: dict[str, tuple[list[tuple[str, str]], dict[str, Any]]] = {
     "arrow": (
         [("dy", "date_part('year', d)"), ("dm", "date_trunc('month', d)")],
         {"engine": "arrow", "max_rows_per_file": 10},
+    ),
+    # Custom expressions: case folding, a CASE band that maps NULL to a value, a prefix and an integer
+    # division (monotonic: ranges prune), nullif (a value to NULL), and a bucket over an expression.
+    "parquet_expressions": (
+        [("l", "lower(s)"), ("band", BAND)],
+        {"engine": "parquet", "max_rows_per_file": 30},
+    ),
+    "parquet_monotonic": (
+        [("p", "left(s, 2)"), ("q", "j // 1000000")],
+        {"engine": "parquet", "max_rows_per_file": 30},
+    ),
+    "arrow_expressions": (
+        [("n", "nullif(s, '')"), ("bl", "bucket(4, upper(s))")],
+        {"engine": "arrow", "max_rows_per_file": 20},
     ),
 }
 
@@ -249,9 +264,9 @@ def literal_for(draw: st.DrawFn, column: str, table: pa.Table) -> str:
 
 COLUMNS = ["i", "j", "s", "ts", "ts_tz", "d", "amount", "f"]
 EXPRESSIONS: dict[str, list[str]] = {
-    "i": ["bucket(4, i)", "i % 3"],
-    "j": ["truncate(1000000, j)"],
-    "s": ["truncate(1, s)"],
+    "i": ["bucket(4, i)", "i % 3", BAND],
+    "j": ["truncate(1000000, j)", "j // 1000000"],
+    "s": ["truncate(1, s)", "lower(s)", "left(s, 2)", "nullif(s, '')", "bucket(4, upper(s))"],
     "ts": ["date_part('year', ts)", "date_part('month', ts)", "YEAR(ts)"],
     "ts_tz": ["date_trunc('week', ts_tz)", "date_part('day', ts_tz)"],
     "d": ["date_trunc('month', d)", "date_part('year', d)"],
@@ -263,7 +278,13 @@ EXPRESSIONS: dict[str, list[str]] = {
 def expression_leaf(draw: st.DrawFn, column: str) -> str:
     expression = draw(st.sampled_from(EXPRESSIONS[column]))
     op = draw(st.sampled_from(["=", "!=", "<", "<=", ">", ">=", "IN"]))
-    if expression.startswith("bucket"):
+    if expression == BAND:
+        values = ["'big'", "'negative'", "'small'", "'other'"]
+    elif expression in ("lower(s)", "left(s, 2)", "nullif(s, '')"):
+        values = ["'a'", "'z'", "'é'", "''", "'null'", "'ab'", "'a0'", "'x1'", "'日本'", "'it'", "'%n'"]
+    elif expression == "j // 1000000":
+        values = ["0", "-1", "1", "-9223372036854", "9223372036854", "7", "-10"]
+    elif expression.startswith("bucket"):
         values = [str(v) for v in range(-1, 5)]
     elif " % 3" in expression:
         values = [str(v) for v in range(-3, 4)]
@@ -295,6 +316,8 @@ def leaf(draw: st.DrawFn, table: pa.Table) -> str:
     if kind == "expr" and column in EXPRESSIONS:
         return draw(expression_leaf(column))
     if kind == "null":
+        if column in EXPRESSIONS and draw(st.integers(0, 3)) == 0:
+            column = draw(st.sampled_from(EXPRESSIONS[column]))
         return f"{column} IS {'NOT ' if draw(st.booleans()) else ''}NULL"
     if kind == "between":
         low, high = draw(literal_for(column, table)), draw(literal_for(column, table))
@@ -302,8 +325,13 @@ def leaf(draw: st.DrawFn, table: pa.Table) -> str:
     if kind == "in" and column != "f":
         items = draw(st.lists(literal_for(column, table), min_size=1, max_size=4))
         return f"{column} {'NOT ' if draw(st.booleans()) else ''}IN ({', '.join(items)})"
-    if column == "s" and draw(st.integers(0, 9)) == 0:
-        return f"s LIKE {sql_string(draw(st.sampled_from(['a%', '%a', '_', 'é%'])))}"
+    if column == "s" and draw(st.integers(0, 4)) == 0:
+        prefix = draw(st.sampled_from(["a", "a0", "x", "日", "é", "z", "a" * 65, "it'", "%N"]))
+        term = draw(st.sampled_from(["s", "s", "lower(s)", "left(s, 2)"]))
+        pattern = draw(st.sampled_from([f"{prefix}%", f"{prefix}%%", "%a", "_", f"{prefix}_%", "%"]))
+        if draw(st.booleans()):
+            return f"starts_with({term}, {sql_string(prefix)})"
+        return f"{term} {'NOT ' if draw(st.booleans()) else ''}LIKE {sql_string(pattern)}"
     op = draw(st.sampled_from(["=", "!=", "<", "<=", ">", ">="]))
     return f"{column} {op} {draw(literal_for(column, table))}"
 

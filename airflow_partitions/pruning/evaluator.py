@@ -219,7 +219,10 @@ class Evaluator:
 
     def _leaf(self, leaf: Comparison | InList | IsNull | Range) -> Outcome:
         term = leaf.term
-        might_null, might_value = self._nullness(term.column)
+        if isinstance(term, TransformRef) and not term.transform.null_preserving:
+            might_null, might_value = self._expression_nullness(term)
+        else:
+            might_null, might_value = self._nullness(term.column)
         if isinstance(leaf, IsNull):
             return Outcome(might_null.copy(), might_value.copy(), self._zeros())
         if isinstance(term, ColumnRef):
@@ -235,7 +238,12 @@ class Evaluator:
             return cached
         might_null, might_value = self._ones(), self._ones()
         for field in self.fields_by_column.get(column, ()):
-            is_null = _bool_mask(self.frame.values[field.name].is_null(), True)
+            values = self.frame.values[field.name]
+            if not field.transform.null_preserving:
+                # NULL rows all land in the partition of f(NULL), which says nothing about the others.
+                might_null &= self._partitions_of_null(field.transform, values)
+                continue
+            is_null = _bool_mask(values.is_null(), True)
             might_null &= is_null
             might_value &= ~is_null
         stats = self.frame.stats(column)
@@ -244,6 +252,32 @@ class Evaluator:
             might_null &= ~(known & (stats.null_count == 0))
             might_value &= ~(known & (stats.null_count >= stats.rows))
         self._nullness_cache[column] = (might_null, might_value)
+        return might_null, might_value
+
+    def _partitions_of_null(self, transform: Any, values: pa.Array) -> Mask:
+        """Per row, whether the partition value is that of a NULL column value (`f(NULL)`)."""
+        try:
+            image = transform.apply_scalar(None)
+        except (*EVALUATION_ERRORS, *_ARROW_ERRORS):
+            return self._ones()
+        if image is None:
+            return _bool_mask(values.is_null(), True)
+        mask = _compare(values, Op.EQ, image, False)
+        return self._ones() if mask is None else mask
+
+    def _expression_nullness(self, term: TransformRef) -> tuple[Mask, Mask]:
+        """(might be NULL, might hold a value) of an expression that does not keep NULLs apart."""
+        might_null, might_value = self._ones(), self._ones()
+        for field in self.fields_by_column.get(term.column, ()):
+            try:
+                values = field.transform.values_of(term.transform, self.frame.values[field.name])
+            except (*EVALUATION_ERRORS, *_ARROW_ERRORS):
+                values = None
+            if values is None:
+                continue
+            is_null = _bool_mask(values.is_null(), True)
+            might_null &= is_null
+            might_value &= ~is_null
         return might_null, might_value
 
     def _column_truth(self, term: ColumnRef, leaf: Comparison | InList | Range) -> tuple[Mask, Mask]:

@@ -49,6 +49,7 @@ from airflow_partitions.pruning.expressions import (
 )
 from airflow_partitions.pruning.limits import budget, check_budget, run_bounded
 from airflow_partitions.pruning.literals import Between, coerce_literal
+from airflow_partitions.pruning.prefix import like_prefix, prefix_upper_bound
 from airflow_partitions.pruning.sql_text import DIALECT, collection_paused, parse_sql
 from airflow_partitions.spec.model import did_you_mean
 from airflow_partitions.transforms.parser import describe_sql_error
@@ -332,6 +333,10 @@ class FilterBinder:
             return self._between(node)
         if isinstance(node, exp.In):
             return self._in(node)
+        if isinstance(node, exp.Like | exp.StartsWith):
+            prefixed = self._prefix_range(node)
+            if prefixed is not None:
+                return prefixed
         if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
             term = self._term(node.this)
             if term is None:
@@ -346,6 +351,22 @@ class FilterBinder:
                 )
             return Comparison(column, Op.EQ, True)
         return self._opaque(node)
+
+    def _prefix_range(self, node: exp.Like | exp.StartsWith) -> Predicate | None:
+        """`t LIKE 'p%'` / `starts_with(t, 'p')` on a string term as the range it selects (exact)."""
+        pattern = node.expression
+        extra = {key for key, value in node.args.items() if value} - {"this", "expression", "negate"}
+        if extra or not isinstance(pattern, exp.Literal) or not pattern.is_string:
+            return None
+        text = str(pattern.this)
+        prefix = like_prefix(text) if isinstance(node, exp.Like) else (text or None)
+        term = self._term(node.this) if prefix is not None else None
+        if term is None or prefix is None or not pa.types.is_string(term.type):
+            return None
+        lower = self.compare(term, Op.GE, prefix)
+        upper = prefix_upper_bound(prefix)
+        selected = lower if upper is None else and_(lower, self.compare(term, Op.LT, upper))
+        return not_(selected) if node.args.get("negate") else selected
 
     def _opaque(self, node: exp.Expression) -> Predicate:
         """Boolean SQL pruning cannot use; its columns must still exist (strict) and it must be read-only."""
@@ -453,11 +474,11 @@ class FilterBinder:
         if node.find(exp.Select, exp.Subquery) is not None:
             return None
         columns = list(node.find_all(exp.Column))
-        if len(columns) != 1:
+        if len({(found.table, found.name) for found in columns}) != 1:
             return None
         column = self._column(columns[0])
         rewritten = node.copy()
-        for found in rewritten.find_all(exp.Column):
+        for found in list(rewritten.find_all(exp.Column)):
             found.replace(exp.column(exp.to_identifier(column.name, quoted=True)))
         transform = _transform_of(rewritten)
         if transform is None:
@@ -465,6 +486,9 @@ class FilterBinder:
         try:
             bound = transform.bind(column.type)
         except PartitionExpressionError as err:
+            if transform.name == "expression":
+                # Not a partition expression (`amount * 1.5`, a double): DuckDB evaluates it as written.
+                return None
             raise FilterError(f"{render(node)} cannot apply to column {column.name!r}: {err}") from err
         return TransformRef(bound, column)
 

@@ -6,7 +6,8 @@ exactness too:
 * a predicate on a monotonic partition expression becomes a range on its column through the expression's
   preimage: `date_part('year', ts) = 2026` is `ts >= 2026-01-01 AND ts < 2027-01-01`, so it meets every
   other partition field and the column's statistics;
-* `f(c) IS NULL` is `c IS NULL` (every transform maps NULL, and only NULL, to NULL);
+* `f(c) IS NULL` is `c IS NULL` when `f` maps NULL, and only NULL, to NULL (every built-in transform;
+  not `coalesce(c, 'x')` or a CASE band, see `Transform.null_preserving`);
 * range comparisons on the same term inside one AND merge into one `Range`, so bounded ranges can be
   enumerated through non-monotonic transforms (`user_id BETWEEN 10 AND 20` against a bucket).
 """
@@ -45,7 +46,11 @@ def prepare(predicate: Predicate) -> Predicate:
         return or_(*(prepare(child) for child in predicate.items))
     if isinstance(predicate, Not):
         return merge_ranges(not_(prepare(predicate.child)))
-    if isinstance(predicate, IsNull) and isinstance(predicate.term, TransformRef):
+    if (
+        isinstance(predicate, IsNull)
+        and isinstance(predicate.term, TransformRef)
+        and predicate.term.transform.null_preserving
+    ):
         return IsNull(predicate.term.column_ref)
     if isinstance(predicate, Comparison | InList | Range) and isinstance(predicate.term, TransformRef):
         rewritten = _through_preimage(predicate)

@@ -422,7 +422,7 @@ class PostgresSource:
     def can_read_partition(self, transforms: Sequence[Transform]) -> bool:
         if self.pushdown == "never" or not transforms:
             return False
-        if not all(getattr(t, "monotonic", False) for t in transforms):
+        if not all(getattr(t, "monotonic", False) and getattr(t, "has_preimage", True) for t in transforms):
             return False
         if self.pushdown == "always":
             return True
@@ -567,7 +567,7 @@ class PostgresSource:
         """One SQL OR of the keys' ranges, when every field can be pushed down and keys are few."""
         if keys is None or not keys or len(keys) > MAX_PUSHED_RANGES:
             return None
-        if not all(getattr(t, "monotonic", False) for t in transforms):
+        if not all(getattr(t, "monotonic", False) and getattr(t, "has_preimage", True) for t in transforms):
             return None
         return " OR ".join(f"({self._key_predicate(transforms, key)})" for key in keys)
 

@@ -124,6 +124,16 @@ class Transform(ABC):
         """Whether the partition value never decreases as the source value increases."""
 
     @property
+    def null_preserving(self) -> bool:
+        """Whether NULL, and only NULL, maps to NULL (every built-in transform; not `coalesce(c, 'x')`)."""
+        return True
+
+    @property
+    def has_preimage(self) -> bool:
+        """Whether `preimage` gives the source range of each partition value (a source can push it down)."""
+        return self.monotonic
+
+    @property
     def one_to_one(self) -> bool:
         """Whether distinct source values always give distinct partition values."""
         return False

@@ -27,6 +27,7 @@ from airflow_partitions.exceptions import FilterError, PartitionExpressionError
 from airflow_partitions.transforms import arrow_support as support
 from airflow_partitions.transforms.base import Transform
 from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
+from airflow_partitions.transforms.expression import ExpressionTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
 from airflow_partitions.transforms.parser import (
@@ -148,6 +149,20 @@ def duckdb_expression(transform: Transform, column_sql: str) -> str:
 @functools.singledispatch
 def _duckdb_sql(transform: Transform, column_sql: str, source: pa.DataType) -> str:
     raise PartitionExpressionError(f"no DuckDB form for {type(transform).__name__}")
+
+
+@_duckdb_sql.register
+def _expression_sql(transform: ExpressionTransform, column_sql: str, source: pa.DataType) -> str:
+    # The expression is DuckDB SQL already: its one definition; only the column reference changes.
+    tree = transform.tree
+    column = sqlglot.parse_one(column_sql, read=DIALECT)
+    for node in list(tree.find_all(exp.Column)):
+        node.replace(column.copy())
+    inner = f"({tree.sql(dialect=DIALECT)})"
+    outer = transform.outer_bound
+    if outer is None:
+        return inner
+    return _duckdb_sql(outer, inner, support.normalize_type(transform.inner_result_type()))
 
 
 @_duckdb_sql.register

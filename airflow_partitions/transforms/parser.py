@@ -2,7 +2,10 @@
 
 The grammar is DuckDB's (a Postgres-like SQL): `bucket(N, col)`, `bucket(N::int32, col)`,
 `truncate(W, col)`, `date_part('unit', col)`, `extract(unit FROM col)`, `YEAR(col)` and the other unit
-functions, `date_trunc('unit', col)`, `col % N` (or `mod(col, N)`), or a bare column.
+functions, `date_trunc('unit', col)`, `col % N` (or `mod(col, N)`), or a bare column; and any other scalar
+expression over one column from the function set of `transforms.expression` (`lower(region)`,
+`CASE WHEN amount > 1000 THEN 'big' ELSE 'small' END`), which the built-in transforms may also wrap
+(`bucket(16, lower(email))`).
 
 Column names are taken exactly as written, quoted or not (`PULocationID` and `"PULocationID"` are the
 same column, and neither is `pulocationid`): names are case-sensitive, as in Arrow and Parquet schemas.
@@ -22,6 +25,12 @@ from sqlglot.errors import SqlglotError
 from airflow_partitions.exceptions import PartitionExpressionError
 from airflow_partitions.transforms.base import Transform
 from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
+from airflow_partitions.transforms.expression import (
+    COMPOSED_INPUT,
+    ExpressionTransform,
+    check_expression,
+    reject_non_deterministic,
+)
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
 from airflow_partitions.transforms.temporal import DATE_UNITS, DatePartTransform, DateTruncTransform
@@ -31,7 +40,8 @@ DIALECT = "duckdb"
 INT64_MAX = (1 << 63) - 1
 SUPPORTED_FORMS = (
     "a column, bucket(N, col), truncate(W, col), date_part('unit', col), "
-    "YEAR/QUARTER/MONTH/WEEK/DAY/HOUR/MINUTE(col), date_trunc('unit', col), col % N"
+    "YEAR/QUARTER/MONTH/WEEK/DAY/HOUR/MINUTE(col), date_trunc('unit', col), col % N, "
+    "or a scalar expression over one column such as lower(col) (see the expression reference)"
 )
 # Print SQL in messages as the user wrote it: DuckDB syntax, function names in their original case.
 _AS_WRITTEN: dict[str, Any] = {"dialect": DIALECT, "normalize_functions": False}
@@ -108,6 +118,7 @@ def may_call_transforms(sql: str) -> bool:
 
 def _from_tree(text: str, tree: exp.Expr) -> Transform:
     _reject_forbidden(text, tree)
+    reject_non_deterministic(text, tree)
     columns = _column_references(tree)
     if not columns:
         raise _error(
@@ -117,11 +128,12 @@ def _from_tree(text: str, tree: exp.Expr) -> Transform:
             "e.g. bucket(16, user_id)",
         )
     names = sorted({column.sql(**_AS_WRITTEN) for column in columns})
-    if len(columns) > 1:
+    distinct = {(column.table, column.name) for column in columns}
+    if len(distinct) > 1:
         listed = ", ".join(names)
         raise _error(
             text,
-            f"references {len(columns)} columns ({listed})",
+            f"references {len(distinct)} columns ({listed})",
             "a partition expression must reference exactly one column; add one partition_by entry per column",
         )
     return _build(text, _unwrap(tree))
@@ -333,7 +345,9 @@ def _unwrap(node: exp.Expr) -> exp.Expr:
 def _build(text: str, node: exp.Expr) -> Transform:
     if isinstance(node, exp.Column):
         return IdentityTransform(_column_name(text, node, "the partition column"))
-    if isinstance(node, exp.Mod):
+    if isinstance(node, exp.Mod) and (
+        isinstance(_unwrap(node.this), exp.Column) or _positive_integer(node.expression) is not None
+    ):
         return _build_mod(text, node)
     if isinstance(node, exp.Trunc) or _is_function(node, "truncate"):
         return _build_truncate(text, node)
@@ -341,24 +355,42 @@ def _build(text: str, node: exp.Expr) -> Transform:
         return _build_bucket(text, node)
     if _is_function(node, "date_part", "datepart"):
         args = _arguments(text, node, "date_part", 2)
-        return DatePartTransform(_column_name(text, args[1], "date_part"), _unit(text, args[0], "date_part"))
+        unit = _unit(text, args[0], "date_part")
+        return _over(text, args[1], "date_part", lambda column: DatePartTransform(column, unit))
     if isinstance(node, exp.Extract):
-        return DatePartTransform(
-            _column_name(text, node.expression, "extract"), _unit(text, node.this, "extract")
-        )
+        unit = _unit(text, node.this, "extract")
+        return _over(text, node.expression, "extract", lambda column: DatePartTransform(column, unit))
     if isinstance(node, exp.DateTrunc | exp.TimestampTrunc):
         unit_node = node.args.get("unit")
         if unit_node is None:
             raise _error(text, "has no date_trunc unit", f"write date_trunc('day', col); units: {_UNIT_LIST}")
-        return DateTruncTransform(
-            _column_name(text, node.this, "date_trunc"), _unit(text, unit_node, "date_trunc")
-        )
+        trunc_unit = _unit(text, unit_node, "date_trunc")
+        return _over(text, node.this, "date_trunc", lambda column: DateTruncTransform(column, trunc_unit))
     for function_type, unit in _UNIT_FUNCTIONS.items():
         if type(node) is function_type:
-            return DatePartTransform(_column_name(text, node.this, f"{unit.upper()}()"), unit)
-    raise _error(
-        text, f"uses {_describe(node)}, which is not a partition transform", f"supported: {SUPPORTED_FORMS}"
-    )
+            return _over(
+                text, node.this, f"{unit.upper()}()", functools.partial(DatePartTransform, unit=unit)
+            )
+    return _expression(text, node)
+
+
+def _expression(text: str, node: exp.Expr) -> ExpressionTransform:
+    """A custom expression over the one column `node` references (checked against the function set)."""
+    check_expression(text, node)
+    columns = _column_references(node)
+    if not columns:
+        raise _error(text, "references no column", "a partition expression must reference exactly one column")
+    return ExpressionTransform(_column_name(text, columns[0], "the expression"), node)
+
+
+def _over(text: str, argument: exp.Expr | None, where: str, make: Any) -> Transform:
+    """A built-in transform over a plain column, or over an expression of one (composed)."""
+    inner = _unwrap(argument) if argument is not None else None
+    if inner is None or isinstance(inner, exp.Column):
+        built: Transform = make(_column_name(text, inner, where))
+        return built
+    expression = _expression(text, inner)
+    return ExpressionTransform(expression.source_column, inner, outer=make(COMPOSED_INPUT))
 
 
 def _describe(node: exp.Expr) -> str:
@@ -415,7 +447,7 @@ def _shown(node: exp.Expr | None) -> str:
     return "nothing" if node is None else node.sql(**_AS_WRITTEN)
 
 
-def _build_bucket(text: str, node: exp.Expr) -> BucketTransform:
+def _build_bucket(text: str, node: exp.Expr) -> Transform:
     count_node, column_node = _arguments(text, node, "bucket", 2)
     result_bits = 64
     literal: exp.Expr = count_node
@@ -439,10 +471,10 @@ def _build_bucket(text: str, node: exp.Expr) -> BucketTransform:
             f"N must be a positive integer literal ≤ {MAX_BUCKETS:,}, optionally cast: bucket(16, col) or "
             "bucket(16::int32, col)",
         )
-    return BucketTransform(_column_name(text, column_node, "bucket"), count, result_bits)
+    return _over(text, column_node, "bucket", lambda column: BucketTransform(column, count, result_bits))
 
 
-def _build_truncate(text: str, node: exp.Expr) -> TruncateTransform:
+def _build_truncate(text: str, node: exp.Expr) -> Transform:
     if isinstance(node, exp.Trunc):
         width_node, column_node = node.this, node.args.get("decimals")
         if column_node is None:
@@ -459,10 +491,10 @@ def _build_truncate(text: str, node: exp.Expr) -> TruncateTransform:
             f"has truncate width W = {_shown(width_node)}{order_hint}",
             "W must be a positive integer literal (at most 2**63-1), e.g. truncate(1000, amount)",
         )
-    return TruncateTransform(_column_name(text, column_node, "truncate"), width)
+    return _over(text, column_node, "truncate", lambda column: TruncateTransform(column, width))
 
 
-def _build_mod(text: str, node: exp.Mod) -> ModTransform:
+def _build_mod(text: str, node: exp.Mod) -> Transform:
     modulus = _positive_integer(node.expression)
     if modulus is None or modulus > INT64_MAX:
         raise _error(
@@ -470,7 +502,7 @@ def _build_mod(text: str, node: exp.Mod) -> ModTransform:
             f"has modulus N = {_shown(node.expression)}",
             "in `column % N`, N must be a positive integer literal, e.g. id % 16",
         )
-    return ModTransform(_column_name(text, node.this, "the % operator"), modulus)
+    return _over(text, node.this, "the % operator", lambda column: ModTransform(column, modulus))
 
 
 def _unit(text: str, node: exp.Expr | None, function: str) -> str:

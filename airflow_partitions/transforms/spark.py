@@ -22,11 +22,13 @@ import pyarrow as pa
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from sqlglot import exp
 
 from airflow_partitions.exceptions import PartitionExpressionError
 from airflow_partitions.transforms import arrow_support as support
 from airflow_partitions.transforms.base import Transform, decimal_from_unscaled
 from airflow_partitions.transforms.bucket import BucketTransform
+from airflow_partitions.transforms.expression import ExpressionTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
 from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
@@ -257,3 +259,137 @@ def _date_trunc(transform: DateTruncTransform, column: Column, source: pa.DataTy
     if source.tz is None:
         return result.cast(T.TimestampNTZType())
     return result
+
+
+@_spark_column.register
+def _expression(transform: ExpressionTransform, column: Column, source: pa.DataType) -> Column:
+    # The expression's one definition is DuckDB's; Spark's own lower/upper, integer division, substr
+    # and casts differ on hostile values, so the workers run the same evaluation over Arrow batches,
+    # except for the few forms whose Spark meaning is provably DuckDB's (`_native_expression`).
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    result_type = spark_type_for(transform.result_type)
+    if transform.outer_bound is None:
+        native = _native_expression(transform.tree, column, source)
+        if native is not None:
+            return native.cast(result_type)
+    arrow_result = to_arrow_type(result_type, timezone="UTC")
+
+    def evaluate_batch(values: pa.Array) -> pa.Array:
+        result: pa.Array = transform.apply(values)
+        return result.cast(arrow_result)
+
+    make_udf = cast(Any, F.arrow_udf)
+    return make_udf(evaluate_batch, result_type)(column)
+
+
+# Comparisons, boolean logic, CASE and IS NULL over integers, booleans and strings with non-NULL literal
+# operands, and string prefixes: three-valued logic, integer and byte-wise string order, and code point
+# prefixes are the same in Spark and DuckDB. No arithmetic (overflow), no casts, no case mapping.
+_NATIVE_COMPARISONS: dict[type[exp.Expr], Any] = {
+    exp.EQ: lambda left, right: left == right,
+    exp.NEQ: lambda left, right: left != right,
+    exp.LT: lambda left, right: left < right,
+    exp.LTE: lambda left, right: left <= right,
+    exp.GT: lambda left, right: left > right,
+    exp.GTE: lambda left, right: left >= right,
+}
+
+
+def _native_literal(node: exp.Expr) -> Column | None:
+    if isinstance(node, exp.Paren):
+        return _native_literal(node.this)
+    if isinstance(node, exp.Boolean):
+        return F.lit(bool(node.this))
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return F.lit(str(node.this))
+        text = str(node.this)
+        if text.isdigit() and int(text) < 2**31:
+            return F.lit(int(text))
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        text = str(node.this.this)
+        if text.isdigit() and int(text) < 2**31:
+            return F.lit(-int(text))
+    return None
+
+
+def _native_expression(node: exp.Expr, column: Column, source: pa.DataType) -> Column | None:
+    """`node` as a native Spark column when every part of it is in the shared subset; else None."""
+    comparable = support.is_signed_integer(source) or support.is_string(source) or support.is_boolean(source)
+    if not comparable:
+        return None
+
+    def convert(part: exp.Expr) -> Column | None:
+        if isinstance(part, exp.Paren):
+            return convert(part.this)
+        if isinstance(part, exp.Column):
+            return column
+        literal = _native_literal(part)
+        if literal is not None:
+            return literal
+        if type(part) in _NATIVE_COMPARISONS:
+            left, right = convert(part.this), convert(part.expression)
+            if left is None or right is None or not _one_literal(part.this, part.expression):
+                return None
+            return cast(Column, _NATIVE_COMPARISONS[type(part)](left, right))
+        if isinstance(part, exp.And | exp.Or):
+            left, right = convert(part.this), convert(part.expression)
+            if left is None or right is None:
+                return None
+            return left & right if isinstance(part, exp.And) else left | right
+        if isinstance(part, exp.Not):
+            inner = convert(part.this)
+            return None if inner is None else ~inner
+        if isinstance(part, exp.Is) and isinstance(part.expression, exp.Null):
+            inner = convert(part.this)
+            return None if inner is None else inner.isNull()
+        if isinstance(part, exp.Case) and part.this is None:
+            return _native_case(part, convert)
+        if isinstance(part, exp.Left | exp.Substring) and support.is_string(source):
+            return _native_prefix(part, convert)
+        return None
+
+    return convert(node)
+
+
+def _one_literal(left: exp.Expr, right: exp.Expr) -> bool:
+    """A comparison of a value with a literal (two literals would be typed by each engine its own way)."""
+    return (_native_literal(left) is None) != (_native_literal(right) is None)
+
+
+def _native_case(node: exp.Case, convert: Any) -> Column | None:
+    branches = node.args.get("ifs") or []
+    default = node.args.get("default")
+    values = [branch.args.get("true") for branch in branches] + ([default] if default is not None else [])
+    if len({isinstance(value, exp.Literal) and value.is_string for value in values}) != 1:
+        return None  # mixed result kinds: each engine would coerce them its own way
+    result: Any = F
+    for branch in branches:
+        condition, value = convert(branch.this), _native_literal(branch.args.get("true"))
+        if condition is None or value is None:
+            return None
+        result = result.when(condition, value)
+    if default is None:
+        return cast(Column, result)
+    otherwise = _native_literal(default)
+    return None if otherwise is None else cast(Column, result.otherwise(otherwise))
+
+
+def _native_prefix(node: exp.Left | exp.Substring, convert: Any) -> Column | None:
+    """`left(s, n)` / `substr(s, 1, n)` with n > 0: the first n code points in both engines."""
+    inner = convert(node.this)
+    start: exp.Expr | None
+    length: exp.Expr | None
+    if isinstance(node, exp.Left):
+        start, length = exp.Literal.number(1), node.expression
+    else:
+        start, length = node.args.get("start"), node.args.get("length")
+    if inner is None or not isinstance(start, exp.Literal) or start.this != "1":
+        return None
+    if not isinstance(length, exp.Literal) or length.is_string or not str(length.this).isdigit():
+        return None
+    count = int(length.this)
+    if not 0 < count < _SPARK_INT_MAX:
+        return None
+    return F.substring(inner, 1, count)
