@@ -106,13 +106,13 @@ def test_status_reports_versions_partitions_rows_and_bytes(
     assert [v["version"] for v in sales["recent_versions"]] == [1, 2]
     assert sales["recent_versions"][1]["partitions_changed"] == 2
     assert {p["key"]: p["rows"] for p in sales["partitions"]} == {
-        "region=a/b=c": 1,
+        "region=a%2Fb=c": 1,
         "region=eu": 4,
         "region=us": 5,
     }
 
     code, out = run_cli(capsys, "status", str(spec_path), "sales", "--partitions")
-    assert "region=a/b=c" in out
+    assert "region=a%2Fb=c" in out
     assert "region=us" in out
 
 

@@ -22,6 +22,7 @@ from airflow_partitions.keys import (
     composite_key,
     escape_component,
     key_text_problem,
+    partition_label,
 )
 
 if TYPE_CHECKING:
@@ -260,9 +261,9 @@ def partitions_schema(dataset: DatasetSpec) -> dict[str, Any]:
     shape = "/".join(f"{name}=<value>" for name in names)
     example = example_partition_key(dataset)
     if example is not None:
-        readable = example.describe(names).replace(", ", "/")
+        readable = partition_label(names, example)
         canonical = example.path(names)
-        sample = f"; e.g. `{canonical}`" + (f" or, readable, `{readable}`" if readable != canonical else "")
+        sample = f"; e.g. `{readable}`" + (f" or, escaped, `{canonical}`" if readable != canonical else "")
     else:
         sample = ""
     schema = dict(RUN_PARAM_SCHEMAS[PARTITIONS])
@@ -285,7 +286,8 @@ def _key_pattern(names: Sequence[str]) -> str:
 
     if not names:
         return "^$"
-    rest = "".join(f".*/{alternatives(name)}=" for name in names[1:])
+    # Later fields after `/` (the label form) or `, ` (the comma form of logs, `PartitionKey.describe`).
+    rest = "".join(f".*(?:/|,\\s*){alternatives(name)}=" for name in names[1:])
     # Or Airflow's composite key: one value per field, joined by `|` (a value escapes its own `|`).
     composite = r"\|".join(["[^|]*"] * len(names))
     return rf"^(?:\s*/?{alternatives(names[0])}={rest}.*|{composite})$"
