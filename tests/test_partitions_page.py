@@ -288,6 +288,7 @@ def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause
         "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
     )
     client.set_paused(UI_DAG_ID, paused=True)
+    run: dict[str, Any] = {}
     try:
         open_in_airflow(browser, stack, DAG_TAB)
         background = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
@@ -309,6 +310,24 @@ def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause
         )
         assert "succeeded: published 1, failed 0" in done["message"], done
         wait_until(browser, stack, "EU fresh", lambda s: dict(s["rows"]).get(EU) == "fresh", 60)
+
+        # Part 3, the partition's detail: its refreshes over the retained versions, newest first.
+        browser.find_element(By.CSS_SELECTOR, f'#rows tr[data-key-path="{EU}"] a.detail-link').click()
+        deadline = time.monotonic() + 30
+        while (
+            len(
+                versions := browser.execute_script(
+                    "return Array.from(document.querySelectorAll('#detail-history tr[data-version]'))"
+                    ".map((row) => [Number(row.dataset.version), row.textContent]);"
+                )
+            )
+            < 2
+        ):
+            assert time.monotonic() < deadline, versions
+            time.sleep(0.5)
+        assert versions[0][0] > versions[1][0], "newest first"
+        assert run["dag_run_id"] in versions[0][1], "the newest refresh names the run that wrote it"
+        browser.find_element(By.ID, "detail-close").click()
 
         # Refreshed but not committed: the commit of a run that is queued again on a paused DAG.
         client.set_paused(UI_DAG_ID, paused=True)
@@ -342,12 +361,13 @@ def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause
         browser.switch_to.default_content()
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
         # The cleared run: ended as it was (its commit already published EU), the DAG unpaused.
-        requests.patch(
-            f"{stack.api_url}/api/v2/dags/{UI_DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}",
-            json={"state": "success"},
-            headers={"Authorization": f"Bearer {token(stack, 'admin')}"},
-            timeout=30,
-        )
+        if run:
+            requests.patch(
+                f"{stack.api_url}/api/v2/dags/{UI_DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}",
+                json={"state": "success"},
+                headers={"Authorization": f"Bearer {token(stack, 'admin')}"},
+                timeout=30,
+            )
         client.set_paused(UI_DAG_ID, paused=False)
 
 

@@ -109,6 +109,19 @@ PAGE_HTML = r"""<!doctype html>
   <span id="page-info" class="muted"></span>
   <button id="page-next" class="secondary">Next &rarr;</button>
 </div>
+<dialog id="detail">
+  <form method="dialog">
+    <h2 id="detail-title" style="font-size:16px;margin:0 0 8px;font-family:ui-monospace,monospace"></h2>
+    <p id="detail-state"></p>
+    <p id="detail-why" class="muted"></p>
+    <div class="table-wrap"><table>
+      <thead><tr><th>Version</th><th>Committed</th><th>Change</th><th>Rows</th><th>Bytes</th>
+        <th>Written by</th></tr></thead>
+      <tbody id="detail-history"></tbody>
+    </table></div>
+    <div class="bar" style="margin-top:12px"><button id="detail-close" value="close">Close</button></div>
+  </form>
+</dialog>
 <dialog id="preview">
   <form method="dialog">
     <h2 id="preview-title" style="font-size:16px;margin:0 0 8px"></h2>
@@ -384,7 +397,11 @@ function render() {
     stateCell.appendChild(el("span", {class: "badge state-" + partition.state},
       STATE_LABELS[partition.state] || partition.state));
     row.appendChild(stateCell);
-    row.appendChild(el("td", {class: "key", title: partition.key_path}, partition.key));
+    const keyCell = el("td", {class: "key", title: partition.key_path});
+    const opener = el("a", {href: "#", class: "detail-link"}, partition.key);
+    opener.addEventListener("click", (event) => { event.preventDefault(); showDetail(partition); });
+    keyCell.appendChild(opener);
+    row.appendChild(keyCell);
     const rows = partition.rows === null ? "-" : partition.rows.toLocaleString();
     row.appendChild(el("td", {class: "num"}, rows));
     row.appendChild(el("td", {class: "num"}, formatBytes(partition.bytes)));
@@ -458,6 +475,37 @@ function overviewPartition(event) {
   const col = Math.floor((event.clientX - box.left) * scale / overviewCells.size);
   const row = Math.floor((event.clientY - box.top) * scale / overviewCells.size);
   return overviewCells.at.get(row * overviewCells.cols + col) || null;
+}
+
+// One partition: its refreshes over the retained catalog versions, and why it would be refreshed now.
+async function showDetail(partition) {
+  $("detail-title").textContent = partition.key;
+  $("detail-state").replaceChildren(el("span", {class: "badge state-" + partition.state},
+    STATE_LABELS[partition.state] || partition.state));
+  const body = $("detail-history");
+  body.replaceChildren();
+  $("detail-why").textContent = "";
+  $("detail").showModal();
+  try {
+    const detail = await api("api/dags/" + encodeURIComponent(dagId) + "/partition?key_path="
+      + encodeURIComponent(partition.key_path));
+    const why = partition.reason && detail.reasons[partition.reason];
+    $("detail-why").textContent = why ? "Would be refreshed because " + why + "." : "";
+    if (partition.failure) $("detail-why").textContent += " Last refresh failed: " + partition.failure.error;
+    for (const item of detail.history) {
+      const row = el("tr", {"data-version": item.version});
+      row.appendChild(el("td", {class: "num"}, item.version));
+      row.appendChild(el("td", {class: "time"}, formatTime(item.committed_at) + " (" + item.operation + ")"));
+      row.appendChild(el("td", {}, item.change));
+      row.appendChild(el("td", {class: "num"}, item.rows === undefined ? "-" : item.rows.toLocaleString()));
+      row.appendChild(el("td", {class: "num"}, formatBytes(item.bytes)));
+      row.appendChild(writerCell(item));
+      body.appendChild(row);
+    }
+    if (!detail.history.length) body.appendChild(el("tr", {}, "never written in a retained version"));
+  } catch (err) {
+    $("detail-why").textContent = err.message;
+  }
 }
 
 function airflowInfo() { return (documentData && documentData.airflow) || {}; }

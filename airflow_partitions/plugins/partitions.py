@@ -275,6 +275,61 @@ def dataset_document(dag: RefreshDag) -> dict[str, Any]:
     }
 
 
+# Why a partition is stale or missing, for people (`refresh.plan.Reason`).
+REASON_TEXT = {
+    "new": "it is in the source but was never refreshed",
+    "changed": "its source files changed since its last refresh (the source fingerprint differs)",
+    "respec": "the spec's partition_by changed: every partition is rewritten under the new layout",
+    "forced": "a refresh was requested for it",
+}
+
+
+def partition_detail(dag: RefreshDag, key_path: str, *, versions: int = 20) -> dict[str, Any]:
+    """One partition over the newest `versions` retained catalog versions: each version in which it was
+    written (version, commit time and operation, rows, bytes, the run and task that wrote it, its source
+    fingerprint), newest first, and why discovery would refresh it now."""
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(dag.spec_path)
+    catalog = open_dataset_catalog(project, project.dataset(dag.dataset))
+    history: list[dict[str, Any]] = []
+    previous: Any = None
+    for info in catalog.versions(limit=versions):
+        entry = catalog.snapshot(info.version).partitions.get(key_path)
+        written = entry is not None and (
+            previous is None
+            or (entry.refreshed_at, entry.source_fingerprint)
+            != (previous.refreshed_at, previous.source_fingerprint)
+        )
+        if entry is None and previous is not None:
+            history.append(
+                {
+                    "version": info.version,
+                    "committed_at": info.committed_at.isoformat(),
+                    "operation": info.operation,
+                    "change": "removed",
+                }
+            )
+        elif written and entry is not None:
+            history.append(
+                {
+                    "version": info.version,
+                    "committed_at": info.committed_at.isoformat(),
+                    "operation": info.operation,
+                    "change": "written",
+                    "rows": entry.rows,
+                    "bytes": entry.bytes,
+                    "refreshed_at": entry.refreshed_at.isoformat(),
+                    "source_fingerprint": entry.source_fingerprint,
+                    "written_by": entry.written_by.to_json() if entry.written_by else None,
+                }
+            )
+        previous = entry
+    history.reverse()
+    return {"key_path": key_path, "history": history, "reasons": REASON_TEXT}
+
+
 def partitions_to_refresh(document: dict[str, Any]) -> list[str]:
     """What "refresh everything that failed or is stale" selects (missing partitions too)."""
     from airflow_partitions.refresh.partition_states import NEEDS_REFRESH

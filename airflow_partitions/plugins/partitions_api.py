@@ -19,6 +19,7 @@ from airflow_partitions.plugins.page import PAGE_HTML
 from airflow_partitions.plugins.partitions import (
     RefreshDag,
     dataset_document,
+    partition_detail,
     partitions_to_refresh,
     recent_runs,
     refresh_dag,
@@ -97,6 +98,11 @@ def create_app() -> FastAPI:
             can_unpause=may(user, dag_id, "PUT", None),
         )
         return document
+
+    @app.get("/api/dags/{dag_id}/partition", dependencies=[Depends(requires_access_dag(method="GET"))])
+    def partition(dag_id: str, key_path: str) -> dict[str, Any]:
+        """One partition's refresh history over the retained catalog versions (newest first)."""
+        return partition_detail(known_refresh_dag(dag_id), key_path)
 
     @app.get("/api/dags/{dag_id}/runs", dependencies=[Depends(requires_access_dag(method="GET"))])
     def runs(dag_id: str) -> dict[str, Any]:

@@ -29,8 +29,8 @@ from airflow_partitions.exceptions import (
 from airflow_partitions.keys import (
     PartitionKey,
     Scalar,
-    composite_key,
     comma_form_as_label,
+    composite_key,
     key_text_problem,
     partition_label,
     value_to_text,
