@@ -327,6 +327,7 @@ def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause
             time.sleep(0.5)
         assert versions[0][0] > versions[1][0], "newest first"
         assert run["dag_run_id"] in versions[0][1], "the newest refresh names the run that wrote it"
+        browser.save_screenshot(str(SCREENSHOT.with_name("partitions-detail.png")))
         browser.find_element(By.ID, "detail-close").click()
 
         # Refreshed but not committed: the commit of a run that is queued again on a paused DAG.
@@ -389,6 +390,7 @@ def test_inside_airflow_many_partitions_page_sort_filter_and_preview(
         assert time.monotonic() < deadline, page_state(browser)
         time.sleep(0.5)
     assert keys()[:4] == ["k=0", "k=1", "k=2", "k=3"], "natural order: 0, 1, 2, 3 (not 0, 1, 10, 100)"
+    browser.save_screenshot(str(SCREENSHOT.with_name("partitions-overview.png")))
     assert len(keys()) == 100
     info = browser.find_element(By.ID, "page-info").text
     assert f"of {WIDE_PARTITIONS}" in info, info
@@ -413,6 +415,7 @@ def test_inside_airflow_many_partitions_page_sort_filter_and_preview(
     title = browser.find_element(By.ID, "preview-title").text
     assert title.startswith(f"Refresh {WIDE_PARTITIONS} partition(s)"), title
     assert browser.find_element(By.ID, "preview-more").text == f"and {WIDE_PARTITIONS - 20} more"
+    browser.save_screenshot(str(SCREENSHOT.with_name("partitions-launch-preview.png")))
     browser.find_element(By.ID, "preview-cancel").click()
     assert "Nothing triggered" in page_state(browser)["message"]
     assert client._send("GET", f"/api/v2/dags/{WIDE_DAG_ID}/dagRuns")["total_entries"] == runs_before

@@ -659,7 +659,7 @@ for (const th of document.querySelectorAll("th.sortable")) {
   th.addEventListener("click", () => {
     if (sortKey === th.dataset.sort) sortDescending = !sortDescending;
     else { sortKey = th.dataset.sort; sortDescending = false; }
-    render();
+    page = 0; render();
   });
 }
 $("page-prev").addEventListener("click", () => { page -= 1; render(); });
