@@ -297,6 +297,8 @@ def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause
             "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
         ), "no horizontal scrollbar in the DAG tab"
         assert "paused" in page_state(browser)["paused"]
+        sla = browser.find_element(By.ID, "sla").text
+        assert sla == "Freshness SLA 2h: met by every partition.", sla
 
         # A run started elsewhere (REST) while the page is open: noticed without Reload.
         run = client.trigger_dag_run(UI_DAG_ID, {"partitions": [EU]})

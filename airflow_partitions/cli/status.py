@@ -106,7 +106,23 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
         marks = _watermarks(snapshot, acceleration.refresh.watermark_column) if snapshot is not None else {}
         for partition in report["partitions"]:
             partition["watermark"] = _watermark_text(marks.get(partition["key_path"]))
+    if dataset.freshness is not None:
+        report["freshness"] = freshness_status(dataset.freshness, snapshot)
     return report
+
+
+def freshness_status(freshness: dt.timedelta, snapshot: Any) -> dict[str, Any]:
+    """The dataset's freshness SLA: its duration, and the partitions of the newest version last refreshed
+    longer ago than that (`overdue`, oldest first, at most 20 named), as of now."""
+    now = dt.datetime.now(dt.UTC)
+    entries = list(snapshot.partitions.values()) if snapshot is not None else []
+    overdue = sorted((e for e in entries if now - e.refreshed_at > freshness), key=lambda e: e.refreshed_at)
+    return {
+        "sla_seconds": int(freshness.total_seconds()),
+        "overdue": len(overdue),
+        "overdue_partitions": [e.key_path for e in overdue[:20]],
+        "met": not overdue,
+    }
 
 
 def partition_report(

@@ -209,8 +209,6 @@ class PartitionedDatasetHook(BaseHook):
     def run_partition_keys(self, context: Mapping[str, Any]) -> list[str]:
         """The partition keys of the task's run: its own `partition_key` (a partitioned run, Airflow 3.2+),
         else those of the asset events of this dataset that triggered it (a run scheduled on the asset)."""
-        from airflow_partitions.operators.run_conf import run_partition_key
-
         own = run_partition_key(context)
         if own is not None:
             return [own]
@@ -340,3 +338,12 @@ class PartitionedDatasetHook(BaseHook):
         """Release the reader's DuckDB database, if one was opened."""
         if "reader" in self.__dict__:
             self.reader.close()
+
+
+def run_partition_key(context: Mapping[str, Any]) -> str | None:
+    """The `partition_key` of the task's run (Airflow 3.2+ partitioned runs), or None."""
+    key = context.get("partition_key")
+    if key is None:
+        dag_run = context.get("dag_run")
+        key = getattr(dag_run, "partition_key", None)
+    return key if isinstance(key, str) and key else None

@@ -6,8 +6,9 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.hooks.partitioned_dataset import run_partition_key
 from airflow_partitions.operators.base import DatasetOperator
-from airflow_partitions.operators.run_conf import RefreshRunConf, run_partition_key
+from airflow_partitions.operators.run_conf import RefreshRunConf
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

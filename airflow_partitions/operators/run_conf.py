@@ -297,12 +297,3 @@ def _regex_literal(text: str) -> str:
     # Only the syntax characters: Python's re.escape adds escapes (`\-`) that ECMAScript's unicode mode
     # (the UI's validator) rejects.
     return "".join(f"\\{ch}" if ch in "\\^$.|?*+()[]{}/" else ch for ch in text)
-
-
-def run_partition_key(context: Mapping[str, Any]) -> str | None:
-    """The `partition_key` of the task's run (Airflow 3.2+ partitioned runs), or None."""
-    key = context.get("partition_key")
-    if key is None:
-        dag_run = context.get("dag_run")
-        key = getattr(dag_run, "partition_key", None)
-    return key if isinstance(key, str) and key else None

@@ -77,6 +77,7 @@ PAGE_HTML = r"""<!doctype html>
 </div>
 <div id="paused" class="banner"></div>
 <div id="blocked" class="banner"></div>
+<div id="sla"></div>
 <div class="bar summary" id="summary"></div>
 <div id="overview-box">
   <canvas id="overview" role="img" aria-label="every partition, coloured by state"></canvas>
@@ -360,6 +361,19 @@ function renderBlocked(report) {
     : "";
 }
 
+// The dataset's freshness SLA (`freshness: 2h` in the spec), when it declares one.
+function renderFreshness(report) {
+  const sla = $("sla");
+  const freshness = report.freshness;
+  sla.className = freshness && !freshness.met ? "banner" : "muted";
+  if (!freshness) { sla.textContent = ""; return; }
+  const hours = freshness.sla_seconds / 3600;
+  const duration = hours >= 1 ? hours + "h" : Math.round(freshness.sla_seconds / 60) + "m";
+  sla.textContent = freshness.met ? "Freshness SLA " + duration + ": met by every partition."
+    : freshness.overdue + " partition(s) miss the freshness SLA of " + duration + " (last refreshed longer "
+      + "ago), oldest first: " + freshness.overdue_partitions.join(", ");
+}
+
 function render() {
   const tbody = $("rows");
   tbody.replaceChildren();
@@ -376,6 +390,7 @@ function render() {
   renderSummary(report);
   if (report !== renderedOverviewOf) { renderOverview(report); renderedOverviewOf = report; }
   renderBlocked(report);
+  renderFreshness(report);
   renderPaused();
   $("warning").textContent = report.discovery_error ? "Source not surveyed: " + report.discovery_error : "";
   const shown = shownPartitions();
