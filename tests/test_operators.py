@@ -195,6 +195,18 @@ def test_a_run_with_a_partition_key_refreshes_exactly_that_partition(tmp_path: P
         _discover_in_run(spec, partition_key="EU|2031-01-01T00:00:00")
 
 
+def test_a_bad_where_fails_the_task_with_its_message_alone(tmp_path: Path) -> None:
+    """No retry and no chained traceback into the pruning internals: the message says what to fix."""
+    from airflow.exceptions import AirflowFailException
+
+    spec = make_spec(tmp_path)
+    with pytest.raises(AirflowFailException, match=re.escape("where 'no_such_column = 1': ")) as raised:
+        _discover_in_run(spec, params={"where": "no_such_column = 1"})
+    assert raised.value.__cause__ is None
+    assert raised.value.__suppress_context__
+    assert "no_such_column" in str(raised.value).split(": ", 2)[-1]
+
+
 def test_mapped_refresh_label_is_the_readable_key() -> None:
     from airflow_partitions.keys import PartitionKey
     from airflow_partitions.operators import SparkPartitionRefreshOperator

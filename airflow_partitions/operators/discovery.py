@@ -6,6 +6,9 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.exceptions import AirflowFailException
+
+from airflow_partitions.exceptions import FilterError
 from airflow_partitions.hooks.partitioned_dataset import run_partition_key
 from airflow_partitions.operators.base import DatasetOperator
 from airflow_partitions.operators.run_conf import RefreshRunConf
@@ -81,15 +84,22 @@ class PartitionDiscoveryOperator(DatasetOperator):
         ).for_partition_key(run_partition_key(context))
         run.check_partitions(self.dataset, self.dataset_spec.acceleration.partition_names)
         self.prepare_sources()
-        plan = plan_refresh(
-            self.project,
-            self.dataset_spec,
-            partitions=run.partitions,
-            where=run.where,
-            full=run.full_refresh,
-            timeout_s=self.discovery_timeout_s,
-            catalog=self.open_catalog(),
-        )
+        try:
+            plan = plan_refresh(
+                self.project,
+                self.dataset_spec,
+                partitions=run.partitions,
+                where=run.where,
+                full=run.full_refresh,
+                timeout_s=self.discovery_timeout_s,
+                catalog=self.open_catalog(),
+            )
+        except FilterError as err:
+            # A bad `where` is the run's input: its message says what to fix, no retry can help, and the
+            # pruning internals' frames under it would only bury the message in the task log.
+            message = f"where {run.where!r}: {type(err).__name__}: {err}"
+            self.log.error("%s", message)
+            raise AirflowFailException(message) from None
         counts = ", ".join(f"{name} {count}" for name, count in plan.counts().items() if count)
         self.log.info(
             "Dataset %s: %d partition(s) to refresh, %d to remove (%s; %s discovery in %.2fs)",
