@@ -35,6 +35,7 @@ BENCHMARKS = (
     "bench_writes",
     "bench_scale",
     "bench_limits",
+    "bench_page_overview",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -430,6 +430,11 @@ def test_inside_airflow_many_partitions_page_sort_filter_and_preview(
         assert time.monotonic() < deadline, page_state(browser)
         time.sleep(0.5)
     document = api(stack, "admin", "GET", f"dags/{DAG_ID}/partitions").json()
+    # The overview of a two-field key is a grid: regions down, days across.
+    regions = {p["key"].split("/")[0] for p in document["datasets"][0]["partitions"]}
+    days = {p["key"].split("/")[1] for p in document["datasets"][0]["partitions"]}
+    axes = browser.find_element(By.ID, "overview-axes").text
+    assert axes == f"region ({len(regions)}) down, day ({len(days)}) across", axes
     partition = document["datasets"][0]["partitions"][0]
     label = partition["key"]
     assert label == "/".join(
