@@ -112,6 +112,7 @@ class PartitionDiscoveryOperator(DatasetOperator):
         )
         for note in plan.notes:
             self.log.info("Discovery note: %s", note)
+        self.record_gauges(plan, whole_source=not run.partitions and not run.where)
         context["ti"].xcom_push(key=PLAN_XCOM_KEY, value=plan.without_items().to_json())
         limit = max_mapped_tasks()
         work = mapped_work(plan.items, limit)
@@ -127,3 +128,26 @@ class PartitionDiscoveryOperator(DatasetOperator):
                 max(len(batch["items"]) for batch in work),
             )
         return work
+
+    def record_gauges(self, plan: Any, *, whole_source: bool) -> None:
+        """Partitions to refresh and stale ones (only a survey of the whole source counts them all) and,
+        with a freshness SLA, partitions of the newest version past it."""
+        import datetime as dt
+
+        from airflow_partitions.operators.metrics import record_discovery
+        from airflow_partitions.refresh.plan import Reason
+
+        overdue = None
+        freshness = self.dataset_spec.freshness
+        if freshness is not None:
+            snapshot = self.open_catalog().latest()
+            now = dt.datetime.now(dt.UTC)
+            entries = snapshot.partitions.values() if snapshot is not None else ()
+            overdue = sum(1 for entry in entries if now - entry.refreshed_at > freshness)
+        stale = sum(1 for item in plan.items if item.reason in (Reason.CHANGED, Reason.RESPEC))
+        record_discovery(
+            self.dataset,
+            to_refresh=len(plan.items) if whole_source else None,
+            stale=stale if whole_source else None,
+            overdue=overdue,
+        )
