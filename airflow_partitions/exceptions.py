@@ -44,6 +44,10 @@ class PartitionValueError(AirflowPartitionsError):
     """A partition value cannot be encoded, decoded or compared."""
 
 
+class UnknownPartitionError(PartitionValueError):
+    """A partition key given to a read names no partition of the dataset's version."""
+
+
 # --- storage and catalog --------------------------------------------------------------------------
 
 

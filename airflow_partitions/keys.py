@@ -273,7 +273,8 @@ def parse_path(path: str, names: Sequence[str], kinds: Sequence[str]) -> Partiti
 def key_text_problem(text: str, names: Sequence[str]) -> str | None:
     """Why `text` cannot name a partition of fields `names`, or None when its shape fits.
 
-    Accepts the canonical key string (`region=EU/day=2026-01-01T00%3A00%3A00`), the readable form
+    Accepts the comma-separated form of logs (`region=EU, day=2026-01-01`, `PartitionKey.describe`), the
+    canonical key string (`region=EU/day=2026-01-01T00%3A00%3A00`), the readable form
     people type (`region=EU/day=2026-01-01T00:00:00`), whose values may hold `/`: a component that does
     not start with the next field's `name=` continues the previous value, and Airflow's composite key
     (`EU|2026-01-01T00:00:00`: as many `|`-separated values as fields, `composite_key`). Only the field
@@ -283,7 +284,7 @@ def key_text_problem(text: str, names: Sequence[str]) -> str | None:
     shape = "/".join(f"{name}=<value>" for name in names)
     if not names:
         return f"the dataset has no partition fields, so {text!r} names no partition"
-    stripped = text.strip().strip("/")
+    stripped = comma_form_as_label(text, names).strip().strip("/")
     first = stripped.split("/", 1)[0].partition("=")[0]
     if first not in (names[0], escape_component(names[0])) and (
         text.count(COMPOSITE_DELIMITER) == len(names) - 1
@@ -312,6 +313,14 @@ def key_text_problem(text: str, names: Sequence[str]) -> str | None:
         f"partition key {text!r} gives {len(found)} of the {len(names)} partition fields "
         f"({', '.join(names)}), missing {missing}{unknown}; this dataset's keys look like {shape}"
     )
+
+
+def comma_form_as_label(text: str, names: Sequence[str]) -> str:
+    """`text` with `, name=` before each later field written `/name=`: the form `PartitionKey.describe`
+    prints (`region=EU, day=2026-01-01`) read as the label form (`region=EU/day=2026-01-01`)."""
+    for name in names[1:]:
+        text = re.sub(rf",\s*(?={re.escape(name)}=)", "/", text)
+    return text
 
 
 # --- readable keys: map index labels and Airflow partition keys --------------------------------------

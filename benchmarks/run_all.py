@@ -38,6 +38,7 @@ BENCHMARKS = (
     "bench_scale",
     "bench_limits",
     "bench_verify",
+    "bench_page_overview",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -57,7 +57,12 @@ def sales_catalog(spec_path: Path) -> tuple[Catalog, PartitionSpecInfo]:
     return catalog, spec
 
 
-def refresh(catalog: Catalog, spec: PartitionSpecInfo, rows_by_region: dict[str, int]) -> int:
+def refresh(
+    catalog: Catalog,
+    spec: PartitionSpecInfo,
+    rows_by_region: dict[str, int],
+    refreshed_at: dt.datetime | None = None,
+) -> int:
     assert catalog.storage is not None
     assert catalog.data_root is not None
     entries = []
@@ -65,7 +70,11 @@ def refresh(catalog: Catalog, spec: PartitionSpecInfo, rows_by_region: dict[str,
         key = PartitionKey((region,))
         table = pa.table({"region": [region] * rows, "amount": list(range(rows))})
         files = catalog.storage.write(table, catalog.data_root, key.path(spec.names))
-        entries.append(PartitionEntry.from_files(key, spec, files, source_fingerprint=f"{region}:{rows}"))
+        entries.append(
+            PartitionEntry.from_files(
+                key, spec, files, source_fingerprint=f"{region}:{rows}", refreshed_at=refreshed_at
+            )
+        )
     newest = catalog.latest()
     return catalog.commit(
         base_version=newest.version if newest else None, upserts=entries, partition_spec=spec
@@ -106,13 +115,13 @@ def test_status_reports_versions_partitions_rows_and_bytes(
     assert [v["version"] for v in sales["recent_versions"]] == [1, 2]
     assert sales["recent_versions"][1]["partitions_changed"] == 2
     assert {p["key"]: p["rows"] for p in sales["partitions"]} == {
-        "region=a/b=c": 1,
+        "region=a%2Fb=c": 1,
         "region=eu": 4,
         "region=us": 5,
     }
 
     code, out = run_cli(capsys, "status", str(spec_path), "sales", "--partitions")
-    assert "region=a/b=c" in out
+    assert "region=a%2Fb=c" in out
     assert "region=us" in out
 
 
@@ -326,3 +335,36 @@ def test_vacuum_cli_compacts_the_shared_tables_file_and_reports_its_bytes(
     code, out = run_cli(capsys, "vacuum", str(spec_path), "events", "--retain-versions", "1", "--grace", "0s")
     assert code == 0
     assert "shared file  _tables.duckdb" in out
+
+
+def test_freshness_sla_counts_partitions_refreshed_too_long_ago(
+    spec_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`freshness: 2h`: partitions last refreshed more than 2 hours ago miss the SLA (status and the page)."""
+    spec_path.write_text(SPEC_TEXT.replace("  - name: sales\n", "  - name: sales\n    freshness: 2h\n"))
+    catalog, spec = sales_catalog(spec_path)
+    refresh(catalog, spec, {"eu": 3, "us": 5})
+    code, out = run_cli(capsys, "status", str(spec_path), "sales", "--json")
+    assert code == 0
+    assert json.loads(out)["datasets"][0]["freshness"] == {
+        "sla_seconds": 7200,
+        "overdue": 0,
+        "overdue_partitions": [],
+        "met": True,
+    }
+    # EU last refreshed three hours ago: past the 2h SLA; US is recent.
+    refresh(catalog, spec, {"eu": 4}, refreshed_at=dt.datetime.now(dt.UTC) - dt.timedelta(hours=3))
+    code, out = run_cli(capsys, "status", str(spec_path), "sales", "--json")
+    freshness = json.loads(out)["datasets"][0]["freshness"]
+    assert freshness["overdue"] == 1
+    assert not freshness["met"]
+    assert freshness["overdue_partitions"] == ["region=eu"]
+
+
+@pytest.mark.parametrize(("text", "message"), [("soon", "invalid duration 'soon'"), ("0h", "longer than 0")])
+def test_a_bad_freshness_is_refused_with_how_to_write_one(spec_path: Path, text: str, message: str) -> None:
+    from airflow_partitions.exceptions import SpecValidationError
+
+    spec_path.write_text(SPEC_TEXT.replace("  - name: sales\n", f"  - name: sales\n    freshness: {text}\n"))
+    with pytest.raises(SpecValidationError, match=message):
+        load_spec(spec_path)

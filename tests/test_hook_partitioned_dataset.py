@@ -184,3 +184,100 @@ def test_the_file_cache_is_set_from_the_connection(
     hook = PartitionedDatasetHook(dataset="events", partitions_conn_id="lake_events")
     with pytest.raises(OrchestrationError, match=r"cache_max_bytes .* positive whole number of bytes"):
         hook.read("region = 'US'")
+
+
+def test_read_partitions_reads_exactly_the_named_partitions_in_any_spelling(
+    acceleration: Acceleration,
+) -> None:
+    from airflow_partitions.exceptions import UnknownPartitionError
+    from airflow_partitions.keys import composite_key, partition_label
+
+    snapshot = acceleration.snapshot()
+    names = snapshot.partition_spec.names
+    entries = sorted(snapshot.partitions.values(), key=lambda e: e.key_path)
+    eu = next(e for e in entries if e.key.values[0] == "EU")
+    null = next(e for e in entries if e.key.values[0] is None)
+    hook = PartitionedDatasetHook(dataset="events", spec_path=str(acceleration.spec_path))
+    try:
+        for spellings in (
+            [partition_label(names, eu.key), composite_key(null.key)],
+            [eu.key.describe(names), null.key_path],
+        ):
+            result = hook.read_partitions(spellings, columns=["id"])
+            ids = [
+                i
+                for i, path in zip(acceleration.table.column("id").to_pylist(), acceleration.key_paths)
+                if path in (eu.key_path, null.key_path)
+            ]
+            assert sorted(result.column("id").to_pylist()) == sorted(ids), spellings
+        with pytest.raises(UnknownPartitionError, match="names no partition of events"):
+            hook.read_partitions(["region=Nowhere/day=2026-01-01"])
+    finally:
+        hook.close()
+
+
+READ_RUN_PARTITION_DAG = """\
+import json
+from pathlib import Path
+
+import pytest
+from airflow.sdk import DAG, task
+
+from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
+
+with DAG("read_run_partition", schedule=None):
+
+    @task
+    def consume(**context):
+        hook = PartitionedDatasetHook(dataset="events", spec_path={spec_path!r})
+        try:
+            with pytest.raises(OrchestrationError, match="carries no partition key of events"):
+                hook.read_run_partitions(context)
+            partitioned = {{**context, "partition_key": {key!r}}}
+            table = hook.read_run_partitions(partitioned, ["id"])
+            Path({out!r}).write_text(json.dumps(
+                {{"keys": hook.run_partition_keys(partitioned), "ids": table.column("id").to_pylist()}}
+            ))
+        finally:
+            hook.close()
+
+    consume()
+"""
+
+
+@pytest.mark.airflow
+@pytest.mark.postgres
+def test_a_task_reads_its_runs_partition_through_dag_test(acceleration: Acceleration, tmp_path: Path) -> None:
+    """A real `dag.test()` run: the task reads exactly its run's partition. `dag.test()` cannot start a
+    partitioned run in Airflow 3.3, so the task hands the hook its context with the `partition_key` entry
+    Airflow sets for one (the composite key of asset events); the run's own context, without a key, gets a
+    clear error."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow_e2e.metadata_db import in_process_metadata_db
+
+    from airflow_partitions.keys import composite_key
+
+    snapshot = acceleration.snapshot()
+    us = next(
+        e for e in sorted(snapshot.partitions.values(), key=lambda e: e.key_path) if e.key.values[0] == "US"
+    )
+    key = composite_key(us.key)
+    dags, out = tmp_path / "dags", tmp_path / "seen.json"
+    dags.mkdir()
+    (dags / "read_run_partition.py").write_text(
+        READ_RUN_PARTITION_DAG.format(spec_path=str(acceleration.spec_path), key=key, out=str(out))
+    )
+    with in_process_metadata_db(str(dags)):
+        bag = DagBag(dag_folder=str(dags))
+        assert bag.import_errors == {}, bag.import_errors
+        run = bag.dags["read_run_partition"].test()
+    assert run.state == "success"
+    seen = json.loads(out.read_text())
+    expected = [
+        i
+        for i, path in zip(acceleration.table.column("id").to_pylist(), acceleration.key_paths, strict=True)
+        if path == us.key_path
+    ]
+    assert seen["keys"] == [key]
+    assert sorted(seen["ids"]) == sorted(expected)

@@ -272,3 +272,35 @@ def test_readable_decoding_refuses_a_bare_percent(bad: str) -> None:
 
     with pytest.raises(PartitionValueError, match="%25"):
         unescape_readable(bad)
+
+
+def test_every_spelling_of_a_key_selects_it() -> None:
+    """The label (`region=Zürich/year=2025`), the comma form of logs (`region=Zürich, year=2025`) and
+    Airflow's composite key (`Zürich|2025`) all name the same partition, and pass the shape check."""
+    from airflow_partitions.keys import key_text_problem
+
+    keys: list[tuple[object, ...]] = [("Zürich", 2025), ("Zürich", 2026), ("a, day=b", 2025)]
+    for spelling in (
+        "region=Zürich/day=2025",
+        "region=Zürich, day=2025",
+        "region=Zürich,day=2025",
+        "Zürich|2025",
+    ):
+        assert key_text_problem(spelling, LABEL_FIELDS) is None, spelling
+        assert _select(keys, spelling) == [("Zürich", 2025)], spelling
+    # A value holding `, day=` is named by its label; the comma form is ambiguous there, not wrong.
+    assert _select(keys, "region=a, day=b/day=2025") == [("a, day=b", 2025)]
+    problem = key_text_problem("region=Zürich, year=2025", LABEL_FIELDS)
+    assert problem is not None
+    assert "missing day" in problem
+
+
+def test_the_form_pattern_accepts_the_comma_form() -> None:
+    import re
+
+    from airflow_partitions.operators.run_conf import _key_pattern
+
+    pattern = re.compile(_key_pattern(LABEL_FIELDS))
+    for spelling in ("region=Zürich/day=2025", "region=Zürich, day=2025", "Zürich|2025"):
+        assert pattern.match(spelling), spelling
+    assert not pattern.match("day=2025")

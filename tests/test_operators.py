@@ -195,6 +195,18 @@ def test_a_run_with_a_partition_key_refreshes_exactly_that_partition(tmp_path: P
         _discover_in_run(spec, partition_key="EU|2031-01-01T00:00:00")
 
 
+def test_a_bad_where_fails_the_task_with_its_message_alone(tmp_path: Path) -> None:
+    """No retry and no chained traceback into the pruning internals: the message says what to fix."""
+    from airflow.exceptions import AirflowFailException
+
+    spec = make_spec(tmp_path)
+    with pytest.raises(AirflowFailException, match=re.escape("where 'no_such_column = 1': ")) as raised:
+        _discover_in_run(spec, params={"where": "no_such_column = 1"})
+    assert raised.value.__cause__ is None
+    assert raised.value.__suppress_context__
+    assert "no_such_column" in str(raised.value).split(": ", 2)[-1]
+
+
 def test_mapped_refresh_label_is_the_readable_key() -> None:
     from airflow_partitions.keys import PartitionKey
     from airflow_partitions.operators import SparkPartitionRefreshOperator
@@ -255,6 +267,19 @@ def test_commit_of_a_single_partition_run_takes_the_lone_descriptor(tmp_path: Pa
     result, _ = commit(spec, refreshed)
     assert result["upserted"] == 1
     assert set(latest(spec).partitions) == {"region=US/day=2026-01-01T00%3A00%3A00"}
+
+
+def test_discovery_sets_the_freshness_overdue_gauge(tmp_path: Path, statsd: StatsdListener) -> None:
+    """`freshness:` in the spec: discovery reports how many partitions of the newest version are past it."""
+    spec = make_spec(tmp_path, days=1)
+    refreshed = stage_and_refresh(spec, partitions=["US|2026-01-01T00:00:00"])
+    refreshed.results = refreshed.results[0]  # type: ignore[index]
+    commit(spec, refreshed)
+    # An SLA of a millisecond: the partition committed above is past it by the time discovery runs.
+    spec.write_text(spec.read_text().replace("  - name: sales\n", "  - name: sales\n    freshness: 0.001s\n"))
+    _discover_in_run(spec)
+    assert statsd.wait_for("airflow.dataset_acceleration_freshness_overdue.sales", 1) == [(1.0, "g")]
+    assert statsd.wait_for("airflow.dataset_acceleration_stale_partitions.sales", 1) == [(0.0, "g")]
 
 
 def test_refresh_without_a_stage_task_stages_its_own_partition(tmp_path: Path) -> None:
@@ -738,6 +763,9 @@ def test_refresh_metrics_reach_a_statsd_listener(
     assert len(snapshot.partitions) == 3
 
     entries = [snapshot.partitions[path] for path in snapshot.partitions]
+    # Discovery's gauges: three new partitions to refresh, none stale (the spec declares no freshness SLA).
+    assert statsd.wait_for("airflow.dataset_acceleration_partitions_to_refresh.sales", 1) == [(3.0, "g")]
+    assert statsd.wait_for("airflow.dataset_acceleration_stale_partitions.sales", 1) == [(0.0, "g")]
     rows = statsd.wait_for("airflow.dataset_acceleration_refresh_rows.sales", 3)
     assert sorted(rows) == sorted((float(e.rows), "c") for e in entries), "rows: one count per partition"
     assert sum(value for value, _ in rows) == 30

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import pytest
 import requests
-from airflow_e2e.shared import UI_DAG_ID, UI_DATASET
+from airflow_e2e.shared import DAG_ID, UI_DAG_ID, UI_DATASET, WIDE_DAG_ID, WIDE_PARTITIONS
 from airflow_e2e.stack import AirflowStack
 
 from airflow_partitions.cli.backfill import AirflowApiClient
@@ -146,6 +146,8 @@ def test_partitions_page_shows_a_failed_partition_and_refreshes_it(
     blocker.unlink()
     eu_row.find_element(By.CSS_SELECTOR, "input.pick").click()
     browser.find_element(By.ID, "refresh-selected").click()
+    assert browser.find_element(By.ID, "preview-title").text.startswith("Refresh 1 partition(s)")
+    browser.find_element(By.ID, "preview-confirm").click()
     wait_for_states(browser, stack, {EU: "fresh", US: "fresh"}, timeout=300)
 
     # The JSON API: the document `status --partitions --json` prints, plus the DAG it came from.
@@ -213,3 +215,254 @@ def test_the_providers_page_documentation_link_serves_the_readme(stack: AirflowS
     api_docs = requests.get(f"{stack.api_url}/partitions/api/docs", timeout=30)
     assert api_docs.status_code == 200, "the API's own OpenAPI page moved under /partitions/api/"
     assert "swagger" in api_docs.text.lower()
+
+
+# --- the page inside Airflow's UI: the nav entry and the DAG tab, in Airflow's sandboxed iframe ---------
+
+DAG_TAB = f"/dags/{UI_DAG_ID}/plugin/partitions-of-dag"
+NAV_PAGE = "/plugin/partitions"
+
+
+def sign_in(driver: Any, stack: AirflowStack, user: str) -> None:
+    """The session cookie Airflow's login sets, for `user`."""
+    driver.switch_to.default_content()
+    driver.get(f"{stack.api_url}/partitions/api/docs")
+    driver.delete_all_cookies()
+    driver.add_cookie({"name": COOKIE_NAME, "value": token(stack, user), "path": "/"})
+
+
+def open_in_airflow(driver: Any, stack: AirflowStack, path: str) -> None:
+    """Open Airflow's UI at `path` and enter the plugin's iframe (sandboxed as Airflow sandboxes it)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.switch_to.default_content()
+    driver.get(f"{stack.api_url}{path}")
+    frame = WebDriverWait(driver, 60).until(
+        expected_conditions.presence_of_element_located((By.CSS_SELECTOR, 'iframe[title="Partitions"]'))
+    )
+    sandbox = frame.get_attribute("sandbox")
+    assert "allow-top-navigation" not in sandbox, sandbox
+    assert "allow-popups" not in sandbox, sandbox
+    driver.switch_to.frame(frame)
+    WebDriverWait(driver, 60).until(lambda d: d.execute_script("return document.querySelector('#rows tr')"))
+
+
+def page_state(driver: Any) -> dict[str, Any]:
+    return dict(
+        driver.execute_script(
+            "return {rows: Array.from(document.querySelectorAll('#rows tr'))"
+            ".map((row) => [row.dataset.keyPath, row.dataset.state]),"
+            "message: document.getElementById('message').textContent,"
+            "runId: document.getElementById('message').dataset.runId || null,"
+            "paused: document.getElementById('paused').textContent};"
+        )
+    )
+
+
+def wait_until(
+    driver: Any, stack: AirflowStack, what: str, check: Any, timeout: float = 120
+) -> dict[str, Any]:
+    """Wait, without touching Reload, until the page by itself satisfies `check(page_state)`."""
+    deadline = time.monotonic() + timeout
+    while not check(shown := page_state(driver)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the page never showed {what}: {shown}\n{stack.logs_tail(15)}")
+        time.sleep(0.5)
+    return shown
+
+
+def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause(
+    stack: AirflowStack, client: AirflowApiClient, browser: Any
+) -> None:
+    """Defects 1, 2, 3 and dark mode, in the DAG tab: a run started elsewhere on a paused DAG is noticed,
+    the paused banner unpauses it, the page follows the run to its end and says what it published; a
+    partition refreshed by a run whose commit has not run shows "refreshed, waiting for commit"; links
+    navigate Airflow despite the sandbox."""
+    from selenium.webdriver.common.by import By
+
+    stack.wait_for_dag(client, UI_DAG_ID, poll=2)
+    sign_in(browser, stack, "admin")
+    browser.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+    )
+    client.set_paused(UI_DAG_ID, paused=True)
+    run: dict[str, Any] = {}
+    try:
+        open_in_airflow(browser, stack, DAG_TAB)
+        background = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(17, 24, 39)", f"dark mode follows Airflow's color mode: {background}"
+        assert browser.execute_script(
+            "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+        ), "no horizontal scrollbar in the DAG tab"
+        assert "paused" in page_state(browser)["paused"]
+        sla = browser.find_element(By.ID, "sla").text
+        assert sla == "Freshness SLA 2h: met by every partition.", sla
+
+        # A run started elsewhere (REST) while the page is open: noticed without Reload.
+        run = client.trigger_dag_run(UI_DAG_ID, {"partitions": [EU]})
+        wait_until(browser, stack, "EU refreshing", lambda s: dict(s["rows"]).get(EU) == "refreshing", 60)
+        browser.find_element(By.ID, "unpause").click()
+        wait_until(browser, stack, "the paused banner gone", lambda s: not s["paused"], 30)
+        assert client.get_dag(UI_DAG_ID)["is_paused"] is False
+        # Followed to its end: the run's outcome, and EU fresh, without Reload.
+        done = wait_until(
+            browser, stack, "the run's outcome", lambda s: s["runId"] == run["dag_run_id"], timeout=300
+        )
+        assert "succeeded: published 1, failed 0" in done["message"], done
+        wait_until(browser, stack, "EU fresh", lambda s: dict(s["rows"]).get(EU) == "fresh", 60)
+
+        # Part 3, the partition's detail: its refreshes over the retained versions, newest first.
+        browser.find_element(By.CSS_SELECTOR, f'#rows tr[data-key-path="{EU}"] a.detail-link').click()
+        deadline = time.monotonic() + 30
+        while (
+            len(
+                versions := browser.execute_script(
+                    "return Array.from(document.querySelectorAll('#detail-history tr[data-version]'))"
+                    ".map((row) => [Number(row.dataset.version), row.textContent]);"
+                )
+            )
+            < 2
+        ):
+            assert time.monotonic() < deadline, versions
+            time.sleep(0.5)
+        assert versions[0][0] > versions[1][0], "newest first"
+        assert run["dag_run_id"] in versions[0][1], "the newest refresh names the run that wrote it"
+        browser.save_screenshot(str(SCREENSHOT.with_name("partitions-detail.png")))
+        browser.find_element(By.ID, "detail-close").click()
+
+        # Refreshed but not committed: the commit of a run that is queued again on a paused DAG.
+        client.set_paused(UI_DAG_ID, paused=True)
+        client._send(
+            "POST",
+            f"/api/v2/dags/{UI_DAG_ID}/clearTaskInstances",
+            json_body={
+                "dry_run": False,
+                "dag_run_id": run["dag_run_id"],
+                "task_ids": ["commit"],
+                "only_failed": False,
+                "reset_dag_runs": True,
+            },
+        )
+        waiting = wait_until(browser, stack, "EU waiting", lambda s: dict(s["rows"]).get(EU) == "waiting", 60)
+        row = browser.find_element(By.CSS_SELECTOR, f'#rows tr[data-key-path="{EU}"]')
+        assert "refreshed, waiting for commit" in row.text, (row.text, waiting)
+
+        # Links navigate Airflow's UI (its router), though the sandbox forbids top navigation.
+        link = row.find_element(By.CSS_SELECTOR, "a.airflow-link")
+        target = link.get_attribute("href")
+        link.click()
+        browser.switch_to.default_content()
+        deadline = time.monotonic() + 30
+        while browser.current_url != target:
+            assert time.monotonic() < deadline, (
+                f"the link did not navigate: {browser.current_url} != {target}"
+            )
+            time.sleep(0.5)
+    finally:
+        browser.switch_to.default_content()
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+        # The cleared run: ended as it was (its commit already published EU), the DAG unpaused.
+        if run:
+            requests.patch(
+                f"{stack.api_url}/api/v2/dags/{UI_DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}",
+                json={"state": "success"},
+                headers={"Authorization": f"Bearer {token(stack, 'admin')}"},
+                timeout=30,
+            )
+        client.set_paused(UI_DAG_ID, paused=False)
+
+
+def test_inside_airflow_many_partitions_page_sort_filter_and_preview(
+    stack: AirflowStack, client: AirflowApiClient, browser: Any
+) -> None:
+    """Defects 4 and 5 in the nav page: 1,500 partitions paged, in natural order, filtered by state badges
+    and by any spelling of a key (kept in the URL); select-all previews before it triggers anything."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    stack.wait_for_dag(client, WIDE_DAG_ID, poll=2)
+    sign_in(browser, stack, "admin")
+    open_in_airflow(browser, stack, NAV_PAGE)
+    Select(browser.find_element(By.ID, "dataset")).select_by_value(WIDE_DAG_ID)
+    keys = lambda: [k for k, _ in page_state(browser)["rows"]]  # noqa: E731
+    deadline = time.monotonic() + 120
+    while not keys() or not keys()[0].startswith("k="):
+        assert time.monotonic() < deadline, page_state(browser)
+        time.sleep(0.5)
+    assert keys()[:4] == ["k=0", "k=1", "k=2", "k=3"], "natural order: 0, 1, 2, 3 (not 0, 1, 10, 100)"
+    browser.save_screenshot(str(SCREENSHOT.with_name("partitions-overview.png")))
+    assert len(keys()) == 100
+    info = browser.find_element(By.ID, "page-info").text
+    assert f"of {WIDE_PARTITIONS}" in info, info
+    browser.find_element(By.ID, "page-next").click()
+    assert keys()[0] == "k=100"
+    browser.find_element(By.CSS_SELECTOR, 'th[data-sort="key"]').click()  # descending
+    assert keys()[0] == f"k={WIDE_PARTITIONS - 1}"
+    browser.find_element(By.CSS_SELECTOR, 'th[data-sort="key"]').click()
+
+    # State badges filter (several at once); the filter lives in the URL.
+    badge = browser.find_element(By.CSS_SELECTOR, "#summary .badge")
+    state = badge.get_attribute("data-state-count")
+    badge.click()
+    assert {s for _, s in page_state(browser)["rows"]} == {state}
+    assert f"states={state}" in browser.execute_script("return window.location.search")
+    browser.find_element(By.CSS_SELECTOR, f'#summary .badge[data-state-count="{state}"]').click()
+
+    # Select-all selects every shown partition (all pages); nothing is triggered before confirmation.
+    runs_before = client._send("GET", f"/api/v2/dags/{WIDE_DAG_ID}/dagRuns")["total_entries"]
+    browser.find_element(By.ID, "select-all").click()
+    browser.find_element(By.ID, "refresh-selected").click()
+    title = browser.find_element(By.ID, "preview-title").text
+    assert title.startswith(f"Refresh {WIDE_PARTITIONS} partition(s)"), title
+    assert browser.find_element(By.ID, "preview-more").text == f"and {WIDE_PARTITIONS - 20} more"
+    browser.save_screenshot(str(SCREENSHOT.with_name("partitions-launch-preview.png")))
+    browser.find_element(By.ID, "preview-cancel").click()
+    assert "Nothing triggered" in page_state(browser)["message"]
+    assert client._send("GET", f"/api/v2/dags/{WIDE_DAG_ID}/dagRuns")["total_entries"] == runs_before
+    browser.find_element(By.ID, "select-all").click()
+
+    # Every spelling of a two-field key finds it: the label, the comma form, Airflow's composite key.
+    Select(browser.find_element(By.ID, "dataset")).select_by_value(DAG_ID)
+    deadline = time.monotonic() + 120
+    while not keys() or not keys()[0].startswith("region="):
+        assert time.monotonic() < deadline, page_state(browser)
+        time.sleep(0.5)
+    document = api(stack, "admin", "GET", f"dags/{DAG_ID}/partitions").json()
+    # The overview of a two-field key is a grid: regions down, days across.
+    regions = {p["key"].split("/")[0] for p in document["datasets"][0]["partitions"]}
+    days = {p["key"].split("/")[1] for p in document["datasets"][0]["partitions"]}
+    axes = browser.find_element(By.ID, "overview-axes").text
+    assert axes == f"region ({len(regions)}) down, day ({len(days)}) across", axes
+    partition = document["datasets"][0]["partitions"][0]
+    label = partition["key"]
+    assert label == "/".join(
+        f"{name}={value}" for name, value in (part.split("=", 1) for part in label.split("/"))
+    ), "the page shows the label form, name=value/name=value"
+    values = [part.split("=", 1)[1] for part in label.split("/")]
+    names = [part.split("=", 1)[0] for part in label.split("/")]
+    comma = ", ".join(f"{n}={v}" for n, v in zip(names, values, strict=True))
+    for spelling in (label, comma, "|".join(values)):
+        box = browser.find_element(By.ID, "filter")
+        box.clear()
+        box.send_keys(spelling)
+        assert keys() == [partition["key_path"]], f"{spelling!r} finds {keys()}"
+        assert "filter=" in browser.execute_script("return window.location.search")
+
+
+def test_inside_airflow_a_viewer_sees_why_refresh_is_disabled(
+    stack: AirflowStack, client: AirflowApiClient, browser: Any
+) -> None:
+    """Defect 6 (a viewer): the refresh buttons are disabled with the reason, not a raw HTTP 403."""
+    from selenium.webdriver.common.by import By
+
+    stack.wait_for_dag(client, UI_DAG_ID, poll=2)
+    sign_in(browser, stack, "viewer")
+    try:
+        open_in_airflow(browser, stack, DAG_TAB)
+        assert browser.find_element(By.ID, "refresh-needed").get_attribute("disabled")
+        reason = browser.find_element(By.ID, "permission").text
+        assert "User, Op or Admin role" in reason, reason
+    finally:
+        sign_in(browser, stack, "admin")

@@ -115,6 +115,8 @@ def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> d
             entry = snapshot.partitions.get(partition["key_path"])
             certificate = entry.certificate if entry is not None else None
             partition["certificate"] = certificate.to_json() if certificate is not None else None
+    if dataset.freshness is not None:
+        report["freshness"] = freshness_status(dataset.freshness, snapshot)
     return report
 
 
@@ -122,6 +124,20 @@ def _last_verify(catalog: Any) -> dict[str, Any] | None:
     from airflow_partitions.refresh.verify import last_verify
 
     return last_verify(catalog)
+
+
+def freshness_status(freshness: dt.timedelta, snapshot: Any) -> dict[str, Any]:
+    """The dataset's freshness SLA: its duration, and the partitions of the newest version last refreshed
+    longer ago than that (`overdue`, oldest first, at most 20 named), as of now."""
+    now = dt.datetime.now(dt.UTC)
+    entries = list(snapshot.partitions.values()) if snapshot is not None else []
+    overdue = sorted((e for e in entries if now - e.refreshed_at > freshness), key=lambda e: e.refreshed_at)
+    return {
+        "sla_seconds": int(freshness.total_seconds()),
+        "overdue": len(overdue),
+        "overdue_partitions": [e.key_path for e in overdue[:20]],
+        "met": not overdue,
+    }
 
 
 def partition_report(

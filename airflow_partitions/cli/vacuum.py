@@ -5,30 +5,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import re
 from typing import Any
 
 from airflow_partitions.exceptions import CatalogError, SnapshotError
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)")
-_UNIT_SECONDS = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
+from airflow_partitions.spec.model import parse_duration as spec_duration
 
 
 def parse_duration(text: str) -> dt.timedelta:
     """`7d`, `12h`, `1d12h`, `30m`, `45s`, `2w` -> timedelta; a clear error otherwise."""
-    compact = text.strip().lower().replace(" ", "")
-    position = 0
-    seconds = 0.0
-    for match in _DURATION_PART.finditer(compact):
-        if match.start() != position:
-            break
-        seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        position = match.end()
-    if not compact or position != len(compact):
-        raise CatalogError(
-            f"invalid duration {text!r}: use a number and a unit (w, d, h, m, s), e.g. 7d, 12h or 1d12h"
-        )
-    return dt.timedelta(seconds=seconds)
+    try:
+        return spec_duration(text)
+    except ValueError as err:
+        raise CatalogError(str(err)) from err
 
 
 def _duration_argument(text: str) -> dt.timedelta:

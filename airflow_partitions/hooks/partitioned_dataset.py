@@ -11,7 +11,7 @@ only then, so DAG files can import this module cheaply.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +171,68 @@ class PartitionedDatasetHook(BaseHook):
         """Rows matching `where` (SQL condition or DNF list) as a pyarrow Table of `columns`."""
         return self.reader.read(where, columns, version)
 
+    def read_partitions(
+        self,
+        partitions: Sequence[str],
+        columns: Sequence[str] | None = None,
+        version: int | None = None,
+    ) -> pa.Table:
+        """Exactly the partitions named, as a pyarrow Table of `columns`: each key in any spelling (the
+        label `region=Zürich/day=2026-01-01`, the comma form `region=Zürich, day=2026-01-01`, Airflow's
+        partition key `Zürich|2026-01-01`, the escaped key path). A key that names no partition of the
+        version raises `UnknownPartitionError` (nothing is read)."""
+        import copy
+
+        from airflow_partitions.exceptions import UnknownPartitionError
+        from airflow_partitions.keys import PartitionKey, partition_label
+        from airflow_partitions.refresh.discovery import select_keys
+
+        reader = self.reader
+        snapshot = reader.snapshot(version)
+        names = snapshot.partition_spec.names
+        keys = [entry.key.values for entry in snapshot.partitions.values()]
+        chosen, unknown = select_keys(names, keys, list(partitions))
+        if unknown:
+            sample = ", ".join(partition_label(names, PartitionKey(key)) for key in keys[:3])
+            raise UnknownPartitionError(
+                f"{', '.join(repr(text) for text in unknown)} names no partition of {self.dataset} version "
+                f"{snapshot.version}; its keys look like {sample or '(it has no partition)'}: check the key "
+                "(and whether the refresh that writes it has committed)"
+            )
+        wanted = {PartitionKey(key).path(names) for key in chosen}
+        plan = reader.plan(None, snapshot.version)
+        # The unfiltered plan holds every partition; keep the named ones (all of their rows).
+        subset = copy.copy(plan)
+        subset.selected = tuple(part for part in plan.selected if part.key_path in wanted)
+        return reader.read_plan(subset, columns)
+
+    def run_partition_keys(self, context: Mapping[str, Any]) -> list[str]:
+        """The partition keys of the task's run: its own `partition_key` (a partitioned run, Airflow 3.2+),
+        else those of the asset events of this dataset that triggered it (a run scheduled on the asset)."""
+        own = run_partition_key(context)
+        if own is not None:
+            return [own]
+        keys: list[str] = []
+        for asset, events in (context.get("triggering_asset_events") or {}).items():
+            if getattr(asset, "name", None) not in (self.dataset, None):
+                continue
+            keys.extend(key for event in events if (key := getattr(event, "partition_key", None)))
+        return list(dict.fromkeys(keys))
+
+    def read_run_partitions(
+        self, context: Mapping[str, Any], columns: Sequence[str] | None = None
+    ) -> pa.Table:
+        """The rows of exactly this run's partitions (`run_partition_keys`), newest version; raises
+        `OrchestrationError` when the run carries no partition key."""
+        keys = self.run_partition_keys(context)
+        if not keys:
+            raise OrchestrationError(
+                f"this run of {context.get('dag_run')!r} carries no partition key of {self.dataset}: "
+                "schedule the DAG on the dataset's asset with a PartitionedAssetTimetable, trigger it with a "
+                "partition key, or call read_partitions(keys) / read(where) instead"
+            )
+        return self.read_partitions(keys, columns)
+
     def query(
         self,
         sql: str,
@@ -299,3 +361,12 @@ class PartitionedDatasetHook(BaseHook):
         """Release the reader's DuckDB database, if one was opened."""
         if "reader" in self.__dict__:
             self.reader.close()
+
+
+def run_partition_key(context: Mapping[str, Any]) -> str | None:
+    """The `partition_key` of the task's run (Airflow 3.2+ partitioned runs), or None."""
+    key = context.get("partition_key")
+    if key is None:
+        dag_run = context.get("dag_run")
+        key = getattr(dag_run, "partition_key", None)
+    return key if isinstance(key, str) and key else None

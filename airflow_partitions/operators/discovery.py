@@ -6,8 +6,12 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.exceptions import AirflowFailException
+
+from airflow_partitions.exceptions import FilterError
+from airflow_partitions.hooks.partitioned_dataset import run_partition_key
 from airflow_partitions.operators.base import DatasetOperator
-from airflow_partitions.operators.run_conf import RefreshRunConf, run_partition_key
+from airflow_partitions.operators.run_conf import RefreshRunConf
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -80,15 +84,22 @@ class PartitionDiscoveryOperator(DatasetOperator):
         ).for_partition_key(run_partition_key(context))
         run.check_partitions(self.dataset, self.dataset_spec.acceleration.partition_names)
         self.prepare_sources()
-        plan = plan_refresh(
-            self.project,
-            self.dataset_spec,
-            partitions=run.partitions,
-            where=run.where,
-            full=run.full_refresh,
-            timeout_s=self.discovery_timeout_s,
-            catalog=self.open_catalog(),
-        )
+        try:
+            plan = plan_refresh(
+                self.project,
+                self.dataset_spec,
+                partitions=run.partitions,
+                where=run.where,
+                full=run.full_refresh,
+                timeout_s=self.discovery_timeout_s,
+                catalog=self.open_catalog(),
+            )
+        except FilterError as err:
+            # A bad `where` is the run's input: its message says what to fix, no retry can help, and the
+            # pruning internals' frames under it would only bury the message in the task log.
+            message = f"where {run.where!r}: {type(err).__name__}: {err}"
+            self.log.error("%s", message)
+            raise AirflowFailException(message) from None
         counts = ", ".join(f"{name} {count}" for name, count in plan.counts().items() if count)
         self.log.info(
             "Dataset %s: %d partition(s) to refresh, %d to remove (%s; %s discovery in %.2fs)",
@@ -101,6 +112,7 @@ class PartitionDiscoveryOperator(DatasetOperator):
         )
         for note in plan.notes:
             self.log.info("Discovery note: %s", note)
+        self.record_gauges(plan, whole_source=not run.partitions and not run.where)
         context["ti"].xcom_push(key=PLAN_XCOM_KEY, value=plan.without_items().to_json())
         limit = max_mapped_tasks()
         work = mapped_work(plan.items, limit)
@@ -116,3 +128,26 @@ class PartitionDiscoveryOperator(DatasetOperator):
                 max(len(batch["items"]) for batch in work),
             )
         return work
+
+    def record_gauges(self, plan: Any, *, whole_source: bool) -> None:
+        """Partitions to refresh and stale ones (only a survey of the whole source counts them all) and,
+        with a freshness SLA, partitions of the newest version past it."""
+        import datetime as dt
+
+        from airflow_partitions.operators.metrics import record_discovery
+        from airflow_partitions.refresh.plan import Reason
+
+        overdue = None
+        freshness = self.dataset_spec.freshness
+        if freshness is not None:
+            snapshot = self.open_catalog().latest()
+            now = dt.datetime.now(dt.UTC)
+            entries = snapshot.partitions.values() if snapshot is not None else ()
+            overdue = sum(1 for entry in entries if now - entry.refreshed_at > freshness)
+        stale = sum(1 for item in plan.items if item.reason in (Reason.CHANGED, Reason.RESPEC))
+        record_discovery(
+            self.dataset,
+            to_refresh=len(plan.items) if whole_source else None,
+            stale=stale if whole_source else None,
+            overdue=overdue,
+        )

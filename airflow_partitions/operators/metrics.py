@@ -10,6 +10,12 @@ plain StatsD, which has no tags, still tells datasets apart; backends with tags 
 - `dataset_acceleration_refresh_duration.<dataset>` timer (ms): one partition task's refresh
 - `dataset_acceleration_refresh_partitions.<dataset>.<outcome>` counter: partitions refreshed
   (`success`), refused by a conservation check (`conservation_refused`) or failed otherwise (`failed`)
+- `dataset_acceleration_partitions_to_refresh.<dataset>` gauge: what a run's discovery planned (new,
+  changed, re-partitioned), and `dataset_acceleration_stale_partitions.<dataset>` gauge: of those, the
+  ones the catalog holds but whose source changed (or whose `partition_by` did); set by runs that survey
+  the whole source (no `partitions` / `where`)
+- `dataset_acceleration_freshness_overdue.<dataset>` gauge: partitions last refreshed longer ago than the
+  dataset's `freshness` SLA (when the spec declares one), set by every discovery
 - `dataset_acceleration_refresh_stage_duration.<dataset>` timer (ms) and
   `dataset_acceleration_refresh_stage_rows.<dataset>` counter: the shared Spark stage
 - `dataset_acceleration_refresh_cdc_lag_bytes.<dataset>` gauge: WAL bytes written since the position a
@@ -35,6 +41,9 @@ CDC_LAG = f"{METRIC_PREFIX}_cdc_lag_bytes"
 # counted by absolute value) when the refresh was planned, and rows with a watermark in the future.
 LATE_ROWS = f"{METRIC_PREFIX}_late_rows"
 FUTURE_ROWS = f"{METRIC_PREFIX}_future_rows"
+TO_REFRESH = "dataset_acceleration_partitions_to_refresh"
+STALE = "dataset_acceleration_stale_partitions"
+FRESHNESS_OVERDUE = "dataset_acceleration_freshness_overdue"
 
 
 class Outcome(StrEnum):
@@ -112,3 +121,13 @@ def record_watermark_audit(
     tags = {"dataset": dataset}
     stats.gauge(metric_name(LATE_ROWS, dataset), sum(abs(n) for n in (late_rows or {}).values()), tags=tags)
     stats.gauge(metric_name(FUTURE_ROWS, dataset), sum((future_rows or {}).values()), tags=tags)
+
+
+def record_discovery(dataset: str, *, to_refresh: int | None, stale: int | None, overdue: int | None) -> None:
+    """Gauges of a discovery: partitions to refresh and stale ones (whole-source surveys only) and, with a
+    freshness SLA, partitions past it; a None is not emitted."""
+    stats = _stats()
+    tags = {"dataset": dataset}
+    for metric, value in ((TO_REFRESH, to_refresh), (STALE, stale), (FRESHNESS_OVERDUE, overdue)):
+        if value is not None:
+            stats.gauge(metric_name(metric, dataset), value, tags=tags)

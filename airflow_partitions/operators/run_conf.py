@@ -22,6 +22,7 @@ from airflow_partitions.keys import (
     composite_key,
     escape_component,
     key_text_problem,
+    partition_label,
 )
 
 if TYPE_CHECKING:
@@ -260,9 +261,9 @@ def partitions_schema(dataset: DatasetSpec) -> dict[str, Any]:
     shape = "/".join(f"{name}=<value>" for name in names)
     example = example_partition_key(dataset)
     if example is not None:
-        readable = example.describe(names).replace(", ", "/")
+        readable = partition_label(names, example)
         canonical = example.path(names)
-        sample = f"; e.g. `{canonical}`" + (f" or, readable, `{readable}`" if readable != canonical else "")
+        sample = f"; e.g. `{readable}`" + (f" or, escaped, `{canonical}`" if readable != canonical else "")
     else:
         sample = ""
     schema = dict(RUN_PARAM_SCHEMAS[PARTITIONS])
@@ -285,7 +286,8 @@ def _key_pattern(names: Sequence[str]) -> str:
 
     if not names:
         return "^$"
-    rest = "".join(f".*/{alternatives(name)}=" for name in names[1:])
+    # Later fields after `/` (the label form) or `, ` (the comma form of logs, `PartitionKey.describe`).
+    rest = "".join(f".*(?:/|,\\s*){alternatives(name)}=" for name in names[1:])
     # Or Airflow's composite key: one value per field, joined by `|` (a value escapes its own `|`).
     composite = r"\|".join(["[^|]*"] * len(names))
     return rf"^(?:\s*/?{alternatives(names[0])}={rest}.*|{composite})$"
@@ -295,12 +297,3 @@ def _regex_literal(text: str) -> str:
     # Only the syntax characters: Python's re.escape adds escapes (`\-`) that ECMAScript's unicode mode
     # (the UI's validator) rejects.
     return "".join(f"\\{ch}" if ch in "\\^$.|?*+()[]{}/" else ch for ch in text)
-
-
-def run_partition_key(context: Mapping[str, Any]) -> str | None:
-    """The `partition_key` of the task's run (Airflow 3.2+ partitioned runs), or None."""
-    key = context.get("partition_key")
-    if key is None:
-        dag_run = context.get("dag_run")
-        key = getattr(dag_run, "partition_key", None)
-    return key if isinstance(key, str) and key else None

@@ -12,34 +12,61 @@ PAGE_HTML = r"""<!doctype html>
 <meta charset="utf-8">
 <title>Partitions</title>
 <style>
-  body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 16px; color: #1f2933;
-         font-size: 14px; }
+  :root { color-scheme: light; --fg: #1f2933; --bg: #ffffff; --muted: #616e7c; --line: #e4e7eb;
+          --head: #f5f7fa; --accent: #0b69a3; --warn-bg: #fffaeb; --warn-fg: #93370d; --err: #b42318; }
+  :root.dark { color-scheme: dark; --fg: #e4e7eb; --bg: #111827; --muted: #9aa5b1; --line: #323f4b;
+               --head: #1f2933; --accent: #60a5fa; --warn-bg: #3b2a05; --warn-fg: #fcd34d; --err: #fca5a5; }
+  html, body { background: var(--bg); color: var(--fg); }
+  body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; padding: 12px 16px;
+         font-size: 14px; box-sizing: border-box; }
   h1 { font-size: 20px; margin: 0 0 12px; }
   .bar { display: flex; gap: 8px; align-items: center; flex-wrap: wrap; margin-bottom: 10px; }
-  select, input[type=search] { padding: 5px 8px; border: 1px solid #cbd2d9; border-radius: 4px; }
+  select, input[type=search] { padding: 5px 8px; border: 1px solid var(--line); border-radius: 4px;
+                               background: var(--bg); color: var(--fg); }
   input[type=search] { min-width: 260px; }
-  button { padding: 6px 12px; border-radius: 4px; border: 1px solid #0b69a3; background: #0b69a3;
+  button { padding: 6px 12px; border-radius: 4px; border: 1px solid var(--accent); background: var(--accent);
            color: white; cursor: pointer; }
-  button.secondary { background: white; color: #0b69a3; }
-  button:disabled { opacity: .5; cursor: default; }
+  button.secondary { background: transparent; color: var(--accent); }
+  button:disabled { opacity: .5; cursor: not-allowed; }
+  .table-wrap { overflow-x: auto; }
   table { border-collapse: collapse; width: 100%; }
-  th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid #e4e7eb; vertical-align: top; }
-  th { background: #f5f7fa; font-weight: 600; }
+  th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
+  th { background: var(--head); font-weight: 600; }
+  th.sortable { cursor: pointer; user-select: none; }
+  th[aria-sort=ascending]::after { content: " \25B2"; }
+  th[aria-sort=descending]::after { content: " \25BC"; }
   td.num { text-align: right; font-variant-numeric: tabular-nums; }
-  .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; }
+  .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600;
+           border: 2px solid transparent; }
+  button.badge { cursor: pointer; }
+  .badge.active { border-color: var(--fg); }
   .state-fresh { background: #d1fadf; color: #05603a; }
   .state-stale { background: #fef0c7; color: #93370d; }
   .state-failed { background: #fee4e2; color: #912018; }
   .state-refreshing { background: #d1e9ff; color: #194185; }
+  .state-waiting { background: #e0eaff; color: #2d31a6; }
   .state-missing { background: #f2f4f7; color: #344054; }
   .state-removed { background: #e4e7ec; color: #475467; text-decoration: line-through; }
   .state-unknown { background: #f2f4f7; color: #667085; }
   .summary span { margin-right: 6px; }
-  .muted { color: #616e7c; }
-  .error { color: #912018; white-space: pre-wrap; }
+  .muted { color: var(--muted); }
+  .error { color: var(--err); white-space: pre-wrap; overflow-wrap: anywhere; }
+  .banner { background: var(--warn-bg); color: var(--warn-fg); border: 1px solid var(--warn-fg);
+            border-radius: 4px; padding: 8px 10px; margin: 6px 0; }
+  .banner:empty { display: none; }
   #message { min-height: 20px; margin: 6px 0; }
   td.key { font-family: ui-monospace, monospace; overflow-wrap: anywhere; min-width: 8em; }
   td.time { white-space: nowrap; }
+  td.error details summary { cursor: pointer; }
+  td.error pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 4px 0; font-size: 12px; }
+  #pager { gap: 6px; }
+  dialog { background: var(--bg); color: var(--fg); border: 1px solid var(--line); border-radius: 6px;
+           max-width: min(640px, 90vw); }
+  dialog ul { max-height: 40vh; overflow: auto; font-family: ui-monospace, monospace; }
+  a { color: var(--accent); }
+  #overview-box { margin: 4px 0 10px; }
+  #overview { display: block; cursor: pointer; max-width: 100%; }
+  #overview-axes { font-size: 12px; }
 </style>
 </head>
 <body>
@@ -48,31 +75,107 @@ PAGE_HTML = r"""<!doctype html>
   <label for="dataset">Dataset</label> <select id="dataset"></select>
   <span id="version" class="muted"></span>
 </div>
+<div id="paused" class="banner"></div>
+<div id="blocked" class="banner"></div>
+<div id="sla"></div>
 <div class="bar summary" id="summary"></div>
+<div id="overview-box">
+  <canvas id="overview" role="img" aria-label="every partition, coloured by state"></canvas>
+  <div id="overview-axes" class="muted"></div></div>
 <div class="bar">
-  <input type="search" id="filter" placeholder="Filter: key text or a state (failed, stale...)">
+  <input type="search" id="filter"
+         placeholder="Filter: region=EU/day=2026-01-01, region=EU, day=..., EU|2026-01-01">
   <button id="refresh-selected" disabled>Refresh selected</button>
-  <button id="refresh-needed" class="secondary">Refresh everything failed or stale</button>
+  <button id="refresh-needed" class="secondary">Refresh everything failed, stale or missing</button>
   <button id="reload" class="secondary">Reload</button>
 </div>
+<div id="permission" class="muted"></div>
 <div id="message"></div>
 <div id="warning" class="error"></div>
+<div class="table-wrap">
 <table>
   <thead><tr>
-    <th><input type="checkbox" id="select-all" title="Select every shown partition"></th>
-    <th>State</th><th>Partition</th><th>Rows</th><th>Bytes</th><th>Last refresh</th>
+    <th><input type="checkbox" id="select-all"
+               title="Select every partition the filter shows (all pages)"></th>
+    <th class="sortable" data-sort="state">State</th><th class="sortable" data-sort="key">Partition</th>
+    <th class="sortable" data-sort="rows">Rows</th><th class="sortable" data-sort="bytes">Bytes</th>
+    <th class="sortable" data-sort="refreshed_at">Last refresh</th>
     <th>Written by</th><th>Last error</th>
   </tr></thead>
   <tbody id="rows"></tbody>
 </table>
+</div>
+<div class="bar" id="pager">
+  <button id="page-prev" class="secondary">&larr; Previous</button>
+  <span id="page-info" class="muted"></span>
+  <button id="page-next" class="secondary">Next &rarr;</button>
+</div>
+<dialog id="detail">
+  <form method="dialog">
+    <h2 id="detail-title" style="font-size:16px;margin:0 0 8px;font-family:ui-monospace,monospace"></h2>
+    <p id="detail-state"></p>
+    <p id="detail-why" class="muted"></p>
+    <div class="table-wrap"><table>
+      <thead><tr><th>Version</th><th>Committed</th><th>Change</th><th>Rows</th><th>Bytes</th>
+        <th>Written by</th></tr></thead>
+      <tbody id="detail-history"></tbody>
+    </table></div>
+    <div class="bar" style="margin-top:12px"><button id="detail-close" value="close">Close</button></div>
+  </form>
+</dialog>
+<dialog id="preview">
+  <form method="dialog">
+    <h2 id="preview-title" style="font-size:16px;margin:0 0 8px"></h2>
+    <ul id="preview-list"></ul>
+    <p id="preview-more" class="muted"></p>
+    <label id="preview-unpause-label" hidden><input type="checkbox" id="preview-unpause" checked>
+      Unpause the DAG: it is paused, so the run would stay queued</label>
+    <div class="bar" style="margin-top:12px">
+      <button id="preview-confirm" value="confirm">Trigger</button>
+      <button id="preview-cancel" value="cancel" class="secondary">Cancel</button>
+    </div>
+  </form>
+</dialog>
 <script>
 "use strict";
+const PAGE_SIZE = 100;
+const STATE_LABELS = {waiting: "refreshed, waiting for commit"};
+const STATE_ORDER = ["failed", "refreshing", "waiting", "stale", "missing", "unknown", "fresh", "removed"];
 const query = new URLSearchParams(window.location.search);
 let dagId = query.get("dag_id");
 let documentData = null;
 let pollTimer = null;
+let runsTimer = null;
+let lastRunsSignature = null;
+const followed = new Map();  // run id -> last state seen, for runs the page follows to their end
+let page = Number(query.get("page") || 0);
+let sortKey = query.get("sort") || "key";
+let sortDescending = query.get("desc") === "1";
+const stateFilter = new Set((query.get("states") || "").split(",").filter(Boolean));
 const selected = new Set();
 const $ = (id) => document.getElementById(id);
+const collator = new Intl.Collator(undefined, {numeric: true, sensitivity: "base"});
+$("filter").value = query.get("filter") || "";
+
+// Airflow's color mode (its <html> carries class "dark"), else the system's.
+function followColorMode() {
+  let dark = window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)").matches;
+  try {
+    const root = window.parent !== window ? window.parent.document.documentElement : null;
+    if (root) {
+      dark = root.classList.contains("dark") || root.style.colorScheme === "dark";
+      if (!followColorMode.observing) {
+        new MutationObserver(followColorMode).observe(root, {attributes: true});
+        followColorMode.observing = true;
+      }
+    }
+  } catch (err) { /* not Airflow's frame: the system's preference decides */ }
+  document.documentElement.classList.toggle("dark", dark);
+}
+followColorMode();
+if (window.matchMedia) {
+  window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", followColorMode);
+}
 
 async function api(path, options) {
   const response = await fetch(path, Object.assign(
@@ -81,8 +184,12 @@ async function api(path, options) {
   try { body = await response.json(); } catch (err) { body = {}; }
   if (!response.ok) {
     const detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail || "");
-    const hint = response.status === 401 ? " (sign in to Airflow first)" : "";
-    throw new Error("HTTP " + response.status + ": " + detail + hint);
+    if (response.status === 401) throw new Error("Sign in to Airflow first (" + detail + ")");
+    if (response.status === 403) {
+      throw new Error("You may not do this on " + (dagId || "this DAG") + ": triggering a refresh needs "
+        + "permission to create its DAG runs (Airflow's User, Op or Admin role).");
+    }
+    throw new Error(detail || ("HTTP " + response.status));
   }
   return body;
 }
@@ -107,8 +214,23 @@ function formatTime(text) {
   return text.replace("T", " ").replace(/\.\d+/, "").replace(/(\+00:00|Z)$/, " UTC");
 }
 
+// Inside Airflow the page is a sandboxed iframe (scripts and same origin, no top navigation): a link
+// navigates Airflow's own router (history entry + popstate), which the sandbox allows; outside
+// Airflow it is an ordinary link.
+function openInAirflow(event) {
+  let top = null;
+  try { top = window.parent !== window ? window.parent : null; void (top && top.location.href); }
+  catch (err) { top = null; }
+  if (!top || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) return;
+  event.preventDefault();
+  const href = event.currentTarget.getAttribute("href");
+  top.history.pushState(null, "", href);
+  top.dispatchEvent(new top.PopStateEvent("popstate", {state: null}));
+}
+
 function uiLink(path, text) {
-  const link = el("a", {href: path, target: "_top"}, text);
+  const link = el("a", {href: path, class: "airflow-link"}, text);
+  link.addEventListener("click", openInAirflow);
   return link;
 }
 
@@ -129,8 +251,16 @@ function errorCell(partition) {
   const cell = el("td", {class: "error"});
   const failure = partition.failure;
   if (!failure) return cell;
-  cell.textContent = failure.error.split("\n")[0].slice(0, 300);
-  cell.title = failure.error;
+  // The whole error: its first line as the summary (never cut), the rest on demand.
+  const lines = failure.error.split("\n");
+  if (lines.length > 1) {
+    const details = el("details");
+    details.appendChild(el("summary", {}, lines[0]));
+    details.appendChild(el("pre", {}, lines.slice(1).join("\n")));
+    cell.appendChild(details);
+  } else {
+    cell.appendChild(el("span", {}, failure.error));
+  }
   if (failure.dag_id && failure.run_id) {
     cell.appendChild(document.createElement("br"));
     const base = "/dags/" + encodeURIComponent(failure.dag_id)
@@ -142,26 +272,80 @@ function errorCell(partition) {
   return cell;
 }
 
-function matchesFilter(partition) {
-  const text = $("filter").value.trim().toLowerCase();
-  if (!text) return true;
-  return partition.state === text || partition.key.toLowerCase().includes(text)
-    || partition.key_path.toLowerCase().includes(text);
+// Every spelling of a key: the label (`region=EU/day=1`, what the page shows), the comma form of logs
+// (`region=EU, day=1`) and Airflow's composite key (`EU|1`); the filter may use any of them.
+function decode(text) { try { return decodeURIComponent(text); } catch (err) { return text; } }
+function spellings(partition) {
+  if (partition._spellings) return partition._spellings;
+  const pairs = partition.key_path.split("/").map((part) => {
+    const at = part.indexOf("=");
+    return [decode(part.slice(0, at)), decode(part.slice(at + 1))];
+  });
+  const label = partition.key.toLowerCase();
+  partition._spellings = [
+    label, decode(label),
+    pairs.map(([name, value]) => name + "=" + value).join(", ").toLowerCase(),
+    pairs.map(([name, value]) => value).join("|").toLowerCase(),
+  ];
+  return partition._spellings;
 }
 
-function render() {
-  const tbody = $("rows");
-  tbody.replaceChildren();
-  if (!documentData) return;
-  const report = documentData.datasets[0];
-  $("version").textContent = report.latest_version === null ? "no version committed yet"
-    : "version " + report.latest_version + " (" + report.operation + ", "
-      + formatTime(report.committed_at) + ")";
+function normalisedFilter() {
+  return $("filter").value.trim().toLowerCase().replace(/,\s*(?=[^,=\s]+=)/g, "/");
+}
+
+function matchesFilter(partition) {
+  if (stateFilter.size && !stateFilter.has(partition.state)) return false;
+  const text = normalisedFilter();
+  if (!text) return true;
+  if (STATE_ORDER.includes(text)) return partition.state === text;
+  const raw = $("filter").value.trim().toLowerCase();
+  return spellings(partition).some((s) => s.includes(text) || s.includes(raw)
+    || s.replace(/, /g, "/").includes(text));
+}
+
+function compare(a, b) {
+  let order;
+  if (sortKey === "state") order = STATE_ORDER.indexOf(a.state) - STATE_ORDER.indexOf(b.state);
+  else if (sortKey === "rows" || sortKey === "bytes") order = (a[sortKey] ?? -1) - (b[sortKey] ?? -1);
+  else if (sortKey === "refreshed_at") {
+    order = String(a.refreshed_at || "").localeCompare(String(b.refreshed_at || ""));
+  }
+  else order = 0;
+  if (order === 0) order = collator.compare(a.key, b.key);
+  return sortDescending ? -order : order;
+}
+
+function shownPartitions() {
+  if (!documentData) return [];
+  return (documentData.datasets[0].partitions || []).filter(matchesFilter).sort(compare);
+}
+
+function keepInUrl() {
+  const params = new URLSearchParams();
+  if (dagId) params.set("dag_id", dagId);
+  if ($("filter").value.trim()) params.set("filter", $("filter").value.trim());
+  if (stateFilter.size) params.set("states", Array.from(stateFilter).join(","));
+  if (sortKey !== "key") params.set("sort", sortKey);
+  if (sortDescending) params.set("desc", "1");
+  if (page) params.set("page", String(page));
+  history.replaceState(null, "", "?" + params.toString());
+}
+
+function renderSummary(report) {
   const summary = $("summary");
   summary.replaceChildren();
-  for (const [state, count] of Object.entries(report.states || {})) {
-    if (!count) continue;
-    const badge = el("span", {class: "badge state-" + state, "data-state-count": state}, count + " " + state);
+  const states = Object.entries(report.states || {}).filter(([, count]) => count)
+    .sort(([a], [b]) => STATE_ORDER.indexOf(a) - STATE_ORDER.indexOf(b));
+  for (const [state, count] of states) {
+    const badge = el("button", {class: "badge state-" + state + (stateFilter.has(state) ? " active" : ""),
+      "data-state-count": state, "aria-pressed": String(stateFilter.has(state)),
+      title: "Show only " + (STATE_LABELS[state] || state) + " partitions (click more to combine)"},
+      count + " " + (STATE_LABELS[state] || state));
+    badge.addEventListener("click", () => {
+      if (stateFilter.has(state)) stateFilter.delete(state); else stateFilter.add(state);
+      page = 0; render();
+    });
     summary.appendChild(badge);
   }
   const verified = report.last_verify;
@@ -170,11 +354,59 @@ function render() {
       "verified " + verified.result + " at " + formatTime(verified.verified_at)
       + " (version " + verified.version + ")"));
   }
+}
+
+function renderBlocked(report) {
+  const counts = report.states || {};
+  const failed = counts.failed || 0;
+  const waiting = (counts.missing || 0) + (counts.stale || 0);
+  $("blocked").textContent = failed && waiting
+    ? failed + " partition(s) failed. A run publishes its partitions together in its commit, so "
+      + waiting + " missing or stale partition(s) wait for them: fix the cause shown under Last error, "
+      + "then refresh the failed ones (or everything failed, stale or missing)."
+    : "";
+}
+
+// The dataset's freshness SLA (`freshness: 2h` in the spec), when it declares one.
+function renderFreshness(report) {
+  const sla = $("sla");
+  const freshness = report.freshness;
+  sla.className = freshness && !freshness.met ? "banner" : "muted";
+  if (!freshness) { sla.textContent = ""; return; }
+  const hours = freshness.sla_seconds / 3600;
+  const duration = hours >= 1 ? hours + "h" : Math.round(freshness.sla_seconds / 60) + "m";
+  sla.textContent = freshness.met ? "Freshness SLA " + duration + ": met by every partition."
+    : freshness.overdue + " partition(s) miss the freshness SLA of " + duration + " (last refreshed longer "
+      + "ago), oldest first: " + freshness.overdue_partitions.join(", ");
+}
+
+function render() {
+  const tbody = $("rows");
+  tbody.replaceChildren();
+  keepInUrl();
+  for (const th of document.querySelectorAll("th.sortable")) {
+    const direction = sortDescending ? "descending" : "ascending";
+    th.setAttribute("aria-sort", th.dataset.sort === sortKey ? direction : "none");
+  }
+  if (!documentData) return;
+  const report = documentData.datasets[0];
+  $("version").textContent = report.latest_version === null ? "no version committed yet"
+    : "version " + report.latest_version + " (" + report.operation + ", "
+      + formatTime(report.committed_at) + ")";
+  renderSummary(report);
+  if (report !== renderedOverviewOf) { renderOverview(report); renderedOverviewOf = report; }
+  renderBlocked(report);
+  renderFreshness(report);
+  renderPaused();
   $("warning").textContent = report.discovery_error ? "Source not surveyed: " + report.discovery_error : "";
-  for (const partition of report.partitions || []) {
-    if (!matchesFilter(partition)) continue;
+  const shown = shownPartitions();
+  const pages = Math.max(1, Math.ceil(shown.length / PAGE_SIZE));
+  page = Math.min(Math.max(page, 0), pages - 1);
+  const start = page * PAGE_SIZE;
+  const fragment = document.createDocumentFragment();
+  for (const partition of shown.slice(start, start + PAGE_SIZE)) {
     const row = el("tr", {"data-key-path": partition.key_path, "data-state": partition.state});
-    const pick = el("input", {type: "checkbox", class: "pick"});
+    const pick = el("input", {type: "checkbox", class: "pick", "aria-label": "select " + partition.key});
     pick.checked = selected.has(partition.key_path);
     pick.disabled = partition.state === "removed";
     pick.addEventListener("change", () => {
@@ -183,22 +415,146 @@ function render() {
     });
     const pickCell = el("td"); pickCell.appendChild(pick); row.appendChild(pickCell);
     const stateCell = el("td", {class: "state"});
-    stateCell.appendChild(el("span", {class: "badge state-" + partition.state}, partition.state));
+    stateCell.appendChild(el("span", {class: "badge state-" + partition.state},
+      STATE_LABELS[partition.state] || partition.state));
     row.appendChild(stateCell);
-    row.appendChild(el("td", {class: "key", title: partition.key_path}, partition.key));
+    const keyCell = el("td", {class: "key", title: partition.key_path});
+    const opener = el("a", {href: "#", class: "detail-link"}, partition.key);
+    opener.addEventListener("click", (event) => { event.preventDefault(); showDetail(partition); });
+    keyCell.appendChild(opener);
+    row.appendChild(keyCell);
     const rows = partition.rows === null ? "-" : partition.rows.toLocaleString();
     row.appendChild(el("td", {class: "num"}, rows));
     row.appendChild(el("td", {class: "num"}, formatBytes(partition.bytes)));
     row.appendChild(el("td", {class: "time"}, formatTime(partition.refreshed_at)));
     row.appendChild(writerCell(partition));
     row.appendChild(errorCell(partition));
-    tbody.appendChild(row);
+    fragment.appendChild(row);
   }
+  tbody.appendChild(fragment);
+  if (!render.painted) { render.painted = true; performance.mark("partitions-rendered"); }
+  $("page-info").textContent = shown.length
+    ? (start + 1) + "-" + Math.min(start + PAGE_SIZE, shown.length) + " of " + shown.length
+      + " (page " + (page + 1) + " of " + pages + ")"
+    : "no partition matches";
+  $("page-prev").disabled = page === 0;
+  $("page-next").disabled = page >= pages - 1;
   updateButtons();
 }
 
+// The overview: one cell per partition, coloured by state, in key order. Two-field keys are a grid
+// (first field down, second across: region x day); others fill rows. A canvas, so 10,000 cells cost one
+// paint; a click shows that partition (or, in a grid, its row's first field) in the table.
+const STATE_COLOURS = {fresh: "#32d583", stale: "#fdb022", failed: "#f04438", refreshing: "#53b1fd",
+  waiting: "#8098f9", missing: "#d0d5dd", removed: "#98a2b3", unknown: "#eaecf0"};
+let overviewCells = null;
+let renderedOverviewOf = null;
+
+function renderOverview(report) {
+  const canvas = $("overview");
+  const partitions = (report.partitions || []).slice().sort((a, b) => collator.compare(a.key, b.key));
+  const width = Math.max(200, Math.min(document.documentElement.clientWidth - 40, 1400));
+  const fields = partitions.length ? partitions[0].key.split("/").length : 0;
+  let rows, cols, place;
+  const axes = $("overview-axes");
+  if (fields === 2) {
+    const values = (p, i) => decode(p.key_path.split("/")[i].split("=").slice(1).join("="));
+    const down = Array.from(new Set(partitions.map((p) => values(p, 0)))).sort(collator.compare);
+    const across = Array.from(new Set(partitions.map((p) => values(p, 1)))).sort(collator.compare);
+    const downIndex = new Map(down.map((v, i) => [v, i]));
+    const acrossIndex = new Map(across.map((v, i) => [v, i]));
+    rows = down.length; cols = across.length;
+    place = (p) => [downIndex.get(values(p, 0)), acrossIndex.get(values(p, 1))];
+    const names = partitions[0].key.split("/").map((part) => part.split("=")[0]);
+    axes.textContent = names[0] + " (" + rows + ") down, " + names[1] + " (" + cols + ") across";
+  } else {
+    const cell = partitions.length > 2000 ? 6 : 12;
+    cols = Math.max(1, Math.floor(width / cell));
+    rows = Math.ceil(partitions.length / cols);
+    place = (p, i) => [Math.floor(i / cols), i % cols];
+    axes.textContent = partitions.length ? partitions.length + " partitions in key order" : "";
+  }
+  const size = Math.max(2, Math.min(14, Math.floor(width / Math.max(cols, 1))));
+  canvas.width = cols * size; canvas.height = Math.min(rows * size, 600);
+  canvas.hidden = !partitions.length;
+  const context = canvas.getContext("2d");
+  context.clearRect(0, 0, canvas.width, canvas.height);
+  overviewCells = {size, cols, at: new Map()};
+  const gap = size > 4 ? 1 : 0;
+  partitions.forEach((p, i) => {
+    const [row, col] = place(p, i);
+    overviewCells.at.set(row * cols + col, p);
+    context.fillStyle = STATE_COLOURS[p.state] || STATE_COLOURS.unknown;
+    context.fillRect(col * size, row * size, size - gap, size - gap);
+  });
+}
+
+function overviewPartition(event) {
+  if (!overviewCells) return null;
+  const box = $("overview").getBoundingClientRect();
+  const scale = $("overview").width / box.width;
+  const col = Math.floor((event.clientX - box.left) * scale / overviewCells.size);
+  const row = Math.floor((event.clientY - box.top) * scale / overviewCells.size);
+  return overviewCells.at.get(row * overviewCells.cols + col) || null;
+}
+
+// One partition: its refreshes over the retained catalog versions, and why it would be refreshed now.
+async function showDetail(partition) {
+  $("detail-title").textContent = partition.key;
+  $("detail-state").replaceChildren(el("span", {class: "badge state-" + partition.state},
+    STATE_LABELS[partition.state] || partition.state));
+  const body = $("detail-history");
+  body.replaceChildren();
+  $("detail-why").textContent = "";
+  $("detail").showModal();
+  try {
+    const detail = await api("api/dags/" + encodeURIComponent(dagId) + "/partition?key_path="
+      + encodeURIComponent(partition.key_path));
+    const why = partition.reason && detail.reasons[partition.reason];
+    $("detail-why").textContent = why ? "Would be refreshed because " + why + "." : "";
+    if (partition.failure) $("detail-why").textContent += " Last refresh failed: " + partition.failure.error;
+    for (const item of detail.history) {
+      const row = el("tr", {"data-version": item.version});
+      row.appendChild(el("td", {class: "num"}, item.version));
+      row.appendChild(el("td", {class: "time"}, formatTime(item.committed_at) + " (" + item.operation + ")"));
+      row.appendChild(el("td", {}, item.change));
+      row.appendChild(el("td", {class: "num"}, item.rows === undefined ? "-" : item.rows.toLocaleString()));
+      row.appendChild(el("td", {class: "num"}, formatBytes(item.bytes)));
+      row.appendChild(writerCell(item));
+      body.appendChild(row);
+    }
+    if (!detail.history.length) body.appendChild(el("tr", {}, "never written in a retained version"));
+  } catch (err) {
+    $("detail-why").textContent = err.message;
+  }
+}
+
+function airflowInfo() { return (documentData && documentData.airflow) || {}; }
+
+function renderPaused() {
+  const banner = $("paused");
+  banner.replaceChildren();
+  if (!airflowInfo().is_paused) return;
+  banner.appendChild(document.createTextNode(
+    "The DAG " + dagId + " is paused: a refresh triggered now stays queued until it is unpaused. "));
+  const button = el("button", {id: "unpause", class: "secondary"}, "Unpause");
+  button.disabled = !airflowInfo().can_unpause;
+  if (button.disabled) button.title = "You may not unpause " + dagId;
+  button.addEventListener("click", async () => {
+    try { await unpause(); say("Unpaused " + dagId + ".", false); await load(); }
+    catch (err) { say(err.message, true); }
+  });
+  banner.appendChild(button);
+}
+
 function updateButtons() {
-  $("refresh-selected").disabled = selected.size === 0 || !dagId;
+  const canTrigger = airflowInfo().can_trigger !== false;
+  const reason = canTrigger ? "" : "You may read these partitions but not refresh them: triggering "
+    + (dagId || "the DAG") + " needs permission to create its runs (Airflow's User, Op or Admin role).";
+  $("permission").textContent = reason;
+  for (const id of ["refresh-selected", "refresh-needed"]) $(id).title = reason;
+  $("refresh-selected").disabled = selected.size === 0 || !dagId || !canTrigger;
+  $("refresh-needed").disabled = !dagId || !canTrigger;
   $("refresh-selected").textContent = selected.size ? "Refresh selected (" + selected.size + ")"
     : "Refresh selected";
 }
@@ -213,26 +569,86 @@ async function load() {
   try {
     documentData = await api("api/dags/" + encodeURIComponent(dagId) + "/partitions");
     render();
-    const refreshing = (documentData.datasets[0].states || {}).refreshing || 0;
-    schedulePoll(refreshing > 0 ? 2000 : null);
   } catch (err) {
     say(err.message, true);
-    schedulePoll(null);
   }
 }
 
-function schedulePoll(delay) {
-  if (pollTimer) { clearTimeout(pollTimer); pollTimer = null; }
-  if (delay) pollTimer = setTimeout(load, delay);
+// Follow runs (the DAG run's state, not only its tasks) to their end, and notice runs started
+// elsewhere: the runs endpoint is cheap, the partition document is reloaded only when runs change.
+async function pollRuns() {
+  if (runsTimer) { clearTimeout(runsTimer); runsTimer = null; }
+  if (!dagId) return;
+  let active = false;
+  try {
+    const listing = await api("api/dags/" + encodeURIComponent(dagId) + "/runs");
+    const signature = JSON.stringify(listing.runs.map((run) => [run.run_id, run.state,
+      run.tasks_refreshed, run.tasks_failed, run.tasks_waiting, run.commit_state])
+      .concat([listing.is_paused]));
+    for (const run of listing.runs) {
+      const ended = !["queued", "running"].includes(run.state);
+      if (!ended) { active = true; if (!followed.has(run.run_id)) followed.set(run.run_id, run.state); }
+      else if (followed.has(run.run_id)) { followed.delete(run.run_id); report(run); }
+    }
+    if (documentData && documentData.airflow && documentData.airflow.is_paused !== listing.is_paused) {
+      documentData.airflow.is_paused = listing.is_paused;
+    }
+    if (lastRunsSignature !== null && signature !== lastRunsSignature) await load();
+    lastRunsSignature = signature;
+  } catch (err) { /* the next poll tries again; load() reports errors */ }
+  runsTimer = setTimeout(pollRuns, active || followed.size ? 2000 : 5000);
 }
 
-async function refresh(body) {
+function report(run) {
+  const outcome = run.state === "success" ? "succeeded" : run.state;
+  const published = run.commit_state === "success" ? run.tasks_refreshed : 0;
+  const text = "Run " + run.run_id + " " + outcome + ": published " + published + ", failed "
+    + run.tasks_failed + (run.commit_state === "success" ? "" : " (nothing committed)")
+    + " (counted in partition tasks).";
+  say(text, run.state !== "success");
+  $("message").dataset.runId = run.run_id;
+}
+
+async function unpause() {
+  await api("api/dags/" + encodeURIComponent(dagId) + "/unpause", {method: "POST", body: "{}"});
+  if (documentData) documentData.airflow.is_paused = false;
+  renderPaused();
+}
+
+function preview(keys, title) {
+  return new Promise((resolve) => {
+    const dialog = $("preview");
+    $("preview-title").textContent = title;
+    const list = $("preview-list");
+    list.replaceChildren();
+    const known = (documentData && documentData.datasets[0].partitions) || [];
+    const byPath = new Map(known.map((p) => [p.key_path, p]));
+    for (const key of keys.slice(0, 20)) {
+      list.appendChild(el("li", {}, byPath.has(key) ? byPath.get(key).key : key));
+    }
+    $("preview-more").textContent = keys.length > 20 ? "and " + (keys.length - 20) + " more" : "";
+    $("preview-unpause-label").hidden = !airflowInfo().is_paused;
+    $("preview-unpause").checked = true;
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "confirm"), {once: true});
+    dialog.returnValue = "";
+    dialog.showModal();
+  });
+}
+
+async function refresh(keys, body) {
+  const title = "Refresh " + keys.length + " partition(s) of " + dagId + "?";
+  if (!keys.length) { say("Nothing to refresh: no partition is failed, stale or missing.", false); return; }
+  if (!(await preview(keys, title))) { say("Nothing triggered.", false); return; }
   try {
+    if (airflowInfo().is_paused && $("preview-unpause").checked) await unpause();
     const run = await api("api/dags/" + encodeURIComponent(dagId) + "/refresh",
       {method: "POST", body: JSON.stringify(body)});
-    say("Triggered " + run.dag_run_id + " for " + run.partitions.length + " partition(s)", false);
+    say("Triggered " + run.dag_run_id + " for " + run.partitions.length + " partition(s)"
+      + (airflowInfo().is_paused ? "; the DAG is paused, so it stays queued" : ""), false);
+    followed.set(run.dag_run_id, "queued");
     selected.clear();
     await load();
+    pollRuns();
   } catch (err) {
     say(err.message, true);
   }
@@ -252,22 +668,50 @@ async function start() {
     say(err.message, true);
   }
   await load();
+  pollRuns();
 }
 
 $("dataset").addEventListener("change", (event) => {
-  dagId = event.target.value; selected.clear(); documentData = null; render(); load();
+  dagId = event.target.value; selected.clear(); documentData = null; page = 0; stateFilter.clear();
+  lastRunsSignature = null; followed.clear(); render(); load(); pollRuns();
 });
-$("filter").addEventListener("input", render);
+$("filter").addEventListener("input", () => { page = 0; render(); });
+for (const th of document.querySelectorAll("th.sortable")) {
+  th.addEventListener("click", () => {
+    if (sortKey === th.dataset.sort) sortDescending = !sortDescending;
+    else { sortKey = th.dataset.sort; sortDescending = false; }
+    page = 0; render();
+  });
+}
+$("page-prev").addEventListener("click", () => { page -= 1; render(); });
+$("page-next").addEventListener("click", () => { page += 1; render(); });
 $("select-all").addEventListener("change", (event) => {
-  if (!documentData) return;
-  for (const partition of documentData.datasets[0].partitions) {
-    if (!matchesFilter(partition) || partition.state === "removed") continue;
+  for (const partition of shownPartitions()) {
+    if (partition.state === "removed") continue;
     if (event.target.checked) selected.add(partition.key_path); else selected.delete(partition.key_path);
   }
   render();
 });
-$("refresh-selected").addEventListener("click", () => refresh({partitions: Array.from(selected)}));
-$("refresh-needed").addEventListener("click", () => refresh({needs_refresh: true}));
+$("refresh-selected").addEventListener("click", () => {
+  const keys = Array.from(selected);
+  refresh(keys, {partitions: keys});
+});
+$("refresh-needed").addEventListener("click", () => {
+  const wanted = new Set(["failed", "stale", "missing"]);
+  const keys = ((documentData && documentData.datasets[0].partitions) || [])
+    .filter((p) => wanted.has(p.state)).map((p) => p.key_path);
+  refresh(keys, {needs_refresh: true});
+});
+$("overview").addEventListener("mousemove", (event) => {
+  const partition = overviewPartition(event);
+  const state = partition ? STATE_LABELS[partition.state] || partition.state : "";
+  $("overview").title = partition ? partition.key + ": " + state : "";
+});
+$("overview").addEventListener("click", (event) => {
+  const partition = overviewPartition(event);
+  if (!partition) return;
+  $("filter").value = partition.key; page = 0; render();
+});
 $("reload").addEventListener("click", () => { say("", false); load(); });
 start();
 </script>

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.plugins_manager import AirflowPlugin
 
-from airflow_partitions.dag_factory import DISCOVER_TASK, REFRESH_TASK, TAG
+from airflow_partitions.dag_factory import COMMIT_TASK, DISCOVER_TASK, REFRESH_TASK, TAG
 
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -80,21 +80,39 @@ def refresh_dag(dag_id: str) -> RefreshDag | None:
     return next(iter(refresh_dags([dag_id])), None)
 
 
-def refreshing_partitions(dag_id: str) -> set[str]:
-    """Partitions a queued or running run of `dag_id` is refreshing, as the run names them (task labels,
-    conf keys in any form `key_spellings` knows): its partition task instances that are not finished, and
-    partitions its conf names whose task instances do not exist yet. A batch task (a run with more
-    partitions than it may map) stands for each key path of its batch, read from the discovery's XCom."""
+# The page-only state of a partition whose refresh task finished in a run that has not ended: its files
+# are written but the run's commit has not published them yet.
+WAITING_FOR_COMMIT = "waiting"
+# Run states in which a run may still refresh or commit.
+ACTIVE_RUN_STATES = ("queued", "running")
+
+
+@dataclass(frozen=True)
+class RunActivity:
+    """What the unfinished runs of a refresh DAG are doing, partitions named as runs name them (task labels,
+    conf keys in any form `key_spellings` knows)."""
+
+    refreshing: frozenset[str]
+    # Refresh task done, run not ended: shown "refreshed, waiting for commit" until the commit.
+    waiting: frozenset[str]
+
+
+def run_activity(dag_id: str) -> RunActivity:
+    """Partitions a queued or running run of `dag_id` is refreshing (partition task instances not finished,
+    and partitions its conf names whose task instances do not exist yet) or has refreshed and not yet
+    committed (task instance succeeded). A batch task (a run with more partitions than it may map) stands
+    for each key path of its batch, read from the discovery's XCom."""
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     refreshing: set[str] = set()
+    waiting: set[str] = set()
     with create_session() as session:
         runs = session.execute(
             select(DagRun.run_id, DagRun.conf).where(
-                DagRun.dag_id == dag_id, DagRun.state.in_(("queued", "running"))
+                DagRun.dag_id == dag_id, DagRun.state.in_(ACTIVE_RUN_STATES)
             )
         ).all()
         for run_id, conf in runs:
@@ -113,9 +131,84 @@ def refreshing_partitions(dag_id: str) -> set[str]:
                 seen |= names
                 if state is None or state in ACTIVE_TI_STATES:
                     refreshing |= names
+                elif state == "success":
+                    waiting |= names
             named = (conf or {}).get("partitions") or []
             refreshing.update(str(path) for path in named if str(path) not in seen)
-    return refreshing
+    return RunActivity(frozenset(refreshing), frozenset(waiting - refreshing))
+
+
+def recent_runs(dag_id: str, limit: int = 5) -> dict[str, Any]:
+    """Whether the DAG is paused, and its newest runs (any run type, started anywhere) with what each
+    did to partitions so far: refreshed (task succeeded), failed, and whether its commit ran.
+
+    Cheap (a few indexed queries, no source survey): the page polls it to follow runs and to notice runs
+    started elsewhere (REST, the trigger dialog, the schedule)."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import func, select
+
+    with create_session() as session:
+        paused = session.scalar(select(DagModel.is_paused).where(DagModel.dag_id == dag_id))
+        rows = session.execute(
+            select(
+                DagRun.run_id, DagRun.state, DagRun.run_type, DagRun.start_date, DagRun.end_date, DagRun.conf
+            )
+            .where(DagRun.dag_id == dag_id)
+            .order_by(DagRun.id.desc())
+            .limit(limit)
+        ).all()
+        runs: list[dict[str, Any]] = []
+        for run_id, state, run_type, started, ended, conf in rows:
+            counts = dict(
+                session.execute(
+                    select(TaskInstance.state, func.count())
+                    .where(
+                        TaskInstance.dag_id == dag_id,
+                        TaskInstance.run_id == run_id,
+                        TaskInstance.task_id == REFRESH_TASK,
+                        TaskInstance.map_index >= 0,
+                    )
+                    .group_by(TaskInstance.state)
+                ).all()
+            )
+            commit_state = session.scalar(
+                select(TaskInstance.state).where(
+                    TaskInstance.dag_id == dag_id,
+                    TaskInstance.run_id == run_id,
+                    TaskInstance.task_id == COMMIT_TASK,
+                )
+            )
+            named = (conf or {}).get("partitions") if isinstance(conf, dict) else None
+            runs.append(
+                {
+                    "run_id": run_id,
+                    "state": str(state) if state is not None else None,
+                    "run_type": str(run_type),
+                    "start_date": started.isoformat() if started else None,
+                    "end_date": ended.isoformat() if ended else None,
+                    "partitions_named": len(named) if isinstance(named, list) else None,
+                    "tasks_refreshed": int(counts.get("success", 0)),
+                    "tasks_failed": int(counts.get("failed", 0) + counts.get("upstream_failed", 0)),
+                    "tasks_waiting": int(
+                        sum(n for st, n in counts.items() if st is None or st in ACTIVE_TI_STATES)
+                    ),
+                    "commit_state": str(commit_state) if commit_state is not None else None,
+                }
+            )
+    return {"dag_id": dag_id, "is_paused": bool(paused), "runs": runs}
+
+
+def set_paused(dag_id: str, paused: bool) -> None:
+    """Pause or unpause the DAG, as Airflow's toggle (and `PATCH /api/v2/dags/{dag_id}`) does."""
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    with create_session() as session:
+        session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=paused))
 
 
 def batch_key_paths(session: Any, dag_id: str, run_id: str) -> dict[int, tuple[str, ...]]:
@@ -160,20 +253,81 @@ def dataset_document(dag: RefreshDag) -> dict[str, Any]:
 
     project = load_spec(dag.spec_path)
     report = dataset_status(project, project.dataset(dag.dataset), partitions=True)
-    running = refreshing_partitions(dag.dag_id)
-    if running:
-        counts = report["states"]
+    activity = run_activity(dag.dag_id)
+    counts = report["states"]
+    if activity.refreshing or activity.waiting:
         for partition in report["partitions"]:
-            named = running & key_spellings(partition["key_path"])
-            if named and partition["state"] != PartitionState.REFRESHING:
+            spellings = key_spellings(partition["key_path"])
+            if activity.refreshing & spellings:
+                shown = str(PartitionState.REFRESHING)
+            elif activity.waiting & spellings:
+                shown = WAITING_FOR_COMMIT
+            else:
+                continue
+            if partition["state"] != shown:
                 counts[partition["state"]] -= 1
-                counts[PartitionState.REFRESHING] += 1
-                partition["state"] = str(PartitionState.REFRESHING)
+                counts[shown] = counts.get(shown, 0) + 1
+                partition["state"] = shown
     return {
         "spec": dag.spec_path,
         "datasets": [report],
         "airflow": {"dag_id": dag.dag_id, "refresh_task_id": REFRESH_TASK},
     }
+
+
+# Why a partition is stale or missing, for people (`refresh.plan.Reason`).
+REASON_TEXT = {
+    "new": "it is in the source but was never refreshed",
+    "changed": "its source files changed since its last refresh (the source fingerprint differs)",
+    "respec": "the spec's partition_by changed: every partition is rewritten under the new layout",
+    "forced": "a refresh was requested for it",
+}
+
+
+def partition_detail(dag: RefreshDag, key_path: str, *, versions: int = 20) -> dict[str, Any]:
+    """One partition over the newest `versions` retained catalog versions: each version in which it was
+    written (version, commit time and operation, rows, bytes, the run and task that wrote it, its source
+    fingerprint), newest first, and why discovery would refresh it now."""
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(dag.spec_path)
+    catalog = open_dataset_catalog(project, project.dataset(dag.dataset))
+    history: list[dict[str, Any]] = []
+    previous: Any = None
+    for info in catalog.versions(limit=versions):
+        entry = catalog.snapshot(info.version).partitions.get(key_path)
+        written = entry is not None and (
+            previous is None
+            or (entry.refreshed_at, entry.source_fingerprint)
+            != (previous.refreshed_at, previous.source_fingerprint)
+        )
+        if entry is None and previous is not None:
+            history.append(
+                {
+                    "version": info.version,
+                    "committed_at": info.committed_at.isoformat(),
+                    "operation": info.operation,
+                    "change": "removed",
+                }
+            )
+        elif written and entry is not None:
+            history.append(
+                {
+                    "version": info.version,
+                    "committed_at": info.committed_at.isoformat(),
+                    "operation": info.operation,
+                    "change": "written",
+                    "rows": entry.rows,
+                    "bytes": entry.bytes,
+                    "refreshed_at": entry.refreshed_at.isoformat(),
+                    "source_fingerprint": entry.source_fingerprint,
+                    "written_by": entry.written_by.to_json() if entry.written_by else None,
+                }
+            )
+        previous = entry
+    history.reverse()
+    return {"key_path": key_path, "history": history, "reasons": REASON_TEXT}
 
 
 def partitions_to_refresh(document: dict[str, Any]) -> list[str]:

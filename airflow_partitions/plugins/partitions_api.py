@@ -6,10 +6,10 @@ Auth is Airflow's: `GetUserDep` takes the caller from the UI's session cookie or
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from airflow.api_fastapi.app import get_auth_manager
-from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from fastapi import Depends, FastAPI, HTTPException, status
 from fastapi.responses import HTMLResponse
@@ -19,9 +19,12 @@ from airflow_partitions.plugins.page import PAGE_HTML
 from airflow_partitions.plugins.partitions import (
     RefreshDag,
     dataset_document,
+    partition_detail,
     partitions_to_refresh,
+    recent_runs,
     refresh_dag,
     refresh_dags,
+    set_paused,
     trigger_refresh,
 )
 
@@ -31,6 +34,17 @@ class RefreshRequest(BaseModel):
 
     partitions: list[str] | None = None
     needs_refresh: bool = False
+
+
+def may(
+    user: Any, dag_id: str, method: Literal["GET", "POST", "PUT", "DELETE"], entity: DagAccessEntity | None
+) -> bool:
+    """Whether the auth manager lets `user` do `method` on the DAG (or on its `entity`, e.g. runs)."""
+    return bool(
+        get_auth_manager().is_authorized_dag(
+            method=method, user=user, access_entity=entity, details=DagDetails(id=dag_id)
+        )
+    )
 
 
 def known_refresh_dag(dag_id: str) -> RefreshDag:
@@ -74,9 +88,34 @@ def create_app() -> FastAPI:
         }
 
     @app.get("/api/dags/{dag_id}/partitions", dependencies=[Depends(requires_access_dag(method="GET"))])
-    def partitions(dag_id: str) -> dict[str, Any]:
-        """Every partition of the DAG's dataset with its state: `status --partitions --json`."""
-        return dataset_document(known_refresh_dag(dag_id))
+    def partitions(dag_id: str, user: GetUserDep) -> dict[str, Any]:
+        """Every partition of the DAG's dataset with its state: `status --partitions --json`; `airflow`
+        adds whether the DAG is paused and what the caller may do (the page disables what it may not)."""
+        document = dataset_document(known_refresh_dag(dag_id))
+        document["airflow"].update(
+            is_paused=recent_runs(dag_id, limit=0)["is_paused"],
+            can_trigger=may(user, dag_id, "POST", DagAccessEntity.RUN),
+            can_unpause=may(user, dag_id, "PUT", None),
+        )
+        return document
+
+    @app.get("/api/dags/{dag_id}/partition", dependencies=[Depends(requires_access_dag(method="GET"))])
+    def partition(dag_id: str, key_path: str) -> dict[str, Any]:
+        """One partition's refresh history over the retained catalog versions (newest first)."""
+        return partition_detail(known_refresh_dag(dag_id), key_path)
+
+    @app.get("/api/dags/{dag_id}/runs", dependencies=[Depends(requires_access_dag(method="GET"))])
+    def runs(dag_id: str) -> dict[str, Any]:
+        """Whether the DAG is paused and its newest runs with their partition counts (cheap: polled)."""
+        known_refresh_dag(dag_id)
+        return recent_runs(dag_id)
+
+    @app.post("/api/dags/{dag_id}/unpause", dependencies=[Depends(requires_access_dag(method="PUT"))])
+    def unpause(dag_id: str) -> dict[str, Any]:
+        """Unpause the DAG (Airflow's toggle), so the runs the page triggers are scheduled."""
+        known_refresh_dag(dag_id)
+        set_paused(dag_id, False)
+        return {"dag_id": dag_id, "is_paused": False}
 
     @app.post(
         "/api/dags/{dag_id}/refresh",

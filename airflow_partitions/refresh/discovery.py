@@ -29,6 +29,7 @@ from airflow_partitions.exceptions import (
 from airflow_partitions.keys import (
     PartitionKey,
     Scalar,
+    comma_form_as_label,
     composite_key,
     key_text_problem,
     partition_label,
@@ -90,7 +91,8 @@ def select_keys(
     A partition is named by its canonical key string (`region=Z%C3%BCrich`), its readable label as a
     mapped task shows it (`region=Zürich`, `keys.partition_label`), its Airflow partition key as asset
     events and partitioned runs carry it (`Zürich|2026-01-01T00:00:00`, `keys.composite_key`), or
-    `name=value/...` with unescaped values. Where two forms collide, that order decides.
+    `name=value/...` with unescaped values, or the comma form of logs (`region=Zürich, day=2026-01-01`,
+    `PartitionKey.describe`). Where two forms collide, that order decides.
     """
     by_text: dict[str, KeyTuple] = {}
     for key in keys:
@@ -101,12 +103,16 @@ def select_keys(
         by_text.setdefault(composite_key(PartitionKey(key)), key)
     for key in keys:
         by_text.setdefault(key_text(names, key), key)
+    for key in keys:
+        by_text.setdefault(PartitionKey(key).describe(names), key)
     chosen: dict[KeyTuple, None] = {}
     unknown: list[str] = []
     for text in requested:
         found = by_text.get(text)
         if found is None:
             found = by_text.get(text.strip().strip("/"))
+        if found is None:
+            found = by_text.get(comma_form_as_label(text, names).strip().strip("/"))
         if found is None:
             unknown.append(text)
         else:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import format_time
 from airflow_partitions.exceptions import AirflowPartitionsError
-from airflow_partitions.keys import PartitionKey
+from airflow_partitions.keys import PartitionKey, partition_label
 from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 from airflow_partitions.refresh.plan import Reason
 from airflow_partitions.spec.masking import mask_secrets
@@ -157,12 +157,16 @@ def partition_states(
         else:
             state = PartitionState.FRESH
         statuses[key_path] = PartitionStatus(
-            key_path, entry.key.describe(names), state, entry=entry, reason=str(reason) if reason else None
+            key_path,
+            partition_label(names, entry.key),
+            state,
+            entry=entry,
+            reason=str(reason) if reason else None,
         )
     for key_path, (reason, key) in planned.items():
         if key_path not in statuses:
             statuses[key_path] = PartitionStatus(
-                key_path, key.describe(names), PartitionState.MISSING, reason=str(reason)
+                key_path, partition_label(names, key), PartitionState.MISSING, reason=str(reason)
             )
     for key_path in gone:
         if key_path not in statuses:

@@ -6,6 +6,7 @@ DAG file and the command line read the same spec the same way whatever the worki
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import json
 import os
@@ -52,6 +53,7 @@ from airflow_partitions.spec.model import (
     file_layout_problems,
     format_problem,
     one_of,
+    parse_duration,
     partition_count_problems,
     partition_name_problems,
     primary_key_problems,
@@ -64,7 +66,7 @@ from airflow_partitions.spec.yaml_lines import LineDict, LineList, format_yaml_e
 
 SCRATCH_DIR_ENV = "AIRFLOW_PARTITIONS_SCRATCH_DIR"
 TOP_LEVEL_KEYS = ("accelerator_dir", "local_scratch_dir", "datasets")
-DATASET_KEYS = ("name", "from", "params", "acceleration", "schema")
+DATASET_KEYS = ("name", "from", "params", "acceleration", "schema", "freshness")
 ACCELERATION_KEYS = (
     "enabled",
     "engine",
@@ -472,6 +474,7 @@ class _SpecReader:
             self.check_near_misses(params, KNOWN_SOURCE_PARAMS, "params.", f"{label}: ")
         declared = self.read_declared_schema(raw, label)
         acceleration, indexed_fields = self.read_acceleration(raw, label)
+        freshness = self.read_freshness(raw, label)
         if declared and self.check_types:
             self.check_declared_columns(raw, label, declared, indexed_fields)
         elif declared:
@@ -480,9 +483,29 @@ class _SpecReader:
             return None
         assert isinstance(name, str)
         dataset = DatasetSpec(
-            name=name, source=source, acceleration=acceleration, declared_columns=declared, line=raw.line
+            name=name,
+            source=source,
+            acceleration=acceleration,
+            declared_columns=declared,
+            line=raw.line,
+            freshness=freshness,
         )
         return dataset.bind(dataset.declared_schema()) if declared and self.check_types else dataset
+
+    def read_freshness(self, raw: LineDict, label: str) -> dt.timedelta | None:
+        """`freshness: 2h`: the dataset's freshness SLA (a positive duration), or None when not given."""
+        text = raw.get("freshness")
+        if text is None:
+            return None
+        try:
+            freshness = parse_duration(str(text))
+        except ValueError as err:
+            self.add(raw.line_of("freshness"), f"{label}: freshness: {err}")
+            return None
+        if freshness <= dt.timedelta(0):
+            self.add(raw.line_of("freshness"), f"{label}: freshness must be longer than 0, e.g. 2h or 1d")
+            return None
+        return freshness
 
     def check_declared_names(
         self,

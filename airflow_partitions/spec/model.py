@@ -7,6 +7,7 @@ first so it can report every broken rule of a file at once, each with its line.
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import hashlib
 import json
@@ -888,6 +889,8 @@ class DatasetSpec:
     declared_columns: tuple[tuple[str, str], ...] = ()
     bound_schema: pa.Schema | None = field(default=None, compare=False, repr=False)
     line: int | None = field(default=None, compare=False, repr=False)
+    # `freshness: 2h`: a partition last refreshed longer ago than this misses the dataset's freshness SLA.
+    freshness: dt.timedelta | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         problem = dataset_name_problem(self.name)
@@ -1120,3 +1123,24 @@ class ProjectSpec:
             f"no dataset {name!r}{where}{did_you_mean(name, self.names)}; "
             f"known datasets: {one_of(self.names) or '(none)'}"
         )
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)")
+_UNIT_SECONDS = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """`7d`, `12h`, `1d12h`, `30m`, `45s`, `2w` -> timedelta; `ValueError` saying how to write one."""
+    compact = text.strip().lower().replace(" ", "")
+    position = 0
+    seconds = 0.0
+    for match in _DURATION_PART.finditer(compact):
+        if match.start() != position:
+            break
+        seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        position = match.end()
+    if not compact or position != len(compact):
+        raise ValueError(
+            f"invalid duration {text!r}: use a number and a unit (w, d, h, m, s), e.g. 7d, 12h or 1d12h"
+        )
+    return dt.timedelta(seconds=seconds)

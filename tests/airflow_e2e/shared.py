@@ -72,6 +72,7 @@ UI_REGIONS = ("EU", "US")
 UI_DATASET_SPEC = """\
   - name: ui_sales
     from: file:{src}/
+    freshness: 2h
     params: {{file_format: parquet}}
     acceleration:
       partition_by:
