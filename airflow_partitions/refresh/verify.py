@@ -23,13 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import format_time, parse_time
 from airflow_partitions.exceptions import RefreshError, StorageError
+from airflow_partitions.quoting import quote_identifier
 from airflow_partitions.write.row_hash import (
     RowTally,
     certificates_equal,
+    duckdb_types,
     hash_connection,
-    tally_by_partition,
+    hash_ready,
     tally_parquet_files,
+    tally_relation_by_partition,
     tally_rows,
+    tally_table_by_partition,
 )
 
 if TYPE_CHECKING:
@@ -215,10 +219,8 @@ def verify_dataset(
         )
         entries = {path: entry for path, entry in entries.items() if path in wanted}
     else:
-        source_tallies = {
-            key.path(names): tally
-            for key, tally in _tally_source(source.read_all(), schema, transforms).items()
-        }
+        by_key, source_read = _tally_whole_source(source, schema, transforms)
+        source_tallies = {key.path(names): tally for key, tally in by_key.items()}
     tick("source", len(source_tallies), len(source_tallies), sum(t.rows for t in source_tallies.values()))
 
     checks = _compare(project, spec, catalog, entries, source_tallies, schema, tick)
@@ -269,7 +271,7 @@ def _selected_source_tallies(
             rows += tally.rows
             tick("source", done, len(keys), rows)
     else:
-        for key, tally in _tally_source(source.read_all(), schema, transforms).items():
+        for key, tally in _tally_whole_source(source, schema, transforms)[0].items():
             if key.path(names) in keys:
                 tallies[key.path(names)] = tally
     return tallies, wanted
@@ -277,7 +279,135 @@ def _selected_source_tallies(
 
 def _tally_source(table: Any, schema: Any, transforms: Sequence[Any]) -> dict[Any, RowTally]:
     with hash_connection() as connection:
-        return tally_by_partition(table, schema, transforms, connection)
+        return tally_table_by_partition(table, schema, transforms, connection)
+
+
+def _tally_whole_source(source: Source, schema: Any, transforms: Sequence[Any]) -> tuple[dict[Any, RowTally], str]:
+    """Count and row hash per partition key of every source row, and how the source was read.
+
+    Parquet files (local, no Hive directories) are read by DuckDB itself, each group of files with one
+    physical schema cast to the source schema column by column (only casts DuckDB and Arrow perform
+    alike: `_same_cast`); CSV, JSON, Hive layouts and object stores stream the connector's own typed
+    Arrow batches into DuckDB; other sources (Postgres, Spark) hand over their typed Arrow rows. Each way
+    ends in one DuckDB aggregate grouped by partition (`tally_relation_by_partition`)."""
+    import duckdb
+
+    from airflow_partitions.sources.files import FileSource
+
+    if isinstance(source, FileSource):
+        with hash_connection() as connection:
+            connection.execute("SET TimeZone = 'UTC'")  # naive <-> tz-aware casts as Arrow does them
+            relation = _parquet_relation(source, schema, connection)
+            if relation is not None:
+                try:
+                    sql, columns = relation
+                    tallies = tally_relation_by_partition(sql, schema, transforms, connection, columns)
+                    return tallies, "duckdb"
+                except duckdb.Error:
+                    pass  # a value DuckDB cannot cast as Arrow would: the connector's read names it
+            try:
+                return tally_table_by_partition(
+                    _file_batches(source, schema), schema, transforms, connection
+                ), "arrow-stream"
+            except (duckdb.Error, OSError, ValueError):
+                pass  # the connector's whole read below raises its own error, naming the file
+    return _tally_source(source.read_all(), schema, transforms), "arrow"
+
+
+def _parquet_relation(source: Any, schema: Any, connection: Any) -> tuple[str, list[str]] | None:
+    """DuckDB SQL reading a local, non-Hive Parquet source as the connector does (`FileSource._dataset`
+    under the source schema): a `read_parquet` per group of files of one physical schema, each column
+    cast to the schema's type, a column a file lacks as NULL; None when any file needs a cast DuckDB may
+    perform otherwise than Arrow (or holds a type the DuckDB read may map otherwise)."""
+    if source.file_format != "parquet" or source.is_s3 or source.hive_columns:
+        return None
+    if any(_nested(field.type) for field in schema):
+        return None
+    files = source.list_files()
+    try:
+        types = duckdb_types(schema, connection)
+    except Exception:  # noqa: BLE001 - a type DuckDB cannot take: the Arrow path decides
+        return None
+    groups: dict[Any, list[str]] = {}
+    for path, own in source.file_schemas(files).items():
+        groups.setdefault(own, []).append(path)
+    branches: list[str] = []
+    names = [quote_identifier(field.name) for field in schema]
+    for own, paths in groups.items():
+        columns: list[str] = []
+        for field, name, sql_type in zip(schema, names, types, strict=True):
+            if field.name not in own.names:
+                columns.append(f"CAST(NULL AS {sql_type}) AS {name}")
+                continue
+            if not _same_cast(own.field(field.name).type, field.type):
+                return None
+            columns.append(f"CAST({name} AS {sql_type}) AS {name}")
+        listed = ", ".join("'" + path.replace("'", "''") + "'" for path in paths)
+        branches.append(f"SELECT {', '.join(columns)} FROM read_parquet([{listed}])")
+    return "(" + " UNION ALL ".join(branches) + ")", names
+
+
+def _nested(data_type: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(
+        pa.types.is_nested(data_type)
+        or pa.types.is_float16(data_type)
+        or pa.types.is_decimal256(data_type)
+        or pa.types.is_dictionary(data_type)
+        and _nested(data_type.value_type)
+    )
+
+
+def _same_cast(own: Any, target: Any) -> bool:
+    """Whether DuckDB casting a Parquet column of Arrow type `own` to `target` gives the values pyarrow's
+    cast gives (or fails where it fails): the identity, lossless widenings, string and timestamp forms
+    (with the connection's TimeZone UTC, as Arrow reads a naive timestamp as UTC)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(own):
+        own = own.value_type
+    if pa.types.is_dictionary(target):
+        target = target.value_type
+    if own == target:
+        return True
+    strings = (pa.types.is_string, pa.types.is_large_string)
+    binaries = (pa.types.is_binary, pa.types.is_large_binary)
+    for family in (strings, binaries):
+        if any(f(own) for f in family) and any(f(target) for f in family):
+            return True
+    if pa.types.is_integer(own) and pa.types.is_integer(target):
+        return True  # equal where both succeed; both fail on overflow
+    if pa.types.is_integer(own) and pa.types.is_floating(target):
+        return own.bit_width <= 32 and target.bit_width == 64
+    if pa.types.is_floating(own) and pa.types.is_floating(target):
+        return own.bit_width == 32 and target.bit_width == 64
+    if pa.types.is_date(own) and pa.types.is_date(target):
+        return True
+    if pa.types.is_timestamp(own) and pa.types.is_timestamp(target):
+        units = ["s", "ms", "us", "ns"]
+        return units.index(own.unit) <= units.index(target.unit)
+    if pa.types.is_decimal(own) and pa.types.is_decimal(target):
+        return own.scale == target.scale and own.precision <= target.precision
+    return False
+
+
+def _file_batches(source: Any, schema: Any) -> Any:
+    """The connector's own read of every file (`FileSource._dataset` and `_typed`, as `read_files`), as
+    a stream of batches conformed to the hash (`hash_ready`), never held whole."""
+    import pyarrow as pa
+
+    files = source.list_files()
+    dataset = source._dataset(files, schema)
+    ready_schema = hash_ready(schema.empty_table(), schema).schema
+
+    def batches() -> Any:
+        for batch in dataset.to_batches(batch_size=1 << 17):
+            if batch.num_rows:
+                table = hash_ready(pa.Table.from_batches([source._typed(batch, schema)]), schema)
+                yield from table.to_batches()
+
+    return pa.RecordBatchReader.from_batches(ready_schema, batches())
 
 
 def _pushes_predicates(source: Source, transforms: Sequence[Any]) -> bool:
