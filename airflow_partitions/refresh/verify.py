@@ -282,7 +282,9 @@ def _tally_source(table: Any, schema: Any, transforms: Sequence[Any]) -> dict[An
         return tally_table_by_partition(table, schema, transforms, connection)
 
 
-def _tally_whole_source(source: Source, schema: Any, transforms: Sequence[Any]) -> tuple[dict[Any, RowTally], str]:
+def _tally_whole_source(
+    source: Source, schema: Any, transforms: Sequence[Any]
+) -> tuple[dict[Any, RowTally], str]:
     """Count and row hash per partition key of every source row, and how the source was read.
 
     Parquet files (local, no Hive directories) are read by DuckDB itself, each group of files with one

@@ -346,7 +346,7 @@ def tally_relation_by_partition(
     selected = [f"{sql} AS {name}" for (sql, _), name in zip(pre_keys, key_names, strict=True)]
     inner = ", ".join([*selected, f"{row_expression(ready, columns)} AS {_HASH_COLUMN}"])
     group_by = f" GROUP BY {', '.join(key_names)}" if key_names else ""
-    result = connection.execute(
+    result = connection.sql(
         f"SELECT {', '.join([*key_names, ''])}count(*)::BIGINT AS {_ROWS_COLUMN}, "
         f"sum({_HASH_COLUMN} >> 32)::BIGINT AS {_HIGH_COLUMN}, "
         f"sum({_HASH_COLUMN} & 4294967295)::BIGINT AS {_LOW_COLUMN} "
