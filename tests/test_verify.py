@@ -686,7 +686,8 @@ PARITY_FIELDS = (
 
 
 def _drifting_parquet_chunks(chunks: list[pa.Table]) -> list[pa.Table]:
-    """The chunks with their own physical types: millisecond timestamps, a large string, date64, and a file without the `flag` column (read as NULL) -- what the source unifies."""
+    """The chunks with their own physical types: millisecond timestamps, a large string, date64, and
+    a file without the `flag` column (read as NULL) -- what the source unifies."""
     first = chunks[0].set_column(
         chunks[0].schema.get_field_index("ts_naive"),
         "ts_naive",
@@ -756,3 +757,53 @@ def test_source_side_in_duckdb_equals_the_arrow_routing(tmp_path: Path, kind: st
     # And the dataset refreshed from that source verifies clean through the same read.
     refresh_dataset(spec, DATASET, strategy="arrow")
     assert verify_dataset(spec, DATASET).ok
+
+
+def test_certificates_stand_for_intact_files_and_deep_reads_them_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A partition whose files still hash to the catalog's SHA-256s is known by the certificate bound to
+    them; a file rewritten in place (the catalog's checksum now stale) is read and its drift found;
+    `--deep` reads every partition, and finds the same."""
+    spec, _ = build(tmp_path, "parquet")
+    clean = verify_dataset(spec, DATASET)
+    assert clean.ok
+    assert clean.checked_by() == {"certificate": len(clean.partitions), "recomputed": 0}
+    assert all(c.checked_by == "certificate" for c in clean.partitions)
+    deep = verify_dataset(spec, DATASET, deep=True)
+    assert deep.ok
+    assert deep.checked_by() == {"certificate": 0, "recomputed": len(deep.partitions)}
+    assert [(c.source_hash, c.acceleration_hash) for c in deep.partitions] == [
+        (c.source_hash, c.acceleration_hash) for c in clean.partitions
+    ]
+    # One partition's file rewritten under the catalog's feet with one row fewer.
+    project = load_project(spec)
+    dataset = project.dataset(DATASET)
+    snapshot = open_dataset_catalog(project, dataset).latest()
+    assert snapshot is not None
+    entry = max(snapshot.partitions.values(), key=lambda e: e.rows)
+    file = dataset_data_root(project, dataset) / entry.files[0].path
+    pq.write_table(pq.read_table(file).slice(1), file)
+    for report in (verify_dataset(spec, DATASET), verify_dataset(spec, DATASET, deep=True)):
+        assert verdicts(report) == {entry.key_path: "drifted"}
+        (check,) = report.differing
+        assert check.checked_by == "recomputed"
+        assert check.certificate_matches is False
+    assert cli_main(["verify", str(spec), DATASET, "--deep", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["deep"] is True
+    assert out["checked_by"]["certificate"] == 0
+    assert out["source_read"] == "duckdb"
+
+
+def test_a_certificate_kept_with_other_files_is_not_trusted(tmp_path: Path) -> None:
+    """A partition republished with new, valid files but its old certificate (a writer that does not
+    certify): the certificate is bound to the old files, so the new ones are read and the drift found."""
+    spec, _ = build(tmp_path, "parquet")
+    snapshot = open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET)).latest()
+    assert snapshot is not None
+    key_path = max(snapshot.partitions.values(), key=lambda e: e.rows).key_path
+    _republish(spec, {key_path: _partition_rows(spec, key_path).slice(1)})
+    report = verify_dataset(spec, DATASET)
+    assert verdicts(report) == {key_path: "drifted"}
+    assert report.differing[0].checked_by == "recomputed"

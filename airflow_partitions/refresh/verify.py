@@ -1,12 +1,15 @@
 """`verify`: prove a dataset's acceleration still equals its source, partition by partition, and repair it.
 
-Per partition, the row count and row hash (`write/row_hash.py`) are computed on the source side (the
-source connector's typed Arrow rows, one partition's predicate pushed down where the source can prune,
-keys computed by the dataset's transforms) and on the acceleration side (the partition's files read back,
-grouped by the catalog entry that holds them, so a row filed under the wrong partition is seen), and the
-files are checked against the certificate their commit recorded. Each partition is `equal`, `drifted`,
-`missing` (rows in the source, none in the acceleration) or `extra` (rows in the acceleration, none in the
-source). `repair` refreshes exactly the partitions that are not equal, in one commit, and verifies again.
+Per partition, the row count and row hash (`write/row_hash.py`) are computed on the source side (one
+DuckDB aggregate grouped by partition over the whole source: Parquet files read by DuckDB itself, other
+sources as the connector's typed Arrow rows; one partition's predicate pushed down where the source can
+prune; keys computed by the dataset's transforms) and on the acceleration side (a partition whose files'
+bytes still match the catalog's SHA-256s is known by the certificate its commit bound to those files;
+otherwise, or with `deep`, the files are read back, grouped by the catalog entry that holds them, so a
+row filed under the wrong partition is seen, and compared with their certificate). Each partition is
+`equal`, `drifted`, `missing` (rows in the source, none in the acceleration) or `extra` (rows in the
+acceleration, none in the source). `repair` refreshes exactly the partitions that are not equal, in one
+commit, and verifies again.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from airflow_partitions.exceptions import RefreshError, StorageError
 from airflow_partitions.quoting import quote_identifier
 from airflow_partitions.write.row_hash import (
     RowTally,
+    algorithm,
     certificates_equal,
     duckdb_types,
+    files_digest,
     hash_connection,
     hash_ready,
     tally_parquet_files,
@@ -65,6 +70,9 @@ class PartitionCheck:
     # True / False: the files match / differ from the certificate their commit recorded; None: none.
     certificate_matches: bool | None = None
     reason: str = ""
+    # How the acceleration side was known: "certificate" (the files' bytes match their catalog SHA-256s
+    # and the certificate bound to them), "recomputed" (read and hashed), "" (no files).
+    checked_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +84,7 @@ class PartitionCheck:
             "acceleration_hash": self.acceleration_hash,
             "certificate_matches": self.certificate_matches,
             "reason": self.reason,
+            "checked_by": self.checked_by,
         }
 
 
@@ -107,6 +116,18 @@ class VerifyReport:
     repaired_version: int | None = None
     repaired: list[str] = field(default_factory=list)
     after_repair: VerifyReport | None = None
+    # How the source was read ("duckdb", "arrow-stream", "arrow", "per partition"), and whether every
+    # partition's files were read even where a certificate could stand for them (`deep`).
+    source_read: str | None = None
+    deep: bool = False
+
+    def checked_by(self) -> dict[str, int]:
+        """Partitions whose acceleration side was known by certificate, and recomputed from files."""
+        out = {"certificate": 0, "recomputed": 0}
+        for check in self.partitions:
+            if check.checked_by in out:
+                out[check.checked_by] += 1
+        return out
 
     def counts(self) -> dict[str, int]:
         out = {str(v): 0 for v in Verdict}
@@ -140,6 +161,9 @@ class VerifyReport:
             "ok": self.ok,
             "selection": self.selection,
             "counts": self.counts(),
+            "checked_by": self.checked_by(),
+            "source_read": self.source_read,
+            "deep": self.deep,
             "source_rows": sum(c.source_rows for c in self.partitions),
             "acceleration_rows": sum(c.acceleration_rows for c in self.partitions),
             "elapsed_s": round(self.elapsed_s, 3),
@@ -175,6 +199,7 @@ def verify_dataset(
     catalog: Catalog | None = None,
     record: bool = True,
     strategy: str = "auto",
+    deep: bool = False,
 ) -> VerifyReport:
     """Compare the dataset's latest catalog version with its source, partition by partition.
 
@@ -183,7 +208,9 @@ def verify_dataset(
     time where it can prune (Hive files, Postgres with monotonic transforms). `repair` refreshes every
     partition that is not equal in one commit and verifies them again (`after_repair`). The result is
     recorded next to the catalog (`record`) for `status` and the Partitions page. `strategy` is the
-    repair refresh's (`refresh_dataset`).
+    repair refresh's (`refresh_dataset`). A partition whose files still hash to the SHA-256s the catalog
+    records, and whose certificate is bound to those files, is known by its certificate without decoding
+    a row (`checked_by`); `deep` reads and hashes every partition's files anyway.
     """
     from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.refresh.pipeline import bind_dataset, load_project, resolve_dataset
@@ -214,6 +241,7 @@ def verify_dataset(
     selecting = partitions is not None or where is not None
     tick("source", 0, 0, 0)
     if selecting:
+        source_read = "per partition"
         source_tallies, wanted = _selected_source_tallies(
             project, spec, source, transforms, names, partitions, where, tick
         )
@@ -223,7 +251,7 @@ def verify_dataset(
         source_tallies = {key.path(names): tally for key, tally in by_key.items()}
     tick("source", len(source_tallies), len(source_tallies), sum(t.rows for t in source_tallies.values()))
 
-    checks = _compare(project, spec, catalog, entries, source_tallies, schema, tick)
+    checks = _compare(project, spec, catalog, entries, source_tallies, schema, tick, deep)
     report = VerifyReport(
         dataset=spec.name,
         version=snapshot.version if snapshot is not None else None,
@@ -231,6 +259,8 @@ def verify_dataset(
         verified_at=dt.datetime.now(dt.UTC),
         elapsed_s=time.monotonic() - started,
         selection=_selection_text(partitions, where),
+        source_read=source_read,
+        deep=deep,
     )
     if repair and report.differing:
         report = _repair(project, spec, report, catalog, progress, tick, strategy)
@@ -328,7 +358,7 @@ def _parquet_relation(source: Any, schema: Any, connection: Any) -> tuple[str, l
     files = source.list_files()
     try:
         types = duckdb_types(schema, connection)
-    except Exception:  # noqa: BLE001 - a type DuckDB cannot take: the Arrow path decides
+    except Exception:
         return None
     groups: dict[Any, list[str]] = {}
     for path, own in source.file_schemas(files).items():
@@ -337,11 +367,11 @@ def _parquet_relation(source: Any, schema: Any, connection: Any) -> tuple[str, l
     names = [quote_identifier(field.name) for field in schema]
     for own, paths in groups.items():
         columns: list[str] = []
-        for field, name, sql_type in zip(schema, names, types, strict=True):
-            if field.name not in own.names:
+        for target, name, sql_type in zip(schema, names, types, strict=True):
+            if target.name not in own.names:
                 columns.append(f"CAST(NULL AS {sql_type}) AS {name}")
                 continue
-            if not _same_cast(own.field(field.name).type, field.type):
+            if not _same_cast(own.field(target.name).type, target.type):
                 return None
             columns.append(f"CAST({name} AS {sql_type}) AS {name}")
         listed = ", ".join("'" + path.replace("'", "''") + "'" for path in paths)
@@ -356,8 +386,8 @@ def _nested(data_type: Any) -> bool:
         pa.types.is_nested(data_type)
         or pa.types.is_float16(data_type)
         or pa.types.is_decimal256(data_type)
-        or pa.types.is_dictionary(data_type)
-        and _nested(data_type.value_type)
+        or (pa.types.is_dictionary(data_type)
+        and _nested(data_type.value_type))
     )
 
 
@@ -430,24 +460,31 @@ def _compare(
     source_tallies: dict[str, RowTally],
     schema: Any,
     tick: Callable[[str, int, int, int], None],
+    deep: bool = False,
 ) -> list[PartitionCheck]:
     paths = sorted(set(entries) | set(source_tallies))
     checks: list[PartitionCheck] = []
     rows = 0
     connection = hash_connection()
     with connection, _acceleration_files(project, spec, catalog) as (storage, root, fetch):
-        by_file = _parquet_tallies(spec, storage, root, fetch, entries, schema, connection)
+        certified = {} if deep else _certified_entries(entries, root, fetch)
+        to_read = {path: entry for path, entry in entries.items() if path not in certified}
+        by_file = _parquet_tallies(spec, storage, root, fetch, to_read, schema, connection)
         for done, path in enumerate(paths, start=1):
             entry = entries.get(path)
             want = source_tallies.get(path, RowTally())
             got = RowTally()
             certificate: bool | None = None
             reason = ""
-            if entry is not None and entry.files and by_file is not None:
+            checked_by = ""
+            if path in certified:
+                got, certificate, checked_by = certified[path], True, "certificate"
+            elif entry is not None and entry.files and by_file is not None:
                 for file in entry.files:
                     part = by_file[str(root / file.path)]
                     got.add(part.rows, part.total)
                 certificate = certificates_equal(entry.certificate, got)
+                checked_by = "recomputed"
             elif entry is not None and entry.files:
                 try:
                     fetch(entry.files)
@@ -456,10 +493,59 @@ def _compare(
                     reason = f"the acceleration's files cannot be read as the source's rows: {err}"
                     got = RowTally(-1)
                 certificate = certificates_equal(entry.certificate, got) if got.rows >= 0 else None
+                checked_by = "recomputed"
             rows += max(got.rows, 0)
-            checks.append(_judge(path, want, got, certificate, reason))
+            checks.append(_judge(path, want, got, certificate, reason, checked_by))
             tick("compare", done, len(paths), rows)
     return checks
+
+
+def _certified_entries(
+    entries: dict[str, PartitionEntry], root: Path, fetch: Callable[[Sequence[Any]], None]
+) -> dict[str, RowTally]:
+    """The partitions whose certificate stands for their files, with its count and hash: certified by
+    this release's row hash, bound to exactly the catalog's files (`files_digest`), and every file's
+    bytes still hash to the SHA-256 the catalog records. Hashing bytes costs a fraction of decoding and
+    hashing rows; the certificate was computed from those rows when they were written."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from airflow_partitions.storage.datafile import file_checksum
+
+    candidates = {
+        path: entry
+        for path, entry in entries.items()
+        if entry.files
+        and entry.certificate is not None
+        and entry.certificate.algorithm == algorithm()
+        and entry.certificate.files == files_digest(entry.files)
+    }
+    files = [file for entry in candidates.values() for file in entry.files]
+    if not files:
+        return {}
+    try:
+        fetch(files)
+    except StorageError:
+        return {}  # each partition is then read through its engine, which names what is wrong
+
+    def intact(file: Any) -> bool:
+        local = root / file.path
+        try:
+            return bool(
+                local.is_file()
+                and local.stat().st_size == file.bytes
+                and file_checksum(local) == file.checksum
+            )
+        except OSError:
+            return False
+
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1, len(files))) as pool:
+        good = {id(file) for file, ok in zip(files, pool.map(intact, files), strict=True) if ok}
+    out: dict[str, RowTally] = {}
+    for path, entry in candidates.items():
+        certificate = entry.certificate
+        if certificate is not None and all(id(file) in good for file in entry.files):
+            out[path] = RowTally(certificate.rows, int(certificate.row_hash, 16))
+    return out
 
 
 def _parquet_tallies(
@@ -486,7 +572,9 @@ def _parquet_tallies(
     return tally_parquet_files([str(root / file.path) for file in files], schema, connection)
 
 
-def _judge(path: str, want: RowTally, got: RowTally, certificate: bool | None, reason: str) -> PartitionCheck:
+def _judge(
+    path: str, want: RowTally, got: RowTally, certificate: bool | None, reason: str, checked_by: str = ""
+) -> PartitionCheck:
     unreadable = got.rows < 0
     got_rows = max(got.rows, 0)
     if not unreadable and want == got:
@@ -518,6 +606,7 @@ def _judge(path: str, want: RowTally, got: RowTally, certificate: bool | None, r
         acceleration_hash=got.row_hash if got.rows > 0 else None,
         certificate_matches=certificate,
         reason=reason if verdict is not Verdict.EQUAL else "",
+        checked_by=checked_by,
     )
 
 
@@ -589,6 +678,7 @@ def _repair(
             catalog=catalog,
             record=False,
             strategy=strategy,
+            deep=report.deep,
         )
     else:
         after = VerifyReport(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -228,6 +229,20 @@ def certify_files(
 def certify_rows(table: pa.Table) -> RowCertificate:
     """The certificate of the rows a partition's files were just written from (in the dataset schema)."""
     return tally_rows(table, table.schema).certificate()
+
+
+def files_digest(files: Sequence[DataFile]) -> str:
+    """The digest binding a certificate to a partition's files: the sum modulo 2**256 of their SHA-256s
+    (order-independent, as a partition's file list is a set)."""
+    total = sum(int(file.checksum, 16) for file in files) % (1 << 256)
+    return f"{total:064x}"
+
+
+def bind_certificate(certificate: RowCertificate | None, files: Sequence[DataFile]) -> RowCertificate | None:
+    """`certificate` bound to the files the commit publishes it with (None stays None)."""
+    if certificate is None:
+        return None
+    return replace(certificate, files=files_digest(files))
 
 
 def certificates_equal(recorded: RowCertificate | None, tally: RowTally) -> bool | None:
