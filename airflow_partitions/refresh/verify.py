@@ -240,6 +240,7 @@ def verify_dataset(
     names = bound.acceleration.partition_names
     selecting = partitions is not None or where is not None
     tick("source", 0, 0, 0)
+    certified: dict[str, RowTally] | None = None
     if selecting:
         source_read = "per partition"
         source_tallies, wanted = _selected_source_tallies(
@@ -247,11 +248,17 @@ def verify_dataset(
         )
         entries = {path: entry for path, entry in entries.items() if path in wanted}
     else:
-        by_key, source_read = _tally_whole_source(source, schema, transforms)
+        # The files' checksums are read while DuckDB reads the source: both wait on I/O and release
+        # the GIL, and neither needs the other.
+        certifying = None if deep else _certify_in_background(project, spec, catalog, entries)
+        try:
+            by_key, source_read = _tally_whole_source(source, schema, transforms)
+        finally:
+            certified = certifying.result() if certifying is not None else None
         source_tallies = {key.path(names): tally for key, tally in by_key.items()}
     tick("source", len(source_tallies), len(source_tallies), sum(t.rows for t in source_tallies.values()))
 
-    checks = _compare(project, spec, catalog, entries, source_tallies, schema, tick, deep)
+    checks = _compare(project, spec, catalog, entries, source_tallies, schema, tick, deep, certified)
     report = VerifyReport(
         dataset=spec.name,
         version=snapshot.version if snapshot is not None else None,
@@ -386,8 +393,7 @@ def _nested(data_type: Any) -> bool:
         pa.types.is_nested(data_type)
         or pa.types.is_float16(data_type)
         or pa.types.is_decimal256(data_type)
-        or (pa.types.is_dictionary(data_type)
-        and _nested(data_type.value_type))
+        or (pa.types.is_dictionary(data_type) and _nested(data_type.value_type))
     )
 
 
@@ -461,13 +467,16 @@ def _compare(
     schema: Any,
     tick: Callable[[str, int, int, int], None],
     deep: bool = False,
+    certified: dict[str, RowTally] | None = None,
 ) -> list[PartitionCheck]:
+    """Each partition judged; `certified`: the partitions `_certified_entries` already found intact."""
     paths = sorted(set(entries) | set(source_tallies))
     checks: list[PartitionCheck] = []
     rows = 0
     connection = hash_connection()
     with connection, _acceleration_files(project, spec, catalog) as (storage, root, fetch):
-        certified = {} if deep else _certified_entries(entries, root, fetch)
+        if certified is None:
+            certified = {} if deep else _certified_entries(entries, root, fetch)
         to_read = {path: entry for path, entry in entries.items() if path not in certified}
         by_file = _parquet_tallies(spec, storage, root, fetch, to_read, schema, connection)
         for done, path in enumerate(paths, start=1):
@@ -498,6 +507,25 @@ def _compare(
             checks.append(_judge(path, want, got, certificate, reason, checked_by))
             tick("compare", done, len(paths), rows)
     return checks
+
+
+def _certify_in_background(
+    project: ProjectSpec, spec: DatasetSpec, catalog: Catalog, entries: dict[str, PartitionEntry]
+) -> Any:
+    """A future of `_certified_entries` over local files (None for an `s3://` accelerator_dir, whose
+    files are fetched when compared)."""
+    if project.remote:
+        return None
+    from concurrent.futures import ThreadPoolExecutor
+
+    from airflow_partitions.refresh.commit import dataset_data_root
+
+    root = Path(catalog.data_root or dataset_data_root(project, spec))
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-certificates")
+    try:
+        return pool.submit(_certified_entries, entries, root, lambda files: None)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _certified_entries(
