@@ -192,8 +192,12 @@ def test_unchanged_dataset_verifies_clean_and_certified(tmp_path: Path, engine: 
     total = sum(c.num_rows for c in chunks)
     assert sum(c.source_rows for c in report.partitions) == total
     assert sum(c.acceleration_rows for c in report.partitions) == total
-    # Every partition carries the certificate its commit computed, and the files still match it.
+    # Every partition carries the certificate its commit computed, and the files still match it: known
+    # by their checksums, and read back and hashed (`deep`).
     assert all(c.certificate_matches is True for c in report.partitions)
+    deep = verify_dataset(spec, DATASET, deep=True, record=False)
+    assert deep.ok
+    assert all(c.certificate_matches is True and c.checked_by == "recomputed" for c in deep.partitions)
     recorded = last_verify(open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET)))
     assert recorded is not None
     assert recorded["result"] == "equal"
