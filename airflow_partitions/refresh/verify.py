@@ -35,6 +35,7 @@ from airflow_partitions.write.row_hash import (
     files_digest,
     hash_connection,
     hash_ready,
+    tally_by_partition,
     tally_parquet_files,
     tally_relation_by_partition,
     tally_rows,
@@ -333,6 +334,11 @@ def _tally_whole_source(
 
     from airflow_partitions.sources.files import FileSource
 
+    grouped_in_sql = all(getattr(t, "source_column", None) in schema.names for t in transforms)
+    if not grouped_in_sql:
+        # A partition field not over one source column: routed by the refresh's own code instead.
+        with hash_connection() as connection:
+            return tally_by_partition(source.read_all(), schema, transforms, connection), "arrow"
     if isinstance(source, FileSource):
         with hash_connection() as connection:
             connection.execute("SET TimeZone = 'UTC'")  # naive <-> tz-aware casts as Arrow does them
