@@ -811,3 +811,25 @@ def test_a_certificate_kept_with_other_files_is_not_trusted(tmp_path: Path) -> N
     report = verify_dataset(spec, DATASET)
     assert verdicts(report) == {key_path: "drifted"}
     assert report.differing[0].checked_by == "recomputed"
+
+
+def test_parquet_files_duckdb_reads_otherwise_are_streamed_through_the_connector(tmp_path: Path) -> None:
+    """INT96 timestamps (Arrow reads nanoseconds, DuckDB microseconds) and a file name DuckDB would take
+    as a pattern: the source is read through the connector's batches, with the same tallies."""
+    chunks = hostile_chunks(31)
+    source = tmp_path / "src"
+    source.mkdir()
+    pq.write_table(chunks[0], source / "int96.parquet", use_deprecated_int96_timestamps=True)
+    pq.write_table(chunks[1], source / "b.parquet", use_deprecated_int96_timestamps=True)
+    spec = write_spec(tmp_path, "parquet", COMPOSITE)
+    fast, reference, how = _source_tallies_both_ways(spec)
+    assert how == "arrow-stream"
+    assert fast == reference
+    for file in source.iterdir():
+        file.unlink()
+    pq.write_table(chunks[0], source / "a[1].parquet")
+    pq.write_table(chunks[1], source / "b.parquet")
+    fast, reference, how = _source_tallies_both_ways(spec)
+    assert how == "arrow-stream"
+    assert fast == reference
+    assert sum(t.rows for t in fast.values()) == chunks[0].num_rows + chunks[1].num_rows

@@ -373,12 +373,16 @@ def _parquet_relation(source: Any, schema: Any, connection: Any) -> tuple[str, l
         types = duckdb_types(schema, connection)
     except Exception:
         return None
+    if any(set(f.path) & _DUCKDB_GLOB for f in files):
+        return None  # DuckDB would expand the name as a pattern
     groups: dict[Any, list[str]] = {}
     for path, own in source.file_schemas(files).items():
         groups.setdefault(own, []).append(path)
     branches: list[str] = []
     names = [quote_identifier(field.name) for field in schema]
     for own, paths in groups.items():
+        if not _reads_as(connection, paths[0], own):
+            return None
         columns: list[str] = []
         for target, name, sql_type in zip(schema, names, types, strict=True):
             if target.name not in own.names:
@@ -390,6 +394,39 @@ def _parquet_relation(source: Any, schema: Any, connection: Any) -> tuple[str, l
         listed = ", ".join("'" + path.replace("'", "''") + "'" for path in paths)
         branches.append(f"SELECT {', '.join(columns)} FROM read_parquet([{listed}])")
     return "(" + " UNION ALL ".join(branches) + ")", names
+
+
+_DUCKDB_GLOB = frozenset("*?[]{}")
+
+
+def _reads_as(connection: Any, path: str, own: Any) -> bool:
+    """Whether DuckDB reads the Parquet file's columns as the types Arrow's reading of it maps to (not so
+    for e.g. INT96 timestamps, which Arrow reads in nanoseconds and DuckDB in microseconds)."""
+    try:
+        expected = dict(zip(own.names, duckdb_types(own, connection), strict=True))
+        listed = "'" + path.replace("'", "''") + "'"
+        described = connection.execute(f"DESCRIBE SELECT * FROM read_parquet([{listed}])").fetchall()
+    except Exception:
+        return False
+    return all(_read_type_holds(expected.get(str(row[0])), str(row[1])) for row in described)
+
+
+# DuckDB's timestamp types, coarsest first, naive and with time zone.
+_TIMESTAMP_UNITS = (
+    ("TIMESTAMP_S", "TIMESTAMP_MS", "TIMESTAMP", "TIMESTAMP_NS"),
+    ("TIMESTAMP WITH TIME ZONE",),
+)
+
+
+def _read_type_holds(expected: str | None, read: str) -> bool:
+    """DuckDB reads a column as `expected`, or as a timestamp at least as fine (Parquet millisecond
+    timestamps come back in microseconds: the same instants)."""
+    if expected == read:
+        return True
+    for family in _TIMESTAMP_UNITS:
+        if expected in family and read in family:
+            return family.index(read) >= family.index(expected)
+    return False
 
 
 def _nested(data_type: Any) -> bool:
