@@ -192,8 +192,12 @@ def test_unchanged_dataset_verifies_clean_and_certified(tmp_path: Path, engine: 
     total = sum(c.num_rows for c in chunks)
     assert sum(c.source_rows for c in report.partitions) == total
     assert sum(c.acceleration_rows for c in report.partitions) == total
-    # Every partition carries the certificate its commit computed, and the files still match it.
+    # Every partition carries the certificate its commit computed, and the files still match it: known
+    # by their checksums, and read back and hashed (`deep`).
     assert all(c.certificate_matches is True for c in report.partitions)
+    deep = verify_dataset(spec, DATASET, deep=True, record=False)
+    assert deep.ok
+    assert all(c.certificate_matches is True and c.checked_by == "recomputed" for c in deep.partitions)
     recorded = last_verify(open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET)))
     assert recorded is not None
     assert recorded["result"] == "equal"
@@ -671,3 +675,161 @@ def check_certificates(spec: Path, project: Any, *, expect_all: bool) -> None:
     for entry in with_rows:
         expected = True if entry.certificate is not None else None
         assert by_path[entry.key_path].certificate_matches is expected, entry.key_path
+
+
+# --- the source side in one DuckDB aggregate equals the Arrow routing ------------------------------------
+
+# Bucket (grouped by raw value, applied in Arrow), calendar fields computed in SQL over dates, tz-aware
+# and naive timestamps, and an identity; NULL keys in every field.
+PARITY_FIELDS = (
+    *COMPOSITE,
+    ("td", "date_trunc('day', ts)"),
+    ("th", "date_trunc('hour', ts_naive)"),
+    ("tm", "date_part('month', ts)"),
+)
+
+
+def _drifting_parquet_chunks(chunks: list[pa.Table]) -> list[pa.Table]:
+    """The chunks with their own physical types: millisecond timestamps, a large string, date64, and
+    a file without the `flag` column (read as NULL) -- what the source unifies."""
+    first = chunks[0].set_column(
+        chunks[0].schema.get_field_index("ts_naive"),
+        "ts_naive",
+        pc.cast(pc.floor_temporal(chunks[0].column("ts_naive"), unit="millisecond"), pa.timestamp("ms")),
+    )
+    second = chunks[1].drop_columns(["flag"])
+    second = second.set_column(
+        second.schema.get_field_index("s"), "s", second.column("s").cast(pa.large_string())
+    )
+    third = chunks[2].set_column(
+        chunks[2].schema.get_field_index("d"), "d", chunks[2].column("d").cast(pa.date64())
+    )
+    return [first, second, third]
+
+
+def _source_tallies_both_ways(spec: Path) -> tuple[dict[str, RowTally], dict[str, RowTally], str]:
+    from airflow_partitions.refresh.pipeline import bind_dataset, resolve_dataset
+    from airflow_partitions.refresh.verify import _tally_whole_source
+    from airflow_partitions.sources import open_dataset_source
+
+    project = load_project(spec)
+    dataset = resolve_dataset(project, DATASET)
+    source = open_dataset_source(dataset)
+    bound = bind_dataset(dataset, source)
+    transforms = [f.transform for f in bound.acceleration.partition_by]
+    names = bound.acceleration.partition_names
+    schema = source.schema()
+    fast, how = _tally_whole_source(source, schema, transforms)
+    reference = tally_by_partition(source.read_all(), schema, transforms)
+    return (
+        {key.path(names): tally for key, tally in fast.items()},
+        {key.path(names): tally for key, tally in reference.items()},
+        how,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "read"),
+    [
+        ("parquet", "duckdb"),
+        ("drifting", "duckdb"),
+        ("csv", "arrow-stream"),
+        ("json", "arrow-stream"),
+        ("hive", "arrow-stream"),
+    ],
+)
+def test_source_side_in_duckdb_equals_the_arrow_routing(tmp_path: Path, kind: str, read: str) -> None:
+    """Per partition, the count and hash of the one-aggregate source read equal those of the connector's
+    whole Arrow read routed by the dataset's transforms: hostile rows (NULLs everywhere, unicode, -0.0,
+    NaN, instants written with offsets and without), Parquet files whose types drift, CSV and JSON."""
+    from matrix_support import MatrixSource
+
+    chunks = hostile_chunks(23)
+    matrix = MatrixSource("parquet" if kind == "drifting" else kind, tmp_path, hive_columns=("flag",))
+    matrix.write(_drifting_parquet_chunks(chunks) if kind == "drifting" else chunks)
+    lines = [f"accelerator_dir: {tmp_path / 'acc'}", "datasets:", f"  - name: {DATASET}"]
+    lines += matrix.spec_lines()
+    lines += ["    acceleration:", "      engine: parquet", "      partition_by:"]
+    lines += [f'        - {name}: "{expr}"' for name, expr in PARITY_FIELDS]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fast, reference, how = _source_tallies_both_ways(spec)
+    assert how == read
+    assert sum(t.rows for t in reference.values()) == sum(c.num_rows for c in chunks)
+    assert fast == reference
+    assert any("%NULL" in path for path in fast), "NULL keys are partitions too"
+    # And the dataset refreshed from that source verifies clean through the same read.
+    refresh_dataset(spec, DATASET, strategy="arrow")
+    assert verify_dataset(spec, DATASET).ok
+
+
+def test_certificates_stand_for_intact_files_and_deep_reads_them_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A partition whose files still hash to the catalog's SHA-256s is known by the certificate bound to
+    them; a file rewritten in place (the catalog's checksum now stale) is read and its drift found;
+    `--deep` reads every partition, and finds the same."""
+    spec, _ = build(tmp_path, "parquet")
+    clean = verify_dataset(spec, DATASET)
+    assert clean.ok
+    assert clean.checked_by() == {"certificate": len(clean.partitions), "recomputed": 0}
+    assert all(c.checked_by == "certificate" for c in clean.partitions)
+    deep = verify_dataset(spec, DATASET, deep=True)
+    assert deep.ok
+    assert deep.checked_by() == {"certificate": 0, "recomputed": len(deep.partitions)}
+    assert [(c.source_hash, c.acceleration_hash) for c in deep.partitions] == [
+        (c.source_hash, c.acceleration_hash) for c in clean.partitions
+    ]
+    # One partition's file rewritten under the catalog's feet with one row fewer.
+    project = load_project(spec)
+    dataset = project.dataset(DATASET)
+    snapshot = open_dataset_catalog(project, dataset).latest()
+    assert snapshot is not None
+    entry = max(snapshot.partitions.values(), key=lambda e: e.rows)
+    file = dataset_data_root(project, dataset) / entry.files[0].path
+    pq.write_table(pq.read_table(file).slice(1), file)
+    for report in (verify_dataset(spec, DATASET), verify_dataset(spec, DATASET, deep=True)):
+        assert verdicts(report) == {entry.key_path: "drifted"}
+        (check,) = report.differing
+        assert check.checked_by == "recomputed"
+        assert check.certificate_matches is False
+    assert cli_main(["verify", str(spec), DATASET, "--deep", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["deep"] is True
+    assert out["checked_by"]["certificate"] == 0
+    assert out["source_read"] == "duckdb"
+
+
+def test_a_certificate_kept_with_other_files_is_not_trusted(tmp_path: Path) -> None:
+    """A partition republished with new, valid files but its old certificate (a writer that does not
+    certify): the certificate is bound to the old files, so the new ones are read and the drift found."""
+    spec, _ = build(tmp_path, "parquet")
+    snapshot = open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET)).latest()
+    assert snapshot is not None
+    key_path = max(snapshot.partitions.values(), key=lambda e: e.rows).key_path
+    _republish(spec, {key_path: _partition_rows(spec, key_path).slice(1)})
+    report = verify_dataset(spec, DATASET)
+    assert verdicts(report) == {key_path: "drifted"}
+    assert report.differing[0].checked_by == "recomputed"
+
+
+def test_parquet_files_duckdb_reads_otherwise_are_streamed_through_the_connector(tmp_path: Path) -> None:
+    """INT96 timestamps (Arrow reads nanoseconds, DuckDB microseconds) and a file name DuckDB would take
+    as a pattern: the source is read through the connector's batches, with the same tallies."""
+    chunks = hostile_chunks(31)
+    source = tmp_path / "src"
+    source.mkdir()
+    pq.write_table(chunks[0], source / "int96.parquet", use_deprecated_int96_timestamps=True)
+    pq.write_table(chunks[1], source / "b.parquet", use_deprecated_int96_timestamps=True)
+    spec = write_spec(tmp_path, "parquet", COMPOSITE)
+    fast, reference, how = _source_tallies_both_ways(spec)
+    assert how == "arrow-stream"
+    assert fast == reference
+    for file in source.iterdir():
+        file.unlink()
+    pq.write_table(chunks[0], source / "a[1].parquet")
+    pq.write_table(chunks[1], source / "b.parquet")
+    fast, reference, how = _source_tallies_both_ways(spec)
+    assert how == "arrow-stream"
+    assert fast == reference
+    assert sum(t.rows for t in fast.values()) == chunks[0].num_rows + chunks[1].num_rows

@@ -107,22 +107,35 @@ class RowCertificate:
     rows: int
     row_hash: str
     algorithm: str
+    # The files the commit certified, as a digest of their SHA-256s (`row_hash.files_digest`); None:
+    # not bound. Only a bound certificate whose files still match may stand in for reading them.
+    files: str | None = None
 
     def plus(self, other: RowCertificate | None) -> RowCertificate | None:
-        """The certificate of both row sets together (None when `other` is None or hashed otherwise)."""
+        """The certificate of both row sets together (None when `other` is None or hashed otherwise);
+        unbound from files (the commit binds the sum to the files it publishes)."""
         if other is None or other.algorithm != self.algorithm:
             return None
         total = (int(self.row_hash, 16) + int(other.row_hash, 16)) % (1 << 64)
         return RowCertificate(self.rows + other.rows, f"{total:016x}", self.algorithm)
 
     def to_json(self) -> dict[str, Any]:
-        return {"rows": self.rows, "row_hash": self.row_hash, "algorithm": self.algorithm}
+        out: dict[str, Any] = {"rows": self.rows, "row_hash": self.row_hash, "algorithm": self.algorithm}
+        if self.files is not None:
+            out["files"] = self.files
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> RowCertificate | None:
         if not data:
             return None
-        return cls(rows=int(data["rows"]), row_hash=str(data["row_hash"]), algorithm=str(data["algorithm"]))
+        files = data.get("files")
+        return cls(
+            rows=int(data["rows"]),
+            row_hash=str(data["row_hash"]),
+            algorithm=str(data["algorithm"]),
+            files=str(files) if files is not None else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,12 @@ def register(subparsers: Any) -> None:
         default="auto",
         help="how --repair refreshes (as `refresh --strategy`)",
     )
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="read and hash every partition's files, even those whose bytes match their catalog checksums "
+        "and certificate",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.set_defaults(func=run)
 
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         repair=args.repair,
         progress=bar,
         strategy=args.strategy,
+        deep=args.deep,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -85,6 +92,13 @@ def describe(report: Any) -> list[str]:
         f"{report.dataset}: version {version}: {len(report.partitions):,} partition(s) checked: "
         f"{counts['equal']:,} equal, {counts['drifted']:,} drifted, {counts['missing']:,} missing, "
         f"{counts['extra']:,} extra ({report.elapsed_s:.1f} s)"
+    )
+    checked_by = report.checked_by()
+    lines.append(
+        f"{report.dataset}: acceleration side: {checked_by['certificate']:,} partition(s) by certificate "
+        f"(files match their checksums), {checked_by['recomputed']:,} recomputed from their files"
+        + ("" if report.deep else " (--deep recomputes all)")
+        + (f"; source read: {report.source_read}" if report.source_read else "")
     )
     if report.after_repair is not None:
         after = report.after_repair

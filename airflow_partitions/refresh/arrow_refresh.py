@@ -26,9 +26,12 @@ from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema, written_entry
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
 from airflow_partitions.refresh.stage import discovered_but_empty
-from airflow_partitions.write.row_hash import certify_rows
+from airflow_partitions.write.row_hash import certify_rows, tally_table_by_partition
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.catalog.model import RowCertificate
     from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
@@ -133,6 +136,22 @@ def arrow_refresh(
             raise discovered_but_empty(dataset.name, empty, actual="rows read")
 
     written: list[DataFile] = []
+    # Every partition's certificate from one DuckDB aggregate over the rows in memory: a query per
+    # partition cost more than the hashing itself. A partition the aggregate counts otherwise than the
+    # routing is certified from its own rows.
+    try:
+        tallies = {
+            key.path(names): tally
+            for key, tally in tally_table_by_partition(table, table.schema, transforms).items()
+        }
+    except Exception:  # a transform the aggregate cannot group by: each partition certifies its rows
+        tallies = {}
+
+    def certificate_of(key_path: str, rows: pa.Table) -> RowCertificate:
+        tally = tallies.get(key_path)
+        if tally is not None and tally.rows == rows.num_rows:
+            return tally.certificate()
+        return certify_rows(rows)
 
     def write_one(item: PartitionWorkItem) -> PartitionResult:
         mark = time.monotonic()
@@ -140,7 +159,8 @@ def arrow_refresh(
         files = engine.write(rows, data_root, item.key_path) if rows.num_rows else []
         written.extend(files)
         check_written_rows(dataset.name, item.key_path, engine, data_root, files, rows.num_rows)
-        entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certify_rows(rows))
+        certificate = certificate_of(item.key_path, rows)
+        entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certificate)
         return PartitionResult(entry, elapsed_s=time.monotonic() - mark, routed=rows.num_rows)
 
     results: list[PartitionResult] = []

@@ -29,6 +29,7 @@ from airflow_partitions.refresh.plan import (
     StageResult,
 )
 from airflow_partitions.refresh.stage import STAGE_MANIFEST, StageManifest, stage_location
+from airflow_partitions.write.row_hash import bind_certificate
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -167,11 +168,13 @@ def commit_refresh(
             # The certificate of old rows plus new ones is the sum of both (None if either has none).
             added = result.entry.certificate
             entry = replace(entry, certificate=added.plus(before.certificate) if added is not None else None)
+            entry = replace(entry, certificate=bind_certificate(entry.certificate, entry.files))
             check_appended_rows(dataset.name, key_path, before.rows, result.rows, entry.rows)
             appended_rows += result.rows
             entries.append(entry)
         else:
-            entries.append(result.entry.with_files(published))
+            entry = result.entry.with_files(published)
+            entries.append(replace(entry, certificate=bind_certificate(entry.certificate, entry.files)))
     if not entries and not plan.removed and not plan.replace_all:
         version = None
     else:

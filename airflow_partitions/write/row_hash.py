@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -230,6 +231,20 @@ def certify_rows(table: pa.Table) -> RowCertificate:
     return tally_rows(table, table.schema).certificate()
 
 
+def files_digest(files: Sequence[DataFile]) -> str:
+    """The digest binding a certificate to a partition's files: the sum modulo 2**256 of their SHA-256s
+    (order-independent, as a partition's file list is a set)."""
+    total = sum(int(file.checksum, 16) for file in files) % (1 << 256)
+    return f"{total:064x}"
+
+
+def bind_certificate(certificate: RowCertificate | None, files: Sequence[DataFile]) -> RowCertificate | None:
+    """`certificate` bound to the files the commit publishes it with (None stays None)."""
+    if certificate is None:
+        return None
+    return replace(certificate, files=files_digest(files))
+
+
 def certificates_equal(recorded: RowCertificate | None, tally: RowTally) -> bool | None:
     """Whether `tally` matches `recorded` (None: no certificate, or one under another algorithm)."""
     if recorded is None or recorded.algorithm != algorithm():
@@ -279,3 +294,126 @@ def tally_parquet_files(
             return None  # a file named otherwise than asked: do not guess which it is
         tallies[str(path)].add(int(rows), int(total))
     return tallies
+
+
+# --- one DuckDB pass over a whole relation, grouped by partition -----------------------------------
+
+_HASH_COLUMN = "__row_hash"
+_ROWS_COLUMN = "__row_count"
+_HIGH_COLUMN = "__row_hash_high"
+_LOW_COLUMN = "__row_hash_low"
+
+
+def duckdb_types(schema: pa.Schema, connection: Any = None) -> list[str]:
+    """The DuckDB type of each column of `schema` as the hash reads it (`hash_ready`), in order."""
+    connection = connection or _thread_connection()
+    ready = hash_ready(schema.empty_table(), schema)
+    connection.register(_TABLE, ready)
+    try:
+        described = connection.execute(f"DESCRIBE SELECT * FROM {_TABLE}").fetchall()
+    finally:
+        connection.unregister(_TABLE)
+    return [str(row[1]) for row in described]
+
+
+def _pre_key_sql(transform: Transform, column_sql: str) -> tuple[str, bool]:
+    """What DuckDB groups by for one partition field, and whether that is already the key value.
+
+    Calendar and mod transforms are computed in SQL (`duckdb_functions`: the same values; a timestamp
+    column grouped by its raw values would make a group per row). Every other transform groups by the
+    raw column and is applied afterwards, once per distinct value, by its own Arrow code: no Python UDF
+    runs per row, and a transform with no DuckDB form is still exact."""
+    from airflow_partitions.exceptions import PartitionExpressionError
+    from airflow_partitions.transforms.duckdb_functions import duckdb_expression
+    from airflow_partitions.transforms.mod import ModTransform
+    from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
+
+    if isinstance(transform, DatePartTransform | DateTruncTransform | ModTransform):
+        try:
+            return duckdb_expression(transform, column_sql), True
+        except PartitionExpressionError:
+            pass
+    return column_sql, False
+
+
+def tally_relation_by_partition(
+    relation: str,
+    schema: pa.Schema,
+    transforms: Sequence[Transform],
+    connection: Any,
+    column_sql: Sequence[str] | None = None,
+) -> dict[PartitionKey, RowTally]:
+    """Count and row hash per partition key of every row of `relation` (SQL of a DuckDB table or table
+    function whose columns, `column_sql` or the quoted names of `schema`, read as `hash_ready(schema)`),
+    in one streaming, multi-threaded DuckDB aggregate.
+
+    DuckDB groups by each field's pre-key (`_pre_key_sql`); the few distinct pre-keys are then mapped to
+    the partition keys by the dataset's transforms and summed per key in Arrow, so keys are the very
+    values `tally_by_partition` (and a refresh) computes. Each row's 64-bit hash is summed as two 32-bit
+    halves in BIGINTs (exact up to 2**31 rows per group), so no sum leaves 64 bits."""
+    import pyarrow as pa
+
+    ready = hash_ready(schema.empty_table(), schema).schema
+    columns = list(column_sql) if column_sql is not None else [quote_identifier(n) for n in ready.names]
+    position = {name: index for index, name in enumerate(ready.names)}
+    pre_keys = [_pre_key_sql(t, columns[position[t.source_column]]) for t in transforms]
+    key_names = [f"__key_{index}" for index in range(len(transforms))]
+    selected = [f"{sql} AS {name}" for (sql, _), name in zip(pre_keys, key_names, strict=True)]
+    inner = ", ".join([*selected, f"{row_expression(ready, columns)} AS {_HASH_COLUMN}"])
+    group_by = f" GROUP BY {', '.join(key_names)}" if key_names else ""
+    result = connection.sql(
+        f"SELECT {', '.join([*key_names, ''])}count(*)::BIGINT AS {_ROWS_COLUMN}, "
+        f"sum({_HASH_COLUMN} >> 32)::BIGINT AS {_HIGH_COLUMN}, "
+        f"sum({_HASH_COLUMN} & 4294967295)::BIGINT AS {_LOW_COLUMN} "
+        f"FROM (SELECT {inner} FROM {relation}){group_by}"
+    ).to_arrow_table()
+    out: dict[PartitionKey, RowTally] = {}
+    if not transforms:
+        ((rows, high, low),) = zip(
+            *(result.column(c).to_pylist() for c in (_ROWS_COLUMN, _HIGH_COLUMN, _LOW_COLUMN)), strict=True
+        )
+        if rows:
+            out[PartitionKey(())] = RowTally(int(rows), (int(high) << 32) + int(low))
+        return out
+    arrays: dict[str, Any] = {}
+    for name, transform, (_, is_key) in zip(key_names, transforms, pre_keys, strict=True):
+        column = result.column(name)
+        if is_key:
+            arrays[name] = column.cast(transform.result_type)
+        else:
+            arrays[name] = transform.apply(column.cast(schema.field(transform.source_column).type))
+    for name in (_ROWS_COLUMN, _HIGH_COLUMN, _LOW_COLUMN):
+        arrays[name] = result.column(name)
+    grouped = (
+        pa.table(arrays)
+        .group_by(key_names, use_threads=False)
+        .aggregate([(c, "sum") for c in (_ROWS_COLUMN, _HIGH_COLUMN, _LOW_COLUMN)])
+    )
+    values = [grouped.column(name).to_pylist() for name in key_names]
+    sums = [grouped.column(f"{c}_sum").to_pylist() for c in (_ROWS_COLUMN, _HIGH_COLUMN, _LOW_COLUMN)]
+    for index, (rows, high, low) in enumerate(zip(*sums, strict=True)):
+        key = PartitionKey(tuple(column[index] for column in values))
+        out[key] = RowTally(int(rows), (int(high) << 32) + int(low))
+    return out
+
+
+def tally_table_by_partition(
+    table: pa.Table | pa.RecordBatchReader,
+    schema: pa.Schema,
+    transforms: Sequence[Transform],
+    connection: Any = None,
+) -> dict[PartitionKey, RowTally]:
+    """`tally_by_partition` in one DuckDB aggregate: a table, or a stream of batches already conformed
+    to `hash_ready(schema)` (read once, never held whole)."""
+    import pyarrow as pa
+
+    if isinstance(table, pa.Table):
+        if table.num_rows == 0:
+            return {}
+        table = hash_ready(table, schema)
+    connection = connection or _thread_connection()
+    connection.register(_TABLE, table)
+    try:
+        return tally_relation_by_partition(_TABLE, schema, transforms, connection)
+    finally:
+        connection.unregister(_TABLE)
