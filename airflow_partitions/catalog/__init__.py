@@ -18,6 +18,7 @@ from airflow_partitions.catalog.model import (
 from airflow_partitions.catalog.open import (
     catalog_location,
     dataset_directory,
+    needs_s3_settings,
     open_catalog,
     partition_spec_info,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "WrittenBy",
     "catalog_location",
     "dataset_directory",
+    "needs_s3_settings",
     "open_catalog",
     "partition_spec_info",
 ]

@@ -25,7 +25,7 @@ from airflow_partitions.catalog.catalog import Catalog
 from airflow_partitions.catalog.model import PartitionSpecInfo
 from airflow_partitions.exceptions import CatalogError, RefreshError
 from airflow_partitions.keys import escape_component
-from airflow_partitions.objectstore import LocalStore, ObjectStore, SettingsLike, store_from_url
+from airflow_partitions.objectstore import LocalStore, ObjectStore, SettingsLike, is_s3_url, store_from_url
 
 CATALOG_URL_ENV = "AIRFLOW_PARTITIONS_CATALOG_URL"
 CATALOG_LOCATION_PARAM = "catalog_location"
@@ -49,6 +49,12 @@ def catalog_location(dataset_spec: Any, location: str | None = None) -> str | No
             f"such as s3://bucket/prefix, got {configured!r}"
         )
     return configured or os.environ.get(CATALOG_URL_ENV) or None
+
+
+def needs_s3_settings(project_spec: Any, dataset_spec: Any) -> bool:
+    """Whether the dataset's catalog or partition files live on S3 (`catalog_location` or an `s3://`
+    accelerator_dir): the one test callers holding an AWS connection use to decide to resolve it."""
+    return is_s3_url(catalog_location(dataset_spec)) or bool(getattr(project_spec, "remote", False))
 
 
 def open_catalog(

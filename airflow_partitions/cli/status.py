@@ -44,11 +44,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def dataset_status(project: Any, dataset: Any, *, partitions: bool = False) -> dict[str, Any]:
-    """The JSON-ready status of one dataset's catalog."""
+def dataset_status(
+    project: Any, dataset: Any, *, partitions: bool = False, s3_settings: Any = None
+) -> dict[str, Any]:
+    """The JSON-ready status of one dataset's catalog; `s3_settings` reach one on S3 (the Partitions page
+    passes its DAG's AWS connection; unset, the AWS environment is used)."""
     from airflow_partitions.catalog import open_catalog
 
-    catalog = open_catalog(project, dataset)
+    catalog = open_catalog(project, dataset, s3_settings=s3_settings)
     acceleration = dataset.acceleration
     report: dict[str, Any] = {
         "name": dataset.name,

@@ -22,6 +22,7 @@ from airflow_partitions.exceptions import OrchestrationError
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
     from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.pruning import FilterInput, PrunePlan
     from airflow_partitions.read import PartitionedDatasetReader
@@ -105,8 +106,9 @@ class PartitionedDatasetHook(BaseHook):
 
         Files under an `s3://` data root and a catalog on S3 are both reached with the AWS connection.
         """
-        from airflow_partitions.catalog import catalog_location, open_catalog
+        from airflow_partitions.catalog import open_catalog
         from airflow_partitions.hooks.connections import install_secret_masker
+        from airflow_partitions.objectstore import S3Settings, is_s3_url
         from airflow_partitions.read import PartitionedDatasetReader
         from airflow_partitions.spec import load_spec
 
@@ -120,11 +122,14 @@ class PartitionedDatasetHook(BaseHook):
         install_secret_masker()
         project = load_spec(spec_path)
         dataset = project.dataset(self.dataset)
-        # `accelerator_dir: s3://...` puts files and catalog on S3 without a data_root.
-        remote_data = (data_root or "").startswith("s3://") or (data_root is None and project.remote)
-        remote_catalog = (catalog_location(dataset) or "").startswith("s3://") or project.remote
-        settings = self._s3_settings() if remote_data or remote_catalog else None
-        filesystem = settings.arrow_filesystem() if settings is not None and remote_data else None
+        # One resolution of the AWS connection serves the catalog and the files: without a data_root
+        # the reader builds its pyarrow filesystem from the catalog's store (`accelerator_dir: s3://`).
+        hook = self._storage_hook()
+        settings = hook.dataset_settings(project, dataset)
+        filesystem = None
+        if is_s3_url(data_root):
+            settings = hook.s3_settings
+            filesystem = S3Settings.from_mapping(settings).arrow_filesystem()
         catalog = open_catalog(project, dataset, s3_settings=settings)
         max_bytes = self.cache_max_bytes
         if max_bytes is None and (extra := self._setting("cache_max_bytes", None)) is not None:
@@ -149,12 +154,11 @@ class PartitionedDatasetHook(BaseHook):
             ),
         )
 
-    def _s3_settings(self) -> S3Settings:
+    def _storage_hook(self) -> SnapshotStorageHook:
+        """The AWS connection of the hook (argument, else the connection extra's `aws_conn_id`)."""
         from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
-        from airflow_partitions.objectstore import S3Settings
 
-        settings = SnapshotStorageHook(aws_conn_id=self._setting("aws_conn_id", self.aws_conn_id)).s3_settings
-        return S3Settings.from_mapping(settings)
+        return SnapshotStorageHook(aws_conn_id=self._setting("aws_conn_id", self.aws_conn_id))
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -329,8 +333,8 @@ class PartitionedDatasetHook(BaseHook):
 
     def _write_context(self) -> tuple[ProjectSpec, DatasetSpec, S3Settings | None]:
         """The spec, the dataset and the S3 settings of a catalog on S3 (writes need local files)."""
-        from airflow_partitions.catalog import catalog_location
         from airflow_partitions.hooks.connections import install_secret_masker
+        from airflow_partitions.objectstore import S3Settings, is_s3_url
         from airflow_partitions.spec import load_spec
 
         spec_path = self._setting("spec_path", self.spec_path)
@@ -340,7 +344,7 @@ class PartitionedDatasetHook(BaseHook):
                 "pass spec_path=... or add it to the connection's extra"
             )
         data_root = self._setting("data_root", self.data_root)
-        if data_root is not None and data_root.startswith("s3://"):
+        if is_s3_url(data_root):
             raise OrchestrationError(
                 f"PartitionedDatasetHook for dataset {self.dataset!r}: writes go to the accelerator_dir the "
                 f"spec names, not to the data_root {data_root}; use a hook without data_root to write"
@@ -348,8 +352,8 @@ class PartitionedDatasetHook(BaseHook):
         install_secret_masker()
         project = load_spec(spec_path)
         dataset = project.dataset(self.dataset)
-        remote_catalog = (catalog_location(dataset) or "").startswith("s3://") or project.remote
-        return project, dataset, self._s3_settings() if remote_catalog else None
+        settings = self._storage_hook().dataset_settings(project, dataset)
+        return project, dataset, S3Settings.from_mapping(settings) if settings is not None else None
 
     def _after_write(self) -> None:
         # A reader of this hook pinned the version before the write: reads after it start afresh.

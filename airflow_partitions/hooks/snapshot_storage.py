@@ -79,6 +79,17 @@ class SnapshotStorageHook(BaseHook):
             settings["endpoint_url"] = connection.host
         return settings
 
+    def dataset_settings(self, project: Any, dataset: Any) -> dict[str, Any] | None:
+        """These settings when the dataset's catalog or files live on S3, else None (nothing to reach).
+
+        The one resolution every Airflow-side caller (operators, the dataset hook, the Partitions page)
+        opens a dataset's catalog and files with; the core completes it from the AWS environment
+        (`objectstore.resolve_settings`) for boto3 and pyarrow alike.
+        """
+        from airflow_partitions.catalog import needs_s3_settings
+
+        return self.s3_settings if needs_s3_settings(project, dataset) else None
+
     def get_conn(self) -> Any:
         """A boto3 S3 client for these settings."""
         from airflow_partitions.objectstore import create_s3_client

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from airflow_partitions.objectstore.base import CONFLICT_RETRIES, TEMP_PREFIX, ObjectInfo, ObjectStore
 from airflow_partitions.objectstore.local import LocalStore
-from airflow_partitions.objectstore.location import S3Location, parse_s3_location, parse_s3_uri
+from airflow_partitions.objectstore.location import S3Location, is_s3_url, parse_s3_location, parse_s3_uri
 from airflow_partitions.objectstore.open import store_from_url
 from airflow_partitions.objectstore.s3 import S3Store
 from airflow_partitions.objectstore.settings import (
@@ -18,6 +18,7 @@ from airflow_partitions.objectstore.settings import (
     SettingsLike,
     as_settings,
     create_s3_client,
+    resolve_settings,
     shared_s3_client,
 )
 
@@ -34,8 +35,10 @@ __all__ = [
     "SettingsLike",
     "as_settings",
     "create_s3_client",
+    "is_s3_url",
     "parse_s3_location",
     "parse_s3_uri",
+    "resolve_settings",
     "shared_s3_client",
     "store_from_url",
 ]

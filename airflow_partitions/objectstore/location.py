@@ -27,6 +27,12 @@ class S3Location:
         return f"s3://{self.bucket}/{self.key(*parts)}"
 
 
+def is_s3_url(url: object) -> bool:
+    """Whether `url` names a location on S3 (`s3://...`): the one spelling of that test outside this
+    layer's own parsers (None and local paths are not)."""
+    return isinstance(url, str) and url.startswith("s3://")
+
+
 def is_valid_bucket_name(bucket: str) -> bool:
     """S3's bucket naming rules (MinIO's too): the spec checks them when it is loaded, the parser here."""
     return bool(_BUCKET_RE.match(bucket)) and ".." not in bucket

@@ -27,7 +27,12 @@ from airflow_partitions.objectstore.errors import (
     store_error,
 )
 from airflow_partitions.objectstore.location import S3Location
-from airflow_partitions.objectstore.settings import S3Settings, SettingsLike, as_settings, shared_s3_client
+from airflow_partitions.objectstore.settings import (
+    S3Settings,
+    SettingsLike,
+    resolve_settings,
+    shared_s3_client,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -58,16 +63,25 @@ def repeat_transient(call: Callable[[], _T], attempts: int = REQUEST_ATTEMPTS) -
 class S3Store:
     """Objects under `s3://bucket/prefix/`; `put_if_absent` is `PutObject` with `If-None-Match: *`."""
 
-    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+    def __init__(
+        self, client: Any, bucket: str, prefix: str = "", *, settings: S3Settings | None = None
+    ) -> None:
         self.client: S3Client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/")
+        # The resolved settings `client` was built from: readers build their pyarrow filesystem from them.
+        self.settings = settings
 
     @classmethod
     def at(cls, location: S3Location, settings: SettingsLike | None = None) -> S3Store:
-        """The store of `location`, reached with `settings` (default: the standard AWS environment)."""
-        resolved = as_settings(settings) if settings is not None else S3Settings.from_source_params({})
-        return cls(shared_s3_client(resolved), location.bucket, location.prefix)
+        """The store of `location`, reached with `settings` completed from the standard AWS environment
+        (`resolve_settings`; none given: the environment alone)."""
+        resolved = resolve_settings(settings)
+        return cls(shared_s3_client(resolved), location.bucket, location.prefix, settings=resolved)
+
+    def arrow_filesystem(self) -> Any:
+        """A pyarrow filesystem reaching the same endpoint with the same credentials as this store."""
+        return (self.settings or resolve_settings(None)).arrow_filesystem()
 
     def __repr__(self) -> str:
         return f"S3Store({self.describe()!r})"

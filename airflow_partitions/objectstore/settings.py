@@ -12,7 +12,7 @@ import functools
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from urllib.parse import urlsplit
 
@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 # Source params naming the endpoint; unset, the standard AWS environment variables are used.
 SOURCE_ENDPOINT_PARAMS = ("endpoint_url", "s3_endpoint_url", "s3_endpoint")
 SOURCE_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
+# boto3's switch that makes it ignore the endpoint variables above; honoured the same way here.
+IGNORE_ENDPOINT_ENV = "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"
 
 AddressingStyle: TypeAlias = Literal["auto", "path", "virtual"]
 ADDRESSING_STYLES: tuple[AddressingStyle, ...] = ("auto", "path", "virtual")
@@ -119,9 +122,7 @@ class S3Settings:
         return cls.from_mapping(
             {
                 "endpoint_url": pick(SOURCE_ENDPOINT_PARAMS, SOURCE_ENDPOINT_ENV),
-                "region_name": pick(
-                    ("region", "region_name", "aws_region"), ("AWS_REGION", "AWS_DEFAULT_REGION")
-                ),
+                "region_name": pick(("region", "region_name", "aws_region"), REGION_ENV),
                 "aws_access_key_id": pick(("aws_access_key_id", "access_key_id")),
                 "aws_secret_access_key": pick(("aws_secret_access_key", "secret_access_key")),
                 "aws_session_token": pick(("aws_session_token", "session_token")),
@@ -129,14 +130,32 @@ class S3Settings:
             }
         )
 
+    def resolved(self) -> S3Settings:
+        """These settings with an unset endpoint and region taken from the standard AWS environment
+        variables (`AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`; `AWS_REGION`, `AWS_DEFAULT_REGION`).
+
+        boto3 reads those variables by itself, pyarrow's `S3FileSystem` ignores the endpoint ones: resolved
+        here once, the boto3 client and the pyarrow filesystem built from one `S3Settings` reach the same
+        store (catalog and files alike). Credentials are left to both libraries' own default chains.
+        """
+        endpoint, region = self.endpoint_url, self.region_name
+        if endpoint is None and os.environ.get(IGNORE_ENDPOINT_ENV, "").strip().lower() != "true":
+            endpoint = next((os.environ[n] for n in SOURCE_ENDPOINT_ENV if os.environ.get(n)), None)
+        if region is None:
+            region = next((os.environ[n] for n in REGION_ENV if os.environ.get(n)), None)
+        if (endpoint, region) == (self.endpoint_url, self.region_name):
+            return self
+        return replace(self, endpoint_url=endpoint, region_name=region)
+
     def create_client(self) -> S3Client:
-        """A new boto3 S3 client for these settings (boto3 is imported here, not at module import)."""
+        """A new boto3 S3 client for these settings, resolved (`resolved()`); boto3 is imported here."""
         import boto3
         from botocore.config import Config
 
+        settings = self.resolved()
         config = Config(
-            s3={"addressing_style": self.addressing_style},
-            max_pool_connections=self.max_pool_connections,
+            s3={"addressing_style": settings.addressing_style},
+            max_pool_connections=settings.max_pool_connections,
             retries={"max_attempts": 5, "mode": "standard"},
             # SHA-256 is requested explicitly where it matters. boto3's default CRC32 on every request
             # adds a second, weaker checksum, and older MinIO releases reject its aws-chunked trailers.
@@ -144,30 +163,37 @@ class S3Settings:
             response_checksum_validation="when_required",
         )
         session = boto3.session.Session(
-            aws_access_key_id=self.aws_access_key_id,
-            aws_secret_access_key=self.aws_secret_access_key,
-            aws_session_token=self.aws_session_token,
-            region_name=self.region_name,
+            aws_access_key_id=settings.aws_access_key_id,
+            aws_secret_access_key=settings.aws_secret_access_key,
+            aws_session_token=settings.aws_session_token,
+            region_name=settings.region_name,
         )
-        return session.client("s3", endpoint_url=self.endpoint_url, verify=self.verify_tls, config=config)
+        return session.client(
+            "s3", endpoint_url=settings.endpoint_url, verify=settings.verify_tls, config=config
+        )
 
     def arrow_filesystem(self) -> Any:
-        """A pyarrow `S3FileSystem` with the same endpoint, region and credentials (for reading data)."""
+        """A pyarrow `S3FileSystem` with the same endpoint, region and credentials as `create_client()`.
+
+        The one builder of pyarrow S3 filesystems in the package: pyarrow does not read
+        `AWS_ENDPOINT_URL`, so the resolved endpoint is passed explicitly (`resolved()`).
+        """
         from pyarrow import fs
 
+        settings = self.resolved()
         kwargs: dict[str, Any] = {}
-        if self.endpoint_url:
-            parts = urlsplit(self.endpoint_url)
+        if settings.endpoint_url:
+            parts = urlsplit(settings.endpoint_url)
             kwargs["endpoint_override"] = parts.netloc + parts.path.rstrip("/")
             kwargs["scheme"] = parts.scheme
-        if self.region_name:
-            kwargs["region"] = self.region_name
-        if self.aws_access_key_id and self.aws_secret_access_key:
-            kwargs["access_key"] = self.aws_access_key_id
-            kwargs["secret_key"] = self.aws_secret_access_key
-            if self.aws_session_token:
-                kwargs["session_token"] = self.aws_session_token
-        if self.addressing_style == "virtual":
+        if settings.region_name:
+            kwargs["region"] = settings.region_name
+        if settings.aws_access_key_id and settings.aws_secret_access_key:
+            kwargs["access_key"] = settings.aws_access_key_id
+            kwargs["secret_key"] = settings.aws_secret_access_key
+            if settings.aws_session_token:
+                kwargs["session_token"] = settings.aws_session_token
+        if settings.addressing_style == "virtual":
             kwargs["force_virtual_addressing"] = True
         return fs.S3FileSystem(**kwargs)
 
@@ -194,6 +220,12 @@ def as_settings(settings: SettingsLike) -> S3Settings:
     raise S3SettingsError(f"S3 settings must be an S3Settings or a dict, got {type(settings).__name__}")
 
 
+def resolve_settings(settings: SettingsLike | None) -> S3Settings:
+    """`settings` (None: none given) completed from the standard AWS environment (`S3Settings.resolved`):
+    the one resolution a store's client and its pyarrow filesystem are both built from."""
+    return (as_settings(settings) if settings is not None else S3Settings()).resolved()
+
+
 def create_s3_client(settings: SettingsLike) -> S3Client:
     """A new boto3 S3 client for `settings` (an `S3Settings` or its dict form)."""
     return as_settings(settings).create_client()
@@ -202,7 +234,7 @@ def create_s3_client(settings: SettingsLike) -> S3Client:
 def shared_s3_client(settings: SettingsLike) -> S3Client:
     """A client reused across calls in this process (boto3 clients are thread-safe, and slow to build)."""
     # Keyed on the pid as well: a client's connection pool must not cross a fork.
-    return _cached_client(as_settings(settings), os.getpid())
+    return _cached_client(resolve_settings(settings), os.getpid())
 
 
 @functools.lru_cache(maxsize=16)

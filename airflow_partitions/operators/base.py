@@ -25,7 +25,9 @@ class DatasetOperator(BaseOperator):
     (a catalog on S3, snapshots); None means `[airflow_partitions] aws_conn_id`, else `aws_default`.
     """
 
-    template_fields: Sequence[str] = ("spec_path", "dataset")
+    # `aws_conn_id` is a template field so that it is kept in the serialized DAG: the Partitions page
+    # reads it there to open the dataset's catalog with the connection its tasks use.
+    template_fields: Sequence[str] = ("spec_path", "dataset", "aws_conn_id")
     ui_color = "#e8f4fa"
 
     def __init__(
@@ -63,11 +65,9 @@ class DatasetOperator(BaseOperator):
 
     def open_catalog(self) -> Catalog:
         """The dataset's catalog; one on S3 is reached with the settings of `aws_conn_id`."""
-        from airflow_partitions.catalog import catalog_location
         from airflow_partitions.refresh.commit import open_dataset_catalog
 
-        remote = (catalog_location(self.dataset_spec) or "").startswith("s3://") or self.project.remote
-        settings = self.storage_hook.s3_settings if remote else None
+        settings = self.storage_hook.dataset_settings(self.project, self.dataset_spec)
         return open_dataset_catalog(self.project, self.dataset_spec, s3_settings=settings)
 
     @property

@@ -41,6 +41,8 @@ class RefreshDag:
     dag_id: str
     spec_path: str
     dataset: str
+    # The AWS connection its tasks reach a catalog and files on S3 with (None: the operators' default).
+    aws_conn_id: str | None = None
 
 
 def refresh_dags(dag_ids: Iterable[str] | None = None) -> list[RefreshDag]:
@@ -72,7 +74,8 @@ def refresh_dags(dag_ids: Iterable[str] | None = None) -> list[RefreshDag]:
             spec_path = getattr(task, "spec_path", None)
             dataset = getattr(task, "dataset", None)
             if spec_path and dataset:
-                found.append(RefreshDag(dag_id, str(spec_path), str(dataset)))
+                aws_conn_id = getattr(task, "aws_conn_id", None) or None
+                found.append(RefreshDag(dag_id, str(spec_path), str(dataset), aws_conn_id))
     return found
 
 
@@ -247,12 +250,9 @@ def key_spellings(key_path: str) -> set[str]:
 
 def dataset_document(dag: RefreshDag) -> dict[str, Any]:
     """`status --partitions --json` of the DAG's dataset, refreshing partitions marked, plus `airflow`."""
-    from airflow_partitions.cli.status import dataset_status
     from airflow_partitions.refresh.partition_states import PartitionState
-    from airflow_partitions.spec import load_spec
 
-    project = load_spec(dag.spec_path)
-    report = dataset_status(project, project.dataset(dag.dataset), partitions=True)
+    report = dataset_report(dag)
     activity = run_activity(dag.dag_id)
     counts = report["states"]
     if activity.refreshing or activity.waiting:
@@ -288,11 +288,15 @@ def partition_detail(dag: RefreshDag, key_path: str, *, versions: int = 20) -> d
     """One partition over the newest `versions` retained catalog versions: each version in which it was
     written (version, commit time and operation, rows, bytes, the run and task that wrote it, its source
     fingerprint), newest first, and why discovery would refresh it now."""
+    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
     from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
 
     project = load_spec(dag.spec_path)
-    catalog = open_dataset_catalog(project, project.dataset(dag.dataset))
+    dataset = project.dataset(dag.dataset)
+    # The catalog reached as the DAG's tasks reach it (on S3, through their AWS connection).
+    settings = SnapshotStorageHook(aws_conn_id=dag.aws_conn_id).dataset_settings(project, dataset)
+    catalog = open_dataset_catalog(project, dataset, s3_settings=settings)
     history: list[dict[str, Any]] = []
     previous: Any = None
     for info in catalog.versions(limit=versions):
@@ -328,6 +332,19 @@ def partition_detail(dag: RefreshDag, key_path: str, *, versions: int = 20) -> d
         previous = entry
     history.reverse()
     return {"key_path": key_path, "history": history, "reasons": REASON_TEXT}
+
+
+def dataset_report(dag: RefreshDag) -> dict[str, Any]:
+    """`status --partitions --json` of the DAG's dataset, its catalog on S3 reached with the connection
+    its tasks use (the operators' resolution: `SnapshotStorageHook.dataset_settings`)."""
+    from airflow_partitions.cli.status import dataset_status
+    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(dag.spec_path)
+    dataset = project.dataset(dag.dataset)
+    settings = SnapshotStorageHook(aws_conn_id=dag.aws_conn_id).dataset_settings(project, dataset)
+    return dataset_status(project, dataset, partitions=True, s3_settings=settings)
 
 
 def partitions_to_refresh(document: dict[str, Any]) -> list[str]:

@@ -119,7 +119,7 @@ class PartitionedDatasetReader:
         if root.startswith("s3://") or filesystem is not None:
             location = self._remote = RemoteFiles(
                 root,
-                filesystem if filesystem is not None else default_filesystem(),
+                filesystem if filesystem is not None else self._store_filesystem(),
                 dataset=self.name,
                 cache_dir=Path(cache_dir) if cache_dir is not None else None,
                 cache_max_bytes=cache_max_bytes,
@@ -164,6 +164,16 @@ class PartitionedDatasetReader:
                 "directory or an s3://bucket/prefix URL)"
             )
         return str(data_root)
+
+    def _store_filesystem(self) -> pafs.FileSystem:
+        """The pyarrow filesystem of the store the catalog reaches the files' location with: built from
+        the same resolved S3 settings as its boto3 client, so catalog and files come from one endpoint."""
+        from airflow_partitions.objectstore import S3Store
+
+        for store in (getattr(self.catalog, "data_store", None), self.catalog.store):
+            if isinstance(store, S3Store):
+                return store.arrow_filesystem()
+        return default_filesystem()
 
     @property
     def data_root(self) -> str:

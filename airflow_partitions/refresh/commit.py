@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
+from airflow_partitions.objectstore.location import is_s3_url
 from airflow_partitions.refresh.failures import FailureStore
 from airflow_partitions.refresh.plan import (
     CommitResult,
@@ -28,7 +29,7 @@ from airflow_partitions.refresh.plan import (
     RefreshPlan,
     StageResult,
 )
-from airflow_partitions.refresh.stage import STAGE_MANIFEST, StageManifest, stage_location
+from airflow_partitions.refresh.stage import STAGE_MANIFEST, stage_location
 from airflow_partitions.write.row_hash import bind_certificate
 
 if TYPE_CHECKING:
@@ -331,7 +332,7 @@ def check_conservation(
             hint="Finalize those partitions again (their files were written short or changed), then commit.",
         )
     changes = [r.changed_rows for r in results if r.changed_rows is not None]
-    staged_changes = _staged_changes(stage)
+    staged_changes = _staged_changes(stage, s3_settings)
     if staged_changes is not None and not missing and sum(changes) != staged_changes:
         raise ConservationError(
             dataset,
@@ -373,32 +374,43 @@ def _check_uploaded(
         )
 
 
+def _stage_record(
+    stage: StageResult | str | os.PathLike[str] | None, settings: SettingsLike | None = None
+) -> dict[str, Any] | None:
+    """The stage's manifest as JSON, wherever the stage lives (a local directory or `s3://`); None when
+    there is no stage or it has no manifest."""
+    import json
+
+    location = stage_location(stage)
+    if not location:
+        return None
+    if is_s3_url(location):
+        from airflow_partitions.refresh.remote import read_stage_manifest
+
+        raw = read_stage_manifest(location, settings)
+    else:
+        path = Path(location) / STAGE_MANIFEST
+        raw = path.read_bytes() if path.exists() else None
+    if raw is None:
+        return None
+    record: dict[str, Any] = json.loads(raw)
+    return record
+
+
 def _full_scan_source_rows(
     stage: StageResult | str | os.PathLike[str] | None, settings: SettingsLike | None = None
 ) -> int | None:
     """Rows the stage scanned, when it scanned the whole source (else None: nothing to compare with)."""
-    location = stage_location(stage)
-    if location and location.startswith("s3://"):
-        import json
-
-        from airflow_partitions.refresh.remote import read_stage_manifest
-
-        raw = read_stage_manifest(location, settings)
-        data = json.loads(raw) if raw is not None else {}
-        return data.get("source_rows") if data.get("full_scan") else None
-    if not location or not (Path(location) / STAGE_MANIFEST).exists():
-        return None
-    manifest = StageManifest.load(location)
-    return manifest.source_rows if manifest.full_scan else None
+    record = _stage_record(stage, settings) or {}
+    return record.get("source_rows") if record.get("full_scan") else None
 
 
-def _staged_changes(stage: StageResult | str | os.PathLike[str] | None) -> int | None:
-    """Rows a changes stage read (None for other stages)."""
-    location = stage_location(stage)
-    if not location or not (Path(location) / STAGE_MANIFEST).exists():
-        return None
-    manifest = StageManifest.load(location)
-    return manifest.source_rows if str(manifest.mode) == "changes" else None
+def _staged_changes(
+    stage: StageResult | str | os.PathLike[str] | None, settings: SettingsLike | None = None
+) -> int | None:
+    """Rows a changes stage read (None for other stages), from its manifest on S3 or on local disk."""
+    record = _stage_record(stage, settings) or {}
+    return record.get("source_rows") if str(record.get("mode")) == "changes" else None
 
 
 def plan_commit_id(plan: RefreshPlan) -> str:
@@ -417,7 +429,7 @@ def remove_stage(
     location = stage_location(stage)
     if not location:
         return
-    if location.startswith("s3://"):
+    if is_s3_url(location):
         from airflow_partitions.refresh.remote import remove_remote_stage
 
         remove_remote_stage(location, s3_settings)

@@ -12,6 +12,12 @@ Nothing is rewritten from unchecked bytes: every merged file is checked in full 
 (`storage.integrity.check_files`) first, and a damaged one refuses the compaction with a `StorageError`
 naming the file and the repair (nothing published; the file stays for the repair to replace).
 
+Under an `s3://` accelerator_dir (the catalog then has a `data_store`) the merged files are fetched from
+S3 into private local scratch (each checked against its recorded size and SHA-256), written and counted
+back there, uploaded under their write-once names and read back before the commit references them; the
+scratch is removed afterwards. The catalog's store carries the S3 settings it was opened with, so files
+and catalog are reached with the same ones.
+
 Nothing of the data changes: each partition must hold as many rows after as before (else
 `ConservationError`, nothing published). A refresh or write that touched one of the partitions after the
 planned version makes the commit fail with `CommitConflictError`: the old files stay referenced, and the
@@ -20,8 +26,10 @@ new ones are unreferenced leftovers that vacuum removes.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +40,7 @@ from airflow_partitions.storage.integrity import check_files
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry, Snapshot
+    from airflow_partitions.objectstore import ObjectStore
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
 
@@ -155,8 +164,8 @@ def plan_compaction(
             f"{snapshot.version} was written with; run a refresh first (it rebuilds every partition under "
             "the new partition_by), then compact"
         )
-    root = Path(catalog.data_root or dataset_data_root(project, dataset))
-    entries = _selected_entries(dataset, snapshot, catalog, root, partitions, where)
+    with _files_root(project, dataset, catalog) as (root, remote):
+        entries = _selected_entries(dataset, snapshot, catalog, root, remote, partitions, where)
     planned = []
     for entry in entries:
         small = [f for f in entry.files if _is_small(f, target_file_bytes, target_rows)]
@@ -200,48 +209,59 @@ def run_compaction(
     catalog = catalog or open_dataset_catalog(project, dataset)
     assert plan.base_version is not None  # a plan with partitions was made from a version
     snapshot = catalog.snapshot(plan.base_version)
-    root = Path(catalog.data_root or dataset_data_root(project, dataset))
     storage = catalog.storage or _storage(dataset)
     entries: list[PartitionEntry] = []
     done: list[PartitionCompaction] = []
     mismatched: dict[str, tuple[int | None, int]] = {}
-    for position, item in enumerate(plan.partitions, start=1):
-        entry = snapshot.partitions[item.key_path]
-        merged_rows = sum(f.rows for f in item.merged)
-        # Every byte checked against the catalog before any is rewritten: rewriting damaged rows would
-        # give them a new file with a matching checksum (and vacuum would then delete the evidence).
-        check_files(storage, root, item.merged, dataset=dataset.name)
-        table = storage.read(root, item.merged)
-        writer = _writer(dataset, storage, table.num_rows, sum(f.bytes for f in item.merged), plan)
-        written = writer.write(table, root, entry.key_path) if table.num_rows else []
-        counted = sum(writer.count_rows(root, f) for f in written)
-        if table.num_rows != merged_rows or counted != merged_rows:
-            # Report the first count that differs: the rows read back, else the rows in the new files.
-            differing = table.num_rows if table.num_rows != merged_rows else counted
-            mismatched[item.key_path] = (merged_rows, differing)
-            continue
-        published = writer.publish(root, written) if written else []
-        new_entry = entry.with_files((*item.kept, *published))
-        if new_entry.rows != entry.rows:
-            mismatched[item.key_path] = (entry.rows, new_entry.rows)
-            continue
-        entries.append(new_entry)
-        done.append(
-            PartitionCompaction(
-                key_path=item.key_path,
-                merged=item.merged,
-                kept=item.kept,
-                rows=entry.rows,
-                bytes_before=entry.bytes,
-                files_after=len(new_entry.files),
-                bytes_after=new_entry.bytes,
+    with _files_root(project, dataset, catalog) as (root, remote):
+        for position, item in enumerate(plan.partitions, start=1):
+            entry = snapshot.partitions[item.key_path]
+            merged_rows = sum(f.rows for f in item.merged)
+            if remote is not None:
+                from airflow_partitions.storage.remote import fetch_partition_files
+
+                fetch_partition_files(remote, root, item.merged)
+            # Every byte checked against the catalog before any is rewritten: rewriting damaged rows would
+            # give them a new file with a matching checksum (and vacuum would then delete the evidence).
+            check_files(storage, root, item.merged, dataset=dataset.name)
+            table = storage.read(root, item.merged)
+            writer = _writer(dataset, storage, table.num_rows, sum(f.bytes for f in item.merged), plan)
+            written = writer.write(table, root, entry.key_path) if table.num_rows else []
+            counted = sum(writer.count_rows(root, f) for f in written)
+            if table.num_rows != merged_rows or counted != merged_rows:
+                # Report the first count that differs: the rows read back, else the rows in the new files.
+                differing = table.num_rows if table.num_rows != merged_rows else counted
+                mismatched[item.key_path] = (merged_rows, differing)
+                continue
+            if remote is not None:
+                from airflow_partitions.storage.remote import upload_partition_files
+
+                # Objects on S3 are final once uploaded (write-once, read back): no engine publishes them.
+                upload_partition_files(remote, root, written)
+                published = list(written)
+            else:
+                published = writer.publish(root, written) if written else []
+            new_entry = entry.with_files((*item.kept, *published))
+            if new_entry.rows != entry.rows:
+                mismatched[item.key_path] = (entry.rows, new_entry.rows)
+                continue
+            entries.append(new_entry)
+            done.append(
+                PartitionCompaction(
+                    key_path=item.key_path,
+                    merged=item.merged,
+                    kept=item.kept,
+                    rows=entry.rows,
+                    bytes_before=entry.bytes,
+                    files_after=len(new_entry.files),
+                    bytes_after=new_entry.bytes,
+                )
             )
-        )
-        if progress is not None:
-            progress(
-                f"[{position}/{len(plan.partitions)}] {item.key_path}: {len(entry.files)} -> "
-                f"{len(new_entry.files)} file(s), {entry.rows} row(s)"
-            )
+            if progress is not None:
+                progress(
+                    f"[{position}/{len(plan.partitions)}] {item.key_path}: {len(entry.files)} -> "
+                    f"{len(new_entry.files)} file(s), {entry.rows} row(s)"
+                )
     if mismatched:
         raise ConservationError(
             dataset.name,
@@ -338,11 +358,35 @@ def _is_small(file: DataFile, target_file_bytes: int, target_rows: int | None) -
     return file.bytes < target_file_bytes and (target_rows is None or file.rows < target_rows)
 
 
+@contextlib.contextmanager
+def _files_root(
+    project: ProjectSpec, dataset: DatasetSpec, catalog: Catalog
+) -> Iterator[tuple[Path, ObjectStore | None]]:
+    """Where compaction reads and writes files, and the store they live in when that is S3.
+
+    Locally: the dataset's data directory, no store. Under an `s3://` accelerator_dir: a private scratch
+    directory (removed afterwards) and the catalog's data store, which holds the S3 settings the catalog
+    was opened with.
+    """
+    remote: ObjectStore | None = getattr(catalog, "data_store", None)
+    if remote is None:
+        yield Path(catalog.data_root or dataset_data_root(project, dataset)), None
+        return
+    from airflow_partitions.refresh.remote import scratch_directory
+
+    scratch = scratch_directory(project, f"compact-{dataset.name}")
+    try:
+        yield scratch, remote
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _selected_entries(
     dataset: DatasetSpec,
     snapshot: Snapshot,
     catalog: Catalog,
     root: Path,
+    remote: ObjectStore | None,
     partitions: Sequence[str] | None,
     where: str | None,
 ) -> list[PartitionEntry]:
@@ -367,6 +411,10 @@ def _selected_entries(
     if not with_files:
         return []
     storage = catalog.storage or _storage(dataset)
+    if remote is not None:
+        from airflow_partitions.storage.remote import fetch_partition_files
+
+        fetch_partition_files(remote, root, with_files[0].files[:1])
     schema = storage.file_schema(root, with_files[0].files[0])
     pruned = plan_partitions(PartitionIndex.from_snapshot(snapshot, schema), where, dataset=dataset.name)
     selected = {s.key_path for s in pruned.selected}
