@@ -225,6 +225,7 @@ def build_refresh_dag(
     dag_id: str | None = None,
     default_args: Mapping[str, Any] | None = None,
     dag_kwargs: Mapping[str, Any] | None = None,
+    strategy: str = "auto",
 ) -> DAG:
     """The refresh DAG of one dataset (see the module docstring for its shape).
 
@@ -234,7 +235,9 @@ def build_refresh_dag(
     connection of snapshots and of a catalog on S3. `stage=False` drops the shared stage: each partition
     task then stages its own partition (worth it only when the source reads one partition without
     scanning the rest). `dag_id` defaults to `refresh_<dataset>`; set it to build a second DAG over the
-    same dataset.
+    same dataset. `strategy` (stage task): "auto" writes the partitions in the stage task with the
+    in-process Arrow path when the source fits the worker's memory budget and no Spark connection is
+    configured, else stages with Spark; "arrow" / "spark" force one (`SparkStageOperator`).
     """
     from airflow.sdk import DAG, TriggerRule, XComArg, task_group
 
@@ -289,6 +292,7 @@ def build_refresh_dag(
                 work_items=discover.output,
                 spark_conn_id=spark_conn_id,
                 spark_conf=spark_conf,
+                strategy=strategy,
                 **common,
             )
 

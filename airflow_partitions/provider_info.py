@@ -127,6 +127,16 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "spark_connect_default",
                         "default": "",
                     },
+                    "arrow_memory_budget": {
+                        "description": "Memory the in-process Arrow refresh may use (bytes, or with a "
+                        "unit: 4GiB, 512MB); strategy auto runs Spark when a source's estimate exceeds "
+                        "it. 0: always Spark. Empty: a quarter of the worker's memory. The environment "
+                        "variable AP_ARROW_MEMORY_BUDGET overrides it.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "4GiB",
+                        "default": "",
+                    },
                     "aws_conn_id": {
                         "description": "AWS connection of snapshot uploads and bootstraps; empty: "
                         "aws_default, else boto3's default credential chain.",

@@ -25,6 +25,9 @@ os.environ.setdefault(
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 os.environ.setdefault("TZ", "UTC")
+# `strategy="auto"` picks the in-process Arrow path for sources this small; the suite's refreshes keep
+# testing the Spark stage they were written for. tests/test_refresh_strategy.py sets its own budgets.
+os.environ.setdefault("AP_ARROW_MEMORY_BUDGET", "0")
 
 PG_HOST = os.environ.get("AP_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("AP_TEST_PG_PORT", "5432"))

@@ -57,10 +57,11 @@ def register(subparsers: Any) -> None:
         "--strategy",
         choices=("auto", "spark", "pushdown", "arrow"),
         default="auto",
-        help="auto: read partitions straight from the source when it can prune (Hive files, indexed "
-        "Postgres), else one Spark scan; spark/pushdown force one; arrow: one in-process pyarrow read "
-        "of the whole source, routed and written here (no Spark; sources that fit this machine, full "
-        "refresh mode only)",
+        help="auto: the in-process Arrow path when the source fits this machine's memory budget "
+        "(AP_ARROW_MEMORY_BUDGET, default a quarter of the memory) and no --remote Spark is given, else "
+        "Spark (reading partitions straight from a source that can prune: Hive files, indexed Postgres); "
+        "spark/pushdown force a Spark stage; arrow: one in-process pyarrow read of the whole source, "
+        "routed and written here (full refresh mode only). The summary says which ran and why",
     )
     parser.add_argument("--remote", metavar="SC_URL", help="use a Spark Connect server (sc://host:15002)")
     parser.add_argument("--workers", type=int, default=None, help="parallel partition writers (default 4)")
@@ -147,6 +148,10 @@ def run(args: argparse.Namespace) -> int:
         if summary.conservation is not None:
             print(f"{summary.dataset}: {describe_conservation(summary.conservation)}", file=sys.stderr)
         print(f"{summary.dataset}: {describe_mode(summary)}", file=sys.stderr)
+        if summary.strategy is not None:
+            print(
+                f"{summary.dataset}: strategy {summary.strategy}: {summary.strategy_reason}", file=sys.stderr
+            )
         from airflow_partitions.refresh.cdc import NOTE
 
         for note in summary.notes:

@@ -46,6 +46,21 @@ def configured_spark_conn_id() -> str | None:
     return value.strip() or None
 
 
+def configured_arrow_memory_budget() -> int | None:
+    """`[airflow_partitions] arrow_memory_budget` in bytes, if set and AP_ARROW_MEMORY_BUDGET is not (the
+    variable wins, as in a CLI call); None leaves the default to `refresh.strategy.arrow_memory_budget`."""
+    import os
+
+    from airflow_partitions.refresh.strategy import BUDGET_ENV, parse_bytes
+
+    if os.environ.get(BUDGET_ENV, "").strip():
+        return None
+    value = conf.get(CONFIG_SECTION, "arrow_memory_budget", fallback=None)
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return parse_bytes(value, setting="[airflow_partitions] arrow_memory_budget")
+
+
 def configured_master_timeout() -> float | None:
     """`[airflow_partitions] spark_master_timeout` (env `AIRFLOW__AIRFLOW_PARTITIONS__SPARK_MASTER_TIMEOUT`):
     seconds a refresh waits for its Spark master or Connect server to accept a connection (default 60)."""

@@ -80,6 +80,18 @@ def _stage_with_spark_submit(
         return job.read_stage_result()
 
 
+def open_stage_source(project: ProjectSpec, dataset: DatasetSpec) -> Any:
+    """The dataset's source as the stage reads it (keeping the per-file facts of a file source)."""
+    from airflow_partitions.catalog.open import dataset_directory
+    from airflow_partitions.sources import keep_file_facts, open_dataset_source
+
+    return keep_file_facts(open_dataset_source(dataset), dataset_directory(project, dataset))
+
+
+# The stage task's strategies: auto picks per run (`refresh.strategy`), arrow and spark force one.
+DAG_STRATEGIES = ("auto", "arrow", "spark")
+
+
 # How each Spark mode stages: in a session of this process (local or Spark Connect), or by spark-submit.
 _STAGE_RUNNERS: dict[SparkMode, Callable[[Any, Any, Any, Any], StageResult]] = {
     SparkMode.LOCAL: _stage_in_session,
@@ -145,7 +157,12 @@ class SparkStageOperator(SparkOperatorBase):
     """Read the source once and route the planned partitions' rows to a staging location.
 
     Returns the stage result (location and mode) that `SparkPartitionRefreshOperator` reads; when
-    discovery planned nothing to refresh, an empty one, without starting Spark.
+    discovery planned nothing to refresh, an empty one, without starting Spark. `strategy` "auto"
+    (default) runs the in-process Arrow path in this task when the source fits this worker's memory
+    budget and no Spark connection is configured (`refresh.strategy`): it writes the partition files and
+    the partition tasks only build their entries; "arrow" forces that, "spark" the Spark stage (which
+    reads partitions straight from a source that can prune). The log and the XCom (`strategy`,
+    `strategy_reason`) say which ran and why.
     """
 
     template_fields: Sequence[str] = (*DatasetOperator.template_fields, "plan", "work_items")
@@ -157,20 +174,52 @@ class SparkStageOperator(SparkOperatorBase):
         plan: Any,
         work_items: Any,
         spark_conn_id: str | None = None,
+        strategy: str = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(spark_conn_id=spark_conn_id, **kwargs)
+        if strategy not in DAG_STRATEGIES:
+            raise OrchestrationError(
+                f"strategy {strategy!r} is not one of {', '.join(DAG_STRATEGIES)} (auto: in-process Arrow "
+                "when the source fits this worker, else Spark)"
+            )
         self.plan = plan
         self.work_items = work_items
+        self.strategy = strategy
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_partitions.hooks.spark_refresh import LOCAL, configured_arrow_memory_budget
         from airflow_partitions.refresh.stage import stage_refresh
+        from airflow_partitions.refresh.strategy import choose_strategy
 
         plan = plan_from_xcom(self.plan, self.work_items)
         if not plan.items:
             # An empty stage (no Spark started): the partition tasks skip, the commit applies removals.
             self.log.info("Nothing to refresh in %s: no stage needed", self.dataset)
             return stage_refresh(self.project, self.dataset_spec, plan).to_json()
+        self.prepare_sources()
+        configured = self.spark_hook.spark_conn_id
+        choice = choose_strategy(
+            self.project,
+            plan,
+            open_stage_source(self.project, self.dataset_spec),
+            strategy=self.strategy,
+            spark_given=f"Spark connection {configured!r}" if configured not in (None, "", LOCAL) else None,
+            budget=configured_arrow_memory_budget(),
+        )
+        self.log.info("Refreshing %s with %s: %s", self.dataset, choice.engine, choice.reason)
+        if choice.uses_arrow:
+            stage = stage_refresh(self.project, self.dataset_spec, plan, strategy="arrow")
+            record_stage(self.dataset, elapsed_s=stage.elapsed_s, source_rows=stage.source_rows)
+            self.log.info(
+                "Wrote %d partition(s) of %s in process in %.2fs; rows read %s, routed %s",
+                stage.partitions,
+                self.dataset,
+                stage.elapsed_s,
+                stage.source_rows,
+                stage.routed_rows,
+            )
+            return {**stage.to_json(), "strategy": choice.engine, "strategy_reason": choice.reason}
         stage = self.run_stage(plan)
         record_stage(self.dataset, elapsed_s=stage.elapsed_s, source_rows=stage.source_rows)
         if self.project.remote and stage.location and not stage.location.startswith("s3://"):
@@ -185,7 +234,7 @@ class SparkStageOperator(SparkOperatorBase):
             stage.source_rows,
             stage.routed_rows,
         )
-        return stage.to_json()
+        return {**stage.to_json(), "strategy": choice.engine, "strategy_reason": choice.reason}
 
     def upload_stage(self, stage: StageResult) -> StageResult:
         """Move a local stage to `<accelerator_dir>/_staging/<dataset>/<stamp>/` on S3, so partition tasks

@@ -1,7 +1,8 @@
 """DuckDB scans of the files a plan selected: relations over them, the residual filter, the columns asked.
 
-A reader keeps one in-memory DuckDB database (creating one costs tens of ms); each call runs on a cursor
-inside a `CallScope` that records what the call registered and fetched and undoes it when the call ends.
+The readers of a process share one in-memory DuckDB database (opening one costs tens of ms, a good part
+of a cold point read); each call runs on a cursor inside a `CallScope` that records what the call
+registered and fetched and undoes it when the call ends.
 How a format is scanned (inline `read_parquet`, a view over attached DuckDB files, registered Arrow
 tables) is the storage class's business: `PartitionStorage.duckdb_relation`.
 """
@@ -35,6 +36,38 @@ from airflow_partitions.storage.base import conform
 if TYPE_CHECKING:
     from airflow_partitions.pruning import PrunePlan
     from airflow_partitions.storage import DataFile, PartitionStorage
+
+# The process's read database, made on first use and shared by every reader of the process (a fork gets
+# a new one: a DuckDB database must not be used across fork). Guarded by `_SHARED_LOCK`.
+_SHARED_LOCK = threading.RLock()
+_shared_database: tuple[int, Any] | None = None
+_shared_functions_ready = False
+# Attached files belong to the whole database: attach / detach are serialised across readers.
+_SHARED_ATTACH_LOCK = threading.Lock()
+
+
+def shared_read_database() -> Any:
+    """The process's in-memory DuckDB database for reads (UTC, optimizer settings as for every read)."""
+    global _shared_database, _shared_functions_ready
+    with _SHARED_LOCK:
+        pid = os.getpid()
+        if _shared_database is None or _shared_database[0] != pid:
+            _shared_database = (pid, new_duckdb_connection(functions=False))
+            _shared_functions_ready = False
+        return _shared_database[1]
+
+
+def _shared_read_functions() -> None:
+    """Register the transforms' UDFs on the shared database once (only reads that call them need it)."""
+    global _shared_functions_ready
+    with _SHARED_LOCK:
+        database = shared_read_database()
+        if not _shared_functions_ready:
+            from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
+
+            register_duckdb_functions(database)
+            _shared_functions_ready = True
+
 
 # Residual filters with more nodes than this (each IN-list value counts as one) are applied above the
 # scan instead of inside it.
@@ -143,8 +176,7 @@ class DuckDBScanner:
         self._lock = lock
         self._local = threading.local()
         self._connection: Any = None
-        self._functions_ready = False
-        self._attach_lock = threading.Lock()
+        self._attach_lock = _SHARED_ATTACH_LOCK
         self.sandboxes = SandboxDatabases(lock)
 
     @property
@@ -293,21 +325,15 @@ class DuckDBScanner:
     # --- the database -----------------------------------------------------------------------------
 
     def _base_connection(self) -> Any:
-        """One in-memory DuckDB database per reader (creating one costs tens of ms); calls use cursors."""
+        """The process's shared read database (`shared_read_database`); calls use cursors of it."""
         with self._lock:
             if self._connection is None:
-                self._connection = new_duckdb_connection(functions=False)
-                self._functions_ready = False
+                self._connection = shared_read_database()
             return self._connection
 
     def _ensure_functions(self) -> None:
-        connection = self._base_connection()
-        with self._lock:
-            if not self._functions_ready:
-                from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
-
-                register_duckdb_functions(connection)
-                self._functions_ready = True
+        self._base_connection()
+        _shared_read_functions()
 
     @contextlib.contextmanager
     def _cursor(self) -> Iterator[tuple[Any, CallScope]]:
@@ -350,11 +376,14 @@ class DuckDBScanner:
                 release()
 
     def close(self) -> None:
-        """Release the database (a later call opens a new one)."""
+        """Release this reader's cursors and sandboxes; the shared database stays for the process."""
         with self._lock:
-            if self._connection is not None:
-                self._connection.close()
-                self._connection = None
+            self._connection = None
+            cursor = getattr(self._local, "cursor", None)
+            self._local = threading.local()
+        if cursor is not None:
+            with contextlib.suppress(Exception):
+                cursor.close()
         self.sandboxes.close()
 
 

@@ -7,6 +7,7 @@ for the command line and tests, finalising partitions on a small thread pool.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +35,10 @@ from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.modes import apply_refresh_mode, changes_fallback, plan_changes
 from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
 from airflow_partitions.refresh.stage import stage_refresh
+from airflow_partitions.refresh.strategy import StrategyChoice, choose_strategy, describe_spark
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog
@@ -186,6 +190,9 @@ class RefreshSummary:
     late_rows: dict[str, int] | None = None
     future_rows: dict[str, int] | None = None
     late_rows_policy: str | None = None
+    # The engine that ran ("arrow" or "spark") and why (`refresh.strategy.choose_strategy`).
+    strategy: str | None = None
+    strategy_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -210,6 +217,8 @@ class RefreshSummary:
             "late_rows": self.late_rows,
             "future_rows": self.future_rows,
             "late_rows_policy": self.late_rows_policy,
+            "strategy": self.strategy,
+            "strategy_reason": self.strategy_reason,
         }
 
 
@@ -232,6 +241,7 @@ def refresh_dataset(
     allow_partial: bool = False,
     source: Source | None = None,
     storage: PartitionStorage | None = None,
+    arrow_memory_budget: int | None = None,
 ) -> RefreshSummary:
     """Plan, stage, finalize every planned partition and commit, in this process.
 
@@ -240,7 +250,62 @@ def refresh_dataset(
     Lost or extra rows (`ConservationError`, from any step) always refuse the whole commit, partial or
     not: the error names every differing partition. `storage` replaces the dataset's storage engine for
     the partition writes (the engine must publish like the dataset's own).
+
+    `strategy`: "auto" (default) runs the in-process Arrow path when the source fits this machine's memory
+    budget (`arrow_memory_budget` bytes, else `AP_ARROW_MEMORY_BUDGET`, else a quarter of the memory) and
+    no Spark was given, else the Spark stage (`refresh.strategy`); "arrow", "spark" and "pushdown" force
+    theirs. The summary's `strategy` and `strategy_reason` say which ran and why.
     """
+    chosen: list[StrategyChoice] = []
+    try:
+        summary = _refresh_dataset(
+            project,
+            dataset,
+            partitions,
+            where,
+            full,
+            progress,
+            spark=spark,
+            remote=remote,
+            strategy=strategy,
+            repartition=repartition,
+            workers=workers,
+            allow_partial=allow_partial,
+            source=source,
+            storage=storage,
+            arrow_memory_budget=arrow_memory_budget,
+            chosen=chosen,
+        )
+    except (ConservationError, PartitionsFailedError) as err:
+        refused: RefreshSummary | None = getattr(err, "summary", None)
+        if refused is not None and chosen:
+            refused.strategy, refused.strategy_reason = chosen[0].engine, chosen[0].reason
+        raise
+    if chosen:
+        summary.strategy, summary.strategy_reason = chosen[0].engine, chosen[0].reason
+    return summary
+
+
+def _refresh_dataset(
+    project: ProjectSpec | str | os.PathLike[str],
+    dataset: DatasetSpec | str,
+    partitions: Sequence[str] | None = None,
+    where: str | None = None,
+    full: bool = False,
+    progress: ProgressCallback | None = None,
+    *,
+    spark: Any = None,
+    remote: str | None = None,
+    strategy: str = "auto",
+    repartition: bool = False,
+    workers: int | None = None,
+    allow_partial: bool = False,
+    source: Source | None = None,
+    storage: PartitionStorage | None = None,
+    arrow_memory_budget: int | None,
+    chosen: list[StrategyChoice],
+) -> RefreshSummary:
+    """`refresh_dataset`; appends the strategy it chose to `chosen` once planned."""
     started = time.monotonic()
     timings: dict[str, float] = {}
     project = load_project(project)
@@ -255,6 +320,17 @@ def refresh_dataset(
     plan = plan_refresh(project, spec, partitions=partitions, where=where, full=full, source=source)
     timings["discover"] = time.monotonic() - started
     total = len(plan.items)
+    choice = choose_strategy(
+        project,
+        plan,
+        source,
+        strategy=strategy,
+        spark_given=describe_spark(spark=spark, remote=remote),
+        budget=arrow_memory_budget,
+    )
+    chosen.append(choice)
+    log.info("%s: refreshing with %s: %s", spec.name, choice.engine, choice.reason)
+    strategy = choice.strategy
     if strategy == "arrow":
         return _refresh_with_arrow(
             project,

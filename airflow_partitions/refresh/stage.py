@@ -294,6 +294,9 @@ def stage_refresh(
         return StageResult(plan.dataset, None, StageMode.EMPTY, 0, time.monotonic() - started)
     source = keep_file_facts(source or open_dataset_source(dataset), dataset_directory(project, dataset))
     bound = bind_to_source(dataset, source)
+    if strategy == "arrow":
+        target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
+        return _stage_with_arrow(project, bound, plan, source, target, storage, started)
     transforms = [f.transform for f in bound.acceleration.partition_by]
     changes = any(item.changes for item in plan.items)
     mode = StageMode.CHANGES if changes else choose_mode(source, transforms, strategy)
@@ -422,6 +425,73 @@ def stage_refresh(
         spark=ran_on,
         source_rows=counts.source_rows if counts is not None else None,
         routed_rows=counts.routed_rows if counts is not None else None,
+    )
+
+
+def _stage_with_arrow(
+    project: ProjectSpec,
+    bound: DatasetSpec,
+    plan: RefreshPlan,
+    source: Source,
+    target: Path,
+    storage: PartitionStorage | None,
+    started: float,
+) -> StageResult:
+    """The in-process Arrow path as a stage (a DAG's stage task under `strategy="auto"`): the source read,
+    routed and written here, the files listed in a WRITTEN manifest, so the partition tasks read no data
+    and only build their entries from it, as after a Spark stage whose executors wrote the files."""
+    from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported, remove_written
+    from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
+    from airflow_partitions.refresh.written import WrittenItem
+
+    check_arrow_supported(project, plan)
+    if (target / STAGE_MANIFEST).exists():
+        raise RefreshError(f"stage location {target} already holds a finished stage; use a new location")
+    full_scan = len(plan.items) >= plan.discovered and not plan.appending
+    data_root = dataset_data_root(project, bound)
+    done = arrow_refresh(bound, plan, source, data_root, selecting=not full_scan, storage=storage)
+    by_path = {result.entry.key_path: result for result in done.results}
+    written = {
+        index: WrittenItem(
+            # The Arrow path records what it routed to every partition it writes.
+            routed=by_path[item.key_path].routed or 0,
+            written=by_path[item.key_path].entry.rows,
+            files=by_path[item.key_path].entry.files,
+            certificate=by_path[item.key_path].entry.certificate,
+        )
+        for index, item in enumerate(plan.items)
+        if item.key_path in by_path
+    }
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        StageManifest(
+            dataset=bound.name,
+            spec_id=bound.acceleration.partition_spec_id,
+            mode=StageMode.WRITTEN,
+            source=source.to_json(),
+            schema=source.schema(),
+            items=written_entries(plan, written),
+            created_at=recorded_now(),
+            discovery=plan.discovery,
+            source_rows=done.source_rows,
+            routed_rows=done.routed_rows,
+            full_scan=full_scan,
+            counted_by="observed",
+        ).write(target)
+    except BaseException:
+        engine = storage or dataset_storage(bound)
+        remove_written(engine, data_root, [f for result in done.results for f in result.entry.files])
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    return StageResult(
+        bound.name,
+        str(target),
+        StageMode.WRITTEN,
+        len(plan.items),
+        time.monotonic() - started,
+        spark="in-process arrow",
+        source_rows=done.source_rows,
+        routed_rows=done.routed_rows,
     )
 
 

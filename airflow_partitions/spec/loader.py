@@ -10,6 +10,7 @@ import datetime as dt
 import difflib
 import json
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,6 +97,11 @@ KNOWN_ACCELERATION_PARAMS = ("partition_mode", "max_rows_per_file", "row_group_r
 EnumT = TypeVar("EnumT", Engine, Mode, PartitionMode, SnapshotMode, FileFormat, RefreshMode)
 
 
+# Parsed specs of this process by (resolved path, text, check_types, scratch-dir variable).
+_SPEC_CACHE: dict[tuple[str, str, bool, str | None], ProjectSpec] = {}
+_SPEC_CACHE_LOCK = threading.Lock()
+
+
 def load_spec(path: str | Path, *, check_types: bool = True) -> ProjectSpec:
     """Read and validate the spec file at `path`; raises `SpecValidationError` listing every problem.
 
@@ -110,7 +116,21 @@ def load_spec(path: str | Path, *, check_types: bool = True) -> ProjectSpec:
         raise SpecValidationError([f"spec file not found: {spec_path}"], path=str(spec_path)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise SpecValidationError([f"cannot read spec file {spec_path}: {err}"], path=str(spec_path)) from err
-    return parse_spec(text, path=spec_path, check_types=check_types)
+    # A parsed spec is immutable: a process parses each file once until its text changes (a CLI call or a
+    # task opens the same spec for the reader, the catalog and the operator). Keyed by the text, not the
+    # mtime: file times tick in milliseconds, and a rewrite inside one tick must not read as unchanged.
+    key = (str(spec_path), text, check_types, os.environ.get(SCRATCH_DIR_ENV))
+    with _SPEC_CACHE_LOCK:
+        cached = _SPEC_CACHE.get(key)
+    if cached is not None:
+        return cached
+    project = parse_spec(text, path=spec_path, check_types=check_types)
+    with _SPEC_CACHE_LOCK:
+        # One entry per (file, check_types): an edited file replaces its older parse.
+        for stale in [k for k in _SPEC_CACHE if k[0] == key[0] and k[2] == check_types]:
+            del _SPEC_CACHE[stale]
+        _SPEC_CACHE[key] = project
+    return project
 
 
 def parse_spec(

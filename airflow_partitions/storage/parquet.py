@@ -9,7 +9,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from airflow_partitions.exceptions import StorageError
@@ -125,6 +124,10 @@ class ParquetStorage(PartitionStorage):
         if columns is not None:
             _project(unified.empty_table(), columns)  # unknown columns: a clear error before scanning
         paths = [str(data_file_path(root, f)) for f in files]
+        # Imported here, not at module level: pyarrow.dataset pulls in pandas (~0.3 s on a cold start),
+        # and a point read goes through DuckDB, not this scan.
+        import pyarrow.dataset as ds
+
         try:
             for file, path in zip(files, paths, strict=True):
                 verify_file(Path(path), file, dataset=root.name)

@@ -1,0 +1,215 @@
+"""`strategy="auto"`: per run, the in-process Arrow path when the work fits this machine, Spark otherwise.
+
+Both paths are exact (tests/test_conservation_matrix.py runs every case through both), so the choice
+changes only where the work runs and how long it takes. Arrow reads the whole source into this process,
+routes and writes it here: it wins whenever the source fits in memory and this worker can reach it. Spark
+is chosen when
+
+* a Spark session, a Spark Connect server or a Spark connection is given (the operator asked for a
+  cluster);
+* the plan is one the Arrow path does not run (refresh_mode append / changes, an `s3://` accelerator_dir);
+* the source's size cannot be told (a Postgres view, another kind of source) or the source cannot be
+  reached from here (then the Spark stage reports why);
+* the estimated in-memory size exceeds the budget: `AP_ARROW_MEMORY_BUDGET` or
+  `[airflow_partitions] arrow_memory_budget` (env `AIRFLOW__AIRFLOW_PARTITIONS__ARROW_MEMORY_BUDGET`),
+  bytes with an optional unit (`2GiB`, `512MB`), default a quarter of the machine's memory; `0` never
+  picks Arrow.
+
+The estimate is deliberately rough and errs towards Spark: file sources from the listing's sizes, Postgres
+from `pg_total_relation_size` and `pg_class.reltuples`, times how much larger the Arrow path's peak is
+than the stored bytes (`PEAK_PER_STORED_BYTE`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.exceptions import RefreshError, SourceError
+
+if TYPE_CHECKING:
+    from airflow_partitions.refresh.plan import RefreshPlan
+    from airflow_partitions.sources.base import Source
+    from airflow_partitions.spec.model import ProjectSpec
+
+BUDGET_ENV = "AP_ARROW_MEMORY_BUDGET"
+BUDGET_CONFIG_ENV = "AIRFLOW__AIRFLOW_PARTITIONS__ARROW_MEMORY_BUDGET"
+ARROW = "arrow"
+# What `auto` hands the Spark stage: it then reads partitions straight from a source that can prune
+# (Hive files, indexed Postgres) and scans the rest once with Spark (`stage.choose_mode`).
+STAGE_AUTO = "auto"
+# Peak memory of the Arrow path per byte the source stores, erring high: the table read (Parquet
+# decompresses and decodes to several times its file size; text and Postgres heap pages hold about as
+# much as Arrow), one routed copy of it, and the writers' buffers.
+PEAK_PER_STORED_BYTE = {"parquet": 8.0, "csv": 3.0, "json": 3.0, "postgres": 3.0}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """The strategy a run uses and why, for the summary, `--json`, the logs and the stage task."""
+
+    strategy: str  # "arrow", or the stage strategy handed to Spark ("auto", "spark", "pushdown")
+    reason: str
+    estimated_bytes: int | None = None  # the Arrow path's estimated peak, when the source was sized
+    budget_bytes: int | None = None
+
+    @property
+    def uses_arrow(self) -> bool:
+        return self.strategy == ARROW
+
+    @property
+    def engine(self) -> str:
+        """ "arrow" or "spark": which engine runs the refresh."""
+        return ARROW if self.uses_arrow else "spark"
+
+
+@dataclass(frozen=True)
+class SourceSize:
+    """What the source stores: bytes, and rows when the source keeps an estimate."""
+
+    stored_bytes: int
+    rows: int | None
+    kind: str  # a key of PEAK_PER_STORED_BYTE
+    what: str  # e.g. "3 parquet file(s)", "Postgres table public.trips"
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.stored_bytes * PEAK_PER_STORED_BYTE[self.kind])
+
+
+def parse_bytes(text: str, *, setting: str = BUDGET_ENV) -> int:
+    """Bytes from `2GiB`, `512 MB`, `1e9` or a plain integer; `RefreshError` naming `setting` otherwise."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in _UNITS:
+        raise RefreshError(
+            f"{setting} is {text!r}; give bytes with an optional unit, e.g. 4GiB, 512MB or 1000000000 "
+            "(0: never pick the in-process Arrow path)"
+        )
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def machine_memory() -> int | None:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def arrow_memory_budget() -> int:
+    """The memory the Arrow path may use: the configured budget, else a quarter of the machine's memory."""
+    for setting in (BUDGET_ENV, BUDGET_CONFIG_ENV):
+        raw = os.environ.get(setting)
+        if raw is not None and raw.strip():
+            return parse_bytes(raw, setting=setting)
+    memory = machine_memory()
+    return memory // 4 if memory else 1024**3
+
+
+def source_size(source: Source) -> SourceSize | None:
+    """What `source` stores, from its listing or catalog; None when it cannot be told (a view, another
+    kind of source). Raises `SourceError` when the source cannot be reached."""
+    from airflow_partitions.sources.files import FileSource
+    from airflow_partitions.sources.postgres import PostgresSource
+
+    if isinstance(source, FileSource):
+        files = source.list_files()
+        kind = source.file_format
+        return SourceSize(sum(f.size for f in files), None, kind, f"{len(files)} {kind} file(s)")
+    if isinstance(source, PostgresSource):
+        if source.relation_kind not in ("r", "p", "m"):
+            return None  # a view or foreign table: its size is the size of what it reads, unknown here
+        table = source.query_arrow(
+            "SELECT pg_total_relation_size(c.oid)::int8 AS bytes, c.reltuples::float8 AS tuples "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = $1 AND c.relname = $2",
+            (source.table.schema, source.table.name),
+        )
+        row = table.to_pylist()[0]
+        tuples = row["tuples"]
+        rows = int(tuples) if tuples is not None and tuples >= 0 else None  # -1: never analysed
+        return SourceSize(int(row["bytes"]), rows, "postgres", f"Postgres table {source.table}")
+    return None
+
+
+def choose_strategy(
+    project: ProjectSpec,
+    plan: RefreshPlan,
+    source: Source,
+    *,
+    strategy: str = STAGE_AUTO,
+    spark_given: str | None = None,
+    budget: int | None = None,
+) -> StrategyChoice:
+    """The strategy of this run: `strategy` itself unless it is "auto", then Arrow or the Spark stage.
+
+    `spark_given` names the Spark the caller configured (a session, a Spark Connect URL, a connection):
+    then Spark runs. `budget` overrides `arrow_memory_budget()`.
+    """
+    if strategy != STAGE_AUTO:
+        return StrategyChoice(strategy, f"strategy {strategy!r} was set explicitly")
+    if spark_given:
+        return StrategyChoice(STAGE_AUTO, f"Spark is configured for this refresh ({spark_given})")
+    from airflow_partitions.refresh.arrow_refresh import check_arrow_supported
+
+    try:
+        check_arrow_supported(project, plan)
+    except RefreshError as err:
+        return StrategyChoice(STAGE_AUTO, f"the in-process Arrow path cannot run this plan: {_first(err)}")
+    limit = arrow_memory_budget() if budget is None else budget
+    if limit <= 0:
+        return StrategyChoice(STAGE_AUTO, "the Arrow memory budget is 0 (never in-process)", None, limit)
+    try:
+        size = source_size(source)
+    except SourceError as err:
+        return StrategyChoice(STAGE_AUTO, f"the source is not reachable from this worker: {_first(err)}")
+    if size is None:
+        return StrategyChoice(
+            STAGE_AUTO, f"the size of {source.describe()} cannot be estimated before reading it"
+        )
+    rows = f", ~{size.rows:,} rows" if size.rows is not None else ""
+    sized = f"{size.what}: {_human(size.stored_bytes)} stored{rows}, ~{_human(size.peak_bytes)} in memory"
+    if size.peak_bytes > limit:
+        return StrategyChoice(
+            STAGE_AUTO, f"{sized} > Arrow memory budget {_human(limit)}", size.peak_bytes, limit
+        )
+    return StrategyChoice(ARROW, f"{sized} <= Arrow memory budget {_human(limit)}", size.peak_bytes, limit)
+
+
+def describe_spark(*, spark: Any = None, remote: str | None = None) -> str | None:
+    """What Spark a `refresh_dataset` caller gave, in words (never a URL's credentials); None for none."""
+    if remote:
+        return "a Spark Connect server"
+    if spark is not None:
+        return "a Spark session was given"
+    return None
+
+
+def _first(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _human(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
