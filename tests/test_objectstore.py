@@ -269,6 +269,10 @@ def test_catalog_on_s3_uses_the_settings_passed_and_the_environment_otherwise(
     data_file = DataFile(
         f"{key.path(SPEC.names)}/part-0.parquet", "parquet", rows=1, bytes=5, checksum="0" * 64
     )
+    # A commit publishes only files that exist (the data directory stays local here).
+    assert catalog.data_root is not None
+    (catalog.data_root / data_file.path).parent.mkdir(parents=True)
+    (catalog.data_root / data_file.path).write_bytes(b"12345")
     catalog.commit(
         base_version=None,
         upserts=[PartitionEntry.from_files(key, SPEC, [data_file], source_fingerprint="fp")],

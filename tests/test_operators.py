@@ -592,6 +592,10 @@ def test_snapshot_operators_open_a_catalog_on_s3_with_their_aws_connection(
         f"{key.path(partition_spec.names)}/part-0.parquet", "parquet", 1, 5, checksum="0" * 64
     )
     entry = PartitionEntry.from_files(key, partition_spec, [data_file], source_fingerprint="fp")
+    # A commit publishes only files that exist (the data directory stays local here).
+    assert catalog.data_root is not None
+    (catalog.data_root / data_file.path).parent.mkdir(parents=True)
+    (catalog.data_root / data_file.path).write_bytes(b"12345")
     assert catalog.commit(base_version=None, upserts=[entry], partition_spec=partition_spec) == 1
 
     # The environment names an endpoint where nothing listens: only the connection reaches the store.

@@ -66,14 +66,16 @@ def pg_step(conn: Any, rng: random.Random, kind: str, next_id: list[int], *, jit
         offset = {"insert": dt.timedelta(0), "late": -dt.timedelta(days=20), "future": dt.timedelta(days=30)}
         for _ in range(rng.randint(1, 5)):
             next_id[0] += 1
+            # Stamped by the server's clock, as the `move` step's `now()`: a Python time cut to the second
+            # could fall below a watermark a `move` set earlier in that second, a late row for `changes`.
             conn.execute(
-                "INSERT INTO public.t VALUES (%s, %s, %s, %s, %s)",
+                "INSERT INTO public.t VALUES (%s, %s, %s, %s, clock_timestamp() + %s)",
                 (
                     next_id[0],
                     rng.choice(REGIONS),
                     rng.choice([None, f"{rng.uniform(-99, 99):.2f}"]),
                     rng.choice(NOTES),
-                    now() + offset[kind] - dt.timedelta(minutes=rng.randint(0, 30) if jitter else 0),
+                    offset[kind] - dt.timedelta(minutes=rng.randint(0, 30) if jitter else 0),
                 ),
             )
     elif kind == "move":  # an update: a new value, the watermark forward, sometimes another partition

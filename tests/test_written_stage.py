@@ -45,7 +45,8 @@ def write_project(
         f"      engine: {engine}\n"
         f"      params: {engine_params}\n"
         f"      partition_by: {partition_by}\n"
-        + ("      refresh_mode: append\n      refresh: {watermark_column: id}\n" if append else "")
+        # The executors' own watermark filter is under test: late rows are reported, not rewritten.
+        + ("      refresh_mode: append\n      refresh: {watermark_column: id, late_rows: report}\n" if append else "")
     )
     return tmp_path / "spec.yaml", pa.concat_tables(chunks)
 
@@ -253,6 +254,7 @@ def test_an_append_through_the_refresh_dag_has_the_executors_write_the_new_files
     plan = plan_refresh(project, dataset)
     assert plan.refresh_mode == "append"
     assert all(item.append for item in plan.items), "every partition is committed: each appends"
+    assert plan.late_rows is not None and sum(plan.late_rows.values()) == late.num_rows, "late rows reported"
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "refresh_trips.py").write_text(
