@@ -344,8 +344,10 @@ def build_refresh_dags(
     stage: bool = True,
     default_args: Mapping[str, Any] | None = None,
     dag_kwargs: Mapping[str, Any] | None = None,
+    strategy: str = "auto",
 ) -> dict[str, DAG]:
-    """One refresh DAG per enabled dataset of the spec at `spec_path`, keyed by DAG id.
+    """One refresh DAG per enabled dataset of the spec at `spec_path`, keyed by DAG id (the arguments as
+    for `build_refresh_dag`).
 
     A DAG file exposes them with `globals().update(build_refresh_dags(...))`. A broken spec raises
     `SpecValidationError` listing every problem, which Airflow shows as the file's import error.
@@ -376,6 +378,7 @@ def build_refresh_dags(
             stage=stage,
             default_args=default_args,
             dag_kwargs=dag_kwargs,
+            strategy=strategy,
         )
         dags[dag.dag_id] = dag
     return dags

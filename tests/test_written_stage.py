@@ -46,7 +46,11 @@ def write_project(
         f"      params: {engine_params}\n"
         f"      partition_by: {partition_by}\n"
         # The executors' own watermark filter is under test: late rows are reported, not rewritten.
-        + ("      refresh_mode: append\n      refresh: {watermark_column: id, late_rows: report}\n" if append else "")
+        + (
+            "      refresh_mode: append\n      refresh: {watermark_column: id, late_rows: report}\n"
+            if append
+            else ""
+        )
     )
     return tmp_path / "spec.yaml", pa.concat_tables(chunks)
 
@@ -254,7 +258,8 @@ def test_an_append_through_the_refresh_dag_has_the_executors_write_the_new_files
     plan = plan_refresh(project, dataset)
     assert plan.refresh_mode == "append"
     assert all(item.append for item in plan.items), "every partition is committed: each appends"
-    assert plan.late_rows is not None and sum(plan.late_rows.values()) == late.num_rows, "late rows reported"
+    assert plan.late_rows is not None
+    assert sum(plan.late_rows.values()) == late.num_rows, "the late rows are reported"
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "refresh_trips.py").write_text(

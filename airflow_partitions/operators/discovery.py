@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_partitions.exceptions import FilterError
 from airflow_partitions.hooks.partitioned_dataset import run_partition_key
