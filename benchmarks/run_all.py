@@ -17,9 +17,11 @@ from pathlib import Path
 
 BENCHMARKS = (
     "bench_transforms",
+    "bench_expressions",
     "bench_catalog",
     "bench_pruning",
     "bench_cold_reads",
+    "bench_cold_start",
     "bench_verified_reads",
     "bench_in_lists",
     "bench_refresh",
