@@ -203,9 +203,8 @@ def _changes_plan(
     notes: list[str],
 ) -> RefreshPlan:
     """The partitions the changed rows land in, and those whose files may hold a changed or deleted key."""
-    from airflow_partitions.keys import PartitionKey
-    from airflow_partitions.refresh.modes import KeyProbe
-    from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
+    from airflow_partitions.refresh.modes import changes_items, changes_touched
+    from airflow_partitions.refresh.plan import DiscoveryKind, Reason, RefreshPlan
     from airflow_partitions.sources.base import schema_tag, tagged_fingerprint
     from airflow_partitions.sources.pg_cdc import DELETED_COLUMN
 
@@ -213,33 +212,17 @@ def _changes_plan(
     keys = list(acceleration.primary_key)
     names = acceleration.partition_names
     landing = _landing(dataset, typed)
-    touched: dict[str, PartitionKey] = {PartitionKey(k).path(names): PartitionKey(k) for k in landing}
-    # Matched as the merge matches keys (IS NOT DISTINCT FROM): NULL, NaN and -0.0 included.
-    probe = KeyProbe.of(typed.column(keys[0]).to_pylist())
-    for key_path, committed in snapshot.partitions.items():
-        if key_path not in touched and probe.may_be_in(committed, keys[0]):
-            touched[key_path] = committed.key
+    # Keys matched as the merge matches them (IS NOT DISTINCT FROM): NULL, NaN and -0.0 included.
+    touched = changes_touched(snapshot, names, landing, keys[0], typed.column(keys[0]).to_pylist())
     schema = typed.schema.remove(typed.schema.get_field_index(DELETED_COLUMN))
     fingerprint = tagged_fingerprint(schema_tag(schema), f"cdc-{cdc['upto']}")
-    items = []
-    for key_path in sorted(touched):
-        entry = snapshot.partitions.get(key_path)
-        items.append(
-            PartitionWorkItem(
-                key=tuple(touched[key_path].to_json()),
-                key_path=key_path,
-                reason=Reason.NEW if entry is None else Reason.CHANGED,
-                fingerprint=fingerprint,
-                changes=True,
-                base_files=tuple(entry.files) if entry is not None else (),
-            )
-        )
+    items = changes_items(snapshot, touched, fingerprint)
     return RefreshPlan(
         dataset=dataset.name,
         spec_id=acceleration.partition_spec_id,
         partition_names=names,
         base_version=snapshot.version,
-        items=tuple(items),
+        items=items,
         removed=(),
         unchanged=len(snapshot.partitions) - sum(1 for i in items if i.reason is Reason.CHANGED),
         discovered=len(set(snapshot.partitions) | set(touched)),

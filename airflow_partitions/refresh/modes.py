@@ -28,12 +28,12 @@ past that value), so a future-dated row cannot hold back the ordinary rows that 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import LateRowsError, RefreshError
-from airflow_partitions.keys import value_to_json
+from airflow_partitions.keys import PartitionKey, value_to_json
 from airflow_partitions.refresh.plan import PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import (
     RowsSince,
@@ -476,12 +476,7 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
     if changed.num_rows:
         values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
         landing = set(zip(*values, strict=True))
-    touched: dict[str, PartitionKey] = {PartitionKey(k).path(names): PartitionKey(k) for k in landing}
-    if changed.num_rows:
-        probe = KeyProbe.of(changed.column(keys[0]).to_pylist())
-        for key_path, committed in snapshot.partitions.items():
-            if key_path not in touched and probe.may_be_in(committed, keys[0]):
-                touched[key_path] = committed.key
+    touched = changes_touched(snapshot, names, landing, keys[0], changed.column(keys[0]).to_pylist())
     future_rows: dict[str, int] = {}
     if bound is not None and changed.num_rows:
         ahead = pc.fill_null(pc.greater(changed.column(column), pa.scalar(bound, type=column_type)), False)
@@ -494,21 +489,9 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
             future_rows[path] = future_rows.get(path, 0) + 1
     tag = schema_tag(source.schema())
     fingerprint = tagged_fingerprint(tag, f"changes-{value_to_json(upper)}")
-    items: list[PartitionWorkItem] = []
-    for key_path in sorted(touched):
-        entry = snapshot.partitions.get(key_path)
-        items.append(
-            PartitionWorkItem(
-                key=tuple(touched[key_path].to_json()),
-                key_path=key_path,
-                reason=Reason.NEW if entry is None else Reason.CHANGED,
-                fingerprint=fingerprint,
-                changes=True,
-                watermark=value_to_json(watermark),
-                upper=value_to_json(upper),
-                base_files=tuple(entry.files) if entry is not None else (),
-            )
-        )
+    items = changes_items(
+        snapshot, touched, fingerprint, watermark=value_to_json(watermark), upper=value_to_json(upper)
+    )
     from airflow_partitions.refresh.plan import DiscoveryKind
 
     return RefreshPlan(
@@ -544,6 +527,51 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
         changed_rows=changed.num_rows,
         changed_partitions=len(items),
     )
+
+
+def changes_touched(
+    snapshot: Snapshot,
+    names: Sequence[str],
+    landing: Iterable[tuple[Any, ...]],
+    key_column: str,
+    changed_keys: Sequence[Any],
+) -> dict[str, PartitionKey]:
+    """The partitions a changes refresh rewrites, by key path: those the changed rows land in, and those
+    whose files may hold one of the changed keys (its old row, to be replaced or deleted)."""
+    touched = {PartitionKey(k).path(names): PartitionKey(k) for k in landing}
+    if changed_keys:
+        probe = KeyProbe.of(changed_keys)
+        for key_path, committed in snapshot.partitions.items():
+            if key_path not in touched and probe.may_be_in(committed, key_column):
+                touched[key_path] = committed.key
+    return touched
+
+
+def changes_items(
+    snapshot: Snapshot,
+    touched: Mapping[str, PartitionKey],
+    fingerprint: str,
+    *,
+    watermark: Any = None,
+    upper: Any = None,
+) -> tuple[PartitionWorkItem, ...]:
+    """One changes item per touched partition, in key path order, carrying its committed files."""
+    items = []
+    for key_path in sorted(touched):
+        entry = snapshot.partitions.get(key_path)
+        items.append(
+            PartitionWorkItem(
+                key=tuple(touched[key_path].to_json()),
+                key_path=key_path,
+                reason=Reason.NEW if entry is None else Reason.CHANGED,
+                fingerprint=fingerprint,
+                changes=True,
+                watermark=watermark,
+                upper=upper,
+                base_files=tuple(entry.files) if entry is not None else (),
+            )
+        )
+    return tuple(items)
 
 
 @dataclass(frozen=True)
