@@ -30,7 +30,14 @@ from airflow_partitions.pruning import (
 )
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.limits import check_budget
-from airflow_partitions.read.query import QUERY_HINT, READ_HINT, QueryLimits, run_query, sandbox_references
+from airflow_partitions.read.query import (
+    QUERY_HINT,
+    READ_HINT,
+    QueryLimits,
+    parsed_statement,
+    run_query,
+    sandbox_references,
+)
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 from airflow_partitions.read.remote import RemoteFiles, default_filesystem
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
@@ -68,6 +75,12 @@ def dataset_named_in(project: ProjectSpec | str | Path, sql: str) -> str:
     check_read_only(sql)  # a query that is not SQL names no table: say that, not "reads none"
     by_name = {name.lower(): name for name in spec.names}
     named = sorted({by_name[t] for t in tables_named_in(sql) if t in by_name})
+    if not named and "ap_" in sql.lower():
+        # Only catalog tables (`ap_partitions('orders')`): the datasets they describe.
+        from airflow_partitions.read.catalog_tables import catalog_calls
+
+        described = {call.dataset.lower() for call in catalog_calls(parsed_statement(sql))}
+        named = sorted({by_name[name] for name in described if name in by_name})[:1]
     if len(named) == 1:
         return named[0]
     if not named:
@@ -140,6 +153,8 @@ class PartitionedDatasetReader:
             collections.OrderedDict()
         )
         self._schemas: dict[int, pa.Schema] = {}
+        # Readers of the spec's other datasets, for catalog tables describing them.
+        self._others: dict[str, PartitionedDatasetReader] = {}
         self._scanner = DuckDBScanner(self.storage, location, self._lock)
 
     def __repr__(self) -> str:
@@ -182,13 +197,25 @@ class PartitionedDatasetReader:
 
     # --- versions, schema, index ------------------------------------------------------------------
 
-    def snapshot(self, version: int | None = None) -> Snapshot:
-        """The catalog version `version` (newest when None); raises `VersionNotFoundError`."""
-        return self.catalog.snapshot(version)
+    def snapshot(self, version: int | None = None, *, tag: str | None = None) -> Snapshot:
+        """The catalog version `version`, or the one tag `tag` names (newest when neither); raises
+        `VersionNotFoundError` (`UnknownTagError`, listing the dataset's tags, for an unknown tag)."""
+        return self.catalog.snapshot(self._version(version, tag))
 
-    def schema(self, version: int | None = None) -> pa.Schema:
-        """The dataset's Arrow schema as of `version`."""
-        return self._schema_of(self.snapshot(version))
+    def _version(self, version: int | None, tag: str | None) -> int | None:
+        if tag is None:
+            return version
+        tagged = self.catalog.tagged_version(tag)
+        if version is not None and version != tagged:
+            raise CatalogError(
+                f"version {version} and tag {tag!r} (version {tagged}) name different versions of "
+                f"{self.name!r}; give one of them"
+            )
+        return tagged
+
+    def schema(self, version: int | None = None, *, tag: str | None = None) -> pa.Schema:
+        """The dataset's Arrow schema as of `version` (or tag `tag`)."""
+        return self._schema_of(self.snapshot(version, tag=tag))
 
     def _schema_of(self, snapshot: Snapshot) -> pa.Schema:
         if self._schema_override is not None:
@@ -261,11 +288,14 @@ class PartitionedDatasetReader:
     # --- planning ---------------------------------------------------------------------------------
 
     @deep_stack
-    def plan(self, where: FilterInput = None, version: int | None = None) -> PrunePlan:
-        """Which partitions and files of `version` a read with `where` opens, and why (within the reader's
-        `query_limits`: binding the filter and pruning count against its time)."""
+    def plan(
+        self, where: FilterInput = None, version: int | None = None, *, tag: str | None = None
+    ) -> PrunePlan:
+        """Which partitions and files of `version` (or of the version tag `tag` names) a read with `where`
+        opens, and why (within the reader's `query_limits`: binding the filter and pruning count against
+        its time)."""
         with self.query_limits.budget(READ_HINT):
-            return self._plan(self.snapshot(version), where)
+            return self._plan(self.snapshot(version, tag=tag), where)
 
     def _plan(self, snapshot: Snapshot, where: FilterInput) -> PrunePlan:
         """The one place plans are made, cached per (version, filter)."""
@@ -293,13 +323,16 @@ class PartitionedDatasetReader:
         where: FilterInput = None,
         columns: Sequence[str] | None = None,
         version: int | None = None,
+        *,
+        tag: str | None = None,
     ) -> pa.Table:
-        """Rows matching `where` as an Arrow table of `columns` (all when None), from pruned files only.
+        """Rows matching `where` as an Arrow table of `columns` (all when None), from pruned files only,
+        of `version` or of the version tag `tag` names (newest when neither).
 
         Planning and reading together stay within the reader's `query_limits` (`QueryLimitError`).
         """
         with self.query_limits.budget(READ_HINT):
-            plan = self.plan(where, version)
+            plan = self.plan(where, version, tag=tag)
             return self.read_plan(plan, columns)
 
     def read_plan(self, plan: PrunePlan, columns: Sequence[str] | None = None) -> pa.Table:
@@ -317,8 +350,12 @@ class PartitionedDatasetReader:
         *,
         timeout_s: float | None = None,
         memory_limit: str | int | None = None,
+        tag: str | None = None,
     ) -> pa.Table:
         """Run one read-only SELECT where the dataset name is a table; only pruned files are opened.
+
+        `version` or `tag` (a version tag) pins the version (newest when neither); the catalog table
+        functions (`ap_partitions`, `ap_files`, `ap_versions`, see `read.catalog_tables`) describe it.
 
         `timeout_s` and `memory_limit` (e.g. "8GB") override the reader's `query_limits` for this call;
         a query past either raises `QueryLimitError`.
@@ -326,12 +363,45 @@ class PartitionedDatasetReader:
         limits = self.query_limits.merged(timeout_s, memory_limit)
         # The time limit covers parsing, checking and pruning the statement, not only running it.
         with limits.budget(QUERY_HINT):
-            snapshot = self.snapshot(version)
+            snapshot = self.snapshot(version, tag=tag)
             schema = self._schema_of(snapshot)
             where, executable = self._prepared_query(sql, schema)
             plan = self._plan(snapshot, where)
             check_budget()
-            return run_query(self._scanner, self.name, plan.files, schema, executable, limits)
+            tables = self._catalog_tables(sql, snapshot, schema)
+            check_budget()
+            return run_query(self._scanner, self.name, plan.files, schema, executable, limits, tables)
+
+    def _catalog_tables(self, sql: str, snapshot: Snapshot, schema: pa.Schema) -> dict[str, pa.Table]:
+        """The tables of the statement's catalog table function calls (`read.catalog_tables`): the
+        query's own dataset at the version it reads, others at their newest, unless `version :=` pins."""
+        if "ap_" not in sql.lower():
+            return {}
+        from airflow_partitions.read.catalog_tables import build_catalog_table, catalog_calls
+
+        tables: dict[str, pa.Table] = {}
+        for call in catalog_calls(parsed_statement(sql)):
+            reader = self._reader_of(call.dataset)
+            described = snapshot if reader is self and call.version is None else reader.snapshot(call.version)
+            described_schema = schema if described is snapshot else reader._schema_of(described)
+            index = reader.index(described)
+            tables[call.table_name] = build_catalog_table(
+                call, reader.catalog, described, described_schema, index
+            )
+        return tables
+
+    def _reader_of(self, dataset: str) -> PartitionedDatasetReader:
+        """This reader for its own dataset, else a reader of another dataset of the spec (kept)."""
+        by_name = {name.lower(): name for name in self.project.names}
+        name = by_name.get(dataset.lower(), dataset)
+        if name == self.name:
+            return self
+        with self._lock:
+            reader = self._others.get(name)
+            if reader is None:
+                self.project.dataset(name)  # DatasetNotFoundError listing the spec's datasets
+                reader = self._others[name] = PartitionedDatasetReader(self.project, name)
+        return reader
 
     def _prepared_query(self, sql: str, schema: pa.Schema) -> tuple[Predicate, str]:
         """`sql` checked read-only, the rows of the dataset it can look at, and its executable form.
@@ -359,9 +429,9 @@ class PartitionedDatasetReader:
         return prepared
 
     @deep_stack
-    def plan_query(self, sql: str, version: int | None = None) -> PrunePlan:
+    def plan_query(self, sql: str, version: int | None = None, *, tag: str | None = None) -> PrunePlan:
         """The pruning plan `query(sql)` would use."""
-        snapshot = self.snapshot(version)
+        snapshot = self.snapshot(version, tag=tag)
         return self._plan(snapshot, self._prepared_query(sql, self._schema_of(snapshot))[0])
 
     # --- Spark ------------------------------------------------------------------------------------
@@ -403,6 +473,10 @@ class PartitionedDatasetReader:
     def close(self) -> None:
         """Release the reader's DuckDB database (a later call opens a new one)."""
         self._scanner.close()
+        with self._lock:
+            others, self._others = list(self._others.values()), {}
+        for reader in others:
+            reader.close()
 
     def __enter__(self) -> PartitionedDatasetReader:
         return self
