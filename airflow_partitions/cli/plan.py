@@ -31,6 +31,12 @@ def register(subparsers: Any) -> None:
         help="SQL condition on the dataset's columns, e.g. \"region = 'EU' AND ts >= '2026-01-01'\"",
     )
     parser.add_argument("--version", type=int, default=None, help="catalog version to plan (default: newest)")
+    parser.add_argument(
+        "--tag",
+        default=None,
+        metavar="NAME",
+        help="read the version this tag names (see `airflow-partitions tag`)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as a JSON document")
     parser.add_argument(
         "--max-skipped",
@@ -46,12 +52,12 @@ def run(args: argparse.Namespace) -> int:
     from airflow_partitions.read import PartitionedDatasetReader
 
     with PartitionedDatasetReader(args.spec, args.dataset) as reader:
-        plan = reader.plan(args.where, args.version)
+        plan = reader.plan(args.where, args.version, tag=args.tag)
         if args.json:
             print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
         else:
             print(plan.explain(max_skipped=args.max_skipped))
-            schema = reader.index(reader.snapshot(args.version)).schema
+            schema = reader.index(reader.snapshot(args.version, tag=args.tag)).schema
             for line in describe_partition_widths(reader.dataset, schema):
                 print(line)
     return 0

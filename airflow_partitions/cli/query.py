@@ -30,6 +30,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--version", type=int, default=None, help="catalog version to read (default: newest)")
     parser.add_argument(
+        "--tag",
+        default=None,
+        metavar="NAME",
+        help="read the version this tag names (see `airflow-partitions tag`)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=None,
@@ -53,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
     dataset = args.dataset or dataset_named_in(args.spec, args.sql)
     with PartitionedDatasetReader(args.spec, dataset) as reader:
-        table = reader.query(args.sql, args.version, timeout_s=args.timeout, memory_limit=args.memory_limit)
+        table = reader.query(
+            args.sql, args.version, timeout_s=args.timeout, memory_limit=args.memory_limit, tag=args.tag
+        )
     write_table(table, args.format)
     return 0
 

@@ -59,6 +59,7 @@ class PartitionedDatasetHook(BaseHook):
         cache_dir: str | None = None,
         cache_max_bytes: int | None = None,
         ranged_read_min_bytes: int | None = None,
+        tag: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(dataset, str) or not dataset:
@@ -71,6 +72,9 @@ class PartitionedDatasetHook(BaseHook):
         self.cache_dir = cache_dir
         self.cache_max_bytes = cache_max_bytes
         self.ranged_read_min_bytes = ranged_read_min_bytes
+        # A version tag every read of the hook pins unless the call names a version or a tag itself:
+        # a DAG pins a release by passing a (templated) tag to the task that builds the hook.
+        self.tag = tag or None
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -162,18 +166,29 @@ class PartitionedDatasetHook(BaseHook):
 
     # --- reads ----------------------------------------------------------------------------------
 
-    def plan(self, where: FilterInput = None, version: int | None = None) -> PrunePlan:
+    def _tag(self, version: int | None, tag: str | None) -> str | None:
+        """The tag a read pins: its own, else the hook's unless the read names a version."""
+        if tag is not None:
+            return tag
+        return self.tag if version is None else None
+
+    def plan(
+        self, where: FilterInput = None, version: int | None = None, *, tag: str | None = None
+    ) -> PrunePlan:
         """Which partitions a read with `where` opens, and why (`.selected`, `.total`, `.explain()`)."""
-        return self.reader.plan(where, version)
+        return self.reader.plan(where, version, tag=self._tag(version, tag))
 
     def read(
         self,
         where: FilterInput = None,
         columns: Sequence[str] | None = None,
         version: int | None = None,
+        *,
+        tag: str | None = None,
     ) -> pa.Table:
-        """Rows matching `where` (SQL condition or DNF list) as a pyarrow Table of `columns`."""
-        return self.reader.read(where, columns, version)
+        """Rows matching `where` (SQL condition or DNF list) as a pyarrow Table of `columns`, of `version`
+        or of the version tag `tag` names (default: the hook's `tag`, else the newest version)."""
+        return self.reader.read(where, columns, version, tag=self._tag(version, tag))
 
     def read_partitions(
         self,
@@ -192,7 +207,7 @@ class PartitionedDatasetHook(BaseHook):
         from airflow_partitions.refresh.discovery import select_keys
 
         reader = self.reader
-        snapshot = reader.snapshot(version)
+        snapshot = reader.snapshot(version, tag=self._tag(version, None))
         names = snapshot.partition_spec.names
         keys = [entry.key.values for entry in snapshot.partitions.values()]
         chosen, unknown = select_keys(names, keys, list(partitions))
@@ -244,13 +259,17 @@ class PartitionedDatasetHook(BaseHook):
         *,
         timeout_s: float | None = None,
         memory_limit: str | int | None = None,
+        tag: str | None = None,
     ) -> pa.Table:
-        """One read-only DuckDB SELECT in which the dataset name is a table of its pruned partitions.
+        """One read-only DuckDB SELECT in which the dataset name is a table of its pruned partitions, and
+        `ap_partitions('<dataset>')`, `ap_files(...)`, `ap_versions(...)` describe the catalog.
 
         `timeout_s` (default 300) and `memory_limit` (e.g. "8GB"; default 4 GB or half the machine's
-        memory) bound it; past either it raises `QueryLimitError`.
+        memory) bound it; past either it raises `QueryLimitError`. `tag` as for `read`.
         """
-        return self.reader.query(sql, version, timeout_s=timeout_s, memory_limit=memory_limit)
+        return self.reader.query(
+            sql, version, timeout_s=timeout_s, memory_limit=memory_limit, tag=self._tag(version, tag)
+        )
 
     def to_spark(
         self,
@@ -258,9 +277,19 @@ class PartitionedDatasetHook(BaseHook):
         where: FilterInput = None,
         version: int | None = None,
         columns: Sequence[str] | None = None,
+        *,
+        tag: str | None = None,
+        bucketed: bool = False,
     ) -> Any:
-        """A Spark DataFrame over the pruned partitions (for reads beyond one machine)."""
-        return self.reader.to_spark(spark, where, version, columns)
+        """A Spark DataFrame over the pruned partitions (for reads beyond one machine); `bucketed`: hash
+        partitioned on the bucket column, so joins of two such frames need no exchange (see the reader)."""
+        return self.reader.to_spark(
+            spark, where, version, columns, tag=self._tag(version, tag), bucketed=bucketed
+        )
+
+    def tags(self) -> dict[str, Any]:
+        """The dataset's version tags: name -> `TagInfo` (version, commit id, written_at)."""
+        return dict(self.reader.catalog.tags())
 
     # --- writes ---------------------------------------------------------------------------------
 

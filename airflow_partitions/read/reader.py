@@ -443,13 +443,29 @@ class PartitionedDatasetReader:
         where: FilterInput = None,
         version: int | None = None,
         columns: Sequence[str] | None = None,
+        *,
+        tag: str | None = None,
+        bucketed: bool = False,
     ) -> Any:
-        """A Spark DataFrame over the pruned partitions, the residual applied where not exact."""
+        """A Spark DataFrame over the pruned partitions, the residual applied where not exact.
+
+        `bucketed`: the frame is hash-partitioned by Spark on the column of the dataset's (first)
+        `bucket(N, col)` field into N partitions and materialised (`localCheckpoint`), so Spark knows
+        its partitioning: a join (or aggregation) on that column with another such frame of the same N
+        plans no `Exchange`. Spark is not told the dataset's own buckets: from Python, without a JVM
+        connector, no source can report its partitioning (see `bucketed_frame`); the one shuffle happens
+        here, once per frame, instead of in every join. `SparkLayoutError` when the version has no
+        bucket field or `columns` leaves its column out.
+        """
         from airflow_partitions.pruning.spark_filter import spark_condition
 
-        plan = self.plan(where, version)
+        plan = self.plan(where, version, tag=tag)
         schema = plan.index.schema
         wanted = resolve_columns(schema, columns)
+        if bucketed:
+            column, buckets = bucket_layout(plan.index, wanted, self.name)
+            frame = self.to_spark(spark, where, plan.version, columns)
+            return bucketed_frame(spark, frame, column, buckets)
         if not plan.files:
             return spark.createDataFrame(pa.schema([schema.field(n) for n in wanted]).empty_table())
         root = self._local_root
@@ -501,6 +517,53 @@ def _filter_key(where: FilterInput) -> Any:
     except TypeError:
         return None
     return key
+
+
+def bucket_layout(index: PartitionIndex, columns: Sequence[str], dataset: str) -> tuple[str, int]:
+    """The column and bucket count of the first `bucket(N, col)` field of a version's partition spec."""
+    from airflow_partitions.exceptions import SparkLayoutError
+    from airflow_partitions.transforms.bucket import BucketTransform
+
+    for field in index.fields:
+        transform = field.transform
+        if isinstance(transform, BucketTransform):
+            if transform.source_column not in columns:
+                raise SparkLayoutError(
+                    f"to_spark(bucketed=True) of {dataset!r} partitions the frame by its bucket column "
+                    f"{transform.source_column!r}; include it in columns="
+                )
+            return transform.source_column, transform.num_buckets
+    fields = ", ".join(f"{f.name}: {f.canonical}" for f in index.fields) or "none"
+    raise SparkLayoutError(
+        f"to_spark(bucketed=True): {dataset!r} has no bucket(N, column) partition field in this version "
+        f"(fields: {fields}), so there is no layout to hand Spark; call to_spark() and let Spark shuffle "
+        "for the join, or partition the dataset by bucket(N, <join key>)"
+    )
+
+
+def bucketed_frame(spark: Any, frame: Any, column: str, buckets: int) -> Any:
+    """`frame` hash-partitioned by Spark on `column` into `buckets` partitions, materialised so that
+    Spark plans later joins and aggregations on `column` against that partitioning.
+
+    Spark 4 reads a layout it did not write only through a DataSource V2 reporting
+    `KeyGroupedPartitioning` (storage-partitioned joins), a JVM interface the Python Data Source API does
+    not expose (its readers have `partitions()` and `read()`, nothing that reports partitioning); and a
+    Spark bucketed table would tell Spark our files follow Spark's own hash (Murmur3 with seed 42),
+    which they do not (bucket() is Iceberg's hash): Spark would prune and co-partition them wrongly. So
+    the rows are shuffled once by Spark's hash here. `localCheckpoint` keeps the partitioning in the
+    plan only when the plan it checkpoints is not adaptive, so AQE is off while it runs (a session
+    setting, restored after).
+    """
+    conf = spark.conf
+    previous = conf.get("spark.sql.adaptive.enabled", None)
+    conf.set("spark.sql.adaptive.enabled", "false")
+    try:
+        return frame.repartition(buckets, _spark_column(column)).localCheckpoint(eager=True)
+    finally:
+        if previous is None:
+            conf.unset("spark.sql.adaptive.enabled")
+        else:
+            conf.set("spark.sql.adaptive.enabled", previous)
 
 
 def _spark_column(name: str) -> Any:
