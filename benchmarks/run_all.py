@@ -34,6 +34,7 @@ BENCHMARKS = (
     "bench_s3_reads",
     "bench_orchestration",
     "bench_spark_modes",
+    "bench_spark_joins",
     "bench_task_overhead",
     "bench_duckdb_bytes",
     "bench_writes",
