@@ -209,3 +209,17 @@ def test_cli_query_of_catalog_tables_prints_json(
     assert sorted(json.dumps([r["place"], r["n_bucket"], r["rows"]]) for r in lines) == sorted(
         json.dumps([k[0], k[1], p.num_rows]) for k, p in truth.items() if p.num_rows > 10
     ), "the CLI finds the dataset from ap_partitions('events') and prints typed JSON values"
+
+
+def test_catalog_tables_in_a_per_query_database(tmp_path: Path) -> None:
+    """DuckDB-file engines run each query in a fresh locked database: the catalog tables reach it too."""
+    acc = build_acceleration(
+        tmp_path, hostile_table(), PARTITION_BY, engine="duckdb", partition_mode="tables"
+    )
+    with acc.reader() as reader:
+        partitions = reader.query("SELECT sum(rows) AS r, count(*) AS c FROM ap_partitions('events')")
+        files = reader.query("SELECT sum(rows) AS r FROM ap_files('events')")
+        mapped = reader.query("SELECT count(*) AS c FROM events WHERE 'map_files' <> ''")
+    assert partitions.to_pylist() == [{"r": ROWS, "c": len(ground_truth(acc))}]
+    assert files.to_pylist() == [{"r": ROWS}]
+    assert mapped.to_pylist() == [{"c": ROWS}], "text that only resembles a catalog function is a query"

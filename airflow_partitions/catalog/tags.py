@@ -174,7 +174,7 @@ def write_tag(catalog: Catalog, name: str, version: int | None) -> TagInfo | Non
         sequence, current = _newest(catalog, name)
         if version is None and current is None:
             if sequence == 0:
-                raise resolve_error(catalog, name)
+                raise _nothing_to_delete(catalog, name)
             return None  # deleted already
         written_at = dt.datetime.now(dt.UTC)
         record = {
@@ -194,7 +194,7 @@ def write_tag(catalog: Catalog, name: str, version: int | None) -> TagInfo | Non
     )
 
 
-def resolve_error(catalog: Catalog, name: str) -> UnknownTagError:
+def _nothing_to_delete(catalog: Catalog, name: str) -> UnknownTagError:
     known = tuple(list_tags(catalog))
     return UnknownTagError(
         f"dataset {catalog.dataset!r} has no tag {name!r} to delete; its tags are "

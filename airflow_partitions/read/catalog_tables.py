@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,15 @@ if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, Snapshot
 
 CATALOG_TABLE_FUNCTIONS = ("ap_partitions", "ap_files", "ap_versions")
+# A cheap test before parsing: statements that cannot call a catalog table function skip the parse.
+_MENTION = re.compile(r"\bap_(?:partitions|files|versions)\b", re.IGNORECASE)
+
+
+def mentions_catalog_tables(sql: str) -> bool:
+    """Whether `sql` may call a catalog table function (its text names one)."""
+    return isinstance(sql, str) and _MENTION.search(sql) is not None
+
+
 _PARTITION_COLUMNS = (
     "key_path",
     "rows",

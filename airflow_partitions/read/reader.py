@@ -75,10 +75,10 @@ def dataset_named_in(project: ProjectSpec | str | Path, sql: str) -> str:
     check_read_only(sql)  # a query that is not SQL names no table: say that, not "reads none"
     by_name = {name.lower(): name for name in spec.names}
     named = sorted({by_name[t] for t in tables_named_in(sql) if t in by_name})
-    if not named and "ap_" in sql.lower():
-        # Only catalog tables (`ap_partitions('orders')`): the datasets they describe.
-        from airflow_partitions.read.catalog_tables import catalog_calls
+    from airflow_partitions.read.catalog_tables import catalog_calls, mentions_catalog_tables
 
+    if not named and mentions_catalog_tables(sql):
+        # Only catalog tables (`ap_partitions('orders')`): the datasets they describe.
         described = {call.dataset.lower() for call in catalog_calls(parsed_statement(sql))}
         named = sorted({by_name[name] for name in described if name in by_name})[:1]
     if len(named) == 1:
@@ -375,9 +375,14 @@ class PartitionedDatasetReader:
     def _catalog_tables(self, sql: str, snapshot: Snapshot, schema: pa.Schema) -> dict[str, pa.Table]:
         """The tables of the statement's catalog table function calls (`read.catalog_tables`): the
         query's own dataset at the version it reads, others at their newest, unless `version :=` pins."""
-        if "ap_" not in sql.lower():
+        from airflow_partitions.read.catalog_tables import (
+            build_catalog_table,
+            catalog_calls,
+            mentions_catalog_tables,
+        )
+
+        if not mentions_catalog_tables(sql):
             return {}
-        from airflow_partitions.read.catalog_tables import build_catalog_table, catalog_calls
 
         tables: dict[str, pa.Table] = {}
         for call in catalog_calls(parsed_statement(sql)):
