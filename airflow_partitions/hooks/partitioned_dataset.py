@@ -39,7 +39,9 @@ class PartitionedDatasetHook(BaseHook):
     and how many bytes of files fetched from S3 are kept locally, keyed by checksum; default a temporary
     directory of the process and 2 GiB or a tenth of its free space, whichever is less). The first
     filtered read of a Parquet file of at least `ranged_read_min_bytes` (argument; default 8 MiB) that is
-    not cached reads only its footer and the row groups the filter may need. The connection
+    not cached reads only its footer and the row groups the filter may need. `tag` (argument) pins every
+    read to the version a tag names (`airflow-partitions tag`), unless a call names a version or tag:
+    a DAG pins a release by passing a templated tag to the task that builds the hook. The connection
     form (one field per extra key, Host / Login / Password hidden) is declared in `provider_info.py`.
     """
 
