@@ -69,6 +69,7 @@ def test_bucketed_frames_join_without_an_exchange(tmp_path: Path, spark: Any) ->
         joined = frame_o.join(frame_c, "customer_id")
         plain = orders_reader.to_spark(spark).join(customers_reader.to_spark(spark), "customer_id")
         assert "Exchange" not in physical_plan(joined), physical_plan(joined)
+        assert "Sort " not in physical_plan(joined), "each partition is already sorted by the key"
         assert "Exchange" in physical_plan(plain), "the same join of plain frames shuffles both sides"
         outer = frame_o.join(frame_c, "customer_id", "left")
         assert "Exchange" not in physical_plan(outer)

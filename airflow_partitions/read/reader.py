@@ -455,9 +455,10 @@ class PartitionedDatasetReader:
         """A Spark DataFrame over the pruned partitions, the residual applied where not exact.
 
         `bucketed`: the frame is hash-partitioned by Spark on the column of the dataset's (first)
-        `bucket(N, col)` field into N partitions and materialised (`localCheckpoint`), so Spark knows
-        its partitioning: a join (or aggregation) on that column with another such frame of the same N
-        plans no `Exchange`. Spark is not told the dataset's own buckets: from Python, without a JVM
+        `bucket(N, col)` field into N partitions, sorted by it within each, and materialised
+        (`localCheckpoint`), so Spark knows its partitioning and order: a join (or aggregation) on that
+        column with another such frame of the same N plans no `Exchange` (and a sort-merge join no
+        `Sort`). Spark is not told the dataset's own buckets: from Python, without a JVM
         connector, no source can report its partitioning (see `bucketed_frame`); the one shuffle happens
         here, once per frame, instead of in every join. `SparkLayoutError` when the version has no
         bucket field or `columns` leaves its column out.
@@ -555,15 +556,17 @@ def bucketed_frame(spark: Any, frame: Any, column: str, buckets: int) -> Any:
     not expose (its readers have `partitions()` and `read()`, nothing that reports partitioning); and a
     Spark bucketed table would tell Spark our files follow Spark's own hash (Murmur3 with seed 42),
     which they do not (bucket() is Iceberg's hash): Spark would prune and co-partition them wrongly. So
-    the rows are shuffled once by Spark's hash here. `localCheckpoint` keeps the partitioning in the
-    plan only when the plan it checkpoints is not adaptive, so AQE is off while it runs (a session
-    setting, restored after).
+    the rows are shuffled once by Spark's hash here, and sorted by `column` within each partition, which
+    the checkpoint also keeps: a sort-merge join of two such frames then neither shuffles nor sorts.
+    `localCheckpoint` keeps the partitioning in the plan only when the plan it checkpoints is not
+    adaptive, so AQE is off while it runs (a session setting, restored after).
     """
     conf = spark.conf
     previous = conf.get("spark.sql.adaptive.enabled", None)
     conf.set("spark.sql.adaptive.enabled", "false")
     try:
-        return frame.repartition(buckets, _spark_column(column)).localCheckpoint(eager=True)
+        key = _spark_column(column)
+        return frame.repartition(buckets, key).sortWithinPartitions(key).localCheckpoint(eager=True)
     finally:
         if previous is None:
             conf.unset("spark.sql.adaptive.enabled")
