@@ -309,3 +309,72 @@ def test_a_valid_spec_gives_every_engine_its_index(tmp_path: Path) -> None:
     assert storage.index == IndexConfig(("country", "id"), fpp=0.02)
     with pytest.raises(StorageError, match="index_fpp"):
         IndexConfig(("x",), fpp=0)
+
+
+def latest_files(spec: Path) -> list[DataFile]:
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.refresh.pipeline import load_project
+
+    project = load_project(spec)
+    snapshot = open_dataset_catalog(project, project.dataset("events")).latest()
+    assert snapshot is not None
+    return [f for p in snapshot.partitions for f in snapshot.partitions[p].files]
+
+
+def test_refresh_writes_and_compaction_build_the_index(tmp_path: Path, table: pa.Table) -> None:
+    import pyarrow.parquet as pq
+
+    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
+    from airflow_partitions.refresh import refresh_dataset
+    from airflow_partitions.refresh.compaction import compact_dataset
+    from airflow_partitions.spec import load_spec
+    from airflow_partitions.write.commit import append
+
+    (tmp_path / "src").mkdir()
+    pq.write_table(table, tmp_path / "src" / "part0.parquet")
+    spec = tmp_path / "datasets.yaml"
+    spec.write_text(
+        f"""
+accelerator_dir: {tmp_path / "acc"}
+datasets:
+  - name: events
+    from: file:{tmp_path / "src"}
+    params: {{file_format: parquet}}
+    acceleration:
+      engine: arrow
+      partition_by: ["bucket(3, id)"]
+      params: {{index_columns: [cat, s], max_rows_per_file: 40}}
+""",
+        encoding="utf-8",
+    )
+
+    def read(where: str) -> list[int]:
+        hook = PartitionedDatasetHook(dataset="events", spec_path=str(spec))
+        try:
+            return rows_of(hook.read(where))
+        finally:
+            hook.reader.close()
+
+    refresh_dataset(spec, "events", strategy="arrow")
+    files = latest_files(spec)
+    assert len(files) > 10
+    assert all(set(f.index) == {"cat", "s"} for f in files), "the arrow refresh builds every file's index"
+    assert read("cat = 'UK'") == []
+    # A write adds rows with a value no file held: its new files carry an index that holds it.
+    project = load_spec(spec)
+    extra = hostile_table(30, seed=9).set_column(0, "id", pa.array(range(5000, 5030), pa.int64()))
+    extra = extra.set_column(2, "cat", pa.array(["UK"] * 30))
+    append(project, project.dataset("events"), extra)
+    files = latest_files(spec)
+    assert all(set(f.index) == {"cat", "s"} for f in files), "a write builds the index of its files"
+    assert read("cat = 'UK'") == list(range(5000, 5030))
+    report = compact_dataset(project, project.dataset("events"))
+    assert report.version is not None
+    compacted = latest_files(spec)
+    assert len(compacted) < len(files)
+    assert all(set(f.index) == {"cat", "s"} for f in compacted), "compaction rebuilds merged files' index"
+    assert read("cat = 'UK'") == list(range(5000, 5030))
+    assert read("cat IN ('DE', 'UK')") == sorted(
+        [i for i, c in zip(table.column("id").to_pylist(), table.column("cat").to_pylist()) if c == "DE"]
+        + list(range(5000, 5030))
+    )
