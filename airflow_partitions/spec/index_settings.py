@@ -14,6 +14,8 @@ DEFAULT_MAX_VALUES = 64
 DEFAULT_MAX_BYTES = 64 * 1024
 # One split-block bloom filter block: eight 32-bit words.
 BLOCK_BYTES = 32
+# The largest bloom filter a file may keep per column (it lives in the catalog entry).
+MAX_BYTES = 16 * 1024 * 1024
 INDEX_PARAMS = ("index_columns", "index_fpp", "index_max_values", "index_max_bytes")
 
 
@@ -51,8 +53,15 @@ def index_settings_problem(columns: object, fpp: object, max_values: object, max
         return f"params.index_fpp must be a false-positive rate between 0 and 0.5 (e.g. 0.01), got {fpp!r}"
     if isinstance(max_values, bool) or not isinstance(max_values, int) or not 0 <= max_values <= 4096:
         return f"params.index_max_values must be an integer from 0 to 4096 (e.g. 64), got {max_values!r}"
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < BLOCK_BYTES:
-        return f"params.index_max_bytes must be an integer of at least {BLOCK_BYTES} bytes, got {max_bytes!r}"
+    if (
+        isinstance(max_bytes, bool)
+        or not isinstance(max_bytes, int)
+        or not BLOCK_BYTES <= max_bytes <= MAX_BYTES
+    ):
+        return (
+            f"params.index_max_bytes must be an integer from {BLOCK_BYTES} to {MAX_BYTES} (bytes of one "
+            f"column's bloom filter in one file), got {max_bytes!r}"
+        )
     return None
 
 

@@ -82,8 +82,9 @@ class ParquetStorage(PartitionStorage):
 
         The catalog's side index skips whole files at planning; these let DuckDB skip row groups inside
         the files it does open (`parquet_bloom_probe` shows them). Sized for one distinct value per row.
+        A file of one row group gains nothing from them over the side index, so it gets none.
         """
-        if self.index is None:
+        if self.index is None or table.num_rows <= self.row_group_rows:
             return None
         names = [n for n in self.index.columns if n in table.column_names]
         options = {

@@ -26,6 +26,7 @@ exceed `max_bytes` gets no index in that file (the file is then always read), so
 from __future__ import annotations
 
 import base64
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -153,22 +154,33 @@ def bloom_blocks(distinct: int, fpp: float) -> int:
     values is at most `fpp`.
 
     Parquet's sizing formula (bits = -8 n / ln(1 - fpp ** (1/8))) assumes every block holds its mean
-    load and undershoots (1.5% measured for a 1% target): the expectation here averages over the Poisson
-    load of a block, starting from that estimate and growing by 2% steps.
+    load and undershoots (1.5% measured for a 1% target). The expectation (`expected_fpp`) depends on the
+    mean load per block alone, so the largest load meeting `fpp` is found once per rate.
     """
-    n = max(distinct, 1)
-    bits = -8.0 * n / math.log(1.0 - fpp ** (1.0 / 8.0))
-    blocks = max(1, math.ceil(bits / (8 * BLOCK_BYTES)))
-    while expected_fpp(n, blocks) > fpp:
-        blocks = max(blocks + 1, math.ceil(blocks * 1.02))
-    return blocks
+    return max(1, math.ceil(max(distinct, 1) / _largest_load(fpp)))
+
+
+@functools.lru_cache(maxsize=64)
+def _largest_load(fpp: float) -> float:
+    """The largest mean number of values per block whose expected false-positive rate is at most `fpp`."""
+    low, high = 1e-6, 4096.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if _fpp_at_load(middle) <= fpp:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def expected_fpp(distinct: int, blocks: int) -> float:
     """Expected false-positive rate of a split-block bloom filter of `blocks` blocks holding `distinct`
     values: a probe hits a block holding j values (Poisson, mean distinct / blocks) and finds its eight
     bits set with probability (1 - (31/32) ** j) ** 8."""
-    mean = distinct / blocks
+    return _fpp_at_load(distinct / blocks)
+
+
+def _fpp_at_load(mean: float) -> float:
     last = int(mean + 12 * math.sqrt(mean) + 30)
     total = 0.0
     log_p = -mean  # log of the Poisson probability of j, starting at j = 0
@@ -184,16 +196,20 @@ def build_bloom(hashes: npt.NDArray[np.uint32], blocks: int) -> bytes:
     import numpy as np
 
     h64 = _splitmix64(hashes.astype(np.uint64))
-    block = ((h64 >> np.uint64(32)) * np.uint64(blocks)) >> np.uint64(32)
-    key = (h64 & np.uint64(_MASK32)).astype(np.uint32)
+    block = (((h64 >> np.uint64(32)) * np.uint64(blocks)) >> np.uint64(32)).astype(np.uint32)
+    key = h64.astype(np.uint32)  # the low 32 bits
     salts = np.array(SALT, dtype=np.uint32)
+    word_offsets = np.arange(0, 256, 32, dtype=np.uint32)
     with np.errstate(over="ignore"):
-        bit = (key[:, None] * salts[None, :]) >> np.uint32(27)  # (values, 8)
-    # Bit positions in the filter: block * 256 + word * 32 + bit; words little-endian, so the byte
-    # layout equals Parquet's (`packbits` little bit order within each byte).
-    flat = (block[:, None].astype(np.int64) * 256 + np.arange(8, dtype=np.int64)[None, :] * 32 + bit).ravel()
+        flat = key[:, None] * salts[None, :]  # (values, 8)
+    # Bit positions in the filter: block * 256 + word * 32 + bit (uint32: `max_bytes` keeps the filter far
+    # below 2**32 bits); words little-endian, so the byte layout equals Parquet's (`packbits` little bit
+    # order within each byte).
+    np.right_shift(flat, np.uint32(27), out=flat)
+    np.add(flat, word_offsets[None, :], out=flat)
+    np.add(flat, (block * np.uint32(256))[:, None], out=flat)
     bits = np.zeros(blocks * 256, dtype=bool)
-    bits[flat] = True
+    bits[flat.ravel().astype(np.intp)] = True
     return np.packbits(bits, bitorder="little").tobytes()
 
 
@@ -301,9 +317,10 @@ def build_column_index(column: pa.Array | pa.ChunkedArray, config: IndexConfig) 
     count = len(distinct) - (1 if has_null else 0)
     if count > config.max_values and bloom_blocks(count, config.fpp) * BLOCK_BYTES > config.max_bytes:
         return None  # distinct values hash apart but for rare collisions: too many either way
-    hashes = np.unique(value_hashes(distinct))
+    # One hash per distinct value (pc.unique kept one of each); equal hashes only from collisions.
+    hashes = value_hashes(distinct)
     if len(hashes) <= config.max_values:
-        text = base64.b64encode(hashes.astype("<u4").tobytes()).decode("ascii")
+        text = base64.b64encode(np.unique(hashes).astype("<u4").tobytes()).decode("ascii")
         return ColumnIndex(kind, has_null, set_text=text)
     blocks = bloom_blocks(len(hashes), config.fpp)
     if blocks * BLOCK_BYTES > config.max_bytes:
