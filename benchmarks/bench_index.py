@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = write_spec(base, source, file_rows)
         files = sum(1 for _ in (base / "indexed").rglob("*.parquet"))
         print(
-            f"{rows:,} rows, {PARTITIONS} partitions, {files} files of up to {file_rows:,} rows; {rounds} rounds"
+            f"{rows:,} rows, {PARTITIONS} partitions, {files} files of up to {file_rows:,} rows; "
+            f"{rounds} rounds"
         )
 
         # A fresh present value per call: no plan cache helps either side.
@@ -189,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             if "user_id" in f.index
         ]
         print(
-            f"  write medians ({one.num_rows:,} rows): with index {writes.median_seconds('indexed') * 1000:.1f} ms, "
-            f"without {writes.median_seconds('plain') * 1000:.1f} ms; catalog index {sum(sizes) / max(len(sizes), 1) / 1024:.1f} "
-            "KiB per file (base64)"
+            f"  write medians ({one.num_rows:,} rows): "
+            f"with index {writes.median_seconds('indexed') * 1000:.1f} ms, "
+            f"without {writes.median_seconds('plain') * 1000:.1f} ms; "
+            f"catalog index {sum(sizes) / max(len(sizes), 1) / 1024:.1f} KiB per file (base64)"
         )
         print(
             figure_line(
