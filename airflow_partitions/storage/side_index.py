@@ -313,12 +313,19 @@ def build_column_index(column: pa.Array | pa.ChunkedArray, config: IndexConfig) 
     if kind is None:
         raise StorageError(f"side indexes do not support type {column.type}")
     has_null = column.null_count > 0
-    distinct = pc.unique(column)
-    count = len(distinct) - (1 if has_null else 0)
-    if count > config.max_values and bloom_blocks(count, config.fpp) * BLOCK_BYTES > config.max_bytes:
-        return None  # distinct values hash apart but for rare collisions: too many either way
-    # One hash per distinct value (pc.unique kept one of each); equal hashes only from collisions.
-    hashes = value_hashes(distinct)
+    if kind in ("string", "binary"):
+        # Hashing a string costs more than finding the distinct ones: hash each distinct value once.
+        distinct = pc.unique(column)
+        count = len(distinct) - (1 if has_null else 0)
+        if count > config.max_values and bloom_blocks(count, config.fpp) * BLOCK_BYTES > config.max_bytes:
+            return None  # distinct values hash apart but for rare collisions: too many either way
+        hashes = value_hashes(distinct)
+    else:
+        # Fixed-width values hash faster than a hash table finds the distinct ones: hash every row, then
+        # keep one of each hash (sorted, so the value set below needs no second sort).
+        hashes = np.sort(value_hashes(column))
+        if len(hashes) > 1:
+            hashes = hashes[np.r_[True, hashes[1:] != hashes[:-1]]]
     if len(hashes) <= config.max_values:
         text = base64.b64encode(np.unique(hashes).astype("<u4").tobytes()).decode("ascii")
         return ColumnIndex(kind, has_null, set_text=text)
