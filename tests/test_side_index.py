@@ -22,6 +22,7 @@ from airflow_partitions.exceptions import SpecValidationError, StorageError
 from airflow_partitions.spec import parse_spec
 from airflow_partitions.storage import DataFile, IndexConfig, get_storage
 from airflow_partitions.storage.side_index import (
+    ProbeSet,
     bloom_blocks,
     build_column_index,
     expected_fpp,
@@ -105,6 +106,10 @@ FILTERS = [
     "big = -1",
     "big IN (0, 104729, 5)",
     "big = 123",
+    # A long IN list is probed with numpy against each bloom filter (`ProbeSet`): 40 absent values and one
+    # present (104729 * 5), then the same without it.
+    "big IN (" + ", ".join(str(7 + 13 * i) for i in range(40)) + ", 523645)",
+    "big IN (" + ", ".join(str(7 + 13 * i) for i in range(40)) + ")",
     "big IS NULL",
     "ts = '2026-01-01 02:28:00+00:00'",
     "ts = '2026-01-01 04:28:00+02:00'",
@@ -241,6 +246,24 @@ def test_bloom_false_positive_rate_is_within_the_configured_bound(distinct: int)
         f"measured false-positive rate {rate:.4%} above the configured {config.fpp:.2%}"
     )
     assert expected_fpp(distinct, bloom_blocks(distinct, config.fpp)) <= config.fpp
+
+
+def test_long_in_lists_are_judged_like_single_values() -> None:
+    config = IndexConfig(("big",), max_values=8)
+    rng = random.Random(5)
+    present = [rng.randrange(10**12) for _ in range(3000)]
+    index = build_column_index(pa.array(present, pa.int64()), config)
+    assert index is not None
+    assert index.is_bloom
+    absent = literal_hashes([rng.randrange(10**12) for _ in range(4000)], pa.int64())
+    assert absent is not None
+    for start in range(0, len(absent), 50):
+        chunk = absent[start : start + 50]
+        one_by_one = any(index.might_contain(h) for h in chunk)
+        assert index.might_contain_any(ProbeSet(chunk)) == one_by_one
+    hit = literal_hashes(present[:1], pa.int64())
+    assert hit is not None
+    assert index.might_contain_any(ProbeSet([*absent[:60], *hit])), "no false negative in a long list"
 
 
 def test_hashes_do_not_depend_on_width_or_unit() -> None:

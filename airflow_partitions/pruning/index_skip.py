@@ -28,7 +28,7 @@ from airflow_partitions.pruning.expressions import (
     Predicate,
 )
 from airflow_partitions.spec.index_settings import index_kind
-from airflow_partitions.storage.side_index import literal_hashes
+from airflow_partitions.storage.side_index import ProbeSet, literal_hashes
 
 if TYPE_CHECKING:
     from airflow_partitions.storage.datafile import DataFile
@@ -101,13 +101,14 @@ def _values_absent(term: ColumnRef, values: list[Any], files: Sequence[DataFile]
     hashes = literal_hashes(values, term.type)
     if hashes is None:
         return None
+    probes = ProbeSet(hashes)
     name = term.name
     out = np.zeros(len(files), dtype=bool)
     for position, file in enumerate(files):
         column_index = file.index.get(name)
         if column_index is None or column_index.kind != kind:
             continue
-        out[position] = not column_index.might_contain_any(hashes)
+        out[position] = not column_index.might_contain_any(probes)
     return out
 
 

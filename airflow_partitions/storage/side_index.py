@@ -28,7 +28,7 @@ from __future__ import annotations
 import base64
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -213,19 +213,61 @@ def build_bloom(hashes: npt.NDArray[np.uint32], blocks: int) -> bytes:
     return np.packbits(bits, bitorder="little").tobytes()
 
 
-def bloom_might_contain(bloom: bytes, h32: int) -> bool:
-    """Whether a bloom filter built by `build_bloom` may hold the value of hash `h32`."""
-    blocks = len(bloom) // BLOCK_BYTES
-    h64 = _splitmix64_scalar(h32)
-    block = ((h64 >> 32) * blocks) >> 32
-    key = h64 & _MASK32
-    base = block * BLOCK_BYTES
-    for word, salt in enumerate(SALT):
-        bit = ((key * salt) & _MASK32) >> 27
-        position = base + word * 4 + (bit >> 3)
-        if not bloom[position] & (1 << (bit & 7)):
-            return False
-    return True
+class Probe:
+    """One looked-up value's hash, with what a bloom filter check needs precomputed: the high 32 bits
+    that pick the block, and per word the byte offset inside the block and the bit mask."""
+
+    __slots__ = ("bits", "h32", "high")
+
+    def __init__(self, h32: int) -> None:
+        self.h32 = h32
+        h64 = _splitmix64_scalar(h32)
+        self.high = h64 >> 32
+        key = h64 & _MASK32
+        bits = []
+        for word, salt in enumerate(SALT):
+            bit = ((key * salt) & _MASK32) >> 27
+            bits.append((word * 4 + (bit >> 3), 1 << (bit & 7)))
+        self.bits = tuple(bits)
+
+
+class ProbeSet:
+    """The hashes a filter looks up, prepared once per plan for every file's index: few values are
+    checked one by one, many (a long IN list) with numpy over all of them at once."""
+
+    VECTOR_FROM = 32
+
+    def __init__(self, hashes: Iterable[int]) -> None:
+        import numpy as np
+
+        self.hashes = frozenset(int(h) for h in hashes)
+        self.probes = [Probe(h) for h in sorted(self.hashes)]
+        self._vector: tuple[Any, Any, Any] | None = None
+        if len(self.probes) >= self.VECTOR_FROM:
+            highs = np.array([p.high for p in self.probes], dtype=np.uint64)
+            offsets = np.array([[o for o, _ in p.bits] for p in self.probes], dtype=np.int64)
+            masks = np.array([[m for _, m in p.bits] for p in self.probes], dtype=np.uint8)
+            self._vector = (highs, offsets, masks)
+
+    def in_set(self, members: frozenset[int]) -> bool:
+        return not members.isdisjoint(self.hashes)
+
+    def in_bloom(self, bloom: bytes) -> bool:
+        if self._vector is None:
+            return any(bloom_might_contain(bloom, probe) for probe in self.probes)
+        import numpy as np
+
+        highs, offsets, masks = self._vector
+        blocks = np.uint64(len(bloom) // BLOCK_BYTES)
+        bases = ((highs * blocks) >> np.uint64(32)).astype(np.int64) * BLOCK_BYTES
+        data = np.frombuffer(bloom, dtype=np.uint8)
+        return bool(((data[bases[:, None] + offsets] & masks) != 0).all(axis=1).any())
+
+
+def bloom_might_contain(bloom: bytes, probe: Probe) -> bool:
+    """Whether a bloom filter built by `build_bloom` may hold the probed value."""
+    base = ((probe.high * (len(bloom) // BLOCK_BYTES)) >> 32) * BLOCK_BYTES
+    return all(bloom[base + offset] & mask for offset, mask in probe.bits)
 
 
 # --- the per-file, per-column index ---------------------------------------------------------------
@@ -259,19 +301,20 @@ class ColumnIndex:
 
     def might_contain(self, h32: int) -> bool:
         """False only when the file holds no non-NULL value hashing to `h32`."""
+        return self.might_contain_any(ProbeSet([h32]))
+
+    def might_contain_any(self, probes: ProbeSet) -> bool:
+        """False only when the file holds none of the probed values (`probes` made once per filter)."""
         if self.set_text is not None:
             if self._set is None:
                 import numpy as np
 
                 raw = base64.b64decode(self.set_text)
                 self._set = frozenset(np.frombuffer(raw, dtype="<u4").tolist())
-            return h32 in self._set
+            return probes.in_set(self._set)
         if self._bloom is None:
             self._bloom = base64.b64decode(self.bloom_text or "")
-        return bloom_might_contain(self._bloom, h32)
-
-    def might_contain_any(self, hashes: Sequence[int]) -> bool:
-        return any(self.might_contain(h) for h in hashes)
+        return probes.in_bloom(self._bloom)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"kind": self.kind, "nulls": self.has_null}
@@ -357,6 +400,8 @@ __all__ = [
     "DEFAULT_MAX_VALUES",
     "ColumnIndex",
     "IndexConfig",
+    "Probe",
+    "ProbeSet",
     "bloom_blocks",
     "build_bloom",
     "build_column_index",
