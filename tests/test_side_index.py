@@ -11,9 +11,11 @@ from __future__ import annotations
 import datetime as dt
 import random
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from test_pruning_support import Acceleration, build_acceleration
 
@@ -345,8 +347,6 @@ def latest_files(spec: Path) -> list[DataFile]:
 
 
 def test_refresh_writes_and_compaction_build_the_index(tmp_path: Path, table: pa.Table) -> None:
-    import pyarrow.parquet as pq
-
     from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
     from airflow_partitions.refresh import refresh_dataset
     from airflow_partitions.refresh.compaction import compact_dataset
@@ -401,3 +401,63 @@ datasets:
         [i for i, c in zip(table.column("id").to_pylist(), table.column("cat").to_pylist()) if c == "DE"]
         + list(range(5000, 5030))
     )
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_executors_build_the_index_of_the_files_they_write(spark: Any, tmp_path: Path) -> None:
+    from matrix_support import hostile_chunks
+
+    from airflow_partitions.read import PartitionedDatasetReader
+    from airflow_partitions.refresh import commit_refresh, finalize_partition, plan_refresh, stage_refresh
+    from airflow_partitions.refresh.plan import StageMode
+    from airflow_partitions.spec import load_spec
+
+    chunks = hostile_chunks(seed=29, rows=240)
+    (tmp_path / "src").mkdir()
+    for position, chunk in enumerate(chunks):
+        pq.write_table(chunk, tmp_path / "src" / f"chunk-{position}.parquet")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: trips\n"
+        "    from: file:src\n"
+        "    params: {file_format: parquet}\n"
+        "    acceleration:\n"
+        "      engine: parquet\n"
+        "      params: {index_columns: [s, n_int], max_rows_per_file: 20}\n"
+        "      partition_by: ['bucket(3, id)']\n"
+    )
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    plan = plan_refresh(project, dataset)
+    stage = stage_refresh(project, dataset, plan, spark=spark)
+    assert stage.mode is StageMode.WRITTEN
+    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
+    commit_refresh(project, dataset, plan, results, stage=stage)
+    files = [f for result in results for f in result.entry.files]
+    assert len(files) > 6
+    assert all(set(f.index) == {"s", "n_int"} for f in files), "executor-written files carry the index"
+    source = pa.concat_tables(chunks)
+    reader = PartitionedDatasetReader(spec, "trips")
+    try:
+        for where in ("s = 'absent/value'", "s = ''", "n_int IS NULL", "s IN ('é', 'NULL')"):
+            got = sorted(reader.read(where, columns=["id"]).column("id").to_pylist())
+            want = duckdb_ids(source, where)
+            assert got == want, f"WHERE {where}"
+        assert reader.plan("s = 'absent/value'").files_skipped_by_index > 0
+    finally:
+        reader.close()
+
+
+def duckdb_ids(table: pa.Table, where: str) -> list[int]:
+    import duckdb
+
+    connection = duckdb.connect()
+    try:
+        connection.register("source_rows", table)
+        rows = connection.sql(f"SELECT id FROM source_rows WHERE {where}").fetchall()
+        return sorted(row[0] for row in rows)
+    finally:
+        connection.close()
