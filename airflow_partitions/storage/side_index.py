@@ -15,8 +15,10 @@ The hash is engine independent and documented, so any writer can build the same 
 * `h32` = Murmur3 x86 32-bit, seed 0, of those bytes (integers: of the 8 little-endian bytes, Iceberg's
   `hashLong`), vectorised over Arrow buffers (`transforms.arrow_hash`);
 * the value set stores `h32`s; the bloom filter follows Parquet's split-block bloom filter (256-bit blocks
-  of eight 32-bit words, the Parquet salt constants) keyed by `h64 = splitmix64(h32)`: block
-  `((h64 >> 32) * blocks) >> 32`, and in word i the bit `(uint32(h64) * SALT[i]) >> 27`.
+  of eight 32-bit words, the Parquet salt constants) keyed by `h64 = splitmix64(h32)` (one step of
+  SplitMix64 from state `h32`: add 0x9E3779B97F4A7C15, then its finaliser): block
+  `((h64 >> 32) * blocks) >> 32`, and in word i the bit `(uint32(h64) * SALT[i]) >> 27`; the filter's
+  bytes are the words in order, little-endian, as in a Parquet file.
 
 Two values with the same `h32` are indistinguishable: for an absent value that is a false positive with
 probability (distinct values) / 2**32, far below any configured bound. A column whose bloom filter would
