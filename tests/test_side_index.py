@@ -461,3 +461,24 @@ def duckdb_ids(table: pa.Table, where: str) -> list[int]:
         return sorted(row[0] for row in rows)
     finally:
         connection.close()
+
+
+def test_parquet_files_of_several_row_groups_carry_parquet_bloom_filters(tmp_path: Path) -> None:
+    import duckdb
+
+    storage = get_storage("parquet", row_group_rows=100, index=IndexConfig(("s",)))
+    rows = pa.table({"id": pa.array(range(500), pa.int64()), "s": pa.array([f"v{i}" for i in range(500)])})
+    (several,) = storage.write(rows, tmp_path, "b=0")
+    (single,) = storage.write(rows.slice(0, 80), tmp_path, "b=1")
+    connection = duckdb.connect()
+    try:
+
+        def excluded(file: DataFile, value: str) -> list[bool]:
+            sql = "SELECT bloom_filter_excludes FROM parquet_bloom_probe(?, 's', ?) ORDER BY row_group_id"
+            return [row[0] for row in connection.execute(sql, [str(tmp_path / file.path), value]).fetchall()]
+
+        assert excluded(several, "absent") == [True] * 5, "DuckDB skips every row group by its bloom filter"
+        assert excluded(several, "v150") == [True, False, True, True, True]
+        assert excluded(single, "absent") == [False], "one row group: no Parquet bloom filter"
+    finally:
+        connection.close()
