@@ -24,6 +24,7 @@ BENCHMARKS = (
     "bench_cold_start",
     "bench_verified_reads",
     "bench_in_lists",
+    "bench_index",
     "bench_refresh",
     "bench_spark_stage",
     "bench_refresh_modes",
