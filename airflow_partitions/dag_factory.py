@@ -174,18 +174,19 @@ def schedule_options(schedule: str | None) -> dict[str, Any]:
     trigger dialog unpauses too). Unpausing a DAG that already ran still runs the one latest missed tick,
     as `catchup=False` does. `@once` keeps a start date: its one run is the point of it.
 
-    Without a schedule the DAG is a partitioned DAG in Airflow's sense (3.2+), `PartitionedAtRuntime()`:
-    a run triggered with a `partition_key` (REST API, the UI's trigger dialog) refreshes exactly that
-    partition and the run carries the key (Partition Key column and filter, `airflow dags clear
-    --partition-key`); it schedules no run of its own. Airflow accepts a trigger-time key only on
-    partitioned timetables, and its cron partition timetable would give every scheduled run a date key
-    of its own: a cron-scheduled refresh DAG keeps its cron and takes partitions through the
-    `partitions` / `where` params.
+    Without a schedule the DAG is a partitioned DAG in Airflow's sense (3.2+),
+    `timetables.TriggeredPartitionTimetable` (Airflow's `PartitionedAtRuntime` that also reports itself
+    partitioned, so the trigger dialog shows its Partition Key field): a run triggered with a
+    `partition_key` (REST API, the UI's trigger dialog) refreshes exactly that partition and the run
+    carries the key (Partition Key column and filter, `airflow dags clear --partition-key`); it schedules no
+    run of its own. Airflow accepts a trigger-time key only on partitioned timetables, and its cron
+    partition timetable would give every scheduled run a date key of its own: a cron-scheduled refresh DAG
+    keeps its cron and takes partitions through the `partitions` / `where` params.
     """
     if schedule is None:
-        from airflow.sdk import PartitionedAtRuntime
+        from airflow_partitions.timetables import TriggeredPartitionTimetable
 
-        return {"schedule": PartitionedAtRuntime(), "start_date": DEFAULT_START_DATE}
+        return {"schedule": TriggeredPartitionTimetable(), "start_date": DEFAULT_START_DATE}
     if schedule in ("@once", "@continuous"):
         return {"schedule": schedule, "start_date": DEFAULT_START_DATE}
     from airflow.sdk import CronTriggerTimetable
