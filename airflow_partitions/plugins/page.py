@@ -676,7 +676,7 @@ async function pollRuns() {
     if (lastRunsSignature !== null && signature !== lastRunsSignature) await load();
     lastRunsSignature = signature;
   } catch (err) { /* the next poll tries again; load() reports errors */ }
-  runsTimer = setTimeout(pollRuns, active || followed.size ? 2000 : 5000);
+  runsTimer = setTimeout(pollRuns, active || followed.size ? 1000 : 5000);
 }
 
 function report(run) {
