@@ -100,6 +100,17 @@ def row_states(driver: Any) -> dict[str, str]:
     return {str(key_path): str(state) for key_path, state in rows}
 
 
+def badge_counts(driver: Any) -> dict[str, str]:
+    """State -> the text of its count badge, read in one script (the page re-renders while it polls)."""
+    return dict(
+        driver.execute_script(
+            "return Object.fromEntries(Array.from("
+            "document.querySelectorAll('#summary .badge[data-state-count]'))"
+            ".map((badge) => [badge.dataset.stateCount, badge.textContent]));"
+        )
+    )
+
+
 def wait_for_states(driver: Any, stack: AirflowStack, expected: dict[str, str], timeout: float) -> None:
     """Wait until the page shows `expected` (it polls while a partition is refreshing; Reload otherwise)."""
     from selenium.webdriver.common.by import By
@@ -145,11 +156,7 @@ def test_partitions_page_shows_a_failed_partition_and_refreshes_it(
     links = [a.get_attribute("href") for a in eu_row.find_elements(By.TAG_NAME, "a")]
     failed_ti = f"/dags/{UI_DAG_ID}/runs/{quote(run['dag_run_id'], safe='')}/tasks/partition.refresh/mapped/0"
     assert any(link.endswith(failed_ti) for link in links), f"the failed task instance is linked: {links}"
-    counts = {
-        b.get_attribute("data-state-count"): b.text
-        for b in browser.find_elements(By.CSS_SELECTOR, "#summary .badge")
-    }
-    assert counts == {"failed": "1 failed", "fresh": "1 fresh"}
+    assert badge_counts(browser) == {"failed": "1 failed", "fresh": "1 fresh"}
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SCREENSHOT))
 
@@ -474,23 +481,39 @@ def test_inside_airflow_a_viewer_sees_why_refresh_is_disabled(
 ATLAS_EU_DAY1 = "region=EU/day=2026-01-01T00:00:00"
 
 
-def atlas_in_every_state(stack: AirflowStack) -> None:
+def atlas_in_every_state(stack: AirflowStack, spark: Any) -> None:
     """`page_atlas` refreshed in this process into real states: days 1-20 fresh (APAC's day 3 failed: its
     directory is taken by a file), days 21-28 missing, EU's days 2-10 stale (new source rows), EU's day 1
-    written twice (3 rows, then 6). Idempotent: the session may run this module's tests again."""
+    written twice (3 rows, then 6). Idempotent: the session may run this module's tests again.
+
+    The in-process Arrow path refreshes the good partitions (quick); the failing one goes through the
+    Spark path with `allow_partial`, which records a partition's failure as a refresh task does."""
     from airflow_partitions.refresh import refresh_dataset
+    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
 
     spec = load_spec(stack.dags_folder / "datasets.yaml")
-    acc = stack.dags_folder.parent / "acc" / ATLAS_DATASET
-    if acc.exists():
+    if open_dataset_catalog(spec, spec.dataset(ATLAS_DATASET)).latest() is not None:
         return
+    acc = stack.dags_folder.parent / "acc" / ATLAS_DATASET
     blocker = acc / "region=APAC" / "day=2026-01-03T00%3A00%3A00"
-    blocker.parent.mkdir(parents=True)
+    blocker.parent.mkdir(parents=True, exist_ok=True)
     blocker.write_text("not a directory")
     refresh_dataset(
-        spec, ATLAS_DATASET, where="day < TIMESTAMP '2026-01-21'", strategy="arrow", allow_partial=True
+        spec,
+        ATLAS_DATASET,
+        where="day < TIMESTAMP '2026-01-21' AND NOT (region = 'APAC' AND day = TIMESTAMP '2026-01-03')",
+        strategy="arrow",
     )
+    failing = refresh_dataset(
+        spec,
+        ATLAS_DATASET,
+        partitions=["region=APAC/day=2026-01-03T00:00:00"],
+        strategy="spark",
+        spark=spark,
+        allow_partial=True,
+    )
+    assert len(failing.failed) == 1, failing
     append_sales(
         stack.dags_folder.parent / ATLAS_DATASET, rows=30, days=10, regions=("EU",), name="sales-1.parquet"
     )
@@ -524,7 +547,7 @@ def drag_on_overview(driver: Any, from_key: str, to_key: str) -> None:
 
 
 def test_inside_airflow_the_overview_grid_selects_a_dragged_range_and_the_detail_charts_rows(
-    stack: AirflowStack, client: AirflowApiClient, browser: Any
+    stack: AirflowStack, client: AirflowApiClient, spark: Any, browser: Any
 ) -> None:
     """The overview of a region x day dataset in real states (fresh, stale, failed, missing): a range
     dragged on the grid selects the rectangle of partitions between the two cells and opens the launch
@@ -534,7 +557,7 @@ def test_inside_airflow_the_overview_grid_selects_a_dragged_range_and_the_detail
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     stack.wait_for_dag(client, ATLAS_DAG_ID, poll=2)
-    atlas_in_every_state(stack)
+    atlas_in_every_state(stack, spark)
     document = api(stack, "admin", "GET", f"dags/{ATLAS_DAG_ID}/partitions").json()
     states = document["datasets"][0]["states"]
     assert {s for s, n in states.items() if n} >= {"fresh", "stale", "failed", "missing"}, states
@@ -549,10 +572,7 @@ def test_inside_airflow_the_overview_grid_selects_a_dragged_range_and_the_detail
             ATLAS_DAG_ID,
         )
     )
-    counts = {
-        b.get_attribute("data-state-count"): b.text.split(" ")[0]
-        for b in browser.find_elements(By.CSS_SELECTOR, "#summary .badge[data-state-count]")
-    }
+    counts = {state: text.split(" ")[0] for state, text in badge_counts(browser).items()}
     assert counts == {s: str(n) for s, n in states.items() if n}, "the badges count the document's states"
     axes = browser.find_element(By.ID, "overview-axes").text
     assert axes == f"region ({len(ATLAS_REGIONS)}) down, day ({ATLAS_DAYS}) across", axes
