@@ -100,6 +100,18 @@ def row_states(driver: Any) -> dict[str, str]:
     return {str(key_path): str(state) for key_path, state in rows}
 
 
+def click_when_rendered(driver: Any, css: str, timeout: float = 30) -> None:
+    """Click the element `css` finds, finding it again if the page re-rendered it in between (it does
+    while it polls)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, css).click() or True
+    )
+
+
 def badge_counts(driver: Any) -> dict[str, str]:
     """State -> the text of its count badge, read in one script (the page re-renders while it polls)."""
     return dict(
@@ -162,7 +174,7 @@ def test_partitions_page_shows_a_failed_partition_and_refreshes_it(
 
     # Fix the cause, select EU, refresh it from the page.
     blocker.unlink()
-    eu_row.find_element(By.CSS_SELECTOR, "input.pick").click()
+    click_when_rendered(browser, f'#rows tr[data-key-path="{EU}"] input.pick')
     browser.find_element(By.ID, "refresh-selected").click()
     assert browser.find_element(By.ID, "preview-title").text.startswith("Refresh 1 partition(s)")
     browser.find_element(By.ID, "preview-confirm").click()
@@ -333,7 +345,7 @@ def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause
         wait_until(browser, stack, "EU fresh", lambda s: dict(s["rows"]).get(EU) == "fresh", 60)
 
         # Part 3, the partition's detail: its refreshes over the retained versions, newest first.
-        browser.find_element(By.CSS_SELECTOR, f'#rows tr[data-key-path="{EU}"] a.detail-link').click()
+        click_when_rendered(browser, f'#rows tr[data-key-path="{EU}"] a.detail-link')
         versions = WebDriverWait(browser, 30).until(
             lambda d: (
                 found
@@ -479,6 +491,7 @@ def test_inside_airflow_a_viewer_sees_why_refresh_is_disabled(
 # --- the overview grid of a dataset in every state, its drag-selected ranges, the detail's row chart -----
 
 ATLAS_EU_DAY1 = "region=EU/day=2026-01-01T00:00:00"
+ATLAS_EU_DAY1_PATH = "region=EU/day=2026-01-01T00%3A00%3A00"  # its canonical key path (the catalog's)
 
 
 def atlas_in_every_state(stack: AirflowStack, spark: Any) -> None:
@@ -594,13 +607,16 @@ def test_inside_airflow_the_overview_grid_selects_a_dragged_range_and_the_detail
     assert client._send("GET", f"/api/v2/dags/{ATLAS_DAG_ID}/dagRuns")["total_entries"] == runs_before
 
     # The detail of EU's day 1: a point per version that wrote it, its rows, oldest first.
-    history = api(stack, "admin", "GET", f"dags/{ATLAS_DAG_ID}/partition", params={"key_path": ATLAS_EU_DAY1})
+    history = api(
+        stack, "admin", "GET", f"dags/{ATLAS_DAG_ID}/partition", params={"key_path": ATLAS_EU_DAY1_PATH}
+    )
     written = [h for h in reversed(history.json()["history"]) if h["change"] == "written"]
     assert [h["rows"] for h in written] == [3, 6], "written twice: 3 rows, then 6"
     box = browser.find_element(By.ID, "filter")
     box.clear()
     box.send_keys("EU|2026-01-01T00:00:00")
-    browser.find_element(By.CSS_SELECTOR, "#rows tr a.detail-link").click()
+    assert [k for k, _ in page_state(browser)["rows"]] == [ATLAS_EU_DAY1_PATH], "Airflow's key finds it"
+    click_when_rendered(browser, "#rows tr a.detail-link")
     points = WebDriverWait(browser, 30).until(
         lambda d: d.execute_script(
             "const points = document.querySelectorAll('#detail-chart circle');"
