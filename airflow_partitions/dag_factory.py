@@ -24,6 +24,7 @@ from airflow_partitions.keys import escape_component
 if TYPE_CHECKING:
     from airflow.sdk import DAG, Asset
 
+    from airflow_partitions.operators.discovery import FreshnessMissCallback
     from airflow_partitions.spec import DatasetSpec, ProjectSpec
 
 DAG_ID_PREFIX = "refresh_"
@@ -174,18 +175,19 @@ def schedule_options(schedule: str | None) -> dict[str, Any]:
     trigger dialog unpauses too). Unpausing a DAG that already ran still runs the one latest missed tick,
     as `catchup=False` does. `@once` keeps a start date: its one run is the point of it.
 
-    Without a schedule the DAG is a partitioned DAG in Airflow's sense (3.2+), `PartitionedAtRuntime()`:
-    a run triggered with a `partition_key` (REST API, the UI's trigger dialog) refreshes exactly that
-    partition and the run carries the key (Partition Key column and filter, `airflow dags clear
-    --partition-key`); it schedules no run of its own. Airflow accepts a trigger-time key only on
-    partitioned timetables, and its cron partition timetable would give every scheduled run a date key
-    of its own: a cron-scheduled refresh DAG keeps its cron and takes partitions through the
-    `partitions` / `where` params.
+    Without a schedule the DAG is a partitioned DAG in Airflow's sense (3.2+),
+    `timetables.TriggeredPartitionTimetable` (Airflow's `PartitionedAtRuntime` that also reports itself
+    partitioned, so the trigger dialog shows its Partition Key field): a run triggered with a
+    `partition_key` (REST API, the UI's trigger dialog) refreshes exactly that partition and the run
+    carries the key (Partition Key column and filter, `airflow dags clear --partition-key`); it schedules no
+    run of its own. Airflow accepts a trigger-time key only on partitioned timetables, and its cron
+    partition timetable would give every scheduled run a date key of its own: a cron-scheduled refresh DAG
+    keeps its cron and takes partitions through the `partitions` / `where` params.
     """
     if schedule is None:
-        from airflow.sdk import PartitionedAtRuntime
+        from airflow_partitions.timetables import TriggeredPartitionTimetable
 
-        return {"schedule": PartitionedAtRuntime(), "start_date": DEFAULT_START_DATE}
+        return {"schedule": TriggeredPartitionTimetable(), "start_date": DEFAULT_START_DATE}
     if schedule in ("@once", "@continuous"):
         return {"schedule": schedule, "start_date": DEFAULT_START_DATE}
     from airflow.sdk import CronTriggerTimetable
@@ -226,6 +228,7 @@ def build_refresh_dag(
     default_args: Mapping[str, Any] | None = None,
     dag_kwargs: Mapping[str, Any] | None = None,
     strategy: str = "auto",
+    on_freshness_miss: FreshnessMissCallback | None = None,
 ) -> DAG:
     """The refresh DAG of one dataset (see the module docstring for its shape).
 
@@ -238,6 +241,8 @@ def build_refresh_dag(
     same dataset. `strategy` (stage task): "auto" writes the partitions in the stage task with the
     in-process Arrow path when the source fits the worker's memory budget and no Spark connection is
     configured, else stages with Spark; "arrow" / "spark" force one (`SparkStageOperator`).
+    `on_freshness_miss(miss, context)`: called by the discover task when partitions of the newest version
+    are older than the dataset's `freshness` SLA (`operators.discovery.FreshnessMiss`).
     """
     from airflow.sdk import DAG, TriggerRule, XComArg, task_group
 
@@ -279,6 +284,7 @@ def build_refresh_dag(
             task_id=DISCOVER_TASK,
             # Runs after a bootstrap that skipped because the local copy exists.
             trigger_rule=TriggerRule.NONE_FAILED,
+            on_freshness_miss=on_freshness_miss,
             **common,
         )
         if actions.bootstrap and spec.acceleration.snapshots.location:
@@ -345,6 +351,7 @@ def build_refresh_dags(
     default_args: Mapping[str, Any] | None = None,
     dag_kwargs: Mapping[str, Any] | None = None,
     strategy: str = "auto",
+    on_freshness_miss: FreshnessMissCallback | None = None,
 ) -> dict[str, DAG]:
     """One refresh DAG per enabled dataset of the spec at `spec_path`, keyed by DAG id (the arguments as
     for `build_refresh_dag`).
@@ -379,6 +386,7 @@ def build_refresh_dags(
             default_args=default_args,
             dag_kwargs=dag_kwargs,
             strategy=strategy,
+            on_freshness_miss=on_freshness_miss,
         )
         dags[dag.dag_id] = dag
     return dags

@@ -111,6 +111,7 @@ def test_snapshot_tasks_only_when_the_mode_uploads(tmp_path: Path) -> None:
         "snapshots disabled: no bootstrap, upload or publish task"
     )
     assert dag.timetable.partitioned_at_runtime, "unscheduled: triggered runs may carry a partition_key"
+    assert dag.timetable.partitioned, "so the trigger dialog shows its Partition Key field"
     assert not dag.timetable.can_be_scheduled
 
 

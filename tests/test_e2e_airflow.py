@@ -208,12 +208,70 @@ with DAG(
 '''
 
 
+MONTHLY_DAG_ID = "sales_per_region_month"
+# A consumer whose runs are keyed by month (`US|2026-01`), a key that names no partition of `sales`: its
+# task reads the partitions its triggering asset events name, through the hook.
+MONTHLY_DAG = f'''\
+"""Reads the (region, day) partitions of `sales` each of its (region, month) runs was triggered by."""
+
+import json
+from pathlib import Path
+
+from airflow.sdk import DAG, Asset, IdentityMapper, PartitionedAssetTimetable, ProductMapper
+from airflow.sdk import StartOfMonthMapper, task
+
+from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
+
+with DAG(
+    "{MONTHLY_DAG_ID}",
+    schedule=PartitionedAssetTimetable(
+        assets=Asset.ref(name="sales"),
+        default_partition_mapper=ProductMapper(IdentityMapper(), StartOfMonthMapper()),
+    ),
+    catchup=False,
+):
+
+    @task
+    def read_run_partitions(**context):
+        spec_path = str(Path(__file__).with_name("datasets.yaml"))
+        hook = PartitionedDatasetHook(dataset="sales", spec_path=spec_path)
+        try:
+            table = hook.read_run_partitions(context, ["id"])
+            keys = hook.run_partition_keys(context)
+        finally:
+            hook.close()
+        out = Path(__file__).parent.parent / "monthly_reads" / (context["run_id"].replace(":", "_") + ".json")
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps({{
+            "run_key": context["dag_run"].partition_key,
+            "keys": keys,
+            "ids": sorted(table.column("id").to_pylist()),
+        }}))
+
+    read_run_partitions()
+'''
+
+
+def source_ids(stack: AirflowStack, region: str, day: int) -> list[int]:
+    """Ids of the source rows of one (region, day) partition, read from the source files with DuckDB."""
+    import duckdb
+
+    rows = duckdb.sql(
+        f"SELECT id FROM read_parquet('{stack.dags_folder.parent / 'sales'}/*.parquet') "
+        f"WHERE region = '{region}' AND date_trunc('day', ts) = TIMESTAMP '2026-01-0{day}'"
+    ).fetchall()
+    return sorted(row[0] for row in rows)
+
+
 def test_a_run_triggered_with_a_partition_key_refreshes_only_that_partition(
     stack: AirflowStack, client: AirflowApiClient
 ) -> None:
+    """And a downstream DAG on the asset reads exactly the partition the triggering event names."""
     (stack.dags_folder / "sales_per_region_day.py").write_text(DAILY_DAG)
-    stack.wait_for_dag(client, DAILY_DAG_ID, poll=2)
-    client.set_paused(DAILY_DAG_ID, paused=False)
+    (stack.dags_folder / "sales_per_region_month.py").write_text(MONTHLY_DAG)
+    for dag_id in (DAILY_DAG_ID, MONTHLY_DAG_ID):
+        stack.wait_for_dag(client, dag_id, poll=2)
+        client.set_paused(dag_id, paused=False)
     before = catalog(stack)
     target = airflow_key("US", 1)
 
@@ -252,6 +310,26 @@ def test_a_run_triggered_with_a_partition_key_refreshes_only_that_partition(
             break
         time.sleep(2)
     assert ("US|2026-01-01", "success") in runs, stack.logs_tail()
+
+    # The monthly consumer's run is keyed `US|2026-01`; its task read the partition of the event.
+    deadline = time.monotonic() + 180
+    while True:
+        runs = stack.query(
+            "SELECT run_id, state FROM dag_run WHERE dag_id = %s AND partition_key = %s",
+            (MONTHLY_DAG_ID, "US|2026-01"),
+        )
+        if any(state in ("success", "failed") for _, state in runs) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert [state for _, state in runs] == ["success"], stack.logs_tail()
+    read = json.loads(
+        (stack.dags_folder.parent / "monthly_reads" / (runs[0][0].replace(":", "_") + ".json")).read_text()
+    )
+    assert read["run_key"] == "US|2026-01", "the run's own key names a month, no partition of sales"
+    assert read["keys"] == [target], "the partition keys of the triggering asset event"
+    expected = source_ids(stack, "US", 1)
+    assert expected, "the partition has rows"
+    assert read["ids"] == expected, "exactly the rows of that partition, no other"
 
 
 DAILY_REFRESH_DAG_ID = "refresh_sales_daily"

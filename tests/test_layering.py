@@ -20,6 +20,7 @@ AIRFLOW_LAYER = {
     "provider_info",
     "examples",
     "plugins",
+    "timetables",
 }
 # Lower index = lower layer; a module may import its own layer or any layer below it.
 CORE_ORDER = [
@@ -48,6 +49,7 @@ AIRFLOW_ORDER = [
     {"hooks"},
     {"operators", "triggers"},
     {"sensors"},
+    {"timetables"},
     {"dag_factory"},
     {"cli"},
     # examples/: the DAG file `airflow-partitions init` writes out (read as a file, never imported).

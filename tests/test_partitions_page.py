@@ -19,7 +19,18 @@ from urllib.parse import quote
 
 import pytest
 import requests
-from airflow_e2e.shared import DAG_ID, UI_DAG_ID, UI_DATASET, WIDE_DAG_ID, WIDE_PARTITIONS
+from airflow_e2e.sample import append_sales
+from airflow_e2e.shared import (
+    ATLAS_DAG_ID,
+    ATLAS_DATASET,
+    ATLAS_DAYS,
+    ATLAS_REGIONS,
+    DAG_ID,
+    UI_DAG_ID,
+    UI_DATASET,
+    WIDE_DAG_ID,
+    WIDE_PARTITIONS,
+)
 from airflow_e2e.stack import AirflowStack
 
 from airflow_partitions.cli.backfill import AirflowApiClient
@@ -89,6 +100,29 @@ def row_states(driver: Any) -> dict[str, str]:
     return {str(key_path): str(state) for key_path, state in rows}
 
 
+def click_when_rendered(driver: Any, css: str, timeout: float = 30) -> None:
+    """Click the element `css` finds, finding it again if the page re-rendered it in between (it does
+    while it polls)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, css).click() or True
+    )
+
+
+def badge_counts(driver: Any) -> dict[str, str]:
+    """State -> the text of its count badge, read in one script (the page re-renders while it polls)."""
+    return dict(
+        driver.execute_script(
+            "return Object.fromEntries(Array.from("
+            "document.querySelectorAll('#summary .badge[data-state-count]'))"
+            ".map((badge) => [badge.dataset.stateCount, badge.textContent]));"
+        )
+    )
+
+
 def wait_for_states(driver: Any, stack: AirflowStack, expected: dict[str, str], timeout: float) -> None:
     """Wait until the page shows `expected` (it polls while a partition is refreshing; Reload otherwise)."""
     from selenium.webdriver.common.by import By
@@ -102,7 +136,7 @@ def wait_for_states(driver: Any, stack: AirflowStack, expected: dict[str, str], 
             )
         if "refreshing" not in shown.values():
             driver.find_element(By.ID, "reload").click()
-        time.sleep(1.0)
+        time.sleep(0.3)
 
 
 def test_partitions_page_shows_a_failed_partition_and_refreshes_it(
@@ -134,17 +168,13 @@ def test_partitions_page_shows_a_failed_partition_and_refreshes_it(
     links = [a.get_attribute("href") for a in eu_row.find_elements(By.TAG_NAME, "a")]
     failed_ti = f"/dags/{UI_DAG_ID}/runs/{quote(run['dag_run_id'], safe='')}/tasks/partition.refresh/mapped/0"
     assert any(link.endswith(failed_ti) for link in links), f"the failed task instance is linked: {links}"
-    counts = {
-        b.get_attribute("data-state-count"): b.text
-        for b in browser.find_elements(By.CSS_SELECTOR, "#summary .badge")
-    }
-    assert counts == {"failed": "1 failed", "fresh": "1 fresh"}
+    assert badge_counts(browser) == {"failed": "1 failed", "fresh": "1 fresh"}
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SCREENSHOT))
 
     # Fix the cause, select EU, refresh it from the page.
     blocker.unlink()
-    eu_row.find_element(By.CSS_SELECTOR, "input.pick").click()
+    click_when_rendered(browser, f'#rows tr[data-key-path="{EU}"] input.pick')
     browser.find_element(By.ID, "refresh-selected").click()
     assert browser.find_element(By.ID, "preview-title").text.startswith("Refresh 1 partition(s)")
     browser.find_element(By.ID, "preview-confirm").click()
@@ -269,7 +299,7 @@ def wait_until(
     while not check(shown := page_state(driver)):
         if time.monotonic() > deadline:
             raise AssertionError(f"the page never showed {what}: {shown}\n{stack.logs_tail(15)}")
-        time.sleep(0.5)
+        time.sleep(0.2)
     return shown
 
 
@@ -281,6 +311,7 @@ def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause
     partition refreshed by a run whose commit has not run shows "refreshed, waiting for commit"; links
     navigate Airflow despite the sandbox."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     stack.wait_for_dag(client, UI_DAG_ID, poll=2)
     sign_in(browser, stack, "admin")
@@ -314,22 +345,22 @@ def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause
         wait_until(browser, stack, "EU fresh", lambda s: dict(s["rows"]).get(EU) == "fresh", 60)
 
         # Part 3, the partition's detail: its refreshes over the retained versions, newest first.
-        browser.find_element(By.CSS_SELECTOR, f'#rows tr[data-key-path="{EU}"] a.detail-link').click()
-        deadline = time.monotonic() + 30
-        while (
-            len(
-                versions := browser.execute_script(
-                    "return Array.from(document.querySelectorAll('#detail-history tr[data-version]'))"
-                    ".map((row) => [Number(row.dataset.version), row.textContent]);"
+        click_when_rendered(browser, f'#rows tr[data-key-path="{EU}"] a.detail-link')
+        versions = WebDriverWait(browser, 30).until(
+            lambda d: (
+                found
+                if len(
+                    found := d.execute_script(
+                        "return Array.from(document.querySelectorAll('#detail-history tr[data-version]'))"
+                        ".map((row) => [Number(row.dataset.version), row.textContent]);"
+                    )
                 )
+                >= 2
+                else None
             )
-            < 2
-        ):
-            assert time.monotonic() < deadline, versions
-            time.sleep(0.5)
+        )
         assert versions[0][0] > versions[1][0], "newest first"
         assert run["dag_run_id"] in versions[0][1], "the newest refresh names the run that wrote it"
-        browser.save_screenshot(str(SCREENSHOT.with_name("partitions-detail.png")))
         browser.find_element(By.ID, "detail-close").click()
 
         # Refreshed but not committed: the commit of a run that is queued again on a paused DAG.
@@ -354,12 +385,9 @@ def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause
         target = link.get_attribute("href")
         link.click()
         browser.switch_to.default_content()
-        deadline = time.monotonic() + 30
-        while browser.current_url != target:
-            assert time.monotonic() < deadline, (
-                f"the link did not navigate: {browser.current_url} != {target}"
-            )
-            time.sleep(0.5)
+        WebDriverWait(browser, 30).until(
+            lambda d: d.current_url == target, f"the link did not navigate to {target}"
+        )
     finally:
         browser.switch_to.default_content()
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
@@ -380,19 +408,15 @@ def test_inside_airflow_many_partitions_page_sort_filter_and_preview(
     """Defects 4 and 5 in the nav page: 1,500 partitions paged, in natural order, filtered by state badges
     and by any spelling of a key (kept in the URL); select-all previews before it triggers anything."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     stack.wait_for_dag(client, WIDE_DAG_ID, poll=2)
     sign_in(browser, stack, "admin")
     open_in_airflow(browser, stack, NAV_PAGE)
     Select(browser.find_element(By.ID, "dataset")).select_by_value(WIDE_DAG_ID)
     keys = lambda: [k for k, _ in page_state(browser)["rows"]]  # noqa: E731
-    deadline = time.monotonic() + 120
-    while not keys() or not keys()[0].startswith("k="):
-        assert time.monotonic() < deadline, page_state(browser)
-        time.sleep(0.5)
+    WebDriverWait(browser, 120).until(lambda _: keys() and keys()[0].startswith("k="))
     assert keys()[:4] == ["k=0", "k=1", "k=2", "k=3"], "natural order: 0, 1, 2, 3 (not 0, 1, 10, 100)"
-    browser.save_screenshot(str(SCREENSHOT.with_name("partitions-overview.png")))
     assert len(keys()) == 100
     info = browser.find_element(By.ID, "page-info").text
     assert f"of {WIDE_PARTITIONS}" in info, info
@@ -417,7 +441,6 @@ def test_inside_airflow_many_partitions_page_sort_filter_and_preview(
     title = browser.find_element(By.ID, "preview-title").text
     assert title.startswith(f"Refresh {WIDE_PARTITIONS} partition(s)"), title
     assert browser.find_element(By.ID, "preview-more").text == f"and {WIDE_PARTITIONS - 20} more"
-    browser.save_screenshot(str(SCREENSHOT.with_name("partitions-launch-preview.png")))
     browser.find_element(By.ID, "preview-cancel").click()
     assert "Nothing triggered" in page_state(browser)["message"]
     assert client._send("GET", f"/api/v2/dags/{WIDE_DAG_ID}/dagRuns")["total_entries"] == runs_before
@@ -425,10 +448,7 @@ def test_inside_airflow_many_partitions_page_sort_filter_and_preview(
 
     # Every spelling of a two-field key finds it: the label, the comma form, Airflow's composite key.
     Select(browser.find_element(By.ID, "dataset")).select_by_value(DAG_ID)
-    deadline = time.monotonic() + 120
-    while not keys() or not keys()[0].startswith("region="):
-        assert time.monotonic() < deadline, page_state(browser)
-        time.sleep(0.5)
+    WebDriverWait(browser, 120).until(lambda _: keys() and keys()[0].startswith("region="))
     document = api(stack, "admin", "GET", f"dags/{DAG_ID}/partitions").json()
     # The overview of a two-field key is a grid: regions down, days across.
     regions = {p["key"].split("/")[0] for p in document["datasets"][0]["partitions"]}
@@ -466,3 +486,207 @@ def test_inside_airflow_a_viewer_sees_why_refresh_is_disabled(
         assert "User, Op or Admin role" in reason, reason
     finally:
         sign_in(browser, stack, "admin")
+
+
+# --- the overview grid of a dataset in every state, its drag-selected ranges, the detail's row chart -----
+
+ATLAS_EU_DAY1 = "region=EU/day=2026-01-01T00:00:00"
+ATLAS_EU_DAY1_PATH = "region=EU/day=2026-01-01T00%3A00%3A00"  # its canonical key path (the catalog's)
+
+
+def atlas_in_every_state(stack: AirflowStack, spark: Any) -> None:
+    """`page_atlas` refreshed in this process into real states: days 1-20 fresh (APAC's day 3 failed: its
+    directory is taken by a file), days 21-28 missing, EU's days 2-10 stale (new source rows), EU's day 1
+    written twice (3 rows, then 6). Idempotent: the session may run this module's tests again.
+
+    The in-process Arrow path refreshes the good partitions (quick); the failing one goes through the
+    Spark path with `allow_partial`, which records a partition's failure as a refresh task does."""
+    from airflow_partitions.refresh import refresh_dataset
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.spec import load_spec
+
+    spec = load_spec(stack.dags_folder / "datasets.yaml")
+    if open_dataset_catalog(spec, spec.dataset(ATLAS_DATASET)).latest() is not None:
+        return
+    acc = stack.dags_folder.parent / "acc" / ATLAS_DATASET
+    blocker = acc / "region=APAC" / "day=2026-01-03T00%3A00%3A00"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a directory")
+    refresh_dataset(
+        spec,
+        ATLAS_DATASET,
+        where="day < TIMESTAMP '2026-01-21' AND NOT (region = 'APAC' AND day = TIMESTAMP '2026-01-03')",
+        strategy="arrow",
+    )
+    failing = refresh_dataset(
+        spec,
+        ATLAS_DATASET,
+        partitions=["region=APAC/day=2026-01-03T00:00:00"],
+        strategy="spark",
+        spark=spark,
+        allow_partial=True,
+    )
+    assert len(failing.failed) == 1, failing
+    append_sales(
+        stack.dags_folder.parent / ATLAS_DATASET, rows=30, days=10, regions=("EU",), name="sales-1.parquet"
+    )
+    refresh_dataset(spec, ATLAS_DATASET, partitions=[ATLAS_EU_DAY1], strategy="arrow")
+
+
+def drag_on_overview(driver: Any, from_key: str, to_key: str) -> None:
+    """Press on `from_key`'s cell of the overview, move to `to_key`'s, release (real pointer events)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    def offset(key: str) -> tuple[int, int]:
+        # The cell's centre relative to the canvas's centre (Selenium's origin), in CSS pixels.
+        return tuple(
+            driver.execute_script(
+                "const p = documentData.datasets[0].partitions.find((x) => x.key === arguments[0]);"
+                "const canvas = document.getElementById('overview');"
+                "const box = canvas.getBoundingClientRect();"
+                "const unit = overviewCells.size * box.width / canvas.width;"
+                "return [Math.round((p._cell[1] + .5) * unit - box.width / 2),"
+                " Math.round((p._cell[0] + .5) * unit - box.height / 2)];",
+                key,
+            )
+        )
+
+    canvas = driver.find_element(By.ID, "overview")
+    start, end = offset(from_key), offset(to_key)
+    ActionChains(driver).move_to_element_with_offset(
+        canvas, *start
+    ).click_and_hold().move_to_element_with_offset(canvas, *end).release().perform()
+
+
+def test_inside_airflow_the_overview_grid_selects_a_dragged_range_and_the_detail_charts_rows(
+    stack: AirflowStack, client: AirflowApiClient, spark: Any, browser: Any
+) -> None:
+    """The overview of a region x day dataset in real states (fresh, stale, failed, missing): a range
+    dragged on the grid selects the rectangle of partitions between the two cells and opens the launch
+    preview (nothing triggered until confirmed); a partition's detail charts its rows over the versions
+    that wrote it, a point per write. The screenshots in the README are taken here."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    stack.wait_for_dag(client, ATLAS_DAG_ID, poll=2)
+    atlas_in_every_state(stack, spark)
+    document = api(stack, "admin", "GET", f"dags/{ATLAS_DAG_ID}/partitions").json()
+    states = document["datasets"][0]["states"]
+    assert {s for s, n in states.items() if n} >= {"fresh", "stale", "failed", "missing"}, states
+
+    sign_in(browser, stack, "admin")
+    open_in_airflow(browser, stack, NAV_PAGE)
+    Select(browser.find_element(By.ID, "dataset")).select_by_value(ATLAS_DAG_ID)
+    WebDriverWait(browser, 120).until(
+        lambda d: d.execute_script(
+            "return documentData && documentData.airflow.dag_id === arguments[0] && overviewCells"
+            " && overviewCells.grid",
+            ATLAS_DAG_ID,
+        )
+    )
+    counts = {state: text.split(" ")[0] for state, text in badge_counts(browser).items()}
+    assert counts == {s: str(n) for s, n in states.items() if n}, "the badges count the document's states"
+    axes = browser.find_element(By.ID, "overview-axes").text
+    assert axes == f"region ({len(ATLAS_REGIONS)}) down, day ({ATLAS_DAYS}) across", axes
+    browser.save_screenshot(str(SCREENSHOT.with_name("partitions-overview.png")))
+
+    # A drag from (EU, day 2) to (US, day 5): regions EU..US down (EU, LATAM, US), days 2..5 across.
+    runs_before = client._send("GET", f"/api/v2/dags/{ATLAS_DAG_ID}/dagRuns")["total_entries"]
+    drag_on_overview(browser, "region=EU/day=2026-01-02T00:00:00", "region=US/day=2026-01-05T00:00:00")
+    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "preview").get_attribute("open"))
+    expected = {f"region={r}/day=2026-01-0{d}T00:00:00" for r in ("EU", "LATAM", "US") for d in range(2, 6)}
+    title = browser.find_element(By.ID, "preview-title").text
+    assert title.startswith(f"Refresh {len(expected)} partition(s) of {ATLAS_DAG_ID}"), title
+    listed = {li.text for li in browser.find_elements(By.CSS_SELECTOR, "#preview-list li")}
+    assert listed == expected, "exactly the rectangle between the two cells"
+    browser.save_screenshot(str(SCREENSHOT.with_name("partitions-launch-preview.png")))
+    browser.find_element(By.ID, "preview-cancel").click()
+    assert "Nothing triggered" in page_state(browser)["message"]
+    assert browser.find_element(By.ID, "refresh-selected").text == f"Refresh selected ({len(expected)})"
+    assert client._send("GET", f"/api/v2/dags/{ATLAS_DAG_ID}/dagRuns")["total_entries"] == runs_before
+
+    # The detail of EU's day 1: a point per version that wrote it, its rows, oldest first.
+    history = api(
+        stack, "admin", "GET", f"dags/{ATLAS_DAG_ID}/partition", params={"key_path": ATLAS_EU_DAY1_PATH}
+    )
+    written = [h for h in reversed(history.json()["history"]) if h["change"] == "written"]
+    assert [h["rows"] for h in written] == [3, 6], "written twice: 3 rows, then 6"
+    box = browser.find_element(By.ID, "filter")
+    box.clear()
+    box.send_keys("EU|2026-01-01T00:00:00")
+    assert [k for k, _ in page_state(browser)["rows"]] == [ATLAS_EU_DAY1_PATH], "Airflow's key finds it"
+    click_when_rendered(browser, "#rows tr a.detail-link")
+    points = WebDriverWait(browser, 30).until(
+        lambda d: d.execute_script(
+            "const points = document.querySelectorAll('#detail-chart circle');"
+            "return points.length ? Array.from(points).map((c) => [Number(c.dataset.version),"
+            " Number(c.dataset.rows), Number(c.getAttribute('cy'))]) : null;"
+        )
+    )
+    assert [(v, r) for v, r, _ in points] == [(h["version"], h["rows"]) for h in written]
+    assert points[1][2] < points[0][2], "more rows is drawn higher"
+    browser.save_screenshot(str(SCREENSHOT.with_name("partitions-detail.png")))
+    browser.find_element(By.ID, "detail-close").click()
+
+
+# --- Airflow's own trigger dialog of a refresh DAG ---------------------------------------------------------
+
+
+def test_the_trigger_dialog_offers_a_partition_key_and_refuses_a_wrong_key_in_words(
+    stack: AirflowStack, client: AirflowApiClient, browser: Any
+) -> None:
+    """The unscheduled refresh DAG reports a partitioned timetable, so Airflow's trigger dialog shows its
+    Partition Key field; a key of the wrong shape, there or in the Partitions param, is refused before a
+    run exists, with what is wrong and what the keys look like (not jsonschema's regex dump)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    stack.wait_for_dag(client, DAG_ID, poll=2)
+    assert client.get_dag(DAG_ID)["timetable_partitioned"] is True
+    runs_before = client._send("GET", f"/api/v2/dags/{DAG_ID}/dagRuns")["total_entries"]
+
+    # The REST API (the dialog's own request): both fields, a friendly 400 and no run.
+    for body, field in (
+        ({"logical_date": None, "conf": {"partitions": ["region=EU"]}}, "Partitions:"),
+        ({"logical_date": None, "partition_key": "EU"}, "Partition Key:"),
+    ):
+        response = requests.post(
+            f"{stack.api_url}/api/v2/dags/{DAG_ID}/dagRuns",
+            json=body,
+            headers={"Authorization": f"Bearer {token(stack, 'admin')}"},
+            timeout=30,
+        )
+        assert response.status_code == 400, response.text
+        detail = response.json()["detail"]
+        assert detail.startswith(f"Nothing was triggered: {field}"), detail
+        assert "region=<value>/day=<value>" in detail, detail
+        assert "Failed validating" not in detail, detail
+        assert "^(?:" not in detail, detail
+    assert client._send("GET", f"/api/v2/dags/{DAG_ID}/dagRuns")["total_entries"] == runs_before
+
+    # The dialog itself: the Partition Key field is there; a wrong key gets the same words.
+    sign_in(browser, stack, "admin")
+    browser.get(f"{stack.api_url}/dags/{DAG_ID}")
+    WebDriverWait(browser, 60).until(
+        lambda d: d.find_elements(By.XPATH, "//button[normalize-space()='Trigger']")
+    )[0].click()
+    advanced = WebDriverWait(browser, 30).until(
+        lambda d: d.find_elements(By.XPATH, "//*[@role='dialog']//button[contains(., 'Advanced Options')]")
+    )
+    advanced[0].click()
+    field = WebDriverWait(browser, 30).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "[role=dialog] input[name=partitionKey]")
+    )[0]
+    assert browser.find_elements(By.XPATH, "//*[@role='dialog']//*[normalize-space()='Partition Key']")
+    field.send_keys("EU")
+    browser.save_screenshot(str(SCREENSHOT.with_name("trigger-partition-key.png")))
+    browser.find_element(By.XPATH, "//*[@role='dialog']//button[normalize-space()='Trigger']").click()
+    message = WebDriverWait(browser, 30).until(
+        lambda d: next(
+            (e.text for e in d.find_elements(By.XPATH, "//*[contains(text(), 'Nothing was triggered')]")),
+            None,
+        )
+    )
+    assert "Partition Key: partition key 'EU' must start with `region=`" in message, message
+    assert client._send("GET", f"/api/v2/dags/{DAG_ID}/dagRuns")["total_entries"] == runs_before

@@ -228,17 +228,23 @@ class PartitionedDatasetHook(BaseHook):
         return reader.read_plan(subset, columns)
 
     def run_partition_keys(self, context: Mapping[str, Any]) -> list[str]:
-        """The partition keys of the task's run: its own `partition_key` (a partitioned run, Airflow 3.2+),
-        else those of the asset events of this dataset that triggered it (a run scheduled on the asset)."""
-        own = run_partition_key(context)
-        if own is not None:
-            return [own]
+        """The partition keys of this dataset the task's run is for: those of the dataset's asset events
+        that triggered it (a run scheduled on the asset), else the run's own `partition_key` (a run
+        triggered with one, Airflow 3.2+).
+
+        The events come first: they carry the dataset's own keys, while an asset-triggered run's
+        `partition_key` is what the DAG's partition mapper made of them (`US|2026-01` from
+        `US|2026-01-01T00:00:00` under a `StartOfMonthMapper`), which names no partition of the dataset.
+        """
         keys: list[str] = []
         for asset, events in (context.get("triggering_asset_events") or {}).items():
             if getattr(asset, "name", None) not in (self.dataset, None):
                 continue
             keys.extend(key for event in events if (key := getattr(event, "partition_key", None)))
-        return list(dict.fromkeys(keys))
+        if keys:
+            return list(dict.fromkeys(keys))
+        own = run_partition_key(context)
+        return [own] if own is not None else []
 
     def read_run_partitions(
         self, context: Mapping[str, Any], columns: Sequence[str] | None = None

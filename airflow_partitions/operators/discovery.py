@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -41,6 +43,34 @@ def max_mapped_tasks() -> int:
     return min(limits.values())
 
 
+@dataclass(frozen=True)
+class FreshnessMiss:
+    """What an `on_freshness_miss` callback is told: partitions of the newest version last refreshed longer
+    ago than the dataset's freshness SLA, when a discovery starts."""
+
+    dataset: str
+    sla: dt.timedelta
+    # The catalog version they were read from.
+    version: int
+    # Labels (`region=EU/day=2026-01-01`), oldest refresh first.
+    overdue: tuple[str, ...]
+    oldest_refreshed_at: dt.datetime
+
+    def describe(self) -> str:
+        age = dt.datetime.now(dt.UTC) - self.oldest_refreshed_at
+        shown = ", ".join(self.overdue[:10]) + (
+            f" and {len(self.overdue) - 10} more" if len(self.overdue) > 10 else ""
+        )
+        return (
+            f"{len(self.overdue)} partition(s) of {self.dataset} miss the freshness SLA of {self.sla} "
+            f"(version {self.version}; the oldest was refreshed {age} ago): {shown}"
+        )
+
+
+# Called with the miss and the discovery task's context; its return value is ignored.
+FreshnessMissCallback = Callable[[FreshnessMiss, "Context"], Any]
+
+
 class PartitionDiscoveryOperator(DatasetOperator):
     """Discover the dataset's partitions, diff them against the catalog, return the work items.
 
@@ -53,6 +83,10 @@ class PartitionDiscoveryOperator(DatasetOperator):
     (canonical keys, refreshed even if unchanged), `where` (a filter on partition values) and
     `full_refresh`; explicit arguments here win over the run's params. A run that carries Airflow's
     `partition_key` refreshes exactly that partition (`RefreshRunConf.for_partition_key`).
+
+    `on_freshness_miss`: with a `freshness` SLA in the spec, called as `callback(miss, context)` when
+    partitions of the newest version are older than the SLA as the discovery starts (`FreshnessMiss`); a
+    callback that raises is logged and the refresh goes on, since the refresh is what cures the miss.
     """
 
     template_fields: Sequence[str] = (*DatasetOperator.template_fields, "partitions", "where")
@@ -67,6 +101,7 @@ class PartitionDiscoveryOperator(DatasetOperator):
         where: str | None = None,
         full_refresh: bool | None = None,
         discovery_timeout_s: float | None = None,
+        on_freshness_miss: FreshnessMissCallback | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(spec_path=spec_path, dataset=dataset, **kwargs)
@@ -74,6 +109,7 @@ class PartitionDiscoveryOperator(DatasetOperator):
         self.where = where
         self.full_refresh = full_refresh
         self.discovery_timeout_s = discovery_timeout_s
+        self.on_freshness_miss = on_freshness_miss
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
         from airflow_partitions.refresh.pipeline import plan_refresh
@@ -83,6 +119,7 @@ class PartitionDiscoveryOperator(DatasetOperator):
             context, partitions=self.partitions, where=self.where, full_refresh=self.full_refresh
         ).for_partition_key(run_partition_key(context))
         run.check_partitions(self.dataset, self.dataset_spec.acceleration.partition_names)
+        miss = self.freshness_miss()
         self.prepare_sources()
         try:
             plan = plan_refresh(
@@ -112,7 +149,9 @@ class PartitionDiscoveryOperator(DatasetOperator):
         )
         for note in plan.notes:
             self.log.info("Discovery note: %s", note)
-        self.record_gauges(plan, whole_source=not run.partitions and not run.where)
+        self.record_gauges(plan, whole_source=not run.partitions and not run.where, miss=miss)
+        if miss is not None:
+            self.report_freshness_miss(miss, context)
         context["ti"].xcom_push(key=PLAN_XCOM_KEY, value=plan.without_items().to_json())
         limit = max_mapped_tasks()
         work = mapped_work(plan.items, limit)
@@ -129,21 +168,52 @@ class PartitionDiscoveryOperator(DatasetOperator):
             )
         return work
 
-    def record_gauges(self, plan: Any, *, whole_source: bool) -> None:
-        """Partitions to refresh and stale ones (only a survey of the whole source counts them all) and,
-        with a freshness SLA, partitions of the newest version past it."""
-        import datetime as dt
+    def freshness_miss(self) -> FreshnessMiss | None:
+        """The partitions of the newest version past the dataset's freshness SLA, or None: no SLA, or
+        none past it (an empty catalog misses nothing: discovery finds its partitions missing)."""
+        from airflow_partitions.keys import partition_label
 
+        freshness = self.dataset_spec.freshness
+        if freshness is None:
+            return None
+        snapshot = self.open_catalog().latest()
+        if snapshot is None:
+            return None
+        now = dt.datetime.now(dt.UTC)
+        overdue = sorted(
+            (entry for entry in snapshot.partitions.values() if now - entry.refreshed_at > freshness),
+            key=lambda entry: (entry.refreshed_at, entry.key_path),
+        )
+        if not overdue:
+            return None
+        names = snapshot.partition_spec.names
+        return FreshnessMiss(
+            dataset=self.dataset,
+            sla=freshness,
+            version=snapshot.version,
+            overdue=tuple(partition_label(names, entry.key) for entry in overdue),
+            oldest_refreshed_at=overdue[0].refreshed_at,
+        )
+
+    def report_freshness_miss(self, miss: FreshnessMiss, context: Context) -> None:
+        """Log the miss and call `on_freshness_miss`; a failing callback is logged, not raised."""
+        self.log.warning("Freshness SLA missed: %s", miss.describe())
+        if self.on_freshness_miss is None:
+            return
+        try:
+            self.on_freshness_miss(miss, context)
+        except Exception:
+            self.log.exception("on_freshness_miss callback of %s failed; the refresh goes on", self.dataset)
+
+    def record_gauges(self, plan: Any, *, whole_source: bool, miss: FreshnessMiss | None = None) -> None:
+        """Partitions to refresh and stale ones (only a survey of the whole source counts them all) and,
+        with a freshness SLA, partitions of the newest version past it (`miss`, 0 when none is)."""
         from airflow_partitions.operators.metrics import record_discovery
         from airflow_partitions.refresh.plan import Reason
 
         overdue = None
-        freshness = self.dataset_spec.freshness
-        if freshness is not None:
-            snapshot = self.open_catalog().latest()
-            now = dt.datetime.now(dt.UTC)
-            entries = snapshot.partitions.values() if snapshot is not None else ()
-            overdue = sum(1 for entry in entries if now - entry.refreshed_at > freshness)
+        if self.dataset_spec.freshness is not None:
+            overdue = len(miss.overdue) if miss is not None else 0
         stale = sum(1 for item in plan.items if item.reason in (Reason.CHANGED, Reason.RESPEC))
         record_discovery(
             self.dataset,

@@ -65,8 +65,12 @@ PAGE_HTML = r"""<!doctype html>
   dialog ul { max-height: 40vh; overflow: auto; font-family: ui-monospace, monospace; }
   a { color: var(--accent); }
   #overview-box { margin: 4px 0 10px; }
-  #overview { display: block; cursor: pointer; max-width: 100%; }
+  #overview { display: block; cursor: crosshair; max-width: 100%; user-select: none; }
   #overview-axes { font-size: 12px; }
+  #detail-chart { display: block; margin: 4px 0 8px; }
+  #detail-chart polyline { fill: none; stroke: var(--accent); stroke-width: 1.5; }
+  #detail-chart circle { fill: var(--accent); }
+  #detail-chart text { fill: var(--muted); font-size: 10px; }
 </style>
 </head>
 <body>
@@ -115,6 +119,7 @@ PAGE_HTML = r"""<!doctype html>
     <h2 id="detail-title" style="font-size:16px;margin:0 0 8px;font-family:ui-monospace,monospace"></h2>
     <p id="detail-state"></p>
     <p id="detail-why" class="muted"></p>
+    <svg id="detail-chart" role="img" aria-label="rows of each written version, oldest first" hidden></svg>
     <div class="table-wrap"><table>
       <thead><tr><th>Version</th><th>Committed</th><th>Change</th><th>Rows</th><th>Bytes</th>
         <th>Written by</th></tr></thead>
@@ -479,23 +484,55 @@ function renderOverview(report) {
   canvas.hidden = !partitions.length;
   const context = canvas.getContext("2d");
   context.clearRect(0, 0, canvas.width, canvas.height);
-  overviewCells = {size, cols, at: new Map()};
+  overviewCells = {size, cols, grid: fields === 2, at: new Map(), order: partitions};
   const gap = size > 4 ? 1 : 0;
   partitions.forEach((p, i) => {
     const [row, col] = place(p, i);
     overviewCells.at.set(row * cols + col, p);
+    p._cell = [row, col, i];
     context.fillStyle = STATE_COLOURS[p.state] || STATE_COLOURS.unknown;
     context.fillRect(col * size, row * size, size - gap, size - gap);
   });
 }
 
-function overviewPartition(event) {
-  if (!overviewCells) return null;
+function overviewCell(event) {
   const box = $("overview").getBoundingClientRect();
   const scale = $("overview").width / box.width;
-  const col = Math.floor((event.clientX - box.left) * scale / overviewCells.size);
-  const row = Math.floor((event.clientY - box.top) * scale / overviewCells.size);
+  return [Math.floor((event.clientY - box.top) * scale / overviewCells.size),
+    Math.floor((event.clientX - box.left) * scale / overviewCells.size)];
+}
+
+function overviewPartition(event) {
+  if (!overviewCells) return null;
+  const [row, col] = overviewCell(event);
+  if (col < 0 || col >= overviewCells.cols) return null;
   return overviewCells.at.get(row * overviewCells.cols + col) || null;
+}
+
+// A range dragged on the overview: in a grid, every partition of the rectangle between the two cells
+// (a range of regions x a range of days); otherwise every partition between them in key order.
+function overviewRange(from, to) {
+  if (overviewCells.grid) {
+    const [top, bottom] = [Math.min(from._cell[0], to._cell[0]), Math.max(from._cell[0], to._cell[0])];
+    const [left, right] = [Math.min(from._cell[1], to._cell[1]), Math.max(from._cell[1], to._cell[1])];
+    return overviewCells.order.filter((p) => p._cell[0] >= top && p._cell[0] <= bottom
+      && p._cell[1] >= left && p._cell[1] <= right);
+  }
+  const [first, last] = [Math.min(from._cell[2], to._cell[2]), Math.max(from._cell[2], to._cell[2])];
+  return overviewCells.order.slice(first, last + 1);
+}
+
+// While dragging, the cells of the range are outlined over the painted overview.
+let overviewDrag = null;
+function outlineRange(partitions) {
+  const context = $("overview").getContext("2d");
+  context.putImageData(overviewDrag.painted, 0, 0);
+  context.strokeStyle = getComputedStyle(document.documentElement).getPropertyValue("--fg") || "#000";
+  context.lineWidth = 1;
+  const size = overviewCells.size;
+  for (const p of partitions) {
+    context.strokeRect(p._cell[1] * size + .5, p._cell[0] * size + .5, size - 2, size - 2);
+  }
 }
 
 // One partition: its refreshes over the retained catalog versions, and why it would be refreshed now.
@@ -506,6 +543,8 @@ async function showDetail(partition) {
   const body = $("detail-history");
   body.replaceChildren();
   $("detail-why").textContent = "";
+  $("detail-chart").replaceChildren();
+  $("detail-chart").hidden = true;
   $("detail").showModal();
   try {
     const detail = await api("api/dags/" + encodeURIComponent(dagId) + "/partition?key_path="
@@ -524,8 +563,49 @@ async function showDetail(partition) {
       body.appendChild(row);
     }
     if (!detail.history.length) body.appendChild(el("tr", {}, "never written in a retained version"));
+    renderRowChart(detail.history);
   } catch (err) {
     $("detail-why").textContent = err.message;
+  }
+}
+
+// The partition's row count over the retained versions that wrote it, oldest left: one point per write,
+// placed by commit time, the lowest and highest counts labelled.
+function renderRowChart(history) {
+  const chart = $("detail-chart");
+  const written = history.filter((item) => item.change === "written" && typeof item.rows === "number")
+    .slice().reverse();
+  chart.replaceChildren();
+  chart.hidden = written.length === 0;
+  if (!written.length) return;
+  const [width, height, pad] = [420, 90, 14];
+  chart.setAttribute("width", width); chart.setAttribute("height", height);
+  chart.setAttribute("viewBox", "0 0 " + width + " " + height);
+  const times = written.map((item) => Date.parse(item.committed_at));
+  const rows = written.map((item) => item.rows);
+  const [t0, t1] = [Math.min(...times), Math.max(...times)];
+  const [r0, r1] = [Math.min(...rows), Math.max(...rows)];
+  const x = (t) => t1 === t0 ? width / 2 : pad + (t - t0) / (t1 - t0) * (width - 2 * pad - 60);
+  const y = (r) => r1 === r0 ? height / 2 : height - pad - (r - r0) / (r1 - r0) * (height - 2 * pad);
+  const svg = (tag, attrs, text) => {
+    const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, value);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  };
+  const points = written.map((item, i) => [x(times[i]), y(item.rows)]);
+  const line = points.map((p) => p[0].toFixed(1) + "," + p[1].toFixed(1)).join(" ");
+  chart.appendChild(svg("polyline", {points: line}));
+  written.forEach((item, i) => {
+    const point = svg("circle", {cx: points[i][0].toFixed(1), cy: points[i][1].toFixed(1), r: 3,
+      "data-version": item.version, "data-rows": item.rows});
+    const tip = "version " + item.version + ": " + item.rows.toLocaleString() + " rows";
+    point.appendChild(svg("title", {}, tip));
+    chart.appendChild(point);
+  });
+  chart.appendChild(svg("text", {x: width - 56, y: pad}, r1.toLocaleString() + " rows"));
+  if (r1 !== r0) {
+    chart.appendChild(svg("text", {x: width - 56, y: height - 4}, r0.toLocaleString() + " rows"));
   }
 }
 
@@ -596,7 +676,7 @@ async function pollRuns() {
     if (lastRunsSignature !== null && signature !== lastRunsSignature) await load();
     lastRunsSignature = signature;
   } catch (err) { /* the next poll tries again; load() reports errors */ }
-  runsTimer = setTimeout(pollRuns, active || followed.size ? 2000 : 5000);
+  runsTimer = setTimeout(pollRuns, active || followed.size ? 1000 : 5000);
 }
 
 function report(run) {
@@ -707,10 +787,38 @@ $("overview").addEventListener("mousemove", (event) => {
   const state = partition ? STATE_LABELS[partition.state] || partition.state : "";
   $("overview").title = partition ? partition.key + ": " + state : "";
 });
-$("overview").addEventListener("click", (event) => {
+// Press on a cell, drag to another, release: the partitions in between are selected and the launch
+// preview opens; a press and release on one cell shows that partition in the table.
+$("overview").addEventListener("mousedown", (event) => {
   const partition = overviewPartition(event);
-  if (!partition) return;
-  $("filter").value = partition.key; page = 0; render();
+  if (!partition || event.button !== 0) return;
+  event.preventDefault();
+  const canvas = $("overview");
+  overviewDrag = {from: partition, to: partition,
+    painted: canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height)};
+});
+window.addEventListener("mousemove", (event) => {
+  if (!overviewDrag) return;
+  const partition = overviewPartition(event);
+  if (!partition || partition === overviewDrag.to) return;
+  overviewDrag.to = partition;
+  outlineRange(overviewRange(overviewDrag.from, partition));
+});
+window.addEventListener("mouseup", (event) => {
+  if (!overviewDrag) return;
+  const drag = overviewDrag;
+  overviewDrag = null;
+  $("overview").getContext("2d").putImageData(drag.painted, 0, 0);
+  if (drag.from === drag.to) {
+    $("filter").value = drag.from.key; page = 0; render();
+    return;
+  }
+  const keys = overviewRange(drag.from, drag.to).filter((p) => p.state !== "removed").map((p) => p.key_path);
+  selected.clear();
+  for (const key of keys) selected.add(key);
+  render();
+  say("Selected " + keys.length + " partition(s) from " + drag.from.key + " to " + drag.to.key + ".", false);
+  if (airflowInfo().can_trigger !== false) refresh(keys, {partitions: keys});
 });
 $("reload").addEventListener("click", () => { say("", false); load(); });
 start();

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.plugins_manager import AirflowPlugin
 
 from airflow_partitions.dag_factory import COMMIT_TASK, DISCOVER_TASK, REFRESH_TASK, TAG
+from airflow_partitions.plugins.trigger_check import TriggerKeyCheck
+from airflow_partitions.timetables import TriggeredPartitionTimetable
 
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -399,6 +401,14 @@ class PartitionsPlugin(AirflowPlugin):
 
     name = "airflow_partitions"
     fastapi_apps = [{"app": LazyPartitionsApp(), "url_prefix": URL_PREFIX, "name": "Partitions"}]
+    # Unscheduled refresh DAGs use it (`dag_factory.schedule_options`); Airflow deserialises it by this
+    # registration.
+    timetables = [TriggeredPartitionTimetable]
+    # A refresh DAG's trigger request with a malformed partition key is answered in words, not with
+    # jsonschema's dump (`plugins/trigger_check.py`).
+    fastapi_root_middlewares = [
+        {"middleware": TriggerKeyCheck, "args": [], "kwargs": {}, "name": "Partition key check"}
+    ]
     external_views = [
         {
             "name": "Partitions",

@@ -4,8 +4,10 @@ the end-to-end modules so the suite starts Airflow once.
 What it serves: the example DAG file over a spec with `sales` (by region and day), `sales_connect` (a
 stage-less DAG on Spark Connect), `ui_sales` (by region, for the Partitions page), `wide_e2e` (1,500
 partitions: refreshed in batches, `max_mapped_tasks` is 6 here) and a downstream DAG scheduled on the
-`sales` asset. Users: `admin`, `viewer` (reads every DAG, may not trigger) and
-`outsider` (a viewer from whom `DagScopedSimpleAuthManager` hides the `ui_sales` refresh DAG).
+`sales` asset, and `page_atlas` (6 regions x 28 days, the Partitions page's overview grid and its
+screenshots; only the page's tests write it, in process). Users: `admin`, `viewer` (reads every DAG, may
+not trigger) and `outsider` (a viewer from whom `DagScopedSimpleAuthManager` hides the `ui_sales`
+refresh DAG).
 """
 
 from __future__ import annotations
@@ -93,6 +95,21 @@ WIDE_DATASET_SPEC = """\
       partition_by:
         - k: k
 """
+# The Partitions page's grid: regions down, days across; its tests refresh it in process into every state.
+ATLAS_DATASET = "page_atlas"
+ATLAS_DAG_ID = f"refresh_{ATLAS_DATASET}"
+ATLAS_REGIONS = ("APAC", "EU", "LATAM", "US", "Zürich", "a/b=c")
+ATLAS_DAYS = 28
+ATLAS_DATASET_SPEC = """\
+  - name: page_atlas
+    from: file:{src}/
+    freshness: 1d
+    params: {{file_format: parquet}}
+    acceleration:
+      partition_by:
+        - region: region
+        - day: "date_trunc('day', ts)"
+"""
 USERS = {"viewer": "viewer", "outsider": "viewer"}
 AUTH_MANAGER = "airflow_e2e.auth_manager.DagScopedSimpleAuthManager"
 
@@ -110,6 +127,10 @@ def shared_stack(root: Path, spark_connect_server: dict[str, Any]) -> Iterator[A
     spec += UI_DATASET_SPEC.format(src=root / UI_DATASET)
     write_wide(root / WIDE_DATASET, WIDE_PARTITIONS)
     spec += WIDE_DATASET_SPEC.format(src=root / WIDE_DATASET)
+    write_sales(
+        root / ATLAS_DATASET, rows=3 * len(ATLAS_REGIONS) * ATLAS_DAYS, days=ATLAS_DAYS, regions=ATLAS_REGIONS
+    )
+    spec += ATLAS_DATASET_SPEC.format(src=root / ATLAS_DATASET)
     install_example_dag(root / "dags", spec)
     (root / "dags" / "sales_downstream.py").write_text(DOWNSTREAM_DAG)
     (root / "dags" / "sales_connect_each.py").write_text(CONNECT_DAG)
