@@ -35,6 +35,7 @@ CORE_ORDER = [
     "pruning",
     "sources",
     "read",
+    "advisor",
     "snapshots",
     "write",
     "refresh",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.limits import check_budget
 from airflow_partitions.read.query import QUERY_HINT, READ_HINT, QueryLimits, run_query, sandbox_references
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
+from airflow_partitions.read.read_stats import ReadStatsRecorder, stats_directory
 from airflow_partitions.read.remote import RemoteFiles, default_filesystem
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
 from airflow_partitions.storage import get_storage
@@ -141,6 +143,16 @@ class PartitionedDatasetReader:
         )
         self._schemas: dict[int, pa.Schema] = {}
         self._scanner = DuckDBScanner(self.storage, location, self._lock)
+        # Read statistics: one line per read in `<accelerator_dir>/<dataset>/_read_stats/` (a local
+        # directory even when the files are on S3: there it is this worker's scratch).
+        from airflow_partitions.catalog.open import dataset_directory
+
+        self.read_stats = ReadStatsRecorder(
+            self.name,
+            stats_directory(dataset_directory(self.project, self.dataset)),
+            self.dataset.acceleration.params,
+        )
+        self._file_totals: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"PartitionedDatasetReader(dataset={self.name!r}, root={self.data_root!r})"
@@ -298,14 +310,54 @@ class PartitionedDatasetReader:
 
         Planning and reading together stay within the reader's `query_limits` (`QueryLimitError`).
         """
+        started = time.perf_counter()
         with self.query_limits.budget(READ_HINT):
             plan = self.plan(where, version)
-            return self.read_plan(plan, columns)
+            return self._read_and_record(plan, columns, started)
 
     def read_plan(self, plan: PrunePlan, columns: Sequence[str] | None = None) -> pa.Table:
         """Execute a plan made by this reader: read its files, apply its residual where inexact."""
+        return self._read_and_record(plan, columns, time.perf_counter())
+
+    def _read_and_record(self, plan: PrunePlan, columns: Sequence[str] | None, started: float) -> pa.Table:
         with self.query_limits.budget(READ_HINT):
-            return self._scanner.read(plan, resolve_columns(plan.index.schema, columns))
+            table = self._scanner.read(plan, resolve_columns(plan.index.schema, columns))
+        self._record(plan, "read", table.num_rows, started)
+        return table
+
+    def _record(self, plan: PrunePlan, kind: str, rows: int | None, started: float) -> None:
+        """Add the call to the read statistics (`read.read_stats`), unless they are switched off."""
+        if not self.read_stats.enabled:
+            return
+        self.read_stats.record(
+            plan,
+            kind=kind,
+            rows=rows,
+            elapsed_s=time.perf_counter() - started,
+            files_total=self._files_total(plan.version),
+        )
+
+    def _files_total(self, version: int | None) -> int | None:
+        """Files of a catalog version (cached: versions are immutable), counted in the manifest text."""
+        if version is None:
+            return None
+        with self._lock:
+            cached = self._file_totals.get(version)
+        if cached is not None:
+            return cached
+        import pyarrow.compute as pc
+
+        try:
+            files = self.snapshot(version).table.column("files")
+        except CatalogError:
+            return None
+        # Each file's compact JSON holds one `"checksum":` key; a value never ends in a bare `":`.
+        total = int(pc.sum(pc.count_substring(files, '"checksum":')).as_py() or 0)
+        with self._lock:
+            self._file_totals[version] = total
+            while len(self._file_totals) > CACHED_VERSIONS:
+                self._file_totals.pop(min(self._file_totals))
+        return total
 
     # --- query ------------------------------------------------------------------------------------
 
@@ -323,6 +375,7 @@ class PartitionedDatasetReader:
         `timeout_s` and `memory_limit` (e.g. "8GB") override the reader's `query_limits` for this call;
         a query past either raises `QueryLimitError`.
         """
+        started = time.perf_counter()
         limits = self.query_limits.merged(timeout_s, memory_limit)
         # The time limit covers parsing, checking and pruning the statement, not only running it.
         with limits.budget(QUERY_HINT):
@@ -331,7 +384,9 @@ class PartitionedDatasetReader:
             where, executable = self._prepared_query(sql, schema)
             plan = self._plan(snapshot, where)
             check_budget()
-            return run_query(self._scanner, self.name, plan.files, schema, executable, limits)
+            table = run_query(self._scanner, self.name, plan.files, schema, executable, limits)
+        self._record(plan, "query", table.num_rows, started)
+        return table
 
     def _prepared_query(self, sql: str, schema: pa.Schema) -> tuple[Predicate, str]:
         """`sql` checked read-only, the rows of the dataset it can look at, and its executable form.
@@ -378,6 +433,7 @@ class PartitionedDatasetReader:
         from airflow_partitions.pruning.spark_filter import spark_condition
 
         plan = self.plan(where, version)
+        self._record(plan, "spark", None, time.perf_counter())
         schema = plan.index.schema
         wanted = resolve_columns(schema, columns)
         if not plan.files:
