@@ -529,9 +529,7 @@ def _row_groups_read(
     for number, rows in enumerate(partitions):
         chunk = part.take(pa.array(rows))
         if order_by is not None:
-            chunk = chunk.take(
-                pc.sort_indices(chunk, sort_keys=[(order_by, "ascending")], null_placement="at_end")
-            )
+            chunk = chunk.take(pc.sort_indices(chunk, sort_keys=[(order_by, "ascending")]))
         groups = []
         for start in range(0, chunk.num_rows, row_group_rows):
             piece = chunk.slice(start, row_group_rows)
