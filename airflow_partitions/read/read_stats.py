@@ -63,6 +63,8 @@ DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 MAX_BYTES_ENV = "AP_READ_STATS_MAX_BYTES"
 # Key paths of the selected partitions kept per record (beyond: only the count, `keys_truncated`).
 MAX_RECORDED_KEYS = 64
+# Appends between checks that the log file was not rotated away by another process.
+REOPEN_CHECK = 64
 # Values of an IN list kept per record when literals are recorded.
 MAX_RECORDED_VALUES = 64
 
@@ -514,34 +516,58 @@ class ReadStatsLog:
             raw = os.environ.get(MAX_BYTES_ENV)
             max_bytes = int(raw) if raw and raw.strip().isdigit() else DEFAULT_MAX_BYTES
         self.max_bytes = max(1024, int(max_bytes))
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid = os.getpid()
+        self._writes = 0
 
     def append(self, record: ReadRecord | Mapping[str, Any]) -> None:
-        """Add one record as one line (one `write` on an `O_APPEND` descriptor); rotate past the bound.
+        """Add one record as one line; rotate past the bound (see `append_line`)."""
+        data = record.to_json() if isinstance(record, ReadRecord) else dict(record)
+        self.append_line(json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str))
+
+    def append_line(self, text: str) -> None:
+        """One `write` of a newline and `text` on the log's `O_APPEND` descriptor (kept open: opening
+        costs more than the write); past `max_bytes` the file is renamed to `.1`. A descriptor whose file
+        another process rotated away is reopened within `REOPEN_CHECK` writes.
 
         A log that cannot be written (read-only directory, full disk) never fails the read it describes.
         """
-        data = record.to_json() if isinstance(record, ReadRecord) else dict(record)
         # The newline goes first: a line torn by a writer that died stays apart from the next record.
-        line = ("\n" + json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)).encode()
-        try:
-            fd = self._open()
-        except OSError:
-            return
-        try:
-            os.write(fd, line)
-            size = os.fstat(fd).st_size
-        except OSError:
-            return
-        finally:
-            os.close(fd)
-        if size > self.max_bytes:
+        line = ("\n" + text).encode()
+        with self._lock:
             try:
-                # Several writers may pass the bound at once: one rename wins, the others find the new
-                # file small or missing; at worst a few records move early.
-                if os.stat(self.path).st_size > self.max_bytes:
-                    os.replace(self.path, self.rotated)
+                fd = self._fd
+                if fd is None or self._pid != os.getpid():
+                    fd = self._fd = self._open()
+                    self._pid = os.getpid()
+                os.write(fd, line)
+                self._writes += 1
+                info = os.fstat(fd)
+                if info.st_size > self.max_bytes:
+                    # Several writers may pass the bound at once: one rename wins, the others find the
+                    # new file small, or (their descriptor on the renamed file) reopen below.
+                    current = os.stat(self.path)
+                    if current.st_ino == info.st_ino:
+                        os.replace(self.path, self.rotated)
+                    self._reopen()
+                elif self._writes % REOPEN_CHECK == 0 and os.stat(self.path).st_ino != info.st_ino:
+                    self._reopen()
+            except OSError:
+                self._reopen()
+
+    def _reopen(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
             except OSError:
                 pass
+
+    def close(self) -> None:
+        """Close the descriptor (a later append opens it again)."""
+        with self._lock:
+            self._reopen()
 
     def _open(self) -> int:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
@@ -602,20 +628,49 @@ class ReadStatsRecorder:
     ) -> ReadRecord | None:
         if self.mode is ReadStatsMode.OFF:
             return None
-        record = plan_record(
-            plan,
-            dataset=self.dataset,
-            kind=kind,
-            mode=self.mode,
-            rows=rows,
-            elapsed_s=elapsed_s,
-            files_total=files_total,
-        )
+        record: ReadRecord | None = None
         if self.log is not None:
-            self.log.append(record)
-        for sink in list(_SINKS):
-            try:
-                sink(record)
-            except Exception:
-                pass
+            # What a plan makes of the record is the same on every call: its JSON is built once per plan
+            # (plans are cached per version and filter) and only the call's own fields are formatted.
+            cache_name = f"_read_line_{self.mode}"
+            cached = plan.__dict__.get(cache_name)
+            if cached is None or cached[0] != files_total:
+                record = plan_record(
+                    plan,
+                    dataset=self.dataset,
+                    kind=kind,
+                    mode=self.mode,
+                    rows=rows,
+                    elapsed_s=elapsed_s,
+                    files_total=files_total,
+                )
+                data = record.to_json()
+                for name in ("at", "kind", "rows", "ms"):
+                    data.pop(name)
+                fragment = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)[1:-1]
+                cached = plan.__dict__[cache_name] = (files_total, fragment)
+            self.log.append_line(
+                f'{{"at":{time.time():.3f},"kind":"{kind}","rows":{"null" if rows is None else int(rows)},'
+                f'"ms":{elapsed_s * 1000:.3f},{cached[1]}}}'
+            )
+        if _SINKS:
+            if record is None:
+                record = plan_record(
+                    plan,
+                    dataset=self.dataset,
+                    kind=kind,
+                    mode=self.mode,
+                    rows=rows,
+                    elapsed_s=elapsed_s,
+                    files_total=files_total,
+                )
+            for sink in list(_SINKS):
+                try:
+                    sink(record)
+                except Exception:  # a metrics backend never fails a read
+                    pass
         return record
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()

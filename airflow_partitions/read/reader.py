@@ -457,8 +457,9 @@ class PartitionedDatasetReader:
     # --- lifecycle --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the reader's DuckDB database (a later call opens a new one)."""
+        """Release the reader's DuckDB database and read statistics log (a later call opens them again)."""
         self._scanner.close()
+        self.read_stats.close()
 
     def __enter__(self) -> PartitionedDatasetReader:
         return self
