@@ -216,3 +216,15 @@ def test_sort_advice_counts_the_row_groups_sorting_skips(
                 read += int(stats is None or not stats.has_min_max or stats.min <= value <= stats.max)
     real = read / len(lookups)
     assert item["row_groups_read_sorted"] == pytest.approx(real, abs=0.5), (item, real)
+
+
+def test_status_partitions_flags_the_skewed_partitions(planted: dict[str, Any]) -> None:
+    """`status --partitions --json`, the Partitions page's document, marks the planted hot keys."""
+    from airflow_partitions.cli.status import dataset_status
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(planted["spec"])
+    report = dataset_status(project, project.dataset(DATASET), partitions=True)
+    assert sorted(p["key_path"] for p in report["partitions"] if p["skew"]) == ["c=DE", "c=FR"]
+    assert report["layout"]["skewed_count"] == 2
+    assert report["layout"]["files"] == len(report["partitions"])

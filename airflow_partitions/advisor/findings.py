@@ -9,6 +9,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+# The file size to aim for unless told otherwise: compaction's default target.
+DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
 # A partition holding more than SKEW_FACTOR times the median partition's rows is skewed.
 SKEW_FACTOR = 10
 # Top keys listed by share of the rows.

@@ -26,7 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from airflow_partitions.advisor.findings import TINY_DIVISOR, size_findings, snapshot_partitions
+from airflow_partitions.advisor.findings import (
+    DEFAULT_TARGET_FILE_BYTES,
+    TINY_DIVISOR,
+    size_findings,
+    snapshot_partitions,
+)
 from airflow_partitions.exceptions import FilterError, PartitionSpecError
 from airflow_partitions.keys import PartitionKey, value_from_json
 from airflow_partitions.pruning import PartitionIndex, bind_fields, plan_partitions
@@ -41,7 +46,6 @@ if TYPE_CHECKING:
     from airflow_partitions.read import PartitionedDatasetReader
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
 
-DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
 # Replays drawn per filter shape recorded without values.
 SAMPLES_PER_SHAPE = 24
 # Recorded records considered (the newest).
