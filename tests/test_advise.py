@@ -228,3 +228,22 @@ def test_status_partitions_flags_the_skewed_partitions(planted: dict[str, Any]) 
     assert sorted(p["key_path"] for p in report["partitions"] if p["skew"]) == ["c=DE", "c=FR"]
     assert report["layout"]["skewed_count"] == 2
     assert report["layout"]["files"] == len(report["partitions"])
+
+
+def test_advise_command_prints_text_and_json(
+    planted: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_partitions.cli.main import main
+
+    spec = str(planted["spec"])
+    assert main(["advise", spec, DATASET, "--json", "--target-file-bytes", str(TARGET_FILE_BYTES)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [s["key_path"] for s in document["findings"]["skewed"]] == ["c=DE", "c=FR"]
+    assert document["winner"]["name"] in {c["name"] for c in document["candidates"]}
+    assert main(["advise", spec, DATASET, "--target-file-bytes", str(TARGET_FILE_BYTES)]) == 0
+    text = capsys.readouterr().out
+    assert "SKEW: 2 partition(s)" in text
+    assert "recommended: " in text
+    assert "partition_by:" in text
+    assert main(["advise", spec, DATASET, "--target-file-bytes", "0"]) == 2, "a typed error, exit 2"
+    assert "target_file_bytes must be a positive integer" in capsys.readouterr().err

@@ -204,3 +204,37 @@ def test_a_read_only_log_directory_never_fails_a_read(
     with PartitionedDatasetReader(spec, DATASET) as reader:
         assert reader.read("id = 3").num_rows == 1
     assert directory.is_file(), "nothing was written in its place"
+
+
+def test_hook_reads_reach_a_statsd_listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads through the hook (the Airflow layer) become Airflow Stats metrics on a real StatsD socket."""
+    from airflow.sdk._shared.observability.metrics import stats as shared
+    from test_operators import StatsdListener
+
+    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
+    from airflow_partitions.hooks.stats import record_read
+
+    monkeypatch.delenv("AP_READ_STATS", raising=False)
+    spec = make_dataset(tmp_path)
+    listener = StatsdListener()
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_HOST", "127.0.0.1")
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PORT", str(listener.port))
+    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PREFIX", "airflow")
+    monkeypatch.setattr(shared, "_factory", None)
+    monkeypatch.setattr(shared, "_backend", None)
+    hook = PartitionedDatasetHook(dataset=DATASET, spec_path=str(spec))
+    try:
+        assert hook.read("id = 3").num_rows == 1
+        assert hook.read("id >= 0").num_rows == 395  # five NULL ids (i % 97 == 0); every bucket opened
+        assert listener.wait_for("airflow.dataset_acceleration_read_rows.ev", 2) == [(1.0, "c"), (395.0, "c")]
+        logged = ReadStatsLog(log_path(tmp_path).parent).records()
+        files = listener.wait_for("airflow.dataset_acceleration_read_files.ev", 2)
+        assert files == [(float(r["files"]), "c") for r in logged], "the same figures as the log"
+        durations = listener.wait_for("airflow.dataset_acceleration_read_duration.ev", 2)
+        assert all(kind == "ms" for _value, kind in durations)
+        assert listener.wait_for("airflow.dataset_acceleration_read_unpruned.ev", 1) == [(1.0, "c")]
+    finally:
+        hook.reader.close()
+        remove_metrics_sink(record_read)
+        listener.close()

@@ -585,9 +585,18 @@ def advise(
         reader = PartitionedDatasetReader(spec, dataset_name)
     # The advisor's own reads are not part of the workload.
     reader.read_stats.mode = ReadStatsMode.OFF
-    target = _positive("target_file_bytes", target_file_bytes or DEFAULT_TARGET_FILE_BYTES)
+    target = _positive(
+        "target_file_bytes", DEFAULT_TARGET_FILE_BYTES if target_file_bytes is None else target_file_bytes
+    )
     params_rows = dataset.acceleration.params.get("row_group_rows")
-    group_rows = _positive("row_group_rows", row_group_rows or params_rows or ROW_GROUP_ROWS)
+    group_rows = _positive(
+        "row_group_rows",
+        row_group_rows
+        if row_group_rows is not None
+        else params_rows
+        if params_rows is not None
+        else ROW_GROUP_ROWS,
+    )
     try:
         snapshot = reader.snapshot()
         partitions = snapshot_partitions(snapshot)
