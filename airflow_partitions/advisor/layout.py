@@ -35,7 +35,13 @@ from airflow_partitions.advisor.findings import (
 from airflow_partitions.exceptions import FilterError, PartitionSpecError
 from airflow_partitions.keys import PartitionKey, value_from_json
 from airflow_partitions.pruning import PartitionIndex, bind_fields, plan_partitions
-from airflow_partitions.read.read_stats import ReadStatsLog, ReadStatsMode, filter_sql, stats_directory
+from airflow_partitions.read.read_stats import (
+    ReadStatsLog,
+    ReadStatsMode,
+    filter_sql,
+    shape_text,
+    stats_directory,
+)
 from airflow_partitions.storage.datafile import DataFile, compute_column_stats
 from airflow_partitions.transforms import BucketTransform, DateTruncTransform, parse_transform
 from airflow_partitions.transforms.base import canonical_identifier
@@ -729,7 +735,7 @@ def _read_findings(
     for record in records:
         total = int(record.get("partitions_total") or 0)
         if record.get("tree") is not None and total > 1 and int(record.get("partitions") or 0) >= total:
-            prune_nothing[str(record.get("filter"))] += 1
+            prune_nothing[shape_text(record["tree"])] += 1
     return {
         "never_read": {
             "count": len(never),

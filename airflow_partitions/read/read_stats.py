@@ -301,6 +301,35 @@ def _shape_text(tree: Any) -> str:
     return "FALSE" if kind == "false" else "TRUE"
 
 
+def shape_text(tree: Any) -> str:
+    """The display text of a recorded tree with its values masked (`"user_id" = ?`): one text per
+    shape, however many values were recorded."""
+
+    def masked(node: Any) -> Any:
+        kind = node[0]
+        if kind in ("and", "or"):
+            return [kind, [masked(child) for child in node[1]]]
+        if kind == "not":
+            return ["not", masked(node[1])]
+        if kind == "cmp":
+            return [*node[:3], "?"]
+        if kind == "in":
+            return [*node[:3], None]
+        if kind == "range":
+            lower, upper = node[2], node[4]
+            return [
+                node[0],
+                node[1],
+                None if lower is None else "?",
+                node[3],
+                None if upper is None else "?",
+                *node[5:],
+            ]
+        return node
+
+    return _shape_text(masked(tree))
+
+
 def _shown(value: Any) -> str:
     if value == "?":
         return "?"
