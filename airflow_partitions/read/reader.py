@@ -289,6 +289,8 @@ class PartitionedDatasetReader:
                     self._plans.move_to_end((snapshot.version, key))
                     return cached
         index = self.index(snapshot)
+        if self.read_stats.enabled:
+            self._count_files(snapshot)
         plan = plan_partitions(index, where, dataset=self.name, max_enumeration=self.max_enumeration)
         if key is not None:
             with self._lock:
@@ -338,26 +340,23 @@ class PartitionedDatasetReader:
         )
 
     def _files_total(self, version: int | None) -> int | None:
-        """Files of a catalog version (cached: versions are immutable), counted in the manifest text."""
-        if version is None:
-            return None
+        """Files of a catalog version, as `_count_files` noted them when a plan of it was made."""
         with self._lock:
-            cached = self._file_totals.get(version)
-        if cached is not None:
-            return cached
+            return self._file_totals.get(version) if version is not None else None
+
+    def _count_files(self, snapshot: Snapshot) -> None:
+        """Note the files of a version (read statistics' `files_total`), counted in the manifest text once
+        per version: each file's compact JSON holds one `"checksum":` key, and a value never ends in `":`."""
+        with self._lock:
+            if snapshot.version in self._file_totals:
+                return
         import pyarrow.compute as pc
 
-        try:
-            files = self.snapshot(version).table.column("files")
-        except CatalogError:
-            return None
-        # Each file's compact JSON holds one `"checksum":` key; a value never ends in a bare `":`.
-        total = int(pc.sum(pc.count_substring(files, '"checksum":')).as_py() or 0)
+        total = int(pc.sum(pc.count_substring(snapshot.table.column("files"), '"checksum":')).as_py() or 0)
         with self._lock:
-            self._file_totals[version] = total
+            self._file_totals[snapshot.version] = total
             while len(self._file_totals) > CACHED_VERSIONS:
                 self._file_totals.pop(min(self._file_totals))
-        return total
 
     # --- query ------------------------------------------------------------------------------------
 
