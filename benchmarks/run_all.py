@@ -23,6 +23,7 @@ BENCHMARKS = (
     "bench_cold_reads",
     "bench_cold_start",
     "bench_verified_reads",
+    "bench_read_stats",
     "bench_in_lists",
     "bench_index",
     "bench_refresh",

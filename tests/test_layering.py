@@ -36,6 +36,7 @@ CORE_ORDER = [
     "pruning",
     "sources",
     "read",
+    "advisor",
     "snapshots",
     "write",
     "refresh",

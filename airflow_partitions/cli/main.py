@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "cdc",
     "verify",
     "tag",
+    "advise",
 )
 
 

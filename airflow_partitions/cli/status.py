@@ -118,9 +118,39 @@ def dataset_status(
             entry = snapshot.partitions.get(partition["key_path"])
             certificate = entry.certificate if entry is not None else None
             partition["certificate"] = certificate.to_json() if certificate is not None else None
+        mark_layout_findings(report)
     if dataset.freshness is not None:
         report["freshness"] = freshness_status(dataset.freshness, snapshot)
     return report
+
+
+def mark_layout_findings(report: dict[str, Any]) -> None:
+    """The advisor's catalog-only findings (`advisor.size_findings`) on the `--partitions` document that
+    the Partitions page shows: `skew` on each partition (over `SKEW_FACTOR` times the median rows) and
+    `layout` with the counts the page's warning line shows (skewed partitions, tiny files against
+    compaction's default target size). A file's size is its partition's bytes over its file count: the
+    document carries no per-file sizes."""
+    from airflow_partitions.advisor import DEFAULT_TARGET_FILE_BYTES, size_findings
+
+    partitions = report.get("partitions") or []
+    rows = []
+    for partition in partitions:
+        count, size = partition.get("rows") or 0, partition.get("bytes") or 0
+        files = partition.get("files") or 0
+        rows.append((partition["key_path"], count, size, [size // files] * files if files else []))
+    findings = size_findings(rows, target_file_bytes=DEFAULT_TARGET_FILE_BYTES)
+    skewed = {item["key_path"] for item in findings["skewed"]}
+    for partition in partitions:
+        partition["skew"] = partition["key_path"] in skewed
+    report["layout"] = {
+        "skewed": findings["skewed"][:10],
+        "skewed_count": len(findings["skewed"]),
+        "median_rows": findings["median_rows"],
+        "skew_factor": findings["skew_factor"],
+        "files": findings["files"],
+        "tiny_files": findings["tiny_files"],
+        "tiny_file_bytes": findings["tiny_file_bytes"],
+    }
 
 
 def _last_verify(catalog: Any) -> dict[str, Any] | None:

@@ -114,6 +114,7 @@ class PartitionedDatasetHook(BaseHook):
         """
         from airflow_partitions.catalog import open_catalog
         from airflow_partitions.hooks.connections import install_secret_masker
+        from airflow_partitions.hooks.stats import install_read_metrics
         from airflow_partitions.objectstore import S3Settings, is_s3_url
         from airflow_partitions.read import PartitionedDatasetReader
         from airflow_partitions.spec import load_spec
@@ -126,6 +127,7 @@ class PartitionedDatasetHook(BaseHook):
             )
         data_root = self._setting("data_root", self.data_root)
         install_secret_masker()
+        install_read_metrics()
         project = load_spec(spec_path)
         dataset = project.dataset(self.dataset)
         # One resolution of the AWS connection serves the catalog and the files: without a data_root

@@ -27,7 +27,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+
+# One Stats client and one naming rule for every metric of the provider (read metrics: `hooks/stats.py`).
+from airflow_partitions.hooks.stats import metric_name as metric_name
+from airflow_partitions.hooks.stats import stats_client as _stats
 
 METRIC_PREFIX = "dataset_acceleration_refresh"
 ROWS = f"{METRIC_PREFIX}_rows"
@@ -52,34 +55,6 @@ class Outcome(StrEnum):
     SUCCESS = "success"
     CONSERVATION_REFUSED = "conservation_refused"
     FAILED = "failed"
-
-
-def _stats() -> Any:
-    """Airflow's task-side Stats, initialised from `[metrics]` if this process has not done it yet.
-
-    A task process started by an executor initialises Stats in Airflow's task runner; `dag.test()` runs
-    tasks in the calling process, where nothing has, and Stats would drop every metric.
-    """
-    from airflow.sdk._shared.observability.metrics import stats as shared
-    from airflow.sdk.observability import stats
-
-    if getattr(shared, "_factory", None) is None:
-        from airflow.sdk.configuration import conf
-        from airflow.sdk.observability.metrics import stats_utils
-
-        stats.initialize(
-            factory=stats_utils.get_stats_factory(),
-            export_legacy_names=conf.getboolean("metrics", "legacy_names_on", fallback=False),
-        )
-    return stats
-
-
-def metric_name(metric: str, dataset: str, *parts: str) -> str:
-    """`<metric>.<dataset>[.<part>...]` with the dataset made safe for metric names (`[a-zA-Z0-9_.-]`)."""
-    from airflow.sdk.observability.stats import normalize_name_for_stats
-
-    safe = normalize_name_for_stats(dataset, log_warning=False).replace(".", "_")
-    return ".".join((metric, safe, *parts))
 
 
 def record_partition(

@@ -82,6 +82,7 @@ PAGE_HTML = r"""<!doctype html>
 <div id="paused" class="banner"></div>
 <div id="blocked" class="banner"></div>
 <div id="sla"></div>
+<div id="layout-warning" class="banner"></div>
 <div class="bar summary" id="summary"></div>
 <div id="overview-box">
   <canvas id="overview" role="img" aria-label="every partition, coloured by state"></canvas>
@@ -385,6 +386,23 @@ function renderFreshness(report) {
       + "ago), oldest first: " + freshness.overdue_partitions.join(", ");
 }
 
+// The advisor's findings over the catalog: skewed partitions and tiny files (`airflow-partitions advise`).
+function renderLayout(report) {
+  const layout = report.layout;
+  const parts = [];
+  if (layout && layout.skewed_count) {
+    parts.push(layout.skewed_count + " partition(s) hold over " + layout.skew_factor + "x the median rows ("
+      + layout.median_rows + "): " + layout.skewed.map(s => s.key_path).join(", "));
+  }
+  // A few small files are normal; many, and most of them, cost every read an open per file.
+  if (layout && layout.tiny_files >= 16 && layout.tiny_files * 2 > layout.files) {
+    parts.push(layout.tiny_files + " of " + layout.files + " file(s) are tiny (under "
+      + layout.tiny_file_bytes + " bytes)");
+  }
+  $("layout-warning").textContent = parts.length
+    ? "Layout: " + parts.join("; ") + ". Run airflow-partitions advise for a better partition_by." : "";
+}
+
 function render() {
   const tbody = $("rows");
   tbody.replaceChildren();
@@ -402,6 +420,7 @@ function render() {
   if (report !== renderedOverviewOf) { renderOverview(report); renderedOverviewOf = report; }
   renderBlocked(report);
   renderFreshness(report);
+  renderLayout(report);
   renderPaused();
   $("warning").textContent = report.discovery_error ? "Source not surveyed: " + report.discovery_error : "";
   const shown = shownPartitions();

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from airflow_partitions.read.query import (
     sandbox_references,
 )
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
+from airflow_partitions.read.read_stats import ReadStatsRecorder, stats_directory
 from airflow_partitions.read.remote import RemoteFiles, default_filesystem
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
 from airflow_partitions.storage import get_storage
@@ -156,6 +158,16 @@ class PartitionedDatasetReader:
         # Readers of the spec's other datasets, for catalog tables describing them.
         self._others: dict[str, PartitionedDatasetReader] = {}
         self._scanner = DuckDBScanner(self.storage, location, self._lock)
+        # Read statistics: one line per read in `<accelerator_dir>/<dataset>/_read_stats/` (a local
+        # directory even when the files are on S3: there it is this worker's scratch).
+        from airflow_partitions.catalog.open import dataset_directory
+
+        self.read_stats = ReadStatsRecorder(
+            self.name,
+            stats_directory(dataset_directory(self.project, self.dataset)),
+            self.dataset.acceleration.params,
+        )
+        self._file_totals: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"PartitionedDatasetReader(dataset={self.name!r}, root={self.data_root!r})"
@@ -307,6 +319,8 @@ class PartitionedDatasetReader:
                     self._plans.move_to_end((snapshot.version, key))
                     return cached
         index = self.index(snapshot)
+        if self.read_stats.enabled:
+            self._count_files(snapshot)
         plan = plan_partitions(index, where, dataset=self.name, max_enumeration=self.max_enumeration)
         if key is not None:
             with self._lock:
@@ -331,14 +345,51 @@ class PartitionedDatasetReader:
 
         Planning and reading together stay within the reader's `query_limits` (`QueryLimitError`).
         """
+        started = time.perf_counter()
         with self.query_limits.budget(READ_HINT):
             plan = self.plan(where, version, tag=tag)
-            return self.read_plan(plan, columns)
+            return self._read_and_record(plan, columns, started)
 
     def read_plan(self, plan: PrunePlan, columns: Sequence[str] | None = None) -> pa.Table:
         """Execute a plan made by this reader: read its files, apply its residual where inexact."""
+        return self._read_and_record(plan, columns, time.perf_counter())
+
+    def _read_and_record(self, plan: PrunePlan, columns: Sequence[str] | None, started: float) -> pa.Table:
         with self.query_limits.budget(READ_HINT):
-            return self._scanner.read(plan, resolve_columns(plan.index.schema, columns))
+            table = self._scanner.read(plan, resolve_columns(plan.index.schema, columns))
+        self._record(plan, "read", table.num_rows, started)
+        return table
+
+    def _record(self, plan: PrunePlan, kind: str, rows: int | None, started: float) -> None:
+        """Add the call to the read statistics (`read.read_stats`), unless they are switched off."""
+        if not self.read_stats.enabled:
+            return
+        self.read_stats.record(
+            plan,
+            kind=kind,
+            rows=rows,
+            elapsed_s=time.perf_counter() - started,
+            files_total=self._files_total(plan.version),
+        )
+
+    def _files_total(self, version: int | None) -> int | None:
+        """Files of a catalog version, as `_count_files` noted them when a plan of it was made."""
+        with self._lock:
+            return self._file_totals.get(version) if version is not None else None
+
+    def _count_files(self, snapshot: Snapshot) -> None:
+        """Note the files of a version (read statistics' `files_total`), counted in the manifest text once
+        per version: each file's compact JSON holds one `"checksum":` key, and a value never ends in `":`."""
+        with self._lock:
+            if snapshot.version in self._file_totals:
+                return
+        import pyarrow.compute as pc
+
+        total = int(pc.sum(pc.count_substring(snapshot.table.column("files"), '"checksum":')).as_py() or 0)
+        with self._lock:
+            self._file_totals[snapshot.version] = total
+            while len(self._file_totals) > CACHED_VERSIONS:
+                self._file_totals.pop(min(self._file_totals))
 
     # --- query ------------------------------------------------------------------------------------
 
@@ -360,6 +411,7 @@ class PartitionedDatasetReader:
         `timeout_s` and `memory_limit` (e.g. "8GB") override the reader's `query_limits` for this call;
         a query past either raises `QueryLimitError`.
         """
+        started = time.perf_counter()
         limits = self.query_limits.merged(timeout_s, memory_limit)
         # The time limit covers parsing, checking and pruning the statement, not only running it.
         with limits.budget(QUERY_HINT):
@@ -370,7 +422,9 @@ class PartitionedDatasetReader:
             check_budget()
             tables = self._catalog_tables(sql, snapshot, schema)
             check_budget()
-            return run_query(self._scanner, self.name, plan.files, schema, executable, limits, tables)
+            table = run_query(self._scanner, self.name, plan.files, schema, executable, limits, tables)
+        self._record(plan, "query", table.num_rows, started)
+        return table
 
     def _catalog_tables(self, sql: str, snapshot: Snapshot, schema: pa.Schema) -> dict[str, pa.Table]:
         """The tables of the statement's catalog table function calls (`read.catalog_tables`): the
@@ -466,6 +520,7 @@ class PartitionedDatasetReader:
         from airflow_partitions.pruning.spark_filter import spark_condition
 
         plan = self.plan(where, version, tag=tag)
+        self._record(plan, "spark", None, time.perf_counter())
         schema = plan.index.schema
         wanted = resolve_columns(schema, columns)
         if bucketed:
@@ -493,12 +548,13 @@ class PartitionedDatasetReader:
     # --- lifecycle --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the reader's DuckDB database (a later call opens a new one)."""
+        """Release the reader's DuckDB database and read statistics log (a later call opens them again)."""
         self._scanner.close()
         with self._lock:
             others, self._others = list(self._others.values()), {}
         for reader in others:
             reader.close()
+        self.read_stats.close()
 
     def __enter__(self) -> PartitionedDatasetReader:
         return self

@@ -678,6 +678,20 @@ def file_layout_problems(engine: Engine, params: Mapping[str, Any]) -> list[Prob
     return problems
 
 
+def read_stats_problems(params: Mapping[str, Any]) -> list[Problem]:
+    """`params.read_stats`: true (record each read's filter shape, the default), false or literals."""
+    value = params.get("read_stats")
+    if value is None or isinstance(value, bool) or value == "literals":
+        return []
+    return [
+        Problem(
+            ("params", "read_stats"),
+            "params.read_stats must be true (record the shape of every read's filter), false (record "
+            f"nothing) or literals (record the filter's values too), got {value!r}",
+        )
+    ]
+
+
 def declared_sort_columns(params: Mapping[str, Any]) -> tuple[str, ...]:
     """`params.sort_by` as a tuple of column names (empty when not declared or malformed: the malformed
     value is `file_layout_problems`' to report)."""
@@ -760,6 +774,8 @@ def acceleration_problems(
     index_problem = index_params_problem(params)
     if index_problem:
         problems.append(Problem(("params", "index_columns"), index_problem))
+
+    problems += read_stats_problems(params)
     problems += partition_name_problems(list(enumerate(partition_by)))
     problems += partition_count_problems(enabled, partition_by, refresh.max_partitions)
     problems += primary_key_problems(refresh.mode, primary_key)
