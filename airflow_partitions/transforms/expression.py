@@ -284,6 +284,19 @@ class ExpressionTransform(Transform):
             return False
         return _non_decreasing(self._tree, self._info.kind)
 
+    def wrapping(self, inner: Transform) -> Transform | None:
+        if (
+            self._outer_bound is None
+            or not isinstance(inner, ExpressionTransform)
+            or inner.outer is not None
+            or inner.source_column != self.source_column
+            or inner.sql != self.sql
+            or not inner.is_bound
+            or not inner.result_type.equals(self._outer_bound.source_type)
+        ):
+            return None
+        return self._outer_bound
+
     def project(self, op: Any, value: Any) -> Any:
         if self.monotonic:
             return self._project_in_order(op, value)
