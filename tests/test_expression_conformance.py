@@ -380,6 +380,31 @@ def test_without_the_code_point_order_postgres_would_disagree(postgres_rows: str
     assert native != bound("s > 'm'").apply(TABLE.column("s")).to_pylist()
 
 
+@pytest.mark.parametrize("ansi", ["true", "false"])
+def test_native_spark_arithmetic_fails_on_overflow_as_duckdb_does(spark: Any, ansi: str) -> None:
+    """Checked in the expression's own type: Spark's long arithmetic would wrap around without ANSI mode
+    and route the row to a partition no other engine gives it."""
+    from pyspark.sql import functions as F
+
+    previous = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", ansi)
+    try:
+        for text, column_type, values in (
+            ("i * 2", pa.int64(), [1, 2**62]),
+            ("k + 1", pa.int32(), [1, 2**31 - 1]),
+            ("-i", pa.int64(), [1, -(2**63)]),
+        ):
+            transform = parse_transform(text).bind(column_type)
+            assert "evaluate_batch" not in str(transform.to_spark(F.col("x"))), text
+            frame = spark.createDataFrame(pa.table({transform.source_column: pa.array(values, column_type)}))
+            with pytest.raises(Exception, match="overflow"):
+                frame.select(transform.to_spark(F.col(transform.source_column))).collect()
+            with pytest.raises(PartitionValueError):
+                transform.apply(pa.array(values, column_type))
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", previous)
+
+
 def test_overflow_is_a_typed_error_not_a_wrapped_value() -> None:
     """int64 + 1 at the maximum has no value: the refresh stops with an error naming the expression."""
     transform = parse_transform("i + 1").bind(pa.int64())
@@ -557,13 +582,18 @@ def test_random_expressions_agree_in_arrow_scalar_duckdb_and_spark(spark: Any) -
         ("i BETWEEN -5 AND 5", False),
         ("lower(s)", False),
         ("substr(s, 0, 2)", False),
-        ("k * 3 + 1", False),
+        ("k * 3 + 1", True),
+        ("(i // 1000) * 1000", True),
+        ("abs(i % 7) - 1", True),
+        ("i // 0", False),
+        ("i / 4", False),
         ("CASE WHEN k > 0 THEN 1 ELSE 'x' END", False),
     ],
 )
 def test_spark_runs_only_the_shared_subset_natively(spark: Any, text: str, native: bool) -> None:
-    """Comparisons, boolean logic, CASE over literals and code point prefixes are native Spark; the rest
-    (case mapping, arithmetic, substr from 0, ...) runs the DuckDB evaluation as an Arrow UDF."""
+    """Comparisons, boolean logic, CASE over literals, code point prefixes and checked integer arithmetic
+    are native Spark; the rest (case mapping, `/`, substr from 0, ...) runs the DuckDB evaluation as an
+    Arrow UDF."""
     from pyspark.sql import functions as F
 
     try:

@@ -270,7 +270,7 @@ def _expression(transform: ExpressionTransform, column: Column, source: pa.DataT
 
     result_type = spark_type_for(transform.result_type)
     if transform.outer_bound is None:
-        native = _native_expression(transform.tree, column, source)
+        native = _native_expression(transform.tree, column, source, transform.source_column)
         if native is not None:
             return native.cast(result_type)
     arrow_result = to_arrow_type(result_type, timezone="UTC")
@@ -314,7 +314,9 @@ def _native_literal(node: exp.Expr) -> Column | None:
     return None
 
 
-def _native_expression(node: exp.Expr, column: Column, source: pa.DataType) -> Column | None:
+def _native_expression(
+    node: exp.Expr, column: Column, source: pa.DataType, column_name: str
+) -> Column | None:
     """`node` as a native Spark column when every part of it is in the shared subset; else None."""
     comparable = support.is_signed_integer(source) or support.is_string(source) or support.is_boolean(source)
     if not comparable:
@@ -328,6 +330,8 @@ def _native_expression(node: exp.Expr, column: Column, source: pa.DataType) -> C
         literal = _native_literal(part)
         if literal is not None:
             return literal
+        if isinstance(part, _NATIVE_ARITHMETIC) and support.is_signed_integer(source):
+            return _native_arithmetic(part, convert, source, column_name)
         if type(part) in _NATIVE_COMPARISONS:
             left, right = convert(part.this), convert(part.expression)
             if left is None or right is None or not _one_literal(part.this, part.expression):
@@ -351,6 +355,67 @@ def _native_expression(node: exp.Expr, column: Column, source: pa.DataType) -> C
         return None
 
     return convert(node)
+
+
+# Integer arithmetic with integer literals: computed exactly as DECIMAL(38, 0) (int64 * int64 fits), then
+# checked against the range of the type DuckDB gives the node, so an overflow fails the job as it fails
+# DuckDB, whatever spark.sql.ansi.enabled says (Spark's own long arithmetic wraps around without ANSI).
+# `//` truncates toward zero and `%` keeps the dividend's sign in both engines; the divisor must be a
+# non-zero literal (DuckDB gives NULL for a zero divisor, Spark an error or NULL).
+_NATIVE_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
+_EXACT = T.DecimalType(38, 0)
+_INTEGER_BITS = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
+
+
+def _native_arithmetic(part: exp.Expr, convert: Any, source: pa.DataType, column_name: str) -> Column | None:
+    from airflow_partitions.exceptions import PartitionValueError
+    from airflow_partitions.transforms.expression import expression_result_type, expression_sql
+
+    text = expression_sql(part)
+    try:
+        result_type = expression_result_type(text, column_name, source, text)
+    except (PartitionExpressionError, PartitionValueError):
+        return None
+    bits = _INTEGER_BITS.get(result_type)
+    if bits is None:
+        return None
+    if isinstance(part, exp.Neg | exp.Abs):
+        inner = convert(part.this)
+        if inner is None:
+            return None
+        exact = -inner.cast(_EXACT) if isinstance(part, exp.Neg) else F.abs(inner.cast(_EXACT))
+    else:
+        left, right = convert(part.this), convert(part.expression)
+        if left is None or right is None:
+            return None
+        a, b = left.cast(_EXACT), right.cast(_EXACT)
+        if isinstance(part, exp.IntDiv | exp.Mod):
+            divisor = _native_literal(part.expression)
+            if divisor is None or _literal_value(part.expression) == 0:
+                return None
+            remainder = a % b
+            exact = remainder if isinstance(part, exp.Mod) else ((a - remainder) / b).cast(_EXACT)
+        elif isinstance(part, exp.Add):
+            exact = a + b
+        elif isinstance(part, exp.Sub):
+            exact = a - b
+        else:
+            exact = a * b
+    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    message = f"partition expression {text}: the value is out of the range of {result_type} (overflow)"
+    checked = F.when((exact < F.lit(low)) | (exact > F.lit(high)), F.raise_error(F.lit(message)))
+    return cast(Column, checked.otherwise(exact).cast(spark_type_for(result_type)))
+
+
+def _literal_value(node: exp.Expr) -> int | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Neg):
+        inner = _literal_value(node.this)
+        return None if inner is None else -inner
+    if isinstance(node, exp.Literal) and not node.is_string and str(node.this).isdigit():
+        return int(node.this)
+    return None
 
 
 def _one_literal(left: exp.Expr, right: exp.Expr) -> bool:
