@@ -405,6 +405,43 @@ def test_native_spark_arithmetic_fails_on_overflow_as_duckdb_does(spark: Any, an
         spark.conf.set("spark.sql.ansi.enabled", previous)
 
 
+ARROW_NATIVE = [
+    "CASE WHEN i > 1000 THEN 'big' WHEN i < 0 THEN 'negative' ELSE 'small' END",
+    "CASE WHEN s IS NULL THEN 'null' WHEN s = '' THEN 'empty' ELSE 'other' END",
+    "left(s, 2)",
+    "substr(s, 1, 3) = 'ab' OR s IS NULL",
+    "NOT (k > 0) AND k IS NOT NULL",
+    "s > 'm'",
+    "CASE WHEN k >= 5 THEN 1 WHEN k < -5 THEN -1 END",
+]
+
+
+@pytest.mark.parametrize("text", ARROW_NATIVE)
+def test_arrow_kernels_give_duckdb_s_values(text: str) -> None:
+    """The Arrow compute path (no DuckDB round trip) is taken for these, and gives DuckDB's values on the
+    hostile rows and on random unicode strings (surrogate-free code points, combining marks, emoji)."""
+    import random
+
+    from airflow_partitions.transforms.arrow_native import evaluate
+    from airflow_partitions.transforms.expression import evaluate_sql
+
+    transform = bound(text)
+    assert transform._native is not None, f"{text}: not evaluated by Arrow kernels"
+    rng = random.Random(29)
+    alphabet = [chr(c) for c in (*range(0x20, 0x7F), 0xDF, 0x130, 0x301, 0x1F642, 0xFB01, 0x10FFFF)]
+    column = TABLE.column(transform.source_column).combine_chunks()
+    samples = [column]
+    if pa.types.is_string(column.type):
+        words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) for _ in range(2000)]
+        samples.append(pa.array([None if n % 17 == 0 else w for n, w in enumerate(words)], pa.string()))
+    for values in samples:
+        native = evaluate(transform._native, values)
+        assert native is not None
+        inner = transform.inner_result_type()
+        duckdb_values = evaluate_sql(transform.sql, transform.source_column, values, inner, text)
+        assert native.cast(inner).to_pylist() == duckdb_values.to_pylist(), text
+
+
 def test_overflow_is_a_typed_error_not_a_wrapped_value() -> None:
     """int64 + 1 at the maximum has no value: the refresh stops with an error naming the expression."""
     transform = parse_transform("i + 1").bind(pa.int64())
