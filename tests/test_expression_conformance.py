@@ -477,12 +477,15 @@ def test_a_result_type_that_cannot_partition_is_refused_when_bound(
 
 
 class ExpressionGrammar:
-    """Seeded random expressions over one column (`s` or `k`), nested up to `depth` levels."""
+    """Seeded random expressions over one column (a string column `s` or an integer column `k` by
+    default), nested up to `depth` levels."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, string_column: str = "s", integer_column: str = "k") -> None:
         import random
 
         self.rng = random.Random(seed)
+        self.string_column = string_column
+        self.integer_column = integer_column
 
     def _literal_string(self) -> str:
         return self.rng.choice(["''", "'a'", "'/'", "'%'", "'ß'", "'İ'", "'x=y'", "''''"])
@@ -490,7 +493,9 @@ class ExpressionGrammar:
     def string(self, column: str, depth: int) -> str:
         rng = self.rng
         if depth <= 0:
-            return "s" if column == "s" else f"CAST({self.integer(column, 0)} AS VARCHAR)"
+            if column == self.string_column:
+                return column
+            return f"CAST({self.integer(column, 0)} AS VARCHAR)"
         inner = self.string(column, depth - 1)
         n, m = rng.randint(-2, 4), rng.randint(0, 5)
         return rng.choice(
@@ -515,7 +520,7 @@ class ExpressionGrammar:
     def integer(self, column: str, depth: int) -> str:
         rng = self.rng
         if depth <= 0:
-            return "k" if column == "k" else "length(s)"
+            return column if column == self.integer_column else f"length({self.string_column})"
         inner = self.integer(column, depth - 1)
         c = rng.choice([1, 2, 3, 7, -1, -3, 10])
         return rng.choice(
@@ -555,7 +560,10 @@ class ExpressionGrammar:
         return leaf
 
     def draw(self) -> str:
-        column = self.rng.choice(["s", "k"])
+        return self.draw_over(self.rng.choice([self.string_column, self.integer_column]))
+
+    def draw_over(self, column: str) -> str:
+        """One expression over `column` (one of the grammar's two columns)."""
         depth = self.rng.randint(1, 3)
         kind = self.rng.choice(["string", "integer", "boolean"])
         return str(getattr(self, kind)(column, depth))

@@ -159,10 +159,9 @@ def _case(node: exp.Case, source_type: pa.DataType) -> Kernel | None:
     result_type = pa.string() if kinds == {str} else pa.int64()
 
     def evaluate(column: pa.Array) -> Any:
-        out = pa.nulls(len(column), type=result_type) if otherwise is None else None
-        if out is None:
-            out = pa.array([otherwise] * len(column), type=result_type)
-        # The first true condition wins: apply the branches last to first.
+        out: Any = pa.scalar(otherwise, type=result_type)
+        # The first true condition wins: apply the branches last to first (the first has an array
+        # condition, so the result is an array even when every branch is a scalar).
         for condition, value in reversed(list(zip(conditions, results, strict=True))):
             assert condition is not None
             chosen = pc.fill_null(_boolean(condition(column)), False)
