@@ -357,13 +357,13 @@ def _native_expression(
     return convert(node)
 
 
-# Integer arithmetic with integer literals: computed exactly as DECIMAL(38, 0) (int64 * int64 fits), then
-# checked against the range of the type DuckDB gives the node, so an overflow fails the job as it fails
-# DuckDB, whatever spark.sql.ansi.enabled says (Spark's own long arithmetic wraps around without ANSI).
-# `//` truncates toward zero and `%` keeps the dividend's sign in both engines; the divisor must be a
-# non-zero literal (DuckDB gives NULL for a zero divisor, Spark an error or NULL).
+# Integer arithmetic with integer literals, in Spark's own integer types: `try_add` / `try_subtract` /
+# `try_multiply` give NULL on overflow whatever spark.sql.ansi.enabled says, which fails the job (as the
+# overflow fails DuckDB), and every node's value is checked against the range of the type DuckDB gives it
+# (the engines type literals differently). `//` is Spark's `div` (truncates toward zero, as DuckDB's) and
+# `%` keeps the dividend's sign in both; the divisor must be a non-zero literal (DuckDB gives NULL for a
+# zero divisor) and MIN // -1 fails as an overflow.
 _NATIVE_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
-_EXACT = T.DecimalType(38, 0)
 _INTEGER_BITS = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
 
 
@@ -379,32 +379,43 @@ def _native_arithmetic(part: exp.Expr, convert: Any, source: pa.DataType, column
     bits = _INTEGER_BITS.get(result_type)
     if bits is None:
         return None
+    wide = T.LongType()
+    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if isinstance(part, exp.Neg | exp.Abs):
         inner = convert(part.this)
         if inner is None:
             return None
-        exact = -inner.cast(_EXACT) if isinstance(part, exp.Neg) else F.abs(inner.cast(_EXACT))
+        a = inner.cast(wide)
+        negated = F.try_subtract(F.lit(0).cast(wide), a)
+        value = negated if isinstance(part, exp.Neg) else F.when(a < 0, negated).otherwise(a)
+        overflow = value.isNull() & a.isNotNull()
     else:
         left, right = convert(part.this), convert(part.expression)
         if left is None or right is None:
             return None
-        a, b = left.cast(_EXACT), right.cast(_EXACT)
+        a, b = left.cast(wide), right.cast(wide)
         if isinstance(part, exp.IntDiv | exp.Mod):
-            divisor = _native_literal(part.expression)
-            if divisor is None or _literal_value(part.expression) == 0:
+            divisor = _literal_value(part.expression)
+            if _native_literal(part.expression) is None or divisor is None or divisor == 0:
                 return None
-            remainder = a % b
-            exact = remainder if isinstance(part, exp.Mod) else ((a - remainder) / b).cast(_EXACT)
-        elif isinstance(part, exp.Add):
-            exact = a + b
-        elif isinstance(part, exp.Sub):
-            exact = a - b
+            if isinstance(part, exp.Mod):
+                value = a % b
+                overflow = F.lit(False)
+            else:
+                value = F.call_function("div", a, b)
+                overflow = (a == F.lit(-(1 << 63))) & F.lit(divisor == -1)
         else:
-            exact = a * b
-    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+            if isinstance(part, exp.Add):
+                value = F.try_add(a, b)
+            elif isinstance(part, exp.Sub):
+                value = F.try_subtract(a, b)
+            else:
+                value = F.try_multiply(a, b)
+            overflow = value.isNull() & a.isNotNull() & b.isNotNull()
     message = f"partition expression {text}: the value is out of the range of {result_type} (overflow)"
-    checked = F.when((exact < F.lit(low)) | (exact > F.lit(high)), F.raise_error(F.lit(message)))
-    return cast(Column, checked.otherwise(exact).cast(spark_type_for(result_type)))
+    out_of_range = overflow | (value < F.lit(low)) | (value > F.lit(high))
+    checked = F.when(out_of_range, F.raise_error(F.lit(message))).otherwise(value)
+    return cast(Column, checked.cast(spark_type_for(result_type)))
 
 
 def _literal_value(node: exp.Expr) -> int | None:
