@@ -760,9 +760,11 @@ class FilterGenerator:
         rng = self.rng
         if self.expressions and rng.random() < 0.3:
             expression, alias, values = rng.choice(self.expressions)
+            # Parenthesised: `NOT (x > 1) < false` reads as NOT ((x > 1) < false) in SQL.
+            term = f"({expression})"
             if non_null_values(values):
-                return self._comparison(expression, f'"{alias}"', values)
-            return f"{expression} IS NULL", f'"{alias}" IS NULL'
+                return self._comparison(term, f'"{alias}"', values)
+            return f"{term} IS NULL", f'"{alias}" IS NULL'
         name = rng.choice(self.columns)
         return self._comparison(name, name, self.table.column(name))
 

@@ -19,6 +19,7 @@ strategies) and `connect` (Spark Connect).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import io
@@ -101,7 +102,8 @@ LAYOUTS: dict[str, Layout] = {
     "composite": Layout(
         (("cb", "bucket(4, s)"), ("cy", "date_part('year', d)"), ("cf", "flag")), None, False
     ),
-    # Custom expressions: case folding, and a CASE band that also gives the NULL rows a value.
+    # Custom expressions: each combination draws its own two from the conformance grammar
+    # (`random_expression_fields`); these are the fallback when no draw fits the source.
     "expressions": Layout(
         (
             ("lo", "lower(s)"),
@@ -435,7 +437,40 @@ def make_world(
     seed = seed_of(name)
     chunks = hostile_chunks(seed)
     source.write(chunks)
+    if combination["layout"] == "expressions":
+        layout = dataclasses.replace(layout, fields=random_expression_fields(chunks, seed))
     return World(tmp_path, source, combination["engine"], layout, chunks, seed)
+
+
+def random_expression_fields(chunks: list[pa.Table], seed: int) -> tuple[tuple[str, str], ...]:
+    """Two custom expressions drawn from the conformance grammar (one over `s`, one over `n_int`) that
+    every version of the source can compute, with 2..24 partition values each; the fixed layout's
+    field where no draw fits."""
+    import pyarrow.compute as pc
+    from test_expression_conformance import ExpressionGrammar
+
+    from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
+
+    every_version = pa.concat_tables([*chunks, *change_source(chunks, seed).chunks])
+    grammar = ExpressionGrammar(seed, string_column="s", integer_column="n_int")
+    fields: list[tuple[str, str]] = []
+    for (name, fallback), column in zip(LAYOUTS["expressions"].fields, ("s", "n_int"), strict=True):
+        chosen = fallback
+        for _ in range(300):
+            text = grammar.draw_over(column)
+            try:
+                transform = parse_transform(text)
+                if transform.source_column != column:
+                    continue
+                bound = transform.bind(every_version.schema.field(column).type)
+                distinct = len(pc.unique(bound.apply(every_version.column(column))))
+            except (PartitionExpressionError, PartitionValueError):
+                continue
+            if 2 <= distinct <= 24:
+                chosen = text
+                break
+        fields.append((name, chosen))
+    return tuple(fields)
 
 
 def choose_partitions(old: pa.Table, new: pa.Table, fields: Sequence[tuple[str, str]]) -> list[str]:

@@ -7,6 +7,8 @@ extremes, timestamps around midnight and with offsets), each expression is evalu
 * vectorised over Arrow (`apply`), on each value (`apply_scalar`),
 * in Spark local mode (`to_spark`, one query per function group),
 * through a Postgres source (the partition values its discovery reports, real server),
+* in Postgres itself, row for row: the pushdown form (`sources.pg_expressions`) of every expression that
+  has one, over a text column with a linguistic collation; the others are refused with their reason,
 
 and compared row for row. A row that two engines would route to two partitions fails here.
 """
@@ -125,6 +127,9 @@ GROUPS: dict[str, list[str]] = {
         "regexp_extract(s, '([a-z]+)', 1)",
         "starts_with(s, 'E')",
         "s LIKE '%/%'",
+        "s > 'm'",
+        "greatest(s, 'Z')",
+        "s BETWEEN 'a' AND 'z'",
         "bucket(16, lower(s))",
         "truncate(2, upper(s))",
         "TRY_CAST(s AS BIGINT)",
@@ -184,6 +189,8 @@ GROUPS: dict[str, list[str]] = {
         "date_trunc('week', d + 3)",
         "CAST(date_part('year', ts) AS VARCHAR)",
         "d + 1",
+        "hour(ts) + 1",
+        "CAST(extract(minute FROM tz) AS VARCHAR)",
     ],
 }
 ALL = [(group, text) for group, texts in GROUPS.items() for text in texts]
@@ -290,6 +297,151 @@ def test_postgres_discovery_equals_arrow(pg_module_database: str, group: str) ->
         assert got == expected, f"{text}: Postgres discovery disagrees with Arrow"
 
 
+# Expressions of the suite without a Postgres form, and a word of the reason each gives.
+POSTGRES_REFUSED = {
+    "lower(s)": "LC_CTYPE",
+    "upper(s)": "LC_CTYPE",
+    "bucket(16, lower(s))": "LC_CTYPE",
+    "truncate(2, upper(s))": "LC_CTYPE",
+    "substring(s, -2, 5)": "negative or computed start",
+    "split_part(s, '/', 0)": "position below 1",
+    "regexp_extract(s, '([a-z]+)', 1)": "no regexp_extract",
+    "TRY_CAST(s AS BIGINT)": "no TRY_CAST",
+    "round(k, -1)": "half to even",
+    "CAST(round(k / 2) AS INTEGER)": "half to even",
+    "bucket(8, k * 2)": "no Murmur3",
+}
+
+
+@pytest.fixture(scope="module")
+def postgres_rows(pg_module_database: str) -> str:
+    """The hostile rows in Postgres with their row number; text under a linguistic (ICU) collation when
+    the server has one, so only an explicit code point order makes comparisons agree with DuckDB."""
+    import psycopg
+
+    with psycopg.connect(pg_module_database, autocommit=True) as conn:
+        icu = conn.execute("SELECT 1 FROM pg_collation WHERE collname = 'und-x-icu'").fetchone()
+        collate = ' COLLATE "und-x-icu"' if icu else ""
+        conn.execute(
+            f"CREATE TABLE hostile_rows (rid int, s text{collate}, i bigint, k integer, ts timestamp, "
+            "tz timestamptz, d date)"
+        )
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO hostile_rows VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                [(rid, *row.values()) for rid, row in enumerate(TABLE.to_pylist())],
+            )
+    return pg_module_database
+
+
+def _plain(value: Any) -> Any:
+    """Postgres numbers (numeric, double) as the integers they hold; instants as naive UTC."""
+    from decimal import Decimal
+
+    if isinstance(value, Decimal | float) and value == int(value):
+        return int(value)
+    return as_comparable(value)
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_the_postgres_form_equals_arrow_row_for_row(postgres_rows: str, group: str) -> None:
+    """Each expression's Postgres form, evaluated by Postgres, gives every row Arrow's value; an
+    expression without one is refused with the reason, and only the known disagreements are."""
+    import psycopg
+
+    from airflow_partitions.sources.pg_expressions import postgres_expression
+
+    with psycopg.connect(postgres_rows, autocommit=True) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        for text in GROUPS[group]:
+            transform = bound(text)
+            form = postgres_expression(transform)
+            if text in POSTGRES_REFUSED:
+                assert form.sql is None, f"{text}: expected no Postgres form"
+                assert form.refused is not None
+                assert POSTGRES_REFUSED[text] in form.refused, form.refused
+                continue
+            assert form.sql is not None, f"{text}: refused for Postgres: {form.refused}"
+            rows = conn.execute(f"SELECT {form.sql} FROM hostile_rows ORDER BY rid").fetchall()
+            got = [_plain(row[0]) for row in rows]
+            expected = [_plain(v) for v in transform.apply(TABLE.column(transform.source_column)).to_pylist()]
+            assert got == expected, f"{text}: Postgres ({form.sql}) disagrees with Arrow"
+
+
+def test_without_the_code_point_order_postgres_would_disagree(postgres_rows: str) -> None:
+    """The collation normalisation is what makes `s > 'm'` agree: the column's own collation does not."""
+    import psycopg
+
+    with psycopg.connect(postgres_rows, autocommit=True) as conn:
+        icu = conn.execute("SELECT 1 FROM pg_collation WHERE collname = 'und-x-icu'").fetchone()
+        if not icu:
+            pytest.skip("the server has no ICU collation to disagree with")
+        native = [row[0] for row in conn.execute("SELECT s > 'm' FROM hostile_rows ORDER BY rid")]
+    assert native != bound("s > 'm'").apply(TABLE.column("s")).to_pylist()
+
+
+@pytest.mark.parametrize("ansi", ["true", "false"])
+def test_native_spark_arithmetic_fails_on_overflow_as_duckdb_does(spark: Any, ansi: str) -> None:
+    """Checked in the expression's own type: Spark's long arithmetic would wrap around without ANSI mode
+    and route the row to a partition no other engine gives it."""
+    from pyspark.sql import functions as F
+
+    previous = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", ansi)
+    try:
+        for text, column_type, values in (
+            ("i * 2", pa.int64(), [1, 2**62]),
+            ("k + 1", pa.int32(), [1, 2**31 - 1]),
+            ("-i", pa.int64(), [1, -(2**63)]),
+        ):
+            transform = parse_transform(text).bind(column_type)
+            assert "evaluate_batch" not in str(transform.to_spark(F.col("x"))), text
+            frame = spark.createDataFrame(pa.table({transform.source_column: pa.array(values, column_type)}))
+            with pytest.raises(Exception, match="overflow"):
+                frame.select(transform.to_spark(F.col(transform.source_column))).collect()
+            with pytest.raises(PartitionValueError):
+                transform.apply(pa.array(values, column_type))
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", previous)
+
+
+ARROW_NATIVE = [
+    "CASE WHEN i > 1000 THEN 'big' WHEN i < 0 THEN 'negative' ELSE 'small' END",
+    "CASE WHEN s IS NULL THEN 'null' WHEN s = '' THEN 'empty' ELSE 'other' END",
+    "left(s, 2)",
+    "substr(s, 1, 3) = 'ab' OR s IS NULL",
+    "NOT (k > 0) AND k IS NOT NULL",
+    "s > 'm'",
+    "CASE WHEN k >= 5 THEN 1 WHEN k < -5 THEN -1 END",
+]
+
+
+@pytest.mark.parametrize("text", ARROW_NATIVE)
+def test_arrow_kernels_give_duckdb_s_values(text: str) -> None:
+    """The Arrow compute path (no DuckDB round trip) is taken for these, and gives DuckDB's values on the
+    hostile rows and on random unicode strings (surrogate-free code points, combining marks, emoji)."""
+    import random
+
+    from airflow_partitions.transforms.arrow_native import evaluate
+    from airflow_partitions.transforms.expression import evaluate_sql
+
+    transform = bound(text)
+    assert transform._native is not None, f"{text}: not evaluated by Arrow kernels"
+    rng = random.Random(29)
+    alphabet = [chr(c) for c in (*range(0x20, 0x7F), 0xDF, 0x130, 0x301, 0x1F642, 0xFB01, 0x10FFFF)]
+    column = TABLE.column(transform.source_column).combine_chunks()
+    samples = [column]
+    if pa.types.is_string(column.type):
+        words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) for _ in range(2000)]
+        samples.append(pa.array([None if n % 17 == 0 else w for n, w in enumerate(words)], pa.string()))
+    for values in samples:
+        native = evaluate(transform._native, values)
+        assert native is not None
+        inner = transform.inner_result_type()
+        duckdb_values = evaluate_sql(transform.sql, transform.source_column, values, inner, text)
+        assert native.cast(inner).to_pylist() == duckdb_values.to_pylist(), text
+
+
 def test_overflow_is_a_typed_error_not_a_wrapped_value() -> None:
     """int64 + 1 at the maximum has no value: the refresh stops with an error naming the expression."""
     transform = parse_transform("i + 1").bind(pa.int64())
@@ -325,12 +477,15 @@ def test_a_result_type_that_cannot_partition_is_refused_when_bound(
 
 
 class ExpressionGrammar:
-    """Seeded random expressions over one column (`s` or `k`), nested up to `depth` levels."""
+    """Seeded random expressions over one column (a string column `s` or an integer column `k` by
+    default), nested up to `depth` levels."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, string_column: str = "s", integer_column: str = "k") -> None:
         import random
 
         self.rng = random.Random(seed)
+        self.string_column = string_column
+        self.integer_column = integer_column
 
     def _literal_string(self) -> str:
         return self.rng.choice(["''", "'a'", "'/'", "'%'", "'ß'", "'İ'", "'x=y'", "''''"])
@@ -338,7 +493,9 @@ class ExpressionGrammar:
     def string(self, column: str, depth: int) -> str:
         rng = self.rng
         if depth <= 0:
-            return "s" if column == "s" else f"CAST({self.integer(column, 0)} AS VARCHAR)"
+            if column == self.string_column:
+                return column
+            return f"CAST({self.integer(column, 0)} AS VARCHAR)"
         inner = self.string(column, depth - 1)
         n, m = rng.randint(-2, 4), rng.randint(0, 5)
         return rng.choice(
@@ -363,7 +520,7 @@ class ExpressionGrammar:
     def integer(self, column: str, depth: int) -> str:
         rng = self.rng
         if depth <= 0:
-            return "k" if column == "k" else "length(s)"
+            return column if column == self.integer_column else f"length({self.string_column})"
         inner = self.integer(column, depth - 1)
         c = rng.choice([1, 2, 3, 7, -1, -3, 10])
         return rng.choice(
@@ -403,7 +560,10 @@ class ExpressionGrammar:
         return leaf
 
     def draw(self) -> str:
-        column = self.rng.choice(["s", "k"])
+        return self.draw_over(self.rng.choice([self.string_column, self.integer_column]))
+
+    def draw_over(self, column: str) -> str:
+        """One expression over `column` (one of the grammar's two columns)."""
         depth = self.rng.randint(1, 3)
         kind = self.rng.choice(["string", "integer", "boolean"])
         return str(getattr(self, kind)(column, depth))
@@ -467,13 +627,18 @@ def test_random_expressions_agree_in_arrow_scalar_duckdb_and_spark(spark: Any) -
         ("i BETWEEN -5 AND 5", False),
         ("lower(s)", False),
         ("substr(s, 0, 2)", False),
-        ("k * 3 + 1", False),
+        ("k * 3 + 1", True),
+        ("(i // 1000) * 1000", True),
+        ("abs(i % 7) - 1", True),
+        ("i // 0", False),
+        ("i / 4", False),
         ("CASE WHEN k > 0 THEN 1 ELSE 'x' END", False),
     ],
 )
 def test_spark_runs_only_the_shared_subset_natively(spark: Any, text: str, native: bool) -> None:
-    """Comparisons, boolean logic, CASE over literals and code point prefixes are native Spark; the rest
-    (case mapping, arithmetic, substr from 0, ...) runs the DuckDB evaluation as an Arrow UDF."""
+    """Comparisons, boolean logic, CASE over literals, code point prefixes and checked integer arithmetic
+    are native Spark; the rest (case mapping, `/`, substr from 0, ...) runs the DuckDB evaluation as an
+    Arrow UDF."""
     from pyspark.sql import functions as F
 
     try:

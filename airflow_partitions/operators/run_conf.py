@@ -226,12 +226,16 @@ def example_partition_key(dataset: DatasetSpec) -> PartitionKey | None:
         ModTransform,
         TruncateTransform,
     )
+    from airflow_partitions.transforms.expression import ExpressionTransform
 
     declared = dict(dataset.declared_columns)
     values: list[Scalar] = []
     for field in dataset.acceleration.partition_by:
         transform = field.transform
         column_type = str(declared.get(transform.source_column, ""))
+        if isinstance(transform, ExpressionTransform):
+            # Its values are what DuckDB computes, which the DAG parser does not load: no made-up sample.
+            return None
         by_type = next((v for prefix, v in _SAMPLE_BY_TYPE if column_type.startswith(prefix)), None)
         if isinstance(by_type, dt.datetime) and "," in column_type:
             by_type = by_type.replace(tzinfo=dt.UTC)  # `timestamp[us, UTC]`: keys hold UTC instants
@@ -268,10 +272,13 @@ def partitions_schema(dataset: DatasetSpec) -> dict[str, Any]:
         sample = ""
     schema = dict(RUN_PARAM_SCHEMAS[PARTITIONS])
     composite = f" or as Airflow partition key (`{composite_key(example)}`)" if example is not None else ""
+    fields = ", ".join(
+        f"`{field.name}` is `{field.expression}`" for field in dataset.acceleration.partition_by
+    )
     schema["description"] = (
         f"Refresh exactly these partitions of {dataset.name}, one key per line as shown on the mapped "
-        f"task: `{shape}`{sample}{composite}. NULL is %NULL. They are refreshed even if unchanged; no "
-        "other partition is refreshed or removed. Empty: let discovery decide."
+        f"task: `{shape}`{sample}{composite}, where {fields}. NULL is %NULL. They are refreshed even if "
+        "unchanged; no other partition is refreshed or removed. Empty: let discovery decide."
     )
     schema["items"] = {"type": "string", "minLength": 1, "pattern": _key_pattern(names)}
     return schema

@@ -305,7 +305,13 @@ class Evaluator:
         self, field: BoundField, term: ColumnRef, leaf: Comparison | InList | Range
     ) -> tuple[Mask, Mask]:
         """Through the field's transform: where might a value of the column make the leaf TRUE / FALSE."""
-        transform = field.transform
+        return self._projected_truth(field, field.transform, term.type, leaf)
+
+    def _projected_truth(
+        self, field: BoundField, transform: Any, term_type: pa.DataType, leaf: Comparison | InList | Range
+    ) -> tuple[Mask, Mask]:
+        """Where might a value of a term (of `term_type`) make the leaf TRUE / FALSE, when `transform` maps
+        the term's values to the field's partition values."""
         if isinstance(leaf, Comparison):
             projection = transform.project(leaf.op, leaf.value)
         elif isinstance(leaf, InList):
@@ -318,7 +324,7 @@ class Evaluator:
                 leaf.upper,
                 leaf.lower_inclusive,
                 leaf.upper_inclusive,
-                column_type=term.type,
+                column_type=term_type,
                 max_candidates=self.max_enumeration,
             )
         values = self.frame.values[field.name]
@@ -358,6 +364,12 @@ class Evaluator:
             except (*EVALUATION_ERRORS, *_ARROW_ERRORS):
                 values = None
             if values is None:
+                # `lower(email) = 'x@y'` against `bucket(16, lower(email))`: through the wrapping transform.
+                outer = field.transform.wrapping(term.transform)
+                if outer is not None:
+                    outer_true, outer_false = self._projected_truth(field, outer, term.type, leaf)
+                    true &= outer_true
+                    false &= outer_false
                 continue
             direct_true, direct_false = _direct_truth(values, leaf, self.frame.size)
             true &= direct_true

@@ -1,8 +1,9 @@
 """Postgres SQL for partition transforms: grouping expressions for discovery, range predicates for pushdown.
 
 Only transforms whose Postgres meaning is the same as ours are translated (the session runs in UTC);
-others (`bucket`, decimal `truncate`) return None and the caller groups by the raw column and applies the
-transform itself, which is always right, only slower on high-cardinality columns.
+others (`bucket`, decimal `truncate`, custom expressions with a function Postgres computes differently,
+see `pg_expressions`) return None and the caller groups by the raw column and applies the transform
+itself, which is always right, only slower on high-cardinality columns.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from airflow_partitions.transforms import (
     Transform,
     TruncateTransform,
 )
+from airflow_partitions.transforms.expression import ExpressionTransform
 
 # Postgres' date_trunc / extract use the same unit names; `week` is the ISO week in both.
 _UNITS = frozenset({"year", "quarter", "month", "week", "day", "hour", "minute"})
@@ -155,3 +157,10 @@ def preimage_predicate(transform: Transform, value: Any) -> str:
     if interval.upper is not None:
         clauses.append(f"{operand} {'<=' if interval.upper_inclusive else '<'} {sql_literal(interval.upper)}")
     return " AND ".join(clauses) or f"{column} IS NOT NULL"
+
+
+@partition_sql.register
+def _expression_sql(transform: ExpressionTransform) -> str | None:
+    from airflow_partitions.sources.pg_expressions import postgres_expression
+
+    return postgres_expression(transform).sql

@@ -36,6 +36,7 @@ from airflow_partitions.sources.base import (
     tagged_fingerprint,
 )
 from airflow_partitions.sources.files import filter_to_key
+from airflow_partitions.sources.pg_expressions import postgres_expression
 from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident, sql_literal
 from airflow_partitions.spec.masking import (
     mask_secrets,
@@ -43,6 +44,7 @@ from airflow_partitions.spec.masking import (
     masked_params,
     unencoded_password_problem,
 )
+from airflow_partitions.transforms.expression import ExpressionTransform
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -326,11 +328,17 @@ class PostgresSource:
         names = [f"k{i}" for i in range(len(transforms))]
         group_sql: list[str] = []
         exact: list[bool] = []
+        notes: list[str] = []
         for transform in transforms:
             pushed = partition_sql(transform)
             exact.append(pushed is not None)
             group_sql.append(pushed if pushed is not None else quote_ident(transform.source_column))
-        notes: list[str] = []
+            if pushed is None and isinstance(transform, ExpressionTransform):
+                refused = postgres_expression(transform).refused
+                notes.append(
+                    f"partition expression {transform.canonical!r} is grouped by its column in Postgres and "
+                    f"computed in DuckDB: {refused}"
+                )
         stored = self.relation_kind in ("r", "p", "m")
         # Count + max alone miss an UPDATE that keeps the max (a value changed below it, or a transaction
         # that commits after a younger one): an order-independent sum of a hash of each row's version

@@ -209,6 +209,14 @@ class Transform(ABC):
         """
         return partition_values if other == self else None
 
+    def wrapping(self, inner: Transform) -> Transform | None:
+        """The built-in transform this one applies to the values of `inner`, when this one is exactly a
+        built-in wrapped around `inner` (`bucket(16, lower(email))` around `lower(email)`); else None.
+
+        A condition on `inner` then projects through the returned transform, bound to `inner`'s type.
+        """
+        return None
+
     def _timestamp_step_micros(self) -> int:
         """Timestamps in one UTC-aligned step of this many microseconds share a partition value."""
         return 1

@@ -9,7 +9,9 @@ so every engine evaluates the expression with the same DuckDB SQL rather than a 
 route a row elsewhere:
 
 * Arrow (`apply`): the column is handed to an in-process DuckDB connection as an Arrow table (zero copy)
-  and the expression runs vectorised over it; `apply_scalar` is the same over one value;
+  and the expression runs vectorised over it; `apply_scalar` is the same over one value. Comparisons,
+  boolean logic, CASE over literals and code point prefixes run as Arrow compute kernels instead
+  (`arrow_native`: the same subset Spark runs natively, whose meaning is the same);
 * DuckDB reads (`duckdb_functions.duckdb_expression`): the SQL itself, the column substituted;
 * Spark (`transforms.spark`): an Arrow UDF over Spark's Arrow batches calling `apply` (local, Connect and
   cluster alike, the workers need the package and DuckDB);
@@ -252,6 +254,8 @@ class ExpressionTransform(Transform):
         self.sql = expression_sql(self._tree)
         self.outer = outer
         self._outer_bound: Transform | None = None
+        # Arrow compute kernels for the forms whose meaning is DuckDB's (`arrow_native`), once bound.
+        self._native: Any = None
 
     # --- identity -----------------------------------------------------------------------------------
 
@@ -283,6 +287,19 @@ class ExpressionTransform(Transform):
         if self.outer is not None and not self.outer.monotonic:
             return False
         return _non_decreasing(self._tree, self._info.kind)
+
+    def wrapping(self, inner: Transform) -> Transform | None:
+        if (
+            self._outer_bound is None
+            or not isinstance(inner, ExpressionTransform)
+            or inner.outer is not None
+            or inner.source_column != self.source_column
+            or inner.sql != self.sql
+            or not inner.is_bound
+            or not inner.result_type.equals(self._outer_bound.source_type)
+        ):
+            return None
+        return self._outer_bound
 
     def project(self, op: Any, value: Any) -> Any:
         if self.monotonic:
@@ -332,7 +349,10 @@ class ExpressionTransform(Transform):
         return result
 
     def bind(self, source_type: pa.DataType) -> ExpressionTransform:
+        from airflow_partitions.transforms import arrow_native, arrow_support
+
         bound = super().bind(source_type)
+        bound._native = arrow_native.native_kernel(self._tree, arrow_support.normalize_type(source_type))
         if self.outer is not None:
             inner = expression_result_type(self.sql, self.source_column, source_type, self.canonical)
             bound._outer_bound = self.outer.bind(inner)
@@ -364,7 +384,15 @@ class ExpressionTransform(Transform):
         if not array.type.equals(source_type):
             array = _to_source_type(array, source_type, self.canonical)
         inner_type = self.inner_result_type()
-        result = evaluate_sql(self.sql, self.source_column, array, inner_type, self.canonical)
+        result = None
+        if self._native is not None:
+            from airflow_partitions.transforms.arrow_native import evaluate
+
+            result = evaluate(self._native, array)
+        if result is None:
+            result = evaluate_sql(self.sql, self.source_column, array, inner_type, self.canonical)
+        elif not result.type.equals(inner_type):
+            result = result.cast(inner_type)
         if self._outer_bound is not None:
             result = self._outer_bound.apply(result)
         if not result.type.equals(self.result_type):

@@ -270,7 +270,7 @@ def _expression(transform: ExpressionTransform, column: Column, source: pa.DataT
 
     result_type = spark_type_for(transform.result_type)
     if transform.outer_bound is None:
-        native = _native_expression(transform.tree, column, source)
+        native = _native_expression(transform.tree, column, source, transform.source_column)
         if native is not None:
             return native.cast(result_type)
     arrow_result = to_arrow_type(result_type, timezone="UTC")
@@ -314,7 +314,9 @@ def _native_literal(node: exp.Expr) -> Column | None:
     return None
 
 
-def _native_expression(node: exp.Expr, column: Column, source: pa.DataType) -> Column | None:
+def _native_expression(
+    node: exp.Expr, column: Column, source: pa.DataType, column_name: str
+) -> Column | None:
     """`node` as a native Spark column when every part of it is in the shared subset; else None."""
     comparable = support.is_signed_integer(source) or support.is_string(source) or support.is_boolean(source)
     if not comparable:
@@ -328,6 +330,8 @@ def _native_expression(node: exp.Expr, column: Column, source: pa.DataType) -> C
         literal = _native_literal(part)
         if literal is not None:
             return literal
+        if isinstance(part, _NATIVE_ARITHMETIC) and support.is_signed_integer(source):
+            return _native_arithmetic(part, convert, source, column_name)
         if type(part) in _NATIVE_COMPARISONS:
             left, right = convert(part.this), convert(part.expression)
             if left is None or right is None or not _one_literal(part.this, part.expression):
@@ -351,6 +355,78 @@ def _native_expression(node: exp.Expr, column: Column, source: pa.DataType) -> C
         return None
 
     return convert(node)
+
+
+# Integer arithmetic with integer literals, in Spark's own integer types: `try_add` / `try_subtract` /
+# `try_multiply` give NULL on overflow whatever spark.sql.ansi.enabled says, which fails the job (as the
+# overflow fails DuckDB), and every node's value is checked against the range of the type DuckDB gives it
+# (the engines type literals differently). `//` is Spark's `div` (truncates toward zero, as DuckDB's) and
+# `%` keeps the dividend's sign in both; the divisor must be a non-zero literal (DuckDB gives NULL for a
+# zero divisor) and MIN // -1 fails as an overflow.
+_NATIVE_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
+_INTEGER_BITS = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
+
+
+def _native_arithmetic(part: exp.Expr, convert: Any, source: pa.DataType, column_name: str) -> Column | None:
+    from airflow_partitions.exceptions import PartitionValueError
+    from airflow_partitions.transforms.expression import expression_result_type, expression_sql
+
+    text = expression_sql(part)
+    try:
+        result_type = expression_result_type(text, column_name, source, text)
+    except (PartitionExpressionError, PartitionValueError):
+        return None
+    bits = _INTEGER_BITS.get(result_type)
+    if bits is None:
+        return None
+    wide = T.LongType()
+    low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if isinstance(part, exp.Neg | exp.Abs):
+        inner = convert(part.this)
+        if inner is None:
+            return None
+        a = inner.cast(wide)
+        negated = F.try_subtract(F.lit(0).cast(wide), a)
+        value = negated if isinstance(part, exp.Neg) else F.when(a < 0, negated).otherwise(a)
+        overflow = value.isNull() & a.isNotNull()
+    else:
+        left, right = convert(part.this), convert(part.expression)
+        if left is None or right is None:
+            return None
+        a, b = left.cast(wide), right.cast(wide)
+        if isinstance(part, exp.IntDiv | exp.Mod):
+            divisor = _literal_value(part.expression)
+            if _native_literal(part.expression) is None or divisor is None or divisor == 0:
+                return None
+            if isinstance(part, exp.Mod):
+                value = a % b
+                overflow = F.lit(False)
+            else:
+                value = F.call_function("div", a, b)
+                overflow = (a == F.lit(-(1 << 63))) & F.lit(divisor == -1)
+        else:
+            if isinstance(part, exp.Add):
+                value = F.try_add(a, b)
+            elif isinstance(part, exp.Sub):
+                value = F.try_subtract(a, b)
+            else:
+                value = F.try_multiply(a, b)
+            overflow = value.isNull() & a.isNotNull() & b.isNotNull()
+    message = f"partition expression {text}: the value is out of the range of {result_type} (overflow)"
+    out_of_range = overflow | (value < F.lit(low)) | (value > F.lit(high))
+    checked = F.when(out_of_range, F.raise_error(F.lit(message))).otherwise(value)
+    return cast(Column, checked.cast(spark_type_for(result_type)))
+
+
+def _literal_value(node: exp.Expr) -> int | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Neg):
+        inner = _literal_value(node.this)
+        return None if inner is None else -inner
+    if isinstance(node, exp.Literal) and not node.is_string and str(node.this).isdigit():
+        return int(node.this)
+    return None
 
 
 def _one_literal(left: exp.Expr, right: exp.Expr) -> bool:

@@ -1,0 +1,211 @@
+"""Custom expressions evaluated with Arrow compute kernels, for the forms whose meaning is DuckDB's.
+
+The Arrow path of an expression otherwise hands the column to an embedded DuckDB, which costs a copy of
+strings in and out per batch. The same subset Spark runs natively (`transforms.spark`) has one meaning in
+Arrow too: comparisons of the column with a literal (integers exactly, strings by code point, which is
+byte order in UTF-8, as in DuckDB), three-valued AND / OR / NOT, IS [NOT] NULL, CASE over literals (a NULL
+condition is not true), and code point prefixes (`left(s, n)`, `substr(s, 1, n)` with n > 0).
+`native_kernel` gives a kernel for a tree made only of those, else None (DuckDB evaluates it).
+`tests/test_expression_conformance.py` compares both paths row for row with DuckDB over the source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sqlglot import exp
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+Kernel = Callable[["pa.Array"], Any]
+_COMPARISONS: dict[type[exp.Expr], str] = {
+    exp.EQ: "equal",
+    exp.NEQ: "not_equal",
+    exp.LT: "less",
+    exp.LTE: "less_equal",
+    exp.GT: "greater",
+    exp.GTE: "greater_equal",
+}
+_INT32_MAX = (1 << 31) - 1
+
+
+def native_kernel(tree: exp.Expr, source_type: pa.DataType) -> Kernel | None:
+    """A function of the column's values giving the expression's values, or None outside the subset."""
+    import pyarrow as pa
+
+    if not (
+        pa.types.is_signed_integer(source_type)
+        or pa.types.is_string(source_type)
+        or pa.types.is_large_string(source_type)
+        or pa.types.is_boolean(source_type)
+    ):
+        return None
+    return _convert(tree, source_type)
+
+
+def _literal(node: exp.Expr) -> Any:
+    """The Python value of a literal in the subset (str, bool, int < 2**31), or `_NOT_LITERAL`."""
+    if isinstance(node, exp.Paren):
+        return _literal(node.this)
+    if isinstance(node, exp.Boolean):
+        return bool(node.this)
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return str(node.this)
+        text = str(node.this)
+        if text.isdigit() and int(text) <= _INT32_MAX:
+            return int(text)
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        text = str(node.this.this)
+        if text.isdigit() and int(text) <= _INT32_MAX:
+            return -int(text)
+    return _NOT_LITERAL
+
+
+_NOT_LITERAL = object()
+
+
+def _convert(node: exp.Expr, source_type: pa.DataType) -> Kernel | None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(node, exp.Paren):
+        return _convert(node.this, source_type)
+    if isinstance(node, exp.Column):
+        return lambda values: values
+    if type(node) in _COMPARISONS:
+        left, right = node.this, node.expression
+        literal_left, literal_right = _literal(left), _literal(right)
+        # A comparison of a value with a literal of its own kind (two literals: each engine types them).
+        if (literal_left is _NOT_LITERAL) == (literal_right is _NOT_LITERAL):
+            return None
+        function = getattr(pc, _COMPARISONS[type(node)])
+        if literal_right is not _NOT_LITERAL:
+            value_kernel, literal, swapped = _convert(left, source_type), literal_right, False
+        else:
+            value_kernel, literal, swapped = _convert(right, source_type), literal_left, True
+        if value_kernel is None:
+            return None
+        kernel = value_kernel
+
+        def compare(values: pa.Array) -> Any:
+            computed = kernel(values)
+            if not _kind_matches(computed.type, literal):
+                raise _OutOfSubset
+            scalar = pa.scalar(literal, type=computed.type) if not isinstance(literal, str) else literal
+            return function(scalar, computed) if swapped else function(computed, scalar)
+
+        return compare
+    if isinstance(node, exp.And | exp.Or):
+        first, second = _convert(node.this, source_type), _convert(node.expression, source_type)
+        if first is None or second is None:
+            return None
+        combine = pc.and_kleene if isinstance(node, exp.And) else pc.or_kleene
+        return lambda values: combine(_boolean(first(values)), _boolean(second(values)))
+    if isinstance(node, exp.Not):
+        negated = _convert(node.this, source_type)
+        return None if negated is None else (lambda values: pc.invert(_boolean(negated(values))))
+    if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
+        tested = _convert(node.this, source_type)
+        return None if tested is None else (lambda values: pc.is_null(tested(values)))
+    if isinstance(node, exp.Case) and node.this is None:
+        return _case(node, source_type)
+    if isinstance(node, exp.Left | exp.Substring):
+        return _prefix(node, source_type)
+    return None
+
+
+class _OutOfSubset(Exception):
+    """Raised at evaluation when a value's type is not the literal's kind (the caller falls back)."""
+
+
+def _kind_matches(data_type: pa.DataType, literal: Any) -> bool:
+    import pyarrow as pa
+
+    if isinstance(literal, bool):
+        return bool(pa.types.is_boolean(data_type))
+    if isinstance(literal, int):
+        return bool(pa.types.is_signed_integer(data_type))
+    return bool(pa.types.is_string(data_type) or pa.types.is_large_string(data_type))
+
+
+def _boolean(values: Any) -> Any:
+    import pyarrow as pa
+
+    if not pa.types.is_boolean(values.type):
+        raise _OutOfSubset
+    return values
+
+
+def _case(node: exp.Case, source_type: pa.DataType) -> Kernel | None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    branches = node.args.get("ifs") or []
+    default = node.args.get("default")
+    results = [_literal(branch.args.get("true")) for branch in branches]
+    otherwise = _literal(default) if default is not None else None
+    values = [*results, *([otherwise] if default is not None else [])]
+    if any(value is _NOT_LITERAL for value in values):
+        return None
+    kinds = {type(value) for value in values}
+    if len(kinds) != 1 or kinds & {bool}:
+        return None  # mixed result kinds: each engine coerces them its own way
+    conditions = [_convert(branch.this, source_type) for branch in branches]
+    if any(condition is None for condition in conditions):
+        return None
+    result_type = pa.string() if kinds == {str} else pa.int64()
+
+    def evaluate(column: pa.Array) -> Any:
+        out: Any = pa.scalar(otherwise, type=result_type)
+        # The first true condition wins: apply the branches last to first (the first has an array
+        # condition, so the result is an array even when every branch is a scalar).
+        for condition, value in reversed(list(zip(conditions, results, strict=True))):
+            assert condition is not None
+            chosen = pc.fill_null(_boolean(condition(column)), False)
+            out = pc.if_else(chosen, pa.scalar(value, type=result_type), out)
+        return out
+
+    return evaluate
+
+
+def _prefix(node: exp.Left | exp.Substring, source_type: pa.DataType) -> Kernel | None:
+    import pyarrow.compute as pc
+
+    inner = _convert(node.this, source_type)
+    start: exp.Expr | None
+    length: exp.Expr | None
+    if isinstance(node, exp.Left):
+        start, length = exp.Literal.number(1), node.expression
+    else:
+        start, length = node.args.get("start"), node.args.get("length")
+    if inner is None or not isinstance(start, exp.Literal) or start.this != "1":
+        return None
+    if not isinstance(length, exp.Literal) or length.is_string or not str(length.this).isdigit():
+        return None
+    count = int(length.this)
+    if not 0 < count <= _INT32_MAX:
+        return None
+
+    def evaluate(values: Any) -> Any:
+        computed = inner(values)
+        if not _kind_matches(computed.type, ""):
+            raise _OutOfSubset
+        return pc.utf8_slice_codeunits(computed, 0, count)
+
+    return evaluate
+
+
+def evaluate(kernel: Kernel, values: pa.Array) -> pa.Array | None:
+    """The kernel's values over `values`, or None when a value falls outside the subset at run time."""
+    import pyarrow as pa
+
+    try:
+        result = kernel(values)
+    except (_OutOfSubset, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    if isinstance(result, pa.ChunkedArray):
+        result = result.combine_chunks()
+    return result
