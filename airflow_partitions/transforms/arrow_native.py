@@ -171,22 +171,29 @@ def _case(node: exp.Case, source_type: pa.DataType) -> Kernel | None:
     return evaluate
 
 
-def _prefix(node: exp.Left | exp.Substring, source_type: pa.DataType) -> Kernel | None:
-    import pyarrow.compute as pc
-
-    inner = _convert(node.this, source_type)
+def prefix_count(node: exp.Left | exp.Substring) -> int | None:
+    """n of `left(s, n)` / `substr(s, 1, n)` when both are literals and 0 < n < 2**31 (the first n code
+    points in every engine), else None: the one reading of a prefix form for Arrow and Spark."""
     start: exp.Expr | None
     length: exp.Expr | None
     if isinstance(node, exp.Left):
         start, length = exp.Literal.number(1), node.expression
     else:
         start, length = node.args.get("start"), node.args.get("length")
-    if inner is None or not isinstance(start, exp.Literal) or start.this != "1":
+    if not isinstance(start, exp.Literal) or start.this != "1":
         return None
     if not isinstance(length, exp.Literal) or length.is_string or not str(length.this).isdigit():
         return None
     count = int(length.this)
-    if not 0 < count <= _INT32_MAX:
+    return count if 0 < count <= _INT32_MAX else None
+
+
+def _prefix(node: exp.Left | exp.Substring, source_type: pa.DataType) -> Kernel | None:
+    import pyarrow.compute as pc
+
+    inner = _convert(node.this, source_type)
+    count = prefix_count(node)
+    if inner is None or count is None:
         return None
 
     def evaluate(values: Any) -> Any:

@@ -26,6 +26,7 @@ from sqlglot import exp
 
 from airflow_partitions.exceptions import PartitionExpressionError
 from airflow_partitions.transforms import arrow_support as support
+from airflow_partitions.transforms.arrow_native import prefix_count
 from airflow_partitions.transforms.base import Transform, decimal_from_unscaled
 from airflow_partitions.transforms.bucket import BucketTransform
 from airflow_partitions.transforms.expression import ExpressionTransform
@@ -455,17 +456,7 @@ def _native_case(node: exp.Case, convert: Any) -> Column | None:
 def _native_prefix(node: exp.Left | exp.Substring, convert: Any) -> Column | None:
     """`left(s, n)` / `substr(s, 1, n)` with n > 0: the first n code points in both engines."""
     inner = convert(node.this)
-    start: exp.Expr | None
-    length: exp.Expr | None
-    if isinstance(node, exp.Left):
-        start, length = exp.Literal.number(1), node.expression
-    else:
-        start, length = node.args.get("start"), node.args.get("length")
-    if inner is None or not isinstance(start, exp.Literal) or start.this != "1":
-        return None
-    if not isinstance(length, exp.Literal) or length.is_string or not str(length.this).isdigit():
-        return None
-    count = int(length.this)
-    if not 0 < count < _SPARK_INT_MAX:
+    count = prefix_count(node)
+    if inner is None or count is None:
         return None
     return F.substring(inner, 1, count)
