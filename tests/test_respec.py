@@ -206,6 +206,7 @@ def test_status_says_a_plain_refresh_rebuilds(respecced: Path, capsys: pytest.Ca
     assert report["catalog_partition_by"] == [["region", "region"]]
     assert report["partition_by_changed"] == {
         "rebuild": "airflow-partitions refresh SPEC events",
+        "repartition": "airflow-partitions repartition SPEC events",
         "partial_refresh": "refused",
         "message": report["partition_by_changed"]["message"],
     }

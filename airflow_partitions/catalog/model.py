@@ -17,7 +17,6 @@ from airflow_partitions.keys import PartitionKey
 from airflow_partitions.storage.base import SharedFileCompaction, VacuumedFile
 from airflow_partitions.storage.datafile import DataFile
 
-
 # Key paths of partitions written under a spec other than the catalog's current one carry this prefix and
 # their spec id (`@<spec_id>/region=EU`), so partitions of two layouts never share a key path even when
 # both specs name their fields alike (`expr0=3` under bucket[8] and under bucket[16]).

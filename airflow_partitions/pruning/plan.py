@@ -476,9 +476,7 @@ def plan_partitions(
         size = index.size
         partition_outcome = Outcome(np.ones(size, bool), np.zeros(size, bool), np.zeros(size, bool))
     else:
-        partition_outcome = evaluate_frame(
-            index, partition_frame, prepared, max_enumeration=max_enumeration
-        )
+        partition_outcome = evaluate_frame(index, partition_frame, prepared, max_enumeration=max_enumeration)
     file_frame: FileFrame | None = None
     file_outcome: Outcome | None = None
     if index.has_files:

@@ -186,7 +186,9 @@ def discover(
     respec = snapshot is not None and bool(existing) and _snapshot_spec_id(snapshot) not in (None, spec_id)
     # A re-partitioning in progress (partitions of an older spec left): a refresh of every partition
     # rebuilds them all under the current spec and ends it; a selection is refused like after a change.
-    migrating = snapshot is not None and not respec and bool(existing) and bool(snapshot.other_layout(spec_id)[0])
+    migrating = (
+        snapshot is not None and not respec and bool(existing) and bool(snapshot.other_layout(spec_id)[0])
+    )
     respec = respec or migrating
     selecting = partitions is not None or where_selector is not None
     if respec and selecting:

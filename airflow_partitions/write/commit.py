@@ -642,9 +642,7 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
             if target.snapshot.other_layout(target.spec_info.spec_id)[0]:
                 # A re-partitioning in progress: the old row of a key may still be in a partition of
                 # an older layout, where the new key does not route.
-                candidates += [
-                    p for p in target.snapshot.partitions.keys() if split_key_path(p)[0] is not None
-                ]
+                candidates += [p for p in target.snapshot.partitions if split_key_path(p)[0] is not None]
         else:
             candidates = list(target.snapshot.partitions.keys())
     bounds = key_bounds(incoming_keys, keys)
