@@ -159,6 +159,7 @@ def discover(
     full: bool = False,
     timeout_s: float | None = None,
     max_partitions: int | None = None,
+    layouts_checked: bool = False,
 ) -> RefreshPlan:
     """Discover the partitions of a bound `dataset` in `source` and diff them against `snapshot`.
 
@@ -189,6 +190,11 @@ def discover(
     migrating = (
         snapshot is not None and not respec and bool(existing) and bool(snapshot.other_layout(spec_id)[0])
     )
+    if migrating and layouts_checked:
+        # `pipeline.move_rows_of_selection` moved every old partition holding rows of the selection:
+        # the selected partitions are refreshed in the current layout, the old ones left as they are.
+        existing = {path: state for path, state in existing.items() if state[0] == spec_id}
+        migrating = False
     respec = respec or migrating
     selecting = partitions is not None or where_selector is not None
     if respec and selecting:

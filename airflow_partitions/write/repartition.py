@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog.model import split_key_path
 from airflow_partitions.exceptions import ConservationError, WriteError
 
 if TYPE_CHECKING:
@@ -113,11 +114,14 @@ def repartition(
     catalog: Catalog | None = None,
     s3_settings: SettingsLike | None = None,
     commit_id: str | None = None,
+    only: Collection[tuple[str, str]] | None = None,
 ) -> RepartitionReport:
     """Move one batch of partitions written under another spec into the dataset's current partition_by.
 
     Returns what moved and what is left; a dataset with nothing to move commits nothing. The first call
     after a `partition_by` change first commits the switch of the current spec (no row moves in it).
+    `only`: move exactly these old partitions, as `(spec id, plain key path)` (`old_partitions_holding`),
+    however many they are.
     """
     import pyarrow as pa
 
@@ -154,7 +158,11 @@ def repartition(
         snapshot = target.snapshot
     base_version = snapshot.version if snapshot is not None else None
     old = old_entries(snapshot, spec.spec_id) if snapshot is not None else []
-    batch = pick_batch(old, max_partitions, max_rows)
+    if only is not None:
+        wanted = set(only)
+        batch = [e for e in old if (e.spec_id, split_key_path(e.key_path)[1]) in wanted]
+    else:
+        batch = pick_batch(old, max_partitions, max_rows)
     rows_moved = sum(e.rows for e in batch)
     left = (len(old) - len(batch), sum(e.rows for e in old) - rows_moved)
 
@@ -233,6 +241,38 @@ def check_moved_rows(dataset: str, removed: int, read: int, added: Mapping[str, 
             else "rows read from the old files",
             hint="Re-partitioning would lose or duplicate rows; nothing was published.",
         )
+
+
+def old_partitions_holding(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    key_paths: Collection[str],
+    *,
+    catalog: Catalog | None = None,
+    s3_settings: SettingsLike | None = None,
+) -> list[tuple[str, str]]:
+    """The partitions of older specs holding a row that routes to one of `key_paths` (plain key paths of
+    the current partition_by), as `(spec id, plain key path)`. Exact: each old partition's source columns
+    of the current partition fields are read and routed (no other column is read)."""
+    from airflow_partitions.write.commit import open_write_target
+    from airflow_partitions.write.routing import route_to_paths
+
+    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    if target.snapshot is None or not key_paths:
+        return []
+    wanted = set(key_paths)
+    columns = sorted({t.source_column for t in target.transforms})
+    holding: list[tuple[str, str]] = []
+    for entry in old_entries(target.snapshot, target.spec_info.spec_id):
+        if not entry.rows:
+            continue
+        rows = target.storage.read(
+            target.root, target.local(entry.files), columns=columns, schema=target.schema
+        )
+        routed = route_to_paths(rows, target.transforms, target.names, dataset=dataset.name)
+        if wanted.intersection(routed):
+            holding.append((entry.spec_id, split_key_path(entry.key_path)[1]))
+    return holding
 
 
 def old_entries(snapshot: Any, spec_id: str) -> list[PartitionEntry]:
