@@ -170,15 +170,17 @@ def respec_status(
         "partition_by in the spec differs from the catalog's: spec "
         f"({partition_by_text([(n, c) for n, c in spec_fields])}), catalog "
         f"({partition_by_text([(n, c) for n, c in catalog_fields])}). A plain refresh (or refresh --full) "
-        "rebuilds every partition under the new partition_by in one atomic commit; refreshes of "
-        "selected partitions (--partitions, --where, backfill) are refused until then. Or revert "
-        "partition_by. Or move the partitions over batch by batch while reads and writes go on: "
-        f"`airflow-partitions repartition SPEC {dataset}`, run until no old partitions are left"
+        "rebuilds every partition under the new partition_by in one atomic commit; a refresh of "
+        "selected partitions (--partitions, --where) first moves the old partitions holding their rows "
+        "into the new layout (a backfill is refused until the rebuild). Or move the partitions over "
+        "batch by batch while reads and writes go on: "
+        f"`airflow-partitions repartition SPEC {dataset}`, run until no old partitions are left. Or "
+        "revert partition_by"
     )
     return {
         "rebuild": f"airflow-partitions refresh SPEC {dataset}",
         "repartition": f"airflow-partitions repartition SPEC {dataset}",
-        "partial_refresh": "refused",
+        "partial_refresh": "moves the old partitions holding its rows first",
         "message": message,
     }
 
