@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from matrix_support import SCHEMA, DuckDBOracle, FilterGenerator, hostile_chunks, multiset_difference
+from test_operators import StatsdListener, statsd  # noqa: F401 (the `statsd` fixture)
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.cli.main import main
@@ -356,3 +357,32 @@ def test_a_catalog_written_before_spec_versions_reads_as_one_layout(tmp_path: Pa
     assert list(snapshot.specs) == [snapshot.partition_spec.spec_id]
     assert snapshot.other_layout() == (0, 0)
     scenario.check("old catalog")
+
+
+def test_operator_moves_a_batch_and_sets_the_progress_gauges(
+    tmp_path: Path,
+    statsd: StatsdListener,  # noqa: F811 (the fixture imported above)
+) -> None:
+    from airflow_partitions.exceptions import OrchestrationError
+    from airflow_partitions.operators import RepartitionOperator
+
+    scenario = Scenario(tmp_path, 17, TRANSITIONS["identity-to-truncate"][0])
+    scenario.full_refresh()
+    scenario.set_partition_by(TRANSITIONS["identity-to-truncate"][1])
+    with pytest.raises(OrchestrationError, match="max_partitions"):
+        RepartitionOperator(task_id="bad", spec_path=scenario.spec, dataset="events", max_partitions=0)
+    spec_id = scenario.dataset().acceleration.partition_spec_id
+    left = scenario.snapshot().other_layout(spec_id)
+    operator = RepartitionOperator(
+        task_id="move", spec_path=scenario.spec, dataset="events", max_partitions=2
+    )
+    summary = operator.execute({})  # type: ignore[arg-type]
+    json.dumps(summary)  # XCom-safe
+    assert summary["moved_partitions"] == 2
+    after = scenario.snapshot().other_layout(spec_id)
+    assert summary["partitions_left"] == after[0] == left[0] - 2
+    gauge = "airflow.dataset_acceleration_repartition_partitions_left.events"
+    assert statsd.wait_for(gauge, 1) == [(float(after[0]), "g")]
+    rows_gauge = "airflow.dataset_acceleration_repartition_rows_left.events"
+    assert statsd.wait_for(rows_gauge, 1) == [(float(after[1]), "g")]
+    scenario.check("after the operator's batch")
