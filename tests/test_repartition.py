@@ -211,6 +211,11 @@ class Scenario:
         after = self.snapshot()
         assert after.total_rows == before.total_rows
 
+    def compact(self) -> None:
+        from airflow_partitions.refresh.compaction import compact_dataset
+
+        compact_dataset(self.project, self.dataset(), target_file_bytes=1 << 30)
+
     def vacuum(self) -> None:
         project = self.project
         open_catalog(project, project.dataset("events")).vacuum(retain_versions=1, grace=dt.timedelta(0))
@@ -235,6 +240,7 @@ def test_randomised_migration_keeps_every_row(tmp_path: Path, transition: str) -
         scenario.partial_refresh,
         scenario.partial_refresh,
         scenario.vacuum,
+        scenario.compact,
         scenario.batch,
     ]
     scenario.rng.shuffle(steps)
@@ -333,6 +339,18 @@ def test_status_and_cli_report_progress(tmp_path: Path, capsys: Any) -> None:
     assert main(["repartition", spec, "events", "--max-partitions", "0"]) == 2
     assert "max_partitions must be at least 1" in capsys.readouterr().err
     scenario.check("after the CLI migration")
+
+
+def test_verify_refuses_during_a_migration(tmp_path: Path) -> None:
+    from airflow_partitions.exceptions import RefreshError
+    from airflow_partitions.refresh.verify import verify_dataset
+
+    scenario = Scenario(tmp_path, 19, TRANSITIONS["bucket-8-to-16"][0])
+    scenario.full_refresh()
+    scenario.set_partition_by(TRANSITIONS["bucket-8-to-16"][1])
+    scenario.batch()
+    with pytest.raises(RefreshError, match="re-partitioning is in progress"):
+        verify_dataset(scenario.project, "events")
 
 
 def test_conservation_mismatch_is_a_typed_error() -> None:
