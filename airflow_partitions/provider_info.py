@@ -95,6 +95,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_partitions.operators.vacuum",
                     "airflow_partitions.operators.write",
                     "airflow_partitions.operators.verify",
+                    "airflow_partitions.operators.repartition",
                 ],
             }
         ],

@@ -44,6 +44,7 @@ BENCHMARKS = (
     "bench_limits",
     "bench_verify",
     "bench_page_overview",
+    "bench_repartition",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,14 +1,16 @@
-"""Re-partitioning: after a `partition_by` change only a rebuild of every partition may publish.
+"""Re-partitioning after a `partition_by` change, through the refresh paths.
 
-A partial refresh (`--partitions`, `--where`, a backfill, the DAG's `partitions` / `where` params) after a
-spec change would commit its few partitions with `replace_all` and drop the rest; it is refused with
-`PartitionSpecChangedError` that says how to re-partition, and the catalog is left as it was. A plain
-refresh rebuilds every partition in one commit. `status` says the same thing.
+A plain refresh rebuilds every partition under the new partition_by in one commit. A refresh of selected
+partitions (`--partitions`, `--where`, the DAG's `partitions` / `where` params) first makes the new
+partition_by the catalog's (one commit of renames) and moves the old partitions holding rows of the
+selection into the new layout (one commit), then refreshes the selection: no row is in two layouts or
+in none. A backfill is still refused with `PartitionSpecChangedError`. `status` says what to do.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.cli.main import main
-from airflow_partitions.exceptions import PartitionSpecChangedError, RefreshError
+from airflow_partitions.exceptions import RefreshError
 from airflow_partitions.refresh import Reason, RefreshPlan, plan_refresh
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem
 from airflow_partitions.spec import load_spec
@@ -100,6 +102,12 @@ def respecced(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return spec_path
 
 
+def copy_of(respecced: Path, tmp_path: Path) -> Path:
+    """A private copy of the re-specced project (spec, source and acceleration) for a test that commits."""
+    shutil.copytree(respecced.parent, tmp_path / "copy")
+    return tmp_path / "copy" / respecced.name
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize(
     "selection",
@@ -111,15 +119,24 @@ def respecced(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     ],
     ids=["partitions", "partitions-full", "where-column", "where-field"],
 )
-def test_partial_refresh_after_a_spec_change_is_refused(
-    respecced: Path, capsys: pytest.CaptureFixture[str], selection: list[str]
+def test_partial_refresh_after_a_spec_change_moves_the_old_rows_first(
+    respecced: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], selection: list[str]
 ) -> None:
-    before = catalog_state(respecced)
-    code, _, err = run_cli(capsys, "refresh", str(respecced), "events", *selection)
-    assert code != 0, "a partial refresh cannot re-partition"
-    assert "error:" in err
-    assert_respec_message(err)
-    assert catalog_state(respecced) == before, "the catalog is untouched: same version, all rows"
+    spec_path = copy_of(respecced, tmp_path)
+    version, _, _, old_spec = catalog_state(spec_path)
+    code, _, err = run_cli(capsys, "refresh", str(spec_path), "events", *selection)
+    assert code == 0, err
+    new_version, rows, _, spec_id = catalog_state(spec_path)
+    assert rows == ROWS, "every row is still there, each in one layout"
+    assert spec_id != old_spec, "the new partition_by is the catalog's"
+    # One commit makes the new partition_by the catalog's (renames only), one moves the old partitions
+    # holding rows of the selection, one refreshes the selection.
+    assert new_version == version + 3
+    project = load_spec(spec_path)
+    snapshot = open_catalog(project, project.dataset("events")).latest()
+    assert snapshot is not None
+    assert "expr0=5000" in snapshot.partitions
+    assert snapshot.partitions["expr0=5000"].rows == 1000
 
 
 @pytest.mark.spark
@@ -140,17 +157,21 @@ def test_backfill_after_a_spec_change_is_refused(
     assert catalog_state(respecced) == before
 
 
-def test_plan_refresh_raises_the_typed_error(respecced: Path) -> None:
-    project = load_spec(respecced)
-    with pytest.raises(PartitionSpecChangedError) as raised:
-        plan_refresh(project, "events", partitions=["expr0=5000"])
-    assert_respec_message(str(raised.value))
-    with pytest.raises(PartitionSpecChangedError):
-        plan_refresh(project, "events", where="id < 10")
-    full = plan_refresh(project, "events", full=True)
+def test_plan_refresh_of_a_selection_moves_the_old_partitions_first(respecced: Path, tmp_path: Path) -> None:
+    full = plan_refresh(load_spec(respecced), "events", full=True)
     assert full.replace_all
     assert len(full.items) == full.discovered == 100, "a rebuild plans every partition"
     assert {item.reason for item in full.items} == {Reason.RESPEC}
+    spec_path = copy_of(respecced, tmp_path)
+    project = load_spec(spec_path)
+    plan = plan_refresh(project, "events", partitions=["expr0=5000"])
+    assert not plan.replace_all
+    assert [item.key_path for item in plan.items] == ["expr0=5000"]
+    snapshot = open_catalog(project, project.dataset("events")).latest()
+    assert snapshot is not None
+    # Every region partition holds ids 5000..5999 (regions cycle): all four moved before the plan.
+    assert snapshot.other_layout() == (0, 0)
+    assert snapshot.total_rows == ROWS
 
 
 def test_a_replace_all_plan_cannot_hold_a_subset() -> None:
@@ -195,7 +216,8 @@ def test_status_says_a_plain_refresh_rebuilds(respecced: Path, capsys: pytest.Ca
     assert "WARNING: partition_by in the spec differs from the catalog's" in out
     assert "spec (expr0: truncate(1000, id)), catalog (region: region)" in out
     assert "A plain refresh (or refresh --full) rebuilds every partition" in out
-    assert "refreshes of selected partitions (--partitions, --where, backfill) are refused until then" in out
+    assert "first moves the old partitions holding their rows into the new layout" in out
+    assert "airflow-partitions repartition SPEC events" in out
     assert "fails until" not in out, "a plain refresh does not fail: it rebuilds"
 
     code, out, _ = run_cli(capsys, "status", str(respecced), "events", "--json")
@@ -206,7 +228,8 @@ def test_status_says_a_plain_refresh_rebuilds(respecced: Path, capsys: pytest.Ca
     assert report["catalog_partition_by"] == [["region", "region"]]
     assert report["partition_by_changed"] == {
         "rebuild": "airflow-partitions refresh SPEC events",
-        "partial_refresh": "refused",
+        "repartition": "airflow-partitions repartition SPEC events",
+        "partial_refresh": "moves the old partitions holding its rows first",
         "message": report["partition_by_changed"]["message"],
     }
     assert "rebuilds every partition" in report["partition_by_changed"]["message"]
@@ -237,13 +260,13 @@ def test_plain_refresh_rebuilds_every_row_under_the_new_spec(
     assert catalog_state(respecced)[1] == ROWS
 
 
-# --- the DAG's discover task refuses the same way --------------------------------------------------
+# --- the DAG's discover task moves the old rows the same way ---------------------------------------
 
 
 @pytest.mark.spark
 @pytest.mark.airflow
 @pytest.mark.slow
-def test_dag_run_with_partitions_or_where_fails_after_a_spec_change(
+def test_dag_run_with_partitions_or_where_moves_old_rows_after_a_spec_change(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     from airflow_e2e.metadata_db import in_process_metadata_db
@@ -263,14 +286,10 @@ def test_dag_run_with_partitions_or_where_fails_after_a_spec_change(
     with in_process_metadata_db(str(dags_dir)):
         dag = build_refresh_dags(str(spec_path))["refresh_events"]
         for conf in ({"partitions": ["expr0=1000"]}, {"where": "id < 1500"}):
-            caplog.clear()
             run = dag.test(run_conf={**RefreshRunConf().to_conf(), **conf})
             states = {ti.task_id: str(ti.state) for ti in run.get_task_instances() if ti.map_index == -1}
-            assert str(run.state) == "failed", (conf, states)
-            assert states["discover"] == "failed", states
-            assert states["commit"] != "success", states
-            captured = capsys.readouterr()  # dag.test() logs the task's exception to stdout
-            logged = caplog.text + captured.out + captured.err
-            assert "PartitionSpecChangedError" in logged
-            assert_respec_message(logged)
-            assert catalog_state(spec_path) == before, f"{conf}: the catalog is untouched"
+            assert str(run.state) == "success", (conf, states)
+            version, rows, _, spec_id = catalog_state(spec_path)
+            assert rows == 2_000, f"{conf}: every row, each in one layout"
+            assert spec_id != before[3], "the new partition_by is the catalog's"
+            assert version > before[0]

@@ -14,6 +14,8 @@ from airflow_partitions.catalog.model import (
     VacuumReport,
     VersionInfo,
     WrittenBy,
+    qualified_key_path,
+    split_key_path,
 )
 from airflow_partitions.catalog.open import (
     catalog_location,
@@ -47,4 +49,6 @@ __all__ = [
     "needs_s3_settings",
     "open_catalog",
     "partition_spec_info",
+    "qualified_key_path",
+    "split_key_path",
 ]

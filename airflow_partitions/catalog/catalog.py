@@ -57,6 +57,8 @@ from airflow_partitions.catalog.model import (
     PartitionSpecInfo,
     VacuumReport,
     VersionInfo,
+    qualified_key_path,
+    split_key_path,
 )
 from airflow_partitions.catalog.state import (
     CommitRecord,
@@ -536,6 +538,7 @@ class Catalog:
             changes_since_checkpoint=(base.changes_since_checkpoint if base is not None else 0) + changed,
             record_digest=last.digest,
             commit_ids=remember_commit_ids(base.commit_ids if base is not None else {}, records),
+            other_specs=last.other_specs,
         )
 
     def _check_chain(self, previous: str | None, records: Sequence[CommitRecord]) -> None:
@@ -564,6 +567,7 @@ class Catalog:
         commit_id: str | None = None,
         conservation: Mapping[str, Any] | None = None,
         check_intervening: Callable[[CommitRecord], None] | None = None,
+        evolve: bool = False,
     ) -> int:
         """Publish `upserts` and `removes` atomically as a new version based on `base_version`; its number.
 
@@ -585,14 +589,24 @@ class Catalog:
         keys now held by a partition it does not touch.
         With `check_files`, files the base does not reference must exist,
         else `CommitFilesMissingError` and nothing is published.
+        `evolve=True` lets the commit change the current partition spec while partitions of the base's
+        specs stay (a re-partitioning step, `evolution_changes`): like `replace_all` it must be based on
+        the newest version. Entries of a spec other than `partition_spec` carry qualified key paths.
         """
-        self._validate_commit(upserts, removes, partition_spec, replace_all)
         token = commit_id if commit_id is not None else uuid.uuid4().hex
         base = self._load(base_version) if base_version else None
         base_number = base_version or 0
+        known = dict(base.specs) if base is not None and not replace_all else {}
+        known.pop(partition_spec.spec_id, None)
+        self._validate_commit(upserts, removes, partition_spec, replace_all, known)
         if commit_id is not None and base is not None and commit_id in base.commit_ids:
             return base.commit_ids[commit_id]  # published by an earlier attempt, before this base
-        self._check_spec(base, partition_spec, replace_all)
+        if not evolve:
+            self._check_spec(base, partition_spec, replace_all)
+        in_use = ({e.spec_id for e in upserts}) | (
+            base.spec_ids_in_use() if base is not None and not replace_all else set()
+        )
+        other_specs = tuple(spec for spec_id, spec in known.items() if spec_id in in_use)
         if base is not None and not replace_all:
             missing = [key_path for key_path in removes if key_path not in base.partitions]
             if missing:
@@ -632,7 +646,9 @@ class Catalog:
                         # This commit, published by an earlier call with the caller's commit_id, or by
                         # an attempt of this call whose response was lost (see `_publish`).
                         return record.version
-                    self._check_concurrent(record, touched, base_number, partition_spec, replace_all)
+                    self._check_concurrent(
+                        record, touched, base_number, partition_spec, replace_all or evolve
+                    )
                     if check_intervening is not None:
                         check_intervening(record)
                 intervening.extend(newer)
@@ -653,6 +669,7 @@ class Catalog:
                 removes=tuple(removes),
                 conservation=conservation,
                 parent_digest=parent_digest,
+                other_specs=other_specs,
             ).seal()
             if self._publish(record, data):
                 self._contended = attempt > 0
@@ -746,20 +763,27 @@ class Catalog:
         removes: Sequence[str],
         partition_spec: PartitionSpecInfo,
         replace_all: bool,
+        other_specs: Mapping[str, PartitionSpecInfo],
     ) -> None:
-        names = partition_spec.names
         seen: set[str] = set()
         for entry in upserts:
             if entry.key_path in seen:
                 raise CatalogError(f"partition {entry.key_path!r} appears twice in one commit")
             seen.add(entry.key_path)
+            names = partition_spec.names
             if entry.spec_id != partition_spec.spec_id:
-                raise CatalogError(
-                    f"partition {entry.key_path!r} was written under partition spec {entry.spec_id!r} but "
-                    f"is committed under {partition_spec.spec_id!r}; refresh it under the current spec"
-                )
+                other = other_specs.get(entry.spec_id)
+                if other is None:
+                    raise CatalogError(
+                        f"partition {entry.key_path!r} was written under partition spec {entry.spec_id!r} "
+                        f"but is committed under {partition_spec.spec_id!r}; refresh it under the current "
+                        "spec"
+                    )
+                names = other.names
             try:
                 expected = entry.key.path(names)
+                if entry.spec_id != partition_spec.spec_id:
+                    expected = qualified_key_path(entry.spec_id, expected)
             except PartitionValueError as err:
                 raise CatalogError(f"partition {entry.key_path!r}: {err}") from err
             if entry.key_path != expected:
@@ -774,6 +798,35 @@ class Catalog:
             raise CatalogError("a partition is removed twice in one commit")
         if replace_all and removes:
             raise CatalogError("replace_all commits the whole partition set: pass no removes")
+
+    @staticmethod
+    def evolution_changes(
+        base: Snapshot, spec: PartitionSpecInfo, *, leave: Collection[str] = ()
+    ) -> tuple[list[PartitionEntry], list[str]]:
+        """The renames that make `spec` current over `base` (commit them with `evolve=True`): every entry
+        of another spec under a plain key path moves to its qualified one, and every entry of `spec` under a
+        qualified path back to its plain one (a cancelled re-partitioning). Entries in `leave` (key paths
+        of `base` the caller removes in the same commit) are not renamed."""
+        if base.partition_spec.spec_id == spec.spec_id:
+            return [], []
+        upserts: list[PartitionEntry] = []
+        removes: list[str] = []
+        table = base.table
+        spec_ids = table.column("spec_id").to_pylist()
+        paths = table.column("key_path").to_pylist()
+        moving = [
+            path
+            for path, spec_id in zip(paths, spec_ids, strict=True)
+            if path not in leave and (split_key_path(path)[0] is None) != (spec_id == spec.spec_id)
+        ]
+        for entry in base.partitions.entries_of(moving):
+            _, plain = split_key_path(entry.key_path)
+            renamed = plain if entry.spec_id == spec.spec_id else qualified_key_path(entry.spec_id, plain)
+            upserts.append(replace(entry, key_path=renamed))
+            removes.append(entry.key_path)
+        # A plain path handed from one spec's partition to another's is replaced, not removed.
+        taken = {entry.key_path for entry in upserts}
+        return upserts, [path for path in removes if path not in taken]
 
     def _check_spec(self, base: Snapshot | None, spec: PartitionSpecInfo, replace_all: bool) -> None:
         if base is None or replace_all or base.partition_spec.spec_id == spec.spec_id:

@@ -17,6 +17,33 @@ from airflow_partitions.keys import PartitionKey
 from airflow_partitions.storage.base import SharedFileCompaction, VacuumedFile
 from airflow_partitions.storage.datafile import DataFile
 
+# Key paths of partitions written under a spec other than the catalog's current one carry this prefix and
+# their spec id (`@<spec_id>/region=EU`), so partitions of two layouts never share a key path even when
+# both specs name their fields alike (`expr0=3` under bucket[8] and under bucket[16]).
+SPEC_PATH_PREFIX = "@"
+
+
+def qualified_key_path(spec_id: str, key_path: str) -> str:
+    """The key path of a partition of spec `spec_id` while another spec is current."""
+    return f"{SPEC_PATH_PREFIX}{spec_id}/{key_path}"
+
+
+def split_key_path(key_path: str) -> tuple[str | None, str]:
+    """`(spec id, plain key path)` of a qualified key path; `(None, key_path)` of a plain one."""
+    if key_path.startswith(SPEC_PATH_PREFIX):
+        spec_id, _, plain = key_path[len(SPEC_PATH_PREFIX) :].partition("/")
+        return spec_id, plain
+    return None, key_path
+
+
+def file_key_path(key_path: str) -> str:
+    """Where a partition's new files go (`spec=<id>/...` for a partition of another spec): a key path
+    of `name=value` components, as storage engines lay out directories."""
+    spec_id, plain = split_key_path(key_path)
+    if spec_id is None:
+        return key_path
+    return f"spec={spec_id}/{plain}" if plain else f"spec={spec_id}"
+
 
 class PartitionFieldInfo(NamedTuple):
     """One partition field as the catalog records it: its name, canonical transform and value kind."""

@@ -98,6 +98,9 @@ class CommitRecord:
     # The digest chain (see the module docstring); both None in records written before it existed.
     parent_digest: str | None = None
     digest: str | None = None
+    # Specs other than `partition_spec` whose partitions the version still holds (a re-partitioning in
+    # progress); absent from records of a single layout and of older releases.
+    other_specs: tuple[PartitionSpecInfo, ...] = ()
 
     @property
     def touched(self) -> set[str]:
@@ -115,6 +118,7 @@ class CommitRecord:
             "base_version": self.base_version,
             "summary": dict(self.summary),
             **({"conservation": dict(self.conservation)} if self.conservation is not None else {}),
+            **({"other_specs": [s.to_json() for s in self.other_specs]} if self.other_specs else {}),
             "parent_digest": self.parent_digest,
         }
 
@@ -181,6 +185,7 @@ class CommitRecord:
             conservation=header.get("conservation"),
             parent_digest=header.get("parent_digest"),
             digest=header.get(DIGEST_KEY),
+            other_specs=tuple(PartitionSpecInfo.from_json(s) for s in header.get("other_specs", ())),
         )
 
 
@@ -337,6 +342,7 @@ def encode_checkpoint(snapshot: Snapshot, *, compression: str | None = CHECKPOIN
         # commit ids (retries are recognised across the checkpoint). Older checkpoints have neither.
         "record_digest": snapshot.record_digest,
         "commit_ids": [[commit_id, version] for commit_id, version in snapshot.commit_ids.items()],
+        **({"other_specs": [s.to_json() for s in snapshot.other_specs]} if snapshot.other_specs else {}),
     }
     table = snapshot.table
     schema = table.schema.with_metadata({CHECKPOINT_METADATA_KEY: dumps(metadata).encode()})
@@ -375,6 +381,7 @@ def decode_checkpoint(source: Any, *, where: str) -> Snapshot:
         changes_since_checkpoint=0,
         record_digest=metadata.get("record_digest"),
         commit_ids={str(commit_id): int(number) for commit_id, number in metadata.get("commit_ids", [])},
+        other_specs=tuple(PartitionSpecInfo.from_json(s) for s in metadata.get("other_specs", ())),
     )
 
 
@@ -560,7 +567,37 @@ class Snapshot:
     record_digest: str | None = None
     # Commit id -> version of the newest `RECENT_COMMIT_IDS` commits up to this version.
     commit_ids: Mapping[str, int] = field(default_factory=dict, repr=False)
+    # Specs other than `partition_spec` that partitions of this version may be written under (a
+    # re-partitioning in progress); each such partition's key path is qualified (`model.qualified_key_path`).
+    other_specs: tuple[PartitionSpecInfo, ...] = ()
     _keys: dict[str, PartitionKey] = field(default_factory=dict, repr=False)
+
+    @property
+    def specs(self) -> dict[str, PartitionSpecInfo]:
+        """Spec id -> spec of every layout this version may hold, the current one first."""
+        specs = {self.partition_spec.spec_id: self.partition_spec}
+        for other in self.other_specs:
+            specs.setdefault(other.spec_id, other)
+        return specs
+
+    def spec_ids_in_use(self) -> set[str]:
+        """The spec ids its partitions are written under (an empty version: none)."""
+        import pyarrow.compute as pc
+
+        if not self.partition_count:
+            return set()
+        return {str(v) for v in pc.unique(self.table.column("spec_id")).to_pylist()}
+
+    def other_layout(self, spec_id: str | None = None) -> tuple[int, int]:
+        """(partitions, rows) written under a spec other than `spec_id` (default: the current spec)."""
+        import pyarrow.compute as pc
+
+        if not self.partition_count:
+            return 0, 0
+        current = spec_id or self.partition_spec.spec_id
+        mask = pc.not_equal(self.table.column("spec_id"), current)
+        rows = pc.sum(pc.if_else(mask, self.table.column("rows"), 0)).as_py() or 0
+        return int(pc.sum(mask.cast("int64")).as_py() or 0), int(rows)
 
     @property
     def table(self) -> pa.Table:

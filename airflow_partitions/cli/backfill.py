@@ -272,10 +272,13 @@ def resolve_selection(
     from airflow_partitions.dag_factory import refresh_dag_id
     from airflow_partitions.refresh.pipeline import plan_refresh
 
+    if (where is not None or partitions is not None) and _layouts_differ(spec_path, dataset):
+        # Before planning: a selection's plan would start moving old partitions into the new layout.
+        raise _respec_refusal(spec_path, dataset)
     plan = plan_refresh(spec_path, dataset, where=where, partitions=partitions, full=True)
     if plan.replace_all:
-        # partition_by changed (a selection was already refused by discovery). The run conf names its
-        # partitions, which the DAG's discovery refuses as a partial re-partition: say so now, not mid-run.
+        # partition_by changed, or a re-partitioning is in progress. The run conf names its partitions:
+        # a backfill is refused until the rebuild (or the batches) finish; say so now, not mid-run.
         raise _respec_refusal(spec_path, plan.dataset)
     selected = tuple(item.key_path for item in plan.items)
     return BackfillSelection(
@@ -287,6 +290,17 @@ def resolve_selection(
         discovered=plan.discovered,
         snapshot=snapshot,
     )
+
+
+def _layouts_differ(spec_path: str, dataset: str) -> bool:
+    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.refresh.pipeline import layouts_differ
+    from airflow_partitions.spec import load_spec
+
+    project = load_spec(spec_path)
+    spec = project.dataset(dataset)
+    snapshot = open_dataset_catalog(project, spec).latest()
+    return snapshot is not None and layouts_differ(snapshot, spec)
 
 
 def _respec_refusal(spec_path: str, dataset: str) -> Exception:

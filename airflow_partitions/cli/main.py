@@ -28,6 +28,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "verify",
     "tag",
     "advise",
+    "repartition",
 )
 
 

@@ -109,6 +109,10 @@ def dataset_status(
         report["partition_by_changed"] = respec_status(
             dataset.name, report["catalog_partition_by"], report["spec_partition_by"]
         )
+    from airflow_partitions.write.repartition import layout_progress
+
+    # Partitions (and rows) still under another partition_by than the spec's: a re-partitioning to do.
+    report["repartition"] = layout_progress(snapshot, acceleration.partition_spec_id)
     if partitions:
         report.update(partition_report(project, dataset, catalog=catalog))
         marks = _watermarks(snapshot, acceleration.refresh.watermark_column) if snapshot is not None else {}
@@ -196,13 +200,17 @@ def respec_status(
         "partition_by in the spec differs from the catalog's: spec "
         f"({partition_by_text([(n, c) for n, c in spec_fields])}), catalog "
         f"({partition_by_text([(n, c) for n, c in catalog_fields])}). A plain refresh (or refresh --full) "
-        "rebuilds every partition under the new partition_by in one atomic commit; refreshes of "
-        "selected partitions (--partitions, --where, backfill) are refused until then. Or revert "
-        "partition_by"
+        "rebuilds every partition under the new partition_by in one atomic commit; a refresh of "
+        "selected partitions (--partitions, --where) first moves the old partitions holding their rows "
+        "into the new layout (a backfill is refused until the rebuild). Or move the partitions over "
+        "batch by batch while reads and writes go on: "
+        f"`airflow-partitions repartition SPEC {dataset}`, run until no old partitions are left. Or "
+        "revert partition_by"
     )
     return {
         "rebuild": f"airflow-partitions refresh SPEC {dataset}",
-        "partial_refresh": "refused",
+        "repartition": f"airflow-partitions repartition SPEC {dataset}",
+        "partial_refresh": "moves the old partitions holding its rows first",
         "message": message,
     }
 
@@ -255,6 +263,15 @@ def render_status(report: dict[str, Any]) -> str:
         )
     if "partition_by_changed" in report:
         lines.append(f"  WARNING: {report['partition_by_changed']['message']}")
+    progress = report.get("repartition")
+    if progress and progress["in_progress"]:
+        done = progress["total_rows"] - progress["rows_left"]
+        share = 100.0 * done / progress["total_rows"] if progress["total_rows"] else 100.0
+        lines.append(
+            f"  repartition   {progress['partitions_left']:,} partition(s), {progress['rows_left']:,} rows "
+            f"left under older partition_by ({share:.1f}% of rows moved; specs in use: "
+            f"{', '.join(progress['specs_in_use'])})"
+        )
     lines.append("  recent versions:")
     for info in reversed(report["recent_versions"]):
         what = "replaced all partitions" if info["replace_all"] else f"{info['partitions_changed']} changed"

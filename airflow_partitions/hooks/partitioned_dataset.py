@@ -213,7 +213,10 @@ class PartitionedDatasetHook(BaseHook):
         reader = self.reader
         snapshot = reader.snapshot(version, tag=self._tag(version, None))
         names = snapshot.partition_spec.names
-        keys = [entry.key.values for entry in snapshot.partitions.values()]
+        # Keys name partitions of the current partition_by (a run's asset events do); partitions of an older
+        # layout, left by a re-partitioning in progress, are named by no such key.
+        current = snapshot.partition_spec.spec_id
+        keys = [entry.key.values for entry in snapshot.partitions.values() if entry.spec_id == current]
         chosen, unknown = select_keys(names, keys, list(partitions))
         if unknown:
             sample = ", ".join(partition_label(names, PartitionKey(key)) for key in keys[:3])

@@ -1,5 +1,5 @@
 """Airflow operators of a partitioned refresh: discover, stage, refresh, snapshot, commit, vacuum, compact;
-writes; verify."""
+writes; verify; repartition."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from airflow_partitions.operators.commit import PartitionCommitOperator
 from airflow_partitions.operators.compact import CompactOperator
 from airflow_partitions.operators.discovery import PartitionDiscoveryOperator
 from airflow_partitions.operators.refresh import SparkPartitionRefreshOperator, SparkStageOperator
+from airflow_partitions.operators.repartition import RepartitionOperator
 from airflow_partitions.operators.snapshots import (
     SnapshotBootstrapOperator,
     SnapshotPublishOperator,
@@ -22,6 +23,7 @@ __all__ = [
     "PartitionCommitOperator",
     "PartitionDiscoveryOperator",
     "PartitionedDatasetWriteOperator",
+    "RepartitionOperator",
     "SnapshotBootstrapOperator",
     "SnapshotPublishOperator",
     "SnapshotUploadOperator",

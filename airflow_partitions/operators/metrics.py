@@ -18,6 +18,9 @@ plain StatsD, which has no tags, still tells datasets apart; backends with tags 
   dataset's `freshness` SLA (when the spec declares one), set by every discovery
 - `dataset_acceleration_refresh_stage_duration.<dataset>` timer (ms) and
   `dataset_acceleration_refresh_stage_rows.<dataset>` counter: the shared Spark stage
+- `dataset_acceleration_repartition_partitions_left.<dataset>` and
+  `dataset_acceleration_repartition_rows_left.<dataset>` gauges: partitions (rows) still under an older
+  `partition_by`, after each `RepartitionOperator` run (0 when none is left)
 - `dataset_acceleration_refresh_cdc_lag_bytes.<dataset>` gauge: WAL bytes written since the position a
   change data capture dataset's replication slot confirmed, after each commit (`cdc status` shows it too)
 """
@@ -47,6 +50,8 @@ FUTURE_ROWS = f"{METRIC_PREFIX}_future_rows"
 TO_REFRESH = "dataset_acceleration_partitions_to_refresh"
 STALE = "dataset_acceleration_stale_partitions"
 FRESHNESS_OVERDUE = "dataset_acceleration_freshness_overdue"
+REPARTITION_PARTITIONS_LEFT = "dataset_acceleration_repartition_partitions_left"
+REPARTITION_ROWS_LEFT = "dataset_acceleration_repartition_rows_left"
 
 
 class Outcome(StrEnum):
@@ -106,3 +111,11 @@ def record_discovery(dataset: str, *, to_refresh: int | None, stale: int | None,
     for metric, value in ((TO_REFRESH, to_refresh), (STALE, stale), (FRESHNESS_OVERDUE, overdue)):
         if value is not None:
             stats.gauge(metric_name(metric, dataset), value, tags=tags)
+
+
+def record_repartition(dataset: str, *, partitions_left: int, rows_left: int) -> None:
+    """Gauges of a re-partitioning's progress: partitions and rows still under an older partition_by."""
+    stats = _stats()
+    tags = {"dataset": dataset}
+    stats.gauge(metric_name(REPARTITION_PARTITIONS_LEFT, dataset), partitions_left, tags=tags)
+    stats.gauge(metric_name(REPARTITION_ROWS_LEFT, dataset), rows_left, tags=tags)

@@ -360,6 +360,13 @@ function renderSummary(report) {
       "verified " + verified.result + " at " + formatTime(verified.verified_at)
       + " (version " + verified.version + ")"));
   }
+  const moving = report.repartition;
+  if (moving && moving.in_progress) {
+    summary.appendChild(el("span", {class: "badge", "data-repartition-left": String(moving.partitions_left),
+      title: "Partitions written under an older partition_by; `airflow-partitions repartition` moves them"},
+      "re-partitioning: " + moving.partitions_left + " partition(s), " + moving.rows_left
+      + " rows left"));
+  }
 }
 
 function renderBlocked(report) {

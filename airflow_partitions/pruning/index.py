@@ -134,6 +134,15 @@ def _key_array(raw: list[Any], kind: pa.DataType) -> pa.Array:
     return pa.array([_decode_key_value(value) for value in raw], type=kind)
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The partitions of one spec in an index of several: the spec's id, field names and bound fields."""
+
+    spec_id: str
+    names: tuple[str, ...]
+    fields: tuple[BoundField, ...]
+
+
 class PartitionIndex:
     """Pruning's view of some partitions: `size` partitions in order, values per field, lazy files.
 
@@ -159,6 +168,8 @@ class PartitionIndex:
         file_texts: Callable[[], list[str]] | None = None,
         files: Sequence[tuple[DataFile, ...]] | None = None,
         field_columns: bool = False,
+        layouts: Sequence[Layout] | None = None,
+        layout_of: npt.NDArray[np.int64] | None = None,
     ) -> None:
         self.schema = schema
         self.names = tuple(names)
@@ -168,9 +179,25 @@ class PartitionIndex:
         self.version = version  # of the catalog or published snapshot; None for keys alone
         self.origin = origin  # what the partitions are, for messages: "catalog version 7"
         self._raw_keys = keys
+        # Several partition specs (a re-partitioning in progress): each partition is judged by the fields
+        # of its own layout; `layout_of[p]` is the position of partition p's layout in `layouts`.
+        self.layouts: tuple[Layout, ...] | None = tuple(layouts) if layouts else None
+        self.layout_of = layout_of
         self.values: dict[str, pa.Array] = {}
+        owner: dict[str, int] = {}
+        if self.layouts is not None:
+            fields = [f for layout in self.layouts for f in layout.fields]
+            owner = {f.name: number for number, layout in enumerate(self.layouts) for f in layout.fields}
         for field in fields:
-            raw = [key[field.position] if field.position < len(key) else None for key in keys]
+            if field.name in owner:
+                assert layout_of is not None
+                mine = (layout_of == owner[field.name]).tolist()
+                raw = [
+                    key[field.position] if own and field.position < len(key) else None
+                    for key, own in zip(keys, mine, strict=True)
+                ]
+            else:
+                raw = [key[field.position] if field.position < len(key) else None for key in keys]
             try:
                 self.values[field.name] = _key_array(raw, field.transform.result_type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError) as err:
@@ -190,13 +217,40 @@ class PartitionIndex:
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot, schema: pa.Schema) -> PartitionIndex:
-        """The index of a catalog version, with its recorded partition fields bound to `schema`."""
+        """The index of a catalog version, with its recorded partition fields bound to `schema`.
+
+        A version holding partitions of several specs (a re-partitioning in progress) gets one `Layout`
+        per spec: each partition is pruned with the expressions it was written under.
+        """
         table = snapshot.table
         keys_text = table.column("key").to_pylist()
+        layouts: list[Layout] = []
+        layout_of: npt.NDArray[np.int64] | None = None
+        specs = snapshot.specs
+        if len(specs) > 1 and len(in_use := snapshot.spec_ids_in_use()) > 1:
+            spec_ids = table.column("spec_id").to_pylist()
+            order = [spec_id for spec_id in specs if spec_id in in_use]
+            missing = in_use - set(order)
+            if missing:
+                raise CatalogError(
+                    f"catalog version {snapshot.version} holds partitions of spec(s) {sorted(missing)} it "
+                    "records no fields for"
+                )
+            number = {spec_id: n for n, spec_id in enumerate(order)}
+            layout_of = np.fromiter((number[s] for s in spec_ids), dtype=np.int64, count=len(spec_ids))
+            for spec_id in order:
+                spec = specs[spec_id]
+                bound = bind_fields(_recorded(spec), schema)
+                if spec_id != snapshot.partition_spec.spec_id:
+                    # Field names of two specs may coincide (`expr0`): their value arrays are kept apart.
+                    bound = tuple(BoundField(f"{f.name}@{spec_id}", f.position, f.transform) for f in bound)
+                layouts.append(Layout(spec_id, spec.names, bound))
         return cls(
             schema=schema,
             fields=bind_fields(_recorded(snapshot.partition_spec), schema),
             names=snapshot.partition_spec.names,
+            layouts=layouts,
+            layout_of=layout_of,
             key_paths=table.column("key_path").to_pylist(),
             keys=json.loads("[" + ",".join(keys_text) + "]") if keys_text else [],
             rows=_int_column(table, "rows"),
@@ -252,6 +306,12 @@ class PartitionIndex:
             field_columns=True,
         )
 
+    def spec_id(self, partition: int) -> str | None:
+        """The spec a partition was written under, when the index holds several (else None)."""
+        if self.layouts is None or self.layout_of is None:
+            return None
+        return self.layouts[int(self.layout_of[partition])].spec_id
+
     def key_values(self, partition: int) -> list[Any]:
         """The decoded key of one partition, one value per partition field."""
         return [_decode_key_value(value) for value in self._raw_keys[partition]]
@@ -259,7 +319,10 @@ class PartitionIndex:
     def describe_key(self, partition: int) -> str:
         """`name=value, ...` of one partition, NULL spelled out."""
         parts = []
-        for name, value in zip(self.names, self.key_values(partition), strict=False):
+        names = self.names
+        if self.layouts is not None and self.layout_of is not None:
+            names = self.layouts[int(self.layout_of[partition])].names
+        for name, value in zip(names, self.key_values(partition), strict=False):
             parts.append(f"{name}={'NULL' if value is None else _show(value)}")
         return ", ".join(parts)
 
@@ -428,6 +491,7 @@ __all__ = [
     "BoundField",
     "ColumnStatsArrays",
     "FileFrame",
+    "Layout",
     "PartitionFrame",
     "PartitionIndex",
     "bind_fields",

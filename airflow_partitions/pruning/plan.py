@@ -304,6 +304,7 @@ class PrunePlan:
             "selected_partitions": [
                 {
                     "key_path": p.key_path,
+                    **({"spec_id": spec_id} if (spec_id := self.index.spec_id(p.position)) else {}),
                     "exact": p.exact,
                     "files": [f.path for f in p.files],
                     "rows": p.rows,
@@ -373,20 +374,15 @@ class _Explainer:
         return decisions
 
     def _partition_masks(self, item: Predicate) -> npt.NDArray[np.bool_]:
-        evaluator = Evaluator(
-            self.index.fields, PartitionFrame(self.index), max_enumeration=self.plan._max_enumeration
-        )
-        return evaluator.evaluate(item).true
+        return evaluate_frame(
+            self.index, PartitionFrame(self.index), item, max_enumeration=self.plan._max_enumeration
+        ).true
 
     def _file_masks(self, item: Predicate) -> npt.NDArray[np.bool_] | None:
         frame = self.plan._file_frame
         if frame is None:
             return None
-        return (
-            Evaluator(self.index.fields, frame, max_enumeration=self.plan._max_enumeration)
-            .evaluate(item)
-            .true
-        )
+        return evaluate_frame(self.index, frame, item, max_enumeration=self.plan._max_enumeration).true
 
     def _kept_reason(
         self, chosen: SelectedPartition, kept_files: int, total_files: int, by_index: int
@@ -473,6 +469,33 @@ class _Explainer:
         return "; ".join(parts) if parts else "no row can match"
 
 
+def evaluate_frame(
+    index: PartitionIndex,
+    frame: PartitionFrame | FileFrame,
+    predicate: Predicate,
+    *,
+    max_enumeration: int,
+) -> Outcome:
+    """Judge `predicate` on every row of `frame`; each partition with the fields of its own layout."""
+    if index.layouts is None or index.layout_of is None:
+        return Evaluator(index.fields, frame, max_enumeration=max_enumeration).evaluate(predicate)
+    if isinstance(frame, FileFrame):
+        layout_of_row = index.layout_of[frame.partition_of_row]
+    else:
+        layout_of_row = index.layout_of
+    size = frame.size
+    true, false, null = np.zeros(size, bool), np.zeros(size, bool), np.zeros(size, bool)
+    for number, layout in enumerate(index.layouts):
+        rows = layout_of_row == number
+        if not rows.any():
+            continue
+        outcome = Evaluator(layout.fields, frame, max_enumeration=max_enumeration).evaluate(predicate)
+        true[rows] = np.asarray(outcome.true)[rows]
+        false[rows] = np.asarray(outcome.false)[rows]
+        null[rows] = np.asarray(outcome.null)[rows]
+    return Outcome(true, false, null)
+
+
 def _fields_on(fields: Sequence[BoundField], column: str) -> list[BoundField]:
     return [f for f in fields if f.column == column]
 
@@ -500,9 +523,7 @@ def plan_partitions(
         size = index.size
         partition_outcome = Outcome(np.ones(size, bool), np.zeros(size, bool), np.zeros(size, bool))
     else:
-        partition_outcome = Evaluator(
-            index.fields, partition_frame, max_enumeration=max_enumeration
-        ).evaluate(prepared)
+        partition_outcome = evaluate_frame(index, partition_frame, prepared, max_enumeration=max_enumeration)
     file_frame: FileFrame | None = None
     file_outcome: Outcome | None = None
     index_skipped: npt.NDArray[np.bool_] | None = None
@@ -513,9 +534,7 @@ def plan_partitions(
             size = file_frame.size
             file_outcome = Outcome(np.ones(size, bool), np.zeros(size, bool), np.zeros(size, bool))
         else:
-            file_outcome = Evaluator(index.fields, file_frame, max_enumeration=max_enumeration).evaluate(
-                prepared
-            )
+            file_outcome = evaluate_frame(index, file_frame, prepared, max_enumeration=max_enumeration)
             # Zero-row files hold nothing to read, whatever the filter says.
             file_outcome = Outcome(
                 file_outcome.true & (file_frame.rows > 0), file_outcome.false, file_outcome.null

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog.model import file_key_path
 from airflow_partitions.exceptions import CompactionError, ConservationError
 from airflow_partitions.refresh.commit import dataset_data_root, open_dataset_catalog
 from airflow_partitions.storage.integrity import check_files
@@ -226,7 +227,9 @@ def run_compaction(
             check_files(storage, root, item.merged, dataset=dataset.name)
             table = storage.read(root, item.merged)
             writer = _writer(dataset, storage, table.num_rows, sum(f.bytes for f in item.merged), plan)
-            written = writer.write(table, root, entry.key_path) if table.num_rows else []
+            # A partition of an older layout (a re-partitioning in progress) keeps its key path; its files
+            # go where files of that layout are written.
+            written = writer.write(table, root, file_key_path(entry.key_path)) if table.num_rows else []
             counted = sum(writer.count_rows(root, f) for f in written)
             if table.num_rows != merged_rows or counted != merged_rows:
                 # Report the first count that differs: the rows read back, else the rows in the new files.

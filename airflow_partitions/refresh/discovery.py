@@ -130,7 +130,9 @@ def respec_advice(dataset: str) -> str:
     return (
         f"run a plain `airflow-partitions refresh SPEC {dataset}` (or with --full; in Airflow, trigger its "
         "refresh DAG without `partitions` or `where`), which rebuilds every partition under the new "
-        "partition_by in one atomic commit, or revert partition_by"
+        "partition_by in one atomic commit, or move the partitions over batch by batch while reads, "
+        f"writes and refreshes go on (`airflow-partitions repartition SPEC {dataset}` until `status` shows "
+        "none left), or revert partition_by"
     )
 
 
@@ -157,6 +159,7 @@ def discover(
     full: bool = False,
     timeout_s: float | None = None,
     max_partitions: int | None = None,
+    layouts_checked: bool = False,
 ) -> RefreshPlan:
     """Discover the partitions of a bound `dataset` in `source` and diff them against `snapshot`.
 
@@ -182,6 +185,17 @@ def discover(
 
     existing = _catalog_state(snapshot)
     respec = snapshot is not None and bool(existing) and _snapshot_spec_id(snapshot) not in (None, spec_id)
+    # A re-partitioning in progress (partitions of an older spec left): a refresh of every partition
+    # rebuilds them all under the current spec and ends it; a selection is refused like after a change.
+    migrating = (
+        snapshot is not None and not respec and bool(existing) and bool(snapshot.other_layout(spec_id)[0])
+    )
+    if migrating and layouts_checked:
+        # `pipeline.move_rows_of_selection` moved every old partition holding rows of the selection:
+        # the selected partitions are refreshed in the current layout, the old ones left as they are.
+        existing = {path: state for path, state in existing.items() if state[0] == spec_id}
+        migrating = False
+    respec = respec or migrating
     selecting = partitions is not None or where_selector is not None
     if respec and selecting:
         # Checked before the (possibly long) survey. A re-partition replaces every partition: a selection

@@ -421,6 +421,8 @@ def changes_fallback(
         return "no committed version yet: the first refresh reads every row"
     if snapshot.partition_spec.spec_id != dataset.acceleration.partition_spec_id:
         return "partition_by changed: every partition is rebuilt"
+    if snapshot.other_layout(dataset.acceleration.partition_spec_id)[0]:
+        return "a re-partitioning is in progress: every partition is rebuilt under the current partition_by"
     tag = schema_tag(source.schema())
     table = snapshot.table
     tags = {fingerprint_schema_tag(fp) for fp in table.column("source_fingerprint").to_pylist()}

@@ -41,7 +41,7 @@ from airflow_partitions.sources import Source, keep_file_facts, open_dataset_sou
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from airflow_partitions.catalog import Catalog
+    from airflow_partitions.catalog import Catalog, Snapshot
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
 
@@ -135,6 +135,12 @@ def plan_refresh(
         assert snapshot is not None
         return plan_changes(bound, source, snapshot)
     selector = where_selector(bound, where) if where else None
+    layouts_checked = False
+    if selecting and snapshot is not None and layouts_differ(snapshot, bound):
+        snapshot = move_rows_of_selection(
+            project, bound, source, catalog, partitions=partitions, selector=selector, timeout_s=timeout_s
+        )
+        layouts_checked = True
     plan = discover(
         bound,
         source,
@@ -143,8 +149,40 @@ def plan_refresh(
         where_selector=selector,
         full=full,
         timeout_s=timeout_s,
+        layouts_checked=layouts_checked,
     )
     return apply_refresh_mode(plan, bound, snapshot, source)
+
+
+def layouts_differ(snapshot: Snapshot, dataset: DatasetSpec) -> bool:
+    """Whether partitions of the version are written under another partition_by than the dataset's."""
+    spec_id = dataset.acceleration.partition_spec_id
+    return snapshot.partition_spec.spec_id != spec_id or bool(snapshot.other_layout(spec_id)[0])
+
+
+def move_rows_of_selection(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    source: Source,
+    catalog: Catalog,
+    *,
+    partitions: Sequence[str] | None,
+    selector: Any,
+    timeout_s: float | None,
+) -> Snapshot | None:
+    """Before a refresh of selected partitions during a re-partitioning: move the old partitions holding
+    rows of the selected ones into the current layout (one commit; the first also makes the current
+    partition_by the catalog's), so the refresh rewrites partitions whose rows are all in one layout.
+    The newest version after it."""
+    from airflow_partitions.write.repartition import old_partitions_holding, repartition
+
+    selected = discover(
+        dataset, source, None, partitions=partitions, where_selector=selector, timeout_s=timeout_s
+    )
+    paths = [item.key_path for item in selected.items]
+    holding = old_partitions_holding(project, dataset, paths, catalog=catalog)
+    repartition(project, dataset, catalog=catalog, only=holding)
+    return catalog.latest()
 
 
 @dataclass(frozen=True)

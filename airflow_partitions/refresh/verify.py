@@ -236,6 +236,14 @@ def verify_dataset(
             f"({snapshot.partition_spec.describe()}); partitions of the two cannot be compared. Run "
             f"`airflow-partitions refresh SPEC {spec.name}` to re-partition first, or revert partition_by"
         )
+    if snapshot is not None and snapshot.other_layout(bound.acceleration.partition_spec_id)[0]:
+        left, rows = snapshot.other_layout(bound.acceleration.partition_spec_id)
+        raise RefreshError(
+            f"dataset {spec.name!r}: a re-partitioning is in progress ({left} partition(s), {rows} rows "
+            "under an older partition_by); verify compares partitions of one layout with the source. Finish "
+            f"it first (`airflow-partitions repartition SPEC {spec.name}` until `status` shows none left, "
+            f"or `airflow-partitions refresh SPEC {spec.name}`)"
+        )
     entries: dict[str, PartitionEntry] = dict(snapshot.partitions.items()) if snapshot is not None else {}
     transforms = [f.transform for f in bound.acceleration.partition_by]
     names = bound.acceleration.partition_names

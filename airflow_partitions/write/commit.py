@@ -33,7 +33,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.catalog.model import PartitionEntry, RowCertificate
+from airflow_partitions.catalog.model import PartitionEntry, RowCertificate, file_key_path, split_key_path
 from airflow_partitions.exceptions import CommitConflictError, ConservationError, FilterError, WriteError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.write.merge import (
@@ -67,6 +67,7 @@ class WriteOperation(StrEnum):
     APPEND = "append"
     UPSERT = "upsert"
     DELETE = "delete"
+    REPARTITION = "repartition"
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,7 @@ class PartitionChange:
     rewritten: list[pa.Table] = field(default_factory=list)  # surviving rows of rewritten files
     added: pa.Table | None = None
     removed: int = 0  # existing rows dropped (replaced or deleted)
+    drop: bool = False  # the partition goes, even when it holds no rows (a re-partitioning moved it)
 
     @property
     def rows_added(self) -> int:
@@ -289,7 +291,7 @@ class PartitionChange:
     @property
     def changes_anything(self) -> bool:
         kept_all = self.before is None or len(self.kept) == len(self.before.files)
-        return self.rows_added > 0 or self.removed > 0 or not kept_all
+        return self.drop or self.rows_added > 0 or self.removed > 0 or not kept_all
 
 
 def _write_change(target: WriteTarget, change: PartitionChange) -> tuple[list[DataFile], int]:
@@ -302,7 +304,7 @@ def _write_change(target: WriteTarget, change: PartitionChange) -> tuple[list[Da
     if not parts:
         return [], 0
     rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    files = target.storage.write(rows, target.root, change.key_path)
+    files = target.storage.write(rows, target.root, file_key_path(change.key_path))
     counted = sum(target.storage.count_rows(target.root, f) for f in files)
     declared = sum(f.rows for f in files)
     if counted != rows.num_rows or declared != counted:
@@ -415,7 +417,9 @@ def commit_changes(
             PartitionEntry(
                 key=change.key,
                 key_path=change.key_path,
-                spec_id=target.spec_info.spec_id,
+                # A partition of an older layout (a re-partitioning in progress) keeps its spec: its
+                # surviving rows still belong to its key there.
+                spec_id=change.before.spec_id if change.before is not None else target.spec_info.spec_id,
                 files=tuple(all_files),
                 rows=sum(f.rows for f in all_files),
                 bytes=sum(f.bytes for f in all_files),
@@ -635,6 +639,10 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
     if target.snapshot is not None:
         if key_decides:
             candidates = [p for p in routed if p in target.snapshot.partitions]
+            if target.snapshot.other_layout(target.spec_info.spec_id)[0]:
+                # A re-partitioning in progress: the old row of a key may still be in a partition of
+                # an older layout, where the new key does not route.
+                candidates += [p for p in target.snapshot.partitions if split_key_path(p)[0] is not None]
         else:
             candidates = list(target.snapshot.partitions.keys())
     bounds = key_bounds(incoming_keys, keys)

@@ -1,0 +1,304 @@
+"""Online re-partitioning: move partitions written under an older `partition_by` into the current one,
+a bounded batch per atomic commit, while reads, refreshes and writes go on.
+
+A catalog version may hold partitions of several specs. The first step after a `partition_by` change
+makes the new spec current (`Catalog.evolution_changes`: partitions of the old spec move to qualified key
+paths, `@<spec id>/<key path>`, in one commit that changes no row or file). Each batch then reads the rows
+of a few old partitions, routes them with the current transforms (`write.routing.route_rows`), appends them
+to the new-layout partitions of their keys (a new file beside the partition's files) and removes the old
+partitions, in one commit through `write.commit.commit_changes`. Conservation is checked across the two
+layouts before anything is published: rows read back from the old files == rows the old entries record ==
+rows routed == rows added, in total and per new partition (`ConservationError`; the files written are then
+unreferenced and vacuum removes them). Reverting `partition_by` runs the same steps the other way.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.catalog.model import split_key_path
+from airflow_partitions.exceptions import ConservationError, WriteError
+
+if TYPE_CHECKING:
+    from airflow_partitions.catalog import Catalog, PartitionEntry
+    from airflow_partitions.objectstore import SettingsLike
+    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+
+# Old partitions one batch moves when neither --max-partitions nor --max-rows is given.
+DEFAULT_BATCH_PARTITIONS = 64
+
+
+@dataclass(frozen=True)
+class RepartitionReport:
+    """What one re-partitioning step did (or, in a dry run, would do) and what is left after it."""
+
+    dataset: str
+    dry_run: bool
+    to_spec: str
+    base_version: int | None
+    version: int | None  # the batch's commit (None: dry run, or nothing to move)
+    started_layout: bool  # this step made the new spec current (the renaming commit)
+    moved: tuple[str, ...]  # old partitions moved (their key paths in the base)
+    rows_moved: int
+    written: tuple[str, ...]  # new-layout partitions that received rows
+    partitions_left: int
+    rows_left: int
+    elapsed_s: float
+
+    @property
+    def done(self) -> bool:
+        return self.partitions_left == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "dry_run": self.dry_run,
+            "to_spec": self.to_spec,
+            "base_version": self.base_version,
+            "version": self.version,
+            "started_layout": self.started_layout,
+            "moved_partitions": list(self.moved),
+            "rows_moved": self.rows_moved,
+            "written_partitions": list(self.written),
+            "partitions_left": self.partitions_left,
+            "rows_left": self.rows_left,
+            "done": self.done,
+            "elapsed_s": round(self.elapsed_s, 6),
+        }
+
+    def describe(self) -> str:
+        verb = "would move" if self.dry_run else "moved"
+        head = f"{self.dataset}: {verb} {len(self.moved)} old partition(s), {self.rows_moved} rows"
+        if self.written:
+            head += f", into {len(self.written)} partition(s) of spec {self.to_spec}"
+        if self.version is not None:
+            head += f" (version {self.version})"
+        left = (
+            "re-partitioning complete: every partition is under the current partition_by"
+            if self.done and not self.dry_run
+            else f"{self.partitions_left} old partition(s), {self.rows_left} rows left"
+        )
+        return f"{head}; {left}"
+
+
+def pick_batch(
+    entries: list[PartitionEntry], max_partitions: int | None, max_rows: int | None
+) -> list[PartitionEntry]:
+    """The old partitions of one batch, in key-path order: at most `max_partitions`, and partitions
+    while their rows stay within `max_rows` (always at least one, so a batch never stalls)."""
+    if max_partitions is None and max_rows is None:
+        max_partitions = DEFAULT_BATCH_PARTITIONS
+    chosen: list[PartitionEntry] = []
+    rows = 0
+    for entry in sorted(entries, key=lambda e: e.key_path):
+        if max_partitions is not None and len(chosen) >= max_partitions:
+            break
+        if max_rows is not None and chosen and rows + entry.rows > max_rows:
+            break
+        chosen.append(entry)
+        rows += entry.rows
+    return chosen
+
+
+def repartition(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    *,
+    max_partitions: int | None = None,
+    max_rows: int | None = None,
+    dry_run: bool = False,
+    catalog: Catalog | None = None,
+    s3_settings: SettingsLike | None = None,
+    commit_id: str | None = None,
+    only: Collection[tuple[str, str]] | None = None,
+) -> RepartitionReport:
+    """Move one batch of partitions written under another spec into the dataset's current partition_by.
+
+    Returns what moved and what is left; a dataset with nothing to move commits nothing. The first call
+    after a `partition_by` change first commits the switch of the current spec (no row moves in it).
+    `only`: move exactly these old partitions, as `(spec id, plain key path)` (`old_partitions_holding`),
+    however many they are.
+    """
+    import pyarrow as pa
+
+    from airflow_partitions.write.commit import (
+        PartitionChange,
+        WriteOperation,
+        commit_changes,
+        open_write_target,
+    )
+    from airflow_partitions.write.routing import route_to_paths
+
+    if max_partitions is not None and max_partitions < 1:
+        raise WriteError(f"max_partitions must be at least 1, not {max_partitions}")
+    if max_rows is not None and max_rows < 1:
+        raise WriteError(f"max_rows must be at least 1, not {max_rows}")
+    started = time.monotonic()
+    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    spec = target.spec_info
+    snapshot = target.snapshot
+    started_layout = False
+    if snapshot is not None and snapshot.partition_spec.spec_id != spec.spec_id and not dry_run:
+        upserts, removes = target.catalog.evolution_changes(snapshot, spec)
+        target.catalog.commit(
+            base_version=snapshot.version,
+            upserts=upserts,
+            removes=removes,
+            partition_spec=spec,
+            operation="repartition-start",
+            evolve=True,
+            conservation={"renamed": len(upserts), "rows": sum(e.rows for e in upserts)},
+        )
+        started_layout = True
+        target = open_write_target(project, dataset, catalog=target.catalog, schema=target.schema)
+        snapshot = target.snapshot
+    base_version = snapshot.version if snapshot is not None else None
+    old = old_entries(snapshot, spec.spec_id) if snapshot is not None else []
+    if only is not None:
+        wanted = set(only)
+        batch = [e for e in old if (e.spec_id, split_key_path(e.key_path)[1]) in wanted]
+    else:
+        batch = pick_batch(old, max_partitions, max_rows)
+    rows_moved = sum(e.rows for e in batch)
+    left = (len(old) - len(batch), sum(e.rows for e in old) - rows_moved)
+
+    def report(version: int | None, written: tuple[str, ...]) -> RepartitionReport:
+        return RepartitionReport(
+            dataset=dataset.name,
+            dry_run=dry_run,
+            to_spec=spec.spec_id,
+            base_version=base_version,
+            version=version,
+            started_layout=started_layout,
+            moved=tuple(e.key_path for e in batch),
+            rows_moved=rows_moved,
+            written=written,
+            partitions_left=left[0] if not dry_run else len(old),
+            rows_left=left[1] if not dry_run else sum(e.rows for e in old),
+            elapsed_s=time.monotonic() - started,
+        )
+
+    if not batch or dry_run:
+        return report(None, ())
+    changes: list[PartitionChange] = []
+    tables = []
+    counted: dict[str, tuple[int | None, int]] = {}
+    for entry in batch:
+        rows = target.storage.read(target.root, target.local(entry.files), schema=target.schema)
+        if rows.num_rows != entry.rows:
+            counted[entry.key_path] = (entry.rows, rows.num_rows)
+        tables.append(rows)
+        changes.append(PartitionChange(entry.key, entry.key_path, entry, removed=entry.rows, drop=True))
+    if counted:
+        raise ConservationError(
+            dataset.name,
+            counted,
+            expected="rows the catalog records for the old partition",
+            actual="rows read from its files",
+            hint="The old partition's files do not hold the rows its entry records; nothing was moved. "
+            "Run `airflow-partitions verify` on the dataset, then repartition again.",
+        )
+    rows_in = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    routed = route_to_paths(rows_in, target.transforms, target.names, dataset=dataset.name)
+    added: dict[str, int] = {}
+    for key_path, (key, partition_rows) in routed.items():
+        before = target.entry(key_path)
+        if before is not None and before.spec_id != spec.spec_id:
+            raise WriteError(
+                f"dataset {dataset.name!r}: partition {key_path!r} of the current layout is held by an "
+                f"entry of spec {before.spec_id}; plan again from the latest version"
+            )
+        kept = list(before.files) if before is not None else []
+        changes.append(PartitionChange(key, key_path, before, kept=kept, added=partition_rows))
+        added[key_path] = partition_rows.num_rows
+    check_moved_rows(dataset.name, rows_moved, rows_in.num_rows, added)
+    result = commit_changes(
+        target,
+        WriteOperation.REPARTITION,
+        changes,
+        rows_in=rows_in.num_rows,
+        commit_id=commit_id or f"repartition-{uuid.uuid4().hex}",
+        keep_fingerprints=False,
+        started=started,
+    )
+    return report(result.version, tuple(sorted(added)))
+
+
+def check_moved_rows(dataset: str, removed: int, read: int, added: Mapping[str, int]) -> None:
+    """Rows removed with the old partitions == rows read from them == rows added to new partitions."""
+    total = sum(added.values())
+    if not removed == read == total:
+        raise ConservationError(
+            dataset,
+            {"[old layout -> new layout]": (removed, total if read == removed else read)},
+            expected="rows of the old partitions moved",
+            actual="rows added to partitions of the new layout"
+            if read == removed
+            else "rows read from the old files",
+            hint="Re-partitioning would lose or duplicate rows; nothing was published.",
+        )
+
+
+def old_partitions_holding(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    key_paths: Collection[str],
+    *,
+    catalog: Catalog | None = None,
+    s3_settings: SettingsLike | None = None,
+) -> list[tuple[str, str]]:
+    """The partitions of older specs holding a row that routes to one of `key_paths` (plain key paths of
+    the current partition_by), as `(spec id, plain key path)`. Exact: each old partition's source columns
+    of the current partition fields are read and routed (no other column is read)."""
+    from airflow_partitions.write.commit import open_write_target
+    from airflow_partitions.write.routing import route_to_paths
+
+    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    if target.snapshot is None or not key_paths:
+        return []
+    wanted = set(key_paths)
+    columns = sorted({t.source_column for t in target.transforms})
+    holding: list[tuple[str, str]] = []
+    for entry in old_entries(target.snapshot, target.spec_info.spec_id):
+        if not entry.rows:
+            continue
+        rows = target.storage.read(
+            target.root, target.local(entry.files), columns=columns, schema=target.schema
+        )
+        routed = route_to_paths(rows, target.transforms, target.names, dataset=dataset.name)
+        if wanted.intersection(routed):
+            holding.append((entry.spec_id, split_key_path(entry.key_path)[1]))
+    return holding
+
+
+def old_entries(snapshot: Any, spec_id: str) -> list[PartitionEntry]:
+    """Entries of `snapshot` written under a spec other than `spec_id`, decoded in one batch."""
+    table = snapshot.table
+    paths = [
+        path
+        for path, entry_spec in zip(
+            table.column("key_path").to_pylist(), table.column("spec_id").to_pylist(), strict=True
+        )
+        if entry_spec != spec_id
+    ]
+    return list(snapshot.partitions.entries_of(paths))
+
+
+def layout_progress(snapshot: Any, spec_id: str) -> dict[str, Any]:
+    """Re-partitioning progress of a version against the spec `spec_id`: partitions and rows left."""
+    if snapshot is None:
+        return {"in_progress": False, "partitions_left": 0, "rows_left": 0, "total_rows": 0}
+    partitions, rows = snapshot.other_layout(spec_id)
+    return {
+        "in_progress": partitions > 0,
+        "current_spec": snapshot.partition_spec.spec_id,
+        "target_spec": spec_id,
+        "specs_in_use": sorted(snapshot.spec_ids_in_use()),
+        "partitions_left": partitions,
+        "rows_left": rows,
+        "total_rows": snapshot.total_rows,
+    }

@@ -1,0 +1,406 @@
+"""Online re-partitioning: partitions of several specs side by side, moved batch by batch.
+
+After every step a full read equals the source (row by row, NULLs and types included) and 30 random
+filters equal DuckDB over the source. Refreshes run with the in-process Arrow strategy (no Spark).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from matrix_support import SCHEMA, DuckDBOracle, FilterGenerator, hostile_chunks, multiset_difference
+from test_operators import StatsdListener, statsd  # noqa: F401 (the `statsd` fixture)
+
+from airflow_partitions.catalog import open_catalog
+from airflow_partitions.cli.main import main
+from airflow_partitions.exceptions import ConservationError
+from airflow_partitions.read import PartitionedDatasetReader
+from airflow_partitions.refresh.pipeline import refresh_dataset
+from airflow_partitions.spec import load_spec
+from airflow_partitions.write import append, delete, upsert
+from airflow_partitions.write.repartition import check_moved_rows, repartition
+
+FILTERS_PER_CHECK = 30
+TRANSITIONS = {
+    "day-to-month": (["p_day: date_trunc('day', ts)"], ["p_day: date_trunc('month', ts)"]),
+    "region-to-region-bucket": (["p_s: s"], ["p_s: s", "p_b: bucket(4, n_int)"]),
+    "bucket-8-to-16": (["p_b: bucket(8, id)"], ["p_b: bucket(16, id)"]),
+    "identity-to-truncate": (["p_n: n_int"], ["p_n: truncate(10, n_int)"]),
+}
+
+
+def write_spec(path: Path, partition_by: list[str]) -> Path:
+    fields = []
+    for entry in partition_by:
+        name, _, expression = entry.partition(": ")
+        fields.append(f"        - {{{name}: {json.dumps(expression)}}}")
+    path.write_text(
+        "\n".join(
+            [
+                "accelerator_dir: acc",
+                "datasets:",
+                "  - name: events",
+                "    from: file:src",
+                "    params: {file_format: parquet}",
+                "    acceleration:",
+                "      engine: parquet",
+                "      partition_by:",
+                *fields,
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+class Scenario:
+    """A source directory (the truth), a spec, and the checks against both."""
+
+    def __init__(self, root: Path, seed: int, partition_by: list[str]) -> None:
+        self.root = root
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.partition_by = partition_by
+        self.spec = write_spec(root / "spec.yaml", partition_by)
+        self.source = pa.concat_tables(hostile_chunks(seed, rows=90, chunks=2))
+        self.next_id = 10**13
+        self.checks = 0
+        self.save_source()
+
+    def save_source(self) -> None:
+        directory = self.root / "src"
+        directory.mkdir(exist_ok=True)
+        for old in directory.glob("*.parquet"):
+            old.unlink()
+        pq.write_table(self.source, directory / f"part-{self.checks}.parquet")
+
+    @property
+    def project(self) -> Any:
+        return load_spec(self.spec)
+
+    def dataset(self) -> Any:
+        return self.project.dataset("events")
+
+    def set_partition_by(self, partition_by: list[str]) -> None:
+        self.partition_by = partition_by
+        write_spec(self.spec, partition_by)
+
+    def snapshot(self) -> Any:
+        project = self.project
+        return open_catalog(project, project.dataset("events")).latest()
+
+    def new_rows(self, count: int) -> pa.Table:
+        rows = pa.concat_tables(hostile_chunks(self.rng.randrange(10**6), rows=count, chunks=1))
+        ids = pa.array(range(self.next_id, self.next_id + rows.num_rows), pa.int64())
+        self.next_id += rows.num_rows
+        return rows.set_column(0, "id", ids)
+
+    def check(self, step: str) -> None:
+        """Full read == source; random filters == DuckDB over the source."""
+        self.checks += 1
+        reader = PartitionedDatasetReader(self.spec, "events")
+        try:
+            full = reader.read()
+            missing, extra = multiset_difference(full.select(SCHEMA.names), self.source)
+            assert not missing, f"{step}: full read lacks rows: {missing[:2]}"
+            assert not extra, f"{step}: full read has extra rows: {extra[:2]}"
+            assert full.num_rows == self.source.num_rows, step
+            expressions = [entry.partition(": ")[2] for entry in self.partition_by]
+            generator = FilterGenerator(self.source, expressions, self.seed * 1000 + self.checks)
+            oracle = DuckDBOracle(generator.oracle_table())
+            try:
+                for item in generator.filters(FILTERS_PER_CHECK):
+                    got = reader.read(item.reader_sql).select(SCHEMA.names)
+                    expected = self.source.take(pa.array(oracle.rows(item.oracle_sql), pa.int64()))
+                    missing, extra = multiset_difference(got, expected)
+                    assert not missing, f"{step}: filter {item.reader_sql}: {len(missing)} rows missing"
+                    assert not extra, f"{step}: filter {item.reader_sql}: {len(extra)} extra rows"
+            finally:
+                oracle.close()
+        finally:
+            reader.close()
+
+    # --- steps ------------------------------------------------------------------------------------
+
+    def full_refresh(self) -> None:
+        refresh_dataset(str(self.spec), "events", strategy="arrow")
+
+    def batch(self) -> None:
+        before = self.snapshot()
+        report = repartition(self.project, self.dataset(), max_partitions=self.rng.randint(1, 3))
+        after = self.snapshot()
+        assert after.total_rows == before.total_rows, "a batch moves rows, never adds or drops one"
+        assert report.partitions_left == after.other_layout()[0]
+        assert report.rows_left == after.other_layout()[1]
+
+    def append_rows(self) -> None:
+        rows = self.new_rows(self.rng.randint(1, 12))
+        append(self.project, self.dataset(), rows)
+        self.source = pa.concat_tables([self.source, rows])
+        self.save_source()
+
+    def upsert_rows(self) -> None:
+        """Existing ids with other values (most move to another partition) plus a new id."""
+        positions = sorted(self.rng.sample(range(self.source.num_rows), 4))
+        replacement = self.new_rows(len(positions) + 1)
+        old_ids = self.source.column("id").take(pa.array(positions)).to_pylist()
+        ids = pa.array([*old_ids, replacement.column("id")[-1].as_py()], pa.int64())
+        replacement = replacement.set_column(0, "id", ids)
+        upsert(self.project, self.dataset(), replacement, keys=["id"])
+        keep = pc.invert(pc.is_in(self.source.column("id"), value_set=ids))
+        self.source = pa.concat_tables([self.source.filter(keep), replacement])
+        self.save_source()
+
+    def delete_rows(self) -> None:
+        ids = self.rng.sample(self.source.column("id").to_pylist(), 3)
+        delete(self.project, self.dataset(), f"id IN ({', '.join(str(i) for i in ids)})")
+        self.source = self.source.filter(pc.invert(pc.is_in(self.source.column("id"), pa.array(ids))))
+        self.save_source()
+
+    def partial_refresh(self) -> None:
+        """A refresh of selected partitions during the migration: the old partitions holding their rows
+        move first, then the selected partitions are rewritten from the source; nothing else changes."""
+        before = self.snapshot()
+        keys = [p for p in self.plain_paths(before) if "NULL" not in p] or None
+        if keys and self.rng.random() < 0.5:
+            refresh_dataset(str(self.spec), "events", partitions=[self.rng.choice(keys)], strategy="arrow")
+        else:
+            low = self.rng.choice(self.source.column("id").to_pylist())
+            refresh_dataset(str(self.spec), "events", where=f"id >= {low}", strategy="arrow")
+        assert self.snapshot().total_rows == self.source.num_rows
+
+    @staticmethod
+    def plain_paths(snapshot: Any) -> list[str]:
+        return sorted(p for p in snapshot.partitions if not p.startswith("@"))
+
+    def crash_mid_batch(self) -> None:
+        """SIGKILL a child process after it wrote a batch's files, before its commit: nothing published."""
+        before = self.snapshot()
+        script = textwrap.dedent(
+            f"""
+            import os, signal
+            from airflow_partitions.catalog.catalog import Catalog
+            from airflow_partitions.spec import load_spec
+            from airflow_partitions.write.repartition import repartition
+            real = Catalog.commit
+            def commit(self, **kwargs):
+                if kwargs.get("operation") == "repartition":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(self, **kwargs)
+            Catalog.commit = commit
+            project = load_spec({str(self.spec)!r})
+            repartition(project, project.dataset("events"), max_partitions=2)
+            """
+        )
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        done = subprocess.run([sys.executable, "-c", script], env=env, cwd=self.root, timeout=120)
+        assert done.returncode == -9, "the child was killed in the middle of the batch"
+        after = self.snapshot()
+        assert after.total_rows == before.total_rows
+
+    def compact(self) -> None:
+        from airflow_partitions.refresh.compaction import compact_dataset
+
+        compact_dataset(self.project, self.dataset(), target_file_bytes=1 << 30)
+
+    def vacuum(self) -> None:
+        project = self.project
+        open_catalog(project, project.dataset("events")).vacuum(retain_versions=1, grace=dt.timedelta(0))
+
+
+@pytest.mark.parametrize("transition", sorted(TRANSITIONS))
+def test_randomised_migration_keeps_every_row(tmp_path: Path, transition: str) -> None:
+    old, new = TRANSITIONS[transition]
+    seed = sorted(TRANSITIONS).index(transition) + 7
+    scenario = Scenario(tmp_path, seed, old)
+    scenario.full_refresh()
+    scenario.check("first refresh")
+    scenario.set_partition_by(new)
+    scenario.check("partition_by changed, nothing moved")
+    steps = [
+        scenario.batch,
+        scenario.append_rows,
+        scenario.batch,
+        scenario.upsert_rows,
+        scenario.crash_mid_batch,
+        scenario.delete_rows,
+        scenario.partial_refresh,
+        scenario.partial_refresh,
+        scenario.vacuum,
+        scenario.compact,
+        scenario.batch,
+    ]
+    scenario.rng.shuffle(steps)
+    for step in [scenario.batch, *steps]:
+        step()
+        scenario.check(step.__name__)
+    spec_id = scenario.dataset().acceleration.partition_spec_id
+    assert scenario.snapshot().partition_spec.spec_id == spec_id
+    # Cancel: revert partition_by; partitions already moved stay readable, then move back.
+    scenario.set_partition_by(old)
+    scenario.check("cancelled")
+    scenario.batch()
+    scenario.check("first batch back")
+    scenario.append_rows()
+    scenario.check("append while moving back")
+    scenario.set_partition_by(new)
+    while scenario.snapshot().other_layout(scenario.dataset().acceleration.partition_spec_id)[0]:
+        scenario.batch()
+    scenario.check("migration complete")
+    snapshot = scenario.snapshot()
+    assert snapshot.spec_ids_in_use() == {spec_id}
+    assert not any(path.startswith("@") for path in snapshot.partitions), "one layout: plain key paths"
+    scenario.vacuum()
+    scenario.full_refresh()
+    scenario.check("full refresh after the migration")
+
+
+def test_full_refresh_during_a_migration_rebuilds_under_the_new_spec(tmp_path: Path) -> None:
+    old, new = TRANSITIONS["bucket-8-to-16"]
+    scenario = Scenario(tmp_path, 3, old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    scenario.batch()
+    assert scenario.snapshot().other_layout()[0] > 0
+    scenario.full_refresh()
+    snapshot = scenario.snapshot()
+    assert snapshot.spec_ids_in_use() == {scenario.dataset().acceleration.partition_spec_id}
+    assert snapshot.other_specs == ()
+    scenario.check("full refresh ended the migration")
+
+
+def test_plan_prunes_each_partition_under_its_own_spec(tmp_path: Path, capsys: Any) -> None:
+    """`ts = X` selects the day partition of X under the old spec and the month partition under the new."""
+    scenario = Scenario(tmp_path, 5, TRANSITIONS["day-to-month"][0])
+    scenario.full_refresh()
+    scenario.set_partition_by(TRANSITIONS["day-to-month"][1])
+    repartition(scenario.project, scenario.dataset(), max_partitions=2)
+    snapshot = scenario.snapshot()
+    old_id = next(s for s in snapshot.spec_ids_in_use() if s != snapshot.partition_spec.spec_id)
+    old_days = sorted(p for p in snapshot.partitions if p.startswith("@") and "NULL" not in p)
+    moved_month = sorted(p for p in snapshot.partitions if not p.startswith("@") and "NULL" not in p)[0]
+    # A day still in the old layout, and a day of a month already moved.
+    day_text = old_days[0].split("p_day=")[1][:10]
+    with_ts = scenario.source.filter(pc.is_valid(scenario.source.column("ts")))
+    value = next(t for t in with_ts.column("ts").to_pylist() if t.date().isoformat() == day_text).isoformat()
+    reader = PartitionedDatasetReader(scenario.spec, "events")
+    plan = reader.plan(f"ts = '{value}'")
+    chosen = {(p.key_path, reader.index(reader.snapshot()).spec_id(p.position)) for p in plan.selected}
+    assert chosen == {(old_days[0], old_id)}, f"only the day partition may hold {value}: {chosen}"
+    document = plan.to_json()
+    assert document["selected_partitions"][0]["spec_id"] == old_id
+    month_text = moved_month.split("p_day=")[1][:7]
+    moved_value = next(t for t in with_ts.column("ts").to_pylist() if t.isoformat()[:7] == month_text)
+    plan = reader.plan(f"ts = '{moved_value.isoformat()}'")
+    assert moved_month in {p.key_path for p in plan.selected}, "the month partition of the new spec"
+    reader.close()
+    assert main(["plan", str(scenario.spec), "events", "--where", f"ts = '{value}'", "--json"]) == 0
+    assert old_id in capsys.readouterr().out
+
+
+def test_status_and_cli_report_progress(tmp_path: Path, capsys: Any) -> None:
+    scenario = Scenario(tmp_path, 11, TRANSITIONS["bucket-8-to-16"][0])
+    scenario.full_refresh()
+    scenario.set_partition_by(TRANSITIONS["bucket-8-to-16"][1])
+    spec = str(scenario.spec)
+    version = scenario.snapshot().version
+    assert main(["repartition", spec, "events", "--dry-run", "--json"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["dry_run"]
+    assert dry["version"] is None
+    assert dry["partitions_left"] == 9
+    assert scenario.snapshot().version == version, "a dry run commits nothing"
+    assert main(["repartition", spec, "events", "--max-rows", "1"]) == 0
+    assert "moved 1 old partition(s)" in capsys.readouterr().out
+    assert main(["status", spec, "events", "--json"]) == 0
+    progress = json.loads(capsys.readouterr().out)["datasets"][0]["repartition"]
+    assert progress["in_progress"]
+    assert progress["partitions_left"] == 8
+    assert progress["rows_left"] == scenario.snapshot().other_layout()[1] > 0
+    assert main(["status", spec, "events"]) == 0
+    assert "8 partition(s)" in capsys.readouterr().out
+    assert main(["repartition", spec, "events", "--max-partitions", "100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["done"] is True
+    assert main(["status", spec, "events", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["datasets"][0]["repartition"]["in_progress"] is False
+    assert main(["repartition", spec, "events", "--max-partitions", "0"]) == 2
+    assert "max_partitions must be at least 1" in capsys.readouterr().err
+    scenario.check("after the CLI migration")
+
+
+def test_verify_refuses_during_a_migration(tmp_path: Path) -> None:
+    from airflow_partitions.exceptions import RefreshError
+    from airflow_partitions.refresh.verify import verify_dataset
+
+    scenario = Scenario(tmp_path, 19, TRANSITIONS["bucket-8-to-16"][0])
+    scenario.full_refresh()
+    scenario.set_partition_by(TRANSITIONS["bucket-8-to-16"][1])
+    scenario.batch()
+    with pytest.raises(RefreshError, match="re-partitioning is in progress"):
+        verify_dataset(scenario.project, "events")
+
+
+def test_conservation_mismatch_is_a_typed_error() -> None:
+    check_moved_rows("events", 10, 10, {"a": 6, "b": 4})
+    with pytest.raises(ConservationError, match="rows added to partitions of the new layout"):
+        check_moved_rows("events", 10, 10, {"a": 6, "b": 3})
+    with pytest.raises(ConservationError, match="rows read from the old files"):
+        check_moved_rows("events", 10, 9, {"a": 9})
+
+
+def test_a_catalog_written_before_spec_versions_reads_as_one_layout(tmp_path: Path) -> None:
+    """Records and checkpoints without `other_specs` (every release before this one) load as one spec."""
+    scenario = Scenario(tmp_path, 13, TRANSITIONS["bucket-8-to-16"][0])
+    scenario.full_refresh()
+    project = scenario.project
+    catalog = open_catalog(project, project.dataset("events"))
+    headers = [record.header() for record in catalog._records(0, catalog.head_version())]
+    assert headers
+    assert all("other_specs" not in header for header in headers)
+    snapshot = scenario.snapshot()
+    assert snapshot.other_specs == ()
+    assert list(snapshot.specs) == [snapshot.partition_spec.spec_id]
+    assert snapshot.other_layout() == (0, 0)
+    scenario.check("old catalog")
+
+
+def test_operator_moves_a_batch_and_sets_the_progress_gauges(
+    tmp_path: Path,
+    statsd: StatsdListener,  # noqa: F811 (the fixture imported above)
+) -> None:
+    from airflow_partitions.exceptions import OrchestrationError
+    from airflow_partitions.operators import RepartitionOperator
+
+    scenario = Scenario(tmp_path, 17, TRANSITIONS["identity-to-truncate"][0])
+    scenario.full_refresh()
+    scenario.set_partition_by(TRANSITIONS["identity-to-truncate"][1])
+    with pytest.raises(OrchestrationError, match="max_partitions"):
+        RepartitionOperator(task_id="bad", spec_path=scenario.spec, dataset="events", max_partitions=0)
+    spec_id = scenario.dataset().acceleration.partition_spec_id
+    left = scenario.snapshot().other_layout(spec_id)
+    operator = RepartitionOperator(
+        task_id="move", spec_path=scenario.spec, dataset="events", max_partitions=2
+    )
+    summary = operator.execute({})  # type: ignore[arg-type]
+    json.dumps(summary)  # XCom-safe
+    assert summary["moved_partitions"] == 2
+    after = scenario.snapshot().other_layout(spec_id)
+    assert summary["partitions_left"] == after[0] == left[0] - 2
+    gauge = "airflow.dataset_acceleration_repartition_partitions_left.events"
+    assert statsd.wait_for(gauge, 1) == [(float(after[0]), "g")]
+    rows_gauge = "airflow.dataset_acceleration_repartition_rows_left.events"
+    assert statsd.wait_for(rows_gauge, 1) == [(float(after[1]), "g")]
+    scenario.check("after the operator's batch")
