@@ -109,11 +109,14 @@ def plan_refresh(
     source: Source | None = None,
     timeout_s: float | None = None,
     catalog: Catalog | None = None,
+    hold_snapshot: bool = False,
 ) -> RefreshPlan:
     """Discover the dataset's partitions and diff them against its catalog: the refresh plan.
 
     `catalog`: the dataset's catalog when the caller opened it (an Airflow task opens a catalog on S3
     with its AWS connection); by default it is opened from the spec and the AWS environment.
+    `hold_snapshot`: a change-capture plan that created its slot keeps the slot's exported snapshot open
+    for the copy this process reads next (`refresh_dataset`, which ends it); by default it ends here.
     """
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
@@ -130,7 +133,13 @@ def plan_refresh(
             return apply_refresh_mode(plan, bound, snapshot)
 
         stream = change_stream(project, bound, source)
-        return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy)
+        try:
+            return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy)
+        finally:
+            if not hold_snapshot:
+                from airflow_partitions.sources.pg_cdc import release_snapshot
+
+                release_snapshot(stream.slot)
     if changes_fallback(bound, source, snapshot, selecting=selecting, full=full) is None:
         assert snapshot is not None
         return plan_changes(bound, source, snapshot)
@@ -257,6 +266,9 @@ def refresh_dataset(
     theirs. The summary's `strategy` and `strategy_reason` say which ran and why.
     """
     chosen: list[StrategyChoice] = []
+    project = load_project(project)
+    dataset = resolve_dataset(project, dataset)
+    source = source or open_dataset_source(dataset)
     try:
         summary = _refresh_dataset(
             project,
@@ -281,6 +293,11 @@ def refresh_dataset(
         if refused is not None and chosen:
             refused.strategy, refused.strategy_reason = chosen[0].engine, chosen[0].reason
         raise
+    finally:
+        if getattr(source, "snapshot", None) is not None:  # a first change-capture copy held its slot's
+            from airflow_partitions.sources.pg_cdc import release_snapshot  # snapshot: a failure ended it
+
+            release_snapshot(source=source)
     if chosen:
         summary.strategy, summary.strategy_reason = chosen[0].engine, chosen[0].reason
     return summary
@@ -317,7 +334,9 @@ def _refresh_dataset(
             progress(RefreshProgress(phase, done, total, rows, time.monotonic() - started))
 
     tick("discover", 0, 0, 0)
-    plan = plan_refresh(project, spec, partitions=partitions, where=where, full=full, source=source)
+    plan = plan_refresh(
+        project, spec, partitions=partitions, where=where, full=full, source=source, hold_snapshot=True
+    )
     timings["discover"] = time.monotonic() - started
     total = len(plan.items)
     choice = choose_strategy(

@@ -198,6 +198,8 @@ class PostgresSource:
         if pushdown not in PUSHDOWN_MODES:
             raise SourceError(f"params.pushdown {pushdown!r} is not one of {', '.join(PUSHDOWN_MODES)}")
         self.pushdown = pushdown
+        # An exported snapshot every read joins (change data capture's first copy, `pg_cdc`), or None.
+        self.snapshot: str | None = None
 
     def describe(self) -> str:
         via = f"connection {self.connection_id!r}" if self.connection_id and not self._url else "a URL"
@@ -238,6 +240,11 @@ class PostgresSource:
                 cur.execute("SET standard_conforming_strings = on")
                 if statement_timeout_s is not None:
                     cur.execute(f"SET statement_timeout = {max(1, int(statement_timeout_s * 1000))}")
+                if self.snapshot is not None:
+                    # ADBC opened a transaction; it reads the database as the snapshot saw it.
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    snapshot = self.snapshot.replace("'", "''")
+                    cur.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
             yield conn
         finally:
             conn.close()
