@@ -300,10 +300,20 @@ def _selected_source_tallies(
     tallies: dict[str, RowTally] = {}
     if source.can_read_partition(transforms) or _pushes_predicates(source, transforms):
         rows = 0
+        from airflow_partitions.sources.postgres import PostgresSource
+
         for done, (key_path, key) in enumerate(sorted(keys.items()), start=1):
-            table = source.read_partition(transforms, key.values, None)
             with hash_connection() as connection:
-                tally = tally_rows(table, schema, connection)
+                if isinstance(source, PostgresSource):  # batch by batch: a partition need not fit in memory
+                    batches = source.read_batches(transforms=transforms, key=key.values)
+                    streamed = tally_table_by_partition(
+                        _ready_stream(batches, schema), schema, [], connection
+                    )
+                    tally = next(iter(streamed.values()), RowTally())
+                else:
+                    tally = tally_rows(
+                        source.read_partition(transforms, key.values, None), schema, connection
+                    )
             if tally.rows:
                 tallies[key_path] = tally
             rows += tally.rows
@@ -356,7 +366,30 @@ def _tally_whole_source(
                 ), "arrow-stream"
             except (duckdb.Error, OSError, ValueError):
                 pass  # the connector's whole read below raises its own error, naming the file
+    from airflow_partitions.sources.postgres import PostgresSource
+
+    if isinstance(source, PostgresSource):
+        # Postgres' rows stream batch by batch into the one aggregate: the table need not fit in memory.
+        batches = source.read_batches()
+        with hash_connection() as connection:
+            return tally_table_by_partition(
+                _ready_stream(batches, schema), schema, transforms, connection
+            ), "postgres-stream"
     return _tally_source(source.read_all(), schema, transforms), "arrow"
+
+
+def _ready_stream(batches: Any, schema: Any) -> Any:
+    """A stream of batches conformed to the hash (`hash_ready`), one batch at a time."""
+    import pyarrow as pa
+
+    ready_schema = hash_ready(schema.empty_table(), schema).schema
+
+    def ready() -> Any:
+        for batch in batches:
+            if batch.num_rows:
+                yield from hash_ready(pa.Table.from_batches([batch]), schema).to_batches()
+
+    return pa.RecordBatchReader.from_batches(ready_schema, ready())
 
 
 def _parquet_relation(source: Any, schema: Any, connection: Any) -> tuple[str, list[str]] | None:
