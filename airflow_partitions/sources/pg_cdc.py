@@ -634,7 +634,7 @@ class ChangeStream:
 _EXPORTED: dict[str, tuple[Any, PostgresSource]] = {}
 
 
-def release_snapshot(slot: str | None = None, *, source: PostgresSource | None = None) -> None:
+def release_snapshot(slot: str | None = None, *, source: object = None) -> None:
     """Close the connection holding `slot`'s exported snapshot (or those `source` reads at); the source
     reads the live table again."""
     for name, (connection, reading) in list(_EXPORTED.items()):
