@@ -361,6 +361,10 @@ def test_postgres_changes_upserts_moves_and_keeps_ties(
     plan = plan_refresh(project, "accounts")
     assert plan.refresh_mode == "changes"
     assert plan.changed_rows == 6, "the 4 changed rows, the tie, and the row at the watermark itself"
+    assert plan.notes[0].startswith(
+        "change detection: change_detection watermark (rows whose updated_at grew): the spec names "
+        "refresh.watermark_column and no refresh.change_detection"
+    ), "the variant the spec implies is named, with why"
     summary = refresh_dataset(project, "accounts", spark=spark)
     assert summary.refresh_mode == "changes"
     assert summary.stage_mode == ("written" if spark is not None else "changes")

@@ -429,6 +429,10 @@ def changes_fallback(
     return None
 
 
+# How the note on a changes refresh's implied change detection starts (the CLI prints it).
+DETECTION_NOTE = "change detection: "
+
+
 def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> RefreshPlan:
     """The changes plan: the rows changed since the committed watermark (read once, keys and partition
     columns only), the partitions they land in now, and the partitions their keys may live in (file
@@ -507,6 +511,11 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
         fingerprint_granularity="partition",
         elapsed_s=time.monotonic() - started,
         notes=(
+            *(
+                [f"{DETECTION_NOTE}{acceleration.refresh.detection_reason}"]
+                if acceleration.refresh.change_detection is None
+                else []
+            ),
             f"{changed.num_rows} row(s) changed since {column} >= {watermark!r}"
             + (
                 f", up to before the oldest open transaction ({open_since.isoformat()})" if open_since else ""
