@@ -20,6 +20,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -549,12 +550,13 @@ def _compare(
     paths = sorted(set(entries) | set(source_tallies))
     checks: list[PartitionCheck] = []
     rows = 0
-    connection = hash_connection()
-    with connection, _acceleration_files(project, spec, catalog) as (storage, root, fetch):
+    with _acceleration_files(project, spec, catalog) as (storage, root, fetch), ExitStack() as stack:
         if certified is None:
             certified = {} if deep else _certified_entries(entries, root, fetch)
         to_read = {path: entry for path, entry in entries.items() if path not in certified}
-        by_file = _parquet_tallies(spec, storage, root, fetch, to_read, schema, connection)
+        # A DuckDB connection only for files to read (opening one costs tens of milliseconds).
+        connection = stack.enter_context(hash_connection()) if to_read else None
+        by_file = _parquet_tallies(spec, storage, root, fetch, to_read, schema, connection) if to_read else {}
         for done, path in enumerate(paths, start=1):
             entry = entries.get(path)
             want = source_tallies.get(path, RowTally())
