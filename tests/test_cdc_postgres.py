@@ -196,14 +196,21 @@ def test_cdc_changes_merged_by_spark_executors(pg_logical_database: str, tmp_pat
     assert_equals_source(project)
 
 
-@pytest.mark.parametrize("strategy", ["arrow", "pushdown"])
+@pytest.mark.parametrize("strategy", ["arrow", "pushdown", pytest.param("spark", marks=pytest.mark.spark)])
 def test_cdc_first_copy_is_read_at_the_slots_snapshot(
-    pg_logical_database: str, tmp_path: Path, monkeypatch: Any, strategy: str
+    pg_logical_database: str,
+    tmp_path: Path,
+    monkeypatch: Any,
+    strategy: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """Changes committed after the slot's creation but before the first copy is read (an update, a move,
     a delete, an insert): the copy holds the table as it was at the slot's start, the next refresh applies
-    each change once (the old order copied them and streamed them again)."""
+    each change once (the old order copied them and streamed them again). Through Spark, a local
+    session reads the table through ADBC, at the snapshot too."""
     from airflow_partitions.sources.pg_cdc import ChangeStream
+
+    spark = request.getfixturevalue("spark") if strategy == "spark" else None
 
     url = pg_logical_database
     create_accounts(url)
@@ -223,7 +230,7 @@ def test_cdc_first_copy_is_read_at_the_slots_snapshot(
 
     monkeypatch.setattr(ChangeStream, "create", create_then_change)
     project = accounts_project(tmp_path, url)
-    first = refresh_dataset(project, "accounts", strategy=strategy)
+    first = refresh_dataset(project, "accounts", strategy=strategy, spark=spark)
     assert first.refresh_mode == "full"
     assert any("at the slot's exported snapshot" in note for note in first.notes), first.notes
     copied = sorted(row_hash(r) for r in accelerated(project, "accounts").to_pylist())
