@@ -27,6 +27,7 @@ from airflow_partitions.refresh.cdc import kill_point, uses_cdc
 from airflow_partitions.refresh.commit import (
     commit_refresh,
     dataset_data_root,
+    dataset_storage,
     open_dataset_catalog,
     remove_stage,
 )
@@ -142,7 +143,8 @@ def plan_refresh(
                 release_snapshot(stream.slot)
     if changes_fallback(bound, source, snapshot, selecting=selecting, full=full) is None:
         assert snapshot is not None
-        return plan_changes(bound, source, snapshot)
+        changes = plan_changes(bound, source, snapshot, held=held_reader(project, bound))
+        return rewrite_late_partitions(changes, bound, source, snapshot, timeout_s)
     selector = where_selector(bound, where) if where else None
     plan = discover(
         bound,
@@ -154,6 +156,43 @@ def plan_refresh(
         timeout_s=timeout_s,
     )
     return apply_refresh_mode(plan, bound, snapshot, source)
+
+
+def held_reader(project: ProjectSpec, dataset: DatasetSpec) -> Callable[..., Any] | None:
+    """Reads columns of a committed partition's files, for the changes audit (None: they are remote)."""
+    if project.remote:
+        return None
+    storage = dataset_storage(dataset)
+    root = dataset_data_root(project, dataset)
+
+    def read(entry: Any, columns: Sequence[str]) -> Any:
+        return storage.read(root, list(entry.files), columns=list(columns))
+
+    return read
+
+
+def rewrite_late_partitions(
+    plan: RefreshPlan, dataset: DatasetSpec, source: Source, snapshot: Any, timeout_s: float | None
+) -> RefreshPlan:
+    """A changes plan whose audit found partitions differing from the source, under `refresh.late_rows:
+    rewrite`: those partitions and the changed ones are rewritten whole from the source in one commit
+    (the changes are in the rows read), as a selection refresh rewrites them."""
+    from dataclasses import replace
+
+    if not plan.late_rows or plan.late_rows_policy != "rewrite":
+        return plan
+    selected = sorted({item.key_path for item in plan.items} | set(plan.late_rows))
+    whole = apply_refresh_mode(
+        discover(dataset, source, snapshot, partitions=selected, timeout_s=timeout_s), dataset, snapshot
+    )
+    return replace(
+        whole,
+        notes=(*plan.notes, *whole.notes),
+        late_rows=dict(plan.late_rows),
+        late_rows_policy=plan.late_rows_policy,
+        future_rows=plan.future_rows,
+        changed_rows=plan.changed_rows,
+    )
 
 
 @dataclass(frozen=True)
