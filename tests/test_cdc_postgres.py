@@ -1,5 +1,6 @@
 """refresh_mode: changes with change data capture (a logical replication slot, pgoutput) against a real
-Postgres with wal_level=logical (a private cluster, `pg_logical.py`).
+Postgres with wal_level=logical (a private cluster, `pg_logical.py`); the watermark modes' random steps
+run on the shared one.
 
 After every refresh a full read equals the Postgres table row for row (hash per row, types and NULLs) and
 a filtered read equals DuckDB over the rows Postgres holds. Hostile rows throughout: NULLs in every

@@ -349,6 +349,14 @@ def test_changes_watermark_takes_a_hard_delete_and_late_rows(pg_database: str, t
     assert again.late_rows == {}, "nothing left behind"
     assert again.refresh_mode == "changes", "back to merging changes"
     assert_equals_source(project, "accounts")
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        held = {path: entry.rows for path, entry in accelerated(project, "accounts")[0].partitions.items()}
+        conn.execute("TRUNCATE public.accounts")
+    emptied = refresh_dataset(project, "accounts")
+    assert emptied.late_rows == {path: -rows for path, rows in held.items()}, "every partition, named"
+    snapshot = open_catalog(project, project.dataset("accounts")).latest()
+    assert snapshot is not None
+    assert not snapshot.partitions, "the partitions of a TRUNCATEd table are removed"
 
 
 def test_changes_watermark_reports_or_refuses_what_it_cannot_see(

@@ -20,6 +20,11 @@ partition and watermark columns; it cannot see a late row and a moved row of the
 cancel out between two refreshes, nor an update in place that keeps the watermark (append reads only new
 rows: use refresh_mode changes or full for updated sources).
 
+`refresh_mode: changes` on a watermark is audited the same way (`audit_changes`): every partition's source
+count against the rows it will hold once the changes are merged; a hard delete, a row written below the
+watermark or with a NULL one makes them differ, and `refresh.late_rows` applies (`rewrite`: the pipeline
+rewrites those partitions and the changed ones whole, `rewrite_late_partitions`).
+
 Watermarks from the future are not trusted: values past now + `refresh.max_future_skew_s` are counted per
 partition (`future_rows`), and a partition whose watermark lies there is rewritten whole (not appended
 past that value), so a future-dated row cannot hold back the ordinary rows that come after it.
