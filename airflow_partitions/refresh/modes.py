@@ -532,7 +532,8 @@ def plan_changes(
     )
     if unaudited:
         audit_notes.append(
-            f"{len(unaudited)} changed partition(s) not audited (their files are not local): "
+            f"{len(unaudited)} changed partition(s) not audited for deletes and late rows (their "
+            "committed files are not read in this process; `airflow-partitions refresh` or `verify` does): "
             + ", ".join(unaudited[:10])
         )
     from airflow_partitions.refresh.plan import DiscoveryKind

@@ -111,6 +111,7 @@ def plan_refresh(
     timeout_s: float | None = None,
     catalog: Catalog | None = None,
     hold_snapshot: bool = False,
+    read_committed: bool = False,
 ) -> RefreshPlan:
     """Discover the dataset's partitions and diff them against its catalog: the refresh plan.
 
@@ -118,6 +119,9 @@ def plan_refresh(
     with its AWS connection); by default it is opened from the spec and the AWS environment.
     `hold_snapshot`: a change-capture plan that created its slot keeps the slot's exported snapshot open
     for the copy this process reads next (`refresh_dataset`, which ends it); by default it ends here.
+    `read_committed`: changes on a watermark may read the key columns of the partitions the changes touch
+    (local accelerator_dir), to audit them too; by default (a DAG's discover task reads no partition data)
+    they are named as not audited.
     """
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
@@ -143,7 +147,8 @@ def plan_refresh(
                 release_snapshot(stream.slot)
     if changes_fallback(bound, source, snapshot, selecting=selecting, full=full) is None:
         assert snapshot is not None
-        changes = plan_changes(bound, source, snapshot, held=held_reader(project, bound))
+        held = held_reader(project, bound) if read_committed else None
+        changes = plan_changes(bound, source, snapshot, held=held)
         return rewrite_late_partitions(changes, bound, source, snapshot, timeout_s)
     selector = where_selector(bound, where) if where else None
     plan = discover(
@@ -374,7 +379,14 @@ def _refresh_dataset(
 
     tick("discover", 0, 0, 0)
     plan = plan_refresh(
-        project, spec, partitions=partitions, where=where, full=full, source=source, hold_snapshot=True
+        project,
+        spec,
+        partitions=partitions,
+        where=where,
+        full=full,
+        source=source,
+        hold_snapshot=True,
+        read_committed=True,
     )
     timings["discover"] = time.monotonic() - started
     total = len(plan.items)
