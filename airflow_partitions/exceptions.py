@@ -145,7 +145,8 @@ class RefreshError(AirflowPartitionsError):
 
 
 class LateRowsError(RefreshError):
-    """An append refresh under `refresh.late_rows: fail` found partitions it cannot bring up to date."""
+    """A watermark refresh (append, or changes on a watermark) under `refresh.late_rows: fail` found
+    partitions differing from the source that it cannot see; `late_rows`: source minus acceleration."""
 
     def __init__(self, message: str, late_rows: dict[str, int]) -> None:
         super().__init__(message)

@@ -196,6 +196,56 @@ def test_cdc_changes_merged_by_spark_executors(pg_logical_database: str, tmp_pat
     assert_equals_source(project)
 
 
+@pytest.mark.parametrize("strategy", ["arrow", "pushdown", pytest.param("spark", marks=pytest.mark.spark)])
+def test_cdc_first_copy_is_read_at_the_slots_snapshot(
+    pg_logical_database: str,
+    tmp_path: Path,
+    monkeypatch: Any,
+    strategy: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Changes committed after the slot's creation but before the first copy is read (an update, a move,
+    a delete, an insert): the copy holds the table as it was at the slot's start, the next refresh applies
+    each change once (the old order copied them and streamed them again). Through Spark, a local
+    session reads the table through ADBC, at the snapshot too."""
+    from airflow_partitions.sources.pg_cdc import ChangeStream
+
+    spark = request.getfixturevalue("spark") if strategy == "spark" else None
+
+    url = pg_logical_database
+    create_accounts(url)
+    before = open_source(accounts_project(tmp_path, url).dataset("accounts").source).read_all()
+    created = ChangeStream.create
+
+    def create_then_change(self: ChangeStream, conn: Any) -> tuple[str, str | None]:
+        start = created(self, conn)
+        execute(
+            url,
+            "UPDATE public.accounts SET note = 'after the slot', balance = 1 WHERE id = 1",
+            "UPDATE public.accounts SET region = 'moved' WHERE id = 2",
+            "DELETE FROM public.accounts WHERE id = 3",
+            "INSERT INTO public.accounts VALUES (400, NULL, NULL, '', NULL, NULL)",
+        )
+        return start
+
+    monkeypatch.setattr(ChangeStream, "create", create_then_change)
+    project = accounts_project(tmp_path, url)
+    first = refresh_dataset(project, "accounts", strategy=strategy, spark=spark)
+    assert first.refresh_mode == "full"
+    assert any("at the slot's exported snapshot" in note for note in first.notes), first.notes
+    copied = sorted(row_hash(r) for r in accelerated(project, "accounts").to_pylist())
+    assert copied == sorted(row_hash(r) for r in before.to_pylist()), "the copy is the table at the start"
+    monkeypatch.setattr(ChangeStream, "create", created)
+    second = refresh_dataset(project, "accounts")
+    assert second.refresh_mode == "changes"
+    assert second.changed_rows == 4, second.notes
+    assert any("3 row(s) to upsert, 1 key(s) to delete" in note for note in second.notes), second.notes
+    assert_equals_source(project)
+    from airflow_partitions.sources import pg_cdc
+
+    assert not pg_cdc._EXPORTED, "the snapshot's connection is closed after the copy"
+
+
 def test_cdc_long_transaction_update_arrives(pg_logical_database: str, tmp_path: Path) -> None:
     """T1 updates id 8 and stays open, T2 updates id 9 and commits, refresh, T1 commits, refresh: id 8's
     new values and partition arrive (the watermark variant loses them for ever)."""

@@ -235,3 +235,28 @@ def test_hive_values_through_spark_connect(spark_connect_server: dict[str, Any],
     commit = commit_refresh(project, project.dataset("t"), plan, results, stage=StageResult.from_json(output))
     assert commit.rows == source.num_rows
     assert multiset(read_everything(spec).select(source.column_names)) == multiset(source)
+
+
+@pytest.mark.parametrize("strategy", ["spark", "pushdown", "arrow"])
+def test_zero_row_files_conserve(spark: Any, tmp_path: Path, strategy: str) -> None:
+    """A 0-row file is a file like any other: 0 rows read, 0 routed. One beside rows (s=x) adds nothing; one
+    alone in its directory (s=z) names no partition, since the source has no row with s = 'z'."""
+    write_encoded(tmp_path / "src", hive_rows(["x", None, "é/ü"]))
+    empty = hive_rows(["x"]).drop_columns(["s"]).slice(0, 0)
+    (tmp_path / "src" / "s=z").mkdir()
+    pq.write_table(empty, tmp_path / "src" / "s=z" / "empty.parquet")
+    pq.write_table(empty, tmp_path / "src" / "s=x" / "empty.parquet")
+    source = source_table(tmp_path / "src")
+    spec = write_spec(tmp_path, "file:src", "[{sk: s}]")
+    summary = refresh_dataset(spec, "t", spark=spark, strategy=strategy)
+    assert summary.failed == {}
+    assert summary.rows == source.num_rows == 12
+    read = read_everything(spec)
+    assert multiset(read.select(source.column_names)) == multiset(source)
+    assert set(read.column("s").to_pylist()) == {"x", None, "é/ü"}
+    # The directory gains rows: its partition appears on the next refresh.
+    pq.write_table(hive_rows(["x"]).drop_columns(["s"]), tmp_path / "src" / "s=z" / "rows.parquet")
+    refresh_dataset(spec, "t", spark=spark, strategy=strategy)
+    assert multiset(read_everything(spec).select(source.column_names)) == multiset(
+        source_table(tmp_path / "src")
+    )

@@ -361,6 +361,10 @@ def test_postgres_changes_upserts_moves_and_keeps_ties(
     plan = plan_refresh(project, "accounts")
     assert plan.refresh_mode == "changes"
     assert plan.changed_rows == 6, "the 4 changed rows, the tie, and the row at the watermark itself"
+    assert plan.notes[0].startswith(
+        "change detection: change_detection watermark (rows whose updated_at grew): the spec names "
+        "refresh.watermark_column and no refresh.change_detection"
+    ), "the variant the spec implies is named, with why"
     summary = refresh_dataset(project, "accounts", spark=spark)
     assert summary.refresh_mode == "changes"
     assert summary.stage_mode == ("written" if spark is not None else "changes")
@@ -376,14 +380,14 @@ def test_postgres_changes_upserts_moves_and_keeps_ties(
     assert refresh_dataset(project, "accounts", spark=spark).refresh_mode == "changes"
     assert_equals_source(project, "accounts")
 
-    # A hard delete is not a change: the row stays until a full refresh compares everything.
+    # A hard delete is no change the watermark reads: the audit of every partition's count names it,
+    # and (refresh.late_rows: rewrite, the default) its partition is rewritten whole in the refresh.
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute("DELETE FROM public.accounts WHERE id = 7")
-    refresh_dataset(project, "accounts", spark=spark)
-    _, table = accelerated(project, "accounts")
-    assert 7 in table.column("id").to_pylist()
-    assert refresh_dataset(project, "accounts", full=True).refresh_mode == "full"
+    deleted = refresh_dataset(project, "accounts", spark=spark)
+    assert deleted.late_rows == {"r=it%27s": -1}, "the partition and the count are named"
     assert_equals_source(project, "accounts")
+    assert refresh_dataset(project, "accounts", spark=spark).late_rows == {}
 
 
 @pytest.mark.postgres

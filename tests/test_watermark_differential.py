@@ -3,9 +3,10 @@
 Hive-laid-out Parquet files; after each step a refresh, then a full read compared with the source row for
 row (a hash per row, NULLs and types included).
 
-What a mode cannot see is named by the test, not assumed: `refresh_mode: changes` on a watermark does not
-see hard deletes or rows stamped below its watermark (README, "which mode sees what"), so those steps are
-not drawn for it; every step drawn must leave the acceleration equal to the source.
+Both modes get every step: what a watermark cannot read (late rows, hard deletes, rows whose watermark
+moved) the refresh's audit finds and, under `refresh.late_rows: rewrite` (the default), rewrites, so every
+step must leave the acceleration equal to the source; under `report` the test checks that each partition's
+row count differs from the source's by exactly what the refresh named (`late_rows`), and nowhere else.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_cdc_postgres import REGIONS as PG_REGIONS
+from test_cdc_postgres import TEXTS, create_accounts, row
+from test_cdc_postgres import assert_equals_source as assert_equals_table
 from test_refresh_modes import assert_equals_source
 
+from airflow_partitions.catalog import open_catalog
 from airflow_partitions.refresh import refresh_dataset
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import ProjectSpec
@@ -30,7 +35,7 @@ STEPS = 6
 REGIONS = ["a/b", "k=v", "100%", "it's", "", None, "é中"]
 NOTES = ["plain", 'say "hi"', "", None, "é中", "x=y/z"]
 APPEND_STEPS = ("insert", "late", "move", "delete", "future")
-CHANGES_STEPS = ("insert", "move", "future")
+CHANGES_STEPS = APPEND_STEPS
 
 
 def now() -> dt.datetime:
@@ -58,8 +63,7 @@ def pg_project(tmp_path: Path, url: str, mode: str) -> ProjectSpec:
 
 
 def pg_step(conn: Any, rng: random.Random, kind: str, next_id: list[int], *, jitter: bool = True) -> None:
-    """One step of `kind`; `jitter` stamps inserts up to 30 minutes back (late for append to find;
-    changes on a watermark does not see rows stamped below its watermark, so it gets none)."""
+    """One step of `kind`; `jitter` stamps inserts up to 30 minutes back (late rows for the audit to find)."""
     ids = [row[0] for row in conn.execute("SELECT id FROM public.t ORDER BY id").fetchall()]
     picked = rng.sample(ids, min(len(ids), rng.randint(1, 4)))
     if kind in ("insert", "late", "future"):
@@ -110,10 +114,114 @@ def test_postgres_watermark_modes_equal_the_source_after_every_step(
         assert_equals_source(project, "t")
         for step in range(STEPS):
             kind = rng.choice(APPEND_STEPS if mode == "append" else CHANGES_STEPS)
-            pg_step(conn, rng, kind, next_id, jitter=mode == "append")
+            pg_step(conn, rng, kind, next_id)
             summary = refresh_dataset(project, "t")
-            assert summary.refresh_mode == mode, f"seed {seed} step {step} ({kind})"
+            # changes rewrites what its audit found whole, with the changed partitions (a full plan).
+            rewritten = mode == "changes" and bool(summary.late_rows)
+            expected_mode = "full" if rewritten else mode
+            assert summary.refresh_mode == expected_mode, f"seed {seed} step {step} ({kind})"
             assert_equals_source(project, "t")
+
+
+def watermark_project(tmp_path: Path, url: str, mode: str, policy: str) -> ProjectSpec:
+    """The accounts table refreshed on the `updated_at` watermark: `append`, or `changes` with
+    change_detection watermark (the variant for sources where no slot can be created)."""
+    detection = ", change_detection: watermark" if mode == "changes" else ""
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: accounts\n"
+        "    from: postgres:public.accounts\n"
+        f"    params: {{url: '{url}', pushdown: always}}\n"
+        "    acceleration:\n"
+        f"      refresh_mode: {mode}\n"
+        "      primary_key: [id]\n"
+        '      partition_by: [{r: "region"}]\n'
+        f"      refresh: {{watermark_column: updated_at, late_rows: {policy}{detection}}}\n"
+    )
+    return load_spec(tmp_path / "spec.yaml")
+
+
+def count_differences(project: ProjectSpec, url: str) -> dict[str, int]:
+    """Per partition, the table's rows minus the acceleration's (only partitions that differ)."""
+    from airflow_partitions.keys import PartitionKey
+
+    with psycopg.connect(url) as conn:
+        counts = conn.execute("SELECT region, count(*) FROM public.accounts GROUP BY region").fetchall()
+    source = {PartitionKey((region,)).path(["r"]): n for region, n in counts}
+    snapshot = open_catalog(project, project.dataset("accounts")).latest()
+    assert snapshot is not None
+    held = {path: entry.rows for path, entry in snapshot.partitions.items()}
+    differences = {path: source.get(path, 0) - held.get(path, 0) for path in {*source, *held}}
+    return {path: n for path, n in sorted(differences.items()) if n}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("mode", "policy"),
+    [("append", "rewrite"), ("changes", "rewrite"), ("append", "report"), ("changes", "report")],
+)
+def test_watermark_random_sequences_equal_the_table_or_name_what_they_miss(
+    pg_database: str, tmp_path: Path, mode: str, policy: str
+) -> None:
+    """Seeded random steps on the watermark modes: inserts, updates that move the watermark (in place
+    and between partitions, the NULL one included), hard deletes, and late rows (a watermark below the
+    partition's, or NULL). After every refresh: under late_rows: rewrite the acceleration equals the table
+    row for row; under report each partition's row count differs from the table's by exactly what the
+    refresh named (`late_rows`), and nowhere else.
+
+    A step holds deletes and updates, or late rows, never both: the audit counts rows, so a delete and a
+    late row of one partition between two refreshes cancel (`airflow-partitions verify` compares row
+    hashes). An update that keeps its watermark is no change a watermark sees; none is made here."""
+    import random
+
+    url = pg_database
+    create_accounts(url, rows=40)
+    project = watermark_project(tmp_path, url, mode, policy)
+    refresh_dataset(project, "accounts")
+    assert_equals_table(project)
+    rng = random.Random(7)
+    clock = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    next_id = 1000
+    named: list[dict[str, int]] = []
+    for _ in range(4):
+        late_step = rng.random() < 0.5
+        with psycopg.connect(url, autocommit=True) as conn:
+            ids = [r[0] for r in conn.execute("SELECT id FROM public.accounts").fetchall()]
+            for _ in range(rng.randint(2, 6)):
+                clock += dt.timedelta(seconds=rng.randint(1, 90))
+                op = rng.choice(["insert", "late"] if late_step else ["insert", "update", "move", "delete"])
+                if op in {"insert", "late"}:
+                    values = list(row(next_id, version=rng.randint(0, 9)))
+                    values[4] = clock if op == "insert" else rng.choice([None, dt.datetime(2026, 1, 1)])
+                    conn.execute("INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s, %s)", values)
+                    ids.append(next_id)
+                    next_id += 1
+                    continue
+                target = rng.choice(ids)
+                if op == "update":
+                    conn.execute(
+                        "UPDATE public.accounts SET note = %s, balance = %s, updated_at = %s WHERE id = %s",
+                        (rng.choice(TEXTS), rng.choice([None, "0.01", "99.99"]), clock, target),
+                    )
+                elif op == "move":
+                    conn.execute(
+                        "UPDATE public.accounts SET region = %s, updated_at = %s WHERE id = %s",
+                        (rng.choice(PG_REGIONS), clock, target),
+                    )
+                else:
+                    conn.execute("DELETE FROM public.accounts WHERE id = %s", (target,))
+                    ids.remove(target)
+        summary = refresh_dataset(project, "accounts")
+        assert summary.late_rows is not None, "the watermark audit ran"
+        named.append(summary.late_rows)
+        if policy == "rewrite":
+            assert_equals_table(project)
+        else:
+            assert summary.late_rows == count_differences(project, url), (
+                "the partitions and counts named are exactly where the acceleration differs"
+            )
+    assert any(named), "the sequence holds rows the watermark cannot see"
 
 
 # --- Parquet files ---------------------------------------------------------------------------------

@@ -14,12 +14,19 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_refresh_modes import TEXTS, accounts_project, assert_equals_source, create_events, events_spec
+from test_refresh_modes import (
+    TEXTS,
+    accelerated,
+    accounts_project,
+    assert_equals_source,
+    create_events,
+    events_spec,
+)
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.cli.main import main
 from airflow_partitions.exceptions import LateRowsError
-from airflow_partitions.keys import value_to_json
+from airflow_partitions.keys import PartitionKey, value_to_json
 from airflow_partitions.refresh import refresh_dataset
 from airflow_partitions.refresh.modes import audit_appends, partition_watermark
 from airflow_partitions.refresh.pipeline import bind_dataset
@@ -290,3 +297,106 @@ def test_postgres_counts_the_audit_in_sql_as_the_columns_count_it(
     assert counted == audit_appends(items, dataset, ColumnsOnly(source), snapshot)  # type: ignore[arg-type]
     assert counted.late
     assert counted.future
+
+
+# --- refresh_mode changes, change_detection watermark: what the watermark cannot see -------------
+
+
+def watermark_changes_project(tmp_path: Path, url: str, late_rows: str = "rewrite") -> ProjectSpec:
+    """`accounts_project` with the watermark variant named, and `refresh.late_rows`."""
+    project = accounts_project(tmp_path, url)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        spec.read_text().replace(
+            "refresh: {watermark_column: updated_at}",
+            f"refresh: {{watermark_column: updated_at, change_detection: watermark, late_rows: {late_rows}}}",
+        )
+    )
+    assert project.dataset("accounts").acceleration.refresh.mode == "changes"
+    return load_spec(spec)
+
+
+def r_path(region: str | None) -> str:
+    return PartitionKey((region,)).path(["r"])
+
+
+def delete_and_insert_late(url: str) -> dict[str, int]:
+    """A hard DELETE (id 5), an ordinary update (id 7, now), and late rows stamped below the watermark:
+    one in id 7's partition (touched by the changes), one in another, one with a NULL partition value.
+    Returns what the changes cannot see, per partition: source minus acceleration."""
+    late = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM public.accounts WHERE id = 5")
+        conn.execute("UPDATE public.accounts SET note = 'seen', updated_at = now() WHERE id = 7")
+        conn.execute(
+            "INSERT INTO public.accounts VALUES (98, %s, 1.5, 'late, touched', %s), "
+            "(99, '100%%', NULL, 'late', %s), (97, NULL, 2, '', %s)",
+            (TEXTS[7 % 4], late, late, late),
+        )
+    return {r_path(TEXTS[5 % 4]): -1, r_path(TEXTS[7 % 4]): 1, r_path("100%"): 1, r_path(None): 1}
+
+
+def test_changes_watermark_takes_a_hard_delete_and_late_rows(pg_database: str, tmp_path: Path) -> None:
+    """late_rows: rewrite (the default): the partitions are named and rewritten whole in the refresh."""
+    project = watermark_changes_project(tmp_path, pg_database)
+    refresh_dataset(project, "accounts")
+    expected = delete_and_insert_late(pg_database)
+    summary = refresh_dataset(project, "accounts")
+    assert summary.late_rows == expected, "each partition the watermark could not see, with its count"
+    assert summary.late_rows_policy == "rewrite"
+    assert_equals_source(project, "accounts")
+    again = refresh_dataset(project, "accounts")
+    assert again.late_rows == {}, "nothing left behind"
+    assert again.refresh_mode == "changes", "back to merging changes"
+    assert_equals_source(project, "accounts")
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        held = {path: entry.rows for path, entry in accelerated(project, "accounts")[0].partitions.items()}
+        conn.execute("TRUNCATE public.accounts")
+    emptied = refresh_dataset(project, "accounts")
+    assert emptied.late_rows == {path: -rows for path, rows in held.items()}, "every partition, named"
+    snapshot = open_catalog(project, project.dataset("accounts")).latest()
+    assert snapshot is not None
+    assert not snapshot.partitions, "the partitions of a TRUNCATEd table are removed"
+
+
+def test_changes_watermark_reports_or_refuses_what_it_cannot_see(
+    pg_database: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = watermark_changes_project(tmp_path, pg_database, "report")
+    refresh_dataset(project, "accounts")
+    expected = delete_and_insert_late(pg_database)
+    spec = str(tmp_path / "spec.yaml")
+    capsys.readouterr()
+    assert main(["refresh", spec, "accounts", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["late_rows"] == expected
+    assert summary["late_rows_policy"] == "report"
+    reported = "after the changes, changes merged as usual (late_rows: report)"
+    assert any(reported in note for note in summary["notes"])
+    _, table = accelerated(project, "accounts")
+    with psycopg.connect(pg_database) as conn:
+        ids = {row[0] for row in conn.execute("SELECT id FROM public.accounts").fetchall()}
+    assert sorted(table.column("id").to_pylist()) == sorted(ids - {97, 98, 99} | {5}), (
+        "exactly the rows named are the ones missing or extra; the update of id 7 is merged"
+    )
+    assert main(["status", spec, "accounts", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)["datasets"][0]
+    assert status["conservation"]["late_rows"] == expected, "the commit record keeps it"
+    assert refresh_dataset(project, "accounts").late_rows == expected, "named again while it lasts"
+
+    project = with_late_rows(tmp_path, "fail")
+    catalog = open_catalog(project, project.dataset("accounts"))
+    version = catalog.latest().version
+    with pytest.raises(LateRowsError, match=r"Nothing was published") as raised:
+        refresh_dataset(project, "accounts")
+    assert raised.value.late_rows == expected
+    assert open_catalog(project, project.dataset("accounts")).latest().version == version
+
+
+def with_late_rows(tmp_path: Path, policy: str) -> ProjectSpec:
+    spec = tmp_path / "spec.yaml"
+    text = spec.read_text()
+    for old in ("rewrite", "report", "fail"):
+        text = text.replace(f"late_rows: {old}", f"late_rows: {policy}")
+    spec.write_text(text)
+    return load_spec(spec)

@@ -153,9 +153,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{summary.dataset}: strategy {summary.strategy}: {summary.strategy_reason}", file=sys.stderr
             )
         from airflow_partitions.refresh.cdc import NOTE
+        from airflow_partitions.refresh.modes import DETECTION_NOTE
 
         for note in summary.notes:
-            if note.startswith(NOTE):  # e.g. a TRUNCATE in the stream forced a full copy
+            # e.g. a TRUNCATE in the stream forced a full copy; the watermark variant implied by the spec
+            if note.startswith((NOTE, DETECTION_NOTE)):
                 print(f"{summary.dataset}: {note}", file=sys.stderr)
     return 1 if summary.failed else 0
 

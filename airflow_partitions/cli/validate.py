@@ -368,6 +368,8 @@ def render_summary(summary: dict[str, Any]) -> str:
             f"  refresh     {schedule}{check}; discovery timeout {refresh['discovery_timeout_s']:g} s, "
             f"at most {refresh['max_partitions']} partitions"
         )
+        if refresh.get("change_detection_reason"):
+            lines.append(f"  changes     {refresh['change_detection_reason']}")
         where = f" -> {snapshots['location']}" if snapshots["location"] else ""
         lines.append(f"  snapshots   {snapshots['mode']}{where}")
         check_line = _check_line(dataset.get("check"))

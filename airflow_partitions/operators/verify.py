@@ -17,9 +17,12 @@ class VerifyOperator(DatasetOperator):
     counts and row hashes on both sides, and the files against their commit's certificate. With `repair`,
     the partitions that differ are refreshed in one commit and verified again. The task fails with
     `VerifyDriftError` when a partition still differs (`fail_on_drift=False`: it succeeds and the XCom
-    says `"ok": false`). XCom: the report's totals and the differing partitions."""
+    says `"ok": false`). XCom: the report's totals and the differing partitions.
 
-    template_fields: Sequence[str] = (*DatasetOperator.template_fields, "where", "partitions")
+    `deep` (templated: a bool, or a rendered "true"/"false") reads and hashes every partition's files, even
+    those whose certificate is bound to files that still hash as the catalog records (`verify --deep`)."""
+
+    template_fields: Sequence[str] = (*DatasetOperator.template_fields, "where", "partitions", "deep")
     ui_color = "#eaf7ee"
 
     def __init__(
@@ -30,6 +33,7 @@ class VerifyOperator(DatasetOperator):
         repair: bool = False,
         fail_on_drift: bool = True,
         strategy: str = "auto",
+        deep: bool | str = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -40,6 +44,7 @@ class VerifyOperator(DatasetOperator):
         self.repair = repair
         self.fail_on_drift = fail_on_drift
         self.strategy = strategy
+        self.deep = deep
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_partitions.refresh.verify import verify_dataset
@@ -53,6 +58,7 @@ class VerifyOperator(DatasetOperator):
             repair=self.repair,
             catalog=self.open_catalog(),
             strategy=self.strategy,
+            deep=_flag("deep", self.deep),
         )
         summary = report.to_json()
         final = report.after_repair or report
@@ -72,3 +78,15 @@ class VerifyOperator(DatasetOperator):
                 f"{self.spec_path} {self.dataset} --repair` or set repair=True"
             )
         return summary
+
+
+def _flag(name: str, value: bool | str) -> bool:
+    """A boolean argument as given, or as a template rendered it (`"True"`, `"false"`)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", "", "none"):
+        return False
+    raise OrchestrationError(f"VerifyOperator: {name} must be true or false, got {value!r}")

@@ -367,6 +367,19 @@ function renderSummary(report) {
       "re-partitioning: " + moving.partitions_left + " partition(s), " + moving.rows_left
       + " rows left"));
   }
+
+  if (report.cdc) summary.appendChild(cdcBadge(report.cdc));
+}
+
+// Change data capture: the replication slot, its lag and the WAL the server keeps for it (`cdc status`).
+function cdcBadge(cdc) {
+  const slot = cdc.slot;
+  const text = cdc.error ? "change capture: " + cdc.error
+    : !slot ? "no replication slot " + cdc.slot_name + (cdc.committed_lsn ? " (lost: refresh --full)" : "")
+    : "slot " + slot.slot + ": lag " + formatBytes(slot.lag_bytes) + ", retains "
+      + formatBytes(slot.retained_wal_bytes) + " of WAL";
+  return el("span", {class: "badge" + (cdc.error || !slot ? " state-failed" : ""), "data-cdc-slot":
+    cdc.slot_name || "", title: "acceleration at WAL position " + (cdc.committed_lsn || "none")}, text);
 }
 
 function renderBlocked(report) {

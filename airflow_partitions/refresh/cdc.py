@@ -14,9 +14,14 @@ Exactly once (docs/ARCHITECTURE.md, "Change data capture"):
 A crash before 3 loses nothing (the slot still holds every change); a crash between the commit and the
 advance replays changes the commit holds already, which the merge by primary key applies idempotently.
 
-The first copy is read after the slot exists (not at the slot's exported snapshot: the stage reads through
-ADBC or Spark JDBC, which cannot join a snapshot). Replaying the stream from the slot's start over a later
-copy converges: every change is the full row to upsert, or the key to delete, by primary key.
+Consistent start: a new slot is created over a replication connection that exports its snapshot, and the
+first copy (discovery and every ADBC read of the stage in this process: the Arrow path, pushdown, Spark's
+local ADBC export) joins that snapshot, so it holds exactly the transactions committed before the slot's
+start, which the plan records as its position: no change is both copied and streamed, none is neither.
+The snapshot lives while this process holds the connection (until `after_commit`, or the end of
+`refresh_dataset`). A copy read elsewhere (a stage task in another process, Spark JDBC, a user without the
+REPLICATION privilege) is read after the slot's start; replaying the stream from the start over it
+converges, since every change is the full row to upsert, or the key to delete, by primary key.
 """
 
 from __future__ import annotations
@@ -130,8 +135,12 @@ def plan_cdc(
                     "the changes since then cannot be recovered. Run `airflow-partitions refresh SPEC "
                     f"{dataset.name} --full` to copy the table again and re-create the slot"
                 )
-            start = stream.create(conn)
+            start, exported = stream.create(conn)
             notes.append(f"{NOTE}replication slot {stream.slot} created at WAL position {start}")
+            if exported is not None:
+                notes.append(
+                    f"{NOTE}the first copy reads the table at the slot's exported snapshot {exported}"
+                )
         elif not stream.publishes(conn):
             if not full:
                 raise ChangeCaptureError(
@@ -152,7 +161,8 @@ def plan_cdc(
                 f"{NOTE}replication slot {stream.slot} advanced to the committed WAL position {committed} "
                 "(the last refresh stopped between its commit and the slot's advance)"
             )
-        upto = stream.position(conn)
+        # A new slot: the copy is read at its snapshot (or after it), the stream continues from its start.
+        upto = start if info is None else stream.position(conn)
         reason = changes_fallback(dataset, source, snapshot, selecting=False, full=full)
         if reason is None and committed is None:
             reason = "no version records a position in the change stream: the table is copied to start it"
@@ -292,7 +302,7 @@ def after_commit(plan: RefreshPlan, dataset: DatasetSpec, source: Source | None,
     """Step 3 of the module docstring, after the catalog commit (or when there was nothing to commit):
     advance the slot to the plan's position."""
     from airflow_partitions.sources import open_dataset_source
-    from airflow_partitions.sources.pg_cdc import ChangeStream
+    from airflow_partitions.sources.pg_cdc import ChangeStream, release_snapshot
     from airflow_partitions.sources.postgres import PostgresSource
 
     if plan.cdc is None:
@@ -304,4 +314,5 @@ def after_commit(plan: RefreshPlan, dataset: DatasetSpec, source: Source | None,
     stream = ChangeStream(source, plan.cdc["slot"])
     with stream.connect() as conn:
         stream.advance(conn, plan.cdc["upto"])
+    release_snapshot(stream.slot)
     kill_point("cdc-after-advance")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -524,6 +525,9 @@ def staged_source(dataset: DatasetSpec, manifest: StageManifest, location: str) 
             f"{manifest.source.get('location')!r}, but the spec now reads {source.describe()}; the spec "
             "changed since the stage: stage again"
         )
+    pg_cdc = sys.modules.get("airflow_partitions.sources.pg_cdc")
+    if pg_cdc is not None:  # a first change-capture copy reads every partition at its slot's snapshot
+        pg_cdc.adopt_snapshot(source)
     return source
 
 

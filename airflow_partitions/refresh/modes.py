@@ -20,6 +20,11 @@ partition and watermark columns; it cannot see a late row and a moved row of the
 cancel out between two refreshes, nor an update in place that keeps the watermark (append reads only new
 rows: use refresh_mode changes or full for updated sources).
 
+`refresh_mode: changes` on a watermark is audited the same way (`audit_changes`): every partition's source
+count against the rows it will hold once the changes are merged; a hard delete, a row written below the
+watermark or with a NULL one makes them differ, and `refresh.late_rows` applies (`rewrite`: the pipeline
+rewrites those partitions and the changed ones whole, `rewrite_late_partitions`).
+
 Watermarks from the future are not trusted: values past now + `refresh.max_future_skew_s` are counted per
 partition (`future_rows`), and a partition whose watermark lies there is rewritten whole (not appended
 past that value), so a future-dated row cannot hold back the ordinary rows that come after it.
@@ -28,7 +33,7 @@ past that value), so a future-dated row cannot hold back the ordinary rows that 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -301,22 +306,13 @@ def settle_late_rows(
     raises `LateRowsError`. A partition whose watermark lies in the future is always rewritten whole
     (appending past it would skip the ordinary rows that follow)."""
     policy = dataset.acceleration.refresh.late_rows
-    notes: list[str] = []
-    if audit.late:
-        listing = ", ".join(f"{path} ({count:+,})" for path, count in list(audit.late.items())[:10])
-        if policy is LateRows.FAIL:
-            raise LateRowsError(
-                f"dataset {dataset.name!r}: {len(audit.late)} partition(s) hold a different number of rows "
-                "at or below their watermark than the source (late, deleted or moved rows; source minus "
-                f"acceleration): {listing}. Refresh with --full, or set refresh.late_rows: rewrite to "
-                "rewrite those partitions in the append",
-                dict(audit.late),
-            )
-        action = "rewritten whole" if policy is LateRows.REWRITE else "appended as usual (late_rows: report)"
-        notes.append(
-            f"{len(audit.late)} partition(s) differ from the source at or below their watermark, "
-            f"{action}: {listing}"
-        )
+    notes = late_rows_notes(
+        dataset,
+        audit.late,
+        where="at or below their watermark",
+        causes="late, deleted or moved rows",
+        kept="appended as usual",
+    )
     if audit.future:
         total = sum(audit.future.values())
         listing = ", ".join(f"{path} ({count:,})" for path, count in list(audit.future.items())[:10])
@@ -351,6 +347,29 @@ def settle_late_rows(
         future_rows=dict(audit.future),
         late_rows_policy=str(policy),
     )
+
+
+def late_rows_notes(
+    dataset: DatasetSpec, late: Mapping[str, int], *, where: str, causes: str, kept: str
+) -> list[str]:
+    """The note naming the partitions a watermark mode found differing from the source (`late`: source
+    minus acceleration, per key path), as `refresh.late_rows` handles them; `fail` raises
+    `LateRowsError` naming them instead."""
+    if not late:
+        return []
+    policy = dataset.acceleration.refresh.late_rows
+    listing = ", ".join(f"{path} ({count:+,})" for path, count in list(late.items())[:10])
+    more = f" and {len(late) - 10} more" if len(late) > 10 else ""
+    if policy is LateRows.FAIL:
+        raise LateRowsError(
+            f"dataset {dataset.name!r}: {len(late)} partition(s) hold a different number of rows {where} "
+            f"than the source ({causes}; source minus acceleration): {listing}{more}. Nothing was "
+            "published. Refresh with --full, or set refresh.late_rows: rewrite to rewrite those "
+            "partitions whole in the refresh",
+            dict(late),
+        )
+    action = "rewritten whole" if policy is LateRows.REWRITE else f"{kept} (late_rows: report)"
+    return [f"{len(late)} partition(s) differ from the source {where}, {action}: {listing}{more}"]
 
 
 def rows_since(dataset: DatasetSpec, item: PartitionWorkItem) -> RowsSince | None:
@@ -431,7 +450,16 @@ def changes_fallback(
     return None
 
 
-def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> RefreshPlan:
+# How the note on a changes refresh's implied change detection starts (the CLI prints it).
+DETECTION_NOTE = "change detection: "
+
+
+def plan_changes(
+    dataset: DatasetSpec,
+    source: Source,
+    snapshot: Snapshot,
+    held: Callable[[PartitionEntry, Sequence[str]], pa.Table] | None = None,
+) -> RefreshPlan:
     """The changes plan: the rows changed since the committed watermark (read once, keys and partition
     columns only), the partitions they land in now, and the partitions their keys may live in (file
     statistics of the first primary-key column; no statistics = might). Each item carries its committed
@@ -494,6 +522,22 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
     items = changes_items(
         snapshot, touched, fingerprint, watermark=value_to_json(watermark), upper=value_to_json(upper)
     )
+    # What the changes cannot see (hard deletes, rows changed below the watermark): every partition's
+    # source rows against the rows it will hold once the changes are merged.
+    late, unaudited = audit_changes(dataset, source, snapshot, changed, touched, watermark, held)
+    audit_notes = late_rows_notes(
+        dataset,
+        late,
+        where="after the changes",
+        causes="hard deletes, or rows inserted or changed below the watermark",
+        kept="changes merged as usual",
+    )
+    if unaudited:
+        audit_notes.append(
+            f"{len(unaudited)} changed partition(s) not audited for deletes and late rows (their "
+            "committed files are not read in this process; `airflow-partitions refresh` or `verify` does): "
+            + ", ".join(unaudited[:10])
+        )
     from airflow_partitions.refresh.plan import DiscoveryKind
 
     return RefreshPlan(
@@ -509,6 +553,11 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
         fingerprint_granularity="partition",
         elapsed_s=time.monotonic() - started,
         notes=(
+            *(
+                [f"{DETECTION_NOTE}{acceleration.refresh.detection_reason}"]
+                if acceleration.refresh.change_detection is None
+                else []
+            ),
             f"{changed.num_rows} row(s) changed since {column} >= {watermark!r}"
             + (
                 f", up to before the oldest open transaction ({open_since.isoformat()})" if open_since else ""
@@ -522,13 +571,84 @@ def plan_changes(dataset: DatasetSpec, source: Source, snapshot: Snapshot) -> Re
                 if future_rows
                 else []
             ),
+            *audit_notes,
         ),
         future_rows=dict(sorted(future_rows.items())),
+        late_rows=late,
+        late_rows_policy=str(acceleration.refresh.late_rows),
         refresh_mode=str(RefreshMode.CHANGES),
         watermark_column=column,
         changed_rows=changed.num_rows,
         changed_partitions=len(items),
     )
+
+
+def audit_changes(
+    dataset: DatasetSpec,
+    source: Source,
+    snapshot: Snapshot,
+    changed: pa.Table,
+    touched: Mapping[str, PartitionKey],
+    watermark: Any,
+    held: Callable[[PartitionEntry, Sequence[str]], pa.Table] | None,
+) -> tuple[dict[str, int], list[str]]:
+    """Per partition, the source's rows minus the rows the acceleration will hold once the `changed` rows
+    are merged (only partitions that differ), and the changed partitions that could not be audited.
+
+    The source side is one grouped count (in Postgres, `count_below_watermarks`; only counts cross the
+    wire). A partition the changes do not touch will hold what it holds; a touched one holds its rows
+    minus those whose key changed (read from its files' key columns through `held`) plus the changed
+    rows landing in it. A difference is a hard delete, a row inserted or changed below the watermark, or
+    a write that raced the refresh: the refresh cannot see it through the watermark."""
+    import collections
+
+    import duckdb
+
+    acceleration = dataset.acceleration
+    column = acceleration.refresh.watermark_column
+    assert column is not None
+    transforms = [f.transform for f in acceleration.partition_by]
+    names = acceleration.partition_names
+    thresholds = [_just_past(watermark)] if watermark is not None else []
+    counter = getattr(source, "count_below_watermarks", None)
+    rows = counter(transforms, column, thresholds, None) if counter is not None else None
+    if rows is None:
+        wanted = list(dict.fromkeys([*(t.source_column for t in transforms), column]))
+        rows = bucketed_counts(source.read_columns(wanted), transforms, column, thresholds, None)
+    in_source: collections.Counter[str] = collections.Counter()
+    key_values = [rows.column(f"k{i}").to_pylist() for i in range(len(transforms))]
+    for key, count in zip(zip(*key_values, strict=True), rows.column("n").to_pylist(), strict=True):
+        in_source[PartitionKey(tuple(key)).path(names)] += int(count)
+    landing: collections.Counter[str] = collections.Counter()
+    if changed.num_rows:
+        values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
+        for key in zip(*values, strict=True):
+            landing[PartitionKey(tuple(key)).path(names)] += 1
+    keys = list(acceleration.primary_key)
+    unaudited: list[str] = []
+    late: dict[str, int] = {}
+    for key_path in sorted(set(in_source) | set(snapshot.partitions) | set(touched)):
+        entry = snapshot.partitions.get(key_path)
+        holds = entry.rows if entry is not None else 0
+        if key_path in touched and entry is not None and entry.rows:
+            if held is None:
+                unaudited.append(key_path)
+                continue
+            base = held(entry, keys).select(keys)
+            quoted = ['"' + k.replace('"', '""') + '"' for k in keys]
+            same = " AND ".join(f"c.{q} IS NOT DISTINCT FROM b.{q}" for q in quoted)
+            with duckdb.connect() as con:
+                con.register("b", base)
+                con.register("c", changed.select(keys))
+                found = con.execute(
+                    f"SELECT count(*) FROM b WHERE EXISTS (SELECT 1 FROM c WHERE {same})"
+                ).fetchone()
+            holds -= int(found[0]) if found is not None else 0
+        holds += landing.get(key_path, 0)
+        difference = in_source.get(key_path, 0) - holds
+        if difference:
+            late[key_path] = difference
+    return late, unaudited
 
 
 def changes_touched(

@@ -27,6 +27,7 @@ from airflow_partitions.refresh.cdc import kill_point, uses_cdc
 from airflow_partitions.refresh.commit import (
     commit_refresh,
     dataset_data_root,
+    dataset_storage,
     open_dataset_catalog,
     remove_stage,
 )
@@ -109,11 +110,18 @@ def plan_refresh(
     source: Source | None = None,
     timeout_s: float | None = None,
     catalog: Catalog | None = None,
+    hold_snapshot: bool = False,
+    read_committed: bool = False,
 ) -> RefreshPlan:
     """Discover the dataset's partitions and diff them against its catalog: the refresh plan.
 
     `catalog`: the dataset's catalog when the caller opened it (an Airflow task opens a catalog on S3
     with its AWS connection); by default it is opened from the spec and the AWS environment.
+    `hold_snapshot`: a change-capture plan that created its slot keeps the slot's exported snapshot open
+    for the copy this process reads next (`refresh_dataset`, which ends it); by default it ends here.
+    `read_committed`: changes on a watermark may read the key columns of the partitions the changes touch
+    (local accelerator_dir), to audit them too; by default (a DAG's discover task reads no partition data)
+    they are named as not audited.
     """
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
@@ -130,10 +138,18 @@ def plan_refresh(
             return apply_refresh_mode(plan, bound, snapshot)
 
         stream = change_stream(project, bound, source)
-        return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy)
+        try:
+            return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy)
+        finally:
+            if not hold_snapshot:
+                from airflow_partitions.sources.pg_cdc import release_snapshot
+
+                release_snapshot(stream.slot)
     if changes_fallback(bound, source, snapshot, selecting=selecting, full=full) is None:
         assert snapshot is not None
-        return plan_changes(bound, source, snapshot)
+        held = held_reader(project, bound) if read_committed else None
+        changes = plan_changes(bound, source, snapshot, held=held)
+        return rewrite_late_partitions(changes, bound, source, snapshot, timeout_s)
     selector = where_selector(bound, where) if where else None
     layouts_checked = False
     if selecting and snapshot is not None and layouts_differ(snapshot, bound):
@@ -183,6 +199,43 @@ def move_rows_of_selection(
     holding = old_partitions_holding(project, dataset, paths, catalog=catalog)
     repartition(project, dataset, catalog=catalog, only=holding)
     return catalog.latest()
+
+
+def held_reader(project: ProjectSpec, dataset: DatasetSpec) -> Callable[..., Any] | None:
+    """Reads columns of a committed partition's files, for the changes audit (None: they are remote)."""
+    if project.remote:
+        return None
+    storage = dataset_storage(dataset)
+    root = dataset_data_root(project, dataset)
+
+    def read(entry: Any, columns: Sequence[str]) -> Any:
+        return storage.read(root, list(entry.files), columns=list(columns))
+
+    return read
+
+
+def rewrite_late_partitions(
+    plan: RefreshPlan, dataset: DatasetSpec, source: Source, snapshot: Any, timeout_s: float | None
+) -> RefreshPlan:
+    """A changes plan whose audit found partitions differing from the source, under `refresh.late_rows:
+    rewrite`: those partitions and the changed ones are rewritten whole from the source in one commit
+    (the changes are in the rows read), as a selection refresh rewrites them."""
+    from dataclasses import replace
+
+    if not plan.late_rows or plan.late_rows_policy != "rewrite":
+        return plan
+    selected = sorted({item.key_path for item in plan.items} | set(plan.late_rows))
+    whole = apply_refresh_mode(
+        discover(dataset, source, snapshot, partitions=selected, timeout_s=timeout_s), dataset, snapshot
+    )
+    return replace(
+        whole,
+        notes=(*plan.notes, *whole.notes),
+        late_rows=dict(plan.late_rows),
+        late_rows_policy=plan.late_rows_policy,
+        future_rows=plan.future_rows,
+        changed_rows=plan.changed_rows,
+    )
 
 
 @dataclass(frozen=True)
@@ -295,6 +348,9 @@ def refresh_dataset(
     theirs. The summary's `strategy` and `strategy_reason` say which ran and why.
     """
     chosen: list[StrategyChoice] = []
+    project = load_project(project)
+    dataset = resolve_dataset(project, dataset)
+    source = source or open_dataset_source(dataset)
     try:
         summary = _refresh_dataset(
             project,
@@ -319,6 +375,11 @@ def refresh_dataset(
         if refused is not None and chosen:
             refused.strategy, refused.strategy_reason = chosen[0].engine, chosen[0].reason
         raise
+    finally:
+        if getattr(source, "snapshot", None) is not None:  # a first change-capture copy held its slot's
+            from airflow_partitions.sources.pg_cdc import release_snapshot  # snapshot: a failure ended it
+
+            release_snapshot(source=source)
     if chosen:
         summary.strategy, summary.strategy_reason = chosen[0].engine, chosen[0].reason
     return summary
@@ -355,7 +416,16 @@ def _refresh_dataset(
             progress(RefreshProgress(phase, done, total, rows, time.monotonic() - started))
 
     tick("discover", 0, 0, 0)
-    plan = plan_refresh(project, spec, partitions=partitions, where=where, full=full, source=source)
+    plan = plan_refresh(
+        project,
+        spec,
+        partitions=partitions,
+        where=where,
+        full=full,
+        source=source,
+        hold_snapshot=True,
+        read_committed=True,
+    )
     timings["discover"] = time.monotonic() - started
     total = len(plan.items)
     choice = choose_strategy(

@@ -20,6 +20,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -308,10 +309,20 @@ def _selected_source_tallies(
     tallies: dict[str, RowTally] = {}
     if source.can_read_partition(transforms) or _pushes_predicates(source, transforms):
         rows = 0
+        from airflow_partitions.sources.postgres import PostgresSource
+
         for done, (key_path, key) in enumerate(sorted(keys.items()), start=1):
-            table = source.read_partition(transforms, key.values, None)
             with hash_connection() as connection:
-                tally = tally_rows(table, schema, connection)
+                if isinstance(source, PostgresSource):  # batch by batch: a partition need not fit in memory
+                    batches = source.read_batches(transforms=transforms, key=key.values)
+                    streamed = tally_table_by_partition(
+                        _ready_stream(batches, schema), schema, [], connection
+                    )
+                    tally = next(iter(streamed.values()), RowTally())
+                else:
+                    tally = tally_rows(
+                        source.read_partition(transforms, key.values, None), schema, connection
+                    )
             if tally.rows:
                 tallies[key_path] = tally
             rows += tally.rows
@@ -364,7 +375,30 @@ def _tally_whole_source(
                 ), "arrow-stream"
             except (duckdb.Error, OSError, ValueError):
                 pass  # the connector's whole read below raises its own error, naming the file
+    from airflow_partitions.sources.postgres import PostgresSource
+
+    if isinstance(source, PostgresSource):
+        # Postgres' rows stream batch by batch into the one aggregate: the table need not fit in memory.
+        batches = source.read_batches()
+        with hash_connection() as connection:
+            return tally_table_by_partition(
+                _ready_stream(batches, schema), schema, transforms, connection
+            ), "postgres-stream"
     return _tally_source(source.read_all(), schema, transforms), "arrow"
+
+
+def _ready_stream(batches: Any, schema: Any) -> Any:
+    """A stream of batches conformed to the hash (`hash_ready`), one batch at a time."""
+    import pyarrow as pa
+
+    ready_schema = hash_ready(schema.empty_table(), schema).schema
+
+    def ready() -> Any:
+        for batch in batches:
+            if batch.num_rows:
+                yield from hash_ready(pa.Table.from_batches([batch]), schema).to_batches()
+
+    return pa.RecordBatchReader.from_batches(ready_schema, ready())
 
 
 def _parquet_relation(source: Any, schema: Any, connection: Any) -> tuple[str, list[str]] | None:
@@ -524,12 +558,13 @@ def _compare(
     paths = sorted(set(entries) | set(source_tallies))
     checks: list[PartitionCheck] = []
     rows = 0
-    connection = hash_connection()
-    with connection, _acceleration_files(project, spec, catalog) as (storage, root, fetch):
+    with _acceleration_files(project, spec, catalog) as (storage, root, fetch), ExitStack() as stack:
         if certified is None:
             certified = {} if deep else _certified_entries(entries, root, fetch)
         to_read = {path: entry for path, entry in entries.items() if path not in certified}
-        by_file = _parquet_tallies(spec, storage, root, fetch, to_read, schema, connection)
+        # A DuckDB connection only for files to read (opening one costs tens of milliseconds).
+        connection = stack.enter_context(hash_connection()) if to_read else None
+        by_file = _parquet_tallies(spec, storage, root, fetch, to_read, schema, connection) if to_read else {}
         for done, path in enumerate(paths, start=1):
             entry = entries.get(path)
             want = source_tallies.get(path, RowTally())

@@ -67,6 +67,9 @@ STATIC_MAPPING_LIMIT = 100_000
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".lz4")
 # Spark and pyarrow agree on skipping these: job markers, checksums, hidden files.
 _IGNORED_SUFFIXES = (".crc",)
+# Files up to this size are read (a Parquet footer, a small CSV or JSON parsed) to tell a directory of
+# 0-row files from a partition; larger ones are taken as holding rows.
+_ROW_CHECK_BYTES = 1 << 20
 
 
 def csv_convert_options(schema: pa.Schema | None = None) -> pacsv.ConvertOptions:
@@ -586,6 +589,40 @@ class FileSource:
             groups.setdefault(partial, []).append(f)
         return projection, groups
 
+    def _may_hold_rows(self, group: Sequence[SourceFile]) -> bool:
+        """False only when every file of `group` was read and holds no row. A file above
+        `_ROW_CHECK_BYTES` is taken as holding rows unread: doubt keeps the key (an empty partition then
+        fails the refresh's conservation check loudly; a dropped key would lose rows)."""
+        if any(f.size > _ROW_CHECK_BYTES for f in group):
+            return True
+        return any(self._file_rows(f) != 0 for f in group)
+
+    def _file_rows(self, source_file: SourceFile) -> int | None:
+        """The rows of one small file (a Parquet footer; CSV and JSON parsed), remembered per version;
+        None when it cannot be read here (the refresh's own read reports why)."""
+        line = source_file.fingerprint_line()
+        known = self._row_counts.get(line)
+        if known is not None:
+            return known
+        import pyarrow.dataset as pads
+        import pyarrow.parquet as pq
+
+        try:
+            if self.file_format == "parquet":
+                rows = pq.read_metadata(source_file.path, filesystem=self.filesystem).num_rows
+            else:
+                fmt = self._arrow_format()
+                rows = pads.dataset([source_file.path], format=fmt, filesystem=self.filesystem).count_rows()
+        except (OSError, ValueError):
+            return None
+        self._row_counts[line] = rows
+        return rows
+
+    @cached_property
+    def _row_counts(self) -> dict[str, int]:
+        """Row counts of small files by fingerprint line, for the life of this source object."""
+        return {}
+
     def survey(
         self,
         transforms: Sequence[Transform],
@@ -606,8 +643,13 @@ class FileSource:
         keys: list[KeyTuple] | None = None
         notes: list[str] = []
         if need_keys and projection and len(projection) == len(transforms):
-            # Every field is decided by the directories: the listing is the discovery.
-            keys = [tuple(partial[projection.index(i)] for i in range(len(transforms))) for partial in groups]
+            # Every field is decided by the directories: the listing is the discovery, less the directories
+            # whose files hold no row (a partition is a key some row has).
+            keys = [
+                tuple(partial[projection.index(i)] for i in range(len(transforms)))
+                for partial, group in groups.items()
+                if self._may_hold_rows(group)
+            ]
             notes.append("keys listed from Hive directories")
         if check_column:
             notes.append("check_column is ignored for file sources: file sizes and versions are compared")

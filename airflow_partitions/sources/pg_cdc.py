@@ -440,15 +440,54 @@ class ChangeStream:
         elif not self.publishes(conn):
             self._rows(conn, f'ALTER PUBLICATION "{self.publication}" SET TABLE {table}')
 
-    def create(self, conn: Any) -> str:
-        """Publish the table (`publish`) and create the slot; the slot's start."""
+    def create(self, conn: Any) -> tuple[str, str | None]:
+        """Publish the table (`publish`) and create the slot: (the slot's start, the snapshot it exported).
+
+        The slot is created over a replication connection with an exported snapshot, the state of the
+        database at exactly the slot's start; the connection stays open (so the snapshot stays importable)
+        until `release_snapshot`, and `self.source.snapshot` names it, so the first copy is read at it:
+        no change lies both in the copy and in the stream, none in neither. Without the REPLICATION
+        privilege the slot is created through `pg_create_logical_replication_slot` (no snapshot: the copy
+        is read afterwards and the stream replays the changes in between, idempotently by primary key).
+        """
         self.publish(conn)
+        exported = self._create_exporting()
+        if exported is not None:
+            return exported
         rows = self._rows(
             conn,
             "SELECT lsn::text AS lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')",
             [self.slot],
         )
-        return str(rows[0]["lsn"])
+        return str(rows[0]["lsn"]), None
+
+    def _create_exporting(self) -> tuple[str, str] | None:
+        import psycopg
+
+        try:
+            replication = psycopg.connect(self.source.url, autocommit=True, replication="database")
+        except psycopg.Error:
+            return None  # no REPLICATION privilege, or no replication connections allowed
+        try:
+            cur = psycopg.ClientCursor(replication)  # the replication protocol takes simple queries only
+            old_syntax = replication.info.server_version < 150000
+            option = "EXPORT_SNAPSHOT" if old_syntax else "(SNAPSHOT 'export')"
+            cur.execute(f'CREATE_REPLICATION_SLOT "{self.slot}" LOGICAL pgoutput {option}')
+            row = cur.fetchone()
+        except psycopg.Error as err:
+            replication.close()
+            from airflow_partitions.sources.postgres import _clean_error
+
+            raise ChangeCaptureError(
+                f"cannot create replication slot {self.slot!r} on {self.source.describe()}: "
+                f"{_clean_error(err)}"
+            ) from err
+        assert row is not None
+        start, snapshot = str(row[1]), str(row[2])
+        release_snapshot(self.slot)
+        _EXPORTED[self.slot] = (replication, self.source)
+        self.source.snapshot = snapshot
+        return start, snapshot
 
     def drop(self) -> dict[str, bool]:
         """Drop the slot and the publication of this dataset (each when it exists)."""
@@ -589,6 +628,31 @@ class ChangeStream:
                 cur.execute(sql, parameters=(json.dumps(chunk, ensure_ascii=False),))
                 parts.append(conform_table(cur.fetch_arrow_table(), schema))
         return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+# Replication connections holding a slot's exported snapshot open, by slot, with the source reading at it.
+_EXPORTED: dict[str, tuple[Any, PostgresSource]] = {}
+
+
+def release_snapshot(slot: str | None = None, *, source: object = None) -> None:
+    """Close the connection holding `slot`'s exported snapshot (or those `source` reads at); the source
+    reads the live table again."""
+    for name, (connection, reading) in list(_EXPORTED.items()):
+        if name == slot or (source is not None and reading is source):
+            del _EXPORTED[name]
+            reading.snapshot = None
+            connection.close()
+
+
+def adopt_snapshot(source: Any) -> None:
+    """Let `source` (opened again for one partition of the first copy) read at the snapshot this process
+    holds for its table, if any."""
+    for _, reading in _EXPORTED.values():
+        if getattr(source, "kind", None) == "postgres" and (reading.url, reading.table) == (
+            source.url,
+            source.table,
+        ):
+            source.snapshot = reading.snapshot
 
 
 # The last peek of this process, by (slot, upto), with the slot position it started from: the plan and

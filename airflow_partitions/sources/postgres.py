@@ -59,6 +59,8 @@ PUSHDOWN_MODES = ("auto", "always", "never")
 _QUERY_CANCELED = "57014"
 # Keys up to this many are pushed to the source as one OR of ranges when the stage reads a subset.
 MAX_PUSHED_RANGES = 512
+# Bytes of one batch of a streamed read (`read_batches`), the ADBC driver's hint.
+STREAM_BATCH_BYTES = 16 << 20
 # The per-partition sum of row-version hashes is kept below 2**40 in SQL, so adding up the groups of one
 # partition (when its expression is applied here) stays far inside int64.
 _VERSION_HASH_MODULUS = 1 << 40
@@ -200,6 +202,8 @@ class PostgresSource:
         if pushdown not in PUSHDOWN_MODES:
             raise SourceError(f"params.pushdown {pushdown!r} is not one of {', '.join(PUSHDOWN_MODES)}")
         self.pushdown = pushdown
+        # An exported snapshot every read joins (change data capture's first copy, `pg_cdc`), or None.
+        self.snapshot: str | None = None
 
     def describe(self) -> str:
         via = f"connection {self.connection_id!r}" if self.connection_id and not self._url else "a URL"
@@ -240,6 +244,11 @@ class PostgresSource:
                 cur.execute("SET standard_conforming_strings = on")
                 if statement_timeout_s is not None:
                     cur.execute(f"SET statement_timeout = {max(1, int(statement_timeout_s * 1000))}")
+                if self.snapshot is not None:
+                    # ADBC opened a transaction; it reads the database as the snapshot saw it.
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    snapshot = self.snapshot.replace("'", "''")
+                    cur.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
             yield conn
         finally:
             conn.close()
@@ -454,6 +463,38 @@ class PostgresSource:
         except Exception as err:
             raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
         return conform_table(raw, self.schema())
+
+    def read_batches(
+        self, where: str = "TRUE", *, transforms: Sequence[Transform] = (), key: KeyTuple | None = None
+    ) -> pa.RecordBatchReader:
+        """Rows matching a WHERE clause built by this module, canonical types, as a stream of batches
+        (about `STREAM_BATCH_BYTES` each) read as they arrive, never held whole; with `key`, only the rows
+        of that partition (the exact filter of `read_partition`). The connection closes with the stream."""
+        import adbc_driver_postgresql as adbc_postgresql
+        import pyarrow as pa
+
+        schema = self.schema()
+        columns = ", ".join(quote_ident(name) for name in schema.names)
+        if key is not None:
+            where = f"({where}) AND ({self._key_predicate(transforms, key)})"
+        option = adbc_postgresql.StatementOptions.BATCH_SIZE_HINT_BYTES.value
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                with self.connect() as conn, conn.cursor() as cur:
+                    cur.adbc_statement.set_options(**{option: str(STREAM_BATCH_BYTES)})
+                    cur.execute(f"SELECT {columns} FROM {self.table.sql} WHERE {where}")
+                    for batch in cur.fetch_record_batch():
+                        table = conform_table(pa.Table.from_batches([batch]), schema)
+                        if key is not None:
+                            table = filter_to_key(table, transforms, key)
+                        yield from table.to_batches()
+            except SourceError:
+                raise
+            except Exception as err:
+                raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
 
     def read_partition(self, transforms: Sequence[Transform], key: KeyTuple, hint: Any) -> pa.Table:
         # The range comes from the transform's preimage; the exact filter guards its edges.

@@ -50,6 +50,11 @@ def describe_dataset(dataset: DatasetSpec) -> dict[str, Any]:
                 "max_partitions": acceleration.refresh.max_partitions,
                 "late_rows": str(acceleration.refresh.late_rows),
                 "max_future_skew_s": acceleration.refresh.max_future_skew_s,
+                "refresh_mode": str(acceleration.refresh.mode),
+                "change_detection": (
+                    str(acceleration.refresh.detection) if acceleration.refresh.detection else None
+                ),
+                "change_detection_reason": acceleration.refresh.detection_reason,
             },
             "snapshots": {
                 "mode": acceleration.snapshots.mode.value,

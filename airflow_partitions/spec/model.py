@@ -488,6 +488,28 @@ class RefreshConfig:
         """How a changes refresh finds changed rows (None outside refresh_mode: changes)."""
         return resolve_change_detection(self.mode, self.watermark_column, self.change_detection)
 
+    @property
+    def detection_reason(self) -> str | None:
+        """Which change detection a changes refresh uses and why, for `validate` and the refresh's notes."""
+        detection = self.detection
+        if detection is None:
+            return None
+        if self.change_detection is not None:
+            return f"change_detection {detection}, as refresh.change_detection says"
+        if detection is ChangeDetection.WATERMARK:
+            return (
+                f"change_detection watermark (rows whose {self.watermark_column} grew): the spec names "
+                "refresh.watermark_column and no refresh.change_detection, as specs written before change "
+                "data capture did, so it keeps that variant; it sees no delete and no late, backdated or "
+                "in-place update. Set refresh.change_detection: cdc to read a replication slot instead "
+                "(Postgres, wal_level = logical), or change_detection: watermark to keep this variant and "
+                "silence this note"
+            )
+        return (
+            "change_detection cdc (a logical replication slot: inserts, updates, deletes, TRUNCATE), the "
+            "default of refresh_mode: changes"
+        )
+
 
 def resolve_change_detection(
     mode: RefreshMode, watermark_column: str | None, change_detection: str | None
