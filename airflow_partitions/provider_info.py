@@ -96,7 +96,15 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_partitions.operators.write",
                     "airflow_partitions.operators.verify",
                     "airflow_partitions.operators.repartition",
+                    "airflow_partitions.operators.read",
                 ],
+            }
+        ],
+        # `@task.read_run_partitions(dataset=...)`: a TaskFlow task handed exactly its run's partitions.
+        "task-decorators": [
+            {
+                "name": "read_run_partitions",
+                "class-name": "airflow_partitions.operators.read.read_run_partitions_task",
             }
         ],
         "sensors": [

@@ -255,3 +255,82 @@ def test_stage_refresh_refuses_arrow_with_where_it_runs() -> None:
 
     with pytest.raises(RefreshError, match=r"refresh --strategy arrow"):
         choose_mode(None, [], "arrow")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("allow_partial", [True, False])
+def test_a_failing_partition_is_recorded_like_the_spark_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, allow_partial: bool
+) -> None:
+    """One partition's write fails after its files are written. `allow_partial`: the good partitions are
+    published with their new rows, the failed one keeps its previous version's rows and its error is in
+    the failure store; without it nothing is committed (`PartitionsFailedError`), the error recorded too.
+    The files written for the failed partition are removed either way (without `allow_partial`, every
+    file the refresh wrote), and the next refresh clears the record."""
+    from airflow_partitions.exceptions import PartitionsFailedError
+    from airflow_partitions.refresh import arrow_refresh as arrow_refresh_module
+    from airflow_partitions.refresh.failures import FailureStore
+
+    first = hostile_chunks(61, rows=240)
+    write_source(tmp_path, first)
+    spec = write_spec(tmp_path, "parquet", IDENTITY)
+    refresh_dataset(spec, DATASET, strategy="arrow")
+    version = catalog_version(spec)
+    committed = set((tmp_path / "acc").rglob("*.parquet"))
+    new = hostile_chunks(62, rows=60, chunks=1)[0]
+    new = new.set_column(0, "id", pa.array(range(30_000, 30_000 + new.num_rows), pa.int64()))
+    pq.write_table(new, tmp_path / "src" / "chunk9.parquet")
+    before, added = rows_by_key(pa.concat_tables(first), IDENTITY), rows_by_key(new, IDENTITY)
+    failing = "sk=%NULL"
+    assert failing in before, "the NULL partition exists"
+    assert failing in added, "the NULL partition changes"
+    assert len(set(added) - {failing}) >= 2, "other partitions change too"
+    real = arrow_refresh_module.written_entry
+
+    def fail_one(item: Any, *args: Any) -> Any:
+        # After the partition's files are written: they must go.
+        assert list((tmp_path / "acc" / DATASET / item.key_path).glob("*.parquet")), "files written"
+        if item.key_path == failing:
+            raise OSError(f"disk full while writing {item.key_path}")
+        return real(item, *args)
+
+    monkeypatch.setattr(arrow_refresh_module, "written_entry", fail_one)
+    project = load_project(spec)
+    store = FailureStore.for_catalog(open_dataset_catalog(project, project.dataset(DATASET)))
+    if allow_partial:
+        summary = refresh_dataset(spec, DATASET, strategy="arrow", allow_partial=True)
+        assert set(summary.failed) == {failing}
+        assert "OSError: disk full while writing sk=%NULL" in summary.failed[failing]
+        assert catalog_version(spec) != version, "the good partitions were published"
+        expected = pa.concat_tables([*first, new])
+        keep = pa.array([key != failing for key in _keys_of(expected)])
+        want = pa.concat_tables([expected.filter(keep), before[failing]])
+        assert_same_rows(read_back(spec), want, "good partitions new, the failed one as it was")
+    else:
+        with pytest.raises(
+            PartitionsFailedError, match=r"1 of \d+ partition\(s\).*nothing was committed"
+        ) as caught:
+            refresh_dataset(spec, DATASET, strategy="arrow")
+        assert set(caught.value.failed) == {failing}
+        assert catalog_version(spec) == version, "nothing published"
+        assert_same_rows(read_back(spec), pa.concat_tables(first), "the previous version, unchanged")
+    recorded = store.failures()
+    assert set(recorded) == {failing}
+    assert "OSError: disk full while writing sk=%NULL" in recorded[failing].error
+    live = set((tmp_path / "acc").rglob("*.parquet"))
+    failed_dir = tmp_path / "acc" / DATASET / failing
+    if not allow_partial:
+        assert live == committed, "the unpublished files were removed"
+    assert not [p for p in live - committed if failed_dir in p.parents], (
+        "the failed partition's files removed"
+    )
+    monkeypatch.undo()
+    refresh_dataset(spec, DATASET, strategy="arrow")
+    assert_same_rows(read_back(spec), pa.concat_tables([*first, new]), "full read after the retry")
+    assert store.failures() == {}, "the commit cleared the record"
+
+
+def _keys_of(table: pa.Table) -> list[str]:
+    """Each row's key path under IDENTITY, in row order."""
+    from matrix_support import key_path, partition_values
+
+    return [key_path(values, IDENTITY) for values in partition_values(table, IDENTITY)]

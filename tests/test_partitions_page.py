@@ -500,7 +500,8 @@ def atlas_in_every_state(stack: AirflowStack, spark: Any) -> None:
     written twice (3 rows, then 6). Idempotent: the session may run this module's tests again.
 
     The in-process Arrow path refreshes the good partitions (quick); the failing one goes through the
-    Spark path with `allow_partial`, which records a partition's failure as a refresh task does."""
+    Spark path with `allow_partial` (the Arrow path records the failure alike, see test_arrow_refresh.py),
+    which records a partition's failure as a refresh task does."""
     from airflow_partitions.refresh import refresh_dataset
     from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec

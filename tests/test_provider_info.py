@@ -19,6 +19,9 @@ def test_every_listed_module_and_hook_class_imports() -> None:
         for group in info[section]:
             for module in group["python-modules"]:
                 importlib.import_module(module)
+    for decorator in info["task-decorators"]:
+        module, _, name = decorator["class-name"].rpartition(".")
+        assert callable(getattr(importlib.import_module(module), name)), decorator
     for connection in info["connection-types"]:
         module, _, name = connection["hook-class-name"].rpartition(".")
         hook = getattr(importlib.import_module(module), name)

@@ -1,11 +1,12 @@
 """Airflow operators of a partitioned refresh: discover, stage, refresh, snapshot, commit, vacuum, compact;
-writes; verify; repartition."""
+writes; verify; repartition; reading a run's partitions."""
 
 from __future__ import annotations
 
 from airflow_partitions.operators.commit import PartitionCommitOperator
 from airflow_partitions.operators.compact import CompactOperator
 from airflow_partitions.operators.discovery import PartitionDiscoveryOperator
+from airflow_partitions.operators.read import ReadRunPartitionsOperator
 from airflow_partitions.operators.refresh import SparkPartitionRefreshOperator, SparkStageOperator
 from airflow_partitions.operators.repartition import RepartitionOperator
 from airflow_partitions.operators.snapshots import (
@@ -23,6 +24,7 @@ __all__ = [
     "PartitionCommitOperator",
     "PartitionDiscoveryOperator",
     "PartitionedDatasetWriteOperator",
+    "ReadRunPartitionsOperator",
     "RepartitionOperator",
     "SnapshotBootstrapOperator",
     "SnapshotPublishOperator",

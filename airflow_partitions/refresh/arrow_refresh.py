@@ -16,9 +16,9 @@ written so far are removed and `ConservationError` names the partitions and both
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,9 @@ class ArrowRefreshResult:
     routed_rows: int  # rows routed to planned partitions (== source_rows for a plan of every partition)
     dropped_rows: int  # rows of partitions the plan does not refresh (a selection, or unchanged ones)
     elapsed_s: float
+    # Key path -> `Type: message` of each partition whose write failed (only with `keep_going`); their
+    # files are removed and they are not in `results`.
+    failed: Mapping[str, str] = field(default_factory=dict)
 
 
 def check_arrow_supported(project: ProjectSpec, plan: RefreshPlan) -> None:
@@ -83,12 +86,15 @@ def arrow_refresh(
     selecting: bool,
     storage: PartitionStorage | None = None,
     workers: int | None = None,
+    keep_going: bool = False,
 ) -> ArrowRefreshResult:
     """Read `source` once, route its rows, write every planned partition under `data_root`.
 
     `dataset` is bound to the source schema. `selecting`: the plan came from a `partitions=` / `where=`
     selection (rows of other partitions are dropped, not refused). Returns the unpublished results; on
-    any error the files written are removed first.
+    any error the files written are removed first. `keep_going`: a partition whose write fails (other than
+    by losing rows) is removed and named in `failed`, and the others are returned, as finalize tasks fail
+    one by one; lost or extra rows in any partition still remove everything and raise.
     """
     from airflow_partitions.refresh.commit import dataset_storage
     from airflow_partitions.write.routing import route_rows
@@ -135,7 +141,7 @@ def arrow_refresh(
         if empty:
             raise discovered_but_empty(dataset.name, empty, actual="rows read")
 
-    written: list[DataFile] = []
+    written: dict[str, list[DataFile]] = {}
     # Every partition's certificate from one DuckDB aggregate over the rows in memory: a query per
     # partition cost more than the hashing itself. A partition the aggregate counts otherwise than the
     # routing is certified from its own rows.
@@ -156,8 +162,8 @@ def arrow_refresh(
     def write_one(item: PartitionWorkItem) -> PartitionResult:
         mark = time.monotonic()
         rows = routed.get(item.key_path, schema.empty_table())
-        files = engine.write(rows, data_root, item.key_path) if rows.num_rows else []
-        written.extend(files)
+        files = written.setdefault(item.key_path, [])
+        files.extend(engine.write(rows, data_root, item.key_path) if rows.num_rows else [])
         check_written_rows(dataset.name, item.key_path, engine, data_root, files, rows.num_rows)
         certificate = certificate_of(item.key_path, rows)
         entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certificate)
@@ -165,25 +171,32 @@ def arrow_refresh(
 
     results: list[PartitionResult] = []
     lost: list[ConservationError] = []
-    failures: list[Exception] = []
+    failures: dict[str, Exception] = {}
     with ThreadPoolExecutor(max_workers=max(1, workers or DEFAULT_ARROW_WORKERS)) as pool:
-        futures = [pool.submit(write_one, item) for item in plan.items]
-        for future in futures:
+        futures = [(item, pool.submit(write_one, item)) for item in plan.items]
+        for item, future in futures:
             try:
                 results.append(future.result())
             except ConservationError as err:
                 lost.append(err)
             except Exception as err:
-                failures.append(err)
-    if lost or failures:
-        remove_written(engine, data_root, written)
+                failures[item.key_path] = err
+    if lost or (failures and not keep_going):
+        remove_written(engine, data_root, [file for files in written.values() for file in files])
         if lost:
             from airflow_partitions.refresh.pipeline import merge_conservation_errors
 
             raise merge_conservation_errors(dataset.name, lost)
-        raise failures[0]
+        raise next(iter(failures.values()))
+    for key_path in failures:
+        remove_written(engine, data_root, written.get(key_path, []))
     return ArrowRefreshResult(
-        tuple(results), table.num_rows, routed_total, dropped, time.monotonic() - started
+        tuple(results),
+        table.num_rows,
+        routed_total,
+        dropped,
+        time.monotonic() - started,
+        failed={path: f"{type(err).__name__}: {err}" for path, err in failures.items()},
     )
 
 

@@ -570,12 +570,14 @@ def _refresh_with_arrow(
             selecting=selecting,
             storage=storage,
             workers=workers,
+            keep_going=True,
         )
     except ConservationError as err:
         timings["finalize"] = time.monotonic() - mark
         err.summary = _summary(spec, plan, None, None, {}, timings, started, refused=err)
         raise
     timings["finalize"] = time.monotonic() - mark
+    failed = dict(written.failed)
     stage = StageResult(
         spec.name,
         None,
@@ -586,6 +588,23 @@ def _refresh_with_arrow(
         routed_rows=written.routed_rows,
     )
     rows = sum(r.rows for r in written.results)
+    if failed:
+        # As the Spark path: each failure remembered (`refresh --failed`, `status`, the Partitions page).
+        record_failures(project, spec, failed)
+    if failed and not allow_partial:
+        from airflow_partitions.refresh.arrow_refresh import remove_written
+        from airflow_partitions.refresh.commit import dataset_storage
+
+        for result in written.results:
+            remove_written(
+                storage or dataset_storage(spec), dataset_data_root(project, spec), result.entry.files
+            )
+        raise PartitionsFailedError(
+            f"{len(failed)} of {total} partition(s) of {spec.name!r} failed; nothing was committed: "
+            + "; ".join(f"{path}: {message}" for path, message in list(failed.items())[:5]),
+            failed,
+            _summary(spec, plan, stage, None, failed, timings, started),
+        )
     tick("commit", total, total, rows)
     mark = time.monotonic()
     try:
@@ -594,11 +613,11 @@ def _refresh_with_arrow(
         )
     except ConservationError as err:
         timings["commit"] = time.monotonic() - mark
-        err.summary = _summary(spec, plan, stage, None, {}, timings, started, refused=err)
+        err.summary = _summary(spec, plan, stage, None, failed, timings, started, refused=err)
         raise
     timings["commit"] = time.monotonic() - mark
     tick("done", total, total, rows)
-    return _summary(spec, plan, stage, commit, {}, timings, started)
+    return _summary(spec, plan, stage, commit, failed, timings, started)
 
 
 def record_failures(project: ProjectSpec, dataset: DatasetSpec, failed: Mapping[str, str]) -> None:
