@@ -385,6 +385,21 @@ def sandbox_reference_counts(statement: str, datasets: Sequence[str]) -> dict[st
         return _sandbox_reference_counts(_parse_connection, statement, datasets)
 
 
+def duckdb_expression_name(expression: str) -> str:
+    """The column name DuckDB gives an unaliased select item (its own rendering: `sum(amount)`,
+    `count_star()`), from the process's parse-only connection."""
+    with _PARSE_LOCK:
+        global _parse_connection
+        if _parse_connection is None:
+            connection = new_duckdb_connection(functions=False)
+            _lock_down(connection)
+            _parse_connection = connection
+        rows = _parse_connection.execute(
+            "SELECT json_deserialize_sql(json_serialize_sql(?))", [f"SELECT {expression}"]
+        ).fetchall()
+    return str(rows[0][0]).removeprefix("SELECT ")
+
+
 _PARSE_LOCK = threading.Lock()
 _parse_connection: Any = None
 

@@ -9,14 +9,15 @@ scan (`read.scan`), the sandboxed query (`read.query`) or Spark. Where the files
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_partitions.exceptions import CatalogError, FilterError, StorageError
+from airflow_partitions.exceptions import CatalogError, StorageError
 from airflow_partitions.keys import escape_component
 from airflow_partitions.pruning import (
     MAX_RANGE_ENUMERATION,
@@ -30,6 +31,7 @@ from airflow_partitions.pruning import (
 )
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.limits import check_budget
+from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan, datasets_named_in
 from airflow_partitions.read.query import QUERY_HINT, READ_HINT, QueryLimits, run_query, sandbox_references
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 from airflow_partitions.read.remote import RemoteFiles, default_filesystem
@@ -60,24 +62,9 @@ def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
 
 
 def dataset_named_in(project: ProjectSpec | str | Path, sql: str) -> str:
-    """The one dataset of the spec that `sql` reads; `FilterError` when it names none or several,
-    `UnsafeQueryError` when it is not one valid SELECT."""
-    from airflow_partitions.pruning.query import check_read_only, tables_named_in
-
-    spec = open_project(project)
-    check_read_only(sql)  # a query that is not SQL names no table: say that, not "reads none"
-    by_name = {name.lower(): name for name in spec.names}
-    named = sorted({by_name[t] for t in tables_named_in(sql) if t in by_name})
-    if len(named) == 1:
-        return named[0]
-    if not named:
-        raise FilterError(
-            f"the query reads none of the spec's datasets ({', '.join(spec.names) or 'none'}); "
-            "name one in FROM, e.g. SELECT count(*) FROM <dataset>"
-        )
-    raise FilterError(
-        f"the query reads several datasets ({', '.join(named)}); a query reads one dataset at a time"
-    )
+    """The first (by name) of the spec's datasets that `sql` reads; `FilterError` when it names none,
+    `UnsafeQueryError` when it is not one valid SELECT. A reader of it queries all of them."""
+    return datasets_named_in(open_project(project), sql)[0]
 
 
 class PartitionedDatasetReader:
@@ -141,6 +128,11 @@ class PartitionedDatasetReader:
         )
         self._schemas: dict[int, pa.Schema] = {}
         self._scanner = DuckDBScanner(self.storage, location, self._lock)
+        # The spec's datasets a query's SQL names, by SQL text; readers of the other datasets it named.
+        self._named: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
+        self._siblings: dict[str, PartitionedDatasetReader] = {}
+        # How to open a reader of another dataset of the spec (the hook passes its connections' settings).
+        self.open_sibling: Callable[[str], PartitionedDatasetReader] | None = None
 
     def __repr__(self) -> str:
         return f"PartitionedDatasetReader(dataset={self.name!r}, root={self.data_root!r})"
@@ -317,15 +309,31 @@ class PartitionedDatasetReader:
         *,
         timeout_s: float | None = None,
         memory_limit: str | int | None = None,
+        versions: Mapping[str, int | None] | None = None,
+        as_of: dt.datetime | None = None,
+        split_joins: bool = True,
     ) -> pa.Table:
         """Run one read-only SELECT where the dataset name is a table; only pruned files are opened.
 
+        The statement may name other datasets of the spec too (`read.multi`): each is a table, read at
+        `versions[name]` or as of `as_of` (else its newest; `version` is this dataset's), joins of two
+        datasets partitioned compatibly on the join key running partition-wise unless `split_joins` is
+        False (`read.joins`).
         `timeout_s` and `memory_limit` (e.g. "8GB") override the reader's `query_limits` for this call;
         a query past either raises `QueryLimitError`.
         """
         limits = self.query_limits.merged(timeout_s, memory_limit)
         # The time limit covers parsing, checking and pruning the statement, not only running it.
         with limits.budget(QUERY_HINT):
+            if as_of is not None or versions or self._datasets_named(sql) != [self.name]:
+                return self._datasets_query().query(
+                    sql,
+                    versions={**(versions or {}), **({self.name: version} if version is not None else {})},
+                    as_of=as_of,
+                    timeout_s=timeout_s,
+                    memory_limit=memory_limit,
+                    split_joins=split_joins,
+                )
             snapshot = self.snapshot(version)
             schema = self._schema_of(snapshot)
             where, executable = self._prepared_query(sql, schema)
@@ -360,9 +368,58 @@ class PartitionedDatasetReader:
 
     @deep_stack
     def plan_query(self, sql: str, version: int | None = None) -> PrunePlan:
-        """The pruning plan `query(sql)` would use."""
+        """The pruning plan `query(sql)` would use (for this dataset; `plan_datasets_query` for all)."""
+        if self._datasets_named(sql) != [self.name]:
+            return self.plan_datasets_query(sql, {self.name: version}).plans[self.name]
         snapshot = self.snapshot(version)
         return self._plan(snapshot, self._prepared_query(sql, self._schema_of(snapshot))[0])
+
+    @deep_stack
+    def plan_datasets_query(
+        self,
+        sql: str,
+        versions: Mapping[str, int | None] | None = None,
+        *,
+        as_of: dt.datetime | None = None,
+        split_joins: bool = True,
+    ) -> DatasetQueryPlan:
+        """The plan of `query(sql)` over every dataset it names: pruning per dataset, join decisions."""
+        return self._datasets_query().plan(sql, versions=versions, as_of=as_of, split_joins=split_joins)
+
+    def _datasets_named(self, sql: str) -> list[str]:
+        """The spec's datasets `sql` names (cached per SQL text: parsing costs more than a small query)."""
+        with self._lock:
+            named = self._named.get(sql) if isinstance(sql, str) else None
+        if named is None:
+            named = datasets_named_in(self.project, sql)
+            with self._lock:
+                self._named[sql] = named
+                while len(self._named) > CACHED_PLANS:
+                    self._named.popitem(last=False)
+        return named
+
+    def _datasets_query(self) -> DatasetQuery:
+        """Multi-dataset queries through this reader and the spec's other datasets' readers."""
+        return DatasetQuery(
+            self.project,
+            readers={self.name: self},
+            open_reader=self._sibling,
+            query_limits=self.query_limits,
+        )
+
+    def _sibling(self, name: str) -> PartitionedDatasetReader:
+        """A reader of another dataset of the spec, kept (and closed) with this one."""
+        with self._lock:
+            reader = self._siblings.get(name)
+            if reader is None:
+                factory = self.open_sibling
+                reader = (
+                    factory(name)
+                    if factory is not None
+                    else PartitionedDatasetReader(self.project, name, query_limits=self.query_limits)
+                )
+                self._siblings[name] = reader
+            return reader
 
     # --- Spark ------------------------------------------------------------------------------------
 
@@ -401,7 +458,12 @@ class PartitionedDatasetReader:
     # --- lifecycle --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the reader's DuckDB database (a later call opens a new one)."""
+        """Release the reader's DuckDB database (a later call opens a new one) and the readers of other
+        datasets its queries opened."""
+        with self._lock:
+            siblings, self._siblings = list(self._siblings.values()), {}
+        for reader in siblings:
+            reader.close()
         self._scanner.close()
 
     def __enter__(self) -> PartitionedDatasetReader:
