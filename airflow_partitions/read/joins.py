@@ -507,12 +507,16 @@ def rewrite_splits(tree: exp.Expression, splits: Sequence[JoinSplit], name_of: C
         assert candidate is not None
         assert candidate.select is not None
         select = candidate.select
-        renamed: dict[int, str] = {}
-        for item in select.expressions:
-            if isinstance(item, exp.Alias | exp.Column | exp.Star):
+        renamed: dict[int, str] = {}  # by position in the select list
+        for position, item in enumerate(select.expressions):
+            if isinstance(item, exp.Alias | exp.Star):
+                continue
+            if isinstance(item, exp.Column):
+                if isinstance(candidate.qualified.get(id(item)), exp.Func):  # a USING key of a FULL join
+                    renamed[position] = item.name
                 continue
             if any(id(node) in candidate.qualified for node in item.walk()):
-                renamed[id(item)] = name_of(item.sql(dialect="duckdb"))
+                renamed[position] = name_of(item.sql(dialect="duckdb"))
         for node in list(select.walk()):
             replacement = candidate.qualified.get(id(node))
             if replacement is not None:
@@ -521,10 +525,10 @@ def rewrite_splits(tree: exp.Expression, splits: Sequence[JoinSplit], name_of: C
             select.set(
                 "expressions",
                 [
-                    exp.alias_(item, renamed[id(item)], quoted=True, copy=False)
-                    if id(item) in renamed
+                    exp.alias_(item, renamed[position], quoted=True, copy=False)
+                    if position in renamed
                     else item
-                    for item in select.expressions
+                    for position, item in enumerate(select.expressions)
                 ],
             )
         star_items = [e for e in select.expressions if isinstance(e, exp.Star)]
