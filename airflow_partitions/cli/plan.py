@@ -7,6 +7,8 @@ import json
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.exceptions import FilterError
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -24,7 +26,18 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("spec", metavar="SPEC", help="path of the spec YAML file, e.g. dags/datasets.yaml")
-    parser.add_argument("dataset", metavar="DATASET", help="name of a dataset in the spec")
+    parser.add_argument(
+        "dataset", metavar="DATASET", nargs="?", default=None, help="name of a dataset in the spec"
+    )
+    parser.add_argument(
+        "--query",
+        default=None,
+        metavar="SQL",
+        help=(
+            "plan a query instead: each dataset it names (version, pruning) and each join of two datasets "
+            "(split partition pair by partition pair or not, and why)"
+        ),
+    )
     parser.add_argument(
         "--where",
         default=None,
@@ -45,6 +58,10 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from airflow_partitions.read import PartitionedDatasetReader
 
+    if args.query is not None:
+        return _plan_query(args)
+    if args.dataset is None:
+        raise FilterError("name the DATASET to plan, or give --query SQL to plan a query")
     with PartitionedDatasetReader(args.spec, args.dataset) as reader:
         plan = reader.plan(args.where, args.version)
         if args.json:
@@ -54,6 +71,21 @@ def run(args: argparse.Namespace) -> int:
             schema = reader.index(reader.snapshot(args.version)).schema
             for line in describe_partition_widths(reader.dataset, schema):
                 print(line)
+    return 0
+
+
+def _plan_query(args: argparse.Namespace) -> int:
+    from airflow_partitions.read.multi import DatasetQuery
+
+    if args.where is not None:
+        raise FilterError("--where plans one dataset; put the condition in the --query SQL instead")
+    with DatasetQuery(args.spec) as query:
+        versions = {args.dataset: args.version} if args.dataset and args.version is not None else None
+        plan = query.plan(args.query, versions=versions)
+        if args.json:
+            print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False, default=str))
+        else:
+            print(plan.explain())
     return 0
 
 

@@ -227,7 +227,12 @@ def _reference_filter(table: exp.Table, schema: pa.Schema, schemas: Mapping[str,
             return column.name
         return None
 
-    return FilterBinder(schema, lenient=True, resolve_column=resolve).bind_node(exp.and_(*conditions))
+    # A condition naming another table's column (the join condition itself) says nothing of this
+    # table's rows alone: it is left out, as unknown.
+    own = [c for c in conditions if all(resolve(column) is not None for column in c.find_all(exp.Column))]
+    if not own:
+        return AlwaysTrue()
+    return FilterBinder(schema, lenient=True, resolve_column=resolve).bind_node(exp.and_(*own))
 
 
 def scope_conditions(select: exp.Select) -> list[exp.Expression]:

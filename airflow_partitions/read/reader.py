@@ -387,11 +387,18 @@ class PartitionedDatasetReader:
         return self._datasets_query().plan(sql, versions=versions, as_of=as_of, split_joins=split_joins)
 
     def _datasets_named(self, sql: str) -> list[str]:
-        """The spec's datasets `sql` names (cached per SQL text: parsing costs more than a small query)."""
+        """The spec's datasets `sql` names, this one included (cached per SQL text: parsing costs more
+        than a small query)."""
         with self._lock:
             named = self._named.get(sql) if isinstance(sql, str) else None
         if named is None:
-            named = datasets_named_in(self.project, sql)
+            from airflow_partitions.pruning.query import tables_named_in
+
+            # Lenient: a statement naming no dataset (or not SQL) takes the single-dataset path, whose
+            # checks say what is wrong with it.
+            by_name = {name.lower(): name for name in self.project.names}
+            tables = tables_named_in(sql) if isinstance(sql, str) else set()
+            named = sorted({by_name[t] for t in tables if t in by_name} | {self.name})
             with self._lock:
                 self._named[sql] = named
                 while len(self._named) > CACHED_PLANS:

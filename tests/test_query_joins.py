@@ -1,0 +1,302 @@
+"""Multi-dataset queries and partition-wise joins, differential against DuckDB over the sources.
+
+Pairs of datasets of one spec with compatible layouts (bucket 8 vs 16, day vs month, identity vs
+identity) and incompatible ones (bucket 4 vs 6, identity vs bucket) are joined inner / left / right /
+full, with hostile string keys (`/`, `=`, `%`, quotes, unicode, empty) and NULL join keys: every answer
+must equal DuckDB's over the two source tables, and the plan must say which joins were split and why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+from test_pruning_support import build_acceleration
+
+from airflow_partitions.catalog import PartitionEntry
+from airflow_partitions.cli.main import main
+from airflow_partitions.exceptions import FilterError, UnsafeQueryError
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.read import PartitionedDatasetReader
+from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan
+from airflow_partitions.storage import get_storage
+
+KEYS = [
+    "a",
+    "a/b",
+    "k=v",
+    "100%",
+    "it's",
+    '"q"',
+    "",
+    "Zürich",
+    "日本",
+    "x y",
+    *[f"k{i}" for i in range(12)],
+    None,
+]
+UTC = dt.UTC
+
+
+def _rows(count: int, seed: int) -> pa.Table:
+    keys = [KEYS[(i * seed + i // 3) % len(KEYS)] for i in range(count)]
+    start = dt.datetime(2026, 1, 28, 5, 30, tzinfo=UTC)
+    times = [
+        None if i % 11 == 0 else start + dt.timedelta(hours=(i * seed * 7) % (24 * 70)) for i in range(count)
+    ]
+    return pa.table(
+        {
+            "id": pa.array(range(count), pa.int64()),
+            "k": pa.array(keys, pa.string()),
+            "ts": pa.array(times, pa.timestamp("us", tz="UTC")),
+            "v": pa.array([None if i % 13 == 5 else (i * seed) % 50 for i in range(count)], pa.int64()),
+        }
+    )
+
+
+# dataset -> (rows, partition fields)
+LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]]]] = {
+    "l_b8": (_rows(90, 3), [("kb", "bucket(8, k)")]),
+    "r_b16": (_rows(70, 5), [("kb", "bucket(16, k)")]),
+    "l_b4": (_rows(60, 7), [("kb", "bucket(4, k)")]),
+    "r_b6": (_rows(60, 5), [("kb", "bucket(6, k)")]),
+    "l_id": (_rows(80, 7), [("kk", "k")]),
+    "r_id": (_rows(50, 3), [("kk", "k")]),
+    "l_day": (_rows(90, 5), [("d", "date_trunc('day', ts)")]),
+    "r_month": (_rows(70, 3), [("m", "date_trunc('month', ts)")]),
+}
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One spec with every layout's dataset, each written and committed as a refresh would."""
+    base = tmp_path_factory.mktemp("joins")
+    entries = []
+    for name, (table, partition_by) in LAYOUTS.items():
+        build_acceleration(base, table, partition_by, dataset=name)
+        source = base / f"source_{name}.parquet"
+        (base / "source.parquet").rename(source)
+        fields = "\n".join(f'        - {field}: "{expr}"' for field, expr in partition_by)
+        entries.append(
+            f"  - name: {name}\n    from: file:{source}\n    acceleration:\n      engine: parquet\n"
+            f"      mode: file\n      partition_by:\n{fields}\n"
+        )
+    path = base / "joins.yaml"
+    path.write_text(f"accelerator_dir: {base / 'accelerations'}\ndatasets:\n" + "".join(entries))
+    return path
+
+
+@pytest.fixture(scope="module")
+def query(spec: Path) -> Any:
+    with DatasetQuery(spec) as opened:
+        yield opened
+
+
+def _oracle(sql: str) -> list[tuple[Any, ...]]:
+    connection = duckdb.connect()
+    connection.execute("SET TimeZone = 'UTC'")
+    for name, (table, _) in LAYOUTS.items():
+        connection.register(name, table)
+    return _canonical(connection.sql(sql).to_arrow_table())
+
+
+def _canonical(table: pa.Table) -> list[tuple[Any, ...]]:
+    rows = (
+        list(zip(*(column.to_pylist() for column in table.columns), strict=True)) if table.num_columns else []
+    )
+    return sorted(rows, key=repr)
+
+
+# (left, right, split expected, reason fragment)
+PAIRS = [
+    ("l_b8", "r_b16", True, "bucket(8, k) vs bucket(16, k) are compatible"),
+    ("l_b4", "r_b6", False, "bucket 4 vs 6, neither divides the other"),
+    ("l_day", "r_month", True, "date_trunc('day', ts) vs date_trunc('month', ts) are compatible"),
+    ("l_id", "r_id", True, "k vs k are compatible"),
+    ("l_id", "r_b16", False, "k vs bucket(16, k): different transforms"),
+]
+SHAPES = [
+    "SELECT count(*) AS n FROM {l} JOIN {r} USING ({key})",
+    "SELECT a.id, b.id AS rid, a.{key}, b.v FROM {l} a LEFT JOIN {r} b ON a.{key} = b.{key}",
+    "SELECT b.{key}, count(a.id), sum(b.v) AS s FROM {l} a RIGHT JOIN {r} b "
+    "ON a.{key} = b.{key} AND a.v >= b.v GROUP BY b.{key}",
+    "SELECT * FROM {l} a FULL OUTER JOIN {r} b ON b.{key} = a.{key} "
+    "WHERE a.id IS NULL OR b.id IS NULL OR a.v < 20",
+    "SELECT {key}, count(*), max({r}.v) FROM {l} FULL JOIN {r} USING ({key}) GROUP BY ALL",
+    "SELECT count(*), count(DISTINCT a.id), sum(a.v * b.v) FROM {l} a JOIN {r} b ON a.{key} = b.{key} "
+    "WHERE a.{key} IN ({values})",
+]
+
+
+def _join_key(left: str) -> str:
+    return "ts" if left == "l_day" else "k"
+
+
+def _values(left: str) -> str:
+    if left == "l_day":
+        return "TIMESTAMPTZ '2026-02-03 12:30:00+00', TIMESTAMPTZ '2026-03-30 21:30:00+00'"
+    return "'k=v', '100%', 'it''s', 'Zürich', ''"
+
+
+@pytest.mark.parametrize(("left", "right", "split", "reason"), PAIRS, ids=[f"{p[0]}-{p[1]}" for p in PAIRS])
+@pytest.mark.parametrize(
+    "shape", SHAPES, ids=["inner-using", "left", "right-extra-on", "full-star", "full-using", "filtered"]
+)
+def test_every_join_equals_duckdb_over_the_sources(
+    query: DatasetQuery, left: str, right: str, split: bool, reason: str, shape: str
+) -> None:
+    key = _join_key(left)
+    sql = shape.format(l=left, r=right, key=key, values=_values(left))
+    plan = query.plan(sql)
+    assert [d.split for d in plan.joins] == [split], plan.explain()
+    assert reason in plan.joins[0].reason, plan.explain()
+    got = query.query(sql)
+    expected = _oracle(sql)
+    assert _canonical(got) == expected, f"{sql}\n{plan.explain()}"
+    assert got.column_names == duckdb_names(sql), "output names are DuckDB's for the plain statement"
+    unsplit = query.query(sql, split_joins=False)
+    assert _canonical(unsplit) == expected
+
+
+def duckdb_names(sql: str) -> list[str]:
+    connection = duckdb.connect()
+    for name, (table, _) in LAYOUTS.items():
+        connection.register(name, table)
+    return connection.sql(sql).columns
+
+
+def test_outer_joins_emit_null_key_rows_exactly_once(query: DatasetQuery) -> None:
+    sql = "SELECT a.id, b.id FROM l_b8 a FULL JOIN r_b16 b ON a.k = b.k WHERE a.k IS NULL AND b.k IS NULL"
+    got = _canonical(query.query(sql))
+    left_nulls = LAYOUTS["l_b8"][0].column("k").null_count
+    right_nulls = LAYOUTS["r_b16"][0].column("k").null_count
+    assert left_nulls, "the data holds NULL keys on the left"
+    assert right_nulls, "the data holds NULL keys on the right"
+    assert len(got) == left_nulls + right_nulls, "each NULL-key row once, never matched to another"
+    assert got == _oracle(sql)
+    groups = query.plan(sql).joins[0].pairs
+    assert any("NULL" in pair.groups for pair in groups), "NULL partitions form a group of the full join"
+    inner = query.plan("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k").joins[0].pairs
+    assert all("NULL" not in pair.groups for pair in inner), "an inner join skips the NULL partitions"
+
+
+def test_coarse_bucket_groups_hold_the_fine_buckets_it_divides(query: DatasetQuery) -> None:
+    plan = query.plan("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k")
+    for pair in plan.joins[0].pairs:
+        (group,) = pair.groups
+        coarse = int(group)
+        assert {int(p.split("=")[1]) % 8 for p in pair.right_partitions} <= {coarse}
+        assert all(int(p.split("=")[1]) == coarse for p in pair.left_partitions)
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k < b.k", "non-equi join"),
+        ("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.v = b.v", "not partitioned on v"),
+        ("SELECT count(*) FROM l_b8 a SEMI JOIN r_b16 b ON a.k = b.k", "SEMI join"),
+        ("SELECT count(*) FROM l_b8 a NATURAL JOIN r_b16 b", "NATURAL join"),
+        (
+            "SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k JOIN r_id c ON c.k = a.k",
+            "exactly two datasets",
+        ),
+        ("SELECT a.id, (SELECT 1) FROM l_b8 a JOIN r_b16 b ON a.k = b.k", "subquery"),
+    ],
+)
+def test_unsplittable_shapes_fall_back_and_say_why(query: DatasetQuery, sql: str, reason: str) -> None:
+    plan = query.plan(sql)
+    assert plan.joins, plan.explain()
+    assert not plan.joins[0].split
+    assert reason in plan.joins[0].reason, plan.joins[0].reason
+    assert _canonical(query.query(sql)) == _oracle(sql)
+
+
+def test_a_filter_on_one_side_prunes_the_other_through_the_join_key(query: DatasetQuery) -> None:
+    sql = "SELECT count(*), sum(b.v) FROM l_b8 a JOIN r_b16 b USING (k) WHERE a.k = 'k=v'"
+    plan = query.plan(sql)
+    right = plan.plans["r_b16"]
+    assert len(right.selected) == 1 < right.total, "Should read one bucket of r_b16: the key is pinned"
+    assert len(plan.plans["l_b8"].selected) == 1
+    assert _canonical(query.query(sql)) == _oracle(sql)
+    # An outer join's other side is not pruned by it (its unmatched rows must still appear).
+    outer = query.plan("SELECT count(*) FROM l_b8 a LEFT JOIN r_b16 b USING (k) WHERE b.v > 100")
+    assert len(outer.plans["l_b8"].selected) == outer.plans["l_b8"].total
+
+
+def test_each_dataset_at_its_own_version_or_as_of(query: DatasetQuery) -> None:
+    sql = "SELECT count(*) AS n FROM l_id a JOIN r_id b USING (k)"
+    before = query.query(sql).to_pylist()
+    reader = query.reader("r_id")
+    first = reader.snapshot()
+    moment = dt.datetime.now(UTC)
+    # A second version of r_id: one more row of key 'a' in its partition.
+    extra = pa.table(
+        {"id": [999], "k": ["a"], "ts": pa.array([None], pa.timestamp("us", tz="UTC")), "v": [1]}
+    )
+    storage = get_storage("parquet")
+    root = Path(reader.data_root)
+    files = storage.publish(root, storage.write(extra, root, "kk=a"))
+    entry = PartitionEntry.from_files(
+        PartitionKey(("a",)), first.partition_spec, first.partitions["kk=a"].files + tuple(files)
+    )
+    reader.catalog.commit(base_version=first.version, upserts=[entry], partition_spec=first.partition_spec)
+    left_a = LAYOUTS["l_id"][0].column("k").to_pylist().count("a")
+    assert left_a, "the left side holds key 'a'"
+    assert query.query(sql).to_pylist() == [{"n": before[0]["n"] + left_a}]
+    assert query.query(sql, versions={"r_id": first.version}).to_pylist() == before
+    assert query.query(sql, as_of=moment).to_pylist() == before
+    with pytest.raises(FilterError, match="versions= names nope"):
+        query.query(sql, versions={"nope": 1})
+
+
+def test_the_sandbox_holds_for_every_dataset(query: DatasetQuery) -> None:
+    with pytest.raises(UnsafeQueryError, match="sees only the datasets 'l_b8', 'r_b16'"):
+        query.query("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k, information_schema.tables")
+    with pytest.raises(UnsafeQueryError, match="duckdb_settings"):
+        query.query("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k JOIN duckdb_settings() s ON true")
+    with pytest.raises(UnsafeQueryError, match="read_parquet"):
+        query.query("SELECT * FROM l_b8 JOIN read_parquet('/etc/passwd') USING (k)")
+
+
+def test_reader_hook_and_cli_query_several_datasets(spec: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sql = "SELECT a.k, count(*) AS n FROM l_b8 a JOIN r_b16 b ON a.k = b.k GROUP BY a.k"
+    with PartitionedDatasetReader(spec, "l_b8") as reader:
+        assert _canonical(reader.query(sql)) == _oracle(sql)
+        plan = reader.plan_datasets_query(sql)
+        assert isinstance(plan, DatasetQueryPlan)
+        assert plan.joins[0].split
+    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
+
+    hook = PartitionedDatasetHook(dataset="r_b16", spec_path=str(spec))
+    assert _canonical(hook.query(sql)) == _oracle(sql)
+    capsys.readouterr()
+    assert main(["query", str(spec), sql, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(((r["k"], r["n"]) for r in lines), key=repr) == _oracle(sql)
+
+
+def test_cli_plan_shows_the_pairs_and_why(
+    spec: Path, query: DatasetQuery, capsys: pytest.CaptureFixture[str]
+) -> None:
+    split_sql = "SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k"
+    assert main(["plan", str(spec), "--query", split_sql]) == 0
+    out = capsys.readouterr().out
+    pairs = query.plan(split_sql).joins[0].pairs
+    assert f"split into {len(pairs)} pair group(s)" in out, out
+    for pair in pairs:
+        sizes = f"{len(pair.left_partitions)} x {len(pair.right_partitions)} partition(s)"
+        assert f"pair group {pair.groups[0]}: {sizes}" in out, out
+    assert (
+        main(["plan", str(spec), "--query", "SELECT count(*) FROM l_b4 a JOIN r_b6 b USING (k)", "--json"])
+        == 0
+    )
+    document = json.loads(capsys.readouterr().out)
+    (join,) = document["joins"]
+    assert join["split"] is False
+    assert "bucket 4 vs 6" in join["reason"]
+    assert set(document["datasets"]) == {"l_b4", "r_b6"}
