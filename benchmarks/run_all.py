@@ -41,6 +41,7 @@ BENCHMARKS = (
     "bench_limits",
     "bench_verify",
     "bench_page_overview",
+    "bench_joins",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

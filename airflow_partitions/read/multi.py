@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from airflow_partitions.read.joins import JoinDecision, JoinSplit, decide_join, 
 from airflow_partitions.read.query import (
     QUERY_HINT,
     QueryLimits,
+    SandboxDatabases,
     _apply_limits,
     _lock_down,
     _scrubbed,
@@ -149,6 +151,7 @@ class DatasetQuery:
         self._owned: list[PartitionedDatasetReader] = []
         self._open_reader = open_reader
         self.query_limits = query_limits if query_limits is not None else QueryLimits()
+        self._sandboxes = SandboxDatabases(threading.RLock())
 
     def reader(self, name: str) -> PartitionedDatasetReader:
         reader = self._readers.get(name)
@@ -164,6 +167,7 @@ class DatasetQuery:
         return reader
 
     def close(self) -> None:
+        self._sandboxes.close()
         owned, self._owned = self._owned, []
         for reader in owned:
             self._readers.pop(reader.name, None)
@@ -269,7 +273,15 @@ class DatasetQuery:
 
         splits = [JoinSplit(d, f"ap_join_{uuid.uuid4().hex[:12]}") for d in plan.splits]
         statement = rewrite_splits(plan.tree, splits, duckdb_expression_name) if splits else plan.executable
-        connection = new_duckdb_connection(functions=needs_partition_functions(statement))
+        roots = [self.reader(name)._scanner.sandbox_root for name in plan.plans]
+        if all(root is not None for root in roots):
+            # Local files scanned in place: a cursor of a locked database kept for these directories
+            # (opening and configuring one costs more than a small query); its views go with it.
+            connection = self._sandboxes.cursor([root for root in roots if root is not None], limits)
+            configure = False
+        else:
+            connection = new_duckdb_connection(functions=needs_partition_functions(statement))
+            configure = True
         try:
             tables = [*plan.plans, *(split.view for split in splits)]
             check_sandboxed(connection, statement, tables)
@@ -287,10 +299,13 @@ class DatasetQuery:
                     raise FilterError(
                         f"query failed: {_scrub(str(cause).strip(), connection, scopes)}"
                     ) from err
-                allowed = ", ".join(quote_string(p) for scope in scopes.values() for p in scope.local_files)
-                connection.execute(f"SET allowed_paths = [{allowed}]")
-                _apply_limits(connection, limits)
-                _lock_down(connection)
+                if configure:
+                    allowed = ", ".join(
+                        quote_string(p) for scope in scopes.values() for p in scope.local_files
+                    )
+                    connection.execute(f"SET allowed_paths = [{allowed}]")
+                    _apply_limits(connection, limits)
+                    _lock_down(connection)
                 try:
                     return run_bounded(
                         connection, lambda: connection.sql(statement).to_arrow_table(), memory=limits.memory

@@ -189,17 +189,20 @@ class SandboxDatabases:
 
     def __init__(self, lock: threading.RLock) -> None:
         self._lock = lock
-        self._databases: dict[tuple[str, int], Any] = {}
+        self._databases: dict[tuple[str, int, tuple[str, ...]], Any] = {}
 
-    def cursor(self, root: os.PathLike[str], limits: QueryLimits) -> Any:
-        """A new cursor of the database for `limits`, which reads files under `root` only."""
-        key = (limits.memory, limits.thread_count)
+    def cursor(self, root: os.PathLike[str] | Sequence[os.PathLike[str]], limits: QueryLimits) -> Any:
+        """A new cursor of the database for `limits`, which reads files under `root` only (or under
+        any of several roots: the datasets of a multi-dataset query)."""
+        roots = [root] if isinstance(root, os.PathLike) else list(root)
+        directories = tuple(sorted(os.path.join(os.fspath(r), "") for r in roots))
+        key = (limits.memory, limits.thread_count, directories)
         with self._lock:
             database = self._databases.get(key)
             if database is None:
                 database = new_duckdb_connection(functions=True)
-                directory = os.path.join(os.fspath(root), "")
-                database.execute(f"SET allowed_directories = [{quote_string(directory)}]")
+                allowed = ", ".join(quote_string(directory) for directory in directories)
+                database.execute(f"SET allowed_directories = [{allowed}]")
                 _apply_limits(database, limits)
                 _lock_down(database)
                 self._databases[key] = database

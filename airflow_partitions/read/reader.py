@@ -131,6 +131,7 @@ class PartitionedDatasetReader:
         # The spec's datasets a query's SQL names, by SQL text; readers of the other datasets it named.
         self._named: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
         self._siblings: dict[str, PartitionedDatasetReader] = {}
+        self._multi: DatasetQuery | None = None
         # How to open a reader of another dataset of the spec (the hook passes its connections' settings).
         self.open_sibling: Callable[[str], PartitionedDatasetReader] | None = None
 
@@ -406,13 +407,17 @@ class PartitionedDatasetReader:
         return named
 
     def _datasets_query(self) -> DatasetQuery:
-        """Multi-dataset queries through this reader and the spec's other datasets' readers."""
-        return DatasetQuery(
-            self.project,
-            readers={self.name: self},
-            open_reader=self._sibling,
-            query_limits=self.query_limits,
-        )
+        """Multi-dataset queries through this reader and the spec's other datasets' readers (kept with
+        the reader: its sandbox databases are reused)."""
+        with self._lock:
+            if self._multi is None:
+                self._multi = DatasetQuery(
+                    self.project,
+                    readers={self.name: self},
+                    open_reader=self._sibling,
+                    query_limits=self.query_limits,
+                )
+            return self._multi
 
     def _sibling(self, name: str) -> PartitionedDatasetReader:
         """A reader of another dataset of the spec, kept (and closed) with this one."""
@@ -469,6 +474,9 @@ class PartitionedDatasetReader:
         datasets its queries opened."""
         with self._lock:
             siblings, self._siblings = list(self._siblings.values()), {}
+            multi, self._multi = self._multi, None
+        if multi is not None:
+            multi.close()
         for reader in siblings:
             reader.close()
         self._scanner.close()
