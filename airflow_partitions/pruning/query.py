@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Mapping
+from typing import cast
 
 import pyarrow as pa
 from sqlglot import exp
@@ -232,12 +233,14 @@ def _reference_filter(table: exp.Table, schema: pa.Schema, schemas: Mapping[str,
     own = [c for c in conditions if all(resolve(column) is not None for column in c.find_all(exp.Column))]
     if not own:
         return AlwaysTrue()
-    return FilterBinder(schema, lenient=True, resolve_column=resolve).bind_node(exp.and_(*own))
+    return FilterBinder(schema, lenient=True, resolve_column=resolve).bind_node(
+        cast(exp.Expression, exp.and_(*own))
+    )
 
 
-def scope_conditions(select: exp.Select) -> list[exp.Expression]:
+def scope_conditions(select: exp.Select) -> list[exp.Expr]:
     """The conjuncts every row of a scope of inner joins satisfies: its WHERE's and its joins' ONs'."""
-    conditions: list[exp.Expression] = []
+    conditions: list[exp.Expr] = []
     where = select.args.get("where")
     if where is not None:
         conditions.extend(where.this.flatten() if isinstance(where.this, exp.And) else [where.this])
@@ -291,7 +294,7 @@ def same_key_type(left: pa.DataType, right: pa.DataType) -> bool:
 
 
 def equal_columns(
-    select: exp.Select, conditions: list[exp.Expression], schemas: Mapping[str, pa.Schema]
+    select: exp.Select, conditions: list[exp.Expr], schemas: Mapping[str, pa.Schema]
 ) -> list[set[ColumnKey]]:
     """Classes of dataset columns an inner-join scope holds equal (`a.k = b.k`, `USING (k)`), each of
     columns of one type (`same_key_type`)."""
@@ -332,8 +335,8 @@ def equal_columns(
 
 
 def derived_conditions(
-    select: exp.Select, conditions: list[exp.Expression], schemas: Mapping[str, pa.Schema]
-) -> list[exp.Expression]:
+    select: exp.Select, conditions: list[exp.Expr], schemas: Mapping[str, pa.Schema]
+) -> list[exp.Expr]:
     """Conditions on one column copied to every column it is held equal to in an inner-join scope.
 
     Rows that reach the scope's output satisfy `a.k = b.k` and `P(a.k)`, so they satisfy `P(b.k)`: a
@@ -343,7 +346,7 @@ def derived_conditions(
     if not classes:
         return []
     tables = scope_tables(select, schemas)
-    derived: list[exp.Expression] = []
+    derived: list[exp.Expr] = []
     for condition in conditions:
         if condition.find(exp.Select, exp.Subquery) is not None:
             continue

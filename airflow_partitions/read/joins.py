@@ -80,7 +80,10 @@ class JoinCandidate:
     reason: str | None  # why the shape cannot be split; None when it can
     select: exp.Select | None = None
     on_sql: str = ""
-    qualified: dict[int, exp.Expression] = field(default_factory=dict)
+    qualified: dict[int, exp.Expr] = field(default_factory=dict)
+    # Per side (lower-cased qualifier): the columns the rest of the statement reads, None for all.
+    used: dict[str, list[str] | None] = field(default_factory=dict)
+    schemas: dict[str, pa.Schema] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class JoinDecision:
 
 
 def find_joins(
-    tree: exp.Expression, schemas: Mapping[str, pa.Schema], names: Mapping[str, str]
+    tree: exp.Expr, schemas: Mapping[str, pa.Schema], names: Mapping[str, str]
 ) -> list[JoinCandidate]:
     """Every join of two datasets in `tree` (`schemas` and `names` keyed by lower-cased dataset name;
     `names` gives the spec's spelling), each with the reason its shape cannot be split, if any."""
@@ -235,12 +238,13 @@ def _check_join_shape(
             "the join condition holds no equality between a column of each side (non-equi join)"
         )
         return
+    candidate.schemas = {left_q: tables[left_q], right_q: tables[right_q]}
     reason = _qualify_scope(candidate, select, tables, bool(using))
     if reason is not None:
         candidate.reason = reason
 
 
-def _qualified_sql(condition: exp.Expression, tables: Mapping[str, pa.Schema]) -> str:
+def _qualified_sql(condition: exp.Expr, tables: Mapping[str, pa.Schema]) -> str:
     """The ON condition with unqualified columns of one side qualified (the small joins repeat it)."""
     copy = condition.copy()
     for column in list(copy.find_all(exp.Column)):
@@ -491,14 +495,26 @@ class JoinSplit:
         """One small join over the two relations, its rows as the two sides' row structs."""
         candidate = self.decision.candidate
         assert candidate is not None
+        items = []
+        for side in (candidate.left, candidate.right):
+            name = _quote(side.qualifier)
+            used = candidate.used.get(side.qualifier.lower())
+            if used is None:
+                items.append(name)  # the whole row: the statement reads `side.*`
+            elif not used:
+                items.append(f"NULL::INTEGER AS {name}")
+            else:
+                # Only the columns the statement reads: a row struct of every column would scan them all.
+                fields = ", ".join(f"{_quote(column)} := {name}.{_quote(column)}" for column in used)
+                items.append(f"struct_pack({fields}) AS {name}")
         left, right = _quote(candidate.left.qualifier), _quote(candidate.right.qualifier)
         return (
-            f"SELECT {left}, {right} FROM {left_relation} AS {left} "
+            f"SELECT {', '.join(items)} FROM {left_relation} AS {left} "
             f"{candidate.kind} JOIN {right_relation} AS {right} {candidate.on_sql}"
         )
 
 
-def rewrite_splits(tree: exp.Expression, splits: Sequence[JoinSplit], name_of: Callable[[str], str]) -> str:
+def rewrite_splits(tree: exp.Expr, splits: Sequence[JoinSplit], name_of: Callable[[str], str]) -> str:
     """`tree` (modified) with each split join replaced by its view and the joining SELECT's unqualified
     columns qualified; the DuckDB SQL. `name_of(expression SQL)`: the name DuckDB gives an unaliased
     select item, which the rewritten item keeps (`sum(amount)`, not `sum(o.amount)`)."""
@@ -533,7 +549,7 @@ def rewrite_splits(tree: exp.Expression, splits: Sequence[JoinSplit], name_of: C
             )
         star_items = [e for e in select.expressions if isinstance(e, exp.Star)]
         if star_items:
-            expanded: list[exp.Expression] = []
+            expanded: list[exp.Expr] = []
             for item in select.expressions:
                 if isinstance(item, exp.Star):
                     expanded.extend(
@@ -545,7 +561,29 @@ def rewrite_splits(tree: exp.Expression, splits: Sequence[JoinSplit], name_of: C
             select.set("expressions", expanded)
         select.set("from_", exp.From(this=exp.to_table(split.view)))
         select.set("joins", None)
+        _record_used_columns(candidate, select)
     return tree.sql(dialect="duckdb")
+
+
+def _record_used_columns(candidate: JoinCandidate, select: exp.Select) -> None:
+    """Which columns of each side the rewritten SELECT reads (`candidate.used`)."""
+    sides = {side.qualifier.lower() for side in (candidate.left, candidate.right)}
+    used: dict[str, list[str] | None] = {side: [] for side in sides}
+    for column in select.find_all(exp.Column):
+        parts = column.parts
+        if len(parts) != 2 or parts[0].name.lower() not in sides:
+            continue
+        side = parts[0].name.lower()
+        columns = used[side]
+        if isinstance(column.this, exp.Star) or columns is None:
+            used[side] = None
+            continue
+        found = _field(candidate.schemas[side], column.name)
+        if found is None:
+            used[side] = None  # DuckDB says what is wrong with the name, as it would have
+        elif found.name not in columns:
+            columns.append(found.name)
+    candidate.used = used
 
 
 def _quote(name: str) -> str:

@@ -34,7 +34,14 @@ from airflow_partitions.pruning import check_read_only, dataset_filter, executab
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import quote_identifier, quote_string
 from airflow_partitions.pruning.limits import check_budget, run_bounded
-from airflow_partitions.read.joins import JoinDecision, JoinSplit, decide_join, find_joins, rewrite_splits
+from airflow_partitions.read.joins import (
+    JoinDecision,
+    JoinSplit,
+    PairGroup,
+    decide_join,
+    find_joins,
+    rewrite_splits,
+)
 from airflow_partitions.read.query import (
     QUERY_HINT,
     QueryLimits,
@@ -356,7 +363,7 @@ def _register_split(
     """The view of a split join: the UNION ALL of one small join per pair group."""
     decision = split.decision
     left, right = decision.left.dataset, decision.right.dataset
-    pairs = decision.pairs or [None]
+    pairs: list[PairGroup | None] = list(decision.pairs) or [None]
     branches = []
     for pair in pairs:
         left_files = pair.left_files if pair is not None else ()
