@@ -19,9 +19,9 @@ their rows once, NULL-extended. Anything else (another shape, incompatible layou
 different types, a column the rewrite could not qualify) runs as one plain join, and the plan says why.
 
 The rewrite (`JoinSplit.rewrite`) replaces the join in the statement by a view of the union of the small
-joins, each row holding the two sides as row structs named after the two tables' names in the query
-(`SELECT o, c FROM ... AS o JOIN ... AS c`): the rest of the statement, aggregates and windows
-included, is unchanged and runs once over the union, so `o.amount` still means the same column. The
+joins, each row holding the columns of the two sides the statement reads (`o.amount` becomes the view's
+column for it; `o.*` every column of `o` under its own name): the rest of the statement, aggregates and
+windows included, is unchanged and runs once over the union, and its select items keep their names. The
 small joins stream into the outer query inside one DuckDB statement (DuckDB schedules their pipelines
 on its threads under the query's memory limit); nothing is materialised.
 """
@@ -81,8 +81,8 @@ class JoinCandidate:
     select: exp.Select | None = None
     on_sql: str = ""
     qualified: dict[int, exp.Expr] = field(default_factory=dict)
-    # Per side (lower-cased qualifier): the columns the rest of the statement reads, None for all.
-    used: dict[str, list[str] | None] = field(default_factory=dict)
+    # The columns the rewritten statement reads: (qualifier as written, column) -> the view's column.
+    flat: dict[tuple[str, str], str] = field(default_factory=dict)
     schemas: dict[str, pa.Schema] = field(default_factory=dict)
 
 
@@ -259,7 +259,7 @@ def _qualify_scope(
     candidate: JoinCandidate, select: exp.Select, tables: Mapping[str, pa.Schema], using: bool
 ) -> str | None:
     """Plan the qualification of every unqualified column of the joining SELECT (the rewrite replaces the
-    two tables by one view of two row structs); the reason it cannot, or None."""
+    two tables by one view of their columns); the reason it cannot, or None."""
     left_q, right_q = candidate.left.qualifier.lower(), candidate.right.qualifier.lower()
     for qualifier in (left_q, right_q):
         if _field(tables[qualifier], qualifier) is not None:
@@ -282,7 +282,12 @@ def _qualify_scope(
         parts = node.parts
         if len(parts) > 2:
             return f"column {node.sql(dialect='duckdb')} is qualified with a schema"
-        if len(parts) == 2 or isinstance(node.this, exp.Star):
+        if isinstance(node.this, exp.Star):
+            star = node.this
+            if node.parent is not select or any(star.args.get(k) for k in ("except_", "replace", "rename")):
+                return "a qualified * with EXCLUDE / REPLACE, or inside an expression"
+            continue
+        if len(parts) == 2:
             continue
         name = node.name.lower()
         owners = [q for q in (left_q, right_q) if _field(tables[q], name) is not None]
@@ -492,21 +497,14 @@ class JoinSplit:
     view: str
 
     def branch_sql(self, left_relation: str, right_relation: str) -> str:
-        """One small join over the two relations, its rows as the two sides' row structs."""
+        """One small join over the two relations, its rows the columns the statement reads."""
         candidate = self.decision.candidate
         assert candidate is not None
-        items = []
-        for side in (candidate.left, candidate.right):
-            name = _quote(side.qualifier)
-            used = candidate.used.get(side.qualifier.lower())
-            if used is None:
-                items.append(name)  # the whole row: the statement reads `side.*`
-            elif not used:
-                items.append(f"NULL::INTEGER AS {name}")
-            else:
-                # Only the columns the statement reads: a row struct of every column would scan them all.
-                fields = ", ".join(f"{_quote(column)} := {name}.{_quote(column)}" for column in used)
-                items.append(f"struct_pack({fields}) AS {name}")
+        items = [
+            f"{_quote(q)}.{_quote(column)} AS {_quote(name)}" for (q, column), name in candidate.flat.items()
+        ]
+        if not items:
+            items = [f"NULL::INTEGER AS {_quote(self.view + '_row')}"]  # count(*) reads no column
         left, right = _quote(candidate.left.qualifier), _quote(candidate.right.qualifier)
         return (
             f"SELECT {', '.join(items)} FROM {left_relation} AS {left} "
@@ -531,7 +529,7 @@ def rewrite_splits(tree: exp.Expr, splits: Sequence[JoinSplit], name_of: Callabl
                 if isinstance(candidate.qualified.get(id(item)), exp.Func):  # a USING key of a FULL join
                     renamed[position] = item.name
                 continue
-            if any(id(node) in candidate.qualified for node in item.walk()):
+            if item.find(exp.Column) is not None:  # its columns become the view's: keep DuckDB's name
                 renamed[position] = name_of(item.sql(dialect="duckdb"))
         for node in list(select.walk()):
             replacement = candidate.qualified.get(id(node))
@@ -547,7 +545,7 @@ def rewrite_splits(tree: exp.Expr, splits: Sequence[JoinSplit], name_of: Callabl
                     for position, item in enumerate(select.expressions)
                 ],
             )
-        star_items = [e for e in select.expressions if isinstance(e, exp.Star)]
+        star_items = [e for e in select.expressions if isinstance(e, exp.Star)]  # `*` of an ON join
         if star_items:
             expanded: list[exp.Expr] = []
             for item in select.expressions:
@@ -561,29 +559,46 @@ def rewrite_splits(tree: exp.Expr, splits: Sequence[JoinSplit], name_of: Callabl
             select.set("expressions", expanded)
         select.set("from_", exp.From(this=exp.to_table(split.view)))
         select.set("joins", None)
-        _record_used_columns(candidate, select)
+        _flatten_columns(candidate, select, split.view)
     return tree.sql(dialect="duckdb")
 
 
-def _record_used_columns(candidate: JoinCandidate, select: exp.Select) -> None:
-    """Which columns of each side the rewritten SELECT reads (`candidate.used`)."""
-    sides = {side.qualifier.lower() for side in (candidate.left, candidate.right)}
-    used: dict[str, list[str] | None] = {side: [] for side in sides}
-    for column in select.find_all(exp.Column):
+def _flatten_columns(candidate: JoinCandidate, select: exp.Select, view: str) -> None:
+    """Replace each `side.column` of the rewritten SELECT by the view's column for it (one per column
+    read, named `<view>_<n>`); a select item keeps its name, and `side.*` becomes every column of the
+    side under its own name (`candidate.flat` records the view's columns)."""
+    sides = {side.qualifier.lower(): side.qualifier for side in (candidate.left, candidate.right)}
+    top = {id(item) for item in select.expressions}
+
+    def view_column(qualifier: str, name: str) -> exp.Column:
+        key = (sides[qualifier], name)
+        if key not in candidate.flat:
+            candidate.flat[key] = f"{view}_{len(candidate.flat)}"
+        return exp.column(candidate.flat[key], quoted=True)
+
+    expanded: list[exp.Expr] = []
+    for item in list(select.expressions):
+        if isinstance(item, exp.Column) and isinstance(item.this, exp.Star) and len(item.parts) == 2:
+            qualifier = item.parts[0].name.lower()
+            if qualifier in sides:
+                for schema_field in candidate.schemas[qualifier]:
+                    column = view_column(qualifier, schema_field.name)
+                    expanded.append(exp.alias_(column, schema_field.name, quoted=True, copy=False))
+                continue
+        expanded.append(item)
+    select.set("expressions", expanded)
+    for column in list(select.find_all(exp.Column)):
         parts = column.parts
-        if len(parts) != 2 or parts[0].name.lower() not in sides:
+        if len(parts) != 2 or parts[0].name.lower() not in sides or isinstance(column.this, exp.Star):
             continue
-        side = parts[0].name.lower()
-        columns = used[side]
-        if isinstance(column.this, exp.Star) or columns is None:
-            used[side] = None
-            continue
-        found = _field(candidate.schemas[side], column.name)
+        qualifier = parts[0].name.lower()
+        found = _field(candidate.schemas[qualifier], column.name)
         if found is None:
-            used[side] = None  # DuckDB says what is wrong with the name, as it would have
-        elif found.name not in columns:
-            columns.append(found.name)
-    candidate.used = used
+            continue  # DuckDB says the column does not exist
+        replacement: exp.Expr = view_column(qualifier, found.name)
+        if id(column) in top:
+            replacement = exp.alias_(replacement, column.name, quoted=True, copy=False)
+        column.replace(replacement)
 
 
 def _quote(name: str) -> str:
