@@ -1,7 +1,7 @@
 """Partition-wise joins: a join of two datasets bucketed on the key, against DuckDB and the plain join.
 
     python -m benchmarks.bench_joins            # two 10,000,000-row datasets, 3 rounds
-    python -m benchmarks.bench_joins --quick    # two 100,000-row datasets, 1 round
+    python -m benchmarks.bench_joins --quick    # two 50,000-row datasets, 1 round
 
 Two datasets of one spec, `left` and `right`, each `bucket(16, k)` on an int64 key drawn from as many
 values as rows (so most keys match about one row of the other side), joined and aggregated:
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rows", type=int, default=10_000_000, help="rows per dataset (default 10M)")
     parser.add_argument("--rounds", type=int, default=3, help="paired rounds (default 3)")
-    parser.add_argument("--quick", action="store_true", help="100,000 rows per dataset, 1 round")
+    parser.add_argument("--quick", action="store_true", help="50,000 rows per dataset, 1 round")
     parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.worker, args.spec, args.out)
         return 0
     if args.quick:
-        args.rows, args.rounds = 100_000, 1
+        args.rows, args.rounds = 50_000, 1
     with tempfile.TemporaryDirectory() as directory:
         started = time.perf_counter()
         spec = build(Path(directory), args.rows)
