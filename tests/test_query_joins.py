@@ -330,3 +330,14 @@ def test_the_statement_around_a_split_join_is_unchanged(query: DatasetQuery, sql
     got = query.query(sql)
     assert _canonical(got) == _oracle(sql)
     assert got.column_names == duckdb_names(sql)
+
+
+def test_the_limits_bound_a_multi_dataset_query(query: DatasetQuery) -> None:
+    from airflow_partitions.exceptions import QueryLimitError
+
+    slow = "SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k, range(2000000000) r WHERE r.range % 7 = 3"
+    with pytest.raises(QueryLimitError):
+        query.query(slow, timeout_s=0.5)
+    big = "SELECT list(r.range) FROM l_b8 a JOIN r_b16 b ON a.k = b.k, range(5000000) r GROUP BY a.id"
+    with pytest.raises(QueryLimitError):
+        query.query(big, memory_limit="64MB")
