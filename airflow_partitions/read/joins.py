@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from sqlglot import exp
 
+from airflow_partitions.exceptions import AirflowPartitionsError
 from airflow_partitions.pruning.query import column_key, same_key_type, scope_tables
 
 if TYPE_CHECKING:
@@ -411,9 +412,14 @@ def decide_join(candidate: JoinCandidate, left_plan: PrunePlan, right_plan: Prun
             if isinstance(mapping, str):
                 reasons.append(mapping)
                 continue
-            decision.pairs = _pair_groups(
-                candidate.kind, left_plan, right_plan, left_field, right_field, mapping
-            )
+            try:
+                decision.pairs = _pair_groups(
+                    candidate.kind, left_plan, right_plan, left_field, right_field, mapping
+                )
+            except (AirflowPartitionsError, TypeError, ValueError, OverflowError) as err:
+                # A partition value the coarse transform cannot take: the plain join stays exact.
+                reasons.append(f"cannot group the partition values ({err})")
+                continue
             decision.split = True
             decision.reason = (
                 f"{left_field.transform.canonical} vs {right_field.transform.canonical} are compatible"
