@@ -226,6 +226,23 @@ def test_a_filter_on_one_side_prunes_the_other_through_the_join_key(query: Datas
     # An outer join's other side is not pruned by it (its unmatched rows must still appear).
     outer = query.plan("SELECT count(*) FROM l_b8 a LEFT JOIN r_b16 b USING (k) WHERE b.v > 100")
     assert len(outer.plans["l_b8"].selected) == outer.plans["l_b8"].total
+    # The preserved side of an outer join is pruned by the WHERE conditions on its own columns.
+    for sql, kept, whole in (
+        ("SELECT a.id, b.id FROM l_b8 a LEFT JOIN r_b16 b USING (k) WHERE a.k = 'k=v'", "l_b8", "r_b16"),
+        (
+            "SELECT a.id, b.id FROM l_b8 a RIGHT JOIN r_b16 b ON a.k = b.k WHERE b.k IN ('k=v', '')",
+            "r_b16",
+            "l_b8",
+        ),
+        ("SELECT a.id, b.k FROM l_b8 a FULL JOIN r_b16 b ON a.k = b.k WHERE a.k = 'k=v'", None, "l_b8"),
+    ):
+        plan = query.plan(sql)
+        if kept is not None:
+            assert len(plan.plans[kept].selected) < plan.plans[kept].total, f"Should prune {kept}: {sql}"
+        assert len(plan.plans[whole].selected) == plan.plans[whole].total, (
+            f"Should read all of {whole}: {sql}"
+        )
+        assert _canonical(query.query(sql)) == _oracle(sql)
 
 
 def test_each_dataset_at_its_own_version_or_as_of(query: DatasetQuery) -> None:

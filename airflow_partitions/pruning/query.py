@@ -210,13 +210,23 @@ def _reference_filter(table: exp.Table, schema: pa.Schema, schemas: Mapping[str,
         return AlwaysTrue()
     if table.args.get("pivots") or table.args.get("joins"):
         return AlwaysTrue()
-    for join in select.args.get("joins") or ():
-        if not _is_inner(join):
-            return AlwaysTrue()
-    conditions = scope_conditions(select)
+    joins = select.args.get("joins") or []
+    if all(_is_inner(join) for join in joins):
+        conditions = scope_conditions(select)
+        conditions.extend(derived_conditions(select, conditions, schemas))
+    elif _is_preserved(table, select, joins):
+        # Every output row holds a real row of the preserved side of an outer join: its WHERE
+        # conjuncts on that side's columns still rule rows out (not the ONs, nor derived ones).
+        where = select.args.get("where")
+        conditions = (
+            []
+            if where is None
+            else list(where.this.flatten() if isinstance(where.this, exp.And) else [where.this])
+        )
+    else:
+        return AlwaysTrue()
     if not conditions:
         return AlwaysTrue()
-    conditions.extend(derived_conditions(select, conditions, schemas))
     own_name = (table.alias or table.name).lower()
     names = {n.lower() for n in schema.names}
 
@@ -374,6 +384,24 @@ def _scope_of(table: exp.Table) -> exp.Select | None:
     else:
         return None
     return owner if isinstance(owner, exp.Select) else None
+
+
+def _is_preserved(table: exp.Table, select: exp.Select, joins: list[exp.Join]) -> bool:
+    """Whether `table` is the side an outer join keeps whole: the FROM item of a chain of LEFT joins
+    (inner ones allowed among them), or the table of a single RIGHT join."""
+    from_item = select.args.get("from_")
+    plain = [join for join in joins if not _is_inner(join)]
+    if any(join.args.get("method") or isinstance(join.this, exp.Lateral | exp.Unnest) for join in joins):
+        return False
+    sides = {str(join.args.get("side") or "").upper() for join in plain}
+    kinds = {str(join.args.get("kind") or "").upper() for join in plain}
+    if not kinds <= {"", "OUTER"}:
+        return False
+    if sides == {"LEFT"}:
+        return from_item is not None and from_item.this is table
+    if sides == {"RIGHT"} and len(joins) == 1:
+        return joins[0].this is table
+    return False
 
 
 def _is_inner(join: exp.Join) -> bool:

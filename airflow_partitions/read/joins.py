@@ -462,7 +462,7 @@ def _pair_groups(
         }[kind]
         if keep:
             needed.append((group, lefts, rights))
-    needed.sort(key=lambda item: -sum(p.rows for p in item[1] + item[2]))
+    needed.sort(key=lambda item: (-sum(p.rows for p in item[1] + item[2]), item[0]))
     batches: list[list[Any]] = [[] for _ in range(min(len(needed), MAX_JOIN_BRANCHES))]
     sizes = [0] * len(batches)
     for item in needed:  # largest first onto the lightest batch
@@ -488,8 +488,12 @@ def _pair_groups(
 
 
 def _group_key(value: Any) -> str:
-    """A group's sortable, printable identity (NULL is a group of its own)."""
-    return NULL_GROUP if value is None else f"{value!r}" if not isinstance(value, str) else repr(value)
+    """A group's printable identity (NULL is a group of its own; strings quoted, times in ISO form)."""
+    if value is None:
+        return NULL_GROUP
+    if isinstance(value, str):
+        return repr(value)
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 # --- rewriting ---------------------------------------------------------------------------------------
