@@ -5,10 +5,12 @@ one SELECT (WITH ... SELECT, set operations, FROM-first) passes, anything else r
 So does an invisible Unicode format character outside a string literal (`refuse_format_characters`).
 
 `dataset_filter(sql, dataset, schema)` finds every reference to the dataset table and, for each, the
-conditions of its scope's WHERE that constrain the table's own rows: the conjuncts over its columns,
-bound leniently (what cannot be used is unknown, never false). A reference whose scope joins it with an
-outer, semi, anti, as-of or lateral join, renames its columns, or that a CTE of the same name shadows,
-contributes "everything". The dataset's predicate is the OR of its references', so every row any part of
+conditions of its scope's WHERE (and, in a scope of inner joins, its joins' ONs) that constrain the
+table's own rows: the conjuncts over its columns, bound leniently (what cannot be used is unknown, never
+false), plus, in a scope of inner joins, the conjuncts on another table's column an equi-join ties to
+one of its columns (`derived_conditions`). The preserved side of a LEFT / RIGHT join keeps only its
+WHERE conjuncts. A reference whose scope joins it otherwise with an outer, semi, anti, as-of or lateral
+join, renames its columns, or that a CTE of the same name shadows, contributes "everything". The dataset's predicate is the OR of its references', so every row any part of
 the query can see stays readable; the query itself still applies all its conditions.
 """
 
