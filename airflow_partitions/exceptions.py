@@ -72,6 +72,24 @@ class CommitConflictError(CatalogError):
         self.version = version  # the concurrent version that conflicted
 
 
+class TagError(CatalogError):
+    """A version tag cannot be written, moved, deleted or read (bad name, missing version)."""
+
+
+class UnknownTagError(TagError, VersionNotFoundError):
+    """A read named a tag the dataset does not have; `.known` lists the tags it has."""
+
+    def __init__(self, message: str, *, tag: str, known: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.tag = tag
+        self.known = known
+
+
+class SparkLayoutError(AirflowPartitionsError):
+    """Spark cannot be given the layout asked for (no bucket field, or a column the layout needs is
+    missing); the message says what Spark can be told instead."""
+
+
 class CatalogIntegrityError(CatalogError):
     """A commit record or checkpoint differs from the digest written with it (edited or damaged)."""
 

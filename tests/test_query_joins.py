@@ -358,3 +358,72 @@ def test_the_limits_bound_a_multi_dataset_query(query: DatasetQuery) -> None:
     big = "SELECT list(r.range) FROM l_b8 a JOIN r_b16 b ON a.k = b.k, range(5000000) r GROUP BY a.id"
     with pytest.raises(QueryLimitError):
         query.query(big, memory_limit="64MB")
+
+
+def test_a_join_reads_catalog_tables_and_a_tagged_version(
+    spec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A split join that also reads `ap_partitions` of both sides, with r_b16 pinned by a tag to the
+    version before a later commit added a row: every figure is the tagged version's."""
+    sql = (
+        "WITH j AS (SELECT count(*) AS n, sum(a.v * b.v) AS s FROM l_b8 a JOIN r_b16 b ON a.k = b.k), "
+        "r AS (SELECT sum(rows) AS right_rows FROM ap_partitions('r_b16')), "
+        "l AS (SELECT count(*) AS left_partitions FROM ap_partitions('l_b8') p WHERE p.rows > 0) "
+        "SELECT * FROM j, r, l"
+    )
+    join_sql = "SELECT count(*) AS n, sum(a.v * b.v) AS s FROM l_b8 a JOIN r_b16 b ON a.k = b.k"
+    (expected_n, expected_s) = _oracle(join_sql)[0]
+    with PartitionedDatasetReader(spec, "r_b16") as reader:
+        tagged = reader.snapshot()
+        reader.catalog.tag("join-release", tagged.version)
+        left_partitions = len(reader._reader_of("l_b8").snapshot().partitions)
+        # A later version of r_b16 with one more row of key 'a' in its partition.
+        (key_path,) = [partition.key_path for partition in reader.plan("k = 'a'").selected]
+        extra = pa.table(
+            {"id": [999], "k": ["a"], "ts": pa.array([None], pa.timestamp("us", tz="UTC")), "v": [3]}
+        )
+        storage = get_storage("parquet")
+        root = Path(reader.data_root)
+        files = storage.publish(root, storage.write(extra, root, key_path))
+        original = tagged.partitions[key_path]
+        grown = PartitionEntry.from_files(original.key, tagged.partition_spec, original.files + tuple(files))
+        newer = reader.catalog.commit(
+            base_version=tagged.version, upserts=[grown], partition_spec=tagged.partition_spec
+        )
+        try:
+            newest = reader.query(sql).to_pylist()[0]
+            assert newest["right_rows"] == LAYOUTS["r_b16"][0].num_rows + 1, "newest: one more row"
+            assert newest["n"] > expected_n, "the added row joins rows of key 'a'"
+            pinned = reader.query(sql, tag="join-release")
+            assert pinned.to_pylist() == [
+                {
+                    "n": expected_n,
+                    "s": expected_s,
+                    "right_rows": LAYOUTS["r_b16"][0].num_rows,
+                    "left_partitions": left_partitions,
+                }
+            ], "the tag pins r_b16's rows and its catalog table; l_b8 is read at its newest"
+            plan = reader.plan_datasets_query(sql, {"r_b16": reader.snapshot(tag="join-release").version})
+            assert plan.joins[0].split, plan.explain()
+            capsys.readouterr()
+            assert main(["query", str(spec), sql, "--tag", "join-release"]) != 0
+            assert "--tag is ambiguous: the query reads l_b8, r_b16" in capsys.readouterr().err
+            pinned_cli = ["query", str(spec), sql, "--dataset", "r_b16", "--tag", "join-release", "--json"]
+            assert main(pinned_cli) == 0
+            out = capsys.readouterr().out.splitlines()
+            assert [json.loads(line) for line in out] == [
+                {name: str(value) if name in ("s", "right_rows") else value for name, value in row.items()}
+                for row in pinned.to_pylist()
+            ], "the CLI's --tag pins --dataset"
+            # A query naming a dataset only through a catalog table function finds it.
+            catalog_only = "SELECT count(*) AS parts FROM ap_partitions('l_b8')"
+            assert main(["query", str(spec), catalog_only, "--json"]) == 0
+            assert json.loads(capsys.readouterr().out) == {"parts": left_partitions}
+        finally:
+            # Put r_b16 back as the other tests expect it (a new version holding the original partition).
+            reader.catalog.commit(
+                base_version=newer, upserts=[original], partition_spec=tagged.partition_spec
+            )
+            reader.catalog.delete_tag("join-release")
+    with PartitionedDatasetReader(spec, "r_b16") as reader:
+        assert _canonical(reader.query(join_sql)) == _oracle(join_sql), "r_b16 is back as it was"

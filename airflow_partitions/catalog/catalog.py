@@ -70,6 +70,7 @@ from airflow_partitions.catalog.state import (
     remember_commit_ids,
     state_schema,
 )
+from airflow_partitions.catalog.tags import TagInfo, list_tags, resolve_tag, write_tag
 from airflow_partitions.exceptions import (
     CatalogError,
     CatalogIntegrityError,
@@ -255,6 +256,48 @@ class Catalog:
 
     def _log_version(self, key: str) -> int | None:
         return self._version_of(key, ".json")
+
+    def version_commit_id(self, version: int) -> str | None:
+        """The commit id of `version` (None when its record is expired and only a checkpoint keeps it)."""
+        try:
+            return self._read_header(self._log_key(version)).commit_id
+        except VersionNotFoundError:
+            return None
+
+    # --- tags (`catalog/tags.py`) -------------------------------------------------------------------
+
+    def tags(self) -> dict[str, TagInfo]:
+        """Every tag of the dataset, by name."""
+        return list_tags(self)
+
+    def tag(self, name: str, version: int | None = None) -> TagInfo:
+        """Point tag `name` at `version` (default: the newest), creating or moving it atomically."""
+        number = version if version is not None else self._head()
+        if not number:
+            raise VersionNotFoundError(f"dataset {self.dataset!r} has no committed version to tag yet")
+        info = write_tag(self, name, number)
+        assert info is not None
+        return info
+
+    def delete_tag(self, name: str) -> None:
+        """Remove tag `name` (its version is vacuumed normally from then on); `UnknownTagError` if absent."""
+        write_tag(self, name, None)
+
+    def tagged_version(self, name: str) -> int:
+        """The version tag `name` names; `UnknownTagError` (listing the known tags) when it names none."""
+        info = resolve_tag(self, name)
+        if info.commit_id is not None:
+            current = self.version_commit_id(info.version)
+            if current is not None and current != info.commit_id:
+                raise CatalogIntegrityError(
+                    f"dataset {self.dataset!r}: tag {name!r} names version {info.version} of commit "
+                    f"{info.commit_id}, but that version's record holds commit {current}; the catalog was "
+                    "rebuilt or edited since the tag was written. Tag the intended version again.",
+                    dataset=self.dataset,
+                    version=info.version,
+                    key=self._log_key(info.version),
+                )
+        return info.version
 
     def _version_info(self, record: CommitRecord) -> VersionInfo:
         summary = record.summary
@@ -840,18 +883,7 @@ class Catalog:
 
     def write_checkpoint(self, snapshot: Snapshot) -> Snapshot:
         """Store `snapshot` as a checkpoint (if absent) and advance the hint; the same snapshot, re-based."""
-        # LZ4 locally (fast to decompress from page cache), zstd remotely (half the bytes to transfer).
-        compression = "lz4" if self.store.local_path(self._hint_key) is not None else "zstd"
-        key = self._checkpoint_key(snapshot.version)
-        digest_key = self._checkpoint_digest_key(snapshot.version)
-        encoded = encode_checkpoint(snapshot, compression=compression)
-        data: bytes | None = encoded
-        if not self.store.put_if_absent(key, encoded):
-            # Another writer made this checkpoint. If it stopped before the digest, vouch for its bytes (a
-            # checkpoint appears whole or not at all), so any two digest writers write the same digest.
-            data = None if self.store.exists(digest_key) else self.store.get(key)
-        if data is not None:
-            self.store.put_if_absent(digest_key, hashlib.sha256(data).hexdigest().encode("ascii"))
+        self.write_checkpoint_only(snapshot)
         if self._read_hint() < snapshot.version:
             self.store.put(self._hint_key, json.dumps({"version": snapshot.version}).encode())
         return replace(snapshot, checkpoint_version=snapshot.version, changes_since_checkpoint=0)
@@ -906,7 +938,8 @@ class Catalog:
                 notes.append(f"would write a checkpoint at version {oldest} so it stays readable")
             else:
                 self.write_checkpoint(retained_snapshot)
-        expired_checkpoints = [v for v in checkpoints if v < oldest]
+        tagged = self._keep_tagged(oldest, checkpoints, dry_run, notes)
+        expired_checkpoints = [v for v in checkpoints if v < oldest and v not in tagged]
         if not dry_run:
             # Expire versions first: a crash after this point leaves orphan files (removed next time),
             # never a retained version pointing at deleted files.
@@ -921,9 +954,12 @@ class Catalog:
             if self.cache_dir is not None and self.cache_dir.is_dir():
                 for cached in self.cache_dir.iterdir():
                     number = self._version_of(cached.name, ".arrow")
-                    if number is not None and number < oldest:
+                    if number is not None and number < oldest and number not in tagged:
                         cached.unlink(missing_ok=True)
         referenced = self._referenced_files(retained_snapshot, head)
+        for snapshot in tagged.values():
+            for entry in snapshot.partitions.values():
+                referenced.update(entry.files)
         removed_temporaries = self._vacuum_catalog_temporaries(cutoff, dry_run)
         removed_files: list[VacuumedFile] = []
         compactions: list[SharedFileCompaction] = []
@@ -966,6 +1002,47 @@ class Catalog:
             notes=tuple(notes),
             shared_files=tuple(compactions),
         )
+
+    def _keep_tagged(
+        self, oldest: int, checkpoints: Sequence[int], dry_run: bool, notes: list[str]
+    ) -> dict[int, Snapshot]:
+        """The tagged versions older than `oldest`, each kept readable by a checkpoint of its own (written
+        now when missing), so their records can expire while the versions and their files stay."""
+        kept: dict[int, Snapshot] = {}
+        for info in list_tags(self).values():
+            if info.version >= oldest or info.version in kept:
+                continue
+            try:
+                snapshot = self._load(info.version)
+            except VersionNotFoundError:
+                notes.append(f"tag {info.name!r} names version {info.version}, which is no longer readable")
+                continue
+            kept[info.version] = snapshot
+            has_digest = self.store.exists(self._checkpoint_digest_key(info.version))
+            if info.version in checkpoints and has_digest:
+                continue
+            if dry_run:
+                notes.append(
+                    f"would write a checkpoint at tagged version {info.version} so it stays readable"
+                )
+            else:
+                self.write_checkpoint_only(snapshot)
+        return kept
+
+    def write_checkpoint_only(self, snapshot: Snapshot) -> None:
+        """Store `snapshot` as a checkpoint with its digest (if absent), leaving the hint alone."""
+        # LZ4 locally (fast to decompress from page cache), zstd remotely (half the bytes to transfer).
+        compression = "lz4" if self.store.local_path(self._hint_key) is not None else "zstd"
+        key = self._checkpoint_key(snapshot.version)
+        digest_key = self._checkpoint_digest_key(snapshot.version)
+        encoded = encode_checkpoint(snapshot, compression=compression)
+        data: bytes | None = encoded
+        if not self.store.put_if_absent(key, encoded):
+            # Another writer made this checkpoint. If it stopped before the digest, vouch for its bytes (a
+            # checkpoint appears whole or not at all), so any two digest writers write the same digest.
+            data = None if self.store.exists(digest_key) else self.store.get(key)
+        if data is not None:
+            self.store.put_if_absent(digest_key, hashlib.sha256(data).hexdigest().encode("ascii"))
 
     @staticmethod
     def _oldest_retained(

@@ -26,6 +26,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "write",
     "cdc",
     "verify",
+    "tag",
 )
 
 

@@ -44,6 +44,12 @@ def register(subparsers: Any) -> None:
         help="SQL condition on the dataset's columns, e.g. \"region = 'EU' AND ts >= '2026-01-01'\"",
     )
     parser.add_argument("--version", type=int, default=None, help="catalog version to plan (default: newest)")
+    parser.add_argument(
+        "--tag",
+        default=None,
+        metavar="NAME",
+        help="read the version this tag names (see `airflow-partitions tag`)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as a JSON document")
     parser.add_argument(
         "--max-skipped",
@@ -63,24 +69,33 @@ def run(args: argparse.Namespace) -> int:
     if args.dataset is None:
         raise FilterError("name the DATASET to plan, or give --query SQL to plan a query")
     with PartitionedDatasetReader(args.spec, args.dataset) as reader:
-        plan = reader.plan(args.where, args.version)
+        plan = reader.plan(args.where, args.version, tag=args.tag)
         if args.json:
             print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
         else:
             print(plan.explain(max_skipped=args.max_skipped))
-            schema = reader.index(reader.snapshot(args.version)).schema
+            schema = reader.index(reader.snapshot(args.version, tag=args.tag)).schema
             for line in describe_partition_widths(reader.dataset, schema):
                 print(line)
     return 0
 
 
 def _plan_query(args: argparse.Namespace) -> int:
-    from airflow_partitions.read.multi import DatasetQuery
+    from airflow_partitions.read.multi import DatasetQuery, datasets_named_in
 
     if args.where is not None:
         raise FilterError("--where plans one dataset; put the condition in the --query SQL instead")
     with DatasetQuery(args.spec) as query:
-        versions = {args.dataset: args.version} if args.dataset and args.version is not None else None
+        versions = None
+        if args.version is not None or args.tag is not None:
+            # --version / --tag pin DATASET, or the one dataset the query reads.
+            named = [args.dataset] if args.dataset else datasets_named_in(query.project, args.query)
+            if len(named) > 1:
+                option = "--version" if args.version is not None else "--tag"
+                raise FilterError(
+                    f"{option} is ambiguous: the query reads {', '.join(named)}; name the DATASET it pins"
+                )
+            versions = {named[0]: query.reader(named[0]).snapshot(args.version, tag=args.tag).version}
         plan = query.plan(args.query, versions=versions)
         if args.json:
             print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False, default=str))

@@ -57,6 +57,15 @@ def register(subparsers: Any) -> None:
         help="run every join as one plain join, never partition pair by partition pair",
     )
     parser.add_argument(
+        "--tag",
+        default=None,
+        metavar="NAME",
+        help=(
+            "read the version this tag names (see `airflow-partitions tag`) of --dataset, or of the one "
+            "dataset the query reads; with several, pass --dataset"
+        ),
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=None,
@@ -81,11 +90,12 @@ def run(args: argparse.Namespace) -> int:
 
     project = open_project(args.spec)
     named = [args.dataset] if args.dataset else datasets_named_in(project, args.sql)
-    if args.version is not None and len(named) > 1:
-        raise FilterError(
-            f"--version is ambiguous: the query reads {', '.join(named)}; "
-            "use --dataset-version NAME=VERSION for each dataset to pin"
-        )
+    for option, value in (("--version", args.version), ("--tag", args.tag)):
+        if value is not None and len(named) > 1:
+            raise FilterError(
+                f"{option} is ambiguous: the query reads {', '.join(named)}; pass --dataset NAME to say "
+                f"which dataset {option} pins, or --dataset-version NAME=VERSION for each dataset to pin"
+            )
     with PartitionedDatasetReader(project, named[0]) as reader:
         table = reader.query(
             args.sql,
@@ -95,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             versions=dataset_versions(args.dataset_version),
             as_of=parse_as_of(args.as_of),
             split_joins=args.split_joins,
+            tag=args.tag,
         )
     write_table(table, args.format)
     return 0

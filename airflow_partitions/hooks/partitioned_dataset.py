@@ -40,7 +40,9 @@ class PartitionedDatasetHook(BaseHook):
     and how many bytes of files fetched from S3 are kept locally, keyed by checksum; default a temporary
     directory of the process and 2 GiB or a tenth of its free space, whichever is less). The first
     filtered read of a Parquet file of at least `ranged_read_min_bytes` (argument; default 8 MiB) that is
-    not cached reads only its footer and the row groups the filter may need. The connection
+    not cached reads only its footer and the row groups the filter may need. `tag` (argument) pins every
+    read to the version a tag names (`airflow-partitions tag`), unless a call names a version or tag:
+    a DAG pins a release by passing a templated tag to the task that builds the hook. The connection
     form (one field per extra key, Host / Login / Password hidden) is declared in `provider_info.py`.
     """
 
@@ -60,6 +62,7 @@ class PartitionedDatasetHook(BaseHook):
         cache_dir: str | None = None,
         cache_max_bytes: int | None = None,
         ranged_read_min_bytes: int | None = None,
+        tag: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(dataset, str) or not dataset:
@@ -72,6 +75,9 @@ class PartitionedDatasetHook(BaseHook):
         self.cache_dir = cache_dir
         self.cache_max_bytes = cache_max_bytes
         self.ranged_read_min_bytes = ranged_read_min_bytes
+        # A version tag every read of the hook pins unless the call names a version or a tag itself:
+        # a DAG pins a release by passing a (templated) tag to the task that builds the hook.
+        self.tag = tag or None
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -172,18 +178,29 @@ class PartitionedDatasetHook(BaseHook):
 
     # --- reads ----------------------------------------------------------------------------------
 
-    def plan(self, where: FilterInput = None, version: int | None = None) -> PrunePlan:
+    def _tag(self, version: int | None, tag: str | None) -> str | None:
+        """The tag a read pins: its own, else the hook's unless the read names a version."""
+        if tag is not None:
+            return tag
+        return self.tag if version is None else None
+
+    def plan(
+        self, where: FilterInput = None, version: int | None = None, *, tag: str | None = None
+    ) -> PrunePlan:
         """Which partitions a read with `where` opens, and why (`.selected`, `.total`, `.explain()`)."""
-        return self.reader.plan(where, version)
+        return self.reader.plan(where, version, tag=self._tag(version, tag))
 
     def read(
         self,
         where: FilterInput = None,
         columns: Sequence[str] | None = None,
         version: int | None = None,
+        *,
+        tag: str | None = None,
     ) -> pa.Table:
-        """Rows matching `where` (SQL condition or DNF list) as a pyarrow Table of `columns`."""
-        return self.reader.read(where, columns, version)
+        """Rows matching `where` (SQL condition or DNF list) as a pyarrow Table of `columns`, of `version`
+        or of the version tag `tag` names (default: the hook's `tag`, else the newest version)."""
+        return self.reader.read(where, columns, version, tag=self._tag(version, tag))
 
     def read_partitions(
         self,
@@ -202,7 +219,7 @@ class PartitionedDatasetHook(BaseHook):
         from airflow_partitions.refresh.discovery import select_keys
 
         reader = self.reader
-        snapshot = reader.snapshot(version)
+        snapshot = reader.snapshot(version, tag=self._tag(version, None))
         names = snapshot.partition_spec.names
         keys = [entry.key.values for entry in snapshot.partitions.values()]
         chosen, unknown = select_keys(names, keys, list(partitions))
@@ -257,13 +274,16 @@ class PartitionedDatasetHook(BaseHook):
         versions: Mapping[str, int | None] | None = None,
         as_of: dt.datetime | None = None,
         split_joins: bool = True,
+        tag: str | None = None,
     ) -> pa.Table:
-        """One read-only DuckDB SELECT in which the dataset name is a table of its pruned partitions.
+        """One read-only DuckDB SELECT in which the dataset name is a table of its pruned partitions, and
+        `ap_partitions('<dataset>')`, `ap_files(...)`, `ap_versions(...)` describe the catalog.
 
         It may name other datasets of the spec too, each a table at `versions[name]`, as of `as_of`, or
-        at its newest; joins of datasets partitioned compatibly on the join key run partition-wise
-        unless `split_joins` is False. `timeout_s` (default 300) and `memory_limit` (e.g. "8GB";
-        default 4 GB or half the machine's memory) bound it; past either it raises `QueryLimitError`.
+        at its newest (`version` / `tag`, default the hook's `tag`, pin the hook's dataset only); joins of
+        datasets partitioned compatibly on the join key run partition-wise unless `split_joins` is False.
+        `timeout_s` (default 300) and `memory_limit` (e.g. "8GB"; default 4 GB or half the machine's
+        memory) bound it; past either it raises `QueryLimitError`.
         """
         return self.reader.query(
             sql,
@@ -273,6 +293,7 @@ class PartitionedDatasetHook(BaseHook):
             versions=versions,
             as_of=as_of,
             split_joins=split_joins,
+            tag=self._tag(version, tag),
         )
 
     def to_spark(
@@ -281,9 +302,19 @@ class PartitionedDatasetHook(BaseHook):
         where: FilterInput = None,
         version: int | None = None,
         columns: Sequence[str] | None = None,
+        *,
+        tag: str | None = None,
+        bucketed: bool = False,
     ) -> Any:
-        """A Spark DataFrame over the pruned partitions (for reads beyond one machine)."""
-        return self.reader.to_spark(spark, where, version, columns)
+        """A Spark DataFrame over the pruned partitions (for reads beyond one machine); `bucketed`: hash
+        partitioned on the bucket column, so joins of two such frames need no exchange (see the reader)."""
+        return self.reader.to_spark(
+            spark, where, version, columns, tag=self._tag(version, tag), bucketed=bucketed
+        )
+
+    def tags(self) -> dict[str, Any]:
+        """The dataset's version tags: name -> `TagInfo` (version, commit id, written_at)."""
+        return dict(self.reader.catalog.tags())
 
     # --- writes ---------------------------------------------------------------------------------
 

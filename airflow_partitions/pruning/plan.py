@@ -46,6 +46,7 @@ from airflow_partitions.pruning.index import (
     PartitionFrame,
     PartitionIndex,
 )
+from airflow_partitions.pruning.index_skip import index_columns_used, index_excluded
 from airflow_partitions.pruning.rewrite import prepare
 from airflow_partitions.storage.datafile import DataFile
 
@@ -79,6 +80,7 @@ class SelectedPartition(NamedTuple):
 CAUSE_KEY = "partition key"
 CAUSE_STATISTICS = "file statistics"
 CAUSE_EMPTY = "empty partition"
+CAUSE_INDEX = "side index"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,8 @@ class PartitionDecision:
     """Why one partition is read or skipped; `verdict` is one of the `ROWS_*` constants.
 
     `cause` says what ruled a skipped partition out: `CAUSE_KEY` (its partition values),
-    `CAUSE_STATISTICS` (its files' min / max / NULL counts) or `CAUSE_EMPTY` (no rows); None when read.
+    `CAUSE_STATISTICS` (its files' min / max / NULL counts), `CAUSE_INDEX` (its files' side indexes prove
+    the filter's values absent) or `CAUSE_EMPTY` (no rows); None when read.
     """
 
     key_path: str
@@ -127,6 +130,7 @@ class PrunePlan:
         file_outcome: Outcome | None,
         max_enumeration: int,
         planning_seconds: float,
+        index_skipped: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         self.index = index
         self.predicate = predicate
@@ -140,6 +144,8 @@ class PrunePlan:
         self._file_frame = file_frame
         self._file_outcome = file_outcome
         self._max_enumeration = max_enumeration
+        # Per file-frame row: statistics kept the file, its side index proved the filter's values absent.
+        self._index_skipped = index_skipped
         self.selected: tuple[SelectedPartition, ...] = self._select()
 
     # --- selection ----------------------------------------------------------------------------
@@ -199,6 +205,21 @@ class PrunePlan:
         return [f for p in self.selected for f, e in zip(p.files, p.exact_files, strict=True) if not e]
 
     @property
+    def files_skipped_by_index(self) -> int:
+        """Files that partition values and statistics kept but a side index proved hold no match."""
+        return 0 if self._index_skipped is None else int(self._index_skipped.sum())
+
+    @cached_property
+    def partitions_skipped_by_index(self) -> int:
+        """Partitions read but for their side indexes: every file statistics kept was ruled out by one."""
+        frame, skipped, outcome = self._file_frame, self._index_skipped, self._file_outcome
+        if frame is None or skipped is None or outcome is None or not skipped.any():
+            return 0
+        touched = np.unique(frame.partition_of_row[skipped])
+        still_read = np.unique(frame.partition_of_row[outcome.true])
+        return int(np.setdiff1d(touched, still_read).size)
+
+    @property
     def rows_selected(self) -> int:
         return sum(p.rows for p in self.selected)
 
@@ -234,6 +255,11 @@ class PrunePlan:
             f"selected {len(self.selected)} of {self.total} partitions ({len(files)} file(s), "
             f"{self.rows_selected} rows); exact: {exact}"
         )
+        if self.files_skipped_by_index:
+            text += (
+                f"; skipped by index: {self.files_skipped_by_index} file(s), "
+                f"{self.partitions_skipped_by_index} partition(s)"
+            )
         residual = self.residual_sql
         return text + (f"; residual: {residual}" if residual else "; no residual filter")
 
@@ -269,6 +295,10 @@ class PrunePlan:
             "exact": sum(1 for p in self.selected if p.exact),
             "files_selected": len(self.files),
             "rows_selected": self.rows_selected,
+            "skipped_by_index": {
+                "files": self.files_skipped_by_index,
+                "partitions": self.partitions_skipped_by_index,
+            },
             "residual": self.residual_sql,
             "planning_ms": round(self.planning_seconds * 1000, 3),
             "selected_partitions": [
@@ -303,11 +333,15 @@ class _Explainer:
         frame = plan._file_frame
         files_selected: dict[int, int] = {}
         files_seen: dict[int, int] = {}
+        self.by_index: dict[int, int] = {}
         if frame is not None and plan._file_outcome is not None:
+            skipped = plan._index_skipped
             for row, partition in enumerate(frame.partition_of_row.tolist()):
                 files_seen[partition] = files_seen.get(partition, 0) + 1
                 if plan._file_outcome.true[row]:
                     files_selected[partition] = files_selected.get(partition, 0) + 1
+                elif skipped is not None and skipped[row]:
+                    self.by_index[partition] = self.by_index.get(partition, 0) + 1
         key_only = [self._partition_masks(item) for item in self.items]
         by_stats = [self._file_masks(item) for item in self.items]
         decisions = []
@@ -316,7 +350,9 @@ class _Explainer:
             chosen = selected.get(key_path)
             total_files = files_seen.get(partition)
             if chosen is not None:
-                reason = self._kept_reason(chosen, files_selected.get(partition, 0), total_files or 0)
+                kept = files_selected.get(partition, 0)
+                by_index = self.by_index.get(partition, 0)
+                reason = self._kept_reason(chosen, kept, total_files or 0, by_index)
                 decisions.append(
                     PartitionDecision(
                         key_path,
@@ -352,13 +388,15 @@ class _Explainer:
             .true
         )
 
-    def _kept_reason(self, chosen: SelectedPartition, kept_files: int, total_files: int) -> str:
+    def _kept_reason(
+        self, chosen: SelectedPartition, kept_files: int, total_files: int, by_index: int
+    ) -> str:
         if not self.plan.has_filter:
             return "no filter: every row is read"
-        skipped_files = total_files - kept_files
-        files_note = (
-            f"; {skipped_files} of {total_files} file(s) skipped by statistics" if skipped_files > 0 else ""
-        )
+        by_stats = total_files - kept_files - by_index
+        files_note = f"; {by_stats} of {total_files} file(s) skipped by statistics" if by_stats > 0 else ""
+        if by_index:
+            files_note += f"; {by_index} of {total_files} file(s) skipped by index"
         if chosen.exact:
             return "exact: every row satisfies the filter, so no residual filter is applied" + files_note
         return "may hold matching rows; the residual filter is applied" + files_note
@@ -380,6 +418,15 @@ class _Explainer:
             return CAUSE_KEY, f"partition {key} cannot hold rows matching the filter"
         frame = self.plan._file_frame
         rows = np.flatnonzero(frame.partition_of_row == partition) if frame is not None else np.zeros(0, int)
+        if self.by_index.get(partition):
+            columns = ", ".join(index_columns_used(self.plan.prepared)) or "the index columns"
+            count = self.by_index[partition]
+            rest = "" if count >= rows.size else "; file statistics rule out the rest"
+            return (
+                CAUSE_INDEX,
+                f"skipped by index: the side index of {columns} proves {count} of {rows.size} file(s) "
+                f"hold no matching value{rest}",
+            )
         for item, stats_mask in zip(self.items, by_stats, strict=True):
             if stats_mask is not None and rows.size and not stats_mask[rows].any():
                 return CAUSE_STATISTICS, f"file statistics rule out {item}: {self._stats_text(item, rows)}"
@@ -458,6 +505,7 @@ def plan_partitions(
         ).evaluate(prepared)
     file_frame: FileFrame | None = None
     file_outcome: Outcome | None = None
+    index_skipped: npt.NDArray[np.bool_] | None = None
     if index.has_files:
         survivors = np.flatnonzero(partition_outcome.true & (index.rows > 0))
         file_frame = index.file_frame(survivors.astype(np.int64))
@@ -472,6 +520,12 @@ def plan_partitions(
             file_outcome = Outcome(
                 file_outcome.true & (file_frame.rows > 0), file_outcome.false, file_outcome.null
             )
+            excluded = index_excluded(prepared, file_frame.files)
+            if excluded is not None:
+                index_skipped = excluded & file_outcome.true
+                file_outcome = Outcome(
+                    file_outcome.true & ~index_skipped, file_outcome.false, file_outcome.null
+                )
     return PrunePlan(
         index=index,
         predicate=predicate,
@@ -483,4 +537,5 @@ def plan_partitions(
         file_outcome=file_outcome,
         max_enumeration=max_enumeration,
         planning_seconds=time.perf_counter() - started,
+        index_skipped=index_skipped,
     )

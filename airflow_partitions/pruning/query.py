@@ -10,8 +10,9 @@ table's own rows: the conjuncts over its columns, bound leniently (what cannot b
 false), plus, in a scope of inner joins, the conjuncts on another table's column an equi-join ties to
 one of its columns (`derived_conditions`). The preserved side of a LEFT / RIGHT join keeps only its
 WHERE conjuncts. A reference whose scope joins it otherwise with an outer, semi, anti, as-of or lateral
-join, renames its columns, or that a CTE of the same name shadows, contributes "everything". The dataset's predicate is the OR of its references', so every row any part of
-the query can see stays readable; the query itself still applies all its conditions.
+join, renames its columns, or that a CTE of the same name shadows, contributes "everything". The
+dataset's predicate is the OR of its references', so every row any part of the query can see stays
+readable; the query itself still applies all its conditions.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from airflow_partitions.pruning import check_read_only, dataset_filter, executab
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import quote_identifier, quote_string
 from airflow_partitions.pruning.limits import check_budget, run_bounded
+from airflow_partitions.read.catalog_tables import register_catalog_tables
 from airflow_partitions.read.joins import (
     JoinDecision,
     JoinSplit,
@@ -53,6 +54,7 @@ from airflow_partitions.read.query import (
     duckdb_expression_name,
     needs_partition_functions,
     new_duckdb_connection,
+    parsed_statement,
     sandbox_reference_counts,
 )
 
@@ -68,12 +70,19 @@ ReaderFactory = Callable[[str], "PartitionedDatasetReader"]
 
 
 def datasets_named_in(project: ProjectSpec, sql: str) -> list[str]:
-    """The spec's datasets `sql` reads (spec spelling, sorted); `FilterError` when it names none."""
+    """The spec's datasets `sql` reads as tables (spec spelling, sorted), else, when it names none, the
+    ones its catalog table function calls describe (`ap_partitions('orders')`); `FilterError` when it
+    names none either way."""
     from airflow_partitions.pruning.query import tables_named_in
+    from airflow_partitions.read.catalog_tables import catalog_calls, mentions_catalog_tables
+    from airflow_partitions.read.query import parsed_statement
 
     check_read_only(sql)  # a query that is not SQL names no table: say that, not "reads none"
     by_name = {name.lower(): name for name in project.names}
     named = sorted({by_name[t] for t in tables_named_in(sql) if t in by_name})
+    if not named and mentions_catalog_tables(sql):
+        described = {call.dataset.lower() for call in catalog_calls(parsed_statement(sql))}
+        named = sorted({by_name[name] for name in described if name in by_name})
     if not named:
         raise FilterError(
             f"the query reads none of the spec's datasets ({', '.join(project.names) or 'none'}); "
@@ -298,6 +307,7 @@ class DatasetQuery:
                     for name in plan.plans
                 }
                 try:
+                    register_catalog_tables(connection, self._catalog_tables(plan))
                     register_dataset_views(self, connection, scopes, plan)
                     for split in splits:
                         _register_split(self, connection, scopes, plan, split)
@@ -323,6 +333,32 @@ class DatasetQuery:
                     ) from err
         finally:
             connection.close()
+
+    def _catalog_tables(self, plan: DatasetQueryPlan) -> dict[str, pa.Table]:
+        """The tables of the statement's catalog table function calls (`read.catalog_tables`): a dataset
+        the query reads at the version it reads, any other at its newest, unless `version :=` pins."""
+        from airflow_partitions.read.catalog_tables import (
+            build_catalog_table,
+            catalog_calls,
+            mentions_catalog_tables,
+        )
+
+        if not mentions_catalog_tables(plan.sql):
+            return {}
+        by_name = {name.lower(): name for name in self.project.names}
+        tables: dict[str, pa.Table] = {}
+        for call in catalog_calls(parsed_statement(plan.sql)):
+            name = by_name.get(call.dataset.lower(), call.dataset)
+            self.project.dataset(name)  # DatasetNotFoundError listing the spec's datasets
+            reader = self.reader(name)
+            read = plan.plans.get(name)
+            version = call.version if call.version is not None else (read.version if read else None)
+            snapshot = reader.snapshot(version)
+            tables[call.table_name] = build_catalog_table(
+                call, reader.catalog, snapshot, reader._schema_of(snapshot), reader.index(snapshot)
+            )
+            check_budget()
+        return tables
 
 
 def register_dataset_views(

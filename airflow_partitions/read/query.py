@@ -5,7 +5,8 @@ is disabled except for those files, and the configuration is locked before the s
 
 The statement, as DuckDB's own parser reads it (`json_serialize_sql`), may name only the dataset and the
 CTEs in scope where a name stands (`_scoped_nodes`), call only table functions that generate rows
-(`SANDBOX_TABLE_FUNCTIONS`), and read only the settings in `SANDBOX_VISIBLE_SETTINGS`: catalog functions,
+(`SANDBOX_TABLE_FUNCTIONS`) or describe the catalog (`read.catalog_tables`: tables the reader built and
+registered), and read only the settings in `SANDBOX_VISIBLE_SETTINGS`: catalog functions,
 `information_schema`, `SHOW TABLES` and the other databases attached for the scan (the shared
 `_tables.duckdb` holds every version's tables) stay out of reach, and so do the local paths of the files
 (which `allowed_paths` and the views' SQL hold). DuckDB's error messages have those paths replaced before
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.exceptions import FilterError, QueryLimitError, StorageError, UnsafeQueryError
 from airflow_partitions.pruning.expressions import quote_identifier, quote_string
 from airflow_partitions.pruning.limits import Budget, budget, check_budget, run_bounded, size_in_bytes
+from airflow_partitions.read.catalog_tables import CATALOG_TABLE_FUNCTIONS, register_catalog_tables
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -222,11 +224,13 @@ def run_query(
     schema: pa.Schema,
     statement: str,
     limits: QueryLimits | None = None,
+    catalog_tables: Mapping[str, pa.Table] | None = None,
 ) -> pa.Table:
-    """Run `statement` (checked read-only, made executable) where `dataset` is a view over `files`."""
+    """Run `statement` (checked read-only, made executable) where `dataset` is a view over `files`;
+    `catalog_tables`: the tables of its catalog table function calls (`read.catalog_tables`)."""
     limits = limits or QueryLimits()
     with limits.budget(QUERY_HINT):
-        return _run_query(scanner, dataset, files, schema, statement, limits)
+        return _run_query(scanner, dataset, files, schema, statement, limits, catalog_tables or {})
 
 
 def _run_query(
@@ -236,6 +240,7 @@ def _run_query(
     schema: pa.Schema,
     statement: str,
     limits: QueryLimits,
+    catalog_tables: Mapping[str, pa.Table],
 ) -> pa.Table:
     root = scanner.sandbox_root
     if root is not None:
@@ -248,6 +253,7 @@ def _run_query(
     try:
         check_sandboxed(connection, statement, dataset)
         with scanner.call_scope(connection) as scope:
+            register_catalog_tables(connection, catalog_tables)
             return _run_sandboxed(
                 scanner, connection, scope, dataset, files, schema, statement, limits, configure=configure
             )
@@ -356,11 +362,12 @@ def _sandbox_reference_counts(
                 counts[name] += 1
         elif kind == "TABLE_FUNCTION":
             name = str(node.get("function", {}).get("function_name", "")).lower()
-            if name not in SANDBOX_TABLE_FUNCTIONS:
+            if name not in SANDBOX_TABLE_FUNCTIONS and name not in CATALOG_TABLE_FUNCTIONS:
                 generators = ", ".join(sorted(SANDBOX_TABLE_FUNCTIONS))
                 raise UnsafeQueryError(
                     f"table function {name}() is not available in a query (file and catalog access is "
-                    f"disabled); read the dataset, or generate rows with {generators}"
+                    f"disabled); read the dataset, the catalog with {', '.join(CATALOG_TABLE_FUNCTIONS)} "
+                    f"('<dataset>'), or generate rows with {generators}"
                 )
         elif kind == "SHOW_REF" and node.get("query") is None:
             raise UnsafeQueryError(
@@ -369,6 +376,19 @@ def _sandbox_reference_counts(
         if "function_name" in node:
             _check_function(node)
     return counts
+
+
+def parsed_statement(statement: str) -> dict[str, Any]:
+    """DuckDB's parse of `statement` (`json_serialize_sql`) on the process's parse-only connection."""
+    global _parse_connection
+    with _PARSE_LOCK:
+        if _parse_connection is None:
+            connection = new_duckdb_connection(functions=False)
+            _lock_down(connection)
+            _parse_connection = connection
+        rows = _parse_connection.execute("SELECT json_serialize_sql(?)", [statement]).fetchall()
+    tree: dict[str, Any] = json.loads(rows[0][0]) if rows else {"error": True}
+    return tree
 
 
 def sandbox_references(statement: str, dataset: str) -> int:

@@ -32,7 +32,14 @@ from airflow_partitions.pruning import (
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.limits import check_budget
 from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan, datasets_named_in
-from airflow_partitions.read.query import QUERY_HINT, READ_HINT, QueryLimits, run_query, sandbox_references
+from airflow_partitions.read.query import (
+    QUERY_HINT,
+    READ_HINT,
+    QueryLimits,
+    parsed_statement,
+    run_query,
+    sandbox_references,
+)
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 from airflow_partitions.read.remote import RemoteFiles, default_filesystem
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
@@ -62,8 +69,9 @@ def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
 
 
 def dataset_named_in(project: ProjectSpec | str | Path, sql: str) -> str:
-    """The first (by name) of the spec's datasets that `sql` reads; `FilterError` when it names none,
-    `UnsafeQueryError` when it is not one valid SELECT. A reader of it queries all of them."""
+    """The first (by name) of the spec's datasets that `sql` reads, as a table or, when it names none,
+    through a catalog table function call (`ap_partitions('orders')`); `FilterError` when it names
+    none, `UnsafeQueryError` when it is not one valid SELECT. A reader of it queries all of them."""
     return datasets_named_in(open_project(project), sql)[0]
 
 
@@ -128,7 +136,8 @@ class PartitionedDatasetReader:
         )
         self._schemas: dict[int, pa.Schema] = {}
         self._scanner = DuckDBScanner(self.storage, location, self._lock)
-        # The spec's datasets a query's SQL names, by SQL text; readers of the other datasets it named.
+        # The spec's datasets a query's SQL names, by SQL text; readers of the other datasets its queries
+        # and catalog tables named.
         self._named: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
         self._siblings: dict[str, PartitionedDatasetReader] = {}
         self._multi: DatasetQuery | None = None
@@ -175,13 +184,25 @@ class PartitionedDatasetReader:
 
     # --- versions, schema, index ------------------------------------------------------------------
 
-    def snapshot(self, version: int | None = None) -> Snapshot:
-        """The catalog version `version` (newest when None); raises `VersionNotFoundError`."""
-        return self.catalog.snapshot(version)
+    def snapshot(self, version: int | None = None, *, tag: str | None = None) -> Snapshot:
+        """The catalog version `version`, or the one tag `tag` names (newest when neither); raises
+        `VersionNotFoundError` (`UnknownTagError`, listing the dataset's tags, for an unknown tag)."""
+        return self.catalog.snapshot(self._version(version, tag))
 
-    def schema(self, version: int | None = None) -> pa.Schema:
-        """The dataset's Arrow schema as of `version`."""
-        return self._schema_of(self.snapshot(version))
+    def _version(self, version: int | None, tag: str | None) -> int | None:
+        if tag is None:
+            return version
+        tagged = self.catalog.tagged_version(tag)
+        if version is not None and version != tagged:
+            raise CatalogError(
+                f"version {version} and tag {tag!r} (version {tagged}) name different versions of "
+                f"{self.name!r}; give one of them"
+            )
+        return tagged
+
+    def schema(self, version: int | None = None, *, tag: str | None = None) -> pa.Schema:
+        """The dataset's Arrow schema as of `version` (or tag `tag`)."""
+        return self._schema_of(self.snapshot(version, tag=tag))
 
     def _schema_of(self, snapshot: Snapshot) -> pa.Schema:
         if self._schema_override is not None:
@@ -254,11 +275,14 @@ class PartitionedDatasetReader:
     # --- planning ---------------------------------------------------------------------------------
 
     @deep_stack
-    def plan(self, where: FilterInput = None, version: int | None = None) -> PrunePlan:
-        """Which partitions and files of `version` a read with `where` opens, and why (within the reader's
-        `query_limits`: binding the filter and pruning count against its time)."""
+    def plan(
+        self, where: FilterInput = None, version: int | None = None, *, tag: str | None = None
+    ) -> PrunePlan:
+        """Which partitions and files of `version` (or of the version tag `tag` names) a read with `where`
+        opens, and why (within the reader's `query_limits`: binding the filter and pruning count against
+        its time)."""
         with self.query_limits.budget(READ_HINT):
-            return self._plan(self.snapshot(version), where)
+            return self._plan(self.snapshot(version, tag=tag), where)
 
     def _plan(self, snapshot: Snapshot, where: FilterInput) -> PrunePlan:
         """The one place plans are made, cached per (version, filter)."""
@@ -286,13 +310,16 @@ class PartitionedDatasetReader:
         where: FilterInput = None,
         columns: Sequence[str] | None = None,
         version: int | None = None,
+        *,
+        tag: str | None = None,
     ) -> pa.Table:
-        """Rows matching `where` as an Arrow table of `columns` (all when None), from pruned files only.
+        """Rows matching `where` as an Arrow table of `columns` (all when None), from pruned files only,
+        of `version` or of the version tag `tag` names (newest when neither).
 
         Planning and reading together stay within the reader's `query_limits` (`QueryLimitError`).
         """
         with self.query_limits.budget(READ_HINT):
-            plan = self.plan(where, version)
+            plan = self.plan(where, version, tag=tag)
             return self.read_plan(plan, columns)
 
     def read_plan(self, plan: PrunePlan, columns: Sequence[str] | None = None) -> pa.Table:
@@ -313,13 +340,17 @@ class PartitionedDatasetReader:
         versions: Mapping[str, int | None] | None = None,
         as_of: dt.datetime | None = None,
         split_joins: bool = True,
+        tag: str | None = None,
     ) -> pa.Table:
         """Run one read-only SELECT where the dataset name is a table; only pruned files are opened.
 
-        The statement may name other datasets of the spec too (`read.multi`): each is a table, read at
-        `versions[name]` or as of `as_of` (else its newest; `version` is this dataset's), joins of two
-        datasets partitioned compatibly on the join key running partition-wise unless `split_joins` is
-        False (`read.joins`).
+        `version` or `tag` (a version tag) pins this dataset's version (newest when neither); the catalog
+        table functions (`ap_partitions`, `ap_files`, `ap_versions`, see `read.catalog_tables`) describe
+        it and the spec's other datasets. The statement may name other datasets of the spec too
+        (`read.multi`): each is a table, read at `versions[name]` or as of `as_of` (else its newest;
+        `version` / `tag` pin this reader's dataset only), joins of two datasets partitioned compatibly on
+        the join key running partition-wise unless `split_joins` is False (`read.joins`).
+
         `timeout_s` and `memory_limit` (e.g. "8GB") override the reader's `query_limits` for this call;
         a query past either raises `QueryLimitError`.
         """
@@ -327,20 +358,55 @@ class PartitionedDatasetReader:
         # The time limit covers parsing, checking and pruning the statement, not only running it.
         with limits.budget(QUERY_HINT):
             if as_of is not None or versions or self._datasets_named(sql) != [self.name]:
+                pinned = self._version(version, tag)
                 return self._datasets_query().query(
                     sql,
-                    versions={**(versions or {}), **({self.name: version} if version is not None else {})},
+                    versions={**(versions or {}), **({self.name: pinned} if pinned is not None else {})},
                     as_of=as_of,
                     timeout_s=timeout_s,
                     memory_limit=memory_limit,
                     split_joins=split_joins,
                 )
-            snapshot = self.snapshot(version)
+            snapshot = self.snapshot(version, tag=tag)
             schema = self._schema_of(snapshot)
             where, executable = self._prepared_query(sql, schema)
             plan = self._plan(snapshot, where)
             check_budget()
-            return run_query(self._scanner, self.name, plan.files, schema, executable, limits)
+            tables = self._catalog_tables(sql, snapshot, schema)
+            check_budget()
+            return run_query(self._scanner, self.name, plan.files, schema, executable, limits, tables)
+
+    def _catalog_tables(self, sql: str, snapshot: Snapshot, schema: pa.Schema) -> dict[str, pa.Table]:
+        """The tables of the statement's catalog table function calls (`read.catalog_tables`): the
+        query's own dataset at the version it reads, others at their newest, unless `version :=` pins."""
+        from airflow_partitions.read.catalog_tables import (
+            build_catalog_table,
+            catalog_calls,
+            mentions_catalog_tables,
+        )
+
+        if not mentions_catalog_tables(sql):
+            return {}
+
+        tables: dict[str, pa.Table] = {}
+        for call in catalog_calls(parsed_statement(sql)):
+            reader = self._reader_of(call.dataset)
+            described = snapshot if reader is self and call.version is None else reader.snapshot(call.version)
+            described_schema = schema if described is snapshot else reader._schema_of(described)
+            index = reader.index(described)
+            tables[call.table_name] = build_catalog_table(
+                call, reader.catalog, described, described_schema, index
+            )
+        return tables
+
+    def _reader_of(self, dataset: str) -> PartitionedDatasetReader:
+        """This reader for its own dataset, else a reader of another dataset of the spec (kept)."""
+        by_name = {name.lower(): name for name in self.project.names}
+        name = by_name.get(dataset.lower(), dataset)
+        if name == self.name:
+            return self
+        self.project.dataset(name)  # DatasetNotFoundError listing the spec's datasets
+        return self._sibling(name)
 
     def _prepared_query(self, sql: str, schema: pa.Schema) -> tuple[Predicate, str]:
         """`sql` checked read-only, the rows of the dataset it can look at, and its executable form.
@@ -368,11 +434,12 @@ class PartitionedDatasetReader:
         return prepared
 
     @deep_stack
-    def plan_query(self, sql: str, version: int | None = None) -> PrunePlan:
+    def plan_query(self, sql: str, version: int | None = None, *, tag: str | None = None) -> PrunePlan:
         """The pruning plan `query(sql)` would use (for this dataset; `plan_datasets_query` for all)."""
         if self._datasets_named(sql) != [self.name]:
-            return self.plan_datasets_query(sql, {self.name: version}).plans[self.name]
-        snapshot = self.snapshot(version)
+            pinned = self._version(version, tag)
+            return self.plan_datasets_query(sql, {self.name: pinned}).plans[self.name]
+        snapshot = self.snapshot(version, tag=tag)
         return self._plan(snapshot, self._prepared_query(sql, self._schema_of(snapshot))[0])
 
     @deep_stack
@@ -442,13 +509,30 @@ class PartitionedDatasetReader:
         where: FilterInput = None,
         version: int | None = None,
         columns: Sequence[str] | None = None,
+        *,
+        tag: str | None = None,
+        bucketed: bool = False,
     ) -> Any:
-        """A Spark DataFrame over the pruned partitions, the residual applied where not exact."""
+        """A Spark DataFrame over the pruned partitions, the residual applied where not exact.
+
+        `bucketed`: the frame is hash-partitioned by Spark on the column of the dataset's (first)
+        `bucket(N, col)` field into N partitions, sorted by it within each, and materialised
+        (`localCheckpoint`), so Spark knows its partitioning and order: a join (or aggregation) on that
+        column with another such frame of the same N plans no `Exchange` (and a sort-merge join no
+        `Sort`). Spark is not told the dataset's own buckets: from Python, without a JVM
+        connector, no source can report its partitioning (see `bucketed_frame`); the one shuffle happens
+        here, once per frame, instead of in every join. `SparkLayoutError` when the version has no
+        bucket field or `columns` leaves its column out.
+        """
         from airflow_partitions.pruning.spark_filter import spark_condition
 
-        plan = self.plan(where, version)
+        plan = self.plan(where, version, tag=tag)
         schema = plan.index.schema
         wanted = resolve_columns(schema, columns)
+        if bucketed:
+            column, buckets = bucket_layout(plan.index, wanted, self.name)
+            frame = self.to_spark(spark, where, plan.version, columns)
+            return bucketed_frame(spark, frame, column, buckets)
         if not plan.files:
             return spark.createDataFrame(pa.schema([schema.field(n) for n in wanted]).empty_table())
         root = self._local_root
@@ -504,6 +588,55 @@ def _filter_key(where: FilterInput) -> Any:
     except TypeError:
         return None
     return key
+
+
+def bucket_layout(index: PartitionIndex, columns: Sequence[str], dataset: str) -> tuple[str, int]:
+    """The column and bucket count of the first `bucket(N, col)` field of a version's partition spec."""
+    from airflow_partitions.exceptions import SparkLayoutError
+    from airflow_partitions.transforms.bucket import BucketTransform
+
+    for field in index.fields:
+        transform = field.transform
+        if isinstance(transform, BucketTransform):
+            if transform.source_column not in columns:
+                raise SparkLayoutError(
+                    f"to_spark(bucketed=True) of {dataset!r} partitions the frame by its bucket column "
+                    f"{transform.source_column!r}; include it in columns="
+                )
+            return transform.source_column, transform.num_buckets
+    fields = ", ".join(f"{f.name}: {f.canonical}" for f in index.fields) or "none"
+    raise SparkLayoutError(
+        f"to_spark(bucketed=True): {dataset!r} has no bucket(N, column) partition field in this version "
+        f"(fields: {fields}), so there is no layout to hand Spark; call to_spark() and let Spark shuffle "
+        "for the join, or partition the dataset by bucket(N, <join key>)"
+    )
+
+
+def bucketed_frame(spark: Any, frame: Any, column: str, buckets: int) -> Any:
+    """`frame` hash-partitioned by Spark on `column` into `buckets` partitions, materialised so that
+    Spark plans later joins and aggregations on `column` against that partitioning.
+
+    Spark 4 reads a layout it did not write only through a DataSource V2 reporting
+    `KeyGroupedPartitioning` (storage-partitioned joins), a JVM interface the Python Data Source API does
+    not expose (its readers have `partitions()` and `read()`, nothing that reports partitioning); and a
+    Spark bucketed table would tell Spark our files follow Spark's own hash (Murmur3 with seed 42),
+    which they do not (bucket() is Iceberg's hash): Spark would prune and co-partition them wrongly. So
+    the rows are shuffled once by Spark's hash here, and sorted by `column` within each partition, which
+    the checkpoint also keeps: a sort-merge join of two such frames then neither shuffles nor sorts.
+    `localCheckpoint` keeps the partitioning in the plan only when the plan it checkpoints is not
+    adaptive, so AQE is off while it runs (a session setting, restored after).
+    """
+    conf = spark.conf
+    previous = conf.get("spark.sql.adaptive.enabled", None)
+    conf.set("spark.sql.adaptive.enabled", "false")
+    try:
+        key = _spark_column(column)
+        return frame.repartition(buckets, key).sortWithinPartitions(key).localCheckpoint(eager=True)
+    finally:
+        if previous is None:
+            conf.unset("spark.sql.adaptive.enabled")
+        else:
+            conf.set("spark.sql.adaptive.enabled", previous)
 
 
 def _spark_column(name: str) -> Any:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import yaml
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionSpecError, SpecValidationError
+from airflow_partitions.spec.index_settings import INDEX_PARAMS, declared_index_columns
 from airflow_partitions.spec.masking import mask_secrets, remember_secrets, spec_secrets
 from airflow_partitions.spec.model import (
     DEFAULT_ACCELERATOR_DIR,
@@ -92,7 +93,13 @@ REFRESH_KEYS = (
 SNAPSHOT_KEYS = ("mode", "location")
 # Free-form params blocks are not closed, but a key that is one typo away from a known one is an error.
 KNOWN_SOURCE_PARAMS = ("file_format", "connection_id", "url")
-KNOWN_ACCELERATION_PARAMS = ("partition_mode", "max_rows_per_file", "row_group_rows", "sort_by")
+KNOWN_ACCELERATION_PARAMS = (
+    "partition_mode",
+    "max_rows_per_file",
+    "row_group_rows",
+    "sort_by",
+    *INDEX_PARAMS,
+)
 
 EnumT = TypeVar("EnumT", Engine, Mode, PartitionMode, SnapshotMode, FileFormat, RefreshMode)
 
@@ -553,6 +560,13 @@ class _SpecReader:
                         f"{label}: acceleration.params.sort_by: unknown column {column!r}"
                         f"{did_you_mean(column, names)}; schema lists {', '.join(names)}",
                     )
+            for column in declared_index_columns(_plain(params)):
+                if column not in names:
+                    self.add(
+                        params.line_of("index_columns"),
+                        f"{label}: acceleration.params.index_columns: unknown column {column!r}"
+                        f"{did_you_mean(column, names)}; schema lists {', '.join(names)}",
+                    )
 
     def check_declared_columns(
         self,
@@ -578,6 +592,8 @@ class _SpecReader:
             refresh.line_of("check_column") if isinstance(refresh, LineDict) else None,
             sort_by=sort_by,
             sort_by_line=params.line_of("sort_by") if isinstance(params, LineDict) else None,
+            index_columns=declared_index_columns(_plain(params)) if isinstance(params, LineDict) else (),
+            index_columns_line=params.line_of("index_columns") if isinstance(params, LineDict) else None,
             watermark_column=watermark if isinstance(watermark, str) else None,
             watermark_column_line=refresh.line_of("watermark_column")
             if isinstance(refresh, LineDict)

@@ -25,6 +25,11 @@ from airflow_partitions.exceptions import (
     SpecValidationError,
 )
 from airflow_partitions.objectstore.location import is_valid_bucket_name
+from airflow_partitions.spec.index_settings import (
+    declared_index_columns,
+    index_params_problem,
+    index_type_problem,
+)
 from airflow_partitions.spec.masking import mask_url_passwords, unencoded_password_problem
 
 if TYPE_CHECKING:
@@ -752,6 +757,9 @@ def acceleration_problems(
         problems.append(Problem(("enabled",), f"acceleration.enabled must be true or false, got {enabled!r}"))
     problems += engine_problems(engine, mode, partition_mode)
     problems += file_layout_problems(engine, params)
+    index_problem = index_params_problem(params)
+    if index_problem:
+        problems.append(Problem(("params", "index_columns"), index_problem))
     problems += partition_name_problems(list(enumerate(partition_by)))
     problems += partition_count_problems(enabled, partition_by, refresh.max_partitions)
     problems += primary_key_problems(refresh.mode, primary_key)
@@ -968,6 +976,8 @@ def bind_problems(
         dataset.acceleration.refresh.check_column_line or dataset.line,
         sort_by=declared_sort_columns(dataset.acceleration.params),
         sort_by_line=dataset.acceleration.sort_by_line or dataset.line,
+        index_columns=declared_index_columns(dataset.acceleration.params),
+        index_columns_line=dataset.line,
         watermark_column=dataset.acceleration.refresh.watermark_column,
         watermark_column_line=dataset.acceleration.refresh.watermark_column_line or dataset.line,
         primary_key=dataset.acceleration.primary_key,
@@ -988,6 +998,8 @@ def bind_fields(
     watermark_column_line: int | None = None,
     primary_key: Sequence[str] = (),
     primary_key_line: int | None = None,
+    index_columns: Sequence[str] = (),
+    index_columns_line: int | None = None,
 ) -> tuple[list[PartitionField], list[tuple[int | None, str]]]:
     """Bind `(position, field)`s to `schema`: every unknown column, unusable result type, unknown
     `check_column` and unknown or unsortable `sort_by` column becomes a `(line, message)` starting with
@@ -1053,6 +1065,10 @@ def bind_fields(
         problem = column_problem(column)
         if problem:
             problems.append((primary_key_line, f"{label}: primary_key: {problem}"))
+    for column in index_columns:
+        problem = column_problem(column) or index_type_problem(column, schema.field(column).type)
+        if problem:
+            problems.append((index_columns_line, f"{label}: acceleration.params.index_columns: {problem}"))
     return bound, problems
 
 

@@ -17,6 +17,13 @@ from airflow_partitions.storage.base import (
     vacuum_files,
 )
 from airflow_partitions.storage.datafile import ColumnStats, DataFile, compute_column_stats, file_checksum
+from airflow_partitions.storage.side_index import (
+    DEFAULT_FPP,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_VALUES,
+    ColumnIndex,
+    IndexConfig,
+)
 
 ENGINES = ("parquet", "duckdb", "arrow")
 PARTITION_MODES = ("files", "tables")
@@ -24,15 +31,18 @@ PARTITION_MODES = ("files", "tables")
 __all__ = [
     "ENGINES",
     "PARTITION_MODES",
+    "ColumnIndex",
     "ColumnStats",
     "DataFile",
     "FileVacuumResult",
+    "IndexConfig",
     "PartitionStorage",
     "SharedFileCompaction",
     "VacuumedFile",
     "compute_column_stats",
     "file_checksum",
     "get_storage",
+    "index_config",
     "partition_directory",
     "vacuum_files",
 ]
@@ -53,7 +63,9 @@ def get_storage(engine: Any, partition_mode: Any = None, **options: Any) -> Part
     sort columns (`params.sort_by`, else the source columns of bucket / mod fields: `sort_columns`).
     `options` go to the engine: `max_rows_per_file` (split large partitions into several files; parquet
     and arrow), for parquet `row_group_rows` (rows per row group) and `sort_by` (columns each
-    partition's rows are sorted by, NULLs last), and for duckdb
+    partition's rows are sorted by, NULLs last), for every engine `index` (an `IndexConfig`: side
+    indexes each file gets; from a spec: `params.index_columns`, `index_fpp`, `index_max_values`,
+    `index_max_bytes`), and for duckdb
     `tables` mode `lock_timeout` (seconds to wait for the shared file) and `keep_staged` (keep the staged
     per-partition files after publishing; default True, from a spec: only when its snapshots are
     `enabled`, since snapshot uploads send those files).
@@ -68,6 +80,9 @@ def get_storage(engine: Any, partition_mode: Any = None, **options: Any) -> Part
                     f"acceleration.params.max_rows_per_file must be a positive integer, got {limit!r}"
                 )
             options["max_rows_per_file"] = limit
+        index = index_config(getattr(acceleration, "params", None) or {})
+        if index is not None:
+            options.setdefault("index", index)
         if _name(engine) == "parquet":
             row_group_rows = (getattr(acceleration, "params", None) or {}).get("row_group_rows")
             if row_group_rows is not None:
@@ -101,6 +116,19 @@ def get_storage(engine: Any, partition_mode: Any = None, **options: Any) -> Part
             return DuckDBTablesStorage(**options)
         return DuckDBFilesStorage(**options)
     raise StorageError(f"unknown storage engine {engine!r}; use one of {', '.join(ENGINES)}")
+
+
+def index_config(params: Any) -> IndexConfig | None:
+    """The side-index settings of `acceleration.params` (None when `index_columns` is not set)."""
+    columns = params.get("index_columns")
+    if not columns:
+        return None
+    return IndexConfig(
+        columns=tuple(columns) if isinstance(columns, list | tuple) else columns,
+        fpp=params.get("index_fpp", DEFAULT_FPP),
+        max_values=params.get("index_max_values", DEFAULT_MAX_VALUES),
+        max_bytes=params.get("index_max_bytes", DEFAULT_MAX_BYTES),
+    )
 
 
 def _only_files_mode(engine: str, mode: str) -> None:

@@ -25,6 +25,7 @@ from airflow_partitions.exceptions import StorageError
 from airflow_partitions.objectstore.base import TEMP_PREFIX
 from airflow_partitions.objectstore.local import ensure_directory, fsync_directory, fsync_file
 from airflow_partitions.storage.datafile import DataFile, compute_column_stats, file_checksum
+from airflow_partitions.storage.side_index import IndexConfig, build_file_index
 from airflow_partitions.storage.sql import quote_identifier
 
 if TYPE_CHECKING:
@@ -113,10 +114,12 @@ class PartitionStorage(ABC):
     # Whether Spark reads this engine's files itself (`spark_frame`); else a reader hands Spark Arrow rows.
     spark_reads_files = False
 
-    def __init__(self, *, max_rows_per_file: int | None = None) -> None:
+    def __init__(self, *, max_rows_per_file: int | None = None, index: IndexConfig | None = None) -> None:
         if max_rows_per_file is not None and max_rows_per_file < 1:
             raise StorageError(f"max_rows_per_file must be a positive integer, got {max_rows_per_file}")
         self.max_rows_per_file = max_rows_per_file
+        # Side indexes every written file gets (`storage/side_index.py`); None: no index columns.
+        self.index = index if index is not None and index.columns else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(engine={self.engine!r})"
@@ -158,6 +161,7 @@ class PartitionStorage(ABC):
                     bytes=size,
                     checksum=checksum,
                     stats=compute_column_stats(chunk),
+                    index=build_file_index(chunk, self.index),
                 )
             )
         fsync_directory(directory)

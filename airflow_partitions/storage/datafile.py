@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import StorageError
 from airflow_partitions.keys import value_from_json, value_to_json
+from airflow_partitions.storage.side_index import ColumnIndex
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -71,6 +72,9 @@ class DataFile:
     # the hash so descriptors can live in sets.
     stats: Mapping[str, ColumnStats] = field(default_factory=dict, hash=False)
     table: str | None = None
+    # Side indexes of the dataset's `index_columns` (`storage/side_index.py`), derived from the content
+    # like `stats`; empty when none are configured or the file predates them.
+    index: Mapping[str, ColumnIndex] = field(default_factory=dict, hash=False)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -83,6 +87,8 @@ class DataFile:
         }
         if self.table is not None:
             data["table"] = self.table
+        if self.index:
+            data["index"] = {name: column.to_json() for name, column in self.index.items()}
         return data
 
     @classmethod
@@ -96,6 +102,7 @@ class DataFile:
                 checksum=data["checksum"],
                 stats={name: ColumnStats.from_json(raw) for name, raw in data.get("stats", {}).items()},
                 table=data.get("table"),
+                index={name: ColumnIndex.from_json(raw) for name, raw in data.get("index", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as err:
             raise StorageError(f"malformed data file descriptor {dict(data)!r}: {err}") from err

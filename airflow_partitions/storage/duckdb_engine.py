@@ -56,6 +56,7 @@ from airflow_partitions.storage.base import (
 )
 from airflow_partitions.storage.datafile import DataFile
 from airflow_partitions.storage.integrity import REPAIR_PREFIX, surface_duckdb_error, verify_file
+from airflow_partitions.storage.side_index import IndexConfig
 from airflow_partitions.storage.sql import quote_identifier, quote_literal
 
 DATA_TABLE = "data"
@@ -181,9 +182,14 @@ class DuckDBTablesStorage(DuckDBFilesStorage):
     partition_mode = "tables"
 
     def __init__(
-        self, *, max_rows_per_file: int | None = None, lock_timeout: float = 60.0, keep_staged: bool = True
+        self,
+        *,
+        max_rows_per_file: int | None = None,
+        lock_timeout: float = 60.0,
+        keep_staged: bool = True,
+        index: IndexConfig | None = None,
     ) -> None:
-        super().__init__(max_rows_per_file=max_rows_per_file)
+        super().__init__(max_rows_per_file=max_rows_per_file, index=index)
         self.lock_timeout = lock_timeout
         # True while something may still upload the staged files (snapshots); `get_storage(spec)` sets
         # it from the dataset's snapshot mode.

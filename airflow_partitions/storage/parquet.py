@@ -22,6 +22,7 @@ from airflow_partitions.storage.base import (
 )
 from airflow_partitions.storage.datafile import DataFile
 from airflow_partitions.storage.integrity import verify_file
+from airflow_partitions.storage.side_index import IndexConfig, index_kind
 from airflow_partitions.storage.sql import quote_identifier, quote_literal
 
 # Parquet has no seconds unit and widens `timestamp[s]` to milliseconds; the original Arrow schema is
@@ -48,8 +49,9 @@ class ParquetStorage(PartitionStorage):
         max_rows_per_file: int | None = None,
         row_group_rows: int = ROW_GROUP_ROWS,
         sort_by: Sequence[str] = (),
+        index: IndexConfig | None = None,
     ) -> None:
-        super().__init__(max_rows_per_file=max_rows_per_file)
+        super().__init__(max_rows_per_file=max_rows_per_file, index=index)
         if isinstance(row_group_rows, bool) or not isinstance(row_group_rows, int) or row_group_rows < 1:
             raise StorageError(f"row_group_rows must be a positive integer, got {row_group_rows!r}")
         self.row_group_rows = row_group_rows
@@ -72,7 +74,25 @@ class ParquetStorage(PartitionStorage):
             write_statistics=True,
             # A CRC per page, verified by every pyarrow read (compaction, ranged reads of remote files).
             write_page_checksum=True,
+            bloom_filter_options=self._bloom_filter_options(table),
         )
+
+    def _bloom_filter_options(self, table: pa.Table) -> dict[str, dict[str, Any]] | None:
+        """Parquet's own bloom filters for the index columns (not booleans: the writer refuses them).
+
+        The catalog's side index skips whole files at planning; these let DuckDB skip row groups inside
+        the files it does open (`parquet_bloom_probe` shows them). Sized for one distinct value per row.
+        A file of one row group gains nothing from them over the side index, so it gets none.
+        """
+        if self.index is None or table.num_rows <= self.row_group_rows:
+            return None
+        names = [n for n in self.index.columns if n in table.column_names]
+        options = {
+            name: {"ndv": max(table.num_rows, 1), "fpp": self.index.fpp}
+            for name in names
+            if index_kind(table.schema.field(name).type) not in (None, "boolean")
+        }
+        return options or None
 
     def _read_file(self, dataset_root: Path, file: DataFile) -> pa.Table:
         path = data_file_path(dataset_root, file)
