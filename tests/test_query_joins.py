@@ -22,7 +22,7 @@ from airflow_partitions.catalog import PartitionEntry
 from airflow_partitions.cli.main import main
 from airflow_partitions.exceptions import FilterError, UnsafeQueryError
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.read import PartitionedDatasetReader
+from airflow_partitions.read import PartitionedDatasetReader, multi
 from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan
 from airflow_partitions.storage import get_storage
 
@@ -70,6 +70,14 @@ LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]]]] = {
     "l_day": (_rows(90, 5), [("d", "date_trunc('day', ts)")]),
     "r_month": (_rows(70, 3), [("m", "date_trunc('month', ts)")]),
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _split_small_joins() -> Any:
+    """The datasets here are small: split their joins anyway (the size threshold has its own test)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(multi, "SPLIT_MIN_BYTES", 0)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -427,3 +435,58 @@ def test_a_join_reads_catalog_tables_and_a_tagged_version(
             reader.catalog.delete_tag("join-release")
     with PartitionedDatasetReader(spec, "r_b16") as reader:
         assert _canonical(reader.query(join_sql)) == _oracle(join_sql), "r_b16 is back as it was"
+
+
+@pytest.mark.parametrize(
+    ("sql", "streamed"),
+    [
+        (
+            "SELECT count(*) AS n, sum(a.v) AS s, min(b.ts), max(a.k), count(b.v) "
+            "FROM l_b8 a JOIN r_b16 b ON a.k = b.k",
+            True,
+        ),
+        ("SELECT a.id, b.v FROM l_b8 a LEFT JOIN r_b16 b ON a.k = b.k WHERE a.v < 20 OR b.v IS NULL", True),
+        ("SELECT count(*) FROM l_b8 a FULL JOIN r_b16 b ON a.k = b.k WHERE a.id IS NULL", True),
+        ("SELECT count(DISTINCT a.k) FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
+        ("SELECT avg(a.v) FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
+        ("SELECT sum(a.v) + 1 FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
+        ("SELECT a.k, count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k GROUP BY a.k", False),
+        ("SELECT a.id FROM l_b8 a JOIN r_b16 b ON a.k = b.k ORDER BY a.id LIMIT 5", False),
+        ("SELECT count(*), a.k FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
+    ],
+)
+def test_pair_groups_stream_one_statement_each_only_where_exact(
+    query: DatasetQuery, sql: str, streamed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statement over a split join runs once per pair group only when the groups' results combine
+    into exactly its result; the answer equals DuckDB's over the sources either way."""
+    from airflow_partitions.read.joins import JoinSplit, streamed_shape
+
+    plan = query.plan(sql)
+    assert plan.joins[0].split, plan.explain()
+    shape = streamed_shape(plan.tree, JoinSplit(plan.joins[0], "v"))
+    assert (shape is not None) == streamed, shape
+    if "count(*), a.k" in sql:
+        with pytest.raises(FilterError, match="query failed"):  # not valid SQL without GROUP BY
+            query.query(sql)
+        return
+    runs: list[int] = []
+    run_streamed = multi._run_streamed
+
+    def counted(connection: Any, statement: str, view: str, branches: Any, kinds: Any) -> pa.Table:
+        runs.append(len(branches))
+        return run_streamed(connection, statement, view, branches, kinds)
+
+    monkeypatch.setattr(multi, "_run_streamed", counted)
+    assert _canonical(query.query(sql)) == _oracle(sql), sql
+    assert bool(runs) == streamed, runs
+    assert not runs or runs[0] == len(plan.joins[0].pairs), "one statement per pair group"
+
+
+def test_small_joins_are_not_split_and_the_plan_says_why(spec: Path) -> None:
+    sql = "SELECT count(*) AS n FROM l_b8 a JOIN r_b16 b ON a.k = b.k"
+    with DatasetQuery(spec, split_min_bytes=1 << 40) as small:
+        plan = small.plan(sql)
+        assert not plan.joins[0].split
+        assert "under split_min_bytes (1,099,511,627,776)" in plan.joins[0].reason, plan.explain()
+        assert _canonical(small.query(sql)) == _oracle(sql)

@@ -613,3 +613,51 @@ def _flatten_columns(candidate: JoinCandidate, select: exp.Select, view: str) ->
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+# How a one-row result of `count` / `sum` / `min` / `max` over pair groups combines into the whole's.
+STREAMED_AGGREGATES: dict[type[exp.Expr], str] = {
+    exp.Count: "count",
+    exp.Sum: "sum",
+    exp.Min: "min",
+    exp.Max: "max",
+}
+
+
+def streamed_shape(tree: exp.Expr, split: JoinSplit) -> list[str] | None:
+    """How the statement's results over the split join's pair groups, run one group at a time, combine
+    into exactly its result over the whole join; None when they do not.
+
+    `[]`: the statement is a plain projection / filter of the join (its rows are the groups' rows, in no
+    promised order); else one of `STREAMED_AGGREGATES`' kinds per select item: the statement is a single
+    row of `count` / `sum` / `min` / `max` (no DISTINCT, FILTER, nested aggregate or arithmetic around
+    one). Anything else (GROUP BY, HAVING, DISTINCT, ORDER BY, LIMIT, windows, CTEs, set operations,
+    subqueries, other aggregates) needs the whole join at once.
+    """
+    candidate = split.decision.candidate
+    if candidate is None or tree is not candidate.select or not isinstance(tree, exp.Select):
+        return None
+    for clause in ("with_", "group", "having", "order", "limit", "offset", "distinct", "qualify", "windows"):
+        if tree.args.get(clause):
+            return None
+    if tree.find(exp.Window, exp.Subquery, exp.Lambda, exp.Distinct) is not None:
+        return None
+    if any(node is not tree for node in tree.find_all(exp.Select)):
+        return None
+    kinds: list[str] = []
+    plain = True
+    for item in tree.expressions:
+        node = item.this if isinstance(item, exp.Alias) else item
+        if node.find(exp.AggFunc) is None:
+            if kinds:
+                return None
+            continue
+        plain = False
+        kind = STREAMED_AGGREGATES.get(type(node))
+        inner = [n for n in node.find_all(exp.AggFunc) if n is not node]
+        if kind is None or inner or node.find(exp.Filter) is not None:
+            return None
+        kinds.append(kind)
+    if not plain and len(kinds) != len(tree.expressions):
+        return None
+    return kinds

@@ -42,6 +42,7 @@ from airflow_partitions.read.joins import (
     decide_join,
     find_joins,
     rewrite_splits,
+    streamed_shape,
 )
 from airflow_partitions.read.query import (
     QUERY_HINT,
@@ -67,6 +68,9 @@ if TYPE_CHECKING:
     from airflow_partitions.storage import DataFile
 
 ReaderFactory = Callable[[str], "PartitionedDatasetReader"]
+# Below this many bytes of selected files on both sides a join is not split: the pair groups' fixed
+# costs (one small join, and with streaming one statement, each) outweigh what splitting saves.
+SPLIT_MIN_BYTES = 32 * 1024 * 1024
 
 
 def datasets_named_in(project: ProjectSpec, sql: str) -> list[str]:
@@ -159,9 +163,12 @@ class DatasetQuery:
         readers: Mapping[str, PartitionedDatasetReader] | None = None,
         open_reader: ReaderFactory | None = None,
         query_limits: QueryLimits | None = None,
+        split_min_bytes: int | None = None,
     ) -> None:
         from airflow_partitions.read.reader import open_project
 
+        # Joins whose two sides' selected files hold fewer bytes run as one plain join.
+        self.split_min_bytes = SPLIT_MIN_BYTES if split_min_bytes is None else split_min_bytes
         self.project = open_project(project)
         self._readers: dict[str, PartitionedDatasetReader] = dict(readers or {})
         self._owned: list[PartitionedDatasetReader] = []
@@ -256,6 +263,18 @@ class DatasetQuery:
             if decision.split and not split_joins:
                 decision.split, decision.pairs = False, []
                 decision.reason = "partition-wise joins are turned off (split_joins=False)"
+            if decision.split and self.split_min_bytes > 0:
+                selected = sum(
+                    file.bytes
+                    for side in (candidate.left.dataset, candidate.right.dataset)
+                    for file in plans[side].files
+                )
+                if selected < self.split_min_bytes:
+                    decision.split, decision.pairs = False, []
+                    decision.reason = (
+                        f"compatible layouts, but the two sides' selected files hold {selected:,} bytes, "
+                        f"under split_min_bytes ({self.split_min_bytes:,}): one plain join costs less"
+                    )
             result.joins.append(decision)
         result.tree = tree
         return result
@@ -309,8 +328,7 @@ class DatasetQuery:
                 try:
                     register_catalog_tables(connection, self._catalog_tables(plan))
                     register_dataset_views(self, connection, scopes, plan)
-                    for split in splits:
-                        _register_split(self, connection, scopes, plan, split)
+                    branches = [_register_split(self, connection, scopes, plan, split) for split in splits]
                 except (duckdb.Error, StorageError) as err:
                     cause = err.__cause__ if isinstance(err.__cause__, duckdb.Error) else err
                     raise FilterError(
@@ -323,7 +341,15 @@ class DatasetQuery:
                     connection.execute(f"SET allowed_paths = [{allowed}]")
                     _apply_limits(connection, limits)
                     _lock_down(connection)
+                shape = streamed_shape(plan.tree, splits[0]) if len(splits) == 1 else None
                 try:
+                    if shape is not None and len(branches[0]) > 1:
+                        view, groups = splits[0].view, branches[0]
+                        return run_bounded(
+                            connection,
+                            lambda: _run_streamed(connection, statement, view, groups, shape),
+                            memory=limits.memory,
+                        )
                     return run_bounded(
                         connection, lambda: connection.sql(statement).to_arrow_table(), memory=limits.memory
                     )
@@ -395,8 +421,8 @@ def _register_split(
     scopes: Mapping[str, CallScope],
     plan: DatasetQueryPlan,
     split: JoinSplit,
-) -> None:
-    """The view of a split join: the UNION ALL of one small join per pair group."""
+) -> list[str]:
+    """The view of a split join: the UNION ALL of one small join per pair group (each returned)."""
     decision = split.decision
     left, right = decision.left.dataset, decision.right.dataset
     pairs: list[PairGroup | None] = list(decision.pairs) or [None]
@@ -408,6 +434,42 @@ def _register_split(
         right_relation = _relation(query, connection, scopes[right], right, right_files, plan.schemas[right])
         branches.append(split.branch_sql(f"({left_relation})", f"({right_relation})"))
     connection.execute(f"CREATE TEMP VIEW {quote_identifier(split.view)} AS {' UNION ALL '.join(branches)}")
+    return branches
+
+
+def _run_streamed(
+    connection: Any, statement: str, view: str, branches: Sequence[str], shape: list[str]
+) -> pa.Table:
+    """`statement` run once per pair group, the split join's view holding only that group's small join
+    (so at most one group's join is in memory), the results combined as `streamed_shape` says: the rows
+    of each (a projection / filter), or one row of `count` / `sum` / `min` / `max` over the partials."""
+    import pyarrow.compute as pc
+
+    types = connection.sql(statement).types
+    if any(kind == "sum" and str(t) in ("DOUBLE", "FLOAT") for kind, t in zip(shape, types, strict=False)):
+        # Floating-point sums depend on the order of addition: only the whole join gives its answer.
+        return connection.sql(statement).to_arrow_table()
+    parts = []
+    for branch in branches:
+        connection.execute(f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view)} AS {branch}")
+        parts.append(connection.sql(statement).to_arrow_table())
+        check_budget()
+    whole = pa.concat_tables(parts)
+    if not shape:
+        return whole
+    columns = []
+    for kind, column in zip(shape, whole.columns, strict=True):
+        if kind == "count":
+            value = pc.sum(column)
+            value = value if value.is_valid else pa.scalar(0, column.type)
+        elif kind == "sum":
+            value = pc.sum(column, min_count=1)
+        elif kind == "min":
+            value = pc.min(column)
+        else:
+            value = pc.max(column)
+        columns.append(pa.array([value.as_py()], column.type))
+    return pa.Table.from_arrays(columns, schema=whole.schema)
 
 
 def _scrub(message: str, connection: Any, scopes: Mapping[str, CallScope]) -> str:
