@@ -45,6 +45,7 @@ BENCHMARKS = (
     "bench_verify",
     "bench_page_overview",
     "bench_repartition",
+    "bench_joins",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

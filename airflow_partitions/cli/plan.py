@@ -7,6 +7,8 @@ import json
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.exceptions import FilterError
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -24,7 +26,18 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("spec", metavar="SPEC", help="path of the spec YAML file, e.g. dags/datasets.yaml")
-    parser.add_argument("dataset", metavar="DATASET", help="name of a dataset in the spec")
+    parser.add_argument(
+        "dataset", metavar="DATASET", nargs="?", default=None, help="name of a dataset in the spec"
+    )
+    parser.add_argument(
+        "--query",
+        default=None,
+        metavar="SQL",
+        help=(
+            "plan a query instead: each dataset it names (version, pruning) and each join of two datasets "
+            "(split partition pair by partition pair or not, and why)"
+        ),
+    )
     parser.add_argument(
         "--where",
         default=None,
@@ -51,6 +64,10 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from airflow_partitions.read import PartitionedDatasetReader
 
+    if args.query is not None:
+        return _plan_query(args)
+    if args.dataset is None:
+        raise FilterError("name the DATASET to plan, or give --query SQL to plan a query")
     with PartitionedDatasetReader(args.spec, args.dataset) as reader:
         plan = reader.plan(args.where, args.version, tag=args.tag)
         if args.json:
@@ -60,6 +77,30 @@ def run(args: argparse.Namespace) -> int:
             schema = reader.index(reader.snapshot(args.version, tag=args.tag)).schema
             for line in describe_partition_widths(reader.dataset, schema):
                 print(line)
+    return 0
+
+
+def _plan_query(args: argparse.Namespace) -> int:
+    from airflow_partitions.read.multi import DatasetQuery, datasets_named_in
+
+    if args.where is not None:
+        raise FilterError("--where plans one dataset; put the condition in the --query SQL instead")
+    with DatasetQuery(args.spec) as query:
+        versions = None
+        if args.version is not None or args.tag is not None:
+            # --version / --tag pin DATASET, or the one dataset the query reads.
+            named = [args.dataset] if args.dataset else datasets_named_in(query.project, args.query)
+            if len(named) > 1:
+                option = "--version" if args.version is not None else "--tag"
+                raise FilterError(
+                    f"{option} is ambiguous: the query reads {', '.join(named)}; name the DATASET it pins"
+                )
+            versions = {named[0]: query.reader(named[0]).snapshot(args.version, tag=args.tag).version}
+        plan = query.plan(args.query, versions=versions)
+        if args.json:
+            print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False, default=str))
+        else:
+            print(plan.explain())
     return 0
 
 

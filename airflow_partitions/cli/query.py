@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
 from typing import Any
+
+from airflow_partitions.exceptions import FilterError
 
 _FORMATS = ("table", "json", "csv")
 
@@ -28,12 +31,39 @@ def register(subparsers: Any) -> None:
         default=None,
         help="the dataset the query reads (default: the only dataset of the spec the query names)",
     )
-    parser.add_argument("--version", type=int, default=None, help="catalog version to read (default: newest)")
+    parser.add_argument(
+        "--version",
+        type=int,
+        default=None,
+        help="catalog version to read when the query names one dataset (default: newest)",
+    )
+    parser.add_argument(
+        "--dataset-version",
+        action="append",
+        default=[],
+        metavar="NAME=VERSION",
+        help="catalog version of one dataset of a multi-dataset query (repeatable; others: newest)",
+    )
+    parser.add_argument(
+        "--as-of",
+        default=None,
+        metavar="TIME",
+        help="read every dataset as of this time (ISO 8601, UTC unless it has an offset)",
+    )
+    parser.add_argument(
+        "--no-split-joins",
+        dest="split_joins",
+        action="store_false",
+        help="run every join as one plain join, never partition pair by partition pair",
+    )
     parser.add_argument(
         "--tag",
         default=None,
         metavar="NAME",
-        help="read the version this tag names (see `airflow-partitions tag`)",
+        help=(
+            "read the version this tag names (see `airflow-partitions tag`) of --dataset, or of the one "
+            "dataset the query reads; with several, pass --dataset"
+        ),
     )
     parser.add_argument(
         "--timeout",
@@ -55,15 +85,54 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.read import PartitionedDatasetReader, dataset_named_in
+    from airflow_partitions.read import PartitionedDatasetReader, open_project
+    from airflow_partitions.read.multi import datasets_named_in
 
-    dataset = args.dataset or dataset_named_in(args.spec, args.sql)
-    with PartitionedDatasetReader(args.spec, dataset) as reader:
+    project = open_project(args.spec)
+    named = [args.dataset] if args.dataset else datasets_named_in(project, args.sql)
+    for option, value in (("--version", args.version), ("--tag", args.tag)):
+        if value is not None and len(named) > 1:
+            raise FilterError(
+                f"{option} is ambiguous: the query reads {', '.join(named)}; pass --dataset NAME to say "
+                f"which dataset {option} pins, or --dataset-version NAME=VERSION for each dataset to pin"
+            )
+    with PartitionedDatasetReader(project, named[0]) as reader:
         table = reader.query(
-            args.sql, args.version, timeout_s=args.timeout, memory_limit=args.memory_limit, tag=args.tag
+            args.sql,
+            args.version,
+            timeout_s=args.timeout,
+            memory_limit=args.memory_limit,
+            versions=dataset_versions(args.dataset_version),
+            as_of=parse_as_of(args.as_of),
+            split_joins=args.split_joins,
+            tag=args.tag,
         )
     write_table(table, args.format)
     return 0
+
+
+def dataset_versions(pairs: list[str]) -> dict[str, int | None]:
+    """`NAME=VERSION` arguments as a mapping; `FilterError` for a malformed one."""
+    versions: dict[str, int | None] = {}
+    for pair in pairs:
+        name, _, number = pair.partition("=")
+        if not name or not number.strip().isdigit():
+            raise FilterError(f"--dataset-version {pair!r}: give NAME=VERSION, e.g. orders=12")
+        versions[name.strip()] = int(number)
+    return versions
+
+
+def parse_as_of(text: str | None) -> dt.datetime | None:
+    """An `--as-of` time (ISO 8601; UTC unless it carries an offset)."""
+    if text is None:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise FilterError(
+            f"--as-of {text!r} is not an ISO 8601 time, e.g. 2026-05-01T12:00:00+00:00"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
 
 
 def write_table(table: Any, output_format: str) -> None:

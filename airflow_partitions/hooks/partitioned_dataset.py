@@ -11,6 +11,7 @@ only then, so DAG files can import this module cheaply.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -110,13 +111,12 @@ class PartitionedDatasetHook(BaseHook):
     def reader(self) -> PartitionedDatasetReader:
         """The core reader, built on first use (loads the spec, opens the catalog lazily).
 
-        Files under an `s3://` data root and a catalog on S3 are both reached with the AWS connection.
+        Files under an `s3://` data root and a catalog on S3 are both reached with the AWS connection;
+        a query naming other datasets of the spec reads them with readers built the same way (their
+        files where their catalogs say, since `data_root` is this dataset's).
         """
-        from airflow_partitions.catalog import open_catalog
         from airflow_partitions.hooks.connections import install_secret_masker
         from airflow_partitions.hooks.stats import install_read_metrics
-        from airflow_partitions.objectstore import S3Settings, is_s3_url
-        from airflow_partitions.read import PartitionedDatasetReader
         from airflow_partitions.spec import load_spec
 
         spec_path = self._setting("spec_path", self.spec_path)
@@ -125,11 +125,21 @@ class PartitionedDatasetHook(BaseHook):
                 f"PartitionedDatasetHook for dataset {self.dataset!r}: connection extra has no spec_path; "
                 "pass spec_path=... or add it to the connection's extra"
             )
-        data_root = self._setting("data_root", self.data_root)
         install_secret_masker()
         install_read_metrics()
         project = load_spec(spec_path)
-        dataset = project.dataset(self.dataset)
+        reader = self._build_reader(project, self.dataset, self._setting("data_root", self.data_root))
+        reader.open_sibling = lambda name: self._build_reader(project, name, None)
+        return reader
+
+    def _build_reader(
+        self, project: ProjectSpec, name: str, data_root: str | None
+    ) -> PartitionedDatasetReader:
+        from airflow_partitions.catalog import open_catalog
+        from airflow_partitions.objectstore import S3Settings, is_s3_url
+        from airflow_partitions.read import PartitionedDatasetReader
+
+        dataset = project.dataset(name)
         # One resolution of the AWS connection serves the catalog and the files: without a data_root
         # the reader builds its pyarrow filesystem from the catalog's store (`accelerator_dir: s3://`).
         hook = self._storage_hook()
@@ -151,7 +161,7 @@ class PartitionedDatasetHook(BaseHook):
 
         return PartitionedDatasetReader(
             project,
-            self.dataset,
+            name,
             catalog=catalog,
             data_root=data_root,
             filesystem=filesystem,
@@ -272,16 +282,29 @@ class PartitionedDatasetHook(BaseHook):
         *,
         timeout_s: float | None = None,
         memory_limit: str | int | None = None,
+        versions: Mapping[str, int | None] | None = None,
+        as_of: dt.datetime | None = None,
+        split_joins: bool = True,
         tag: str | None = None,
     ) -> pa.Table:
         """One read-only DuckDB SELECT in which the dataset name is a table of its pruned partitions, and
         `ap_partitions('<dataset>')`, `ap_files(...)`, `ap_versions(...)` describe the catalog.
 
+        It may name other datasets of the spec too, each a table at `versions[name]`, as of `as_of`, or
+        at its newest (`version` / `tag`, default the hook's `tag`, pin the hook's dataset only); joins of
+        datasets partitioned compatibly on the join key run partition-wise unless `split_joins` is False.
         `timeout_s` (default 300) and `memory_limit` (e.g. "8GB"; default 4 GB or half the machine's
-        memory) bound it; past either it raises `QueryLimitError`. `tag` as for `read`.
+        memory) bound it; past either it raises `QueryLimitError`.
         """
         return self.reader.query(
-            sql, version, timeout_s=timeout_s, memory_limit=memory_limit, tag=self._tag(version, tag)
+            sql,
+            version,
+            timeout_s=timeout_s,
+            memory_limit=memory_limit,
+            versions=versions,
+            as_of=as_of,
+            split_joins=split_joins,
+            tag=self._tag(version, tag),
         )
 
     def to_spark(

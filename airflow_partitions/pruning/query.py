@@ -5,17 +5,22 @@ one SELECT (WITH ... SELECT, set operations, FROM-first) passes, anything else r
 So does an invisible Unicode format character outside a string literal (`refuse_format_characters`).
 
 `dataset_filter(sql, dataset, schema)` finds every reference to the dataset table and, for each, the
-conditions of its scope's WHERE that constrain the table's own rows: the conjuncts over its columns,
-bound leniently (what cannot be used is unknown, never false). A reference whose scope joins it with an
-outer, semi, anti, as-of or lateral join, renames its columns, or that a CTE of the same name shadows,
-contributes "everything". The dataset's predicate is the OR of its references', so every row any part of
-the query can see stays readable; the query itself still applies all its conditions.
+conditions of its scope's WHERE (and, in a scope of inner joins, its joins' ONs) that constrain the
+table's own rows: the conjuncts over its columns, bound leniently (what cannot be used is unknown, never
+false), plus, in a scope of inner joins, the conjuncts on another table's column an equi-join ties to
+one of its columns (`derived_conditions`). The preserved side of a LEFT / RIGHT join keeps only its
+WHERE conjuncts. A reference whose scope joins it otherwise with an outer, semi, anti, as-of or lateral
+join, renames its columns, or that a CTE of the same name shadows, contributes "everything". The
+dataset's predicate is the OR of its references', so every row any part of the query can see stays
+readable; the query itself still applies all its conditions.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Mapping
+from typing import cast
 
 import pyarrow as pa
 from sqlglot import exp
@@ -133,12 +138,23 @@ def executable_sql(sql: str, schema: pa.Schema) -> str:
 
 
 @deep_stack
-def dataset_filter(sql: str, dataset: str, schema: pa.Schema, references: int | None = None) -> Predicate:
+def dataset_filter(
+    sql: str,
+    dataset: str,
+    schema: pa.Schema,
+    references: int | None = None,
+    *,
+    schemas: Mapping[str, pa.Schema] | None = None,
+) -> Predicate:
     """The rows of `dataset` that `sql` can look at, as a predicate (TRUE when it cannot tell).
 
     `references`: how many times DuckDB, which runs the query, resolves a name of `sql` to the dataset
     (`read.query.check_sandboxed`). When this parse finds another number, the two disagree on what a
     name means, and the predicate is TRUE: every row stays readable, never an empty placeholder.
+
+    `schemas`: every dataset the query may read (lower-cased name -> schema). In a scope of inner joins,
+    a condition on one column also constrains every column an equality (`ON o.k = c.k`, `USING (k)`,
+    `WHERE o.k = c.k`) ties it to, when the two have the same type: `WHERE o.k = 5` prunes `c` too.
     """
     try:
         trees = parse_sql(sql)
@@ -156,7 +172,8 @@ def dataset_filter(sql: str, dataset: str, schema: pa.Schema, references: int | 
         return AlwaysTrue()
     if not tables:
         return AlwaysFalse()
-    return or_(*(_reference_filter(table, schema) for table in tables))
+    known = {name: schema, **{key.lower(): value for key, value in (schemas or {}).items()}}
+    return or_(*(_reference_filter(table, schema, known) for table in tables))
 
 
 @deep_stack
@@ -187,7 +204,7 @@ def _is_dataset(table: exp.Table, name: str) -> bool:
     return schema in (None, "main", "temp")
 
 
-def _reference_filter(table: exp.Table, schema: pa.Schema) -> Predicate:
+def _reference_filter(table: exp.Table, schema: pa.Schema, schemas: Mapping[str, pa.Schema]) -> Predicate:
     select = _scope_of(table)
     if select is None:
         return AlwaysTrue()
@@ -196,11 +213,22 @@ def _reference_filter(table: exp.Table, schema: pa.Schema) -> Predicate:
         return AlwaysTrue()
     if table.args.get("pivots") or table.args.get("joins"):
         return AlwaysTrue()
-    for join in select.args.get("joins") or ():
-        if not _is_inner(join):
-            return AlwaysTrue()
-    where = select.args.get("where")
-    if where is None:
+    joins = select.args.get("joins") or []
+    if all(_is_inner(join) for join in joins):
+        conditions = scope_conditions(select)
+        conditions.extend(derived_conditions(select, conditions, schemas))
+    elif _is_preserved(table, select, joins):
+        # Every output row holds a real row of the preserved side of an outer join: its WHERE
+        # conjuncts on that side's columns still rule rows out (not the ONs, nor derived ones).
+        where = select.args.get("where")
+        conditions = (
+            []
+            if where is None
+            else list(where.this.flatten() if isinstance(where.this, exp.And) else [where.this])
+        )
+    else:
+        return AlwaysTrue()
+    if not conditions:
         return AlwaysTrue()
     own_name = (table.alias or table.name).lower()
     names = {n.lower() for n in schema.names}
@@ -213,7 +241,143 @@ def _reference_filter(table: exp.Table, schema: pa.Schema) -> Predicate:
             return column.name
         return None
 
-    return FilterBinder(schema, lenient=True, resolve_column=resolve).bind_node(where.this)
+    # A condition naming another table's column (the join condition itself) says nothing of this
+    # table's rows alone: it is left out, as unknown.
+    own = [c for c in conditions if all(resolve(column) is not None for column in c.find_all(exp.Column))]
+    if not own:
+        return AlwaysTrue()
+    return FilterBinder(schema, lenient=True, resolve_column=resolve).bind_node(
+        cast(exp.Expression, exp.and_(*own))
+    )
+
+
+def scope_conditions(select: exp.Select) -> list[exp.Expr]:
+    """The conjuncts every row of a scope of inner joins satisfies: its WHERE's and its joins' ONs'."""
+    conditions: list[exp.Expr] = []
+    where = select.args.get("where")
+    if where is not None:
+        conditions.extend(where.this.flatten() if isinstance(where.this, exp.And) else [where.this])
+    for join in select.args.get("joins") or ():
+        on = join.args.get("on")
+        if on is not None:
+            conditions.extend(on.flatten() if isinstance(on, exp.And) else [on])
+    return conditions
+
+
+def scope_tables(select: exp.Select, schemas: Mapping[str, pa.Schema]) -> dict[str, pa.Schema]:
+    """The datasets a scope reads directly, by the (lower-cased) name its columns qualify them with."""
+    items = [select.args.get("from_"), *(select.args.get("joins") or ())]
+    tables: dict[str, pa.Schema] = {}
+    for item in items:
+        table = item.this if item is not None else None
+        if not isinstance(table, exp.Table):
+            continue
+        name = table.name.lower()
+        alias = table.args.get("alias")
+        if name in schemas and _is_dataset(table, name) and not (alias is not None and alias.columns):
+            tables[(table.alias or table.name).lower()] = schemas[name]
+    return tables
+
+
+ColumnKey = tuple[str, str]  # (qualifier, column name), lower-cased
+
+
+def column_key(column: exp.Column, tables: Mapping[str, pa.Schema]) -> ColumnKey | None:
+    """Which dataset column of the scope `column` names: qualified, or unqualified and in one table."""
+    parts = column.parts
+    name = column.name.lower()
+    if len(parts) == 2:
+        qualifier = parts[0].name.lower()
+        schema = tables.get(qualifier)
+        return (qualifier, name) if schema is not None and _field(schema, name) is not None else None
+    if len(parts) != 1:
+        return None
+    owners = [q for q, schema in tables.items() if _field(schema, name) is not None]
+    return (owners[0], name) if len(owners) == 1 else None
+
+
+def _field(schema: pa.Schema, name: str) -> pa.Field | None:
+    matches = [field for field in schema if field.name.lower() == name]
+    return matches[0] if len(matches) == 1 else None
+
+
+def same_key_type(left: pa.DataType, right: pa.DataType) -> bool:
+    """Whether equal values of the two types are equal without a cast that could change a condition."""
+    return left == right or (pa.types.is_integer(left) and pa.types.is_integer(right))
+
+
+def equal_columns(
+    select: exp.Select, conditions: list[exp.Expr], schemas: Mapping[str, pa.Schema]
+) -> list[set[ColumnKey]]:
+    """Classes of dataset columns an inner-join scope holds equal (`a.k = b.k`, `USING (k)`), each of
+    columns of one type (`same_key_type`)."""
+    tables = scope_tables(select, schemas)
+    pairs: list[tuple[ColumnKey, ColumnKey]] = []
+    for condition in conditions:
+        if isinstance(condition, exp.EQ) and isinstance(condition.this, exp.Column):
+            right = condition.expression
+            if isinstance(right, exp.Column):
+                left_key, right_key = column_key(condition.this, tables), column_key(right, tables)
+                if left_key is not None and right_key is not None:
+                    pairs.append((left_key, right_key))
+    earlier: list[str] = []
+    from_item = select.args.get("from_")
+    if from_item is not None and isinstance(from_item.this, exp.Table):
+        earlier.append((from_item.this.alias or from_item.this.name).lower())
+    for join in select.args.get("joins") or ():
+        joined = join.this
+        name = (joined.alias or joined.name).lower() if isinstance(joined, exp.Table) else None
+        for identifier in join.args.get("using") or ():
+            column = identifier.name.lower()
+            owners = [q for q in earlier if q in tables and _field(tables[q], column) is not None]
+            if name in tables and len(owners) == 1 and _field(tables[name], column) is not None:
+                pairs.append(((owners[0], column), (name, column)))
+        if name is not None:
+            earlier.append(name)
+    classes: list[set[ColumnKey]] = []
+    for left, right in pairs:
+        left_field, right_field = _field(tables[left[0]], left[1]), _field(tables[right[0]], right[1])
+        if left_field is None or right_field is None or not same_key_type(left_field.type, right_field.type):
+            continue
+        merged = {left, right}
+        for existing in [c for c in classes if c & merged]:
+            merged |= existing
+            classes.remove(existing)
+        classes.append(merged)
+    return classes
+
+
+def derived_conditions(
+    select: exp.Select, conditions: list[exp.Expr], schemas: Mapping[str, pa.Schema]
+) -> list[exp.Expr]:
+    """Conditions on one column copied to every column it is held equal to in an inner-join scope.
+
+    Rows that reach the scope's output satisfy `a.k = b.k` and `P(a.k)`, so they satisfy `P(b.k)`: a
+    filter on `orders.customer_id` prunes `customers` when the join is on that key.
+    """
+    classes = equal_columns(select, conditions, schemas)
+    if not classes:
+        return []
+    tables = scope_tables(select, schemas)
+    derived: list[exp.Expr] = []
+    for condition in conditions:
+        if condition.find(exp.Select, exp.Subquery) is not None:
+            continue
+        columns = list(condition.find_all(exp.Column))
+        keys = {column_key(column, tables) for column in columns}
+        if len(keys) != 1 or None in keys:
+            continue
+        (key,) = keys
+        assert key is not None
+        for members in classes:
+            if key not in members:
+                continue
+            for qualifier, name in sorted(members - {key}):
+                copy = condition.copy()
+                for column in list(copy.find_all(exp.Column)):
+                    column.replace(exp.column(name, table=qualifier, quoted=True))
+                derived.append(copy)
+    return derived
 
 
 def _scope_of(table: exp.Table) -> exp.Select | None:
@@ -223,6 +387,24 @@ def _scope_of(table: exp.Table) -> exp.Select | None:
     else:
         return None
     return owner if isinstance(owner, exp.Select) else None
+
+
+def _is_preserved(table: exp.Table, select: exp.Select, joins: list[exp.Join]) -> bool:
+    """Whether `table` is the side an outer join keeps whole: the FROM item of a chain of LEFT joins
+    (inner ones allowed among them), or the table of a single RIGHT join."""
+    from_item = select.args.get("from_")
+    plain = [join for join in joins if not _is_inner(join)]
+    if any(join.args.get("method") or isinstance(join.this, exp.Lateral | exp.Unnest) for join in joins):
+        return False
+    sides = {str(join.args.get("side") or "").upper() for join in plain}
+    kinds = {str(join.args.get("kind") or "").upper() for join in plain}
+    if not kinds <= {"", "OUTER"}:
+        return False
+    if sides == {"LEFT"}:
+        return from_item is not None and from_item.this is table
+    if sides == {"RIGHT"} and len(joins) == 1:
+        return joins[0].this is table
+    return False
 
 
 def _is_inner(join: exp.Join) -> bool:

@@ -191,17 +191,20 @@ class SandboxDatabases:
 
     def __init__(self, lock: threading.RLock) -> None:
         self._lock = lock
-        self._databases: dict[tuple[str, int], Any] = {}
+        self._databases: dict[tuple[str, int, tuple[str, ...]], Any] = {}
 
-    def cursor(self, root: os.PathLike[str], limits: QueryLimits) -> Any:
-        """A new cursor of the database for `limits`, which reads files under `root` only."""
-        key = (limits.memory, limits.thread_count)
+    def cursor(self, root: os.PathLike[str] | Sequence[os.PathLike[str]], limits: QueryLimits) -> Any:
+        """A new cursor of the database for `limits`, which reads files under `root` only (or under
+        any of several roots: the datasets of a multi-dataset query)."""
+        roots = [root] if isinstance(root, os.PathLike) else list(root)
+        directories = tuple(sorted(os.path.join(os.fspath(r), "") for r in roots))
+        key = (limits.memory, limits.thread_count, directories)
         with self._lock:
             database = self._databases.get(key)
             if database is None:
                 database = new_duckdb_connection(functions=True)
-                directory = os.path.join(os.fspath(root), "")
-                database.execute(f"SET allowed_directories = [{quote_string(directory)}]")
+                allowed = ", ".join(quote_string(directory) for directory in directories)
+                database.execute(f"SET allowed_directories = [{allowed}]")
                 _apply_limits(database, limits)
                 _lock_down(database)
                 self._databases[key] = database
@@ -324,17 +327,26 @@ def _lock_down(connection: Any) -> None:
     connection.execute("SET lock_configuration = true")
 
 
-def check_sandboxed(connection: Any, statement: str, dataset: str) -> int:
-    """Raise `UnsafeQueryError` unless `statement` reads only `dataset`, CTEs in scope and row generators;
-    return how many of its names DuckDB resolves to the dataset.
+def check_sandboxed(connection: Any, statement: str, dataset: str | Sequence[str]) -> int:
+    """Raise `UnsafeQueryError` unless `statement` reads only `dataset` (a name, or several: the datasets
+    of a multi-dataset query), CTEs in scope and row generators; return how many of its names DuckDB
+    resolves to one of them (`sandbox_reference_counts` counts them per name).
 
     The statement is judged on DuckDB's own parse of it, so what is checked is what runs, and names are
     resolved as DuckDB's binder resolves them (`_scoped_nodes`): a CTE's name means the CTE only inside
     the query that declares it, after its declaration; anywhere else DuckDB looks the name up in the
     catalog (`pg_settings`, `duckdb_settings`, ...), so there it must be the dataset or is refused.
     """
+    return sum(_sandbox_reference_counts(connection, statement, dataset).values())
+
+
+def _sandbox_reference_counts(
+    connection: Any, statement: str, dataset: str | Sequence[str]
+) -> dict[str, int]:
     import duckdb
 
+    names = [dataset] if isinstance(dataset, str) else list(dataset)
+    counts = {name.lower(): 0 for name in names}
     try:
         rows = connection.execute("SELECT json_serialize_sql(?)", [statement]).fetchall()
     except duckdb.Error as err:
@@ -342,11 +354,12 @@ def check_sandboxed(connection: Any, statement: str, dataset: str) -> int:
     tree = json.loads(rows[0][0]) if rows else {"error": True, "error_message": "no statement"}
     if tree.get("error"):
         raise UnsafeQueryError(f"cannot check the query: {tree.get('error_message', 'unknown error')}")
-    references = 0
     for node, ctes in _scoped_nodes(tree["statements"]):
         kind = node.get("type")
         if kind == "BASE_TABLE":
-            references += _check_table(node, dataset.lower(), ctes)
+            name = _check_table(node, counts, ctes)
+            if name is not None:
+                counts[name] += 1
         elif kind == "TABLE_FUNCTION":
             name = str(node.get("function", {}).get("function_name", "")).lower()
             if name not in SANDBOX_TABLE_FUNCTIONS and name not in CATALOG_TABLE_FUNCTIONS:
@@ -362,7 +375,7 @@ def check_sandboxed(connection: Any, statement: str, dataset: str) -> int:
             )
         if "function_name" in node:
             _check_function(node)
-    return references
+    return counts
 
 
 def parsed_statement(statement: str) -> dict[str, Any]:
@@ -380,37 +393,62 @@ def parsed_statement(statement: str) -> dict[str, Any]:
 
 def sandbox_references(statement: str, dataset: str) -> int:
     """`check_sandboxed` on a parse-only connection of the process (before any view exists)."""
+    return sum(sandbox_reference_counts(statement, [dataset]).values())
+
+
+def sandbox_reference_counts(statement: str, datasets: Sequence[str]) -> dict[str, int]:
+    """`check_sandboxed` of a statement over several datasets: how many of its names DuckDB resolves to
+    each (keyed by lower-cased name), on the process's parse-only connection."""
     global _parse_connection
     with _PARSE_LOCK:
         if _parse_connection is None:
             connection = new_duckdb_connection(functions=False)
             _lock_down(connection)
             _parse_connection = connection
-        return check_sandboxed(_parse_connection, statement, dataset)
+        return _sandbox_reference_counts(_parse_connection, statement, datasets)
+
+
+def duckdb_expression_name(expression: str) -> str:
+    """The column name DuckDB gives an unaliased select item (its own rendering: `sum(amount)`,
+    `count_star()`), from the process's parse-only connection."""
+    with _PARSE_LOCK:
+        global _parse_connection
+        if _parse_connection is None:
+            connection = new_duckdb_connection(functions=False)
+            _lock_down(connection)
+            _parse_connection = connection
+        rows = _parse_connection.execute(
+            "SELECT json_deserialize_sql(json_serialize_sql(?))", [f"SELECT {expression}"]
+        ).fetchall()
+    return str(rows[0][0]).removeprefix("SELECT ")
 
 
 _PARSE_LOCK = threading.Lock()
 _parse_connection: Any = None
 
 
-def _check_table(node: dict[str, Any], dataset: str, ctes: frozenset[str]) -> int:
-    """1 when `node` names the dataset, 0 when a CTE in scope; `UnsafeQueryError` for anything else."""
+def _check_table(node: dict[str, Any], datasets: Mapping[str, int], ctes: frozenset[str]) -> str | None:
+    """The (lower-cased) dataset `node` names, None for a CTE in scope; `UnsafeQueryError` for anything
+    else."""
     name = str(node.get("table_name", "")).lower()
     catalog = str(node.get("catalog_name", "")).lower()
     schema = str(node.get("schema_name", "")).lower()
     if not catalog and not schema and name in ctes:
-        return 0
-    # The dataset is a temporary view: catalog `temp`, schema `main` (which `temp` alone also names).
-    if name == dataset and (catalog, schema) in _DATASET_QUALIFIERS:
-        return 1
+        return None
+    # A dataset is a temporary view: catalog `temp`, schema `main` (which `temp` alone also names).
+    if name in datasets and (catalog, schema) in _DATASET_QUALIFIERS:
+        return name
+    dataset = ("dataset " if len(datasets) == 1 else "datasets ") + (
+        ", ".join(map(repr, datasets)) or "(none)"
+    )
     shown = ".".join(part for part in (catalog, schema, name) if part)
     if name in ctes:
         raise UnsafeQueryError(
             f"the query reads {shown!r}: a CTE's name is only its own when unqualified; a query sees only "
-            f"the dataset {dataset!r} and the CTEs in scope"
+            f"the {dataset} and the CTEs in scope"
         )
     raise UnsafeQueryError(
-        f"the query reads {shown!r}; a query sees only the dataset {dataset!r} and the CTEs in scope "
+        f"the query reads {shown!r}; a query sees only the {dataset} and the CTEs in scope "
         "(a CTE declared inside a subquery is not visible outside it)"
     )
 

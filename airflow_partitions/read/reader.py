@@ -9,15 +9,16 @@ scan (`read.scan`), the sandboxed query (`read.query`) or Spark. Where the files
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_partitions.exceptions import CatalogError, FilterError, StorageError
+from airflow_partitions.exceptions import CatalogError, StorageError
 from airflow_partitions.keys import escape_component
 from airflow_partitions.pruning import (
     MAX_RANGE_ENUMERATION,
@@ -31,6 +32,7 @@ from airflow_partitions.pruning import (
 )
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.limits import check_budget
+from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan, datasets_named_in
 from airflow_partitions.read.query import (
     QUERY_HINT,
     READ_HINT,
@@ -69,30 +71,10 @@ def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
 
 
 def dataset_named_in(project: ProjectSpec | str | Path, sql: str) -> str:
-    """The one dataset of the spec that `sql` reads; `FilterError` when it names none or several,
-    `UnsafeQueryError` when it is not one valid SELECT."""
-    from airflow_partitions.pruning.query import check_read_only, tables_named_in
-
-    spec = open_project(project)
-    check_read_only(sql)  # a query that is not SQL names no table: say that, not "reads none"
-    by_name = {name.lower(): name for name in spec.names}
-    named = sorted({by_name[t] for t in tables_named_in(sql) if t in by_name})
-    from airflow_partitions.read.catalog_tables import catalog_calls, mentions_catalog_tables
-
-    if not named and mentions_catalog_tables(sql):
-        # Only catalog tables (`ap_partitions('orders')`): the datasets they describe.
-        described = {call.dataset.lower() for call in catalog_calls(parsed_statement(sql))}
-        named = sorted({by_name[name] for name in described if name in by_name})[:1]
-    if len(named) == 1:
-        return named[0]
-    if not named:
-        raise FilterError(
-            f"the query reads none of the spec's datasets ({', '.join(spec.names) or 'none'}); "
-            "name one in FROM, e.g. SELECT count(*) FROM <dataset>"
-        )
-    raise FilterError(
-        f"the query reads several datasets ({', '.join(named)}); a query reads one dataset at a time"
-    )
+    """The first (by name) of the spec's datasets that `sql` reads, as a table or, when it names none,
+    through a catalog table function call (`ap_partitions('orders')`); `FilterError` when it names
+    none, `UnsafeQueryError` when it is not one valid SELECT. A reader of it queries all of them."""
+    return datasets_named_in(open_project(project), sql)[0]
 
 
 class PartitionedDatasetReader:
@@ -155,8 +137,6 @@ class PartitionedDatasetReader:
             collections.OrderedDict()
         )
         self._schemas: dict[int, pa.Schema] = {}
-        # Readers of the spec's other datasets, for catalog tables describing them.
-        self._others: dict[str, PartitionedDatasetReader] = {}
         self._scanner = DuckDBScanner(self.storage, location, self._lock)
         # Read statistics: one line per read in `<accelerator_dir>/<dataset>/_read_stats/` (a local
         # directory even when the files are on S3: there it is this worker's scratch).
@@ -168,6 +148,13 @@ class PartitionedDatasetReader:
             self.dataset.acceleration.params,
         )
         self._file_totals: dict[int, int] = {}
+        # The spec's datasets a query's SQL names, by SQL text; readers of the other datasets its queries
+        # and catalog tables named.
+        self._named: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
+        self._siblings: dict[str, PartitionedDatasetReader] = {}
+        self._multi: DatasetQuery | None = None
+        # How to open a reader of another dataset of the spec (the hook passes its connections' settings).
+        self.open_sibling: Callable[[str], PartitionedDatasetReader] | None = None
 
     def __repr__(self) -> str:
         return f"PartitionedDatasetReader(dataset={self.name!r}, root={self.data_root!r})"
@@ -401,12 +388,19 @@ class PartitionedDatasetReader:
         *,
         timeout_s: float | None = None,
         memory_limit: str | int | None = None,
+        versions: Mapping[str, int | None] | None = None,
+        as_of: dt.datetime | None = None,
+        split_joins: bool = True,
         tag: str | None = None,
     ) -> pa.Table:
         """Run one read-only SELECT where the dataset name is a table; only pruned files are opened.
 
-        `version` or `tag` (a version tag) pins the version (newest when neither); the catalog table
-        functions (`ap_partitions`, `ap_files`, `ap_versions`, see `read.catalog_tables`) describe it.
+        `version` or `tag` (a version tag) pins this dataset's version (newest when neither); the catalog
+        table functions (`ap_partitions`, `ap_files`, `ap_versions`, see `read.catalog_tables`) describe
+        it and the spec's other datasets. The statement may name other datasets of the spec too
+        (`read.multi`): each is a table, read at `versions[name]` or as of `as_of` (else its newest;
+        `version` / `tag` pin this reader's dataset only), joins of two datasets partitioned compatibly on
+        the join key running partition-wise unless `split_joins` is False (`read.joins`).
 
         `timeout_s` and `memory_limit` (e.g. "8GB") override the reader's `query_limits` for this call;
         a query past either raises `QueryLimitError`.
@@ -415,6 +409,16 @@ class PartitionedDatasetReader:
         limits = self.query_limits.merged(timeout_s, memory_limit)
         # The time limit covers parsing, checking and pruning the statement, not only running it.
         with limits.budget(QUERY_HINT):
+            if as_of is not None or versions or self._datasets_named(sql) != [self.name]:
+                pinned = self._version(version, tag)
+                return self._datasets_query().query(
+                    sql,
+                    versions={**(versions or {}), **({self.name: pinned} if pinned is not None else {})},
+                    as_of=as_of,
+                    timeout_s=timeout_s,
+                    memory_limit=memory_limit,
+                    split_joins=split_joins,
+                )
             snapshot = self.snapshot(version, tag=tag)
             schema = self._schema_of(snapshot)
             where, executable = self._prepared_query(sql, schema)
@@ -455,12 +459,8 @@ class PartitionedDatasetReader:
         name = by_name.get(dataset.lower(), dataset)
         if name == self.name:
             return self
-        with self._lock:
-            reader = self._others.get(name)
-            if reader is None:
-                self.project.dataset(name)  # DatasetNotFoundError listing the spec's datasets
-                reader = self._others[name] = PartitionedDatasetReader(self.project, name)
-        return reader
+        self.project.dataset(name)  # DatasetNotFoundError listing the spec's datasets
+        return self._sibling(name)
 
     def _prepared_query(self, sql: str, schema: pa.Schema) -> tuple[Predicate, str]:
         """`sql` checked read-only, the rows of the dataset it can look at, and its executable form.
@@ -489,9 +489,70 @@ class PartitionedDatasetReader:
 
     @deep_stack
     def plan_query(self, sql: str, version: int | None = None, *, tag: str | None = None) -> PrunePlan:
-        """The pruning plan `query(sql)` would use."""
+        """The pruning plan `query(sql)` would use (for this dataset; `plan_datasets_query` for all)."""
+        if self._datasets_named(sql) != [self.name]:
+            pinned = self._version(version, tag)
+            return self.plan_datasets_query(sql, {self.name: pinned}).plans[self.name]
         snapshot = self.snapshot(version, tag=tag)
         return self._plan(snapshot, self._prepared_query(sql, self._schema_of(snapshot))[0])
+
+    @deep_stack
+    def plan_datasets_query(
+        self,
+        sql: str,
+        versions: Mapping[str, int | None] | None = None,
+        *,
+        as_of: dt.datetime | None = None,
+        split_joins: bool = True,
+    ) -> DatasetQueryPlan:
+        """The plan of `query(sql)` over every dataset it names: pruning per dataset, join decisions."""
+        return self._datasets_query().plan(sql, versions=versions, as_of=as_of, split_joins=split_joins)
+
+    def _datasets_named(self, sql: str) -> list[str]:
+        """The spec's datasets `sql` names, this one included (cached per SQL text: parsing costs more
+        than a small query)."""
+        with self._lock:
+            named = self._named.get(sql) if isinstance(sql, str) else None
+        if named is None:
+            from airflow_partitions.pruning.query import tables_named_in
+
+            # Lenient: a statement naming no dataset (or not SQL) takes the single-dataset path, whose
+            # checks say what is wrong with it.
+            by_name = {name.lower(): name for name in self.project.names}
+            tables = tables_named_in(sql) if isinstance(sql, str) else set()
+            named = sorted({by_name[t] for t in tables if t in by_name} | {self.name})
+            with self._lock:
+                self._named[sql] = named
+                while len(self._named) > CACHED_PLANS:
+                    self._named.popitem(last=False)
+        return named
+
+    def _datasets_query(self) -> DatasetQuery:
+        """Multi-dataset queries through this reader and the spec's other datasets' readers (kept with
+        the reader: its sandbox databases are reused)."""
+        with self._lock:
+            if self._multi is None:
+                self._multi = DatasetQuery(
+                    self.project,
+                    readers={self.name: self},
+                    open_reader=self._sibling,
+                    query_limits=self.query_limits,
+                )
+            return self._multi
+
+    def _sibling(self, name: str) -> PartitionedDatasetReader:
+        """A reader of another dataset of the spec, kept (and closed) with this one."""
+        with self._lock:
+            reader = self._siblings.get(name)
+            if reader is None:
+                factory = self.open_sibling
+                reader = (
+                    factory(name)
+                    if factory is not None
+                    else PartitionedDatasetReader(self.project, name, query_limits=self.query_limits)
+                )
+                self._siblings[name] = reader
+            return reader
 
     # --- Spark ------------------------------------------------------------------------------------
 
@@ -548,13 +609,17 @@ class PartitionedDatasetReader:
     # --- lifecycle --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the reader's DuckDB database and read statistics log (a later call opens them again)."""
-        self._scanner.close()
+        """Release the reader's DuckDB database and read statistics log (a later call opens them again)
+        and the readers of other datasets its queries opened."""
         with self._lock:
-            others, self._others = list(self._others.values()), {}
-        for reader in others:
+            siblings, self._siblings = list(self._siblings.values()), {}
+            multi, self._multi = self._multi, None
+        if multi is not None:
+            multi.close()
+        for reader in siblings:
             reader.close()
         self.read_stats.close()
+        self._scanner.close()
 
     def __enter__(self) -> PartitionedDatasetReader:
         return self

@@ -1,0 +1,522 @@
+"""Multi-dataset queries: one read-only SELECT over any number of datasets of a spec, each pruned.
+
+`query_datasets` (and `PartitionedDatasetReader.query`, the hook and the CLI, which come here when the
+statement names more than one dataset) plans the statement once (`plan_datasets_query`):
+
+1. every dataset the statement names is read at its own version (`versions=`), at the newest version
+   committed at or before one `as_of` time, or at its newest;
+2. each is pruned by the conditions that reach it (`pruning.query.dataset_filter`), conditions on a
+   column tied by an inner equi-join to another dataset's column included;
+3. the join planner (`read.joins`) decides which joins of two datasets run partition-wise.
+
+Running it (`_run`) builds one fresh DuckDB database: `register_dataset_views` makes each dataset a view
+over its selected files (the one place a table of the statement is registered, so catalog table
+functions can be added next to it), the split joins become views of the union of their small joins, and
+the database is then limited and locked exactly as a single-dataset query's (`read.query`): only the
+selected files readable, configuration locked, time and memory bounded by `QueryLimits`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from airflow_partitions.exceptions import FilterError, StorageError, VersionNotFoundError
+from airflow_partitions.pruning import check_read_only, dataset_filter, executable_sql
+from airflow_partitions.pruning.deep import deep_stack
+from airflow_partitions.pruning.expressions import quote_identifier, quote_string
+from airflow_partitions.pruning.limits import check_budget, run_bounded
+from airflow_partitions.read.catalog_tables import register_catalog_tables
+from airflow_partitions.read.joins import (
+    JoinDecision,
+    JoinSplit,
+    PairGroup,
+    decide_join,
+    find_joins,
+    rewrite_splits,
+    streamed_shape,
+)
+from airflow_partitions.read.query import (
+    QUERY_HINT,
+    QueryLimits,
+    SandboxDatabases,
+    _apply_limits,
+    _lock_down,
+    _scrubbed,
+    check_sandboxed,
+    duckdb_expression_name,
+    needs_partition_functions,
+    new_duckdb_connection,
+    parsed_statement,
+    sandbox_reference_counts,
+)
+
+if TYPE_CHECKING:
+    from airflow_partitions.catalog import Snapshot
+    from airflow_partitions.pruning import PrunePlan
+    from airflow_partitions.read.reader import PartitionedDatasetReader
+    from airflow_partitions.read.scan import CallScope
+    from airflow_partitions.spec.model import ProjectSpec
+    from airflow_partitions.storage import DataFile
+
+ReaderFactory = Callable[[str], "PartitionedDatasetReader"]
+# Below this many bytes of selected files on both sides a join is not split: the pair groups' fixed
+# costs (one small join, and with streaming one statement, each) outweigh what splitting saves.
+SPLIT_MIN_BYTES = 32 * 1024 * 1024
+
+
+def datasets_named_in(project: ProjectSpec, sql: str) -> list[str]:
+    """The spec's datasets `sql` reads as tables (spec spelling, sorted), else, when it names none, the
+    ones its catalog table function calls describe (`ap_partitions('orders')`); `FilterError` when it
+    names none either way."""
+    from airflow_partitions.pruning.query import tables_named_in
+    from airflow_partitions.read.catalog_tables import catalog_calls, mentions_catalog_tables
+    from airflow_partitions.read.query import parsed_statement
+
+    check_read_only(sql)  # a query that is not SQL names no table: say that, not "reads none"
+    by_name = {name.lower(): name for name in project.names}
+    named = sorted({by_name[t] for t in tables_named_in(sql) if t in by_name})
+    if not named and mentions_catalog_tables(sql):
+        described = {call.dataset.lower() for call in catalog_calls(parsed_statement(sql))}
+        named = sorted({by_name[name] for name in described if name in by_name})
+    if not named:
+        raise FilterError(
+            f"the query reads none of the spec's datasets ({', '.join(project.names) or 'none'}); "
+            "name one in FROM, e.g. SELECT count(*) FROM <dataset>"
+        )
+    return named
+
+
+def version_at(reader: PartitionedDatasetReader, as_of: dt.datetime) -> int:
+    """The newest version of the reader's dataset committed at or before `as_of`."""
+    if as_of.tzinfo is None:
+        as_of = as_of.replace(tzinfo=dt.UTC)
+    committed = [info.version for info in reader.catalog.versions() if info.committed_at <= as_of]
+    if not committed:
+        raise VersionNotFoundError(
+            f"dataset {reader.name!r} has no retained version committed at or before {as_of.isoformat()}; "
+            "pass a later as_of, or versions={...} with a version `status` lists"
+        )
+    return max(committed)
+
+
+@dataclass
+class DatasetQueryPlan:
+    """A multi-dataset query's plan: each dataset's version and pruning, and each join's decision."""
+
+    sql: str
+    executable: str
+    plans: dict[str, PrunePlan]
+    schemas: dict[str, pa.Schema]
+    joins: list[JoinDecision] = field(default_factory=list)
+    tree: Any = None
+
+    @property
+    def splits(self) -> list[JoinDecision]:
+        return [decision for decision in self.joins if decision.split]
+
+    @deep_stack
+    def explain(self) -> str:
+        lines = [f"query over {len(self.plans)} dataset(s): {', '.join(self.plans)}"]
+        for name, plan in self.plans.items():
+            lines.append(f"dataset {name}, {plan.index.origin}: {plan.summary()}")
+            lines.append(f"  filter: {plan.predicate if plan.has_filter else '(none)'}")
+        if not self.joins:
+            lines.append("joins: none between two datasets")
+        for decision in self.joins:
+            lines.append(f"join {decision.describe()}")
+            for pair in decision.pairs:
+                lines.append(
+                    f"  pair group {', '.join(pair.groups)}: {len(pair.left_partitions)} x "
+                    f"{len(pair.right_partitions)} partition(s)"
+                )
+        return "\n".join(lines)
+
+    @deep_stack
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sql": self.sql,
+            "datasets": {name: plan.to_json(include_decisions=False) for name, plan in self.plans.items()},
+            "joins": [decision.to_json() for decision in self.joins],
+        }
+
+
+class DatasetQuery:
+    """Readers for the datasets of one spec, opened on demand, that multi-dataset queries use.
+
+    `readers`: readers to use as they are (by dataset name); `open_reader`: how to open the others (its
+    caller closes what it opens); without it they are opened from the spec and closed by `close`.
+    """
+
+    def __init__(
+        self,
+        project: ProjectSpec | str | Path,
+        *,
+        readers: Mapping[str, PartitionedDatasetReader] | None = None,
+        open_reader: ReaderFactory | None = None,
+        query_limits: QueryLimits | None = None,
+        split_min_bytes: int | None = None,
+    ) -> None:
+        from airflow_partitions.read.reader import open_project
+
+        # Joins whose two sides' selected files hold fewer bytes run as one plain join.
+        self.split_min_bytes = SPLIT_MIN_BYTES if split_min_bytes is None else split_min_bytes
+        self.project = open_project(project)
+        self._readers: dict[str, PartitionedDatasetReader] = dict(readers or {})
+        self._owned: list[PartitionedDatasetReader] = []
+        self._open_reader = open_reader
+        self.query_limits = query_limits if query_limits is not None else QueryLimits()
+        self._sandboxes = SandboxDatabases(threading.RLock())
+
+    def reader(self, name: str) -> PartitionedDatasetReader:
+        reader = self._readers.get(name)
+        if reader is None:
+            if self._open_reader is not None:
+                reader = self._open_reader(name)  # the factory's owner closes it
+            else:
+                from airflow_partitions.read.reader import PartitionedDatasetReader
+
+                reader = PartitionedDatasetReader(self.project, name, query_limits=self.query_limits)
+                self._owned.append(reader)
+            self._readers[name] = reader
+        return reader
+
+    def close(self) -> None:
+        self._sandboxes.close()
+        owned, self._owned = self._owned, []
+        for reader in owned:
+            self._readers.pop(reader.name, None)
+            reader.close()
+
+    def __enter__(self) -> DatasetQuery:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- planning ---------------------------------------------------------------------------------
+
+    @deep_stack
+    def plan(
+        self,
+        sql: str,
+        *,
+        versions: Mapping[str, int | None] | None = None,
+        as_of: dt.datetime | None = None,
+        split_joins: bool = True,
+        limits: QueryLimits | None = None,
+    ) -> DatasetQueryPlan:
+        """How `query` would run `sql`: each dataset's version and pruning, each join's decision."""
+        limits = limits or self.query_limits
+        with limits.budget(QUERY_HINT):
+            return self._plan(sql, versions, as_of, split_joins)
+
+    def _plan(
+        self,
+        sql: str,
+        versions: Mapping[str, int | None] | None,
+        as_of: dt.datetime | None,
+        split_joins: bool,
+    ) -> DatasetQueryPlan:
+        names = datasets_named_in(self.project, sql)
+        wanted = {key.lower(): value for key, value in (versions or {}).items()}
+        unknown = sorted(set(wanted) - {name.lower() for name in self.project.names})
+        if unknown:
+            raise FilterError(
+                f"versions= names {', '.join(unknown)}, not a dataset of the spec "
+                f"({', '.join(self.project.names)})"
+            )
+        snapshots: dict[str, Snapshot] = {}
+        for name in names:
+            reader = self.reader(name)
+            version = wanted.get(name.lower())
+            if version is None and as_of is not None:
+                version = version_at(reader, as_of)
+            snapshots[name] = reader.snapshot(version)
+            check_budget()
+        schemas = {name: self.reader(name)._schema_of(snapshots[name]) for name in names}
+        lowered = {name.lower(): schema for name, schema in schemas.items()}
+        counts = sandbox_reference_counts(sql, names)
+        check_budget()
+        plans = {}
+        for name in names:
+            predicate = dataset_filter(sql, name, schemas[name], counts[name.lower()], schemas=lowered)
+            plans[name] = self.reader(name)._plan(snapshots[name], predicate)
+            check_budget()
+        merged = pa.schema(_merged_fields(schemas.values()))
+        executable = executable_sql(sql, merged)
+        result = DatasetQueryPlan(sql, executable, plans, schemas)
+        tree = _parse(executable)
+        if tree is None:
+            return result
+        candidates = find_joins(tree, lowered, {name.lower(): name for name in names})
+        for candidate in candidates:
+            decision = decide_join(candidate, plans[candidate.left.dataset], plans[candidate.right.dataset])
+            if decision.split and not split_joins:
+                decision.split, decision.pairs = False, []
+                decision.reason = "partition-wise joins are turned off (split_joins=False)"
+            if decision.split and self.split_min_bytes > 0:
+                selected = sum(
+                    file.bytes
+                    for side in (candidate.left.dataset, candidate.right.dataset)
+                    for file in plans[side].files
+                )
+                if selected < self.split_min_bytes:
+                    decision.split, decision.pairs = False, []
+                    decision.reason = (
+                        f"compatible layouts, but the two sides' selected files hold {selected:,} bytes, "
+                        f"under split_min_bytes ({self.split_min_bytes:,}): one plain join costs less"
+                    )
+            result.joins.append(decision)
+        result.tree = tree
+        return result
+
+    # --- running ----------------------------------------------------------------------------------
+
+    @deep_stack
+    def query(
+        self,
+        sql: str,
+        *,
+        versions: Mapping[str, int | None] | None = None,
+        as_of: dt.datetime | None = None,
+        timeout_s: float | None = None,
+        memory_limit: str | int | None = None,
+        split_joins: bool = True,
+    ) -> pa.Table:
+        """Run one read-only SELECT in which every dataset of the spec it names is a table.
+
+        `versions`: a version per dataset name (others: newest, or as of `as_of`); `as_of`: read each
+        dataset as it was at that time; `split_joins=False` runs every join as one plain join.
+        """
+        limits = self.query_limits.merged(timeout_s, memory_limit)
+        with limits.budget(QUERY_HINT):
+            plan = self._plan(sql, versions, as_of, split_joins)
+            check_budget()
+            return self._run(plan, limits)
+
+    def _run(self, plan: DatasetQueryPlan, limits: QueryLimits) -> pa.Table:
+        import duckdb
+
+        splits = [JoinSplit(d, f"ap_join_{uuid.uuid4().hex[:12]}") for d in plan.splits]
+        statement = rewrite_splits(plan.tree, splits, duckdb_expression_name) if splits else plan.executable
+        roots = [self.reader(name)._scanner.sandbox_root for name in plan.plans]
+        if all(root is not None for root in roots):
+            # Local files scanned in place: a cursor of a locked database kept for these directories
+            # (opening and configuring one costs more than a small query); its views go with it.
+            connection = self._sandboxes.cursor([root for root in roots if root is not None], limits)
+            configure = False
+        else:
+            connection = new_duckdb_connection(functions=needs_partition_functions(statement))
+            configure = True
+        try:
+            tables = [*plan.plans, *(split.view for split in splits)]
+            check_sandboxed(connection, statement, tables)
+            with contextlib.ExitStack() as stack:
+                scopes = {
+                    name: stack.enter_context(self.reader(name)._scanner.call_scope(connection))
+                    for name in plan.plans
+                }
+                try:
+                    register_catalog_tables(connection, self._catalog_tables(plan))
+                    register_dataset_views(self, connection, scopes, plan)
+                    branches = [_register_split(self, connection, scopes, plan, split) for split in splits]
+                except (duckdb.Error, StorageError) as err:
+                    cause = err.__cause__ if isinstance(err.__cause__, duckdb.Error) else err
+                    raise FilterError(
+                        f"query failed: {_scrub(str(cause).strip(), connection, scopes)}"
+                    ) from err
+                if configure:
+                    allowed = ", ".join(
+                        quote_string(p) for scope in scopes.values() for p in scope.local_files
+                    )
+                    connection.execute(f"SET allowed_paths = [{allowed}]")
+                    _apply_limits(connection, limits)
+                    _lock_down(connection)
+                shape = streamed_shape(plan.tree, splits[0]) if len(splits) == 1 else None
+                try:
+                    if shape is not None and len(branches[0]) > 1:
+                        view, groups = splits[0].view, branches[0]
+                        return run_bounded(
+                            connection,
+                            lambda: _run_streamed(connection, statement, view, groups, shape),
+                            memory=limits.memory,
+                        )
+                    return run_bounded(
+                        connection, lambda: connection.sql(statement).to_arrow_table(), memory=limits.memory
+                    )
+                except duckdb.Error as err:
+                    raise FilterError(
+                        f"query failed: {_scrub(str(err).strip(), connection, scopes)}"
+                    ) from err
+        finally:
+            connection.close()
+
+    def _catalog_tables(self, plan: DatasetQueryPlan) -> dict[str, pa.Table]:
+        """The tables of the statement's catalog table function calls (`read.catalog_tables`): a dataset
+        the query reads at the version it reads, any other at its newest, unless `version :=` pins."""
+        from airflow_partitions.read.catalog_tables import (
+            build_catalog_table,
+            catalog_calls,
+            mentions_catalog_tables,
+        )
+
+        if not mentions_catalog_tables(plan.sql):
+            return {}
+        by_name = {name.lower(): name for name in self.project.names}
+        tables: dict[str, pa.Table] = {}
+        for call in catalog_calls(parsed_statement(plan.sql)):
+            name = by_name.get(call.dataset.lower(), call.dataset)
+            self.project.dataset(name)  # DatasetNotFoundError listing the spec's datasets
+            reader = self.reader(name)
+            read = plan.plans.get(name)
+            version = call.version if call.version is not None else (read.version if read else None)
+            snapshot = reader.snapshot(version)
+            tables[call.table_name] = build_catalog_table(
+                call, reader.catalog, snapshot, reader._schema_of(snapshot), reader.index(snapshot)
+            )
+            check_budget()
+        return tables
+
+
+def register_dataset_views(
+    query: DatasetQuery, connection: Any, scopes: Mapping[str, CallScope], plan: DatasetQueryPlan
+) -> None:
+    """Make each dataset of the plan a temporary view over its selected files (its schema's columns, in
+    order); a dataset with no selected file is its schema's empty table."""
+    for name, prune_plan in plan.plans.items():
+        relation = _relation(query, connection, scopes[name], name, prune_plan.files, plan.schemas[name])
+        connection.execute(f"CREATE TEMP VIEW {quote_identifier(name)} AS {relation}")
+
+
+def _relation(
+    query: DatasetQuery,
+    connection: Any,
+    scope: CallScope,
+    name: str,
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+) -> str:
+    """A SELECT of every column of `schema`, in order, over exactly `files`."""
+    columns = ", ".join(quote_identifier(column) for column in schema.names) or "*"
+    if not files:
+        empty = f"ap_empty_{uuid.uuid4().hex[:12]}"
+        scope.register(connection, empty, schema.empty_table())
+        return f"SELECT {columns} FROM {empty}"
+    source = query.reader(name)._scanner.relation(connection, scope, files, schema)
+    return f"SELECT {columns} FROM {source}"
+
+
+def _register_split(
+    query: DatasetQuery,
+    connection: Any,
+    scopes: Mapping[str, CallScope],
+    plan: DatasetQueryPlan,
+    split: JoinSplit,
+) -> list[str]:
+    """The view of a split join: the UNION ALL of one small join per pair group (each returned)."""
+    decision = split.decision
+    left, right = decision.left.dataset, decision.right.dataset
+    pairs: list[PairGroup | None] = list(decision.pairs) or [None]
+    branches = []
+    for pair in pairs:
+        left_files = pair.left_files if pair is not None else ()
+        right_files = pair.right_files if pair is not None else ()
+        left_relation = _relation(query, connection, scopes[left], left, left_files, plan.schemas[left])
+        right_relation = _relation(query, connection, scopes[right], right, right_files, plan.schemas[right])
+        branches.append(split.branch_sql(f"({left_relation})", f"({right_relation})"))
+    connection.execute(f"CREATE TEMP VIEW {quote_identifier(split.view)} AS {' UNION ALL '.join(branches)}")
+    return branches
+
+
+def _run_streamed(
+    connection: Any, statement: str, view: str, branches: Sequence[str], shape: list[str]
+) -> pa.Table:
+    """`statement` run once per pair group, the split join's view holding only that group's small join
+    (so at most one group's join is in memory), the results combined as `streamed_shape` says: the rows
+    of each (a projection / filter), or one row of `count` / `sum` / `min` / `max` over the partials."""
+    import pyarrow.compute as pc
+
+    types = connection.sql(statement).types
+    if any(kind == "sum" and str(t) in ("DOUBLE", "FLOAT") for kind, t in zip(shape, types, strict=False)):
+        # Floating-point sums depend on the order of addition: only the whole join gives its answer.
+        return connection.sql(statement).to_arrow_table()
+    parts = []
+    for branch in branches:
+        connection.execute(f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view)} AS {branch}")
+        parts.append(connection.sql(statement).to_arrow_table())
+        check_budget()
+    whole = pa.concat_tables(parts)
+    if not shape:
+        return whole
+    columns = []
+    for kind, column in zip(shape, whole.columns, strict=True):
+        if kind == "count":
+            value = pc.sum(column)
+            value = value if value.is_valid else pa.scalar(0, column.type)
+        elif kind == "sum":
+            value = pc.sum(column, min_count=1)
+        elif kind == "min":
+            value = pc.min(column)
+        else:
+            value = pc.max(column)
+        columns.append(pa.array([value.as_py()], column.type))
+    return pa.Table.from_arrays(columns, schema=whole.schema)
+
+
+def _scrub(message: str, connection: Any, scopes: Mapping[str, CallScope]) -> str:
+    for scope in scopes.values():
+        message = _scrubbed(message, connection, scope)
+    return message
+
+
+def _merged_fields(schemas: Any) -> Iterator[pa.Field]:
+    """The fields of several schemas, the first of each name (the transforms' rewrite needs column types)."""
+    seen: set[str] = set()
+    for schema in schemas:
+        for item in schema:
+            if item.name not in seen:
+                seen.add(item.name)
+                yield item
+
+
+def _parse(sql: str) -> Any:
+    from sqlglot.errors import SqlglotError
+
+    from airflow_partitions.pruning.sql_text import parse_one_sql
+
+    try:
+        return parse_one_sql(sql)
+    except (SqlglotError, ValueError):
+        return None
+
+
+def query_datasets(
+    project: ProjectSpec | str | Path,
+    sql: str,
+    *,
+    versions: Mapping[str, int | None] | None = None,
+    as_of: dt.datetime | None = None,
+    timeout_s: float | None = None,
+    memory_limit: str | int | None = None,
+    split_joins: bool = True,
+    query_limits: QueryLimits | None = None,
+) -> pa.Table:
+    """`DatasetQuery(project).query(sql, ...)`, closing the readers it opened."""
+    with DatasetQuery(project, query_limits=query_limits) as query:
+        return query.query(
+            sql,
+            versions=versions,
+            as_of=as_of,
+            timeout_s=timeout_s,
+            memory_limit=memory_limit,
+            split_joins=split_joins,
+        )

@@ -1,0 +1,215 @@
+"""Partition-wise joins: a join of two datasets bucketed on the key, against DuckDB and the plain join.
+
+    python -m benchmarks.bench_joins            # two 10,000,000-row datasets, 3 rounds
+    python -m benchmarks.bench_joins --quick    # two 50,000-row datasets, 1 round
+
+Two datasets of one spec, `left` and `right`, each `bucket(16, k)` on an int64 key drawn from as many
+values as rows (so most keys match about one row of the other side), joined and aggregated:
+
+    SELECT count(*), sum(l.v + r.w) FROM left l JOIN right r ON l.k = r.k
+
+Contenders, each in a fresh interpreter per round (shuffled order each round) that runs the statement
+twice and reports the second run's seconds (files checked and footers cached, as on a long-lived
+reader) and its own peak RSS (`VmHWM`):
+
+* ours: `DatasetQuery(spec).query(sql)`, the join split into one small join per bucket, each run as its
+  own statement whose `count` / `sum` partials are added up (at `--quick` sizes the join is under
+  `SPLIT_MIN_BYTES` and not split; the plan's reason is printed);
+* ours, plain join: the same with `split_joins=False` (one hash join over both datasets' files);
+* DuckDB over the raw source files: the same statement over `read_parquet` of each side's source files
+  (the anchor: what a user gets without the acceleration).
+
+Printed: ours / DuckDB (target <= 0.7), ours / ours-plain (target <= 0.8), each contender's median
+seconds and peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.pairing import Ratio, Target, figure_line
+
+BUCKETS = 16
+SQL = 'SELECT count(*) AS n, sum(l.v + r.w) AS total FROM "left" l JOIN "right" r ON l.k = r.k'
+CONTENDERS = ("ours", "ours_plain", "duckdb")
+
+
+def build(directory: Path, rows: int) -> Path:
+    """Write both datasets (sources and bucketed accelerations, one commit each) and their spec."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo
+    from airflow_partitions.keys import PartitionKey
+    from airflow_partitions.storage import get_storage
+    from airflow_partitions.transforms import parse_transform
+
+    root = directory / "accelerations"
+    storage = get_storage("parquet")
+    expression = f"bucket({BUCKETS}, k)"
+    spec = PartitionSpecInfo.from_fields([("kb", parse_transform(expression).canonical)])
+    generator = np.random.default_rng(7)
+    entries_text = []
+    for name, value in (("left", "v"), ("right", "w")):
+        table = pa.table(
+            {
+                "k": pa.array(generator.integers(0, rows, rows), pa.int64()),
+                value: pa.array(generator.integers(0, 1000, rows), pa.int64()),
+            }
+        )
+        sources = directory / f"source_{name}"
+        sources.mkdir()
+        step = -(-rows // 4)
+        for part in range(4):
+            pq.write_table(table.slice(part * step, step), sources / f"part-{part}.parquet")
+        bound = parse_transform(expression).bind(pa.int64())
+        buckets = bound.apply(table.column("k"))
+        order = pc.sort_indices(buckets)
+        table, buckets = table.take(order), buckets.take(order)
+        counts = np.bincount(buckets.to_numpy(), minlength=BUCKETS)
+        dataset_root = root / name
+        dataset_root.mkdir(parents=True)
+        entries = []
+        offset = 0
+        for bucket, count in enumerate(counts.tolist()):
+            key = PartitionKey((bucket,))
+            key_path = key.path(["kb"])
+            files = storage.write(table.slice(offset, count), dataset_root, key_path)
+            entries.append(PartitionEntry.from_files(key, spec, storage.publish(dataset_root, files)))
+            offset += count
+        Catalog(LocalStore(root), name, storage=storage).commit(
+            base_version=None, upserts=entries, partition_spec=spec
+        )
+        entries_text.append(
+            f"  - name: {name}\n    from: file:{sources}/*.parquet\n    acceleration:\n"
+            f'      engine: parquet\n      mode: file\n      partition_by:\n        - kb: "{expression}"\n'
+        )
+    path = directory / "joins.yaml"
+    path.write_text(f"accelerator_dir: {root}\ndatasets:\n" + "".join(entries_text))
+    return path
+
+
+def worker(contender: str, spec: Path, out: Path) -> None:
+    """One contender in this fresh interpreter: the statement twice, the second timed."""
+    if contender == "duckdb":
+        import duckdb
+
+        connection = duckdb.connect()
+        directory = spec.parent
+        sql = SQL.replace('"left"', f"read_parquet('{directory}/source_left/*.parquet')").replace(
+            '"right"', f"read_parquet('{directory}/source_right/*.parquet')"
+        )
+
+        def run() -> list[tuple[int, ...]]:
+            return [tuple(int(value) for value in row) for row in connection.sql(sql).fetchall()]
+
+    else:
+        from airflow_partitions.read.multi import DatasetQuery
+
+        query = DatasetQuery(spec)
+        split = contender == "ours"
+
+        def run() -> list[tuple[int, ...]]:
+            table = query.query(SQL, split_joins=split)
+            return [tuple(int(value) for value in row.values()) for row in table.to_pylist()]
+
+    started = time.perf_counter()
+    first = run()
+    cold = time.perf_counter() - started
+    started = time.perf_counter()
+    second = run()
+    seconds = time.perf_counter() - started
+    assert first == second
+    report: dict[str, Any] = {"seconds": seconds, "cold": cold, "rss": peak_rss_mib(), "result": second}
+    if contender == "ours":
+        report["decision"] = query.plan(SQL).joins[0].reason
+    out.write_text(json.dumps(report))
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set (`VmHWM`) in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_contender(contender: str, spec: Path, out: Path) -> dict[str, Any]:
+    command = [sys.executable, "-m", "benchmarks.bench_joins", "--worker", contender, "--spec", str(spec)]
+    subprocess.run([*command, "--out", str(out)], check=True)
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=10_000_000, help="rows per dataset (default 10M)")
+    parser.add_argument("--rounds", type=int, default=3, help="paired rounds (default 3)")
+    parser.add_argument("--quick", action="store_true", help="50,000 rows per dataset, 1 round")
+    parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker, args.spec, args.out)
+        return 0
+    if args.quick:
+        args.rows, args.rounds = 50_000, 1
+    with tempfile.TemporaryDirectory() as directory:
+        started = time.perf_counter()
+        spec = build(Path(directory), args.rows)
+        built = time.perf_counter() - started
+        print(f"built two {args.rows:,}-row datasets bucket({BUCKETS}, k) in {built:.1f} s")
+        seconds: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+        rss: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+        results = {}
+        decision = ""
+        order = list(CONTENDERS)
+        shuffler = random.Random(0)
+        for _ in range(args.rounds):
+            shuffler.shuffle(order)
+            for name in order:
+                report = run_contender(name, spec, Path(directory) / f"{name}.json")
+                seconds[name].append(float(report["seconds"]))
+                rss[name].append(float(report["rss"]))
+                results[name] = report["result"]
+                decision = report.get("decision", decision)
+        if len({json.dumps(result) for result in results.values()}) != 1:
+            print(f"RESULTS DIFFER: {results}")
+            return 1
+    print(f"join of two {args.rows:,}-row datasets, {args.rounds} round(s); every contender's answer agrees")
+    print(f"ours: {decision}")
+
+    def ratio(top: str, bottom: str) -> Ratio:
+        return Ratio(tuple(a / b for a, b in zip(seconds[top], seconds[bottom], strict=True)))
+
+    print(
+        figure_line(
+            "ours (partition-wise) / DuckDB over the raw files", ratio("ours", "duckdb"), Target("<=", 0.7)
+        )
+    )
+    print(
+        figure_line(
+            "ours (partition-wise) / ours (one plain join)", ratio("ours", "ours_plain"), Target("<=", 0.8)
+        )
+    )
+    for name in CONTENDERS:
+        median = sorted(seconds[name])[len(seconds[name]) // 2]
+        print(f"  {name:12} {median:7.3f} s (second run)   peak RSS {max(rss[name]):8.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

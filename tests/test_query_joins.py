@@ -1,0 +1,492 @@
+"""Multi-dataset queries and partition-wise joins, differential against DuckDB over the sources.
+
+Pairs of datasets of one spec with compatible layouts (bucket 8 vs 16, day vs month, identity vs
+identity) and incompatible ones (bucket 4 vs 6, identity vs bucket) are joined inner / left / right /
+full, with hostile string keys (`/`, `=`, `%`, quotes, unicode, empty) and NULL join keys: every answer
+must equal DuckDB's over the two source tables, and the plan must say which joins were split and why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+from test_pruning_support import build_acceleration
+
+from airflow_partitions.catalog import PartitionEntry
+from airflow_partitions.cli.main import main
+from airflow_partitions.exceptions import FilterError, UnsafeQueryError
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.read import PartitionedDatasetReader, multi
+from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan
+from airflow_partitions.storage import get_storage
+
+KEYS = [
+    "a",
+    "a/b",
+    "k=v",
+    "100%",
+    "it's",
+    '"q"',
+    "",
+    "Zürich",
+    "日本",
+    "x y",
+    *[f"k{i}" for i in range(12)],
+    None,
+]
+UTC = dt.UTC
+
+
+def _rows(count: int, seed: int) -> pa.Table:
+    keys = [KEYS[(i * seed + i // 3) % len(KEYS)] for i in range(count)]
+    start = dt.datetime(2026, 1, 28, 5, 30, tzinfo=UTC)
+    times = [
+        None if i % 11 == 0 else start + dt.timedelta(hours=(i * seed * 7) % (24 * 70)) for i in range(count)
+    ]
+    return pa.table(
+        {
+            "id": pa.array(range(count), pa.int64()),
+            "k": pa.array(keys, pa.string()),
+            "ts": pa.array(times, pa.timestamp("us", tz="UTC")),
+            "v": pa.array([None if i % 13 == 5 else (i * seed) % 50 for i in range(count)], pa.int64()),
+        }
+    )
+
+
+# dataset -> (rows, partition fields)
+LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]]]] = {
+    "l_b8": (_rows(90, 3), [("kb", "bucket(8, k)")]),
+    "r_b16": (_rows(70, 5), [("kb", "bucket(16, k)")]),
+    "l_b4": (_rows(60, 7), [("kb", "bucket(4, k)")]),
+    "r_b6": (_rows(60, 5), [("kb", "bucket(6, k)")]),
+    "l_id": (_rows(80, 7), [("kk", "k")]),
+    "r_id": (_rows(50, 3), [("kk", "k")]),
+    "l_day": (_rows(90, 5), [("d", "date_trunc('day', ts)")]),
+    "r_month": (_rows(70, 3), [("m", "date_trunc('month', ts)")]),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _split_small_joins() -> Any:
+    """The datasets here are small: split their joins anyway (the size threshold has its own test)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(multi, "SPLIT_MIN_BYTES", 0)
+        yield
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One spec with every layout's dataset, each written and committed as a refresh would."""
+    base = tmp_path_factory.mktemp("joins")
+    entries = []
+    for name, (table, partition_by) in LAYOUTS.items():
+        build_acceleration(base, table, partition_by, dataset=name)
+        source = base / f"source_{name}.parquet"
+        (base / "source.parquet").rename(source)
+        fields = "\n".join(f'        - {field}: "{expr}"' for field, expr in partition_by)
+        entries.append(
+            f"  - name: {name}\n    from: file:{source}\n    acceleration:\n      engine: parquet\n"
+            f"      mode: file\n      partition_by:\n{fields}\n"
+        )
+    path = base / "joins.yaml"
+    path.write_text(f"accelerator_dir: {base / 'accelerations'}\ndatasets:\n" + "".join(entries))
+    return path
+
+
+@pytest.fixture(scope="module")
+def query(spec: Path) -> Any:
+    with DatasetQuery(spec) as opened:
+        yield opened
+
+
+def _oracle(sql: str) -> list[tuple[Any, ...]]:
+    connection = duckdb.connect()
+    connection.execute("SET TimeZone = 'UTC'")
+    for name, (table, _) in LAYOUTS.items():
+        connection.register(name, table)
+    return _canonical(connection.sql(sql).to_arrow_table())
+
+
+def _canonical(table: pa.Table) -> list[tuple[Any, ...]]:
+    rows = (
+        list(zip(*(column.to_pylist() for column in table.columns), strict=True)) if table.num_columns else []
+    )
+    return sorted(rows, key=repr)
+
+
+# (left, right, split expected, reason fragment)
+PAIRS = [
+    ("l_b8", "r_b16", True, "bucket(8, k) vs bucket(16, k) are compatible"),
+    ("l_b4", "r_b6", False, "bucket 4 vs 6, neither divides the other"),
+    ("l_day", "r_month", True, "date_trunc('day', ts) vs date_trunc('month', ts) are compatible"),
+    ("l_id", "r_id", True, "k vs k are compatible"),
+    ("l_id", "r_b16", False, "k vs bucket(16, k): different transforms"),
+]
+SHAPES = [
+    "SELECT count(*) AS n FROM {l} JOIN {r} USING ({key})",
+    "SELECT a.id, b.id AS rid, a.{key}, b.v FROM {l} a LEFT JOIN {r} b ON a.{key} = b.{key}",
+    "SELECT b.{key}, count(a.id), sum(b.v) AS s FROM {l} a RIGHT JOIN {r} b "
+    "ON a.{key} = b.{key} AND a.v >= b.v GROUP BY b.{key}",
+    "SELECT * FROM {l} a FULL OUTER JOIN {r} b ON b.{key} = a.{key} "
+    "WHERE a.id IS NULL OR b.id IS NULL OR a.v < 20",
+    "SELECT {key}, count(*), max({r}.v) FROM {l} FULL JOIN {r} USING ({key}) GROUP BY ALL",
+    "SELECT count(*), count(DISTINCT a.id), sum(a.v * b.v) FROM {l} a JOIN {r} b ON a.{key} = b.{key} "
+    "WHERE a.{key} IN ({values})",
+]
+
+
+def _join_key(left: str) -> str:
+    return "ts" if left == "l_day" else "k"
+
+
+def _values(left: str) -> str:
+    if left == "l_day":
+        return "TIMESTAMPTZ '2026-02-03 12:30:00+00', TIMESTAMPTZ '2026-03-30 21:30:00+00'"
+    return "'k=v', '100%', 'it''s', 'Zürich', ''"
+
+
+@pytest.mark.parametrize(("left", "right", "split", "reason"), PAIRS, ids=[f"{p[0]}-{p[1]}" for p in PAIRS])
+@pytest.mark.parametrize(
+    "shape", SHAPES, ids=["inner-using", "left", "right-extra-on", "full-star", "full-using", "filtered"]
+)
+def test_every_join_equals_duckdb_over_the_sources(
+    query: DatasetQuery, left: str, right: str, split: bool, reason: str, shape: str
+) -> None:
+    key = _join_key(left)
+    sql = shape.format(l=left, r=right, key=key, values=_values(left))
+    plan = query.plan(sql)
+    assert [d.split for d in plan.joins] == [split], plan.explain()
+    assert reason in plan.joins[0].reason, plan.explain()
+    got = query.query(sql)
+    expected = _oracle(sql)
+    assert _canonical(got) == expected, f"{sql}\n{plan.explain()}"
+    assert got.column_names == duckdb_names(sql), "output names are DuckDB's for the plain statement"
+    unsplit = query.query(sql, split_joins=False)
+    assert _canonical(unsplit) == expected
+
+
+def duckdb_names(sql: str) -> list[str]:
+    connection = duckdb.connect()
+    for name, (table, _) in LAYOUTS.items():
+        connection.register(name, table)
+    return connection.sql(sql).columns
+
+
+def test_outer_joins_emit_null_key_rows_exactly_once(query: DatasetQuery) -> None:
+    sql = "SELECT a.id, b.id FROM l_b8 a FULL JOIN r_b16 b ON a.k = b.k WHERE a.k IS NULL AND b.k IS NULL"
+    got = _canonical(query.query(sql))
+    left_nulls = LAYOUTS["l_b8"][0].column("k").null_count
+    right_nulls = LAYOUTS["r_b16"][0].column("k").null_count
+    assert left_nulls, "the data holds NULL keys on the left"
+    assert right_nulls, "the data holds NULL keys on the right"
+    assert len(got) == left_nulls + right_nulls, "each NULL-key row once, never matched to another"
+    assert got == _oracle(sql)
+    groups = query.plan(sql).joins[0].pairs
+    assert any("NULL" in pair.groups for pair in groups), "NULL partitions form a group of the full join"
+    inner = query.plan("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k").joins[0].pairs
+    assert all("NULL" not in pair.groups for pair in inner), "an inner join skips the NULL partitions"
+
+
+def test_coarse_bucket_groups_hold_the_fine_buckets_it_divides(query: DatasetQuery) -> None:
+    plan = query.plan("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k")
+    for pair in plan.joins[0].pairs:
+        (group,) = pair.groups
+        coarse = int(group)
+        assert {int(p.split("=")[1]) % 8 for p in pair.right_partitions} <= {coarse}
+        assert all(int(p.split("=")[1]) == coarse for p in pair.left_partitions)
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k < b.k", "non-equi join"),
+        ("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.v = b.v", "not partitioned on v"),
+        ("SELECT count(*) FROM l_b8 a SEMI JOIN r_b16 b ON a.k = b.k", "SEMI join"),
+        ("SELECT count(*) FROM l_b8 a NATURAL JOIN r_b16 b", "NATURAL join"),
+        (
+            "SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k JOIN r_id c ON c.k = a.k",
+            "exactly two datasets",
+        ),
+        ("SELECT a.id, (SELECT 1) FROM l_b8 a JOIN r_b16 b ON a.k = b.k", "subquery"),
+    ],
+)
+def test_unsplittable_shapes_fall_back_and_say_why(query: DatasetQuery, sql: str, reason: str) -> None:
+    plan = query.plan(sql)
+    assert plan.joins, plan.explain()
+    assert not plan.joins[0].split
+    assert reason in plan.joins[0].reason, plan.joins[0].reason
+    assert _canonical(query.query(sql)) == _oracle(sql)
+
+
+def test_a_filter_on_one_side_prunes_the_other_through_the_join_key(query: DatasetQuery) -> None:
+    sql = "SELECT count(*), sum(b.v) FROM l_b8 a JOIN r_b16 b USING (k) WHERE a.k = 'k=v'"
+    plan = query.plan(sql)
+    right = plan.plans["r_b16"]
+    assert len(right.selected) == 1 < right.total, "Should read one bucket of r_b16: the key is pinned"
+    assert len(plan.plans["l_b8"].selected) == 1
+    assert _canonical(query.query(sql)) == _oracle(sql)
+    # An outer join's other side is not pruned by it (its unmatched rows must still appear).
+    outer = query.plan("SELECT count(*) FROM l_b8 a LEFT JOIN r_b16 b USING (k) WHERE b.v > 100")
+    assert len(outer.plans["l_b8"].selected) == outer.plans["l_b8"].total
+    # The preserved side of an outer join is pruned by the WHERE conditions on its own columns.
+    for sql, kept, whole in (
+        ("SELECT a.id, b.id FROM l_b8 a LEFT JOIN r_b16 b USING (k) WHERE a.k = 'k=v'", "l_b8", "r_b16"),
+        (
+            "SELECT a.id, b.id FROM l_b8 a RIGHT JOIN r_b16 b ON a.k = b.k WHERE b.k IN ('k=v', '')",
+            "r_b16",
+            "l_b8",
+        ),
+        ("SELECT a.id, b.k FROM l_b8 a FULL JOIN r_b16 b ON a.k = b.k WHERE a.k = 'k=v'", None, "l_b8"),
+    ):
+        plan = query.plan(sql)
+        if kept is not None:
+            assert len(plan.plans[kept].selected) < plan.plans[kept].total, f"Should prune {kept}: {sql}"
+        assert len(plan.plans[whole].selected) == plan.plans[whole].total, (
+            f"Should read all of {whole}: {sql}"
+        )
+        assert _canonical(query.query(sql)) == _oracle(sql)
+
+
+def test_each_dataset_at_its_own_version_or_as_of(query: DatasetQuery) -> None:
+    sql = "SELECT count(*) AS n FROM l_id a JOIN r_id b USING (k)"
+    before = query.query(sql).to_pylist()
+    reader = query.reader("r_id")
+    first = reader.snapshot()
+    moment = dt.datetime.now(UTC)
+    # A second version of r_id: one more row of key 'a' in its partition.
+    extra = pa.table(
+        {"id": [999], "k": ["a"], "ts": pa.array([None], pa.timestamp("us", tz="UTC")), "v": [1]}
+    )
+    storage = get_storage("parquet")
+    root = Path(reader.data_root)
+    files = storage.publish(root, storage.write(extra, root, "kk=a"))
+    entry = PartitionEntry.from_files(
+        PartitionKey(("a",)), first.partition_spec, first.partitions["kk=a"].files + tuple(files)
+    )
+    reader.catalog.commit(base_version=first.version, upserts=[entry], partition_spec=first.partition_spec)
+    left_a = LAYOUTS["l_id"][0].column("k").to_pylist().count("a")
+    assert left_a, "the left side holds key 'a'"
+    assert query.query(sql).to_pylist() == [{"n": before[0]["n"] + left_a}]
+    assert query.query(sql, versions={"r_id": first.version}).to_pylist() == before
+    assert query.query(sql, as_of=moment).to_pylist() == before
+    with pytest.raises(FilterError, match="versions= names nope"):
+        query.query(sql, versions={"nope": 1})
+
+
+def test_the_sandbox_holds_for_every_dataset(query: DatasetQuery) -> None:
+    with pytest.raises(UnsafeQueryError, match="sees only the datasets 'l_b8', 'r_b16'"):
+        query.query("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k, information_schema.tables")
+    with pytest.raises(UnsafeQueryError, match="duckdb_settings"):
+        query.query("SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k JOIN duckdb_settings() s ON true")
+    with pytest.raises(UnsafeQueryError, match="read_parquet"):
+        query.query("SELECT * FROM l_b8 JOIN read_parquet('/etc/passwd') USING (k)")
+
+
+def test_reader_hook_and_cli_query_several_datasets(spec: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sql = "SELECT a.k, count(*) AS n FROM l_b8 a JOIN r_b16 b ON a.k = b.k GROUP BY a.k"
+    with PartitionedDatasetReader(spec, "l_b8") as reader:
+        assert _canonical(reader.query(sql)) == _oracle(sql)
+        plan = reader.plan_datasets_query(sql)
+        assert isinstance(plan, DatasetQueryPlan)
+        assert plan.joins[0].split
+    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
+
+    hook = PartitionedDatasetHook(dataset="r_b16", spec_path=str(spec))
+    assert _canonical(hook.query(sql)) == _oracle(sql)
+    capsys.readouterr()
+    assert main(["query", str(spec), sql, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(((r["k"], r["n"]) for r in lines), key=repr) == _oracle(sql)
+
+
+def test_cli_plan_shows_the_pairs_and_why(
+    spec: Path, query: DatasetQuery, capsys: pytest.CaptureFixture[str]
+) -> None:
+    split_sql = "SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k"
+    assert main(["plan", str(spec), "--query", split_sql]) == 0
+    out = capsys.readouterr().out
+    pairs = query.plan(split_sql).joins[0].pairs
+    assert f"split into {len(pairs)} pair group(s)" in out, out
+    for pair in pairs:
+        sizes = f"{len(pair.left_partitions)} x {len(pair.right_partitions)} partition(s)"
+        assert f"pair group {pair.groups[0]}: {sizes}" in out, out
+    assert (
+        main(["plan", str(spec), "--query", "SELECT count(*) FROM l_b4 a JOIN r_b6 b USING (k)", "--json"])
+        == 0
+    )
+    document = json.loads(capsys.readouterr().out)
+    (join,) = document["joins"]
+    assert join["split"] is False
+    assert "bucket 4 vs 6" in join["reason"]
+    assert set(document["datasets"]) == {"l_b4", "r_b6"}
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT DISTINCT a.k FROM l_b8 a JOIN r_b16 b ON a.k = b.k ORDER BY a.k",
+        "SELECT a.*, b.v AS bv FROM l_b8 a LEFT JOIN r_b16 b ON a.k = b.k",
+        "SELECT a.k, row_number() OVER (PARTITION BY a.k ORDER BY a.id, b.id) AS rn "
+        "FROM l_b8 a JOIN r_b16 b ON a.k = b.k",
+        "SELECT b.k, sum(a.v) FROM l_b8 a RIGHT JOIN r_b16 b ON a.k = b.k "
+        "GROUP BY b.k HAVING count(a.id) > 2",
+        "SELECT a.k, count(*) FROM l_b8 AS a JOIN r_b16 AS b ON a.k = b.k WHERE b.v IS NOT NULL "
+        "GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 5",
+        "WITH j AS (SELECT a.k, b.v FROM l_b8 a JOIN r_b16 b USING (k)) SELECT k, sum(v) FROM j GROUP BY k",
+        "SELECT count(*), min(b.id - a.id) FROM l_b8 a JOIN r_b16 b ON a.k = b.k AND a.id < b.id",
+        "SELECT k, id FROM l_b8 JOIN r_b16 USING (k) WHERE l_b8.v > 3",
+    ],
+)
+def test_the_statement_around_a_split_join_is_unchanged(query: DatasetQuery, sql: str) -> None:
+    """Split, the statement's columns, stars, windows, HAVING, LIMIT and CTEs read what they did."""
+    if "SELECT k, id FROM" in sql:
+        with pytest.raises(FilterError, match="query failed"):  # `id` is ambiguous for DuckDB too
+            query.query(sql)
+        assert not query.plan(sql).joins[0].split
+        return
+    plan = query.plan(sql)
+    assert [d.split for d in plan.joins] == [True], plan.explain()
+    got = query.query(sql)
+    assert _canonical(got) == _oracle(sql)
+    assert got.column_names == duckdb_names(sql)
+
+
+def test_the_limits_bound_a_multi_dataset_query(query: DatasetQuery) -> None:
+    from airflow_partitions.exceptions import QueryLimitError
+
+    slow = "SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k, range(2000000000) r WHERE r.range % 7 = 3"
+    with pytest.raises(QueryLimitError):
+        query.query(slow, timeout_s=0.5)
+    big = "SELECT list(r.range) FROM l_b8 a JOIN r_b16 b ON a.k = b.k, range(5000000) r GROUP BY a.id"
+    with pytest.raises(QueryLimitError):
+        query.query(big, memory_limit="64MB")
+
+
+def test_a_join_reads_catalog_tables_and_a_tagged_version(
+    spec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A split join that also reads `ap_partitions` of both sides, with r_b16 pinned by a tag to the
+    version before a later commit added a row: every figure is the tagged version's."""
+    sql = (
+        "WITH j AS (SELECT count(*) AS n, sum(a.v * b.v) AS s FROM l_b8 a JOIN r_b16 b ON a.k = b.k), "
+        "r AS (SELECT sum(rows) AS right_rows FROM ap_partitions('r_b16')), "
+        "l AS (SELECT count(*) AS left_partitions FROM ap_partitions('l_b8') p WHERE p.rows > 0) "
+        "SELECT * FROM j, r, l"
+    )
+    join_sql = "SELECT count(*) AS n, sum(a.v * b.v) AS s FROM l_b8 a JOIN r_b16 b ON a.k = b.k"
+    (expected_n, expected_s) = _oracle(join_sql)[0]
+    with PartitionedDatasetReader(spec, "r_b16") as reader:
+        tagged = reader.snapshot()
+        reader.catalog.tag("join-release", tagged.version)
+        left_partitions = len(reader._reader_of("l_b8").snapshot().partitions)
+        # A later version of r_b16 with one more row of key 'a' in its partition.
+        (key_path,) = [partition.key_path for partition in reader.plan("k = 'a'").selected]
+        extra = pa.table(
+            {"id": [999], "k": ["a"], "ts": pa.array([None], pa.timestamp("us", tz="UTC")), "v": [3]}
+        )
+        storage = get_storage("parquet")
+        root = Path(reader.data_root)
+        files = storage.publish(root, storage.write(extra, root, key_path))
+        original = tagged.partitions[key_path]
+        grown = PartitionEntry.from_files(original.key, tagged.partition_spec, original.files + tuple(files))
+        newer = reader.catalog.commit(
+            base_version=tagged.version, upserts=[grown], partition_spec=tagged.partition_spec
+        )
+        try:
+            newest = reader.query(sql).to_pylist()[0]
+            assert newest["right_rows"] == LAYOUTS["r_b16"][0].num_rows + 1, "newest: one more row"
+            assert newest["n"] > expected_n, "the added row joins rows of key 'a'"
+            pinned = reader.query(sql, tag="join-release")
+            assert pinned.to_pylist() == [
+                {
+                    "n": expected_n,
+                    "s": expected_s,
+                    "right_rows": LAYOUTS["r_b16"][0].num_rows,
+                    "left_partitions": left_partitions,
+                }
+            ], "the tag pins r_b16's rows and its catalog table; l_b8 is read at its newest"
+            plan = reader.plan_datasets_query(sql, {"r_b16": reader.snapshot(tag="join-release").version})
+            assert plan.joins[0].split, plan.explain()
+            capsys.readouterr()
+            assert main(["query", str(spec), sql, "--tag", "join-release"]) != 0
+            assert "--tag is ambiguous: the query reads l_b8, r_b16" in capsys.readouterr().err
+            pinned_cli = ["query", str(spec), sql, "--dataset", "r_b16", "--tag", "join-release", "--json"]
+            assert main(pinned_cli) == 0
+            out = capsys.readouterr().out.splitlines()
+            assert [json.loads(line) for line in out] == [
+                {name: str(value) if name in ("s", "right_rows") else value for name, value in row.items()}
+                for row in pinned.to_pylist()
+            ], "the CLI's --tag pins --dataset"
+            # A query naming a dataset only through a catalog table function finds it.
+            catalog_only = "SELECT count(*) AS parts FROM ap_partitions('l_b8')"
+            assert main(["query", str(spec), catalog_only, "--json"]) == 0
+            assert json.loads(capsys.readouterr().out) == {"parts": left_partitions}
+        finally:
+            # Put r_b16 back as the other tests expect it (a new version holding the original partition).
+            reader.catalog.commit(
+                base_version=newer, upserts=[original], partition_spec=tagged.partition_spec
+            )
+            reader.catalog.delete_tag("join-release")
+    with PartitionedDatasetReader(spec, "r_b16") as reader:
+        assert _canonical(reader.query(join_sql)) == _oracle(join_sql), "r_b16 is back as it was"
+
+
+@pytest.mark.parametrize(
+    ("sql", "streamed"),
+    [
+        (
+            "SELECT count(*) AS n, sum(a.v) AS s, min(b.ts), max(a.k), count(b.v) "
+            "FROM l_b8 a JOIN r_b16 b ON a.k = b.k",
+            True,
+        ),
+        ("SELECT a.id, b.v FROM l_b8 a LEFT JOIN r_b16 b ON a.k = b.k WHERE a.v < 20 OR b.v IS NULL", True),
+        ("SELECT count(*) FROM l_b8 a FULL JOIN r_b16 b ON a.k = b.k WHERE a.id IS NULL", True),
+        ("SELECT count(DISTINCT a.k) FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
+        ("SELECT avg(a.v) FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
+        ("SELECT sum(a.v) + 1 FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
+        ("SELECT a.k, count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k GROUP BY a.k", False),
+        ("SELECT a.id FROM l_b8 a JOIN r_b16 b ON a.k = b.k ORDER BY a.id LIMIT 5", False),
+        ("SELECT count(*), a.k FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
+    ],
+)
+def test_pair_groups_stream_one_statement_each_only_where_exact(
+    query: DatasetQuery, sql: str, streamed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statement over a split join runs once per pair group only when the groups' results combine
+    into exactly its result; the answer equals DuckDB's over the sources either way."""
+    from airflow_partitions.read.joins import JoinSplit, streamed_shape
+
+    plan = query.plan(sql)
+    assert plan.joins[0].split, plan.explain()
+    shape = streamed_shape(plan.tree, JoinSplit(plan.joins[0], "v"))
+    assert (shape is not None) == streamed, shape
+    if "count(*), a.k" in sql:
+        with pytest.raises(FilterError, match="query failed"):  # not valid SQL without GROUP BY
+            query.query(sql)
+        return
+    runs: list[int] = []
+    run_streamed = multi._run_streamed
+
+    def counted(connection: Any, statement: str, view: str, branches: Any, kinds: Any) -> pa.Table:
+        runs.append(len(branches))
+        return run_streamed(connection, statement, view, branches, kinds)
+
+    monkeypatch.setattr(multi, "_run_streamed", counted)
+    assert _canonical(query.query(sql)) == _oracle(sql), sql
+    assert bool(runs) == streamed, runs
+    assert not runs or runs[0] == len(plan.joins[0].pairs), "one statement per pair group"
+
+
+def test_small_joins_are_not_split_and_the_plan_says_why(spec: Path) -> None:
+    sql = "SELECT count(*) AS n FROM l_b8 a JOIN r_b16 b ON a.k = b.k"
+    with DatasetQuery(spec, split_min_bytes=1 << 40) as small:
+        plan = small.plan(sql)
+        assert not plan.joins[0].split
+        assert "under split_min_bytes (1,099,511,627,776)" in plan.joins[0].reason, plan.explain()
+        assert _canonical(small.query(sql)) == _oracle(sql)
