@@ -483,3 +483,43 @@ def test_a_manifest_without_other_specs_reads_as_one_spec(
     assert manifest is not None
     assert manifest.other_specs == ()
     assert list(manifest.specs) == [snapshot.partition_spec.spec_id]
+
+
+def test_a_renamed_source_column_is_rebuilt_not_migrated(tmp_path: Path) -> None:
+    """A field's identity is its name and canonical expression: renaming its source column changes the spec
+    id, and since the stored rows still carry the old name, an online batch refuses and a full refresh
+    rebuilds every partition under the new name."""
+    from airflow_partitions.exceptions import PartitionSpecChangedError
+
+    scenario = Scenario(tmp_path, 31, TRANSITIONS["region-to-region-bucket"][0])
+    scenario.full_refresh()
+    before = scenario.snapshot()
+    names = ["region" if name == "s" else name for name in scenario.source.column_names]
+    scenario.source = scenario.source.rename_columns(names)
+    scenario.save_source()
+    scenario.set_partition_by(["p_s: region"])
+    assert scenario.dataset().acceleration.partition_spec_id != before.partition_spec.spec_id
+    with pytest.raises(PartitionSpecChangedError, match="refresh SPEC DATASET --full"):
+        repartition(scenario.project, scenario.dataset(), max_partitions=2)
+    with pytest.raises(PartitionSpecChangedError, match="a source column was renamed"):
+        refresh_dataset(str(scenario.spec), "events", where="id >= 0", strategy="arrow")
+    assert scenario.snapshot().version == before.version, "refused: nothing committed"
+    scenario.full_refresh()
+    after = scenario.snapshot()
+    assert after.spec_ids_in_use() == {scenario.dataset().acceleration.partition_spec_id}
+    assert sorted(after.partitions) == sorted(before.partitions), "the same values, the same key paths"
+    reader = PartitionedDatasetReader(scenario.spec, "events")
+    try:
+        full = reader.read().select(names)
+        missing, extra = multiset_difference(full, scenario.source)
+        assert not missing
+        assert not extra
+        assert full.num_rows == scenario.source.num_rows
+        chosen = scenario.source.column("region").drop_null()[0].as_py()
+        got = reader.read(f"region = '{chosen.replace(chr(39), chr(39) * 2)}'").select(names)
+        expected = scenario.source.filter(pc.equal(scenario.source.column("region"), chosen))
+        missing, extra = multiset_difference(got, expected)
+        assert not missing
+        assert not extra
+    finally:
+        reader.close()
