@@ -404,3 +404,122 @@ def test_operator_moves_a_batch_and_sets_the_progress_gauges(
     rows_gauge = "airflow.dataset_acceleration_repartition_rows_left.events"
     assert statsd.wait_for(rows_gauge, 1) == [(float(after[1]), "g")]
     scenario.check("after the operator's batch")
+
+
+def test_a_snapshot_published_mid_migration_bootstraps_both_layouts(
+    tmp_path: Path, s3_server: dict[str, str], s3_bucket: str
+) -> None:
+    """The manifest carries every spec in use; a replica bootstrapped from it reads exactly the source."""
+    from airflow_partitions.snapshots import (
+        bootstrap_snapshot,
+        read_snapshot_manifest,
+        select_where,
+        upload_snapshot_manifest,
+    )
+
+    old, new = TRANSITIONS["day-to-month"]
+    scenario = Scenario(tmp_path, 23, old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    scenario.batch()
+    scenario.append_rows()
+    snapshot = scenario.snapshot()
+    assert len(snapshot.spec_ids_in_use()) == 2, "published in the middle of the migration"
+    project = scenario.project
+    source_catalog = open_catalog(project, project.dataset("events"))
+    location = f"s3://{s3_bucket}/snapshots"
+    upload_snapshot_manifest(s3_server, location, "events", snapshot, dataset_root=source_catalog.data_root)
+    manifest = read_snapshot_manifest(s3_server, location, "events")
+    assert manifest is not None
+    assert set(manifest.specs) == snapshot.spec_ids_in_use()
+    # Selecting by a filter judges each partition under its own spec, like a read.
+    day = next(p for p in snapshot.partitions if p.startswith("@") and "NULL" not in p)
+    day_text = day.split("p_day=")[1][:10]
+    selected = select_where(manifest, SCHEMA, f"ts >= '{day_text}' AND ts < '{day_text} 23:59:59'")
+    assert day in selected
+
+    replica_spec = tmp_path / "replica.yaml"
+    replica_spec.write_text(
+        scenario.spec.read_text(encoding="utf-8").replace("accelerator_dir: acc", "accelerator_dir: replica"),
+        encoding="utf-8",
+    )
+    replica_project = load_spec(replica_spec)
+    replica_catalog = open_catalog(replica_project, replica_project.dataset("events"))
+    assert replica_catalog.latest() is None, "a fresh directory"
+    result = bootstrap_snapshot(
+        s3_server, location, "events", replica_catalog.data_root, catalog=replica_catalog
+    )
+    assert result.version == snapshot.version
+    restored = replica_catalog.latest()
+    assert restored is not None
+    assert restored.spec_ids_in_use() == snapshot.spec_ids_in_use()
+    assert restored.other_layout() == snapshot.other_layout()
+    assert sorted(restored.partitions) == sorted(snapshot.partitions)
+    scenario.spec = replica_spec
+    scenario.check("bootstrapped mid-migration")
+    # Bootstrapping again changes nothing.
+    again = bootstrap_snapshot(
+        s3_server, location, "events", replica_catalog.data_root, catalog=replica_catalog
+    )
+    assert again.committed_version is None
+
+
+def test_a_manifest_without_other_specs_reads_as_one_spec(
+    tmp_path: Path, s3_server: dict[str, str], s3_bucket: str
+) -> None:
+    """Manifests of a single layout (and of every earlier release) carry no `other_specs` key."""
+    from airflow_partitions.snapshots import read_snapshot_manifest, upload_snapshot_manifest
+    from airflow_partitions.snapshots.manifest import encode_manifest
+
+    scenario = Scenario(tmp_path, 29, TRANSITIONS["bucket-8-to-16"][0])
+    scenario.full_refresh()
+    snapshot = scenario.snapshot()
+    assert "other_specs" not in json.loads(encode_manifest("events", snapshot))
+    project = scenario.project
+    root = open_catalog(project, project.dataset("events")).data_root
+    location = f"s3://{s3_bucket}/snapshots"
+    upload_snapshot_manifest(s3_server, location, "events", snapshot, dataset_root=root)
+    manifest = read_snapshot_manifest(s3_server, location, "events")
+    assert manifest is not None
+    assert manifest.other_specs == ()
+    assert list(manifest.specs) == [snapshot.partition_spec.spec_id]
+
+
+def test_a_renamed_source_column_is_rebuilt_not_migrated(tmp_path: Path) -> None:
+    """A field's identity is its name and canonical expression: renaming its source column changes the spec
+    id, and since the stored rows still carry the old name, an online batch refuses and a full refresh
+    rebuilds every partition under the new name."""
+    from airflow_partitions.exceptions import PartitionSpecChangedError
+
+    scenario = Scenario(tmp_path, 31, TRANSITIONS["region-to-region-bucket"][0])
+    scenario.full_refresh()
+    before = scenario.snapshot()
+    names = ["region" if name == "s" else name for name in scenario.source.column_names]
+    scenario.source = scenario.source.rename_columns(names)
+    scenario.save_source()
+    scenario.set_partition_by(["p_s: region"])
+    assert scenario.dataset().acceleration.partition_spec_id != before.partition_spec.spec_id
+    with pytest.raises(PartitionSpecChangedError, match="refresh SPEC DATASET --full"):
+        repartition(scenario.project, scenario.dataset(), max_partitions=2)
+    with pytest.raises(PartitionSpecChangedError, match="a source column was renamed"):
+        refresh_dataset(str(scenario.spec), "events", where="id >= 0", strategy="arrow")
+    assert scenario.snapshot().version == before.version, "refused: nothing committed"
+    scenario.full_refresh()
+    after = scenario.snapshot()
+    assert after.spec_ids_in_use() == {scenario.dataset().acceleration.partition_spec_id}
+    assert sorted(after.partitions) == sorted(before.partitions), "the same values, the same key paths"
+    reader = PartitionedDatasetReader(scenario.spec, "events")
+    try:
+        full = reader.read().select(names)
+        missing, extra = multiset_difference(full, scenario.source)
+        assert not missing
+        assert not extra
+        assert full.num_rows == scenario.source.num_rows
+        chosen = scenario.source.column("region").drop_null()[0].as_py()
+        got = reader.read(f"region = '{chosen.replace(chr(39), chr(39) * 2)}'").select(names)
+        expected = scenario.source.filter(pc.equal(scenario.source.column("region"), chosen))
+        missing, extra = multiset_difference(got, expected)
+        assert not missing
+        assert not extra
+    finally:
+        reader.close()

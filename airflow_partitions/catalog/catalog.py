@@ -568,6 +568,7 @@ class Catalog:
         conservation: Mapping[str, Any] | None = None,
         check_intervening: Callable[[CommitRecord], None] | None = None,
         evolve: bool = False,
+        other_specs: Sequence[PartitionSpecInfo] = (),
     ) -> int:
         """Publish `upserts` and `removes` atomically as a new version based on `base_version`; its number.
 
@@ -592,11 +593,15 @@ class Catalog:
         `evolve=True` lets the commit change the current partition spec while partitions of the base's
         specs stay (a re-partitioning step, `evolution_changes`): like `replace_all` it must be based on
         the newest version. Entries of a spec other than `partition_spec` carry qualified key paths.
+        `other_specs` names specs besides the base's that upserts may be written under (a bootstrap of a
+        snapshot published mid-migration into an empty catalog); the version records those still in use.
         """
         token = commit_id if commit_id is not None else uuid.uuid4().hex
         base = self._load(base_version) if base_version else None
         base_number = base_version or 0
         known = dict(base.specs) if base is not None and not replace_all else {}
+        for spec in other_specs:
+            known.setdefault(spec.spec_id, spec)
         known.pop(partition_spec.spec_id, None)
         self._validate_commit(upserts, removes, partition_spec, replace_all, known)
         if commit_id is not None and base is not None and commit_id in base.commit_ids:

@@ -95,18 +95,25 @@ def select_where(manifest: SnapshotManifest, schema: pa.Schema, where: str) -> l
     Planned like a read of that version, before anything is downloaded: `where` binds to `schema` (the
     dataset's columns) and may also name partition fields; partition values and the recorded file
     statistics rule partitions out. A filter that cannot bind raises `FilterError`.
+    A manifest published mid-migration judges each partition under the spec it was written under.
     """
     from airflow_partitions.pruning import PartitionIndex, plan_partitions
 
-    index = PartitionIndex.from_entries(
-        manifest.partition_spec,
-        manifest.entries,
-        schema,
-        version=manifest.version,
-        origin=f"snapshot version {manifest.version}",
-    )
-    plan = plan_partitions(index, where, dataset=manifest.dataset)
-    return [selected.key_path for selected in plan.selected]
+    selected: list[str] = []
+    for spec_id, spec in manifest.specs.items():
+        entries = [entry for entry in manifest.entries if entry.spec_id == spec_id]
+        if not entries and spec_id != manifest.partition_spec.spec_id:
+            continue
+        index = PartitionIndex.from_entries(
+            spec,
+            entries,
+            schema,
+            version=manifest.version,
+            origin=f"snapshot version {manifest.version}",
+        )
+        plan = plan_partitions(index, where, dataset=manifest.dataset)
+        selected.extend(chosen.key_path for chosen in plan.selected)
+    return selected
 
 
 def bootstrap_snapshot(
@@ -221,6 +228,7 @@ def bootstrap_snapshot(
                 upserts=changed,
                 removes=removed,
                 partition_spec=manifest.partition_spec,
+                other_specs=manifest.other_specs,
                 operation="bootstrap",
                 commit_id=_commit_id(layout, manifest, changed, removed),
             )

@@ -1,9 +1,12 @@
 """Snapshot manifests: publish a catalog version to S3 once all its files are there, and read it back.
 
 A manifest is one JSON object per catalog version: the partition spec and every partition with its files,
-checksums and statistics (the catalog's own entry JSON). It is published with `If-None-Match: *`, so a
-version's manifest is written once and never changes, and only after every file it names was found in
-the snapshot location with the recorded size: a reader that sees the manifest can fetch all its files.
+checksums and statistics (the catalog's own entry JSON). A version published while a re-partitioning is in
+progress also lists the other specs its partitions were written under (`other_specs`, the catalog's
+own); a manifest without that key (every single-layout version, and every earlier release) has one spec.
+It is published with `If-None-Match: *`, so a version's manifest is written once and never changes, and
+only after every file it names was found in the snapshot location with the recorded size: a reader that
+sees the manifest can fetch all its files.
 `latest.json` then points at the newest manifest; it only moves forward (compare-and-swap on its ETag)
 and is a shortcut, since a reader also lists manifests newer than the one it names.
 
@@ -58,6 +61,17 @@ class SnapshotManifest:
     entries: tuple[PartitionEntry, ...]
     key: str
     sha256: str
+    # Specs other than `partition_spec` that some entries were written under (a re-partitioning in
+    # progress when the version was published); each such entry has a qualified key path.
+    other_specs: tuple[PartitionSpecInfo, ...] = ()
+
+    @property
+    def specs(self) -> dict[str, PartitionSpecInfo]:
+        """Spec id -> spec of every layout the manifest's entries are written under, the current first."""
+        specs = {self.partition_spec.spec_id: self.partition_spec}
+        for other in self.other_specs:
+            specs.setdefault(other.spec_id, other)
+        return specs
 
     @property
     def total_rows(self) -> int:
@@ -106,12 +120,24 @@ def encode_manifest(dataset: str, snapshot: Snapshot) -> bytes:
         "committed_at": format_time(snapshot.committed_at),
         "operation": snapshot.operation,
         "partition_spec": snapshot.partition_spec.to_json(),
+        # Only while several layouts are in use: a single-layout manifest keeps its earlier bytes.
+        **_other_specs_json(snapshot, entries),
         "partition_count": len(entries),
         "total_rows": sum(e.rows for e in entries),
         "total_bytes": sum(e.bytes for e in entries),
         "partitions": [entry.to_json() for entry in entries],
     }
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _other_specs_json(snapshot: Snapshot, entries: Sequence[PartitionEntry]) -> dict[str, Any]:
+    in_use = {entry.spec_id for entry in entries}
+    others = [
+        spec.to_json()
+        for spec_id, spec in snapshot.specs.items()
+        if spec_id != snapshot.partition_spec.spec_id and spec_id in in_use
+    ]
+    return {"other_specs": others} if others else {}
 
 
 def decode_manifest(data: bytes, *, dataset: str, key: str, expected_version: int | None) -> SnapshotManifest:
@@ -135,6 +161,7 @@ def decode_manifest(data: bytes, *, dataset: str, key: str, expected_version: in
     try:
         version = int(document["version"])
         spec = PartitionSpecInfo.from_json(document["partition_spec"])
+        other_specs = tuple(PartitionSpecInfo.from_json(raw) for raw in document.get("other_specs", ()))
         entries = tuple(PartitionEntry.from_json(raw) for raw in document["partitions"])
         committed_at = parse_time(document["committed_at"])
         operation = str(document.get("operation", ""))
@@ -142,11 +169,18 @@ def decode_manifest(data: bytes, *, dataset: str, key: str, expected_version: in
         raise SnapshotError(f"{where} is malformed: {err}") from err
     if expected_version is not None and version != expected_version:
         raise SnapshotError(f"{where} holds version {version}, expected {expected_version}")
+    specs = {spec.spec_id: spec for spec in (spec, *other_specs)}
     seen: set[str] = set()
     for entry in entries:
         if entry.key_path in seen:
             raise SnapshotError(f"{where} lists partition {entry.key_path!r} twice")
         seen.add(entry.key_path)
+        if entry.spec_id not in specs:
+            raise SnapshotError(
+                f"{where}: partition {entry.key_path!r} is written under partition spec {entry.spec_id!r}, "
+                f"which the manifest does not list (it lists {sorted(specs)}); it was not written by this "
+                "airflow-partitions release or was edited. Publish the version again with this release"
+            )
         for data_file in entry.files:
             safe_relative_path(data_file.path)
     return SnapshotManifest(
@@ -158,6 +192,7 @@ def decode_manifest(data: bytes, *, dataset: str, key: str, expected_version: in
         entries=entries,
         key=key,
         sha256=hashlib.sha256(data).hexdigest(),
+        other_specs=other_specs,
     )
 
 

@@ -21,12 +21,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import split_key_path
-from airflow_partitions.exceptions import ConservationError, WriteError
+from airflow_partitions.exceptions import (
+    ConservationError,
+    PartitionSpecChangedError,
+    SpecValidationError,
+    WriteError,
+)
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry
     from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.write.commit import WriteTarget
 
 # Old partitions one batch moves when neither --max-partitions nor --max-rows is given.
 DEFAULT_BATCH_PARTITIONS = 64
@@ -138,7 +144,7 @@ def repartition(
     if max_rows is not None and max_rows < 1:
         raise WriteError(f"max_rows must be at least 1, not {max_rows}")
     started = time.monotonic()
-    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    target = _open_stored(project, dataset, catalog, s3_settings)
     spec = target.spec_info
     snapshot = target.snapshot
     started_layout = False
@@ -254,10 +260,9 @@ def old_partitions_holding(
     """The partitions of older specs holding a row that routes to one of `key_paths` (plain key paths of
     the current partition_by), as `(spec id, plain key path)`. Exact: each old partition's source columns
     of the current partition fields are read and routed (no other column is read)."""
-    from airflow_partitions.write.commit import open_write_target
     from airflow_partitions.write.routing import route_to_paths
 
-    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    target = _open_stored(project, dataset, catalog, s3_settings)
     if target.snapshot is None or not key_paths:
         return []
     wanted = set(key_paths)
@@ -302,3 +307,26 @@ def layout_progress(snapshot: Any, spec_id: str) -> dict[str, Any]:
         "rows_left": rows,
         "total_rows": snapshot.total_rows,
     }
+
+
+def _open_stored(
+    project: ProjectSpec, dataset: DatasetSpec, catalog: Catalog | None, s3_settings: SettingsLike | None
+) -> WriteTarget:
+    """The write target, bound to the schema of the rows the acceleration holds.
+
+    Moving rows routes stored rows, so every column the current partition_by reads must be in the
+    acceleration's files. A renamed source column is not (it is a spec change whose stored rows carry the
+    old name): refused with `PartitionSpecChangedError` naming the rebuild that applies it.
+    """
+    from airflow_partitions.write.commit import open_write_target
+
+    try:
+        return open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    except SpecValidationError as err:
+        raise PartitionSpecChangedError(
+            f"dataset {dataset.name!r}: partition_by cannot route the rows the acceleration holds "
+            f"({'; '.join(err.errors)}). A re-partitioning moves stored rows, so every column the new "
+            "partition_by reads must be in the acceleration's files; after a source column was renamed, "
+            "rebuild instead: `airflow-partitions refresh SPEC DATASET --full` rewrites every partition "
+            "under the new names in one commit"
+        ) from err
