@@ -85,11 +85,6 @@ def test_parquet_point_read_in_a_fresh_process_imports_no_pyarrow_dataset(
     assert "airflow" not in report["loaded"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pyarrow probes for pandas on every pa.array() of Python values (its pandas shim imports "
-    "pandas when installed); the catalog state and pruning index are still built that way",
-)
 def test_parquet_point_read_in_a_fresh_process_imports_no_pandas(
     point_read_acceleration: tuple[Path, pa.Table],
 ) -> None:
