@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import random
 from typing import Any
@@ -43,6 +44,36 @@ def _same(built: pa.Array, expected: pa.Array) -> None:
 @pytest.mark.parametrize(("values", "kind"), CASES, ids=lambda c: str(c)[:40])
 def test_typed_array_equals_pa_array(values: list[Any], kind: pa.DataType) -> None:
     _same(typed_array(values, kind), pa.array(values, type=kind))
+
+
+_OFFSET = dt.timezone(dt.timedelta(hours=5, minutes=30))
+NAIVE = [None, dt.datetime(2024, 1, 1, 12, 30, 1, 123456), dt.datetime(1969, 12, 31, 23, 59, 59, 999999)]
+AWARE = [dt.datetime(2024, 6, 1, 1, 2, 3, 4, tzinfo=_OFFSET), dt.datetime(1900, 1, 1, tzinfo=dt.UTC), None]
+EXTREMES = [dt.datetime(1, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999999)]
+
+
+@pytest.mark.parametrize("tz", [None, "UTC", "Europe/Paris"])
+@pytest.mark.parametrize("unit", ["us", "ns"])
+@pytest.mark.parametrize("values", [NAIVE, AWARE, NAIVE + AWARE, NAIVE + EXTREMES], ids=str)
+def test_typed_array_of_datetimes_equals_pa_array(values: list[Any], unit: str, tz: str | None) -> None:
+    kind = pa.timestamp(unit, tz=tz)
+    try:
+        expected = pa.array(values, type=kind)
+    except pa.ArrowInvalid:  # beyond nanoseconds' range: refused the same way
+        with pytest.raises(pa.ArrowInvalid):
+            typed_array(values, kind)
+        return
+    built = typed_array(values, kind)
+    built.validate(full=True)
+    assert built.type == expected.type
+    assert built.equals(expected)  # (to_pylist of year 1 in Paris overflows on both sides)
+
+
+def test_typed_array_of_dates_equals_pa_array() -> None:
+    days = [None, dt.date(2024, 2, 29), dt.date(1, 1, 1), dt.date(9999, 12, 31), dt.date(1969, 12, 31)]
+    assert typed_array(days, pa.date32()).equals(pa.array(days, pa.date32()))
+    with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError, TypeError)):
+        typed_array([dt.date(2024, 1, 1), "2024-01-02"], pa.date32())
 
 
 def test_typed_array_keeps_nan() -> None:

@@ -3,12 +3,13 @@
 `pa.array`, `pa.scalar` and `Schema.empty_table` ask pyarrow's pandas shim whether the input is a pandas
 object, and the first such question imports pandas (~0.3 s) when it is installed. A fresh process's first
 read (a CLI call, a new Airflow task) builds the catalog state and the pruning index from Python values, so
-these helpers build the common kinds (integers, floats, booleans, strings, timestamps and dates from
-integers) straight from buffers, exactly as `pa.array` would, and fall back to `pa.array` for the rest.
+these helpers build the common kinds (integers, floats, booleans, strings, microsecond and nanosecond
+timestamps, dates) straight from buffers, exactly as `pa.array` would, and leave the rest to `pa.array`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from array import array as py_array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -159,6 +160,41 @@ def _strings(values: Sequence[Any], kind: pa.DataType) -> pa.Array | None:
     return pa.Array.from_buffers(kind, len(values), buffers, null_count=missing)
 
 
+_EPOCH_ORDINAL = dt.date(1970, 1, 1).toordinal()
+_EPOCH = dt.datetime(1970, 1, 1)
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICROSECOND = dt.timedelta(microseconds=1)
+_PER_MICROSECOND = {"us": 1, "ns": 1000}
+
+
+def _temporal(values: Sequence[Any], kind: pa.DataType) -> pa.Array | None:
+    """date32 from `datetime.date`, timestamp[us|ns] from `datetime.datetime` (naive ones as UTC, aware
+    ones at their instant, as pa.array does), through int64 and a cast."""
+    import pyarrow as pa
+
+    if pa.types.is_date32(kind):
+        if any(value is not None and type(value) is not dt.date for value in values):
+            return None
+        days = [None if value is None else value.toordinal() - _EPOCH_ORDINAL for value in values]
+        built = _numeric(days, pa.int32())
+        return None if built is None else built.cast(kind)
+    if not pa.types.is_timestamp(kind) or kind.unit not in _PER_MICROSECOND:
+        return None
+    if any(value is not None and type(value) is not dt.datetime for value in values):
+        return None
+    scale = _PER_MICROSECOND[kind.unit]
+    ticks = [
+        None
+        if value is None
+        else ((value - (_EPOCH if value.tzinfo is None else _EPOCH_UTC)) // _MICROSECOND) * scale
+        for value in values
+    ]
+    built = _numeric(ticks, pa.int64())
+    if built is None:
+        return None
+    return built.cast(kind)
+
+
 def typed_array(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
     """`pa.array(values, type=kind)` for a list of Python values, without the pandas probe where the kind
     and the values allow it (exactly the same array); otherwise `pa.array` itself decides."""
@@ -170,6 +206,8 @@ def typed_array(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
         built = _strings(values, kind)
     elif pa.types.is_integer(kind) or pa.types.is_boolean(kind) or kind in (pa.float32(), pa.float64()):
         built = _numeric(values, kind)
+    elif pa.types.is_date32(kind) or pa.types.is_timestamp(kind):
+        built = _temporal(values, kind)
     if built is not None:
         return built
     return pa.array(values, type=kind)
