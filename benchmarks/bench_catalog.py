@@ -50,6 +50,7 @@ from airflow_partitions.catalog import (
 from airflow_partitions.catalog import catalog as catalog_module
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.storage.datafile import ColumnStats, DataFile
+from benchmarks import load
 from benchmarks.support import moto_server
 
 OPEN_TARGET_MS = 100.0
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--commits", type=int, default=20, help="warm single-partition commits to time")
     parser.add_argument("--quick", action="store_true", help="10,000 partitions")
     parser.add_argument("--no-s3", action="store_true", help="skip the moto S3 server run")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     partitions = 10_000 if args.quick else args.partitions
     print(f"catalog benchmark: {partitions:,} partitions, one file each with stats on 6 columns")
     with tempfile.TemporaryDirectory(prefix="bench-catalog-") as directory:

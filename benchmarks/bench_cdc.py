@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from benchmarks import load
 from benchmarks.pairing import Ratio, Target, figure_line, run_rounds
 
 CDC_TARGET = Target("<=", 0.05)
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="paired rounds (1,000 changes each)")
     parser.add_argument("--quick", action="store_true", help="200,000 rows, 3 rounds")
     parser.add_argument("--pg-admin-url", default=None, help="a wal_level=logical server (default: private)")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = 200_000 if args.quick else args.rows
     rounds = 3 if args.quick else args.repeat
     root = Path(tempfile.mkdtemp(prefix="ap-bench-cdc-"))

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks import load
 from benchmarks.pairing import Target, figure_line, run_rounds
 
 DAYS = 365
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2,000 rows per file, 2 rounds")
     parser.add_argument("--repeat", type=int, default=3, help="paired rounds (default 3)")
     parser.add_argument("--workdir", help="where to put data (default: a temporary directory, removed)")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = 2_000 if args.quick else args.rows_per_file
     rounds = 2 if args.quick else args.repeat
 

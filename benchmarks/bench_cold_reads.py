@@ -44,6 +44,7 @@ from airflow_partitions.keys import PartitionKey
 from airflow_partitions.read import PartitionedDatasetReader, new_duckdb_connection
 from airflow_partitions.storage.parquet import ParquetStorage
 from airflow_partitions.transforms import parse_transform
+from benchmarks import load
 from benchmarks.bench_pruning import BUCKETS, COLD_ZONE, make_trips
 from benchmarks.pairing import Target, run_rounds
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workdir", type=Path, default=None, help="keep the files here instead of a temp dir"
     )
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows, rounds = (300_000, 5) if args.quick else (args.rows, args.rounds)
     base = args.workdir or Path(tempfile.mkdtemp(prefix="bench-cold-reads-"))
     base.mkdir(parents=True, exist_ok=True)

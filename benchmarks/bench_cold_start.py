@@ -17,7 +17,8 @@ per round in shuffled order (`pairing.run_rounds`):
 
 Printed: wall-clock medians and per-round ratios, and beside them the CPU seconds the child used
 (`getrusage(RUSAGE_CHILDREN)`: user + system, far less sensitive to other load on the machine than wall
-time) and the load average before and after. A round at load above `--max-load` is reported as such.
+time) and the load average before and after. A round at load above `--max-load` stops the run
+(`benchmarks.load`) unless `--allow-load`, and is then reported as such.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from airflow_partitions.storage.parquet import ParquetStorage
+from benchmarks import load
 from benchmarks.bench_cold_reads import build
 from benchmarks.bench_pruning import COLD_ZONE, make_trips
 from benchmarks.pairing import Target, run_rounds
@@ -70,7 +72,7 @@ def modules_after_read(spec: Path, where: str, env: dict[str, str]) -> str:
     return f"{count} modules loaded; heavy: {heavy}"
 
 
-def run(base: Path, rows: int, rounds: int, expression: str, max_load: float) -> None:
+def run(base: Path, rows: int, rounds: int, expression: str) -> None:
     print(f"generating {rows:,} trips ...", flush=True)
     table = make_trips(rows)
     source = base / "source.parquet"
@@ -123,8 +125,9 @@ def run(base: Path, rows: int, rounds: int, expression: str, max_load: float) ->
     cpu = {name: values[-rounds:] for name, values in cpu.items()}  # the warm-up run is not a round
     loaded = f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (1-minute load average)"
     print(f"\n{rounds} shuffled rounds of fresh processes, {os.cpu_count()} cores; load {loaded}")
-    if max(load_before[0], load_after[0]) > max_load:
-        print(f"WARNING: load above {max_load:g}: wall-clock figures below are not idle-machine figures")
+    if max(load_before[0], load_after[0]) > load.LIMIT.maximum:  # only with --allow-load
+        limit = load.LIMIT.describe()
+        print(f"WARNING: load above {limit}: wall-clock figures below are not idle-machine figures")
     print(f"{'process':8} {'wall ms':>9} {'cpu ms':>9}")
     for name in codes:
         print(
@@ -147,14 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buckets", type=int, default=10, help="bucket count (default 10; issue: 50)")
     parser.add_argument("--rounds", type=int, default=11, help="shuffled rounds (default 11)")
     parser.add_argument("--quick", action="store_true", help="300,000 rows, 5 rounds")
-    parser.add_argument(
-        "--max-load", type=float, default=1.5, help="warn when the load average exceeds this (default 1.5)"
-    )
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows, rounds = (300_000, 5) if args.quick else (args.rows, args.rounds)
     base = Path(tempfile.mkdtemp(prefix="bench-cold-start-"))
     try:
-        run(base, rows, rounds, f"bucket({args.buckets}, PULocationID)", args.max_load)
+        run(base, rows, rounds, f"bucket({args.buckets}, PULocationID)")
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -31,6 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from benchmarks import load
+
 ENGINES = (("parquet", None), ("duckdb", "files"), ("duckdb", "tables"))
 GOAL = 2.0
 
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="~400 KB CSV (about a minute with Spark start)")
     parser.add_argument("--rows", type=int, default=None, help="CSV rows (default 100,000; --quick 10,000)")
     parser.add_argument("--partitions", type=int, default=300, help="bucket count N of bucket(N, id)")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = args.rows if args.rows is not None else (10_000 if args.quick else 100_000)
 
     from airflow_partitions.refresh.commit import dataset_data_root

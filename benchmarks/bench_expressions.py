@@ -37,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from airflow_partitions.transforms import parse_transform
+from benchmarks import load
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=None, help="Arrow rows (Spark gets half)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-spark", action="store_true")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = args.rows or (1_000_000 if args.quick else 4_000_000)
     table = make_table(rows)
     for line in bench_arrow(table, args.repeat):

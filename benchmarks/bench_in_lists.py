@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from airflow_partitions.pruning import plan_partitions
 from airflow_partitions.read import PartitionedDatasetReader
+from benchmarks import load
 from benchmarks.bench_pruning import build, run_sql, timed
 from benchmarks.pairing import run_rounds
 
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workdir", type=Path, default=None, help="keep the files here instead of a temp dir"
     )
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = 200_000 if args.quick else args.rows
     repeat = 1 if args.quick else args.repeat
     base = args.workdir or Path(tempfile.mkdtemp(prefix="bench-in-lists-"))

@@ -39,6 +39,7 @@ from airflow_partitions.keys import PartitionKey
 from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.storage import IndexConfig, get_storage
 from airflow_partitions.transforms import parse_transform
+from benchmarks import load
 from benchmarks.pairing import Target, figure_line, run_rounds
 
 SEED = 17
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--files-per-partition", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = args.rows or (200_000 if args.quick else 10_000_000)
     per_partition = args.files_per_partition or (4 if args.quick else 10)
     rounds = args.rounds or (5 if args.quick else 9)

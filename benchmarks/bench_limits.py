@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from benchmarks import load
 from benchmarks.pairing import Target, figure_line, repeated, run_rounds
 
 ROWS = 20_000
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=30, help="paired rounds (default 30)")
     parser.add_argument("--quick", action="store_true", help="5 rounds")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     if args.quick:
         args.rounds = 5
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

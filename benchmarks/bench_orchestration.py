@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import load
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DAG_ID = "refresh_sales"
 
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=2000, help="rows per partition (default 2000)")
     parser.add_argument("--quick", action="store_true", help="4 partitions x 500 rows")
     parser.add_argument("--skip-scheduler", action="store_true", help="skip the real Airflow stack run")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     partitions, rows = (4, 500) if args.quick else (args.partitions, args.rows)
 
     work = Path(tempfile.mkdtemp(prefix="ap-bench-orchestration-"))

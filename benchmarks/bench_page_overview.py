@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from airflow_partitions.plugins.page import PAGE_HTML
+from benchmarks import load
 from benchmarks.support import free_port
 
 STATES = ("fresh", "fresh", "fresh", "stale", "failed", "missing", "refreshing")
@@ -141,7 +142,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
+    args = load.parse_args(parser)
     runs = 2 if args.quick else 5
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"

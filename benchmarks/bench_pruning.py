@@ -60,6 +60,7 @@ from airflow_partitions.read import PartitionedDatasetReader, new_duckdb_connect
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.datafile import ColumnStats, DataFile
 from airflow_partitions.transforms import parse_transform
+from benchmarks import load
 from benchmarks.pairing import REPEAT_CALLS, Ratio, Target, figure_line, repeated, run_rounds
 from benchmarks.support import moto_server
 
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workdir", type=Path, default=None, help="keep the files here instead of a temp dir"
     )
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = 300_000 if args.quick else args.rows
     plan_partitions_count = 20_000 if args.quick else args.plan_partitions
 

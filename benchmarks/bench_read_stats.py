@@ -29,6 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks import load
 from benchmarks.pairing import REPEAT_CALLS, Target, figure_line, repeated, run_rounds
 
 HOT_TARGET = Target("<=", 1.05)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="200,000 rows, 7 rounds (a few seconds)")
     parser.add_argument("--rows", type=int, default=None, help="rows of the source (default 2,000,000)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 21)")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = args.rows or (200_000 if args.quick else 2_000_000)
     rounds = args.rounds or (7 if args.quick else 21)
 

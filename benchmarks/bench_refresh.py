@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from benchmarks import load
 from benchmarks.pairing import Target, figure_line, run_rounds
 
 BUCKETS = 50
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workdir", help="where to put data (default: a temporary directory, removed)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = 300_000 if args.quick else args.rows
     pg_rows = 0 if args.quick else args.pg_rows
 

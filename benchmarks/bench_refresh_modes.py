@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks import load
 from benchmarks.pairing import Ratio, Rounds, Target, figure_line, run_rounds
 
 APPEND_TARGET = Target("<=", 0.5)
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a server where a scratch database is created for the run, then dropped",
     )
     parser.add_argument("--no-postgres", action="store_true", help="skip the Postgres figure")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = 200 if args.quick else args.rows_per_day
     rounds = 3 if args.quick else args.repeat
     root = Path(tempfile.mkdtemp(prefix="ap-bench-modes-"))

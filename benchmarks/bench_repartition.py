@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec
 from airflow_partitions.write.repartition import repartition
+from benchmarks import load
 
 SEED = 32
 
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
-    args = parser.parse_args()
+    args = load.parse_args(parser)
     rows = args.rows or (20_000 if args.quick else 1_000_000)
     rounds = args.rounds or (1 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="bench-repartition-") as scratch:

@@ -34,6 +34,7 @@ from airflow_partitions.exceptions import AirflowPartitionsError, CommitConflict
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.objectstore import S3Settings
 from airflow_partitions.storage.datafile import DataFile
+from benchmarks import load
 from benchmarks.support import moto_server
 from tests.fault_proxy import FaultProxy
 
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.2, 0.4], help="first: the anchor")
     parser.add_argument("--seed", type=int, default=13)
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     commits = args.commits or (10 if args.quick else 40)
     # A checkpoint a fault prevented is only logged (the commit stands): not what is counted here.
     logging.getLogger("airflow_partitions.catalog").setLevel(logging.ERROR)

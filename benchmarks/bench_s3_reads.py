@@ -43,6 +43,7 @@ from airflow_partitions.objectstore import S3Settings
 from airflow_partitions.read import PartitionedDatasetReader, new_duckdb_connection
 from airflow_partitions.storage import get_storage
 from airflow_partitions.transforms import parse_transform
+from benchmarks import load
 from benchmarks.pairing import Ratio, Target, repeated, run_rounds
 from benchmarks.support import moto_server
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=15, help="paired samples per case")
     parser.add_argument("--buckets", type=int, default=BUCKETS, help="bucket files (fewer: larger files)")
     parser.add_argument("--quick", action="store_true", help="300,000 rows, 7 samples")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows, samples = (300_000, 7) if args.quick else (args.rows, args.samples)
     base = Path(tempfile.mkdtemp(prefix="bench-s3-reads-"))
     try:

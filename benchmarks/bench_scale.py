@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import load
 from benchmarks.pairing import Target, figure_line, run_rounds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="where to put data (default: a temporary directory, removed)")
     parser.add_argument("--task", help=argparse.SUPPRESS)
     parser.add_argument("--request", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     if args.task:
         run_task(args.task, args.request)
         return 0

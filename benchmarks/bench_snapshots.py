@@ -39,6 +39,7 @@ from airflow_partitions.snapshots import (
     upload_snapshot_manifest,
 )
 from airflow_partitions.storage.datafile import DataFile, file_checksum
+from benchmarks import load
 from benchmarks.support import free_port
 
 MiB = 1024 * 1024
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--region", default="us-east-1")
     parser.add_argument("--access-key", default=None)
     parser.add_argument("--secret-key", default=None)
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
 
     count = args.partitions if args.partitions is not None else (40 if args.quick else 200)
     size = (args.file_kib if args.file_kib is not None else (64 if args.quick else 256)) * 1024

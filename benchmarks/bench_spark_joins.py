@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from benchmarks import load
 from benchmarks.pairing import Target, figure_line, run_rounds
 
 BUCKETS = 16
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="20,000 x 10,000 rows, 2 rounds")
     parser.add_argument("--rows", type=int, default=None, help="orders rows (customers: half as many)")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     if args.quick:
         run(args.rows or 20_000, 2)
     else:

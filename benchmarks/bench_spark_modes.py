@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_orchestration
+from benchmarks import bench_orchestration, load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATASET = "sales"
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="4 partitions x 500 rows, 1 cold task per mode")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     partitions, rows, cold = (4, 500, 1) if args.quick else (args.partitions, args.rows, args.cold)
 
     from tests.airflow_e2e.spark_connect import running_connect_server

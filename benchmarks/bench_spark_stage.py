@@ -30,6 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from benchmarks import load
 from benchmarks.bench_refresh import BUCKETS, anchor_partition_write, bound_transform, write_taxi_files
 from benchmarks.pairing import Target, figure_line, run_rounds
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--quick", action="store_true", help="300,000 rows")
     parser.add_argument("--repeat", type=int, default=3, help="paired rounds (default 3)")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = 300_000 if args.quick else args.rows
 
     from pyspark.sql import functions as F

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import load
 from benchmarks.pairing import Ratio, Target, figure_line, run_rounds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep", action="store_true", help="keep the stack's directory (task logs under airflow_home/logs)"
     )
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     widths: tuple[int, int] = (2, 6) if args.quick else (min(args.widths), max(args.widths))
     rounds = 1 if args.quick else args.rounds
     if widths[0] == widths[1]:

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_partitions.transforms import parse_transform
+from benchmarks import load
 
 INT_BUCKET_TARGET = 20.0
 BUCKETS = 50
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, help="rows for integers and timestamps (strings get a tenth)")
     parser.add_argument("--anchor-rows", type=int, default=500_000, help="rows the per-value loops run on")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per vectorised case (best kept)")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = args.rows or (1_000_000 if args.quick else 10_000_000)
     string_rows = max(rows // 10, 1)
     sample = min(args.anchor_rows, rows)

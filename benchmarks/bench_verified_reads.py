@@ -34,6 +34,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from benchmarks import load
 from benchmarks.bench_cold_reads import build
 from benchmarks.bench_pruning import COLD_ZONE, make_trips
 from benchmarks.pairing import REPEAT_CALLS, Rounds, Target, repeated, run_rounds
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--child", nargs=4, metavar=("SPEC", "DATASET", "WHERE", "VERIFY"), help=argparse.SUPPRESS
     )
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     if args.child:
         spec, dataset, where, verify = args.child
         child(spec, dataset, where or None, verify == "1")

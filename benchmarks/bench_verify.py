@@ -32,6 +32,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from benchmarks import load
 from benchmarks.bench_refresh import write_taxi_files
 from benchmarks.pairing import Target, figure_line, run_rounds
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1,000,000 rows, 3 rounds")
     parser.add_argument("--rows", type=int, default=None, help="source rows (default 10,000,000)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3)")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = args.rows or (1_000_000 if args.quick else 10_000_000)
     rounds = args.rounds or 3
     run(rows, rounds)

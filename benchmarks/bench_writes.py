@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from airflow_partitions.spec import load_spec
 from airflow_partitions.write.commit import append, upsert
+from benchmarks import load
 from benchmarks.pairing import Target, figure_line, run_rounds
 
 SEED = 16
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="100,000 rows, 3 rounds")
     parser.add_argument("--rows", type=int, default=None, help="rows to write (default 1,000,000)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5)")
-    args = parser.parse_args(argv)
+    args = load.parse_args(parser, argv)
     rows = args.rows or (100_000 if args.quick else 1_000_000)
     rounds = args.rounds or (3 if args.quick else 5)
     run(rows, rounds)

@@ -4,7 +4,8 @@ A fixed order (ours, then the anchor) lets caches, JIT warm-up and load drift fa
 `bench_pruning` it moved a ratio from 1.04-1.11 (shuffled) to 1.43-1.68. Here every round runs each
 contender once, in a fresh random order, and a figure is the ratio of two contenders' times *within the
 same round*; the median and min-max of those per-round ratios are what a benchmark prints, next to its
-target.
+target, with the highest load average of those rounds (`benchmarks.load`: a round run above the limit
+stops the benchmark unless `--allow-load`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from benchmarks import load as machine_load
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Ratio:
     """Per-round ratios of one contender's time to another's."""
 
     samples: tuple[float, ...]
+    loads: tuple[float, ...] = ()  # 1-minute load average around each round, when measured
 
     @property
     def median(self) -> float:
@@ -57,8 +61,11 @@ class Ratio:
         """`1.23 [1.10–1.40]  target ≤ 1: met` (judged on the median), or without a target."""
         text = f"{self.median:6.2f} [{self.low:.2f}–{self.high:.2f}]"
         if target is None:
-            return f"{text}  (no target)"
-        return f"{text}  {target}: {'met' if target.met(self.median) else 'not met'}"
+            verdict = "(no target)"
+        else:
+            verdict = f"{target}: {'met' if target.met(self.median) else 'not met'}"
+        load = f"  {machine_load.note(max(self.loads))}" if self.loads else ""
+        return f"{text}  {verdict}{load}"
 
 
 @dataclass
@@ -67,6 +74,7 @@ class Rounds:
 
     seconds: dict[str, list[float]] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
+    loads: list[float] = field(default_factory=list)  # the higher of the load before and after each round
 
     def ratio(self, numerator: str, denominator: str) -> Ratio:
         """`numerator`'s time / `denominator`'s time, one value per round."""
@@ -74,7 +82,8 @@ class Rounds:
             tuple(
                 top / bottom if bottom else float("inf")
                 for top, bottom in zip(self.seconds[numerator], self.seconds[denominator], strict=True)
-            )
+            ),
+            tuple(self.loads),
         )
 
     def median_seconds(self, name: str) -> float:
@@ -91,23 +100,27 @@ def run_rounds(
     """Run every contender once per round, in a freshly shuffled order each round.
 
     With `warmup`, each contender runs once (also shuffled) before the timed rounds, so first-call costs
-    (imports, JIT, footer caches) are not counted for either side.
+    (imports, JIT, footer caches) are not counted for either side. The load average is read before and
+    after every round (`benchmarks.load.check`): above the limit, and not allowed, the run stops there.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, not {rounds}")
     order = list(contenders)
     shuffler = random.Random(seed)
     measured = Rounds(seconds={name: [] for name in order})
+    machine_load.check("before the rounds")
     if warmup:
         shuffler.shuffle(order)
         for name in order:
             measured.results[name] = contenders[name]()
-    for _ in range(rounds):
+    for number in range(1, rounds + 1):
+        before = machine_load.check(f"before round {number}")
         shuffler.shuffle(order)
         for name in order:
             started = time.perf_counter()
             measured.results[name] = contenders[name]()
             measured.seconds[name].append(time.perf_counter() - started)
+        measured.loads.append(max(before, machine_load.check(f"during round {number}")))
     return measured
 
 

@@ -3,8 +3,11 @@
     python -m benchmarks.run_all            # full sizes (tens of minutes)
     python -m benchmarks.run_all --quick    # every benchmark's --quick size
     python -m benchmarks.run_all bench_pruning bench_spark_modes --quick
+    python -m benchmarks.run_all --quick --allow-load   # report even on a busy machine, marked as such
 
-Each benchmark prints its figures as ratios to its own anchor, measured in the same run.
+Each benchmark prints its figures as ratios to its own anchor, measured in the same run, with the load
+average beside them; above `--max-load` (per core) a benchmark refuses to report unless `--allow-load`
+(`benchmarks/load.py`; both are passed on to every benchmark).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks import load
 
 BENCHMARKS = (
     "bench_transforms",
@@ -54,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help=f"benchmarks to run (default all: {', '.join(BENCHMARKS)})")
     parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
+    load.add_arguments(parser)
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(BENCHMARKS))
     if unknown:
@@ -63,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n=== {name} ===", flush=True)
         started = time.perf_counter()
         command = [sys.executable, "-m", f"benchmarks.{name}", *(["--quick"] if args.quick else [])]
+        command += [*(["--allow-load"] if args.allow_load else [])]
+        command += [] if args.max_load is None else ["--max-load", str(args.max_load)]
         if subprocess.run(command, cwd=REPO_ROOT, check=False).returncode != 0:
             failed.append(name)
         print(f"=== {name}: {time.perf_counter() - started:.0f}s ===", flush=True)

@@ -7,6 +7,7 @@ and looks at `sys.modules` afterwards. The parsed spec and the read database are
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -85,11 +86,6 @@ def test_parquet_point_read_in_a_fresh_process_imports_no_pyarrow_dataset(
     assert "airflow" not in report["loaded"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pyarrow probes for pandas on every pa.array() of Python values (its pandas shim imports "
-    "pandas when installed); the catalog state and pruning index are still built that way",
-)
 def test_parquet_point_read_in_a_fresh_process_imports_no_pandas(
     point_read_acceleration: tuple[Path, pa.Table],
 ) -> None:
@@ -104,6 +100,61 @@ def test_parquet_point_read_in_a_fresh_process_imports_no_pandas(
             """
         )
     )
+    assert report["loaded"] is False
+
+
+@pytest.fixture(scope="module")
+def temporal_acceleration(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pa.Table]:
+    rows = 400
+    start = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    table = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "ts": pa.array(
+                [None if i % 13 == 0 else start + dt.timedelta(hours=i) for i in range(rows)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "s": pa.array([["a", "b/c", None, "ü", ""][i % 5] for i in range(rows)], pa.string()),
+            "d": pa.array(
+                [None if i % 7 == 0 else dt.date(2024, 1, 1) + dt.timedelta(days=i % 40) for i in range(rows)]
+            ),
+        }
+    )
+    built = build_acceleration(
+        tmp_path_factory.mktemp("cold-temporal"), table, [("day", "day(ts)"), ("s", "s")], dataset="trips"
+    )
+    return built.spec_path, table
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        (
+            "ts >= TIMESTAMP '2024-01-05 00:00:00+00'",
+            pc.field("ts") >= pa.scalar(dt.datetime(2024, 1, 5, tzinfo=dt.UTC)),
+        ),
+        ("d = DATE '2024-01-03'", pc.field("d") == pa.scalar(dt.date(2024, 1, 3))),
+        ("s = 'ü'", pc.field("s") == "ü"),
+    ],
+    ids=["timestamp", "date", "string"],
+)
+def test_point_reads_on_other_kinds_import_no_pandas(
+    temporal_acceleration: tuple[Path, pa.Table], where: str, expected: pc.Expression
+) -> None:
+    spec_path, table = temporal_acceleration
+    report = fresh_python(
+        textwrap.dedent(
+            f"""
+            import json, sys
+            from airflow_partitions.read import PartitionedDatasetReader
+            read = PartitionedDatasetReader({str(spec_path)!r}, "trips").read({where!r})
+            ids = read.column("id").to_pylist()
+            print(json.dumps({{"ids": sorted(ids), "loaded": "pandas" in sys.modules}}))
+            """
+        )
+    )
+    assert report["ids"] == sorted(table.filter(expected).column("id").to_pylist())
+    assert report["ids"], "the predicate selects rows"
     assert report["loaded"] is False
 
 

@@ -67,10 +67,10 @@ from airflow_partitions.catalog.state import (
     broken_link,
     checkpoint_has_digest,
     decode_checkpoint,
+    empty_state_table,
     encode_checkpoint,
     merge_records,
     remember_commit_ids,
-    state_schema,
 )
 from airflow_partitions.catalog.tags import TagInfo, list_tags, resolve_tag, write_tag
 from airflow_partitions.exceptions import (
@@ -523,7 +523,7 @@ class Catalog:
             return base
         self._check_chain(base.record_digest if base is not None else None, records)
         changes, reset = merge_records(records)
-        table = base.table if base is not None else state_schema().empty_table()
+        table = base.table if base is not None else empty_state_table()
         from airflow_partitions.catalog.state import PartitionMap
 
         last = records[-1]

@@ -42,6 +42,7 @@ from airflow_partitions.catalog.model import (
 )
 from airflow_partitions.exceptions import CatalogError, CatalogIntegrityError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.storage.arrow_values import empty_table, int64_array, typed_array
 from airflow_partitions.storage.datafile import DataFile
 
 if TYPE_CHECKING:
@@ -254,23 +255,32 @@ def state_schema() -> pa.Schema:
     )
 
 
+def empty_state_table() -> pa.Table:
+    """The partition table with no rows. `Schema.empty_table` would make pyarrow probe for pandas (and
+    import it, ~0.3 s) on a fresh process's first read; an empty batch list does not."""
+    return empty_table(state_schema())
+
+
 def entries_to_table(entries: Sequence[Mapping[str, Any]]) -> pa.Table:
     """Rows of the partition table from entry JSON (as stored in commit records)."""
+    import numpy as np
     import pyarrow as pa
 
     schema = state_schema()
     refreshed = [(parse_time(e["refreshed_at"]) - _EPOCH) // _MICROSECOND for e in entries]
     columns = [
-        pa.array([e["key_path"] for e in entries], pa.string()),
-        pa.array([dumps(e["key"]) for e in entries], pa.string()),
-        pa.array([e["spec_id"] for e in entries], pa.string()),
-        pa.array([int(e["rows"]) for e in entries], pa.int64()),
-        pa.array([int(e["bytes"]) for e in entries], pa.int64()),
-        pa.array(refreshed, pa.int64()).cast(schema.field("refreshed_at").type),
-        pa.array([e.get("source_fingerprint") for e in entries], pa.string()),
-        pa.array([dumps(e["files"]) for e in entries], pa.string()),
-        pa.array([dumps(e["written_by"]) if e.get("written_by") else None for e in entries], pa.string()),
-        pa.array([dumps(e["certificate"]) if e.get("certificate") else None for e in entries], pa.string()),
+        typed_array([e["key_path"] for e in entries], pa.string()),
+        typed_array([dumps(e["key"]) for e in entries], pa.string()),
+        typed_array([e["spec_id"] for e in entries], pa.string()),
+        int64_array(np.array([int(e["rows"]) for e in entries], dtype=np.int64)),
+        int64_array(np.array([int(e["bytes"]) for e in entries], dtype=np.int64)),
+        int64_array(np.array(refreshed, dtype=np.int64)).cast(schema.field("refreshed_at").type),
+        typed_array([e.get("source_fingerprint") for e in entries], pa.string()),
+        typed_array([dumps(e["files"]) for e in entries], pa.string()),
+        typed_array([dumps(e["written_by"]) if e.get("written_by") else None for e in entries], pa.string()),
+        typed_array(
+            [dumps(e["certificate"]) if e.get("certificate") else None for e in entries], pa.string()
+        ),
     ]
     return pa.Table.from_arrays(columns, schema=schema)
 
@@ -286,10 +296,10 @@ def apply_changes(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    base = state_schema().empty_table() if reset else table
+    base = empty_state_table() if reset else table
     pieces: list[pa.Table] = []
     if changes and base.num_rows:
-        touched = pa.array(list(changes), pa.string())
+        touched = typed_array(list(changes), pa.string())
         positions = pc.indices_nonzero(pc.is_in(base.column("key_path"), value_set=touched)).to_pylist()
         start = 0
         for position in positions:
@@ -304,7 +314,7 @@ def apply_changes(
     if upserts:
         pieces.append(entries_to_table(upserts))
     if not pieces:
-        return state_schema().empty_table()
+        return empty_state_table()
     result = pa.concat_tables(pieces)
     if result.column(0).num_chunks > _MAX_CHUNKS:
         result = result.combine_chunks()  # many small commits in one process: keep scans fast
@@ -442,10 +452,12 @@ class PartitionMap(Mapping[str, PartitionEntry]):
             return None
         if self._index is None and self._lookups < _SCAN_LOOKUPS:
             # A few lookups (a commit's touched partitions, a point read) scan the column in C.
+            import pyarrow as pa
             import pyarrow.compute as pc
 
             self._lookups += 1
-            position = pc.index(self.table.column("key_path"), key_path).as_py()
+            wanted = typed_array([key_path], pa.string())[0]  # a scalar from Python would import pandas
+            position = pc.index(self.table.column("key_path"), wanted).as_py()
             return None if position < 0 else int(position)
         return self._positions().get(key_path)
 
@@ -491,9 +503,13 @@ class PartitionMap(Mapping[str, PartitionEntry]):
         return [(e.key_path, e) for e in self.values()]
 
     def _decode_rows(self, rows: Sequence[int]) -> list[PartitionEntry]:
+        import numpy as np
         import pyarrow as pa
 
-        table = self.table if len(rows) == len(self) else self.table.take(pa.array(rows, pa.int64()))
+        if len(rows) == len(self):
+            table = self.table
+        else:
+            table = self.table.take(int64_array(np.asarray(rows, dtype=np.int64)))
         key_paths = table.column("key_path").to_pylist()
         keys = json.loads("[" + ",".join(table.column("key").to_pylist()) + "]")
         files = json.loads("[" + ",".join(table.column("files").to_pylist()) + "]")
@@ -595,8 +611,11 @@ class Snapshot:
         if not self.partition_count:
             return 0, 0
         current = spec_id or self.partition_spec.spec_id
-        mask = pc.not_equal(self.table.column("spec_id"), current)
-        rows = pc.sum(pc.if_else(mask, self.table.column("rows"), 0)).as_py() or 0
+        import pyarrow as pa
+
+        mask = pc.not_equal(self.table.column("spec_id"), typed_array([current], pa.string())[0])
+        zero = typed_array([0], pa.int64())[0]
+        rows = pc.sum(pc.if_else(mask, self.table.column("rows"), zero)).as_py() or 0
         return int(pc.sum(mask.cast("int64")).as_py() or 0), int(rows)
 
     @property

@@ -54,6 +54,7 @@ from airflow_partitions.pruning.expressions import (
 )
 from airflow_partitions.pruning.index import BoundField, ColumnStatsArrays
 from airflow_partitions.pruning.limits import check_budget
+from airflow_partitions.storage.arrow_values import to_numpy, typed_array
 from airflow_partitions.transforms.projection import (
     EVALUATION_ERRORS,
     AllOf,
@@ -122,15 +123,12 @@ class Outcome:
 
 
 def _bool_mask(result: Any, fill: bool) -> Mask:
-    array = pc.fill_null(result, fill)
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(to_numpy(result, fill), dtype=bool)
 
 
 def _scalar(value: Any, kind: pa.DataType) -> pa.Scalar:
     try:
-        return pa.scalar(value, type=kind)
+        return typed_array([value], kind)[0]
     except _ARROW_ERRORS:
         return pa.scalar(value)
 
@@ -146,7 +144,7 @@ def _compare(values: pa.Array, op: Op, value: Any, fill: bool) -> Mask | None:
 def _is_in(values: pa.Array, candidates: Sequence[Any] | pa.Array) -> Mask | None:
     try:
         value_set = (
-            candidates if isinstance(candidates, pa.Array) else pa.array(list(candidates), type=values.type)
+            candidates if isinstance(candidates, pa.Array) else typed_array(list(candidates), values.type)
         )
         return _bool_mask(pc.is_in(values, value_set=value_set), False)
     except _ARROW_ERRORS:
@@ -511,7 +509,7 @@ class _CalendarChain:
             return None
 
         def numbers(unit: str, fill: int) -> npt.NDArray[np.int64]:
-            return np.asarray(pc.fill_null(units[unit], fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+            return np.asarray(to_numpy(units[unit], fill), dtype=np.int64)
 
         years = numbers("year", 1970)
         if path[1] == "quarter":

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from airflow_partitions.exceptions import CatalogError, PartitionExpressionError
 from airflow_partitions.keys import PartitionKey, value_from_json
+from airflow_partitions.storage.arrow_values import int64_array, to_numpy, typed_array
 from airflow_partitions.storage.datafile import DataFile
 
 if TYPE_CHECKING:
@@ -122,16 +123,16 @@ def _key_array(raw: list[Any], kind: pa.DataType) -> pa.Array:
     """Partition values of one field as an Arrow array, parsing tagged JSON texts in bulk when possible."""
     tagged = [value for value in raw if isinstance(value, dict)]
     if not tagged:
-        return pa.array(raw, type=kind)
+        return typed_array(raw, kind)
     tags = {next(iter(value)) for value in tagged if len(value) == 1}
     if len(tags) == 1 and len(tagged) == sum(1 for v in raw if v is not None) and tags <= _CASTABLE_TAGS:
         (tag,) = tags
-        texts = pa.array([None if value is None else value[tag] for value in raw], pa.string())
+        texts = typed_array([None if value is None else value[tag] for value in raw], pa.string())
         try:
             return texts.cast(kind)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             pass  # e.g. naive texts for a zoned type: the exact Python decoding below decides
-    return pa.array([_decode_key_value(value) for value in raw], type=kind)
+    return typed_array([_decode_key_value(value) for value in raw], kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +366,7 @@ def _int_column(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
     column = table.column(name)
     if column.num_chunks == 0:
         return np.zeros(0, dtype=np.int64)
-    return np.asarray(column.to_numpy(), dtype=np.int64)
+    return np.asarray(to_numpy(column), dtype=np.int64)
 
 
 def _show(value: Any) -> str:
@@ -408,7 +409,7 @@ class FileFrame:
             self.partition_of_row: npt.NDArray[np.int64] = parent.partition_of_row[rows_of_parent]
             self.files: list[DataFile] = [parent.files[row] for row in rows_of_parent.tolist()]
             self.rows: npt.NDArray[np.int64] = parent.rows[rows_of_parent]
-            take = pa.array(rows_of_parent, pa.int64())
+            take = int64_array(rows_of_parent)
             self.values: dict[str, pa.Array] = {
                 name: array.take(take) for name, array in parent.values.items()
             }
@@ -418,7 +419,7 @@ class FileFrame:
             self.partition_of_row = np.repeat(partitions, counts)
             self.files = [f for files in file_lists for f in files]
             self.rows = np.fromiter((f.rows for f in self.files), dtype=np.int64, count=len(self.files))
-            take = pa.array(self.partition_of_row, pa.int64())
+            take = int64_array(self.partition_of_row)
             self.values = {name: array.take(take) for name, array in index.values.items()}
         self.size = len(self.files)
         self._stats: dict[str, ColumnStatsArrays | None] = {}
@@ -451,7 +452,7 @@ class ColumnStatsArrays:
     rows: npt.NDArray[np.int64]
 
     def take(self, rows: npt.NDArray[np.int64]) -> ColumnStatsArrays:
-        indices = pa.array(rows, pa.int64())
+        indices = int64_array(rows)
         return ColumnStatsArrays(
             self.minimum.take(indices), self.maximum.take(indices), self.null_count[rows], self.rows[rows]
         )
@@ -478,8 +479,8 @@ def _build_stats(
         highs.append(stats.max)
         nulls[position] = stats.null_count
     try:
-        minimum = pa.array(lows, type=kind)
-        maximum = pa.array(highs, type=kind)
+        minimum = typed_array(lows, kind)
+        maximum = typed_array(highs, kind)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError):
         # Bounds that do not fit the column type cannot be trusted: keep only the NULL counts.
         minimum = pa.nulls(len(files), kind)
