@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import load
 from benchmarks.pairing import Ratio, Target, figure_line
 
 BUCKETS = 16
@@ -161,10 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    load.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker, args.spec, args.out)
         return 0
+    # The parent alone checks and prints the load: a worker is one timed contender.
+    load.parse_args(
+        argparse.ArgumentParser(add_help=False),
+        [
+            *(["--max-load", str(args.max_load)] if args.max_load is not None else []),
+            *(["--allow-load"] if args.allow_load else []),
+        ],
+    )
     if args.quick:
         args.rows, args.rounds = 50_000, 1
     with tempfile.TemporaryDirectory() as directory:
