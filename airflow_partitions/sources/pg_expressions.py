@@ -40,6 +40,7 @@ from sqlglot import exp
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
 from airflow_partitions.transforms.expression import (
     COMPOSED_INPUT,
+    UNIT_FUNCTIONS,
     ExpressionTransform,
     expression_result_type,
     expression_sql,
@@ -60,17 +61,7 @@ REFUSED_FUNCTIONS: dict[type[exp.Expr], str] = {
     exp.Round: "Postgres rounds double precision half to even (round(0.5) = 0), DuckDB half away from zero",
 }
 _ORDERED = (exp.GT, exp.GTE, exp.LT, exp.LTE)
-_UNIT_NODES: dict[type[exp.Expr], str] = {
-    exp.Year: "year",
-    exp.Quarter: "quarter",
-    exp.Month: "month",
-    exp.Week: "week",
-    exp.WeekOfYear: "week",
-    exp.Day: "day",
-    exp.DayOfMonth: "day",
-    exp.Hour: "hour",
-    exp.Minute: "minute",
-}
+_UNIT_NODES = UNIT_FUNCTIONS
 _CALENDAR_NUMBERS: tuple[type[exp.Expr], ...] = (exp.Extract, *_UNIT_NODES)
 _TEXT_COLLATION = exp.Identifier(this="C", quoted=True)
 

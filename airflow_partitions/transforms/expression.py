@@ -63,6 +63,20 @@ _STRUCTURE: tuple[type[exp.Expr], ...] = (
     exp.Var,
     exp.Interval,
 )
+
+# The calendar functions that take one date or timestamp and name a unit (`year(ts)` = date_part('year', ts)):
+# the one map the parser, this module and the Postgres forms share.
+UNIT_FUNCTIONS: dict[type[exp.Expr], str] = {
+    exp.Year: "year",
+    exp.Quarter: "quarter",
+    exp.Month: "month",
+    exp.Week: "week",
+    exp.WeekOfYear: "week",
+    exp.Day: "day",
+    exp.DayOfMonth: "day",
+    exp.Hour: "hour",
+    exp.Minute: "minute",
+}
 _FUNCTIONS: dict[type[exp.Expr], str] = {
     exp.Lower: "lower",
     exp.Upper: "upper",
@@ -112,15 +126,7 @@ _FUNCTIONS: dict[type[exp.Expr], str] = {
     exp.Extract: "extract",
     exp.DateTrunc: "date_trunc",
     exp.TimestampTrunc: "date_trunc",
-    exp.Year: "year",
-    exp.Quarter: "quarter",
-    exp.Month: "month",
-    exp.Week: "week",
-    exp.WeekOfYear: "week",
-    exp.Day: "day",
-    exp.DayOfMonth: "day",
-    exp.Hour: "hour",
-    exp.Minute: "minute",
+    **UNIT_FUNCTIONS,
 }
 _NAMED_FUNCTIONS = frozenset({"date_part", "datepart"})
 SUPPORTED_EXPRESSION_FUNCTIONS = tuple(dict.fromkeys([*_FUNCTIONS.values(), "date_part"]))

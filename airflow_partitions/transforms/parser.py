@@ -27,6 +27,7 @@ from airflow_partitions.transforms.base import Transform
 from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
 from airflow_partitions.transforms.expression import (
     COMPOSED_INPUT,
+    UNIT_FUNCTIONS,
     ExpressionTransform,
     check_expression,
     reject_non_deterministic,
@@ -47,17 +48,7 @@ SUPPORTED_FORMS = (
 _AS_WRITTEN: dict[str, Any] = {"dialect": DIALECT, "normalize_functions": False}
 _UNIT_LIST = ", ".join(f"'{unit}'" for unit in DATE_UNITS)
 _INTEGER_TEXT = re.compile(r"[0-9]+")
-_UNIT_FUNCTIONS: dict[type[exp.Expr], str] = {
-    exp.Year: "year",
-    exp.Quarter: "quarter",
-    exp.Month: "month",
-    exp.Week: "week",
-    exp.WeekOfYear: "week",
-    exp.Day: "day",
-    exp.DayOfMonth: "day",
-    exp.Hour: "hour",
-    exp.Minute: "minute",
-}
+_UNIT_FUNCTIONS = UNIT_FUNCTIONS
 # Every sqlglot node a calendar transform (date_part, extract, the unit functions, date_trunc) parses to.
 CALENDAR_NODES: tuple[type[exp.Expr], ...] = (
     exp.Extract,
