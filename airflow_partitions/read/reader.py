@@ -578,16 +578,20 @@ class PartitionedDatasetReader:
         here, once per frame, instead of in every join. `SparkLayoutError` when the version has no
         bucket field or `columns` leaves its column out.
         """
-        from airflow_partitions.pruning.spark_filter import spark_condition
-
         plan = self.plan(where, version, tag=tag)
         self._record(plan, "spark", None, time.perf_counter())
         schema = plan.index.schema
         wanted = resolve_columns(schema, columns)
         if bucketed:
             column, buckets = bucket_layout(plan.index, wanted, self.name)
-            frame = self.to_spark(spark, where, plan.version, columns)
-            return bucketed_frame(spark, frame, column, buckets)
+            return bucketed_frame(spark, self._spark_frame(spark, plan, wanted), column, buckets)
+        return self._spark_frame(spark, plan, wanted)
+
+    def _spark_frame(self, spark: Any, plan: PrunePlan, wanted: list[str]) -> Any:
+        """The plan's rows as a Spark DataFrame of the `wanted` columns, the residual applied if inexact."""
+        from airflow_partitions.pruning.spark_filter import spark_condition
+
+        schema = plan.index.schema
         if not plan.files:
             return spark.createDataFrame(pa.schema([schema.field(n) for n in wanted]).empty_table())
         root = self._local_root
