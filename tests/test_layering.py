@@ -35,6 +35,7 @@ CORE_ORDER = [
     "catalog",
     "pruning",
     "sources",
+    "table",
     "read",
     "advisor",
     "snapshots",

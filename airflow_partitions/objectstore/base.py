@@ -18,7 +18,7 @@ import datetime as dt
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 CONFLICT_RETRIES = 20
 TEMP_PREFIX = ".tmp-"
@@ -70,6 +70,11 @@ class ObjectStore(Protocol):
 
     def describe(self) -> str:
         """Where the store is, for messages (`/path/to/dir`, `s3://bucket/prefix`)."""
+        ...
+
+    def arrow_filesystem(self) -> Any:
+        """A pyarrow filesystem whose paths are this store's keys (rooted at its directory or prefix),
+        reaching S3 with the same settings as the store; pyarrow is imported here."""
         ...
 
 

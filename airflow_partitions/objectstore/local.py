@@ -13,6 +13,7 @@ import os
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from airflow_partitions.exceptions import ObjectStoreError
 from airflow_partitions.objectstore.base import TEMP_PREFIX, ObjectInfo, as_key_list
@@ -38,6 +39,12 @@ class LocalStore:
 
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
+
+    def arrow_filesystem(self) -> Any:
+        """A pyarrow filesystem over `root` (paths are store keys); pyarrow is imported here."""
+        from pyarrow import fs
+
+        return fs.SubTreeFileSystem(str(self.root.resolve()), fs.LocalFileSystem())
 
     def get(self, key: str) -> bytes | None:
         try:

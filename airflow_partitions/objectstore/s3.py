@@ -80,7 +80,15 @@ class S3Store:
         return cls(shared_s3_client(resolved), location.bucket, location.prefix, settings=resolved)
 
     def arrow_filesystem(self) -> Any:
-        """A pyarrow filesystem reaching the same endpoint with the same credentials as this store."""
+        """A pyarrow filesystem over `s3://bucket/prefix/` (paths are store keys), reaching the same
+        endpoint with the same credentials as this store."""
+        from pyarrow import fs
+
+        root = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
+        return fs.SubTreeFileSystem(root, self.bucket_filesystem())
+
+    def bucket_filesystem(self) -> Any:
+        """A pyarrow filesystem reaching the same endpoint with the same credentials (paths `bucket/key`)."""
         return (self.settings or resolve_settings(None)).arrow_filesystem()
 
     def __repr__(self) -> str:

@@ -186,7 +186,7 @@ class PartitionedDatasetReader:
 
         for store in (getattr(self.catalog, "data_store", None), self.catalog.store):
             if isinstance(store, S3Store):
-                return store.arrow_filesystem()
+                return store.bucket_filesystem()
         return default_filesystem()
 
     @property
