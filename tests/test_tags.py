@@ -187,3 +187,99 @@ def test_hook_and_cli_pin_a_tag(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "deleted" in capsys.readouterr().out
     with pytest.raises(UnknownTagError):
         PartitionedDatasetHook(dataset="events", spec_path=spec, tag="release").read()
+
+
+# --- a tag written while a vacuum expires its version -----------------------------------------------
+#
+# Each interleaving runs the tag write (on a catalog object of its own, as another process would) at one
+# point inside the vacuum, or the vacuum at one point inside the tag write. Whatever the order, the end
+# state must be one of the two serial outcomes: the tag write failed and left no tag naming the version,
+# or it succeeded and the tagged version is still readable with every row it had.
+
+
+def _tag_vacuum_race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    source = hostile_table()
+    acc = build_acceleration(tmp_path, source, PARTITION_BY)
+    tagged_version = acc.version
+    key = PartitionKey(("Zürich", 0))
+    replace_partition(acc, source.slice(0, 5), key)
+    replace_partition(acc, source.slice(5, 2), key)
+    writer = Catalog(LocalStore(acc.root), acc.dataset)  # the tag writer's own catalog object
+    outcome: list[BaseException | None] = []
+
+    def write_tag_now() -> None:
+        try:
+            writer.tag("release", tagged_version)
+            outcome.append(None)
+        except (VersionNotFoundError, TagError) as err:
+            outcome.append(err)
+
+    def vacuum_now() -> None:
+        Catalog(LocalStore(acc.root), acc.dataset).vacuum(retain_versions=1, grace=dt.timedelta(0))
+
+    if where == "vacuum decided, then tag, then vacuum deletes":
+        original = Catalog._keep_tagged
+
+        def decided_then_tag(self: Catalog, *args: object, **kwargs: object) -> object:
+            kept = original(self, *args, **kwargs)  # type: ignore[arg-type]
+            if not outcome:
+                write_tag_now()
+            return kept
+
+        monkeypatch.setattr(Catalog, "_keep_tagged", decided_then_tag)
+        vacuum_now()
+    elif where == "tag checked the version, then a whole vacuum, then tag writes":
+        checked = writer.snapshot
+
+        def check_then_vacuum(version: int | None = None) -> object:
+            snapshot = checked(version)
+            vacuum_now()
+            return snapshot
+
+        monkeypatch.setattr(writer, "snapshot", check_then_vacuum)
+        write_tag_now()
+    elif where == "vacuum started, then tag, then vacuum reads tags":
+        import airflow_partitions.catalog.catalog as catalog_module
+
+        monkeypatch.setattr("airflow_partitions.catalog.tags._UNDECIDED_WAIT_S", 0.2)
+        original_list = catalog_module.list_tags
+
+        def tag_then_list(catalog: Catalog) -> object:
+            if not outcome:
+                write_tag_now()
+            return original_list(catalog)
+
+        monkeypatch.setattr(catalog_module, "list_tags", tag_then_list)
+        vacuum_now()
+    else:
+        raise AssertionError(where)
+    monkeypatch.undo()
+    assert len(outcome) == 1, "the tag write ran once, inside the vacuum"
+    tags = Catalog(LocalStore(acc.root), acc.dataset).tags()
+    if outcome[0] is not None:
+        assert "release" not in tags, f"a refused tag write leaves no tag behind: {outcome[0]}"
+        assert "vacuum" in str(outcome[0]) or "vacuumed" in str(outcome[0]), "the error says why"
+        return
+    assert tags["release"].version == tagged_version
+    with acc.reader() as reader:
+        assert sorted_rows(reader.read(tag="release")) == sorted_rows(source), (
+            "a tag that was written keeps its version readable, with every row it had"
+        )
+    # And the next vacuum keeps it too.
+    vacuum_now()
+    with acc.reader() as reader:
+        assert reader.read(tag="release").num_rows == source.num_rows
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "vacuum decided, then tag, then vacuum deletes",
+        "tag checked the version, then a whole vacuum, then tag writes",
+        "vacuum started, then tag, then vacuum reads tags",
+    ],
+)
+def test_a_tag_written_during_vacuum_is_kept_or_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    _tag_vacuum_race(tmp_path, monkeypatch, where)

@@ -72,7 +72,15 @@ from airflow_partitions.catalog.state import (
     merge_records,
     remember_commit_ids,
 )
-from airflow_partitions.catalog.tags import TagInfo, list_tags, resolve_tag, write_tag
+from airflow_partitions.catalog.tags import (
+    TagInfo,
+    begin_vacuum,
+    decide_vacuum,
+    end_vacuum,
+    list_tags,
+    resolve_tag,
+    write_tag,
+)
 from airflow_partitions.exceptions import (
     CatalogError,
     CatalogIntegrityError,
@@ -258,6 +266,11 @@ class Catalog:
 
     def _log_version(self, key: str) -> int | None:
         return self._version_of(key, ".json")
+
+    def version_stored(self, version: int) -> bool:
+        """Whether `version`'s commit record or its checkpoint is stored (read from the store, no cache):
+        vacuum deletes both before it deletes the version's files."""
+        return self.store.exists(self._log_key(version)) or self.store.exists(self._checkpoint_key(version))
 
     def version_commit_id(self, version: int) -> str | None:
         """The commit id of `version` (None when its record is expired and only a checkpoint keeps it)."""
@@ -979,7 +992,6 @@ class Catalog:
         )
         if not headers:
             return VacuumReport(dry_run=dry_run, latest_version=None, oldest_retained_version=None)
-        head = headers[-1].version
         oldest = self._oldest_retained(headers, retain_versions, older_than, now, cutoff)
         notes: list[str] = []
         expired = [h.version for h in headers if h.version < oldest]
@@ -996,7 +1008,34 @@ class Catalog:
                 notes.append(f"would write a checkpoint at version {oldest} so it stays readable")
             else:
                 self.write_checkpoint(retained_snapshot)
-        tagged = self._keep_tagged(oldest, checkpoints, dry_run, notes)
+        # Announce the expiry before reading the tags, and say which tagged versions stay before deleting
+        # anything: a tag written meanwhile is either seen here or refused (`catalog/tags.py`).
+        marker = None if dry_run else begin_vacuum(self, oldest)
+        try:
+            tagged = self._keep_tagged(oldest, checkpoints, dry_run, notes)
+            if marker is not None:
+                marker = decide_vacuum(self, marker, tagged)
+            return self._expire(
+                headers, oldest, expired, checkpoints, tagged, retained_snapshot, dry_run, cutoff, notes
+            )
+        finally:
+            if marker is not None:
+                end_vacuum(self, marker, now)
+
+    def _expire(
+        self,
+        headers: Sequence[CommitRecord],
+        oldest: int,
+        expired: Sequence[int],
+        checkpoints: Sequence[int],
+        tagged: Mapping[int, Snapshot],
+        retained_snapshot: Snapshot,
+        dry_run: bool,
+        cutoff: dt.datetime,
+        notes: list[str],
+    ) -> VacuumReport:
+        """Vacuum's deletions once it has decided what stays (`vacuum`)."""
+        head = headers[-1].version
         expired_checkpoints = [v for v in checkpoints if v < oldest and v not in tagged]
         if not dry_run:
             # Expire versions first: a crash after this point leaves orphan files (removed next time),

@@ -13,6 +13,31 @@ whose record was replaced (read refuses it with `CatalogIntegrityError`).
 
 Vacuum keeps every tagged version readable (a checkpoint at that version, never expired) and every
 file it references (`Catalog.vacuum`).
+
+A tag written while a vacuum runs. Vacuum and a tag writer each write first and read the other's
+write second, so at least one of them sees the other (the store is linearisable: a local directory, or
+S3 with its strong read-after-write and list consistency):
+
+    vacuum                                          tag writer
+    V1 put  _catalog/vacuuming/<run>.json           T1 check the version is retained
+            {"below": oldest, "kept": null}
+    V2 read the tags; keep every tagged version     T2 put the tag record
+       below `oldest` (checkpoint + its files)
+    V3 put  the marker again, "kept": [versions]    T3 list the markers; for each whose "below" is above
+    V4 delete expired records, checkpoints, files      the version: wait until it says "kept" and check
+    V5 delete the marker                               the version is in it
+                                                    T4 check the version's record or checkpoint is
+                                                       still stored
+
+If T3 finds no marker of that vacuum, V1 came after T3, so V2 came after T2 and the vacuum keeps the
+version; unless V5 came before T3, in which case V4 did too and T4 finds the version gone. If T3 finds
+the marker, its "kept" says what V2 decided: V2 saw the tag exactly when the version is in "kept". So
+either the vacuum keeps the version, or the writer sees that it will not and retracts its record
+(writes the tag's previous value after it) and raises `VersionNotFoundError`: the outcome is the tag
+write ordered before the vacuum, or after it. A marker still undecided after `_UNDECIDED_WAIT_S` (a
+vacuum killed between V1 and V3) refuses too; the next vacuum removes markers older than
+`STALE_VACUUM_MARKER`. A reader resolving a retracted tag in between finds the version or
+`VersionNotFoundError`, never other rows.
 """
 
 from __future__ import annotations
@@ -20,7 +45,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +61,10 @@ if TYPE_CHECKING:
 TAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Writes of one tag record before giving up: each lost race means another writer moved the tag meanwhile.
 _TAG_WRITE_ATTEMPTS = 50
+# How long a tag write waits for a running vacuum to decide which tagged versions it keeps.
+_UNDECIDED_WAIT_S = 10.0
+# A vacuum marker older than this is from a vacuum that was killed; the next vacuum removes it.
+STALE_VACUUM_MARKER = dt.timedelta(days=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +103,10 @@ def tags_prefix(catalog: Catalog) -> str:
 
 def _tag_prefix(catalog: Catalog, name: str) -> str:
     return f"{tags_prefix(catalog)}{escape_component(name)}/"
+
+
+def vacuum_markers_prefix(catalog: Catalog) -> str:
+    return f"{catalog.prefix}/vacuuming/"
 
 
 def _record_key(catalog: Catalog, name: str, sequence: int) -> str:
@@ -187,11 +222,136 @@ def write_tag(catalog: Catalog, name: str, version: int | None) -> TagInfo | Non
         if catalog.store.put_if_absent(_record_key(catalog, name, sequence + 1), data):
             if version is None:
                 return None
+            _confirm_retained(catalog, name, version, sequence + 1, current)
             return TagInfo(name, version, commit_id, written_at, sequence + 1)
     raise TagError(
         f"tag {name!r} of dataset {catalog.dataset!r} was moved by other writers {_TAG_WRITE_ATTEMPTS} times "
         "while this write tried to land; try again"
     )
+
+
+def _confirm_retained(
+    catalog: Catalog, name: str, version: int, sequence: int, previous: TagInfo | None
+) -> None:
+    """Steps T3 and T4 of the module docstring: return when every vacuum keeps `version`; otherwise
+    retract the record just written at `sequence` and raise `VersionNotFoundError`."""
+    reason: str | None = None
+    for marker in vacuum_markers(catalog):
+        if version >= marker.below:
+            continue
+        kept = marker.kept
+        deadline = time.monotonic() + _UNDECIDED_WAIT_S
+        while kept is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            current = read_vacuum_marker(catalog, marker.key)
+            if current is None:  # that vacuum finished: T4 sees what it deleted
+                break
+            kept = current.kept
+        else:
+            if kept is None:
+                reason = (
+                    f"a vacuum started at {format_time(marker.started_at)} is expiring versions below "
+                    f"{marker.below} and has not said which tagged versions it keeps (if it was killed, "
+                    f"the next vacuum removes its marker {marker.key} after {STALE_VACUUM_MARKER})"
+                )
+            elif version not in kept:
+                reason = f"a vacuum running now expires versions below {marker.below}"
+        if reason is not None:
+            break
+    if reason is None and not catalog.version_stored(version):
+        reason = "a vacuum that ran meanwhile expired it"
+    if reason is None:
+        return
+    retraction = {
+        "tag": name,
+        "version": previous.version if previous is not None else None,
+        "commit_id": previous.commit_id if previous is not None else None,
+        "written_at": format_time(dt.datetime.now(dt.UTC)),
+        "retracts": sequence,
+    }
+    # A later write of the tag already replaced this record: nothing to retract.
+    catalog.store.put_if_absent(
+        _record_key(catalog, name, sequence + 1),
+        json.dumps(retraction, separators=(",", ":"), ensure_ascii=False).encode("utf-8"),
+    )
+    raise VersionNotFoundError(
+        f"tag {name!r} of dataset {catalog.dataset!r} was not written: version {version} is no longer "
+        f"retained ({reason}). Tag a retained version (`airflow-partitions status` lists them)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class VacuumMarker:
+    """A running vacuum's announcement (module docstring, V1/V3): it expires versions below `below`,
+    keeping the tagged ones in `kept` (None until it has read the tags)."""
+
+    key: str
+    below: int
+    kept: tuple[int, ...] | None
+    started_at: dt.datetime
+
+
+def begin_vacuum(catalog: Catalog, below: int) -> VacuumMarker:
+    """Step V1: announce a vacuum expiring versions below `below`."""
+    marker = VacuumMarker(
+        key=f"{vacuum_markers_prefix(catalog)}{uuid.uuid4().hex}.json",
+        below=below,
+        kept=None,
+        started_at=dt.datetime.now(dt.UTC),
+    )
+    _put_marker(catalog, marker)
+    return marker
+
+
+def decide_vacuum(catalog: Catalog, marker: VacuumMarker, kept: Iterable[int]) -> VacuumMarker:
+    """Step V3: record which tagged versions below the marker's bound the vacuum keeps."""
+    decided = VacuumMarker(marker.key, marker.below, tuple(sorted(kept)), marker.started_at)
+    _put_marker(catalog, decided)
+    return decided
+
+
+def end_vacuum(catalog: Catalog, marker: VacuumMarker, now: dt.datetime) -> None:
+    """Step V5, and the removal of markers of killed vacuums older than `STALE_VACUUM_MARKER`."""
+    cutoff = now - STALE_VACUUM_MARKER
+    stale = [m.key for m in vacuum_markers(catalog) if m.key != marker.key and m.started_at < cutoff]
+    catalog.store.delete([marker.key, *stale])
+
+
+def _put_marker(catalog: Catalog, marker: VacuumMarker) -> None:
+    record = {
+        "below": marker.below,
+        "kept": list(marker.kept) if marker.kept is not None else None,
+        "started_at": format_time(marker.started_at),
+    }
+    catalog.store.put(marker.key, json.dumps(record, separators=(",", ":")).encode("utf-8"))
+
+
+def read_vacuum_marker(catalog: Catalog, key: str) -> VacuumMarker | None:
+    data = catalog.store.get(key)
+    if data is None:
+        return None
+    try:
+        record = json.loads(data)
+        kept = record["kept"]
+        return VacuumMarker(
+            key=key,
+            below=int(record["below"]),
+            kept=tuple(int(v) for v in kept) if kept is not None else None,
+            started_at=parse_time(record["started_at"]),
+        )
+    except (ValueError, KeyError, TypeError) as err:
+        raise TagError(f"vacuum marker {key} is unreadable ({err}); delete it") from err
+
+
+def vacuum_markers(catalog: Catalog) -> list[VacuumMarker]:
+    """The markers of the vacuums running now (and of killed ones not yet removed)."""
+    markers = []
+    for info in catalog.store.list(vacuum_markers_prefix(catalog)):
+        if info.key.endswith(".json"):
+            marker = read_vacuum_marker(catalog, info.key)
+            if marker is not None:
+                markers.append(marker)
+    return markers
 
 
 def _nothing_to_delete(catalog: Catalog, name: str) -> UnknownTagError:
