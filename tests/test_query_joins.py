@@ -490,3 +490,35 @@ def test_small_joins_are_not_split_and_the_plan_says_why(spec: Path) -> None:
         assert not plan.joins[0].split
         assert "under split_min_bytes (1,099,511,627,776)" in plan.joins[0].reason, plan.explain()
         assert _canonical(small.query(sql)) == _oracle(sql)
+
+
+def test_a_multi_dataset_query_records_each_dataset_read_with_its_pruning(query: DatasetQuery) -> None:
+    """Read statistics: one record per dataset the query reads, in that dataset's own log."""
+    sql = "SELECT count(*) AS n, sum(b.v) AS s FROM l_b8 a JOIN r_b16 b USING (k) WHERE a.k = 'it''s'"
+    logs = {name: query.reader(name).read_stats.log for name in ("l_b8", "r_b16", "l_id")}
+    assert all(log is not None for log in logs.values())
+    before = {name: len(log.records()) for name, log in logs.items() if log is not None}
+    plan = query.plan(sql)
+    result = query.query(sql)
+    assert _canonical(result) == _oracle(sql)
+    for name in ("l_b8", "r_b16"):
+        log = logs[name]
+        assert log is not None
+        records = log.records()[before[name] :]
+        assert len(records) == 1, f"one record for {name}, read once by the query"
+        (record,) = records
+        dataset_plan = plan.plans[name]
+        assert record["dataset"] == name
+        assert record["kind"] == "query"
+        assert record["version"] == dataset_plan.version
+        assert record["partitions"] == len(dataset_plan.selected) == 1, "pruned through the join key"
+        assert record["partitions_total"] == dataset_plan.total > 1
+        assert record["files"] == len(dataset_plan.files)
+        assert record["bytes"] == sum(f.bytes for f in dataset_plan.files) > 0
+        assert record["filter"] is not None
+        assert "k" in record["columns"]
+        assert "it's" not in json.dumps(record), "literals are not recorded unless asked"
+        assert record["rows"] == result.num_rows
+    log = logs["l_id"]
+    assert log is not None
+    assert len(log.records()) == before["l_id"], "a dataset not read records nothing"

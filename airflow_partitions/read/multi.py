@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -297,11 +298,17 @@ class DatasetQuery:
         `versions`: a version per dataset name (others: newest, or as of `as_of`); `as_of`: read each
         dataset as it was at that time; `split_joins=False` runs every join as one plain join.
         """
+        started = time.perf_counter()
         limits = self.query_limits.merged(timeout_s, memory_limit)
         with limits.budget(QUERY_HINT):
             plan = self._plan(sql, versions, as_of, split_joins)
             check_budget()
-            return self._run(plan, limits)
+            table = self._run(plan, limits)
+        # One read-statistics record per dataset read, in that dataset's log, with its own pruning (the
+        # partitions and files its plan selected, the filter that reached it); rows: the query's result.
+        for name, dataset_plan in plan.plans.items():
+            self.reader(name)._record(dataset_plan, "query", table.num_rows, started)
+        return table
 
     def _run(self, plan: DatasetQueryPlan, limits: QueryLimits) -> pa.Table:
         import duckdb
