@@ -223,3 +223,72 @@ def test_catalog_tables_in_a_per_query_database(tmp_path: Path) -> None:
     assert partitions.to_pylist() == [{"r": ROWS, "c": len(ground_truth(acc))}]
     assert files.to_pylist() == [{"r": ROWS}]
     assert mapped.to_pylist() == [{"c": ROWS}], "text that only resembles a catalog function is a query"
+
+
+def test_ap_partitions_names_the_commit_that_last_wrote_each_partition(tmp_path: Path) -> None:
+    import dataclasses
+    import hashlib
+
+    from airflow_partitions.catalog import Catalog, LocalStore
+    from airflow_partitions.catalog.state import PartitionMap, encode_checkpoint
+
+    acc = build_acceleration(tmp_path, hostile_table(), PARTITION_BY)
+    spec = acc.snapshot().partition_spec
+    key = PartitionKey(("Zürich", 0))
+    files = get_storage("parquet").write(acc.table.slice(0, 3), acc.root / acc.dataset, key.path(spec.names))
+
+    def upsert(partition: PartitionKey, files: object) -> int:
+        return acc.catalog.commit(
+            base_version=acc.snapshot().version,
+            upserts=[PartitionEntry.from_files(partition, spec, files)],  # type: ignore[arg-type]
+            partition_spec=spec,
+            operation="upsert",
+        )
+
+    second = upsert(key, files)
+    ids = {info.version: info.commit_id for info in acc.catalog.versions()}
+    assert ids[1] is not None
+    assert ids[second] is not None
+    assert ids[1] != ids[second]
+    sql = "SELECT key_path, commit_id FROM ap_partitions('events')"
+
+    def commit_ids() -> dict[str, str | None]:
+        with acc.reader() as reader:
+            return {row["key_path"]: row["commit_id"] for row in reader.query(sql).to_pylist()}
+
+    replaced = key.path(spec.names)
+    expected = {path: (ids[second] if path == replaced else ids[1]) for path in acc.snapshot().partitions}
+    assert commit_ids() == expected, "each partition names the commit that last upserted it"
+    assert acc.snapshot().partitions[replaced].commit_id == ids[second], "the catalog entry carries it"
+    with acc.reader() as reader:
+        pinned = reader.query(sql, version=1).to_pylist()
+    assert {row["commit_id"] for row in pinned} == {ids[1]}, "version 1 as it was"
+    # Through a checkpoint too: a fresh catalog object reads the column back.
+    acc.catalog.write_checkpoint(acc.snapshot())
+    fresh = Catalog(LocalStore(acc.root), acc.dataset)
+    assert {p: e.commit_id for p, e in fresh.snapshot().partitions.items()} == expected
+    assert commit_ids() == expected
+
+    # A checkpoint written before the column existed stays readable: its partitions have no commit id
+    # (NULL) until a commit writes them again.
+    snapshot = fresh.snapshot()
+    old_table = snapshot.table.drop_columns(["commit_id"])
+    old = dataclasses.replace(snapshot, partitions=PartitionMap(old_table))
+    data = encode_checkpoint(old)
+    checkpoint = acc.root / fresh._checkpoint_key(snapshot.version)
+    checkpoint.write_bytes(data)
+    (checkpoint.parent / f"{checkpoint.name}.sha256").write_bytes(hashlib.sha256(data).hexdigest().encode())
+    older = Catalog(LocalStore(acc.root), acc.dataset)
+    assert {e.commit_id for e in older.snapshot().partitions.values()} == {None}
+    assert set(commit_ids().values()) == {None}
+    other = PartitionKey(("a/b", 1))
+    third = upsert(
+        other,
+        get_storage("parquet").write(acc.table.slice(3, 2), acc.root / acc.dataset, other.path(spec.names)),
+    )
+    newest = {info.version: info.commit_id for info in acc.catalog.versions()}[third]
+    after = commit_ids()
+    assert after[other.path(spec.names)] == newest
+    assert {v for p, v in after.items() if p != other.path(spec.names)} == {None}
+    with acc.reader() as reader:
+        assert reader.read().num_rows == Catalog(LocalStore(acc.root), acc.dataset).snapshot().total_rows

@@ -182,6 +182,10 @@ class PartitionEntry:
     # The rows' count and hash as the writing commit computed them from its files (None: written by a
     # path that does not certify, or by an older release). `verify` compares the files with it.
     certificate: RowCertificate | None = None
+    # The commit id of the commit that last wrote (upserted) the partition, as its commit record names it;
+    # set when a snapshot is built from the records (None: that commit had no id, or a checkpoint of an
+    # older release). A commit's own upserts need not carry it: replaying the record sets it.
+    commit_id: str | None = None
 
     @classmethod
     def from_files(
@@ -223,6 +227,7 @@ class PartitionEntry:
             "refreshed_at": format_time(self.refreshed_at),
             **({"written_by": self.written_by.to_json()} if self.written_by is not None else {}),
             **({"certificate": self.certificate.to_json()} if self.certificate is not None else {}),
+            **({"commit_id": self.commit_id} if self.commit_id is not None else {}),
         }
 
     @classmethod
@@ -239,6 +244,7 @@ class PartitionEntry:
                 refreshed_at=parse_time(data["refreshed_at"]),
                 written_by=WrittenBy.from_json(data.get("written_by")),
                 certificate=RowCertificate.from_json(data.get("certificate")),
+                commit_id=data.get("commit_id"),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CatalogError(f"malformed partition entry: {err}") from err

@@ -12,8 +12,10 @@ or dropped record is refused (`CatalogIntegrityError`). Records written before d
 neither key and load as they are; once a record carries a digest, every later one must continue the chain.
 
 A **checkpoint** is the full partition table of one version as an Arrow IPC file, one row per partition:
-`key_path`, `key` (JSON), `spec_id`, `rows`, `bytes`, `refreshed_at`, `source_fingerprint`, and `files`
-(JSON list of data file descriptors with their per-column statistics). It is an optimisation written after
+`key_path`, `key` (JSON), `spec_id`, `rows`, `bytes`, `refreshed_at`, `source_fingerprint`, `files`
+(JSON list of data file descriptors with their per-column statistics), `written_by`, `certificate` and
+`commit_id` (of the commit that last upserted the partition; columns added later read as nulls from older
+checkpoints). It is an optimisation written after
 a commit, never needed for correctness: any version is the newest checkpoint at or below it plus the
 commit records after it.
 
@@ -251,6 +253,9 @@ def state_schema() -> pa.Schema:
             pa.field("written_by", pa.string()),
             # JSON of `RowCertificate`; null when the writing commit recorded none.
             pa.field("certificate", pa.string()),
+            # The id of the commit that last upserted the partition (null: that commit had none, or a
+            # checkpoint written before the column existed).
+            pa.field("commit_id", pa.string()),
         ]
     )
 
@@ -281,6 +286,7 @@ def entries_to_table(entries: Sequence[Mapping[str, Any]]) -> pa.Table:
         typed_array(
             [dumps(e["certificate"]) if e.get("certificate") else None for e in entries], pa.string()
         ),
+        typed_array([e.get("commit_id") for e in entries], pa.string()),
     ]
     return pa.Table.from_arrays(columns, schema=schema)
 
@@ -332,6 +338,10 @@ def merge_records(records: Iterable[CommitRecord]) -> tuple[dict[str, Mapping[st
         for key_path in record.removes:
             changes[key_path] = None
         for entry in record.upserts:
+            # The entry carries the id of the commit that wrote it, whatever the upsert's JSON says (an
+            # entry carried over from an older version names its own writer).
+            if record.commit_id is not None or "commit_id" in entry:
+                entry = {**entry, "commit_id": record.commit_id}
             changes[str(entry["key_path"])] = entry
     return changes, reset
 
@@ -521,6 +531,7 @@ class PartitionMap(Mapping[str, PartitionEntry]):
             RowCertificate.from_json(json.loads(c)) if c else None
             for c in table.column("certificate").to_pylist()
         ]
+        commit_ids = table.column("commit_id").to_pylist()
         return [
             PartitionEntry(
                 key=_key_from_json(key),
@@ -533,6 +544,7 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 refreshed_at=_EPOCH + dt.timedelta(microseconds=micros),
                 written_by=writer,
                 certificate=certificate,
+                commit_id=commit_id,
             )
             for (
                 key_path,
@@ -545,6 +557,7 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 micros,
                 writer,
                 certificate,
+                commit_id,
             ) in zip(
                 key_paths,
                 keys,
@@ -556,6 +569,7 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 refreshed,
                 writers,
                 certificates,
+                commit_ids,
                 strict=True,
             )
         ]

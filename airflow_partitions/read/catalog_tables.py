@@ -12,7 +12,9 @@ the dataset.
 - `ap_partitions`: one row per partition: its key values as typed columns (one per partition field, typed
   by the field's transform), `key_path`, `rows`, `bytes`, `files`, `refreshed_at`, `written_by`
   (struct of dag_id, run_id, task_id, map_index; NULL when not written by an Airflow task),
-  `source_fingerprint`, `spec_id`, `version`.
+  `source_fingerprint`, `spec_id`, `commit_id` (of the commit that last wrote the partition; NULL for a
+  partition last written by a commit without an id, or read from a checkpoint older than the column),
+  `version`.
 - `ap_files`: one row per data file: the key columns, `key_path`, `path` (relative to the dataset),
   `format`, `rows`, `bytes`, `checksum`, and structs `min`, `max`, `null_count` with one typed field per
   column the catalog records statistics for (`min.amount`); bounds are inclusive and may be looser than
@@ -60,6 +62,7 @@ _PARTITION_COLUMNS = (
     "written_by",
     "source_fingerprint",
     "spec_id",
+    "commit_id",
     "version",
 )
 _FILE_COLUMNS = ("key_path", "path", "format", "rows", "bytes", "checksum", "min", "max", "null_count")
@@ -234,6 +237,7 @@ def partitions_table(snapshot: Snapshot, schema: pa.Schema, index: Any = None) -
         ("written_by", writers),
         ("source_fingerprint", table.column("source_fingerprint")),
         ("spec_id", table.column("spec_id")),
+        ("commit_id", table.column("commit_id")),
         ("version", pa.array([snapshot.version] * table.num_rows, pa.int64())),
     ]
     columns = [*_key_columns(snapshot, schema, index, _PARTITION_COLUMNS), *fixed]
