@@ -184,8 +184,10 @@ class PartitionEntry:
     certificate: RowCertificate | None = None
     # The commit id of the commit that last wrote (upserted) the partition, as its commit record names it;
     # set when a snapshot is built from the records (None: that commit had no id, or a checkpoint of an
-    # older release). A commit's own upserts need not carry it: replaying the record sets it.
-    commit_id: str | None = None
+    # older release). Provenance, like `refreshed_at` for a reader, but not part of the entry's identity:
+    # left out of equality (a bootstrap compares a local entry with the snapshot's) and of `to_json` (a
+    # commit record's upserts do not carry it; replaying the record sets it).
+    commit_id: str | None = field(default=None, compare=False)
 
     @classmethod
     def from_files(
@@ -227,7 +229,6 @@ class PartitionEntry:
             "refreshed_at": format_time(self.refreshed_at),
             **({"written_by": self.written_by.to_json()} if self.written_by is not None else {}),
             **({"certificate": self.certificate.to_json()} if self.certificate is not None else {}),
-            **({"commit_id": self.commit_id} if self.commit_id is not None else {}),
         }
 
     @classmethod
