@@ -55,6 +55,10 @@ def _rows(count: int, seed: int) -> pa.Table:
             "k": pa.array(keys, pa.string()),
             "ts": pa.array(times, pa.timestamp("us", tz="UTC")),
             "v": pa.array([None if i % 13 == 5 else (i * seed) % 50 for i in range(count)], pa.int64()),
+            # Negative and positive integers around the truncate widths' boundaries, and NULLs.
+            "n": pa.array(
+                [None if i % 17 == 3 else (i * seed * 37) % 640 - 320 for i in range(count)], pa.int64()
+            ),
         }
     )
 
@@ -69,6 +73,11 @@ LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]]]] = {
     "r_id": (_rows(50, 3), [("kk", "k")]),
     "l_day": (_rows(90, 5), [("d", "date_trunc('day', ts)")]),
     "r_month": (_rows(70, 3), [("m", "date_trunc('month', ts)")]),
+    "l_t10": (_rows(90, 7), [("nt", "truncate(10, n)")]),
+    "r_t100": (_rows(80, 3), [("nt", "truncate(100, n)")]),
+    "r_t15": (_rows(60, 5), [("nt", "truncate(15, n)")]),
+    "l_s2": (_rows(70, 5), [("ks", "truncate(2, k)")]),
+    "r_s4": (_rows(60, 7), [("ks", "truncate(4, k)")]),
 }
 
 
@@ -127,6 +136,9 @@ PAIRS = [
     ("l_day", "r_month", True, "date_trunc('day', ts) vs date_trunc('month', ts) are compatible"),
     ("l_id", "r_id", True, "k vs k are compatible"),
     ("l_id", "r_b16", False, "k vs bucket(16, k): different transforms"),
+    ("l_t10", "r_t100", True, "truncate(10, n) vs truncate(100, n) are compatible"),
+    ("l_t10", "r_t15", False, "truncate 10 vs 15, neither width divides the other"),
+    ("l_s2", "r_s4", True, "truncate(2, k) vs truncate(4, k) are compatible"),
 ]
 SHAPES = [
     "SELECT count(*) AS n FROM {l} JOIN {r} USING ({key})",
@@ -142,10 +154,12 @@ SHAPES = [
 
 
 def _join_key(left: str) -> str:
-    return "ts" if left == "l_day" else "k"
+    return {"l_day": "ts", "l_t10": "n"}.get(left, "k")
 
 
 def _values(left: str) -> str:
+    if left == "l_t10":
+        return "-320, -301, -300, -1, 0, 9, 10, 99, 100, 317"
     if left == "l_day":
         return "TIMESTAMPTZ '2026-02-03 12:30:00+00', TIMESTAMPTZ '2026-03-30 21:30:00+00'"
     return "'k=v', '100%', 'it''s', 'Zürich', ''"
@@ -200,6 +214,22 @@ def test_coarse_bucket_groups_hold_the_fine_buckets_it_divides(query: DatasetQue
         coarse = int(group)
         assert {int(p.split("=")[1]) % 8 for p in pair.right_partitions} <= {coarse}
         assert all(int(p.split("=")[1]) == coarse for p in pair.left_partitions)
+
+
+def test_coarse_truncate_groups_hold_the_fine_ranges_it_divides(query: DatasetQuery) -> None:
+    sql = "SELECT count(*) AS n FROM l_t10 a JOIN r_t100 b ON a.n = b.n"
+    plan = query.plan(sql)
+    (decision,) = plan.joins
+    assert decision.split, plan.explain()
+    assert len(decision.pairs) > 2
+    for pair in decision.pairs:
+        (group,) = pair.groups
+        coarse = int(group)
+        assert coarse % 100 == 0
+        assert {int(p.split("=")[1]) // 100 * 100 for p in pair.left_partitions} == {coarse}
+        assert [int(p.split("=")[1]) for p in pair.right_partitions] == [coarse]
+    matched = query.query(sql).to_pylist()[0]["n"]
+    assert matched == _oracle(sql)[0][0] > 0, "the data has matching keys across groups"
 
 
 @pytest.mark.parametrize(

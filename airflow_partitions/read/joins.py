@@ -9,7 +9,12 @@ run as many small joins, one per group of matching partitions, whose results are
 * `bucket(N1)` and `bucket(N2)` where one divides the other: coarse bucket `b` holds the fine buckets
   `b + k * N_coarse`, since `(h mod N_fine) mod N_coarse = h mod N_coarse`;
 * `date_trunc` units nested in each other (day under month, hour under day, month under year, ...): a
-  group is one coarse period.
+  group is one coarse period;
+* `truncate(W1)` and `truncate(W2)` of integers or decimals (same type) where one width divides the
+  other: coarse range `[c, c + W_coarse)` holds the fine ranges starting at `c, c + W_fine, ...`, since
+  the floors nest (`floor(floor(x / f) * f / (k f)) = floor(x / (k f))`, negatives included); of strings
+  or binary, any two lengths: the shorter prefix of the longer prefix is the shorter prefix. A group is
+  one coarse value, the fine side's partition value truncated by the coarse transform.
 
 Only shapes where the split is exactly the plain join are split (`find_joins`): a SELECT whose FROM is
 one dataset joined to one other dataset, inner / left / right / full, with an `ON` conjunction holding an
@@ -338,6 +343,7 @@ def partition_groups(
     incompatible."""
     from airflow_partitions.transforms.bucket import BucketTransform
     from airflow_partitions.transforms.temporal import DateTruncTransform
+    from airflow_partitions.transforms.truncate import TruncateTransform
 
     left, right = left_field.transform, right_field.transform
     shown = f"{left.canonical} vs {right.canonical}"
@@ -353,6 +359,12 @@ def partition_groups(
         if fine % coarse:
             return f"{shown}: bucket {left.num_buckets} vs {right.num_buckets}, neither divides the other"
         return _bucket_group(coarse), _bucket_group(coarse)
+    if (
+        isinstance(left, TruncateTransform)
+        and isinstance(right, TruncateTransform)
+        and left.width != right.width
+    ):
+        return _truncate_groups(left, right, left_type, right_type, shown)
     if isinstance(left, DateTruncTransform) and isinstance(right, DateTruncTransform):
         if left.unit == right.unit:
             return _same, _same
@@ -368,6 +380,27 @@ def partition_groups(
     if left_type != right_type:
         return f"{shown}: the key columns have different types ({left_type} vs {right_type})"
     return _same, _same
+
+
+def _truncate_groups(
+    left: Any, right: Any, left_type: pa.DataType, right_type: pa.DataType, shown: str
+) -> tuple[GroupOf, GroupOf] | str:
+    """Groups of `truncate(W1)` vs `truncate(W2)` (W1 != W2): the coarse side's values, and the fine
+    side's truncated by the coarse transform; or why they do not nest."""
+    numeric = pa.types.is_integer(left_type) or pa.types.is_decimal(left_type)
+    if numeric:
+        if pa.types.is_decimal(left_type) and left_type != right_type:
+            return f"{shown}: decimals of different scales ({left_type} vs {right_type})"
+        coarse_is_left = left.width > right.width
+        wide, narrow = max(left.width, right.width), min(left.width, right.width)
+        if wide % narrow:
+            return f"{shown}: truncate {left.width} vs {right.width}, neither width divides the other"
+    else:
+        # Strings and binary: the shorter prefix is the coarser partition.
+        coarse_is_left = left.width < right.width
+    if coarse_is_left:
+        return _same, _trunc_group(left)
+    return _trunc_group(right), _same
 
 
 def _same(value: Any) -> Any:
