@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,10 @@ LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]]]] = {
     "r_t15": (_rows(60, 5), [("nt", "truncate(15, n)")]),
     "l_s2": (_rows(70, 5), [("ks", "truncate(2, k)")]),
     "r_s4": (_rows(60, 7), [("ks", "truncate(4, k)")]),
+    # Third sides of joins of three datasets.
+    "x_b32": (_rows(80, 11), [("kb", "bucket(32, k)")]),
+    "x_id": (_rows(60, 11), [("kk", "k")]),
+    "x_hour": (_rows(80, 3), [("h", "date_trunc('hour', ts)")]),
 }
 
 
@@ -185,6 +190,65 @@ def test_every_join_equals_duckdb_over_the_sources(
     assert _canonical(unsplit) == expected
 
 
+# (first, second, third, split expected, reason fragment): three datasets joined on one key.
+TRIPLES = [
+    ("l_b8", "r_b16", "x_b32", True, "bucket(8, k) vs bucket(16, k) vs bucket(32, k) are compatible"),
+    ("x_b32", "l_b8", "r_b16", True, "bucket(32, k) vs bucket(8, k) vs bucket(16, k) are compatible"),
+    ("l_id", "r_id", "x_id", True, "k vs k vs k are compatible"),
+    ("x_hour", "l_day", "r_month", True, "are compatible"),
+    ("l_b8", "r_b16", "r_b6", False, "neither divides the other"),
+    ("l_id", "x_id", "r_b16", False, "different transforms"),
+]
+TRIPLE_SHAPES = [
+    "SELECT count(*) AS n FROM {a} JOIN {b} ON {a}.{key} = {b}.{key} JOIN {c} ON {c}.{key} = {b}.{key}",
+    "SELECT x.id, y.id AS yid, z.id AS zid, {key}, z.v FROM {a} x JOIN {b} y USING ({key}) "
+    "JOIN {c} z USING ({key})",
+    "SELECT x.{key}, count(*) AS n, sum(y.v) AS s, max(z.id) AS m FROM {a} x "
+    "JOIN {b} y ON x.{key} = y.{key} AND x.v >= y.v JOIN {c} z ON z.{key} = x.{key} GROUP BY x.{key}",
+    "SELECT * FROM {a} x JOIN {b} y ON x.{key} = y.{key} JOIN {c} z ON y.{key} = z.{key} AND z.v <> x.v "
+    "WHERE x.{key} IN ({values}) OR z.v < 5",
+]
+
+
+@pytest.mark.parametrize(("a", "b", "c", "split", "reason"), TRIPLES, ids=["-".join(t[:3]) for t in TRIPLES])
+@pytest.mark.parametrize(
+    "shape", TRIPLE_SHAPES, ids=["count", "using-chain", "group-by-key", "star-filtered"]
+)
+def test_joins_of_three_datasets_equal_duckdb_over_the_sources(
+    query: DatasetQuery, a: str, b: str, c: str, split: bool, reason: str, shape: str
+) -> None:
+    key = "ts" if "x_hour" in (a, b, c) else "k"
+    values = _values("l_day" if key == "ts" else "l_b8")
+    sql = shape.format(a=a, b=b, c=c, key=key, values=values)
+    plan = query.plan(sql)
+    assert [d.split for d in plan.joins] == [split], plan.explain()
+    assert reason in plan.joins[0].reason, plan.explain()
+    expected = _oracle(sql)
+    assert _canonical(query.query(sql)) == expected, f"{sql}\n{plan.explain()}"
+    assert _canonical(query.query(sql, split_joins=False)) == expected
+    if split:
+        assert all(len(pair.partitions) == 3 for pair in plan.joins[0].pairs)
+        assert re.search(r"\n  pair group .*: \d+ x \d+ x \d+ partition\(s\)", plan.explain())
+
+
+def test_three_bucket_layouts_group_under_the_coarsest(query: DatasetQuery) -> None:
+    sql = "SELECT count(*) AS n FROM r_b16 a JOIN x_b32 b ON a.k = b.k JOIN l_b8 c ON c.k = b.k"
+    plan = query.plan(sql)
+    (decision,) = plan.joins
+    assert decision.split, plan.explain()
+    assert len(decision.pairs) > 1
+    for pair in decision.pairs:
+        (group,) = pair.groups
+        coarse = int(group)
+        assert coarse < 8, "a group is a bucket of the coarsest layout, bucket(8)"
+        sixteen, thirty_two, eight = pair.partitions
+        assert [int(p.split("=")[1]) for p in eight] == [coarse]
+        assert {int(p.split("=")[1]) % 8 for p in sixteen + thirty_two} == {coarse}
+        assert not any("NULL" in p for side in pair.partitions for p in side), "an inner join skips NULL"
+    assert query.query(sql).to_pylist()[0]["n"] == _oracle(sql)[0][0] > 0
+    assert plan.to_json()["joins"][0]["more"] == [{"dataset": "l_b8", "as": "c"}]
+
+
 def duckdb_names(sql: str) -> list[str]:
     connection = duckdb.connect()
     for name, (table, _) in LAYOUTS.items():
@@ -241,7 +305,19 @@ def test_coarse_truncate_groups_hold_the_fine_ranges_it_divides(query: DatasetQu
         ("SELECT count(*) FROM l_b8 a NATURAL JOIN r_b16 b", "NATURAL join"),
         (
             "SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k JOIN r_id c ON c.k = a.k",
-            "exactly two datasets",
+            "bucket(8, k) vs k: different transforms",
+        ),
+        (
+            "SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k LEFT JOIN x_b32 c ON c.k = a.k",
+            "split only when every join is inner",
+        ),
+        (
+            "SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k JOIN x_b32 c ON c.v = a.v",
+            "do not reach x_b32",
+        ),
+        (
+            "SELECT count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k, (SELECT 1) AS c",
+            "joining datasets alone",
         ),
         ("SELECT a.id, (SELECT 1) FROM l_b8 a JOIN r_b16 b ON a.k = b.k", "subquery"),
     ],

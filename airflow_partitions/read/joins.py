@@ -20,8 +20,17 @@ Only shapes where the split is exactly the plain join are split (`find_joins`): 
 one dataset joined to one other dataset, inner / left / right / full, with an `ON` conjunction holding an
 equality of the two key columns (any other conjuncts stay inside each small join) or `USING`. NULL never
 satisfies the equality, so the NULL partitions form a group of their own, where an outer join emits
-their rows once, NULL-extended. Anything else (another shape, incompatible layouts, float keys, keys of
-different types, a column the rewrite could not qualify) runs as one plain join, and the plan says why.
+their rows once, NULL-extended.
+
+Three or more datasets (`FROM a JOIN b ON ... JOIN c ON ...`, every join inner) are split when the
+equalities of the join conditions put one column of every dataset in one class (`a.k = b.k`,
+`c.k = b.k`: inner joins make equality transitive) and each dataset is partitioned on its column of the
+class by layouts compatible with the coarsest of them (`_chain_groups`): a group is one value of the
+coarsest layout, and every dataset's partitions of that group join together in one small join. A row
+of the result has the same key in every dataset, hence one group; a NULL key matches nothing.
+
+Anything else (another shape, incompatible layouts, float keys, keys of different types, a column the
+rewrite could not qualify) runs as one plain join, and the plan says why.
 
 The rewrite (`JoinSplit.rewrite`) replaces the join in the statement by a view of the union of the small
 joins, each row holding the columns of the two sides the statement reads (`o.amount` becomes the view's
@@ -75,9 +84,13 @@ class JoinSide:
     qualifier: str  # alias, or the table name as written
 
 
+SideColumn = tuple[int, str]  # (position of the side in the FROM clause, column name as the schema has it)
+
+
 @dataclass
 class JoinCandidate:
-    """A join between two datasets found in the statement, and whether its shape can be split."""
+    """A join of datasets found in the statement (two, or more joined in a chain), and whether its shape
+    can be split."""
 
     left: JoinSide
     right: JoinSide
@@ -90,6 +103,15 @@ class JoinCandidate:
     # The columns the rewritten statement reads: (qualifier as written, column) -> the view's column.
     flat: dict[tuple[str, str], str] = field(default_factory=dict)
     schemas: dict[str, pa.Schema] = field(default_factory=dict)
+    # The datasets after the second (`FROM a JOIN b JOIN c ...`) and their joins' conditions.
+    more: list[JoinSide] = field(default_factory=list)
+    more_on: list[str] = field(default_factory=list)
+    # Every column equality of the join conditions, between two sides (lower position first).
+    equalities: list[tuple[SideColumn, SideColumn]] = field(default_factory=list)
+
+    @property
+    def sides(self) -> list[JoinSide]:
+        return [self.left, self.right, *self.more]
 
 
 @dataclass(frozen=True)
@@ -101,13 +123,28 @@ class PairGroup:
     right_partitions: tuple[str, ...]
     left_files: tuple[DataFile, ...] = ()
     right_files: tuple[DataFile, ...] = ()
+    # The sides after the second, in order (joins of three or more datasets).
+    more_partitions: tuple[tuple[str, ...], ...] = ()
+    more_files: tuple[tuple[DataFile, ...], ...] = ()
+
+    @property
+    def partitions(self) -> tuple[tuple[str, ...], ...]:
+        """Each side's partitions, in the order of the FROM clause."""
+        return (self.left_partitions, self.right_partitions, *self.more_partitions)
+
+    @property
+    def files(self) -> tuple[tuple[DataFile, ...], ...]:
+        return (self.left_files, self.right_files, *self.more_files)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "groups": list(self.groups),
             "left_partitions": list(self.left_partitions),
             "right_partitions": list(self.right_partitions),
         }
+        if self.more_partitions:
+            out["partitions"] = [list(side) for side in self.partitions]
+        return out
 
 
 @dataclass
@@ -123,10 +160,21 @@ class JoinDecision:
     pairs: list[PairGroup] = field(default_factory=list)
     candidate: JoinCandidate | None = None
 
+    @property
+    def sides(self) -> list[JoinSide]:
+        return self.candidate.sides if self.candidate is not None else [self.left, self.right]
+
     def describe(self) -> str:
-        on = " AND ".join(f"{self.left.qualifier}.{a} = {self.right.qualifier}.{b}" for a, b in self.keys)
-        head = f"{self.kind} JOIN {self.left.dataset} AS {self.left.qualifier}, {self.right.dataset} AS "
-        head += f"{self.right.qualifier}" + (f" ON {on}" if on else "")
+        sides = self.sides
+        if len(sides) > 2 and self.candidate is not None:
+            on = " AND ".join(
+                f"{sides[i].qualifier}.{a} = {sides[j].qualifier}.{b}"
+                for (i, a), (j, b) in self.candidate.equalities
+            )
+        else:
+            on = " AND ".join(f"{self.left.qualifier}.{a} = {self.right.qualifier}.{b}" for a, b in self.keys)
+        head = f"{self.kind} JOIN " + ", ".join(f"{side.dataset} AS {side.qualifier}" for side in sides)
+        head += f" ON {on}" if on else ""
         verdict = f"split into {len(self.pairs)} pair group(s)" if self.split else "not split"
         return f"{head}: {verdict}: {self.reason}"
 
@@ -134,6 +182,11 @@ class JoinDecision:
         return {
             "left": {"dataset": self.left.dataset, "as": self.left.qualifier},
             "right": {"dataset": self.right.dataset, "as": self.right.qualifier},
+            **(
+                {"more": [{"dataset": s.dataset, "as": s.qualifier} for s in self.sides[2:]]}
+                if len(self.sides) > 2
+                else {}
+            ),
             "kind": self.kind,
             "keys": [list(pair) for pair in self.keys],
             "split": self.split,
@@ -167,44 +220,54 @@ def find_joins(
         ]
         if len(datasets) < 2:
             continue
-        left_table, right_table = datasets[0], datasets[1]
-        left = JoinSide(names[left_table.name.lower()], left_table.alias or left_table.name)
-        right = JoinSide(names[right_table.name.lower()], right_table.alias or right_table.name)
-        candidate = JoinCandidate(left, right, "JOIN", [], None, select)
+        sides = [JoinSide(names[t.name.lower()], t.alias or t.name) for t in datasets]
+        candidate = JoinCandidate(sides[0], sides[1], "JOIN", [], None, select, more=sides[2:])
         candidates.append(candidate)
-        if len(joins) != 1 or tables[0] is not left_table or joins[0].this is not right_table:
-            candidate.reason = "only a SELECT joining exactly two datasets (FROM a JOIN b) is split"
+        if len(datasets) != len(tables) or any(t is not d for t, d in zip(tables, datasets, strict=True)):
+            candidate.reason = "only a SELECT joining datasets alone (FROM a JOIN b [JOIN c ...]) is split"
             continue
-        if shadowed & {left_table.name.lower(), right_table.name.lower()}:
+        if shadowed & {t.name.lower() for t in datasets}:
             candidate.reason = "a CTE of the query has a dataset's name"
             continue
-        repeated = [q for q in (left.qualifier, right.qualifier) if qualifiers.get(q.lower(), 0) > 1]
-        if repeated or left.qualifier.lower() == right.qualifier.lower():
-            candidate.reason = f"the name {repeated[0] if repeated else left.qualifier!r} names two tables"
+        written = [side.qualifier for side in sides]
+        repeated = [q for q in written if qualifiers.get(q.lower(), 0) > 1]
+        if repeated or len({q.lower() for q in written}) != len(written):
+            candidate.reason = f"the name {repeated[0] if repeated else written[0]!r} names two tables"
             continue
-        _check_join_shape(candidate, joins[0], left_table, right_table, schemas)
+        _check_join_shape(candidate, joins, datasets, schemas)
     return candidates
 
 
 def _check_join_shape(
     candidate: JoinCandidate,
-    join: exp.Join,
-    left_table: exp.Table,
-    right_table: exp.Table,
+    joins: Sequence[exp.Join],
+    datasets: Sequence[exp.Table],
     schemas: Mapping[str, pa.Schema],
 ) -> None:
-    side = join.args.get("side")
-    kind = join.args.get("kind")
-    method = join.args.get("method")
-    side_name = _SIDES.get(str(side).upper() if side else None, "?")
-    kind_name = str(kind).upper() if kind else None
-    if method or side_name == "?" or (kind_name not in _KINDS) or (kind_name == "OUTER" and not side_name):
-        written = " ".join(str(part).upper() for part in (method, side, kind) if part) or "JOIN"
-        candidate.kind = written
-        candidate.reason = f"a {written} join is not an inner or outer equi-join"
+    kinds = []
+    for join in joins:
+        side = join.args.get("side")
+        kind = join.args.get("kind")
+        method = join.args.get("method")
+        side_name = _SIDES.get(str(side).upper() if side else None, "?")
+        kind_name = str(kind).upper() if kind else None
+        if (
+            method
+            or side_name == "?"
+            or (kind_name not in _KINDS)
+            or (kind_name == "OUTER" and not side_name)
+        ):
+            written = " ".join(str(part).upper() for part in (method, side, kind) if part) or "JOIN"
+            candidate.kind = written
+            candidate.reason = f"a {written} join is not an inner or outer equi-join"
+            return
+        kinds.append(side_name or "INNER")
+    candidate.kind = kinds[0]
+    if len(kinds) > 1 and any(kind != "INNER" for kind in kinds):
+        candidate.kind = " / ".join(kinds)
+        candidate.reason = "a join of three or more datasets is split only when every join is inner"
         return
-    candidate.kind = side_name or "INNER"
-    for table in (left_table, right_table):
+    for table in datasets:
         alias = table.args.get("alias")
         if (alias is not None and alias.columns) or table.args.get("pivots") or table.args.get("joins"):
             candidate.reason = "a table renames its columns or is pivoted"
@@ -212,40 +275,59 @@ def _check_join_shape(
     select = candidate.select
     assert select is not None
     tables = scope_tables(select, schemas)
-    left_q, right_q = candidate.left.qualifier.lower(), candidate.right.qualifier.lower()
-    using = join.args.get("using") or []
-    on = join.args.get("on")
-    if using:
-        for identifier in using:
-            column = identifier.name.lower()
-            if _field(tables[left_q], column) is None or _field(tables[right_q], column) is None:
-                candidate.reason = f"USING ({identifier.name}) names a column one side lacks"
-                return
-            candidate.keys.append((_field_name(tables[left_q], column), _field_name(tables[right_q], column)))
-        candidate.on_sql = "USING (" + ", ".join(i.sql(dialect="duckdb") for i in using) + ")"
-    elif on is not None:
-        for conjunct in on.flatten() if isinstance(on, exp.And) else [on]:
-            if not (isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column)):
-                continue
-            if not isinstance(conjunct.expression, exp.Column):
-                continue
-            first, second = column_key(conjunct.this, tables), column_key(conjunct.expression, tables)
-            if first is None or second is None:
-                continue
-            if first[0] == right_q and second[0] == left_q:
-                first, second = second, first
-            if first[0] == left_q and second[0] == right_q:
-                candidate.keys.append(
-                    (_field_name(tables[left_q], first[1]), _field_name(tables[right_q], second[1]))
+    qualifiers = [side.qualifier.lower() for side in candidate.sides]
+    position_of = {q: i for i, q in enumerate(qualifiers)}
+    conditions: list[str] = []
+    using_columns: list[set[str]] = []
+    for position, join in enumerate(joins, start=1):
+        using = join.args.get("using") or []
+        on = join.args.get("on")
+        if using:
+            named = set()
+            for identifier in using:
+                column = identifier.name.lower()
+                earlier = [i for i in range(position) if _field(tables[qualifiers[i]], column) is not None]
+                if _field(tables[qualifiers[position]], column) is None or not earlier:
+                    candidate.reason = f"USING ({identifier.name}) names a column one side lacks"
+                    return
+                named.add(column)
+                candidate.equalities.append(
+                    (
+                        (earlier[0], _field_name(tables[qualifiers[earlier[0]]], column)),
+                        (position, _field_name(tables[qualifiers[position]], column)),
+                    )
                 )
-        candidate.on_sql = "ON " + _qualified_sql(on, tables)
-    if not candidate.keys:
+            using_columns.append(named)
+            conditions.append("USING (" + ", ".join(i.sql(dialect="duckdb") for i in using) + ")")
+        elif on is not None:
+            using_columns.append(set())
+            for conjunct in on.flatten() if isinstance(on, exp.And) else [on]:
+                if not (isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column)):
+                    continue
+                if not isinstance(conjunct.expression, exp.Column):
+                    continue
+                first, second = column_key(conjunct.this, tables), column_key(conjunct.expression, tables)
+                if first is None or second is None:
+                    continue
+                a, b = position_of.get(first[0]), position_of.get(second[0])
+                if a is None or b is None or a == b or max(a, b) > position:
+                    continue
+                one = (a, _field_name(tables[first[0]], first[1]))
+                two = (b, _field_name(tables[second[0]], second[1]))
+                candidate.equalities.append((one, two) if a < b else (two, one))
+            conditions.append("ON " + _qualified_sql(on, tables))
+        else:
+            using_columns.append(set())
+            conditions.append("")
+    candidate.on_sql, candidate.more_on = conditions[0], conditions[1:]
+    candidate.keys = [(a, b) for (i, a), (j, b) in candidate.equalities if (i, j) == (0, 1)]
+    if not candidate.equalities or not all(conditions):
         candidate.reason = (
             "the join condition holds no equality between a column of each side (non-equi join)"
         )
         return
-    candidate.schemas = {left_q: tables[left_q], right_q: tables[right_q]}
-    reason = _qualify_scope(candidate, select, tables, bool(using))
+    candidate.schemas = {q: tables[q] for q in qualifiers}
+    reason = _qualify_scope(candidate, select, tables, using_columns)
     if reason is not None:
         candidate.reason = reason
 
@@ -262,16 +344,23 @@ def _qualified_sql(condition: exp.Expr, tables: Mapping[str, pa.Schema]) -> str:
 
 
 def _qualify_scope(
-    candidate: JoinCandidate, select: exp.Select, tables: Mapping[str, pa.Schema], using: bool
+    candidate: JoinCandidate,
+    select: exp.Select,
+    tables: Mapping[str, pa.Schema],
+    using_columns: Sequence[set[str]],
 ) -> str | None:
     """Plan the qualification of every unqualified column of the joining SELECT (the rewrite replaces the
-    two tables by one view of their columns); the reason it cannot, or None."""
-    left_q, right_q = candidate.left.qualifier.lower(), candidate.right.qualifier.lower()
-    for qualifier in (left_q, right_q):
+    joined tables by one view of their columns); the reason it cannot, or None."""
+    qualifiers = [side.qualifier.lower() for side in candidate.sides]
+    left_q, right_q = qualifiers[0], qualifiers[1]
+    for qualifier in qualifiers:
         if _field(tables[qualifier], qualifier) is not None:
             return f"a column of {qualifier!r} has the table's own name"
     aliases = {e.alias.lower() for e in select.expressions if isinstance(e, exp.Alias)}
-    keys = {a.lower() for a, b in candidate.keys if a.lower() == b.lower()} if using else set()
+    using = any(using_columns)
+    # A column named in the USING of every join: unqualified, it is the first side's (all joins inner
+    # when there are several, so every side's value is the same).
+    keys = set.intersection(*using_columns) if using_columns else set()
     for node in select.walk():
         if node is select:
             continue
@@ -296,16 +385,16 @@ def _qualify_scope(
         if len(parts) == 2:
             continue
         name = node.name.lower()
-        owners = [q for q in (left_q, right_q) if _field(tables[q], name) is not None]
-        if name in (left_q, right_q):
+        owners = [q for q in qualifiers if _field(tables[q], name) is not None]
+        if name in qualifiers:
             return f"the unqualified name {node.name!r} is also a table's name"
         if name in aliases and owners:
             return f"{node.name!r} is both a column and a select alias"
         if not owners:
             continue
-        if len(owners) == 1:
+        if len(owners) == 1 or (name in keys and len(qualifiers) > 2):
             candidate.qualified[id(node)] = exp.column(node.name, table=owners[0], quoted=True)
-        elif name in keys:
+        elif name in keys and set(owners) == {left_q, right_q}:
             left = exp.column(node.name, table=left_q, quoted=True)
             right = exp.column(node.name, table=right_q, quoted=True)
             candidate.qualified[id(node)] = {
@@ -415,14 +504,18 @@ def _trunc_group(coarse: Any) -> GroupOf:
     return lambda value: None if value is None else coarse.apply_scalar(value)
 
 
-def decide_join(candidate: JoinCandidate, left_plan: PrunePlan, right_plan: PrunePlan) -> JoinDecision:
-    """Whether `candidate` runs partition-wise over the two pruned plans, and its pair groups."""
+def decide_join(candidate: JoinCandidate, *plans: PrunePlan) -> JoinDecision:
+    """Whether `candidate` runs partition-wise over the pruned plans of its sides (in the order of the
+    FROM clause), and its pair groups."""
     decision = JoinDecision(
         candidate.left, candidate.right, candidate.kind, candidate.keys, False, "", candidate=candidate
     )
     if candidate.reason is not None:
         decision.reason = candidate.reason
         return decision
+    if len(plans) > 2:
+        return _decide_chain(decision, candidate, plans)
+    left_plan, right_plan = plans
     reasons = []
     for left_column, right_column in candidate.keys:
         left_fields = [f for f in left_plan.index.fields if f.column == left_column]
@@ -462,6 +555,143 @@ def decide_join(candidate: JoinCandidate, left_plan: PrunePlan, right_plan: Prun
     return decision
 
 
+def _decide_chain(
+    decision: JoinDecision, candidate: JoinCandidate, plans: Sequence[PrunePlan]
+) -> JoinDecision:
+    """`decide_join` of three or more datasets joined inner: split when one class of equal columns holds
+    a column of every side, each side partitioned on it compatibly with the coarsest side's layout."""
+    sides = candidate.sides
+    parent: dict[SideColumn, SideColumn] = {}
+
+    def root(item: SideColumn) -> SideColumn:
+        while parent.setdefault(item, item) != item:
+            item = parent[item]
+        return item
+
+    for one, two in candidate.equalities:
+        parent[root(one)] = root(two)
+    classes: dict[SideColumn, list[SideColumn]] = {}
+    for item in list(parent):
+        classes.setdefault(root(item), []).append(item)
+    reasons: list[str] = []
+    for members in sorted(classes.values(), key=lambda m: sorted(m)):
+        columns: dict[int, list[str]] = {}
+        for position, column in sorted(members):
+            columns.setdefault(position, []).append(column)
+        shown = " = ".join(f"{sides[i].qualifier}.{c}" for i, c in sorted(members))
+        missing = [sides[i].dataset for i in range(len(sides)) if i not in columns]
+        if missing:
+            reasons.append(f"the equal keys {shown} do not reach {', '.join(missing)}")
+            continue
+        options: list[list[tuple[BoundField, pa.DataType]]] = []
+        for position, plan in enumerate(plans):
+            found = [
+                (f, plan.index.schema.field(f.column).type)
+                for f in plan.index.fields
+                if f.column in columns[position]
+            ]
+            if not found:
+                reasons.append(
+                    f"{sides[position].dataset} is not partitioned on {', '.join(columns[position])}"
+                )
+                break
+            options.append(found)
+        else:
+            for combination in itertools.product(*options):
+                fields = [f for f, _ in combination]
+                mapping = _chain_groups(fields, [t for _, t in combination], plans)
+                if isinstance(mapping, str):
+                    reasons.append(mapping)
+                    continue
+                try:
+                    decision.pairs = _chain_pair_groups(plans, fields, mapping)
+                except (AirflowPartitionsError, TypeError, ValueError, OverflowError) as err:
+                    reasons.append(f"cannot group the partition values ({err})")
+                    continue
+                decision.split = True
+                decision.reason = " vs ".join(f.transform.canonical for f in fields) + " are compatible"
+                return decision
+    decision.reason = "; ".join(dict.fromkeys(reasons)) or "no partition field on the join keys"
+    return decision
+
+
+def _chain_groups(
+    fields: Sequence[BoundField], types: Sequence[pa.DataType], plans: Sequence[PrunePlan]
+) -> list[GroupOf] | str:
+    """Each side's group function under the coarsest side's layout: the side whose partition values are
+    their own groups against every other side (`partition_groups`), the others mapped onto them."""
+    reasons: list[str] = []
+    for coarse in range(len(fields)):
+        values = [
+            plans[coarse].index.key_values(p.position)[fields[coarse].position]
+            for p in plans[coarse].selected
+        ]
+        groups: list[GroupOf] = []
+        for other in range(len(fields)):
+            if other == coarse:
+                groups.append(_same)
+                continue
+            mapping = partition_groups(fields[coarse], fields[other], types[coarse], types[other])
+            if isinstance(mapping, str):
+                reasons.append(mapping)
+                break
+            if any(_group_key(mapping[0](v)) != _group_key(v) for v in values):
+                reasons.append(
+                    f"{fields[coarse].transform.canonical} is not the coarser of it and "
+                    f"{fields[other].transform.canonical}"
+                )
+                break
+            groups.append(mapping[1])
+        else:
+            return groups
+    incompatible = [r for r in reasons if "not the coarser" not in r]
+    return "; ".join(dict.fromkeys(incompatible or reasons))
+
+
+def _chain_pair_groups(
+    plans: Sequence[PrunePlan], fields: Sequence[BoundField], groups_of: Sequence[GroupOf]
+) -> list[PairGroup]:
+    """The small joins of an inner join chain: the groups every side has partitions of (NULL skipped)."""
+    groups: dict[str, list[list[Any]]] = {}
+    for side, (plan, field_, group_of) in enumerate(zip(plans, fields, groups_of, strict=True)):
+        for selected in plan.selected:
+            value = plan.index.key_values(selected.position)[field_.position]
+            group = _group_key(group_of(value))
+            if group != NULL_GROUP:
+                groups.setdefault(group, [[] for _ in plans])[side].append(selected)
+    return _batched([(group, sides) for group, sides in groups.items() if all(sides)])
+
+
+def _batched(needed: list[tuple[str, list[list[Any]]]]) -> list[PairGroup]:
+    """Pair groups of the needed groups (group, each side's selected partitions), at most
+    `MAX_JOIN_BRANCHES`: largest groups first onto the lightest batch."""
+    needed.sort(key=lambda item: (-sum(p.rows for side in item[1] for p in side), item[0]))
+    batches: list[list[Any]] = [[] for _ in range(min(len(needed), MAX_JOIN_BRANCHES))]
+    sizes = [0] * len(batches)
+    for item in needed:
+        target = sizes.index(min(sizes))
+        batches[target].append(item)
+        sizes[target] += sum(p.rows for side in item[1] for p in side)
+    pairs = []
+    for batch in batches:
+        batch.sort(key=lambda item: item[0])
+        count = len(batch[0][1])
+        sides = [[p for _, lists in batch for p in lists[side]] for side in range(count)]
+        pairs.append(
+            PairGroup(
+                tuple(str(group) for group, _ in batch),
+                tuple(p.key_path for p in sides[0]),
+                tuple(p.key_path for p in sides[1]),
+                tuple(f for p in sides[0] for f in p.files),
+                tuple(f for p in sides[1] for f in p.files),
+                tuple(tuple(p.key_path for p in side) for side in sides[2:]),
+                tuple(tuple(f for p in side for f in p.files) for side in sides[2:]),
+            )
+        )
+    pairs.sort(key=lambda pair: pair.groups)
+    return pairs
+
+
 def _pair_groups(
     kind: str,
     left_plan: PrunePlan,
@@ -494,30 +724,8 @@ def _pair_groups(
             "FULL": lefts or rights,
         }[kind]
         if keep:
-            needed.append((group, lefts, rights))
-    needed.sort(key=lambda item: (-sum(p.rows for p in item[1] + item[2]), item[0]))
-    batches: list[list[Any]] = [[] for _ in range(min(len(needed), MAX_JOIN_BRANCHES))]
-    sizes = [0] * len(batches)
-    for item in needed:  # largest first onto the lightest batch
-        target = sizes.index(min(sizes))
-        batches[target].append(item)
-        sizes[target] += sum(p.rows for p in item[1] + item[2])
-    pairs = []
-    for batch in batches:
-        batch.sort(key=lambda item: item[0])
-        lefts = [p for _, ls, _ in batch for p in ls]
-        rights = [p for _, _, rs in batch for p in rs]
-        pairs.append(
-            PairGroup(
-                tuple(str(group) for group, _, _ in batch),
-                tuple(p.key_path for p in lefts),
-                tuple(p.key_path for p in rights),
-                tuple(f for p in lefts for f in p.files),
-                tuple(f for p in rights for f in p.files),
-            )
-        )
-    pairs.sort(key=lambda pair: pair.groups)
-    return pairs
+            needed.append((group, [lefts, rights]))
+    return _batched(needed)
 
 
 def _group_key(value: Any) -> str:
@@ -539,8 +747,9 @@ class JoinSplit:
     decision: JoinDecision
     view: str
 
-    def branch_sql(self, left_relation: str, right_relation: str) -> str:
-        """One small join over the two relations, its rows the columns the statement reads."""
+    def branch_sql(self, *relations: str) -> str:
+        """One small join over the sides' relations (in FROM order), its rows the columns the statement
+        reads."""
         candidate = self.decision.candidate
         assert candidate is not None
         items = [
@@ -548,11 +757,13 @@ class JoinSplit:
         ]
         if not items:
             items = [f"NULL::INTEGER AS {_quote(self.view + '_row')}"]  # count(*) reads no column
-        left, right = _quote(candidate.left.qualifier), _quote(candidate.right.qualifier)
-        return (
-            f"SELECT {', '.join(items)} FROM {left_relation} AS {left} "
-            f"{candidate.kind} JOIN {right_relation} AS {right} {candidate.on_sql}"
-        )
+        sides = candidate.sides
+        text = f"SELECT {', '.join(items)} FROM {relations[0]} AS {_quote(sides[0].qualifier)}"
+        for relation, side, condition in zip(
+            relations[1:], sides[1:], [candidate.on_sql, *candidate.more_on], strict=True
+        ):
+            text += f" {candidate.kind} JOIN {relation} AS {_quote(side.qualifier)} {condition}"
+        return text
 
 
 def rewrite_splits(tree: exp.Expr, splits: Sequence[JoinSplit], name_of: Callable[[str], str]) -> str:
@@ -594,8 +805,8 @@ def rewrite_splits(tree: exp.Expr, splits: Sequence[JoinSplit], name_of: Callabl
             for item in select.expressions:
                 if isinstance(item, exp.Star):
                     expanded.extend(
-                        exp.Column(this=exp.Star(), table=exp.to_identifier(q, quoted=True))
-                        for q in (candidate.left.qualifier, candidate.right.qualifier)
+                        exp.Column(this=exp.Star(), table=exp.to_identifier(side.qualifier, quoted=True))
+                        for side in candidate.sides
                     )
                 else:
                     expanded.append(item)
@@ -610,7 +821,7 @@ def _flatten_columns(candidate: JoinCandidate, select: exp.Select, view: str) ->
     """Replace each `side.column` of the rewritten SELECT by the view's column for it (one per column
     read, named `<view>_<n>`); a select item keeps its name, and `side.*` becomes every column of the
     side under its own name (`candidate.flat` records the view's columns)."""
-    sides = {side.qualifier.lower(): side.qualifier for side in (candidate.left, candidate.right)}
+    sides = {side.qualifier.lower(): side.qualifier for side in candidate.sides}
     top = {id(item) for item in select.expressions}
 
     def view_column(qualifier: str, name: str) -> exp.Column:

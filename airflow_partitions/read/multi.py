@@ -135,10 +135,8 @@ class DatasetQueryPlan:
         for decision in self.joins:
             lines.append(f"join {decision.describe()}")
             for pair in decision.pairs:
-                lines.append(
-                    f"  pair group {', '.join(pair.groups)}: {len(pair.left_partitions)} x "
-                    f"{len(pair.right_partitions)} partition(s)"
-                )
+                sizes = " x ".join(str(len(side)) for side in pair.partitions)
+                lines.append(f"  pair group {', '.join(pair.groups)}: {sizes} partition(s)")
         return "\n".join(lines)
 
     @deep_stack
@@ -260,20 +258,20 @@ class DatasetQuery:
             return result
         candidates = find_joins(tree, lowered, {name.lower(): name for name in names})
         for candidate in candidates:
-            decision = decide_join(candidate, plans[candidate.left.dataset], plans[candidate.right.dataset])
+            decision = decide_join(candidate, *(plans[side.dataset] for side in candidate.sides))
             if decision.split and not split_joins:
                 decision.split, decision.pairs = False, []
                 decision.reason = "partition-wise joins are turned off (split_joins=False)"
             if decision.split and self.split_min_bytes > 0:
                 selected = sum(
                     file.bytes
-                    for side in (candidate.left.dataset, candidate.right.dataset)
+                    for side in {side.dataset for side in candidate.sides}
                     for file in plans[side].files
                 )
                 if selected < self.split_min_bytes:
                     decision.split, decision.pairs = False, []
                     decision.reason = (
-                        f"compatible layouts, but the two sides' selected files hold {selected:,} bytes, "
+                        f"compatible layouts, but the sides' selected files hold {selected:,} bytes, "
                         f"under split_min_bytes ({self.split_min_bytes:,}): one plain join costs less"
                     )
             result.joins.append(decision)
@@ -431,15 +429,16 @@ def _register_split(
 ) -> list[str]:
     """The view of a split join: the UNION ALL of one small join per pair group (each returned)."""
     decision = split.decision
-    left, right = decision.left.dataset, decision.right.dataset
+    sides = [side.dataset for side in decision.sides]
     pairs: list[PairGroup | None] = list(decision.pairs) or [None]
     branches = []
     for pair in pairs:
-        left_files = pair.left_files if pair is not None else ()
-        right_files = pair.right_files if pair is not None else ()
-        left_relation = _relation(query, connection, scopes[left], left, left_files, plan.schemas[left])
-        right_relation = _relation(query, connection, scopes[right], right, right_files, plan.schemas[right])
-        branches.append(split.branch_sql(f"({left_relation})", f"({right_relation})"))
+        files = pair.files if pair is not None else tuple(() for _ in sides)
+        relations = [
+            _relation(query, connection, scopes[name], name, side_files, plan.schemas[name])
+            for name, side_files in zip(sides, files, strict=True)
+        ]
+        branches.append(split.branch_sql(*(f"({relation})" for relation in relations)))
     connection.execute(f"CREATE TEMP VIEW {quote_identifier(split.view)} AS {' UNION ALL '.join(branches)}")
     return branches
 
