@@ -556,7 +556,23 @@ def test_a_join_reads_catalog_tables_and_a_tagged_version(
         ("SELECT count(DISTINCT a.k) FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
         ("SELECT avg(a.v) FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
         ("SELECT sum(a.v) + 1 FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
-        ("SELECT a.k, count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k GROUP BY a.k", False),
+        ("SELECT a.k, count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k GROUP BY a.k", True),
+        (
+            "SELECT b.k, a.v, count(DISTINCT a.id) AS n, max(b.ts) AS m FROM l_b8 a JOIN r_b16 b "
+            "USING (k) GROUP BY b.k, a.v HAVING count(*) > 1",
+            True,
+        ),
+        ("SELECT k, count(*) AS n, sum(b.v) FROM l_b8 a LEFT JOIN r_b16 b USING (k) GROUP BY 1", True),
+        ("SELECT b.k, count(*) FROM l_b8 a LEFT JOIN r_b16 b ON a.k = b.k GROUP BY b.k", False),
+        ("SELECT a.k, count(*) FROM l_b8 a FULL JOIN r_b16 b ON a.k = b.k GROUP BY a.k", False),
+        ("SELECT a.v, count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k GROUP BY a.v", False),
+        ("SELECT a.k, avg(b.v) FROM l_b8 a JOIN r_b16 b ON a.k = b.k GROUP BY a.k", True),
+        ("SELECT a.k, count(*) FROM l_b8 a JOIN r_b16 b ON a.k = b.k GROUP BY ROLLUP (a.k)", False),
+        (
+            "SELECT c.k, count(*) AS n, sum(a.v) AS s FROM l_b8 a JOIN r_b16 b ON a.k = b.k "
+            "JOIN x_b32 c ON c.k = b.k GROUP BY c.k",
+            True,
+        ),
         ("SELECT a.id FROM l_b8 a JOIN r_b16 b ON a.k = b.k ORDER BY a.id LIMIT 5", False),
         ("SELECT count(*), a.k FROM l_b8 a JOIN r_b16 b ON a.k = b.k", False),
     ],

@@ -159,6 +159,8 @@ class JoinDecision:
     reason: str
     pairs: list[PairGroup] = field(default_factory=list)
     candidate: JoinCandidate | None = None
+    # The key column of each side the split groups by, as (side position, column); empty when not split.
+    split_columns: list[SideColumn] = field(default_factory=list)
 
     @property
     def sides(self) -> list[JoinSide]:
@@ -547,6 +549,7 @@ def decide_join(candidate: JoinCandidate, *plans: PrunePlan) -> JoinDecision:
                 reasons.append(f"cannot group the partition values ({err})")
                 continue
             decision.split = True
+            decision.split_columns = [(0, left_field.column), (1, right_field.column)]
             decision.reason = (
                 f"{left_field.transform.canonical} vs {right_field.transform.canonical} are compatible"
             )
@@ -609,6 +612,7 @@ def _decide_chain(
                     reasons.append(f"cannot group the partition values ({err})")
                     continue
                 decision.split = True
+                decision.split_columns = [(i, f.column) for i, f in enumerate(fields)]
                 decision.reason = " vs ".join(f.transform.canonical for f in fields) + " are compatible"
                 return decision
     decision.reason = "; ".join(dict.fromkeys(reasons)) or "no partition field on the join keys"
@@ -859,6 +863,10 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+# The shape of a statement grouped by a key the split groups by: each pair group's result rows are whole
+# groups of the statement, none shared with another pair group's, so the results concatenate.
+GROUPED = "groups"
+
 # How a one-row result of `count` / `sum` / `min` / `max` over pair groups combines into the whole's.
 STREAMED_AGGREGATES: dict[type[exp.Expr], str] = {
     exp.Count: "count",
@@ -868,25 +876,77 @@ STREAMED_AGGREGATES: dict[type[exp.Expr], str] = {
 }
 
 
+def _grouped_by_split_key(tree: exp.Select, candidate: JoinCandidate, decision: JoinDecision) -> bool:
+    """Whether the plain GROUP BY of `tree` has an item that is a split key column of a side whose rows of
+    one key value all lie in one pair group (see `streamed_shape`); before or after the rewrite."""
+    group = tree.args["group"]
+    if any(group.args.get(k) for k in ("rollup", "cube", "grouping_sets", "all", "totals")):
+        return False
+    eligible_sides = {
+        "INNER": set(range(len(candidate.sides))),
+        "LEFT": {0},
+        "RIGHT": {1},
+    }.get(candidate.kind, set())
+    qualifiers = [side.qualifier.lower() for side in candidate.sides]
+    eligible = {
+        (qualifiers[position], column.lower())
+        for position, column in decision.split_columns
+        if position in eligible_sides
+    }
+    by_view = {name: (q.lower(), c.lower()) for (q, c), name in candidate.flat.items()}
+    for item in group.expressions:
+        if isinstance(item, exp.Literal) and item.is_int:
+            position = int(item.this) - 1
+            if not 0 <= position < len(tree.expressions):
+                continue
+            item = tree.expressions[position]
+            item = item.this if isinstance(item, exp.Alias) else item
+        if not candidate.flat:  # before the rewrite: its qualifications of unqualified columns apply
+            item = candidate.qualified.get(id(item), item)
+        if not isinstance(item, exp.Column) or isinstance(item.this, exp.Star):
+            continue
+        parts = item.parts
+        if len(parts) == 2:
+            key = (parts[0].name.lower(), item.name.lower())
+        elif len(parts) == 1:
+            found = by_view.get(item.name)
+            if found is None:
+                continue
+            key = found
+        else:
+            continue
+        if key in eligible:
+            return True
+    return False
+
+
 def streamed_shape(tree: exp.Expr, split: JoinSplit) -> list[str] | None:
     """How the statement's results over the split join's pair groups, run one group at a time, combine
     into exactly its result over the whole join; None when they do not.
 
     `[]`: the statement is a plain projection / filter of the join (its rows are the groups' rows, in no
-    promised order); else one of `STREAMED_AGGREGATES`' kinds per select item: the statement is a single
-    row of `count` / `sum` / `min` / `max` (no DISTINCT, FILTER, nested aggregate or arithmetic around
-    one). Anything else (GROUP BY, HAVING, DISTINCT, ORDER BY, LIMIT, windows, CTEs, set operations,
+    promised order); `[GROUPED]`: it has a plain `GROUP BY` (any aggregates, `HAVING` too) one of whose
+    items is a key column the split groups by, of a side whose every row with one key value lies in one
+    pair group (any side of an inner join; the preserved side of a left / right join, NULL keys
+    included; no side of a full join), so each statement group is computed whole within one pair group;
+    else one of `STREAMED_AGGREGATES`' kinds per select item: the statement is a single row of `count` /
+    `sum` / `min` / `max` (no DISTINCT, FILTER, nested aggregate or arithmetic around one). Anything else
+    (another GROUP BY, HAVING without it, DISTINCT, ORDER BY, LIMIT, windows, CTEs, set operations,
     subqueries, other aggregates) needs the whole join at once.
     """
     candidate = split.decision.candidate
     if candidate is None or tree is not candidate.select or not isinstance(tree, exp.Select):
         return None
-    for clause in ("with_", "group", "having", "order", "limit", "offset", "distinct", "qualify", "windows"):
+    for clause in ("with_", "order", "limit", "offset", "distinct", "qualify", "windows"):
         if tree.args.get(clause):
             return None
-    if tree.find(exp.Window, exp.Subquery, exp.Lambda, exp.Distinct) is not None:
+    if tree.find(exp.Window, exp.Subquery, exp.Lambda) is not None:
         return None
     if any(node is not tree for node in tree.find_all(exp.Select)):
+        return None
+    if tree.args.get("group"):
+        return [GROUPED] if _grouped_by_split_key(tree, candidate, split.decision) else None
+    if tree.args.get("having") or tree.find(exp.Distinct) is not None:
         return None
     kinds: list[str] = []
     plain = True

@@ -37,6 +37,7 @@ from airflow_partitions.pruning.expressions import quote_identifier, quote_strin
 from airflow_partitions.pruning.limits import check_budget, run_bounded
 from airflow_partitions.read.catalog_tables import register_catalog_tables
 from airflow_partitions.read.joins import (
+    GROUPED,
     JoinDecision,
     JoinSplit,
     PairGroup,
@@ -452,7 +453,10 @@ def _run_streamed(
     import pyarrow.compute as pc
 
     types = connection.sql(statement).types
-    if any(kind == "sum" and str(t) in ("DOUBLE", "FLOAT") for kind, t in zip(shape, types, strict=False)):
+    floating = [str(t) in ("DOUBLE", "FLOAT") for t in types]
+    if any(kind == "sum" and f for kind, f in zip(shape, floating, strict=False)) or (
+        shape == [GROUPED] and any(floating)
+    ):
         # Floating-point sums depend on the order of addition: only the whole join gives its answer.
         return connection.sql(statement).to_arrow_table()
     parts = []
@@ -461,8 +465,8 @@ def _run_streamed(
         parts.append(connection.sql(statement).to_arrow_table())
         check_budget()
     whole = pa.concat_tables(parts)
-    if not shape:
-        return whole
+    if not shape or shape == [GROUPED]:
+        return whole  # rows of a projection, or whole statement groups: each in exactly one part
     columns = []
     for kind, column in zip(shape, whole.columns, strict=True):
         if kind == "count":
