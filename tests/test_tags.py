@@ -283,3 +283,63 @@ def test_a_tag_written_during_vacuum_is_kept_or_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     _tag_vacuum_race(tmp_path, monkeypatch, where)
+
+
+def test_tags_and_vacuums_racing_leave_every_tag_readable(tmp_path: Path) -> None:
+    """Threads commit, vacuum (keeping one version) and tag recent versions at once, each on a catalog
+    object of its own; every tag write that succeeded while its version was retained leaves the version
+    readable, and at the end every tag names a readable version with its commit id."""
+    root = tmp_path
+    seed_catalog = Catalog(LocalStore(root), "sales")
+    commit(seed_catalog, entry("EU", "0"))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    written: list[tuple[str, int]] = []
+
+    def committer() -> None:
+        catalog = Catalog(LocalStore(root), "sales")
+        for i in range(40):
+            commit(catalog, entry(f"R{i % 5}", str(i)))
+        stop.set()
+
+    def vacuumer() -> None:
+        while not stop.is_set():
+            Catalog(LocalStore(root), "sales").vacuum(retain_versions=1, grace=dt.timedelta(0))
+
+    def tagger(name: str) -> None:
+        catalog = Catalog(LocalStore(root), "sales")
+        while not stop.is_set():
+            version = max(1, catalog.head_version() - 1)
+            try:
+                catalog.tag(name, version)
+            except VersionNotFoundError:
+                continue
+            written.append((name, version))
+            # Written and not moved since (this thread is the tag's only writer): readable now.
+            Catalog(LocalStore(root), "sales").snapshot(version)
+
+    def run(target: Callable[..., None], *args: str) -> None:
+        try:
+            target(*args)
+        except BaseException as err:  # collected and re-raised on the main thread
+            errors.append(err)
+            stop.set()
+
+    threads = [
+        threading.Thread(target=run, args=(committer,)),
+        threading.Thread(target=run, args=(vacuumer,)),
+        threading.Thread(target=run, args=(tagger, "a")),
+        threading.Thread(target=run, args=(tagger, "b")),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert written, "some tag writes landed"
+    fresh = Catalog(LocalStore(root), "sales")
+    fresh.vacuum(retain_versions=1, grace=dt.timedelta(0))
+    for info in fresh.tags().values():
+        assert fresh.snapshot(info.version).version == info.version
+        assert fresh.tagged_version(info.name) == info.version
+    assert not list(LocalStore(root).list(f"{fresh.prefix}/vacuuming/")), "every vacuum removed its marker"
