@@ -294,10 +294,16 @@ class SpillFacts:
 last_spill: SpillFacts | None = None
 
 
-def spill_directory(data_root: Path) -> Path:
-    """A fresh private directory for one refresh's spill files."""
+def spill_base(accelerator_dir: Path) -> Path:
+    """Where spill directories are made: `AP_ARROW_SPILL_DIR`, else `<accelerator_dir>/_scratch`."""
     configured = os.environ.get(SPILL_DIR_ENV)
-    base = Path(configured) if configured and configured.strip() else Path(data_root).parent / "_scratch"
+    return Path(configured) if configured and configured.strip() else Path(accelerator_dir) / "_scratch"
+
+
+def spill_directory(data_root: Path) -> Path:
+    """A fresh private directory for one refresh's spill files (`data_root`: the dataset's data
+    directory, `<accelerator_dir>/<dataset>`)."""
+    base = spill_base(Path(data_root).parent)
     try:
         base.mkdir(parents=True, exist_ok=True, mode=0o700)
         return Path(tempfile.mkdtemp(prefix="arrow-spill-", dir=base))
