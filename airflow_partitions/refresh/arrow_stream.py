@@ -31,6 +31,7 @@ memory budget, at most 1 GiB. The scratch directory: `AP_ARROW_SPILL_DIR`, defau
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -138,6 +139,7 @@ class PartitionSpill:
         self.held = 0
         self.peak_held = 0
         self.spilled_bytes = 0
+        self.from_memory = 0  # partitions written (partly) from rows still buffered at the end
         self._lock = threading.Lock()
 
     def add(self, parts: dict[str, pa.Table], nbytes: int) -> None:
@@ -184,6 +186,7 @@ class PartitionSpill:
                 batches.extend(reader.get_batch(first + offset) for offset in range(count))
         with self._lock:
             buffered = self.buffers.pop(key_path, [])
+            self.from_memory += 1 if buffered else 0
         tables = [pa.Table.from_batches(batches, schema=self.schema)] if batches else []
         tables += buffered
         return pa.concat_tables(tables) if tables else self.schema.empty_table()
@@ -288,6 +291,8 @@ class SpillFacts:
     peak_held: int  # the most bytes the router's buffers held at once
     spills: int  # spill files written
     spilled_bytes: int
+    spilled_partitions: int  # partitions with rows in a spill file
+    written_from_memory: int  # partitions written (partly) from rows never spilled
 
 
 # The facts of the last streamed refresh in this process (tests and benchmarks read them).
@@ -353,7 +358,6 @@ def streamed_refresh(
                 router.route(conform_to_schema(batch, schema))
         finally:
             router.close()
-        last_spill = SpillFacts(limit, spill.peak_held, len(spill.runs), spill.spilled_bytes)
         unplanned = dict(router.dropped)
         if unplanned and plans_every_partition(plan, selecting):
             raise ConservationError(
@@ -415,6 +419,14 @@ def streamed_refresh(
             workers=workers,
             keep_going=keep_going,
         )
+        last_spill = SpillFacts(
+            budget=limit,
+            peak_held=spill.peak_held,
+            spills=len(spill.runs),
+            spilled_bytes=spill.spilled_bytes,
+            spilled_partitions=len({path for run in spill.runs for path in run.batches}),
+            written_from_memory=spill.from_memory,
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return ArrowRefreshResult(
@@ -432,9 +444,4 @@ def spill_facts() -> dict[str, Any] | None:
     facts = last_spill
     if facts is None:
         return None
-    return {
-        "budget": facts.budget,
-        "peak_held": facts.peak_held,
-        "spills": facts.spills,
-        "spilled_bytes": facts.spilled_bytes,
-    }
+    return dataclasses.asdict(facts)
