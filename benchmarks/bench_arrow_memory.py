@@ -93,7 +93,9 @@ def run_task(kind: str, request_path: str) -> None:
     elif kind == "pyiceberg":
         from benchmarks.bench_refresh import anchor_pyiceberg_append, pyiceberg_catalog
 
-        catalog = pyiceberg_catalog(Path(request["root"]))
+        fresh = Path(request["root"]) / f"iceberg-{uuid.uuid4().hex[:10]}"  # a new catalog per process
+        fresh.mkdir(parents=True)
+        catalog = pyiceberg_catalog(fresh)
         started = time.perf_counter()
         output = {"rows": anchor_pyiceberg_append(catalog, Path(request["flat"]))}
         seconds = time.perf_counter() - started
@@ -181,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             def run() -> Any:
                 if kind == "copy":
                     shutil.rmtree(root / "copy", ignore_errors=True)
+                if kind == "pyiceberg":
+                    for old in (root / "iceberg-runs").glob("iceberg-*"):
+                        shutil.rmtree(old, ignore_errors=True)
                 report = spawn(kind, request, tasks)
                 reports.setdefault(kind, []).append(report)
                 return report
@@ -195,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             contenders["whole"] = contender("whole", {"spec": str(spec)})
         iceberg_skipped = pyiceberg_missing()
         if iceberg_skipped is None:
-            contenders["pyiceberg"] = contender("pyiceberg", {"root": str(root), "flat": str(flat)})
+            contenders["pyiceberg"] = contender(
+                "pyiceberg", {"root": str(root / "iceberg-runs"), "flat": str(flat)}
+            )
         else:
             print(f"pyiceberg anchor skipped: {iceberg_skipped}")
         measured = run_rounds(contenders, args.repeat, warmup=False)
