@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -318,3 +320,37 @@ def test_peak_arrow_memory_stays_flat_as_the_source_grows(tmp_path: Path) -> Non
     whole_large = peaks[("whole", large)]["peak"]
     assert spill_large < 1.6 * spill_small, peaks
     assert spill_large < whole_large / 3, peaks
+
+
+def test_prefetched_batches_keep_order_and_raise_the_readers_error_in_place() -> None:
+    from airflow_partitions.exceptions import SourceError
+
+    def batches() -> Iterator[pa.Table]:
+        for index in range(5):
+            yield pa.table({"i": [index]})
+        raise SourceError("cannot read chunk5.parquet: truncated")
+
+    seen: list[int] = []
+
+    def consume() -> None:
+        for batch in arrow_stream.prefetched(batches(), 2):
+            seen.append(batch.column("i")[0].as_py())
+
+    with pytest.raises(SourceError, match=r"chunk5\.parquet: truncated"):
+        consume()
+    assert seen == [0, 1, 2, 3, 4]
+    produced: list[int] = []
+
+    def endless() -> Iterator[pa.Table]:
+        index = 0
+        while True:
+            produced.append(index)
+            yield pa.table({"i": [index]})
+            index += 1
+
+    stream = arrow_stream.prefetched(endless(), 2)
+    assert next(stream).column("i")[0].as_py() == 0
+    stream.close()  # the consumer stopped (an error while routing): the reader stops too
+    stopped_at = len(produced)
+    assert stopped_at <= 4, "the reader reads at most `depth` ahead"
+    assert not [t for t in threading.enumerate() if t.name == "arrow-stream-read"], "the reader ended"

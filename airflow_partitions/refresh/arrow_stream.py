@@ -33,11 +33,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +70,8 @@ MAX_DEFAULT_SPILL_BUDGET = 1 << 30
 # Rows per batch read from a file source: large enough that the per-batch routing and hashing cost little
 # beside the rows themselves, small enough to be a sliver of any budget.
 BATCH_ROWS = 256 * 1024
+# Batches read ahead of the router, on a thread of their own.
+PREFETCH_BATCHES = 2
 _GROUP_COLUMN = "__stream_group"
 _TABLE = "__stream_rows"
 
@@ -88,6 +93,48 @@ def arrow_spill_budget() -> int:
             return budget
     memory = arrow_memory_budget()
     return min(MAX_DEFAULT_SPILL_BUDGET, memory // 2) if memory > 0 else MAX_DEFAULT_SPILL_BUDGET
+
+
+def prefetched(batches: Iterator[pa.Table], depth: int) -> Generator[pa.Table, None, None]:
+    """`batches` read on a thread of their own, at most `depth` ahead of the consumer (pyarrow decodes
+    without the GIL, so reading overlaps routing); the reader's error is raised here, in order."""
+    done = object()
+    slots: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        slots.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            slots.put(done)
+        except BaseException as err:  # handed to the consumer, raised there
+            slots.put(err)
+
+    reader = threading.Thread(target=produce, name="arrow-stream-read", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = slots.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while reader.is_alive():  # unblock a reader waiting on a full queue, then let it finish
+            try:
+                slots.get_nowait()
+            except queue.Empty:
+                pass
+            reader.join(timeout=0.1)
 
 
 def streams(source: Source) -> bool:
@@ -216,15 +263,13 @@ class _Router:
         self._hash_ready = hash_ready
         self._row_sql = row_expression(hash_ready(schema.empty_table(), schema).schema)
         self._connection = hash_connection()
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrow-stream-hash")
 
     def close(self) -> None:
+        self._hasher.shutdown(wait=True)
         self._connection.close()
 
     def route(self, table: pa.Table) -> None:
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         from airflow_partitions.write.routing import partition_groups
 
         if table.num_rows == 0:
@@ -232,8 +277,19 @@ class _Router:
         self.scanned += table.num_rows
         group, keys = partition_groups(table, self.transforms)
         paths = [key.path(self.names) for key in keys]
-        self._tally(table, group, paths)
-        counts = np.bincount(group.to_numpy(zero_copy_only=False), minlength=len(keys))
+        # The hash runs in DuckDB (its own threads, no GIL) while this thread groups the rows.
+        tallied = self._hasher.submit(self._tally, table, group, paths)
+        try:
+            self._group(table, group, paths)
+        finally:
+            tallied.result()
+
+    def _group(self, table: pa.Table, group: pa.Array, paths: list[str]) -> None:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        counts = np.bincount(group.to_numpy(zero_copy_only=False), minlength=len(paths))
         if int(counts.sum()) != table.num_rows:
             raise ConservationError(
                 self.dataset.name,
@@ -243,7 +299,7 @@ class _Router:
                 hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
             )
         # One stable sort: each partition's rows keep their order.
-        ordered = table if len(keys) == 1 else table.take(pc.sort_indices(group))
+        ordered = table if len(paths) == 1 else table.take(pc.sort_indices(group))
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
         parts: dict[str, pa.Table] = {}
         for path, start, rows in zip(paths, starts, counts.tolist(), strict=True):
@@ -354,8 +410,10 @@ def streamed_refresh(
         spill = PartitionSpill(scratch, schema, limit)
         router = _Router(dataset, plan, schema, spill)
         try:
-            for batch in source_batches(source):
-                router.route(conform_to_schema(batch, schema))
+            batches = prefetched(source_batches(source), PREFETCH_BATCHES)
+            with closing(batches):  # an error here stops the reader thread too
+                for batch in batches:
+                    router.route(conform_to_schema(batch, schema))
         finally:
             router.close()
         unplanned = dict(router.dropped)
