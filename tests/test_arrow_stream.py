@@ -354,3 +354,21 @@ def test_prefetched_batches_keep_order_and_raise_the_readers_error_in_place() ->
     stopped_at = len(produced)
     assert stopped_at <= 4, "the reader reads at most `depth` ahead"
     assert not [t for t in threading.enumerate() if t.name == "arrow-stream-read"], "the reader ended"
+
+
+def test_a_spill_that_cannot_be_written_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_partitions.exceptions import RefreshError
+
+    files, _ = drifting_chunks(79, rows=60, chunks=2)
+    write_parquet_source(tmp_path, files)
+    spec = write_spec(tmp_path, "parquet", COMPOSITE)
+    monkeypatch.setenv(arrow_stream.SPILL_ENV, "1")
+    monkeypatch.setattr(arrow_stream, "spill_directory", lambda data_root: tmp_path / "gone" / "spill")
+    with pytest.raises(RefreshError, match="cannot write the Arrow refresh's spill file") as caught:
+        refresh_dataset(spec, DATASET, strategy="arrow")
+    assert "AP_ARROW_SPILL_DIR" in str(caught.value)
+    project = load_project(spec)
+    assert open_dataset_catalog(project, project.dataset(DATASET)).latest() is None, "nothing published"
+    assert not list((tmp_path / "acc").rglob("*.parquet")), "nothing written"

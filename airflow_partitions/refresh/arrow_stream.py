@@ -208,15 +208,22 @@ class PartitionSpill:
             return
         run = _Run(self.directory / f"run-{len(self.runs):05d}.arrow")
         index = 0
-        with pa.OSFile(str(run.path), "wb") as sink, pa.ipc.new_file(sink, self.schema) as writer:
-            for key_path, parts in self.buffers.items():
-                combined = pa.concat_tables(parts).combine_chunks()
-                batches = [batch for batch in combined.to_batches() if batch.num_rows]
-                for batch in batches:
-                    writer.write_batch(batch)
-                run.batches[key_path] = (index, len(batches))
-                index += len(batches)
-        self.spilled_bytes += run.path.stat().st_size
+        try:
+            with pa.OSFile(str(run.path), "wb") as sink, pa.ipc.new_file(sink, self.schema) as writer:
+                for key_path, parts in self.buffers.items():
+                    combined = pa.concat_tables(parts).combine_chunks()
+                    batches = [batch for batch in combined.to_batches() if batch.num_rows]
+                    for batch in batches:
+                        writer.write_batch(batch)
+                    run.batches[key_path] = (index, len(batches))
+                    index += len(batches)
+            self.spilled_bytes += run.path.stat().st_size
+        except OSError as err:
+            raise RefreshError(
+                f"cannot write the Arrow refresh's spill file {run.path} ({self.spilled_bytes:,} bytes "
+                f"spilled so far): {err}; nothing was written to the dataset. Point {SPILL_DIR_ENV} at a "
+                f"local disk with room for the source's rows, or raise {SPILL_ENV} so fewer rows spill"
+            ) from err
         self.runs.append(run)
         self.buffers = {}
         self.held = 0
