@@ -372,3 +372,25 @@ def test_a_spill_that_cannot_be_written_is_a_clear_error(
     project = load_project(spec)
     assert open_dataset_catalog(project, project.dataset(DATASET)).latest() is None, "nothing published"
     assert not list((tmp_path / "acc").rglob("*.parquet")), "nothing written"
+
+
+def test_spill_budget_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_partitions.exceptions import RefreshError
+    from airflow_partitions.refresh.strategy import BUDGET_ENV
+
+    monkeypatch.setenv(arrow_stream.SPILL_ENV, "256MiB")
+    assert arrow_stream.arrow_spill_budget() == 256 * 1024**2
+    monkeypatch.setenv(arrow_stream.SPILL_ENV, "lots")
+    with pytest.raises(RefreshError, match=r"AP_ARROW_SPILL_BUDGET is 'lots'; give bytes"):
+        arrow_stream.arrow_spill_budget()
+    monkeypatch.setenv(arrow_stream.SPILL_ENV, "0")
+    with pytest.raises(RefreshError, match="the spill budget must be positive"):
+        arrow_stream.arrow_spill_budget()
+    monkeypatch.delenv(arrow_stream.SPILL_ENV)
+    monkeypatch.setenv(arrow_stream.SPILL_CONFIG_ENV, "3MB")
+    assert arrow_stream.arrow_spill_budget() == 3 * 1000**2
+    monkeypatch.delenv(arrow_stream.SPILL_CONFIG_ENV)
+    monkeypatch.setenv(BUDGET_ENV, "600MiB")
+    assert arrow_stream.arrow_spill_budget() == 300 * 1024**2, "half the memory budget"
+    monkeypatch.setenv(BUDGET_ENV, "64GiB")
+    assert arrow_stream.arrow_spill_budget() == 1024**3, "at most 1 GiB by default"
