@@ -32,6 +32,7 @@ BENCHMARKS = (
     "bench_in_lists",
     "bench_index",
     "bench_refresh",
+    "bench_arrow_memory",
     "bench_spark_stage",
     "bench_refresh_modes",
     "bench_cdc",

@@ -68,16 +68,30 @@ def test_small_file_source_runs_in_process_and_keeps_every_row(
     assert_same_rows(read_back(spec), table, "auto (arrow)")
 
 
-def test_large_file_source_goes_to_spark(file_source: tuple[Path, pa.Table]) -> None:
+def test_large_file_source_streams_unless_the_spill_does_not_fit(
+    file_source: tuple[Path, pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the memory budget the Arrow path streams and spills (its memory does not grow with the
+    source); Spark only when the spilled rows would not fit the spill directory's disk."""
+    from airflow_partitions.refresh import strategy as strategy_module
+
     spec, _ = file_source
     stored = sum(p.stat().st_size for p in (spec.parent / "src").iterdir())
     choice = choice_for(spec, budget=stored)  # the estimate is several times the stored bytes
-    assert choice.engine == "spark"
-    assert choice.strategy == "auto"  # the Spark stage still reads straight from a source that prunes
+    assert choice.engine == "arrow"
     assert "> Arrow memory budget" in choice.reason
+    assert "streamed in batches, partitions spilled to " in choice.reason
     assert choice.estimated_bytes is not None
     assert choice.estimated_bytes > stored
-    assert choice_for(spec, budget=100 * stored).engine == "arrow"
+    fits = choice_for(spec, budget=100 * stored)
+    assert fits.engine == "arrow"
+    assert "<= Arrow memory budget" in fits.reason
+    monkeypatch.setattr(strategy_module, "free_bytes", lambda directory: 1000)
+    full_disk = choice_for(spec, budget=stored)
+    assert full_disk.engine == "spark"
+    assert full_disk.strategy == "auto"  # the Spark stage still reads straight from a source that prunes
+    assert "of spilled rows exceed the 1000 B free under " in full_disk.reason
+    assert choice_for(spec, budget=100 * stored).engine == "arrow", "rows held in memory need no disk"
 
 
 def test_explicit_strategies_are_kept(file_source: tuple[Path, pa.Table]) -> None:
@@ -162,8 +176,9 @@ def test_postgres_source_sized_from_its_catalog(tmp_path: Path, pg_database: str
     assert "Postgres table public.trips" in small.reason
     assert "~2,000 rows" in small.reason
     tiny = choice_for(spec, budget=stored)  # the estimate is three times the stored bytes
-    assert tiny.engine == "spark"
+    assert tiny.engine == "arrow"  # streamed in ADBC batches and spilled
     assert "> Arrow memory budget" in tiny.reason
+    assert "streamed in batches" in tiny.reason
 
 
 def test_budget_settings(monkeypatch: pytest.MonkeyPatch) -> None:

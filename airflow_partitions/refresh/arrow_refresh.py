@@ -16,7 +16,7 @@ written so far are removed and `ConservationError` names the partitions and both
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +87,8 @@ def arrow_refresh(
     storage: PartitionStorage | None = None,
     workers: int | None = None,
     keep_going: bool = False,
+    streaming: bool | None = None,
+    spill_budget: int | None = None,
 ) -> ArrowRefreshResult:
     """Read `source` once, route its rows, write every planned partition under `data_root`.
 
@@ -94,7 +96,9 @@ def arrow_refresh(
     selection (rows of other partitions are dropped, not refused). Returns the unpublished results; on
     any error the files written are removed first. `keep_going`: a partition whose write fails (other than
     by losing rows) is removed and named in `failed`, and the others are returned, as finalize tasks fail
-    one by one; lost or extra rows in any partition still remove everything and raise.
+    one by one; lost or extra rows in any partition still remove everything and raise. `streaming`: read
+    the source in batches and spill per partition past `spill_budget` bytes (`arrow_stream.py`); None:
+    whenever the source reads in batches (files, Postgres), False: one whole read.
     """
     from airflow_partitions.refresh.commit import dataset_storage
     from airflow_partitions.write.routing import route_rows
@@ -108,6 +112,21 @@ def arrow_refresh(
     engine = storage or dataset_storage(dataset)
     if not plan.items:
         return ArrowRefreshResult((), 0, 0, 0, time.monotonic() - started)
+    from airflow_partitions.refresh import arrow_stream
+
+    if streaming is True or (streaming is None and arrow_stream.streams(source)):
+        return arrow_stream.streamed_refresh(
+            dataset,
+            plan,
+            source,
+            data_root,
+            selecting=selecting,
+            engine=engine,
+            workers=workers,
+            keep_going=keep_going,
+            budget=spill_budget,
+            started=started,
+        )
     schema = source.schema()
     table = conform_to_schema(source.read_all(), schema)
     transforms = [f.transform for f in dataset.acceleration.partition_by]
@@ -160,20 +179,70 @@ def arrow_refresh(
         return certify_rows(rows)
 
     def write_one(item: PartitionWorkItem) -> PartitionResult:
-        mark = time.monotonic()
         rows = routed.get(item.key_path, schema.empty_table())
         files = written.setdefault(item.key_path, [])
-        files.extend(engine.write(rows, data_root, item.key_path) if rows.num_rows else [])
-        check_written_rows(dataset.name, item.key_path, engine, data_root, files, rows.num_rows)
-        certificate = certificate_of(item.key_path, rows)
-        entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certificate)
-        return PartitionResult(entry, elapsed_s=time.monotonic() - mark, routed=rows.num_rows)
+        return write_partition(dataset, item, rows, engine, data_root, files, certificate_of)
 
+    results, failures = write_planned(
+        dataset.name,
+        plan.items,
+        write_one,
+        engine,
+        data_root,
+        written,
+        workers=workers,
+        keep_going=keep_going,
+    )
+    return ArrowRefreshResult(
+        tuple(results),
+        table.num_rows,
+        routed_total,
+        dropped,
+        time.monotonic() - started,
+        failed={path: f"{type(err).__name__}: {err}" for path, err in failures.items()},
+    )
+
+
+def write_partition(
+    dataset: DatasetSpec,
+    item: PartitionWorkItem,
+    rows: pa.Table,
+    engine: PartitionStorage,
+    data_root: Path,
+    files: list[DataFile],
+    certificate_of: Callable[[str, pa.Table], RowCertificate],
+) -> PartitionResult:
+    """Write one planned partition's `rows` with the storage engine (`files` collects what is written, for
+    removal on failure), count them back from the files and return its unpublished result."""
+    mark = time.monotonic()
+    files.extend(engine.write(rows, data_root, item.key_path) if rows.num_rows else [])
+    check_written_rows(dataset.name, item.key_path, engine, data_root, files, rows.num_rows)
+    certificate = certificate_of(item.key_path, rows)
+    entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certificate)
+    return PartitionResult(entry, elapsed_s=time.monotonic() - mark, routed=rows.num_rows)
+
+
+def write_planned(
+    dataset: str,
+    items: Sequence[PartitionWorkItem],
+    write_one: Callable[[PartitionWorkItem], PartitionResult],
+    engine: PartitionStorage,
+    data_root: Path,
+    written: Mapping[str, Sequence[DataFile]],
+    *,
+    workers: int | None,
+    keep_going: bool,
+) -> tuple[list[PartitionResult], dict[str, Exception]]:
+    """Run `write_one` for every planned item on a small thread pool: the results, and (only with
+    `keep_going`) the partitions whose write failed other than by losing rows, their files removed.
+
+    Lost or extra rows in any partition (or any failure without `keep_going`) remove every file in
+    `written` and raise."""
     results: list[PartitionResult] = []
     lost: list[ConservationError] = []
     failures: dict[str, Exception] = {}
     with ThreadPoolExecutor(max_workers=max(1, workers or DEFAULT_ARROW_WORKERS)) as pool:
-        futures = [(item, pool.submit(write_one, item)) for item in plan.items]
+        futures = [(item, pool.submit(write_one, item)) for item in items]
         for item, future in futures:
             try:
                 results.append(future.result())
@@ -186,18 +255,11 @@ def arrow_refresh(
         if lost:
             from airflow_partitions.refresh.pipeline import merge_conservation_errors
 
-            raise merge_conservation_errors(dataset.name, lost)
+            raise merge_conservation_errors(dataset, lost)
         raise next(iter(failures.values()))
     for key_path in failures:
         remove_written(engine, data_root, written.get(key_path, []))
-    return ArrowRefreshResult(
-        tuple(results),
-        table.num_rows,
-        routed_total,
-        dropped,
-        time.monotonic() - started,
-        failed={path: f"{type(err).__name__}: {err}" for path, err in failures.items()},
-    )
+    return results, failures
 
 
 def remove_written(engine: PartitionStorage, data_root: Path, files: Sequence[DataFile]) -> None:

@@ -1,21 +1,24 @@
-"""`strategy="auto"`: per run, the in-process Arrow path when the work fits this machine, Spark otherwise.
+"""`strategy="auto"`: per run, the in-process Arrow path when this machine can run the work, Spark otherwise.
 
 Both paths are exact (tests/test_conservation_matrix.py runs every case through both), so the choice
-changes only where the work runs and how long it takes. Arrow reads the whole source into this process,
-routes and writes it here: it wins whenever the source fits in memory and this worker can reach it. Spark
-is chosen when
+changes only where the work runs and how long it takes. Arrow streams the source through this process in
+batches, routes them and writes the partitions here (`refresh/arrow_stream.py`): its memory is bounded by
+the spill budget whatever the source's size (partitions past it wait on local scratch disk), so it wins
+whenever this worker can reach the source. Spark is chosen when
 
 * a Spark session, a Spark Connect server or a Spark connection is given (the operator asked for a
   cluster);
 * the plan is one the Arrow path does not run (refresh_mode append / changes, an `s3://` accelerator_dir);
 * the source's size cannot be told (a Postgres view, another kind of source) or the source cannot be
   reached from here (then the Spark stage reports why);
-* the estimated in-memory size exceeds the budget: `AP_ARROW_MEMORY_BUDGET` or
-  `[airflow_partitions] arrow_memory_budget` (env `AIRFLOW__AIRFLOW_PARTITIONS__ARROW_MEMORY_BUDGET`),
-  bytes with an optional unit (`2GiB`, `512MB`), default a quarter of the machine's memory; `0` never
-  picks Arrow.
+* the Arrow memory budget is 0: `AP_ARROW_MEMORY_BUDGET` or `[airflow_partitions] arrow_memory_budget`
+  (env `AIRFLOW__AIRFLOW_PARTITIONS__ARROW_MEMORY_BUDGET`), bytes with an optional unit (`2GiB`,
+  `512MB`), default a quarter of the machine's memory; `0` never picks Arrow;
+* the estimated in-memory size exceeds the budget and the rows to spill do not fit the free space of the
+  spill directory (`AP_ARROW_SPILL_DIR`, default `<accelerator_dir>/_scratch`).
 
-The estimate is deliberately rough and errs towards Spark: file sources from the listing's sizes, Postgres
+Under the budget the rows are held in memory; past it they are streamed and spilled (the reason says
+which). The estimate is deliberately rough and errs high: file sources from the listing's sizes, Postgres
 from `pg_total_relation_size` and `pg_class.reltuples`, times how much larger the Arrow path's peak is
 than the stored bytes (`PEAK_PER_STORED_BYTE`).
 """
@@ -24,7 +27,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import RefreshError, SourceError
@@ -44,6 +49,8 @@ STAGE_AUTO = "auto"
 # decompresses and decodes to several times its file size; text and Postgres heap pages hold about as
 # much as Arrow), one routed copy of it, and the writers' buffers.
 PEAK_PER_STORED_BYTE = {"parquet": 8.0, "csv": 3.0, "json": 3.0, "postgres": 3.0}
+# The estimated peak holds the rows about twice (read and routed); spilled, they are on disk once.
+SPILL_PER_PEAK_BYTE = 2
 _UNITS = {
     "": 1,
     "b": 1,
@@ -186,11 +193,42 @@ def choose_strategy(
         )
     rows = f", ~{size.rows:,} rows" if size.rows is not None else ""
     sized = f"{size.what}: {_human(size.stored_bytes)} stored{rows}, ~{_human(size.peak_bytes)} in memory"
-    if size.peak_bytes > limit:
+    if size.peak_bytes <= limit:
         return StrategyChoice(
-            STAGE_AUTO, f"{sized} > Arrow memory budget {_human(limit)}", size.peak_bytes, limit
+            ARROW, f"{sized} <= Arrow memory budget {_human(limit)}", size.peak_bytes, limit
         )
-    return StrategyChoice(ARROW, f"{sized} <= Arrow memory budget {_human(limit)}", size.peak_bytes, limit)
+    from airflow_partitions.refresh.arrow_stream import arrow_spill_budget, spill_base, streams
+
+    over = f"{sized} > Arrow memory budget {_human(limit)}"
+    if not streams(source):
+        return StrategyChoice(STAGE_AUTO, over, size.peak_bytes, limit)
+    base = spill_base(Path(project.accelerator_dir))
+    free = free_bytes(base)
+    spilled = size.peak_bytes // SPILL_PER_PEAK_BYTE
+    if free is not None and spilled > free:
+        return StrategyChoice(
+            STAGE_AUTO,
+            f"{over}, and its ~{_human(spilled)} of spilled rows exceed the {_human(free)} free under {base}",
+            size.peak_bytes,
+            limit,
+        )
+    return StrategyChoice(
+        ARROW,
+        f"{over}: streamed in batches, partitions spilled to {base} past {_human(arrow_spill_budget())}",
+        size.peak_bytes,
+        limit,
+    )
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Free bytes on the disk of `directory` (or of its nearest existing parent); None if unknown."""
+    for candidate in (directory, *directory.parents):
+        if candidate.exists():
+            try:
+                return shutil.disk_usage(candidate).free
+            except OSError:
+                return None
+    return None
 
 
 def describe_spark(*, spark: Any = None, remote: str | None = None) -> str | None:

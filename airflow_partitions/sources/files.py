@@ -931,6 +931,32 @@ class FileSource:
     def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
         return self.read_files([f.path for f in self.list_files()])
 
+    def read_batches(self, *, batch_rows: int = 256 * 1024, readahead: int = 2) -> Iterator[pa.Table]:
+        """Every row of the source (as `read_all`: Hive columns, drifting files unified, the source
+        schema's types) as a stream of tables of at most `batch_rows` rows, read as they are consumed,
+        never held whole.
+
+        A Parquet file is scanned one row group at a time (pyarrow's dataset scanner otherwise decodes a
+        whole file ahead of a slow consumer); a CSV or JSON file as one scan of `readahead` batches ahead.
+        """
+        import pyarrow as pa
+
+        schema = self.schema()
+        files = self.list_files()
+        if not files:
+            return
+        try:
+            dataset = self._dataset(files, schema)
+            for fragment in dataset.get_fragments():
+                pieces = fragment.split_by_row_group() if self.file_format == "parquet" else [fragment]
+                for piece in pieces:
+                    for batch in piece.to_batches(
+                        schema=dataset.schema, batch_size=batch_rows, batch_readahead=readahead
+                    ):
+                        yield self._typed(pa.Table.from_batches([batch]), schema)
+        except (OSError, ValueError) as err:
+            raise self._read_error(files, schema, err) from err
+
     def _footer_null_count(self, files: Sequence[SourceFile], column: str) -> int | None:
         """NULLs of `column` over `files` from their Parquet footers; None if one cannot tell (no such
         column in a file, or a row group without a NULL count)."""
