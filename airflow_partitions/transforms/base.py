@@ -13,7 +13,7 @@ import datetime as dt
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -90,6 +90,16 @@ class Transform(ABC):
     def source_column(self) -> str:
         """The referenced column, exactly as written (case preserved, quotes removed)."""
         return self._source_column
+
+    @property
+    def source_columns(self) -> tuple[str, ...]:
+        """Every column the transform reads, in order (one, except `multi_bucket`)."""
+        return (self._source_column,)
+
+    @property
+    def source_types(self) -> tuple[pa.DataType, ...] | None:
+        """The bound Arrow type of each column in `source_columns`, or None when unbound."""
+        return None if self._source_type is None else (self._source_type,)
 
     @property
     def column_sql(self) -> str:
@@ -314,6 +324,15 @@ class Transform(ABC):
         bound._info = arrow_support.source_info(arrow_support.normalize_type(source_type))
         return bound
 
+    def bind_columns(self, source_types: Sequence[pa.DataType]) -> Self:
+        """A copy bound to the type of each column in `source_columns` (in order)."""
+        types = list(source_types)
+        if len(types) != 1:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r} reads one column; {len(types)} types given"
+            )
+        return self.bind(types[0])
+
     @property
     def result_type(self) -> pa.DataType:
         """The Arrow type of the partition values (binding is needed when it depends on the input)."""
@@ -374,6 +393,28 @@ class Transform(ABC):
         arrow = arrow_support.as_arrow(values)
         result_type = self.result_type_for(arrow.type)
         return arrow_support.map_array(arrow, result_type, self._apply_array)
+
+    def apply_columns(self, arrays: Sequence[Any]) -> Any:
+        """Partition values of rows given as one array per column in `source_columns`."""
+        if len(arrays) != 1:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r} reads one column; {len(arrays)} arrays given"
+            )
+        return self.apply(arrays[0])
+
+    def apply_table(self, table: Any) -> Any:
+        """Partition values of every row of a pyarrow Table / RecordBatch holding the source columns."""
+        return self.apply_columns([table.column(column) for column in self.source_columns])
+
+    def apply_row(self, values: Sequence[Any] | Mapping[str, Any]) -> Any:
+        """The partition value of one row, given its values in `source_columns` order or by name."""
+        if isinstance(values, Mapping):
+            return self.apply_scalar(values.get(self._source_column))
+        if len(values) != 1:
+            raise PartitionValueError(
+                f"partition expression {self.canonical!r} reads one column; {len(values)} values given"
+            )
+        return self.apply_scalar(values[0])
 
     @abstractmethod
     def _apply_array(self, values: pa.Array) -> pa.Array:
