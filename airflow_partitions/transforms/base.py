@@ -182,6 +182,10 @@ class Transform(ABC):
             return UNKNOWN
         return Projection(ValueSet(images), ValueSet(images, negated=True) if self.one_to_one else None)
 
+    def project_rows(self, rows: Sequence[Sequence[Any]]) -> Projection:
+        """Rows whose source columns take one of these value tuples, projected onto partition values."""
+        return self.project_in([row[0] for row in rows])
+
     def project_range(
         self,
         lower: Any,
@@ -441,6 +445,23 @@ class Transform(ABC):
         from airflow_partitions.transforms import spark
 
         return spark.to_spark(self, column)
+
+    def to_spark_columns(self, columns: Sequence[Any]) -> Any:
+        """The transform as a pyspark Column over one Spark column per entry of `source_columns`."""
+        if len(columns) != 1:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r} reads one column; "
+                f"{len(columns)} Spark columns given"
+            )
+        return self.to_spark(columns[0])
+
+    def spark_value(self) -> Any:
+        """The transform over its own source columns, by name, in the current Spark frame."""
+        from pyspark.sql import functions as F
+
+        from airflow_partitions.sources.spark import quote_column
+
+        return self.to_spark_columns([F.col(quote_column(column)) for column in self.source_columns])
 
     # --- helpers for subclasses ---------------------------------------------------------------------
 

@@ -244,7 +244,9 @@ class MultiBucketTransform(Transform):
                 arrow = arrow.combine_chunks() if arrow.num_chunks != 1 else arrow.chunk(0)
             if pa.types.is_dictionary(arrow.type):
                 arrow = arrow.dictionary_decode()
-            if arrow.type != data_type:
+            both_timestamps = pa.types.is_timestamp(arrow.type) and pa.types.is_timestamp(data_type)
+            if arrow.type != data_type and not both_timestamps:
+                # Timestamps of any unit and zone hash as UTC microseconds: only other types are cast.
                 arrow = arrow.cast(data_type)
             combined.append(support.normalize_array(arrow))
         lengths = {len(array) for array in combined}
@@ -288,6 +290,22 @@ class MultiBucketTransform(Transform):
 
     def _apply_scalar(self, value: Any) -> Any:
         raise PartitionValueError(f"partition expression {self.canonical!r}: use apply_row")
+
+    def to_spark(self, column: Any) -> Any:
+        raise PartitionExpressionError(
+            f"partition expression {self.canonical!r} reads {len(self._columns)} columns; use "
+            "to_spark_columns(<one Spark column per source column>)"
+        )
+
+    def to_spark_columns(self, columns: Sequence[Any]) -> Any:
+        """The same buckets in Spark: an Arrow UDF running `apply_columns` on Spark's Arrow batches.
+
+        Spark's own `hash()` is Murmur3 with seed 42 over Spark's encoding of each argument (its string
+        tail is mixed byte by byte, not as Murmur3's tail), so it cannot give these values.
+        """
+        from airflow_partitions.transforms import spark
+
+        return spark.multi_bucket_column(self, columns)
 
     # --- pruning: one value per column, all columns pinned -------------------------------------------
 
@@ -434,6 +452,26 @@ def field_layouts(
     if mask is not None:
         lengths[~mask] = 0
     return data, starts, lengths
+
+
+def field_bytes_array(array: pa.Array) -> pa.Array:
+    """The bytes each row's field contributes, as a binary array (NULL for NULL): for DuckDB, which
+    concatenates them in SQL (`field_layouts` as Arrow)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from airflow_partitions.transforms import arrow_support as support
+
+    array = support.normalize_array(array)
+    if support.is_string(array.type) or support.is_binary(array.type) or support.is_fixed_binary(array.type):
+        return array.cast(pa.binary())
+    data, _starts, lengths = field_layouts(array)
+    width = int(data.size // max(len(array), 1)) if len(array) else 1
+    validity = None if array.null_count == 0 else pa.array(lengths > 0).buffers()[1]
+    fixed = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(width), len(array), [validity, pa.py_buffer(np.ascontiguousarray(data))]
+    )
+    return fixed.cast(pa.binary())
 
 
 def concatenated_fields(
