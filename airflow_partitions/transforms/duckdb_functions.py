@@ -34,6 +34,7 @@ from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
 from airflow_partitions.transforms.parser import (
     DIALECT,
     describe_sql_error,
+    is_multi_bucket_call,
     is_transform_call,
     transform_from_node,
 )
@@ -379,7 +380,7 @@ def rewrite_partition_nodes(tree: exp.Expr, column_types: Mapping[str, pa.DataTy
     """`rewrite_partition_functions` on a parsed tree: a rewritten copy (`tree` is left as it is)."""
 
     def rewrite(node: exp.Expr) -> exp.Expr:
-        if isinstance(node, exp.Anonymous) and str(node.name).lower() == "multi_bucket":
+        if is_multi_bucket_call(node):
             return _rewrite_multi_bucket(node, column_types)
         if not is_transform_call(node):
             return node

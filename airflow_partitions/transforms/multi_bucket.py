@@ -522,9 +522,14 @@ def multi_bucket_hashes(arrays: Sequence[pa.Array]) -> tuple[npt.NDArray[np.int3
 
 def multi_bucket_array(arrays: Sequence[pa.Array], num_buckets: int) -> pa.Array:
     """int32 buckets `abs(h) % N` of normalised, equally long arrays; NULL where every field is NULL."""
-    import numpy as np
     import pyarrow as pa
 
     hashes, present = multi_bucket_hashes(arrays)
-    buckets = (np.abs(hashes.astype(np.int64)) % num_buckets).astype(np.int32)
-    return pa.array(buckets, type=pa.int32(), mask=~present)
+    return pa.array(buckets_of_hashes(hashes, num_buckets), type=pa.int32(), mask=~present)
+
+
+def buckets_of_hashes(hashes: npt.NDArray[np.int32], num_buckets: int) -> npt.NDArray[np.int32]:
+    """`abs(h) % N` of signed 32-bit hashes, abs taken in 64 bits (no overflow at the int32 minimum)."""
+    import numpy as np
+
+    return (np.abs(hashes.astype(np.int64)) % num_buckets).astype(np.int32)

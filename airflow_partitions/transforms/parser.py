@@ -105,6 +105,11 @@ def is_transform_call(node: exp.Expr) -> bool:
     )
 
 
+def is_multi_bucket_call(node: exp.Expr) -> bool:
+    """Whether `node` is a `multi_bucket(...)` call (its arguments unchecked)."""
+    return _is_function(node, "multi_bucket")
+
+
 def may_call_transforms(sql: str) -> bool:
     """A cheap test on text: False when `sql` cannot hold a transform call, so it need not be parsed."""
     lowered = sql.lower()
