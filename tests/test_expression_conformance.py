@@ -671,6 +671,10 @@ MB_TABLE = pa.table(
             [0.0, -0.0, float("nan"), 1.5, None, -2.25, 1e300, None, None, -1e-300, 3.0, 0.1, None, None],
             pa.float64(),
         ),
+        "f32": pa.array(
+            [-0.0, 0.5, None, float("nan"), 1.25, None, -3.0, 0.0, None, 65504.0, None, 2.0**-20, None, None],
+            pa.float32(),
+        ),
         "d": pa.array(
             [
                 *(dt.date(2026, 1, 31), None, dt.date(1969, 12, 31), dt.date(1, 1, 1), dt.date(9999, 12, 31)),
@@ -714,7 +718,7 @@ MULTI_BUCKETS = [
     "multi_bucket(8, s, i32)",
     "multi_bucket(16, i8, i16, i32, i64)",
     "multi_bucket(7, s, ts, tz, d)",
-    "multi_bucket(1000, f64, s, b)",
+    "multi_bucket(1000, f64, s, b, f32)",
     "multi_bucket(3, tz, s)",
     "multi_bucket(1, i64, s)",
     "multi_bucket(1000000, b, d, i8)",
@@ -734,6 +738,10 @@ def _independent_bytes(column: str, value: Any) -> bytes:
         if math.isnan(value):
             return bytes.fromhex("000000000000f87f")
         return struct.pack("<d", 0.0 if value == 0 else value)
+    if column == "f32":
+        if math.isnan(value):
+            return bytes.fromhex("0000c07f")
+        return struct.pack("<f", 0.0 if value == 0 else value)
     if column == "d":
         return struct.pack("<i", (value - dt.date(1970, 1, 1)).days)
     if column in ("ts", "tz"):
@@ -846,7 +854,9 @@ def test_multi_bucket_from_postgres_equals_the_independent_hash(pg_module_databa
     from airflow_partitions.sources.pg_sql import partition_sql
     from airflow_partitions.sources.postgres import PostgresSource
 
-    pg_columns = "s text, i8 smallint, i16 smallint, i32 integer, i64 bigint, f64 double precision, "
+    pg_columns = (
+        "s text, i8 smallint, i16 smallint, i32 integer, i64 bigint, f64 double precision, f32 real, "
+    )
     pg_columns += "d date, ts timestamp, tz timestamptz, b bytea"
     with psycopg.connect(pg_module_database, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE mb_rows ({pg_columns})")
