@@ -20,6 +20,7 @@ from matrix_support import DuckDBOracle, FilterGenerator, hostile_chunks, rows_b
 from test_arrow_refresh import DATASET, assert_same_rows, conformed, read_back, write_source, write_spec
 
 from airflow_partitions.refresh import refresh_dataset
+from airflow_partitions.refresh.verify import verify_dataset
 
 MULTI = (("mb", "multi_bucket(8, s, n_int)"), ("cy", "date_part('year', d)"))
 WIDE = (("wb", "multi_bucket(5, s, ts, ts_naive, d, x)"),)
@@ -98,6 +99,13 @@ def test_multi_bucket_refreshed_in_process_reads_back_every_row(tmp_path: Path) 
     assert one_null, "the data must hold rows NULL in one field"
     assert any(key.startswith("mb=%NULL") for key in rows_by_key(expected, MULTI))
     assert _check_filters(spec, expected, MULTI, seed=41) >= 30
+    # verify tallies the source in DuckDB grouped by both raw columns, then hashes each combination:
+    # the same partitions and row hashes as the commit computed.
+    report = verify_dataset(spec, DATASET)
+    assert report.ok, [c.to_json() for c in report.differing]
+    assert sum(c.source_rows for c in report.partitions) == expected.num_rows
+    deep = verify_dataset(spec, DATASET, deep=True, record=False)
+    assert deep.ok
 
     # A filter pinning both columns reads one bucket: exactly the partitions of that bucket.
     row = next(r for r in expected.to_pylist() if r["s"] and r["n_int"] is not None)
