@@ -478,28 +478,21 @@ def concatenated_fields(
     arrays: Sequence[pa.Array],
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """(bytes, starts, lengths) of each row's non-NULL fields concatenated in column order."""
-    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    layouts = [field_layouts(array) for array in arrays]
-    count = len(arrays[0])
-    row_lengths = np.zeros(count, dtype=np.int64)
-    for _, _, lengths in layouts:
-        row_lengths += lengths
-    row_starts = np.zeros(count, dtype=np.int64)
-    if count:
-        np.cumsum(row_lengths[:-1], out=row_starts[1:])
-    out = np.zeros(int(row_lengths.sum()), dtype=np.uint8)
-    cursor = row_starts.copy()
-    for data, starts, lengths in layouts:
-        total = int(lengths.sum())
-        if total:
-            # Byte j of row i's field goes from data[starts[i] + j] to out[cursor[i] + j].
-            segment_offsets = np.zeros(count, dtype=np.int64)
-            np.cumsum(lengths[:-1], out=segment_offsets[1:])
-            within = np.arange(total, dtype=np.int64) - np.repeat(segment_offsets, lengths)
-            out[np.repeat(cursor, lengths) + within] = data[np.repeat(starts, lengths) + within]
-        cursor += lengths
-    return out, row_starts, row_lengths
+    from airflow_partitions.transforms import arrow_support as support
+
+    # Each field as binary, NULL as no bytes at all ('replace' with b""; pyarrow's 'skip' mode drops rows
+    # whose every field is NULL), joined element-wise with no separator.
+    fields = [field_bytes_array(array).cast(pa.large_binary()) for array in arrays]
+    joined = pc.binary_join_element_wise(
+        *fields, pa.scalar(b"", pa.large_binary()), null_handling="replace", null_replacement=""
+    )
+    if len(joined) != len(arrays[0]):
+        raise PartitionExpressionError("multi_bucket: the joined fields lost rows")
+    data, starts, lengths = support.binary_layout(joined)
+    return data, starts.astype("int64", copy=False), lengths.astype("int64", copy=False)
 
 
 def multi_bucket_hashes(arrays: Sequence[pa.Array]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.bool_]]:
