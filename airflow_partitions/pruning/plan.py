@@ -540,7 +540,8 @@ def multi_bucket_notes(fields: Sequence[BoundField], predicate: Predicate) -> li
     for field in fields:
         if len(field.columns) < 2 or not touched & set(field.columns):
             continue
-        if any(
+        # Pruned only when every branch of a top-level OR pins all the columns.
+        if all(
             pinned_rows(item, field.columns, MAX_RANGE_ENUMERATION) is not None
             for item in _disjuncts(predicate)
         ):
