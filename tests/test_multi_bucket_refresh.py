@@ -69,6 +69,14 @@ def _check_filters(spec: Path, expected: pa.Table, fields: tuple[tuple[str, str]
     return len(filters)
 
 
+def _bucket_of(text: str, number: int) -> int:
+    import struct
+
+    import mmh3
+
+    return abs(mmh3.hash(text.encode("utf-8") + struct.pack("<q", number), 0, signed=True)) % 8
+
+
 def _plan(spec: Path, where: str) -> Any:
     from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
 
@@ -115,10 +123,20 @@ def test_multi_bucket_refreshed_in_process_reads_back_every_row(tmp_path: Path) 
     assert len(buckets) == 1, plan.explain()
     assert plan.total > len(plan.selected)
     assert not plan.notes
-    # One column alone, or a range, cannot prune the multi_bucket field: the plan says so.
-    for partial in (f"n_int = {row['n_int']}", f"s = 'x' AND n_int > {row['n_int']}"):
+    # One column alone, a range, or an OR with a branch leaving a column free cannot prune the
+    # multi_bucket field: the plan says so. Every branch pinned prunes to their buckets.
+    for partial in (
+        f"n_int = {row['n_int']}",
+        f"s = 'x' AND n_int > {row['n_int']}",
+        f"({where}) OR n_int = 1",
+    ):
         notes = _plan(spec, partial).notes
-        assert any("reads all of its buckets" in note for note in notes), notes
+        assert any("reads all of its buckets" in note for note in notes), (partial, notes)
+    both = _plan(spec, f"({where}) OR (s = 'zz' AND n_int = 1)")
+    assert not both.notes
+    assert {p.key_path.split("/")[0] for p in both.selected} <= {
+        f"mb={b}" for b in (_bucket_of(row["s"], row["n_int"]), _bucket_of("zz", 1))
+    }
 
 
 def test_multi_bucket_refreshed_by_spark_reads_back_every_row(spark: Any, tmp_path: Path) -> None:

@@ -459,9 +459,10 @@ class Transform(ABC):
         """The transform over its own source columns, by name, in the current Spark frame."""
         from pyspark.sql import functions as F
 
-        from airflow_partitions.sources.spark import quote_column
-
-        return self.to_spark_columns([F.col(quote_column(column)) for column in self.source_columns])
+        # Backticks, doubled inside: Spark parses the reference back to exactly the column's name.
+        return self.to_spark_columns(
+            [F.col("`" + column.replace("`", "``") + "`") for column in self.source_columns]
+        )
 
     # --- helpers for subclasses ---------------------------------------------------------------------
 
