@@ -126,7 +126,7 @@ def show_spec() -> None:
     sample = taxi_trips(5, seed=1)
     dataset = project.dataset("taxi_trips").bind(sample.schema)
     print("\nPartition values of 5 sample taxi trips:")
-    columns = {f.name: f.transform.apply(sample[f.transform.source_column]) for f in dataset.partition_by}
+    columns = {f.name: f.transform.apply_table(sample) for f in dataset.partition_by}
     preview = pa.table({"PULocationID": sample["PULocationID"], **columns})
     for row in preview.to_pylist():
         print("   ", row)

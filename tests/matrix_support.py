@@ -635,14 +635,14 @@ def bound_transforms(partition_by: Sequence[tuple[str, str]], schema: pa.Schema)
     out = []
     for _, expression in partition_by:
         transform = parse_transform(expression)
-        out.append(transform.bind(schema.field(transform.source_column).type))
+        out.append(transform.bind_columns([schema.field(c).type for c in transform.source_columns]))
     return out
 
 
 def partition_values(table: pa.Table, partition_by: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
     """Each row's partition key values, computed with the real transforms."""
     transforms = bound_transforms(partition_by, table.schema)
-    columns = [t.apply(table.column(t.source_column)).to_pylist() for t in transforms]
+    columns = [t.apply_table(table).to_pylist() for t in transforms]
     return list(zip(*columns, strict=True)) if columns else [() for _ in range(table.num_rows)]
 
 
@@ -740,10 +740,8 @@ class FilterGenerator:
         self.expressions: list[tuple[str, str, pa.ChunkedArray]] = []
         for i, expression in enumerate(expressions):
             transform = parse_transform(expression)
-            bound = transform.bind(table.schema.field(transform.source_column).type)
-            self.expressions.append(
-                (expression, f"__e{i}", bound.apply(table.column(transform.source_column)))
-            )
+            types = [table.schema.field(c).type for c in transform.source_columns]
+            self.expressions.append((expression, f"__e{i}", transform.bind_columns(types).apply_table(table)))
 
     def oracle_table(self) -> pa.Table:
         table = self.table

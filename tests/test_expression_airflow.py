@@ -78,3 +78,36 @@ def test_labels_and_the_trigger_form_show_the_expressions_as_written(tmp_path: P
     chosen = plan_refresh(str(spec_path), "sales", partitions=["lo=zürich%2Fost/expr1=small"])
     wanted = plan.items[labels.index("lo=zürich%2Fost/expr1=small")].key_path
     assert [item.key_path for item in chosen.items] == [wanted]
+
+
+def test_a_multi_bucket_field_is_shown_as_written_and_its_labels_name_buckets(tmp_path: Path) -> None:
+    from airflow_partitions.dag_factory import describe_for_ui, run_params
+    from airflow_partitions.operators import SparkPartitionRefreshOperator
+    from airflow_partitions.refresh import plan_refresh
+    from airflow_partitions.spec import load_spec
+    from airflow_partitions.spec.describe import describe_field
+
+    multi = "multi_bucket(4, region, amount)"
+    spec_path = _spec(tmp_path)
+    spec_path.write_text(
+        spec_path.read_text().replace(f'- lo: "{LOWERED}"', f'- mb: "{multi}"'), encoding="utf-8"
+    )
+    dataset = load_spec(spec_path).dataset("sales")
+    description = run_params(dataset)["partitions"].description
+    assert f"`mb` is `{multi}`" in description
+    assert f"`mb`: `{multi}`" in describe_for_ui(dataset)
+    summary = describe_field(dataset.acceleration.partition_by[0])
+    assert summary["source_columns"] == ["region", "amount"]
+    assert summary["source_column"] is None
+
+    plan = plan_refresh(str(spec_path), "sales")
+    labels = {
+        SparkPartitionRefreshOperator(
+            task_id="refresh", spec_path=str(spec_path), dataset="sales", work_item=item.to_json()
+        ).partition_label
+        for item in plan.items
+    }
+    buckets = {label.split("/")[0] for label in labels}
+    assert buckets <= {f"mb={n}" for n in range(4)}, labels
+    chosen = plan_refresh(str(spec_path), "sales", partitions=[sorted(labels)[0]])
+    assert len(chosen.items) == 1

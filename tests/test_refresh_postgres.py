@@ -145,3 +145,28 @@ def test_indexed_range_partitions_are_read_by_pushdown(pg_database: str, tmp_pat
     assert "day=2026-02-01T00%3A00%3A00%2B00%3A00" not in after.partitions
     unchanged = "day=2026-02-02T00%3A00%3A00%2B00%3A00"
     assert after.partitions[unchanged].files == before.partitions[unchanged].files
+
+
+def test_multi_bucket_from_postgres_is_not_pushed_down_and_keeps_every_row(
+    pg_database: str, tmp_path: Path
+) -> None:
+    """No Postgres form (no Murmur3 there): discovery groups by the raw columns and the survey says why;
+    the refresh reads the table and routes the rows in process, each to the bucket every engine gives it."""
+    create_orders(pg_database)
+    project = write_spec(
+        tmp_path,
+        pg_database,
+        '{mb: "multi_bucket(8, customer, id)"}, {day: "date_trunc(\'day\', placed_at)"}',
+    )
+    plan = plan_refresh(project, "orders")
+    assert any("no Murmur3" in note for note in plan.notes), plan.notes
+    summary = refresh_dataset(project, "orders", strategy="arrow")
+    assert summary.stage_mode == "arrow"
+    snapshot, rows = accelerated_rows(project)
+    assert rows == source_rows(project)
+    # Every partition holds exactly the rows whose bucket is its own (Arrow's kernel over the source).
+    dataset = project.dataset("orders")
+    source = open_source(dataset.source).read_all()
+    bound = dataset.bind(source.schema).acceleration.partition_by[0].transform
+    expected = sorted({f"mb={b}" for b in bound.apply_table(source).to_pylist()})
+    assert sorted({key.split("/")[0] for key in snapshot.partitions}) == expected

@@ -650,6 +650,87 @@ def test_declared_schema_catches_bad_result_types(column_type: str, expression: 
     assert fragment in error
 
 
+@pytest.mark.parametrize(
+    ("expression", "schema", "fragments"),
+    [
+        (
+            "multi_bucket(8, tenant)",
+            {"tenant": "string"},
+            ["calls multi_bucket with 2 argument(s)", "two or more columns", "for one column write bucket"],
+        ),
+        (
+            "multi_bucket(0, tenant, user_id)",
+            {"tenant": "string", "user_id": "int64"},
+            ["has multi_bucket N = 0", "N must be a positive integer literal"],
+        ),
+        (
+            "multi_bucket(tenant, user_id, 8)",
+            {"tenant": "string", "user_id": "int64"},
+            ["has multi_bucket N = tenant (the arguments are multi_bucket(N, col_a, col_b, ...))"],
+        ),
+        (
+            "multi_bucket(8, tenant, usr_id)",
+            {"tenant": "string", "user_id": "int64"},
+            ["unknown column 'usr_id' (did you mean 'user_id'?)"],
+        ),
+        (
+            "multi_bucket(8, tenant, active)",
+            {"tenant": "string", "active": "bool"},
+            [
+                "column 'active' has type bool, which multi_bucket cannot hash",
+                "the Lance spec defines no bytes for booleans",
+                "cast the column in the source",
+            ],
+        ),
+        (
+            "multi_bucket(8, tenant, amount)",
+            {"tenant": "string", "amount": "decimal128(10, 2)"},
+            ["column 'amount' has type decimal128(10, 2)", "no bytes for decimals"],
+        ),
+        (
+            "multi_bucket(8, lower(tenant), user_id)",
+            {"tenant": "string", "user_id": "int64"},
+            ["as multi_bucket argument 2", "hashes plain columns only"],
+        ),
+        (
+            "bucket(8, tenant, user_id)",
+            {"tenant": "string", "user_id": "int64"},
+            ["references 2 columns", "multi_bucket(N, a, b, ...) is the one exception"],
+        ),
+    ],
+)
+def test_multi_bucket_is_checked_when_the_spec_loads(
+    expression: str, schema: dict[str, str], fragments: list[str]
+) -> None:
+    error = only_error(spec_text({"partition_by": [expression]}, schema=schema))
+    assert json.dumps(expression) in error or repr(expression) in error, error
+    for fragment in fragments:
+        assert fragment in error, error
+
+
+def test_multi_bucket_binds_to_every_column_type_it_defines() -> None:
+    schema = {
+        "a": "int8",
+        "b": "int16",
+        "c": "int32",
+        "d": "int64",
+        "e": "float",
+        "f": "double",
+        "g": "date32",
+        "h": "timestamp[us]",
+        "i": "timestamp[us, tz=UTC]",
+        "j": "string",
+        "k": "binary",
+    }
+    expression = f"multi_bucket(16, {', '.join(schema)})"
+    text = spec_text({"partition_by": [{"mb": expression}, "a"]}, schema=schema)
+    dataset = parse_spec(textwrap.dedent(text), base_dir=Path("/tmp")).datasets[0]
+    (field, _) = dataset.acceleration.partition_by
+    assert field.source_columns == tuple(schema)
+    assert str(field.result_type) == "int32"
+    assert len(field.source_types or ()) == len(schema)
+
+
 def test_declared_schema_checks_check_column() -> None:
     error = only_error(
         spec_text(

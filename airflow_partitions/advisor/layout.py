@@ -257,12 +257,12 @@ def _row_values(table: pa.Table, row: int) -> Callable[[Any, Any], Any]:
             return value_from_json(recorded)
         if isinstance(term, dict):
             transform = parse_transform(term["expr"])
-            column = transform.source_column
-            if column not in table.column_names:
+            columns = transform.source_columns
+            if not all(column in table.column_names for column in columns):
                 return None
-            bound = transform.bind(table.schema.field(column).type)
-            value = table.column(column)[row].as_py()
-            return None if value is None else bound.apply_scalar(value)
+            bound = transform.bind_columns([table.schema.field(column).type for column in columns])
+            values = [table.column(column)[row].as_py() for column in columns]
+            return bound.apply_row(values)
         if term not in table.column_names:
             return None
         return table.column(term)[row].as_py()
@@ -290,6 +290,8 @@ def candidate_layouts(
 
     for position, (name, expression) in enumerate(current):
         transform = parse_transform(expression)
+        if len(transform.source_columns) != 1:
+            continue  # multi_bucket: no single-column neighbours to propose
         column = canonical_identifier(transform.source_column)
         if isinstance(transform, BucketTransform):
             n = transform.num_buckets
@@ -304,7 +306,7 @@ def candidate_layouts(
                     add(f"{name}: {transform.unit} -> {grain}", changed)
     if len(current) > 1:
         add("fields in reverse order", tuple(reversed(current)))
-    partition_columns = {parse_transform(e).source_column for _n, e in current}
+    partition_columns = {c for _n, e in current for c in parse_transform(e).source_columns}
     taken = {n for n, _e in current}
     for column, _count in filtered.most_common(3):
         if column in partition_columns or schema.get_field_index(column) < 0:
@@ -404,8 +406,7 @@ def candidate_index(
     bound = bind_fields(fields, schema)
     key_columns = []
     for item in bound:
-        source = table.column(item.column)
-        key_columns.append(item.transform.apply(source))
+        key_columns.append(item.transform.apply_table(table))
     names = [name for name, _ in fields]
     keyed = pa.table(
         {
@@ -463,9 +464,9 @@ def sort_advice(
 
     acceleration = dataset.acceleration
     current: Fields = tuple((f.name, f.expression) for f in acceleration.partition_by)
-    partition_columns = {f.source_column for f in acceleration.partition_by}
+    partition_columns = {c for f in acceleration.partition_by for c in f.source_columns}
     bound = bind_fields(current, schema)
-    keys = [item.transform.apply(table.column(item.column)) for item in bound]
+    keys = [item.transform.apply_table(table) for item in bound]
     keyed = pa.table({**{f"k{i}": k for i, k in enumerate(keys)}, "__row": pa.array(range(table.num_rows))})
     groups = keyed.group_by([f"k{i}" for i in range(len(keys))], use_threads=False).aggregate(
         [("__row", "list")]
@@ -616,7 +617,7 @@ def advise(
         current = tuple((f.name, f.expression) for f in dataset.acceleration.partition_by)
         filtered = collections.Counter(c for r in records for c in (r.get("columns") or ()))
         columns = sorted(
-            {parse_transform(e).source_column for _n, e in current}
+            {c for _n, e in current for c in parse_transform(e).source_columns}
             | {c for c in filtered if schema.get_field_index(c) >= 0}
         )
         table = reader.read(columns=columns) if snapshot.partition_count else None

@@ -227,11 +227,16 @@ def example_partition_key(dataset: DatasetSpec) -> PartitionKey | None:
         TruncateTransform,
     )
     from airflow_partitions.transforms.expression import ExpressionTransform
+    from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
 
     declared = dict(dataset.declared_columns)
     values: list[Scalar] = []
     for field in dataset.acceleration.partition_by:
         transform = field.transform
+        if isinstance(transform, MultiBucketTransform):
+            # Buckets are int32 whatever the columns: 0..N-1.
+            values.append(min(7, transform.num_buckets - 1))
+            continue
         column_type = str(declared.get(transform.source_column, ""))
         if isinstance(transform, ExpressionTransform):
             # Its values are what DuckDB computes, which the DAG parser does not load: no made-up sample.

@@ -167,9 +167,15 @@ class Evaluator:
         self.frame = frame
         self.max_enumeration = max_enumeration
         self.fields_by_column: dict[str, list[BoundField]] = {}
+        # Fields over several columns (multi_bucket): judged on a conjunction pinning all of them.
+        self.multi_column_fields: list[BoundField] = []
         for field in fields:
-            if field.name in frame.values:
-                self.fields_by_column.setdefault(field.column, []).append(field)
+            if field.name not in frame.values:
+                continue
+            if len(field.columns) == 1:
+                self.fields_by_column.setdefault(field.columns[0], []).append(field)
+            else:
+                self.multi_column_fields.append(field)
         self._nullness_cache: dict[str, tuple[Mask, Mask]] = {}
         self._chains: dict[str, _CalendarChain | None] = {}
 
@@ -198,6 +204,10 @@ class Evaluator:
             result = self.evaluate(predicate.items[0])
             for item in predicate.items[1:]:
                 result = _and(result, self.evaluate(item))
+            for field in self.multi_column_fields:
+                hit = self._pinned_truth(field, predicate)
+                if hit is not None:
+                    result = Outcome(result.true & hit, result.false, result.null)
             return result
         if isinstance(predicate, Or):
             result = self.evaluate(predicate.items[0])
@@ -374,6 +384,21 @@ class Evaluator:
             false &= direct_false
         return true, false
 
+    # --- fields over several columns -----------------------------------------------------------
+
+    def _pinned_truth(self, field: BoundField, conjunction: And) -> Mask | None:
+        """Where the conjunction might be TRUE judged by a multi-column field: every row it admits has
+        each of the field's columns equal to one of its pinned literals, so its partition value is the
+        field's value of one combination of them (`a = 1 AND b IN ('x', 'y')`: two buckets). None when
+        some column is not pinned, or the combinations are too many to evaluate."""
+        rows = pinned_rows(conjunction, field.columns, self.max_enumeration)
+        if rows is None:
+            return None
+        projection = field.transform.project_rows(rows)
+        if projection.may_hold is None:
+            return None
+        return self._satisfies(self.frame.values[field.name], projection.may_hold)
+
     # --- calendar chains ----------------------------------------------------------------------
 
     def _chain(self, term: ColumnRef) -> _CalendarChain | None:
@@ -382,6 +407,44 @@ class Evaluator:
                 self.fields_by_column.get(term.name, ()), self.frame, term.type
             )
         return self._chains[term.name]
+
+
+def conjunction_leaves(predicate: Predicate) -> list[Predicate]:
+    """The items of a conjunction, nested ANDs flattened."""
+    if isinstance(predicate, And):
+        return [leaf for item in predicate.items for leaf in conjunction_leaves(item)]
+    return [predicate]
+
+
+def pinned_rows(predicate: Predicate, columns: Sequence[str], max_rows: int) -> list[tuple[Any, ...]] | None:
+    """Every combination of values `columns` may take where `predicate` (a conjunction) is TRUE, when
+    each column is pinned by `=` or `IN` on the column itself; None otherwise or beyond `max_rows`."""
+    allowed: dict[str, set[Any] | None] = {}
+    for leaf in conjunction_leaves(predicate):
+        if not isinstance(leaf, Comparison | InList) or not isinstance(leaf.term, ColumnRef):
+            continue
+        if leaf.term.name not in columns:
+            continue
+        if isinstance(leaf, Comparison):
+            if leaf.op is not Op.EQ:
+                continue
+            values = {leaf.value}
+        else:
+            values = set(leaf.values)
+        known = allowed.get(leaf.term.name)
+        # Two pins on one column: a row meets both, so only the values in both remain.
+        allowed[leaf.term.name] = values if known is None else known & values
+    if any(allowed.get(column) is None for column in columns):
+        return None
+    total = 1
+    for column in columns:
+        total *= len(allowed[column] or ())
+    if total > max_rows:
+        return None
+    import itertools
+
+    ordered = [sorted(allowed[column] or (), key=repr) for column in columns]
+    return list(itertools.product(*ordered))
 
 
 def _and(left: Outcome, right: Outcome) -> Outcome:

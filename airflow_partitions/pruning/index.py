@@ -42,7 +42,13 @@ class BoundField:
 
     @property
     def column(self) -> str:
+        """The one column of the field (a `multi_bucket` field raises: see `columns`)."""
         return self.transform.source_column
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every column the field reads (several only for `multi_bucket`)."""
+        return tuple(self.transform.source_columns)
 
     @property
     def canonical(self) -> str:
@@ -65,11 +71,12 @@ def bind_fields(canonicals: Sequence[tuple[str, str]], schema: pa.Schema) -> tup
             raise CatalogError(
                 f"partition field {name!r}: cannot parse recorded expression {canonical!r}: {err}"
             ) from err
-        column = transform.source_column
-        if column not in schema.names:
+        columns = transform.source_columns
+        if not all(column in schema.names for column in columns):
             continue
         try:
-            bound.append(BoundField(name, position, transform.bind(schema.field(column).type)))
+            types = [schema.field(column).type for column in columns]
+            bound.append(BoundField(name, position, transform.bind_columns(types)))
         except PartitionExpressionError:
             continue
     return tuple(bound)

@@ -28,6 +28,7 @@ from airflow_partitions.pruning.evaluator import (
     ROWS_MUST_MATCH,
     Evaluator,
     Outcome,
+    pinned_rows,
 )
 from airflow_partitions.pruning.expressions import (
     AlwaysTrue,
@@ -261,7 +262,15 @@ class PrunePlan:
                 f"{self.partitions_skipped_by_index} partition(s)"
             )
         residual = self.residual_sql
-        return text + (f"; residual: {residual}" if residual else "; no residual filter")
+        text += f"; residual: {residual}" if residual else "; no residual filter"
+        return "".join([text, *(f"; {note}" for note in self.notes)])
+
+    @cached_property
+    def notes(self) -> tuple[str, ...]:
+        """What the filter could not prune and why (a multi_bucket field whose columns are not all pinned)."""
+        if not self.has_filter:
+            return ()
+        return tuple(multi_bucket_notes(self.index.fields, self.prepared))
 
     @deep_stack
     def explain(self, *, max_skipped: int | None = None) -> str:
@@ -300,6 +309,7 @@ class PrunePlan:
                 "partitions": self.partitions_skipped_by_index,
             },
             "residual": self.residual_sql,
+            "notes": list(self.notes),
             "planning_ms": round(self.planning_seconds * 1000, 3),
             "selected_partitions": [
                 {
@@ -411,7 +421,8 @@ class _Explainer:
             for item, mask in zip(self.items, key_only, strict=True):
                 if not mask[partition]:
                     return CAUSE_KEY, f"partition {key} cannot hold rows where {item}{self._hint(item)}"
-            return CAUSE_KEY, f"partition {key} cannot hold rows matching the filter"
+            pinned = self._multi_bucket_hint()
+            return CAUSE_KEY, f"partition {key} cannot hold rows matching the filter{pinned}"
         frame = self.plan._file_frame
         rows = np.flatnonzero(frame.partition_of_row == partition) if frame is not None else np.zeros(0, int)
         if self.by_index.get(partition):
@@ -447,6 +458,26 @@ class _Explainer:
                 continue
             pairs = ", ".join(
                 f"{display_literal(v)} -> {display_literal(i)}" for v, i in zip(values, images, strict=True)
+            )
+            hints.append(f"{partition_field.canonical}: {pairs}")
+        return f" ({'; '.join(hints)})" if hints else ""
+
+    def _multi_bucket_hint(self) -> str:
+        """` (multi_bucket(8, a, b): (1, 'x') -> 3)` when the filter pins every column of such a field."""
+        hints = []
+        for partition_field in self.index.fields:
+            if len(partition_field.columns) < 2:
+                continue
+            rows = pinned_rows(self.plan.prepared, partition_field.columns, 5)
+            if not rows:
+                continue
+            try:
+                images = [partition_field.transform.apply_row(row) for row in rows]
+            except Exception:
+                continue
+            pairs = ", ".join(
+                f"({', '.join(display_literal(v) for v in row)}) -> {display_literal(image)}"
+                for row, image in zip(rows, images, strict=True)
             )
             hints.append(f"{partition_field.canonical}: {pairs}")
         return f" ({'; '.join(hints)})" if hints else ""
@@ -497,7 +528,37 @@ def evaluate_frame(
 
 
 def _fields_on(fields: Sequence[BoundField], column: str) -> list[BoundField]:
-    return [f for f in fields if f.column == column]
+    """The single-column fields over `column` (multi_bucket fields are judged on conjunctions)."""
+    return [f for f in fields if f.columns == (column,)]
+
+
+def multi_bucket_notes(fields: Sequence[BoundField], predicate: Predicate) -> list[str]:
+    """For each field over several columns that the filter touches without pinning them all: a note
+    that the filter reads all of its buckets (only `=` / `IN` on every column, ANDed, prune it)."""
+    touched = predicate.columns()
+    notes = []
+    for field in fields:
+        if len(field.columns) < 2 or not touched & set(field.columns):
+            continue
+        # Pruned only when every branch of a top-level OR pins all the columns.
+        if all(
+            pinned_rows(item, field.columns, MAX_RANGE_ENUMERATION) is not None
+            for item in _disjuncts(predicate)
+        ):
+            continue
+        notes.append(
+            f"{field.canonical} prunes only on = or IN of every one of its columns "
+            f"({', '.join(field.columns)}) together; this filter reads all of its buckets"
+        )
+    return notes
+
+
+def _disjuncts(predicate: Predicate) -> list[Predicate]:
+    from airflow_partitions.pruning.expressions import Or
+
+    if isinstance(predicate, Or):
+        return [leaf for item in predicate.items for leaf in _disjuncts(item)]
+    return [predicate]
 
 
 @deep_stack

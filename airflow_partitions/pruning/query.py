@@ -31,7 +31,7 @@ from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import AlwaysFalse, AlwaysTrue, Predicate, or_
 from airflow_partitions.pruning.filters import DIALECT, FilterBinder
 from airflow_partitions.pruning.sql_text import parse_one_sql, parse_sql
-from airflow_partitions.transforms.parser import is_transform_call, may_call_transforms
+from airflow_partitions.transforms.parser import is_multi_bucket_call, is_transform_call, may_call_transforms
 
 _INNER_KINDS = (None, "", "INNER", "CROSS")
 _CONTEXT_LINE = re.compile(r"LINE (\d+): (.*)")
@@ -132,7 +132,7 @@ def executable_sql(sql: str, schema: pa.Schema) -> str:
         tree = parse_one_sql(sql)
     except (SqlglotError, ValueError):
         return sql
-    if not any(is_transform_call(node) for node in tree.walk()):
+    if not any(is_transform_call(node) or is_multi_bucket_call(node) for node in tree.walk()):
         return sql
     return rewrite_partition_nodes(tree, {field.name: field.type for field in schema}).sql(dialect=DIALECT)
 

@@ -520,8 +520,8 @@ def decide_join(candidate: JoinCandidate, *plans: PrunePlan) -> JoinDecision:
     left_plan, right_plan = plans
     reasons = []
     for left_column, right_column in candidate.keys:
-        left_fields = [f for f in left_plan.index.fields if f.column == left_column]
-        right_fields = [f for f in right_plan.index.fields if f.column == right_column]
+        left_fields = [f for f in left_plan.index.fields if f.columns == (left_column,)]
+        right_fields = [f for f in right_plan.index.fields if f.columns == (right_column,)]
         if not left_fields or not right_fields:
             missing = [
                 f"{side.dataset} is not partitioned on {column}"

@@ -177,7 +177,7 @@ def new_duckdb_connection(*, functions: bool = True) -> Any:
 def needs_partition_functions(sql: str) -> bool:
     """Whether DuckDB SQL (after `executable_sql` / `duckdb_expression`) calls the transforms' UDFs."""
     lowered = sql.lower()
-    return "ap_bucket_" in lowered or "ap_truncate_" in lowered
+    return "ap_bucket_" in lowered or "ap_truncate_" in lowered or "ap_murmur3(" in lowered
 
 
 class SandboxDatabases:

@@ -261,7 +261,7 @@ def _landing(dataset: DatasetSpec, typed: pa.Table) -> collections.Counter[tuple
     if not rows.num_rows:
         return collections.Counter()
     transforms = [f.transform for f in dataset.acceleration.partition_by]
-    values = [t.apply(rows.column(t.source_column)).to_pylist() for t in transforms]
+    values = [t.apply_table(rows).to_pylist() for t in transforms]
     return collections.Counter(zip(*values, strict=True))
 
 

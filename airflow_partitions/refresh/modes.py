@@ -195,7 +195,7 @@ def audit_appends(
     rows = counter(transforms, column, thresholds, bound) if counter is not None else None
     if rows is None:
         # The same table, counted here: each value's bucket is the number of thresholds at or below it.
-        wanted = list(dict.fromkeys([*(t.source_column for t in transforms), column]))
+        wanted = list(dict.fromkeys([*(c for t in transforms for c in t.source_columns), column]))
         rows = bucketed_counts(source.read_columns(wanted), transforms, column, thresholds, bound)
     key_types = [rows.column(f"k{i}").type for i in range(len(transforms))]
     ranks = {threshold: index + 1 for index, threshold in enumerate(thresholds)}
@@ -274,7 +274,7 @@ def bucketed_counts(
         np.searchsorted(edges, filled, side="right").astype(np.int64),
         mask=pc.is_null(numbers).to_numpy(zero_copy_only=False),
     )
-    keys = {f"k{i}": t.apply(projected.column(t.source_column)) for i, t in enumerate(transforms)}
+    keys = {f"k{i}": t.apply_table(projected) for i, t in enumerate(transforms)}
     table = pa.table({**keys, "b": buckets, "f": ahead})
     grouped = table.group_by([*keys, "b"], use_threads=False).aggregate([("f", "sum"), ("f", "count")])
     return pa.table(
@@ -488,7 +488,7 @@ def plan_changes(
     bound = future_bound(column_type, acceleration.refresh.max_future_skew_s)
     watermark = changes_watermark(snapshot, column, bound)
     transforms = [f.transform for f in acceleration.partition_by]
-    wanted = list(dict.fromkeys([*keys, *(t.source_column for t in transforms), column]))
+    wanted = list(dict.fromkeys([*keys, *(c for t in transforms for c in t.source_columns), column]))
     # A transaction still open may commit rows stamped before rows committed now (`ts = now()` is its
     # start): read only below the oldest open writer's start, so the next read still starts before them.
     open_since = source.oldest_open_write() if bound is not None else None
@@ -504,16 +504,14 @@ def plan_changes(
     upper = pc.max(changed.column(column)).as_py() if changed.num_rows else None
     landing: set[tuple[Any, ...]] = set()
     if changed.num_rows:
-        values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
+        values = [t.apply_table(changed).to_pylist() for t in transforms]
         landing = set(zip(*values, strict=True))
     touched = changes_touched(snapshot, names, landing, keys[0], changed.column(keys[0]).to_pylist())
     future_rows: dict[str, int] = {}
     if bound is not None and changed.num_rows:
         ahead = pc.fill_null(pc.greater(changed.column(column), pa.scalar(bound, type=column_type)), False)
         later = changed.filter(ahead)
-        later_keys = zip(
-            *[t.apply(later.column(t.source_column)).to_pylist() for t in transforms], strict=True
-        )
+        later_keys = zip(*[t.apply_table(later).to_pylist() for t in transforms], strict=True)
         for key in later_keys:
             path = PartitionKey(tuple(key)).path(names)
             future_rows[path] = future_rows.get(path, 0) + 1
@@ -613,7 +611,7 @@ def audit_changes(
     counter = getattr(source, "count_below_watermarks", None)
     rows = counter(transforms, column, thresholds, None) if counter is not None else None
     if rows is None:
-        wanted = list(dict.fromkeys([*(t.source_column for t in transforms), column]))
+        wanted = list(dict.fromkeys([*(c for t in transforms for c in t.source_columns), column]))
         rows = bucketed_counts(source.read_columns(wanted), transforms, column, thresholds, None)
     in_source: collections.Counter[str] = collections.Counter()
     key_values = [rows.column(f"k{i}").to_pylist() for i in range(len(transforms))]
@@ -621,7 +619,7 @@ def audit_changes(
         in_source[PartitionKey(tuple(key)).path(names)] += int(count)
     landing: collections.Counter[str] = collections.Counter()
     if changed.num_rows:
-        values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
+        values = [t.apply_table(changed).to_pylist() for t in transforms]
         for key in zip(*values, strict=True):
             landing[PartitionKey(tuple(key)).path(names)] += 1
     keys = list(acceleration.primary_key)

@@ -526,7 +526,7 @@ def stage_changes(
     )
     planned = {tuple(PartitionKey.from_json(item.key).values): i for i, item in enumerate(plan.items)}
     if changed.num_rows:
-        values = [t.apply(changed.column(t.source_column)).to_pylist() for t in transforms]
+        values = [t.apply_table(changed).to_pylist() for t in transforms]
         per_key = collections.Counter(zip(*values, strict=True))
     else:
         per_key = collections.Counter()
@@ -732,9 +732,7 @@ def _run_spark_stage(
     counted = frame
     frame = frame.observe(source_observation, F.count(F.lit(1)).alias("rows"))
     for position, transform in enumerate(transforms):
-        frame = frame.withColumn(
-            f"{_PARTITION_PREFIX}{position}", transform.to_spark(F.col(quote_column(transform.source_column)))
-        )
+        frame = frame.withColumn(f"{_PARTITION_PREFIX}{position}", transform.spark_value())
     key_frame = _key_frame(spark, transforms, keys, frame, sinces=sinces)
     condition = reduce(
         lambda left, right: left & right,
@@ -974,15 +972,11 @@ def _unrouted_partitions(
 
     from pyspark.sql import functions as F
 
-    from airflow_partitions.sources.spark import quote_column
-
     try:
         frame = source.spark_frame(spark, transforms, None, work_dir=str(target / "_unrouted"))
         names = [f"{_PARTITION_PREFIX}{position}" for position in range(len(transforms))]
         for position, transform in enumerate(transforms):
-            frame = frame.withColumn(
-                names[position], transform.to_spark(F.col(quote_column(transform.source_column)))
-            )
+            frame = frame.withColumn(names[position], transform.spark_value())
         key_frame = _key_frame(spark, transforms, keys, frame)
         condition = reduce(
             lambda left, right: left & right,

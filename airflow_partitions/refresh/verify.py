@@ -353,7 +353,7 @@ def _tally_whole_source(
 
     from airflow_partitions.sources.files import FileSource
 
-    grouped_in_sql = all(getattr(t, "source_column", None) in schema.names for t in transforms)
+    grouped_in_sql = all(all(c in schema.names for c in t.source_columns) for t in transforms)
     if not grouped_in_sql:
         # A partition field not over one source column: routed by the refresh's own code instead.
         with hash_connection() as connection:

@@ -87,7 +87,7 @@ def learn_facts(table: pa.Table, transforms: Sequence[Transform]) -> FileFacts:
 
     from airflow_partitions.storage.datafile import compute_column_stats
 
-    columns = sorted({t.source_column for t in transforms})
+    columns = sorted({c for t in transforms for c in t.source_columns})
     stats: dict[str, ColumnStats | None] = dict(compute_column_stats(table.select(columns)))
     for name in columns:
         kind = table.schema.field(name).type
@@ -96,7 +96,7 @@ def learn_facts(table: pa.Table, transforms: Sequence[Transform]) -> FileFacts:
     names = [f"k{i}" for i in range(len(transforms))]
     keys: tuple[KeyTuple, ...] | None = None
     if table.num_rows:
-        arrays = [t.apply(table.column(t.source_column)) for t in transforms]
+        arrays = [t.apply_table(table) for t in transforms]
         distinct = pa.table(dict(zip(names, arrays, strict=True))).group_by(names).aggregate([])
         if distinct.num_rows <= MAX_KEYS_PER_FILE:
             values = [distinct.column(n).to_pylist() for n in names]
@@ -216,7 +216,7 @@ def files_by_key(
     by_stats = 0
     everywhere: list[str] = []
     index = None
-    columns = sorted({t.source_column for t in transforms})
+    columns = sorted({c for t in transforms for c in t.source_columns})
     for line, facts in files.items():
         if facts is None:
             everywhere.append(line)

@@ -571,7 +571,7 @@ class FileSource:
     def hive_projection(self, transforms: Sequence[Transform]) -> tuple[int, ...]:
         """Positions of the partition fields whose source column is a Hive directory column."""
         hive = set(self.hive_columns)
-        return tuple(i for i, t in enumerate(transforms) if t.source_column in hive)
+        return tuple(i for i, t in enumerate(transforms) if all(c in hive for c in t.source_columns))
 
     def _groups(
         self, transforms: Sequence[Transform]
@@ -583,9 +583,7 @@ class FileSource:
         values = self._file_hive_values()
         for f in self.list_files():
             hive = values.get(f.path, {})
-            partial = tuple(
-                transforms[i].apply_scalar(hive.get(transforms[i].source_column)) for i in projection
-            )
+            partial = tuple(transforms[i].apply_row(hive) for i in projection)
             groups.setdefault(partial, []).append(f)
         return projection, groups
 
@@ -702,7 +700,7 @@ class FileSource:
         known = self.facts_state.load(context)
         current = {f.fingerprint_line(): known.get(f.fingerprint_line()) for f in files}
         missing = [f for f in files if current[f.fingerprint_line()] is None]
-        columns = sorted({t.source_column for t in transforms})
+        columns = sorted({c for t in transforms for c in t.source_columns})
         for source_file in missing:
             if deadline is not None:
                 deadline.check(f"reading the partition columns of {source_file.relative}")
@@ -771,7 +769,7 @@ class FileSource:
     def _scan_distinct(self, transforms: Sequence[Transform], deadline: Deadline) -> list[KeyTuple]:
         import pyarrow as pa
 
-        columns = sorted({t.source_column for t in transforms})
+        columns = sorted({c for t in transforms for c in t.source_columns})
         files = self.list_files()
         schema = self.schema()
         dataset = self._dataset(files, schema)
@@ -793,7 +791,7 @@ class FileSource:
                 batch = self._typed(batch, schema)
             except (OSError, ValueError) as err:
                 raise self._read_error(files, schema, err) from err
-            arrays = [t.apply(batch.column(t.source_column)) for t in transforms]
+            arrays = [t.apply_table(batch) for t in transforms]
             distinct = pa.table(dict(zip(names, arrays, strict=True))).group_by(names).aggregate([])
             partials.append(distinct)
             pending_rows += distinct.num_rows
@@ -1383,7 +1381,7 @@ def filter_to_key(table: pa.Table, transforms: Sequence[Transform], key: KeyTupl
         return table
     mask: Any = None
     for transform, value in zip(transforms, key, strict=True):
-        computed = transform.apply(table.column(transform.source_column))
+        computed = transform.apply_table(table)
         if value is None:
             this = pc.is_null(computed)
         else:

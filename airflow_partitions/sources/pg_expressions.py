@@ -23,6 +23,10 @@ refused here with the reason (`PostgresExpression.refused`), which the survey re
 * `date_trunc` of a date: Postgres truncates it as a time stamp with time zone;
 * a built-in `bucket` around an expression: Postgres has no Murmur3.
 
+`multi_bucket(N, a, b, ...)` has no Postgres form either (`MULTI_BUCKET_PUSHDOWN_REFUSED`): discovery
+groups by its raw columns and hashes the distinct combinations here, and a refresh reads the table once
+and routes the rows (a bucket has no range of source values to push down as a WHERE).
+
 What is translated is normalised where the dialects spell it differently: ordered comparisons,
 `BETWEEN`, `greatest` and `least` of text compare in code point order (`COLLATE "C"`, as DuckDB does,
 whatever the database collation), `/` divides as double precision (sqlglot writes the cast), `//` is
@@ -60,6 +64,11 @@ REFUSED_FUNCTIONS: dict[type[exp.Expr], str] = {
     exp.TryCast: "Postgres has no TRY_CAST (a failed cast is an error there, not NULL)",
     exp.Round: "Postgres rounds double precision half to even (round(0.5) = 0), DuckDB half away from zero",
 }
+MULTI_BUCKET_PUSHDOWN_REFUSED = (
+    "Postgres has no Murmur3 and no way to take the little-endian bytes of a value, so multi_bucket is "
+    "not pushed down; a bucket is no range of source values either, so the refresh reads the table once "
+    "and routes the rows"
+)
 _ORDERED = (exp.GT, exp.GTE, exp.LT, exp.LTE)
 _UNIT_NODES = UNIT_FUNCTIONS
 _CALENDAR_NUMBERS: tuple[type[exp.Expr], ...] = (exp.Extract, *_UNIT_NODES)

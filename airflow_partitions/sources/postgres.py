@@ -36,7 +36,7 @@ from airflow_partitions.sources.base import (
     tagged_fingerprint,
 )
 from airflow_partitions.sources.files import filter_to_key
-from airflow_partitions.sources.pg_expressions import postgres_expression
+from airflow_partitions.sources.pg_expressions import MULTI_BUCKET_PUSHDOWN_REFUSED, postgres_expression
 from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident, sql_literal
 from airflow_partitions.spec.masking import (
     mask_secrets,
@@ -45,6 +45,7 @@ from airflow_partitions.spec.masking import (
     unencoded_password_problem,
 )
 from airflow_partitions.transforms.expression import ExpressionTransform
+from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -335,13 +336,21 @@ class PostgresSource:
         import pyarrow as pa
 
         names = [f"k{i}" for i in range(len(transforms))]
-        group_sql: list[str] = []
+        # Per field, what Postgres groups by: its Postgres form (exact), or its raw source column(s).
+        group_parts: list[list[str]] = []
         exact: list[bool] = []
         notes: list[str] = []
         for transform in transforms:
             pushed = partition_sql(transform)
             exact.append(pushed is not None)
-            group_sql.append(pushed if pushed is not None else quote_ident(transform.source_column))
+            group_parts.append(
+                [pushed] if pushed is not None else [quote_ident(c) for c in transform.source_columns]
+            )
+            if isinstance(transform, MultiBucketTransform):
+                notes.append(
+                    f"partition expression {transform.canonical!r} is grouped by its columns in Postgres "
+                    f"and hashed here: {MULTI_BUCKET_PUSHDOWN_REFUSED}"
+                )
             if pushed is None and isinstance(transform, ExpressionTransform):
                 refused = postgres_expression(transform).refused
                 notes.append(
@@ -365,6 +374,7 @@ class PostgresSource:
                 f"{self.table} is a view and has no refresh.check_column: every partition is treated as "
                 "changed on each refresh (set refresh.check_column to an updated_at column to fix)"
             )
+        group_sql = [sql for parts in group_parts for sql in parts]
         unique_groups = list(dict.fromkeys(group_sql))
         select = ", ".join(f"{sql} AS g{unique_groups.index(sql)}" for sql in unique_groups)
         group_by = ", ".join(str(i + 1) for i in range(len(unique_groups)))
@@ -387,16 +397,22 @@ class PostgresSource:
             ) from err
         deadline.check(f"reading the partition statistics of {self.table}")
         arrays = []
-        for transform, sql_text, is_exact in zip(transforms, group_sql, exact, strict=True):
+
+        def grouped(sql_text: str) -> pa.Array:
             column = result.column(f"g{unique_groups.index(sql_text)}")
             if isinstance(column.type, pa.BaseExtensionType):
                 column = pa.chunked_array([c.storage for c in column.chunks], type=column.type.storage_type)
-            column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+            return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+
+        for transform, parts, is_exact in zip(transforms, group_parts, exact, strict=True):
             if is_exact:
-                arrays.append(column.cast(transform.result_type))
+                arrays.append(grouped(parts[0]).cast(transform.result_type))
             else:
-                source_type = self.schema().field(transform.source_column).type
-                arrays.append(transform.apply(column.cast(source_type)))
+                raw = [
+                    grouped(sql_text).cast(self.schema().field(column).type)
+                    for sql_text, column in zip(parts, transform.source_columns, strict=True)
+                ]
+                arrays.append(transform.apply_columns(raw))
         watermark_column = result.column("w")
         if isinstance(watermark_column.type, pa.BaseExtensionType):
             watermark_column = pa.chunked_array(

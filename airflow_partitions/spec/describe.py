@@ -10,13 +10,18 @@ from airflow_partitions.spec.model import DatasetSpec, PartitionField, ProjectSp
 
 def describe_field(partition_field: PartitionField) -> dict[str, Any]:
     result_type = partition_field.result_type
+    columns = partition_field.source_columns
+    types = partition_field.source_types
     return {
         "name": partition_field.name,
         "expression": partition_field.expression,
         "canonical": partition_field.canonical,
         "transform": partition_field.transform.name,
-        "source_column": partition_field.source_column,
+        # One column for every transform but multi_bucket, which reads several (`source_columns`).
+        "source_column": columns[0] if len(columns) == 1 else None,
+        "source_columns": list(columns),
         "source_type": None if partition_field.source_type is None else str(partition_field.source_type),
+        "source_types": None if types is None else [str(t) for t in types],
         "result_type": None if result_type is None else str(result_type),
     }
 

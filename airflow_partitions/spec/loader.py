@@ -544,8 +544,9 @@ class _SpecReader:
         """Without type checks, still refuse partition expressions over columns `schema:` does not list."""
         names = [column for column, _ in declared]
         for index, field in indexed_fields:
-            column = field.transform.source_column
-            if column not in names:
+            for column in field.transform.source_columns:
+                if column in names:
+                    continue
                 hint = difflib.get_close_matches(column, names, n=1)
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; schema lists {', '.join(names)}"
                 where = f"{label}: partition_by[{index}] {field.expression!r}"

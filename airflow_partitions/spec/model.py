@@ -587,7 +587,18 @@ class PartitionField:
 
     @property
     def source_column(self) -> str:
+        """The one column the field reads (a `multi_bucket` field raises: use `source_columns`)."""
         return self.transform.source_column
+
+    @property
+    def source_columns(self) -> tuple[str, ...]:
+        """Every column the field reads, in order (several only for `multi_bucket`)."""
+        return self.transform.source_columns
+
+    @property
+    def source_types(self) -> tuple[pa.DataType, ...] | None:
+        """The Arrow type of each column in `source_columns` once bound."""
+        return self.transform.source_types if self.bound else None
 
     @property
     def canonical(self) -> str:
@@ -605,6 +616,11 @@ class PartitionField:
     def bind(self, source_type: pa.DataType) -> PartitionField:
         """A copy bound to the source column's type; raises `PartitionExpressionError` when unusable."""
         return replace(self, transform=self.transform.bind(source_type), source_type=source_type)
+
+    def bind_columns(self, source_types: Sequence[pa.DataType]) -> PartitionField:
+        """A copy bound to the type of each source column (`source_type` keeps the first's)."""
+        types = list(source_types)
+        return replace(self, transform=self.transform.bind_columns(types), source_type=types[0])
 
 
 def field_name_problem(name: object) -> str | None:
@@ -882,13 +898,15 @@ class AccelerationSpec:
         from airflow_partitions.transforms import BucketTransform, ModTransform
 
         columns: list[str] = []
+        from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
+
         for partition_field in self.partition_by:
-            column = partition_field.source_column
-            if (
-                isinstance(partition_field.transform, BucketTransform | ModTransform)
-                and column not in columns
-            ):
-                columns.append(column)
+            hashed = BucketTransform | ModTransform | MultiBucketTransform
+            if not isinstance(partition_field.transform, hashed):
+                continue
+            for column in partition_field.source_columns:
+                if column not in columns:
+                    columns.append(column)
         return tuple(columns)
 
     @property
@@ -1072,13 +1090,15 @@ def bind_fields(
             )
     for index, partition_field in indexed_fields:
         where = f"{label}: partition_by[{index}] {json.dumps(partition_field.expression)}"
-        problem = column_problem(partition_field.source_column)
-        if problem:
-            problems.append((partition_field.line, f"{where}: {problem}"))
+        column_problems = [
+            problem for problem in map(column_problem, partition_field.source_columns) if problem
+        ]
+        if column_problems:
+            problems.extend((partition_field.line, f"{where}: {problem}") for problem in column_problems)
             continue
-        source_type = schema.field(partition_field.source_column).type
+        source_types = [schema.field(column).type for column in partition_field.source_columns]
         try:
-            bound.append(partition_field.bind(source_type))
+            bound.append(partition_field.bind_columns(source_types))
         except PartitionExpressionError as err:
             detail = expression_detail(err, partition_field.expression, partition_field.canonical)
             problems.append((partition_field.line, f"{where}: {detail}"))

@@ -13,7 +13,7 @@ import datetime as dt
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -90,6 +90,16 @@ class Transform(ABC):
     def source_column(self) -> str:
         """The referenced column, exactly as written (case preserved, quotes removed)."""
         return self._source_column
+
+    @property
+    def source_columns(self) -> tuple[str, ...]:
+        """Every column the transform reads, in order (one, except `multi_bucket`)."""
+        return (self._source_column,)
+
+    @property
+    def source_types(self) -> tuple[pa.DataType, ...] | None:
+        """The bound Arrow type of each column in `source_columns`, or None when unbound."""
+        return None if self._source_type is None else (self._source_type,)
 
     @property
     def column_sql(self) -> str:
@@ -171,6 +181,10 @@ class Transform(ABC):
         if images is None:
             return UNKNOWN
         return Projection(ValueSet(images), ValueSet(images, negated=True) if self.one_to_one else None)
+
+    def project_rows(self, rows: Sequence[Sequence[Any]]) -> Projection:
+        """Rows whose source columns take one of these value tuples, projected onto partition values."""
+        return self.project_in([row[0] for row in rows])
 
     def project_range(
         self,
@@ -314,6 +328,15 @@ class Transform(ABC):
         bound._info = arrow_support.source_info(arrow_support.normalize_type(source_type))
         return bound
 
+    def bind_columns(self, source_types: Sequence[pa.DataType]) -> Self:
+        """A copy bound to the type of each column in `source_columns` (in order)."""
+        types = list(source_types)
+        if len(types) != 1:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r} reads one column; {len(types)} types given"
+            )
+        return self.bind(types[0])
+
     @property
     def result_type(self) -> pa.DataType:
         """The Arrow type of the partition values (binding is needed when it depends on the input)."""
@@ -375,6 +398,28 @@ class Transform(ABC):
         result_type = self.result_type_for(arrow.type)
         return arrow_support.map_array(arrow, result_type, self._apply_array)
 
+    def apply_columns(self, arrays: Sequence[Any]) -> Any:
+        """Partition values of rows given as one array per column in `source_columns`."""
+        if len(arrays) != 1:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r} reads one column; {len(arrays)} arrays given"
+            )
+        return self.apply(arrays[0])
+
+    def apply_table(self, table: Any) -> Any:
+        """Partition values of every row of a pyarrow Table / RecordBatch holding the source columns."""
+        return self.apply_columns([table.column(column) for column in self.source_columns])
+
+    def apply_row(self, values: Sequence[Any] | Mapping[str, Any]) -> Any:
+        """The partition value of one row, given its values in `source_columns` order or by name."""
+        if isinstance(values, Mapping):
+            return self.apply_scalar(values.get(self._source_column))
+        if len(values) != 1:
+            raise PartitionValueError(
+                f"partition expression {self.canonical!r} reads one column; {len(values)} values given"
+            )
+        return self.apply_scalar(values[0])
+
     @abstractmethod
     def _apply_array(self, values: pa.Array) -> pa.Array:
         """The kernel over one normalised, non-dictionary array with at least one non-NULL value."""
@@ -400,6 +445,24 @@ class Transform(ABC):
         from airflow_partitions.transforms import spark
 
         return spark.to_spark(self, column)
+
+    def to_spark_columns(self, columns: Sequence[Any]) -> Any:
+        """The transform as a pyspark Column over one Spark column per entry of `source_columns`."""
+        if len(columns) != 1:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r} reads one column; "
+                f"{len(columns)} Spark columns given"
+            )
+        return self.to_spark(columns[0])
+
+    def spark_value(self) -> Any:
+        """The transform over its own source columns, by name, in the current Spark frame."""
+        from pyspark.sql import functions as F
+
+        # Backticks, doubled inside: Spark parses the reference back to exactly the column's name.
+        return self.to_spark_columns(
+            [F.col("`" + column.replace("`", "``") + "`") for column in self.source_columns]
+        )
 
     # --- helpers for subclasses ---------------------------------------------------------------------
 

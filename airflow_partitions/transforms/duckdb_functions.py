@@ -15,7 +15,7 @@ on UTC wall time, whatever the connection's TimeZone setting.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -30,9 +30,11 @@ from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
 from airflow_partitions.transforms.expression import ExpressionTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
+from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
 from airflow_partitions.transforms.parser import (
     DIALECT,
     describe_sql_error,
+    is_multi_bucket_call,
     is_transform_call,
     transform_from_node,
 )
@@ -66,6 +68,18 @@ _TRUNCATE_INPUTS = {name.lower(): name for name in _INTEGER_TYPES.values()} | {
     "blob": "BLOB",
 }
 _MAX_DECIMAL_DIGITS = 38
+# multi_bucket field families: each column's bytes depend on its own type and width (no widening).
+_MULTI_BUCKET_INPUTS = {
+    **{name.lower(): name for name in _INTEGER_TYPES.values()},
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "varchar": "VARCHAR",
+    "blob": "BLOB",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+    "timestamp_ns": "TIMESTAMP_NS",
+    "timestamptz": "TIMESTAMP WITH TIME ZONE",
+}
 
 
 def register_duckdb_functions(connection: Any) -> None:
@@ -99,6 +113,16 @@ def register_duckdb_functions(connection: Any) -> None:
         register(f"ap_bucket_{family}", _bucket_udf, value_type, "BIGINT")
     for family, value_type in _TRUNCATE_INPUTS.items():
         register(f"ap_truncate_{family}", _truncate_udf, value_type, value_type)
+    for family, value_type in _MULTI_BUCKET_INPUTS.items():
+        name = f"ap_mb_bytes_{family}"
+        if name not in existing:
+            connection.create_function(
+                name, _field_bytes_udf, [duckdb.sqltype(value_type)], duckdb.sqltype("BLOB"), type="arrow"
+            )
+    if "ap_murmur3" not in existing:
+        connection.create_function(
+            "ap_murmur3", _murmur3_udf, [duckdb.sqltype("BLOB")], duckdb.sqltype("INTEGER"), type="arrow"
+        )
     for scale in range(_MAX_DECIMAL_DIGITS + 1):
         decimal_type = f"DECIMAL({_MAX_DECIMAL_DIGITS}, {scale})"
         register(f"ap_bucket_decimal_{scale}", _bucket_udf, decimal_type, "BIGINT")
@@ -133,17 +157,98 @@ def _truncate_udf(widths: pa.ChunkedArray, values: pa.ChunkedArray) -> pa.Array:
     return TruncateTransform("value", width).apply(_as_array(values))
 
 
+def _field_bytes_udf(values: pa.ChunkedArray) -> pa.Array:
+    from airflow_partitions.transforms.multi_bucket import field_bytes_array
+
+    array = _as_array(values)
+    if len(array) == 0:
+        return pa.array([], type=pa.binary())
+    return field_bytes_array(array)
+
+
+def _murmur3_udf(values: pa.ChunkedArray) -> pa.Array:
+    """Murmur3 x86_32 (seed 0) of each blob as a signed int32; NULL for NULL."""
+    import numpy as np
+
+    from airflow_partitions.transforms import arrow_hash
+
+    array = _as_array(values).cast(pa.binary())
+    if len(array) == 0:
+        return pa.array([], type=pa.int32())
+    hashes = arrow_hash.hash_ragged(*support.binary_layout(array)).view(np.int32)
+    mask = support.valid_mask(array)
+    return pa.array(hashes, type=pa.int32(), mask=None if mask is None else ~mask)
+
+
 # --- SQL ------------------------------------------------------------------------------------------
 
 
 def duckdb_expression(transform: Transform, column_sql: str) -> str:
     """DuckDB SQL computing a bound `transform` over `column_sql` (needs `register_duckdb_functions`)."""
+    if isinstance(transform, MultiBucketTransform):
+        raise PartitionExpressionError(
+            f"partition expression {transform.canonical!r} reads several columns; "
+            "use duckdb_columns_expression"
+        )
     if transform.source_type is None:
         raise PartitionExpressionError(
             f"partition expression {transform.canonical!r}: DuckDB SQL depends on the column type; "
             "call .bind(<arrow type>) first"
         )
     return _duckdb_sql(transform, column_sql, support.normalize_type(transform.source_type))
+
+
+def duckdb_columns_expression(transform: Transform, columns_sql: Sequence[str]) -> str:
+    """DuckDB SQL computing a bound `transform` over one SQL expression per source column."""
+    if not isinstance(transform, MultiBucketTransform):
+        if len(columns_sql) != 1:
+            raise PartitionExpressionError(
+                f"partition expression {transform.canonical!r} reads one column; {len(columns_sql)} given"
+            )
+        return duckdb_expression(transform, columns_sql[0])
+    types = transform.source_types
+    if types is None:
+        raise PartitionExpressionError(
+            f"partition expression {transform.canonical!r}: DuckDB SQL depends on the column types; "
+            "call .bind_columns(<arrow types>) first"
+        )
+    if len(columns_sql) != len(types):
+        raise PartitionExpressionError(
+            f"partition expression {transform.canonical!r}: {len(columns_sql)} columns for {len(types)}"
+        )
+    parts = [
+        f"coalesce({_field_bytes_call(transform, sql, support.normalize_type(t))}, ''::BLOB)"
+        for sql, t in zip(columns_sql, types, strict=True)
+    ]
+    all_null = " AND ".join(f"({sql}) IS NULL" for sql in columns_sql)
+    hashed = f"ap_murmur3({' || '.join(parts)})"
+    # abs() of the int32 minimum overflows in INTEGER: take it as BIGINT, as the spec's abs(h) % N means.
+    return (
+        f"(CASE WHEN {all_null} THEN NULL "
+        f"ELSE CAST(abs(CAST({hashed} AS BIGINT)) % {transform.num_buckets} AS INTEGER) END)"
+    )
+
+
+def _field_bytes_call(transform: Transform, column_sql: str, source: pa.DataType) -> str:
+    if support.is_integer(source):
+        return f"ap_mb_bytes_{_INTEGER_TYPES[source].lower()}({column_sql})"
+    if pa.types.is_float32(source):
+        return f"ap_mb_bytes_float({column_sql})"
+    if pa.types.is_float64(source):
+        return f"ap_mb_bytes_double({column_sql})"
+    if support.is_string(source):
+        return f"ap_mb_bytes_varchar({column_sql})"
+    if support.is_binary(source) or support.is_fixed_binary(source):
+        return f"ap_mb_bytes_blob({column_sql})"
+    if support.is_date(source):
+        return f"ap_mb_bytes_date({column_sql})"
+    if support.is_timestamp(source):
+        if source.tz is not None:
+            return f"ap_mb_bytes_timestamptz({column_sql})"
+        if source.unit == "ns":
+            return f"ap_mb_bytes_timestamp_ns({column_sql})"
+        return f"ap_mb_bytes_timestamp(CAST({column_sql} AS TIMESTAMP))"
+    raise PartitionExpressionError(f"{transform.canonical}: no DuckDB bytes for {source}")
 
 
 @functools.singledispatch
@@ -275,6 +380,8 @@ def rewrite_partition_nodes(tree: exp.Expr, column_types: Mapping[str, pa.DataTy
     """`rewrite_partition_functions` on a parsed tree: a rewritten copy (`tree` is left as it is)."""
 
     def rewrite(node: exp.Expr) -> exp.Expr:
+        if is_multi_bucket_call(node):
+            return _rewrite_multi_bucket(node, column_types)
         if not is_transform_call(node):
             return node
         columns = list(node.find_all(exp.Column))
@@ -305,6 +412,34 @@ def rewrite_partition_nodes(tree: exp.Expr, column_types: Mapping[str, pa.DataTy
         return sqlglot.parse_one(replacement, read=DIALECT)
 
     return tree.transform(rewrite)
+
+
+def _rewrite_multi_bucket(node: exp.Expr, column_types: Mapping[str, pa.DataType]) -> exp.Expr:
+    shown = node.sql(dialect=DIALECT)
+    columns = list(node.find_all(exp.Column))
+    bare = node.copy()
+    for column in list(bare.find_all(exp.Column)):
+        column.replace(exp.column(column.name, quoted=True))
+    try:
+        transform = transform_from_node(bare)
+    except PartitionExpressionError as err:
+        raise FilterError(f"cannot evaluate {shown} in DuckDB: {err}") from err
+    types = []
+    for column in columns:
+        column_type = _lookup_type(column.name, column_types)
+        if column_type is None:
+            raise FilterError(
+                f"cannot evaluate {shown} in DuckDB: the type of column {column.name!r} is unknown; "
+                "pass it in column_types"
+            )
+        types.append(column_type)
+    try:
+        sql = duckdb_columns_expression(
+            transform.bind_columns(types), [column.sql(dialect=DIALECT) for column in columns]
+        )
+    except PartitionExpressionError as err:
+        raise FilterError(f"cannot evaluate {shown} in DuckDB: {err}") from err
+    return sqlglot.parse_one(sql, read=DIALECT)
 
 
 def _needs_udf(node: exp.Expr) -> bool:

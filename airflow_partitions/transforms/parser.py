@@ -34,6 +34,9 @@ from airflow_partitions.transforms.expression import (
 )
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
+from airflow_partitions.transforms.multi_bucket import MAX_BUCKETS as MULTI_BUCKET_MAX
+from airflow_partitions.transforms.multi_bucket import MIN_COLUMNS as MULTI_BUCKET_MIN_COLUMNS
+from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
 from airflow_partitions.transforms.temporal import DATE_UNITS, DatePartTransform, DateTruncTransform
 from airflow_partitions.transforms.truncate import TruncateTransform
 
@@ -42,6 +45,7 @@ INT64_MAX = (1 << 63) - 1
 SUPPORTED_FORMS = (
     "a column, bucket(N, col), truncate(W, col), date_part('unit', col), "
     "YEAR/QUARTER/MONTH/WEEK/DAY/HOUR/MINUTE(col), date_trunc('unit', col), col % N, "
+    "multi_bucket(N, col_a, col_b, ...), "
     "or a scalar expression over one column such as lower(col) (see the expression reference)"
 )
 # Print SQL in messages as the user wrote it: DuckDB syntax, function names in their original case.
@@ -101,6 +105,11 @@ def is_transform_call(node: exp.Expr) -> bool:
     )
 
 
+def is_multi_bucket_call(node: exp.Expr) -> bool:
+    """Whether `node` is a `multi_bucket(...)` call (its arguments unchecked)."""
+    return _is_function(node, "multi_bucket")
+
+
 def may_call_transforms(sql: str) -> bool:
     """A cheap test on text: False when `sql` cannot hold a transform call, so it need not be parsed."""
     lowered = sql.lower()
@@ -110,6 +119,8 @@ def may_call_transforms(sql: str) -> bool:
 def _from_tree(text: str, tree: exp.Expr) -> Transform:
     _reject_forbidden(text, tree)
     reject_non_deterministic(text, tree)
+    if _is_function(_unwrap(tree), "multi_bucket"):
+        return _build_multi_bucket(text, _unwrap(tree))
     columns = _column_references(tree)
     if not columns:
         raise _error(
@@ -125,7 +136,9 @@ def _from_tree(text: str, tree: exp.Expr) -> Transform:
         raise _error(
             text,
             f"references {len(distinct)} columns ({listed})",
-            "a partition expression must reference exactly one column; add one partition_by entry per column",
+            "a partition expression must reference exactly one column (multi_bucket(N, a, b, ...) is the "
+            "one exception: it hashes several columns into N buckets); add one partition_by entry per "
+            "column",
         )
     return _build(text, _unwrap(tree))
 
@@ -463,6 +476,47 @@ def _build_bucket(text: str, node: exp.Expr) -> Transform:
             "bucket(16::int32, col)",
         )
     return _over(text, column_node, "bucket", lambda column: BucketTransform(column, count, result_bits))
+
+
+def _build_multi_bucket(text: str, node: exp.Expr) -> Transform:
+    """`multi_bucket(N, a, b, ...)`: N a positive integer literal, then two or more distinct plain columns."""
+    args = [_unwrap(arg) for arg in node.expressions] if isinstance(node, exp.Anonymous) else []
+    usage = "write multi_bucket(N, col_a, col_b, ...): N buckets, then two or more columns"
+    if len(args) < 1 + MULTI_BUCKET_MIN_COLUMNS:
+        raise _error(
+            text,
+            f"calls multi_bucket with {len(args)} argument(s)",
+            f"{usage}; for one column write bucket(N, col)",
+        )
+    count = _positive_integer(args[0])
+    if count is None or count > MULTI_BUCKET_MAX:
+        order_hint = (
+            " (the arguments are multi_bucket(N, col_a, col_b, ...))"
+            if isinstance(args[0], exp.Column)
+            else ""
+        )
+        raise _error(
+            text,
+            f"has multi_bucket N = {_shown(args[0])}{order_hint}",
+            f"N must be a positive integer literal ≤ {MULTI_BUCKET_MAX:,}; {usage}",
+        )
+    columns: list[str] = []
+    for position, arg in enumerate(args[1:], start=1):
+        if not isinstance(arg, exp.Column):
+            raise _error(
+                text,
+                f"passes {_shown(arg)} as multi_bucket argument {position + 1}",
+                f"multi_bucket hashes plain columns only (no expressions inside it); {usage}",
+            )
+        columns.append(_column_name(text, arg, "multi_bucket"))
+    repeated = sorted({column for column in columns if columns.count(column) > 1})
+    if repeated:
+        raise _error(
+            text,
+            f"names column(s) {', '.join(repeated)} more than once",
+            "list each column once (a repeated column hashes its bytes twice and adds nothing)",
+        )
+    return MultiBucketTransform(columns, count)
 
 
 def _build_truncate(text: str, node: exp.Expr) -> Transform:

@@ -15,6 +15,7 @@ it loads pyspark and pyarrow.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any, cast
 
@@ -32,6 +33,7 @@ from airflow_partitions.transforms.bucket import BucketTransform
 from airflow_partitions.transforms.expression import ExpressionTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
+from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
 from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
 from airflow_partitions.transforms.truncate import TruncateTransform
 
@@ -97,7 +99,8 @@ def _require_utc_session(transform: Transform) -> None:
     zone = session.conf.get("spark.sql.session.timeZone")
     if zone not in ("UTC", "Etc/UTC", "GMT", "Z", "+00:00"):
         raise PartitionExpressionError(
-            f"partition expression {transform.canonical!r}: column {transform.source_column!r} holds naive "
+            f"partition expression {transform.canonical!r}: column(s) {', '.join(transform.source_columns)} "
+            "hold naive "
             f"timestamps (UTC wall time), but the Spark session time zone is {zone}; set "
             "spark.sql.session.timeZone=UTC (the package's session builders do)"
         )
@@ -168,6 +171,34 @@ def _arrow_udf(transform: Transform, column: Column, source: pa.DataType, result
     # The overloads of arrow_udf do not cover a plain function plus a return type; the call is valid.
     make_udf = cast(Any, F.arrow_udf)
     return make_udf(transform_batch, result_type)(column)
+
+
+def multi_bucket_column(transform: MultiBucketTransform, columns: Sequence[Column]) -> Column:
+    """`multi_bucket(N, a, b, ...)` over Spark columns: the Arrow kernel on Spark's Arrow batches.
+
+    Each batch array is brought back to the column's bound type inside the kernel (Spark widens uint8 to
+    SHORT, holds uint64 as DECIMAL(20,0)); timestamps hash as UTC microseconds whatever their zone.
+    """
+    types = transform.source_types
+    if types is None:
+        raise PartitionExpressionError(
+            f"partition expression {transform.canonical!r}: to_spark_columns needs the column types; call "
+            ".bind_columns(<arrow types>) first"
+        )
+    if len(columns) != len(types):
+        raise PartitionExpressionError(
+            f"partition expression {transform.canonical!r}: {len(columns)} Spark columns for "
+            f"{len(types)} source columns"
+        )
+    if any(support.is_timestamp(t) and support.normalize_type(t).tz is None for t in types):
+        _require_utc_session(transform)
+
+    def bucket_batch(*arrays: pa.Array) -> pa.Array:
+        result: pa.Array = transform.apply_columns(list(arrays))
+        return result
+
+    make_udf = cast(Any, F.arrow_udf)
+    return make_udf(bucket_batch, T.IntegerType())(*columns)
 
 
 def _floor_of(column: Column, step: Any) -> Column:

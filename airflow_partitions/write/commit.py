@@ -634,7 +634,7 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
     incoming_keys = rows.select(list(keys))
     # When every partition field is computed from key columns, a key decides its partition: the old row
     # of a key can only be where the new one goes. Otherwise any partition may hold it.
-    key_decides = all(t.source_column in keys for t in target.transforms)
+    key_decides = all(c in keys for t in target.transforms for c in t.source_columns)
     candidates: list[str] = []
     if target.snapshot is not None:
         if key_decides:

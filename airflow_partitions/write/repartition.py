@@ -266,7 +266,7 @@ def old_partitions_holding(
     if target.snapshot is None or not key_paths:
         return []
     wanted = set(key_paths)
-    columns = sorted({t.source_column for t in target.transforms})
+    columns = sorted({c for t in target.transforms for c in t.source_columns})
     holding: list[tuple[str, str]] = []
     for entry in old_entries(target.snapshot, target.spec_info.spec_id):
         if not entry.rows:

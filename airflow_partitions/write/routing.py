@@ -27,7 +27,7 @@ def partition_values(table: pa.Table, transforms: Sequence[Transform]) -> list[p
 
     arrays: list[pa.Array] = []
     for transform in transforms:
-        computed = transform.apply(table.column(transform.source_column))
+        computed = transform.apply_table(table)
         if isinstance(computed, pa.ChunkedArray):
             computed = computed.combine_chunks() if computed.num_chunks else pa.array([], computed.type)
         if pa.types.is_dictionary(computed.type):

@@ -356,13 +356,25 @@ def tally_relation_by_partition(
     ready = hash_ready(schema.empty_table(), schema).schema
     columns = list(column_sql) if column_sql is not None else [quote_identifier(n) for n in ready.names]
     position = {name: index for index, name in enumerate(ready.names)}
-    pre_keys = [_pre_key_sql(t, columns[position[t.source_column]]) for t in transforms]
+    # One pre-key per source column of a field over several columns (multi_bucket), grouped raw.
+    pre_key_lists = [
+        [_pre_key_sql(t, columns[position[t.source_columns[0]]])]
+        if len(t.source_columns) == 1
+        else [(columns[position[c]], False) for c in t.source_columns]
+        for t in transforms
+    ]
+    pre_key_names = [
+        [f"__key_{index}" if len(pre) == 1 else f"__key_{index}_{part}" for part in range(len(pre))]
+        for index, pre in enumerate(pre_key_lists)
+    ]
+    flat_names = [name for names in pre_key_names for name in names]
+    flat_sql = [sql for pre in pre_key_lists for sql, _ in pre]
     key_names = [f"__key_{index}" for index in range(len(transforms))]
-    selected = [f"{sql} AS {name}" for (sql, _), name in zip(pre_keys, key_names, strict=True)]
+    selected = [f"{sql} AS {name}" for sql, name in zip(flat_sql, flat_names, strict=True)]
     inner = ", ".join([*selected, f"{row_expression(ready, columns)} AS {_HASH_COLUMN}"])
-    group_by = f" GROUP BY {', '.join(key_names)}" if key_names else ""
+    group_by = f" GROUP BY {', '.join(flat_names)}" if flat_names else ""
     result = connection.sql(
-        f"SELECT {', '.join([*key_names, ''])}count(*)::BIGINT AS {_ROWS_COLUMN}, "
+        f"SELECT {', '.join([*flat_names, ''])}count(*)::BIGINT AS {_ROWS_COLUMN}, "
         f"sum({_HASH_COLUMN} >> 32)::BIGINT AS {_HIGH_COLUMN}, "
         f"sum({_HASH_COLUMN} & 4294967295)::BIGINT AS {_LOW_COLUMN} "
         f"FROM (SELECT {inner} FROM {relation}){group_by}"
@@ -376,12 +388,15 @@ def tally_relation_by_partition(
             out[PartitionKey(())] = RowTally(int(rows), (int(high) << 32) + int(low))
         return out
     arrays: dict[str, Any] = {}
-    for name, transform, (_, is_key) in zip(key_names, transforms, pre_keys, strict=True):
-        column = result.column(name)
-        if is_key:
-            arrays[name] = column.cast(transform.result_type)
-        else:
-            arrays[name] = transform.apply(column.cast(schema.field(transform.source_column).type))
+    for name, transform, pre, names in zip(key_names, transforms, pre_key_lists, pre_key_names, strict=True):
+        if len(pre) == 1 and pre[0][1]:
+            arrays[name] = result.column(names[0]).cast(transform.result_type)
+            continue
+        raw = [
+            result.column(part).cast(schema.field(column).type)
+            for part, column in zip(names, transform.source_columns, strict=True)
+        ]
+        arrays[name] = transform.apply_columns(raw)
     for name in (_ROWS_COLUMN, _HIGH_COLUMN, _LOW_COLUMN):
         arrays[name] = result.column(name)
     grouped = (
