@@ -22,18 +22,29 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from airflow_partitions.catalog.model import format_time, parse_time
 from airflow_partitions.exceptions import TagError, UnknownTagError, VersionNotFoundError
 from airflow_partitions.keys import escape_component, unescape_component
-
-if TYPE_CHECKING:
-    from airflow_partitions.catalog.catalog import Catalog
+from airflow_partitions.objectstore import ObjectStore
 
 TAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Writes of one tag record before giving up: each lost race means another writer moved the tag meanwhile.
 _TAG_WRITE_ATTEMPTS = 50
+
+
+class TaggedCatalog(Protocol):
+    """What tags need of a dataset's catalog (`catalog.Catalog`): its store, where its log lives, and the
+    versions it retains."""
+
+    dataset: str
+    store: ObjectStore
+    prefix: str
+
+    def snapshot(self, version: int | None = None) -> Any: ...
+
+    def version_commit_id(self, version: int) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,15 +77,15 @@ def check_tag_name(name: object) -> str:
     return name
 
 
-def tags_prefix(catalog: Catalog) -> str:
+def tags_prefix(catalog: TaggedCatalog) -> str:
     return f"{catalog.prefix}/tags/"
 
 
-def _tag_prefix(catalog: Catalog, name: str) -> str:
+def _tag_prefix(catalog: TaggedCatalog, name: str) -> str:
     return f"{tags_prefix(catalog)}{escape_component(name)}/"
 
 
-def _record_key(catalog: Catalog, name: str, sequence: int) -> str:
+def _record_key(catalog: TaggedCatalog, name: str, sequence: int) -> str:
     return f"{_tag_prefix(catalog, name)}{sequence:020d}.json"
 
 
@@ -83,7 +94,7 @@ def _sequence_of(key: str) -> int | None:
     return int(stem) if stem.isdigit() and key.endswith(".json") else None
 
 
-def _records(catalog: Catalog, prefix: str) -> Iterator[tuple[str, int, str]]:
+def _records(catalog: TaggedCatalog, prefix: str) -> Iterator[tuple[str, int, str]]:
     """(tag name, sequence, key) of every tag record under `prefix`."""
     base = tags_prefix(catalog)
     for info in catalog.store.list(prefix):
@@ -111,7 +122,7 @@ def _decode(name: str, sequence: int, key: str, data: bytes) -> TagInfo | None:
         raise TagError(f"tag record {key} is unreadable ({err}); delete it and write the tag again") from err
 
 
-def _newest(catalog: Catalog, name: str) -> tuple[int, TagInfo | None]:
+def _newest(catalog: TaggedCatalog, name: str) -> tuple[int, TagInfo | None]:
     """The newest sequence number of tag `name` (0: never written) and its value (None: deleted)."""
     newest = max(
         ((sequence, key) for _, sequence, key in _records(catalog, _tag_prefix(catalog, name))), default=None
@@ -125,7 +136,7 @@ def _newest(catalog: Catalog, name: str) -> tuple[int, TagInfo | None]:
     return sequence, _decode(name, sequence, key, data)
 
 
-def list_tags(catalog: Catalog) -> dict[str, TagInfo]:
+def list_tags(catalog: TaggedCatalog) -> dict[str, TagInfo]:
     """Every tag of the catalog that names a version (deleted ones left out), by name."""
     newest: dict[str, tuple[int, str]] = {}
     for name, sequence, key in _records(catalog, tags_prefix(catalog)):
@@ -140,7 +151,7 @@ def list_tags(catalog: Catalog) -> dict[str, TagInfo]:
     return tags
 
 
-def resolve_tag(catalog: Catalog, name: str) -> TagInfo:
+def resolve_tag(catalog: TaggedCatalog, name: str) -> TagInfo:
     """The version tag `name` names; `UnknownTagError` listing the known tags when it names none."""
     check_tag_name(name)
     _, info = _newest(catalog, name)
@@ -156,7 +167,7 @@ def resolve_tag(catalog: Catalog, name: str) -> TagInfo:
     return info
 
 
-def write_tag(catalog: Catalog, name: str, version: int | None) -> TagInfo | None:
+def write_tag(catalog: TaggedCatalog, name: str, version: int | None) -> TagInfo | None:
     """Point tag `name` at `version` (None: delete it); the tag's new value (None when deleted).
 
     The version must be retained (`VersionNotFoundError` otherwise). Each write appends the tag's next
@@ -194,7 +205,7 @@ def write_tag(catalog: Catalog, name: str, version: int | None) -> TagInfo | Non
     )
 
 
-def _nothing_to_delete(catalog: Catalog, name: str) -> UnknownTagError:
+def _nothing_to_delete(catalog: TaggedCatalog, name: str) -> UnknownTagError:
     known = tuple(list_tags(catalog))
     return UnknownTagError(
         f"dataset {catalog.dataset!r} has no tag {name!r} to delete; its tags are "

@@ -38,6 +38,7 @@ from airflow_partitions.sources.base import (
 from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.sources.pg_expressions import postgres_expression
 from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident, sql_literal
+from airflow_partitions.sources.spark import quote_column, spark_schema
 from airflow_partitions.spec.masking import (
     mask_secrets,
     mask_url_passwords,
@@ -237,7 +238,7 @@ class PostgresSource:
         try:
             conn = adbc.connect(self.url)
         except Exception as err:
-            raise SourceError(f"cannot connect to {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot connect to {self.describe()}: {clean_error(err)}") from err
         try:
             with conn.cursor() as cur:
                 cur.execute("SET TIME ZONE 'UTC'")
@@ -268,7 +269,7 @@ class PostgresSource:
             raise
         except Exception as err:
             raise SourceError(
-                f"cannot read the columns of {self.describe()}: {_clean_error(err)}; check that the table "
+                f"cannot read the columns of {self.describe()}: {clean_error(err)}; check that the table "
                 "exists and the connection's user may SELECT from it"
             ) from err
 
@@ -383,7 +384,7 @@ class PostgresSource:
             if _QUERY_CANCELED in str(err):
                 raise deadline.error(f"running SELECT ... GROUP BY on {self.table}") from err
             raise SourceError(
-                f"partition discovery query on {self.describe()} failed: {_clean_error(err)}"
+                f"partition discovery query on {self.describe()} failed: {clean_error(err)}"
             ) from err
         deadline.check(f"reading the partition statistics of {self.table}")
         arrays = []
@@ -461,7 +462,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot read {self.describe()}: {clean_error(err)}") from err
         return conform_table(raw, self.schema())
 
     def read_batches(
@@ -492,7 +493,7 @@ class PostgresSource:
             except SourceError:
                 raise
             except Exception as err:
-                raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+                raise SourceError(f"cannot read {self.describe()}: {clean_error(err)}") from err
 
         return pa.RecordBatchReader.from_batches(schema, batches())
 
@@ -525,7 +526,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot read {self.describe()}: {clean_error(err)}") from err
         schema = self.schema()
         return conform_table(raw, pa.schema([schema.field(name) for name in columns]))
 
@@ -540,7 +541,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot read {self.describe()}: {clean_error(err)}") from err
         schema = self.schema()
         return conform_table(raw, pa.schema([schema.field(name) for name in wanted]))
 
@@ -568,7 +569,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot count the rows of {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot count the rows of {self.describe()}: {clean_error(err)}") from err
         columns: dict[str, Any] = {}
         for i, transform in enumerate(transforms):
             column_data = result.column(f"k{i}")
@@ -595,7 +596,7 @@ class PostgresSource:
             raise
         except Exception as err:
             raise SourceError(
-                f"cannot list the open transactions of {self.describe()}: {_clean_error(err)}"
+                f"cannot list the open transactions of {self.describe()}: {clean_error(err)}"
             ) from err
         return value
 
@@ -606,7 +607,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot count rows of {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot count rows of {self.describe()}: {clean_error(err)}") from err
 
     # --- Spark --------------------------------------------------------------------------------
 
@@ -629,8 +630,6 @@ class PostgresSource:
         work_dir: str,
         since: RowsSince | None = None,
     ) -> Any:
-        from airflow_partitions.sources.spark import quote_column, spark_schema
-
         where = self._subset_predicate(transforms, keys)
         if since is not None:
             where = f"({where}) AND {since_predicate(since)}" if where else since_predicate(since)
@@ -670,7 +669,7 @@ class PostgresSource:
                     "Spark cannot find the PostgreSQL JDBC driver: install libpostgresql-jdbc-java (puts "
                     "/usr/share/java/postgresql.jar on the session's spark.jars) or set params.reader: adbc"
                 ) from err
-            raise SourceError(f"Spark cannot read {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"Spark cannot read {self.describe()}: {clean_error(err)}") from err
         return frame.select(
             *[frame[quote_column(f.name)].cast(f.dataType).alias(f.name) for f in struct.fields]
         )
@@ -711,7 +710,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot read {self.describe()}: {clean_error(err)}") from err
         return rows
 
     def _jdbc_partitioning(self) -> tuple[str, int, int, int] | None:
@@ -767,7 +766,7 @@ def _watermark_text(value: Any) -> str:
     return repr(value)
 
 
-def _clean_error(err: BaseException) -> str:
+def clean_error(err: BaseException) -> str:
     """The first line of the driver's message, secrets masked (a quoted connection URL's password, any
     secret of a loaded spec)."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

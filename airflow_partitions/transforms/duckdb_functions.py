@@ -25,13 +25,12 @@ from sqlglot import exp
 
 from airflow_partitions.exceptions import FilterError, PartitionExpressionError
 from airflow_partitions.transforms import arrow_support as support
-from airflow_partitions.transforms.base import Transform
+from airflow_partitions.transforms.base import DIALECT, Transform
 from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
 from airflow_partitions.transforms.expression import ExpressionTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
 from airflow_partitions.transforms.parser import (
-    DIALECT,
     describe_sql_error,
     is_transform_call,
     transform_from_node,
