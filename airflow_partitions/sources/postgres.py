@@ -171,6 +171,24 @@ def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.table(columns, schema=schema)
 
 
+def _group_expressions(transforms: Sequence[Transform], notes: list[str]) -> tuple[list[str], list[bool]]:
+    """Per partition field, what the survey groups by in Postgres and whether that is the partition value
+    itself (else the raw column, and the transform runs here: a note says why for an expression)."""
+    group_sql: list[str] = []
+    exact: list[bool] = []
+    for transform in transforms:
+        pushed = partition_sql(transform)
+        exact.append(pushed is not None)
+        group_sql.append(pushed if pushed is not None else quote_ident(transform.source_column))
+        if pushed is None and isinstance(transform, ExpressionTransform):
+            refused = postgres_expression(transform).refused
+            notes.append(
+                f"partition expression {transform.canonical!r} is grouped by its column in Postgres and "
+                f"computed in DuckDB: {refused}"
+            )
+    return group_sql, exact
+
+
 class PostgresSource:
     """One Postgres table (or view) read through ADBC for metadata and pushdown, Spark for staging."""
 
@@ -336,36 +354,9 @@ class PostgresSource:
         import pyarrow as pa
 
         names = [f"k{i}" for i in range(len(transforms))]
-        group_sql: list[str] = []
-        exact: list[bool] = []
         notes: list[str] = []
-        for transform in transforms:
-            pushed = partition_sql(transform)
-            exact.append(pushed is not None)
-            group_sql.append(pushed if pushed is not None else quote_ident(transform.source_column))
-            if pushed is None and isinstance(transform, ExpressionTransform):
-                refused = postgres_expression(transform).refused
-                notes.append(
-                    f"partition expression {transform.canonical!r} is grouped by its column in Postgres and "
-                    f"computed in DuckDB: {refused}"
-                )
-        stored = self.relation_kind in ("r", "p", "m")
-        # Count + max alone miss an UPDATE that keeps the max (a value changed below it, or a transaction
-        # that commits after a younger one): an order-independent sum of a hash of each row's version
-        # (xmin, new on every UPDATE; of the row's text for a view) sees every change.
-        versions = "hashtext(xmin::text)" if stored else "hashtext(ap_row::text)"
-        changes = f"(sum({versions}::bigint) % {_VERSION_HASH_MODULUS})::bigint"
-        if check_column:
-            watermark = f"max({quote_ident(check_column)})"
-        elif stored:
-            watermark = "max(xmin::text::bigint)"
-            notes.append("no refresh.check_column: change detection uses the row version (xmin)")
-        else:
-            watermark = "NULL::bigint"
-            notes.append(
-                f"{self.table} is a view and has no refresh.check_column: every partition is treated as "
-                "changed on each refresh (set refresh.check_column to an updated_at column to fix)"
-            )
+        group_sql, exact = _group_expressions(transforms, notes)
+        watermark, changes = self._change_expressions(check_column, notes)
         unique_groups = list(dict.fromkeys(group_sql))
         select = ", ".join(f"{sql} AS g{unique_groups.index(sql)}" for sql in unique_groups)
         group_by = ", ".join(str(i + 1) for i in range(len(unique_groups)))
@@ -387,17 +378,10 @@ class PostgresSource:
                 f"partition discovery query on {self.describe()} failed: {clean_error(err)}"
             ) from err
         deadline.check(f"reading the partition statistics of {self.table}")
-        arrays = []
-        for transform, sql_text, is_exact in zip(transforms, group_sql, exact, strict=True):
-            column = result.column(f"g{unique_groups.index(sql_text)}")
-            if isinstance(column.type, pa.BaseExtensionType):
-                column = pa.chunked_array([c.storage for c in column.chunks], type=column.type.storage_type)
-            column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-            if is_exact:
-                arrays.append(column.cast(transform.result_type))
-            else:
-                source_type = self.schema().field(transform.source_column).type
-                arrays.append(transform.apply(column.cast(source_type)))
+        arrays = [
+            self._partition_values(result.column(f"g{unique_groups.index(sql_text)}"), transform, is_exact)
+            for transform, sql_text, is_exact in zip(transforms, group_sql, exact, strict=True)
+        ]
         watermark_column = result.column("w")
         if isinstance(watermark_column.type, pa.BaseExtensionType):
             watermark_column = pa.chunked_array(
@@ -434,6 +418,38 @@ class PostgresSource:
             notes=tuple(notes),
             schema_tag=tag,
         )
+
+    def _change_expressions(self, check_column: str | None, notes: list[str]) -> tuple[str, str]:
+        """(the per-group watermark, the per-group sum of row version hashes) in the survey's SELECT."""
+        stored = self.relation_kind in ("r", "p", "m")
+        # Count + max alone miss an UPDATE that keeps the max (a value changed below it, or a transaction
+        # that commits after a younger one): an order-independent sum of a hash of each row's version
+        # (xmin, new on every UPDATE; of the row's text for a view) sees every change.
+        versions = "hashtext(xmin::text)" if stored else "hashtext(ap_row::text)"
+        changes = f"(sum({versions}::bigint) % {_VERSION_HASH_MODULUS})::bigint"
+        if check_column:
+            return f"max({quote_ident(check_column)})", changes
+        if stored:
+            notes.append("no refresh.check_column: change detection uses the row version (xmin)")
+            return "max(xmin::text::bigint)", changes
+        notes.append(
+            f"{self.table} is a view and has no refresh.check_column: every partition is treated as "
+            "changed on each refresh (set refresh.check_column to an updated_at column to fix)"
+        )
+        return "NULL::bigint", changes
+
+    def _partition_values(self, column: Any, transform: Transform, is_exact: bool) -> Any:
+        """A grouped column of the survey as the partition values: cast when Postgres computed them,
+        else the transform applied to the grouped source values."""
+        import pyarrow as pa
+
+        if isinstance(column.type, pa.BaseExtensionType):
+            column = pa.chunked_array([c.storage for c in column.chunks], type=column.type.storage_type)
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        if is_exact:
+            return column.cast(transform.result_type)
+        source_type = self.schema().field(transform.source_column).type
+        return transform.apply(column.cast(source_type))
 
     # --- pushed-down reads --------------------------------------------------------------------
 
