@@ -19,6 +19,7 @@ import yaml
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionSpecError, SpecValidationError
 from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.spec.arrow_types import parse_arrow_type
 from airflow_partitions.spec.index_settings import INDEX_PARAMS, declared_index_columns
 from airflow_partitions.spec.masking import mask_secrets, remember_secrets, spec_secrets
 from airflow_partitions.spec.model import (
@@ -630,9 +631,7 @@ class _SpecReader:
             return None
         if not block:
             return ()
-
-        if not self.check_types:
-            parse_arrow_type = _accept_type_text
+        check_type = parse_arrow_type if self.check_types else _accept_type_text
 
         columns: list[tuple[str, str]] = []
         ok = True
@@ -645,7 +644,7 @@ class _SpecReader:
                 ok = False
                 continue
             try:
-                parse_arrow_type(type_text)
+                check_type(type_text)
             except PartitionSpecError as err:
                 self.add(block.line_of(column), f"{label}: schema.{column}: {err}")
                 ok = False
