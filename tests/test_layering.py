@@ -4,6 +4,7 @@ Airflow layer."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,103 @@ def test_airflow_layer_imports_point_downward(path: Path) -> None:
         and _airflow_rank(module.split(".")[1]) > _airflow_rank(layer)
     ]
     assert not upward, f"{path.relative_to(PACKAGE)} ({layer}) imports a later Airflow layer: {upward}"
+
+
+# --- imports inside functions -----------------------------------------------------------------------
+
+# Top-level packages (and modules) whose files import the package's own modules at module level. An import
+# left inside a function must say why on its line: `# cycle: ...` (it would close an import loop) or
+# `# lazy: ...` (it would load pyarrow, numpy, duckdb, pandas, pyspark or boto3 with a module that DAG files
+# or cold starts import). Add a package here once its function-level imports are gone or explained.
+FUNCTION_IMPORTS_CHECKED = [
+    "keys",
+    "objectstore",
+    "transforms",
+    "spec",
+    "storage",
+    "catalog",
+    "pruning",
+    "sources",
+    "snapshots",
+    "advisor",
+]
+_IMPORT_REASON = re.compile(r"#\s*(cycle|lazy):\s*\S")
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports_own_package(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level > 0 or (node.module or "").split(".")[0] == "airflow_partitions"
+    return any(alias.name.split(".")[0] == "airflow_partitions" for alias in node.names)
+
+
+def unexplained_function_imports(source: str) -> list[int]:
+    """Lines of imports of the package's own modules inside a function (outside `if TYPE_CHECKING:`)
+    whose statement carries no `# cycle:` or `# lazy:` reason."""
+    lines = source.splitlines()
+    found: list[int] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for branch in child.orelse:
+                    visit_one(branch, in_function)
+                continue
+            visit_one(child, in_function)
+
+    def visit_one(node: ast.AST, in_function: bool) -> None:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            statement = lines[node.lineno - 1 : node.end_lineno or node.lineno]
+            explained = any(_IMPORT_REASON.search(line) for line in statement)
+            if in_function and _imports_own_package(node) and not explained:
+                found.append(node.lineno)
+            return
+        visit(node, in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def _function_import_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if _top_level(p) in FUNCTION_IMPORTS_CHECKED)
+
+
+def test_the_function_import_scan_tells_explained_from_unexplained() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from airflow_partitions.keys import PartitionKey\n"
+        "def f():\n"
+        "    from airflow_partitions.catalog import Catalog\n"
+        "    from airflow_partitions.storage.parquet import ParquetStorage  # lazy: loads pyarrow\n"
+        "    from airflow_partitions.catalog.catalog import (  # cycle: catalog imports this module\n"
+        "        Catalog as C,\n"
+        "    )\n"
+        "    import json\n"
+        "    if TYPE_CHECKING:\n"
+        "        from airflow_partitions.spec import DatasetSpec\n"
+        "    class Inner:\n"
+        "        def g(self):\n"
+        "            from . import sibling\n"
+        "            import airflow_partitions.read\n"
+    )
+    assert unexplained_function_imports(source) == [4, 14, 15]
+
+
+def test_every_checked_package_exists() -> None:
+    present = {_top_level(p) for p in PACKAGE.rglob("*.py")}
+    assert set(FUNCTION_IMPORTS_CHECKED) <= present, set(FUNCTION_IMPORTS_CHECKED) - present
+
+
+@pytest.mark.parametrize("path", _function_import_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_own_modules_are_imported_at_module_level(path: Path) -> None:
+    unexplained = unexplained_function_imports(path.read_text(encoding="utf-8"))
+    assert not unexplained, (
+        f"{path.relative_to(PACKAGE)} imports the package's own modules inside functions at lines "
+        f"{unexplained}: import them at module level, or say why not on the line (`# cycle: ...` when it "
+        "would close an import loop, `# lazy: ...` when it would load a heavy library)"
+    )

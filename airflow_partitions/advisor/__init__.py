@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def advise(*args: Any, **kwargs: Any) -> Advice:
     """`advisor.layout.advise` (imported on first use: it needs pyarrow and numpy)."""
-    from airflow_partitions.advisor.layout import advise as run
+    from airflow_partitions.advisor.layout import advise as run  # lazy: loads numpy and pyarrow
 
     return run(*args, **kwargs)
 

@@ -32,9 +32,12 @@ from airflow_partitions.advisor.findings import (
     size_findings,
     snapshot_partitions,
 )
+from airflow_partitions.catalog.open import dataset_directory
 from airflow_partitions.exceptions import FilterError, PartitionSpecError
 from airflow_partitions.keys import PartitionKey, value_from_json
 from airflow_partitions.pruning import PartitionIndex, bind_fields, plan_partitions
+from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.read import PartitionedDatasetReader, open_project
 from airflow_partitions.read.read_stats import (
     ReadStatsLog,
     ReadStatsMode,
@@ -43,6 +46,7 @@ from airflow_partitions.read.read_stats import (
     stats_directory,
 )
 from airflow_partitions.storage.datafile import DataFile, compute_column_stats
+from airflow_partitions.storage.parquet import ROW_GROUP_ROWS
 from airflow_partitions.transforms import BucketTransform, DateTruncTransform, parse_transform
 from airflow_partitions.transforms.base import canonical_identifier
 
@@ -207,8 +211,6 @@ class Workload:
 
 
 def load_records(project: ProjectSpec, dataset: DatasetSpec) -> list[dict[str, Any]]:
-    from airflow_partitions.catalog.open import dataset_directory
-
     log = ReadStatsLog(stats_directory(dataset_directory(project, dataset)))
     records = [r for r in log.records() if r.get("dataset") == dataset.name]
     return records[-MAX_RECORDS:]
@@ -515,8 +517,6 @@ def sort_advice(
 
 
 def _mentions(sql: str, column: str) -> bool:
-    from airflow_partitions.quoting import quote_identifier
-
     return quote_identifier(column) in sql
 
 
@@ -582,8 +582,6 @@ def advise(
     seed: int = 0,
 ) -> Advice:
     """Findings, simulated candidate layouts and sort advice for one dataset (see the module docstring)."""
-    from airflow_partitions.read import PartitionedDatasetReader, open_project
-    from airflow_partitions.storage.parquet import ROW_GROUP_ROWS
 
     spec = open_project(project)
     dataset = spec.dataset(dataset_name)

@@ -62,6 +62,7 @@ from airflow_partitions.catalog.model import (
 )
 from airflow_partitions.catalog.state import (
     CommitRecord,
+    PartitionMap,
     Snapshot,
     apply_changes,
     broken_link,
@@ -101,6 +102,7 @@ from airflow_partitions.storage.base import (
     vacuum_files,
 )
 from airflow_partitions.storage.datafile import DataFile
+from airflow_partitions.storage.remote import vacuum_remote_files
 
 log = logging.getLogger(__name__)
 
@@ -537,7 +539,6 @@ class Catalog:
         self._check_chain(base.record_digest if base is not None else None, records)
         changes, reset = merge_records(records)
         table = base.table if base is not None else empty_state_table()
-        from airflow_partitions.catalog.state import PartitionMap
 
         last = records[-1]
         changed = sum(len(r.upserts) + len(r.removes) for r in records)
@@ -1078,8 +1079,6 @@ class Catalog:
                     self.storage.compact_shared(self.data_root, dry_run=dry_run, sizes_before=shared_before)
                 )
         elif self.data_store is not None:
-            from airflow_partitions.storage.remote import vacuum_remote_files
-
             remote_removed, remote_young = vacuum_remote_files(
                 self.data_store, {f.path for f in referenced}, cutoff=cutoff, dry_run=dry_run
             )

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.storage import get_storage
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -72,8 +74,6 @@ def open_catalog(
     catalog knows the dataset's storage engine and data directory, so `vacuum` also removes
     unreferenced partition files.
     """
-    from airflow_partitions.storage import get_storage
-
     cache_root = dataset_directory(project_spec, dataset_spec)
     data_root: Path | None = cache_root
     accelerator_url = getattr(project_spec, "accelerator_url", None)

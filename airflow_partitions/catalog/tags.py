@@ -49,14 +49,12 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from airflow_partitions.catalog.model import format_time, parse_time
 from airflow_partitions.exceptions import TagError, UnknownTagError, VersionNotFoundError
 from airflow_partitions.keys import escape_component, unescape_component
-
-if TYPE_CHECKING:
-    from airflow_partitions.catalog.catalog import Catalog
+from airflow_partitions.objectstore import ObjectStore
 
 TAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Writes of one tag record before giving up: each lost race means another writer moved the tag meanwhile.
@@ -65,6 +63,21 @@ _TAG_WRITE_ATTEMPTS = 50
 _UNDECIDED_WAIT_S = 10.0
 # A vacuum marker older than this is from a vacuum that was killed; the next vacuum removes it.
 STALE_VACUUM_MARKER = dt.timedelta(days=1)
+
+
+class TaggedCatalog(Protocol):
+    """What tags need of a dataset's catalog (`catalog.Catalog`): its store, where its log lives, and the
+    versions it retains."""
+
+    dataset: str
+    store: ObjectStore
+    prefix: str
+
+    def snapshot(self, version: int | None = None) -> Any: ...
+
+    def version_commit_id(self, version: int) -> str | None: ...
+
+    def version_stored(self, version: int) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,19 +110,19 @@ def check_tag_name(name: object) -> str:
     return name
 
 
-def tags_prefix(catalog: Catalog) -> str:
+def tags_prefix(catalog: TaggedCatalog) -> str:
     return f"{catalog.prefix}/tags/"
 
 
-def _tag_prefix(catalog: Catalog, name: str) -> str:
+def _tag_prefix(catalog: TaggedCatalog, name: str) -> str:
     return f"{tags_prefix(catalog)}{escape_component(name)}/"
 
 
-def vacuum_markers_prefix(catalog: Catalog) -> str:
+def vacuum_markers_prefix(catalog: TaggedCatalog) -> str:
     return f"{catalog.prefix}/vacuuming/"
 
 
-def _record_key(catalog: Catalog, name: str, sequence: int) -> str:
+def _record_key(catalog: TaggedCatalog, name: str, sequence: int) -> str:
     return f"{_tag_prefix(catalog, name)}{sequence:020d}.json"
 
 
@@ -118,7 +131,7 @@ def _sequence_of(key: str) -> int | None:
     return int(stem) if stem.isdigit() and key.endswith(".json") else None
 
 
-def _records(catalog: Catalog, prefix: str) -> Iterator[tuple[str, int, str]]:
+def _records(catalog: TaggedCatalog, prefix: str) -> Iterator[tuple[str, int, str]]:
     """(tag name, sequence, key) of every tag record under `prefix`."""
     base = tags_prefix(catalog)
     for info in catalog.store.list(prefix):
@@ -146,7 +159,7 @@ def _decode(name: str, sequence: int, key: str, data: bytes) -> TagInfo | None:
         raise TagError(f"tag record {key} is unreadable ({err}); delete it and write the tag again") from err
 
 
-def _newest(catalog: Catalog, name: str) -> tuple[int, TagInfo | None]:
+def _newest(catalog: TaggedCatalog, name: str) -> tuple[int, TagInfo | None]:
     """The newest sequence number of tag `name` (0: never written) and its value (None: deleted)."""
     newest = max(
         ((sequence, key) for _, sequence, key in _records(catalog, _tag_prefix(catalog, name))), default=None
@@ -160,7 +173,7 @@ def _newest(catalog: Catalog, name: str) -> tuple[int, TagInfo | None]:
     return sequence, _decode(name, sequence, key, data)
 
 
-def list_tags(catalog: Catalog) -> dict[str, TagInfo]:
+def list_tags(catalog: TaggedCatalog) -> dict[str, TagInfo]:
     """Every tag of the catalog that names a version (deleted ones left out), by name."""
     newest: dict[str, tuple[int, str]] = {}
     for name, sequence, key in _records(catalog, tags_prefix(catalog)):
@@ -175,7 +188,7 @@ def list_tags(catalog: Catalog) -> dict[str, TagInfo]:
     return tags
 
 
-def resolve_tag(catalog: Catalog, name: str) -> TagInfo:
+def resolve_tag(catalog: TaggedCatalog, name: str) -> TagInfo:
     """The version tag `name` names; `UnknownTagError` listing the known tags when it names none."""
     check_tag_name(name)
     _, info = _newest(catalog, name)
@@ -191,7 +204,7 @@ def resolve_tag(catalog: Catalog, name: str) -> TagInfo:
     return info
 
 
-def write_tag(catalog: Catalog, name: str, version: int | None) -> TagInfo | None:
+def write_tag(catalog: TaggedCatalog, name: str, version: int | None) -> TagInfo | None:
     """Point tag `name` at `version` (None: delete it); the tag's new value (None when deleted).
 
     The version must be retained (`VersionNotFoundError` otherwise). Each write appends the tag's next
@@ -231,7 +244,7 @@ def write_tag(catalog: Catalog, name: str, version: int | None) -> TagInfo | Non
 
 
 def _confirm_retained(
-    catalog: Catalog, name: str, version: int, sequence: int, previous: TagInfo | None
+    catalog: TaggedCatalog, name: str, version: int, sequence: int, previous: TagInfo | None
 ) -> None:
     """Steps T3 and T4 of the module docstring: return when every vacuum keeps `version`; otherwise
     retract the record just written at `sequence` and raise `VersionNotFoundError`."""
@@ -291,7 +304,7 @@ class VacuumMarker:
     started_at: dt.datetime
 
 
-def begin_vacuum(catalog: Catalog, below: int) -> VacuumMarker:
+def begin_vacuum(catalog: TaggedCatalog, below: int) -> VacuumMarker:
     """Step V1: announce a vacuum expiring versions below `below`."""
     marker = VacuumMarker(
         key=f"{vacuum_markers_prefix(catalog)}{uuid.uuid4().hex}.json",
@@ -303,21 +316,21 @@ def begin_vacuum(catalog: Catalog, below: int) -> VacuumMarker:
     return marker
 
 
-def decide_vacuum(catalog: Catalog, marker: VacuumMarker, kept: Iterable[int]) -> VacuumMarker:
+def decide_vacuum(catalog: TaggedCatalog, marker: VacuumMarker, kept: Iterable[int]) -> VacuumMarker:
     """Step V3: record which tagged versions below the marker's bound the vacuum keeps."""
     decided = VacuumMarker(marker.key, marker.below, tuple(sorted(kept)), marker.started_at)
     _put_marker(catalog, decided)
     return decided
 
 
-def end_vacuum(catalog: Catalog, marker: VacuumMarker, now: dt.datetime) -> None:
+def end_vacuum(catalog: TaggedCatalog, marker: VacuumMarker, now: dt.datetime) -> None:
     """Step V5, and the removal of markers of killed vacuums older than `STALE_VACUUM_MARKER`."""
     cutoff = now - STALE_VACUUM_MARKER
     stale = [m.key for m in vacuum_markers(catalog) if m.key != marker.key and m.started_at < cutoff]
     catalog.store.delete([marker.key, *stale])
 
 
-def _put_marker(catalog: Catalog, marker: VacuumMarker) -> None:
+def _put_marker(catalog: TaggedCatalog, marker: VacuumMarker) -> None:
     record = {
         "below": marker.below,
         "kept": list(marker.kept) if marker.kept is not None else None,
@@ -326,7 +339,7 @@ def _put_marker(catalog: Catalog, marker: VacuumMarker) -> None:
     catalog.store.put(marker.key, json.dumps(record, separators=(",", ":")).encode("utf-8"))
 
 
-def read_vacuum_marker(catalog: Catalog, key: str) -> VacuumMarker | None:
+def read_vacuum_marker(catalog: TaggedCatalog, key: str) -> VacuumMarker | None:
     data = catalog.store.get(key)
     if data is None:
         return None
@@ -343,7 +356,7 @@ def read_vacuum_marker(catalog: Catalog, key: str) -> VacuumMarker | None:
         raise TagError(f"vacuum marker {key} is unreadable ({err}); delete it") from err
 
 
-def vacuum_markers(catalog: Catalog) -> list[VacuumMarker]:
+def vacuum_markers(catalog: TaggedCatalog) -> list[VacuumMarker]:
     """The markers of the vacuums running now (and of killed ones not yet removed)."""
     markers = []
     for info in catalog.store.list(vacuum_markers_prefix(catalog)):
@@ -354,7 +367,7 @@ def vacuum_markers(catalog: Catalog) -> list[VacuumMarker]:
     return markers
 
 
-def _nothing_to_delete(catalog: Catalog, name: str) -> UnknownTagError:
+def _nothing_to_delete(catalog: TaggedCatalog, name: str) -> UnknownTagError:
     known = tuple(list_tags(catalog))
     return UnknownTagError(
         f"dataset {catalog.dataset!r} has no tag {name!r} to delete; its tags are "

@@ -25,6 +25,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.transforms.duckdb_functions import duckdb_expression
 from airflow_partitions.transforms.projection import Op
 
 if TYPE_CHECKING:
@@ -148,8 +149,6 @@ class TransformRef:
         return f"expr:{self.transform.canonical}"
 
     def sql(self) -> str:
-        from airflow_partitions.transforms.duckdb_functions import duckdb_expression
-
         return f"({duckdb_expression(self.transform, self.column_ref.sql())})"
 
     def __str__(self) -> str:

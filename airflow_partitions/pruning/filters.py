@@ -52,7 +52,8 @@ from airflow_partitions.pruning.literals import Between, coerce_literal
 from airflow_partitions.pruning.prefix import like_prefix, prefix_upper_bound
 from airflow_partitions.pruning.sql_text import DIALECT, collection_paused, parse_sql
 from airflow_partitions.spec.model import did_you_mean
-from airflow_partitions.transforms.parser import describe_sql_error
+from airflow_partitions.transforms.duckdb_functions import rewrite_partition_nodes
+from airflow_partitions.transforms.parser import describe_sql_error, transform_from_node
 
 if TYPE_CHECKING:
     from airflow_partitions.transforms import Transform
@@ -158,8 +159,6 @@ def render(node: exp.Expr) -> str:
 
 def duckdb_sql(node: exp.Expression, schema: pa.Schema) -> str:
     """DuckDB SQL of a boolean node, partition transforms rewritten to compute exactly our values."""
-    from airflow_partitions.transforms.duckdb_functions import rewrite_partition_nodes
-
     types = {field.name: field.type for field in schema}
     return render(rewrite_partition_nodes(node, types))
 
@@ -689,8 +688,6 @@ def evaluate_constant(sql: str) -> Any:
 
 
 def _transform_of(node: exp.Expression) -> Transform | None:
-    from airflow_partitions.transforms.parser import transform_from_node
-
     try:
         return transform_from_node(node)
     except PartitionExpressionError:

@@ -23,9 +23,11 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from airflow_partitions.exceptions import CatalogError, PartitionExpressionError
-from airflow_partitions.keys import PartitionKey, value_from_json
+from airflow_partitions.keys import PartitionKey, value_from_json, value_to_text
 from airflow_partitions.storage.arrow_values import int64_array, to_numpy, typed_array
 from airflow_partitions.storage.datafile import DataFile
+from airflow_partitions.transforms import parse_transform
+from airflow_partitions.transforms.identity import IdentityTransform
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import PartitionEntry, PartitionSpecInfo, Snapshot
@@ -61,8 +63,6 @@ def bind_fields(canonicals: Sequence[tuple[str, str]], schema: pa.Schema) -> tup
     Leaving a field out only loses pruning on it (its partitions are then judged by the other fields and
     statistics), never correctness.
     """
-    from airflow_partitions.transforms import parse_transform
-
     bound: list[BoundField] = []
     for position, (name, canonical) in enumerate(canonicals):
         try:
@@ -95,8 +95,6 @@ def _with_field_columns(
     filter the plain schema binds binds the same way. The field-name column is the identity of the
     partition value and shares the field's values, so conditions on it are judged exactly.
     """
-    from airflow_partitions.transforms.identity import IdentityTransform
-
     taken = {name.lower() for name in schema.names}
     extra: list[BoundField] = []
     columns: list[pa.Field] = []
@@ -377,8 +375,6 @@ def _int_column(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
 
 
 def _show(value: Any) -> str:
-    from airflow_partitions.keys import value_to_text
-
     return value_to_text(value)
 
 

@@ -36,6 +36,7 @@ from airflow_partitions.pruning.expressions import (
     Comparison,
     InList,
     Op,
+    Or,
     Predicate,
     conjuncts,
     display_literal,
@@ -554,8 +555,6 @@ def multi_bucket_notes(fields: Sequence[BoundField], predicate: Predicate) -> li
 
 
 def _disjuncts(predicate: Predicate) -> list[Predicate]:
-    from airflow_partitions.pruning.expressions import Or
-
     if isinstance(predicate, Or):
         return [leaf for item in predicate.items for leaf in _disjuncts(item)]
     return [predicate]

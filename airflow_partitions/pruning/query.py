@@ -31,6 +31,7 @@ from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import AlwaysFalse, AlwaysTrue, Predicate, or_
 from airflow_partitions.pruning.filters import DIALECT, FilterBinder
 from airflow_partitions.pruning.sql_text import parse_one_sql, parse_sql
+from airflow_partitions.transforms.duckdb_functions import rewrite_partition_nodes
 from airflow_partitions.transforms.parser import is_multi_bucket_call, is_transform_call, may_call_transforms
 
 _INNER_KINDS = (None, "", "INNER", "CROSS")
@@ -124,8 +125,6 @@ def executable_sql(sql: str, schema: pa.Schema) -> str:
 
     A query without such calls runs exactly as written.
     """
-    from airflow_partitions.transforms.duckdb_functions import rewrite_partition_nodes
-
     if not may_call_transforms(sql):
         return sql  # no function a partition transform could be spelled with: skip parsing
     try:

@@ -26,6 +26,7 @@ from airflow_partitions.pruning.expressions import (
     Range,
     Term,
 )
+from airflow_partitions.transforms.parser import describe_sql_error
 
 
 def spark_column_ref(name: str) -> Any:
@@ -95,8 +96,6 @@ def spark_condition(predicate: Predicate) -> Any:
         try:
             text = sqlglot.transpile(predicate.text, read="duckdb", write="spark")[0]
         except sqlglot.errors.SqlglotError as err:
-            from airflow_partitions.transforms.parser import describe_sql_error
-
             reason = describe_sql_error(err)
             raise FilterError(f"cannot express {predicate.text!r} in Spark SQL: {reason}") from err
         return F.expr(text)

@@ -97,7 +97,10 @@ def select_where(manifest: SnapshotManifest, schema: pa.Schema, where: str) -> l
     statistics rule partitions out. A filter that cannot bind raises `FilterError`.
     A manifest published mid-migration judges each partition under the spec it was written under.
     """
-    from airflow_partitions.pruning import PartitionIndex, plan_partitions
+    from airflow_partitions.pruning import (  # lazy: pruning loads pyarrow; DAG files load snapshots
+        PartitionIndex,
+        plan_partitions,
+    )
 
     selected: list[str] = []
     for spec_id, spec in manifest.specs.items():

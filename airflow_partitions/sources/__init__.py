@@ -20,6 +20,9 @@ from airflow_partitions.sources.base import (
     connection_resolver,
     set_connection_resolver,
 )
+from airflow_partitions.sources.file_facts import STATE_FILE
+from airflow_partitions.sources.files import FileSource
+from airflow_partitions.sources.postgres import PostgresSource
 
 __all__ = [
     "EMPTY_FINGERPRINT",
@@ -48,8 +51,6 @@ def open_source(ref: Any, *, declared_schema: Any = None, schema: Any = None) ->
     scheme = str(getattr(ref.scheme, "value", ref.scheme))
     params = dict(ref.params or {})
     if scheme in ("file", "s3"):
-        from airflow_partitions.sources.files import FileSource
-
         file_format = getattr(ref, "file_format", None)
         if file_format is not None:
             params.setdefault("file_format", str(getattr(file_format, "value", file_format)))
@@ -57,8 +58,6 @@ def open_source(ref: Any, *, declared_schema: Any = None, schema: Any = None) ->
             ref.location, params=params, scheme=scheme, schema=schema, declared_schema=declared_schema
         )
     if scheme == "postgres":
-        from airflow_partitions.sources.postgres import PostgresSource
-
         return PostgresSource(
             ref.table_schema,
             ref.table_name,
@@ -82,8 +81,6 @@ def keep_file_facts(source: Source, directory: Any) -> Source:
     use = getattr(source, "use_file_facts", None)
     if use is not None:
         from pathlib import Path
-
-        from airflow_partitions.sources.file_facts import STATE_FILE
 
         use(Path(directory) / STATE_FILE)
     return source

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.exceptions import ObjectStoreError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.objectstore import LocalStore
 from airflow_partitions.sources.base import KeyTuple, digest
-from airflow_partitions.storage.datafile import ColumnStats
+from airflow_partitions.storage.datafile import ColumnStats, compute_column_stats
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -84,8 +86,6 @@ def facts_context(schema: pa.Schema, transforms: Sequence[Transform]) -> str:
 def learn_facts(table: pa.Table, transforms: Sequence[Transform]) -> FileFacts:
     """The facts of one file, from its partition source columns read under the source schema."""
     import pyarrow as pa
-
-    from airflow_partitions.storage.datafile import compute_column_stats
 
     columns = sorted({c for t in transforms for c in t.source_columns})
     stats: dict[str, ColumnStats | None] = dict(compute_column_stats(table.select(columns)))
@@ -148,8 +148,6 @@ class FileFactsState:
         self._context, self._facts = context, dict(facts)
         if self.path is None:
             return
-        from airflow_partitions.exceptions import ObjectStoreError
-        from airflow_partitions.objectstore import LocalStore
 
         document = {
             "format": STATE_FORMAT,
@@ -171,7 +169,7 @@ class FileFactsState:
 def stats_predicate(facts: FileFacts, schema: pa.Schema, columns: Iterable[str]) -> Predicate:
     """The rows a file may hold, as a predicate over the source columns: per column its min..max range
     (when known) or NULL (when it has NULLs); an unknown column constrains nothing."""
-    from airflow_partitions.pruning.expressions import (
+    from airflow_partitions.pruning.expressions import (  # lazy: pruning loads pyarrow
         AlwaysFalse,
         AlwaysTrue,
         ColumnRef,
@@ -210,7 +208,7 @@ def files_by_key(
 ) -> tuple[dict[KeyTuple, list[str]], int, int]:
     """For each key, the fingerprint lines of the files that may hold its rows; also how many files were
     mapped by statistics and how many could feed every partition (no usable facts)."""
-    from airflow_partitions.pruning import PartitionIndex, plan_partitions
+    from airflow_partitions.pruning import PartitionIndex, plan_partitions  # lazy: pruning loads pyarrow
 
     out: dict[KeyTuple, list[str]] = {tuple(key): [] for key in keys}
     by_stats = 0

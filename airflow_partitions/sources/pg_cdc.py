@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ChangeCaptureError, SlotLostError, SourceError, WalLevelError
+from airflow_partitions.sources.pg_builtin_sql import quote_ident
+from airflow_partitions.sources.postgres import PostgresSource, clean_error, conform_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from airflow_partitions.sources.postgres import PostgresSource
 
 # The marker column of a staged change table: TRUE for a key to delete (its other columns are NULL).
 DELETED_COLUMN = "__ap_deleted"
@@ -350,12 +350,10 @@ class ChangeStream:
         """An autocommit ADBC connection in UTC (slot functions refuse to run in some transactions)."""
         import adbc_driver_postgresql.dbapi as adbc
 
-        from airflow_partitions.sources.postgres import _clean_error
-
         try:
             conn = adbc.connect(self.source.url, autocommit=True)
         except Exception as err:
-            raise SourceError(f"cannot connect to {self.source.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot connect to {self.source.describe()}: {clean_error(err)}") from err
         try:
             with conn.cursor() as cur:
                 cur.execute("SET TIME ZONE 'UTC'")
@@ -368,8 +366,6 @@ class ChangeStream:
             conn.close()
 
     def _rows(self, conn: Any, sql: str, parameters: Sequence[Any] | None = None) -> list[dict[str, Any]]:
-        from airflow_partitions.sources.postgres import _clean_error
-
         try:
             with conn.cursor() as cur:
                 cur.execute(sql, parameters=tuple(parameters) if parameters else None)
@@ -378,7 +374,7 @@ class ChangeStream:
             raise
         except Exception as err:
             raise ChangeCaptureError(
-                f"{self.source.describe()}, replication slot {self.slot!r}: {_clean_error(err)}"
+                f"{self.source.describe()}, replication slot {self.slot!r}: {clean_error(err)}"
             ) from err
 
     def check_server(self, conn: Any) -> None:
@@ -476,11 +472,9 @@ class ChangeStream:
             row = cur.fetchone()
         except psycopg.Error as err:
             replication.close()
-            from airflow_partitions.sources.postgres import _clean_error
-
             raise ChangeCaptureError(
                 f"cannot create replication slot {self.slot!r} on {self.source.describe()}: "
-                f"{_clean_error(err)}"
+                f"{clean_error(err)}"
             ) from err
         assert row is not None
         start, snapshot = str(row[1]), str(row[2])
@@ -539,8 +533,6 @@ class ChangeStream:
             return cached[1]
         decoder = ChangeDecoder((self.source.table.schema, self.source.table.name), columns, keys, upto)
         with conn.cursor() as cur:
-            from airflow_partitions.sources.postgres import _clean_error
-
             try:
                 cur.execute(
                     "SELECT data FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, NULL, "
@@ -555,7 +547,7 @@ class ChangeStream:
             except Exception as err:
                 raise ChangeCaptureError(
                     f"cannot read replication slot {self.slot!r} of {self.source.describe()}: "
-                    f"{_clean_error(err)}"
+                    f"{clean_error(err)}"
                 ) from err
         _PEEKED.clear()
         _PEEKED[(self.slot, upto)] = (info.confirmed_flush_lsn, decoder.changes)
@@ -565,8 +557,6 @@ class ChangeStream:
         """The change set as one table of `schema` plus `DELETED_COLUMN`: rows to upsert, then keys to
         delete (other columns NULL), each value cast by Postgres from its text to the column's type."""
         import pyarrow as pa
-
-        from airflow_partitions.sources.postgres import conform_table
 
         types = self.column_types(conn)
         names = list(schema.names)
@@ -610,9 +600,6 @@ class ChangeStream:
         schema: pa.Schema,
     ) -> pa.Table:
         import pyarrow as pa
-
-        from airflow_partitions.sources.pg_sql import quote_ident
-        from airflow_partitions.sources.postgres import conform_table
 
         selects = ", ".join(
             f"(r.v->>{i})::{types[name]} AS {quote_ident(name)}" for i, name in enumerate(names)

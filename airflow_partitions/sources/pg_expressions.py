@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
+from airflow_partitions.sources.pg_builtin_sql import builtin_sql, quote_ident
+from airflow_partitions.transforms import parse_transform
 from airflow_partitions.transforms.expression import (
     COMPOSED_INPUT,
     UNIT_FUNCTIONS,
@@ -94,8 +96,6 @@ def postgres_expression(transform: ExpressionTransform) -> PostgresExpression:
 def _translated(canonical: str, sql: str, column: str, source_type: pa.DataType) -> PostgresExpression:
     import sqlglot
 
-    from airflow_partitions.transforms import parse_transform
-
     transform = parse_transform(canonical).bind(source_type)
     assert isinstance(transform, ExpressionTransform)
     tree = sqlglot.parse_one(sql, read="duckdb")
@@ -109,9 +109,7 @@ def _translated(canonical: str, sql: str, column: str, source_type: pa.DataType)
     outer = transform.outer_bound
     if outer is None:
         return PostgresExpression(inner, None)
-    from airflow_partitions.sources.pg_sql import partition_sql, quote_ident
-
-    wrapped = partition_sql(outer)
+    wrapped = builtin_sql(outer)
     if wrapped is None:
         return PostgresExpression(
             None, f"the built-in {outer.name} around the expression has no Postgres form (no Murmur3 there)"

@@ -38,6 +38,7 @@ from airflow_partitions.sources.base import (
 from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.sources.pg_expressions import MULTI_BUCKET_PUSHDOWN_REFUSED, postgres_expression
 from airflow_partitions.sources.pg_sql import partition_sql, preimage_predicate, quote_ident, sql_literal
+from airflow_partitions.sources.spark import quote_column, spark_schema
 from airflow_partitions.spec.masking import (
     mask_secrets,
     mask_url_passwords,
@@ -171,6 +172,33 @@ def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.table(columns, schema=schema)
 
 
+def _group_expressions(
+    transforms: Sequence[Transform], notes: list[str]
+) -> tuple[list[list[str]], list[bool]]:
+    """Per partition field, what the survey groups by in Postgres and whether that is the partition value
+    itself (else the raw source column(s), and the transform runs here: a note says why)."""
+    group_parts: list[list[str]] = []
+    exact: list[bool] = []
+    for transform in transforms:
+        pushed = partition_sql(transform)
+        exact.append(pushed is not None)
+        group_parts.append(
+            [pushed] if pushed is not None else [quote_ident(c) for c in transform.source_columns]
+        )
+        if isinstance(transform, MultiBucketTransform):
+            notes.append(
+                f"partition expression {transform.canonical!r} is grouped by its columns in Postgres "
+                f"and hashed here: {MULTI_BUCKET_PUSHDOWN_REFUSED}"
+            )
+        if pushed is None and isinstance(transform, ExpressionTransform):
+            refused = postgres_expression(transform).refused
+            notes.append(
+                f"partition expression {transform.canonical!r} is grouped by its column in Postgres and "
+                f"computed in DuckDB: {refused}"
+            )
+    return group_parts, exact
+
+
 class PostgresSource:
     """One Postgres table (or view) read through ADBC for metadata and pushdown, Spark for staging."""
 
@@ -238,7 +266,7 @@ class PostgresSource:
         try:
             conn = adbc.connect(self.url)
         except Exception as err:
-            raise SourceError(f"cannot connect to {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot connect to {self.describe()}: {clean_error(err)}") from err
         try:
             with conn.cursor() as cur:
                 cur.execute("SET TIME ZONE 'UTC'")
@@ -269,7 +297,7 @@ class PostgresSource:
             raise
         except Exception as err:
             raise SourceError(
-                f"cannot read the columns of {self.describe()}: {_clean_error(err)}; check that the table "
+                f"cannot read the columns of {self.describe()}: {clean_error(err)}; check that the table "
                 "exists and the connection's user may SELECT from it"
             ) from err
 
@@ -336,44 +364,9 @@ class PostgresSource:
         import pyarrow as pa
 
         names = [f"k{i}" for i in range(len(transforms))]
-        # Per field, what Postgres groups by: its Postgres form (exact), or its raw source column(s).
-        group_parts: list[list[str]] = []
-        exact: list[bool] = []
         notes: list[str] = []
-        for transform in transforms:
-            pushed = partition_sql(transform)
-            exact.append(pushed is not None)
-            group_parts.append(
-                [pushed] if pushed is not None else [quote_ident(c) for c in transform.source_columns]
-            )
-            if isinstance(transform, MultiBucketTransform):
-                notes.append(
-                    f"partition expression {transform.canonical!r} is grouped by its columns in Postgres "
-                    f"and hashed here: {MULTI_BUCKET_PUSHDOWN_REFUSED}"
-                )
-            if pushed is None and isinstance(transform, ExpressionTransform):
-                refused = postgres_expression(transform).refused
-                notes.append(
-                    f"partition expression {transform.canonical!r} is grouped by its column in Postgres and "
-                    f"computed in DuckDB: {refused}"
-                )
-        stored = self.relation_kind in ("r", "p", "m")
-        # Count + max alone miss an UPDATE that keeps the max (a value changed below it, or a transaction
-        # that commits after a younger one): an order-independent sum of a hash of each row's version
-        # (xmin, new on every UPDATE; of the row's text for a view) sees every change.
-        versions = "hashtext(xmin::text)" if stored else "hashtext(ap_row::text)"
-        changes = f"(sum({versions}::bigint) % {_VERSION_HASH_MODULUS})::bigint"
-        if check_column:
-            watermark = f"max({quote_ident(check_column)})"
-        elif stored:
-            watermark = "max(xmin::text::bigint)"
-            notes.append("no refresh.check_column: change detection uses the row version (xmin)")
-        else:
-            watermark = "NULL::bigint"
-            notes.append(
-                f"{self.table} is a view and has no refresh.check_column: every partition is treated as "
-                "changed on each refresh (set refresh.check_column to an updated_at column to fix)"
-            )
+        group_parts, exact = _group_expressions(transforms, notes)
+        watermark, changes = self._change_expressions(check_column, notes)
         group_sql = [sql for parts in group_parts for sql in parts]
         unique_groups = list(dict.fromkeys(group_sql))
         select = ", ".join(f"{sql} AS g{unique_groups.index(sql)}" for sql in unique_groups)
@@ -393,26 +386,17 @@ class PostgresSource:
             if _QUERY_CANCELED in str(err):
                 raise deadline.error(f"running SELECT ... GROUP BY on {self.table}") from err
             raise SourceError(
-                f"partition discovery query on {self.describe()} failed: {_clean_error(err)}"
+                f"partition discovery query on {self.describe()} failed: {clean_error(err)}"
             ) from err
         deadline.check(f"reading the partition statistics of {self.table}")
-        arrays = []
-
-        def grouped(sql_text: str) -> pa.Array:
-            column = result.column(f"g{unique_groups.index(sql_text)}")
-            if isinstance(column.type, pa.BaseExtensionType):
-                column = pa.chunked_array([c.storage for c in column.chunks], type=column.type.storage_type)
-            return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-
-        for transform, parts, is_exact in zip(transforms, group_parts, exact, strict=True):
-            if is_exact:
-                arrays.append(grouped(parts[0]).cast(transform.result_type))
-            else:
-                raw = [
-                    grouped(sql_text).cast(self.schema().field(column).type)
-                    for sql_text, column in zip(parts, transform.source_columns, strict=True)
-                ]
-                arrays.append(transform.apply_columns(raw))
+        arrays = [
+            self._partition_values(
+                [result.column(f"g{unique_groups.index(sql_text)}") for sql_text in parts],
+                transform,
+                is_exact,
+            )
+            for transform, parts, is_exact in zip(transforms, group_parts, exact, strict=True)
+        ]
         watermark_column = result.column("w")
         if isinstance(watermark_column.type, pa.BaseExtensionType):
             watermark_column = pa.chunked_array(
@@ -450,6 +434,43 @@ class PostgresSource:
             schema_tag=tag,
         )
 
+    def _change_expressions(self, check_column: str | None, notes: list[str]) -> tuple[str, str]:
+        """(the per-group watermark, the per-group sum of row version hashes) in the survey's SELECT."""
+        stored = self.relation_kind in ("r", "p", "m")
+        # Count + max alone miss an UPDATE that keeps the max (a value changed below it, or a transaction
+        # that commits after a younger one): an order-independent sum of a hash of each row's version
+        # (xmin, new on every UPDATE; of the row's text for a view) sees every change.
+        versions = "hashtext(xmin::text)" if stored else "hashtext(ap_row::text)"
+        changes = f"(sum({versions}::bigint) % {_VERSION_HASH_MODULUS})::bigint"
+        if check_column:
+            return f"max({quote_ident(check_column)})", changes
+        if stored:
+            notes.append("no refresh.check_column: change detection uses the row version (xmin)")
+            return "max(xmin::text::bigint)", changes
+        notes.append(
+            f"{self.table} is a view and has no refresh.check_column: every partition is treated as "
+            "changed on each refresh (set refresh.check_column to an updated_at column to fix)"
+        )
+        return "NULL::bigint", changes
+
+    def _partition_values(self, grouped: list[Any], transform: Transform, is_exact: bool) -> Any:
+        """The grouped column(s) of one field in the survey as its partition values: cast when Postgres
+        computed them, else the transform applied to the grouped source values."""
+        import pyarrow as pa
+
+        arrays = []
+        for column in grouped:
+            if isinstance(column.type, pa.BaseExtensionType):
+                column = pa.chunked_array([c.storage for c in column.chunks], type=column.type.storage_type)
+            arrays.append(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0))
+        if is_exact:
+            return arrays[0].cast(transform.result_type)
+        raw = [
+            array.cast(self.schema().field(name).type)
+            for array, name in zip(arrays, transform.source_columns, strict=True)
+        ]
+        return transform.apply_columns(raw)
+
     # --- pushed-down reads --------------------------------------------------------------------
 
     def can_read_partition(self, transforms: Sequence[Transform]) -> bool:
@@ -477,7 +498,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot read {self.describe()}: {clean_error(err)}") from err
         return conform_table(raw, self.schema())
 
     def read_batches(
@@ -508,7 +529,7 @@ class PostgresSource:
             except SourceError:
                 raise
             except Exception as err:
-                raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+                raise SourceError(f"cannot read {self.describe()}: {clean_error(err)}") from err
 
         return pa.RecordBatchReader.from_batches(schema, batches())
 
@@ -541,7 +562,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot read {self.describe()}: {clean_error(err)}") from err
         schema = self.schema()
         return conform_table(raw, pa.schema([schema.field(name) for name in columns]))
 
@@ -556,7 +577,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot read {self.describe()}: {clean_error(err)}") from err
         schema = self.schema()
         return conform_table(raw, pa.schema([schema.field(name) for name in wanted]))
 
@@ -584,7 +605,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot count the rows of {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot count the rows of {self.describe()}: {clean_error(err)}") from err
         columns: dict[str, Any] = {}
         for i, transform in enumerate(transforms):
             column_data = result.column(f"k{i}")
@@ -611,7 +632,7 @@ class PostgresSource:
             raise
         except Exception as err:
             raise SourceError(
-                f"cannot list the open transactions of {self.describe()}: {_clean_error(err)}"
+                f"cannot list the open transactions of {self.describe()}: {clean_error(err)}"
             ) from err
         return value
 
@@ -622,7 +643,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot count rows of {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot count rows of {self.describe()}: {clean_error(err)}") from err
 
     # --- Spark --------------------------------------------------------------------------------
 
@@ -645,8 +666,6 @@ class PostgresSource:
         work_dir: str,
         since: RowsSince | None = None,
     ) -> Any:
-        from airflow_partitions.sources.spark import quote_column, spark_schema
-
         where = self._subset_predicate(transforms, keys)
         if since is not None:
             where = f"({where}) AND {since_predicate(since)}" if where else since_predicate(since)
@@ -686,7 +705,7 @@ class PostgresSource:
                     "Spark cannot find the PostgreSQL JDBC driver: install libpostgresql-jdbc-java (puts "
                     "/usr/share/java/postgresql.jar on the session's spark.jars) or set params.reader: adbc"
                 ) from err
-            raise SourceError(f"Spark cannot read {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"Spark cannot read {self.describe()}: {clean_error(err)}") from err
         return frame.select(
             *[frame[quote_column(f.name)].cast(f.dataType).alias(f.name) for f in struct.fields]
         )
@@ -727,7 +746,7 @@ class PostgresSource:
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"cannot read {self.describe()}: {_clean_error(err)}") from err
+            raise SourceError(f"cannot read {self.describe()}: {clean_error(err)}") from err
         return rows
 
     def _jdbc_partitioning(self) -> tuple[str, int, int, int] | None:
@@ -783,7 +802,7 @@ def _watermark_text(value: Any) -> str:
     return repr(value)
 
 
-def _clean_error(err: BaseException) -> str:
+def clean_error(err: BaseException) -> str:
     """The first line of the driver's message, secrets masked (a quoted connection URL's password, any
     secret of a loaded spec)."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.exceptions import PartitionExpressionError, SchemaDriftError, SourceError
+from airflow_partitions.sources.schema import needs_exactness_check, widens_losslessly
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -19,8 +22,7 @@ def spark_schema(schema: pa.Schema) -> Any:
     from pyspark.sql import types as T
     from pyspark.sql.pandas.types import from_arrow_type
 
-    from airflow_partitions.exceptions import PartitionExpressionError
-    from airflow_partitions.transforms.spark import spark_type_for
+    from airflow_partitions.transforms.spark import spark_type_for  # lazy: loads pyspark
 
     fields = []
     for field in schema.remove_metadata():
@@ -51,8 +53,6 @@ def checked_cast(column: Any, source_type: pa.DataType, target_type: pa.DataType
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from airflow_partitions.sources.schema import needs_exactness_check, widens_losslessly
-
     source_spark, target_spark = spark_schema(pa.schema([("s", source_type), ("t", target_type)])).fields
     casted = column.cast(target_spark.dataType)
     if widens_losslessly(source_type, target_type):
@@ -76,8 +76,6 @@ def explain_spark_read_error(err: BaseException, description: str) -> SourceErro
     """A typed error for a Spark job that failed reading the source (a value that does not parse or
     cast), naming the file and the value and saying how to fix it; None for other failures."""
     import re
-
-    from airflow_partitions.exceptions import SchemaDriftError, SourceError
 
     text = str(err)
     found_file = re.search(r"reading file (\S+?)\.?\s", text)

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 import yaml
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionSpecError, SpecValidationError
+from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.spec.arrow_types import parse_arrow_type
 from airflow_partitions.spec.index_settings import INDEX_PARAMS, declared_index_columns
 from airflow_partitions.spec.masking import mask_secrets, remember_secrets, spec_secrets
 from airflow_partitions.spec.model import (
@@ -65,6 +67,7 @@ from airflow_partitions.spec.model import (
     source_problems,
 )
 from airflow_partitions.spec.yaml_lines import LineDict, LineList, format_yaml_error, read_yaml
+from airflow_partitions.transforms import parse_transform
 
 SCRATCH_DIR_ENV = "AIRFLOW_PARTITIONS_SCRATCH_DIR"
 TOP_LEVEL_KEYS = ("accelerator_dir", "local_scratch_dir", "datasets")
@@ -425,8 +428,6 @@ class _SpecReader:
             return None
         text = raw.strip()
         if "://" in text or text.startswith("s3:"):
-            from airflow_partitions.objectstore.location import parse_s3_location
-
             try:
                 location = parse_s3_location(text, what="accelerator_dir", error=PartitionSpecError)
             except PartitionSpecError as err:
@@ -631,10 +632,7 @@ class _SpecReader:
             return None
         if not block:
             return ()
-        from airflow_partitions.spec.arrow_types import parse_arrow_type
-
-        if not self.check_types:
-            parse_arrow_type = _accept_type_text
+        check_type = parse_arrow_type if self.check_types else _accept_type_text
 
         columns: list[tuple[str, str]] = []
         ok = True
@@ -647,7 +645,7 @@ class _SpecReader:
                 ok = False
                 continue
             try:
-                parse_arrow_type(type_text)
+                check_type(type_text)
             except PartitionSpecError as err:
                 self.add(block.line_of(column), f"{label}: schema.{column}: {err}")
                 ok = False
@@ -771,7 +769,6 @@ class _SpecReader:
                 f"(- bucket(16, id)), got {_kind(raw)}",
             )
             return [], False
-        from airflow_partitions.transforms import parse_transform
 
         fields: list[tuple[int, PartitionField]] = []
         ok = True

@@ -25,12 +25,16 @@ from airflow_partitions.exceptions import (
     SpecValidationError,
 )
 from airflow_partitions.objectstore.location import is_valid_bucket_name
+from airflow_partitions.spec.arrow_types import parse_arrow_type
 from airflow_partitions.spec.index_settings import (
     declared_index_columns,
     index_params_problem,
     index_type_problem,
 )
 from airflow_partitions.spec.masking import mask_url_passwords, unencoded_password_problem
+from airflow_partitions.spec.schedule import schedule_problem
+from airflow_partitions.transforms import BucketTransform, ModTransform
+from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -353,8 +357,6 @@ def refresh_problems(
     max_future_skew_s: Any = DEFAULT_MAX_FUTURE_SKEW_S,
 ) -> list[Problem]:
     """Rules for `acceleration.refresh` (and `acceleration.refresh_mode`, which it records)."""
-    from airflow_partitions.spec.schedule import schedule_problem
-
     problems: list[Problem] = []
     if change_detection is not None and change_detection not in tuple(ChangeDetection):
         problems.append(
@@ -634,8 +636,6 @@ def field_name_problem(name: object) -> str | None:
 
 def bucket_count(transform: Transform) -> int | None:
     """N of a `bucket(N, col)` transform (its partitions are known without reading the source), else None."""
-    from airflow_partitions.transforms import BucketTransform
-
     return transform.num_buckets if isinstance(transform, BucketTransform) else None
 
 
@@ -895,11 +895,8 @@ class AccelerationSpec:
         declared = declared_sort_columns(self.params)
         if declared:
             return declared
-        from airflow_partitions.transforms import BucketTransform, ModTransform
 
         columns: list[str] = []
-        from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
-
         for partition_field in self.partition_by:
             hashed = BucketTransform | ModTransform | MultiBucketTransform
             if not isinstance(partition_field.transform, hashed):
@@ -989,8 +986,6 @@ class DatasetSpec:
 def declared_arrow_schema(columns: Sequence[tuple[str, str]]) -> pa.Schema:
     """Arrow schema of `(column, type text)` pairs as a spec's `schema:` block declares them."""
     import pyarrow as pa
-
-    from airflow_partitions.spec.arrow_types import parse_arrow_type
 
     return pa.schema([(name, parse_arrow_type(text)) for name, text in columns])
 

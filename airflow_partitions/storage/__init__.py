@@ -100,17 +100,20 @@ def get_storage(engine: Any, partition_mode: Any = None, **options: Any) -> Part
             f"unknown partition_mode {partition_mode!r}; use one of {', '.join(PARTITION_MODES)}"
         )
     if engine_name == "parquet":
-        from airflow_partitions.storage.parquet import ParquetStorage
+        from airflow_partitions.storage.parquet import ParquetStorage  # lazy: loads pyarrow
 
         _only_files_mode(engine_name, mode)
         return ParquetStorage(**options)
     if engine_name == "arrow":
-        from airflow_partitions.storage.arrow_ipc import ArrowIpcStorage
+        from airflow_partitions.storage.arrow_ipc import ArrowIpcStorage  # lazy: loads pyarrow
 
         _only_files_mode(engine_name, mode)
         return ArrowIpcStorage(**options)
     if engine_name == "duckdb":
-        from airflow_partitions.storage.duckdb_engine import DuckDBFilesStorage, DuckDBTablesStorage
+        from airflow_partitions.storage.duckdb_engine import (  # lazy: loads duckdb
+            DuckDBFilesStorage,
+            DuckDBTablesStorage,
+        )
 
         if mode == "tables":
             return DuckDBTablesStorage(**options)

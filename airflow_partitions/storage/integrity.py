@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import StorageError
+from airflow_partitions.storage.base import data_file_path
 from airflow_partitions.storage.datafile import DataFile, file_checksum
 
 if TYPE_CHECKING:
@@ -98,7 +99,6 @@ def verify_files(root: Path, files: Sequence[DataFile], *, dataset: str | None =
     """`verify_file` for each of `files` under the dataset root `root` (the dataset: the root's name)."""
     if not VERIFY_ON_READ:
         return
-    from airflow_partitions.storage.base import data_file_path
 
     name = dataset or Path(root).name
     for file in files:
@@ -133,8 +133,6 @@ def check_files(
 
     This is the check compaction runs before rewriting anything, for a verification command to call.
     """
-    from airflow_partitions.storage.base import data_file_path
-
     root = Path(dataset_root)
     name = dataset or root.name
     for file in files:

@@ -81,7 +81,7 @@ def value_hashes(values: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.uint32]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from airflow_partitions.transforms import arrow_hash
+    from airflow_partitions.transforms import arrow_hash  # lazy: loads numpy
 
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import functools
 import re
 import uuid
 from abc import ABC, abstractmethod
@@ -17,6 +18,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
 from airflow_partitions.quoting import quote_identifier
@@ -46,6 +51,8 @@ UTC = dt.UTC
 # Beyond this many values (an IN list) images are computed as one Arrow array: hashing 100,000 values one
 # Python call at a time took seconds.
 VECTORISED_IMAGES = 64
+# The SQL dialect partition expressions are written and evaluated in.
+DIALECT = "duckdb"
 _PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -320,7 +327,7 @@ class Transform(ABC):
 
     def bind(self, source_type: pa.DataType) -> Self:
         """A copy bound to the column's Arrow type; raises `PartitionExpressionError` if it does not fit."""
-        from airflow_partitions.transforms import arrow_support
+        from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
 
         self.result_type_for(source_type)
         bound = copy.copy(self)
@@ -352,7 +359,7 @@ class Transform(ABC):
 
     def result_type_for(self, source_type: pa.DataType) -> pa.DataType:
         """The result type for a column of `source_type`; raises if the transform cannot take it."""
-        from airflow_partitions.transforms import arrow_support
+        from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
 
         normalized = arrow_support.normalize_type(source_type)
         result = self._result_type(normalized)
@@ -380,7 +387,7 @@ class Transform(ABC):
         """Result type for a normalised source type, or None when the input type is not accepted."""
 
     def _allows_result_type(self, result_type: pa.DataType) -> bool:
-        from airflow_partitions.transforms import arrow_support
+        from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
 
         return arrow_support.is_partition_value_type(result_type)
 
@@ -392,7 +399,7 @@ class Transform(ABC):
         Returns the same container kind (ChunkedArray in, ChunkedArray out; otherwise an Array).
         NULL in gives NULL out.
         """
-        from airflow_partitions.transforms import arrow_support
+        from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
 
         arrow = arrow_support.as_arrow(values)
         result_type = self.result_type_for(arrow.type)
@@ -442,7 +449,7 @@ class Transform(ABC):
         widened to SMALLINT/INT/BIGINT, uint64 as DECIMAL(20,0), tz-aware timestamps as TIMESTAMP,
         naive ones as TIMESTAMP_NTZ (or TIMESTAMP in a UTC session), nanoseconds floored to microseconds.
         """
-        from airflow_partitions.transforms import spark
+        from airflow_partitions.transforms import spark  # lazy: loads pyspark
 
         return spark.to_spark(self, column)
 
@@ -594,11 +601,24 @@ def _safe_less(left: Any, right: Any) -> bool:
 
 def canonical_identifier(name: str) -> str:
     """`name` in a canonical string: bare when it is a plain identifier that parses back to itself."""
-    from airflow_partitions.transforms.parser import parses_as_plain_column
-
     if _PLAIN_IDENTIFIER.fullmatch(name) and parses_as_plain_column(name):
         return name
     return quote_identifier(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def parses_as_plain_column(name: str) -> bool:
+    """Whether `name` written bare parses back as an unquoted reference to the column `name`."""
+    try:
+        tree = sqlglot.parse_one(name, read=DIALECT)
+    except SqlglotError:
+        return False
+    return (
+        isinstance(tree, exp.Column)
+        and not tree.table
+        and isinstance(tree.this, exp.Identifier)
+        and tree.this.this == name
+    )
 
 
 def utc_wall_clock(value: dt.datetime) -> dt.datetime:

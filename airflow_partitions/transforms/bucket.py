@@ -64,7 +64,7 @@ class BucketTransform(Transform):
         return pa.int64() if self.result_bits == 64 else pa.int32()
 
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         accepted = (
             support.is_integer(source_type)
@@ -85,7 +85,7 @@ class BucketTransform(Transform):
         import numpy as np
         import pyarrow as pa
 
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         arrow = support.as_arrow(values)
         self.result_type_for(arrow.type)
@@ -127,8 +127,8 @@ class BucketTransform(Transform):
     # --- evaluation ---------------------------------------------------------------------------------
 
     def _apply_array(self, values: pa.Array) -> pa.Array:
-        from airflow_partitions.transforms import arrow_hash
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_hash  # lazy: loads numpy
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         result_type = self._fixed_result_type()
         dtype = result_type.to_pandas_dtype()
@@ -152,8 +152,8 @@ def _minimal_twos_complement(unscaled: int) -> bytes:
 def _unsigned_hashes(values: pa.Array) -> npt.NDArray[np.uint32]:
     """Unsigned Murmur3 hashes of a normalised array (arbitrary values under NULL slots)."""
 
-    from airflow_partitions.transforms import arrow_hash
-    from airflow_partitions.transforms import arrow_support as support
+    from airflow_partitions.transforms import arrow_hash  # lazy: loads numpy
+    from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
     integers = _as_int64_words(values)
     if integers is not None:
@@ -167,7 +167,7 @@ def _as_int64_words(values: pa.Array) -> npt.NDArray[Any] | None:
     """The 64-bit integers Iceberg hashes for integer, date and timestamp arrays; None for others."""
     import numpy as np
 
-    from airflow_partitions.transforms import arrow_support as support
+    from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
     data_type = values.type
     if support.is_integer(data_type):

@@ -24,15 +24,15 @@ import sqlglot
 from sqlglot import exp
 
 from airflow_partitions.exceptions import FilterError, PartitionExpressionError
+from airflow_partitions.transforms import arrow_hash
 from airflow_partitions.transforms import arrow_support as support
-from airflow_partitions.transforms.base import Transform
+from airflow_partitions.transforms.base import DIALECT, Transform
 from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
 from airflow_partitions.transforms.expression import ExpressionTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
-from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
+from airflow_partitions.transforms.multi_bucket import MultiBucketTransform, field_bytes_array
 from airflow_partitions.transforms.parser import (
-    DIALECT,
     describe_sql_error,
     is_multi_bucket_call,
     is_transform_call,
@@ -158,7 +158,6 @@ def _truncate_udf(widths: pa.ChunkedArray, values: pa.ChunkedArray) -> pa.Array:
 
 
 def _field_bytes_udf(values: pa.ChunkedArray) -> pa.Array:
-    from airflow_partitions.transforms.multi_bucket import field_bytes_array
 
     array = _as_array(values)
     if len(array) == 0:
@@ -169,8 +168,6 @@ def _field_bytes_udf(values: pa.ChunkedArray) -> pa.Array:
 def _murmur3_udf(values: pa.ChunkedArray) -> pa.Array:
     """Murmur3 x86_32 (seed 0) of each blob as a signed int32; NULL for NULL."""
     import numpy as np
-
-    from airflow_partitions.transforms import arrow_hash
 
     array = _as_array(values).cast(pa.binary())
     if len(array) == 0:

@@ -40,12 +40,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlglot import exp
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
-from airflow_partitions.transforms.base import Transform
+from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.transforms.arrow_native import evaluate
+from airflow_partitions.transforms.base import DIALECT, Transform, canonical_identifier
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-DIALECT = "duckdb"
 # The column a wrapping built-in transform is defined over, replaced by the expression in its canonical.
 COMPOSED_INPUT = "ap_expression_input"
 
@@ -226,8 +227,6 @@ def check_expression(text: str, tree: exp.Expr) -> None:
 
 def canonical_tree(tree: exp.Expr) -> exp.Expr:
     """A copy of `tree` with every column written as its canonical identifier."""
-    from airflow_partitions.transforms.base import canonical_identifier
-
     copy = tree.copy()
     for column in list(copy.find_all(exp.Column)):
         column.replace(exp.column(_identifier(canonical_identifier(str(column.name)))))
@@ -342,7 +341,7 @@ class ExpressionTransform(Transform):
         return self.outer.bind(inner).result_type
 
     def result_type_for(self, source_type: pa.DataType) -> pa.DataType:
-        from airflow_partitions.transforms import arrow_support
+        from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
 
         result = self._result_type(arrow_support.normalize_type(source_type))
         assert result is not None
@@ -355,7 +354,7 @@ class ExpressionTransform(Transform):
         return result
 
     def bind(self, source_type: pa.DataType) -> ExpressionTransform:
-        from airflow_partitions.transforms import arrow_native, arrow_support
+        from airflow_partitions.transforms import arrow_native, arrow_support  # lazy: loads pyarrow
 
         bound = super().bind(source_type)
         bound._native = arrow_native.native_kernel(self._tree, arrow_support.normalize_type(source_type))
@@ -379,7 +378,7 @@ class ExpressionTransform(Transform):
     def apply(self, values: Any) -> Any:
         import pyarrow as pa
 
-        from airflow_partitions.transforms import arrow_support
+        from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
 
         source_type = self._require_bound("evaluating the expression")
         arrow = arrow_support.as_arrow(values)
@@ -392,8 +391,6 @@ class ExpressionTransform(Transform):
         inner_type = self.inner_result_type()
         result = None
         if self._native is not None:
-            from airflow_partitions.transforms.arrow_native import evaluate
-
             result = evaluate(self._native, array)
         if result is None:
             result = evaluate_sql(self.sql, self.source_column, array, inner_type, self.canonical)
@@ -533,8 +530,6 @@ def _connection() -> Any:
 def _query(sql: str, column: str, array: pa.Array) -> pa.Array:
     import duckdb
     import pyarrow as pa
-
-    from airflow_partitions.quoting import quote_identifier
 
     connection = _connection()
     table = pa.table({column: array})

@@ -35,14 +35,14 @@ class ModTransform(Transform):
         return False
 
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         return source_type if support.is_integer(source_type) else None
 
     def _apply_array(self, values: pa.Array) -> pa.Array:
         import numpy as np
 
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         data_type = values.type
         dtype = np.dtype(data_type.to_pandas_dtype())

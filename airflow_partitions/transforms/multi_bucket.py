@@ -71,7 +71,7 @@ def unsupported_type_reason(data_type: pa.DataType) -> str | None:
     """Why a column of `data_type` cannot feed multi_bucket, or None when its bytes are defined."""
     import pyarrow as pa
 
-    from airflow_partitions.transforms import arrow_support as support
+    from airflow_partitions.transforms import arrow_support as support  # lazy: loads numpy and pyarrow
 
     source = support.normalize_type(data_type)
     if (
@@ -228,7 +228,7 @@ class MultiBucketTransform(Transform):
         """
         import pyarrow as pa
 
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads numpy and pyarrow
 
         types = self._require_types()
         if len(arrays) != len(types):
@@ -303,7 +303,7 @@ class MultiBucketTransform(Transform):
         Spark's own `hash()` is Murmur3 with seed 42 over Spark's encoding of each argument (its string
         tail is mixed byte by byte, not as Murmur3's tail), so it cannot give these values.
         """
-        from airflow_partitions.transforms import spark
+        from airflow_partitions.transforms import spark  # lazy: loads pyspark
 
         return spark.multi_bucket_column(self, columns)
 
@@ -331,7 +331,7 @@ class MultiBucketTransform(Transform):
 def field_bytes(value: Any, data_type: pa.DataType, canonical: str = "multi_bucket") -> bytes:
     """The bytes one non-NULL field contributes (see the module docstring); the scalar twin of
     `field_layouts`. Raises `PartitionValueError` when `value` does not fit the column type."""
-    from airflow_partitions.transforms import arrow_support as support
+    from airflow_partitions.transforms import arrow_support as support  # lazy: loads numpy and pyarrow
 
     source = support.normalize_type(data_type)
     info = support.source_info(source)
@@ -412,7 +412,7 @@ def field_layouts(
     import numpy as np
     import pyarrow as pa
 
-    from airflow_partitions.transforms import arrow_support as support
+    from airflow_partitions.transforms import arrow_support as support  # lazy: loads numpy and pyarrow
 
     data_type = array.type
     count = len(array)
@@ -460,7 +460,7 @@ def field_bytes_array(array: pa.Array) -> pa.Array:
     import numpy as np
     import pyarrow as pa
 
-    from airflow_partitions.transforms import arrow_support as support
+    from airflow_partitions.transforms import arrow_support as support  # lazy: loads numpy and pyarrow
 
     array = support.normalize_array(array)
     if support.is_string(array.type) or support.is_binary(array.type) or support.is_fixed_binary(array.type):
@@ -481,7 +481,7 @@ def concatenated_fields(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from airflow_partitions.transforms import arrow_support as support
+    from airflow_partitions.transforms import arrow_support as support  # lazy: loads numpy and pyarrow
 
     # Each field as binary, NULL as no bytes at all ('replace' with b""; pyarrow's 'skip' mode drops rows
     # whose every field is NULL), joined element-wise with no separator.
@@ -499,8 +499,8 @@ def multi_bucket_hashes(arrays: Sequence[pa.Array]) -> tuple[npt.NDArray[np.int3
     """(signed Murmur3 of each row's concatenated fields, mask of rows with at least one field)."""
     import numpy as np
 
-    from airflow_partitions.transforms import arrow_hash
-    from airflow_partitions.transforms import arrow_support as support
+    from airflow_partitions.transforms import arrow_hash  # lazy: loads numpy and pyarrow
+    from airflow_partitions.transforms import arrow_support as support  # lazy: loads numpy and pyarrow
 
     count = len(arrays[0])
     present = np.zeros(count, dtype=bool)

@@ -23,7 +23,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from airflow_partitions.exceptions import PartitionExpressionError
-from airflow_partitions.transforms.base import Transform
+from airflow_partitions.transforms.base import DIALECT, Transform
 from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
 from airflow_partitions.transforms.expression import (
     COMPOSED_INPUT,
@@ -40,7 +40,6 @@ from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
 from airflow_partitions.transforms.temporal import DATE_UNITS, DatePartTransform, DateTruncTransform
 from airflow_partitions.transforms.truncate import TruncateTransform
 
-DIALECT = "duckdb"
 INT64_MAX = (1 << 63) - 1
 SUPPORTED_FORMS = (
     "a column, bucket(N, col), truncate(W, col), date_part('unit', col), "
@@ -141,21 +140,6 @@ def _from_tree(text: str, tree: exp.Expr) -> Transform:
             "column",
         )
     return _build(text, _unwrap(tree))
-
-
-@functools.lru_cache(maxsize=4096)
-def parses_as_plain_column(name: str) -> bool:
-    """Whether `name` written bare parses back as an unquoted reference to the column `name`."""
-    try:
-        tree = sqlglot.parse_one(name, read=DIALECT)
-    except SqlglotError:
-        return False
-    return (
-        isinstance(tree, exp.Column)
-        and not tree.table
-        and isinstance(tree.this, exp.Identifier)
-        and tree.this.this == name
-    )
 
 
 # --- SQL errors in plain words -----------------------------------------------------------------------

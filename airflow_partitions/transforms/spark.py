@@ -25,12 +25,16 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from sqlglot import exp
 
-from airflow_partitions.exceptions import PartitionExpressionError
+from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
 from airflow_partitions.transforms import arrow_support as support
 from airflow_partitions.transforms.arrow_native import prefix_count
 from airflow_partitions.transforms.base import Transform, decimal_from_unscaled
 from airflow_partitions.transforms.bucket import BucketTransform
-from airflow_partitions.transforms.expression import ExpressionTransform
+from airflow_partitions.transforms.expression import (
+    ExpressionTransform,
+    expression_result_type,
+    expression_sql,
+)
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
 from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
@@ -400,8 +404,6 @@ _INTEGER_BITS = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
 
 
 def _native_arithmetic(part: exp.Expr, convert: Any, source: pa.DataType, column_name: str) -> Column | None:
-    from airflow_partitions.exceptions import PartitionValueError
-    from airflow_partitions.transforms.expression import expression_result_type, expression_sql
 
     text = expression_sql(part)
     try:

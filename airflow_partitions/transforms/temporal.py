@@ -64,7 +64,7 @@ class _CalendarTransform(Transform):
         self.unit = unit
 
     def _check_source(self, source_type: pa.DataType) -> bool:
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         if support.is_date(source_type) and self.unit in TIME_OF_DAY_UNITS:
             raise PartitionExpressionError(
@@ -142,7 +142,7 @@ class DatePartTransform(_CalendarTransform):
         return self._fixed_result_type() if self._check_source(source_type) else None
 
     def _apply_array(self, values: pa.Array) -> pa.Array:
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         return support.int_calendar_field(values, self.unit)
 
@@ -172,7 +172,7 @@ class DatePartTransform(_CalendarTransform):
         source_type = self._require_bound("the source range of a year")
         if isinstance(partition_value, bool) or not isinstance(partition_value, int):
             raise self._scalar_error(partition_value, "an int year")
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         year = partition_value
         if not dt.MINYEAR <= year <= dt.MAXYEAR:
@@ -198,7 +198,7 @@ class DateTruncTransform(_CalendarTransform, OrderPreservingTransform):
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
         import pyarrow as pa
 
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         if not self._check_source(source_type):
             return None
@@ -210,7 +210,7 @@ class DateTruncTransform(_CalendarTransform, OrderPreservingTransform):
         import numpy as np
         import pyarrow as pa
 
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         if support.is_date(values.type):
             days = support.fixed_width_values(values, np.dtype(np.int32))

@@ -46,7 +46,7 @@ class TruncateTransform(OrderPreservingTransform):
         return f"truncate({self.width}, {self.column_sql})"
 
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         if (
             support.is_integer(source_type)
@@ -58,7 +58,7 @@ class TruncateTransform(OrderPreservingTransform):
         return None
 
     def _allows_result_type(self, result_type: pa.DataType) -> bool:
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         # Truncation bounds decimals and binary to few, short values: fine as partition values.
         return (
@@ -72,7 +72,7 @@ class TruncateTransform(OrderPreservingTransform):
     def _apply_array(self, values: pa.Array) -> pa.Array:
         import pyarrow.compute as pc
 
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         data_type = values.type
         if support.is_integer(data_type):
@@ -87,7 +87,7 @@ class TruncateTransform(OrderPreservingTransform):
     def _truncate_integers(self, values: pa.Array) -> pa.Array:
         import numpy as np
 
-        from airflow_partitions.transforms import arrow_support as support
+        from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
         data_type = values.type
         dtype = np.dtype(data_type.to_pandas_dtype())
@@ -186,7 +186,7 @@ def _floor_decimal128(values: pa.Array, width: int) -> pa.Array | None:
     """
     import numpy as np
 
-    from airflow_partitions.transforms import arrow_support as support
+    from airflow_partitions.transforms import arrow_support as support  # lazy: loads pyarrow
 
     data_type = values.type
     count = len(values)
