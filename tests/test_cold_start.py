@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from decimal import Decimal as D
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,77 @@ def test_readers_of_a_process_share_one_read_database(
     with PartitionedDatasetReader(spec_path, "trips") as second:
         assert second.read("zone = 5").sort_by("id").equals(expected)
         assert second._scanner._base_connection() is shared_read_database()
+
+
+@pytest.fixture(scope="module")
+def decimal_ms_acceleration(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pa.Table]:
+    """Partitions by a decimal (truncate) and by the hour of a millisecond timestamp, NULLs in both."""
+    rows = 300
+    start = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
+    table = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "amount": pa.array(
+                [None if i % 11 == 0 else D(i * 7 - 500) / 100 for i in range(rows)],
+                pa.decimal128(12, 2),
+            ),
+            "ts": pa.array(
+                [
+                    None if i % 13 == 0 else start + dt.timedelta(minutes=37 * i, milliseconds=i)
+                    for i in range(rows)
+                ],
+                pa.timestamp("ms", tz="UTC"),
+            ),
+            "s": pa.array(
+                [["a/b", "k=v", None, "ü", "", "50%", "it's"][i % 7] for i in range(rows)], pa.string()
+            ),
+        }
+    )
+    built = build_acceleration(
+        tmp_path_factory.mktemp("cold-decimal-ms"),
+        table,
+        [("amt", "truncate(1000, amount)"), ("hr", "hour(ts)")],
+        dataset="trips",
+    )
+    return built.spec_path, table
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        (
+            "amount >= 1.00 AND amount < 3.50",
+            (pc.field("amount") >= pa.scalar(D("1.00"), pa.decimal128(12, 2)))
+            & (pc.field("amount") < pa.scalar(D("3.50"), pa.decimal128(12, 2))),
+        ),
+        (
+            "ts >= TIMESTAMP '2024-03-02 00:00:00+00' AND ts < TIMESTAMP '2024-03-02 06:00:00+00'",
+            (pc.field("ts") >= pa.scalar(dt.datetime(2024, 3, 2, tzinfo=dt.UTC), pa.timestamp("ms", "UTC")))
+            & (
+                pc.field("ts")
+                < pa.scalar(dt.datetime(2024, 3, 2, 6, tzinfo=dt.UTC), pa.timestamp("ms", "UTC"))
+            ),
+        ),
+        ("amount IS NULL", pc.field("amount").is_null()),
+    ],
+    ids=["decimal", "ms-timestamp", "decimal-null"],
+)
+def test_point_reads_of_decimal_and_ms_timestamp_partitions_import_no_pandas(
+    decimal_ms_acceleration: tuple[Path, pa.Table], where: str, expected: pc.Expression
+) -> None:
+    spec_path, table = decimal_ms_acceleration
+    report = fresh_python(
+        textwrap.dedent(
+            f"""
+            import json, sys
+            from airflow_partitions.read import PartitionedDatasetReader
+            read = PartitionedDatasetReader({str(spec_path)!r}, "trips").read({where!r})
+            ids = read.column("id").to_pylist()
+            loaded = sorted(m for m in {HEAVY!r} if m in sys.modules)
+            print(json.dumps({{"ids": sorted(ids), "loaded": loaded}}))
+            """
+        )
+    )
+    assert report["ids"] == sorted(table.filter(expected).column("id").to_pylist())
+    assert report["ids"], "the predicate selects rows"
+    assert report["loaded"] == []
