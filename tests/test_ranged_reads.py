@@ -200,7 +200,7 @@ def test_row_group_statistics_keep_every_row_group_that_may_match(acceleration: 
                     assert not duckdb_filter_rows(rows, where), (where, file.path, group)
 
 
-class CountingHandler(pafs.FileSystemHandler):  # type: ignore[misc]
+class CountingHandler(pafs.FileSystemHandler):
     """A pyarrow `FileSystemHandler` over another filesystem that counts what a reader asks of it: the
     bytes each opened file hands out, and the HEAD-like `get_file_info` calls. Read-only."""
 
@@ -328,6 +328,7 @@ def test_a_first_point_read_of_one_partition_reads_only_the_row_groups_it_needs(
     ) as reader:
         plan = reader.plan(where)
         got = reader.read(where)
+        assert reader._remote is not None
         ranged = list(reader._remote.ranged_reads)
     _assert_same_rows(got, acc.expected_rows(where), where)
     assert got.num_rows, "the filter selects rows"
@@ -336,7 +337,8 @@ def test_a_first_point_read_of_one_partition_reads_only_the_row_groups_it_needs(
     metadata = pq.ParquetFile(dataset_root / file.path).metadata
     (read,) = ranged
     kept = row_groups_to_read(metadata, plan.index.schema, plan.prepared)
-    assert read.row_groups_read == len(kept) and 0 < len(kept) <= 2 < metadata.num_row_groups
+    assert read.row_groups_read == len(kept)
+    assert 0 < len(kept) <= 2 < metadata.num_row_groups
     # The data file: its tail once (pyarrow reads the footer with at least 64 KiB of the file's end), then
     # only bytes inside the column chunks of the kept row groups.
     chunks = []  # (start, length) of each kept row group's column chunks, which lie back to back
@@ -374,4 +376,5 @@ def test_a_first_point_read_of_one_partition_reads_only_the_row_groups_it_needs(
     assert len(others) <= 1
     for other in others:
         reads = [(offset, size) for path, offset, size in counting.reads if path == other]
-        assert len(reads) == 1 and reads[0][0] + reads[0][1] == counting.sizes[other], reads
+        assert len(reads) == 1, reads
+        assert reads[0][0] + reads[0][1] == counting.sizes[other], reads

@@ -5,9 +5,9 @@ A point read of a large partition file that is not in the local cache yet would 
 file. Instead the reader asks for the footer (pyarrow's ranged reads), judges every row group with the
 project's own pruning (`pruning.evaluator.Evaluator` over the row groups' min / max / NULL counts, turned
 into the same bounds the catalog records: `storage.datafile.compute_column_stats`), fetches only the row
-groups that may hold a matching row (the reads of neighbouring column chunks coalesced, the row groups
-fetched concurrently: pyarrow's pre-buffering), and writes them to a per-call local Parquet file with the file's own
-schema and metadata. DuckDB then scans that file with the residual filter, exactly as it would the whole
+groups that may hold a matching row (reads of neighbouring column chunks coalesced, issued concurrently:
+pyarrow's pre-buffering), and writes them to a per-call local Parquet file with the file's own schema and
+metadata. DuckDB then scans that file with the residual filter, exactly as it would the whole
 file: pruning only ever drops row groups that cannot match, and every row of a kept row group is read.
 
 Float columns: Parquet statistics leave NaN out of min / max, so their upper bound is unknown here (as in
