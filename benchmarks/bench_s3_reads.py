@@ -12,8 +12,8 @@ Measured, each against the anchor in the same run: a full scan of the same files
 the pyarrow dataset, reading footers and only the row groups the filter keeps, ranged requests).
 
 * first read: `reader.read("zone = <cold>")` on a reader with an empty file cache and no footer kept in
-  the process (`forget_footers`) (the one selected file
-  is fetched with one GET, verified and cached) vs the anchor on a fresh connection: target >= 4x;
+  the process (`forget_footers`): the one selected file is fetched with one GET, verified and cached; vs
+  the anchor on a fresh connection: target >= 4x;
 * first read by ranges: the same first read with every file over the ranged-read threshold
   (`ranged_read_min_bytes=0`): the footer and the row groups the filter may need, not the whole file;
 * repeat read: the same read again (the file comes from the local cache, its footer from DuckDB's
