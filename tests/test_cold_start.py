@@ -87,20 +87,24 @@ def test_parquet_point_read_in_a_fresh_process_imports_no_pyarrow_dataset(
     assert "airflow" not in report["loaded"]
 
 
+@pytest.mark.parametrize("where", ["zone = 5", "zone = 5 AND zone = 6"], ids=["point", "nothing"])
 def test_parquet_point_read_in_a_fresh_process_imports_no_pandas(
-    point_read_acceleration: tuple[Path, pa.Table],
+    point_read_acceleration: tuple[Path, pa.Table], where: str
 ) -> None:
-    spec_path, _ = point_read_acceleration
+    spec_path, table = point_read_acceleration
     report = fresh_python(
         textwrap.dedent(
             f"""
             import json, sys
             from airflow_partitions.read import PartitionedDatasetReader
-            PartitionedDatasetReader({str(spec_path)!r}, "trips").read("zone = 5")
-            print(json.dumps({{"loaded": "pandas" in sys.modules}}))
+            read = PartitionedDatasetReader({str(spec_path)!r}, "trips").read({where!r})
+            print(json.dumps({{"rows": read.num_rows, "names": read.column_names,
+                               "loaded": "pandas" in sys.modules}}))
             """
         )
     )
+    assert report["rows"] == (table.filter(pc.field("zone") == 5).num_rows if where == "zone = 5" else 0)
+    assert report["names"] == table.column_names
     assert report["loaded"] is False
 
 
