@@ -202,10 +202,9 @@ def enumerate_range(
         return pa.nulls(0, kind)
     if (high - low) // step + 1 > cap:
         return None
-    from airflow_partitions.storage.arrow_values import int64_array
-
     # From the int64 buffer, not `pa.array(ndarray)`: that would import pandas to ask what it is given.
-    ticks = int64_array(np.arange(low, high + 1, step, dtype=np.int64))
+    raw = np.arange(low, high + 1, step, dtype=np.int64)
+    ticks = pa.Array.from_buffers(pa.int64(), len(raw), [None, pa.py_buffer(raw)])
     try:
         if pa.types.is_integer(kind):
             return ticks.cast(kind)
