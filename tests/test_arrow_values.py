@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import math
 import random
 from typing import Any
@@ -52,9 +53,18 @@ AWARE = [dt.datetime(2024, 6, 1, 1, 2, 3, 4, tzinfo=_OFFSET), dt.datetime(1900, 
 EXTREMES = [dt.datetime(1, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999999)]
 
 
+# Whole milliseconds and seconds (what a catalog records for such columns), at, before and after the epoch.
+WHOLE_MS = [None, dt.datetime(2024, 3, 1, 0, 37, 0, 5000), dt.datetime(1969, 12, 31, 23, 59, 59, 999000)]
+WHOLE_S = [dt.datetime(1969, 12, 31, 23, 59, 59, tzinfo=_OFFSET), None, dt.datetime(1970, 1, 1)]
+# Between two ticks of ms or s: pa.array decides how to round (and it floors before the epoch).
+BETWEEN = [dt.datetime(1969, 12, 31, 23, 59, 59, 999500), dt.datetime(2024, 1, 1, 0, 0, 0, 1500), None]
+
+
 @pytest.mark.parametrize("tz", [None, "UTC", "Europe/Paris"])
-@pytest.mark.parametrize("unit", ["us", "ns"])
-@pytest.mark.parametrize("values", [NAIVE, AWARE, NAIVE + AWARE, NAIVE + EXTREMES], ids=str)
+@pytest.mark.parametrize("unit", ["us", "ns", "ms", "s"])
+@pytest.mark.parametrize(
+    "values", [NAIVE, AWARE, NAIVE + AWARE, NAIVE + EXTREMES, WHOLE_MS, WHOLE_S, BETWEEN], ids=str
+)
 def test_typed_array_of_datetimes_equals_pa_array(values: list[Any], unit: str, tz: str | None) -> None:
     kind = pa.timestamp(unit, tz=tz)
     try:
@@ -67,6 +77,45 @@ def test_typed_array_of_datetimes_equals_pa_array(values: list[Any], unit: str, 
     built.validate(full=True)
     assert built.type == expected.type
     assert built.equals(expected)  # (to_pylist of year 1 in Paris overflows on both sides)
+
+
+D = decimal.Decimal
+
+
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [
+        (
+            [D("1.5"), None, D("-1E+3"), D("0"), D("-0.00"), D("9999999999.99"), D("-9999999999.99")],
+            pa.decimal128(12, 2),
+        ),
+        ([D("123456789012345678901234567890.12345678"), None, D("-1")], pa.decimal128(38, 8)),
+        ([D("1E+40"), D("-0.000001"), None], pa.decimal256(60, 6)),
+        ([None, None], pa.decimal128(5, 0)),
+        ([], pa.decimal128(5, 0)),
+        ([D("12"), D("7E+1")], pa.decimal128(3, 0)),
+    ],
+    ids=str,
+)
+def test_typed_array_of_decimals_equals_pa_array(values: list[Any], kind: pa.DataType) -> None:
+    _same(typed_array(values, kind), pa.array(values, type=kind))
+
+
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [
+        ([D("1.555")], pa.decimal128(12, 2)),  # would need rounding
+        ([D("100000")], pa.decimal128(5, 0)),  # beyond the precision
+        ([D("NaN")], pa.decimal128(12, 2)),
+        ([D("Infinity")], pa.decimal128(12, 2)),
+    ],
+    ids=str,
+)
+def test_typed_array_of_decimals_refuses_what_pa_array_refuses(values: list[Any], kind: pa.DataType) -> None:
+    with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError)) as expected:
+        pa.array(values, type=kind)
+    with pytest.raises(expected.type):
+        typed_array(values, kind)
 
 
 def test_typed_array_of_dates_equals_pa_array() -> None:

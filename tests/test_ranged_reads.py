@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from matrix_support import multiset_difference
@@ -22,6 +23,7 @@ from test_pruning_support import Acceleration, build_acceleration, duckdb_filter
 from airflow_partitions.objectstore import S3Settings
 from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.read.ranged import row_groups_to_read
+from airflow_partitions.storage.parquet import forget_footers
 
 ROWS = 3_000
 UTC = dt.UTC
@@ -196,3 +198,183 @@ def test_row_group_statistics_keep_every_row_group_that_may_match(acceleration: 
                     rows = parquet.read_row_group(group)
                     rows = rows.cast(acceleration.table.select(rows.column_names).schema)
                     assert not duckdb_filter_rows(rows, where), (where, file.path, group)
+
+
+class CountingHandler(pafs.FileSystemHandler):
+    """A pyarrow `FileSystemHandler` over another filesystem that counts what a reader asks of it: the
+    bytes each opened file hands out, and the HEAD-like `get_file_info` calls. Read-only."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+        self.bytes_read = 0
+        self.reads: list[tuple[str, int, int]] = []  # (path, offset, bytes)
+        self.infos = 0
+        self.sizes: dict[str, int] = {}
+
+    def _count(self, path: str, offset: int, nbytes: int) -> None:
+        self.bytes_read += nbytes
+        self.reads.append((path, offset, nbytes))
+
+    def open_input_file(self, path: str) -> Any:
+        inner = self.inner.open_input_file(path)
+        self.sizes[path] = inner.size()
+        return pa.PythonFile(_CountingFile(inner, path, self._count), mode="r")
+
+    def open_input_stream(self, path: str) -> Any:
+        return pa.PythonFile(_CountingFile(self.inner.open_input_stream(path), path, self._count), mode="r")
+
+    def get_file_info(self, paths: list[str]) -> list[Any]:
+        self.infos += len(paths)
+        return [self.inner.get_file_info(p) for p in paths]
+
+    def get_file_info_selector(self, selector: Any) -> list[Any]:
+        return list(self.inner.get_file_info(selector))
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise OSError("the counting filesystem is read-only")
+
+    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = delete_file = _read_only
+    move = copy_file = open_output_stream = open_append_stream = _read_only
+
+    def get_type_name(self) -> str:
+        return "counting"
+
+    def normalize_path(self, path: str) -> str:
+        return str(path)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+
+class _CountingFile:
+    def __init__(self, inner: Any, path: str, count: Any) -> None:
+        self.inner, self.path, self.count = inner, path, count
+        self.closed = False
+
+    def read(self, nbytes: int = -1) -> bytes:
+        offset = self.inner.tell()
+        data = self.inner.read() if nbytes is None or nbytes < 0 else self.inner.read(nbytes)
+        self.count(self.path, offset, len(data))
+        return bytes(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return int(self.inner.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self.inner.tell())
+
+    def size(self) -> int:
+        return int(self.inner.size())
+
+    def seekable(self) -> bool:
+        return bool(self.inner.seekable())
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self.inner.close()
+
+
+@pytest.fixture(scope="module")
+def wide_acceleration(tmp_path_factory: pytest.TempPathFactory) -> Acceleration:
+    """Partitions of many 64-row groups sorted by `id`: a point read of one partition needs one group."""
+    return build_acceleration(
+        tmp_path_factory.mktemp("ranged-bytes"),
+        _table(),
+        [("zone_bucket", "bucket(2, zone)")],
+        engine="parquet",
+        storage_options={"row_group_rows": 64, "sort_by": ["id"]},
+    )
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(
+    "where", ["id = 1234 AND zone = 2", "zone = 5 AND id BETWEEN 100 AND 180", "zone = 3 AND id > 2900"]
+)
+def test_a_first_point_read_of_one_partition_reads_only_the_row_groups_it_needs(
+    wide_acceleration: Acceleration, s3_server: dict[str, str], tmp_path: Path, where: str
+) -> None:
+    """Bytes counted through a wrapping filesystem: the footer and the kept row groups, not the file."""
+    import uuid
+
+    import boto3
+
+    acc = wide_acceleration
+    client = boto3.client("s3", **s3_server)
+    bucket = f"ap-bytes-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    dataset_root = acc.root / acc.dataset
+    for path in dataset_root.rglob("*.parquet"):
+        client.upload_file(str(path), bucket, f"{acc.dataset}/{path.relative_to(dataset_root).as_posix()}")
+    counting = CountingHandler(S3Settings.from_mapping(s3_server).arrow_filesystem())
+    forget_footers()  # a first read in a fresh process: no footer kept from the other cases
+    with PartitionedDatasetReader(
+        acc.spec_path,
+        acc.dataset,
+        catalog=acc.catalog,
+        data_root=f"s3://{bucket}/{acc.dataset}",
+        filesystem=pafs.PyFileSystem(counting),
+        cache_dir=tmp_path / "cache",
+        ranged_read_min_bytes=0,
+    ) as reader:
+        plan = reader.plan(where)
+        got = reader.read(where)
+        assert reader._remote is not None
+        ranged = list(reader._remote.ranged_reads)
+    _assert_same_rows(got, acc.expected_rows(where), where)
+    assert got.num_rows, "the filter selects rows"
+    assert len({f.path for f in plan.files}) == 1, "one partition's file"
+    (file,) = plan.files
+    metadata = pq.ParquetFile(dataset_root / file.path).metadata
+    (read,) = ranged
+    kept = row_groups_to_read(metadata, plan.index.schema, plan.prepared)
+    assert read.row_groups_read == len(kept)
+    assert 0 < len(kept) <= 2 < metadata.num_row_groups
+    # The data file: its tail once (pyarrow reads the footer with at least 64 KiB of the file's end), then
+    # only bytes inside the column chunks of the kept row groups.
+    chunks = []  # (start, length) of each kept row group's column chunks, which lie back to back
+    for group in kept:
+        columns = [metadata.row_group(group).column(j) for j in range(metadata.num_columns)]
+        starts = [c.dictionary_page_offset or c.data_page_offset for c in columns]
+        ends = [start + c.total_compressed_size for start, c in zip(starts, columns, strict=True)]
+        chunks.append((min(starts), max(ends) - min(starts)))
+    # pyarrow coalesces reads of ranges less than 8 KiB apart (its pre-buffer hole limit) into one.
+    chunks.sort()
+    merged = [chunks[0]]
+    for start, length in chunks[1:]:
+        last_start, last_length = merged[-1]
+        if start - (last_start + last_length) <= 8 * 1024:
+            merged[-1] = (last_start, max(last_start + last_length, start + length) - last_start)
+        else:
+            merged.append((start, length))
+    needed = sum(length for _, length in merged)
+    chunks = merged
+    tail_start = file.bytes - min(file.bytes, max(metadata.serialized_size + 8, 64 * 1024))
+    data_reads = [(offset, size) for path, offset, size in counting.reads if path.endswith(file.path)]
+    footer = (tail_start, file.bytes - tail_start)
+    assert data_reads.count(footer) == 1, "the footer is fetched once (for the schema and the rows)"
+    for offset, size in data_reads:
+        if (offset, size) != footer:
+            assert any(start <= offset and offset + size <= start + length for start, length in chunks), (
+                offset,
+                size,
+                chunks,
+            )
+    assert sum(size for _, size in data_reads) <= (file.bytes - tail_start) + needed
+    # Other files: one footer at most (the dataset's schema comes from the newest partition's file; when
+    # that is the file read, its footer is fetched once for both).
+    others = {path for path, _, _ in counting.reads if not path.endswith(file.path)}
+    assert len(others) <= 1
+    for other in others:
+        reads = [(offset, size) for path, offset, size in counting.reads if path == other]
+        assert len(reads) == 1, reads
+        assert reads[0][0] + reads[0][1] == counting.sizes[other], reads

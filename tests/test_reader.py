@@ -183,7 +183,7 @@ def test_a_repeated_read_reuses_its_relation_until_its_files_change(
 ) -> None:
     """The same read again reuses the DuckDB relation the first one built (no parse, no bind); a new
     version names new files, so it builds a new one; a file gone under a kept relation is an error, never
-    rows from anywhere else."""
+    rows from anywhere else. (A residual makes it a DuckDB scan: exact files alone are read by pyarrow.)"""
     from airflow_partitions.exceptions import StorageError
     from airflow_partitions.read import scan
 
@@ -195,13 +195,14 @@ def test_a_repeated_read_reuses_its_relation_until_its_files_change(
         return original(cursor, sql)
 
     monkeypatch.setattr(scan, "_execute", counting)
+    where = "region = 'EU' AND id % 2 = 0"  # EU ids are multiples of 4: a residual all EU rows pass
     table = make_table()
     acc = build_acceleration(tmp_path, table, [("region", "region")])
     with acc.reader() as reader:
-        first = reader.read("region = 'EU'")
-        again = reader.read("region = 'EU'")
+        first = reader.read(where)
+        again = reader.read(where)
         assert len(built) == 1, "the second read reused the relation"
-        assert sort_rows(first) == sort_rows(again) == sort_rows(acc.expected_rows("region = 'EU'"))
+        assert sort_rows(first) == sort_rows(again) == sort_rows(acc.expected_rows(where))
         snapshot = acc.snapshot()
         spec = snapshot.partition_spec
         eu_key = PartitionKey(("EU",))
@@ -212,12 +213,12 @@ def test_a_repeated_read_reuses_its_relation_until_its_files_change(
             upserts=[PartitionEntry.from_files(eu_key, spec, files)],
             partition_spec=spec,
         )
-        new = reader.read("region = 'EU'")
+        new = reader.read(where)
         assert len(built) == 2, "new files, a new relation"
         assert sort_rows(new) == sort_rows(replacement)
         (acc.root / acc.dataset / files[0].path).unlink()
         with pytest.raises(StorageError, match="reading the selected partitions failed"):
-            reader.read("region = 'EU'")
+            reader.read(where)
 
 
 class CountingCatalog(Catalog):
@@ -392,3 +393,17 @@ def test_to_spark_returns_the_pruned_rows(accelerations: dict[str, Acceleration]
     assert sorted(row["id"] for row in arrow_frame.collect()) == expected, (
         "non-parquet engines go through Arrow"
     )
+
+
+def test_a_file_gone_under_an_exact_read_is_an_error(tmp_path: Path) -> None:
+    """Exact files are read by pyarrow; a missing one still fails the read (through the DuckDB scan's
+    message), never returns rows from anywhere else."""
+    from airflow_partitions.exceptions import StorageError
+
+    acc = build_acceleration(tmp_path, make_table(), [("region", "region")])
+    with acc.reader() as reader:
+        (file,) = reader.plan("region = 'EU'").files
+        assert sort_rows(reader.read("region = 'EU'")) == sort_rows(acc.expected_rows("region = 'EU'"))
+        (acc.root / acc.dataset / file.path).unlink()
+        with pytest.raises(StorageError, match="reading the selected partitions failed"):
+            reader.read("region = 'EU'")

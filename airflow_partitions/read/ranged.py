@@ -5,12 +5,16 @@ A point read of a large partition file that is not in the local cache yet would 
 file. Instead the reader asks for the footer (pyarrow's ranged reads), judges every row group with the
 project's own pruning (`pruning.evaluator.Evaluator` over the row groups' min / max / NULL counts, turned
 into the same bounds the catalog records: `storage.datafile.compute_column_stats`), fetches only the row
-groups that may hold a matching row, and writes them to a per-call local Parquet file with the file's own
-schema and metadata. DuckDB then scans that file with the residual filter, exactly as it would the whole
+groups that may hold a matching row (reads of neighbouring column chunks coalesced, issued concurrently:
+pyarrow's pre-buffering), and writes them to a per-call local Parquet file with the file's own schema and
+metadata. DuckDB then scans that file with the residual filter, exactly as it would the whole
 file: pruning only ever drops row groups that cannot match, and every row of a kept row group is read.
 
 Float columns: Parquet statistics leave NaN out of min / max, so their upper bound is unknown here (as in
 the catalog's statistics of a file that may hold NaN). A column a file lacks is all NULL in it.
+
+Footers are kept per process by checksum (`storage.parquet.remember_footer`): the schema read of a file
+and its ranged read fetch the footer once.
 """
 
 from __future__ import annotations
@@ -141,6 +145,8 @@ def read_row_groups(
     file under `into` with the same schema (and schema metadata); what was read."""
     import pyarrow.parquet as pq
 
+    from airflow_partitions.storage.parquet import known_footer, remember_footer
+
     into.mkdir(parents=True, exist_ok=True)
     local = into / f"ranged-{uuid.uuid4().hex}.parquet"
     try:
@@ -151,9 +157,13 @@ def read_row_groups(
                     "the file this version references; read another version or refresh the partition"
                 )
             # Pages carry CRCs (written since page checksums were switched on): each page fetched is
-            # verified; the footer has none, but its row count must match the catalog's.
-            parquet = pq.ParquetFile(handle, pre_buffer=True, page_checksum_verification=True)
+            # verified; the footer has none, but its row count must match the catalog's. A footer read
+            # before (the schema's) is not fetched again.
+            parquet = pq.ParquetFile(
+                handle, metadata=known_footer(file), pre_buffer=True, page_checksum_verification=True
+            )
             metadata = parquet.metadata
+            remember_footer(file, metadata)
             if metadata.num_rows != file.rows:
                 raise StorageError(
                     f"{remote} holds {metadata.num_rows} rows, the catalog recorded {file.rows}: it is not "

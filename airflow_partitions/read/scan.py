@@ -197,7 +197,16 @@ class DuckDBScanner:
         target = pa.schema([schema.field(name) for name in wanted])
         exact, inexact = plan.exact_files, plan.inexact_files
         if not exact and not inexact:
-            return target.empty_table()
+            from airflow_partitions.storage.arrow_values import empty_table
+
+            return empty_table(target)  # `Schema.empty_table` would import pandas to probe its input
+        if not inexact and self.storage.engine == "parquet" and isinstance(self.location, LocalFiles):
+            # No SQL to run: pyarrow reads the exact files, DuckDB is neither imported nor opened.
+            from airflow_partitions.read.arrow_read import read_exact_parquet
+
+            read = read_exact_parquet(self.location, exact, wanted, target)
+            if read is not None:
+                return read
         residual = plan.residual
         residual_sql = residual.sql() if residual is not None else "TRUE"
         # Every column: `*` (DuckDB binds it faster than a list); files may order columns differently,

@@ -3,13 +3,15 @@
 `pa.array`, `pa.scalar` and `Schema.empty_table` ask pyarrow's pandas shim whether the input is a pandas
 object, and the first such question imports pandas (~0.3 s) when it is installed. A fresh process's first
 read (a CLI call, a new Airflow task) builds the catalog state and the pruning index from Python values, so
-these helpers build the common kinds (integers, floats, booleans, strings, microsecond and nanosecond
-timestamps, dates) straight from buffers, exactly as `pa.array` would, and leave the rest to `pa.array`.
+these helpers build the common kinds (integers, floats, booleans, strings, timestamps of every unit, dates,
+decimals) straight from buffers, exactly as `pa.array` would, and leave the rest to `pa.array` (which also
+decides, and refuses as it does, whenever a value would need rounding or does not fit).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 from array import array as py_array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -165,11 +167,13 @@ _EPOCH = dt.datetime(1970, 1, 1)
 _EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MICROSECOND = dt.timedelta(microseconds=1)
 _PER_MICROSECOND = {"us": 1, "ns": 1000}
+# Units coarser than a microsecond: microseconds per tick. A value between two ticks goes to pa.array.
+_MICROSECONDS_PER = {"ms": 1000, "s": 1_000_000}
 
 
 def _temporal(values: Sequence[Any], kind: pa.DataType) -> pa.Array | None:
-    """date32 from `datetime.date`, timestamp[us|ns] from `datetime.datetime` (naive ones as UTC, aware
-    ones at their instant, as pa.array does), through int64 and a cast."""
+    """date32 from `datetime.date`, timestamp[s|ms|us|ns] from `datetime.datetime` (naive ones as UTC,
+    aware ones at their instant, as pa.array does), through int64 and a cast."""
     import pyarrow as pa
 
     if pa.types.is_date32(kind):
@@ -178,21 +182,55 @@ def _temporal(values: Sequence[Any], kind: pa.DataType) -> pa.Array | None:
         days = [None if value is None else value.toordinal() - _EPOCH_ORDINAL for value in values]
         built = _numeric(days, pa.int32())
         return None if built is None else built.cast(kind)
-    if not pa.types.is_timestamp(kind) or kind.unit not in _PER_MICROSECOND:
+    if not pa.types.is_timestamp(kind):
         return None
     if any(value is not None and type(value) is not dt.datetime for value in values):
         return None
-    scale = _PER_MICROSECOND[kind.unit]
-    ticks = [
-        None
-        if value is None
-        else ((value - (_EPOCH if value.tzinfo is None else _EPOCH_UTC)) // _MICROSECOND) * scale
+    micros = [
+        None if value is None else (value - (_EPOCH if value.tzinfo is None else _EPOCH_UTC)) // _MICROSECOND
         for value in values
     ]
+    ticks: list[int | None]
+    if kind.unit in _PER_MICROSECOND:
+        scale = _PER_MICROSECOND[kind.unit]
+        ticks = [None if value is None else value * scale for value in micros]
+    else:
+        per = _MICROSECONDS_PER[kind.unit]
+        if any(value is not None and value % per for value in micros):
+            return None  # between two ticks: how pa.array rounds it is pa.array's to say
+        ticks = [None if value is None else value // per for value in micros]
     built = _numeric(ticks, pa.int64())
     if built is None:
         return None
     return built.cast(kind)
+
+
+def _decimals(values: Sequence[Any], kind: pa.DataType) -> pa.Array | None:
+    """decimal128 / decimal256 from `decimal.Decimal` values that fit the type exactly (no rounding, within
+    its precision): their unscaled integers as little-endian two's complement, as Arrow stores them."""
+    import pyarrow as pa
+
+    width = 16 if pa.types.is_decimal128(kind) else 32
+    limit = 10**kind.precision
+    unscaled: list[int] = []
+    for value in values:
+        if value is None:
+            unscaled.append(0)
+            continue
+        if type(value) is not decimal.Decimal or not value.is_finite():
+            return None
+        sign, digits, exponent = value.as_tuple()
+        assert isinstance(exponent, int)  # finite
+        shift = exponent + kind.scale
+        if shift < 0:
+            return None  # more fractional digits than the scale: pa.array refuses or decides
+        number = int("".join(map(str, digits)) or "0") * 10**shift
+        if number >= limit:
+            return None
+        unscaled.append(-number if sign else number)
+    validity, missing = _validity(values)
+    data = b"".join(number.to_bytes(width, "little", signed=True) for number in unscaled)
+    return pa.Array.from_buffers(kind, len(values), [validity, pa.py_buffer(data)], null_count=missing)
 
 
 def typed_array(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
@@ -208,6 +246,8 @@ def typed_array(values: Sequence[Any], kind: pa.DataType) -> pa.Array:
         built = _numeric(values, kind)
     elif pa.types.is_date32(kind) or pa.types.is_timestamp(kind):
         built = _temporal(values, kind)
+    elif pa.types.is_decimal128(kind) or pa.types.is_decimal256(kind):
+        built = _decimals(values, kind)
     if built is not None:
         return built
     return pa.array(values, type=kind)

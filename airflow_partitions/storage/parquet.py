@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import collections
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,37 @@ from airflow_partitions.storage.sql import quote_identifier, quote_literal
 # Parquet has no seconds unit and widens `timestamp[s]` to milliseconds; the original Arrow schema is
 # kept in the footer under this key so reads restore every type exactly.
 SCHEMA_METADATA_KEY = b"airflow_partitions.arrow_schema"
+
+# Footers of remote partition files read in this process, by checksum (files are immutable): the schema
+# read and the ranged first read of a file share one fetch. Bounded; the oldest go first.
+FOOTERS_KEPT = 256
+_footers: collections.OrderedDict[tuple[str, int], pq.FileMetaData] = collections.OrderedDict()
+_footers_lock = threading.Lock()
+
+
+def remember_footer(file: DataFile, metadata: pq.FileMetaData) -> None:
+    """Keep the footer of a remote `file` (its row count must be the catalog's)."""
+    if metadata.num_rows != file.rows:
+        return
+    with _footers_lock:
+        _footers[(file.checksum, file.bytes)] = metadata
+        _footers.move_to_end((file.checksum, file.bytes))
+        while len(_footers) > FOOTERS_KEPT:
+            _footers.popitem(last=False)
+
+
+def forget_footers() -> None:
+    """Drop every kept footer (the next read of each file fetches it again)."""
+    with _footers_lock:
+        _footers.clear()
+
+
+def known_footer(file: DataFile) -> pq.FileMetaData | None:
+    """The footer of `file` read earlier in this process, if kept."""
+    with _footers_lock:
+        return _footers.get((file.checksum, file.bytes))
+
+
 # Rows per row group unless `row_group_rows` says otherwise. Measured with benchmarks/bench_cold_reads.py
 # on a sorted ~107k-row bucket file: a cold point read took 2.5 ms at 16k and 32k (pyarrow and DuckDB
 # alike), 3.2-4.3 ms at 64k, 4.0-8.0 ms at 128k; hot reads and file size barely move between 16k and 64k.
@@ -194,9 +227,16 @@ class ParquetStorage(PartitionStorage):
         return _read_parquet(access.local_paths(files), union_by_name=union_by_name)
 
     def remote_file_schema(self, access: RemoteFileAccess, file: DataFile) -> pa.Schema:
-        """The schema from the footer alone: a few ranged reads instead of the whole file."""
+        """The schema from the footer alone: a few ranged reads instead of the whole file. The footer is
+        kept (`remember_footer`): a ranged read of the same file then fetches only its row groups."""
+        cached = known_footer(file)
+        if cached is not None:
+            return self.original_schema(cached.schema.to_arrow_schema())
         with access.open(file) as handle:
-            return self.original_schema(pq.read_schema(handle))
+            parquet = pq.ParquetFile(handle)
+            schema = parquet.schema_arrow
+            remember_footer(file, parquet.metadata)
+        return self.original_schema(schema)
 
     def nan_outside_statistics(self, file: DataFile, float_columns: Sequence[str]) -> bool:
         """Parquet statistics leave NaN out of a float column's min / max, and DuckDB prunes row groups

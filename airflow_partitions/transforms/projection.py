@@ -199,16 +199,18 @@ def enumerate_range(
     if pa.types.is_timestamp(kind):
         low -= low % step  # the first step that meets the range starts at or before its lower bound
     if high < low:
-        return pa.array([], type=kind)
+        return pa.nulls(0, kind)
     if (high - low) // step + 1 > cap:
         return None
-    ticks = np.arange(low, high + 1, step, dtype=np.int64)
+    # From the int64 buffer, not `pa.array(ndarray)`: that would import pandas to ask what it is given.
+    raw = np.arange(low, high + 1, step, dtype=np.int64)
+    ticks = pa.Array.from_buffers(pa.int64(), len(raw), [None, pa.py_buffer(raw)])
     try:
         if pa.types.is_integer(kind):
-            return pa.array(ticks, type=pa.int64()).cast(kind)
+            return ticks.cast(kind)
         if pa.types.is_date(kind):
-            return pa.array(ticks.astype(np.int32), type=pa.int32()).cast(pa.date32()).cast(kind)
-        return pa.array(ticks, type=pa.timestamp("us", None if kind.tz is None else "UTC"))
+            return ticks.cast(pa.int32()).cast(pa.date32()).cast(kind)
+        return ticks.cast(pa.timestamp("us", None if kind.tz is None else "UTC"))
     except arrow_errors():
         return None
 
