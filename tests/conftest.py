@@ -296,6 +296,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import sys
+
+    # The migrated template this process cloned its Airflow metadata databases from, if it made one: at
+    # the session's end, not only at interpreter exit (which a killed xdist worker may never reach).
+    metadata_db = sys.modules.get("airflow_e2e.metadata_db")
+    if metadata_db is not None:
+        metadata_db.drop_migrated_template()
+
+
 @pytest.fixture(scope="session")
 def pg_logical_cluster() -> Iterator[tuple[str, int]]:
     """A private Postgres cluster with wal_level=logical for the session (`pg_logical`); (host, port)."""
