@@ -260,10 +260,42 @@ STACK_FIXTURES = frozenset({"stack", "client"})
 SHARED_STACK_MODULES = frozenset(
     {"tests/test_e2e_airflow.py", "tests/test_e2e_batches.py", "tests/test_partitions_page.py"}
 )
+SHARED_STACK_SCOPE = "the shared Airflow stack"
+
+# Roughly how many seconds a scope (a module, or the shared stack's modules together) takes on one worker
+# of an idle 2-core machine, from `--durations` of full runs; a scope not listed counts SECONDS_PER_TEST
+# per test. The scheduler hands out the longest remaining scope first (longest-processing-time first), so
+# the workers finish within about one scope of each other. Without it xdist hands out the scopes with the
+# most tests first, and the shared stack's few but long end-to-end tests started last, on one worker,
+# while the other sat idle. Add a module here when it takes more than a minute.
+SCOPE_SECONDS: dict[str, float] = {
+    SHARED_STACK_SCOPE: 480,
+    "tests/test_conservation_matrix.py": 420,
+    "tests/test_catalog_crash.py": 170,
+    "tests/test_transforms_spark.py": 120,
+    "tests/test_conservation.py": 100,
+    "tests/test_expression_conformance.py": 90,
+    "tests/test_catalog_concurrency.py": 90,
+    "tests/test_written_stage.py": 90,
+    "tests/test_operators.py": 80,
+    "tests/test_reader.py": 80,
+    "tests/test_verify.py": 70,
+    "tests/test_install.py": 70,
+    "tests/test_packaging.py": 60,
+    "tests/test_secrets.py": 60,
+    "tests/test_dag_run.py": 60,
+    "tests/test_refresh_spark.py": 60,
+}
+SECONDS_PER_TEST = 0.5
 
 
 def _module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
+
+
+def _scope_of(nodeid: str) -> str:
+    module = _module_of(nodeid)
+    return SHARED_STACK_SCOPE if module in SHARED_STACK_MODULES else module
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -271,8 +303,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            module = _module_of(nodeid)
-            return "the shared Airflow stack" if module in SHARED_STACK_MODULES else module
+            return _scope_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The longest remaining scope goes next (the base class takes the queue's first).
+            def seconds(scope: str) -> float:
+                return SCOPE_SECONDS.get(scope, SECONDS_PER_TEST * len(self.workqueue[scope]))
+
+            self.workqueue.move_to_end(max(self.workqueue, key=seconds), last=False)
+            super()._assign_work_unit(node)
 
     return ModuleScheduling(config, log)
 
