@@ -44,18 +44,81 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+# A directory of the whole run, shared by the xdist workers (they inherit the variable from the process
+# that made it): what one process started for every worker is recorded here, and stopped by that process
+# once every worker is done (pytest_unconfigure).
+RUN_DIR_ENV = "AP_TEST_RUN_DIR"
+_own_run_dir: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _own_run_dir
+    if RUN_DIR_ENV not in os.environ:
+        import tempfile
+
+        _own_run_dir = Path(tempfile.mkdtemp(prefix="ap-test-run-"))
+        os.environ[RUN_DIR_ENV] = str(_own_run_dir)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _own_run_dir
+    if _own_run_dir is None:
+        return
+    import json
+    import shutil
+
+    record = _own_run_dir / CONNECT_SERVER_RECORD
+    if record.exists():
+        from airflow_e2e.spark_connect import stop_connect_server
+
+        stop_connect_server(json.loads(record.read_text())["pid"])
+    shutil.rmtree(_own_run_dir, ignore_errors=True)
+    os.environ.pop(RUN_DIR_ENV, None)
+    _own_run_dir = None
+
+
+@contextlib.contextmanager
+def run_lock(name: str) -> Iterator[Path]:
+    """An exclusive lock over the run's workers (a `flock` on a file of the run directory); yields the
+    run directory."""
+    import fcntl
+
+    run_dir = Path(os.environ[RUN_DIR_ENV])
+    with (run_dir / f"{name}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield run_dir
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+CONNECT_SERVER_RECORD = "spark-connect.json"
+# The shuffle width of the local sessions (`spark_session.DEFAULT_CONF`) rather than Spark's 200.
+CONNECT_SERVER_CONF = {"spark.sql.shuffle.partitions": "8"}
+
+
 @pytest.fixture(scope="session")
-def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A real Spark Connect server (its own JVM, local[2]) for the session: host, port and `sc://` URL.
+def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A real Spark Connect server (its own JVM, local[2]) for the run: host, port and `sc://` URL.
 
-    Clients of it must run in their own processes: a Connect session cannot share a Python process with
-    the classic `spark` session of the other tests.
+    One server for every xdist worker: the first worker that asks starts it (its JVM start is the cost)
+    and records it in the run directory, the others connect to it; the process that made the run directory
+    stops it at the end. Clients of it must run in their own processes: a Connect session cannot share a
+    Python process with the classic `spark` session of the other tests.
     """
-    from airflow_e2e.spark_connect import running_connect_server
+    import json
 
-    log = tmp_path_factory.mktemp("spark-connect") / "server.log"
-    with running_connect_server(log) as (host, port):
-        yield {"host": host, "port": port, "url": f"sc://{host}:{port}", "log": log}
+    from airflow_e2e.spark_connect import start_connect_server
+
+    with run_lock("spark-connect") as run_dir:
+        record = run_dir / CONNECT_SERVER_RECORD
+        if not record.exists():
+            log = tmp_path_factory.mktemp("spark-connect") / "server.log"
+            server, port = start_connect_server(log, conf=CONNECT_SERVER_CONF)
+            record.write_text(json.dumps({"port": port, "pid": server.pid, "log": str(log)}))
+        started = json.loads(record.read_text())
+    host, port = "127.0.0.1", int(started["port"])
+    return {"host": host, "port": port, "url": f"sc://{host}:{port}", "log": Path(started["log"])}
 
 
 @pytest.fixture(scope="session")
