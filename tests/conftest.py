@@ -273,8 +273,9 @@ def client(stack: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The package's wheel, built once per run with the venv's uv (skips when uv is not there)."""
+def built_wheel() -> Path:
+    """The package's wheel, built once per run (shared by the xdist workers) with the venv's uv (skips
+    when uv is not there)."""
     import shutil
     import subprocess
     import sys
@@ -283,25 +284,30 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not uv.exists():
         pytest.skip("uv is not installed next to this interpreter")
     root = Path(__file__).resolve().parent.parent
-    out = tmp_path_factory.mktemp("wheel")
-    # Build from a copy: setuptools leaves build/ and *.egg-info next to the sources it builds.
-    source = out / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(root / name, source / name)
-    shutil.copytree(
-        root / "airflow_partitions",
-        source / "airflow_partitions",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    subprocess.run(
-        [str(uv), "build", "--wheel", "--out-dir", str(out), str(source)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = out.glob("airflow_partitions-*.whl")
-    return wheel
+    with run_lock("wheel") as run_dir:
+        out = run_dir / "wheel"
+        built = sorted(out.glob("airflow_partitions-*.whl"))
+        if built:
+            return built[0]
+        shutil.rmtree(out, ignore_errors=True)
+        # Build from a copy: setuptools leaves build/ and *.egg-info next to the sources it builds.
+        source = out / "source"
+        source.mkdir(parents=True)
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(root / name, source / name)
+        shutil.copytree(
+            root / "airflow_partitions",
+            source / "airflow_partitions",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+        subprocess.run(
+            [str(uv), "build", "--wheel", "--out-dir", str(out), str(source)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        (wheel,) = out.glob("airflow_partitions-*.whl")
+        return wheel
 
 
 # --- the scale lane --------------------------------------------------------------------------------
