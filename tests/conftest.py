@@ -336,16 +336,19 @@ SHARED_STACK_SCOPE = "the shared Airflow stack"
 # per test. The scheduler hands out the longest remaining scope first (longest-processing-time first), so
 # the workers finish within about one scope of each other. Without it xdist hands out the scopes with the
 # most tests first, and the shared stack's few but long end-to-end tests started last, on one worker,
-# while the other sat idle. Add a module here when it takes more than a minute.
+# while the other sat idle. Add a module here when it takes more than half a minute.
 SCOPE_SECONDS: dict[str, float] = {
     SHARED_STACK_SCOPE: 480,
     "tests/test_conservation_matrix.py": 420,
-    "tests/test_catalog_crash.py": 170,
+    "tests/test_catalog_crash.py": 150,
     "tests/test_transforms_spark.py": 120,
+    "tests/test_watermark_differential.py": 120,
     "tests/test_conservation.py": 100,
     "tests/test_expression_conformance.py": 90,
     "tests/test_catalog_concurrency.py": 90,
     "tests/test_written_stage.py": 90,
+    "tests/test_refresh_modes.py": 90,
+    "tests/test_cdc_postgres.py": 90,
     "tests/test_operators.py": 80,
     "tests/test_reader.py": 80,
     "tests/test_verify.py": 70,
@@ -354,8 +357,27 @@ SCOPE_SECONDS: dict[str, float] = {
     "tests/test_secrets.py": 60,
     "tests/test_dag_run.py": 60,
     "tests/test_refresh_spark.py": 60,
+    "tests/test_spark_reach.py": 60,
+    "tests/test_s3_accelerations.py": 60,
+    "tests/test_respec.py": 60,
+    # dag.test() modules (a metadata database each, a DAG run in process) and single Spark-heavy ones.
+    "tests/test_forms.py": 45,
+    "tests/test_batches.py": 45,
+    "tests/test_sensors.py": 45,
+    "tests/test_writes_airflow.py": 45,
+    "tests/test_hook_partitioned_dataset.py": 45,
+    "tests/test_read_run_partitions.py": 45,
+    "tests/test_backfill_cli.py": 45,
+    "tests/test_cdc_dag.py": 45,
+    "tests/test_refresh_modes_dag.py": 45,
+    "tests/test_refresh_strategy_dag.py": 45,
+    "tests/test_refresh_connect.py": 45,
+    "tests/test_hive_spark.py": 45,
+    "tests/test_side_index.py": 45,
+    "tests/test_demo.py": 45,
+    "tests/test_freshness_callback.py": 30,
 }
-SECONDS_PER_TEST = 0.5
+SECONDS_PER_TEST = 0.2
 
 
 def _module_of(nodeid: str) -> str:
