@@ -44,18 +44,81 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+# A directory of the whole run, shared by the xdist workers (they inherit the variable from the process
+# that made it): what one process started for every worker is recorded here, and stopped by that process
+# once every worker is done (pytest_unconfigure).
+RUN_DIR_ENV = "AP_TEST_RUN_DIR"
+_own_run_dir: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _own_run_dir
+    if RUN_DIR_ENV not in os.environ:
+        import tempfile
+
+        _own_run_dir = Path(tempfile.mkdtemp(prefix="ap-test-run-"))
+        os.environ[RUN_DIR_ENV] = str(_own_run_dir)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _own_run_dir
+    if _own_run_dir is None:
+        return
+    import json
+    import shutil
+
+    record = _own_run_dir / CONNECT_SERVER_RECORD
+    if record.exists():
+        from airflow_e2e.spark_connect import stop_connect_server
+
+        stop_connect_server(json.loads(record.read_text())["pid"])
+    shutil.rmtree(_own_run_dir, ignore_errors=True)
+    os.environ.pop(RUN_DIR_ENV, None)
+    _own_run_dir = None
+
+
+@contextlib.contextmanager
+def run_lock(name: str) -> Iterator[Path]:
+    """An exclusive lock over the run's workers (a `flock` on a file of the run directory); yields the
+    run directory."""
+    import fcntl
+
+    run_dir = Path(os.environ[RUN_DIR_ENV])
+    with (run_dir / f"{name}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield run_dir
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+CONNECT_SERVER_RECORD = "spark-connect.json"
+# The shuffle width of the local sessions (`spark_session.DEFAULT_CONF`) rather than Spark's 200.
+CONNECT_SERVER_CONF = {"spark.sql.shuffle.partitions": "8"}
+
+
 @pytest.fixture(scope="session")
-def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A real Spark Connect server (its own JVM, local[2]) for the session: host, port and `sc://` URL.
+def spark_connect_server(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A real Spark Connect server (its own JVM, local[2]) for the run: host, port and `sc://` URL.
 
-    Clients of it must run in their own processes: a Connect session cannot share a Python process with
-    the classic `spark` session of the other tests.
+    One server for every xdist worker: the first worker that asks starts it (its JVM start is the cost)
+    and records it in the run directory, the others connect to it; the process that made the run directory
+    stops it at the end. Clients of it must run in their own processes: a Connect session cannot share a
+    Python process with the classic `spark` session of the other tests.
     """
-    from airflow_e2e.spark_connect import running_connect_server
+    import json
 
-    log = tmp_path_factory.mktemp("spark-connect") / "server.log"
-    with running_connect_server(log) as (host, port):
-        yield {"host": host, "port": port, "url": f"sc://{host}:{port}", "log": log}
+    from airflow_e2e.spark_connect import start_connect_server
+
+    with run_lock("spark-connect") as run_dir:
+        record = run_dir / CONNECT_SERVER_RECORD
+        if not record.exists():
+            log = tmp_path_factory.mktemp("spark-connect") / "server.log"
+            server, port = start_connect_server(log, conf=CONNECT_SERVER_CONF)
+            record.write_text(json.dumps({"port": port, "pid": server.pid, "log": str(log)}))
+        started = json.loads(record.read_text())
+    host, port = "127.0.0.1", int(started["port"])
+    return {"host": host, "port": port, "url": f"sc://{host}:{port}", "log": Path(started["log"])}
 
 
 @pytest.fixture(scope="session")
@@ -210,8 +273,9 @@ def client(stack: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The package's wheel, built once per run with the venv's uv (skips when uv is not there)."""
+def built_wheel() -> Path:
+    """The package's wheel, built once per run (shared by the xdist workers) with the venv's uv (skips
+    when uv is not there)."""
     import shutil
     import subprocess
     import sys
@@ -220,25 +284,30 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not uv.exists():
         pytest.skip("uv is not installed next to this interpreter")
     root = Path(__file__).resolve().parent.parent
-    out = tmp_path_factory.mktemp("wheel")
-    # Build from a copy: setuptools leaves build/ and *.egg-info next to the sources it builds.
-    source = out / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(root / name, source / name)
-    shutil.copytree(
-        root / "airflow_partitions",
-        source / "airflow_partitions",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    subprocess.run(
-        [str(uv), "build", "--wheel", "--out-dir", str(out), str(source)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = out.glob("airflow_partitions-*.whl")
-    return wheel
+    with run_lock("wheel") as run_dir:
+        out = run_dir / "wheel"
+        built = sorted(out.glob("airflow_partitions-*.whl"))
+        if built:
+            return built[0]
+        shutil.rmtree(out, ignore_errors=True)
+        # Build from a copy: setuptools leaves build/ and *.egg-info next to the sources it builds.
+        source = out / "source"
+        source.mkdir(parents=True)
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(root / name, source / name)
+        shutil.copytree(
+            root / "airflow_partitions",
+            source / "airflow_partitions",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+        subprocess.run(
+            [str(uv), "build", "--wheel", "--out-dir", str(out), str(source)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        (wheel,) = out.glob("airflow_partitions-*.whl")
+        return wheel
 
 
 # --- the scale lane --------------------------------------------------------------------------------
@@ -260,10 +329,64 @@ STACK_FIXTURES = frozenset({"stack", "client"})
 SHARED_STACK_MODULES = frozenset(
     {"tests/test_e2e_airflow.py", "tests/test_e2e_batches.py", "tests/test_partitions_page.py"}
 )
+SHARED_STACK_SCOPE = "the shared Airflow stack"
+
+# Roughly how many seconds a scope (a module, or the shared stack's modules together) takes on one worker
+# of an idle 2-core machine, from `--durations` of full runs; a scope not listed counts SECONDS_PER_TEST
+# per test. The scheduler hands out the longest remaining scope first (longest-processing-time first), so
+# the workers finish within about one scope of each other. Without it xdist hands out the scopes with the
+# most tests first, and the shared stack's few but long end-to-end tests started last, on one worker,
+# while the other sat idle. Add a module here when it takes more than half a minute.
+SCOPE_SECONDS: dict[str, float] = {
+    SHARED_STACK_SCOPE: 480,
+    "tests/test_conservation_matrix.py": 420,
+    "tests/test_catalog_crash.py": 150,
+    "tests/test_transforms_spark.py": 120,
+    "tests/test_watermark_differential.py": 120,
+    "tests/test_conservation.py": 100,
+    "tests/test_expression_conformance.py": 90,
+    "tests/test_catalog_concurrency.py": 90,
+    "tests/test_written_stage.py": 90,
+    "tests/test_refresh_modes.py": 90,
+    "tests/test_cdc_postgres.py": 90,
+    "tests/test_operators.py": 80,
+    "tests/test_reader.py": 80,
+    "tests/test_verify.py": 70,
+    "tests/test_install.py": 70,
+    "tests/test_packaging.py": 60,
+    "tests/test_secrets.py": 60,
+    "tests/test_dag_run.py": 60,
+    "tests/test_refresh_spark.py": 60,
+    "tests/test_spark_reach.py": 60,
+    "tests/test_s3_accelerations.py": 60,
+    "tests/test_respec.py": 60,
+    # dag.test() modules (a metadata database each, a DAG run in process) and single Spark-heavy ones.
+    "tests/test_forms.py": 45,
+    "tests/test_batches.py": 45,
+    "tests/test_sensors.py": 45,
+    "tests/test_writes_airflow.py": 45,
+    "tests/test_hook_partitioned_dataset.py": 45,
+    "tests/test_read_run_partitions.py": 45,
+    "tests/test_backfill_cli.py": 45,
+    "tests/test_cdc_dag.py": 45,
+    "tests/test_refresh_modes_dag.py": 45,
+    "tests/test_refresh_strategy_dag.py": 45,
+    "tests/test_refresh_connect.py": 45,
+    "tests/test_hive_spark.py": 45,
+    "tests/test_side_index.py": 45,
+    "tests/test_demo.py": 45,
+    "tests/test_freshness_callback.py": 30,
+}
+SECONDS_PER_TEST = 0.2
 
 
 def _module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
+
+
+def _scope_of(nodeid: str) -> str:
+    module = _module_of(nodeid)
+    return SHARED_STACK_SCOPE if module in SHARED_STACK_MODULES else module
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -271,8 +394,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            module = _module_of(nodeid)
-            return "the shared Airflow stack" if module in SHARED_STACK_MODULES else module
+            return _scope_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The longest remaining scope goes next (the base class takes the queue's first).
+            def seconds(scope: str) -> float:
+                return SCOPE_SECONDS.get(scope, SECONDS_PER_TEST * len(self.workqueue[scope]))
+
+            self.workqueue.move_to_end(max(self.workqueue, key=seconds), last=False)
+            super()._assign_work_unit(node)
 
     return ModuleScheduling(config, log)
 
@@ -294,6 +424,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "scale" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import sys
+
+    # The migrated template this process cloned its Airflow metadata databases from, if it made one: at
+    # the session's end, not only at interpreter exit (which a killed xdist worker may never reach).
+    metadata_db = sys.modules.get("airflow_e2e.metadata_db")
+    if metadata_db is not None:
+        metadata_db.drop_migrated_template()
 
 
 @pytest.fixture(scope="session")

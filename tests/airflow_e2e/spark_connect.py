@@ -6,7 +6,9 @@ pip's pyspark ships the server classes but not `sbin/start-connect-server.sh`; t
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -37,16 +39,47 @@ def running_connect_server(
     driver_memory: str = "1g",
     timeout: float = 120.0,
     extra_env: Mapping[str, str] | None = None,
+    conf: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[str, int]]:
     """Start a Spark Connect server; yields `("127.0.0.1", port)` once it accepts connections.
 
     The server's Python workers (the bucket UDF) run on this interpreter, so they import this package.
+    `conf`: more `--conf` settings for the server.
     """
+    server, port = start_connect_server(
+        log_path, master=master, driver_memory=driver_memory, timeout=timeout, extra_env=extra_env, conf=conf
+    )
+    try:
+        yield "127.0.0.1", port
+    finally:
+        stop_connect_server(server.pid)
+
+
+def start_connect_server(
+    log_path: Path,
+    *,
+    master: str = "local[2]",
+    driver_memory: str = "1g",
+    timeout: float = 120.0,
+    extra_env: Mapping[str, str] | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a Spark Connect server in a process group of its own and wait until it accepts connections;
+    returns the process and its port. Stop it with `stop_connect_server(process.pid)` (from any process)."""
     spark_submit = spark_submit_executable()
     if not spark_submit.exists():
         raise SparkConnectServerError(f"pyspark's spark-submit is not at {spark_submit}; install pyspark")
     port = free_port()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **(extra_env or {})}
+    settings = {
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+        **(conf or {}),
+    }
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as handle:
         server = subprocess.Popen(
@@ -58,18 +91,7 @@ def running_connect_server(
                 master,
                 "--driver-memory",
                 driver_memory,
-                "--conf",
-                f"spark.connect.grpc.binding.port={port}",
-                "--conf",
-                "spark.connect.grpc.binding.address=127.0.0.1",
-                "--conf",
-                "spark.ui.enabled=false",
-                "--conf",
-                "spark.sql.session.timeZone=UTC",
-                "--conf",
-                "spark.driver.extraJavaOptions=-Duser.timezone=UTC",
-                "--conf",
-                "spark.executor.extraJavaOptions=-Duser.timezone=UTC",
+                *[arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")],
                 "spark-internal",
             ],
             stdout=handle,
@@ -94,11 +116,47 @@ def running_connect_server(
                     f"{log_path.read_text()[-2000:]}"
                 )
             time.sleep(0.5)
-        yield "127.0.0.1", port
-    finally:
-        server.terminate()
+    except BaseException:
+        stop_connect_server(server.pid)
+        raise
+    return server, port
+
+
+def stop_connect_server(pid: int, *, grace: float = 30.0) -> None:
+    """Stop the server started as `pid` (its process group: spark-submit's JVM and its Python workers):
+    SIGTERM, then SIGKILL after `grace` seconds. Works from a process that did not start it."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
         try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
+            # Reap it when it is this process's child; otherwise see whether it is still there.
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            if not _running(pid):
+                return
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting for its parent is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

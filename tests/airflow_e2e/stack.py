@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .metadata_db import MetadataDatabase, create_database, drop_database
+from .metadata_db import MetadataDatabase, create_migrated_database, drop_database
 
 COMPONENTS: tuple[str, ...] = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
@@ -139,7 +139,8 @@ class AirflowStack:
         if self.preload:
             (self.home / "config").mkdir(exist_ok=True)
             (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS_PRELOAD)
-        self.database = create_database("ap_e2e")
+        # A copy of the process's migrated template: `db migrate` then finds the schema current.
+        self.database = create_migrated_database("ap_e2e")
         try:
             self.run_cli(["db", "migrate"], timeout=timeout)
         except BaseException:
