@@ -56,8 +56,13 @@ def repeat_transient(call: Callable[[], _T], attempts: int = REQUEST_ATTEMPTS) -
         except Exception as err:
             if attempt == attempts or not is_transient(err):
                 raise
-            time.sleep(random.uniform(0.5, 1.0) * min(_MAX_BACKOFF_SECONDS, _BACKOFF_SECONDS * 2**attempt))
+            time.sleep(transient_backoff(attempt))
     raise AssertionError("unreachable")
+
+
+def transient_backoff(attempt: int) -> float:
+    """Seconds to wait before sending a request again after its `attempt`-th transient failure."""
+    return random.uniform(0.5, 1.0) * min(_MAX_BACKOFF_SECONDS, _BACKOFF_SECONDS * 2**attempt)
 
 
 class S3Store:
@@ -88,8 +93,11 @@ class S3Store:
         return fs.SubTreeFileSystem(root, self.bucket_filesystem())
 
     def bucket_filesystem(self) -> Any:
-        """A pyarrow filesystem reaching the same endpoint with the same credentials (paths `bucket/key`)."""
-        return (self.settings or resolve_settings(None)).arrow_filesystem()
+        """A pyarrow filesystem reaching the same endpoint with the same credentials (paths `bucket/key`),
+        its reads repeated after transient faults like the store's own (`objectstore.arrow`)."""
+        from airflow_partitions.objectstore.arrow import repeating_filesystem
+
+        return repeating_filesystem((self.settings or resolve_settings(None)).arrow_filesystem())
 
     def __repr__(self) -> str:
         return f"S3Store({self.describe()!r})"

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from airflow_partitions.exceptions import StorageError
+from airflow_partitions.objectstore.arrow import repeating_filesystem
 from airflow_partitions.objectstore.location import parse_s3_location
 from airflow_partitions.read.cache import CachedFile, file_cache
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES, RangedRead, read_row_groups
@@ -64,7 +65,8 @@ class RemoteFiles:
             self._base = location.uri().removeprefix("s3://").rstrip("/")
         else:
             self._base = self.root
-        self.filesystem = filesystem
+        # Reads repeated after transient faults, as the object store repeats its own requests.
+        self.filesystem = repeating_filesystem(filesystem)
         self.dataset = dataset
         self.cache_dir = cache_dir
         self.cache_max_bytes = cache_max_bytes
