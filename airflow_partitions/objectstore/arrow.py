@@ -19,7 +19,7 @@ from pyarrow import PythonFile
 from pyarrow import fs as pafs
 
 from airflow_partitions.objectstore.errors import ShortReadError
-from airflow_partitions.objectstore.s3 import repeat_transient
+from airflow_partitions.objectstore.repeat import repeat_transient
 
 
 def repeating_filesystem(filesystem: Any) -> Any:

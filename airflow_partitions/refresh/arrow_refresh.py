@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema, written_entry
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
-from airflow_partitions.refresh.stage import discovered_but_empty
+from airflow_partitions.refresh.stage_layout import discovered_but_empty, merge_conservation_errors
 from airflow_partitions.write.row_hash import certify_rows, tally_table_by_partition
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def arrow_refresh(
     by losing rows) is removed and named in `failed`, and the others are returned, as finalize tasks fail
     one by one; lost or extra rows in any partition still remove everything and raise.
     """
-    from airflow_partitions.refresh.commit import dataset_storage
+    from airflow_partitions.storage import get_storage
     from airflow_partitions.write.routing import route_rows
 
     started = time.monotonic()
@@ -105,7 +105,7 @@ def arrow_refresh(
             f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r} "
             f"(spec {dataset.acceleration.partition_spec_id}); plan again"
         )
-    engine = storage or dataset_storage(dataset)
+    engine = storage or get_storage(dataset.acceleration)
     if not plan.items:
         return ArrowRefreshResult((), 0, 0, 0, time.monotonic() - started)
     schema = source.schema()
@@ -184,8 +184,6 @@ def arrow_refresh(
     if lost or (failures and not keep_going):
         remove_written(engine, data_root, [file for files in written.values() for file in files])
         if lost:
-            from airflow_partitions.refresh.pipeline import merge_conservation_errors
-
             raise merge_conservation_errors(dataset.name, lost)
         raise next(iter(failures.values()))
     for key_path in failures:

@@ -37,7 +37,7 @@ from airflow_partitions.objectstore.errors import (
     is_write_conflict,
     store_error,
 )
-from airflow_partitions.objectstore.s3 import REQUEST_ATTEMPTS, transient_backoff
+from airflow_partitions.objectstore.repeat import REQUEST_ATTEMPTS, transient_backoff
 from airflow_partitions.snapshots.checksums import FileDigest, digest_file, part_size_for, s3_checksum_matches
 from airflow_partitions.snapshots.layout import SHA256_METADATA_KEY, SnapshotLayout, local_file
 from airflow_partitions.snapshots.parallel import run_all
