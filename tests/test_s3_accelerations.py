@@ -639,7 +639,7 @@ def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
 
     from dataclasses import replace
 
-    from airflow_partitions.refresh.stage import staging_root
+    from airflow_partitions.refresh.stage_layout import staging_root
 
     assert staging_root(project, dataset) == tmp_path / "scratch" / "_staging" / "t"
     on_s3a = replace(dataset, acceleration=replace(dataset.acceleration, params={"staging_dir": "s3a://b/s"}))

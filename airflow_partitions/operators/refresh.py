@@ -63,7 +63,7 @@ def _stage_with_spark_submit(
     operator: SparkOperatorBase, project: ProjectSpec, dataset: DatasetSpec, plan: RefreshPlan
 ) -> StageResult:
     from airflow_partitions.refresh.job_files import stage_job_files
-    from airflow_partitions.refresh.stage import staging_root
+    from airflow_partitions.refresh.stage_layout import staging_root
 
     root = staging_root(project, dataset)
     root.mkdir(parents=True, exist_ok=True)

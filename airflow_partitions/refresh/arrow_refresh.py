@@ -26,6 +26,7 @@ from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema, written_entry
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
 from airflow_partitions.refresh.stage_layout import discovered_but_empty, merge_conservation_errors
+from airflow_partitions.table import open_handle
 from airflow_partitions.write.row_hash import certify_rows, tally_table_by_partition
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def check_arrow_supported(project: ProjectSpec, plan: RefreshPlan) -> None:
             "one read of the source); use strategy 'auto' or 'spark' for this refresh, or refresh with "
             "--full to rewrite every partition with strategy 'arrow'"
         )
-    if project.remote:
+    if not open_handle(project, plan.dataset).local_data:
         raise RefreshError(
             "strategy 'arrow' writes partitions to a local accelerator_dir only; this project's "
             "accelerator_dir is on S3: use strategy 'auto' or 'spark'"

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING
 
 from airflow_partitions.catalog.catalog import DEFAULT_GRACE
 from airflow_partitions.refresh.job_files import JOB_FILES_PREFIX
+from airflow_partitions.refresh.remote import remote_staging_sweep
 from airflow_partitions.refresh.stage_layout import STAGE_DATA, STAGE_MANIFEST, StagingSweep, staging_root
+from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
     from airflow_partitions.objectstore import SettingsLike
@@ -147,9 +149,7 @@ def sweep_dataset_staging(
 ) -> StagingSweep:
     """Vacuum's part: sweep the dataset's staging root (`staging_root`) with vacuum's grace (None: 1 h);
     with `accelerator_dir` on S3, the stages under `<accelerator_dir>/_staging/<dataset>/` there."""
-    if project.remote:
-        from airflow_partitions.refresh.remote import remote_staging_sweep
-
+    if not open_handle(project, dataset).local_data:
         return remote_staging_sweep(
             project,
             dataset,

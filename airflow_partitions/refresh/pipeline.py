@@ -33,7 +33,6 @@ from airflow_partitions.refresh.stage import stage_refresh
 from airflow_partitions.refresh.stage_layout import merge_conservation_errors
 from airflow_partitions.refresh.strategy import StrategyChoice, choose_strategy, describe_spark
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
-from airflow_partitions.storage import get_storage
 from airflow_partitions.table import open_handle
 
 log = logging.getLogger(__name__)
@@ -200,10 +199,11 @@ def move_rows_of_selection(
 
 def held_reader(project: ProjectSpec, dataset: DatasetSpec) -> Callable[..., Any] | None:
     """Reads columns of a committed partition's files, for the changes audit (None: they are remote)."""
-    if project.remote:
+    handle = open_handle(project, dataset)
+    if not handle.local_data:
         return None
-    storage = get_storage(dataset.acceleration)
-    root = open_handle(project, dataset).local_root
+    storage = handle.storage
+    root = handle.local_root
 
     def read(entry: Any, columns: Sequence[str]) -> Any:
         return storage.read(root, list(entry.files), columns=list(columns))
@@ -479,7 +479,8 @@ def _refresh_dataset(
     if stage.location is not None:
         tick("finalize", 0, total, 0)
         # An s3:// accelerator_dir: finalize writes in scratch and uploads (no local data root).
-        data_root = None if project.remote else open_handle(project, spec).local_root
+        handle = open_handle(project, spec)
+        data_root = handle.local_root if handle.local_data else None
         pool_size = workers or min(4, os.cpu_count() or 2)
         with ThreadPoolExecutor(max_workers=max(1, pool_size)) as pool:
             futures = {

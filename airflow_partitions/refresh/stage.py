@@ -171,7 +171,8 @@ def stage_refresh(
     mode = StageMode.CHANGES if changes else choose_mode(source, transforms, strategy)
     # Executors reach an s3:// accelerator_dir with the caller's settings; without them (a spark-submit
     # job, whose executors know no Airflow connection) the rows are staged (or merged) as before.
-    executors_reach_data = not project.remote or s3_settings is not None or write_files is True
+    local_data = open_handle(project, dataset).local_data
+    executors_reach_data = local_data or s3_settings is not None or write_files is True
     if mode is StageMode.SPARK and executors_reach_data and choose_written(dataset, write_files):
         mode = StageMode.WRITTEN
     target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
@@ -215,7 +216,7 @@ def stage_refresh(
             else:
                 for index, item in enumerate(plan.items):
                     entries[item.key_path] = {"index": index}
-            if mode is StageMode.CHANGES or not project.remote:
+            if mode is StageMode.CHANGES or local_data:
                 # Partition tasks merge these rows (locally also the retry of an item an executor
                 # could not write); on an object store the executors' merge needs nothing staged.
                 import pyarrow.parquet as pq
@@ -696,8 +697,9 @@ def _data_destination(
 ) -> tuple[str | None, str | None, S3Settings | None]:
     """Where executors write partition files: (local dataset root, None, None), or, under an `s3://`
     accelerator_dir, (None, the dataset's URL, the settings that reach it)."""
-    if not project.remote:
-        return str(dataset_directory(project, bound)), None, None
+    handle = open_handle(project, bound)
+    if handle.local_data:
+        return str(handle.local_root), None, None
     from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.refresh import remote
 
@@ -706,7 +708,7 @@ def _data_destination(
         settings = s3_settings
     else:
         settings = S3Settings.from_mapping(s3_settings)
-    return None, open_handle(project, bound).data_location, settings
+    return None, handle.data_location, settings
 
 
 def _item_tasks(spark: Any, items: int) -> int:

@@ -600,11 +600,12 @@ def _certify_in_background(
 ) -> Any:
     """A future of `_certified_entries` over local files (None for an `s3://` accelerator_dir, whose
     files are fetched when compared)."""
-    if project.remote:
+    handle = open_handle(project, spec)
+    if not handle.local_data:
         return None
     from concurrent.futures import ThreadPoolExecutor
 
-    root = Path(catalog.data_root or open_handle(project, spec).local_root)
+    root = Path(catalog.data_root or handle.local_root)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-certificates")
     try:
         return pool.submit(_certified_entries, entries, root, lambda files: None)
@@ -734,8 +735,9 @@ class _acceleration_files:
         from airflow_partitions.storage import get_storage
 
         storage = self.catalog.storage or get_storage(self.spec.acceleration)
-        if not self.project.remote:
-            root = Path(self.catalog.data_root or open_handle(self.project, self.spec).local_root)
+        handle = open_handle(self.project, self.spec)
+        if handle.local_data:
+            root = Path(self.catalog.data_root or handle.local_root)
             return storage, root, lambda files: None
         import tempfile
 
@@ -743,7 +745,7 @@ class _acceleration_files:
 
         self._scratch = tempfile.TemporaryDirectory(prefix="verify-")
         root = Path(self._scratch.name)
-        store = self.catalog.data_store or open_handle(self.project, self.spec).data_store
+        store = self.catalog.data_store or handle.data_store
         return storage, root, lambda files: fetch_partition_files(store, root, files)
 
     def __exit__(self, *exc: object) -> None:

@@ -86,6 +86,14 @@ class DatasetHandle:
             return f"{url.rstrip('/')}/{escape_component(self.dataset.name)}"
         return str(self.local_root)
 
+    @property
+    def asset_uri(self) -> str:
+        """The URI naming the dataset's files as an Airflow asset: `data_location` on S3, else the local
+        directory's absolute `file://` URI."""
+        if not self.local_data:
+            return self.data_location
+        return (Path(self.project.accelerator_dir).resolve() / escape_component(self.name)).as_uri()
+
     @cached_property
     def data_store(self) -> ObjectStore:
         """The partition files, keyed by `DataFile.path` (`<key path>/part-...`)."""
