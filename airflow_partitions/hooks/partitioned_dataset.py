@@ -148,7 +148,7 @@ class PartitionedDatasetHook(BaseHook):
         if data_root is not None and not is_local_location(data_root):
             settings = hook.s3_settings
             filesystem = remote_filesystem(data_root, settings=settings)
-        catalog = open_handle(project, dataset, s3_settings=settings).catalog
+        handle = open_handle(project, dataset, s3_settings=settings)
         max_bytes = self.cache_max_bytes
         if max_bytes is None and (extra := self._setting("cache_max_bytes", None)) is not None:
             if not extra.isdigit() or int(extra) <= 0:
@@ -159,10 +159,8 @@ class PartitionedDatasetHook(BaseHook):
             max_bytes = int(extra)
         from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 
-        return PartitionedDatasetReader(
-            project,
-            name,
-            catalog=catalog,
+        return PartitionedDatasetReader.from_handle(
+            handle,
             data_root=data_root,
             filesystem=filesystem,
             cache_dir=self._setting("cache_dir", self.cache_dir),

@@ -47,6 +47,7 @@ from airflow_partitions.read.read_stats import ReadStatsRecorder, stats_director
 from airflow_partitions.read.remote import RemoteFiles
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
 from airflow_partitions.storage import get_storage
+from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from airflow_partitions.pruning.expressions import Predicate
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile
+    from airflow_partitions.table import DatasetHandle
 
 # Versions whose pruning index (partition values, decoded files) stays cached per reader.
 CACHED_VERSIONS = 4
@@ -101,9 +103,7 @@ class PartitionedDatasetReader:
         self.name = self.dataset.name
         self.storage = get_storage(self.dataset.acceleration)
         if catalog is None:
-            from airflow_partitions.catalog import open_catalog
-
-            catalog = open_catalog(self.project, self.dataset)
+            catalog = open_handle(self.project, self.dataset).catalog
         self.catalog = catalog
         self._local_root: Path | None = None
         self._remote: RemoteFiles | None = None
@@ -158,6 +158,12 @@ class PartitionedDatasetReader:
         self._multi: DatasetQuery | None = None
         # How to open a reader of another dataset of the spec (the hook passes its connections' settings).
         self.open_sibling: Callable[[str], PartitionedDatasetReader] | None = None
+
+    @classmethod
+    def from_handle(cls, handle: DatasetHandle, **options: Any) -> PartitionedDatasetReader:
+        """A reader of the dataset `handle` resolved: its catalog, and its files reached with the same
+        S3 settings; `options` as for the constructor (`data_root`, `filesystem`, `cache_dir`, ...)."""
+        return cls(handle.project, handle.name, catalog=handle.catalog, **options)
 
     def __repr__(self) -> str:
         return f"PartitionedDatasetReader(dataset={self.name!r}, root={self.data_root!r})"
