@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import OrchestrationError
-from airflow_partitions.keys import escape_component
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG, Asset
@@ -138,12 +137,10 @@ def dataset_asset(project: ProjectSpec, dataset: DatasetSpec | str) -> Asset:
     """
     from airflow.sdk import Asset
 
-    spec = project.dataset(dataset) if isinstance(dataset, str) else dataset
-    if project.accelerator_url is not None:
-        uri = f"{project.accelerator_url.rstrip('/')}/{escape_component(spec.name)}"
-    else:
-        uri = (Path(project.accelerator_dir).resolve() / escape_component(spec.name)).as_uri()
-    return Asset(name=spec.name, uri=uri, group="airflow-partitions")
+    from airflow_partitions.table import open_handle
+
+    handle = open_handle(project, dataset)
+    return Asset(name=handle.name, uri=handle.asset_uri, group="airflow-partitions")
 
 
 def run_params(dataset: DatasetSpec | None = None) -> dict[str, Any]:

@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     args = load.parse_args(parser, argv)
     rows = args.rows if args.rows is not None else (10_000 if args.quick else 100_000)
 
-    from airflow_partitions.refresh.commit import dataset_data_root
     from airflow_partitions.refresh.pipeline import refresh_dataset
     from airflow_partitions.refresh.spark_session import build_local_session
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     with tempfile.TemporaryDirectory(prefix="bench-duckdb-bytes-") as tmp:
         root = Path(tmp)
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             summary = refresh_dataset(project, dataset, spark=spark)
             elapsed = time.perf_counter() - started
-            allocated, apparent, files = disk_usage(dataset_data_root(project, dataset))
+            allocated, apparent, files = disk_usage(open_handle(project, dataset).local_root)
             anchor = anchor if anchor is not None else allocated
             results[dataset.name] = allocated
             print(

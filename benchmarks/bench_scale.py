@@ -576,10 +576,11 @@ def print_ms(
 def catalog_axis(root: Path, partitions: int, repeat: int = 3, anchor: bool = True) -> None:
     from airflow_partitions.pruning import PartitionIndex, plan_partitions
     from airflow_partitions.refresh import plan_refresh
-    from airflow_partitions.refresh.commit import open_dataset_catalog, partition_spec_info
+    from airflow_partitions.refresh.commit import partition_spec_info
     from airflow_partitions.refresh.pipeline import bind_dataset
     from airflow_partitions.sources import open_dataset_source
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     print(f"\n== catalog at {partitions:,} partitions (identity part_id, one file each) ==", flush=True)
     base = root / "catalog"
@@ -600,7 +601,7 @@ def catalog_axis(root: Path, partitions: int, repeat: int = 3, anchor: bool = Tr
     assert len(first.items) == partitions, (len(first.items), partitions)
     entries = [synthetic_entry(item, spec_info) for item in first.items]
     started = time.perf_counter()
-    open_dataset_catalog(project, dataset).commit(
+    open_handle(project, dataset).catalog.commit(
         base_version=None, upserts=entries, partition_spec=spec_info, replace_all=True
     )
     print(
@@ -620,7 +621,7 @@ def catalog_axis(root: Path, partitions: int, repeat: int = 3, anchor: bool = Tr
         def commit() -> None:
             nonlocal generation
             generation += 1
-            catalog = open_dataset_catalog(project, dataset)
+            catalog = open_handle(project, dataset).catalog
             newest = catalog.latest()
             assert newest is not None
             chosen = [first.items[(generation * 7919 + i * 97) % partitions] for i in range(count)]
@@ -634,7 +635,7 @@ def catalog_axis(root: Path, partitions: int, repeat: int = 3, anchor: bool = Tr
         return commit
 
     def open_newest() -> Any:
-        snapshot = open_dataset_catalog(project, dataset).latest()
+        snapshot = open_handle(project, dataset).catalog.latest()
         assert snapshot is not None
         assert snapshot.partition_count == partitions
         return snapshot

@@ -24,8 +24,8 @@ from matrix_support import (
 
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh import refresh_dataset
-from airflow_partitions.refresh.commit import open_dataset_catalog
 from airflow_partitions.refresh.pipeline import load_project
+from airflow_partitions.table import open_handle
 
 DATASET = "m"
 # NULL keys in every field: `s`, `d` and `flag` are NULL in some hostile rows.
@@ -87,7 +87,7 @@ def assert_same_rows(got: pa.Table, expected: pa.Table, what: str) -> None:
 
 def catalog_version(spec: Path) -> int | None:
     project = load_project(spec)
-    snapshot = open_dataset_catalog(project, project.dataset(DATASET)).latest()
+    snapshot = open_handle(project, project.dataset(DATASET)).catalog.latest()
     return snapshot.version if snapshot is not None else None
 
 
@@ -295,7 +295,7 @@ def test_a_failing_partition_is_recorded_like_the_spark_path(
 
     monkeypatch.setattr(arrow_refresh_module, "written_entry", fail_one)
     project = load_project(spec)
-    store = FailureStore.for_catalog(open_dataset_catalog(project, project.dataset(DATASET)))
+    store = FailureStore.for_catalog(open_handle(project, project.dataset(DATASET)).catalog)
     if allow_partial:
         summary = refresh_dataset(spec, DATASET, strategy="arrow", allow_partial=True)
         assert set(summary.failed) == {failing}

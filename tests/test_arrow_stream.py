@@ -36,8 +36,8 @@ from test_arrow_refresh import COMPOSITE, DATASET, assert_same_rows, conformed, 
 
 from airflow_partitions.exceptions import ConservationError
 from airflow_partitions.refresh import arrow_stream, refresh_dataset
-from airflow_partitions.refresh.commit import dataset_data_root, open_dataset_catalog
 from airflow_partitions.refresh.pipeline import load_project
+from airflow_partitions.table import open_handle
 
 # Keys that put rows in each kind of awkward partition: NULL, unicode, '/', '=', '%', quotes.
 TS_FIELDS = (("sk", "s"), ("tm", "date_trunc('month', ts)"))
@@ -75,9 +75,9 @@ def partitions_of(spec: Path) -> dict[str, tuple[int, str | None, pa.Table]]:
     """Per key path: rows, row hash and the rows of its files in file order."""
     project = load_project(spec)
     dataset = project.dataset(DATASET)
-    snapshot = open_dataset_catalog(project, dataset).latest()
+    snapshot = open_handle(project, dataset).catalog.latest()
     assert snapshot is not None
-    root = dataset_data_root(project, dataset)
+    root = open_handle(project, dataset).local_root
     out = {}
     for key_path in snapshot.partitions:
         entry = snapshot.partitions[key_path]
@@ -230,7 +230,7 @@ def test_a_spill_that_loses_rows_publishes_nothing(tmp_path: Path, monkeypatch: 
     message = str(caught.value)
     assert f"{victim}: {want} rows routed to the partition, {got} rows read back from its spill" in message
     project = load_project(spec)
-    assert open_dataset_catalog(project, project.dataset(DATASET)).latest() is None, "nothing published"
+    assert open_handle(project, project.dataset(DATASET)).catalog.latest() is None, "nothing published"
     assert not list((tmp_path / "acc").rglob("*.parquet")), "the files written were removed"
 
 
@@ -370,7 +370,7 @@ def test_a_spill_that_cannot_be_written_is_a_clear_error(
         refresh_dataset(spec, DATASET, strategy="arrow")
     assert "AP_ARROW_SPILL_DIR" in str(caught.value)
     project = load_project(spec)
-    assert open_dataset_catalog(project, project.dataset(DATASET)).latest() is None, "nothing published"
+    assert open_handle(project, project.dataset(DATASET)).catalog.latest() is None, "nothing published"
     assert not list((tmp_path / "acc").rglob("*.parquet")), "nothing written"
 
 

@@ -134,8 +134,8 @@ def test_local_run_refreshes_only_the_selected_partitions(
 ) -> None:
     from airflow_e2e.metadata_db import in_process_metadata_db
 
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     with in_process_metadata_db(str(spec.parent)):
         code = main(["backfill", str(spec), "sales", "--where", "region = 'EU'", "--local", "--json"])
@@ -144,7 +144,7 @@ def test_local_run_refreshes_only_the_selected_partitions(
     assert report["state"] == "success"
     assert report["result"] == "ran locally"
     project = load_spec(spec)
-    snapshot = open_dataset_catalog(project, project.dataset("sales")).latest()
+    snapshot = open_handle(project, project.dataset("sales")).catalog.latest()
     assert sorted(snapshot.partitions) == EU_KEYS, "only the partitions the filter selected were refreshed"
 
 

@@ -123,11 +123,11 @@ class Site:
         return self.dags[dag_id].test(run_conf={**RefreshRunConf().to_conf(), **(conf or {})})
 
     def catalog(self, dataset: str) -> Any:
-        from airflow_partitions.refresh.commit import open_dataset_catalog
         from airflow_partitions.spec import load_spec
+        from airflow_partitions.table import open_handle
 
         project = load_spec(self.spec_path)
-        return open_dataset_catalog(project, project.dataset(dataset))
+        return open_handle(project, project.dataset(dataset)).catalog
 
 
 @contextmanager

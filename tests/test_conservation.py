@@ -35,7 +35,7 @@ from airflow_partitions.refresh import (
     stage_refresh,
 )
 from airflow_partitions.refresh import stage as stage_module
-from airflow_partitions.refresh.stage import StageManifest, staged_item_directory
+from airflow_partitions.refresh.stage_layout import StageManifest, staged_item_directory
 from airflow_partitions.sources import open_source
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import ProjectSpec
@@ -462,7 +462,7 @@ def test_observed_counts_through_spark_connect(spark_connect_server: dict[str, A
 def test_refusals_of_several_partitions_merge_into_one_error_that_survives_pickling() -> None:
     import pickle
 
-    from airflow_partitions.refresh.pipeline import merge_conservation_errors
+    from airflow_partitions.refresh.stage_layout import merge_conservation_errors
 
     first = ConservationError(
         "trips", {"region=EU": (5, 4)}, expected="rows read", actual="rows in the written files"

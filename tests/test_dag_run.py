@@ -50,11 +50,11 @@ class Deployment:
         return self.dags[dag_id].test(run_conf=full)
 
     def catalog(self, dataset: str) -> Any:
-        from airflow_partitions.refresh.commit import open_dataset_catalog
         from airflow_partitions.spec import load_spec
+        from airflow_partitions.table import open_handle
 
         project = load_spec(self.spec_path)
-        return open_dataset_catalog(project, project.dataset(dataset))
+        return open_handle(project, project.dataset(dataset)).catalog
 
     def asset_events(self, asset_name: str) -> list[tuple[str | None, dict[str, Any]]]:
         with self.metadata.connect() as conn:

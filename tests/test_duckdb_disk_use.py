@@ -13,7 +13,6 @@ import pytest
 
 from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo, open_catalog
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.refresh.commit import dataset_data_root
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.snapshots import (
     bootstrap_snapshot,
@@ -24,6 +23,7 @@ from airflow_partitions.sources import open_source
 from airflow_partitions.spec import load_spec
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.duckdb_engine import SHARED_FILE, DuckDBTablesStorage
+from airflow_partitions.table import open_handle
 
 SPEC = PartitionSpecInfo.from_fields([("region", "region", "string")])
 CITIES = ["Zürich", "a/b", "k=v", "100%", 'say "hi"', "it's", None]
@@ -105,7 +105,7 @@ def test_refreshed_duckdb_datasets_stay_near_parquet_size_and_keep_every_row(
         assert summary.failed == {}
         # Buckets 0..59 plus the NULL bucket, which is planned even though no id is NULL (and stays empty).
         assert summary.refreshed == PARTITIONS + 1
-        used[dataset.name] = _disk_use(dataset_data_root(project, dataset))
+        used[dataset.name] = _disk_use(open_handle(project, dataset).local_root)
     # The DuckDB datasets hold exactly the rows the parquet one does (same stage, same source).
     expected = _read_all(project, project.dataset("pq"))
     assert expected.num_rows == open_source(project.dataset("pq").source).read_all().num_rows == 3000
@@ -113,7 +113,7 @@ def test_refreshed_duckdb_datasets_stay_near_parquet_size_and_keep_every_row(
         rows = _read_all(project, project.dataset(name))
         assert rows.select(expected.column_names).cast(expected.schema).equals(expected), name
 
-    files_root = dataset_data_root(project, project.dataset("files"))
+    files_root = open_handle(project, project.dataset("files")).local_root
     partition_files = _files(files_root, ".duckdb")
     assert len(partition_files) == PARTITIONS
     biggest = max(p.stat().st_size for p in partition_files)
@@ -122,7 +122,7 @@ def test_refreshed_duckdb_datasets_stay_near_parquet_size_and_keep_every_row(
     )
     assert _files(files_root, ".wal") == [], "no write-ahead log is left next to a partition file"
 
-    tables_root = dataset_data_root(project, project.dataset("tables"))
+    tables_root = open_handle(project, project.dataset("tables")).local_root
     assert [p.name for p in _files(tables_root, ".duckdb")] == [SHARED_FILE], (
         "staged per-partition files are deleted once their tables are in the shared file"
     )

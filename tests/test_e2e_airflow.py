@@ -60,11 +60,11 @@ def airflow_key(region: str, day: int) -> str:
 
 
 def catalog(stack: AirflowStack, dataset: str = "sales") -> Any:
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     project = load_spec(stack.dags_folder / "datasets.yaml")
-    return open_dataset_catalog(project, project.dataset(dataset)).latest()
+    return open_handle(project, project.dataset(dataset)).catalog.latest()
 
 
 def wait(client: AirflowApiClient, stack: AirflowStack, run_id: str) -> dict[str, Any]:
@@ -408,11 +408,11 @@ def test_airflow_backfill_over_days_refreshes_one_partition_per_run(
         ]
         assert refreshed == [f"day={key}"], "each backfill run refreshes the day its partition key names"
 
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     project = load_spec(spec)
-    snapshot = open_dataset_catalog(project, project.dataset("sales_daily")).latest()
+    snapshot = open_handle(project, project.dataset("sales_daily")).catalog.latest()
     assert snapshot.version == 3, "one commit per backfill run"
     assert sum(snapshot.partitions[path].rows for path in snapshot.partitions) == 30
 

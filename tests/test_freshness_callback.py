@@ -61,8 +61,8 @@ def test_the_freshness_miss_callback_fires_only_past_the_sla(tmp_path: Path) -> 
     from airflow.dag_processing.dagbag import DagBag
 
     from airflow_partitions.operators.run_conf import RefreshRunConf
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     (tmp_path / "src").mkdir()
     table = pa.table(
@@ -90,7 +90,7 @@ def test_the_freshness_miss_callback_fires_only_past_the_sla(tmp_path: Path) -> 
         assert misses() == [], "a dataset with no version yet misses no SLA: its partitions are missing"
 
         project = load_spec(spec_path)
-        late = open_dataset_catalog(project, project.dataset("late")).latest()
+        late = open_handle(project, project.dataset("late")).catalog.latest()
         assert late is not None
         # Past the 1 s SLA of `late`; `punctual`'s day is far off.
         oldest = min(entry.refreshed_at for entry in late.partitions.values())

@@ -229,3 +229,95 @@ def test_own_modules_are_imported_at_module_level(path: Path) -> None:
         f"{unexplained}: import them at module level, or say why not on the line (`# cycle: ...` when it "
         "would close an import loop, `# lazy: ...` when it would load a heavy library)"
     )
+
+
+# Where bytes live (the local disk or object storage) is decided in objectstore/ (stores, locations, the
+# pyarrow filesystems) and table/ (the dataset handle), from what spec/ loaded; every other module asks
+# them (`DatasetHandle.local_data`, `.data_store`, `objectstore.remote_filesystem`, ...) instead of
+# testing a URL or the project. Listed below: modules that still branch, each with why; the list only
+# shrinks.
+DECIDE_WHERE_BYTES_LIVE = ("objectstore", "spec", "table")
+STILL_BRANCHING = {
+    # The catalog resolves its own location (catalog_location, the accelerator_dir) below table/; the
+    # handle opens it. Next step: that resolution moves into table/.
+    "catalog/open.py",
+    # The partition writer being unified (finalize, written, compaction, write/commit) takes the handle's
+    # store and loses these branches with it.
+    "refresh/finalize.py",
+    # A file source's own location (`from: s3://...`), not the acceleration's: sources/ is being split by
+    # concern, and its listing moves onto the store there.
+    "sources/files.py",
+}
+
+
+def _branches_on_location(path: Path) -> list[str]:
+    """`x.startswith("s3://")`, `is_s3_url(...)`, `project.remote`, `accelerator_url` (attribute or
+    getattr name) in one module, as `line: what`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: list[str] = []
+
+    def is_project(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id.endswith("project")) or (
+            isinstance(node, ast.Attribute) and node.attr.endswith("project")
+        )
+
+    def names_s3(node: ast.expr) -> bool:
+        values = node.elts if isinstance(node, ast.Tuple) else [node]
+        return any(isinstance(v, ast.Constant) and v.value in ("s3://", "s3a://") for v in values)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            function = node.func
+            name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
+            if name == "startswith" and node.args and names_s3(node.args[0]):
+                found.append(f"{node.lineno}: startswith('s3://')")
+            elif name == "is_s3_url":
+                found.append(f"{node.lineno}: is_s3_url()")
+            elif (
+                name == "getattr"
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in ("remote", "accelerator_url")
+            ):
+                found.append(f"{node.lineno}: getattr(..., {node.args[1].value!r})")
+        elif isinstance(node, ast.Attribute):
+            if node.attr == "accelerator_url":
+                found.append(f"{node.lineno}: .accelerator_url")
+            elif node.attr == "remote" and is_project(node.value):
+                found.append(f"{node.lineno}: project.remote")
+    return sorted(found, key=lambda text: int(text.split(":")[0]))
+
+
+def _located_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if _top_level(p) not in DECIDE_WHERE_BYTES_LIVE)
+
+
+@pytest.mark.parametrize("path", _located_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_objectstore_and_table_decide_where_bytes_live(path: Path) -> None:
+    relative = path.relative_to(PACKAGE).as_posix()
+    found = _branches_on_location(path)
+    if relative in STILL_BRANCHING:
+        assert found, f"{relative} no longer branches on where bytes live: remove it from STILL_BRANCHING"
+        return
+    assert not found, (
+        f"{relative} decides itself where bytes live ({'; '.join(found)}); ask the dataset handle "
+        "(table/) or the object store (objectstore/) instead"
+    )
+
+
+def test_the_location_check_sees_each_form(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "def f(project, url, spec):\n"
+        "    a = url.startswith('s3://')\n"
+        "    b = url.startswith(('s3://', 's3a://'))\n"
+        "    c = is_s3_url(url)\n"
+        "    d = project.remote\n"
+        "    e = self.project.remote\n"
+        "    g = spec.accelerator_url\n"
+        "    h = getattr(project, 'remote', False)\n"
+        "    i = args.remote  # a Spark Connect URL, not a location\n",
+        encoding="utf-8",
+    )
+    found = _branches_on_location(sample)
+    assert [line.split(":")[0] for line in found] == ["2", "3", "4", "5", "6", "7", "8"], found

@@ -98,11 +98,11 @@ def commit(spec: Path, refreshed: Refreshed, **kwargs: Any) -> tuple[dict[str, A
 
 
 def latest(spec: Path) -> Any:
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     project = load_spec(spec)
-    return open_dataset_catalog(project, project.dataset("sales")).latest()
+    return open_handle(project, project.dataset("sales")).catalog.latest()
 
 
 # --- discovery ------------------------------------------------------------------------------------

@@ -17,11 +17,11 @@ from airflow_partitions.cli.main import main
 from airflow_partitions.exceptions import PartitionsFailedError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh import refresh_dataset
-from airflow_partitions.refresh.commit import open_dataset_catalog
 from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 from airflow_partitions.refresh.partition_states import partition_states
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.masking import remember_secrets
+from airflow_partitions.table import open_handle
 
 pytestmark = pytest.mark.spark
 
@@ -104,7 +104,7 @@ def test_states_follow_the_source_failures_and_commits(
         path_of("new%"): "failed",
     }
     assert states_by_path(spec_path) == expected, "nothing was committed: x=y still there"
-    failure = FailureStore.for_catalog(open_dataset_catalog(project, dataset)).failures()[path_of("new%")]
+    failure = FailureStore.for_catalog(open_handle(project, dataset).catalog).failures()[path_of("new%")]
     assert failure.error.startswith(("OSError", "FileExistsError", "NotADirectoryError", "RefreshError"))
 
     # The CLI's document is the core's: same states, same failure.
@@ -124,7 +124,7 @@ def test_states_follow_the_source_failures_and_commits(
     summary = json.loads(capsys.readouterr().out)
     assert summary["refreshed"] == 1
     assert states_by_path(spec_path) == {**expected, path_of("new%"): "fresh"}
-    assert FailureStore.for_catalog(open_dataset_catalog(project, dataset)).failures() == {}
+    assert FailureStore.for_catalog(open_handle(project, dataset).catalog).failures() == {}
     capsys.readouterr()
     assert main(["refresh", str(spec_path), "sales", "--failed"]) == 0
     assert "nothing to do" in capsys.readouterr().err

@@ -503,11 +503,11 @@ def atlas_in_every_state(stack: AirflowStack, spark: Any) -> None:
     Spark path with `allow_partial` (the Arrow path records the failure alike, see test_arrow_refresh.py),
     which records a partition's failure as a refresh task does."""
     from airflow_partitions.refresh import refresh_dataset
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     spec = load_spec(stack.dags_folder / "datasets.yaml")
-    if open_dataset_catalog(spec, spec.dataset(ATLAS_DATASET)).latest() is not None:
+    if open_handle(spec, spec.dataset(ATLAS_DATASET)).catalog.latest() is not None:
         return
     acc = stack.dags_folder.parent / "acc" / ATLAS_DATASET
     blocker = acc / "region=APAC" / "day=2026-01-03T00%3A00%3A00"

@@ -236,3 +236,50 @@ def test_cache_max_bytes_must_be_positive(parquet_acceleration: Acceleration) ->
             filesystem=pafs.LocalFileSystem(),
             cache_max_bytes=0,
         )
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("ranged", [False, True], ids=["whole-files", "ranged"])
+def test_a_read_of_an_s3_acceleration_survives_transient_faults(
+    parquet_acceleration: Acceleration,
+    s3_server: dict[str, str],
+    s3_bucket: str,
+    s3_fault_proxy: Any,
+    tmp_path: Path,
+    ranged: bool,
+) -> None:
+    """Every GET of a read meets a fault first (503, reset, body cut short): the read sends it again, as
+    the object store does its own requests, and returns the version's rows."""
+    import boto3
+    from fault_proxy import Fault
+
+    acc = parquet_acceleration
+    client = boto3.client("s3", **s3_server)
+    prefix = f"faulty-read-{'ranged' if ranged else 'whole'}"
+    dataset_root = acc.root / acc.dataset
+    for path in dataset_root.rglob("*"):
+        if path.is_file() and "_catalog" not in path.parts:
+            key = f"{prefix}/{acc.dataset}/{path.relative_to(dataset_root).as_posix()}"
+            client.upload_file(str(path), s3_bucket, key)
+    filesystem = S3Settings.from_mapping(s3_fault_proxy.through(s3_server)).arrow_filesystem()
+    reader = PartitionedDatasetReader(
+        acc.spec_path,
+        acc.dataset,
+        catalog=acc.catalog,
+        data_root=f"s3://{s3_bucket}/{prefix}/{acc.dataset}",
+        filesystem=filesystem,
+        cache_dir=tmp_path / "cache",
+        ranged_read_min_bytes=1 if ranged else None,
+    )
+    where = "region = 'EU' AND user_id BETWEEN 10 AND 60"
+    expected = sort_rows(acc.expected_rows(where, ["id", "amount"]))
+    before = sum(s3_fault_proxy.injected.values())
+    for fault in (Fault.ERROR_503, Fault.RESET_BEFORE, Fault.TRUNCATE, Fault.ERROR_500):
+        s3_fault_proxy.inject_next(fault, method="GET", path_contains=prefix, times=3)
+    try:
+        with reader:
+            got = reader.read(where, columns=["id", "amount"])
+    finally:
+        s3_fault_proxy.clear()
+    assert sum(s3_fault_proxy.injected.values()) - before == 12, "every forced fault was met"
+    assert sort_rows(got).equals(expected)

@@ -398,7 +398,7 @@ def test_a_changes_partition_the_executor_could_not_merge_is_merged_by_its_retry
     """One partition's executor write fails: the stage records it, the other partitions stay the
     executors' files, and that partition's task merges the staged changes itself."""
     from airflow_partitions.refresh import commit_refresh, finalize_partition, stage_refresh
-    from airflow_partitions.refresh.stage import StageManifest
+    from airflow_partitions.refresh.stage_layout import StageManifest
 
     project = accounts_project(tmp_path, pg_database)
     refresh_dataset(project, "accounts", spark=spark)

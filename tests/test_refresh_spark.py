@@ -34,7 +34,7 @@ from airflow_partitions.refresh import (
     stage_refresh,
 )
 from airflow_partitions.refresh.plan import PartitionResult, RefreshPlan, StageResult
-from airflow_partitions.refresh.stage import StageManifest, staged_item_directory
+from airflow_partitions.refresh.stage_layout import StageManifest, staged_item_directory
 from airflow_partitions.sources import open_source
 from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.spec import load_spec

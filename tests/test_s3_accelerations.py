@@ -523,7 +523,7 @@ def test_failed_upload_publishes_nothing_and_a_rerun_completes(
 ) -> None:
     """Stage-less DAG (arrow IPC files): every partition task stages its own partition; the upload of
     one partition's file fails (more HTTP 500s than the client retries), so the run commits nothing."""
-    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.table import open_handle
 
     project = load_spec(site.spec_path)
     use_connection(s3_fault_proxy.through(site.s3))
@@ -542,7 +542,7 @@ def test_failed_upload_publishes_nothing_and_a_rerun_completes(
 
     # A second full refresh of the same rows: the first version's files are no longer referenced.
     assert str(run_dag(site, "refresh_few_s3_each").state) == "success"
-    catalog = open_dataset_catalog(project, project.dataset("few"))
+    catalog = open_handle(project, project.dataset("few")).catalog
     referenced = {f"accel/few/{f.path}" for e in catalog.snapshot().partitions.values() for f in e.files}
     data = {k for k in site.objects("accel/few/") if "/_catalog" not in k}
     assert first <= data
@@ -570,7 +570,7 @@ def test_failed_upload_publishes_nothing_and_a_rerun_completes(
         hook.close()
     assert_same_rows(read_through_hook(site, dataset="few"), oracle.table(), "read after the writes")
     remaining = {k for k in site.objects("accel/few/") if "/_catalog" not in k}
-    catalog = open_dataset_catalog(project, project.dataset("few"))
+    catalog = open_handle(project, project.dataset("few")).catalog
     assert {
         f"accel/few/{f.path}" for e in catalog.snapshot().partitions.values() for f in e.files
     } <= remaining
@@ -587,7 +587,9 @@ def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
 ) -> None:
     from airflow_partitions.exceptions import RefreshError, StorageError
     from airflow_partitions.refresh import remote
+    from airflow_partitions.refresh.stage_layout import remove_stage
     from airflow_partitions.storage import get_storage
+    from airflow_partitions.table import open_handle
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
     spec = tmp_path / "datasets.yaml"
@@ -599,7 +601,7 @@ def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
     dataset = project.dataset("t")
     root = tmp_path / "local"
     files = get_storage(dataset.acceleration).write(pa.table({"a": [1, None]}), root, "a=1")
-    store = remote.data_store(project, dataset)
+    store = open_handle(project, dataset).data_store
     remote.upload_partition_files(store, root, files)
     assert store.get(files[0].path) == (root / files[0].path).read_bytes()
     with pytest.raises(StorageError, match="already exists"):
@@ -610,7 +612,7 @@ def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
     (stage / "data" / "__ap_item=0" / "part-0.parquet").write_bytes(b"rows")
     (stage / "data" / "__ap_item=0" / "_SUCCESS").write_bytes(b"")
     (stage / "_stage.json").write_text("{}")
-    url = remote.stage_url(project, dataset, "old")
+    url = open_handle(project, dataset).stage_location("old")
     remote.upload_stage(stage, url)
     assert not stage.exists()
     fetched = remote.fetch_stage(url, 0, tmp_path / "fetched")
@@ -622,13 +624,13 @@ def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
     changes.mkdir()
     pq.write_table(pa.table({"a": [1, None]}), changes / "changes.parquet")
     (changes / "_stage.json").write_text('{"mode": "changes"}')
-    changes_url = remote.stage_url(project, dataset, "changes")
+    changes_url = open_handle(project, dataset).stage_location("changes")
     remote.upload_stage(changes, changes_url)
     fetched = remote.fetch_stage(changes_url, None, tmp_path / "fetched-changes")
     assert pq.read_table(fetched / "changes.parquet").column("a").to_pylist() == [1, None], (
         "a changes stage's changed rows come with its manifest: every partition task merges them"
     )
-    remote.remove_remote_stage(changes_url)
+    remove_stage(changes_url)
     assert remote.sweep_remote_stages(project, dataset, grace=dt.timedelta(hours=1)) == []
     assert remote.sweep_remote_stages(project, dataset, grace=dt.timedelta(0)) == [url]
     assert list(store.list("")) != []  # partition files are not stages
@@ -637,7 +639,7 @@ def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
 
     from dataclasses import replace
 
-    from airflow_partitions.refresh.stage import staging_root
+    from airflow_partitions.refresh.stage_layout import staging_root
 
     assert staging_root(project, dataset) == tmp_path / "scratch" / "_staging" / "t"
     on_s3a = replace(dataset, acceleration=replace(dataset.acceleration, params={"staging_dir": "s3a://b/s"}))
@@ -652,6 +654,7 @@ def test_vacuum_sweeps_stages_left_on_s3(
     deleted by vacuum after it; partition files beside it are not stages and stay."""
     from airflow_partitions.refresh import remote
     from airflow_partitions.refresh.leftovers import sweep_dataset_staging
+    from airflow_partitions.table import open_handle
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
     spec = tmp_path / "datasets.yaml"
@@ -665,7 +668,7 @@ def test_vacuum_sweeps_stages_left_on_s3(
     (stage / "data" / "__ap_item=0").mkdir(parents=True)
     (stage / "data" / "__ap_item=0" / "part-0.parquet").write_bytes(b"rows" * 10)
     (stage / "_stage.json").write_text("{}")
-    url = remote.stage_url(project, dataset, "killed-run")
+    url = open_handle(project, dataset).stage_location("killed-run")
     remote.upload_stage(stage, url)
 
     young = sweep_dataset_staging(project, dataset, grace=dt.timedelta(hours=1))
@@ -678,5 +681,5 @@ def test_vacuum_sweeps_stages_left_on_s3(
     assert remote.read_stage_manifest(url) is not None, "a dry run deletes nothing"
     swept = sweep_dataset_staging(project, dataset, grace=dt.timedelta(0))
     assert swept.removed == (url,)
-    assert swept.root == remote.stage_url(project, dataset, "")
+    assert swept.root == open_handle(project, dataset).stage_location("")
     assert remote.read_stage_manifest(url) is None

@@ -441,3 +441,40 @@ def test_a_bootstrap_download_cut_short_is_sent_again(
             source.data_root / data_file.path
         ).read_bytes()
     assert [p for p in replica.data_root.rglob("*") if p.name.startswith(".tmp-")] == []
+
+
+def test_a_multipart_snapshot_upload_repeats_transient_faults_like_the_store(
+    s3_fault_proxy: FaultProxy, s3_server: dict[str, str], s3_bucket: str, tmp_path: Path
+) -> None:
+    """The transfer manager's parts meet more 503s in a row than botocore retries: the upload is sent
+    again (the store's repeat rule), and the object holds the partition's bytes."""
+    storage = get_storage("parquet", None)
+    (tmp_path / "source").mkdir()
+    source = Catalog(LocalStore(tmp_path / "source"), "trips", storage=storage)
+    assert source.data_root is not None
+    key = PartitionKey(("a/b %'Ü",))
+    table = pa.table(
+        {"owner": pa.array(["a/b %'Ü", None, ""]), "trip_id": pa.array([1, None, 3], pa.int64())}
+    )
+    files = storage.publish(source.data_root, storage.write(table, source.data_root, key.path(SPEC.names)))
+    partition = PartitionEntry.from_files(key, SPEC, files)
+    settings = s3_fault_proxy.through(s3_server)
+    s3_fault_proxy.inject_next(Fault.ERROR_503, method="PUT", path_contains="partNumber", times=6)
+    try:
+        outcome = upload_partition_snapshot(
+            settings,
+            f"s3://{s3_bucket}/multipart-faults",
+            source.data_root,
+            partition,
+            dataset="trips",
+            multipart_threshold=1,
+        )
+    finally:
+        s3_fault_proxy.clear()
+    assert s3_fault_proxy.injected[Fault.ERROR_503] >= 6
+    [uploaded] = outcome.files
+    assert uploaded.multipart
+    assert uploaded.checksum == files[0].checksum
+    client = S3Settings.from_mapping(s3_server).create_client()
+    body = client.get_object(Bucket=s3_bucket, Key=uploaded.key)["Body"].read()
+    assert body == (source.data_root / files[0].path).read_bytes()

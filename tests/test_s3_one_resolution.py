@@ -221,6 +221,7 @@ def test_changed_rows_of_a_changes_stage_on_s3_are_checked(
     from airflow_partitions.refresh import remote
     from airflow_partitions.refresh.commit import check_conservation
     from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult, RefreshPlan
+    from airflow_partitions.table import open_handle
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
     spec = tmp_path / "datasets.yaml"
@@ -234,7 +235,7 @@ def test_changed_rows_of_a_changes_stage_on_s3_are_checked(
     local.mkdir()
     pq.write_table(pa.table({"a": [1, None, 1]}), local / "changes.parquet")
     (local / "_stage.json").write_text(json.dumps({"mode": "changes", "source_rows": 3}))
-    url = remote.stage_url(project, dataset, "changes")
+    url = open_handle(project, dataset).stage_location("changes")
     remote.upload_stage(local, url)
 
     plan = RefreshPlan(

@@ -404,7 +404,8 @@ def test_a_stage_left_behind_holds_no_secret_and_only_its_owner_reads_it(
     from airflow_partitions.exceptions import RefreshError
     from airflow_partitions.refresh import plan_refresh
     from airflow_partitions.refresh.finalize import finalize_partition
-    from airflow_partitions.refresh.stage import STAGE_MANIFEST, stage_refresh
+    from airflow_partitions.refresh.stage import stage_refresh
+    from airflow_partitions.refresh.stage_layout import STAGE_MANIFEST
     from airflow_partitions.spec import load_spec
 
     create_orders(pg_database)

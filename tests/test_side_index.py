@@ -337,11 +337,11 @@ def test_a_valid_spec_gives_every_engine_its_index(tmp_path: Path) -> None:
 
 
 def latest_files(spec: Path) -> list[DataFile]:
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.refresh.pipeline import load_project
+    from airflow_partitions.table import open_handle
 
     project = load_project(spec)
-    snapshot = open_dataset_catalog(project, project.dataset("events")).latest()
+    snapshot = open_handle(project, project.dataset("events")).catalog.latest()
     assert snapshot is not None
     return [f for p in snapshot.partitions for f in snapshot.partitions[p].files]
 

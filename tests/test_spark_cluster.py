@@ -145,11 +145,11 @@ class Deployment:
         return dict(value if not isinstance(value, str) else json.loads(value))
 
     def catalog_version(self, dataset: str) -> int | None:
-        from airflow_partitions.refresh.commit import open_dataset_catalog
         from airflow_partitions.spec import load_spec
+        from airflow_partitions.table import open_handle
 
         project = load_spec(self.spec_path)
-        snapshot = open_dataset_catalog(project, project.dataset(dataset)).latest()
+        snapshot = open_handle(project, project.dataset(dataset)).catalog.latest()
         return None if snapshot is None else snapshot.version
 
 

@@ -184,11 +184,11 @@ def test_refresh_dags_through_spark_connect(
     assert output.count("of events_connect with Spark (spark_connect)") == len(REGIONS) * BUCKETS, output[
         -3000:
     ]
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     project = load_spec(deployment.spec_path)
-    snapshot = open_dataset_catalog(project, project.dataset("events_connect")).snapshot()
+    snapshot = open_handle(project, project.dataset("events_connect")).catalog.snapshot()
     assert snapshot.version == 2, "the full refresh committed a second version"
     assert_every_row_in_its_partition(deployment, "events_connect")
 

@@ -16,7 +16,8 @@ import pytest
 from airflow_partitions.cli.main import main
 from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.pipeline import plan_refresh, refresh_dataset
-from airflow_partitions.refresh.stage import stage_refresh, staging_root
+from airflow_partitions.refresh.stage import stage_refresh
+from airflow_partitions.refresh.stage_layout import staging_root
 from airflow_partitions.spec import load_spec
 
 HOSTILE = ["Zürich", "a/b", "k=v", "100%", 'say "hi"', "it's", None, ""]

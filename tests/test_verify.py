@@ -27,14 +27,11 @@ from test_arrow_refresh import COMPOSITE, DATASET, read_back, write_source, writ
 from airflow_partitions.catalog import RowCertificate
 from airflow_partitions.cli.main import main as cli_main
 from airflow_partitions.refresh import refresh_dataset
-from airflow_partitions.refresh.commit import (
-    dataset_data_root,
-    dataset_storage,
-    open_dataset_catalog,
-    partition_spec_info,
-)
+from airflow_partitions.refresh.commit import partition_spec_info
 from airflow_partitions.refresh.pipeline import load_project
 from airflow_partitions.refresh.verify import last_verify, verify_dataset
+from airflow_partitions.storage import get_storage
+from airflow_partitions.table import open_handle
 from airflow_partitions.transforms import parse_transform
 from airflow_partitions.write.row_hash import RowTally, tally_by_partition, tally_rows
 
@@ -198,7 +195,7 @@ def test_unchanged_dataset_verifies_clean_and_certified(tmp_path: Path, engine: 
     deep = verify_dataset(spec, DATASET, deep=True, record=False)
     assert deep.ok
     assert all(c.certificate_matches is True and c.checked_by == "recomputed" for c in deep.partitions)
-    recorded = last_verify(open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET)))
+    recorded = last_verify(open_handle(load_project(spec), load_project(spec).dataset(DATASET)).catalog)
     assert recorded is not None
     assert recorded["result"] == "equal"
 
@@ -253,9 +250,9 @@ def test_source_drift_is_found_in_exactly_the_touched_partitions(tmp_path: Path,
     assert not report.ok
     # The CLI reports the same and exits 1; --repair fixes it in one commit and verifies clean.
     assert cli_main(["verify", str(spec), DATASET, "--json"]) == 1
-    versions_before = open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET)).latest()
+    versions_before = open_handle(load_project(spec), load_project(spec).dataset(DATASET)).catalog.latest()
     assert cli_main(["verify", str(spec), DATASET, "--repair", "--strategy", "arrow"]) == 0
-    catalog = open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET))
+    catalog = open_handle(load_project(spec), load_project(spec).dataset(DATASET)).catalog
     assert versions_before is not None
     assert catalog.latest().version == versions_before.version + 1  # type: ignore[union-attr]
     assert verify_dataset(spec, DATASET).ok
@@ -269,11 +266,11 @@ def _republish(spec: Path, changes: dict[str, pa.Table], dataset_name: str = DAT
     files with their own sizes and checksums, the old certificates kept (as a wrong writer would)."""
     project = load_project(spec)
     dataset = project.dataset(dataset_name)
-    catalog = open_dataset_catalog(project, dataset)
+    catalog = open_handle(project, dataset).catalog
     snapshot = catalog.latest()
     assert snapshot is not None
-    storage = dataset_storage(dataset)
-    root = dataset_data_root(project, dataset)
+    storage = get_storage(dataset.acceleration)
+    root = open_handle(project, dataset).local_root
     upserts = []
     for key_path, table in changes.items():
         entry = snapshot.partitions[key_path]
@@ -291,10 +288,10 @@ def _republish(spec: Path, changes: dict[str, pa.Table], dataset_name: str = DAT
 def _partition_rows(spec: Path, key_path: str, dataset_name: str = DATASET) -> pa.Table:
     project = load_project(spec)
     dataset = project.dataset(dataset_name)
-    snapshot = open_dataset_catalog(project, dataset).latest()
+    snapshot = open_handle(project, dataset).catalog.latest()
     assert snapshot is not None
     entry = snapshot.partitions[key_path]
-    return dataset_storage(dataset).read(dataset_data_root(project, dataset), entry.files)
+    return get_storage(dataset.acceleration).read(open_handle(project, dataset).local_root, entry.files)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -348,7 +345,7 @@ def test_extra_and_missing_partitions(tmp_path: Path) -> None:
     # The acceleration loses a partition through the catalog (as a bad removal would).
     project = load_project(spec)
     dataset = project.dataset(DATASET)
-    catalog = open_dataset_catalog(project, dataset)
+    catalog = open_handle(project, dataset).catalog
     snapshot = catalog.latest()
     assert snapshot is not None
     lost = sorted(p for p in by_key if p != gone)[0]
@@ -394,7 +391,7 @@ def test_certificates_in_status_and_checkpoints(tmp_path: Path, capsys: pytest.C
     spec, _ = build(tmp_path, "parquet")
     project = load_project(spec)
     dataset = project.dataset(DATASET)
-    catalog = open_dataset_catalog(project, dataset)
+    catalog = open_handle(project, dataset).catalog
     snapshot = catalog.latest()
     assert snapshot is not None
     from airflow_partitions.catalog.state import decode_checkpoint, encode_checkpoint
@@ -625,7 +622,7 @@ def test_append_certificates_add_up_and_verify_names_the_late_row(pg_database: s
     )
     refresh_dataset(project, "events")
     day1 = "day=2026-03-01T00%3A00%3A00%2B00%3A00"
-    catalog = open_dataset_catalog(project, project.dataset("events"))
+    catalog = open_handle(project, project.dataset("events")).catalog
     before = catalog.latest()
     assert before is not None
     watermark = max(f.stats["created_at"].max for f in before.partitions[day1].files)
@@ -707,7 +704,7 @@ def test_writes_keep_certificates_that_match_their_files(tmp_path: Path) -> None
 
 
 def check_certificates(spec: Path, project: Any, *, expect_all: bool) -> None:
-    snapshot = open_dataset_catalog(project, project.dataset("w")).latest()
+    snapshot = open_handle(project, project.dataset("w")).catalog.latest()
     assert snapshot is not None
     with_rows = [e for e in snapshot.partitions.values() if e.files]
     if expect_all:
@@ -826,10 +823,10 @@ def test_certificates_stand_for_intact_files_and_deep_reads_them_all(
     # One partition's file rewritten under the catalog's feet with one row fewer.
     project = load_project(spec)
     dataset = project.dataset(DATASET)
-    snapshot = open_dataset_catalog(project, dataset).latest()
+    snapshot = open_handle(project, dataset).catalog.latest()
     assert snapshot is not None
     entry = max(snapshot.partitions.values(), key=lambda e: e.rows)
-    file = dataset_data_root(project, dataset) / entry.files[0].path
+    file = open_handle(project, dataset).local_root / entry.files[0].path
     pq.write_table(pq.read_table(file).slice(1), file)
     for report in (verify_dataset(spec, DATASET), verify_dataset(spec, DATASET, deep=True)):
         assert verdicts(report) == {entry.key_path: "drifted"}
@@ -847,7 +844,7 @@ def test_a_certificate_kept_with_other_files_is_not_trusted(tmp_path: Path) -> N
     """A partition republished with new, valid files but its old certificate (a writer that does not
     certify): the certificate is bound to the old files, so the new ones are read and the drift found."""
     spec, _ = build(tmp_path, "parquet")
-    snapshot = open_dataset_catalog(load_project(spec), load_project(spec).dataset(DATASET)).latest()
+    snapshot = open_handle(load_project(spec), load_project(spec).dataset(DATASET)).catalog.latest()
     assert snapshot is not None
     key_path = max(snapshot.partitions.values(), key=lambda e: e.rows).key_path
     _republish(spec, {key_path: _partition_rows(spec, key_path).slice(1)})

@@ -19,7 +19,7 @@ from airflow_partitions.keys import PartitionKey
 from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh import commit_refresh, finalize_partition, plan_refresh, stage_refresh
 from airflow_partitions.refresh.plan import StageMode
-from airflow_partitions.refresh.stage import StageManifest
+from airflow_partitions.refresh.stage_layout import StageManifest
 from airflow_partitions.spec import load_spec
 
 PARTITION_BY = "[{b: 'bucket(3, n_int)'}, {s: s}]"

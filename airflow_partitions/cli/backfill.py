@@ -293,24 +293,24 @@ def resolve_selection(
 
 
 def _layouts_differ(spec_path: str, dataset: str) -> bool:
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.refresh.pipeline import layouts_differ
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     project = load_spec(spec_path)
     spec = project.dataset(dataset)
-    snapshot = open_dataset_catalog(project, spec).latest()
+    snapshot = open_handle(project, spec).catalog.latest()
     return snapshot is not None and layouts_differ(snapshot, spec)
 
 
 def _respec_refusal(spec_path: str, dataset: str) -> Exception:
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.refresh.discovery import partial_respec_error
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     project = load_spec(spec_path)
     spec = project.dataset(dataset)
-    snapshot = open_dataset_catalog(project, spec).latest()
+    snapshot = open_handle(project, spec).catalog.latest()
     old = [(f.name, f.canonical) for f in snapshot.partition_spec.fields] if snapshot is not None else []
     new = [(f.name, f.transform.canonical) for f in spec.acceleration.partition_by]
     return partial_respec_error(dataset, old, new, "a backfill names every partition it refreshes")

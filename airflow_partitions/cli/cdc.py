@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
 def slot_status(project: Any, dataset: Any) -> dict[str, Any]:
     """The slot of a change data capture dataset, as `cdc status --json` and `status` show it."""
     from airflow_partitions.refresh.cdc import change_stream, committed_position
-    from airflow_partitions.refresh.commit import open_dataset_catalog
+    from airflow_partitions.table import open_handle
 
     stream = change_stream(project, dataset)
     info = stream.info()
@@ -43,7 +43,7 @@ def slot_status(project: Any, dataset: Any) -> dict[str, Any]:
         "dataset": dataset.name,
         "slot_name": stream.slot,
         "slot": info.to_json() if info is not None else None,
-        "committed_lsn": committed_position(open_dataset_catalog(project, dataset)),
+        "committed_lsn": committed_position(open_handle(project, dataset).catalog),
     }
 
 

@@ -190,12 +190,12 @@ def describe_mode(summary: Any) -> str:
 
 def remembered_failures(spec_path: str, dataset_name: str) -> list[str]:
     """Key paths of the dataset's partitions whose last refresh failed (the failure store)."""
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.refresh.failures import FailureStore
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     project = load_spec(spec_path)
-    catalog = open_dataset_catalog(project, project.dataset(dataset_name))
+    catalog = open_handle(project, project.dataset(dataset_name)).catalog
     return sorted(FailureStore.for_catalog(catalog).failures())
 
 

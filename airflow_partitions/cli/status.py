@@ -49,9 +49,9 @@ def dataset_status(
 ) -> dict[str, Any]:
     """The JSON-ready status of one dataset's catalog; `s3_settings` reach one on S3 (the Partitions page
     passes its DAG's AWS connection; unset, the AWS environment is used)."""
-    from airflow_partitions.catalog import open_catalog
+    from airflow_partitions.table import open_handle
 
-    catalog = open_catalog(project, dataset, s3_settings=s3_settings)
+    catalog = open_handle(project, dataset, s3_settings=s3_settings).catalog
     acceleration = dataset.acceleration
     report: dict[str, Any] = {
         "name": dataset.name,

@@ -41,11 +41,11 @@ def register(subparsers: Any) -> None:
 
 
 def _catalog(args: argparse.Namespace) -> Any:
-    from airflow_partitions.catalog import open_catalog
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     project = load_spec(args.spec)
-    return open_catalog(project, project.dataset(args.dataset))
+    return open_handle(project, args.dataset).catalog
 
 
 def run_tag(args: argparse.Namespace) -> int:

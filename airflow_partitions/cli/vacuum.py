@@ -83,9 +83,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.catalog import open_catalog
     from airflow_partitions.refresh.leftovers import sweep_dataset_staging
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     project = load_spec(args.spec)
     dataset = project.dataset(args.dataset)
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             f"--snapshots: dataset {dataset.name!r} has snapshots.mode {snapshots.mode}; only the owner of a "
             "snapshot (mode enabled, with a location) deletes from it"
         )
-    report = open_catalog(project, dataset).vacuum(
+    report = open_handle(project, dataset).catalog.vacuum(
         retain_versions=args.retain_versions,
         older_than=args.older_than,
         dry_run=args.dry_run,

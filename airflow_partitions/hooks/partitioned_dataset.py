@@ -135,9 +135,9 @@ class PartitionedDatasetHook(BaseHook):
     def _build_reader(
         self, project: ProjectSpec, name: str, data_root: str | None
     ) -> PartitionedDatasetReader:
-        from airflow_partitions.catalog import open_catalog
-        from airflow_partitions.objectstore import S3Settings, is_s3_url
+        from airflow_partitions.objectstore import is_local_location, remote_filesystem
         from airflow_partitions.read import PartitionedDatasetReader
+        from airflow_partitions.table import open_handle
 
         dataset = project.dataset(name)
         # One resolution of the AWS connection serves the catalog and the files: without a data_root
@@ -145,10 +145,10 @@ class PartitionedDatasetHook(BaseHook):
         hook = self._storage_hook()
         settings = hook.dataset_settings(project, dataset)
         filesystem = None
-        if is_s3_url(data_root):
+        if data_root is not None and not is_local_location(data_root):
             settings = hook.s3_settings
-            filesystem = S3Settings.from_mapping(settings).arrow_filesystem()
-        catalog = open_catalog(project, dataset, s3_settings=settings)
+            filesystem = remote_filesystem(data_root, settings=settings)
+        handle = open_handle(project, dataset, s3_settings=settings)
         max_bytes = self.cache_max_bytes
         if max_bytes is None and (extra := self._setting("cache_max_bytes", None)) is not None:
             if not extra.isdigit() or int(extra) <= 0:
@@ -159,10 +159,8 @@ class PartitionedDatasetHook(BaseHook):
             max_bytes = int(extra)
         from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 
-        return PartitionedDatasetReader(
-            project,
-            name,
-            catalog=catalog,
+        return PartitionedDatasetReader.from_handle(
+            handle,
             data_root=data_root,
             filesystem=filesystem,
             cache_dir=self._setting("cache_dir", self.cache_dir),
@@ -399,7 +397,7 @@ class PartitionedDatasetHook(BaseHook):
     def _write_context(self) -> tuple[ProjectSpec, DatasetSpec, S3Settings | None]:
         """The spec, the dataset and the S3 settings of a catalog on S3 (writes need local files)."""
         from airflow_partitions.hooks.connections import install_secret_masker
-        from airflow_partitions.objectstore import S3Settings, is_s3_url
+        from airflow_partitions.objectstore import S3Settings, is_local_location
         from airflow_partitions.spec import load_spec
 
         spec_path = self._setting("spec_path", self.spec_path)
@@ -409,7 +407,7 @@ class PartitionedDatasetHook(BaseHook):
                 "pass spec_path=... or add it to the connection's extra"
             )
         data_root = self._setting("data_root", self.data_root)
-        if is_s3_url(data_root):
+        if data_root is not None and not is_local_location(data_root):
             raise OrchestrationError(
                 f"PartitionedDatasetHook for dataset {self.dataset!r}: writes go to the accelerator_dir the "
                 f"spec names, not to the data_root {data_root}; use a hook without data_root to write"

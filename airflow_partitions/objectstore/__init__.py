@@ -10,7 +10,12 @@ from __future__ import annotations
 from airflow_partitions.objectstore.base import CONFLICT_RETRIES, TEMP_PREFIX, ObjectInfo, ObjectStore
 from airflow_partitions.objectstore.local import LocalStore
 from airflow_partitions.objectstore.location import S3Location, is_s3_url, parse_s3_location, parse_s3_uri
-from airflow_partitions.objectstore.open import store_from_url
+from airflow_partitions.objectstore.open import (
+    filesystem_path,
+    is_local_location,
+    remote_filesystem,
+    store_from_url,
+)
 from airflow_partitions.objectstore.s3 import S3Store
 from airflow_partitions.objectstore.settings import (
     AddressingStyle,
@@ -35,9 +40,12 @@ __all__ = [
     "SettingsLike",
     "as_settings",
     "create_s3_client",
+    "filesystem_path",
+    "is_local_location",
     "is_s3_url",
     "parse_s3_location",
     "parse_s3_uri",
+    "remote_filesystem",
     "resolve_settings",
     "shared_s3_client",
     "store_from_url",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from airflow_partitions.exceptions import ObjectStoreError
 
 _NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -13,6 +15,17 @@ _CONFLICT_CODES = frozenset({"409", "ConditionalRequestConflict"})
 _TRANSIENT_CODES = frozenset(
     {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"}
 )
+# The same failures as pyarrow's S3 client reports them, once its own retries ran out: an `OSError` whose
+# text names the AWS error (`AWS Error SLOW_DOWN during GetObject operation: ...`) or the HTTP status.
+_ARROW_TRANSIENT = re.compile(
+    r"AWS Error (NETWORK_CONNECTION|SLOW_DOWN|INTERNAL_FAILURE|SERVICE_UNAVAILABLE|REQUEST_TIMEOUT"
+    r"|THROTTLING)\b"
+    r"|AWS Error \w+ \(HTTP status 5\d\d\)"
+)
+
+
+class ShortReadError(OSError):
+    """A read returned fewer bytes than the object holds from its offset (a body cut short): transient."""
 
 
 def error_code(err: BaseException) -> str | None:
@@ -56,7 +69,8 @@ def is_transient(err: BaseException) -> bool:
     """A failure of this one request, not of the request itself: worth sending again after a pause.
 
     The connection broke (reset, closed, timed out while reading, a body cut short) or the server
-    answered 5xx / `SlowDown`. An unreachable endpoint or refused credentials are not transient.
+    answered 5xx / `SlowDown`, as boto3 or pyarrow reports it. An unreachable endpoint or refused
+    credentials are not transient.
     """
     from http.client import HTTPException
 
@@ -65,7 +79,11 @@ def is_transient(err: BaseException) -> bool:
 
     # botocore reads an error response's body outside its own error handling: a body cut short there
     # surfaces as urllib3's ProtocolError, not as a botocore exception.
-    if isinstance(err, HTTPClientError | IncompleteReadError | ProtocolError | HTTPException):
+    if isinstance(
+        err, HTTPClientError | IncompleteReadError | ProtocolError | HTTPException | ShortReadError
+    ):
+        return True
+    if isinstance(err, OSError) and _ARROW_TRANSIENT.search(str(err)):
         return True
     return error_code(err) in _TRANSIENT_CODES
 

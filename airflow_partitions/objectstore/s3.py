@@ -11,22 +11,21 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ObjectStoreError
 from airflow_partitions.objectstore.base import CONFLICT_RETRIES, ObjectInfo, as_key_list
 from airflow_partitions.objectstore.errors import (
     is_not_found,
     is_precondition_failed,
-    is_transient,
     is_write_conflict,
     store_error,
 )
 from airflow_partitions.objectstore.location import S3Location
+from airflow_partitions.objectstore.repeat import repeat_transient
 from airflow_partitions.objectstore.settings import (
     S3Settings,
     SettingsLike,
@@ -40,24 +39,6 @@ if TYPE_CHECKING:
 
 # DeleteObjects takes at most 1000 keys per request.
 _DELETE_BATCH = 1000
-# Attempts of an idempotent request whose failures are transient (each one already retried by botocore).
-# botocore's retry quota runs dry under a burst of faults, and then it sends each request once.
-REQUEST_ATTEMPTS = 8
-_BACKOFF_SECONDS = 0.05
-_MAX_BACKOFF_SECONDS = 1.0
-_T = TypeVar("_T")
-
-
-def repeat_transient(call: Callable[[], _T], attempts: int = REQUEST_ATTEMPTS) -> _T:
-    """`call()`, repeated after a growing, jittered pause while it fails transiently; the last error else."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return call()
-        except Exception as err:
-            if attempt == attempts or not is_transient(err):
-                raise
-            time.sleep(random.uniform(0.5, 1.0) * min(_MAX_BACKOFF_SECONDS, _BACKOFF_SECONDS * 2**attempt))
-    raise AssertionError("unreachable")
 
 
 class S3Store:
@@ -88,8 +69,11 @@ class S3Store:
         return fs.SubTreeFileSystem(root, self.bucket_filesystem())
 
     def bucket_filesystem(self) -> Any:
-        """A pyarrow filesystem reaching the same endpoint with the same credentials (paths `bucket/key`)."""
-        return (self.settings or resolve_settings(None)).arrow_filesystem()
+        """A pyarrow filesystem reaching the same endpoint with the same credentials (paths `bucket/key`),
+        its reads repeated after transient faults like the store's own (`objectstore.arrow`)."""
+        from airflow_partitions.objectstore.arrow import repeating_filesystem  # lazy: loads pyarrow
+
+        return repeating_filesystem((self.settings or resolve_settings(None)).arrow_filesystem())
 
     def __repr__(self) -> str:
         return f"S3Store({self.describe()!r})"

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog
     from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
     from airflow_partitions.spec import DatasetSpec, ProjectSpec
+    from airflow_partitions.table import DatasetHandle
 
 
 class DatasetOperator(BaseOperator):
@@ -63,17 +64,21 @@ class DatasetOperator(BaseOperator):
 
         return SnapshotStorageHook(aws_conn_id=self.aws_conn_id)
 
-    def open_catalog(self) -> Catalog:
-        """The dataset's catalog; one on S3 is reached with the settings of `aws_conn_id`."""
-        from airflow_partitions.refresh.commit import open_dataset_catalog
+    def dataset_handle(self) -> DatasetHandle:
+        """The dataset's handle; a catalog or files on S3 are reached with the settings of `aws_conn_id`."""
+        from airflow_partitions.table import open_handle
 
         settings = self.storage_hook.dataset_settings(self.project, self.dataset_spec)
-        return open_dataset_catalog(self.project, self.dataset_spec, s3_settings=settings)
+        return open_handle(self.project, self.dataset_spec, s3_settings=settings)
+
+    def open_catalog(self) -> Catalog:
+        """The dataset's catalog; one on S3 is reached with the settings of `aws_conn_id`."""
+        return self.dataset_handle().catalog
 
     @property
     def data_s3_settings(self) -> Any:
         """The S3 settings of `aws_conn_id` when partition files live on S3 (`accelerator_dir: s3://`)."""
-        return self.storage_hook.s3_settings if self.project.remote else None
+        return None if self.dataset_handle().local_data else self.storage_hook.s3_settings
 
     def prepare_sources(self) -> None:
         """Let the dataset's source resolve Airflow connection ids (Postgres `params.connection_id`)."""

@@ -63,7 +63,7 @@ def _stage_with_spark_submit(
     operator: SparkOperatorBase, project: ProjectSpec, dataset: DatasetSpec, plan: RefreshPlan
 ) -> StageResult:
     from airflow_partitions.refresh.job_files import stage_job_files
-    from airflow_partitions.refresh.stage import staging_root
+    from airflow_partitions.refresh.stage_layout import staging_root
 
     root = staging_root(project, dataset)
     root.mkdir(parents=True, exist_ok=True)
@@ -222,7 +222,7 @@ class SparkStageOperator(SparkOperatorBase):
             return {**stage.to_json(), "strategy": choice.engine, "strategy_reason": choice.reason}
         stage = self.run_stage(plan)
         record_stage(self.dataset, elapsed_s=stage.elapsed_s, source_rows=stage.source_rows)
-        if self.project.remote and stage.location and not stage.location.startswith("s3://"):
+        if stage.location and self.dataset_handle().stage_needs_upload(stage.location):
             stage = self.upload_stage(stage)
         self.log.info(
             "Staged %d partition(s) at %s (%s, Spark on %s) in %.2fs; rows read %s, routed %s",
@@ -244,7 +244,7 @@ class SparkStageOperator(SparkOperatorBase):
         from airflow_partitions.refresh.leftovers import DEFAULT_GRACE
 
         assert stage.location is not None
-        url = remote.stage_url(self.project, self.dataset_spec, Path(stage.location).name)
+        url = self.dataset_handle().stage_location(Path(stage.location).name)
         swept = remote.sweep_remote_stages(
             self.project, self.dataset_spec, grace=DEFAULT_GRACE, settings=self.data_s3_settings
         )

@@ -90,8 +90,8 @@ class SnapshotUploadOperator(SnapshotOperatorBase):
 
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
         from airflow_partitions.operators.xcom import partition_result_from_xcom
-        from airflow_partitions.refresh.commit import dataset_data_root
         from airflow_partitions.snapshots import upload_partition_snapshot
+        from airflow_partitions.table import open_handle
 
         self.skip_unless(self.actions.upload, "upload")
         if not RefreshRunConf.from_context(context, snapshot=self.upload).snapshot:
@@ -99,7 +99,7 @@ class SnapshotUploadOperator(SnapshotOperatorBase):
         batch = isinstance(self.partition_result, list)
         values = self.partition_result if batch else [self.partition_result]
         location = self.snapshot_location()
-        data_root = dataset_data_root(self.project, self.dataset_spec)
+        data_root = open_handle(self.project, self.dataset_spec).local_root
         outcomes: list[dict[str, Any]] = []
         for value in values:
             result = partition_result_from_xcom(value)
@@ -135,8 +135,9 @@ class SnapshotPublishOperator(SnapshotOperatorBase):
         self.upload = upload
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
         from airflow_partitions.snapshots.manifest import upload_snapshot_manifest
+        from airflow_partitions.storage import get_storage
+        from airflow_partitions.table import open_handle
 
         self.skip_unless(self.actions.upload, "upload")
         if not RefreshRunConf.from_context(context, snapshot=self.upload).snapshot:
@@ -154,8 +155,8 @@ class SnapshotPublishOperator(SnapshotOperatorBase):
             self.snapshot_location(),
             self.dataset,
             snapshot,
-            dataset_root=dataset_data_root(self.project, self.dataset_spec),
-            storage=dataset_storage(self.dataset_spec),
+            dataset_root=open_handle(self.project, self.dataset_spec).local_root,
+            storage=get_storage(self.dataset_spec.acceleration),
         )
         self.log.info(
             "Published %s version %d (%s; %d file(s) checked, %d uploaded first); latest is %d",
@@ -199,9 +200,9 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
         self.only_if_empty = only_if_empty
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.refresh.commit import dataset_data_root
         from airflow_partitions.snapshots.bootstrap import bootstrap_snapshot, select_where
         from airflow_partitions.snapshots.manifest import read_snapshot_manifest
+        from airflow_partitions.table import open_handle
 
         # The first task of a DAG with bootstrap: a conf with unknown keys stops the run here.
         RefreshRunConf.from_context(context)
@@ -223,7 +224,7 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
             settings,
             location,
             self.dataset,
-            dataset_data_root(self.project, self.dataset_spec),
+            open_handle(self.project, self.dataset_spec).local_root,
             catalog=catalog,
             where_keys=where_keys,
             manifest=manifest,

@@ -291,14 +291,14 @@ def partition_detail(dag: RefreshDag, key_path: str, *, versions: int = 20) -> d
     written (version, commit time and operation, rows, bytes, the run and task that wrote it, its source
     fingerprint), newest first, and why discovery would refresh it now."""
     from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     project = load_spec(dag.spec_path)
     dataset = project.dataset(dag.dataset)
     # The catalog reached as the DAG's tasks reach it (on S3, through their AWS connection).
     settings = SnapshotStorageHook(aws_conn_id=dag.aws_conn_id).dataset_settings(project, dataset)
-    catalog = open_dataset_catalog(project, dataset, s3_settings=settings)
+    catalog = open_handle(project, dataset, s3_settings=settings).catalog
     history: list[dict[str, Any]] = []
     previous: Any = None
     for info in catalog.versions(limit=versions):

@@ -65,14 +65,14 @@ def existing_keys(dag: Any, limit: int = EXAMPLE_KEYS) -> list[str]:
     """The labels of the first `limit` partitions (natural order) of the newest version; [] if unreadable."""
     from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
     from airflow_partitions.keys import partition_label
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     try:
         project = load_spec(dag.spec_path, check_types=False)
         dataset = project.dataset(dag.dataset)
         settings = SnapshotStorageHook(aws_conn_id=dag.aws_conn_id).dataset_settings(project, dataset)
-        snapshot = open_dataset_catalog(project, dataset, s3_settings=settings).latest()
+        snapshot = open_handle(project, dataset, s3_settings=settings).catalog.latest()
     except Exception:  # an example only: the message stands without it
         return []
     if snapshot is None:

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from airflow_partitions.exceptions import CatalogError, StorageError
 from airflow_partitions.keys import escape_component
+from airflow_partitions.objectstore import LocalStore, remote_filesystem
 from airflow_partitions.pruning import (
     MAX_RANGE_ENUMERATION,
     FilterInput,
@@ -43,9 +44,10 @@ from airflow_partitions.read.query import (
 )
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 from airflow_partitions.read.read_stats import ReadStatsRecorder, stats_directory
-from airflow_partitions.read.remote import RemoteFiles, default_filesystem
+from airflow_partitions.read.remote import RemoteFiles
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
 from airflow_partitions.storage import get_storage
+from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from airflow_partitions.pruning.expressions import Predicate
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile
+    from airflow_partitions.table import DatasetHandle
 
 # Versions whose pruning index (partition values, decoded files) stays cached per reader.
 CACHED_VERSIONS = 4
@@ -100,9 +103,7 @@ class PartitionedDatasetReader:
         self.name = self.dataset.name
         self.storage = get_storage(self.dataset.acceleration)
         if catalog is None:
-            from airflow_partitions.catalog import open_catalog
-
-            catalog = open_catalog(self.project, self.dataset)
+            catalog = open_handle(self.project, self.dataset).catalog
         self.catalog = catalog
         self._local_root: Path | None = None
         self._remote: RemoteFiles | None = None
@@ -113,10 +114,12 @@ class PartitionedDatasetReader:
                 f"cache_max_bytes is {cache_max_bytes!r}; give a positive number of bytes (or None for the "
                 "default: 2 GiB or a tenth of the cache directory's free space)"
             )
-        if root.startswith("s3://") or filesystem is not None:
+        if filesystem is None:
+            filesystem = self._store_filesystem(root)  # None: a local directory, read in place
+        if filesystem is not None:
             location = self._remote = RemoteFiles(
                 root,
-                filesystem if filesystem is not None else self._store_filesystem(),
+                filesystem,
                 dataset=self.name,
                 cache_dir=Path(cache_dir) if cache_dir is not None else None,
                 cache_max_bytes=cache_max_bytes,
@@ -156,6 +159,12 @@ class PartitionedDatasetReader:
         # How to open a reader of another dataset of the spec (the hook passes its connections' settings).
         self.open_sibling: Callable[[str], PartitionedDatasetReader] | None = None
 
+    @classmethod
+    def from_handle(cls, handle: DatasetHandle, **options: Any) -> PartitionedDatasetReader:
+        """A reader of the dataset `handle` resolved: its catalog, and its files reached with the same
+        S3 settings; `options` as for the constructor (`data_root`, `filesystem`, `cache_dir`, ...)."""
+        return cls(handle.project, handle.name, catalog=handle.catalog, **options)
+
     def __repr__(self) -> str:
         return f"PartitionedDatasetReader(dataset={self.name!r}, root={self.data_root!r})"
 
@@ -169,9 +178,8 @@ class PartitionedDatasetReader:
                 data_root = data_store.describe()  # files on S3 (`accelerator_dir: s3://...`)
             if data_root is None:
                 store = self.catalog.store
-                describe = store.describe()
-                if describe.startswith("s3://"):
-                    data_root = f"{describe.rstrip('/')}/{escape_component(self.name)}"
+                if not isinstance(store, LocalStore):  # a catalog on S3 beside its files
+                    data_root = f"{store.describe().rstrip('/')}/{escape_component(self.name)}"
         if data_root is None:
             raise CatalogError(
                 f"cannot tell where the files of dataset {self.name!r} live; pass data_root= (a local "
@@ -179,15 +187,21 @@ class PartitionedDatasetReader:
             )
         return str(data_root)
 
-    def _store_filesystem(self) -> pafs.FileSystem:
-        """The pyarrow filesystem of the store the catalog reaches the files' location with: built from
-        the same resolved S3 settings as its boto3 client, so catalog and files come from one endpoint."""
+    def _store_filesystem(self, root: str) -> pafs.FileSystem | None:
+        """The pyarrow filesystem that reaches `root` (None for a local directory), built from the same
+        resolved S3 settings as the boto3 client of the catalog's store, so catalog and files come from
+        one endpoint (none on S3: the AWS environment)."""
         from airflow_partitions.objectstore import S3Store
 
-        for store in (getattr(self.catalog, "data_store", None), self.catalog.store):
-            if isinstance(store, S3Store):
-                return store.bucket_filesystem()
-        return default_filesystem()
+        settings = next(
+            (
+                store.settings
+                for store in (getattr(self.catalog, "data_store", None), self.catalog.store)
+                if isinstance(store, S3Store)
+            ),
+            None,
+        )
+        return remote_filesystem(root, settings=settings)
 
     @property
     def data_root(self) -> str:

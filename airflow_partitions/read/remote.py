@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from airflow_partitions.exceptions import StorageError
-from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.objectstore.arrow import repeating_filesystem
+from airflow_partitions.objectstore.open import filesystem_path
 from airflow_partitions.read.cache import CachedFile, file_cache
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES, RangedRead, read_row_groups
 from airflow_partitions.storage.base import data_file_path
@@ -34,14 +35,6 @@ if TYPE_CHECKING:
 
     from airflow_partitions.read.scan import RowFilter
     from airflow_partitions.storage import DataFile
-
-
-def default_filesystem() -> pafs.FileSystem:
-    """The S3 filesystem of the environment: endpoint and region from the usual AWS environment
-    variables, credentials from the AWS default chain (the S3 settings every part of the package uses)."""
-    from airflow_partitions.objectstore import S3Settings
-
-    return S3Settings.from_source_params({}).arrow_filesystem()
 
 
 class RemoteFiles:
@@ -59,12 +52,9 @@ class RemoteFiles:
     ) -> None:
         self.root = root.rstrip("/")
         # The filesystem path every object path starts with (for `s3://`: `bucket/prefix`), parsed once.
-        if self.root.startswith("s3://"):
-            location = parse_s3_location(self.root, what="data_root", error=StorageError, strict=False)
-            self._base = location.uri().removeprefix("s3://").rstrip("/")
-        else:
-            self._base = self.root
-        self.filesystem = filesystem
+        self._base = filesystem_path(self.root, error=StorageError)
+        # Reads repeated after transient faults, as the object store repeats its own requests.
+        self.filesystem = repeating_filesystem(filesystem)
         self.dataset = dataset
         self.cache_dir = cache_dir
         self.cache_max_bytes = cache_max_bytes

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema, written_entry
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
-from airflow_partitions.refresh.stage import discovered_but_empty
+from airflow_partitions.refresh.stage_layout import discovered_but_empty, merge_conservation_errors
+from airflow_partitions.table import open_handle
 from airflow_partitions.write.row_hash import certify_rows, tally_table_by_partition
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def check_arrow_supported(project: ProjectSpec, plan: RefreshPlan) -> None:
             "one read of the source); use strategy 'auto' or 'spark' for this refresh, or refresh with "
             "--full to rewrite every partition with strategy 'arrow'"
         )
-    if project.remote:
+    if not open_handle(project, plan.dataset).local_data:
         raise RefreshError(
             "strategy 'arrow' writes partitions to a local accelerator_dir only; this project's "
             "accelerator_dir is on S3: use strategy 'auto' or 'spark'"
@@ -100,7 +101,7 @@ def arrow_refresh(
     the source in batches and spill per partition past `spill_budget` bytes (`arrow_stream.py`); None:
     whenever the source reads in batches (files, Postgres), False: one whole read.
     """
-    from airflow_partitions.refresh.commit import dataset_storage
+    from airflow_partitions.storage import get_storage
     from airflow_partitions.write.routing import route_rows
 
     started = time.monotonic()
@@ -109,7 +110,7 @@ def arrow_refresh(
             f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r} "
             f"(spec {dataset.acceleration.partition_spec_id}); plan again"
         )
-    engine = storage or dataset_storage(dataset)
+    engine = storage or get_storage(dataset.acceleration)
     if not plan.items:
         return ArrowRefreshResult((), 0, 0, 0, time.monotonic() - started)
     from airflow_partitions.refresh import arrow_stream
@@ -253,8 +254,6 @@ def write_planned(
     if lost or (failures and not keep_going):
         remove_written(engine, data_root, [file for files in written.values() for file in files])
         if lost:
-            from airflow_partitions.refresh.pipeline import merge_conservation_errors
-
             raise merge_conservation_errors(dataset, lost)
         raise next(iter(failures.values()))
     for key_path in failures:

@@ -13,14 +13,12 @@ The counts are recorded in the commit record (`VersionInfo.conservation`); a mis
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
-from airflow_partitions.objectstore.location import is_s3_url
 from airflow_partitions.refresh.failures import FailureStore
 from airflow_partitions.refresh.plan import (
     CommitResult,
@@ -29,7 +27,8 @@ from airflow_partitions.refresh.plan import (
     RefreshPlan,
     StageResult,
 )
-from airflow_partitions.refresh.stage import STAGE_MANIFEST, stage_location
+from airflow_partitions.refresh.stage_layout import read_stage_manifest, remove_stage, stage_location
+from airflow_partitions.table import open_handle
 from airflow_partitions.write.row_hash import bind_certificate
 
 if TYPE_CHECKING:
@@ -39,33 +38,8 @@ if TYPE_CHECKING:
     from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
-    from airflow_partitions.storage import DataFile, PartitionStorage
-
-
-def open_dataset_catalog(
-    project: ProjectSpec, dataset: DatasetSpec, *, s3_settings: SettingsLike | None = None
-) -> Catalog:
-    """The dataset's catalog, as the catalog layer opens it for this project.
-
-    `s3_settings` reach a catalog on S3 (the Airflow layer passes its AWS connection's); unset, the AWS
-    environment is used.
-    """
-    from airflow_partitions.catalog import open_catalog
-
-    return open_catalog(project, dataset, s3_settings=s3_settings)
-
-
-def dataset_storage(dataset: DatasetSpec) -> PartitionStorage:
-    from airflow_partitions.storage import get_storage
-
-    return get_storage(dataset.acceleration)
-
-
-def dataset_data_root(project: ProjectSpec, dataset: DatasetSpec) -> Path:
-    """Where the dataset's partition files live: `<accelerator_dir>/<dataset>/`."""
-    from airflow_partitions.catalog import dataset_directory
-
-    return dataset_directory(project, dataset)
+    from airflow_partitions.storage import DataFile
+    from airflow_partitions.table import DatasetHandle
 
 
 def value_kind_of(arrow_type: pa.DataType) -> str:
@@ -145,19 +119,20 @@ def commit_refresh(
     if plan.cdc is not None:
         # refresh.change_detection cdc: the stream position this version holds the changes up to.
         recorded["cdc_lsn"] = plan.cdc["upto"]
-    catalog = catalog or open_dataset_catalog(project, dataset, s3_settings=s3_settings)
-    storage = catalog.storage or dataset_storage(dataset)
-    root = catalog.data_root or dataset_data_root(project, dataset)
+    handle = open_handle(project, dataset, s3_settings=s3_settings)
+    catalog = catalog or handle.catalog
+    storage = catalog.storage or handle.storage
+    root = catalog.data_root or handle.local_root
     base = appended_to(catalog, dataset.name, plan, finished)
     entries = []
     appended_rows = 0
-    if project.remote:
-        _check_uploaded(project, dataset, [f for r in finished for f in r.files], s3_settings)
+    if not handle.local_data:
+        _check_uploaded(handle, [f for r in finished for f in r.files])
     for key_path in planned:
         result = by_path.get(key_path)
         if result is None:
             continue
-        if project.remote:
+        if not handle.local_data:
             # Objects on S3 are final once uploaded: no engine finishes them at commit time.
             published = list(result.files)
         else:
@@ -359,13 +334,9 @@ def check_conservation(
     )
 
 
-def _check_uploaded(
-    project: ProjectSpec, dataset: DatasetSpec, files: Sequence[DataFile], settings: SettingsLike | None
-) -> None:
+def _check_uploaded(handle: DatasetHandle, files: Sequence[DataFile]) -> None:
     """Refuse to reference a file that is not on S3 (a finalize that returned without its upload)."""
-    from airflow_partitions.refresh.remote import data_store
-
-    store = data_store(project, dataset, settings)
+    store = handle.data_store
     absent = [f.path for f in files if not store.exists(f.path)]
     if absent:
         raise RefreshError(
@@ -381,16 +352,7 @@ def _stage_record(
     there is no stage or it has no manifest."""
     import json
 
-    location = stage_location(stage)
-    if not location:
-        return None
-    if is_s3_url(location):
-        from airflow_partitions.refresh.remote import read_stage_manifest
-
-        raw = read_stage_manifest(location, settings)
-    else:
-        path = Path(location) / STAGE_MANIFEST
-        raw = path.read_bytes() if path.exists() else None
+    raw = read_stage_manifest(stage, settings)
     if raw is None:
         return None
     record: dict[str, Any] = json.loads(raw)
@@ -420,20 +382,3 @@ def plan_commit_id(plan: RefreshPlan) -> str:
 
     text = json.dumps(plan.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "plan-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
-
-
-def remove_stage(
-    stage: StageResult | str | os.PathLike[str] | None, s3_settings: SettingsLike | None = None
-) -> None:
-    """Delete a stage location (only one that holds a stage manifest: never an arbitrary directory)."""
-    location = stage_location(stage)
-    if not location:
-        return
-    if is_s3_url(location):
-        from airflow_partitions.refresh.remote import remove_remote_stage
-
-        remove_remote_stage(location, s3_settings)
-        return
-    path = Path(location)
-    if (path / STAGE_MANIFEST).exists() or (path / "data").exists():
-        shutil.rmtree(path, ignore_errors=True)

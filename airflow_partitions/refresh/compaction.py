@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import file_key_path
 from airflow_partitions.exceptions import CompactionError, ConservationError
-from airflow_partitions.refresh.commit import dataset_data_root, open_dataset_catalog
 from airflow_partitions.storage.integrity import check_files
+from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry, Snapshot
@@ -154,7 +154,7 @@ def plan_compaction(
     read would be) narrow which partitions are looked at.
     """
     _check_targets(target_file_bytes, target_rows)
-    catalog = catalog or open_dataset_catalog(project, dataset)
+    catalog = catalog or open_handle(project, dataset).catalog
     snapshot = catalog.latest()
     if snapshot is None:
         return CompactionPlan(dataset.name, None, target_file_bytes, target_rows, (), 0)
@@ -207,7 +207,7 @@ def run_compaction(
         return CompactionReport(
             dataset.name, False, plan.base_version, None, (), plan.examined, time.monotonic() - started
         )
-    catalog = catalog or open_dataset_catalog(project, dataset)
+    catalog = catalog or open_handle(project, dataset).catalog
     assert plan.base_version is not None  # a plan with partitions was made from a version
     snapshot = catalog.snapshot(plan.base_version)
     storage = catalog.storage or _storage(dataset)
@@ -305,7 +305,7 @@ def compact_dataset(
     """Plan and run a compaction of the newest version (see `plan_compaction` / `run_compaction`);
     `dry_run` reports what would be merged and writes nothing."""
     started = time.monotonic()
-    catalog = catalog or open_dataset_catalog(project, dataset)
+    catalog = catalog or open_handle(project, dataset).catalog
     plan = plan_compaction(
         project,
         dataset,
@@ -373,11 +373,9 @@ def _files_root(
     """
     remote: ObjectStore | None = getattr(catalog, "data_store", None)
     if remote is None:
-        yield Path(catalog.data_root or dataset_data_root(project, dataset)), None
+        yield Path(catalog.data_root or open_handle(project, dataset).local_root), None
         return
-    from airflow_partitions.refresh.remote import scratch_directory
-
-    scratch = scratch_directory(project, f"compact-{dataset.name}")
+    scratch = open_handle(project, dataset).scratch(f"compact-{dataset.name}")
     try:
         yield scratch, remote
     finally:

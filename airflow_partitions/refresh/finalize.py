@@ -31,17 +31,19 @@ from airflow_partitions.refresh.plan import (
     StageMode,
     StageResult,
 )
-from airflow_partitions.refresh.stage import (
+from airflow_partitions.refresh.stage_layout import (
     STAGE_MANIFEST as STAGE_MANIFEST_NAME,
 )
-from airflow_partitions.refresh.stage import (
+from airflow_partitions.refresh.stage_layout import (
     StageManifest,
     discovered_but_empty,
+    read_staged_changes,
     stage_location,
     staged_item_directory,
 )
 from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.sources.files import filter_to_key
+from airflow_partitions.table import open_handle
 from airflow_partitions.write.row_hash import certify_rows
 
 if TYPE_CHECKING:
@@ -160,7 +162,7 @@ def finalize_partition(
         return _finalize(project, dataset, location, item, storage, data_root, verify, None, s3_settings)
     from airflow_partitions.refresh import remote
 
-    scratch = remote.scratch_directory(project, "finalize")
+    scratch = open_handle(project, dataset).scratch("finalize")
     try:
         if location.startswith("s3://"):
             index = _remote_item_index(location, item, s3_settings)
@@ -207,7 +209,6 @@ def finalize_written(
     """
     import json
 
-    from airflow_partitions.refresh.commit import dataset_data_root
     from airflow_partitions.storage import DataFile
 
     started = time.monotonic()
@@ -266,7 +267,7 @@ def finalize_written(
     if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC and not (item.append or item.changes):
         raise discovered_but_empty(dataset.name, [item.key_path], actual="rows written")
     if not project.remote:
-        root = dataset_data_root(project, dataset)
+        root = open_handle(project, dataset).local_root
         for file in files:
             try:
                 size = os.stat(root / file.path).st_size
@@ -304,7 +305,7 @@ def rewrite_failed_item(
     transforms; for an appended partition only its rows past the watermark), re-checks them, writes and
     counts them back. The source must still hold exactly the rows the stage routed to it, else
     `ConservationError` (the source changed since the stage: run again)."""
-    from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
+    from airflow_partitions.storage import get_storage
     from airflow_partitions.write.routing import route_rows
 
     source = staged_source(dataset, manifest, location)
@@ -328,8 +329,8 @@ def rewrite_failed_item(
             "since the stage; run the refresh again.",
         )
     verify_partition(table, transforms, item.partition_key.values, item.key_path)
-    engine = dataset_storage(dataset)
-    root = dataset_data_root(project, dataset)
+    engine = get_storage(dataset.acceleration)
+    root = open_handle(project, dataset).local_root
     try:
         files = engine.write(table, root, item.key_path) if table.num_rows else []
     except (StorageError, OSError) as err:
@@ -366,7 +367,7 @@ def _finalize(
     upload: bool | None,
     s3_settings: SettingsLike | None,
 ) -> PartitionResult:
-    from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
+    from airflow_partitions.storage import get_storage
 
     started = time.monotonic()
     manifest = StageManifest.load(location)
@@ -385,17 +386,17 @@ def _finalize(
     key = item.partition_key.values
     since = rows_since(dataset, item)
     changed_here: int | None = None
-    engine = storage or dataset_storage(dataset)
-    root = Path(data_root) if data_root is not None else dataset_data_root(project, dataset)
+    engine = storage or get_storage(dataset.acceleration)
+    root = Path(data_root) if data_root is not None else open_handle(project, dataset).local_root
     if manifest.mode is StageMode.CHANGES or item.changes:  # (a written stage's failed item: merged here)
-        from airflow_partitions.refresh.stage import read_staged_changes
-
         changed = read_staged_changes(location, manifest.schema)
         if upload and item.base_files:  # the committed files live on the object store: fetch them once
             from airflow_partitions.refresh import remote
             from airflow_partitions.storage.remote import fetch_partition_files
 
-            fetch_partition_files(remote.data_store(project, dataset, s3_settings), root, item.base_files)
+            fetch_partition_files(
+                open_handle(project, dataset, s3_settings=s3_settings).data_store, root, item.base_files
+            )
         primary_key = dataset.acceleration.primary_key
         table, changed_here = upsert_changes(
             dataset.name, primary_key, engine, root, changed, item, transforms, key, manifest.schema
@@ -434,7 +435,9 @@ def _finalize(
     if upload and files:
         from airflow_partitions.refresh import remote
 
-        remote.upload_partition_files(remote.data_store(project, dataset, s3_settings), root, files)
+        remote.upload_partition_files(
+            open_handle(project, dataset, s3_settings=s3_settings).data_store, root, files
+        )
     entry = written_entry(item, spec_id, files, certify_rows(table))
     return PartitionResult(
         entry,

@@ -20,45 +20,20 @@ import datetime as dt
 import os
 import shutil
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_partitions.catalog.catalog import DEFAULT_GRACE
 from airflow_partitions.refresh.job_files import JOB_FILES_PREFIX
-from airflow_partitions.refresh.stage import STAGE_DATA, STAGE_MANIFEST, staging_root
+from airflow_partitions.refresh.remote import remote_staging_sweep
+from airflow_partitions.refresh.stage_layout import STAGE_DATA, STAGE_MANIFEST, StagingSweep, staging_root
+from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
     from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
 
 _SPARK_TEMPORARY = "_temporary"
-
-
-@dataclass(frozen=True)
-class StagingSweep:
-    """What a sweep of one staging root removed (or, in a dry run, would remove) and what it kept."""
-
-    root: str
-    dry_run: bool
-    removed: tuple[str, ...] = ()  # names of the stage / job-file directories
-    kept_young: int = 0  # stages whose last activity is within the grace period
-    bytes_freed: int = 0  # bytes of the files removed (in a dry run: that would be)
-    # Bytes of every file under the root before and after the sweep (in a dry run: what would remain);
-    # None unless measured (`measure=True`: vacuum; a stage step does not walk other runs' stages).
-    bytes_before: int | None = None
-    bytes_after: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "root": self.root,
-            "dry_run": self.dry_run,
-            "removed": list(self.removed),
-            "kept_young": self.kept_young,
-            "bytes_before": self.bytes_before,
-            "bytes_after": self.bytes_after,
-            "bytes_freed": self.bytes_freed,
-        }
 
 
 def sweep_stale_stages(
@@ -174,9 +149,7 @@ def sweep_dataset_staging(
 ) -> StagingSweep:
     """Vacuum's part: sweep the dataset's staging root (`staging_root`) with vacuum's grace (None: 1 h);
     with `accelerator_dir` on S3, the stages under `<accelerator_dir>/_staging/<dataset>/` there."""
-    if project.remote:
-        from airflow_partitions.refresh.remote import remote_staging_sweep
-
+    if not open_handle(project, dataset).local_data:
         return remote_staging_sweep(
             project,
             dataset,

@@ -23,6 +23,7 @@ from airflow_partitions.keys import PartitionKey, partition_label
 from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 from airflow_partitions.refresh.plan import Reason
 from airflow_partitions.spec.masking import mask_secrets
+from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry
@@ -120,10 +121,9 @@ def partition_states(
     source: Source | None = None,
 ) -> DatasetPartitionStates:
     """Survey the source (discovery, no refresh), diff it against the newest version and the failure store."""
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.refresh.pipeline import plan_refresh
 
-    catalog = catalog or open_dataset_catalog(project, dataset)
+    catalog = catalog or open_handle(project, dataset).catalog
     snapshot = catalog.latest()
     failures = FailureStore.for_catalog(catalog).failures()
     names = snapshot.partition_spec.names if snapshot is not None else dataset.acceleration.partition_names

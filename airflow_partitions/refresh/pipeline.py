@@ -24,20 +24,16 @@ from airflow_partitions.exceptions import (
     SpecValidationError,
 )
 from airflow_partitions.refresh.cdc import kill_point, uses_cdc
-from airflow_partitions.refresh.commit import (
-    commit_refresh,
-    dataset_data_root,
-    dataset_storage,
-    open_dataset_catalog,
-    remove_stage,
-)
+from airflow_partitions.refresh.commit import commit_refresh, remove_stage
 from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.modes import apply_refresh_mode, changes_fallback, plan_changes
 from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
 from airflow_partitions.refresh.stage import stage_refresh
+from airflow_partitions.refresh.stage_layout import merge_conservation_errors
 from airflow_partitions.refresh.strategy import StrategyChoice, choose_strategy, describe_spark
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
+from airflow_partitions.table import open_handle
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +123,7 @@ def plan_refresh(
     spec = resolve_dataset(project, dataset)
     source = keep_file_facts(source or open_dataset_source(spec), dataset_directory(project, spec))
     bound = bind_dataset(spec, source)
-    catalog = catalog or open_dataset_catalog(project, spec)
+    catalog = catalog or open_handle(project, spec).catalog
     snapshot = catalog.latest()
     selecting = partitions is not None or where is not None
     if not selecting and uses_cdc(bound, source):  # a selection copies partitions; the stream waits
@@ -203,10 +199,11 @@ def move_rows_of_selection(
 
 def held_reader(project: ProjectSpec, dataset: DatasetSpec) -> Callable[..., Any] | None:
     """Reads columns of a committed partition's files, for the changes audit (None: they are remote)."""
-    if project.remote:
+    handle = open_handle(project, dataset)
+    if not handle.local_data:
         return None
-    storage = dataset_storage(dataset)
-    root = dataset_data_root(project, dataset)
+    storage = handle.storage
+    root = handle.local_root
 
     def read(entry: Any, columns: Sequence[str]) -> Any:
         return storage.read(root, list(entry.files), columns=list(columns))
@@ -482,7 +479,8 @@ def _refresh_dataset(
     if stage.location is not None:
         tick("finalize", 0, total, 0)
         # An s3:// accelerator_dir: finalize writes in scratch and uploads (no local data root).
-        data_root = None if project.remote else dataset_data_root(project, spec)
+        handle = open_handle(project, spec)
+        data_root = handle.local_root if handle.local_data else None
         pool_size = workers or min(4, os.cpu_count() or 2)
         with ThreadPoolExecutor(max_workers=max(1, pool_size)) as pool:
             futures = {
@@ -566,7 +564,7 @@ def _refresh_with_arrow(
             bind_to_source(spec, source),
             plan,
             source,
-            dataset_data_root(project, spec),
+            open_handle(project, spec).local_root,
             selecting=selecting,
             storage=storage,
             workers=workers,
@@ -593,11 +591,13 @@ def _refresh_with_arrow(
         record_failures(project, spec, failed)
     if failed and not allow_partial:
         from airflow_partitions.refresh.arrow_refresh import remove_written
-        from airflow_partitions.refresh.commit import dataset_storage
+        from airflow_partitions.storage import get_storage
 
         for result in written.results:
             remove_written(
-                storage or dataset_storage(spec), dataset_data_root(project, spec), result.entry.files
+                storage or get_storage(spec.acceleration),
+                open_handle(project, spec).local_root,
+                result.entry.files,
             )
         raise PartitionsFailedError(
             f"{len(failed)} of {total} partition(s) of {spec.name!r} failed; nothing was committed: "
@@ -624,27 +624,10 @@ def record_failures(project: ProjectSpec, dataset: DatasetSpec, failed: Mapping[
     """Remember partitions this process failed to refresh (`refresh --failed`, `status`, the UI page)."""
     from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 
-    store = FailureStore.for_catalog(open_dataset_catalog(project, dataset))
+    store = FailureStore.for_catalog(open_handle(project, dataset).catalog)
     now = dt.datetime.now(dt.UTC)
     for key_path, message in failed.items():
         store.record(PartitionFailure(key_path=key_path, error=message, failed_at=now))
-
-
-def merge_conservation_errors(dataset: str, errors: Sequence[ConservationError]) -> ConservationError:
-    """One error naming every partition the finalize step refused (the first one's wording if only one)."""
-    if len(errors) == 1:
-        return errors[0]
-    partitions: dict[str, tuple[int | None, int]] = {}
-    for error in errors:
-        partitions.update(error.partitions)
-    kinds = sorted({f"{e.expected} vs {e.actual}" for e in errors})
-    return ConservationError(
-        dataset,
-        partitions,
-        expected="expected rows",
-        actual="rows found",
-        hint=f"Compared: {'; '.join(kinds)}. " + errors[0].hint,
-    )
 
 
 def _summary(

@@ -15,27 +15,30 @@ import datetime as dt
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import RefreshError, StorageError
-from airflow_partitions.keys import escape_component
 from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.refresh.stage_layout import (
+    CHANGES_FILE,
+    ITEM_COLUMN,
+    STAGE_DATA,
+    STAGE_MANIFEST,
+    StagingSweep,
+    read_stage_manifest,
+)
 from airflow_partitions.storage.remote import upload_partition_files
+from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
     from airflow_partitions.objectstore import ObjectStore, SettingsLike
-    from airflow_partitions.refresh.leftovers import StagingSweep
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
 
-__all__ = ["upload_partition_files"]
+__all__ = ["read_stage_manifest", "upload_partition_files"]
 
-STAGING = "_staging"
-STAGE_MANIFEST_NAME = "_stage.json"
-STAGE_DATA_NAME = "data"
-ITEM_PREFIX = "__ap_item="
+ITEM_PREFIX = f"{ITEM_COLUMN}="
 
 
 def _store(url: str, settings: SettingsLike | None) -> ObjectStore:
@@ -55,45 +58,17 @@ def check_remote_engine(dataset: DatasetSpec) -> None:
         )
 
 
-def data_url(project: ProjectSpec, dataset: DatasetSpec) -> str:
-    """`s3://bucket/prefix/<dataset>`: where the dataset's partition files live."""
-    if project.accelerator_url is None:
-        raise RefreshError("the accelerator_dir is local: there is no remote data root")
-    return f"{project.accelerator_url.rstrip('/')}/{escape_component(dataset.name)}"
-
-
-def data_store(
-    project: ProjectSpec, dataset: DatasetSpec, settings: SettingsLike | None = None
-) -> ObjectStore:
-    """The dataset's partition files on S3 (keys are `DataFile.path`: `<key path>/part-...`)."""
-    return _store(data_url(project, dataset), settings)
-
-
-def scratch_directory(project: ProjectSpec, what: str) -> Path:
-    """A fresh private directory under this worker's scratch (`accelerator_dir` of a remote project)."""
-    base = Path(project.accelerator_dir) / "_scratch"
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return Path(tempfile.mkdtemp(prefix=f"{what}-", dir=base))
-
-
-def stage_url(project: ProjectSpec, dataset: DatasetSpec, name: str) -> str:
-    """`<accelerator_dir>/_staging/<dataset>/<name>`: where a stage lives on S3."""
-    if project.accelerator_url is None:
-        raise RefreshError("the accelerator_dir is local: stages stay on the shared stage directory")
-    return f"{project.accelerator_url.rstrip('/')}/{STAGING}/{escape_component(dataset.name)}/{name}"
-
-
 def upload_stage(local: Path, url: str, settings: SettingsLike | None = None) -> None:
     """Upload a finished local stage (data files first, `_stage.json` last: a stage without its
     manifest is unfinished to every reader) to `url`, then delete the local copy."""
     store = _store(url, settings)
-    files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != STAGE_MANIFEST_NAME)
+    files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != STAGE_MANIFEST)
     for path in files:
         relative = path.relative_to(local).as_posix()
         if any(part.startswith((".", "_")) for part in relative.split("/")[2:]):
             continue  # Spark's _SUCCESS and .crc files: finalize never reads them
         store.put(relative, path.read_bytes())
-    store.put(STAGE_MANIFEST_NAME, (local / STAGE_MANIFEST_NAME).read_bytes())
+    store.put(STAGE_MANIFEST, (local / STAGE_MANIFEST).read_bytes())
     shutil.rmtree(local, ignore_errors=True)
 
 
@@ -101,26 +76,24 @@ def fetch_stage(url: str, index: int | None, into: Path, settings: SettingsLike 
     """Download the stage manifest and only item `index`'s staged files (None: the manifest only) into
     `into`; returns the local stage directory, laid out like the remote one."""
     store = _store(url, settings)
-    manifest = store.get(STAGE_MANIFEST_NAME)
+    manifest = store.get(STAGE_MANIFEST)
     if manifest is None:
         raise RefreshError(
-            f"no finished stage at {url}: {STAGE_MANIFEST_NAME} is missing. The stage step failed or was "
+            f"no finished stage at {url}: {STAGE_MANIFEST} is missing. The stage step failed or was "
             "cleaned up after a commit; run the refresh again"
         )
     into.mkdir(parents=True, exist_ok=True)
-    (into / STAGE_MANIFEST_NAME).write_bytes(manifest)
+    (into / STAGE_MANIFEST).write_bytes(manifest)
     from airflow_partitions.refresh.plan import StageMode
 
     if json.loads(manifest).get("mode") == str(StageMode.CHANGES):
         # A changes stage's one data file: every partition task merges it into its committed rows.
-        from airflow_partitions.refresh.stage import CHANGES_FILE
-
         changes = store.get(CHANGES_FILE)
         if changes is None:
             raise RefreshError(f"staged file {url}/{CHANGES_FILE} is missing; stage again")
         (into / CHANGES_FILE).write_bytes(changes)
     if index is not None:
-        prefix = f"{STAGE_DATA_NAME}/{ITEM_PREFIX}{index}/"
+        prefix = f"{STAGE_DATA}/{ITEM_PREFIX}{index}/"
         for info in store.list(prefix):
             data = store.get(info.key)
             if data is None:
@@ -129,18 +102,6 @@ def fetch_stage(url: str, index: int | None, into: Path, settings: SettingsLike 
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
     return into
-
-
-def read_stage_manifest(url: str, settings: SettingsLike | None = None) -> bytes | None:
-    return _store(url, settings).get(STAGE_MANIFEST_NAME)
-
-
-def remove_remote_stage(url: str, settings: SettingsLike | None = None) -> None:
-    """Delete a stage on S3 (only one that holds a manifest or staged data: never an arbitrary prefix)."""
-    store = _store(url, settings)
-    keys = [info.key for info in store.list("")]
-    if any(k == STAGE_MANIFEST_NAME or k.startswith(f"{STAGE_DATA_NAME}/") for k in keys):
-        store.delete(keys)
 
 
 def sweep_remote_stages(
@@ -169,9 +130,8 @@ def remote_staging_sweep(
     """The stage step's and vacuum's sweep of `<accelerator_dir>/_staging/<dataset>/` on S3: every stage
     whose newest object is older than `grace` is deleted (a dry run only reports it); stages in `keep`
     and younger ones stay. Reports stage URLs and the bytes under the prefix before and after."""
-    from airflow_partitions.refresh.leftovers import StagingSweep
-
-    prefix = stage_url(project, dataset, "")
+    handle = open_handle(project, dataset, s3_settings=settings)
+    prefix = handle.stage_location("")
     root = _store(prefix, settings)
     newest: dict[str, dt.datetime] = {}
     keys: dict[str, list[str]] = {}
@@ -185,7 +145,7 @@ def remote_staging_sweep(
     removed: list[str] = []
     freed = kept_young = 0
     for name, modified in sorted(newest.items()):
-        url = stage_url(project, dataset, name)
+        url = handle.stage_location(name)
         if url in keep:
             continue
         if modified >= cutoff:

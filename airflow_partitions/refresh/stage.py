@@ -22,10 +22,8 @@ finalize checks what it reads against it. Any mismatch is a `ConservationError` 
 
 from __future__ import annotations
 
-import base64
 import collections
 import datetime as dt
-import json
 import os
 import shutil
 import time
@@ -42,9 +40,19 @@ from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.modes import lowest_since, rows_since
 from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, recorded_now
 from airflow_partitions.refresh.spark_session import describe_session
+from airflow_partitions.refresh.stage_layout import (
+    CHANGES_FILE,
+    ITEM_COLUMN,
+    STAGE_DATA,
+    STAGE_MANIFEST,
+    StageManifest,
+    discovered_but_empty,
+    staging_root,
+)
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
 from airflow_partitions.sources.base import RowsSince
 from airflow_partitions.sources.pg_cdc import upserted_rows
+from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -55,150 +63,11 @@ if TYPE_CHECKING:
     from airflow_partitions.storage import PartitionStorage
     from airflow_partitions.transforms import Transform
 
-STAGE_MANIFEST = "_stage.json"
-STAGE_DATA = "data"
-ITEM_COLUMN = "__ap_item"
 _PARTITION_PREFIX = "__ap_p"
 _KEY_PREFIX = "__ap_k"
 _WATERMARK_COLUMN = "__ap_wm"
 _APPEND_COLUMN = "__ap_append"
 STRATEGIES = ("auto", "spark", "pushdown")
-MANIFEST_FORMAT = 1
-
-
-def staging_root(project: ProjectSpec, dataset: DatasetSpec) -> Path:
-    """Where a dataset's stages live unless told otherwise: `<accelerator_dir>/_staging/<dataset>/`.
-
-    Spark writes here and every finalize task reads here, so in a multi-worker deployment it must be on a
-    filesystem all of them share (or set `acceleration.params.staging_dir`).
-    """
-    configured = dataset.acceleration.params.get("staging_dir")
-    if configured and "://" in str(configured):
-        # The stage step counts staged rows from the files and writes its manifest with local file calls.
-        raise RefreshError(
-            f"dataset {dataset.name!r}: staging_dir {configured!r} is a URL; give a directory path the "
-            "stage task and its Spark job both see. With accelerator_dir on S3 leave it unset: the stage "
-            "task uploads its stage to <accelerator_dir>/_staging/ for the partition tasks"
-        )
-    if configured:
-        base = Path(str(configured)).expanduser()
-        if not base.is_absolute() and project.path is not None:
-            base = Path(project.path).parent / base
-        return base / dataset.name
-    return Path(project.accelerator_dir) / "_staging" / dataset.name
-
-
-def encode_schema(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
-
-
-def decode_schema(text: str) -> pa.Schema:
-    import pyarrow as pa
-
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-
-
-# Stage manifests loaded by this process, newest last (see `StageManifest.load`).
-_MANIFEST_CACHE: collections.OrderedDict[tuple[str, int, int, int], StageManifest] = collections.OrderedDict()
-_MANIFEST_CACHE_SIZE = 4
-
-
-@dataclass(frozen=True)
-class StageManifest:
-    """The stage's own record: mode, source, schema and, per planned key path, where its rows are.
-
-    `source` is `Source.to_json()`: what the source is, its secrets masked. A stage may outlive a crashed
-    run, so it holds no secret; finalize reopens the source from the spec it loads itself.
-    """
-
-    dataset: str
-    spec_id: str
-    mode: StageMode
-    source: Mapping[str, Any]
-    schema: pa.Schema
-    # key path -> {"index": i, "rows": staged rows (spark mode)} or {"index": i, "hint": ...} (pushdown)
-    # or {"index": i, "rows": routed, "written": counted back, "files": [DataFile JSON]} (written mode)
-    items: Mapping[str, Mapping[str, Any]]
-    created_at: str
-    # How the planned keys were found: a dynamically discovered key has rows in the source, so finalize
-    # refuses to write it empty. None in manifests of older versions.
-    discovery: DiscoveryKind | None = None
-    source_rows: int | None = None  # rows the Spark job read (spark mode)
-    routed_rows: int | None = None  # rows it routed to planned partitions (= sum of the items' rows)
-    full_scan: bool = False  # every discovered key was planned, so the job read the whole source
-    # "observed": both counts are metrics of the one write job; "recounted": the job returned no metrics
-    # and the source was counted by a second job (see `_run_spark_stage`). None in pushdown mode.
-    counted_by: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": MANIFEST_FORMAT,
-            "dataset": self.dataset,
-            "spec_id": self.spec_id,
-            "mode": str(self.mode),
-            "source": dict(self.source),
-            "schema": encode_schema(self.schema),
-            "items": {k: dict(v) for k, v in self.items.items()},
-            "created_at": self.created_at,
-            "discovery": str(self.discovery) if self.discovery is not None else None,
-            "source_rows": self.source_rows,
-            "routed_rows": self.routed_rows,
-            "full_scan": self.full_scan,
-            "counted_by": self.counted_by,
-        }
-
-    @classmethod
-    def load(cls, location: str | os.PathLike[str]) -> StageManifest:
-        """The manifest of the stage at `location`. A batch of partition tasks in one process reads the
-        same manifest once: loads are cached by (path, inode, size, mtime), which a rewrite changes."""
-        path = Path(location) / STAGE_MANIFEST
-        try:
-            stat = path.stat()
-            cache_key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            cached = _MANIFEST_CACHE.get(cache_key)
-            if cached is not None:
-                _MANIFEST_CACHE.move_to_end(cache_key)
-                return cached
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as err:
-            raise RefreshError(
-                f"no finished stage at {location}: {STAGE_MANIFEST} is missing. Either the stage step "
-                "failed or was cleaned up after a commit (run it again), or this worker does not see the "
-                "stage directory: accelerator_dir (or acceleration.params.staging_dir) must be a path "
-                "shared by every Airflow worker and Spark executor"
-            ) from err
-        manifest = cls.from_json(data, where=str(path))
-        _MANIFEST_CACHE[cache_key] = manifest
-        while len(_MANIFEST_CACHE) > _MANIFEST_CACHE_SIZE:
-            _MANIFEST_CACHE.popitem(last=False)
-        return manifest
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], *, where: str = STAGE_MANIFEST) -> StageManifest:
-        if data.get("format") != MANIFEST_FORMAT:
-            raise RefreshError(f"stage manifest {where} has format {data.get('format')!r}, expected 1")
-        return cls(
-            dataset=data["dataset"],
-            spec_id=data["spec_id"],
-            mode=StageMode(data["mode"]),
-            source=data["source"],
-            schema=decode_schema(data["schema"]),
-            items=data["items"],
-            created_at=data["created_at"],
-            discovery=DiscoveryKind(data["discovery"]) if data.get("discovery") else None,
-            source_rows=data.get("source_rows"),
-            routed_rows=data.get("routed_rows"),
-            full_scan=bool(data.get("full_scan", False)),
-            counted_by=data.get("counted_by"),
-        )
-
-    def write(self, location: Path) -> None:
-        """Atomically, readable by its owner only (0600, like the stage directory's 0700)."""
-        temporary = location / f".{STAGE_MANIFEST}.{uuid.uuid4().hex}"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(self.to_json(), separators=(",", ":")))
-        os.replace(temporary, location / STAGE_MANIFEST)
 
 
 def bind_to_source(dataset: DatasetSpec, source: Source) -> DatasetSpec:
@@ -302,7 +171,8 @@ def stage_refresh(
     mode = StageMode.CHANGES if changes else choose_mode(source, transforms, strategy)
     # Executors reach an s3:// accelerator_dir with the caller's settings; without them (a spark-submit
     # job, whose executors know no Airflow connection) the rows are staged (or merged) as before.
-    executors_reach_data = not project.remote or s3_settings is not None or write_files is True
+    local_data = open_handle(project, dataset).local_data
+    executors_reach_data = local_data or s3_settings is not None or write_files is True
     if mode is StageMode.SPARK and executors_reach_data and choose_written(dataset, write_files):
         mode = StageMode.WRITTEN
     target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
@@ -346,7 +216,7 @@ def stage_refresh(
             else:
                 for index, item in enumerate(plan.items):
                     entries[item.key_path] = {"index": index}
-            if mode is StageMode.CHANGES or not project.remote:
+            if mode is StageMode.CHANGES or local_data:
                 # Partition tasks merge these rows (locally also the retry of an item an executor
                 # could not write); on an object store the executors' merge needs nothing staged.
                 import pyarrow.parquet as pq
@@ -441,14 +311,14 @@ def _stage_with_arrow(
     routed and written here, the files listed in a WRITTEN manifest, so the partition tasks read no data
     and only build their entries from it, as after a Spark stage whose executors wrote the files."""
     from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported, remove_written
-    from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
     from airflow_partitions.refresh.written import WrittenItem
+    from airflow_partitions.storage import get_storage
 
     check_arrow_supported(project, plan)
     if (target / STAGE_MANIFEST).exists():
         raise RefreshError(f"stage location {target} already holds a finished stage; use a new location")
     full_scan = len(plan.items) >= plan.discovered and not plan.appending
-    data_root = dataset_data_root(project, bound)
+    data_root = open_handle(project, bound).local_root
     done = arrow_refresh(bound, plan, source, data_root, selecting=not full_scan, storage=storage)
     by_path = {result.entry.key_path: result for result in done.results}
     written = {
@@ -479,7 +349,7 @@ def _stage_with_arrow(
             counted_by="observed",
         ).write(target)
     except BaseException:
-        engine = storage or dataset_storage(bound)
+        engine = storage or get_storage(bound.acceleration)
         remove_written(engine, data_root, [f for result in done.results for f in result.entry.files])
         shutil.rmtree(target, ignore_errors=True)
         raise
@@ -493,9 +363,6 @@ def _stage_with_arrow(
         source_rows=done.source_rows,
         routed_rows=done.routed_rows,
     )
-
-
-CHANGES_FILE = "changes.parquet"
 
 
 def stage_changes(
@@ -539,15 +406,6 @@ def stage_changes(
             f"and the stage ({changed.num_rows}); nothing was written: run the refresh again"
         )
     return changed, {planned[key]: rows for key, rows in per_key.items() if key in planned}
-
-
-def read_staged_changes(location: str | os.PathLike[str], schema: pa.Schema) -> pa.Table:
-    import pyarrow.parquet as pq
-
-    path = Path(location) / CHANGES_FILE
-    if not path.exists():
-        raise RefreshError(f"the stage at {location} holds no {CHANGES_FILE}; stage again")
-    return pq.read_table(path)
 
 
 @dataclass(frozen=True)
@@ -652,19 +510,6 @@ def check_stage_conservation(
         ]
         if empty:
             raise discovered_but_empty(dataset, empty, actual="rows staged")
-
-
-def discovered_but_empty(dataset: str, key_paths: Sequence[str], *, actual: str) -> ConservationError:
-    """The refusal of partitions that dynamic discovery found in the source but that hold no row."""
-    nothing: tuple[int | None, int] = (None, 0)
-    return ConservationError(
-        dataset,
-        dict.fromkeys(key_paths, nothing),
-        expected="rows (discovery found the partition in the source)",
-        actual=actual,
-        hint="If the source lost these rows since discovery, run the refresh again: a new plan removes "
-        "partitions that are gone.",
-    )
 
 
 def _stage_name() -> str:
@@ -850,8 +695,9 @@ def _data_destination(
 ) -> tuple[str | None, str | None, S3Settings | None]:
     """Where executors write partition files: (local dataset root, None, None), or, under an `s3://`
     accelerator_dir, (None, the dataset's URL, the settings that reach it)."""
-    if not project.remote:
-        return str(dataset_directory(project, bound)), None, None
+    handle = open_handle(project, bound)
+    if handle.local_data:
+        return str(handle.local_root), None, None
     from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.refresh import remote
 
@@ -860,7 +706,7 @@ def _data_destination(
         settings = s3_settings
     else:
         settings = S3Settings.from_mapping(s3_settings)
-    return None, remote.data_url(project, bound), settings
+    return None, handle.data_location, settings
 
 
 def _item_tasks(spark: Any, items: int) -> int:
@@ -1061,16 +907,3 @@ def _spark_since(frame: Any, since: RowsSince) -> Any:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return (text.splitlines()[0] if text else type(err).__name__)[:800]
-
-
-def stage_location(stage: StageResult | str | os.PathLike[str] | None) -> str | None:
-    """The directory a stage wrote (its manifest and staged rows); None for an empty stage or none."""
-    if stage is None:
-        return None
-    if isinstance(stage, StageResult):
-        return stage.location
-    return os.fspath(stage)
-
-
-def staged_item_directory(location: str | os.PathLike[str], index: int) -> Path:
-    return Path(location) / STAGE_DATA / f"{ITEM_COLUMN}={index}"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.catalog.model import format_time, parse_time
 from airflow_partitions.exceptions import RefreshError, StorageError
 from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.table import open_handle
 from airflow_partitions.write.row_hash import (
     RowTally,
     algorithm,
@@ -214,7 +215,6 @@ def verify_dataset(
     records, and whose certificate is bound to those files, is known by its certificate without decoding
     a row (`checked_by`); `deep` reads and hashes every partition's files anyway.
     """
-    from airflow_partitions.refresh.commit import open_dataset_catalog
     from airflow_partitions.refresh.pipeline import bind_dataset, load_project, resolve_dataset
     from airflow_partitions.sources import open_dataset_source
 
@@ -223,7 +223,7 @@ def verify_dataset(
     spec = resolve_dataset(project, dataset)
     source = source or open_dataset_source(spec)
     bound = bind_dataset(spec, source)
-    catalog = catalog or open_dataset_catalog(project, spec)
+    catalog = catalog or open_handle(project, spec).catalog
     schema = source.schema()
 
     def tick(phase: str, done: int, total: int, rows: int) -> None:
@@ -600,13 +600,12 @@ def _certify_in_background(
 ) -> Any:
     """A future of `_certified_entries` over local files (None for an `s3://` accelerator_dir, whose
     files are fetched when compared)."""
-    if project.remote:
+    handle = open_handle(project, spec)
+    if not handle.local_data:
         return None
     from concurrent.futures import ThreadPoolExecutor
 
-    from airflow_partitions.refresh.commit import dataset_data_root
-
-    root = Path(catalog.data_root or dataset_data_root(project, spec))
+    root = Path(catalog.data_root or handle.local_root)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-certificates")
     try:
         return pool.submit(_certified_entries, entries, root, lambda files: None)
@@ -733,20 +732,20 @@ class _acceleration_files:
         self._scratch: Any = None
 
     def __enter__(self) -> tuple[Any, Path, Callable[[Sequence[Any]], None]]:
-        from airflow_partitions.refresh.commit import dataset_data_root, dataset_storage
+        from airflow_partitions.storage import get_storage
 
-        storage = self.catalog.storage or dataset_storage(self.spec)
-        if not self.project.remote:
-            root = Path(self.catalog.data_root or dataset_data_root(self.project, self.spec))
+        storage = self.catalog.storage or get_storage(self.spec.acceleration)
+        handle = open_handle(self.project, self.spec)
+        if handle.local_data:
+            root = Path(self.catalog.data_root or handle.local_root)
             return storage, root, lambda files: None
         import tempfile
 
-        from airflow_partitions.refresh import remote
         from airflow_partitions.storage.remote import fetch_partition_files
 
         self._scratch = tempfile.TemporaryDirectory(prefix="verify-")
         root = Path(self._scratch.name)
-        store = self.catalog.data_store or remote.data_store(self.project, self.spec)
+        store = self.catalog.data_store or handle.data_store
         return storage, root, lambda files: fetch_partition_files(store, root, files)
 
     def __exit__(self, *exc: object) -> None:

@@ -22,7 +22,7 @@ from airflow_partitions.exceptions import SnapshotError, SnapshotIntegrityError
 from airflow_partitions.objectstore.base import TEMP_PREFIX
 from airflow_partitions.objectstore.errors import is_not_found, store_error
 from airflow_partitions.objectstore.local import ensure_directory, fsync_directory, fsync_file
-from airflow_partitions.objectstore.s3 import repeat_transient
+from airflow_partitions.objectstore.repeat import repeat_transient
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -31,7 +31,13 @@ from airflow_partitions.objectstore import (
     SettingsLike,
     as_settings,
 )
-from airflow_partitions.objectstore.errors import is_precondition_failed, is_write_conflict, store_error
+from airflow_partitions.objectstore.errors import (
+    is_precondition_failed,
+    is_transient,
+    is_write_conflict,
+    store_error,
+)
+from airflow_partitions.objectstore.repeat import REQUEST_ATTEMPTS, transient_backoff
 from airflow_partitions.snapshots.checksums import FileDigest, digest_file, part_size_for, s3_checksum_matches
 from airflow_partitions.snapshots.layout import SHA256_METADATA_KEY, SnapshotLayout, local_file
 from airflow_partitions.snapshots.parallel import run_all
@@ -330,6 +336,7 @@ def _upload_parts(store: S3Store, item: _PreparedFile, *, max_concurrency: int) 
         use_threads=max_concurrency > 1,
     )
     extra = {"ChecksumAlgorithm": "SHA256", "Metadata": {SHA256_METADATA_KEY: item.digest.sha256_hex}}
+    transient = 0
     for attempt in range(CONFLICT_RETRIES):
         try:
             store.client.upload_file(str(item.local), store.bucket, item.key, ExtraArgs=extra, Config=config)
@@ -337,6 +344,14 @@ def _upload_parts(store: S3Store, item: _PreparedFile, *, max_concurrency: int) 
         except (ClientError, BotoCoreError, S3UploadFailedError) as err:
             if is_precondition_failed(err):
                 return False
+            # A part or the completion failed transiently: the store's repeat rule (`REQUEST_ATTEMPTS`);
+            # a completion that landed although its answer was lost is found by `exists` below.
+            if is_transient(err) and transient < REQUEST_ATTEMPTS - 1:
+                transient += 1
+                time.sleep(transient_backoff(transient))
+                if store.exists(item.key):
+                    return False
+                continue
             if not is_write_conflict(err):
                 raise store_error(err, "upload", store.uri(item.key)) from err
         time.sleep(0.02 * (attempt + 1))

@@ -69,12 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_job_output,
     )
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
 
     try:
         project = load_spec(args.spec)
         dataset = project.dataset(args.dataset)
         # An s3:// accelerator_dir: the executors upload the partition files with these settings.
-        s3_settings = s3_settings_from_environment() if project.remote else None
+        s3_settings = None if open_handle(project, dataset).local_data else s3_settings_from_environment()
         output: dict[str, Any]
         if args.command == "stage":
             plan = read_plan(args.plan)

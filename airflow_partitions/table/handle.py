@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.open import dataset_directory, open_catalog
 from airflow_partitions.keys import escape_component
-from airflow_partitions.objectstore import ObjectStore, S3Settings, SettingsLike, as_settings, store_from_url
+from airflow_partitions.objectstore import (
+    ObjectStore,
+    S3Settings,
+    SettingsLike,
+    as_settings,
+    is_s3_url,
+    store_from_url,
+)
 from airflow_partitions.storage import get_storage
 
 if TYPE_CHECKING:
@@ -66,12 +73,26 @@ class DatasetHandle:
         return dataset_directory(self.project, self.dataset)
 
     @property
+    def local_data(self) -> bool:
+        """Whether the partition files are in `local_root` (else on object storage, reached through
+        `data_store`, with `local_root` as this worker's scratch)."""
+        return self.project.accelerator_url is None
+
+    @property
     def data_location(self) -> str:
         """Where the partition files live: `s3://bucket/prefix/<dataset>` or the local directory."""
         url = self.project.accelerator_url
         if url:
             return f"{url.rstrip('/')}/{escape_component(self.dataset.name)}"
         return str(self.local_root)
+
+    @property
+    def asset_uri(self) -> str:
+        """The URI naming the dataset's files as an Airflow asset: `data_location` on S3, else the local
+        directory's absolute `file://` URI."""
+        if not self.local_data:
+            return self.data_location
+        return (Path(self.project.accelerator_dir).resolve() / escape_component(self.name)).as_uri()
 
     @cached_property
     def data_store(self) -> ObjectStore:
@@ -83,11 +104,20 @@ class DatasetHandle:
         """A pyarrow filesystem over `data_store`'s root, built from the same settings (loads pyarrow)."""
         return self.data_store.arrow_filesystem()
 
+    def stage_location(self, name: str) -> str:
+        """Where stage `name` lives in the accelerator_dir: `<accelerator_dir>/_staging/<dataset>/<name>`
+        (an `s3://` URL when the accelerator_dir is on S3); `name=""` gives the dataset's staging prefix."""
+        url = self.project.accelerator_url or str(self.project.accelerator_dir)
+        return f"{url.rstrip('/')}/{STAGING}/{escape_component(self.dataset.name)}/{name}"
+
+    def stage_needs_upload(self, location: str) -> bool:
+        """Whether a stage at `location` must be uploaded to `stage_location` for partition tasks on
+        other workers to read it: the files live on object storage and the stage on this worker's disk."""
+        return not self.local_data and not is_s3_url(location)
+
     def stage_store(self, name: str) -> ObjectStore:
         """The store of one stage: `<accelerator_dir>/_staging/<dataset>/<name>/` on the disk or S3."""
-        url = self.project.accelerator_url or str(self.project.accelerator_dir)
-        location = f"{url.rstrip('/')}/{STAGING}/{escape_component(self.dataset.name)}/{name}"
-        return store_from_url(location, settings=self.settings, what="accelerator_dir")
+        return store_from_url(self.stage_location(name), settings=self.settings, what="accelerator_dir")
 
     def scratch(self, what: str) -> Path:
         """A fresh private local directory for `what` (removed by the caller when done)."""
