@@ -30,6 +30,7 @@ from airflow_partitions.refresh.plan import (
     StageResult,
 )
 from airflow_partitions.refresh.stage import STAGE_MANIFEST, stage_location
+from airflow_partitions.table.publish import CommitBuilder
 from airflow_partitions.write.row_hash import bind_certificate
 
 if TYPE_CHECKING:
@@ -182,15 +183,17 @@ def commit_refresh(
         location = stage_location(stage)
         if commit_id is None:
             commit_id = Path(location).name if location else plan_commit_id(plan)
-        version = catalog.commit(
-            base_version=plan.base_version,
-            upserts=entries,
-            removes=list(plan.removed),
-            partition_spec=partition_spec_info(dataset),
-            replace_all=plan.replace_all,
-            commit_id=commit_id,
+        builder = CommitBuilder(
+            catalog,
+            "refresh",
+            plan.base_version,
+            partition_spec_info(dataset),
+            commit_id,
             conservation=recorded,
         )
+        builder.add(entries)
+        builder.remove(plan.removed)
+        version = builder.commit(replace_all=plan.replace_all)
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
     if plan.cdc is not None and not missing:

@@ -38,6 +38,7 @@ from airflow_partitions.catalog.model import file_key_path
 from airflow_partitions.exceptions import CompactionError, ConservationError
 from airflow_partitions.refresh.commit import dataset_data_root, open_dataset_catalog
 from airflow_partitions.storage.integrity import check_files
+from airflow_partitions.table.publish import CommitBuilder
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry, Snapshot
@@ -273,12 +274,11 @@ def run_compaction(
             actual="rows in its compacted files",
             hint="The new files are unreferenced and vacuum removes them.",
         )
-    version = catalog.commit(
-        base_version=plan.base_version,
-        upserts=entries,
-        partition_spec=snapshot.partition_spec,
-        operation=COMPACT_OPERATION,
-    )
+    builder = CommitBuilder(catalog, COMPACT_OPERATION, plan.base_version, snapshot.partition_spec)
+    builder.add(entries)
+    rows = sum(e.rows for e in entries)
+    builder.count({"partitions_checked": len(entries), "routed": rows, "written": rows, "source_rows": None})
+    version = builder.commit()
     return CompactionReport(
         dataset.name,
         False,

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.catalog.model import PartitionEntry, RowCertificate, file_key_path, split_key_path
 from airflow_partitions.exceptions import CommitConflictError, ConservationError, FilterError, WriteError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.table.publish import CommitBuilder
 from airflow_partitions.write.merge import (
     check_key_columns,
     check_unique_keys,
@@ -439,16 +440,18 @@ def commit_changes(
     }
     version = None
     if upserts or removes:
-        touched = {e.key_path for e in upserts} | set(removes)
-        version = target.catalog.commit(
-            base_version=target.base_version,
-            upserts=upserts,
-            removes=removes,
-            partition_spec=target.spec_info,
-            operation=str(operation),
-            commit_id=commit_id,
+        builder = CommitBuilder(
+            target.catalog,
+            str(operation),
+            target.base_version,
+            target.spec_info,
+            commit_id,
             conservation=conservation,
-            check_intervening=claim.checker(target, touched) if claim is not None else None,
+        )
+        builder.add(upserts)
+        builder.remove(removes)
+        version = builder.commit(
+            check_intervening=claim.checker(target, builder.touched) if claim is not None else None
         )
     return WriteResult(
         dataset=target.dataset.name,

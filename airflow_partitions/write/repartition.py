@@ -27,6 +27,7 @@ from airflow_partitions.exceptions import (
     SpecValidationError,
     WriteError,
 )
+from airflow_partitions.table.publish import CommitBuilder
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry
@@ -150,15 +151,11 @@ def repartition(
     started_layout = False
     if snapshot is not None and snapshot.partition_spec.spec_id != spec.spec_id and not dry_run:
         upserts, removes = target.catalog.evolution_changes(snapshot, spec)
-        target.catalog.commit(
-            base_version=snapshot.version,
-            upserts=upserts,
-            removes=removes,
-            partition_spec=spec,
-            operation="repartition-start",
-            evolve=True,
-            conservation={"renamed": len(upserts), "rows": sum(e.rows for e in upserts)},
-        )
+        builder = CommitBuilder(target.catalog, "repartition-start", snapshot.version, spec)
+        builder.add(upserts)
+        builder.remove(removes)
+        builder.count({"renamed": len(upserts), "rows": sum(e.rows for e in upserts)})
+        builder.commit(evolve=True)
         started_layout = True
         target = open_write_target(project, dataset, catalog=target.catalog, schema=target.schema)
         snapshot = target.snapshot
