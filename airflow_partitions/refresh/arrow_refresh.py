@@ -4,7 +4,7 @@ in this process, for sources that fit one machine.
 It replaces the stage and finalize steps with the project's own pieces: the source read once as Arrow
 (`Source.read_all`), conformed to the source schema, routed by the dataset's transforms (`route_rows`,
 the NULL partition included), each planned partition written by the dataset's storage engine on a small
-thread pool and counted back from its files (`check_written_rows`). The results are the
+thread pool and counted back from its files (`PartitionWriter`). The results are the
 `PartitionResult`s finalize returns, for `commit_refresh`.
 
 Rows are conserved: the rows read are the rows routed (a full plan routes every row to a planned
@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import ConservationError, RefreshError
-from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema, written_entry
+from airflow_partitions.refresh.finalize import REWRITE_ADVICE, conform_to_schema, written_entry
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
 from airflow_partitions.refresh.stage import discovered_but_empty
+from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.write.row_hash import certify_rows, tally_table_by_partition
 
 if TYPE_CHECKING:
@@ -159,12 +160,15 @@ def arrow_refresh(
             return tally.certificate()
         return certify_rows(rows)
 
+    writer = PartitionWriter.local(engine, data_root, dataset.name)
+
     def write_one(item: PartitionWorkItem) -> PartitionResult:
         mark = time.monotonic()
         rows = routed.get(item.key_path, schema.empty_table())
         files = written.setdefault(item.key_path, [])
-        files.extend(engine.write(rows, data_root, item.key_path) if rows.num_rows else [])
-        check_written_rows(dataset.name, item.key_path, engine, data_root, files, rows.num_rows)
+        written_here = writer.write(item.key_path, rows, check=False)
+        files.extend(written_here.files)  # removed when the counts are refused
+        writer.check(item.key_path, files, written_here.rows, rows.num_rows, "rows read", REWRITE_ADVICE)
         certificate = certificate_of(item.key_path, rows)
         entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certificate)
         return PartitionResult(entry, elapsed_s=time.monotonic() - mark, routed=rows.num_rows)

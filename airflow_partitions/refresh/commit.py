@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
+from airflow_partitions.objectstore import LocalStore
 from airflow_partitions.objectstore.location import is_s3_url
 from airflow_partitions.refresh.failures import FailureStore
 from airflow_partitions.refresh.plan import (
@@ -30,6 +31,7 @@ from airflow_partitions.refresh.plan import (
     StageResult,
 )
 from airflow_partitions.refresh.stage import STAGE_MANIFEST, stage_location
+from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder
 from airflow_partitions.write.row_hash import bind_certificate
 
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
-    from airflow_partitions.objectstore import SettingsLike
+    from airflow_partitions.objectstore import ObjectStore, SettingsLike
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
@@ -152,17 +154,15 @@ def commit_refresh(
     base = appended_to(catalog, dataset.name, plan, finished)
     entries = []
     appended_rows = 0
-    if project.remote:
-        _check_uploaded(project, dataset, [f for r in finished for f in r.files], s3_settings)
+    # The partition files' store: the catalog's data store on S3, else the local data root.
+    writer = PartitionWriter(storage, catalog.data_store or LocalStore(root), Path(root), dataset.name)
+    if writer.uploads:
+        _check_uploaded(writer.store, [f for r in finished for f in r.files])
     for key_path in planned:
         result = by_path.get(key_path)
         if result is None:
             continue
-        if project.remote:
-            # Objects on S3 are final once uploaded: no engine finishes them at commit time.
-            published = list(result.files)
-        else:
-            published = storage.publish(Path(root), result.files) if result.files else []
+        published = writer.publish(result.files)
         if result.appended:
             # The committed files stay; the new ones join them in the same atomic commit.
             before = base[key_path]
@@ -362,13 +362,8 @@ def check_conservation(
     )
 
 
-def _check_uploaded(
-    project: ProjectSpec, dataset: DatasetSpec, files: Sequence[DataFile], settings: SettingsLike | None
-) -> None:
+def _check_uploaded(store: ObjectStore, files: Sequence[DataFile]) -> None:
     """Refuse to reference a file that is not on S3 (a finalize that returned without its upload)."""
-    from airflow_partitions.refresh.remote import data_store
-
-    store = data_store(project, dataset, settings)
     absent = [f.path for f in files if not store.exists(f.path)]
     if absent:
         raise RefreshError(

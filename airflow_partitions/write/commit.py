@@ -33,15 +33,19 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.catalog.model import PartitionEntry, RowCertificate, file_key_path, split_key_path
+from airflow_partitions.catalog.model import PartitionEntry, RowCertificate, split_key_path
 from airflow_partitions.exceptions import CommitConflictError, ConservationError, FilterError, WriteError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder
 from airflow_partitions.write.merge import (
     check_key_columns,
     check_unique_keys,
-    delete_rows_by_key,
+    key_bounds,
     key_match_mask,
+    may_hold_keys,
+    remove_keys,
 )
 from airflow_partitions.write.routing import route_to_paths
 from airflow_partitions.write.rows import RowsFile, arrow_rows, conform_rows, read_rows_file
@@ -171,6 +175,18 @@ class WriteTarget:
 
             fetch_partition_files(self.remote, self.root, files)
         return files
+
+    @property
+    def writer(self) -> PartitionWriter:
+        """Writes the new files under `root`, into the data store (uploaded when it is S3)."""
+        store = self.remote if self.remote is not None else LocalStore(self.root)
+        return PartitionWriter(self.storage, store, self.root, self.dataset.name)
+
+    def read(self, files: Sequence[DataFile], columns: Sequence[str] | None = None) -> pa.Table:
+        """`files`' rows (`columns` only, when given) in the dataset's schema."""
+        return self.storage.read(
+            self.root, self.local(files), columns=list(columns) if columns else None, schema=self.schema
+        )
 
     @property
     def base_version(self) -> int | None:
@@ -305,23 +321,8 @@ def _write_change(target: WriteTarget, change: PartitionChange) -> tuple[list[Da
     if not parts:
         return [], 0
     rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    files = target.storage.write(rows, target.root, file_key_path(change.key_path))
-    counted = sum(target.storage.count_rows(target.root, f) for f in files)
-    declared = sum(f.rows for f in files)
-    if counted != rows.num_rows or declared != counted:
-        raise ConservationError(
-            target.dataset.name,
-            {change.key_path: (rows.num_rows, counted if counted != rows.num_rows else declared)},
-            expected="rows to write",
-            actual="rows in the written files" if counted != rows.num_rows else "rows the writer recorded",
-            hint=f"The {target.storage.engine} writer did not write the rows it was given; the files are "
-            "not referenced and vacuum removes them. Check the disk, then write again.",
-        )
-    if target.remote is not None and files:
-        from airflow_partitions.storage.remote import upload_partition_files
-
-        upload_partition_files(target.remote, target.root, files)
-    return files, counted
+    written = target.writer.write(change.key_path, rows, advice="Check the disk, then write again.")
+    return written.files, written.rows
 
 
 def _written_certificate(change: PartitionChange) -> RowCertificate | None:
@@ -405,8 +406,7 @@ def commit_changes(
             hint="Routing lost or duplicated rows; nothing was published.",
         )
     for change, files, _written in pending:
-        # Objects on S3 are final once uploaded: no engine finishes them at commit time.
-        published = target.storage.publish(target.root, files) if files and target.remote is None else files
+        published = target.writer.publish(files)
         written_files += len(published)
         all_files = [*change.kept, *published]
         if not all_files:
@@ -496,7 +496,7 @@ class KeyClaim:
                 # Files the base had were searched when the upsert was planned; only newer ones may hold
                 # a key now.
                 known = {f.path for f in before.files} if before is not None else set()
-                fresh = [f for f in entry.files if f.path not in known and _may_hold_keys(f, bounds)]
+                fresh = [f for f in entry.files if f.path not in known and may_hold_keys(f, bounds)]
                 if not fresh:
                     continue
                 held = target.storage.read(
@@ -648,33 +648,18 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
                 candidates += [p for p in target.snapshot.partitions if split_key_path(p)[0] is not None]
         else:
             candidates = list(target.snapshot.partitions.keys())
-    bounds = key_bounds(incoming_keys, keys)
     changes: dict[str, PartitionChange] = {}
     for key_path in candidates:
         before = target.entry(key_path)
         assert before is not None
-        change = PartitionChange(before.key, key_path, before)
-        for file in before.files:
-            if not _may_hold_keys(file, bounds):
-                change.kept.append(file)
-                continue
-            # Where the keys decide the partition, a routed partition's files likely hold some: read them
-            # whole once. Elsewhere read the key columns first, and the whole file only on a match.
-            if not key_decides:
-                columns = list(keys)
-                file_keys = target.storage.read(
-                    target.root, target.local([file]), columns=columns, schema=target.schema
-                )
-                if not key_match_mask(file_keys, incoming_keys, keys).true_count:
-                    change.kept.append(file)
-                    continue
-            existing = target.storage.read(target.root, target.local([file]), schema=target.schema)
-            merged = delete_rows_by_key(existing, incoming_keys, keys)
-            if merged.removed == 0:
-                change.kept.append(file)
-                continue
-            change.rewritten.append(merged.table)
-            change.removed += merged.removed
+        # Where the keys decide the partition, a routed partition's files likely hold some: read them
+        # whole once. Elsewhere read the key columns first, and the whole file only on a match.
+        removal = remove_keys(
+            before.files, target.read, keys, incoming_keys, keep_untouched=True, probe_keys=not key_decides
+        )
+        change = PartitionChange(before.key, key_path, before, kept=removal.kept, removed=removal.removed)
+        if removal.survivors is not None:
+            change.rewritten.append(removal.survivors)
         changes[key_path] = change
     for key_path, (key, partition_rows) in routed.items():
         if key_path not in changes:
@@ -683,54 +668,6 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
             changes[key_path] = PartitionChange(key, key_path, before, kept=kept)
         changes[key_path].added = partition_rows
     return list(changes.values())
-
-
-def key_bounds(keys_table: pa.Table, keys: Sequence[str]) -> dict[str, tuple[Any, Any, bool] | None]:
-    """Per key column: (min, max, has NULL) of the incoming keys (min / max None when all NULL), or None
-    when the bounds cannot rule out a file: an unordered type, or a NaN key (min / max skip NaN, and
-    file statistics leave NaN out, but a NaN key matches a NaN row)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    bounds: dict[str, tuple[Any, Any, bool] | None] = {}
-    for name in keys:
-        column = keys_table.column(name)
-        if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
-            bounds[name] = None
-            continue
-        try:
-            extremes = pc.min_max(column)
-            low, high = extremes["min"].as_py(), extremes["max"].as_py()
-        except Exception:  # an unordered type: no bounds, every file may match
-            bounds[name] = None
-            continue
-        bounds[name] = (low, high, column.null_count > 0)
-    return bounds
-
-
-def _may_hold_keys(file: DataFile, bounds: Mapping[str, tuple[Any, Any, bool] | None]) -> bool:
-    """Whether `file` may hold a row with one of the incoming keys, judged on its column statistics.
-
-    Never rules out on doubt: a column without statistics, or bounds that do not compare, may match.
-    """
-    for name, bound in bounds.items():
-        stats = file.stats.get(name)
-        if stats is None or bound is None:
-            continue
-        low, high, has_null = bound
-        null_may_match = has_null and stats.null_count > 0
-        if low is None or high is None:
-            values_may_match = low is None and high is None and not has_null  # unordered: keep
-        elif stats.min is None or stats.max is None:
-            values_may_match = stats.null_count < file.rows
-        else:
-            try:
-                values_may_match = not (high < stats.min or low > stats.max)
-            except TypeError:
-                values_may_match = True
-        if not (null_may_match or values_may_match):
-            return False
-    return True
 
 
 def delete(
