@@ -46,6 +46,7 @@ from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.write.merge import remove_keys
 from airflow_partitions.write.row_hash import certify_rows
+from airflow_partitions.write.rows import conform_columns
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,27 +59,25 @@ if TYPE_CHECKING:
 
 
 def conform_to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly `schema`'s columns, order and types (Spark may widen or relabel types)."""
-    import pyarrow as pa
-
-    missing = [name for name in schema.names if name not in table.column_names]
-    if missing:
+    """`table` with exactly `schema`'s columns, order and types (Spark may widen or relabel types; other
+    columns are left out): `write.rows.conform_columns`, with the errors of staged rows."""
+    wanted = set(schema.names)
+    result = conform_columns(
+        table.select([i for i, n in enumerate(table.column_names) if n in wanted]), schema
+    )
+    if result.table is not None:
+        return result.table
+    if result.repeated:
+        raise RefreshError(f"staged rows name column(s) {list(result.repeated)} more than once; stage again")
+    if result.missing:
         raise RefreshError(
-            f"staged rows lack source column(s) {missing}; the stage is inconsistent, stage again"
+            f"staged rows lack source column(s) {list(result.missing)}; the stage is inconsistent, stage "
+            "again"
         )
-    columns = []
-    for target in schema:
-        column = table.column(target.name)
-        if column.type != target.type:
-            try:
-                column = column.cast(target.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-                raise RefreshError(
-                    f"staged column {target.name!r} ({column.type}) cannot be read back as "
-                    f"{target.type}: {err}"
-                ) from err
-        columns.append(column)
-    return pa.table(columns, schema=schema)
+    name, given, err = result.uncastable[0]
+    raise RefreshError(
+        f"staged column {name!r} ({given}) cannot be read back as {schema.field(name).type}: {err}"
+    ) from err
 
 
 def read_staged_rows(location: str, index: int, schema: pa.Schema) -> pa.Table:
