@@ -112,35 +112,9 @@ def commit_refresh(
     Under an `s3://` accelerator_dir every file is checked to exist on S3 before the catalog references
     it, and a stage on S3 is deleted there; `s3_settings` reach S3 (unset: the AWS environment).
     """
-    if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
-        raise RefreshError(
-            f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r}; "
-            "plan again"
-        )
     finished = list(results)
     planned = {item.key_path: item for item in plan.items}
-    unexpected = sorted({r.key_path for r in finished} - set(planned))
-    if unexpected:
-        raise RefreshError(
-            f"results for partitions the plan does not contain: {unexpected[:5]}; not committed"
-        )
-    mismatched = sorted(r.key_path for r in finished if r.spec_id != plan.spec_id)
-    if mismatched:
-        raise RefreshError(f"results written under another partition spec: {mismatched[:5]}; not committed")
-    by_path = {r.key_path: r for r in finished}
-    missing = tuple(path for path in planned if path not in by_path)
-    if missing and require_all:
-        raise RefreshError(
-            f"{len(missing)} of {len(planned)} planned partition(s) have no result (failed or not run), e.g. "
-            f"{', '.join(missing[:5])}; the catalog is untouched. Retry those partitions, or commit the "
-            "others "
-            "with require_all=False"
-        )
-    if plan.replace_all and missing:
-        raise RefreshError(
-            f"re-partitioning {dataset.name!r} replaces every partition, but {len(missing)} have no result; "
-            "retry them before committing"
-        )
+    by_path, missing = _check_results(dataset, plan, finished, require_all)
     counts = check_conservation(
         dataset.name, plan, [by_path[p] for p in planned if p in by_path], stage, missing, s3_settings
     )
@@ -151,32 +125,11 @@ def commit_refresh(
     catalog = catalog or open_dataset_catalog(project, dataset, s3_settings=s3_settings)
     storage = catalog.storage or dataset_storage(dataset)
     root = catalog.data_root or dataset_data_root(project, dataset)
-    base = appended_to(catalog, dataset.name, plan, finished)
-    entries = []
-    appended_rows = 0
     # The partition files' store: the catalog's data store on S3, else the local data root.
     writer = PartitionWriter(storage, catalog.data_store or LocalStore(root), Path(root), dataset.name)
-    if writer.uploads:
-        _check_uploaded(writer.store, [f for r in finished for f in r.files])
-    for key_path in planned:
-        result = by_path.get(key_path)
-        if result is None:
-            continue
-        published = writer.publish(result.files)
-        if result.appended:
-            # The committed files stay; the new ones join them in the same atomic commit.
-            before = base[key_path]
-            entry = result.entry.with_files([*before.files, *published])
-            # The certificate of old rows plus new ones is the sum of both (None if either has none).
-            added = result.entry.certificate
-            entry = replace(entry, certificate=added.plus(before.certificate) if added is not None else None)
-            entry = replace(entry, certificate=bind_certificate(entry.certificate, entry.files))
-            check_appended_rows(dataset.name, key_path, before.rows, result.rows, entry.rows)
-            appended_rows += result.rows
-            entries.append(entry)
-        else:
-            entry = result.entry.with_files(published)
-            entries.append(replace(entry, certificate=bind_certificate(entry.certificate, entry.files)))
+    entries, appended_rows = published_entries(
+        writer, catalog, plan, [by_path[p] for p in planned if p in by_path]
+    )
     if not entries and not plan.removed and not plan.replace_all:
         version = None
     else:
@@ -219,6 +172,72 @@ def commit_refresh(
         refresh_mode=plan.refresh_mode,
         null_watermark_rows=unread_nulls,
     )
+
+
+def _check_results(
+    dataset: DatasetSpec, plan: RefreshPlan, finished: Sequence[PartitionResult], require_all: bool
+) -> tuple[dict[str, PartitionResult], tuple[str, ...]]:
+    """The results by key path and the planned partitions without one; `RefreshError` (catalog
+    untouched) for a result of another plan or spec, or a missing one when every one is required."""
+    if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
+        raise RefreshError(
+            f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r}; "
+            "plan again"
+        )
+    planned = {item.key_path: item for item in plan.items}
+    unexpected = sorted({r.key_path for r in finished} - set(planned))
+    if unexpected:
+        raise RefreshError(
+            f"results for partitions the plan does not contain: {unexpected[:5]}; not committed"
+        )
+    mismatched = sorted(r.key_path for r in finished if r.spec_id != plan.spec_id)
+    if mismatched:
+        raise RefreshError(f"results written under another partition spec: {mismatched[:5]}; not committed")
+    by_path = {r.key_path: r for r in finished}
+    missing = tuple(path for path in planned if path not in by_path)
+    if missing and require_all:
+        raise RefreshError(
+            f"{len(missing)} of {len(planned)} planned partition(s) have no result (failed or not run), e.g. "
+            f"{', '.join(missing[:5])}; the catalog is untouched. Retry those partitions, or commit the "
+            "others "
+            "with require_all=False"
+        )
+    if plan.replace_all and missing:
+        raise RefreshError(
+            f"re-partitioning {dataset.name!r} replaces every partition, but {len(missing)} have no result; "
+            "retry them before committing"
+        )
+    return by_path, missing
+
+
+def published_entries(
+    writer: PartitionWriter, catalog: Catalog, plan: RefreshPlan, results: Sequence[PartitionResult]
+) -> tuple[list[PartitionEntry], int]:
+    """The catalog entries of `results` (in plan order) with their files published, and the rows
+    appended: an appended result's files join the partition's committed ones (rows checked, certificates
+    summed); any other result's files replace them. Files on S3 must be there (uploaded by finalize)."""
+    if writer.uploads:
+        _check_uploaded(writer.store, [f for r in results for f in r.files])
+    base = appended_to(catalog, writer.dataset, plan, results)
+    entries = []
+    appended_rows = 0
+    for result in results:
+        published = writer.publish(result.files)
+        if result.appended:
+            # The committed files stay; the new ones join them in the same atomic commit.
+            before = base[result.key_path]
+            entry = result.entry.with_files([*before.files, *published])
+            # The certificate of old rows plus new ones is the sum of both (None if either has none).
+            added = result.entry.certificate
+            entry = replace(entry, certificate=added.plus(before.certificate) if added is not None else None)
+            entry = replace(entry, certificate=bind_certificate(entry.certificate, entry.files))
+            check_appended_rows(writer.dataset, result.key_path, before.rows, result.rows, entry.rows)
+            appended_rows += result.rows
+            entries.append(entry)
+        else:
+            entry = result.entry.with_files(published)
+            entries.append(replace(entry, certificate=bind_certificate(entry.certificate, entry.files)))
+    return entries, appended_rows
 
 
 def watermark_audit_record(plan: RefreshPlan) -> dict[str, Any]:

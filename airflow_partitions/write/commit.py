@@ -38,7 +38,7 @@ from airflow_partitions.exceptions import CommitConflictError, ConservationError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.objectstore import LocalStore
 from airflow_partitions.table.partition_writer import PartitionWriter
-from airflow_partitions.table.publish import CommitBuilder
+from airflow_partitions.table.publish import CommitBuilder, new_commit_id
 from airflow_partitions.write.merge import (
     check_key_columns,
     check_unique_keys,
@@ -368,19 +368,60 @@ def commit_changes(
     earlier = committed_earlier(target, operation, commit_id, started)
     if earlier is not None:
         return earlier
-    commit_id = commit_id or f"{operation}-{uuid.uuid4().hex}"
-    now = dt.datetime.now(dt.UTC)
-    upserts: list[PartitionEntry] = []
-    removes: list[str] = []
-    written_files = 0
-    differing: dict[str, tuple[int | None, int]] = {}
-    added_total = removed_total = 0
+    commit_id = commit_id or new_commit_id(str(operation))
     active = [change for change in changes if change.changes_anything]
     # Partitions are written side by side (encoding and fsync release the GIL), as finalize does.
     workers = max(1, min(WRITE_WORKERS, len(active), os.cpu_count() or 2))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         outcomes = list(pool.map(lambda change: _write_change(target, change), active))
     pending = [(change, files, written) for change, (files, written) in zip(active, outcomes, strict=True)]
+    added_total, removed_total = _check_changes(target, operation, pending, rows_in)
+    builder = CommitBuilder(target.catalog, str(operation), target.base_version, target.spec_info, commit_id)
+    written_files = _add_entries(builder, target, pending, keep_fingerprints)
+    builder.count(
+        {
+            "partitions_checked": len(pending),
+            "routed": rows_in,
+            "written": sum(w for _, _, w in pending),
+            "source_rows": None,
+            "rows_in": rows_in,
+            "added": added_total,
+            "removed": removed_total,
+        }
+    )
+    version = None
+    if not builder.empty:
+        version = builder.commit(
+            check_intervening=claim.checker(target, builder.touched) if claim is not None else None
+        )
+    upserts, removes = builder.upserts, builder.removes
+    return WriteResult(
+        dataset=target.dataset.name,
+        operation=operation,
+        version=version,
+        base_version=target.base_version,
+        partitions=tuple(e.key_path for e in upserts),
+        removed_partitions=tuple(removes),
+        rows_in=rows_in,
+        rows_added=added_total,
+        rows_removed=removed_total,
+        files_written=written_files,
+        elapsed_s=time.monotonic() - started,
+        commit_id=commit_id if version is not None else None,
+    )
+
+
+Pending = tuple[PartitionChange, list["DataFile"], int]  # a change, its new files, rows counted in them
+
+
+def _check_changes(
+    target: WriteTarget, operation: WriteOperation, pending: Sequence[Pending], rows_in: int
+) -> tuple[int, int]:
+    """Every changed partition's rows after = rows before - removed + added (its kept files' rows plus
+    the rows counted in its new files), and the rows added = the rows given; (added, removed) in total.
+    Else `ConservationError`: nothing is published."""
+    differing: dict[str, tuple[int | None, int]] = {}
+    added_total = removed_total = 0
     for change, _files, written in pending:
         before_rows = change.before.rows if change.before is not None else 0
         kept_rows = sum(f.rows for f in change.kept)
@@ -405,16 +446,26 @@ def commit_changes(
             actual="rows added to partitions",
             hint="Routing lost or duplicated rows; nothing was published.",
         )
+    return added_total, removed_total
+
+
+def _add_entries(
+    builder: CommitBuilder, target: WriteTarget, pending: Sequence[Pending], keep_fingerprints: bool
+) -> int:
+    """Each changed partition's new entry (kept files + its published new ones), or its removal when it
+    is left without files; the number of new files."""
+    now = dt.datetime.now(dt.UTC)
+    written_files = 0
     for change, files, _written in pending:
         published = target.writer.publish(files)
         written_files += len(published)
         all_files = [*change.kept, *published]
         if not all_files:
             if change.before is not None:
-                removes.append(change.key_path)
+                builder.remove(change.key_path)
             continue
         fingerprint = change.before.source_fingerprint if change.before is not None else None
-        upserts.append(
+        builder.add(
             PartitionEntry(
                 key=change.key,
                 key_path=change.key_path,
@@ -429,44 +480,7 @@ def commit_changes(
                 certificate=_written_certificate(change),
             )
         )
-    conservation = {
-        "partitions_checked": len(pending),
-        "routed": rows_in,
-        "written": sum(w for _, _, w in pending),
-        "source_rows": None,
-        "rows_in": rows_in,
-        "added": added_total,
-        "removed": removed_total,
-    }
-    version = None
-    if upserts or removes:
-        builder = CommitBuilder(
-            target.catalog,
-            str(operation),
-            target.base_version,
-            target.spec_info,
-            commit_id,
-            conservation=conservation,
-        )
-        builder.add(upserts)
-        builder.remove(removes)
-        version = builder.commit(
-            check_intervening=claim.checker(target, builder.touched) if claim is not None else None
-        )
-    return WriteResult(
-        dataset=target.dataset.name,
-        operation=operation,
-        version=version,
-        base_version=target.base_version,
-        partitions=tuple(e.key_path for e in upserts),
-        removed_partitions=tuple(removes),
-        rows_in=rows_in,
-        rows_added=added_total,
-        rows_removed=removed_total,
-        files_written=written_files,
-        elapsed_s=time.monotonic() - started,
-        commit_id=commit_id if version is not None else None,
-    )
+    return written_files
 
 
 @dataclass(frozen=True)
