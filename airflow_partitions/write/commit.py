@@ -37,6 +37,7 @@ from airflow_partitions.catalog.model import PartitionEntry, RowCertificate, spl
 from airflow_partitions.exceptions import CommitConflictError, ConservationError, FilterError, WriteError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.table.handle import open_handle
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder, new_commit_id
 from airflow_partitions.write.merge import (
@@ -219,21 +220,14 @@ def open_write_target(
     The schema is the acceleration's (a file of its most recently written partition), else the spec's
     `schema:` block, else the source's: writes never change the schema of a version.
     """
-    from airflow_partitions.catalog import dataset_directory, open_catalog, partition_spec_info
-    from airflow_partitions.storage import get_storage
+    from airflow_partitions.catalog import partition_spec_info
 
-    catalog = catalog or open_catalog(project, dataset, s3_settings=s3_settings)
-    storage = catalog.storage or get_storage(dataset.acceleration)
+    handle = open_handle(project, dataset, s3_settings=s3_settings)
+    catalog = catalog or handle.catalog
+    storage = catalog.storage or handle.storage
+    # The catalog's data store is set when the files live on S3: they are then rewritten in scratch.
     remote = getattr(catalog, "data_store", None)
-    if remote is not None:
-        import shutil
-        import tempfile
-
-        scratch = Path(project.accelerator_dir) / "_scratch"
-        scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
-        root = Path(tempfile.mkdtemp(prefix="write-", dir=scratch))
-    else:
-        root = Path(catalog.data_root or dataset_directory(project, dataset))
+    root = handle.scratch("write") if remote is not None else Path(catalog.data_root or handle.local_root)
     snapshot = catalog.latest()
     if schema is None:
         schema = acceleration_schema(dataset, snapshot, storage, root, remote)
@@ -250,6 +244,7 @@ def open_write_target(
         remote=remote,
     )
     if remote is not None:
+        import shutil
         import weakref
 
         weakref.finalize(target, shutil.rmtree, root, True)  # the scratch goes with the target
