@@ -98,7 +98,6 @@ def arrow_refresh(
     one by one; lost or extra rows in any partition still remove everything and raise.
     """
     from airflow_partitions.refresh.commit import dataset_storage
-    from airflow_partitions.write.routing import route_rows
 
     started = time.monotonic()
     if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
@@ -113,35 +112,7 @@ def arrow_refresh(
     table = conform_to_schema(source.read_all(), schema)
     transforms = [f.transform for f in dataset.acceleration.partition_by]
     names = plan.partition_names
-    routed = {
-        key.path(names): rows for key, rows in route_rows(table, transforms, dataset=dataset.name).items()
-    }
-    planned = {item.key_path: item for item in plan.items}
-    unplanned = {path: rows.num_rows for path, rows in routed.items() if path not in planned}
-    if unplanned and plans_every_partition(plan, selecting):
-        raise ConservationError(
-            dataset.name,
-            {path: (0, count) for path, count in sorted(unplanned.items())},
-            expected="rows planned for the partition (the plan does not contain it)",
-            actual="source rows routed to it",
-            hint="The source changed between discovery and the read, or discovery and routing disagree "
-            "on a partition value; nothing was written. Run the refresh again.",
-        )
-    routed_total = sum(routed[path].num_rows for path in planned if path in routed)
-    dropped = sum(unplanned.values())
-    if routed_total + dropped != table.num_rows:
-        raise ConservationError(
-            dataset.name,
-            {"[all partitions]": (table.num_rows, routed_total + dropped)},
-            expected="rows read from the source",
-            actual="rows routed to partitions",
-            hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
-        )
-    if plan.discovery is DiscoveryKind.DYNAMIC:
-        empty = [path for path in planned if path not in routed]
-        if empty:
-            raise discovered_but_empty(dataset.name, empty, actual="rows read")
-
+    routed, routed_total, dropped = route_checked(dataset, plan, table, selecting)
     written: dict[str, list[DataFile]] = {}
     # Every partition's certificate from one DuckDB aggregate over the rows in memory: a query per
     # partition cost more than the hashing itself. A partition the aggregate counts otherwise than the
@@ -202,6 +173,47 @@ def arrow_refresh(
         time.monotonic() - started,
         failed={path: f"{type(err).__name__}: {err}" for path, err in failures.items()},
     )
+
+
+def route_checked(
+    dataset: DatasetSpec, plan: RefreshPlan, table: pa.Table, selecting: bool
+) -> tuple[dict[str, pa.Table], int, int]:
+    """`table`'s rows by partition key path, the rows routed to planned partitions and the rows dropped
+    (of partitions a selection leaves out). `ConservationError` when a row goes to a partition a full
+    plan lacks, routing lost or duplicated rows, or a discovered partition got none."""
+    from airflow_partitions.write.routing import route_rows
+
+    transforms = [f.transform for f in dataset.acceleration.partition_by]
+    names = plan.partition_names
+    routed = {
+        key.path(names): rows for key, rows in route_rows(table, transforms, dataset=dataset.name).items()
+    }
+    planned = {item.key_path: item for item in plan.items}
+    unplanned = {path: rows.num_rows for path, rows in routed.items() if path not in planned}
+    if unplanned and plans_every_partition(plan, selecting):
+        raise ConservationError(
+            dataset.name,
+            {path: (0, count) for path, count in sorted(unplanned.items())},
+            expected="rows planned for the partition (the plan does not contain it)",
+            actual="source rows routed to it",
+            hint="The source changed between discovery and the read, or discovery and routing disagree "
+            "on a partition value; nothing was written. Run the refresh again.",
+        )
+    routed_total = sum(routed[path].num_rows for path in planned if path in routed)
+    dropped = sum(unplanned.values())
+    if routed_total + dropped != table.num_rows:
+        raise ConservationError(
+            dataset.name,
+            {"[all partitions]": (table.num_rows, routed_total + dropped)},
+            expected="rows read from the source",
+            actual="rows routed to partitions",
+            hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
+        )
+    if plan.discovery is DiscoveryKind.DYNAMIC:
+        empty = [path for path in planned if path not in routed]
+        if empty:
+            raise discovered_but_empty(dataset.name, empty, actual="rows read")
+    return routed, routed_total, dropped
 
 
 def remove_written(engine: PartitionStorage, data_root: Path, files: Sequence[DataFile]) -> None:
