@@ -321,3 +321,29 @@ def test_the_location_check_sees_each_form(tmp_path: Path) -> None:
     )
     found = _branches_on_location(sample)
     assert [line.split(":")[0] for line in found] == ["2", "3", "4", "5", "6", "7", "8"], found
+
+
+def _catalog_commit_calls() -> list[str]:
+    """`module:function` of every call of `Catalog.commit` in the package: a `.commit(...)` call passing
+    `base_version=` (keyword-only there; database `commit()` calls pass nothing)."""
+    calls = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr != "commit" or not any(k.arg == "base_version" for k in node.keywords):
+                continue
+            owner = min(
+                (f for f in functions if f.lineno <= node.lineno <= (f.end_lineno or f.lineno)),
+                key=lambda f: (f.end_lineno or f.lineno) - f.lineno,
+                default=None,
+            )
+            calls.append(f"{path.relative_to(PACKAGE)}:{owner.name if owner else '<module>'}")
+    return calls
+
+
+def test_catalog_commit_has_one_caller() -> None:
+    # Every version is assembled by the commit builder (entries, row counts, commit id, operation name).
+    assert _catalog_commit_calls() == ["table/publish.py:commit"]

@@ -4,7 +4,7 @@ in this process, for sources that fit one machine.
 It replaces the stage and finalize steps with the project's own pieces: the source read once as Arrow
 (`Source.read_all`), conformed to the source schema, routed by the dataset's transforms (`route_rows`,
 the NULL partition included), each planned partition written by the dataset's storage engine on a small
-thread pool and counted back from its files (`check_written_rows`). The results are the
+thread pool and counted back from its files (`PartitionWriter`). The results are the
 `PartitionResult`s finalize returns, for `commit_refresh`.
 
 Rows are conserved: the rows read are the rows routed (a full plan routes every row to a planned
@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import ConservationError, RefreshError
-from airflow_partitions.refresh.finalize import check_written_rows, conform_to_schema, written_entry
+from airflow_partitions.refresh.finalize import REWRITE_ADVICE, conform_to_schema, written_entry
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
 from airflow_partitions.refresh.stage_layout import discovered_but_empty, merge_conservation_errors
 from airflow_partitions.table import open_handle
+from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.write.row_hash import certify_rows, tally_table_by_partition
 
 if TYPE_CHECKING:
@@ -102,7 +103,6 @@ def arrow_refresh(
     whenever the source reads in batches (files, Postgres), False: one whole read.
     """
     from airflow_partitions.storage import get_storage
-    from airflow_partitions.write.routing import route_rows
 
     started = time.monotonic()
     if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
@@ -132,35 +132,7 @@ def arrow_refresh(
     table = conform_to_schema(source.read_all(), schema)
     transforms = [f.transform for f in dataset.acceleration.partition_by]
     names = plan.partition_names
-    routed = {
-        key.path(names): rows for key, rows in route_rows(table, transforms, dataset=dataset.name).items()
-    }
-    planned = {item.key_path: item for item in plan.items}
-    unplanned = {path: rows.num_rows for path, rows in routed.items() if path not in planned}
-    if unplanned and plans_every_partition(plan, selecting):
-        raise ConservationError(
-            dataset.name,
-            {path: (0, count) for path, count in sorted(unplanned.items())},
-            expected="rows planned for the partition (the plan does not contain it)",
-            actual="source rows routed to it",
-            hint="The source changed between discovery and the read, or discovery and routing disagree "
-            "on a partition value; nothing was written. Run the refresh again.",
-        )
-    routed_total = sum(routed[path].num_rows for path in planned if path in routed)
-    dropped = sum(unplanned.values())
-    if routed_total + dropped != table.num_rows:
-        raise ConservationError(
-            dataset.name,
-            {"[all partitions]": (table.num_rows, routed_total + dropped)},
-            expected="rows read from the source",
-            actual="rows routed to partitions",
-            hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
-        )
-    if plan.discovery is DiscoveryKind.DYNAMIC:
-        empty = [path for path in planned if path not in routed]
-        if empty:
-            raise discovered_but_empty(dataset.name, empty, actual="rows read")
-
+    routed, routed_total, dropped = route_checked(dataset, plan, table, selecting)
     written: dict[str, list[DataFile]] = {}
     # Every partition's certificate from one DuckDB aggregate over the rows in memory: a query per
     # partition cost more than the hashing itself. A partition the aggregate counts otherwise than the
@@ -216,8 +188,10 @@ def write_partition(
     """Write one planned partition's `rows` with the storage engine (`files` collects what is written, for
     removal on failure), count them back from the files and return its unpublished result."""
     mark = time.monotonic()
-    files.extend(engine.write(rows, data_root, item.key_path) if rows.num_rows else [])
-    check_written_rows(dataset.name, item.key_path, engine, data_root, files, rows.num_rows)
+    writer = PartitionWriter.local(engine, data_root, dataset.name)
+    written_here = writer.write(item.key_path, rows, check=False)
+    files.extend(written_here.files)  # removed when the counts are refused
+    writer.check(item.key_path, files, written_here.rows, rows.num_rows, "rows read", REWRITE_ADVICE)
     certificate = certificate_of(item.key_path, rows)
     entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certificate)
     return PartitionResult(entry, elapsed_s=time.monotonic() - mark, routed=rows.num_rows)
@@ -259,6 +233,47 @@ def write_planned(
     for key_path in failures:
         remove_written(engine, data_root, written.get(key_path, []))
     return results, failures
+
+
+def route_checked(
+    dataset: DatasetSpec, plan: RefreshPlan, table: pa.Table, selecting: bool
+) -> tuple[dict[str, pa.Table], int, int]:
+    """`table`'s rows by partition key path, the rows routed to planned partitions and the rows dropped
+    (of partitions a selection leaves out). `ConservationError` when a row goes to a partition a full
+    plan lacks, routing lost or duplicated rows, or a discovered partition got none."""
+    from airflow_partitions.write.routing import route_rows
+
+    transforms = [f.transform for f in dataset.acceleration.partition_by]
+    names = plan.partition_names
+    routed = {
+        key.path(names): rows for key, rows in route_rows(table, transforms, dataset=dataset.name).items()
+    }
+    planned = {item.key_path: item for item in plan.items}
+    unplanned = {path: rows.num_rows for path, rows in routed.items() if path not in planned}
+    if unplanned and plans_every_partition(plan, selecting):
+        raise ConservationError(
+            dataset.name,
+            {path: (0, count) for path, count in sorted(unplanned.items())},
+            expected="rows planned for the partition (the plan does not contain it)",
+            actual="source rows routed to it",
+            hint="The source changed between discovery and the read, or discovery and routing disagree "
+            "on a partition value; nothing was written. Run the refresh again.",
+        )
+    routed_total = sum(routed[path].num_rows for path in planned if path in routed)
+    dropped = sum(unplanned.values())
+    if routed_total + dropped != table.num_rows:
+        raise ConservationError(
+            dataset.name,
+            {"[all partitions]": (table.num_rows, routed_total + dropped)},
+            expected="rows read from the source",
+            actual="rows routed to partitions",
+            hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
+        )
+    if plan.discovery is DiscoveryKind.DYNAMIC:
+        empty = [path for path in planned if path not in routed]
+        if empty:
+            raise discovered_but_empty(dataset.name, empty, actual="rows read")
+    return routed, routed_total, dropped
 
 
 def remove_written(engine: PartitionStorage, data_root: Path, files: Sequence[DataFile]) -> None:

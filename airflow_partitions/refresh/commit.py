@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
+from airflow_partitions.objectstore import LocalStore
 from airflow_partitions.refresh.failures import FailureStore
 from airflow_partitions.refresh.plan import (
     CommitResult,
@@ -29,17 +30,18 @@ from airflow_partitions.refresh.plan import (
 )
 from airflow_partitions.refresh.stage_layout import read_stage_manifest, remove_stage, stage_location
 from airflow_partitions.table import open_handle
+from airflow_partitions.table.partition_writer import PartitionWriter
+from airflow_partitions.table.publish import CommitBuilder
 from airflow_partitions.write.row_hash import bind_certificate
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
-    from airflow_partitions.objectstore import SettingsLike
+    from airflow_partitions.objectstore import ObjectStore, SettingsLike
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile
-    from airflow_partitions.table import DatasetHandle
 
 
 def value_kind_of(arrow_type: pa.DataType) -> str:
@@ -83,35 +85,9 @@ def commit_refresh(
     Under an `s3://` accelerator_dir every file is checked to exist on S3 before the catalog references
     it, and a stage on S3 is deleted there; `s3_settings` reach S3 (unset: the AWS environment).
     """
-    if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
-        raise RefreshError(
-            f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r}; "
-            "plan again"
-        )
     finished = list(results)
     planned = {item.key_path: item for item in plan.items}
-    unexpected = sorted({r.key_path for r in finished} - set(planned))
-    if unexpected:
-        raise RefreshError(
-            f"results for partitions the plan does not contain: {unexpected[:5]}; not committed"
-        )
-    mismatched = sorted(r.key_path for r in finished if r.spec_id != plan.spec_id)
-    if mismatched:
-        raise RefreshError(f"results written under another partition spec: {mismatched[:5]}; not committed")
-    by_path = {r.key_path: r for r in finished}
-    missing = tuple(path for path in planned if path not in by_path)
-    if missing and require_all:
-        raise RefreshError(
-            f"{len(missing)} of {len(planned)} planned partition(s) have no result (failed or not run), e.g. "
-            f"{', '.join(missing[:5])}; the catalog is untouched. Retry those partitions, or commit the "
-            "others "
-            "with require_all=False"
-        )
-    if plan.replace_all and missing:
-        raise RefreshError(
-            f"re-partitioning {dataset.name!r} replaces every partition, but {len(missing)} have no result; "
-            "retry them before committing"
-        )
+    by_path, missing = _check_results(dataset, plan, finished, require_all)
     counts = check_conservation(
         dataset.name, plan, [by_path[p] for p in planned if p in by_path], stage, missing, s3_settings
     )
@@ -123,49 +99,28 @@ def commit_refresh(
     catalog = catalog or handle.catalog
     storage = catalog.storage or handle.storage
     root = catalog.data_root or handle.local_root
-    base = appended_to(catalog, dataset.name, plan, finished)
-    entries = []
-    appended_rows = 0
-    if not handle.local_data:
-        _check_uploaded(handle, [f for r in finished for f in r.files])
-    for key_path in planned:
-        result = by_path.get(key_path)
-        if result is None:
-            continue
-        if not handle.local_data:
-            # Objects on S3 are final once uploaded: no engine finishes them at commit time.
-            published = list(result.files)
-        else:
-            published = storage.publish(Path(root), result.files) if result.files else []
-        if result.appended:
-            # The committed files stay; the new ones join them in the same atomic commit.
-            before = base[key_path]
-            entry = result.entry.with_files([*before.files, *published])
-            # The certificate of old rows plus new ones is the sum of both (None if either has none).
-            added = result.entry.certificate
-            entry = replace(entry, certificate=added.plus(before.certificate) if added is not None else None)
-            entry = replace(entry, certificate=bind_certificate(entry.certificate, entry.files))
-            check_appended_rows(dataset.name, key_path, before.rows, result.rows, entry.rows)
-            appended_rows += result.rows
-            entries.append(entry)
-        else:
-            entry = result.entry.with_files(published)
-            entries.append(replace(entry, certificate=bind_certificate(entry.certificate, entry.files)))
+    # The partition files' store: the catalog's data store on S3, else the local data root.
+    writer = PartitionWriter(storage, catalog.data_store or LocalStore(root), Path(root), dataset.name)
+    entries, appended_rows = published_entries(
+        writer, catalog, plan, [by_path[p] for p in planned if p in by_path]
+    )
     if not entries and not plan.removed and not plan.replace_all:
         version = None
     else:
         location = stage_location(stage)
         if commit_id is None:
             commit_id = Path(location).name if location else plan_commit_id(plan)
-        version = catalog.commit(
-            base_version=plan.base_version,
-            upserts=entries,
-            removes=list(plan.removed),
-            partition_spec=partition_spec_info(dataset),
-            replace_all=plan.replace_all,
-            commit_id=commit_id,
+        builder = CommitBuilder(
+            catalog,
+            "refresh",
+            plan.base_version,
+            partition_spec_info(dataset),
+            commit_id,
             conservation=recorded,
         )
+        builder.add(entries)
+        builder.remove(plan.removed)
+        version = builder.commit(replace_all=plan.replace_all)
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
     if plan.cdc is not None and not missing:
@@ -191,6 +146,72 @@ def commit_refresh(
         refresh_mode=plan.refresh_mode,
         null_watermark_rows=unread_nulls,
     )
+
+
+def _check_results(
+    dataset: DatasetSpec, plan: RefreshPlan, finished: Sequence[PartitionResult], require_all: bool
+) -> tuple[dict[str, PartitionResult], tuple[str, ...]]:
+    """The results by key path and the planned partitions without one; `RefreshError` (catalog
+    untouched) for a result of another plan or spec, or a missing one when every one is required."""
+    if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
+        raise RefreshError(
+            f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r}; "
+            "plan again"
+        )
+    planned = {item.key_path: item for item in plan.items}
+    unexpected = sorted({r.key_path for r in finished} - set(planned))
+    if unexpected:
+        raise RefreshError(
+            f"results for partitions the plan does not contain: {unexpected[:5]}; not committed"
+        )
+    mismatched = sorted(r.key_path for r in finished if r.spec_id != plan.spec_id)
+    if mismatched:
+        raise RefreshError(f"results written under another partition spec: {mismatched[:5]}; not committed")
+    by_path = {r.key_path: r for r in finished}
+    missing = tuple(path for path in planned if path not in by_path)
+    if missing and require_all:
+        raise RefreshError(
+            f"{len(missing)} of {len(planned)} planned partition(s) have no result (failed or not run), e.g. "
+            f"{', '.join(missing[:5])}; the catalog is untouched. Retry those partitions, or commit the "
+            "others "
+            "with require_all=False"
+        )
+    if plan.replace_all and missing:
+        raise RefreshError(
+            f"re-partitioning {dataset.name!r} replaces every partition, but {len(missing)} have no result; "
+            "retry them before committing"
+        )
+    return by_path, missing
+
+
+def published_entries(
+    writer: PartitionWriter, catalog: Catalog, plan: RefreshPlan, results: Sequence[PartitionResult]
+) -> tuple[list[PartitionEntry], int]:
+    """The catalog entries of `results` (in plan order) with their files published, and the rows
+    appended: an appended result's files join the partition's committed ones (rows checked, certificates
+    summed); any other result's files replace them. Files on S3 must be there (uploaded by finalize)."""
+    if writer.uploads:
+        _check_uploaded(writer.store, [f for r in results for f in r.files])
+    base = appended_to(catalog, writer.dataset, plan, results)
+    entries = []
+    appended_rows = 0
+    for result in results:
+        published = writer.publish(result.files)
+        if result.appended:
+            # The committed files stay; the new ones join them in the same atomic commit.
+            before = base[result.key_path]
+            entry = result.entry.with_files([*before.files, *published])
+            # The certificate of old rows plus new ones is the sum of both (None if either has none).
+            added = result.entry.certificate
+            entry = replace(entry, certificate=added.plus(before.certificate) if added is not None else None)
+            entry = replace(entry, certificate=bind_certificate(entry.certificate, entry.files))
+            check_appended_rows(writer.dataset, result.key_path, before.rows, result.rows, entry.rows)
+            appended_rows += result.rows
+            entries.append(entry)
+        else:
+            entry = result.entry.with_files(published)
+            entries.append(replace(entry, certificate=bind_certificate(entry.certificate, entry.files)))
+    return entries, appended_rows
 
 
 def watermark_audit_record(plan: RefreshPlan) -> dict[str, Any]:
@@ -334,9 +355,8 @@ def check_conservation(
     )
 
 
-def _check_uploaded(handle: DatasetHandle, files: Sequence[DataFile]) -> None:
+def _check_uploaded(store: ObjectStore, files: Sequence[DataFile]) -> None:
     """Refuse to reference a file that is not on S3 (a finalize that returned without its upload)."""
-    store = handle.data_store
     absent = [f.path for f in files if not store.exists(f.path)]
     if absent:
         raise RefreshError(

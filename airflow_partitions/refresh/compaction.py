@@ -34,10 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.catalog.model import file_key_path
 from airflow_partitions.exceptions import CompactionError, ConservationError
+from airflow_partitions.objectstore import LocalStore
 from airflow_partitions.storage.integrity import check_files
 from airflow_partitions.table import open_handle
+from airflow_partitions.table.partition_writer import PartitionWriter
+from airflow_partitions.table.publish import CommitBuilder
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry, Snapshot
@@ -226,24 +228,19 @@ def run_compaction(
             # give them a new file with a matching checksum (and vacuum would then delete the evidence).
             check_files(storage, root, item.merged, dataset=dataset.name)
             table = storage.read(root, item.merged)
-            writer = _writer(dataset, storage, table.num_rows, sum(f.bytes for f in item.merged), plan)
-            # A partition of an older layout (a re-partitioning in progress) keeps its key path; its files
-            # go where files of that layout are written.
-            written = writer.write(table, root, file_key_path(entry.key_path)) if table.num_rows else []
-            counted = sum(writer.count_rows(root, f) for f in written)
-            if table.num_rows != merged_rows or counted != merged_rows:
-                # Report the first count that differs: the rows read back, else the rows in the new files.
-                differing = table.num_rows if table.num_rows != merged_rows else counted
-                mismatched[item.key_path] = (merged_rows, differing)
+            if table.num_rows != merged_rows:  # the rows read back differ from the catalog's
+                mismatched[item.key_path] = (merged_rows, table.num_rows)
                 continue
-            if remote is not None:
-                from airflow_partitions.storage.remote import upload_partition_files
-
-                # Objects on S3 are final once uploaded (write-once, read back): no engine publishes them.
-                upload_partition_files(remote, root, written)
-                published = list(written)
-            else:
-                published = writer.publish(root, written) if written else []
+            engine = _writer(dataset, storage, table.num_rows, sum(f.bytes for f in item.merged), plan)
+            writer = PartitionWriter(engine, remote or LocalStore(root), root, dataset.name)
+            try:
+                # A partition of an older layout (a re-partitioning in progress) keeps its key path; its
+                # files go where files of that layout are written.
+                written = writer.write(entry.key_path, table, expected=merged_rows)
+            except ConservationError as err:
+                mismatched.update(err.partitions)
+                continue
+            published = writer.publish(written.files)
             new_entry = entry.with_files((*item.kept, *published))
             if new_entry.rows != entry.rows:
                 mismatched[item.key_path] = (entry.rows, new_entry.rows)
@@ -273,12 +270,11 @@ def run_compaction(
             actual="rows in its compacted files",
             hint="The new files are unreferenced and vacuum removes them.",
         )
-    version = catalog.commit(
-        base_version=plan.base_version,
-        upserts=entries,
-        partition_spec=snapshot.partition_spec,
-        operation=COMPACT_OPERATION,
-    )
+    builder = CommitBuilder(catalog, COMPACT_OPERATION, plan.base_version, snapshot.partition_spec)
+    builder.add(entries)
+    rows = sum(e.rows for e in entries)
+    builder.count({"partitions_checked": len(entries), "routed": rows, "written": rows, "source_rows": None})
+    version = builder.commit()
     return CompactionReport(
         dataset.name,
         False,

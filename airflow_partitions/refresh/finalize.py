@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import PartitionEntry, RowCertificate
 from airflow_partitions.exceptions import ConservationError, RefreshError, StorageError
+from airflow_partitions.objectstore import LocalStore
 from airflow_partitions.refresh.leftovers import mark_stage_in_use
 from airflow_partitions.refresh.modes import rows_since
 from airflow_partitions.refresh.plan import (
@@ -44,12 +45,15 @@ from airflow_partitions.refresh.stage_layout import (
 from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.table import open_handle
+from airflow_partitions.table.partition_writer import PartitionWriter
+from airflow_partitions.write.merge import remove_keys
 from airflow_partitions.write.row_hash import certify_rows
+from airflow_partitions.write.rows import conform_columns
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.objectstore import SettingsLike
+    from airflow_partitions.objectstore import ObjectStore, SettingsLike
     from airflow_partitions.sources import RowsSince, Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
@@ -57,27 +61,25 @@ if TYPE_CHECKING:
 
 
 def conform_to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly `schema`'s columns, order and types (Spark may widen or relabel types)."""
-    import pyarrow as pa
-
-    missing = [name for name in schema.names if name not in table.column_names]
-    if missing:
+    """`table` with exactly `schema`'s columns, order and types (Spark may widen or relabel types; other
+    columns are left out): `write.rows.conform_columns`, with the errors of staged rows."""
+    wanted = set(schema.names)
+    result = conform_columns(
+        table.select([i for i, n in enumerate(table.column_names) if n in wanted]), schema
+    )
+    if result.table is not None:
+        return result.table
+    if result.repeated:
+        raise RefreshError(f"staged rows name column(s) {list(result.repeated)} more than once; stage again")
+    if result.missing:
         raise RefreshError(
-            f"staged rows lack source column(s) {missing}; the stage is inconsistent, stage again"
+            f"staged rows lack source column(s) {list(result.missing)}; the stage is inconsistent, stage "
+            "again"
         )
-    columns = []
-    for target in schema:
-        column = table.column(target.name)
-        if column.type != target.type:
-            try:
-                column = column.cast(target.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-                raise RefreshError(
-                    f"staged column {target.name!r} ({column.type}) cannot be read back as "
-                    f"{target.type}: {err}"
-                ) from err
-        columns.append(column)
-    return pa.table(columns, schema=schema)
+    name, given, err = result.uncastable[0]
+    raise RefreshError(
+        f"staged column {name!r} ({given}) cannot be read back as {schema.field(name).type}: {err}"
+    ) from err
 
 
 def read_staged_rows(location: str, index: int, schema: pa.Schema) -> pa.Table:
@@ -329,16 +331,18 @@ def rewrite_failed_item(
             "since the stage; run the refresh again.",
         )
     verify_partition(table, transforms, item.partition_key.values, item.key_path)
-    engine = get_storage(dataset.acceleration)
-    root = open_handle(project, dataset).local_root
+    writer = PartitionWriter.local(
+        get_storage(dataset.acceleration), open_handle(project, dataset).local_root, dataset.name
+    )
     try:
-        files = engine.write(table, root, item.key_path) if table.num_rows else []
+        files = writer.write(
+            item.key_path, table, expected=routed, expected_as="rows read", advice=REWRITE_ADVICE
+        ).files
     except (StorageError, OSError) as err:
         raise RefreshError(
             f"partition {item.key_path}: the Spark executor could not write its files ({staged['error']}), "
             f"and neither could this retry: {err}. Fix the cause and clear this task again"
         ) from err
-    check_written_rows(dataset.name, item.key_path, engine, root, files, routed)
     entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certify_rows(table))
     return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed, appended=item.append)
 
@@ -388,17 +392,19 @@ def _finalize(
     changed_here: int | None = None
     engine = storage or get_storage(dataset.acceleration)
     root = Path(data_root) if data_root is not None else open_handle(project, dataset).local_root
+    # With `upload`, `root` is private scratch and the files go to the dataset's store on S3.
+    store: ObjectStore = (
+        open_handle(project, dataset, s3_settings=s3_settings).data_store if upload else LocalStore(root)
+    )
+    writer = PartitionWriter(engine, store, root, dataset.name)
     if manifest.mode is StageMode.CHANGES or item.changes:  # (a written stage's failed item: merged here)
         changed = read_staged_changes(location, manifest.schema)
-        if upload and item.base_files:  # the committed files live on the object store: fetch them once
-            from airflow_partitions.refresh import remote
+        if writer.uploads and item.base_files:  # the committed files live on S3: fetch them once
             from airflow_partitions.storage.remote import fetch_partition_files
 
-            fetch_partition_files(
-                open_handle(project, dataset, s3_settings=s3_settings).data_store, root, item.base_files
-            )
+            fetch_partition_files(store, root, item.base_files)
         primary_key = dataset.acceleration.primary_key
-        table, changed_here = upsert_changes(
+        table, changed_here = merge_changes(
             dataset.name, primary_key, engine, root, changed, item, transforms, key, manifest.schema
         )
         routed = table.num_rows
@@ -430,14 +436,9 @@ def _finalize(
     # (Changes may empty a partition: every row of it moved or ... it had none.)
     if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC and since is None and not item.changes:
         raise discovered_but_empty(dataset.name, [item.key_path], actual="rows read")
-    files = engine.write(table, root, item.key_path) if table.num_rows else []
-    check_written_rows(dataset.name, item.key_path, engine, root, files, routed)
-    if upload and files:
-        from airflow_partitions.refresh import remote
-
-        remote.upload_partition_files(
-            open_handle(project, dataset, s3_settings=s3_settings).data_store, root, files
-        )
+    files = writer.write(
+        item.key_path, table, expected=routed, expected_as="rows read", advice=REWRITE_ADVICE
+    ).files
     entry = written_entry(item, spec_id, files, certify_rows(table))
     return PartitionResult(
         entry,
@@ -448,7 +449,7 @@ def _finalize(
     )
 
 
-def upsert_changes(
+def merge_changes(
     dataset: str,
     primary_key: Sequence[str],
     engine: PartitionStorage,
@@ -460,47 +461,55 @@ def upsert_changes(
     schema: pa.Schema,
 ) -> tuple[pa.Table, int]:
     """refresh_mode changes: the partition's committed rows minus every changed key (a changed row
-    leaves the partition it was in, whether it stays or moves), plus the `changed` rows routed here.
+    leaves the partition it was in, whether it stays or moves), plus the `changed` rows routed here
+    (`write.merge.remove_keys`, the rule upserts follow; the partition is rewritten whole).
 
     Returns the rows to write and how many of them are changed rows.
     """
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     from airflow_partitions.sources.pg_cdc import deleted_mask
-    from airflow_partitions.write.merge import upsert_rows
 
     keys = list(primary_key)
     # Change data capture stages keys to delete too (marked; their other columns are NULL): they leave
     # the partition like every changed key, and are routed nowhere.
     deleting = deleted_mask(changed)
     changed = conform_to_schema(changed, schema)
-    if item.base_files:
-        base = conform_to_schema(engine.read(root, list(item.base_files), schema=schema), schema)
-    else:
-        base = schema.empty_table()
+
+    def read(files: Sequence[DataFile], columns: Sequence[str] | None) -> pa.Table:
+        del columns  # the whole partition is read (and rewritten)
+        return conform_to_schema(engine.read(root, list(files), schema=schema), schema)
+
+    removal = remove_keys(item.base_files, read, keys, changed.select(keys), keep_untouched=False)
+    kept = removal.survivors if removal.survivors is not None else schema.empty_table()
     committed = sum(f.rows for f in item.base_files)
-    if base.num_rows != committed:
+    if kept.num_rows + removal.removed != committed:
         raise ConservationError(
             dataset,
-            {item.key_path: (committed, base.num_rows)},
+            {item.key_path: (committed, kept.num_rows + removal.removed)},
             expected="rows the catalog records for the partition",
             actual="rows read from its files",
             hint="The partition's committed files changed on disk; run a full refresh.",
         )
     upserted = changed if deleting is None else changed.filter(pc.invert(deleting))
     here = filter_to_key(upserted, transforms, key)
-    # Every changed key leaves the partition (it may have moved), then the rows routed here join it.
-    merged = upsert_rows(base, here, keys, replaces=changed.select(keys))
-    if base.num_rows - merged.removed + merged.added != merged.rows:
+    # Every changed key left the partition (it may have moved); the rows routed here join it.
+    table = (
+        pa.concat_tables([kept, here])
+        if kept.num_rows and here.num_rows
+        else (kept if here.num_rows == 0 else here)
+    )
+    if committed - removal.removed + here.num_rows != table.num_rows:
         raise ConservationError(
             dataset,
-            {item.key_path: (base.num_rows - merged.removed + merged.added, merged.rows)},
+            {item.key_path: (committed - removal.removed + here.num_rows, table.num_rows)},
             expected="committed rows - changed or deleted keys + changed rows routed here",
             actual="rows after the merge",
             hint="The merge of the changes lost or duplicated rows; nothing was published. Run the refresh "
             "again.",
         )
-    return merged.table, merged.added
+    return table, here.num_rows
 
 
 def verify_past_watermark(table: pa.Table, since: RowsSince, key_path: str) -> None:
@@ -534,30 +543,4 @@ def staged_source(dataset: DatasetSpec, manifest: StageManifest, location: str) 
     return source
 
 
-def check_written_rows(
-    dataset: str,
-    key_path: str,
-    engine: PartitionStorage,
-    root: Path,
-    files: Sequence[DataFile],
-    expected: int,
-) -> None:
-    """Refuse written files that do not hold exactly `expected` rows, counted back from the files.
-
-    The writer's own numbers (`DataFile.rows`) must agree with the files too: the commit and readers
-    trust them.
-    """
-    counted = [engine.count_rows(root, f) for f in files]
-    written = sum(counted)
-    declared = sum(f.rows for f in files)
-    if written != expected or declared != written:
-        shown = written if written != expected else declared
-        raise ConservationError(
-            dataset,
-            {key_path: (expected, shown)},
-            expected="rows read",
-            actual="rows in the written files" if written != expected else "rows the writer recorded",
-            hint=f"The {engine.engine} writer did not write the rows it was given (files: "
-            f"{', '.join(f.path for f in files) or 'none'}); they are not referenced and vacuum removes "
-            "them. Check the storage engine and the disk, then run the refresh again.",
-        )
+REWRITE_ADVICE = "Check the storage engine and the disk, then run the refresh again."

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from airflow_partitions.catalog import PartitionEntry, Snapshot
     from airflow_partitions.spec.model import DatasetSpec
     from airflow_partitions.storage import DataFile
+    from airflow_partitions.transforms import Transform
 
 
 def partition_watermark(entry: PartitionEntry, column: str) -> Any:
@@ -468,13 +469,10 @@ def plan_changes(
     Ties: the read starts AT the watermark (`>=`), so rows updated within the same timestamp as the newest
     committed row are not lost; re-applying one already committed replaces it by key with itself.
     """
-    import datetime as dt
     import time
 
-    import pyarrow as pa
     import pyarrow.compute as pc
 
-    from airflow_partitions.keys import PartitionKey
     from airflow_partitions.sources.postgres import PostgresSource
 
     started = time.monotonic()
@@ -492,14 +490,7 @@ def plan_changes(
     # A transaction still open may commit rows stamped before rows committed now (`ts = now()` is its
     # start): read only below the oldest open writer's start, so the next read still starts before them.
     open_since = source.oldest_open_write() if bound is not None else None
-    cap: Any = None
-    if open_since is not None:
-        cap = open_since - dt.timedelta(microseconds=1)
-        if not isinstance(bound, dt.datetime):  # a date column: stop the day before
-            cap = cap.date() - dt.timedelta(days=1)
-        elif getattr(column_type, "tz", None) is None:
-            cap = cap.replace(tzinfo=None)
-    changed = source.read_changed(wanted, column, watermark, cap)
+    changed = source.read_changed(wanted, column, watermark, _read_cap(open_since, bound, column_type))
     names = acceleration.partition_names
     upper = pc.max(changed.column(column)).as_py() if changed.num_rows else None
     landing: set[tuple[Any, ...]] = set()
@@ -507,14 +498,7 @@ def plan_changes(
         values = [t.apply_table(changed).to_pylist() for t in transforms]
         landing = set(zip(*values, strict=True))
     touched = changes_touched(snapshot, names, landing, keys[0], changed.column(keys[0]).to_pylist())
-    future_rows: dict[str, int] = {}
-    if bound is not None and changed.num_rows:
-        ahead = pc.fill_null(pc.greater(changed.column(column), pa.scalar(bound, type=column_type)), False)
-        later = changed.filter(ahead)
-        later_keys = zip(*[t.apply_table(later).to_pylist() for t in transforms], strict=True)
-        for key in later_keys:
-            path = PartitionKey(tuple(key)).path(names)
-            future_rows[path] = future_rows.get(path, 0) + 1
+    future_rows = _future_rows(changed, column, column_type, bound, transforms, names)
     tag = schema_tag(source.schema())
     fingerprint = tagged_fingerprint(tag, f"changes-{value_to_json(upper)}")
     items = changes_items(
@@ -550,27 +534,7 @@ def plan_changes(
         discovery=DiscoveryKind.DYNAMIC,
         fingerprint_granularity="partition",
         elapsed_s=time.monotonic() - started,
-        notes=(
-            *(
-                [f"{DETECTION_NOTE}{acceleration.refresh.detection_reason}"]
-                if acceleration.refresh.change_detection is None
-                else []
-            ),
-            f"{changed.num_rows} row(s) changed since {column} >= {watermark!r}"
-            + (
-                f", up to before the oldest open transaction ({open_since.isoformat()})" if open_since else ""
-            ),
-            *(
-                [
-                    f"{sum(future_rows.values()):,} changed row(s) have a watermark past now + "
-                    f"{acceleration.refresh.max_future_skew_s:g} s (taken; the next read does not start "
-                    "there): " + ", ".join(f"{p} ({n:,})" for p, n in sorted(future_rows.items())[:10])
-                ]
-                if future_rows
-                else []
-            ),
-            *audit_notes,
-        ),
+        notes=_changes_notes(dataset, changed.num_rows, watermark, open_since, future_rows, audit_notes),
         future_rows=dict(sorted(future_rows.items())),
         late_rows=late,
         late_rows_policy=str(acceleration.refresh.late_rows),
@@ -579,6 +543,80 @@ def plan_changes(
         changed_rows=changed.num_rows,
         changed_partitions=len(items),
     )
+
+
+def _changes_notes(
+    dataset: DatasetSpec,
+    changed: int,
+    watermark: Any,
+    open_since: Any,
+    future_rows: Mapping[str, int],
+    audit_notes: Sequence[str],
+) -> tuple[str, ...]:
+    """The notes of a changes plan: implied detection, rows read, rows from the future, audit findings."""
+    acceleration = dataset.acceleration
+    column = acceleration.refresh.watermark_column
+    return (
+        *(
+            [f"{DETECTION_NOTE}{acceleration.refresh.detection_reason}"]
+            if acceleration.refresh.change_detection is None
+            else []
+        ),
+        f"{changed} row(s) changed since {column} >= {watermark!r}"
+        + (f", up to before the oldest open transaction ({open_since.isoformat()})" if open_since else ""),
+        *(
+            [
+                f"{sum(future_rows.values()):,} changed row(s) have a watermark past now + "
+                f"{acceleration.refresh.max_future_skew_s:g} s (taken; the next read does not start "
+                "there): " + ", ".join(f"{p} ({n:,})" for p, n in sorted(future_rows.items())[:10])
+            ]
+            if future_rows
+            else []
+        ),
+        *audit_notes,
+    )
+
+
+def _read_cap(open_since: Any, bound: Any, column_type: pa.DataType) -> Any:
+    """Where a changes read stops: a transaction still open may commit rows stamped before rows committed
+    now (`ts = now()` is its start), so read only below the oldest open writer's start (`open_since`),
+    and the next read still starts before them. None: no open writer, read up to the newest."""
+    import datetime as dt
+
+    if open_since is None:
+        return None
+    cap = open_since - dt.timedelta(microseconds=1)
+    if not isinstance(bound, dt.datetime):  # a date column: stop the day before
+        return cap.date() - dt.timedelta(days=1)
+    if getattr(column_type, "tz", None) is None:
+        return cap.replace(tzinfo=None)
+    return cap
+
+
+def _future_rows(
+    changed: pa.Table,
+    column: str,
+    column_type: pa.DataType,
+    bound: Any,
+    transforms: Sequence[Transform],
+    names: Sequence[str],
+) -> dict[str, int]:
+    """Changed rows per partition whose watermark is past `bound` (now + the allowed skew)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from airflow_partitions.keys import PartitionKey
+
+    future_rows: dict[str, int] = {}
+    if bound is None or not changed.num_rows:
+        return future_rows
+    ahead = pc.fill_null(pc.greater(changed.column(column), pa.scalar(bound, type=column_type)), False)
+    later = changed.filter(ahead)
+    later_keys = zip(*[t.apply_table(later).to_pylist() for t in transforms], strict=True)
+    for key in later_keys:
+        path = PartitionKey(tuple(key)).path(names)
+        future_rows[path] = future_rows.get(path, 0) + 1
+    return future_rows
 
 
 def audit_changes(

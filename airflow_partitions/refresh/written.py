@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import RowCertificate
 from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.write.row_hash import certify_rows
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table)
             if since is not None:  # an appended row at or below the watermark would be a duplicate
                 verify_past_watermark(table, since, key_path)
         files, written = _write_final_files(
-            job.storage, table, key_path, job.data_root, job.upload_url, job.s3_settings
+            job.dataset, job.storage, table, key_path, job.data_root, job.upload_url, job.s3_settings
         )
         certificate = certify_rows(table)
     except Exception as err:
@@ -188,6 +189,7 @@ def _result_row(
 
 
 def _write_final_files(
+    dataset: str,
     storage: PartitionStorage,
     table: pa.Table,
     key_path: str,
@@ -195,20 +197,17 @@ def _write_final_files(
     upload_url: str | None,
     settings: S3Settings | None,
 ) -> tuple[list[DataFile], int]:
-    """Write a partition's final files and count their rows back: under the local dataset root, or (no
-    `data_root`) in this executor's private scratch, uploaded write-once to `upload_url` (checked)."""
+    """Write a partition's final files and count their rows back (`PartitionWriter`): under the local
+    dataset root, or (no `data_root`) in this executor's private scratch, uploaded write-once to
+    `upload_url` (checked). The driver compares the counts of every item at once."""
     if data_root is not None:
-        root = Path(data_root)
-        files = storage.write(table, root, key_path)
-        return files, sum(storage.count_rows(root, f) for f in files)
-    from airflow_partitions.storage.remote import upload_partition_files
-
+        written = PartitionWriter.local(storage, data_root, dataset).write(key_path, table, check=False)
+        return written.files, written.rows
     scratch = _scratch()
     try:
-        files = storage.write(table, scratch, key_path)
-        written = sum(storage.count_rows(scratch, f) for f in files)
-        upload_partition_files(_upload_store(upload_url, settings), scratch, files)
-        return files, written
+        writer = PartitionWriter(storage, _upload_store(upload_url, settings), scratch, dataset)
+        written = writer.write(key_path, table, check=False)
+        return written.files, written.rows
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -216,8 +215,9 @@ def _write_final_files(
 @dataclass(frozen=True)
 class ItemMergeJob:
     """refresh_mode changes on the executors: each task merges the staged changed rows into the committed
-    files of the items it receives (`upsert_changes`) and writes each partition's new files. It carries
-    the dataset's name and primary key, not its spec (whose source parameters may hold credentials)."""
+    files of the items it receives (`finalize.merge_changes`) and writes each partition's new files. It
+    carries the dataset's name and primary key, not its spec (whose source parameters may hold
+    credentials)."""
 
     dataset: str
     primary_key: tuple[str, ...]
@@ -259,7 +259,7 @@ def merge_items(job: ItemMergeJob, batches: Iterator[pa.RecordBatch]) -> Iterato
 def merge_item(job: ItemMergeJob, schema: pa.Schema, changed: pa.Table, index: int) -> dict[str, Any]:
     """One partition of a changes refresh: committed rows minus every changed key, plus the changed rows
     routed here, re-checked and written as the partition's new files. Fails alone, like `write_item`."""
-    from airflow_partitions.refresh.finalize import upsert_changes, verify_partition
+    from airflow_partitions.refresh.finalize import merge_changes, verify_partition
 
     if not 0 <= index < len(job.items):
         raise RefreshError(f"the Spark merge job received unplanned item {index}; plan again")
@@ -278,7 +278,7 @@ def merge_item(job: ItemMergeJob, schema: pa.Schema, changed: pa.Table, index: i
 
             fetch_partition_files(_upload_store(job.upload_url, job.s3_settings), scratch, item.base_files)
         base_root = scratch if scratch is not None else Path(str(job.data_root))
-        table, added = upsert_changes(
+        table, added = merge_changes(
             job.dataset,
             job.primary_key,
             job.storage,
@@ -294,7 +294,7 @@ def merge_item(job: ItemMergeJob, schema: pa.Schema, changed: pa.Table, index: i
             verify_partition(table, job.transforms, key, item.key_path)
         if table.num_rows:
             files, written = _write_final_files(
-                job.storage, table, item.key_path, job.data_root, job.upload_url, job.s3_settings
+                job.dataset, job.storage, table, item.key_path, job.data_root, job.upload_url, job.s3_settings
             )
         certificate = certify_rows(table)
     except Exception as err:

@@ -39,6 +39,7 @@ from airflow_partitions.snapshots.upload import (
     DEFAULT_MULTIPART_CHUNKSIZE,
     DEFAULT_MULTIPART_THRESHOLD,
 )
+from airflow_partitions.table.publish import CommitBuilder
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -226,15 +227,16 @@ def bootstrap_snapshot(
         committed_version = None
         if changed or removed:
             # A refused commit (a local refresh of the same partitions won) takes its downloads back too.
-            committed_version = catalog.commit(
-                base_version=local.version if local is not None else None,
-                upserts=changed,
-                removes=removed,
-                partition_spec=manifest.partition_spec,
-                other_specs=manifest.other_specs,
-                operation="bootstrap",
-                commit_id=_commit_id(layout, manifest, changed, removed),
+            builder = CommitBuilder(
+                catalog,
+                "bootstrap",
+                local.version if local is not None else None,
+                manifest.partition_spec,
+                _commit_id(layout, manifest, changed, removed),
             )
+            builder.add(changed)
+            builder.remove(removed)
+            committed_version = builder.commit(other_specs=manifest.other_specs)
     except BaseException:
         _discard(catalog, root, list(fetched.values()), placed, created_directories)
         raise

@@ -33,14 +33,20 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.catalog.model import PartitionEntry, RowCertificate, file_key_path, split_key_path
+from airflow_partitions.catalog.model import PartitionEntry, RowCertificate, split_key_path
 from airflow_partitions.exceptions import CommitConflictError, ConservationError, FilterError, WriteError
 from airflow_partitions.keys import PartitionKey
+from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.table.handle import open_handle
+from airflow_partitions.table.partition_writer import PartitionWriter
+from airflow_partitions.table.publish import CommitBuilder, new_commit_id
 from airflow_partitions.write.merge import (
     check_key_columns,
     check_unique_keys,
-    delete_rows_by_key,
+    key_bounds,
     key_match_mask,
+    may_hold_keys,
+    remove_keys,
 )
 from airflow_partitions.write.routing import route_to_paths
 from airflow_partitions.write.rows import RowsFile, arrow_rows, conform_rows, read_rows_file
@@ -172,6 +178,18 @@ class WriteTarget:
         return files
 
     @property
+    def writer(self) -> PartitionWriter:
+        """Writes the new files under `root`, into the data store (uploaded when it is S3)."""
+        store = self.remote if self.remote is not None else LocalStore(self.root)
+        return PartitionWriter(self.storage, store, self.root, self.dataset.name)
+
+    def read(self, files: Sequence[DataFile], columns: Sequence[str] | None = None) -> pa.Table:
+        """`files`' rows (`columns` only, when given) in the dataset's schema."""
+        return self.storage.read(
+            self.root, self.local(files), columns=list(columns) if columns else None, schema=self.schema
+        )
+
+    @property
     def base_version(self) -> int | None:
         return self.snapshot.version if self.snapshot is not None else None
 
@@ -202,21 +220,14 @@ def open_write_target(
     The schema is the acceleration's (a file of its most recently written partition), else the spec's
     `schema:` block, else the source's: writes never change the schema of a version.
     """
-    from airflow_partitions.catalog import dataset_directory, open_catalog, partition_spec_info
-    from airflow_partitions.storage import get_storage
+    from airflow_partitions.catalog import partition_spec_info
 
-    catalog = catalog or open_catalog(project, dataset, s3_settings=s3_settings)
-    storage = catalog.storage or get_storage(dataset.acceleration)
+    handle = open_handle(project, dataset, s3_settings=s3_settings)
+    catalog = catalog or handle.catalog
+    storage = catalog.storage or handle.storage
+    # The catalog's data store is set when the files live on S3: they are then rewritten in scratch.
     remote = getattr(catalog, "data_store", None)
-    if remote is not None:
-        import shutil
-        import tempfile
-
-        scratch = Path(project.accelerator_dir) / "_scratch"
-        scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
-        root = Path(tempfile.mkdtemp(prefix="write-", dir=scratch))
-    else:
-        root = Path(catalog.data_root or dataset_directory(project, dataset))
+    root = handle.scratch("write") if remote is not None else Path(catalog.data_root or handle.local_root)
     snapshot = catalog.latest()
     if schema is None:
         schema = acceleration_schema(dataset, snapshot, storage, root, remote)
@@ -233,6 +244,7 @@ def open_write_target(
         remote=remote,
     )
     if remote is not None:
+        import shutil
         import weakref
 
         weakref.finalize(target, shutil.rmtree, root, True)  # the scratch goes with the target
@@ -304,23 +316,8 @@ def _write_change(target: WriteTarget, change: PartitionChange) -> tuple[list[Da
     if not parts:
         return [], 0
     rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    files = target.storage.write(rows, target.root, file_key_path(change.key_path))
-    counted = sum(target.storage.count_rows(target.root, f) for f in files)
-    declared = sum(f.rows for f in files)
-    if counted != rows.num_rows or declared != counted:
-        raise ConservationError(
-            target.dataset.name,
-            {change.key_path: (rows.num_rows, counted if counted != rows.num_rows else declared)},
-            expected="rows to write",
-            actual="rows in the written files" if counted != rows.num_rows else "rows the writer recorded",
-            hint=f"The {target.storage.engine} writer did not write the rows it was given; the files are "
-            "not referenced and vacuum removes them. Check the disk, then write again.",
-        )
-    if target.remote is not None and files:
-        from airflow_partitions.storage.remote import upload_partition_files
-
-        upload_partition_files(target.remote, target.root, files)
-    return files, counted
+    written = target.writer.write(change.key_path, rows, advice="Check the disk, then write again.")
+    return written.files, written.rows
 
 
 def _written_certificate(change: PartitionChange) -> RowCertificate | None:
@@ -366,19 +363,60 @@ def commit_changes(
     earlier = committed_earlier(target, operation, commit_id, started)
     if earlier is not None:
         return earlier
-    commit_id = commit_id or f"{operation}-{uuid.uuid4().hex}"
-    now = dt.datetime.now(dt.UTC)
-    upserts: list[PartitionEntry] = []
-    removes: list[str] = []
-    written_files = 0
-    differing: dict[str, tuple[int | None, int]] = {}
-    added_total = removed_total = 0
+    commit_id = commit_id or new_commit_id(str(operation))
     active = [change for change in changes if change.changes_anything]
     # Partitions are written side by side (encoding and fsync release the GIL), as finalize does.
     workers = max(1, min(WRITE_WORKERS, len(active), os.cpu_count() or 2))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         outcomes = list(pool.map(lambda change: _write_change(target, change), active))
     pending = [(change, files, written) for change, (files, written) in zip(active, outcomes, strict=True)]
+    added_total, removed_total = _check_changes(target, operation, pending, rows_in)
+    builder = CommitBuilder(target.catalog, str(operation), target.base_version, target.spec_info, commit_id)
+    written_files = _add_entries(builder, target, pending, keep_fingerprints)
+    builder.count(
+        {
+            "partitions_checked": len(pending),
+            "routed": rows_in,
+            "written": sum(w for _, _, w in pending),
+            "source_rows": None,
+            "rows_in": rows_in,
+            "added": added_total,
+            "removed": removed_total,
+        }
+    )
+    version = None
+    if not builder.empty:
+        version = builder.commit(
+            check_intervening=claim.checker(target, builder.touched) if claim is not None else None
+        )
+    upserts, removes = builder.upserts, builder.removes
+    return WriteResult(
+        dataset=target.dataset.name,
+        operation=operation,
+        version=version,
+        base_version=target.base_version,
+        partitions=tuple(e.key_path for e in upserts),
+        removed_partitions=tuple(removes),
+        rows_in=rows_in,
+        rows_added=added_total,
+        rows_removed=removed_total,
+        files_written=written_files,
+        elapsed_s=time.monotonic() - started,
+        commit_id=commit_id if version is not None else None,
+    )
+
+
+Pending = tuple[PartitionChange, list["DataFile"], int]  # a change, its new files, rows counted in them
+
+
+def _check_changes(
+    target: WriteTarget, operation: WriteOperation, pending: Sequence[Pending], rows_in: int
+) -> tuple[int, int]:
+    """Every changed partition's rows after = rows before - removed + added (its kept files' rows plus
+    the rows counted in its new files), and the rows added = the rows given; (added, removed) in total.
+    Else `ConservationError`: nothing is published."""
+    differing: dict[str, tuple[int | None, int]] = {}
+    added_total = removed_total = 0
     for change, _files, written in pending:
         before_rows = change.before.rows if change.before is not None else 0
         kept_rows = sum(f.rows for f in change.kept)
@@ -403,17 +441,26 @@ def commit_changes(
             actual="rows added to partitions",
             hint="Routing lost or duplicated rows; nothing was published.",
         )
+    return added_total, removed_total
+
+
+def _add_entries(
+    builder: CommitBuilder, target: WriteTarget, pending: Sequence[Pending], keep_fingerprints: bool
+) -> int:
+    """Each changed partition's new entry (kept files + its published new ones), or its removal when it
+    is left without files; the number of new files."""
+    now = dt.datetime.now(dt.UTC)
+    written_files = 0
     for change, files, _written in pending:
-        # Objects on S3 are final once uploaded: no engine finishes them at commit time.
-        published = target.storage.publish(target.root, files) if files and target.remote is None else files
+        published = target.writer.publish(files)
         written_files += len(published)
         all_files = [*change.kept, *published]
         if not all_files:
             if change.before is not None:
-                removes.append(change.key_path)
+                builder.remove(change.key_path)
             continue
         fingerprint = change.before.source_fingerprint if change.before is not None else None
-        upserts.append(
+        builder.add(
             PartitionEntry(
                 key=change.key,
                 key_path=change.key_path,
@@ -428,42 +475,7 @@ def commit_changes(
                 certificate=_written_certificate(change),
             )
         )
-    conservation = {
-        "partitions_checked": len(pending),
-        "routed": rows_in,
-        "written": sum(w for _, _, w in pending),
-        "source_rows": None,
-        "rows_in": rows_in,
-        "added": added_total,
-        "removed": removed_total,
-    }
-    version = None
-    if upserts or removes:
-        touched = {e.key_path for e in upserts} | set(removes)
-        version = target.catalog.commit(
-            base_version=target.base_version,
-            upserts=upserts,
-            removes=removes,
-            partition_spec=target.spec_info,
-            operation=str(operation),
-            commit_id=commit_id,
-            conservation=conservation,
-            check_intervening=claim.checker(target, touched) if claim is not None else None,
-        )
-    return WriteResult(
-        dataset=target.dataset.name,
-        operation=operation,
-        version=version,
-        base_version=target.base_version,
-        partitions=tuple(e.key_path for e in upserts),
-        removed_partitions=tuple(removes),
-        rows_in=rows_in,
-        rows_added=added_total,
-        rows_removed=removed_total,
-        files_written=written_files,
-        elapsed_s=time.monotonic() - started,
-        commit_id=commit_id if version is not None else None,
-    )
+    return written_files
 
 
 @dataclass(frozen=True)
@@ -493,7 +505,7 @@ class KeyClaim:
                 # Files the base had were searched when the upsert was planned; only newer ones may hold
                 # a key now.
                 known = {f.path for f in before.files} if before is not None else set()
-                fresh = [f for f in entry.files if f.path not in known and _may_hold_keys(f, bounds)]
+                fresh = [f for f in entry.files if f.path not in known and may_hold_keys(f, bounds)]
                 if not fresh:
                     continue
                 held = target.storage.read(
@@ -645,33 +657,18 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
                 candidates += [p for p in target.snapshot.partitions if split_key_path(p)[0] is not None]
         else:
             candidates = list(target.snapshot.partitions.keys())
-    bounds = key_bounds(incoming_keys, keys)
     changes: dict[str, PartitionChange] = {}
     for key_path in candidates:
         before = target.entry(key_path)
         assert before is not None
-        change = PartitionChange(before.key, key_path, before)
-        for file in before.files:
-            if not _may_hold_keys(file, bounds):
-                change.kept.append(file)
-                continue
-            # Where the keys decide the partition, a routed partition's files likely hold some: read them
-            # whole once. Elsewhere read the key columns first, and the whole file only on a match.
-            if not key_decides:
-                columns = list(keys)
-                file_keys = target.storage.read(
-                    target.root, target.local([file]), columns=columns, schema=target.schema
-                )
-                if not key_match_mask(file_keys, incoming_keys, keys).true_count:
-                    change.kept.append(file)
-                    continue
-            existing = target.storage.read(target.root, target.local([file]), schema=target.schema)
-            merged = delete_rows_by_key(existing, incoming_keys, keys)
-            if merged.removed == 0:
-                change.kept.append(file)
-                continue
-            change.rewritten.append(merged.table)
-            change.removed += merged.removed
+        # Where the keys decide the partition, a routed partition's files likely hold some: read them
+        # whole once. Elsewhere read the key columns first, and the whole file only on a match.
+        removal = remove_keys(
+            before.files, target.read, keys, incoming_keys, keep_untouched=True, probe_keys=not key_decides
+        )
+        change = PartitionChange(before.key, key_path, before, kept=removal.kept, removed=removal.removed)
+        if removal.survivors is not None:
+            change.rewritten.append(removal.survivors)
         changes[key_path] = change
     for key_path, (key, partition_rows) in routed.items():
         if key_path not in changes:
@@ -680,54 +677,6 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
             changes[key_path] = PartitionChange(key, key_path, before, kept=kept)
         changes[key_path].added = partition_rows
     return list(changes.values())
-
-
-def key_bounds(keys_table: pa.Table, keys: Sequence[str]) -> dict[str, tuple[Any, Any, bool] | None]:
-    """Per key column: (min, max, has NULL) of the incoming keys (min / max None when all NULL), or None
-    when the bounds cannot rule out a file: an unordered type, or a NaN key (min / max skip NaN, and
-    file statistics leave NaN out, but a NaN key matches a NaN row)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    bounds: dict[str, tuple[Any, Any, bool] | None] = {}
-    for name in keys:
-        column = keys_table.column(name)
-        if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
-            bounds[name] = None
-            continue
-        try:
-            extremes = pc.min_max(column)
-            low, high = extremes["min"].as_py(), extremes["max"].as_py()
-        except Exception:  # an unordered type: no bounds, every file may match
-            bounds[name] = None
-            continue
-        bounds[name] = (low, high, column.null_count > 0)
-    return bounds
-
-
-def _may_hold_keys(file: DataFile, bounds: Mapping[str, tuple[Any, Any, bool] | None]) -> bool:
-    """Whether `file` may hold a row with one of the incoming keys, judged on its column statistics.
-
-    Never rules out on doubt: a column without statistics, or bounds that do not compare, may match.
-    """
-    for name, bound in bounds.items():
-        stats = file.stats.get(name)
-        if stats is None or bound is None:
-            continue
-        low, high, has_null = bound
-        null_may_match = has_null and stats.null_count > 0
-        if low is None or high is None:
-            values_may_match = low is None and high is None and not has_null  # unordered: keep
-        elif stats.min is None or stats.max is None:
-            values_may_match = stats.null_count < file.rows
-        else:
-            try:
-                values_may_match = not (high < stats.min or low > stats.max)
-            except TypeError:
-                values_may_match = True
-        if not (null_may_match or values_may_match):
-            return False
-    return True
 
 
 def delete(

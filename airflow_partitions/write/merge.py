@@ -11,14 +11,19 @@ encoded as a value, so matching is an integer join whatever the key types are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import WriteKeyError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from airflow_partitions.storage import DataFile
+
+# Reads partition files: all their columns (None) or the named ones, in the dataset's schema.
+ReadFiles = Callable[[Sequence["DataFile"], Sequence[str] | None], "pa.Table"]
 
 _ROW = "__ap_row"
 
@@ -198,3 +203,112 @@ def delete_rows_matching(existing: pa.Table, mask: pa.Array | pa.ChunkedArray) -
     drop = pc.fill_null(mask, False)
     kept = existing.filter(pc.invert(drop)) if existing.num_rows else existing
     return MergeResult(table=kept, kept=kept.num_rows, removed=existing.num_rows - kept.num_rows, added=0)
+
+
+# --- the one upsert / merge algorithm over a partition's files ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRemoval:
+    """A partition's files without the rows of some keys: the files kept as they are, the surviving rows
+    of the files that held a key (None: no file did, or none was read), and the rows removed."""
+
+    kept: list[DataFile]
+    survivors: pa.Table | None
+    removed: int
+
+
+def remove_keys(
+    files: Sequence[DataFile],
+    read: ReadFiles,
+    keys: Sequence[str],
+    key_rows: pa.Table,
+    *,
+    keep_untouched: bool,
+    probe_keys: bool = False,
+) -> KeyRemoval:
+    """The one upsert / merge rule, for writes (upsert), changes refreshes and the executors' merges:
+    every key among `key_rows`' (NULL-safe, `key_match_mask`) leaves the partition whose committed files
+    are `files`; the caller then adds the rows routed to it.
+
+    `keep_untouched` (a write): a file that holds none of the keys stays as it is; it is ruled out by its
+    column statistics, then (`probe_keys`) by reading its key columns, else by reading it. Without it (a
+    changes refresh, which rewrites the whole partition) every file is read, in one read, and `survivors`
+    holds all the rows kept.
+    """
+    import pyarrow as pa
+
+    if not keep_untouched:
+        if not files:
+            return KeyRemoval([], None, 0)
+        merged = delete_rows_by_key(read(files, None), key_rows, keys)
+        return KeyRemoval([], merged.table, merged.removed)
+    bounds = key_bounds(key_rows, keys)
+    kept: list[DataFile] = []
+    survivors: list[pa.Table] = []
+    removed = 0
+    for file in files:
+        if not may_hold_keys(file, bounds):
+            kept.append(file)
+            continue
+        if probe_keys and not key_match_mask(read([file], keys), key_rows, keys).true_count:
+            kept.append(file)
+            continue
+        merged = delete_rows_by_key(read([file], None), key_rows, keys)
+        if merged.removed == 0:
+            kept.append(file)
+            continue
+        survivors.append(merged.table)
+        removed += merged.removed
+    if not survivors:
+        return KeyRemoval(kept, None, 0)
+    table = pa.concat_tables(survivors) if len(survivors) > 1 else survivors[0]
+    return KeyRemoval(kept, table, removed)
+
+
+def key_bounds(keys_table: pa.Table, keys: Sequence[str]) -> dict[str, tuple[Any, Any, bool] | None]:
+    """Per key column: (min, max, has NULL) of the incoming keys (min / max None when all NULL), or None
+    when the bounds cannot rule out a file: an unordered type, or a NaN key (min / max skip NaN, and
+    file statistics leave NaN out, but a NaN key matches a NaN row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bounds: dict[str, tuple[Any, Any, bool] | None] = {}
+    for name in keys:
+        column = keys_table.column(name)
+        if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
+            bounds[name] = None
+            continue
+        try:
+            extremes = pc.min_max(column)
+            low, high = extremes["min"].as_py(), extremes["max"].as_py()
+        except Exception:  # an unordered type: no bounds, every file may match
+            bounds[name] = None
+            continue
+        bounds[name] = (low, high, column.null_count > 0)
+    return bounds
+
+
+def may_hold_keys(file: DataFile, bounds: Mapping[str, tuple[Any, Any, bool] | None]) -> bool:
+    """Whether `file` may hold a row with one of the incoming keys, judged on its column statistics.
+
+    Never rules out on doubt: a column without statistics, or bounds that do not compare, may match.
+    """
+    for name, bound in bounds.items():
+        stats = file.stats.get(name)
+        if stats is None or bound is None:
+            continue
+        low, high, has_null = bound
+        null_may_match = has_null and stats.null_count > 0
+        if low is None or high is None:
+            values_may_match = low is None and high is None and not has_null  # unordered: keep
+        elif stats.min is None or stats.max is None:
+            values_may_match = stats.null_count < file.rows
+        else:
+            try:
+                values_may_match = not (high < stats.min or low > stats.max)
+            except TypeError:
+                values_may_match = True
+        if not (null_may_match or values_may_match):
+            return False
+    return True

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +27,15 @@ from airflow_partitions.exceptions import (
     SpecValidationError,
     WriteError,
 )
+from airflow_partitions.table.publish import CommitBuilder
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from airflow_partitions.catalog import Catalog, PartitionEntry
     from airflow_partitions.objectstore import SettingsLike
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
-    from airflow_partitions.write.commit import WriteTarget
+    from airflow_partitions.write.commit import PartitionChange, WriteTarget
 
 # Old partitions one batch moves when neither --max-partitions nor --max-rows is given.
 DEFAULT_BATCH_PARTITIONS = 64
@@ -129,15 +132,12 @@ def repartition(
     `only`: move exactly these old partitions, as `(spec id, plain key path)` (`old_partitions_holding`),
     however many they are.
     """
-    import pyarrow as pa
 
     from airflow_partitions.write.commit import (
-        PartitionChange,
         WriteOperation,
         commit_changes,
         open_write_target,
     )
-    from airflow_partitions.write.routing import route_to_paths
 
     if max_partitions is not None and max_partitions < 1:
         raise WriteError(f"max_partitions must be at least 1, not {max_partitions}")
@@ -150,15 +150,11 @@ def repartition(
     started_layout = False
     if snapshot is not None and snapshot.partition_spec.spec_id != spec.spec_id and not dry_run:
         upserts, removes = target.catalog.evolution_changes(snapshot, spec)
-        target.catalog.commit(
-            base_version=snapshot.version,
-            upserts=upserts,
-            removes=removes,
-            partition_spec=spec,
-            operation="repartition-start",
-            evolve=True,
-            conservation={"renamed": len(upserts), "rows": sum(e.rows for e in upserts)},
-        )
+        builder = CommitBuilder(target.catalog, "repartition-start", snapshot.version, spec)
+        builder.add(upserts)
+        builder.remove(removes)
+        builder.count({"renamed": len(upserts), "rows": sum(e.rows for e in upserts)})
+        builder.commit(evolve=True)
         started_layout = True
         target = open_write_target(project, dataset, catalog=target.catalog, schema=target.schema)
         snapshot = target.snapshot
@@ -190,11 +186,37 @@ def repartition(
 
     if not batch or dry_run:
         return report(None, ())
+    changes, rows_in, added = moved_changes(target, batch)
+    check_moved_rows(dataset.name, rows_moved, rows_in.num_rows, added)
+    result = commit_changes(
+        target,
+        WriteOperation.REPARTITION,
+        changes,
+        rows_in=rows_in.num_rows,
+        commit_id=commit_id or f"repartition-{uuid.uuid4().hex}",
+        keep_fingerprints=False,
+        started=started,
+    )
+    return report(result.version, tuple(sorted(added)))
+
+
+def moved_changes(
+    target: WriteTarget, batch: Sequence[PartitionEntry]
+) -> tuple[list[PartitionChange], pa.Table, dict[str, int]]:
+    """The changes that move `batch` (old-layout partitions) into the current layout: each old partition
+    dropped, its rows (read back and counted against its entry) routed to current partitions, which
+    keep their files and gain them. Also the rows read and the rows added per current partition."""
+    import pyarrow as pa
+
+    from airflow_partitions.write.commit import PartitionChange
+    from airflow_partitions.write.routing import route_to_paths
+
+    dataset = target.dataset
     changes: list[PartitionChange] = []
     tables = []
     counted: dict[str, tuple[int | None, int]] = {}
     for entry in batch:
-        rows = target.storage.read(target.root, target.local(entry.files), schema=target.schema)
+        rows = target.read(entry.files)
         if rows.num_rows != entry.rows:
             counted[entry.key_path] = (entry.rows, rows.num_rows)
         tables.append(rows)
@@ -213,7 +235,7 @@ def repartition(
     added: dict[str, int] = {}
     for key_path, (key, partition_rows) in routed.items():
         before = target.entry(key_path)
-        if before is not None and before.spec_id != spec.spec_id:
+        if before is not None and before.spec_id != target.spec_info.spec_id:
             raise WriteError(
                 f"dataset {dataset.name!r}: partition {key_path!r} of the current layout is held by an "
                 f"entry of spec {before.spec_id}; plan again from the latest version"
@@ -221,17 +243,7 @@ def repartition(
         kept = list(before.files) if before is not None else []
         changes.append(PartitionChange(key, key_path, before, kept=kept, added=partition_rows))
         added[key_path] = partition_rows.num_rows
-    check_moved_rows(dataset.name, rows_moved, rows_in.num_rows, added)
-    result = commit_changes(
-        target,
-        WriteOperation.REPARTITION,
-        changes,
-        rows_in=rows_in.num_rows,
-        commit_id=commit_id or f"repartition-{uuid.uuid4().hex}",
-        keep_fingerprints=False,
-        started=started,
-    )
-    return report(result.version, tuple(sorted(added)))
+    return changes, rows_in, added
 
 
 def check_moved_rows(dataset: str, removed: int, read: int, added: Mapping[str, int]) -> None:

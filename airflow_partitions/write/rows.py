@@ -128,26 +128,32 @@ def spark_frame_rows(frame: Any) -> pa.Table:
     return table
 
 
-def conform_rows(table: pa.Table, schema: pa.Schema, *, dataset: str) -> pa.Table:
-    """`table` with exactly `schema`'s columns, in its order and types.
+@dataclass(frozen=True, slots=True)
+class Conformed:
+    """`table` conformed to a schema (None when a column does not fit) and what did not fit: column
+    names given more than once, schema columns missing, columns the schema lacks, and per column that
+    does not cast safely, its name, type and the cast error."""
 
-    Refuses (`WriteSchemaError`, naming each column) a column the dataset lacks, a dataset column the rows
-    lack, and a column whose values do not cast to the dataset's type without loss (safe cast). Column
-    order does not matter; names are matched exactly (case-sensitive, as `partition_by` is).
-    """
+    table: pa.Table | None
+    repeated: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    uncastable: tuple[tuple[str, pa.DataType, Exception], ...] = ()
+
+
+def conform_columns(table: pa.Table, schema: pa.Schema) -> Conformed:
+    """The one conformer of the write side (writes, staged and source rows of a refresh): `table` with
+    exactly `schema`'s columns, in its order and types (safe casts only; names matched exactly). Columns
+    the schema lacks are left out and reported (`extra`); the caller decides whether they are an error."""
     import pyarrow as pa
 
     names = table.column_names
-    repeated = sorted({name for name in names if names.count(name) > 1})
+    repeated = tuple(sorted({name for name in names if names.count(name) > 1}))
     if repeated:
-        raise WriteSchemaError(
-            f"dataset {dataset!r}: the rows name column(s) {repeated} more than once; give each column once",
-            extra=tuple(repeated),
-        )
+        return Conformed(None, repeated=repeated)
     missing = tuple(name for name in schema.names if name not in names)
     extra = tuple(name for name in names if name not in schema.names)
-    uncastable: list[str] = []
-    details: list[str] = []
+    uncastable: list[tuple[str, pa.DataType, Exception]] = []
     columns = []
     for target in schema:
         if target.name not in names:
@@ -157,23 +163,46 @@ def conform_rows(table: pa.Table, schema: pa.Schema, *, dataset: str) -> pa.Tabl
             try:
                 column = column.cast(target.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
-                uncastable.append(target.name)
-                details.append(f"{target.name!r} is {column.type}, the dataset has {target.type} ({err})")
+                uncastable.append((target.name, column.type, err))
         columns.append(column)
-    if missing or extra or uncastable:
-        parts = []
-        if missing:
-            parts.append(f"missing column(s) {list(missing)}")
-        if extra:
-            parts.append(f"column(s) {list(extra)} the dataset does not have")
-        if uncastable:
-            parts.append("column(s) whose values do not fit the dataset's type: " + "; ".join(details))
+    if missing or uncastable:
+        return Conformed(None, (), missing, extra, tuple(uncastable))
+    conformed = pa.Table.from_arrays(columns, schema=schema) if columns else schema.empty_table()
+    return Conformed(conformed, extra=extra)
+
+
+def conform_rows(table: pa.Table, schema: pa.Schema, *, dataset: str) -> pa.Table:
+    """`table` with exactly `schema`'s columns, in its order and types (`conform_columns`).
+
+    Refuses (`WriteSchemaError`, naming each column) a column the dataset lacks, a dataset column the rows
+    lack, and a column whose values do not cast to the dataset's type without loss (safe cast). Column
+    order does not matter; names are matched exactly (case-sensitive, as `partition_by` is).
+    """
+    result = conform_columns(table, schema)
+    if result.repeated:
         raise WriteSchemaError(
-            f"dataset {dataset!r}: the rows do not match its schema: {'; '.join(parts)}. The dataset's "
-            f"columns are {', '.join(f'{f.name} {f.type}' for f in schema)}; give exactly those columns "
-            "(any order) with values of those types. Nothing was written.",
-            missing=missing,
-            extra=extra,
-            uncastable=tuple(uncastable),
+            f"dataset {dataset!r}: the rows name column(s) {list(result.repeated)} more than once; give each "
+            "column once",
+            extra=result.repeated,
         )
-    return pa.Table.from_arrays(columns, schema=schema) if columns else schema.empty_table()
+    if result.table is not None and not result.extra:
+        return result.table
+    parts = []
+    if result.missing:
+        parts.append(f"missing column(s) {list(result.missing)}")
+    if result.extra:
+        parts.append(f"column(s) {list(result.extra)} the dataset does not have")
+    if result.uncastable:
+        details = [
+            f"{name!r} is {given}, the dataset has {schema.field(name).type} ({err})"
+            for name, given, err in result.uncastable
+        ]
+        parts.append("column(s) whose values do not fit the dataset's type: " + "; ".join(details))
+    raise WriteSchemaError(
+        f"dataset {dataset!r}: the rows do not match its schema: {'; '.join(parts)}. The dataset's "
+        f"columns are {', '.join(f'{f.name} {f.type}' for f in schema)}; give exactly those columns "
+        "(any order) with values of those types. Nothing was written.",
+        missing=result.missing,
+        extra=result.extra,
+        uncastable=tuple(name for name, _, _ in result.uncastable),
+    )
