@@ -35,7 +35,7 @@ from matrix_support import (
 from test_arrow_refresh import COMPOSITE, DATASET, assert_same_rows, conformed, read_back, write_spec
 
 from airflow_partitions.exceptions import ConservationError
-from airflow_partitions.refresh import arrow_stream, refresh_dataset
+from airflow_partitions.refresh import arrow_budget, arrow_stream, refresh_dataset
 from airflow_partitions.refresh.pipeline import load_project
 from airflow_partitions.table import open_handle
 
@@ -97,13 +97,13 @@ def refresh_three_ways(
         write_source(root)
         specs[way] = write_spec(root, "parquet", fields)
     with monkeypatch.context() as patch:
-        patch.setenv(arrow_stream.SPILL_ENV, "1")
+        patch.setenv(arrow_budget.SPILL_ENV, "1")
         refresh_dataset(specs["spilled"], DATASET, strategy="arrow")
         facts = arrow_stream.last_spill
         assert facts is not None
         assert facts.budget == 1
     with monkeypatch.context() as patch:
-        patch.setenv(arrow_stream.SPILL_ENV, "1GiB")
+        patch.setenv(arrow_budget.SPILL_ENV, "1GiB")
         refresh_dataset(specs["unspilled"], DATASET, strategy="arrow")
         unspilled = arrow_stream.last_spill
         assert unspilled is not None
@@ -189,14 +189,14 @@ def test_spilled_json_with_offsets_equals_the_whole_read(
         spec.write_text(text, encoding="utf-8")
         specs[way] = spec
     with monkeypatch.context() as patch:
-        patch.setenv(arrow_stream.SPILL_ENV, "1")
+        patch.setenv(arrow_budget.SPILL_ENV, "1")
         refresh_dataset(specs["spilled"], DATASET, strategy="arrow")
         facts = arrow_stream.last_spill
         assert facts is not None
         assert facts.spills == len(chunks)
         assert facts.written_from_memory == 0
     with monkeypatch.context() as patch:
-        patch.setenv(arrow_stream.SPILL_ENV, "1GiB")
+        patch.setenv(arrow_budget.SPILL_ENV, "1GiB")
         refresh_dataset(specs["unspilled"], DATASET, strategy="arrow")
     with monkeypatch.context() as patch:
         patch.setattr(arrow_stream, "streams", lambda source: False)
@@ -220,7 +220,7 @@ def test_a_spill_that_loses_rows_publishes_nothing(tmp_path: Path, monkeypatch: 
         table = real(self, key_path)
         return table.slice(1) if key_path == victim else table
 
-    monkeypatch.setenv(arrow_stream.SPILL_ENV, "1")
+    monkeypatch.setenv(arrow_budget.SPILL_ENV, "1")
     monkeypatch.setattr(arrow_stream.PartitionSpill, "table", one_lost)
     with pytest.raises(ConservationError) as caught:
         refresh_dataset(spec, DATASET, strategy="arrow")
@@ -247,7 +247,7 @@ def test_the_router_holds_at_most_the_budget_and_one_batch(
         for o in range(0, t.num_rows, 125)
     )
     budget = 3 * largest_batch
-    monkeypatch.setenv(arrow_stream.SPILL_ENV, str(budget))
+    monkeypatch.setenv(arrow_budget.SPILL_ENV, str(budget))
     summary = refresh_dataset(spec, DATASET, strategy="arrow")
     assert summary.rows == expected.num_rows
     facts = arrow_stream.last_spill
@@ -364,7 +364,7 @@ def test_a_spill_that_cannot_be_written_is_a_clear_error(
     files, _ = drifting_chunks(79, rows=60, chunks=2)
     write_parquet_source(tmp_path, files)
     spec = write_spec(tmp_path, "parquet", COMPOSITE)
-    monkeypatch.setenv(arrow_stream.SPILL_ENV, "1")
+    monkeypatch.setenv(arrow_budget.SPILL_ENV, "1")
     monkeypatch.setattr(arrow_stream, "spill_directory", lambda data_root: tmp_path / "gone" / "spill")
     with pytest.raises(RefreshError, match="cannot write the Arrow refresh's spill file") as caught:
         refresh_dataset(spec, DATASET, strategy="arrow")
@@ -376,21 +376,21 @@ def test_a_spill_that_cannot_be_written_is_a_clear_error(
 
 def test_spill_budget_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_partitions.exceptions import RefreshError
-    from airflow_partitions.refresh.strategy import BUDGET_ENV
+    from airflow_partitions.refresh.arrow_budget import BUDGET_ENV
 
-    monkeypatch.setenv(arrow_stream.SPILL_ENV, "256MiB")
-    assert arrow_stream.arrow_spill_budget() == 256 * 1024**2
-    monkeypatch.setenv(arrow_stream.SPILL_ENV, "lots")
+    monkeypatch.setenv(arrow_budget.SPILL_ENV, "256MiB")
+    assert arrow_budget.arrow_spill_budget() == 256 * 1024**2
+    monkeypatch.setenv(arrow_budget.SPILL_ENV, "lots")
     with pytest.raises(RefreshError, match=r"AP_ARROW_SPILL_BUDGET is 'lots'; give bytes"):
-        arrow_stream.arrow_spill_budget()
-    monkeypatch.setenv(arrow_stream.SPILL_ENV, "0")
+        arrow_budget.arrow_spill_budget()
+    monkeypatch.setenv(arrow_budget.SPILL_ENV, "0")
     with pytest.raises(RefreshError, match="the spill budget must be positive"):
-        arrow_stream.arrow_spill_budget()
-    monkeypatch.delenv(arrow_stream.SPILL_ENV)
-    monkeypatch.setenv(arrow_stream.SPILL_CONFIG_ENV, "3MB")
-    assert arrow_stream.arrow_spill_budget() == 3 * 1000**2
-    monkeypatch.delenv(arrow_stream.SPILL_CONFIG_ENV)
+        arrow_budget.arrow_spill_budget()
+    monkeypatch.delenv(arrow_budget.SPILL_ENV)
+    monkeypatch.setenv(arrow_budget.SPILL_CONFIG_ENV, "3MB")
+    assert arrow_budget.arrow_spill_budget() == 3 * 1000**2
+    monkeypatch.delenv(arrow_budget.SPILL_CONFIG_ENV)
     monkeypatch.setenv(BUDGET_ENV, "600MiB")
-    assert arrow_stream.arrow_spill_budget() == 300 * 1024**2, "half the memory budget"
+    assert arrow_budget.arrow_spill_budget() == 300 * 1024**2, "half the memory budget"
     monkeypatch.setenv(BUDGET_ENV, "64GiB")
-    assert arrow_stream.arrow_spill_budget() == 1024**3, "at most 1 GiB by default"
+    assert arrow_budget.arrow_spill_budget() == 1024**3, "at most 1 GiB by default"

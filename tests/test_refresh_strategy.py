@@ -29,14 +29,9 @@ from test_arrow_refresh import (
 from airflow_partitions.cli.main import main
 from airflow_partitions.exceptions import RefreshError
 from airflow_partitions.refresh import plan_refresh, refresh_dataset
+from airflow_partitions.refresh.arrow_budget import BUDGET_ENV, arrow_memory_budget, parse_bytes
 from airflow_partitions.refresh.pipeline import load_project
-from airflow_partitions.refresh.strategy import (
-    BUDGET_ENV,
-    StrategyChoice,
-    arrow_memory_budget,
-    choose_strategy,
-    parse_bytes,
-)
+from airflow_partitions.refresh.strategy import StrategyChoice, choose_strategy
 from airflow_partitions.sources import open_dataset_source
 
 

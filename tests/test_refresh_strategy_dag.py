@@ -14,7 +14,7 @@ from airflow_e2e.metadata_db import in_process_metadata_db
 from airflow_e2e.sample import install_example_dag
 from matrix_support import hostile_chunks, multiset_difference
 
-from airflow_partitions.refresh.strategy import BUDGET_ENV
+from airflow_partitions.refresh.arrow_budget import BUDGET_ENV
 
 pytestmark = [pytest.mark.airflow, pytest.mark.postgres]
 

@@ -51,7 +51,7 @@ def configured_arrow_memory_budget() -> int | None:
     variable wins, as in a CLI call); None leaves the default to `refresh.strategy.arrow_memory_budget`."""
     import os
 
-    from airflow_partitions.refresh.strategy import BUDGET_ENV, parse_bytes
+    from airflow_partitions.refresh.arrow_budget import BUDGET_ENV, parse_bytes
 
     if os.environ.get(BUDGET_ENV, "").strip():
         return None

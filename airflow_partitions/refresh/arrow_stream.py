@@ -32,7 +32,6 @@ memory budget, at most 1 GiB. The scratch directory: `AP_ARROW_SPILL_DIR`, defau
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
 import shutil
 import tempfile
@@ -46,27 +45,33 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.refresh.arrow_budget import (
+    SPILL_DIR_ENV,
+    SPILL_ENV,
+    arrow_spill_budget,
+    spill_base,
+)
+from airflow_partitions.refresh.arrow_write import (
+    ArrowRefreshResult,
+    plans_every_partition,
+    write_partition,
+    write_planned,
+)
 from airflow_partitions.refresh.finalize import conform_to_schema
 from airflow_partitions.refresh.plan import DiscoveryKind
-from airflow_partitions.refresh.stage import discovered_but_empty
+from airflow_partitions.refresh.stage_layout import discovered_but_empty
 from airflow_partitions.write.row_hash import RowTally
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.catalog.model import RowCertificate
-    from airflow_partitions.refresh.arrow_refresh import ArrowRefreshResult
     from airflow_partitions.refresh.plan import PartitionResult, PartitionWorkItem, RefreshPlan
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
     from airflow_partitions.transforms import Transform
 
-SPILL_ENV = "AP_ARROW_SPILL_BUDGET"
-SPILL_CONFIG_ENV = "AIRFLOW__AIRFLOW_PARTITIONS__ARROW_SPILL_BUDGET"
-SPILL_DIR_ENV = "AP_ARROW_SPILL_DIR"
-# The default spill budget: half the Arrow memory budget, at most this.
-MAX_DEFAULT_SPILL_BUDGET = 1 << 30
 # Rows per batch read from a file source: large enough that the per-batch routing and hashing cost little
 # beside the rows themselves, small enough to be a sliver of any budget.
 BATCH_ROWS = 256 * 1024
@@ -74,25 +79,6 @@ BATCH_ROWS = 256 * 1024
 PREFETCH_BATCHES = 2
 _GROUP_COLUMN = "__stream_group"
 _TABLE = "__stream_rows"
-
-
-def arrow_spill_budget() -> int:
-    """The bytes the streaming router may buffer before it spills: the configured budget, else half the
-    Arrow memory budget (`strategy.arrow_memory_budget`), at most `MAX_DEFAULT_SPILL_BUDGET`."""
-    from airflow_partitions.refresh.strategy import arrow_memory_budget, parse_bytes
-
-    for setting in (SPILL_ENV, SPILL_CONFIG_ENV):
-        raw = os.environ.get(setting)
-        if raw is not None and raw.strip():
-            budget = parse_bytes(raw, setting=setting)
-            if budget <= 0:
-                raise RefreshError(
-                    f"{setting} is {raw!r}; the spill budget must be positive (bytes the Arrow refresh may "
-                    "buffer in memory before it spills to local disk), e.g. 512MiB"
-                )
-            return budget
-    memory = arrow_memory_budget()
-    return min(MAX_DEFAULT_SPILL_BUDGET, memory // 2) if memory > 0 else MAX_DEFAULT_SPILL_BUDGET
 
 
 def prefetched(batches: Iterator[pa.Table], depth: int) -> Generator[pa.Table, None, None]:
@@ -362,12 +348,6 @@ class SpillFacts:
 last_spill: SpillFacts | None = None
 
 
-def spill_base(accelerator_dir: Path) -> Path:
-    """Where spill directories are made: `AP_ARROW_SPILL_DIR`, else `<accelerator_dir>/_scratch`."""
-    configured = os.environ.get(SPILL_DIR_ENV)
-    return Path(configured) if configured and configured.strip() else Path(accelerator_dir) / "_scratch"
-
-
 def spill_directory(data_root: Path) -> Path:
     """A fresh private directory for one refresh's spill files (`data_root`: the dataset's data
     directory, `<accelerator_dir>/<dataset>`)."""
@@ -399,12 +379,6 @@ def streamed_refresh(
     from its spill. Same arguments, same result, same checks; `budget`: the spill budget (bytes), default
     `arrow_spill_budget()`."""
     global last_spill
-    from airflow_partitions.refresh.arrow_refresh import (
-        ArrowRefreshResult,
-        plans_every_partition,
-        write_partition,
-        write_planned,
-    )
     from airflow_partitions.write.row_hash import certify_rows
 
     started = time.monotonic() if started is None else started

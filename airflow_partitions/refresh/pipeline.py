@@ -590,7 +590,7 @@ def _refresh_with_arrow(
         # As the Spark path: each failure remembered (`refresh --failed`, `status`, the Partitions page).
         record_failures(project, spec, failed)
     if failed and not allow_partial:
-        from airflow_partitions.refresh.arrow_refresh import remove_written
+        from airflow_partitions.refresh.arrow_write import remove_written
         from airflow_partitions.storage import get_storage
 
         for result in written.results:

@@ -310,7 +310,8 @@ def _stage_with_arrow(
     """The in-process Arrow path as a stage (a DAG's stage task under `strategy="auto"`): the source read,
     routed and written here, the files listed in a WRITTEN manifest, so the partition tasks read no data
     and only build their entries from it, as after a Spark stage whose executors wrote the files."""
-    from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported, remove_written
+    from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
+    from airflow_partitions.refresh.arrow_write import remove_written
     from airflow_partitions.refresh.written import WrittenItem
     from airflow_partitions.storage import get_storage
 

@@ -25,22 +25,25 @@ than the stored bytes (`PEAK_PER_STORED_BYTE`).
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import RefreshError, SourceError
+from airflow_partitions.refresh.arrow_budget import (
+    arrow_memory_budget,
+    arrow_spill_budget,
+    spill_base,
+)
+from airflow_partitions.refresh.arrow_refresh import check_arrow_supported
+from airflow_partitions.refresh.arrow_stream import streams
 
 if TYPE_CHECKING:
     from airflow_partitions.refresh.plan import RefreshPlan
     from airflow_partitions.sources.base import Source
     from airflow_partitions.spec.model import ProjectSpec
 
-BUDGET_ENV = "AP_ARROW_MEMORY_BUDGET"
-BUDGET_CONFIG_ENV = "AIRFLOW__AIRFLOW_PARTITIONS__ARROW_MEMORY_BUDGET"
 ARROW = "arrow"
 # What `auto` hands the Spark stage: it then reads partitions straight from a source that can prune
 # (Hive files, indexed Postgres) and scans the rest once with Spark (`stage.choose_mode`).
@@ -51,22 +54,6 @@ STAGE_AUTO = "auto"
 PEAK_PER_STORED_BYTE = {"parquet": 8.0, "csv": 3.0, "json": 3.0, "postgres": 3.0}
 # The estimated peak holds the rows about twice (read and routed); spilled, they are on disk once.
 SPILL_PER_PEAK_BYTE = 2
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "tib": 1024**4,
-}
 
 
 @dataclass(frozen=True)
@@ -100,34 +87,6 @@ class SourceSize:
     @property
     def peak_bytes(self) -> int:
         return int(self.stored_bytes * PEAK_PER_STORED_BYTE[self.kind])
-
-
-def parse_bytes(text: str, *, setting: str = BUDGET_ENV) -> int:
-    """Bytes from `2GiB`, `512 MB`, `1e9` or a plain integer; `RefreshError` naming `setting` otherwise."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
-    if match is None or match.group(2) not in _UNITS:
-        raise RefreshError(
-            f"{setting} is {text!r}; give bytes with an optional unit, e.g. 4GiB, 512MB or 1000000000 "
-            "(0: never pick the in-process Arrow path)"
-        )
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
-
-
-def machine_memory() -> int | None:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def arrow_memory_budget() -> int:
-    """The memory the Arrow path may use: the configured budget, else a quarter of the machine's memory."""
-    for setting in (BUDGET_ENV, BUDGET_CONFIG_ENV):
-        raw = os.environ.get(setting)
-        if raw is not None and raw.strip():
-            return parse_bytes(raw, setting=setting)
-    memory = machine_memory()
-    return memory // 4 if memory else 1024**3
 
 
 def source_size(source: Source) -> SourceSize | None:
@@ -174,7 +133,6 @@ def choose_strategy(
         return StrategyChoice(strategy, f"strategy {strategy!r} was set explicitly")
     if spark_given:
         return StrategyChoice(STAGE_AUTO, f"Spark is configured for this refresh ({spark_given})")
-    from airflow_partitions.refresh.arrow_refresh import check_arrow_supported
 
     try:
         check_arrow_supported(project, plan)
@@ -197,7 +155,6 @@ def choose_strategy(
         return StrategyChoice(
             ARROW, f"{sized} <= Arrow memory budget {_human(limit)}", size.peak_bytes, limit
         )
-    from airflow_partitions.refresh.arrow_stream import arrow_spill_budget, spill_base, streams
 
     over = f"{sized} > Arrow memory budget {_human(limit)}"
     if not streams(source):

@@ -1,0 +1,121 @@
+"""The write half of the in-process Arrow refresh, shared by the whole-table path (`arrow_refresh.py`) and
+the streaming one (`arrow_stream.py`): each planned partition written by the storage engine through the
+partition writer on a small thread pool, counted back from its files, and the files of a refused refresh
+removed. On lost or extra rows nothing is published and `ConservationError` names the partitions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from airflow_partitions.exceptions import ConservationError
+from airflow_partitions.refresh.finalize import REWRITE_ADVICE, written_entry
+from airflow_partitions.refresh.plan import PartitionResult
+from airflow_partitions.refresh.stage_layout import merge_conservation_errors
+from airflow_partitions.table.partition_writer import PartitionWriter
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.catalog.model import RowCertificate
+    from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan
+    from airflow_partitions.spec.model import DatasetSpec
+    from airflow_partitions.storage import DataFile, PartitionStorage
+
+DEFAULT_ARROW_WORKERS = 2
+
+
+@dataclass(frozen=True)
+class ArrowRefreshResult:
+    """The partitions written by `arrow_refresh` (not yet published) and the rows counted on the way."""
+
+    results: tuple[PartitionResult, ...]
+    source_rows: int  # rows read from the source
+    routed_rows: int  # rows routed to planned partitions (== source_rows for a plan of every partition)
+    dropped_rows: int  # rows of partitions the plan does not refresh (a selection, or unchanged ones)
+    elapsed_s: float
+    # Key path -> `Type: message` of each partition whose write failed (only with `keep_going`); their
+    # files are removed and they are not in `results`.
+    failed: Mapping[str, str] = field(default_factory=dict)
+
+
+def plans_every_partition(plan: RefreshPlan, selecting: bool) -> bool:
+    """True when the plan refreshes every partition of the source: then every row must be routed to one."""
+    return not selecting and plan.unchanged == 0
+
+
+def write_partition(
+    dataset: DatasetSpec,
+    item: PartitionWorkItem,
+    rows: pa.Table,
+    engine: PartitionStorage,
+    data_root: Path,
+    files: list[DataFile],
+    certificate_of: Callable[[str, pa.Table], RowCertificate],
+) -> PartitionResult:
+    """Write one planned partition's `rows` with the storage engine (`files` collects what is written, for
+    removal on failure), count them back from the files and return its unpublished result."""
+    mark = time.monotonic()
+    writer = PartitionWriter.local(engine, data_root, dataset.name)
+    written_here = writer.write(item.key_path, rows, check=False)
+    files.extend(written_here.files)  # removed when the counts are refused
+    writer.check(item.key_path, files, written_here.rows, rows.num_rows, "rows read", REWRITE_ADVICE)
+    certificate = certificate_of(item.key_path, rows)
+    entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certificate)
+    return PartitionResult(entry, elapsed_s=time.monotonic() - mark, routed=rows.num_rows)
+
+
+def write_planned(
+    dataset: str,
+    items: Sequence[PartitionWorkItem],
+    write_one: Callable[[PartitionWorkItem], PartitionResult],
+    engine: PartitionStorage,
+    data_root: Path,
+    written: Mapping[str, Sequence[DataFile]],
+    *,
+    workers: int | None,
+    keep_going: bool,
+) -> tuple[list[PartitionResult], dict[str, Exception]]:
+    """Run `write_one` for every planned item on a small thread pool: the results, and (only with
+    `keep_going`) the partitions whose write failed other than by losing rows, their files removed.
+
+    Lost or extra rows in any partition (or any failure without `keep_going`) remove every file in
+    `written` and raise."""
+    results: list[PartitionResult] = []
+    lost: list[ConservationError] = []
+    failures: dict[str, Exception] = {}
+    with ThreadPoolExecutor(max_workers=max(1, workers or DEFAULT_ARROW_WORKERS)) as pool:
+        futures = [(item, pool.submit(write_one, item)) for item in items]
+        for item, future in futures:
+            try:
+                results.append(future.result())
+            except ConservationError as err:
+                lost.append(err)
+            except Exception as err:
+                failures[item.key_path] = err
+    if lost or (failures and not keep_going):
+        remove_written(engine, data_root, [file for files in written.values() for file in files])
+        if lost:
+            raise merge_conservation_errors(dataset, lost)
+        raise next(iter(failures.values()))
+    for key_path in failures:
+        remove_written(engine, data_root, written.get(key_path, []))
+    return results, failures
+
+
+def remove_written(engine: PartitionStorage, data_root: Path, files: Sequence[DataFile]) -> None:
+    """Delete files this refresh wrote and will not publish (shared objects are left to vacuum)."""
+    shared = set(engine.shared_objects(files))
+    for file in files:
+        if file.path in shared:
+            continue
+        path = Path(data_root) / file.path
+        try:
+            if path.is_file():
+                path.unlink()
+        except OSError:
+            pass  # unreferenced: vacuum removes it
