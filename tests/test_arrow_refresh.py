@@ -267,7 +267,7 @@ def test_a_failing_partition_is_recorded_like_the_spark_path(
     The files written for the failed partition are removed either way (without `allow_partial`, every
     file the refresh wrote), and the next refresh clears the record."""
     from airflow_partitions.exceptions import PartitionsFailedError
-    from airflow_partitions.refresh import arrow_refresh as arrow_refresh_module
+    from airflow_partitions.refresh import arrow_write as arrow_write_module
     from airflow_partitions.refresh.failures import FailureStore
 
     first = hostile_chunks(61, rows=240)
@@ -284,7 +284,7 @@ def test_a_failing_partition_is_recorded_like_the_spark_path(
     assert failing in before, "the NULL partition exists"
     assert failing in added, "the NULL partition changes"
     assert len(set(added) - {failing}) >= 2, "other partitions change too"
-    real = arrow_refresh_module.written_entry
+    real = arrow_write_module.written_entry
 
     def fail_one(item: Any, *args: Any) -> Any:
         # After the partition's files are written: they must go.
@@ -293,7 +293,7 @@ def test_a_failing_partition_is_recorded_like_the_spark_path(
             raise OSError(f"disk full while writing {item.key_path}")
         return real(item, *args)
 
-    monkeypatch.setattr(arrow_refresh_module, "written_entry", fail_one)
+    monkeypatch.setattr(arrow_write_module, "written_entry", fail_one)
     project = load_project(spec)
     store = FailureStore.for_catalog(open_handle(project, project.dataset(DATASET)).catalog)
     if allow_partial:
