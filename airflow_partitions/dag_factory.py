@@ -241,15 +241,11 @@ def build_refresh_dag(
     `on_freshness_miss(miss, context)`: called by the discover task when partitions of the newest version
     are older than the dataset's `freshness` SLA (`operators.discovery.FreshnessMiss`).
     """
-    from airflow.sdk import DAG, TriggerRule, XComArg, task_group
+    from airflow.sdk import DAG, TriggerRule, XComArg
 
     from airflow_partitions.operators import (
-        PartitionCommitOperator,
         PartitionDiscoveryOperator,
         SnapshotBootstrapOperator,
-        SnapshotPublishOperator,
-        SnapshotUploadOperator,
-        SparkPartitionRefreshOperator,
         SparkStageOperator,
     )
     from airflow_partitions.operators.discovery import PLAN_XCOM_KEY
@@ -264,18 +260,7 @@ def build_refresh_dag(
     common: dict[str, Any] = {"spec_path": spec_path, "dataset": spec.name, "aws_conn_id": aws_conn_id}
     actions = snapshot_actions(spec.acceleration.snapshots.mode)
     asset = dataset_asset(project, spec)
-    options: dict[str, Any] = {
-        **schedule_options(spec.acceleration.refresh.schedule),
-        "catchup": False,
-        # One refresh per dataset at a time: two would only fight over the same catalog commit.
-        "max_active_runs": 1,
-        "params": run_params(spec),
-        "tags": [TAG, spec.name],
-        "doc_md": describe_for_ui(spec),
-        "description": f"Refresh the partitioned acceleration of {spec.name}",
-        "default_args": dict(default_args or {}),
-    }
-    options.update(dag_kwargs or {})
+    options = _dag_options(spec, default_args, dag_kwargs)
     with DAG(dag_id=dag_id or refresh_dag_id(spec.name), **options) as dag:
         discover = PartitionDiscoveryOperator(
             task_id=DISCOVER_TASK,
@@ -298,44 +283,109 @@ def build_refresh_dag(
                 strategy=strategy,
                 **common,
             )
+        partitions = _partition_tasks(
+            discover,
+            staged,
+            plan,
+            upload=actions.upload,
+            spark_conn_id=spark_conn_id,
+            spark_conf=spark_conf,
+            common=common,
+        )
+        _commit_tasks(dag, discover, staged, plan, partitions, asset, publish=actions.upload, common=common)
+    return dag
 
-        @task_group(group_id=PARTITION_GROUP)
-        def per_partition(work_item: Any) -> None:
-            refreshed = SparkPartitionRefreshOperator(
-                task_id="refresh",
-                work_item=work_item,
-                stage=staged.output if staged is not None else None,
-                plan=None if staged is not None else plan,
-                spark_conn_id=spark_conn_id,
-                spark_conf=spark_conf,
-                **common,
-            )
-            if actions.upload:
-                SnapshotUploadOperator(
-                    task_id="upload_snapshot",
-                    partition_result=refreshed.output,
-                    **common,
-                )
 
-        partitions = per_partition.expand(work_item=discover.output)
-        if staged is not None:
-            staged >> partitions
-        commit = PartitionCommitOperator(
-            task_id=COMMIT_TASK,
-            plan=plan,
-            work_items=discover.output,
-            results=dag.get_task(REFRESH_TASK).output,
+def _dag_options(
+    spec: DatasetSpec, default_args: Mapping[str, Any] | None, dag_kwargs: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The `DAG(...)` arguments of a dataset's refresh DAG; `dag_kwargs` override the defaults."""
+    options: dict[str, Any] = {
+        **schedule_options(spec.acceleration.refresh.schedule),
+        "catchup": False,
+        # One refresh per dataset at a time: two would only fight over the same catalog commit.
+        "max_active_runs": 1,
+        "params": run_params(spec),
+        "tags": [TAG, spec.name],
+        "doc_md": describe_for_ui(spec),
+        "description": f"Refresh the partitioned acceleration of {spec.name}",
+        "default_args": dict(default_args or {}),
+    }
+    options.update(dag_kwargs or {})
+    return options
+
+
+def _partition_tasks(
+    discover: Any,
+    staged: Any,
+    plan: Any,
+    *,
+    upload: bool,
+    spark_conn_id: str | None,
+    spark_conf: Mapping[str, str] | None,
+    common: dict[str, Any],
+) -> Any:
+    """The per partition task group (refresh, then upload when snapshots are uploaded), mapped over the
+    discovery output and run after the stage task when there is one."""
+    from airflow.sdk import task_group
+
+    from airflow_partitions.operators import SnapshotUploadOperator, SparkPartitionRefreshOperator
+
+    @task_group(group_id=PARTITION_GROUP)
+    def per_partition(work_item: Any) -> None:
+        refreshed = SparkPartitionRefreshOperator(
+            task_id="refresh",
+            work_item=work_item,
             stage=staged.output if staged is not None else None,
-            outlets=[asset],
-            # Skipped partition tasks (nothing to refresh) must not skip the commit of removals.
-            trigger_rule=TriggerRule.NONE_FAILED,
+            plan=None if staged is not None else plan,
+            spark_conn_id=spark_conn_id,
+            spark_conf=spark_conf,
             **common,
         )
-        partitions >> commit
-        discover >> commit
-        if actions.upload:
-            SnapshotPublishOperator(task_id=PUBLISH_TASK, commit=commit.output, **common)
-    return dag
+        if upload:
+            SnapshotUploadOperator(
+                task_id="upload_snapshot",
+                partition_result=refreshed.output,
+                **common,
+            )
+
+    partitions = per_partition.expand(work_item=discover.output)
+    if staged is not None:
+        staged >> partitions
+    return partitions
+
+
+def _commit_tasks(
+    dag: DAG,
+    discover: Any,
+    staged: Any,
+    plan: Any,
+    partitions: Any,
+    asset: Asset,
+    *,
+    publish: bool,
+    common: dict[str, Any],
+) -> None:
+    """The commit task after every partition task, and the snapshot publish after it when asked for."""
+    from airflow.sdk import TriggerRule
+
+    from airflow_partitions.operators import PartitionCommitOperator, SnapshotPublishOperator
+
+    commit = PartitionCommitOperator(
+        task_id=COMMIT_TASK,
+        plan=plan,
+        work_items=discover.output,
+        results=dag.get_task(REFRESH_TASK).output,
+        stage=staged.output if staged is not None else None,
+        outlets=[asset],
+        # Skipped partition tasks (nothing to refresh) must not skip the commit of removals.
+        trigger_rule=TriggerRule.NONE_FAILED,
+        **common,
+    )
+    partitions >> commit
+    discover >> commit
+    if publish:
+        SnapshotPublishOperator(task_id=PUBLISH_TASK, commit=commit.output, **common)
 
 
 def build_refresh_dags(

@@ -347,3 +347,80 @@ def _catalog_commit_calls() -> list[str]:
 def test_catalog_commit_has_one_caller() -> None:
     # Every version is assembled by the commit builder (entries, row counts, commit id, operation name).
     assert _catalog_commit_calls() == ["table/publish.py:commit"]
+
+
+# --- function length ------------------------------------------------------------------------------------
+
+MAX_FUNCTION_LINES = 100
+# Functions still longer than MAX_FUNCTION_LINES, by `path::qualified name`. The list only shrinks: a
+# function split below the limit must leave it (the test fails until it does).
+LONG_FUNCTIONS_ALLOWED = {
+    "refresh/stage.py::stage_refresh",  # being split
+    "refresh/discovery.py::discover",  # being split
+    "refresh/pipeline.py::_refresh_dataset",  # being split
+    "refresh/arrow_stream.py::streamed_refresh",  # being split
+}
+
+
+def _function_lengths(source: str) -> dict[str, int]:
+    """Lines (decorators excluded) of every function and method of `source`, by qualified name."""
+    lengths: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    assert child.end_lineno is not None
+                    lengths[name] = child.end_lineno - child.lineno + 1
+                visit(child, f"{name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return lengths
+
+
+def _package_function_lengths() -> dict[str, int]:
+    lengths: dict[str, int] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        for name, length in _function_lengths(path.read_text(encoding="utf-8")).items():
+            lengths[f"{rel}::{name}"] = length
+    return lengths
+
+
+def test_no_function_is_longer_than_the_limit() -> None:
+    lengths = _package_function_lengths()
+    too_long = {
+        name: length
+        for name, length in lengths.items()
+        if length > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS_ALLOWED
+    }
+    assert not too_long, (
+        f"functions over {MAX_FUNCTION_LINES} lines (split them into named helpers): {too_long}"
+    )
+    stale = {
+        name: lengths.get(name)
+        for name in LONG_FUNCTIONS_ALLOWED
+        if lengths.get(name, 0) <= MAX_FUNCTION_LINES
+    }
+    assert not stale, (
+        f"allowed as long but gone or no longer over {MAX_FUNCTION_LINES} lines, drop them: {stale}"
+    )
+
+
+def test_the_length_scan_measures_nested_functions_and_methods() -> None:
+    source = (
+        "@decorated\n"
+        "def outer():\n"
+        "    def inner():\n"
+        "        return 1\n"
+        "\n"
+        "    return inner\n"
+        "class Box:\n"
+        "    async def method(self):\n"
+        "        if True:\n"
+        "            pass\n"
+    )
+    assert _function_lengths(source) == {"outer": 5, "outer.inner": 2, "Box.method": 3}

@@ -593,15 +593,7 @@ def advise(
     target = _positive(
         "target_file_bytes", DEFAULT_TARGET_FILE_BYTES if target_file_bytes is None else target_file_bytes
     )
-    params_rows = dataset.acceleration.params.get("row_group_rows")
-    group_rows = _positive(
-        "row_group_rows",
-        row_group_rows
-        if row_group_rows is not None
-        else params_rows
-        if params_rows is not None
-        else ROW_GROUP_ROWS,
-    )
+    group_rows = _group_rows(dataset, row_group_rows)
     try:
         snapshot = reader.snapshot()
         partitions = snapshot_partitions(snapshot)
@@ -640,45 +632,9 @@ def advise(
     candidates: list[Candidate] = []
     for name, fields in candidate_layouts(dataset, schema, filtered, table):
         candidate = Candidate(name, fields, current=fields == current)
-        try:
-            sizes, per_query = simulate(
-                fields,
-                table,
-                schema,
-                workload.queries,
-                model,
-                target_file_bytes=target,
-                stats_columns=stats_columns,
-            )
-        except (PartitionSpecError, FilterError, ValueError) as err:
-            candidate.eligible, candidate.note = False, f"cannot be simulated: {err}"
-            candidates.append(candidate)
-            continue
-        weight = sum(w for _q, w in workload.queries)
-        candidate.partitions = len(sizes)
-        candidate.files = sum(s[3] for s in sizes)
-        candidate.median_partition_bytes = statistics.median(s[2] for s in sizes) if sizes else 0
-        candidate.per_query = per_query
-        candidate.partitions_per_query = (
-            sum(w * p for (_q, w), (p, _b) in zip(workload.queries, per_query)) / weight
+        _assess_candidate(
+            candidate, candidates, dataset, table, schema, workload.queries, model, target, stats_columns
         )
-        candidate.bytes_per_query = (
-            sum(w * b for (_q, w), (_p, b) in zip(workload.queries, per_query)) / weight
-        )
-        current_partitions = next((c.partitions for c in candidates if c.current), None)
-        tiny = candidate.median_partition_bytes < target / TINY_DIVISOR
-        if (
-            tiny
-            and not candidate.current
-            and (current_partitions is None or candidate.partitions > current_partitions)
-        ):
-            candidate.eligible = False
-            candidate.note = "its median partition is tiny against the target file size"
-        if candidate.partitions > dataset.acceleration.refresh.max_partitions:
-            candidate.eligible = False
-            candidate.note = (
-                f"more partitions than refresh.max_partitions ({dataset.acceleration.refresh.max_partitions})"
-            )
         candidates.append(candidate)
     winner = choose_winner(candidates)
     sorting = sort_advice(
@@ -692,6 +648,70 @@ def advise(
     return Advice(
         dataset.name, snapshot.version, findings, candidates, winner, _workload_json(workload), sorting, notes
     )
+
+
+def _group_rows(dataset: DatasetSpec, row_group_rows: int | None) -> int:
+    """The row group size sort advice assumes: the argument, else the dataset's `row_group_rows` param, else
+    the writer's default."""
+    params_rows = dataset.acceleration.params.get("row_group_rows")
+    return _positive(
+        "row_group_rows",
+        row_group_rows
+        if row_group_rows is not None
+        else params_rows
+        if params_rows is not None
+        else ROW_GROUP_ROWS,
+    )
+
+
+def _assess_candidate(
+    candidate: Candidate,
+    earlier: Sequence[Candidate],
+    dataset: DatasetSpec,
+    table: pa.Table,
+    schema: pa.Schema,
+    queries: Sequence[tuple[str | None, float]],
+    model: SizeModel,
+    target: int,
+    stats_columns: Sequence[str],
+) -> None:
+    """Simulate `candidate`'s layout and fill in its figures; mark it ineligible when it cannot be simulated,
+    its median partition is tiny (and it has more partitions than the current layout, among `earlier`), or
+    it has more partitions than `refresh.max_partitions`."""
+    try:
+        sizes, per_query = simulate(
+            candidate.fields,
+            table,
+            schema,
+            queries,
+            model,
+            target_file_bytes=target,
+            stats_columns=stats_columns,
+        )
+    except (PartitionSpecError, FilterError, ValueError) as err:
+        candidate.eligible, candidate.note = False, f"cannot be simulated: {err}"
+        return
+    weight = sum(w for _q, w in queries)
+    candidate.partitions = len(sizes)
+    candidate.files = sum(s[3] for s in sizes)
+    candidate.median_partition_bytes = statistics.median(s[2] for s in sizes) if sizes else 0
+    candidate.per_query = per_query
+    candidate.partitions_per_query = sum(w * p for (_q, w), (p, _b) in zip(queries, per_query)) / weight
+    candidate.bytes_per_query = sum(w * b for (_q, w), (_p, b) in zip(queries, per_query)) / weight
+    current_partitions = next((c.partitions for c in earlier if c.current), None)
+    tiny = candidate.median_partition_bytes < target / TINY_DIVISOR
+    if (
+        tiny
+        and not candidate.current
+        and (current_partitions is None or candidate.partitions > current_partitions)
+    ):
+        candidate.eligible = False
+        candidate.note = "its median partition is tiny against the target file size"
+    if candidate.partitions > dataset.acceleration.refresh.max_partitions:
+        candidate.eligible = False
+        candidate.note = (
+            f"more partitions than refresh.max_partitions ({dataset.acceleration.refresh.max_partitions})"
+        )
 
 
 def choose_winner(candidates: Sequence[Candidate]) -> Candidate | None:

@@ -143,6 +143,21 @@ def commit_backoff(lost: int) -> float:
     return random.uniform(0.0, min(COMMIT_BACKOFF_CAP_S, COMMIT_BACKOFF_BASE_S * 2 ** min(lost - 1, 16)))
 
 
+def _known_specs(
+    base: Snapshot | None,
+    partition_spec: PartitionSpecInfo,
+    replace_all: bool,
+    other_specs: Sequence[PartitionSpecInfo],
+) -> dict[str, PartitionSpecInfo]:
+    """The specs besides `partition_spec` a commit may write under: the base's (kept unless it replaces
+    everything) and `other_specs`."""
+    known = dict(base.specs) if base is not None and not replace_all else {}
+    for spec in other_specs:
+        known.setdefault(spec.spec_id, spec)
+    known.pop(partition_spec.spec_id, None)
+    return known
+
+
 class Catalog:
     """Versioned manifest of one dataset's partitions in an `ObjectStore` (local directory or S3)."""
 
@@ -613,10 +628,7 @@ class Catalog:
         token = commit_id if commit_id is not None else uuid.uuid4().hex
         base = self._load(base_version) if base_version else None
         base_number = base_version or 0
-        known = dict(base.specs) if base is not None and not replace_all else {}
-        for spec in other_specs:
-            known.setdefault(spec.spec_id, spec)
-        known.pop(partition_spec.spec_id, None)
+        known = _known_specs(base, partition_spec, replace_all, other_specs)
         self._validate_commit(upserts, removes, partition_spec, replace_all, known)
         if commit_id is not None and base is not None and commit_id in base.commit_ids:
             return base.commit_ids[commit_id]  # published by an earlier attempt, before this base
@@ -627,12 +639,42 @@ class Catalog:
         )
         other_specs = tuple(spec for spec_id, spec in known.items() if spec_id in in_use)
         if base is not None and not replace_all:
-            missing = [key_path for key_path in removes if key_path not in base.partitions]
-            if missing:
-                raise CatalogError(
-                    f"cannot remove partition(s) {missing[:5]} of dataset {self.dataset!r}: they are not in "
-                    f"base version {base_number}"
-                )
+            self._check_removes_in_base(base, removes, base_number)
+        return self._publish_commit(
+            base=base,
+            base_number=base_number,
+            token=token,
+            upserts=upserts,
+            removes=removes,
+            partition_spec=partition_spec,
+            replace_all=replace_all,
+            evolve=evolve,
+            operation=operation,
+            conservation=conservation,
+            other_specs=other_specs,
+            check_intervening=check_intervening,
+            max_retries=max_retries,
+        )
+
+    def _publish_commit(
+        self,
+        *,
+        base: Snapshot | None,
+        base_number: int,
+        token: str,
+        upserts: Sequence[PartitionEntry],
+        removes: Sequence[str],
+        partition_spec: PartitionSpecInfo,
+        replace_all: bool,
+        evolve: bool,
+        operation: str,
+        conservation: Mapping[str, Any] | None,
+        other_specs: tuple[PartitionSpecInfo, ...],
+        check_intervening: Callable[[CommitRecord], None] | None,
+        max_retries: int,
+    ) -> int:
+        """`commit` once validated: rebase onto the commits since the base and publish the next version,
+        retrying a lost race up to `max_retries` times."""
         upsert_json = tuple(entry.to_json() for entry in upserts)
         touched = {entry.key_path for entry in upserts} | set(removes)
         parent = base_number
@@ -651,25 +693,19 @@ class Catalog:
         head = base_number if optimistic else self._head()
         for attempt in range(max_retries + 1):
             if head > parent:
-                try:
-                    newer = self._records(parent, head)
-                except VersionNotFoundError as err:
-                    raise CommitConflictError(
-                        f"base version {base_number} of dataset {self.dataset!r} is too old: versions after "
-                        "it were vacuumed; plan again from the latest version",
-                        version=head,
-                    ) from err
-                self._check_chain(parent_digest, newer)
-                for record in newer:
-                    if record.commit_id == token:
-                        # This commit, published by an earlier call with the caller's commit_id, or by
-                        # an attempt of this call whose response was lost (see `_publish`).
-                        return record.version
-                    self._check_concurrent(
-                        record, touched, base_number, partition_spec, replace_all or evolve
-                    )
-                    if check_intervening is not None:
-                        check_intervening(record)
+                own, newer = self._rebase_onto(
+                    parent,
+                    head,
+                    parent_digest,
+                    token,
+                    touched,
+                    base_number,
+                    partition_spec,
+                    replace_all or evolve,
+                    check_intervening,
+                )
+                if own is not None:
+                    return own
                 intervening.extend(newer)
                 parent = head
                 parent_digest = newer[-1].digest
@@ -704,6 +740,48 @@ class Catalog:
             "(each touching other partitions); retry later or raise max_retries",
             version=head,
         )
+
+    def _check_removes_in_base(self, base: Snapshot, removes: Sequence[str], base_number: int) -> None:
+        """Refuse removing a partition the base version does not hold."""
+        missing = [key_path for key_path in removes if key_path not in base.partitions]
+        if missing:
+            raise CatalogError(
+                f"cannot remove partition(s) {missing[:5]} of dataset {self.dataset!r}: they are not in "
+                f"base version {base_number}"
+            )
+
+    def _rebase_onto(
+        self,
+        parent: int,
+        head: int,
+        parent_digest: str | None,
+        token: str,
+        touched: set[str],
+        base_number: int,
+        partition_spec: PartitionSpecInfo,
+        exclusive: bool,
+        check_intervening: Callable[[CommitRecord], None] | None,
+    ) -> tuple[int | None, list[CommitRecord]]:
+        """The commits `parent + 1 .. head`, checked for conflicts with this one; with the version of this
+        commit's own record if one of them is it (published earlier with the same id), else `None`."""
+        try:
+            newer = self._records(parent, head)
+        except VersionNotFoundError as err:
+            raise CommitConflictError(
+                f"base version {base_number} of dataset {self.dataset!r} is too old: versions after "
+                "it were vacuumed; plan again from the latest version",
+                version=head,
+            ) from err
+        self._check_chain(parent_digest, newer)
+        for record in newer:
+            if record.commit_id == token:
+                # This commit, published by an earlier call with the caller's commit_id, or by
+                # an attempt of this call whose response was lost (see `_publish`).
+                return record.version, newer
+            self._check_concurrent(record, touched, base_number, partition_spec, exclusive)
+            if check_intervening is not None:
+                check_intervening(record)
+        return None, newer
 
     def _publish(self, record: CommitRecord, data: bytes) -> bool:
         """Create `record`'s version: `True` if the record there is this commit's, `False` if refused.

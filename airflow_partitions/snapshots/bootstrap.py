@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from airflow_partitions.exceptions import PartitionSpecChangedError, SnapshotError
 from airflow_partitions.keys import PartitionKey
-from airflow_partitions.objectstore import S3Location, SettingsLike
+from airflow_partitions.objectstore import S3Location, S3Store, SettingsLike
 from airflow_partitions.snapshots.download import (
     DownloadAction,
     FileDownload,
@@ -147,54 +147,20 @@ def bootstrap_snapshot(
     """
     layout = SnapshotLayout.of(location, dataset)
     root = Path(dest_dataset_root)
-    if catalog.dataset != dataset:
-        raise SnapshotError(f"catalog is for dataset {catalog.dataset!r}, not {dataset!r}")
-    if catalog.data_root is not None and Path(catalog.data_root).resolve() != root.resolve():
-        raise SnapshotError(
-            f"dest_dataset_root {root} is not the catalog's data root {catalog.data_root}; the files "
-            "would be registered where readers do not look"
-        )
+    _check_destination(catalog, dataset, root)
     store = layout.store(settings)
     client = store.client
-    if manifest is None:
-        manifest = fetch_manifest(store, layout, version)
-    elif version is not None and manifest.version != version:
-        raise SnapshotError(
-            f"manifest passed is version {manifest.version}, but version {version} was asked for"
-        )
+    manifest = _resolve_manifest(store, layout, manifest, version)
     if manifest is None:
         return BootstrapResult(dataset, layout.location.uri(), None, None, 0, (), (), (), (), 0, 0, 0)
     if manifest.dataset != dataset:
         raise SnapshotError(f"manifest passed is for dataset {manifest.dataset!r}, not {dataset!r}")
 
     local = catalog.latest()
-    if local is not None and local.partition_spec.spec_id != manifest.partition_spec.spec_id:
-        raise PartitionSpecChangedError(
-            f"dataset {dataset!r}: the snapshot (version {manifest.version}) was written with partition_by "
-            f"{manifest.partition_spec.describe()}, the local catalog (version {local.version}) with "
-            f"{local.partition_spec.describe()}. Bootstrap into an empty accelerator_dir, or publish a "
-            "snapshot refreshed under the local expressions"
-        )
+    _check_same_spec(dataset, local, manifest)
     selected, kept_local = _newer_locally(local, _select(manifest, where_keys))
     storage = storage or catalog.storage
-    in_shared_file = next((e.key_path for e in selected if any(f.table for f in e.files)), None)
-    if in_shared_file is not None and storage is None:
-        raise SnapshotError(
-            f"partition {in_shared_file!r} lives in tables of DuckDB's shared file; pass the dataset's "
-            "storage (get_storage('duckdb', 'tables')) so bootstrap can rebuild those tables"
-        )
-    # Partitions held unchanged in DuckDB's shared file need no staged copy (it may be gone by design).
-    in_shared_tables = {
-        e.key_path for e in selected if e.files and all(f.table for f in e.files) and _unchanged(local, e)
-    }
-    downloads = [
-        FileDownload(
-            layout.bucket, layout.data_key(f.path), local_file(root, f.path), f.checksum.lower(), f.bytes
-        )
-        for entry in selected
-        if entry.key_path not in in_shared_tables
-        for f in entry.files
-    ]
+    in_shared_tables, downloads = _plan_downloads(layout, root, local, selected, storage)
     # What this call creates, so a refused bootstrap can take it away again.
     created_directories = _missing_directories(root, downloads)
     try:
@@ -207,36 +173,14 @@ def bootstrap_snapshot(
         # Every file is downloaded and verified before any is placed: a corrupted object refuses the
         # whole bootstrap with nothing installed.
         _fetch_all(client, downloads, fetched, root, ranged_threshold, chunksize, max_concurrency)
-        actions = []
-        for index, item in enumerate(downloads):
-            temporary = fetched.pop(index, None)
-            action = DownloadAction.SKIPPED if temporary is None else place_verified(item, temporary)
-            if action is DownloadAction.DOWNLOADED:
-                placed.append(item.local)
-            actions.append(action)
+        actions = _place_all(downloads, fetched, placed)
         upserts = [
             entry if entry.key_path in in_shared_tables else _published(entry, root, storage)
             for entry in selected
         ]
         changed = [entry for entry in upserts if not _unchanged(local, entry)]
-        removed = _removed(local, manifest, where_keys)
-        kept_local += [
-            key_path for key_path in removed if _refreshed_after(local, key_path, manifest.committed_at)
-        ]
-        removed = [key_path for key_path in removed if key_path not in kept_local]
-        committed_version = None
-        if changed or removed:
-            # A refused commit (a local refresh of the same partitions won) takes its downloads back too.
-            builder = CommitBuilder(
-                catalog,
-                "bootstrap",
-                local.version if local is not None else None,
-                manifest.partition_spec,
-                _commit_id(layout, manifest, changed, removed),
-            )
-            builder.add(changed)
-            builder.remove(removed)
-            committed_version = builder.commit(other_specs=manifest.other_specs)
+        removed, kept_local = _removed_and_kept(local, manifest, where_keys, kept_local)
+        committed_version = _commit_bootstrap(catalog, layout, manifest, local, changed, removed)
     except BaseException:
         _discard(catalog, root, list(fetched.values()), placed, created_directories)
         raise
@@ -257,6 +201,120 @@ def bootstrap_snapshot(
         files_skipped=sum(len(e.files) for e in selected) - len(downloaded),
         bytes_downloaded=sum(item.size for item in downloaded),
     )
+
+
+def _check_destination(catalog: Catalog, dataset: str, root: Path) -> None:
+    """Refuse a catalog of another dataset, or a destination that is not the catalog's data root."""
+    if catalog.dataset != dataset:
+        raise SnapshotError(f"catalog is for dataset {catalog.dataset!r}, not {dataset!r}")
+    if catalog.data_root is not None and Path(catalog.data_root).resolve() != root.resolve():
+        raise SnapshotError(
+            f"dest_dataset_root {root} is not the catalog's data root {catalog.data_root}; the files "
+            "would be registered where readers do not look"
+        )
+
+
+def _resolve_manifest(
+    store: S3Store, layout: SnapshotLayout, manifest: SnapshotManifest | None, version: int | None
+) -> SnapshotManifest | None:
+    """The manifest passed in (checked against `version`), else the one fetched; `None` if none exists."""
+    if manifest is None:
+        return fetch_manifest(store, layout, version)
+    if version is not None and manifest.version != version:
+        raise SnapshotError(
+            f"manifest passed is version {manifest.version}, but version {version} was asked for"
+        )
+    return manifest
+
+
+def _check_same_spec(dataset: str, local: Snapshot | None, manifest: SnapshotManifest) -> None:
+    """Refuse a snapshot written under other partition expressions than the local catalog's."""
+    if local is not None and local.partition_spec.spec_id != manifest.partition_spec.spec_id:
+        raise PartitionSpecChangedError(
+            f"dataset {dataset!r}: the snapshot (version {manifest.version}) was written with partition_by "
+            f"{manifest.partition_spec.describe()}, the local catalog (version {local.version}) with "
+            f"{local.partition_spec.describe()}. Bootstrap into an empty accelerator_dir, or publish a "
+            "snapshot refreshed under the local expressions"
+        )
+
+
+def _plan_downloads(
+    layout: SnapshotLayout,
+    root: Path,
+    local: Snapshot | None,
+    selected: Sequence[PartitionEntry],
+    storage: PartitionStorage | None,
+) -> tuple[set[str], list[FileDownload]]:
+    """The partitions kept unchanged in DuckDB's shared tables, and the files to download for the rest."""
+    in_shared_file = next((e.key_path for e in selected if any(f.table for f in e.files)), None)
+    if in_shared_file is not None and storage is None:
+        raise SnapshotError(
+            f"partition {in_shared_file!r} lives in tables of DuckDB's shared file; pass the dataset's "
+            "storage (get_storage('duckdb', 'tables')) so bootstrap can rebuild those tables"
+        )
+    # Partitions held unchanged in DuckDB's shared file need no staged copy (it may be gone by design).
+    in_shared_tables = {
+        e.key_path for e in selected if e.files and all(f.table for f in e.files) and _unchanged(local, e)
+    }
+    downloads = [
+        FileDownload(
+            layout.bucket, layout.data_key(f.path), local_file(root, f.path), f.checksum.lower(), f.bytes
+        )
+        for entry in selected
+        if entry.key_path not in in_shared_tables
+        for f in entry.files
+    ]
+    return in_shared_tables, downloads
+
+
+def _place_all(
+    downloads: Sequence[FileDownload], fetched: dict[int, Path], placed: list[Path]
+) -> list[DownloadAction]:
+    """Place every verified temporary (popped from `fetched`); files placed are appended to `placed`."""
+    actions = []
+    for index, item in enumerate(downloads):
+        temporary = fetched.pop(index, None)
+        action = DownloadAction.SKIPPED if temporary is None else place_verified(item, temporary)
+        if action is DownloadAction.DOWNLOADED:
+            placed.append(item.local)
+        actions.append(action)
+    return actions
+
+
+def _removed_and_kept(
+    local: Snapshot | None, manifest: SnapshotManifest, where_keys: KeySelector, kept_local: list[str]
+) -> tuple[list[str], list[str]]:
+    """Local partitions to remove, and `kept_local` extended by those refreshed after the snapshot."""
+    removed = _removed(local, manifest, where_keys)
+    kept_local += [
+        key_path for key_path in removed if _refreshed_after(local, key_path, manifest.committed_at)
+    ]
+    removed = [key_path for key_path in removed if key_path not in kept_local]
+    return removed, kept_local
+
+
+def _commit_bootstrap(
+    catalog: Catalog,
+    layout: SnapshotLayout,
+    manifest: SnapshotManifest,
+    local: Snapshot | None,
+    changed: Sequence[PartitionEntry],
+    removed: Sequence[str],
+) -> int | None:
+    """Commit the changed and removed partitions in one local commit; `None` when there is nothing to do."""
+    if not (changed or removed):
+        return None
+    # A refused commit (a local refresh of the same partitions won) takes its downloads back too.
+    builder = CommitBuilder(
+        catalog,
+        "bootstrap",
+        local.version if local is not None else None,
+        manifest.partition_spec,
+        _commit_id(layout, manifest, changed, removed),
+    )
+    builder.add(changed)
+    builder.remove(removed)
+    return builder.commit(other_specs=manifest.other_specs)
 
 
 def _fetch_all(
