@@ -13,7 +13,7 @@ refresh (a selection, unchanged partitions) are counted and dropped on the way.
 
 After the scan, each planned partition is read back from its spill runs and its buffer, in the order the
 rows were read (so the rows, their sort and their files are what the whole-table path writes) and written
-by `arrow_refresh.write_partition` on the same small pool: the storage engine writes, sorts and checksums
+by `arrow_write.write_partition` on the same small pool: the storage engine writes, sorts and checksums
 it, and its rows are counted back from the files. Memory is the spill budget during the scan, and then a
 few partitions at a time (one per writer thread).
 
@@ -389,39 +389,8 @@ def streamed_refresh(
     scratch = spill_directory(data_root)
     try:
         spill = PartitionSpill(scratch, schema, limit)
-        router = _Router(dataset, plan, schema, spill)
-        try:
-            batches = prefetched(source_batches(source), PREFETCH_BATCHES)
-            with closing(batches):  # an error here stops the reader thread too
-                for batch in batches:
-                    router.route(conform_to_schema(batch, schema))
-        finally:
-            router.close()
-        unplanned = dict(router.dropped)
-        if unplanned and plans_every_partition(plan, selecting):
-            raise ConservationError(
-                dataset.name,
-                {path: (0, count) for path, count in sorted(unplanned.items())},
-                expected="rows planned for the partition (the plan does not contain it)",
-                actual="source rows routed to it",
-                hint="The source changed between discovery and the read, or discovery and routing "
-                "disagree on a partition value; nothing was written. Run the refresh again.",
-            )
-        routed_total = router.routed_rows
-        dropped = sum(unplanned.values())
-        if routed_total + dropped != router.scanned:
-            raise ConservationError(
-                dataset.name,
-                {"[all partitions]": (router.scanned, routed_total + dropped)},
-                expected="rows read from the source",
-                actual="rows routed to partitions",
-                hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
-            )
-        planned = [item.key_path for item in plan.items]
-        if plan.discovery is DiscoveryKind.DYNAMIC:
-            empty = [path for path in planned if not spill.rows.get(path)]
-            if empty:
-                raise discovered_but_empty(dataset.name, empty, actual="rows read")
+        router = _route_source(dataset, plan, source, schema, spill)
+        routed_total, dropped = _check_routed(dataset, plan, router, spill, selecting=selecting)
 
         tallies = router.tallies
 
@@ -458,14 +427,7 @@ def streamed_refresh(
             workers=workers,
             keep_going=keep_going,
         )
-        last_spill = SpillFacts(
-            budget=limit,
-            peak_held=spill.peak_held,
-            spills=len(spill.runs),
-            spilled_bytes=spill.spilled_bytes,
-            spilled_partitions=len({path for run in spill.runs for path in run.batches}),
-            written_from_memory=spill.from_memory,
-        )
+        last_spill = _spill_facts(spill, limit)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return ArrowRefreshResult(
@@ -475,6 +437,65 @@ def streamed_refresh(
         dropped,
         time.monotonic() - started,
         failed={path: f"{type(err).__name__}: {err}" for path, err in failures.items()},
+    )
+
+
+def _route_source(
+    dataset: DatasetSpec, plan: RefreshPlan, source: Source, schema: pa.Schema, spill: PartitionSpill
+) -> _Router:
+    """Stream the source's batches through a router into `spill`; returns the closed router."""
+    router = _Router(dataset, plan, schema, spill)
+    try:
+        batches = prefetched(source_batches(source), PREFETCH_BATCHES)
+        with closing(batches):  # an error here stops the reader thread too
+            for batch in batches:
+                router.route(conform_to_schema(batch, schema))
+    finally:
+        router.close()
+    return router
+
+
+def _check_routed(
+    dataset: DatasetSpec, plan: RefreshPlan, router: _Router, spill: PartitionSpill, *, selecting: bool
+) -> tuple[int, int]:
+    """Every row read was routed, to a planned partition, and every discovered partition got rows:
+    (rows routed to planned partitions, rows of unplanned ones)."""
+    unplanned = dict(router.dropped)
+    if unplanned and plans_every_partition(plan, selecting):
+        raise ConservationError(
+            dataset.name,
+            {path: (0, count) for path, count in sorted(unplanned.items())},
+            expected="rows planned for the partition (the plan does not contain it)",
+            actual="source rows routed to it",
+            hint="The source changed between discovery and the read, or discovery and routing "
+            "disagree on a partition value; nothing was written. Run the refresh again.",
+        )
+    routed_total = router.routed_rows
+    dropped = sum(unplanned.values())
+    if routed_total + dropped != router.scanned:
+        raise ConservationError(
+            dataset.name,
+            {"[all partitions]": (router.scanned, routed_total + dropped)},
+            expected="rows read from the source",
+            actual="rows routed to partitions",
+            hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
+        )
+    planned = [item.key_path for item in plan.items]
+    if plan.discovery is DiscoveryKind.DYNAMIC:
+        empty = [path for path in planned if not spill.rows.get(path)]
+        if empty:
+            raise discovered_but_empty(dataset.name, empty, actual="rows read")
+    return routed_total, dropped
+
+
+def _spill_facts(spill: PartitionSpill, limit: int) -> SpillFacts:
+    return SpillFacts(
+        budget=limit,
+        peak_held=spill.peak_held,
+        spills=len(spill.runs),
+        spilled_bytes=spill.spilled_bytes,
+        spilled_partitions=len({path for run in spill.runs for path in run.batches}),
+        written_from_memory=spill.from_memory,
     )
 
 

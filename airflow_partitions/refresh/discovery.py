@@ -36,7 +36,7 @@ from airflow_partitions.keys import (
     value_to_text,
 )
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
-from airflow_partitions.sources.base import Deadline, KeyTuple, Source, fingerprint_schema_tag
+from airflow_partitions.sources.base import Deadline, KeyTuple, Source, SourceSurvey, fingerprint_schema_tag
 from airflow_partitions.spec.model import bucket_count, static_partition_count
 
 if TYPE_CHECKING:
@@ -175,9 +175,7 @@ def discover(
     names = acceleration.partition_names
     if partitions is not None:
         # Before the survey, which may scan the whole source: a key of the wrong shape names nothing.
-        problems = [problem for text in partitions if (problem := key_text_problem(text, names))]
-        if problems:
-            raise DiscoveryError(f"dataset {dataset.name!r}: {'; '.join(problems)}")
+        _check_key_texts(dataset, names, partitions)
     spec_id = acceleration.partition_spec_id
     refresh = acceleration.refresh
     limit = max_partitions if max_partitions is not None else refresh.max_partitions
@@ -215,77 +213,23 @@ def discover(
         transforms, need_keys=counts is None, check_column=refresh.check_column, deadline=deadline
     )
     if counts is None:
-        assert survey.keys is not None
-        keys = sorted(survey.keys, key=_sort_key)
-        if len(keys) > limit:
-            raise TooManyPartitionsError(
-                f"dataset {dataset.name!r}: discovery found {len(keys)} partitions in {source.describe()}, "
-                f"more than refresh.max_partitions ({limit}); use coarser partition expressions (e.g. "
-                "bucket(N, col) or date_trunc('month', ts)) or raise max_partitions"
-            )
+        keys = _surveyed_keys(dataset, source, survey, limit)
 
     key_paths = {key: PartitionKey(key).path(names) for key in keys}
 
-    selected: list[KeyTuple] = keys
-    unknown: list[str] = []
-    if partitions is not None:
-        selected, unknown = select_keys(names, keys, partitions)
-    if where_selector is not None:
-        mask = where_selector(selected)
-        selected = [key for key, keep in zip(selected, mask, strict=True) if keep]
+    selected, unknown = _selected_keys(names, keys, partitions, where_selector)
 
-    items: list[PartitionWorkItem] = []
-    unchanged = 0
-    for key in selected:
-        key_path = key_paths[key]
-        fingerprint = survey.fingerprint(key)
-        recorded = existing.get(key_path)
-        if respec:
-            reason: Reason | None = Reason.RESPEC
-        elif recorded is None:
-            reason = Reason.NEW
-        elif recorded != (spec_id, fingerprint):
-            reason = Reason.CHANGED
-        elif full or selecting:
-            reason = Reason.FORCED
-        else:
-            reason = None
-        if reason is None:
-            unchanged += 1
-            continue
-        items.append(
-            PartitionWorkItem(
-                key=tuple(PartitionKey(key).to_json()),
-                key_path=key_path,
-                reason=reason,
-                fingerprint=fingerprint,
-            )
-        )
+    items, unchanged = _work_items(
+        selected, key_paths, survey, existing, spec_id, respec=respec, forced=full or selecting
+    )
 
     discovered_paths = set(key_paths.values())
-    if respec:
-        removed: list[str] = []  # replace_all drops every old partition
-    elif partitions is not None:
-        removed = [p for p in partitions if p in existing and p not in discovered_paths]
-    elif where_selector is not None:
-        gone = [path for path in existing if path not in discovered_paths]
-        recorded_keys = snapshot.keys() if snapshot is not None else {}
-        gone_keys = [recorded_keys[path].values for path in gone]
-        mask = where_selector(gone_keys) if gone_keys else []
-        removed = [path for path, keep in zip(gone, mask, strict=True) if keep]
-    else:
-        removed = sorted(path for path in existing if path not in discovered_paths)
+    removed = _removed_paths(snapshot, existing, discovered_paths, partitions, where_selector, respec=respec)
     if selecting and not respec:
         refuse_mixed_schema_refresh(dataset.name, existing, survey.schema_tag, items, removed)
     unknown = [text for text in unknown if text not in removed]
     if unknown:
-        sample = ", ".join(partition_label(names, PartitionKey(k)) for k in keys[:5])
-        example = f" or Airflow partition keys such as {composite_key(PartitionKey(keys[0]))}" if keys else ""
-        raise DiscoveryError(
-            f"dataset {dataset.name!r} has no partition {', '.join(repr(u) for u in unknown)} in the source; "
-            f"name partitions as their refresh tasks are labelled, such as {sample or '(none discovered)'}"
-            f"{example}"
-        )
+        _refuse_unknown(dataset, names, keys, unknown)
     return RefreshPlan(
         dataset=dataset.name,
         spec_id=spec_id,
@@ -301,6 +245,120 @@ def discover(
         full=full,
         elapsed_s=time.monotonic() - started,
         notes=survey.notes,
+    )
+
+
+def _selected_keys(
+    names: Sequence[str],
+    keys: list[KeyTuple],
+    partitions: Sequence[str] | None,
+    where_selector: KeySelector | None,
+) -> tuple[list[KeyTuple], list[str]]:
+    """The discovered keys the selection names (all without one), and the named texts not found."""
+    selected: list[KeyTuple] = keys
+    unknown: list[str] = []
+    if partitions is not None:
+        selected, unknown = select_keys(names, keys, partitions)
+    if where_selector is not None:
+        mask = where_selector(selected)
+        selected = [key for key, keep in zip(selected, mask, strict=True) if keep]
+    return selected, unknown
+
+
+def _check_key_texts(dataset: DatasetSpec, names: Sequence[str], partitions: Sequence[str]) -> None:
+    problems = [problem for text in partitions if (problem := key_text_problem(text, names))]
+    if problems:
+        raise DiscoveryError(f"dataset {dataset.name!r}: {'; '.join(problems)}")
+
+
+def _surveyed_keys(dataset: DatasetSpec, source: Source, survey: SourceSurvey, limit: int) -> list[KeyTuple]:
+    """The keys the survey found, sorted; refused beyond `limit`."""
+    assert survey.keys is not None
+    keys = sorted(survey.keys, key=_sort_key)
+    if len(keys) > limit:
+        raise TooManyPartitionsError(
+            f"dataset {dataset.name!r}: discovery found {len(keys)} partitions in {source.describe()}, "
+            f"more than refresh.max_partitions ({limit}); use coarser partition expressions (e.g. "
+            "bucket(N, col) or date_trunc('month', ts)) or raise max_partitions"
+        )
+    return keys
+
+
+def _work_items(
+    selected: Sequence[KeyTuple],
+    key_paths: Mapping[KeyTuple, str],
+    survey: SourceSurvey,
+    existing: Mapping[str, tuple[str, str | None]],
+    spec_id: str,
+    *,
+    respec: bool,
+    forced: bool,
+) -> tuple[list[PartitionWorkItem], int]:
+    """The selected partitions to refresh, each with its reason, and how many are left unchanged."""
+    items: list[PartitionWorkItem] = []
+    unchanged = 0
+    for key in selected:
+        key_path = key_paths[key]
+        fingerprint = survey.fingerprint(key)
+        recorded = existing.get(key_path)
+        if respec:
+            reason: Reason | None = Reason.RESPEC
+        elif recorded is None:
+            reason = Reason.NEW
+        elif recorded != (spec_id, fingerprint):
+            reason = Reason.CHANGED
+        elif forced:
+            reason = Reason.FORCED
+        else:
+            reason = None
+        if reason is None:
+            unchanged += 1
+            continue
+        items.append(
+            PartitionWorkItem(
+                key=tuple(PartitionKey(key).to_json()),
+                key_path=key_path,
+                reason=reason,
+                fingerprint=fingerprint,
+            )
+        )
+    return items, unchanged
+
+
+def _removed_paths(
+    snapshot: Snapshot | None,
+    existing: Mapping[str, tuple[str, str | None]],
+    discovered_paths: set[str],
+    partitions: Sequence[str] | None,
+    where_selector: KeySelector | None,
+    *,
+    respec: bool,
+) -> list[str]:
+    """Catalog partitions that discovery no longer finds (within the selection when one is given)."""
+    if respec:
+        removed: list[str] = []  # replace_all drops every old partition
+    elif partitions is not None:
+        removed = [p for p in partitions if p in existing and p not in discovered_paths]
+    elif where_selector is not None:
+        gone = [path for path in existing if path not in discovered_paths]
+        recorded_keys = snapshot.keys() if snapshot is not None else {}
+        gone_keys = [recorded_keys[path].values for path in gone]
+        mask = where_selector(gone_keys) if gone_keys else []
+        removed = [path for path, keep in zip(gone, mask, strict=True) if keep]
+    else:
+        removed = sorted(path for path in existing if path not in discovered_paths)
+    return removed
+
+
+def _refuse_unknown(
+    dataset: DatasetSpec, names: Sequence[str], keys: Sequence[KeyTuple], unknown: list[str]
+) -> None:
+    sample = ", ".join(partition_label(names, PartitionKey(k)) for k in keys[:5])
+    example = f" or Airflow partition keys such as {composite_key(PartitionKey(keys[0]))}" if keys else ""
+    raise DiscoveryError(
+        f"dataset {dataset.name!r} has no partition {', '.join(repr(u) for u in unknown)} in the source; "
+        f"name partitions as their refresh tasks are labelled, such as {sample or '(none discovered)'}"
+        f"{example}"
     )
 
 

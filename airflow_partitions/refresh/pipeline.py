@@ -344,76 +344,77 @@ def refresh_dataset(
     no Spark was given, else the Spark stage (`refresh.strategy`); "arrow", "spark" and "pushdown" force
     theirs. The summary's `strategy` and `strategy_reason` say which ran and why.
     """
-    chosen: list[StrategyChoice] = []
     project = load_project(project)
-    dataset = resolve_dataset(project, dataset)
-    source = source or open_dataset_source(dataset)
+    spec = resolve_dataset(project, dataset)
+    opened = source or open_dataset_source(spec)
+    choice: StrategyChoice | None = None
     try:
-        summary = _refresh_dataset(
-            project,
-            dataset,
-            partitions,
-            where,
-            full,
-            progress,
-            spark=spark,
-            remote=remote,
-            strategy=strategy,
-            repartition=repartition,
-            workers=workers,
-            allow_partial=allow_partial,
-            source=source,
-            storage=storage,
-            arrow_memory_budget=arrow_memory_budget,
-            chosen=chosen,
-        )
+        started = time.monotonic()
+        timings: dict[str, float] = {}
+        source = keep_file_facts(opened, dataset_directory(project, spec))
+
+        def tick(phase: str, done: int, total: int, rows: int) -> None:
+            if progress is not None:
+                progress(RefreshProgress(phase, done, total, rows, time.monotonic() - started))
+
+        tick("discover", 0, 0, 0)
+        plan = _plan_for_refresh(project, spec, source, partitions, where, full)
+        timings["discover"] = time.monotonic() - started
+        choice = _choose_and_log(project, spec, plan, source, strategy, spark, remote, arrow_memory_budget)
+        if choice.strategy == "arrow":
+            summary = _refresh_with_arrow(
+                project,
+                spec,
+                plan,
+                source,
+                selecting=partitions is not None or where is not None,
+                storage=storage,
+                workers=workers,
+                allow_partial=allow_partial,
+                timings=timings,
+                started=started,
+                tick=tick,
+            )
+        else:
+            summary = _refresh_with_stage(
+                project,
+                spec,
+                plan,
+                source,
+                spark=spark,
+                remote=remote,
+                strategy=choice.strategy,
+                repartition=repartition,
+                storage=storage,
+                workers=workers,
+                allow_partial=allow_partial,
+                timings=timings,
+                started=started,
+                tick=tick,
+            )
     except (ConservationError, PartitionsFailedError) as err:
         refused: RefreshSummary | None = getattr(err, "summary", None)
-        if refused is not None and chosen:
-            refused.strategy, refused.strategy_reason = chosen[0].engine, chosen[0].reason
+        if refused is not None and choice is not None:
+            refused.strategy, refused.strategy_reason = choice.engine, choice.reason
         raise
     finally:
-        if getattr(source, "snapshot", None) is not None:  # a first change-capture copy held its slot's
+        if getattr(opened, "snapshot", None) is not None:  # a first change-capture copy held its slot's
             from airflow_partitions.sources.pg_cdc import release_snapshot  # snapshot: a failure ended it
 
-            release_snapshot(source=source)
-    if chosen:
-        summary.strategy, summary.strategy_reason = chosen[0].engine, chosen[0].reason
+            release_snapshot(source=opened)
+    summary.strategy, summary.strategy_reason = choice.engine, choice.reason
     return summary
 
 
-def _refresh_dataset(
-    project: ProjectSpec | str | os.PathLike[str],
-    dataset: DatasetSpec | str,
-    partitions: Sequence[str] | None = None,
-    where: str | None = None,
-    full: bool = False,
-    progress: ProgressCallback | None = None,
-    *,
-    spark: Any = None,
-    remote: str | None = None,
-    strategy: str = "auto",
-    repartition: bool = False,
-    workers: int | None = None,
-    allow_partial: bool = False,
-    source: Source | None = None,
-    storage: PartitionStorage | None = None,
-    arrow_memory_budget: int | None,
-    chosen: list[StrategyChoice],
-) -> RefreshSummary:
-    """`refresh_dataset`; appends the strategy it chose to `chosen` once planned."""
-    started = time.monotonic()
-    timings: dict[str, float] = {}
-    project = load_project(project)
-    spec = resolve_dataset(project, dataset)
-    source = keep_file_facts(source or open_dataset_source(spec), dataset_directory(project, spec))
-
-    def tick(phase: str, done: int, total: int, rows: int) -> None:
-        if progress is not None:
-            progress(RefreshProgress(phase, done, total, rows, time.monotonic() - started))
-
-    tick("discover", 0, 0, 0)
-    plan = plan_refresh(
+def _plan_for_refresh(
+    project: ProjectSpec,
+    spec: DatasetSpec,
+    source: Source,
+    partitions: Sequence[str] | None,
+    where: str | None,
+    full: bool,
+) -> RefreshPlan:
+    return plan_refresh(
         project,
         spec,
         partitions=partitions,
@@ -423,33 +424,49 @@ def _refresh_dataset(
         hold_snapshot=True,
         read_committed=True,
     )
-    timings["discover"] = time.monotonic() - started
-    total = len(plan.items)
+
+
+def _choose_and_log(
+    project: ProjectSpec,
+    spec: DatasetSpec,
+    plan: RefreshPlan,
+    source: Source,
+    strategy: str,
+    spark: Any,
+    remote: str | None,
+    budget: int | None,
+) -> StrategyChoice:
     choice = choose_strategy(
         project,
         plan,
         source,
         strategy=strategy,
         spark_given=describe_spark(spark=spark, remote=remote),
-        budget=arrow_memory_budget,
+        budget=budget,
     )
-    chosen.append(choice)
     log.info("%s: refreshing with %s: %s", spec.name, choice.engine, choice.reason)
-    strategy = choice.strategy
-    if strategy == "arrow":
-        return _refresh_with_arrow(
-            project,
-            spec,
-            plan,
-            source,
-            selecting=partitions is not None or where is not None,
-            storage=storage,
-            workers=workers,
-            allow_partial=allow_partial,
-            timings=timings,
-            started=started,
-            tick=tick,
-        )
+    return choice
+
+
+def _refresh_with_stage(
+    project: ProjectSpec,
+    spec: DatasetSpec,
+    plan: RefreshPlan,
+    source: Source,
+    *,
+    spark: Any,
+    remote: str | None,
+    strategy: str,
+    repartition: bool,
+    storage: PartitionStorage | None,
+    workers: int | None,
+    allow_partial: bool,
+    timings: dict[str, float],
+    started: float,
+    tick: Callable[[str, int, int, int], None],
+) -> RefreshSummary:
+    """Stage the planned partitions, finalize each in a thread pool, then commit."""
+    total = len(plan.items)
     tick("stage", 0, total, 0)
     kill_point("cdc-before-apply")
     mark = time.monotonic()
@@ -472,35 +489,7 @@ def _refresh_dataset(
     timings["stage"] = time.monotonic() - mark
 
     mark = time.monotonic()
-    results: list[PartitionResult] = []
-    failed: dict[str, str] = {}
-    lost: list[ConservationError] = []
-    rows = 0
-    if stage.location is not None:
-        tick("finalize", 0, total, 0)
-        # An s3:// accelerator_dir: finalize writes in scratch and uploads (no local data root).
-        handle = open_handle(project, spec)
-        data_root = handle.local_root if handle.local_data else None
-        pool_size = workers or min(4, os.cpu_count() or 2)
-        with ThreadPoolExecutor(max_workers=max(1, pool_size)) as pool:
-            futures = {
-                pool.submit(
-                    finalize_partition, project, spec, stage, item, data_root=data_root, storage=storage
-                ): item
-                for item in plan.items
-            }
-            for future in as_completed(futures):
-                item = futures[future]
-                try:
-                    result = future.result()
-                except Exception as err:
-                    if isinstance(err, ConservationError):
-                        lost.append(err)
-                    failed[item.key_path] = f"{type(err).__name__}: {err}"
-                else:
-                    results.append(result)
-                    rows += result.rows
-                tick("finalize", len(results) + len(failed), total, rows)
+    results, failed, lost, rows = _finalize_all(project, spec, plan, stage, storage, workers, tick)
     timings["finalize"] = time.monotonic() - mark
 
     mark = time.monotonic()
@@ -534,6 +523,49 @@ def _refresh_dataset(
     timings["commit"] = time.monotonic() - mark
     tick("done", total, total, rows)
     return _summary(spec, plan, stage, commit, failed, timings, started)
+
+
+def _finalize_all(
+    project: ProjectSpec,
+    spec: DatasetSpec,
+    plan: RefreshPlan,
+    stage: StageResult,
+    storage: PartitionStorage | None,
+    workers: int | None,
+    tick: Callable[[str, int, int, int], None],
+) -> tuple[list[PartitionResult], dict[str, str], list[ConservationError], int]:
+    """Finalize every staged partition: the results, the failures (path -> message), the lost rows."""
+    total = len(plan.items)
+    results: list[PartitionResult] = []
+    failed: dict[str, str] = {}
+    lost: list[ConservationError] = []
+    rows = 0
+    if stage.location is not None:
+        tick("finalize", 0, total, 0)
+        # An s3:// accelerator_dir: finalize writes in scratch and uploads (no local data root).
+        handle = open_handle(project, spec)
+        data_root = handle.local_root if handle.local_data else None
+        pool_size = workers or min(4, os.cpu_count() or 2)
+        with ThreadPoolExecutor(max_workers=max(1, pool_size)) as pool:
+            futures = {
+                pool.submit(
+                    finalize_partition, project, spec, stage, item, data_root=data_root, storage=storage
+                ): item
+                for item in plan.items
+            }
+            for future in as_completed(futures):
+                item = futures[future]
+                try:
+                    result = future.result()
+                except Exception as err:
+                    if isinstance(err, ConservationError):
+                        lost.append(err)
+                    failed[item.key_path] = f"{type(err).__name__}: {err}"
+                else:
+                    results.append(result)
+                    rows += result.rows
+                tick("finalize", len(results) + len(failed), total, rows)
+    return results, failed, lost, rows
 
 
 def _refresh_with_arrow(

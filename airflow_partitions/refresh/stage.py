@@ -29,7 +29,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +114,30 @@ def choose_mode(source: Source, transforms: Sequence[Transform], strategy: str) 
     return StageMode.PUSHDOWN
 
 
+@dataclass
+class _StageWork:
+    """One stage: what it reads and where it goes, and what it has done so far (read by the manifest,
+    and by the cleanup when the stage fails)."""
+
+    project: ProjectSpec
+    dataset: DatasetSpec
+    bound: DatasetSpec
+    source: Source
+    transforms: list[Transform]
+    plan: RefreshPlan
+    keys: list[tuple[Any, ...]]
+    target: Path
+    storage: PartitionStorage | None
+    s3_settings: SettingsLike | None
+    mode: StageMode
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ran_on: str | None = None
+    counts: SparkStageCounts | None = None
+    job: ItemWriteJob | None = None
+    merge: ItemMergeJob | None = None
+    written: dict[int, WrittenItem] = field(default_factory=dict)
+
+
 def stage_refresh(
     project: ProjectSpec,
     dataset: DatasetSpec,
@@ -154,11 +178,7 @@ def stage_refresh(
         grace=sweep_grace,
         keep=[location] if location is not None else [],
     )
-    if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
-        raise RefreshError(
-            f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r} "
-            f"(spec {dataset.acceleration.partition_spec_id}); plan again"
-        )
+    _check_plan_matches(dataset, plan)
     if not plan.items:
         return StageResult(plan.dataset, None, StageMode.EMPTY, 0, time.monotonic() - started)
     source = keep_file_facts(source or open_dataset_source(dataset), dataset_directory(project, dataset))
@@ -175,127 +195,207 @@ def stage_refresh(
     executors_reach_data = local_data or s3_settings is not None or write_files is True
     if mode is StageMode.SPARK and executors_reach_data and choose_written(dataset, write_files):
         mode = StageMode.WRITTEN
+    target = _new_stage_target(project, dataset, location)
+    keys = [PartitionKey.from_json(item.key).values for item in plan.items]
+    work = _StageWork(
+        project, dataset, bound, source, transforms, plan, keys, target, storage, s3_settings, mode
+    )
+    # Every discovered key planned: the source read is not narrowed, so every source row must be routed.
+    # An append reads only rows past watermarks: rows at or below them are not routed, by design.
+    full_scan = len(keys) >= plan.discovered and not plan.appending
+    sinces = [rows_since(dataset, item) for item in plan.items]
+    try:
+        if work.mode is StageMode.CHANGES:
+            _stage_changed_rows(
+                work,
+                spark=spark,
+                remote=remote,
+                executors_reach_data=executors_reach_data,
+                write_files=write_files,
+                local_data=local_data,
+            )
+        elif work.mode is StageMode.PUSHDOWN:
+            for index, (item, key) in enumerate(zip(plan.items, keys, strict=True)):
+                work.entries[item.key_path] = {
+                    "index": index,
+                    "hint": source.partition_read_hint(transforms, key),
+                }
+        else:
+            _stage_on_spark(
+                work,
+                session=spark if spark is not None else _session(remote),
+                sinces=sinces,
+                full_scan=full_scan,
+                repartition=repartition,
+                shuffle_items=shuffle_items,
+            )
+        _write_manifest(work, full_scan=full_scan, changes=changes)
+    except BaseException:
+        _discard_stage(work)
+        raise
+    return _stage_result(work, started)
+
+
+def _stage_result(work: _StageWork, started: float) -> StageResult:
+    dataset, plan, target, counts = work.dataset, work.plan, work.target, work.counts
+    return StageResult(
+        dataset.name,
+        str(target),
+        work.mode,
+        len(plan.items),
+        time.monotonic() - started,
+        spark=work.ran_on,
+        source_rows=counts.source_rows if counts is not None else None,
+        routed_rows=counts.routed_rows if counts is not None else None,
+    )
+
+
+def _check_plan_matches(dataset: DatasetSpec, plan: RefreshPlan) -> None:
+    if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
+        raise RefreshError(
+            f"plan for {plan.dataset!r} (spec {plan.spec_id}) does not match dataset {dataset.name!r} "
+            f"(spec {dataset.acceleration.partition_spec_id}); plan again"
+        )
+
+
+def _new_stage_target(
+    project: ProjectSpec, dataset: DatasetSpec, location: str | os.PathLike[str] | None
+) -> Path:
+    """The stage directory, created; refused when it already holds a finished stage."""
     target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
     if (target / STAGE_MANIFEST).exists():
         raise RefreshError(f"stage location {target} already holds a finished stage; use a new location")
     # The directory follows the umask: Spark executors, possibly another user on a cluster, write into it.
     # Nothing secret is staged; the manifest is written 0600 all the same.
     target.mkdir(parents=True, exist_ok=True)
-    keys = [PartitionKey.from_json(item.key).values for item in plan.items]
-    entries: dict[str, dict[str, Any]] = {}
-    ran_on: str | None = None
-    counts: SparkStageCounts | None = None
-    # Every discovered key planned: the source read is not narrowed, so every source row must be routed.
-    # An append reads only rows past watermarks: rows at or below them are not routed, by design.
-    full_scan = len(keys) >= plan.discovered and not plan.appending
-    sinces = [rows_since(dataset, item) for item in plan.items]
-    job: ItemWriteJob | None = None
-    merge: ItemMergeJob | None = None
-    written: dict[int, WrittenItem] = {}
-    try:
-        if mode is StageMode.CHANGES:
-            changed, landing = stage_changes(dataset, source, transforms, plan)
-            upserted = upserted_rows(changed)  # change capture stages keys to delete too
-            counts = SparkStageCounts(source_rows=upserted, routed_rows=upserted)
-            session = spark if spark is not None else _session(remote) if remote else None
-            if session is not None and executors_reach_data and choose_written(dataset, write_files):
-                # Spark is at hand: its executors merge and write the partitions, not the partition tasks.
-                from airflow_partitions.refresh.written import check_merged_changes, check_written_items
+    return target
 
-                ran_on = describe_session(session)
-                merge = _item_merge_job(
-                    project, bound, source, transforms, plan, storage, changed, s3_settings
-                )
-                written = _merge_on_executors(session, merge)
-                key_paths = [item.key_path for item in plan.items]
-                merged_rows = sum(found.routed for found in written.values())
-                check_written_items(dataset.name, key_paths, written, merged_rows)
-                check_merged_changes(dataset.name, key_paths, written, landing)
-                mode = StageMode.WRITTEN
-                entries.update(written_entries(plan, written))
-            else:
-                for index, item in enumerate(plan.items):
-                    entries[item.key_path] = {"index": index}
-            if mode is StageMode.CHANGES or local_data:
-                # Partition tasks merge these rows (locally also the retry of an item an executor
-                # could not write); on an object store the executors' merge needs nothing staged.
-                import pyarrow.parquet as pq
 
-                pq.write_table(changed, target / CHANGES_FILE)
-        elif mode is StageMode.PUSHDOWN:
-            for index, (item, key) in enumerate(zip(plan.items, keys, strict=True)):
-                entries[item.key_path] = {"index": index, "hint": source.partition_read_hint(transforms, key)}
-        else:
-            session = spark if spark is not None else _session(remote)
-            ran_on = describe_session(session)
-            subset = None if full_scan else keys
-            if mode is StageMode.WRITTEN:
-                job = _item_write_job(
-                    project, bound, source, transforms, plan, keys, storage, s3_settings, sinces
-                )
-            counts, written = _run_spark_stage(
-                session,
-                source,
-                transforms,
-                keys,
-                subset,
-                target,
-                repartition=repartition,
-                sinces=sinces,
-                shared_since=lowest_since(dataset, plan.items),
-                job=job,
-                shuffle_items=shuffle_items,
-            )
-            if job is None:
-                staged = staged_item_rows(target, len(keys))
-                for index, item in enumerate(plan.items):
-                    entries[item.key_path] = {"index": index, "rows": staged.get(index, 0)}
-            else:
-                from airflow_partitions.refresh.written import check_written_items
+def _stage_changed_rows(
+    work: _StageWork,
+    *,
+    spark: Any,
+    remote: str | None,
+    executors_reach_data: bool,
+    write_files: bool | None,
+    local_data: bool,
+) -> None:
+    """A changes refresh: the captured rows staged for the partition tasks, or, given a session whose
+    executors can write the partitions, merged by those executors."""
+    project, dataset, bound, source, plan = work.project, work.dataset, work.bound, work.source, work.plan
+    transforms, storage, s3_settings = work.transforms, work.storage, work.s3_settings
+    changed, landing = stage_changes(dataset, source, transforms, plan)
+    upserted = upserted_rows(changed)  # change capture stages keys to delete too
+    work.counts = SparkStageCounts(source_rows=upserted, routed_rows=upserted)
+    session = spark if spark is not None else _session(remote) if remote else None
+    if session is not None and executors_reach_data and choose_written(dataset, write_files):
+        # Spark is at hand: its executors merge and write the partitions, not the partition tasks.
+        from airflow_partitions.refresh.written import check_merged_changes, check_written_items
 
-                check_written_items(dataset.name, job.key_paths, written, counts.routed_rows)
-                staged = {index: found.routed for index, found in written.items()}
-                entries.update(written_entries(plan, written))
-            check_stage_conservation(
-                dataset.name,
-                plan,
-                counts,
-                staged,
-                full_scan=full_scan,
-                unrouted=lambda: _unrouted_partitions(session, source, transforms, keys, target, plan),
-            )
-        StageManifest(
-            dataset=dataset.name,
-            spec_id=bound.acceleration.partition_spec_id,
-            mode=mode,
-            source=source.to_json(),
-            schema=source.schema(),
-            items=entries,
-            created_at=recorded_now(),
-            discovery=plan.discovery,
-            source_rows=counts.source_rows if counts is not None else None,
-            routed_rows=counts.routed_rows if counts is not None else None,
-            full_scan=full_scan and not changes and mode in (StageMode.SPARK, StageMode.WRITTEN),
-            counted_by=None if counts is None or changes else "observed" if counts.observed else "recounted",
-        ).write(target)
-    except BaseException:
-        writer = job if job is not None else merge
-        if written and writer is not None:
-            from airflow_partitions.refresh.written import remove_written_files
+        work.ran_on = describe_session(session)
+        work.merge = _item_merge_job(project, bound, source, transforms, plan, storage, changed, s3_settings)
+        work.written = _merge_on_executors(session, work.merge)
+        key_paths = [item.key_path for item in plan.items]
+        merged_rows = sum(found.routed for found in work.written.values())
+        check_written_items(dataset.name, key_paths, work.written, merged_rows)
+        check_merged_changes(dataset.name, key_paths, work.written, landing)
+        work.mode = StageMode.WRITTEN
+        work.entries.update(written_entries(plan, work.written))
+    else:
+        for index, item in enumerate(plan.items):
+            work.entries[item.key_path] = {"index": index}
+    if work.mode is StageMode.CHANGES or local_data:
+        # Partition tasks merge these rows (locally also the retry of an item an executor
+        # could not write); on an object store the executors' merge needs nothing staged.
+        import pyarrow.parquet as pq
 
-            remove_written_files(written, writer.data_root, writer.upload_url, writer.s3_settings)
-        shutil.rmtree(target, ignore_errors=True)
-        raise
-    return StageResult(
+        pq.write_table(changed, work.target / CHANGES_FILE)
+
+
+def _stage_on_spark(
+    work: _StageWork,
+    *,
+    session: Any,
+    sinces: list[RowsSince | None],
+    full_scan: bool,
+    repartition: bool,
+    shuffle_items: bool,
+) -> None:
+    """One Spark job routes the planned partitions' rows: staged, or written as final files (`WRITTEN`)."""
+    project, dataset, bound, source, plan = work.project, work.dataset, work.bound, work.source, work.plan
+    transforms, keys, target, storage = work.transforms, work.keys, work.target, work.storage
+    s3_settings = work.s3_settings
+    work.ran_on = describe_session(session)
+    subset = None if full_scan else keys
+    if work.mode is StageMode.WRITTEN:
+        work.job = _item_write_job(
+            project, bound, source, transforms, plan, keys, storage, s3_settings, sinces
+        )
+    work.counts, work.written = _run_spark_stage(
+        session,
+        source,
+        transforms,
+        keys,
+        subset,
+        target,
+        repartition=repartition,
+        sinces=sinces,
+        shared_since=lowest_since(dataset, plan.items),
+        job=work.job,
+        shuffle_items=shuffle_items,
+    )
+    if work.job is None:
+        staged = staged_item_rows(target, len(keys))
+        for index, item in enumerate(plan.items):
+            work.entries[item.key_path] = {"index": index, "rows": staged.get(index, 0)}
+    else:
+        from airflow_partitions.refresh.written import check_written_items
+
+        check_written_items(dataset.name, work.job.key_paths, work.written, work.counts.routed_rows)
+        staged = {index: found.routed for index, found in work.written.items()}
+        work.entries.update(written_entries(plan, work.written))
+    check_stage_conservation(
         dataset.name,
-        str(target),
-        mode,
-        len(plan.items),
-        time.monotonic() - started,
-        spark=ran_on,
+        plan,
+        work.counts,
+        staged,
+        full_scan=full_scan,
+        unrouted=lambda: _unrouted_partitions(session, source, transforms, keys, target, plan),
+    )
+
+
+def _write_manifest(
+    work: _StageWork,
+    *,
+    full_scan: bool,
+    changes: bool,
+) -> None:
+    """`_stage.json`, written last: a location without it is an unfinished stage."""
+    dataset, bound, source, plan, counts = work.dataset, work.bound, work.source, work.plan, work.counts
+    StageManifest(
+        dataset=dataset.name,
+        spec_id=bound.acceleration.partition_spec_id,
+        mode=work.mode,
+        source=source.to_json(),
+        schema=source.schema(),
+        items=work.entries,
+        created_at=recorded_now(),
+        discovery=plan.discovery,
         source_rows=counts.source_rows if counts is not None else None,
         routed_rows=counts.routed_rows if counts is not None else None,
-    )
+        full_scan=full_scan and not changes and work.mode in (StageMode.SPARK, StageMode.WRITTEN),
+        counted_by=None if counts is None or changes else "observed" if counts.observed else "recounted",
+    ).write(work.target)
+
+
+def _discard_stage(work: _StageWork) -> None:
+    """A failed stage leaves nothing: files the executors wrote are removed, then the stage directory."""
+    writer = work.job if work.job is not None else work.merge
+    if work.written and writer is not None:
+        from airflow_partitions.refresh.written import remove_written_files
+
+        remove_written_files(work.written, writer.data_root, writer.upload_url, writer.s3_settings)
+    shutil.rmtree(work.target, ignore_errors=True)
 
 
 def _stage_with_arrow(
