@@ -31,12 +31,11 @@ from airflow_partitions.refresh.finalize import conform_to_schema
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
 from airflow_partitions.refresh.stage_layout import discovered_but_empty
 from airflow_partitions.table import open_handle
-from airflow_partitions.write.row_hash import certify_rows, tally_table_by_partition
+from airflow_partitions.write.row_hash import tally_table_by_partition
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.catalog.model import RowCertificate
     from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
@@ -125,16 +124,10 @@ def arrow_refresh(
     except Exception:  # a transform the aggregate cannot group by: each partition certifies its rows
         tallies = {}
 
-    def certificate_of(key_path: str, rows: pa.Table) -> RowCertificate:
-        tally = tallies.get(key_path)
-        if tally is not None and tally.rows == rows.num_rows:
-            return tally.certificate()
-        return certify_rows(rows)
-
     def write_one(item: PartitionWorkItem) -> PartitionResult:
         rows = routed.get(item.key_path, schema.empty_table())
         files = written.setdefault(item.key_path, [])
-        return write_partition(dataset, item, rows, engine, data_root, files, certificate_of)
+        return write_partition(dataset, item, rows, engine, data_root, files, tallies)
 
     results, failures = write_planned(
         dataset.name,

@@ -65,7 +65,6 @@ from airflow_partitions.write.row_hash import RowTally
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.catalog.model import RowCertificate
     from airflow_partitions.refresh.plan import PartitionResult, PartitionWorkItem, RefreshPlan
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec
@@ -379,7 +378,6 @@ def streamed_refresh(
     from its spill. Same arguments, same result, same checks; `budget`: the spill budget (bytes), default
     `arrow_spill_budget()`."""
     global last_spill
-    from airflow_partitions.write.row_hash import certify_rows
 
     started = time.monotonic() if started is None else started
     limit = arrow_spill_budget() if budget is None else budget
@@ -391,14 +389,6 @@ def streamed_refresh(
         spill = PartitionSpill(scratch, schema, limit)
         router = _route_source(dataset, plan, source, schema, spill)
         routed_total, dropped = _check_routed(dataset, plan, router, spill, selecting=selecting)
-
-        tallies = router.tallies
-
-        def certificate_of(key_path: str, rows: pa.Table) -> RowCertificate:
-            tally = tallies.get(key_path)
-            if tally is not None and tally.rows == rows.num_rows:
-                return tally.certificate()
-            return certify_rows(rows)
 
         written: dict[str, list[DataFile]] = {}
 
@@ -415,7 +405,7 @@ def streamed_refresh(
                     "nothing was published. Check the scratch disk, then run the refresh again.",
                 )
             files = written.setdefault(item.key_path, [])
-            return write_partition(dataset, item, rows, engine, data_root, files, certificate_of)
+            return write_partition(dataset, item, rows, engine, data_root, files, router.tallies)
 
         results, failures = write_planned(
             dataset.name,

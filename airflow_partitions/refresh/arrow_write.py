@@ -17,11 +17,11 @@ from airflow_partitions.refresh.finalize import REWRITE_ADVICE, written_entry
 from airflow_partitions.refresh.plan import PartitionResult
 from airflow_partitions.refresh.stage_layout import merge_conservation_errors
 from airflow_partitions.table.partition_writer import PartitionWriter
+from airflow_partitions.write.row_hash import RowTally, certify_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.catalog.model import RowCertificate
     from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan
     from airflow_partitions.spec.model import DatasetSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
@@ -55,16 +55,21 @@ def write_partition(
     engine: PartitionStorage,
     data_root: Path,
     files: list[DataFile],
-    certificate_of: Callable[[str, pa.Table], RowCertificate],
+    tallies: Mapping[str, RowTally],
 ) -> PartitionResult:
     """Write one planned partition's `rows` with the storage engine (`files` collects what is written, for
-    removal on failure), count them back from the files and return its unpublished result."""
+    removal on failure), count them back from the files and return its unpublished result. Its certificate
+    is its tally in `tallies` (hashed as the rows were read) when that counts the same rows, else it is
+    computed from `rows`."""
     mark = time.monotonic()
     writer = PartitionWriter.local(engine, data_root, dataset.name)
     written_here = writer.write(item.key_path, rows, check=False)
     files.extend(written_here.files)  # removed when the counts are refused
     writer.check(item.key_path, files, written_here.rows, rows.num_rows, "rows read", REWRITE_ADVICE)
-    certificate = certificate_of(item.key_path, rows)
+    tally = tallies.get(item.key_path)
+    certificate = (
+        tally.certificate() if tally is not None and tally.rows == rows.num_rows else certify_rows(rows)
+    )
     entry = written_entry(item, dataset.acceleration.partition_spec_id, files, certificate)
     return PartitionResult(entry, elapsed_s=time.monotonic() - mark, routed=rows.num_rows)
 
