@@ -23,10 +23,10 @@ class OnePartitionFailingStorage(ParquetStorage):
         super().__init__()
         self.victim = victim
 
-    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[Any]:
+    def write(self, table: pa.Table, dataset_root: Path, key_path: str, *, sync: bool = True) -> list[Any]:
         if key_path == self.victim:
             raise OSError(28, "No space left on device")
-        return super().write(table, dataset_root, key_path)
+        return super().write(table, dataset_root, key_path, sync=sync)
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

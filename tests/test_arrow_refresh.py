@@ -334,3 +334,79 @@ def _keys_of(table: pa.Table) -> list[str]:
     from matrix_support import key_path, partition_values
 
     return [key_path(values, IDENTITY) for values in partition_values(table, IDENTITY)]
+
+
+def test_arrow_writes_are_made_durable_together_before_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Arrow path writes partitions without an fsync each, then fsyncs every file once and every
+    directory from the partition's up to the dataset root once, all before the commit; the rows read back
+    are the source's."""
+    from airflow_partitions.refresh import pipeline
+    from airflow_partitions.storage import base
+
+    chunks = hostile_chunks(71, rows=150)
+    write_source(tmp_path, chunks)
+    spec = write_spec(tmp_path, "parquet", COMPOSITE)
+    events: list[tuple[str, str]] = []
+    real_file, real_directory, real_commit = base.fsync_file, base.fsync_directory, pipeline.commit_refresh
+
+    def fsync_file(path: Path) -> None:
+        events.append(("file", str(path)))
+        real_file(path)
+
+    def fsync_directory(path: Path) -> None:
+        events.append(("directory", str(path)))
+        real_directory(path)
+
+    def commit_refresh(*args: Any, **kwargs: Any) -> Any:
+        events.append(("commit", ""))
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(base, "fsync_file", fsync_file)
+    monkeypatch.setattr(base, "fsync_directory", fsync_directory)
+    monkeypatch.setattr(pipeline, "commit_refresh", commit_refresh)
+    expected = pa.concat_tables(chunks)
+    summary = refresh_dataset(spec, DATASET, strategy="arrow")
+    assert summary.rows == expected.num_rows
+    assert_same_rows(read_back(spec), expected, "full read after a refresh synced in one pass")
+    project = load_project(spec)
+    handle = open_handle(project, project.dataset(DATASET))
+    snapshot = handle.catalog.latest()
+    assert snapshot is not None
+    root = Path(handle.local_root)
+    files = [root / f.path for key in snapshot.partitions for f in snapshot.partitions[key].files]
+    assert len(files) == len(rows_by_key(expected, COMPOSITE))
+    before_commit = events[: events.index(("commit", ""))]
+    synced_files = [path for kind, path in before_commit if kind == "file"]
+    assert sorted(synced_files) == sorted(str(p) for p in files), "every published file fsynced once"
+    synced_directories = [path for kind, path in before_commit if kind == "directory"]
+    levels = {str(level) for p in files for level in p.parents if level.is_relative_to(root)}
+    assert levels | {str(root.parent)} <= set(synced_directories)
+    assert len(synced_directories) == len(set(synced_directories)), "each directory fsynced once"
+    first_directory = next(i for i, (kind, _) in enumerate(before_commit) if kind == "directory")
+    assert all(kind == "directory" for kind, _ in before_commit[first_directory:]), "files first"
+
+
+def test_a_file_that_cannot_be_made_durable_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_partitions.exceptions import StorageError
+    from airflow_partitions.storage import base
+
+    chunks = hostile_chunks(72, rows=120)
+    write_source(tmp_path, chunks)
+    spec = write_spec(tmp_path, "parquet", IDENTITY)
+    real_file = base.fsync_file
+    victim = "sk=%NULL"
+
+    def failing(path: Path) -> None:
+        if path.parent.name == victim:
+            raise OSError(5, "Input/output error")
+        real_file(path)
+
+    monkeypatch.setattr(base, "fsync_file", failing)
+    with pytest.raises(StorageError, match=rf"could not make partition file .*{victim}/part-.*durable"):
+        refresh_dataset(spec, DATASET, strategy="arrow")
+    assert catalog_version(spec) is None, "nothing published"
+    assert not list((tmp_path / "acc").rglob("*.parquet")), "the written files were removed"

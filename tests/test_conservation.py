@@ -112,10 +112,10 @@ class HonestlyDroppingStorage(ParquetStorage):
         super().__init__()
         self.victim = victim
 
-    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[Any]:
+    def write(self, table: pa.Table, dataset_root: Path, key_path: str, *, sync: bool = True) -> list[Any]:
         if key_path == self.victim:
             table = table.slice(1)
-        return super().write(table, dataset_root, key_path)
+        return super().write(table, dataset_root, key_path, sync=sync)
 
 
 class SilentlyDroppingStorage(ParquetStorage):

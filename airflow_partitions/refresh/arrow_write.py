@@ -16,6 +16,7 @@ from airflow_partitions.exceptions import ConservationError
 from airflow_partitions.refresh.finalize import REWRITE_ADVICE, written_entry
 from airflow_partitions.refresh.plan import PartitionResult
 from airflow_partitions.refresh.stage_layout import merge_conservation_errors
+from airflow_partitions.storage.base import sync_written
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.write.row_hash import RowTally, certify_rows
 
@@ -63,7 +64,8 @@ def write_partition(
     computed from `rows`."""
     mark = time.monotonic()
     writer = PartitionWriter.local(engine, data_root, dataset.name)
-    written_here = writer.write(item.key_path, rows, check=False)
+    # Made durable with the others' files by `write_planned`, before anything references them.
+    written_here = writer.write(item.key_path, rows, check=False, sync=False)
     files.extend(written_here.files)  # removed when the counts are refused
     writer.check(item.key_path, files, written_here.rows, rows.num_rows, "rows read", REWRITE_ADVICE)
     tally = tallies.get(item.key_path)
@@ -87,6 +89,7 @@ def write_planned(
 ) -> tuple[list[PartitionResult], dict[str, Exception]]:
     """Run `write_one` for every planned item on a small thread pool: the results, and (only with
     `keep_going`) the partitions whose write failed other than by losing rows, their files removed.
+    The files kept are then made durable together (`write_partition` writes them with `sync=False`).
 
     Lost or extra rows in any partition (or any failure without `keep_going`) remove every file in
     `written` and raise."""
@@ -109,6 +112,12 @@ def write_planned(
         raise next(iter(failures.values()))
     for key_path in failures:
         remove_written(engine, data_root, written.get(key_path, []))
+    kept = [file for key_path, files in written.items() if key_path not in failures for file in files]
+    try:
+        sync_written(data_root, kept)  # every file and directory fsynced once, the waits overlapping
+    except Exception:
+        remove_written(engine, data_root, kept)
+        raise
     return results, failures
 
 

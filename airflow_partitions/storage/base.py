@@ -4,6 +4,10 @@ A write never exposes a partial file and never replaces an existing one: the eng
 temporary (`.tmp-<name>`) in the partition directory, fsyncs it, hard-links it to its final unique name
 (`os.link` fails instead of overwriting) and fsyncs the directory. A writer killed at any point leaves at
 most a `.tmp-*` orphan, which `vacuum_files` removes once it is older than the retention period.
+
+A caller writing many partitions at once may pass `sync=False` and make every file durable in one pass
+afterwards (`sync_written`: the files, then each directory once), before anything references them: the
+disk then flushes the files together instead of one partition at a time.
 """
 
 from __future__ import annotations
@@ -126,10 +130,15 @@ class PartitionStorage(ABC):
 
     # --- writing ----------------------------------------------------------------------------------
 
-    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[DataFile]:
-        """Write `table` as new uniquely named file(s) under `dataset_root/key_path/`; nothing is replaced."""
+    def write(
+        self, table: pa.Table, dataset_root: Path, key_path: str, *, sync: bool = True
+    ) -> list[DataFile]:
+        """Write `table` as new uniquely named file(s) under `dataset_root/key_path/`; nothing is replaced.
+
+        `sync=False`: the files and new directories are not fsynced here; the caller must pass the files
+        to `sync_written` before anything references them."""
         directory = partition_directory(dataset_root, key_path)
-        ensure_directory(directory, stop_at=Path(dataset_root))
+        _make_directory(directory, Path(dataset_root), sync=sync)
         written: list[DataFile] = []
         for index, chunk in enumerate(self._split(table)):
             name = f"{FILE_PREFIX}{uuid.uuid4().hex}-{index:04d}.{self.extension}"
@@ -140,9 +149,10 @@ class PartitionStorage(ABC):
                     self._write_file(chunk, temporary)
                 except FileNotFoundError:
                     # A concurrent vacuum may have removed the (then empty, old) directory: recreate once.
-                    ensure_directory(directory, stop_at=Path(dataset_root))
+                    _make_directory(directory, Path(dataset_root), sync=sync)
                     self._write_file(chunk, temporary)
-                fsync_file(temporary)
+                if sync:
+                    fsync_file(temporary)
                 checksum = file_checksum(temporary)
                 size = temporary.stat().st_size
                 os.link(temporary, final)
@@ -164,7 +174,8 @@ class PartitionStorage(ABC):
                     index=build_file_index(chunk, self.index),
                 )
             )
-        fsync_directory(directory)
+        if sync:
+            fsync_directory(directory)
         return written
 
     def _split(self, table: pa.Table) -> Iterator[pa.Table]:
@@ -403,6 +414,45 @@ def partition_directory(dataset_root: Path, key_path: str) -> Path:
     if not directory.resolve().is_relative_to(resolved_root):
         raise StorageError(f"key path {key_path!r} escapes the dataset directory {root}")
     return directory
+
+
+def _make_directory(directory: Path, dataset_root: Path, *, sync: bool) -> None:
+    if sync:
+        ensure_directory(directory, stop_at=dataset_root)
+    else:
+        directory.mkdir(parents=True, exist_ok=True)  # made durable by `sync_written`
+
+
+# Concurrent fsyncs in `sync_written`: the disk queues them; their waits overlap.
+_SYNC_WORKERS = 8
+
+
+def sync_written(dataset_root: Path, files: Sequence[DataFile]) -> None:
+    """Make files written with `write(..., sync=False)` durable: each file, then each directory from its
+    partition directory up to the dataset root's parent once (new entries and new directories), on a
+    small pool. `StorageError` when a file is missing or the disk refuses."""
+    root = Path(dataset_root)
+    paths = [data_file_path(root, file) for file in files]
+    directories: dict[Path, None] = {}
+    for path in paths:
+        level = path.parent
+        while True:
+            directories.setdefault(level, None)
+            if level == root or level == level.parent:
+                break
+            level = level.parent
+    if paths:
+        directories.setdefault(root.parent, None)
+
+    def sync_file(path: Path) -> None:
+        try:
+            fsync_file(path)
+        except OSError as err:
+            raise StorageError(f"could not make partition file {path} durable: {err}") from err
+
+    with ThreadPoolExecutor(max_workers=_SYNC_WORKERS, thread_name_prefix="fsync") as pool:
+        list(pool.map(sync_file, paths))
+        list(pool.map(fsync_directory, directories))
 
 
 def data_file_path(dataset_root: Path, file: DataFile) -> Path:

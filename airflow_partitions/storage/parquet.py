@@ -90,9 +90,11 @@ class ParquetStorage(PartitionStorage):
         self.row_group_rows = row_group_rows
         self.sort_by = tuple(sort_by)
 
-    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[DataFile]:
+    def write(
+        self, table: pa.Table, dataset_root: Path, key_path: str, *, sync: bool = True
+    ) -> list[DataFile]:
         """Write `table`'s rows sorted by `sort_by` (see `sorted_rows`); nothing is replaced."""
-        return super().write(sorted_rows(table, self.sort_by), dataset_root, key_path)
+        return super().write(sorted_rows(table, self.sort_by), dataset_root, key_path, sync=sync)
 
     def _write_file(self, table: pa.Table, path: Path) -> None:
         original = base64.b64encode(table.schema.remove_metadata().serialize().to_pybytes())

@@ -79,15 +79,20 @@ class PartitionWriter:
         expected_as: str = "rows to write",
         advice: str = ADVICE,
         check: bool = True,
+        sync: bool = True,
     ) -> WrittenFiles:
         """Write `rows` as new files of partition `key_path`; they are counted back, checked, uploaded.
 
         `expected`: the rows the partition must hold (default: `rows`' count), described in an error as
         `expected_as`; the error's hint ends with `advice`. `check=False` leaves the comparison to the
         caller (the Spark driver compares every executor's counts at once) but still counts the files.
-        No rows: no file.
+        No rows: no file. `sync=False` (local files only): the caller makes the files durable with
+        `storage.base.sync_written` before anything references them.
         """
-        files = self.storage.write(rows, self.root, file_key_path(key_path)) if rows.num_rows else []
+        if not sync and self.uploads:
+            raise ValueError("sync=False is for files that stay local; uploaded files are synced here")
+        key = file_key_path(key_path)
+        files = self.storage.write(rows, self.root, key, sync=sync) if rows.num_rows else []
         counted = sum(self.storage.count_rows(self.root, f) for f in files)
         if check:
             want = rows.num_rows if expected is None else expected
