@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
-from airflow_partitions.exceptions import ConservationError
+from airflow_partitions.exceptions import ConservationError, StorageError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.objectstore import LocalStore, store_from_url
 from airflow_partitions.storage import get_storage
@@ -64,6 +64,28 @@ def test_a_short_file_is_refused_naming_the_partition_and_both_counts(
     assert writer.write(KEY_PATH, hostile(), check=False).rows == 3
 
 
+def test_an_unsynced_write_counts_back_and_is_made_durable_by_sync_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_partitions.storage import base
+
+    synced: list[str] = []
+    monkeypatch.setattr(base, "fsync_file", lambda path: synced.append(str(path)))
+    writer = PartitionWriter.local(get_storage("parquet", sort_by=("id",)), tmp_path / "items", "items")
+    written = writer.write(KEY_PATH, hostile(), sync=False)
+    assert written.rows == 4
+    assert synced == [], "no fsync while writing"
+    base.sync_written(tmp_path / "items", written.files)
+    assert synced == [str(tmp_path / "items" / f.path) for f in written.files]
+    back = writer.storage.read(tmp_path / "items", written.files)
+    assert back.to_pylist() == hostile().sort_by([("id", "ascending")]).to_pylist()
+    assert not list((tmp_path / "items").rglob(".tmp-*")), "no temporaries left"
+    (tmp_path / "items" / written.files[0].path).unlink()
+    monkeypatch.undo()
+    with pytest.raises(StorageError, match=r"could not make partition file .* durable"):
+        base.sync_written(tmp_path / "items", written.files)
+
+
 def test_remote_writer_uploads_write_once_and_uploads_nothing_refused(
     tmp_path: Path, s3_server: dict[str, str], s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -78,6 +100,9 @@ def test_remote_writer_uploads_write_once_and_uploads_nothing_refused(
         assert hashlib.sha256(data).hexdigest() == file.checksum
     assert writer.publish(written.files) == written.files, "objects on S3 are final once uploaded"
     before = sorted(info.key for info in store.list(""))
+    with pytest.raises(ValueError, match="sync=False is for files that stay local"):
+        writer.write(KEY_PATH, hostile(), sync=False)
+    assert sorted(info.key for info in store.list("")) == before, "nothing written unsynced or uploaded"
 
     real = ParquetStorage.count_rows
     monkeypatch.setattr(
