@@ -64,6 +64,19 @@ def _rows(count: int, seed: int) -> pa.Table:
     )
 
 
+def _sparse(count: int, *, low_half: bool) -> pa.Table:
+    """Keys in the low (or high) half of each hundred from -300 to 299, and in group -100 anywhere."""
+    keys = []
+    for i in range(count):
+        if i % 9 == 4:
+            keys.append(None)
+            continue
+        group = (i % 6) * 100 - 300
+        offset = (i * 7) % 50 + (0 if low_half else 50)
+        keys.append(group + (i * 13) % 100 if group == -100 else group + offset)
+    return pa.table({"id": pa.array(range(count), pa.int64()), "n": pa.array(keys, pa.int64())})
+
+
 # dataset -> (rows, partition fields)
 LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]]]] = {
     "l_b8": (_rows(90, 3), [("kb", "bucket(8, k)")]),
@@ -83,6 +96,9 @@ LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]]]] = {
     "x_b32": (_rows(80, 11), [("kb", "bucket(32, k)")]),
     "x_id": (_rows(60, 11), [("kk", "k")]),
     "x_hour": (_rows(80, 3), [("h", "date_trunc('hour', ts)")]),
+    # Key ranges that meet in one truncate(100) group only (-100..-1 on both sides), NULL keys too.
+    "l_lo": (_sparse(60, low_half=True), [("nt", "truncate(100, n)")]),
+    "r_hi": (_sparse(50, low_half=False), [("nt", "truncate(10, n)")]),
 }
 
 
@@ -644,3 +660,24 @@ def test_a_multi_dataset_query_records_each_dataset_read_with_its_pruning(query:
     log = logs["l_id"]
     assert log is not None
     assert len(log.records()) == before["l_id"], "a dataset not read records nothing"
+
+
+def test_inner_pair_groups_whose_key_ranges_do_not_meet_are_skipped(query: DatasetQuery) -> None:
+    """An inner join's group whose sides' key ranges (file min / max) have no common point emits
+    nothing and is not joined; outer joins keep every group; answers equal DuckDB's either way."""
+    inner = "SELECT count(*) AS n, sum(a.id * b.id) AS s FROM l_lo a JOIN r_hi b ON a.n = b.n"
+    decision = query.plan(inner).joins[0]
+    assert decision.split, decision.reason
+    assert [pair.groups for pair in decision.pairs] == [("-100",)], "only the group whose ranges meet"
+    assert _canonical(query.query(inner)) == _oracle(inner)
+    assert _oracle(inner)[0][0] > 0, "the meeting group has matches"
+    for sql in (
+        "SELECT a.id, b.id FROM l_lo a LEFT JOIN r_hi b ON a.n = b.n",
+        "SELECT a.id, b.id FROM l_lo a FULL JOIN r_hi b ON a.n = b.n",
+        "SELECT count(*) FROM l_lo a JOIN r_hi b ON a.n = b.n JOIN l_t10 c ON c.n = b.n",
+    ):
+        assert _canonical(query.query(sql)) == _oracle(sql), sql
+    left = query.plan("SELECT a.id FROM l_lo a LEFT JOIN r_hi b ON a.n = b.n").joins[0]
+    assert len(left.pairs) == 7, "a left join keeps each of its six groups and the NULL group"
+    chain = query.plan("SELECT count(*) FROM l_lo a JOIN r_hi b ON a.n = b.n JOIN l_t10 c ON c.n = b.n")
+    assert [pair.groups for pair in chain.joins[0].pairs] == [("-100",)], chain.explain()

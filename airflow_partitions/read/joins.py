@@ -20,7 +20,8 @@ Only shapes where the split is exactly the plain join are split (`find_joins`): 
 one dataset joined to one other dataset, inner / left / right / full, with an `ON` conjunction holding an
 equality of the two key columns (any other conjuncts stay inside each small join) or `USING`. NULL never
 satisfies the equality, so the NULL partitions form a group of their own, where an outer join emits
-their rows once, NULL-extended.
+their rows once, NULL-extended. An inner join also leaves out a group whose sides' key ranges (their
+files' min / max) have no common value (`_key_ranges_meet`): no row of it can satisfy the equality.
 
 Three or more datasets (`FROM a JOIN b ON ... JOIN c ON ...`, every join inner) are split when the
 equalities of the join conditions put one column of every dataset in one class (`a.k = b.k`,
@@ -655,7 +656,8 @@ def _chain_groups(
 def _chain_pair_groups(
     plans: Sequence[PrunePlan], fields: Sequence[BoundField], groups_of: Sequence[GroupOf]
 ) -> list[PairGroup]:
-    """The small joins of an inner join chain: the groups every side has partitions of (NULL skipped)."""
+    """The small joins of an inner join chain: the groups every side has partitions of (NULL skipped),
+    whose sides' key ranges meet (`_key_ranges_meet`)."""
     groups: dict[str, list[list[Any]]] = {}
     for side, (plan, field_, group_of) in enumerate(zip(plans, fields, groups_of, strict=True)):
         for selected in plan.selected:
@@ -663,7 +665,46 @@ def _chain_pair_groups(
             group = _group_key(group_of(value))
             if group != NULL_GROUP:
                 groups.setdefault(group, [[] for _ in plans])[side].append(selected)
-    return _batched([(group, sides) for group, sides in groups.items() if all(sides)])
+    columns = [field_.column for field_ in fields]
+    return _batched(
+        [
+            (group, sides)
+            for group, sides in groups.items()
+            if all(sides) and _key_ranges_meet(list(zip(sides, columns, strict=True)))
+        ]
+    )
+
+
+def _key_ranges_meet(sides: Sequence[tuple[Sequence[Any], str]]) -> bool:
+    """Whether the key columns of every side's selected partitions (`(partitions, column)` per side) may
+    hold one common non-NULL value, by their files' min / max: False only when the ranges provably have
+    no common point, so an inner join of the group emits nothing. A row of an inner join has one key value
+    in every side, inside each side's range; the ranges of a total order meet in a common point when
+    the largest minimum is at most the smallest maximum. Unknown statistics, or values that do not
+    compare, say they may meet."""
+    lows: list[Any] = []
+    highs: list[Any] = []
+    for partitions, column in sides:
+        side_low = side_high = None
+        for file in (f for partition in partitions for f in partition.files):
+            stats = file.stats.get(column)
+            if stats is not None and stats.null_count == file.rows:
+                continue  # only NULL keys here: they match nothing
+            if stats is None or stats.min is None or stats.max is None:
+                return True
+            try:
+                side_low = stats.min if side_low is None or stats.min < side_low else side_low
+                side_high = stats.max if side_high is None or stats.max > side_high else side_high
+            except TypeError:
+                return True
+        if side_low is None:
+            return False  # no non-NULL key on this side
+        lows.append(side_low)
+        highs.append(side_high)
+    try:
+        return bool(max(lows) <= min(highs))
+    except TypeError:
+        return True
 
 
 def _batched(needed: list[tuple[str, list[list[Any]]]]) -> list[PairGroup]:
@@ -705,6 +746,7 @@ def _pair_groups(
     mapping: tuple[GroupOf, GroupOf],
 ) -> list[PairGroup]:
     groups: dict[Any, tuple[list[Any], list[Any]]] = {}
+    columns = (left_field.column, right_field.column)
     for side, plan, field_, group_of in (
         (0, left_plan, left_field, mapping[0]),
         (1, right_plan, right_field, mapping[1]),
@@ -720,13 +762,18 @@ def _pair_groups(
             # NULL-key rows, each emitted once, NULL-extended.
             lefts = lefts if kind in ("LEFT", "FULL") else []
             rights = rights if kind in ("RIGHT", "FULL") else []
-        # An inner join emits nothing for a group one side lacks; a left join needs the left side, ...
-        keep = {
-            "INNER": lefts and rights,
-            "LEFT": lefts,
-            "RIGHT": rights,
-            "FULL": lefts or rights,
-        }[kind]
+        # An inner join emits nothing for a group one side lacks, or whose sides' key ranges do not
+        # meet; a left join needs the left side, ...
+        keep = bool(
+            {
+                "INNER": lefts and rights,
+                "LEFT": lefts,
+                "RIGHT": rights,
+                "FULL": lefts or rights,
+            }[kind]
+        )
+        if keep and kind == "INNER":
+            keep = _key_ranges_meet([(lefts, columns[0]), (rights, columns[1])])
         if keep:
             needed.append((group, [lefts, rights]))
     return _batched(needed)
