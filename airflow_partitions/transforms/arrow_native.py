@@ -161,7 +161,9 @@ def _case(node: exp.Case, source_type: pa.DataType) -> Kernel | None:
     conditions = [_convert(branch.this, source_type) for branch in branches]
     if any(condition is None for condition in conditions):
         return None
-    result_type = pa.string() if kinds == {str} else pa.int64()
+    # Integer literals here fit 32 bits, so DuckDB types the CASE INTEGER: built in that type, the values
+    # need no cast afterwards (`apply` casts to DuckDB's type whenever they differ).
+    result_type = pa.string() if kinds == {str} else pa.int32()
 
     def evaluate(column: pa.Array) -> Any:
         out: Any = pa.scalar(otherwise, type=result_type)
