@@ -4,7 +4,8 @@ The Arrow path of an expression otherwise hands the column to an embedded DuckDB
 strings in and out per batch. The same subset Spark runs natively (`transforms.spark`) has one meaning in
 Arrow too: comparisons of the column with a literal (integers exactly, strings by code point, which is
 byte order in UTF-8, as in DuckDB), three-valued AND / OR / NOT, IS [NOT] NULL, CASE over literals (a NULL
-condition is not true), and code point prefixes (`left(s, n)`, `substr(s, 1, n)` with n > 0).
+condition is not true), code point prefixes (`left(s, n)`, `substr(s, 1, n)` with n > 0), and `lower` /
+`upper` (Arrow's case mapping, the few rows Arrow maps otherwise through DuckDB: `case_mapping`).
 `native_kernel` gives a kernel for a tree made only of those, else None (DuckDB evaluates it).
 `tests/test_expression_conformance.py` compares both paths row for row with DuckDB over the source.
 """
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
+
+from airflow_partitions.transforms.case_mapping import case_map
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -114,6 +117,8 @@ def _convert(node: exp.Expr, source_type: pa.DataType) -> Kernel | None:
         return _case(node, source_type)
     if isinstance(node, exp.Left | exp.Substring):
         return _prefix(node, source_type)
+    if isinstance(node, exp.Lower | exp.Upper):
+        return _case_mapping(node, source_type)
     return None
 
 
@@ -156,7 +161,9 @@ def _case(node: exp.Case, source_type: pa.DataType) -> Kernel | None:
     conditions = [_convert(branch.this, source_type) for branch in branches]
     if any(condition is None for condition in conditions):
         return None
-    result_type = pa.string() if kinds == {str} else pa.int64()
+    # Integer literals here fit 32 bits, so DuckDB types the CASE INTEGER: built in that type, the values
+    # need no cast afterwards (`apply` casts to DuckDB's type whenever they differ).
+    result_type = pa.string() if kinds == {str} else pa.int32()
 
     def evaluate(column: pa.Array) -> Any:
         out: Any = pa.scalar(otherwise, type=result_type)
@@ -201,6 +208,23 @@ def _prefix(node: exp.Left | exp.Substring, source_type: pa.DataType) -> Kernel 
         if not _kind_matches(computed.type, ""):
             raise _OutOfSubset
         return pc.utf8_slice_codeunits(computed, 0, count)
+
+    return evaluate
+
+
+def _case_mapping(node: exp.Lower | exp.Upper, source_type: pa.DataType) -> Kernel | None:
+    inner = _convert(node.this, source_type)
+    if inner is None:
+        return None
+    function = "lower" if isinstance(node, exp.Lower) else "upper"
+
+    def evaluate(values: Any) -> Any:
+        computed = inner(values)
+        if not _kind_matches(computed.type, ""):
+            raise _OutOfSubset
+        if hasattr(computed, "combine_chunks"):
+            computed = computed.combine_chunks()
+        return case_map(function, computed)
 
     return evaluate
 

@@ -10,8 +10,8 @@ route a row elsewhere:
 
 * Arrow (`apply`): the column is handed to an in-process DuckDB connection as an Arrow table (zero copy)
   and the expression runs vectorised over it; `apply_scalar` is the same over one value. Comparisons,
-  boolean logic, CASE over literals and code point prefixes run as Arrow compute kernels instead
-  (`arrow_native`: the same subset Spark runs natively, whose meaning is the same);
+  boolean logic, CASE over literals, code point prefixes and `lower` / `upper` run as Arrow compute
+  kernels instead (`arrow_native`; case mapping with DuckDB's values on every row: `case_mapping`);
 * DuckDB reads (`duckdb_functions.duckdb_expression`): the SQL itself, the column substituted;
 * Spark (`transforms.spark`): an Arrow UDF over Spark's Arrow batches calling `apply` (local, Connect and
   cluster alike, the workers need the package and DuckDB);
@@ -383,7 +383,8 @@ class ExpressionTransform(Transform):
         source_type = self._require_bound("evaluating the expression")
         arrow = arrow_support.as_arrow(values)
         chunked = isinstance(arrow, pa.ChunkedArray)
-        array = arrow.combine_chunks() if chunked else arrow
+        # One chunk (a column read whole, a Spark batch) needs no copy.
+        array = (arrow.chunk(0) if arrow.num_chunks == 1 else arrow.combine_chunks()) if chunked else arrow
         if pa.types.is_dictionary(array.type):
             array = array.dictionary_decode()
         if not array.type.equals(source_type):
