@@ -29,4 +29,19 @@ class OnePartitionFailingStorage(ParquetStorage):
         return super().write(table, dataset_root, key_path, sync=sync)
 
 
+class RowLosingStorage(ParquetStorage):
+    """Loses the first row of every file it writes for one partition, yet records the rows it was given."""
+
+    def __init__(self, victim: str) -> None:
+        super().__init__()
+        self.victim = victim
+
+    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[Any]:
+        self.writing = key_path
+        return super().write(table, dataset_root, key_path)
+
+    def _write_file(self, table: pa.Table, path: Path) -> None:
+        super()._write_file(table.slice(1) if self.writing == self.victim else table, path)
+
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -10,15 +10,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from faulty_storage import OnePartitionFailingStorage
+from faulty_storage import OnePartitionFailingStorage, RowLosingStorage
 from matrix_support import hostile_chunks, multiset_difference
 from support_no_reads import DataReadError, no_data_reads
 
 from airflow_partitions.catalog import open_catalog
+from airflow_partitions.exceptions import ConservationError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh import commit_refresh, finalize_partition, plan_refresh, stage_refresh
 from airflow_partitions.refresh.plan import StageMode
+from airflow_partitions.refresh.stage import UNSHUFFLED_MAX_FILES, UNSHUFFLED_MAX_TASKS, shuffle_by_item
 from airflow_partitions.refresh.stage_layout import StageManifest
 from airflow_partitions.spec import load_spec
 
@@ -382,3 +384,75 @@ def test_duckdb_tables_keeps_the_staged_path_and_asking_for_executor_writes_says
         RefreshError, match=r"partition_mode 'tables' publishes into one shared database file"
     ):
         choose_written(tables, True)
+
+
+def test_the_shuffle_by_item_is_skipped_only_for_a_few_scan_tasks_and_files() -> None:
+    assert shuffle_by_item(3, 50) is False, "the plain job's shape: each scan task writes what it read"
+    assert shuffle_by_item(None, 3) is True, "Spark Connect does not say how many tasks scan"
+    assert shuffle_by_item(UNSHUFFLED_MAX_TASKS + 1, 1) is True, "a large scan: one task per partition"
+    many = UNSHUFFLED_MAX_FILES // UNSHUFFLED_MAX_TASKS + 1
+    assert shuffle_by_item(UNSHUFFLED_MAX_TASKS, many) is True, (
+        "many partitions: not tasks x partitions files"
+    )
+    assert shuffle_by_item(3, 50, requested=True) is True
+    assert shuffle_by_item(100, 5000, requested=False) is False
+
+
+def _three_scan_tasks(spark: Any) -> Any:
+    """A session whose scan of the three small chunk files is three tasks (one per file)."""
+    session = spark.newSession()
+    session.conf.set("spark.sql.files.maxPartitionBytes", "1048576")
+    session.conf.set("spark.sql.files.openCostInBytes", "1048576")
+    return session
+
+
+@pytest.mark.spark
+def test_scan_tasks_write_hostile_partitions_without_the_shuffle_row_for_row(
+    spark: Any, tmp_path: Path
+) -> None:
+    import duckdb
+
+    spec, source = write_project(tmp_path, "parquet", params="row_group_rows: 16")
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    plan = plan_refresh(project, dataset)
+    stage = stage_refresh(project, dataset, plan, spark=_three_scan_tasks(spark))
+    assert stage.mode is StageMode.WRITTEN
+    manifest = StageManifest.load(stage.location or "")
+    assert any(len(entry["files"]) > 1 for entry in manifest.items.values()), "no shuffle: several files"
+    assert any(PartitionKey.from_json(i.key).values[1] is None for i in plan.items), "a NULL partition"
+    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
+    assert commit_refresh(project, dataset, plan, results, stage=stage).rows == source.num_rows
+    assert_equals_source(spec, source)
+    where = "s = 'a/b=c' OR s = '50%' OR s = 'it''s' OR s = '日本語' OR s IS NULL OR n_int > 0"
+    over_source = f"SELECT * FROM read_parquet('{tmp_path}/src/*.parquet') WHERE {where}"
+    expected = duckdb.sql(over_source).to_arrow_table()
+    reader = PartitionedDatasetReader(spec, "trips")
+    try:
+        read = reader.read(where).select(source.column_names)
+    finally:
+        reader.close()
+    assert read.num_rows == expected.num_rows > 0
+    assert multiset_difference(read, expected.cast(source.schema)) == ([], [])
+
+
+@pytest.mark.spark
+def test_a_scan_task_writer_losing_a_row_publishes_nothing(spark: Any, tmp_path: Path) -> None:
+    spec, _ = write_project(tmp_path, "parquet")
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    plan = plan_refresh(project, dataset)
+    victim = max(plan.items, key=lambda item: len(item.key_path)).key_path
+    with pytest.raises(ConservationError) as raised:
+        stage_refresh(
+            project, dataset, plan, spark=_three_scan_tasks(spark), storage=RowLosingStorage(victim)
+        )
+    assert list(raised.value.partitions) == [victim]
+    routed, written = raised.value.partitions[victim]
+    assert written is not None
+    assert routed is not None
+    assert written < routed, "the rows counted back from the files"
+    assert open_catalog(project, dataset).latest() is None, "nothing published"
+    assert not list((tmp_path / "acc" / "trips").rglob("part-*")), "the written files are removed"
+    staging = tmp_path / "acc" / "_staging" / "trips"
+    assert not staging.exists() or not any(staging.iterdir()), "no stage left"

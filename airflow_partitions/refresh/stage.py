@@ -68,6 +68,10 @@ _KEY_PREFIX = "__ap_k"
 _WATERMARK_COLUMN = "__ap_wm"
 _APPEND_COLUMN = "__ap_append"
 STRATEGIES = ("auto", "spark", "pushdown")
+# Without the shuffle by item, each scan task writes one file for every item it read: skipped only while
+# that stays at most this many files per partition and this many files in all (`shuffle_by_item`).
+UNSHUFFLED_MAX_TASKS = 8
+UNSHUFFLED_MAX_FILES = 4096
 
 
 def bind_to_source(dataset: DatasetSpec, source: Source) -> DatasetSpec:
@@ -153,7 +157,7 @@ def stage_refresh(
     write_files: bool | None = None,
     storage: PartitionStorage | None = None,
     s3_settings: SettingsLike | None = None,
-    shuffle_items: bool = True,
+    shuffle_items: bool | None = None,
 ) -> StageResult:
     """Stage the rows of every planned partition (one source scan at most); returns where they are.
 
@@ -167,8 +171,11 @@ def stage_refresh(
     an `s3://` accelerator_dir they upload them with `s3_settings`); the manifest lists them per item and
     finalize reads no data. An append's executors write only rows past each item's watermark; a changes
     refresh given a session (`spark` or `remote`) merges each item on an executor (`choose_written`).
-    `shuffle_items=False` skips the shuffle by item: each source task writes the items it read (several
-    files per partition).
+    `shuffle_items` (executor writes only): True shuffles the routed rows by item, so one task writes each
+    partition (one file, or `max_rows_per_file` slices); False skips the shuffle: each source task writes
+    the items it read (up to one file per scan task per partition, each sorted; compaction merges them).
+    None (default) skips it when the scan has few tasks (`shuffle_by_item`): the plain `partitionBy` job
+    pays no shuffle either, and the shuffle was the stage's largest cost beyond it.
     """
     from airflow_partitions.refresh.leftovers import sweep_stale_stages  # it builds on this module
 
@@ -319,7 +326,7 @@ def _stage_on_spark(
     sinces: list[RowsSince | None],
     full_scan: bool,
     repartition: bool,
-    shuffle_items: bool,
+    shuffle_items: bool | None,
 ) -> None:
     """One Spark job routes the planned partitions' rows: staged, or written as final files (`WRITTEN`)."""
     project, dataset, bound, source, plan = work.project, work.dataset, work.bound, work.source, work.plan
@@ -648,7 +655,7 @@ def _run_spark_stage(
     sinces: Sequence[RowsSince | None] = (),
     shared_since: RowsSince | None = None,
     job: ItemWriteJob | None = None,
-    shuffle_items: bool = True,
+    shuffle_items: bool | None = None,
 ) -> tuple[SparkStageCounts, dict[int, WrittenItem]]:
     """Run the stage job: rows staged under `<target>/data` or, with `job`, final files written by the
     executors (returned per item)."""
@@ -703,7 +710,8 @@ def _run_spark_stage(
     written: dict[int, WrittenItem] = {}
     try:
         if job is not None:
-            written = _write_items_on_executors(spark, routed, job, len(keys), shuffle_items=shuffle_items)
+            shuffle = shuffle_by_item(_scan_tasks(counted), len(keys), shuffle_items)
+            written = _write_items_on_executors(spark, routed, job, len(keys), shuffle_items=shuffle)
         else:
             if repartition:
                 routed = routed.repartition(ITEM_COLUMN)
@@ -882,6 +890,31 @@ def _write_items_on_executors(
         routed = routed.repartition(_item_tasks(spark, items), ITEM_COLUMN)
     result = routed.mapInArrow(partial(write_items, job), RESULT_SCHEMA_DDL)
     return merge_item_rows(result.toArrow().to_pylist())
+
+
+def shuffle_by_item(scan_tasks: int | None, items: int, requested: bool | None = None) -> bool:
+    """Whether the executors' writes shuffle the routed rows by item first (`requested`, when given).
+
+    Without the shuffle every scan task writes a file per item it read, so it is skipped only when the
+    scan's task count is known (a classic session; Spark Connect does not say) and at most
+    `UNSHUFFLED_MAX_TASKS`, with at most `UNSHUFFLED_MAX_FILES` files in all: a large scan or many
+    partitions keep the shuffle (one task per partition), so a partition never gets many small files.
+    """
+    if requested is not None:
+        return requested
+    if scan_tasks is None:
+        return True
+    return scan_tasks > UNSHUFFLED_MAX_TASKS or scan_tasks * items > UNSHUFFLED_MAX_FILES
+
+
+def _scan_tasks(frame: Any) -> int | None:
+    """How many tasks scan the source frame (planning only, no job); None on Spark Connect."""
+    if type(frame).__module__.startswith("pyspark.sql.connect"):
+        return None
+    try:
+        return int(frame.rdd.getNumPartitions())
+    except Exception:  # a source that cannot tell: keep the shuffle
+        return None
 
 
 def _observation(spark: Any, name: str) -> Any:
