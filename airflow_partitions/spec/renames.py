@@ -89,6 +89,14 @@ def _renamed(value: Any, rename: Any) -> Any:
     names = [rename(name) for name in schema.names]
     if names == list(schema.names):
         return value
+    doubled = sorted({name for name in names if names.count(name) > 1})
+    if doubled:
+        raise SpecValidationError(
+            [
+                f"renamed_columns: after the renames, column(s) {doubled} would appear twice (columns "
+                f"{list(schema.names)}): a renamed column's old name cannot be taken by another column"
+            ]
+        )
     if isinstance(value, pa.Schema):
         return pa.schema(
             [field.with_name(name) for field, name in zip(value, names, strict=True)], value.metadata
