@@ -150,6 +150,14 @@ def stored_dataset(dataset: Any) -> Any:
     if not renames:
         return dataset
     acceleration = dataset.acceleration
+    if str(acceleration.refresh_mode) == "changes":
+        raise SpecValidationError(
+            [
+                "renamed_columns: refresh_mode changes does not follow a rename yet (its change feed reads "
+                "the source table by the current names); refresh with refresh_mode full or append, or "
+                "rebuild with `airflow-partitions refresh SPEC DATASET --full` after undeclaring the rename"
+            ]
+        )
     fields = tuple(
         replace(field, transform=renames.stored_transform(field.transform))
         for field in acceleration.partition_by
