@@ -937,7 +937,9 @@ class Catalog:
             "of different layouts are never mixed. To re-partition, run a full refresh "
             "(`airflow-partitions refresh SPEC DATASET --full`, or the refresh DAG with full_refresh): it "
             "rebuilds every partition under the new expressions and replaces the old ones in one atomic "
-            "commit. Or revert partition_by to the old expressions, or point accelerator_dir elsewhere."
+            "commit. Or revert partition_by to the old expressions, or point accelerator_dir elsewhere. "
+            "If only a source column was renamed, declare it in the dataset instead "
+            "(`renamed_columns: {old: new}`): the layout stays and nothing is rewritten."
         )
 
     def _check_concurrent(

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.transforms.base import renamed_transform
 from airflow_partitions.transforms.duckdb_functions import duckdb_expression
 from airflow_partitions.transforms.projection import Op
 
@@ -438,3 +439,45 @@ def not_(item: Predicate) -> Predicate:
     if isinstance(item, Range):
         return or_(*(not_(bound) for bound in item.bounds()))
     return Not(item)
+
+
+def renamed_columns(predicate: Predicate, rename: Callable[[str], str]) -> Predicate:
+    """`predicate` reading column `rename(c)` wherever it reads column `c` (types and values kept).
+
+    A dataset whose source renamed a column binds filters to the current names and prunes and reads
+    with the stored ones (`spec.renames`)."""
+    from dataclasses import fields, replace
+
+    def term(value: Any) -> Any:
+        if isinstance(value, ColumnRef):
+            return ColumnRef(rename(value.name), value.type)
+        if isinstance(value, TransformRef):
+            return TransformRef(renamed_transform(value.transform, rename), term(value.column_ref))
+        if isinstance(value, Predicate):
+            return renamed_columns(value, rename)
+        if isinstance(value, tuple) and any(isinstance(item, Predicate) for item in value):
+            return tuple(term(item) for item in value)
+        return value
+
+    if isinstance(predicate, Opaque):
+        return Opaque(
+            _renamed_sql(predicate.text, rename),
+            tuple(rename(name) for name in predicate.referenced),
+            _renamed_sql(predicate.duckdb_text, rename) if predicate.duckdb_text is not None else None,
+        )
+    if not hasattr(predicate, "__dataclass_fields__"):
+        return predicate
+    changes = {f.name: term(getattr(predicate, f.name)) for f in fields(predicate)}  # type: ignore[arg-type]
+    return replace(predicate, **changes)  # type: ignore[type-var]
+
+
+def _renamed_sql(text: str, rename: Callable[[str], str]) -> str:
+    """SQL `text` with each unqualified column reference `c` made `rename(c)`."""
+    import sqlglot
+    from sqlglot import exp
+
+    tree = sqlglot.parse_one(text, read="duckdb")
+    for column in list(tree.find_all(exp.Column)):
+        if not column.table and rename(column.name) != column.name:
+            column.set("this", exp.to_identifier(rename(column.name), quoted=True))
+    return str(tree.sql(dialect="duckdb"))

@@ -225,12 +225,15 @@ def run_query(
     statement: str,
     limits: QueryLimits | None = None,
     catalog_tables: Mapping[str, pa.Table] | None = None,
+    *,
+    renames: Sequence[tuple[str, str]] = (),
 ) -> pa.Table:
     """Run `statement` (checked read-only, made executable) where `dataset` is a view over `files`;
-    `catalog_tables`: the tables of its catalog table function calls (`read.catalog_tables`)."""
+    `catalog_tables`: the tables of its catalog table function calls (`read.catalog_tables`).
+    `renames`: `(stored, current)` column names the view presents under their current names."""
     limits = limits or QueryLimits()
     with limits.budget(QUERY_HINT):
-        return _run_query(scanner, dataset, files, schema, statement, limits, catalog_tables or {})
+        return _run_query(scanner, dataset, files, schema, statement, limits, catalog_tables or {}, renames)
 
 
 def _run_query(
@@ -241,6 +244,7 @@ def _run_query(
     statement: str,
     limits: QueryLimits,
     catalog_tables: Mapping[str, pa.Table],
+    renames: Sequence[tuple[str, str]] = (),
 ) -> pa.Table:
     root = scanner.sandbox_root
     if root is not None:
@@ -255,7 +259,16 @@ def _run_query(
         with scanner.call_scope(connection) as scope:
             register_catalog_tables(connection, catalog_tables)
             return _run_sandboxed(
-                scanner, connection, scope, dataset, files, schema, statement, limits, configure=configure
+                scanner,
+                connection,
+                scope,
+                dataset,
+                files,
+                schema,
+                statement,
+                limits,
+                configure=configure,
+                renames=renames,
             )
     finally:
         connection.close()
@@ -272,6 +285,7 @@ def _run_sandboxed(
     limits: QueryLimits,
     *,
     configure: bool,
+    renames: Sequence[tuple[str, str]] = (),
 ) -> pa.Table:
     """Create the dataset's view over `files` and run `statement` under `limits`.
 
@@ -282,11 +296,23 @@ def _run_sandboxed(
     import duckdb
 
     try:
+        present = [(old, new) for old, new in renames if old in schema.names]
         if files:
             relation = scanner.relation(connection, scope, files, schema)
-            connection.execute(f"CREATE TEMP VIEW {quote_identifier(dataset)} AS SELECT * FROM {relation}")
+            star = "*"
+            if present:
+                pairs = ", ".join(
+                    f"{quote_identifier(old)} AS {quote_identifier(new)}" for old, new in present
+                )
+                star = f"* RENAME ({pairs})"
+            connection.execute(
+                f"CREATE TEMP VIEW {quote_identifier(dataset)} AS SELECT {star} FROM {relation}"
+            )
         else:
-            connection.register(dataset, schema.empty_table())
+            names = dict(present)
+            connection.register(
+                dataset, schema.empty_table().rename_columns([names.get(n, n) for n in schema.names])
+            )
     except (duckdb.Error, StorageError) as err:
         # A file DuckDB cannot open is a StorageError of the scan; its DuckDB message names the local path.
         cause = err.__cause__ if isinstance(err.__cause__, duckdb.Error) else err

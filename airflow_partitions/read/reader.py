@@ -46,6 +46,7 @@ from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 from airflow_partitions.read.read_stats import ReadStatsRecorder, stats_directory
 from airflow_partitions.read.remote import RemoteFiles
 from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
+from airflow_partitions.spec.renames import renames_of
 from airflow_partitions.storage import get_storage
 from airflow_partitions.table import open_handle
 
@@ -102,6 +103,8 @@ class PartitionedDatasetReader:
         self.dataset: DatasetSpec = self.project.dataset(dataset)
         self.name = self.dataset.name
         self.storage = get_storage(self.dataset.acceleration)
+        # Source columns renamed since they were stored: calls speak current names, files stored ones.
+        self._renames = renames_of(self.dataset)
         if catalog is None:
             catalog = open_handle(self.project, self.dataset).catalog
         self.catalog = catalog
@@ -227,8 +230,8 @@ class PartitionedDatasetReader:
         return tagged
 
     def schema(self, version: int | None = None, *, tag: str | None = None) -> pa.Schema:
-        """The dataset's Arrow schema as of `version` (or tag `tag`)."""
-        return self._schema_of(self.snapshot(version, tag=tag))
+        """The dataset's Arrow schema as of `version` (or tag `tag`), under the current column names."""
+        return self._renames.to_current(self._schema_of(self.snapshot(version, tag=tag)))
 
     def _schema_of(self, snapshot: Snapshot) -> pa.Schema:
         if self._schema_override is not None:
@@ -322,6 +325,8 @@ class PartitionedDatasetReader:
         index = self.index(snapshot)
         if self.read_stats.enabled:
             self._count_files(snapshot)
+        if self._renames:
+            where = self._stored_filter(where, index.schema)
         plan = plan_partitions(index, where, dataset=self.name, max_enumeration=self.max_enumeration)
         if key is not None:
             with self._lock:
@@ -329,6 +334,18 @@ class PartitionedDatasetReader:
                 while len(self._plans) > CACHED_PLANS:
                     self._plans.popitem(last=False)
         return plan
+
+    def _stored_filter(self, where: FilterInput, schema: pa.Schema) -> Predicate:
+        """`where`, written with the current column names, bound and made to read the stored ones."""
+        from airflow_partitions.pruning.expressions import renamed_columns
+        from airflow_partitions.pruning.filters import bind_filter
+
+        return renamed_columns(bind_filter(where, self._renames.to_current(schema)), self._renames.stored)
+
+    def _stored_columns(self, schema: pa.Schema, columns: Sequence[str] | None) -> list[str]:
+        """The stored names of `columns` (current names; all when None), checked against the schema."""
+        wanted = resolve_columns(self._renames.to_current(schema), columns)
+        return self._renames.stored_names(wanted)
 
     # --- read -------------------------------------------------------------------------------------
 
@@ -357,7 +374,8 @@ class PartitionedDatasetReader:
 
     def _read_and_record(self, plan: PrunePlan, columns: Sequence[str] | None, started: float) -> pa.Table:
         with self.query_limits.budget(READ_HINT):
-            table = self._scanner.read(plan, resolve_columns(plan.index.schema, columns))
+            table = self._scanner.read(plan, self._stored_columns(plan.index.schema, columns))
+            table = self._renames.to_current(table)
         self._record(plan, "read", table.num_rows, started)
         return table
 
@@ -435,12 +453,21 @@ class PartitionedDatasetReader:
                 )
             snapshot = self.snapshot(version, tag=tag)
             schema = self._schema_of(snapshot)
-            where, executable = self._prepared_query(sql, schema)
+            where, executable = self._prepared_query(sql, self._renames.to_current(schema))
             plan = self._plan(snapshot, where)
             check_budget()
             tables = self._catalog_tables(sql, snapshot, schema)
             check_budget()
-            table = run_query(self._scanner, self.name, plan.files, schema, executable, limits, tables)
+            table = run_query(
+                self._scanner,
+                self.name,
+                plan.files,
+                schema,
+                executable,
+                limits,
+                tables,
+                renames=self._renames.pairs,
+            )
         self._record(plan, "query", table.num_rows, started)
         return table
 
@@ -508,7 +535,8 @@ class PartitionedDatasetReader:
             pinned = self._version(version, tag)
             return self.plan_datasets_query(sql, {self.name: pinned}).plans[self.name]
         snapshot = self.snapshot(version, tag=tag)
-        return self._plan(snapshot, self._prepared_query(sql, self._schema_of(snapshot))[0])
+        schema = self._renames.to_current(self._schema_of(snapshot))
+        return self._plan(snapshot, self._prepared_query(sql, schema)[0])
 
     @deep_stack
     def plan_datasets_query(
@@ -594,12 +622,16 @@ class PartitionedDatasetReader:
         """
         plan = self.plan(where, version, tag=tag)
         self._record(plan, "spark", None, time.perf_counter())
-        schema = plan.index.schema
-        wanted = resolve_columns(schema, columns)
+        wanted = self._stored_columns(plan.index.schema, columns)
         if bucketed:
             column, buckets = bucket_layout(plan.index, wanted, self.name)
-            return bucketed_frame(spark, self._spark_frame(spark, plan, wanted), column, buckets)
-        return self._spark_frame(spark, plan, wanted)
+            frame = bucketed_frame(spark, self._spark_frame(spark, plan, wanted), column, buckets)
+        else:
+            frame = self._spark_frame(spark, plan, wanted)
+        for old, new in self._renames.pairs:
+            if old in wanted:
+                frame = frame.withColumnRenamed(old, new)
+        return frame
 
     def _spark_frame(self, spark: Any, plan: PrunePlan, wanted: list[str]) -> Any:
         """The plan's rows as a Spark DataFrame of the `wanted` columns, the residual applied if inexact."""
@@ -611,7 +643,8 @@ class PartitionedDatasetReader:
         root = self._local_root
         if root is None or not self.storage.spark_reads_files:
             # Spark reads neither this engine's files nor object storage here: hand it the pruned rows.
-            return spark.createDataFrame(self.read_plan(plan, wanted))
+            rows = self.read_plan(plan, self._renames.current_names(wanted))
+            return spark.createDataFrame(self._renames.to_stored(rows))
         parts = []
         if plan.exact_files:
             parts.append(self.storage.spark_frame(spark, root, plan.exact_files))

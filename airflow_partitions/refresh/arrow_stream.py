@@ -60,6 +60,7 @@ from airflow_partitions.refresh.arrow_write import (
 from airflow_partitions.refresh.finalize import conform_to_schema
 from airflow_partitions.refresh.plan import DiscoveryKind
 from airflow_partitions.refresh.stage_layout import discovered_but_empty
+from airflow_partitions.sources.renamed import RenamedSource
 from airflow_partitions.write.row_hash import RowTally
 
 if TYPE_CHECKING:
@@ -127,6 +128,8 @@ def streams(source: Source) -> bool:
     from airflow_partitions.sources.files import FileSource
     from airflow_partitions.sources.postgres import PostgresSource
 
+    if isinstance(source, RenamedSource):
+        return streams(source.inner)
     return isinstance(source, FileSource | PostgresSource)
 
 
@@ -135,7 +138,10 @@ def source_batches(source: Source) -> Iterator[pa.Table]:
     from airflow_partitions.sources.files import FileSource
     from airflow_partitions.sources.postgres import PostgresSource
 
-    if isinstance(source, FileSource):
+    if isinstance(source, RenamedSource):
+        for batch in source_batches(source.inner):
+            yield source.renames.to_stored(batch)
+    elif isinstance(source, FileSource):
         yield from source.read_batches(batch_rows=BATCH_ROWS)
     elif isinstance(source, PostgresSource):
         import pyarrow as pa

@@ -23,6 +23,8 @@ from airflow_partitions.sources.base import (
 from airflow_partitions.sources.file_facts import STATE_FILE
 from airflow_partitions.sources.files import FileSource
 from airflow_partitions.sources.postgres import PostgresSource
+from airflow_partitions.sources.renamed import RenamedSource
+from airflow_partitions.spec.renames import renames_of
 
 __all__ = [
     "EMPTY_FINGERPRINT",
@@ -71,8 +73,19 @@ def open_source(ref: Any, *, declared_schema: Any = None, schema: Any = None) ->
 
 
 def open_dataset_source(dataset: Any, *, schema: Any = None) -> Source:
-    """The connector for a spec `DatasetSpec`'s source, with the types its `schema:` block declares."""
-    return open_source(dataset.source, declared_schema=dataset.declared_schema(), schema=schema)
+    """The connector for a spec `DatasetSpec`'s source, with the types its `schema:` block declares.
+
+    A dataset with `renamed_columns` gets its source under the stored names (`sources.renamed`)."""
+    renames = renames_of(dataset)
+    if not renames:
+        return open_source(dataset.source, declared_schema=dataset.declared_schema(), schema=schema)
+    declared = dataset.declared_schema()
+    inner = open_source(
+        dataset.source,
+        declared_schema=renames.to_current(declared) if declared is not None else None,
+        schema=renames.to_current(schema) if schema is not None else None,
+    )
+    return RenamedSource(inner, renames)
 
 
 def keep_file_facts(source: Source, directory: Any) -> Source:

@@ -66,12 +66,13 @@ from airflow_partitions.spec.model import (
     snapshot_problems,
     source_problems,
 )
+from airflow_partitions.spec.renames import renamed_columns_problems, stored_dataset
 from airflow_partitions.spec.yaml_lines import LineDict, LineList, format_yaml_error, read_yaml
 from airflow_partitions.transforms import parse_transform
 
 SCRATCH_DIR_ENV = "AIRFLOW_PARTITIONS_SCRATCH_DIR"
 TOP_LEVEL_KEYS = ("accelerator_dir", "local_scratch_dir", "datasets")
-DATASET_KEYS = ("name", "from", "params", "acceleration", "schema", "freshness")
+DATASET_KEYS = ("name", "from", "params", "acceleration", "schema", "freshness", "renamed_columns")
 ACCELERATION_KEYS = (
     "enabled",
     "engine",
@@ -503,6 +504,9 @@ class _SpecReader:
         declared = self.read_declared_schema(raw, label)
         acceleration, indexed_fields = self.read_acceleration(raw, label)
         freshness = self.read_freshness(raw, label)
+        renamed, rename_problems = renamed_columns_problems(_plain(raw.get("renamed_columns")))
+        for problem in rename_problems:
+            self.add(raw.line_of("renamed_columns"), f"{label}: {problem}")
         if declared and self.check_types:
             self.check_declared_columns(raw, label, declared, indexed_fields)
         elif declared:
@@ -517,7 +521,14 @@ class _SpecReader:
             declared_columns=declared,
             line=raw.line,
             freshness=freshness,
+            renamed_columns=renamed,
         )
+        try:
+            dataset = stored_dataset(dataset)
+        except SpecValidationError as err:
+            for problem in err.errors:
+                self.add(raw.line_of("renamed_columns"), f"{label}: {problem}")
+            return None
         return dataset.bind(dataset.declared_schema()) if declared and self.check_types else dataset
 
     def read_freshness(self, raw: LineDict, label: str) -> dt.timedelta | None:

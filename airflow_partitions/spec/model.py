@@ -952,6 +952,9 @@ class DatasetSpec:
     line: int | None = field(default=None, compare=False, repr=False)
     # `freshness: 2h`: a partition last refreshed longer ago than this misses the dataset's freshness SLA.
     freshness: dt.timedelta | None = field(default=None, compare=False)
+    # `renamed_columns: {old: new}`: source columns renamed since the acceleration stored them as `old`
+    # (`spec.renames`). The acceleration's fields above already name the stored columns.
+    renamed_columns: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         problem = dataset_name_problem(self.name)

@@ -14,7 +14,7 @@ import functools
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -669,3 +669,25 @@ def decimal_from_unscaled(unscaled: int, scale: int) -> Decimal:
     with localcontext() as context:
         context.prec = _DECIMAL_CONTEXT_PRECISION
         return Decimal(unscaled).scaleb(-scale)
+
+
+RENAMABLE_TRANSFORMS = ("identity", "bucket", "truncate", "date_part", "date_trunc", "mod")
+
+
+def renamed_transform(transform: Transform, rename: Callable[[str], str]) -> Transform:
+    """A copy of `transform` (bound state kept) reading column `rename(c)` for its column `c`.
+
+    Only transforms over one column whose canonical text names the column alone follow a rename; a
+    custom expression or `multi_bucket` reading a renamed column raises `PartitionExpressionError`.
+    """
+    columns = transform.source_columns
+    if all(rename(column) == column for column in columns):
+        return transform
+    if transform.name not in RENAMABLE_TRANSFORMS or len(columns) != 1:
+        raise PartitionExpressionError(
+            f"partition expression {transform.canonical!r} reads a renamed column; only "
+            f"{', '.join(RENAMABLE_TRANSFORMS)} fields follow a rename"
+        )
+    moved = copy.copy(transform)
+    moved._source_column = rename(columns[0])
+    return moved

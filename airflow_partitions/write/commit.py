@@ -34,9 +34,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import PartitionEntry, RowCertificate, split_key_path
-from airflow_partitions.exceptions import CommitConflictError, ConservationError, FilterError, WriteError
+from airflow_partitions.exceptions import (
+    CommitConflictError,
+    ConservationError,
+    FilterError,
+    WriteError,
+    WriteSchemaError,
+)
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.spec.renames import renames_of
 from airflow_partitions.table.handle import open_handle
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder, new_commit_id
@@ -559,8 +566,21 @@ def committed_earlier(
 
 def prepare_rows(target: WriteTarget, data: Any) -> pa.Table:
     """The write's rows as an Arrow table of the dataset's schema (or `WriteSchemaError`); a `RowsFile`
-    is read with the dataset's column types."""
-    table = read_rows_file(data, target.schema) if isinstance(data, RowsFile) else arrow_rows(data)
+    is read with the dataset's column types. Rows name renamed columns by their current names
+    (`spec.renames`); they are stored under the old ones."""
+    renames = renames_of(target.dataset)
+    if isinstance(data, RowsFile):
+        table = read_rows_file(data, renames.to_current(target.schema))
+    else:
+        table = arrow_rows(data)
+    if renames:
+        stale = [old for old, _ in renames.pairs if old in table.column_names]
+        if stale:
+            raise WriteSchemaError(
+                f"dataset {target.dataset.name!r}: the rows name column(s) {stale} by their old name(s); "
+                f"the dataset's renamed_columns call them {[renames.current(c) for c in stale]}"
+            )
+        table = renames.to_stored(table)
     return conform_rows(table, target.schema, dataset=target.dataset.name)
 
 
@@ -603,7 +623,8 @@ def append_changes(target: WriteTarget, rows: pa.Table) -> list[PartitionChange]
 
 def resolve_keys(target: WriteTarget, keys: Sequence[str] | None, *, what: str) -> tuple[str, ...]:
     """The key columns of an upsert / delete by key: `keys`, else the spec's `acceleration.primary_key`."""
-    chosen = tuple(keys) if keys else target.dataset.acceleration.primary_key
+    renames = renames_of(target.dataset)
+    chosen = tuple(renames.stored_names(keys)) if keys else target.dataset.acceleration.primary_key
     return check_key_columns(target.schema, chosen, what=what)
 
 
@@ -700,6 +721,12 @@ def delete(
         )
     started = time.monotonic()
     target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    renames = renames_of(target.dataset)
+    if renames:
+        from airflow_partitions.pruning.expressions import renamed_columns  # lazy: loads pyarrow
+        from airflow_partitions.pruning.filters import bind_filter  # lazy: loads pyarrow
+
+        where = renamed_columns(bind_filter(where, renames.to_current(target.schema)), renames.stored)
     return commit_changes(
         target,
         WriteOperation.DELETE,

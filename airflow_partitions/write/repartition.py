@@ -339,6 +339,7 @@ def _open_stored(
             f"dataset {dataset.name!r}: partition_by cannot route the rows the acceleration holds "
             f"({'; '.join(err.errors)}). A re-partitioning moves stored rows, so every column the new "
             "partition_by reads must be in the acceleration's files; after a source column was renamed, "
-            "rebuild instead: `airflow-partitions refresh SPEC DATASET --full` rewrites every partition "
-            "under the new names in one commit"
+            "declare the rename in the dataset (`renamed_columns: {old: new}`), which keeps the layout "
+            "and rewrites nothing, or rebuild instead: `airflow-partitions refresh SPEC DATASET --full` "
+            "rewrites every partition under the new names in one commit"
         ) from err

@@ -1,0 +1,108 @@
+"""A source whose renamed columns read under the names the acceleration stored them as (`spec.renames`).
+
+Below the source everything speaks of stored names: the transforms handed in read stored columns, the
+rows handed out carry stored names. This wrapper turns transforms, watermark and check columns into the
+source's current names on the way in, and the rows back into stored names on the way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.sources.base import Deadline, KeyTuple, RowsSince, Source, SourceSurvey
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_partitions.spec.renames import ColumnRenames
+    from airflow_partitions.transforms.base import Transform
+
+
+class RenamedSource:
+    """`inner` (a source that speaks current names) presented under stored names."""
+
+    def __init__(self, inner: Source, renames: ColumnRenames) -> None:
+        self.inner = inner
+        self.renames = renames
+        self.kind = inner.kind
+
+    def __getattr__(self, name: str) -> Any:
+        # `use_file_facts`, `list_files` and the like: facts of the source that name no column.
+        return getattr(self.inner, name)
+
+    def _transforms(self, transforms: Sequence[Transform]) -> list[Transform]:
+        return [self.renames.current_transform(transform) for transform in transforms]
+
+    def _since(self, since: RowsSince) -> RowsSince:
+        return RowsSince(self.renames.current(since.column), since.after)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def schema(self) -> pa.Schema:
+        return self.renames.to_stored(self.inner.schema())
+
+    def survey(
+        self,
+        transforms: Sequence[Transform],
+        *,
+        need_keys: bool,
+        check_column: str | None,
+        deadline: Deadline,
+    ) -> SourceSurvey:
+        return self.inner.survey(
+            self._transforms(transforms),
+            need_keys=need_keys,
+            check_column=self.renames.current(check_column) if check_column else None,
+            deadline=deadline,
+        )
+
+    def can_read_partition(self, transforms: Sequence[Transform]) -> bool:
+        return self.inner.can_read_partition(self._transforms(transforms))
+
+    def partition_read_hint(self, transforms: Sequence[Transform], key: KeyTuple) -> Any:
+        return self.inner.partition_read_hint(self._transforms(transforms), key)
+
+    def read_partition(self, transforms: Sequence[Transform], key: KeyTuple, hint: Any) -> pa.Table:
+        rows = self.inner.read_partition(self._transforms(transforms), key, hint)
+        return self.renames.to_stored(rows)
+
+    def read_partition_since(
+        self, transforms: Sequence[Transform], key: KeyTuple, hint: Any, since: RowsSince
+    ) -> pa.Table:
+        rows = self.inner.read_partition_since(self._transforms(transforms), key, hint, self._since(since))
+        return self.renames.to_stored(rows)
+
+    def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
+        return self.renames.to_stored(self.inner.read_all(deadline=deadline))
+
+    def count_null_rows(self, column: str) -> int:
+        return self.inner.count_null_rows(self.renames.current(column))
+
+    def read_columns(self, columns: Sequence[str]) -> pa.Table:
+        rows = self.inner.read_columns(self.renames.current_names(columns))
+        return self.renames.to_stored(rows)
+
+    def spark_frame(
+        self,
+        spark: Any,
+        transforms: Sequence[Transform],
+        keys: Sequence[KeyTuple] | None,
+        *,
+        work_dir: str,
+        since: RowsSince | None = None,
+    ) -> Any:
+        frame = self.inner.spark_frame(
+            spark,
+            self._transforms(transforms),
+            keys,
+            work_dir=work_dir,
+            since=self._since(since) if since is not None else None,
+        )
+        for old, new in self.renames.pairs:
+            frame = frame.withColumnRenamed(new, old)
+        return frame
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.inner.to_json(), "renamed_columns": dict(self.renames.pairs)}
