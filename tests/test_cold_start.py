@@ -163,7 +163,10 @@ def test_point_reads_on_other_kinds_import_no_pandas(
     assert report["loaded"] is False
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["refresh", "--help"], ["query", "--help"], ["plan", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["refresh", "--help"], ["query", "--help"], ["plan", "--help"], ["vacuum", "--help"]],
+)
 def test_help_imports_no_engine(argv: list[str]) -> None:
     report = fresh_python(
         textwrap.dedent(
@@ -173,7 +176,7 @@ def test_help_imports_no_engine(argv: list[str]) -> None:
             out = io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
                 main({argv!r})
-            engines = ("pyarrow", "duckdb", "pandas", "airflow", "pyspark")
+            engines = ("pyarrow", "duckdb", "pandas", "airflow", "pyspark", "sqlglot", "yaml")
             print(json.dumps({{"usage": "usage:" in out.getvalue(),
                                "loaded": sorted(m for m in engines if m in sys.modules)}}))
             """

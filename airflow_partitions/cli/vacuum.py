@@ -8,11 +8,13 @@ import json
 from typing import Any
 
 from airflow_partitions.exceptions import CatalogError, SnapshotError
-from airflow_partitions.spec.model import parse_duration as spec_duration
 
 
 def parse_duration(text: str) -> dt.timedelta:
     """`7d`, `12h`, `1d12h`, `30m`, `45s`, `2w` -> timedelta; a clear error otherwise."""
+    # `--help` and argument parsing need neither sqlglot nor yaml, which the spec model loads.
+    from airflow_partitions.spec.model import parse_duration as spec_duration  # lazy: sqlglot, yaml
+
     try:
         return spec_duration(text)
     except ValueError as err:
