@@ -363,7 +363,7 @@ SCOPE_SECONDS: dict[str, float] = {
     # dag.test() modules (a metadata database each, a DAG run in process) and single Spark-heavy ones.
     "tests/test_forms.py": 45,
     "tests/test_batches.py": 45,
-    "tests/test_sensors.py": 45,
+    "tests/test_sensors.py": 75,
     "tests/test_writes_airflow.py": 45,
     "tests/test_hook_partitioned_dataset.py": 45,
     "tests/test_read_run_partitions.py": 45,
@@ -376,6 +376,9 @@ SCOPE_SECONDS: dict[str, float] = {
     "tests/test_side_index.py": 45,
     "tests/test_demo.py": 45,
     "tests/test_freshness_callback.py": 30,
+    # CPU-bound modules, idle seconds about their CPU seconds (user + sys, the JVM's included).
+    "tests/test_arrow_stream.py": 35,
+    "tests/test_cold_start.py": 30,
 }
 SECONDS_PER_TEST = 0.2
 
