@@ -81,11 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan_query(args: argparse.Namespace) -> int:
-    from airflow_partitions.read.multi import DatasetQuery, datasets_named_in
+    from airflow_partitions.read.multi import datasets_named_in
+    from airflow_partitions.read.reader import datasets_query
 
     if args.where is not None:
         raise FilterError("--where plans one dataset; put the condition in the --query SQL instead")
-    with DatasetQuery(args.spec) as query:
+    with datasets_query(args.spec) as query:
         versions = None
         if args.version is not None or args.tag is not None:
             # --version / --tag pin DATASET, or the one dataset the query reads.

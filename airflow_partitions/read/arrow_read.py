@@ -22,7 +22,7 @@ import pyarrow as pa
 from airflow_partitions.storage.base import conform
 
 if TYPE_CHECKING:
-    from airflow_partitions.read.scan import FileLocation
+    from airflow_partitions.read.locations import FileLocation
     from airflow_partitions.storage import DataFile
 
 
