@@ -27,7 +27,7 @@ def trigger_problems(dag_id: str, body: dict[str, Any]) -> str | None:
     `dag_id` is not a refresh DAG, or the request names no key: Airflow answers those itself)."""
     from airflow_partitions.keys import key_text_problem
     from airflow_partitions.operators.run_conf import PARTITIONS
-    from airflow_partitions.plugins.partitions import refresh_dag
+    from airflow_partitions.plugins.page_data import refresh_dag
     from airflow_partitions.spec import load_spec
 
     conf = body.get("conf")
