@@ -7,8 +7,14 @@ import datetime as dt
 import json
 from typing import Any
 
+from airflow_partitions.cli.status import format_bytes
 from airflow_partitions.exceptions import CatalogError, SnapshotError
+from airflow_partitions.objectstore import S3Settings
+from airflow_partitions.refresh.leftovers import sweep_dataset_staging
+from airflow_partitions.snapshots.vacuum import vacuum_snapshots
+from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import parse_duration as spec_duration
+from airflow_partitions.table import open_handle
 
 
 def parse_duration(text: str) -> dt.timedelta:
@@ -83,9 +89,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.refresh.leftovers import sweep_dataset_staging
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.table import open_handle
 
     project = load_spec(args.spec)
     dataset = project.dataset(args.dataset)
@@ -104,9 +107,6 @@ def run(args: argparse.Namespace) -> int:
     staging = sweep_dataset_staging(project, dataset, grace=args.grace, dry_run=args.dry_run)
     snapshot_report = None
     if args.snapshots:
-        from airflow_partitions.objectstore import S3Settings
-        from airflow_partitions.snapshots.vacuum import vacuum_snapshots
-
         snapshot_report = vacuum_snapshots(
             S3Settings.from_source_params({}),
             str(snapshots.location),
@@ -135,7 +135,6 @@ def _expired(verb: str, versions: Any) -> str:
 
 
 def render_snapshot_report(report: Any) -> str:
-    from airflow_partitions.cli.status import format_bytes
 
     verb = "would delete" if report.dry_run else "deleted"
     if report.latest_version is None:
@@ -156,7 +155,6 @@ def render_snapshot_report(report: Any) -> str:
 
 
 def render_staging(sweep: Any) -> str:
-    from airflow_partitions.cli.status import format_bytes
 
     verb = "would delete" if sweep.dry_run else "deleted"
     line = (
@@ -169,7 +167,6 @@ def render_staging(sweep: Any) -> str:
 
 
 def render_report(name: str, report: Any) -> str:
-    from airflow_partitions.cli.status import format_bytes
 
     verb = "would delete" if report.dry_run else "deleted"
     if report.latest_version is None:

@@ -14,7 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.cli.status import dataset_status
 from airflow_partitions.dag_factory import COMMIT_TASK, DISCOVER_TASK, REFRESH_TASK, TAG
+from airflow_partitions.exceptions import PartitionValueError
+from airflow_partitions.keys import composite_key, names_of_path, parse_path, partition_label
 
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -217,7 +220,7 @@ def batch_key_paths(session: Any, dag_id: str, run_id: str) -> dict[int, tuple[s
     empty when it mapped one partition per task (the task labels name them) or returned nothing."""
     from airflow.models.xcom import XComModel
 
-    from airflow_partitions.refresh.plan import WorkBatch, is_batch_json
+    from airflow_partitions.refresh.plan import WorkBatch, is_batch_json  # lazy: loads sqlglot
 
     row = session.scalars(
         XComModel.get_many(
@@ -234,8 +237,6 @@ def batch_key_paths(session: Any, dag_id: str, run_id: str) -> dict[int, tuple[s
 def key_spellings(key_path: str) -> set[str]:
     """The ways a run names the partition at `key_path`: the canonical key string, its task label
     (`keys.partition_label`, the rendered map index) and Airflow's composite key (`keys.composite_key`)."""
-    from airflow_partitions.exceptions import PartitionValueError
-    from airflow_partitions.keys import composite_key, names_of_path, parse_path, partition_label
 
     names = names_of_path(key_path)
     try:
@@ -248,7 +249,7 @@ def key_spellings(key_path: str) -> set[str]:
 
 def dataset_document(dag: RefreshDag) -> dict[str, Any]:
     """`status --partitions --json` of the DAG's dataset, refreshing partitions marked, plus `airflow`."""
-    from airflow_partitions.refresh.partition_states import PartitionState
+    from airflow_partitions.refresh.partition_states import PartitionState  # lazy: loads sqlglot
 
     report = dataset_report(dag)
     activity = run_activity(dag.dag_id)
@@ -286,9 +287,9 @@ def partition_detail(dag: RefreshDag, key_path: str, *, versions: int = 20) -> d
     """One partition over the newest `versions` retained catalog versions: each version in which it was
     written (version, commit time and operation, rows, bytes, the run and task that wrote it, its source
     fingerprint), newest first, and why discovery would refresh it now."""
-    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.table import open_handle
+    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook  # lazy: loads airflow
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
     project = load_spec(dag.spec_path)
     dataset = project.dataset(dag.dataset)
@@ -335,9 +336,8 @@ def partition_detail(dag: RefreshDag, key_path: str, *, versions: int = 20) -> d
 def dataset_report(dag: RefreshDag) -> dict[str, Any]:
     """`status --partitions --json` of the DAG's dataset, its catalog on S3 reached with the connection
     its tasks use (the operators' resolution: `SnapshotStorageHook.dataset_settings`)."""
-    from airflow_partitions.cli.status import dataset_status
-    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
-    from airflow_partitions.spec import load_spec
+    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook  # lazy: loads airflow
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
 
     project = load_spec(dag.spec_path)
     dataset = project.dataset(dag.dataset)
@@ -347,7 +347,7 @@ def dataset_report(dag: RefreshDag) -> dict[str, Any]:
 
 def partitions_to_refresh(document: dict[str, Any]) -> list[str]:
     """What "refresh everything that failed or is stale" selects (missing partitions too)."""
-    from airflow_partitions.refresh.partition_states import NEEDS_REFRESH
+    from airflow_partitions.refresh.partition_states import NEEDS_REFRESH  # lazy: loads sqlglot
 
     wanted = {str(state) for state in NEEDS_REFRESH}
     return [p["key_path"] for p in document["datasets"][0]["partitions"] if p["state"] in wanted]

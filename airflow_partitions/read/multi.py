@@ -38,7 +38,14 @@ from airflow_partitions.pruning import check_read_only, dataset_filter, executab
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import quote_identifier, quote_string
 from airflow_partitions.pruning.limits import check_budget, run_bounded
-from airflow_partitions.read.catalog_tables import register_catalog_tables
+from airflow_partitions.pruning.query import tables_named_in
+from airflow_partitions.pruning.sql_text import parse_one_sql
+from airflow_partitions.read.catalog_tables import (
+    build_catalog_table,
+    catalog_calls,
+    mentions_catalog_tables,
+    register_catalog_tables,
+)
 from airflow_partitions.read.joins import (
     GROUPED,
     JoinDecision,
@@ -105,9 +112,6 @@ def datasets_named_in(project: ProjectSpec, sql: str) -> list[str]:
     """The spec's datasets `sql` reads as tables (spec spelling, sorted), else, when it names none, the
     ones its catalog table function calls describe (`ap_partitions('orders')`); `FilterError` when it
     names none either way."""
-    from airflow_partitions.pruning.query import tables_named_in
-    from airflow_partitions.read.catalog_tables import catalog_calls, mentions_catalog_tables
-    from airflow_partitions.read.query import parsed_statement
 
     check_read_only(sql)  # a query that is not SQL names no table: say that, not "reads none"
     by_name = {name.lower(): name for name in project.names}
@@ -392,11 +396,6 @@ class DatasetQuery:
     def _catalog_tables(self, plan: DatasetQueryPlan) -> dict[str, pa.Table]:
         """The tables of the statement's catalog table function calls (`read.catalog_tables`): a dataset
         the query reads at the version it reads, any other at its newest, unless `version :=` pins."""
-        from airflow_partitions.read.catalog_tables import (
-            build_catalog_table,
-            catalog_calls,
-            mentions_catalog_tables,
-        )
 
         if not mentions_catalog_tables(plan.sql):
             return {}
@@ -523,8 +522,6 @@ def _merged_fields(schemas: Any) -> Iterator[pa.Field]:
 
 def _parse(sql: str) -> Any:
     from sqlglot.errors import SqlglotError
-
-    from airflow_partitions.pruning.sql_text import parse_one_sql
 
     try:
         return parse_one_sql(sql)

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_partitions.exceptions import CatalogError, StorageError
+from airflow_partitions.catalog.open import dataset_directory
+from airflow_partitions.exceptions import AirflowPartitionsError, CatalogError, SparkLayoutError, StorageError
 from airflow_partitions.keys import escape_component
 from airflow_partitions.objectstore import LocalStore, S3Store, SettingsLike, remote_filesystem
 from airflow_partitions.pruning import (
@@ -33,6 +34,9 @@ from airflow_partitions.pruning import (
 )
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.limits import check_budget
+from airflow_partitions.pruning.query import tables_named_in
+from airflow_partitions.pruning.spark_filter import spark_condition
+from airflow_partitions.read.catalog_tables import build_catalog_table, catalog_calls, mentions_catalog_tables
 from airflow_partitions.read.locations import LocalFiles
 from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan, datasets_named_in
 from airflow_partitions.read.query import (
@@ -47,8 +51,11 @@ from airflow_partitions.read.read_stats import ReadStatsRecorder, stats_director
 from airflow_partitions.read.remote import RemoteFiles
 from airflow_partitions.read.sandbox import QueryLimits
 from airflow_partitions.read.scan import DuckDBScanner, resolve_columns
+from airflow_partitions.sources import open_dataset_source
+from airflow_partitions.spec import load_spec
 from airflow_partitions.storage import get_storage
 from airflow_partitions.table import open_handle
+from airflow_partitions.transforms.bucket import BucketTransform
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -68,8 +75,6 @@ CACHED_PLANS = 256
 def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
     """A loaded spec: `project` itself, or the spec file it names."""
     if isinstance(project, str | Path):
-        from airflow_partitions.spec import load_spec
-
         return load_spec(project)
     return project
 
@@ -150,7 +155,6 @@ class PartitionedDatasetReader:
         self._scanner = DuckDBScanner(self.storage, location, self._lock)
         # Read statistics: one line per read in `<accelerator_dir>/<dataset>/_read_stats/` (a local
         # directory even when the files are on S3: there it is this worker's scratch).
-        from airflow_partitions.catalog.open import dataset_directory
 
         self.read_stats = ReadStatsRecorder(
             self.name,
@@ -261,8 +265,6 @@ class PartitionedDatasetReader:
     def _source_schema(self, snapshot: Snapshot) -> pa.Schema:
         """A version without files (never refreshed, or emptied by a delete) reads as 0 rows of the schema
         its first write would use: the source's (as `acceleration_schema` takes it for writes)."""
-        from airflow_partitions.exceptions import AirflowPartitionsError
-        from airflow_partitions.sources import open_dataset_source
 
         try:
             return open_dataset_source(self.dataset).schema()
@@ -457,11 +459,6 @@ class PartitionedDatasetReader:
     def _catalog_tables(self, sql: str, snapshot: Snapshot, schema: pa.Schema) -> dict[str, pa.Table]:
         """The tables of the statement's catalog table function calls (`read.catalog_tables`): the
         query's own dataset at the version it reads, others at their newest, unless `version :=` pins."""
-        from airflow_partitions.read.catalog_tables import (
-            build_catalog_table,
-            catalog_calls,
-            mentions_catalog_tables,
-        )
 
         if not mentions_catalog_tables(sql):
             return {}
@@ -538,8 +535,6 @@ class PartitionedDatasetReader:
         with self._lock:
             named = self._named.get(sql) if isinstance(sql, str) else None
         if named is None:
-            from airflow_partitions.pruning.query import tables_named_in
-
             # Lenient: a statement naming no dataset (or not SQL) takes the single-dataset path, whose
             # checks say what is wrong with it.
             by_name = {name.lower(): name for name in self.project.names}
@@ -615,7 +610,6 @@ class PartitionedDatasetReader:
 
     def _spark_frame(self, spark: Any, plan: PrunePlan, wanted: list[str]) -> Any:
         """The plan's rows as a Spark DataFrame of the `wanted` columns, the residual applied if inexact."""
-        from airflow_partitions.pruning.spark_filter import spark_condition
 
         schema = plan.index.schema
         if not plan.files:
@@ -678,8 +672,6 @@ def _filter_key(where: FilterInput) -> Any:
 
 def bucket_layout(index: PartitionIndex, columns: Sequence[str], dataset: str) -> tuple[str, int]:
     """The column and bucket count of the first `bucket(N, col)` field of a version's partition spec."""
-    from airflow_partitions.exceptions import SparkLayoutError
-    from airflow_partitions.transforms.bucket import BucketTransform
 
     for field in index.fields:
         transform = field.transform

@@ -19,6 +19,7 @@ from typing import Any
 from airflow_partitions.exceptions import QueryLimitError
 from airflow_partitions.pruning.expressions import quote_string
 from airflow_partitions.pruning.limits import Budget, budget, size_in_bytes
+from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
 
 DISABLED_OPTIMIZERS = "statistics_propagation"
 
@@ -121,8 +122,6 @@ def new_duckdb_connection(*, functions: bool = True) -> Any:
     # no fence stops it (statistics pass through `OFFSET 0`), so the optimizer is off for our reads.
     connection.execute(f"SET GLOBAL disabled_optimizers = '{DISABLED_OPTIMIZERS}'")
     if functions:
-        from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
-
         register_duckdb_functions(connection)
     return connection
 

@@ -29,7 +29,9 @@ from airflow_partitions.read.arrow_read import read_exact_parquet
 from airflow_partitions.read.locations import FileLocation, LocalFiles, RowFilter
 from airflow_partitions.read.sandbox import SandboxDatabases, needs_partition_functions, new_duckdb_connection
 from airflow_partitions.storage import integrity
+from airflow_partitions.storage.arrow_values import empty_table
 from airflow_partitions.storage.base import conform
+from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
 
 if TYPE_CHECKING:
     from airflow_partitions.pruning import PrunePlan
@@ -61,8 +63,6 @@ def _shared_read_functions() -> None:
     with _SHARED_LOCK:
         database = shared_read_database()
         if not _shared_functions_ready:
-            from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
-
             register_duckdb_functions(database)
             _shared_functions_ready = True
 
@@ -138,8 +138,6 @@ class DuckDBScanner:
         target = pa.schema([schema.field(name) for name in wanted])
         exact, inexact = plan.exact_files, plan.inexact_files
         if not exact and not inexact:
-            from airflow_partitions.storage.arrow_values import empty_table
-
             return empty_table(target)  # `Schema.empty_table` would import pandas to probe its input
         if not inexact and self.storage.engine == "parquet" and isinstance(self.location, LocalFiles):
             # No SQL to run: pyarrow reads the exact files, DuckDB is neither imported nor opened.
