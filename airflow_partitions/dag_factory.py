@@ -104,7 +104,7 @@ def preload_task_modules(*, build_dag: bool = True) -> None:
     if not build_dag:
         return
     try:
-        from airflow_partitions.spec.loader import parse_spec
+        from airflow_partitions.spec.loader import parse_spec  # lazy: loads sqlglot
 
         project = parse_spec(_WARM_UP_SPEC, path=Path("/nonexistent/airflow-partitions-preload.yaml"))
         build_refresh_dag(project, "preload")
@@ -137,7 +137,7 @@ def dataset_asset(project: ProjectSpec, dataset: DatasetSpec | str) -> Asset:
     """
     from airflow.sdk import Asset
 
-    from airflow_partitions.table import open_handle
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
     handle = open_handle(project, dataset)
     return Asset(name=handle.name, uri=handle.asset_uri, group="airflow-partitions")
@@ -151,7 +151,11 @@ def run_params(dataset: DatasetSpec | None = None) -> dict[str, Any]:
     """
     from airflow.sdk import Param
 
-    from airflow_partitions.operators.run_conf import PARTITIONS, RUN_PARAM_SCHEMAS, partitions_schema
+    from airflow_partitions.operators.run_conf import (  # lazy: loads airflow
+        PARTITIONS,
+        RUN_PARAM_SCHEMAS,
+        partitions_schema,
+    )
 
     params: dict[str, Any] = {}
     for name, schema in RUN_PARAM_SCHEMAS.items():
@@ -182,7 +186,7 @@ def schedule_options(schedule: str | None) -> dict[str, Any]:
     keeps its cron and takes partitions through the `partitions` / `where` params.
     """
     if schedule is None:
-        from airflow_partitions.timetables import TriggeredPartitionTimetable
+        from airflow_partitions.timetables import TriggeredPartitionTimetable  # lazy: loads airflow
 
         return {"schedule": TriggeredPartitionTimetable(), "start_date": DEFAULT_START_DATE}
     if schedule in ("@once", "@continuous"):
@@ -243,13 +247,13 @@ def build_refresh_dag(
     """
     from airflow.sdk import DAG, TriggerRule, XComArg
 
-    from airflow_partitions.operators import (
+    from airflow_partitions.operators import (  # lazy: loads airflow
         PartitionDiscoveryOperator,
         SnapshotBootstrapOperator,
         SparkStageOperator,
     )
-    from airflow_partitions.operators.discovery import PLAN_XCOM_KEY
-    from airflow_partitions.snapshots.modes import snapshot_actions
+    from airflow_partitions.operators.discovery import PLAN_XCOM_KEY  # lazy: loads airflow
+    from airflow_partitions.snapshots.modes import snapshot_actions  # lazy: loads sqlglot
 
     spec = project.dataset(dataset) if isinstance(dataset, str) else dataset
     if project.path is None:
@@ -329,7 +333,10 @@ def _partition_tasks(
     discovery output and run after the stage task when there is one."""
     from airflow.sdk import task_group
 
-    from airflow_partitions.operators import SnapshotUploadOperator, SparkPartitionRefreshOperator
+    from airflow_partitions.operators import (  # lazy: loads airflow
+        SnapshotUploadOperator,
+        SparkPartitionRefreshOperator,
+    )
 
     @task_group(group_id=PARTITION_GROUP)
     def per_partition(work_item: Any) -> None:
@@ -369,7 +376,10 @@ def _commit_tasks(
     """The commit task after every partition task, and the snapshot publish after it when asked for."""
     from airflow.sdk import TriggerRule
 
-    from airflow_partitions.operators import PartitionCommitOperator, SnapshotPublishOperator
+    from airflow_partitions.operators import (  # lazy: loads airflow
+        PartitionCommitOperator,
+        SnapshotPublishOperator,
+    )
 
     commit = PartitionCommitOperator(
         task_id=COMMIT_TASK,
@@ -412,7 +422,7 @@ def build_refresh_dags(
     """
     from airflow.sdk import get_parsing_context
 
-    from airflow_partitions.spec import load_spec
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
 
     # Type checks need pyarrow; tasks re-load the spec with them, DAG parsing stays light.
     project = load_spec(Path(spec_path), check_types=False)

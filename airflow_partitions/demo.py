@@ -30,6 +30,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from airflow_partitions.cli.main import main as cli_main
+from airflow_partitions.dag_factory import build_refresh_dags, refresh_dag_id
+from airflow_partitions.objectstore import S3Settings
+from airflow_partitions.sample_data import taxi_trips, write_events, write_sensor_readings, write_taxi_trips
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_DIR = REPO_ROOT / ".demo"
 SPEC_PATH = REPO_ROOT / "dags" / "datasets.yaml"
@@ -62,7 +67,6 @@ def _free_port() -> int:
 
 
 def generate_data(rows: int) -> None:
-    from airflow_partitions.sample_data import write_events, write_sensor_readings, write_taxi_trips
 
     write_taxi_trips(DEMO_DIR / "taxi_trips", rows)
     write_events(DEMO_DIR / "events", max(1_000, rows // 20))
@@ -75,8 +79,6 @@ def start_s3_endpoint() -> tuple[Any, dict[str, str]]:
     import logging
 
     from moto.server import ThreadedMotoServer
-
-    from airflow_partitions.objectstore import S3Settings
 
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -105,9 +107,7 @@ def start_s3_endpoint() -> tuple[Any, dict[str, str]]:
 def show_spec() -> None:
     import pyarrow as pa
 
-    from airflow_partitions.cli.main import main as cli_main
-    from airflow_partitions.sample_data import taxi_trips
-    from airflow_partitions.spec import load_spec
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
 
     report = io.StringIO()
     with contextlib.redirect_stdout(report), contextlib.redirect_stderr(report):
@@ -274,7 +274,6 @@ class Progress:
 
 
 def run_refresh_dag(dataset: str) -> float:
-    from airflow_partitions.dag_factory import build_refresh_dags, refresh_dag_id
 
     # The demo shows the Spark pipeline (local mode): `auto` would run data this small in process.
     dags = build_refresh_dags(SPEC_PATH, strategy="spark")
@@ -292,9 +291,7 @@ def run_refresh_dag(dataset: str) -> float:
 
 
 def show_results(dataset: str, s3: dict[str, str]) -> None:
-    from airflow_partitions.cli.main import main as cli_main
-    from airflow_partitions.objectstore import S3Settings
-    from airflow_partitions.read import PartitionedDatasetReader
+    from airflow_partitions.read import PartitionedDatasetReader  # lazy: loads numpy, pyarrow, sqlglot
 
     cli_main(["status", str(SPEC_PATH), dataset])
     client = S3Settings.from_mapping(s3).create_client()

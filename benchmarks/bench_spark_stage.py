@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     from airflow_partitions.refresh import refresh_dataset
     from airflow_partitions.refresh.spark_session import build_local_session
     from airflow_partitions.spec import load_spec
-    from airflow_partitions.transforms.spark import _arrow_udf, spark_type_for
+    from airflow_partitions.transforms.spark import arrow_udf, spark_type_for
 
     root = Path(tempfile.mkdtemp(prefix="ap-bench-spark-stage-"))
     try:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def bucketed_udf() -> Any:
             result = spark_type_for(transform.result_type)
-            udf = _arrow_udf(transform, F.col("PULocationID"), transform.source_type, result)
+            udf = arrow_udf(transform.apply, F.col("PULocationID"), transform.source_type, result)
             return scan().withColumn("b", udf)
 
         def routed() -> Any:

@@ -158,7 +158,7 @@ def test_failure_records_are_masked_per_partition_and_cleared(tmp_path: Path) ->
 def test_the_page_knows_a_refreshing_partition_by_every_name_a_run_gives_it() -> None:
     """A running refresh names its partitions by task label (readable key) and a run's conf or
     partition key by any accepted form: each marks the same catalog partition refreshing."""
-    from airflow_partitions.plugins.partitions import key_spellings
+    from airflow_partitions.plugins.page_data import key_spellings
 
     zurich = PartitionKey(("Zürich/a=b%", dt.datetime(2026, 1, 1)))
     path = zurich.path(["region", "day"])

@@ -25,6 +25,7 @@ from airflow_partitions.exceptions import FilterError, UnsafeQueryError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.read import PartitionedDatasetReader, multi
 from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan
+from airflow_partitions.read.reader import datasets_query
 from airflow_partitions.storage import get_storage
 
 KEYS = [
@@ -131,7 +132,7 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def query(spec: Path) -> Any:
-    with DatasetQuery(spec) as opened:
+    with datasets_query(spec) as opened:
         yield opened
 
 
@@ -623,7 +624,7 @@ def test_pair_groups_stream_one_statement_each_only_where_exact(
 
 def test_small_joins_are_not_split_and_the_plan_says_why(spec: Path) -> None:
     sql = "SELECT count(*) AS n FROM l_b8 a JOIN r_b16 b ON a.k = b.k"
-    with DatasetQuery(spec, split_min_bytes=1 << 40) as small:
+    with datasets_query(spec, split_min_bytes=1 << 40) as small:
         plan = small.plan(sql)
         assert not plan.joins[0].split
         assert "under split_min_bytes (1,099,511,627,776)" in plan.joins[0].reason, plan.explain()

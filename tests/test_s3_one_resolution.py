@@ -281,7 +281,7 @@ def test_partitions_page_status_reaches_s3_through_the_dags_connection(
 ) -> None:
     """The page's dataset document (what its JSON API serves) opens the catalog with the AWS connection
     the refresh DAG's tasks use, as the operators do. (Before, it opened it with no settings at all.)"""
-    from airflow_partitions.plugins.partitions import RefreshDag, dataset_report
+    from airflow_partitions.plugins.page_data import RefreshDag, dataset_report
 
     endpoint_only_in_connection(monkeypatch, s3_acceleration.s3)
     report = dataset_report(RefreshDag("refresh_items", str(s3_acceleration.spec_path), "items", CONN_ID))

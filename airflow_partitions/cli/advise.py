@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from airflow_partitions.advisor import advise
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -42,7 +44,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.advisor import advise
 
     print(
         f"advising {args.dataset}: reading the catalog, the read statistics and the data ...", file=sys.stderr

@@ -21,7 +21,9 @@ from typing import Any
 from urllib.parse import quote
 
 from airflow_partitions.cli import print_error
-from airflow_partitions.exceptions import AirflowApiError, RunConfError
+from airflow_partitions.dag_factory import build_refresh_dags, refresh_dag_id
+from airflow_partitions.exceptions import AirflowApiError, AirflowPartitionsError, RunConfError
+from airflow_partitions.hooks.connections import install_connection_resolver
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 ENV_API_URL = "AIRFLOW_PARTITIONS_API_URL"
@@ -238,7 +240,7 @@ class BackfillSelection:
 
     def conf(self) -> dict[str, Any]:
         """The run conf (the same keys as the DAG's params, so the UI shows them on the run)."""
-        from airflow_partitions.operators.run_conf import RefreshRunConf
+        from airflow_partitions.operators.run_conf import RefreshRunConf  # lazy: loads airflow
 
         return RefreshRunConf(partitions=self.partitions, full_refresh=True, snapshot=self.snapshot).to_conf()
 
@@ -269,8 +271,7 @@ def resolve_selection(
 
     Runs the same discovery as the DAG's first task, so the keys are canonical and exist in the source.
     """
-    from airflow_partitions.dag_factory import refresh_dag_id
-    from airflow_partitions.refresh.pipeline import plan_refresh
+    from airflow_partitions.refresh.pipeline import plan_refresh  # lazy: loads sqlglot
 
     if (where is not None or partitions is not None) and _layouts_differ(spec_path, dataset):
         # Before planning: a selection's plan would start moving old partitions into the new layout.
@@ -293,9 +294,9 @@ def resolve_selection(
 
 
 def _layouts_differ(spec_path: str, dataset: str) -> bool:
-    from airflow_partitions.refresh.pipeline import layouts_differ
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.table import open_handle
+    from airflow_partitions.refresh.pipeline import layouts_differ  # lazy: loads sqlglot
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
     project = load_spec(spec_path)
     spec = project.dataset(dataset)
@@ -304,9 +305,9 @@ def _layouts_differ(spec_path: str, dataset: str) -> bool:
 
 
 def _respec_refusal(spec_path: str, dataset: str) -> Exception:
-    from airflow_partitions.refresh.discovery import partial_respec_error
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.table import open_handle
+    from airflow_partitions.refresh.discovery import partial_respec_error  # lazy: loads sqlglot
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
     project = load_spec(spec_path)
     spec = project.dataset(dataset)
@@ -347,7 +348,6 @@ def trigger_through_api(
 
 def run_locally(spec_path: str, selection: BackfillSelection) -> str:
     """Run the refresh DAG in this process (`dag.test()`) with the selection's conf; the run's state."""
-    from airflow_partitions.dag_factory import build_refresh_dags
 
     dags = build_refresh_dags(spec_path)
     dag = dags.get(selection.dag_id)
@@ -430,8 +430,6 @@ def run(
             password=args.password or os.environ.get(ENV_API_PASSWORD),
         )
     if airflow_connections:
-        from airflow_partitions.hooks.connections import install_connection_resolver
-
         install_connection_resolver()
     selection = resolve_selection(
         args.spec,
@@ -507,7 +505,6 @@ def airflow_cli_commands() -> list[Any]:
 
 
 def _airflow_backfill(args: argparse.Namespace) -> None:
-    from airflow_partitions.exceptions import AirflowPartitionsError
 
     try:
         code = run(args, airflow_connections=True)

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from airflow_partitions.exceptions import AirflowPartitionsError, RefreshError
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -34,8 +36,8 @@ def register(subparsers: Any) -> None:
 
 def slot_status(project: Any, dataset: Any) -> dict[str, Any]:
     """The slot of a change data capture dataset, as `cdc status --json` and `status` show it."""
-    from airflow_partitions.refresh.cdc import change_stream, committed_position
-    from airflow_partitions.table import open_handle
+    from airflow_partitions.refresh.cdc import change_stream, committed_position  # lazy: loads sqlglot
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
     stream = change_stream(project, dataset)
     info = stream.info()
@@ -50,8 +52,7 @@ def slot_status(project: Any, dataset: Any) -> dict[str, Any]:
 def cdc_report(project: Any, dataset: Any) -> dict[str, Any] | None:
     """`slot_status` for `status` (None for a dataset without change data capture; an unreachable
     server or a missing slot is reported, not raised)."""
-    from airflow_partitions.exceptions import AirflowPartitionsError
-    from airflow_partitions.refresh.cdc import uses_cdc
+    from airflow_partitions.refresh.cdc import uses_cdc  # lazy: loads sqlglot
 
     if not uses_cdc(dataset):
         return None
@@ -68,9 +69,8 @@ def cdc_report(project: Any, dataset: Any) -> dict[str, Any] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.exceptions import RefreshError
-    from airflow_partitions.refresh.cdc import change_stream, uses_cdc
-    from airflow_partitions.spec import load_spec
+    from airflow_partitions.refresh.cdc import change_stream, uses_cdc  # lazy: loads sqlglot
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
 
     project = load_spec(args.spec)
     dataset = project.dataset(args.dataset)

@@ -7,11 +7,12 @@ import json
 import sys
 from typing import Any
 
+from airflow_partitions.cli.status import format_bytes
 from airflow_partitions.exceptions import CompactionError
 
 
 def _size_argument(text: str) -> int:
-    from airflow_partitions.refresh.compaction import parse_size
+    from airflow_partitions.refresh.compaction import parse_size  # lazy: loads sqlglot
 
     try:
         return parse_size(text)
@@ -65,8 +66,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.refresh.compaction import DEFAULT_TARGET_FILE_BYTES, compact_dataset
-    from airflow_partitions.spec import load_spec
+    from airflow_partitions.refresh.compaction import (  # lazy: loads sqlglot
+        DEFAULT_TARGET_FILE_BYTES,
+        compact_dataset,
+    )
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
 
     project = load_spec(args.spec)
     datasets = [project.dataset(args.dataset)] if args.dataset else list(project.datasets)
@@ -101,7 +105,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render_report(report: Any) -> str:
-    from airflow_partitions.cli.status import format_bytes
 
     name = report.dataset
     if report.base_version is None:

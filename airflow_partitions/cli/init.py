@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_partitions.exceptions import ExampleInitError
+from airflow_partitions.sample_data import write_events, write_sensor_readings, write_taxi_trips
 
 EXAMPLE_FILES: tuple[str, ...] = ("refresh_datasets.py", "datasets.yaml")
 DEFAULT_ROWS = 20_000
@@ -55,8 +56,6 @@ def write_example(
     for name in EXAMPLE_FILES:
         (dags / name).write_bytes((examples / name).read_bytes())
     if data:
-        from airflow_partitions.sample_data import write_events, write_sensor_readings, write_taxi_trips
-
         write_taxi_trips(directory / "data" / "taxi_trips", rows)
         write_events(directory / "data" / "events", max(100, rows // 20))
         write_sensor_readings(directory / "data" / "sensor_readings", max(100, rows // 20))

@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.read import PartitionedDatasetReader
+    from airflow_partitions.read import PartitionedDatasetReader  # lazy: loads numpy, pyarrow, sqlglot
 
     if args.query is not None:
         return _plan_query(args)
@@ -81,11 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan_query(args: argparse.Namespace) -> int:
-    from airflow_partitions.read.multi import DatasetQuery, datasets_named_in
+    from airflow_partitions.read.multi import datasets_named_in  # lazy: loads numpy, pyarrow, sqlglot
+    from airflow_partitions.read.reader import datasets_query  # lazy: loads numpy, pyarrow, sqlglot
 
     if args.where is not None:
         raise FilterError("--where plans one dataset; put the condition in the --query SQL instead")
-    with DatasetQuery(args.spec) as query:
+    with datasets_query(args.spec) as query:
         versions = None
         if args.version is not None or args.tag is not None:
             # --version / --tag pin DATASET, or the one dataset the query reads.
@@ -112,7 +113,7 @@ def describe_partition_widths(dataset: DatasetSpec, schema: pa.Schema) -> list[s
     """
     import pyarrow as pa
 
-    from airflow_partitions.transforms.truncate import TruncateTransform
+    from airflow_partitions.transforms.truncate import TruncateTransform  # lazy: loads sqlglot
 
     lines = []
     for field in dataset.acceleration.partition_by:

@@ -85,8 +85,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.read import PartitionedDatasetReader, open_project
-    from airflow_partitions.read.multi import datasets_named_in
+    from airflow_partitions.read import (  # lazy: loads numpy, pyarrow, sqlglot
+        PartitionedDatasetReader,
+        open_project,
+    )
+    from airflow_partitions.read.multi import datasets_named_in  # lazy: loads numpy, pyarrow, sqlglot
 
     project = open_project(args.spec)
     named = [args.dataset] if args.dataset else datasets_named_in(project, args.sql)

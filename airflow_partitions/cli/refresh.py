@@ -102,7 +102,7 @@ class ProgressBar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.refresh import refresh_dataset
+    from airflow_partitions.refresh import refresh_dataset  # lazy: loads sqlglot
 
     partitions = args.partitions
     if args.failed:
@@ -152,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"{summary.dataset}: strategy {summary.strategy}: {summary.strategy_reason}", file=sys.stderr
             )
-        from airflow_partitions.refresh.cdc import NOTE
-        from airflow_partitions.refresh.modes import DETECTION_NOTE
+        from airflow_partitions.refresh.cdc import NOTE  # lazy: loads sqlglot
+        from airflow_partitions.refresh.modes import DETECTION_NOTE  # lazy: loads sqlglot
 
         for note in summary.notes:
             # e.g. a TRUNCATE in the stream forced a full copy; the watermark variant implied by the spec
@@ -190,9 +190,9 @@ def describe_mode(summary: Any) -> str:
 
 def remembered_failures(spec_path: str, dataset_name: str) -> list[str]:
     """Key paths of the dataset's partitions whose last refresh failed (the failure store)."""
-    from airflow_partitions.refresh.failures import FailureStore
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.table import open_handle
+    from airflow_partitions.refresh.failures import FailureStore  # lazy: loads sqlglot
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
     project = load_spec(spec_path)
     catalog = open_handle(project, project.dataset(dataset_name)).catalog

@@ -36,8 +36,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.write.repartition import repartition
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.write.repartition import repartition  # lazy: loads sqlglot
 
     project = load_spec(args.spec)
     report = repartition(

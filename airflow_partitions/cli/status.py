@@ -8,6 +8,12 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from airflow_partitions.advisor import DEFAULT_TARGET_FILE_BYTES, size_findings
+from airflow_partitions.cli.cdc import cdc_report, format_slot_status
+from airflow_partitions.cli.refresh import describe_conservation, describe_watermark_audit
+from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.keys import value_to_text
+
 RECENT_VERSIONS = 5
 
 
@@ -32,7 +38,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.spec import load_spec
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
 
     project = load_spec(args.spec)
     datasets = [project.dataset(args.dataset)] if args.dataset else list(project.datasets)
@@ -49,7 +55,7 @@ def dataset_status(
 ) -> dict[str, Any]:
     """The JSON-ready status of one dataset's catalog; `s3_settings` reach one on S3 (the Partitions page
     passes its DAG's AWS connection; unset, the AWS environment is used)."""
-    from airflow_partitions.table import open_handle
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
     catalog = open_handle(project, dataset, s3_settings=s3_settings).catalog
     acceleration = dataset.acceleration
@@ -61,7 +67,6 @@ def dataset_status(
         "data_root": str(catalog.data_root) if catalog.data_root is not None else None,
         "spec_partition_spec_id": acceleration.partition_spec_id,
     }
-    from airflow_partitions.cli.cdc import cdc_report
 
     report["cdc"] = cdc_report(project, dataset)
     snapshot = catalog.latest()
@@ -109,7 +114,7 @@ def dataset_status(
         report["partition_by_changed"] = respec_status(
             dataset.name, report["catalog_partition_by"], report["spec_partition_by"]
         )
-    from airflow_partitions.write.repartition import layout_progress
+    from airflow_partitions.write.repartition import layout_progress  # lazy: loads sqlglot
 
     # Partitions (and rows) still under another partition_by than the spec's: a re-partitioning to do.
     report["repartition"] = layout_progress(snapshot, acceleration.partition_spec_id)
@@ -134,7 +139,6 @@ def mark_layout_findings(report: dict[str, Any]) -> None:
     `layout` with the counts the page's warning line shows (skewed partitions, tiny files against
     compaction's default target size). A file's size is its partition's bytes over its file count: the
     document carries no per-file sizes."""
-    from airflow_partitions.advisor import DEFAULT_TARGET_FILE_BYTES, size_findings
 
     partitions = report.get("partitions") or []
     rows = []
@@ -158,7 +162,7 @@ def mark_layout_findings(report: dict[str, Any]) -> None:
 
 
 def _last_verify(catalog: Any) -> dict[str, Any] | None:
-    from airflow_partitions.refresh.verify import last_verify
+    from airflow_partitions.refresh.verify import last_verify  # lazy: loads sqlglot
 
     return last_verify(catalog)
 
@@ -182,7 +186,7 @@ def partition_report(
 ) -> dict[str, Any]:
     """`states` (counts), `discovery_error` and `partitions` (each with its state) of `status --partitions`:
     the same document the Airflow UI's Partitions page reads (`refreshing`: key paths a task writes now)."""
-    from airflow_partitions.refresh.partition_states import partition_states
+    from airflow_partitions.refresh.partition_states import partition_states  # lazy: loads sqlglot
 
     states = partition_states(project, dataset, catalog=catalog)
     if refreshing:
@@ -194,7 +198,7 @@ def respec_status(
     dataset: str, catalog_fields: list[list[str]], spec_fields: list[list[str]]
 ) -> dict[str, str]:
     """What to do after a partition_by change; the same answer refresh discovery gives when it refuses."""
-    from airflow_partitions.refresh.discovery import partition_by_text
+    from airflow_partitions.refresh.discovery import partition_by_text  # lazy: loads sqlglot
 
     message = (
         "partition_by in the spec differs from the catalog's: spec "
@@ -239,15 +243,10 @@ def render_status(report: dict[str, Any]) -> str:
             f"up to {report['watermark'] or '-'}"
         )
     if report.get("cdc") is not None:
-        from airflow_partitions.cli.cdc import format_slot_status
-
         lines.append(f"  change capture {format_slot_status(report['cdc'])}")
     counts = report.get("conservation")
     if counts is not None:
-        from airflow_partitions.cli.refresh import describe_conservation
-
         lines.append(f"  last commit   {describe_conservation(counts)} (version {counts['version']})")
-        from airflow_partitions.cli.refresh import describe_watermark_audit
 
         audit = describe_watermark_audit(
             counts.get("late_rows"), counts.get("future_rows"), counts.get("late_rows_policy")
@@ -287,8 +286,7 @@ def _watermarks(snapshot: Any, column: str | None) -> dict[str, Any]:
     """Key path -> committed watermark (max of `column` in the partition's files) of every partition."""
     if column is None:
         return {}
-    from airflow_partitions.exceptions import RefreshError
-    from airflow_partitions.refresh.modes import partition_watermark
+    from airflow_partitions.refresh.modes import partition_watermark  # lazy: loads sqlglot
 
     marks: dict[str, Any] = {}
     for entry in snapshot.partitions.values():
@@ -302,7 +300,6 @@ def _watermarks(snapshot: Any, column: str | None) -> dict[str, Any]:
 def _watermark_text(value: Any) -> str | None:
     if value is None:
         return None
-    from airflow_partitions.keys import value_to_text
 
     return value_to_text(value)
 

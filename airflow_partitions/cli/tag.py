@@ -41,8 +41,8 @@ def register(subparsers: Any) -> None:
 
 
 def _catalog(args: argparse.Namespace) -> Any:
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.table import open_handle
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
     project = load_spec(args.spec)
     return open_handle(project, args.dataset).catalog

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 from typing import Any
 
+from airflow_partitions.cli.status import format_bytes
 from airflow_partitions.exceptions import CatalogError, SnapshotError
 
 
@@ -85,9 +86,12 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.refresh.leftovers import sweep_dataset_staging
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.table import open_handle
+    # lazy: the spec, the catalog and the stores load sqlglot, yaml and pyarrow, which `--help` must not.
+    from airflow_partitions.objectstore import S3Settings  # lazy: see above
+    from airflow_partitions.refresh.leftovers import sweep_dataset_staging  # lazy: see above
+    from airflow_partitions.snapshots.vacuum import vacuum_snapshots  # lazy: see above
+    from airflow_partitions.spec import load_spec  # lazy: see above
+    from airflow_partitions.table import open_handle  # lazy: see above
 
     project = load_spec(args.spec)
     dataset = project.dataset(args.dataset)
@@ -106,9 +110,6 @@ def run(args: argparse.Namespace) -> int:
     staging = sweep_dataset_staging(project, dataset, grace=args.grace, dry_run=args.dry_run)
     snapshot_report = None
     if args.snapshots:
-        from airflow_partitions.objectstore import S3Settings
-        from airflow_partitions.snapshots.vacuum import vacuum_snapshots
-
         snapshot_report = vacuum_snapshots(
             S3Settings.from_source_params({}),
             str(snapshots.location),
@@ -137,7 +138,6 @@ def _expired(verb: str, versions: Any) -> str:
 
 
 def render_snapshot_report(report: Any) -> str:
-    from airflow_partitions.cli.status import format_bytes
 
     verb = "would delete" if report.dry_run else "deleted"
     if report.latest_version is None:
@@ -158,7 +158,6 @@ def render_snapshot_report(report: Any) -> str:
 
 
 def render_staging(sweep: Any) -> str:
-    from airflow_partitions.cli.status import format_bytes
 
     verb = "would delete" if sweep.dry_run else "deleted"
     line = (
@@ -171,7 +170,6 @@ def render_staging(sweep: Any) -> str:
 
 
 def render_report(name: str, report: Any) -> str:
-    from airflow_partitions.cli.status import format_bytes
 
     verb = "would delete" if report.dry_run else "deleted"
     if report.latest_version is None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import SpecValidationError
+from airflow_partitions.exceptions import AirflowPartitionsError, S3SettingsError, SpecValidationError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -99,7 +99,7 @@ class SourceCheck:
 
 def _dataset_secrets(dataset: DatasetSpec, source: Any) -> list[str]:
     """Every secret string the dataset's source may put in a message (params, a resolved URL's password)."""
-    from airflow_partitions.spec.masking import secret_values, url_password
+    from airflow_partitions.spec.masking import secret_values, url_password  # lazy: loads sqlglot
 
     secrets = secret_values(dataset.source.params)
     resolved = getattr(source, "__dict__", {}).get("url") if source is not None else None
@@ -110,8 +110,7 @@ def _dataset_secrets(dataset: DatasetSpec, source: Any) -> list[str]:
 
 def _reason(error: BaseException, secrets: list[str]) -> str:
     """One masked line saying why a source could not be read."""
-    from airflow_partitions.exceptions import AirflowPartitionsError
-    from airflow_partitions.spec.masking import mask_secrets
+    from airflow_partitions.spec.masking import mask_secrets  # lazy: loads sqlglot
 
     text = str(error).strip()
     first = text.splitlines()[0] if text else ""
@@ -147,7 +146,6 @@ def declared_schema_warnings(dataset: DatasetSpec, schema: pa.Schema) -> list[st
 
 def _misconfigured(outcome: dict[str, Any]) -> bool:
     """Whether the source failed on the spec's own settings (params), which no retry would fix."""
-    from airflow_partitions.exceptions import S3SettingsError
 
     return bool(outcome.get("misconfigured")) or isinstance(outcome.get("error"), S3SettingsError)
 
@@ -158,9 +156,9 @@ def _start_check(dataset: DatasetSpec, timeout_s: float) -> Callable[[], SourceC
     The read runs in its own thread because neither a TCP connect nor a footer read can be interrupted
     from outside: past its deadline the thread is abandoned (daemon threads do not hold up the exit).
     """
-    from airflow_partitions.sources import open_source
-    from airflow_partitions.spec import validate_against_schema
-    from airflow_partitions.spec.masking import mask_url_passwords
+    from airflow_partitions.sources import open_source  # lazy: loads sqlglot
+    from airflow_partitions.spec import validate_against_schema  # lazy: loads sqlglot
+    from airflow_partitions.spec.masking import mask_url_passwords  # lazy: loads sqlglot
 
     label = mask_url_passwords(dataset.source.uri)
     outcome: dict[str, Any] = {}
@@ -242,7 +240,7 @@ def check_sources(project: ProjectSpec, *, timeout_s: float | None = None) -> li
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.spec import describe_project, load_spec
+    from airflow_partitions.spec import describe_project, load_spec  # lazy: loads sqlglot
 
     if args.timeout is not None and not args.timeout > 0:
         print(f"--timeout must be a positive number of seconds, got {args.timeout:g}", file=sys.stderr)

@@ -60,7 +60,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.refresh.verify import verify_dataset
+    from airflow_partitions.refresh.verify import verify_dataset  # lazy: loads sqlglot
 
     bar = ProgressBar(sys.stderr)
     report = verify_dataset(

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from airflow_partitions.cli import print_error
-from airflow_partitions.exceptions import ConservationError, WriteThroughError
+from airflow_partitions.exceptions import ConservationError, WriteError, WriteThroughError
 
 
 def register(subparsers: Any) -> None:
@@ -53,10 +53,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.write.commit import append, delete, upsert
-    from airflow_partitions.write.rows import RowsFile
-    from airflow_partitions.write.write_through import write_through
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.write.commit import append, delete, upsert  # lazy: loads sqlglot
+    from airflow_partitions.write.rows import RowsFile  # lazy: loads sqlglot
+    from airflow_partitions.write.write_through import write_through  # lazy: loads sqlglot
 
     if args.key and not args.upsert:
         raise_usage("--key applies to --upsert only")
@@ -103,6 +103,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def raise_usage(message: str) -> None:
-    from airflow_partitions.exceptions import WriteError
 
     raise WriteError(message)

@@ -61,7 +61,7 @@ def resolve_postgres_connection(conn_id: str) -> str:
 
 def install_connection_resolver() -> None:
     """Let core sources resolve `params.connection_id` through Airflow's connections (idempotent)."""
-    from airflow_partitions.sources.base import set_connection_resolver
+    from airflow_partitions.sources.base import set_connection_resolver  # lazy: loads sqlglot
 
     set_connection_resolver(resolve_postgres_connection)
 
@@ -86,8 +86,8 @@ async def aprepare_source_connections(spec_path: str, dataset: str) -> None:
 
     from airflow.sdk import BaseHook
 
-    from airflow_partitions.sources.base import set_connection_resolver
-    from airflow_partitions.spec import SourceScheme, load_spec
+    from airflow_partitions.sources.base import set_connection_resolver  # lazy: loads sqlglot
+    from airflow_partitions.spec import SourceScheme, load_spec  # lazy: loads sqlglot
 
     install_secret_masker()
     project = await asyncio.to_thread(load_spec, spec_path)
@@ -109,6 +109,6 @@ def install_secret_masker() -> None:
     with Airflow's secrets masker, so task logs (tracebacks of driver errors included) show `***`."""
     from airflow.sdk.log import mask_secret
 
-    from airflow_partitions.spec.masking import on_secret
+    from airflow_partitions.spec.masking import on_secret  # lazy: loads sqlglot
 
     on_secret(mask_secret)

@@ -18,13 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.exceptions import OrchestrationError, UnknownPartitionError
+from airflow_partitions.hooks.connections import (
+    get_connection,
+    install_connection_resolver,
+    install_secret_masker,
+)
+from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
+from airflow_partitions.hooks.stats import install_read_metrics
+from airflow_partitions.keys import PartitionKey, partition_label
+from airflow_partitions.objectstore import S3Settings, is_local_location, remote_filesystem
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
-    from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.pruning import FilterInput, PrunePlan
     from airflow_partitions.read import PartitionedDatasetReader
     from airflow_partitions.spec import DatasetSpec, ProjectSpec
@@ -84,7 +91,6 @@ class PartitionedDatasetHook(BaseHook):
     @cached_property
     def connection_extra(self) -> dict[str, Any]:
         """The extra of the hook's connection; empty when none is configured and none is needed."""
-        from airflow_partitions.hooks.connections import get_connection
 
         if self.partitions_conn_id is None and self.spec_path is not None:
             return {}
@@ -115,9 +121,7 @@ class PartitionedDatasetHook(BaseHook):
         a query naming other datasets of the spec reads them with readers built the same way (their
         files where their catalogs say, since `data_root` is this dataset's).
         """
-        from airflow_partitions.hooks.connections import install_secret_masker
-        from airflow_partitions.hooks.stats import install_read_metrics
-        from airflow_partitions.spec import load_spec
+        from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
 
         spec_path = self._setting("spec_path", self.spec_path)
         if spec_path is None:
@@ -135,9 +139,8 @@ class PartitionedDatasetHook(BaseHook):
     def _build_reader(
         self, project: ProjectSpec, name: str, data_root: str | None
     ) -> PartitionedDatasetReader:
-        from airflow_partitions.objectstore import is_local_location, remote_filesystem
-        from airflow_partitions.read import PartitionedDatasetReader
-        from airflow_partitions.table import open_handle
+        from airflow_partitions.read import PartitionedDatasetReader  # lazy: loads numpy, pyarrow, sqlglot
+        from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
         dataset = project.dataset(name)
         # One resolution of the AWS connection serves the catalog and the files: without a data_root
@@ -157,7 +160,9 @@ class PartitionedDatasetHook(BaseHook):
                     f"extra is {extra!r}; give a positive whole number of bytes"
                 )
             max_bytes = int(extra)
-        from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
+        from airflow_partitions.read.ranged import (  # lazy: loads numpy, pyarrow, sqlglot
+            RANGED_READ_MIN_BYTES,
+        )
 
         return PartitionedDatasetReader.from_handle(
             handle,
@@ -172,7 +177,6 @@ class PartitionedDatasetHook(BaseHook):
 
     def _storage_hook(self) -> SnapshotStorageHook:
         """The AWS connection of the hook (argument, else the connection extra's `aws_conn_id`)."""
-        from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
 
         return SnapshotStorageHook(aws_conn_id=self._setting("aws_conn_id", self.aws_conn_id))
 
@@ -214,9 +218,7 @@ class PartitionedDatasetHook(BaseHook):
         version raises `UnknownPartitionError` (nothing is read)."""
         import copy
 
-        from airflow_partitions.exceptions import UnknownPartitionError
-        from airflow_partitions.keys import PartitionKey, partition_label
-        from airflow_partitions.refresh.discovery import select_keys
+        from airflow_partitions.refresh.discovery import select_keys  # lazy: loads sqlglot
 
         reader = self.reader
         snapshot = reader.snapshot(version, tag=self._tag(version, None))
@@ -351,7 +353,7 @@ class PartitionedDatasetHook(BaseHook):
 
     def delete(self, where: FilterInput, *, commit_id: str | None = None) -> WriteResult:
         """Delete the rows matching `where` (SQL condition or DNF list), in one atomic commit."""
-        from airflow_partitions.write.commit import delete
+        from airflow_partitions.write.commit import delete  # lazy: loads sqlglot
 
         project, dataset, settings = self._write_context()
         try:
@@ -368,13 +370,14 @@ class PartitionedDatasetHook(BaseHook):
         write_through: bool = False,
         commit_id: str | None = None,
     ) -> WriteResult:
-        from airflow_partitions.write import commit
+        from airflow_partitions.write import commit  # lazy: loads sqlglot
 
         project, dataset, settings = self._write_context()
         try:
             if write_through:
-                from airflow_partitions.hooks.connections import install_connection_resolver
-                from airflow_partitions.write.write_through import write_through as through
+                from airflow_partitions.write.write_through import (  # lazy: loads sqlglot
+                    write_through as through,
+                )
 
                 install_connection_resolver()
                 return through(
@@ -396,9 +399,7 @@ class PartitionedDatasetHook(BaseHook):
 
     def _write_context(self) -> tuple[ProjectSpec, DatasetSpec, S3Settings | None]:
         """The spec, the dataset and the S3 settings of a catalog on S3 (writes need local files)."""
-        from airflow_partitions.hooks.connections import install_secret_masker
-        from airflow_partitions.objectstore import S3Settings, is_local_location
-        from airflow_partitions.spec import load_spec
+        from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
 
         spec_path = self._setting("spec_path", self.spec_path)
         if spec_path is None:

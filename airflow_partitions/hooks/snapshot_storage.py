@@ -8,6 +8,8 @@ from typing import Any
 from airflow.sdk import BaseHook, conf
 
 from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.hooks.connections import get_connection
+from airflow_partitions.objectstore import create_s3_client
 
 CONFIG_SECTION = "airflow_partitions"
 
@@ -51,7 +53,6 @@ class SnapshotStorageHook(BaseHook):
     @cached_property
     def s3_settings(self) -> dict[str, Any]:
         """Settings for the core's `S3Settings.from_mapping` (secrets included: never log this)."""
-        from airflow_partitions.hooks.connections import get_connection
 
         try:
             connection = get_connection(self.aws_conn_id)
@@ -86,13 +87,12 @@ class SnapshotStorageHook(BaseHook):
         opens a dataset's catalog and files with; the core completes it from the AWS environment
         (`objectstore.resolve_settings`) for boto3 and pyarrow alike.
         """
-        from airflow_partitions.catalog import needs_s3_settings
+        from airflow_partitions.catalog import needs_s3_settings  # lazy: loads sqlglot
 
         return self.s3_settings if needs_s3_settings(project, dataset) else None
 
     def get_conn(self) -> Any:
         """A boto3 S3 client for these settings."""
-        from airflow_partitions.objectstore import create_s3_client
 
         return create_s3_client(self.s3_settings)
 

@@ -20,6 +20,7 @@ from typing import Any
 from airflow.sdk import BaseHook, conf
 
 from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.hooks.connections import get_connection
 
 LOCAL = "local"
 CONFIG_SECTION = "airflow_partitions"
@@ -51,7 +52,7 @@ def configured_arrow_memory_budget() -> int | None:
     variable wins, as in a CLI call); None leaves the default to `refresh.strategy.arrow_memory_budget`."""
     import os
 
-    from airflow_partitions.refresh.arrow_budget import BUDGET_ENV, parse_bytes
+    from airflow_partitions.refresh.arrow_budget import BUDGET_ENV, parse_bytes  # lazy: loads sqlglot
 
     if os.environ.get(BUDGET_ENV, "").strip():
         return None
@@ -133,7 +134,7 @@ def submit_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]
 
 def submit_conf() -> dict[str, str]:
     """Spark settings a submitted refresh job needs as much as the local session: UTC, the JDBC jar."""
-    from airflow_partitions.refresh.spark_session import local_session_conf
+    from airflow_partitions.refresh.spark_session import local_session_conf  # lazy: loads sqlglot
 
     wanted = (
         "spark.sql.session.timeZone",
@@ -170,7 +171,6 @@ class SparkRefreshHook(BaseHook):
     def mode(self) -> SparkMode:
         if self.spark_conn_id in (None, "", LOCAL):
             return SparkMode.LOCAL
-        from airflow_partitions.hooks.connections import get_connection
 
         conn_type = (get_connection(self.spark_conn_id).conn_type or "").replace("-", "_")
         # An `sc://host:15002` connection URI parses to type "sc": it names a Spark Connect server too.
@@ -194,7 +194,10 @@ class SparkRefreshHook(BaseHook):
     def session(self) -> Any:
         """A SparkSession for LOCAL or CONNECT mode (reused for the life of the hook)."""
         if self._session is None:
-            from airflow_partitions.refresh.spark_session import build_connect_session, build_local_session
+            from airflow_partitions.refresh.spark_session import (  # lazy: loads sqlglot
+                build_connect_session,
+                build_local_session,
+            )
 
             timeout = configured_master_timeout()
             if self.mode is SparkMode.LOCAL:
@@ -233,7 +236,7 @@ class SparkRefreshHook(BaseHook):
         """
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-        from airflow_partitions.refresh.spark_session import check_spark_reachable
+        from airflow_partitions.refresh.spark_session import check_spark_reachable  # lazy: loads sqlglot
 
         if self.mode is not SparkMode.SUBMIT:
             raise OrchestrationError(f"spark-submit needs a connection of type spark, not {self.mode}")

@@ -78,6 +78,6 @@ def record_read(record: ReadRecord) -> None:
 
 def install_read_metrics() -> None:
     """Send every read statistics record of this process to Airflow's Stats (idempotent)."""
-    from airflow_partitions.read.read_stats import add_metrics_sink
+    from airflow_partitions.read.read_stats import add_metrics_sink  # lazy: loads numpy, pyarrow, sqlglot
 
     add_metrics_sink(record_read)

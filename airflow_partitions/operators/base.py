@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.hooks.connections import install_connection_resolver, install_secret_masker
+from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog
-    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
     from airflow_partitions.spec import DatasetSpec, ProjectSpec
     from airflow_partitions.table import DatasetHandle
 
@@ -48,8 +49,7 @@ class DatasetOperator(BaseOperator):
 
     @cached_property
     def project(self) -> ProjectSpec:
-        from airflow_partitions.hooks.connections import install_secret_masker
-        from airflow_partitions.spec import load_spec
+        from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
 
         install_secret_masker()
         return load_spec(self.spec_path)
@@ -60,13 +60,12 @@ class DatasetOperator(BaseOperator):
 
     @cached_property
     def storage_hook(self) -> SnapshotStorageHook:
-        from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
 
         return SnapshotStorageHook(aws_conn_id=self.aws_conn_id)
 
     def dataset_handle(self) -> DatasetHandle:
         """The dataset's handle; a catalog or files on S3 are reached with the settings of `aws_conn_id`."""
-        from airflow_partitions.table import open_handle
+        from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
         settings = self.storage_hook.dataset_settings(self.project, self.dataset_spec)
         return open_handle(self.project, self.dataset_spec, s3_settings=settings)
@@ -82,6 +81,5 @@ class DatasetOperator(BaseOperator):
 
     def prepare_sources(self) -> None:
         """Let the dataset's source resolve Airflow connection ids (Postgres `params.connection_id`)."""
-        from airflow_partitions.hooks.connections import install_connection_resolver
 
         install_connection_resolver()

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_partitions.exceptions import AirflowPartitionsError
 from airflow_partitions.keys import AIRFLOW_KEY_LIMIT, PartitionKey, composite_key
 from airflow_partitions.operators.base import DatasetOperator
-from airflow_partitions.operators.metrics import record_watermark_audit
+from airflow_partitions.operators.metrics import record_cdc_lag, record_watermark_audit
 from airflow_partitions.operators.xcom import partition_results_from_xcom, plan_from_xcom, stage_from_xcom
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class PartitionCommitOperator(DatasetOperator):
         self.stage = stage
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.refresh.commit import commit_refresh
+        from airflow_partitions.refresh.commit import commit_refresh  # lazy: loads sqlglot
 
         plan = plan_from_xcom(self.plan, self.work_items)
         record_watermark_audit(self.dataset, late_rows=plan.late_rows, future_rows=plan.future_rows)
@@ -103,9 +104,7 @@ class PartitionCommitOperator(DatasetOperator):
 
     def emit_cdc_lag(self) -> None:
         """The replication slot's lag after the commit advanced it (a failure to read it only logs)."""
-        from airflow_partitions.exceptions import AirflowPartitionsError
-        from airflow_partitions.operators.metrics import record_cdc_lag
-        from airflow_partitions.refresh.cdc import change_stream
+        from airflow_partitions.refresh.cdc import change_stream  # lazy: loads sqlglot
 
         try:
             info = change_stream(self.project, self.dataset_spec).info()

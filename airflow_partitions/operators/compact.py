@@ -48,7 +48,7 @@ class CompactOperator(DatasetOperator):
         self.report_only = report_only
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.refresh.compaction import compact_dataset
+        from airflow_partitions.refresh.compaction import compact_dataset  # lazy: loads sqlglot
 
         report = compact_dataset(
             self.project,

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_partitions.exceptions import FilterError
+from airflow_partitions.exceptions import FilterError, OrchestrationError
 from airflow_partitions.hooks.partitioned_dataset import run_partition_key
+from airflow_partitions.keys import partition_label
 from airflow_partitions.operators.base import DatasetOperator
+from airflow_partitions.operators.metrics import record_discovery
 from airflow_partitions.operators.run_conf import RefreshRunConf
 
 if TYPE_CHECKING:
@@ -28,8 +30,6 @@ def max_mapped_tasks() -> int:
     """How many mapped refresh tasks one run may have: the smaller of Airflow's `[core] max_map_length`
     (a longer mapped input fails the run) and `[airflow_partitions] max_mapped_tasks`."""
     from airflow.configuration import conf
-
-    from airflow_partitions.exceptions import OrchestrationError
 
     limits = {
         "[core] max_map_length": conf.getint("core", "max_map_length", fallback=1024),
@@ -112,8 +112,8 @@ class PartitionDiscoveryOperator(DatasetOperator):
         self.on_freshness_miss = on_freshness_miss
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
-        from airflow_partitions.refresh.pipeline import plan_refresh
-        from airflow_partitions.refresh.plan import mapped_work
+        from airflow_partitions.refresh.pipeline import plan_refresh  # lazy: loads sqlglot
+        from airflow_partitions.refresh.plan import mapped_work  # lazy: loads sqlglot
 
         run = RefreshRunConf.from_context(
             context, partitions=self.partitions, where=self.where, full_refresh=self.full_refresh
@@ -171,7 +171,6 @@ class PartitionDiscoveryOperator(DatasetOperator):
     def freshness_miss(self) -> FreshnessMiss | None:
         """The partitions of the newest version past the dataset's freshness SLA, or None: no SLA, or
         none past it (an empty catalog misses nothing: discovery finds its partitions missing)."""
-        from airflow_partitions.keys import partition_label
 
         freshness = self.dataset_spec.freshness
         if freshness is None:
@@ -208,8 +207,7 @@ class PartitionDiscoveryOperator(DatasetOperator):
     def record_gauges(self, plan: Any, *, whole_source: bool, miss: FreshnessMiss | None = None) -> None:
         """Partitions to refresh and stale ones (only a survey of the whole source counts them all) and,
         with a freshness SLA, partitions of the newest version past it (`miss`, 0 when none is)."""
-        from airflow_partitions.operators.metrics import record_discovery
-        from airflow_partitions.refresh.plan import Reason
+        from airflow_partitions.refresh.plan import Reason  # lazy: loads sqlglot
 
         overdue = None
         if self.dataset_spec.freshness is not None:

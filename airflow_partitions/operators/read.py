@@ -19,12 +19,12 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
 from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.bases.decorator import TaskDecorator
 
-    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
 
 OUTPUTS = ("arrow", "pandas")
 ROWS_ARGUMENT = "rows"
@@ -73,7 +73,6 @@ class ReadRunPartitionsOperator(PythonOperator):
         self.rows_as = rows_as
 
     def hook(self) -> PartitionedDatasetHook:
-        from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
 
         return PartitionedDatasetHook(
             dataset=self.dataset, spec_path=self.spec_path, partitions_conn_id=self.partitions_conn_id

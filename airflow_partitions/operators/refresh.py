@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, OrchestrationError, PartitionsFailedError
-from airflow_partitions.hooks.spark_refresh import SparkMode, SparkRefreshHook
+from airflow_partitions.hooks.connections import resolve_postgres_connection
+from airflow_partitions.hooks.spark_refresh import (
+    LOCAL,
+    SparkMode,
+    SparkRefreshHook,
+    configured_arrow_memory_budget,
+)
 from airflow_partitions.keys import names_of_path, partition_label
 from airflow_partitions.operators.base import DatasetOperator
 from airflow_partitions.operators.metrics import Outcome, record_partition, record_stage
@@ -52,7 +58,7 @@ FAILED_NAMES_SHOWN = 20
 def _stage_in_session(
     operator: SparkOperatorBase, project: ProjectSpec, dataset: DatasetSpec, plan: RefreshPlan
 ) -> StageResult:
-    from airflow_partitions.refresh.stage import stage_refresh
+    from airflow_partitions.refresh.stage import stage_refresh  # lazy: loads sqlglot
 
     return stage_refresh(
         project, dataset, plan, spark=operator.spark_hook.session(), s3_settings=operator.data_s3_settings
@@ -62,8 +68,8 @@ def _stage_in_session(
 def _stage_with_spark_submit(
     operator: SparkOperatorBase, project: ProjectSpec, dataset: DatasetSpec, plan: RefreshPlan
 ) -> StageResult:
-    from airflow_partitions.refresh.job_files import stage_job_files
-    from airflow_partitions.refresh.stage_layout import staging_root
+    from airflow_partitions.refresh.job_files import stage_job_files  # lazy: loads sqlglot
+    from airflow_partitions.refresh.stage_layout import staging_root  # lazy: loads sqlglot
 
     root = staging_root(project, dataset)
     root.mkdir(parents=True, exist_ok=True)
@@ -82,8 +88,8 @@ def _stage_with_spark_submit(
 
 def open_stage_source(project: ProjectSpec, dataset: DatasetSpec) -> Any:
     """The dataset's source as the stage reads it (keeping the per-file facts of a file source)."""
-    from airflow_partitions.catalog.open import dataset_directory
-    from airflow_partitions.sources import keep_file_facts, open_dataset_source
+    from airflow_partitions.catalog.open import dataset_directory  # lazy: loads sqlglot
+    from airflow_partitions.sources import keep_file_facts, open_dataset_source  # lazy: loads sqlglot
 
     return keep_file_facts(open_dataset_source(dataset), dataset_directory(project, dataset))
 
@@ -121,8 +127,7 @@ class SparkOperatorBase(DatasetOperator):
         The driver runs outside Airflow's task process, so it cannot ask Airflow for connections; the
         resolved settings travel in the environment (never on the command line, which `ps` shows).
         """
-        from airflow_partitions.hooks.connections import resolve_postgres_connection
-        from airflow_partitions.spec import SourceScheme
+        from airflow_partitions.spec import SourceScheme  # lazy: loads sqlglot
 
         env: dict[str, str] = {}
         source = dataset.source
@@ -132,7 +137,7 @@ class SparkOperatorBase(DatasetOperator):
             )
         settings = self.data_s3_settings  # None unless accelerator_dir is on S3
         if settings is not None:
-            from airflow_partitions.refresh.job_files import s3_settings_environment
+            from airflow_partitions.refresh.job_files import s3_settings_environment  # lazy: loads sqlglot
 
             # The job's executors write the partition files to the s3:// accelerator_dir themselves.
             env.update(s3_settings_environment(settings))
@@ -188,9 +193,8 @@ class SparkStageOperator(SparkOperatorBase):
         self.strategy = strategy
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.hooks.spark_refresh import LOCAL, configured_arrow_memory_budget
-        from airflow_partitions.refresh.stage import stage_refresh
-        from airflow_partitions.refresh.strategy import choose_strategy
+        from airflow_partitions.refresh.stage import stage_refresh  # lazy: loads sqlglot
+        from airflow_partitions.refresh.strategy import choose_strategy  # lazy: loads sqlglot
 
         plan = plan_from_xcom(self.plan, self.work_items)
         if not plan.items:
@@ -240,8 +244,8 @@ class SparkStageOperator(SparkOperatorBase):
         """Move a local stage to `<accelerator_dir>/_staging/<dataset>/<stamp>/` on S3, so partition tasks
         on any worker fetch their own item from there (no shared local disk); stale stages of killed
         runs there are swept first, as locally."""
-        from airflow_partitions.refresh import remote
-        from airflow_partitions.refresh.leftovers import DEFAULT_GRACE
+        from airflow_partitions.refresh import remote  # lazy: loads sqlglot
+        from airflow_partitions.refresh.leftovers import DEFAULT_GRACE  # lazy: loads sqlglot
 
         assert stage.location is not None
         url = self.dataset_handle().stage_location(Path(stage.location).name)
@@ -289,13 +293,13 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
         """The readable key of this instance's partition (its label in the UI); the map index template.
 
         A batch is labelled by its partition count and first and last keys (`WorkBatch.label`)."""
-        from airflow_partitions.refresh.plan import WorkBatch, item_label
+        from airflow_partitions.refresh.plan import WorkBatch, item_label  # lazy: loads sqlglot
 
         work = mapped_work_from_xcom(self.work_item)
         return work.label if isinstance(work, WorkBatch) else item_label(work)
 
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
-        from airflow_partitions.refresh.plan import WorkBatch
+        from airflow_partitions.refresh.plan import WorkBatch  # lazy: loads sqlglot
 
         work = mapped_work_from_xcom(self.work_item)
         if isinstance(work, WorkBatch):
@@ -304,7 +308,7 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
 
     def refresh_batch(self, context: Context, batch: WorkBatch) -> list[dict[str, Any]]:
         """Refresh every partition of the batch, in order; fail afterwards if any of them failed."""
-        from airflow_partitions.refresh.failures import describe_error
+        from airflow_partitions.refresh.failures import describe_error  # lazy: loads sqlglot
 
         started = time.perf_counter()
         results: list[PartitionResult] = []
@@ -344,7 +348,7 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
     def refresh_partition(self, context: Context, item: PartitionWorkItem) -> PartitionResult:
         """Refresh one partition and return its descriptor, naming this task instance as its writer; a
         failure is recorded in the failure store and re-raised."""
-        from airflow_partitions.catalog.model import WrittenBy
+        from airflow_partitions.catalog.model import WrittenBy  # lazy: loads sqlglot
 
         started = time.perf_counter()
         try:
@@ -384,7 +388,11 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
 
         Best effort: an unreachable store must not hide the task's own error, which is re-raised.
         """
-        from airflow_partitions.refresh.failures import FailureStore, PartitionFailure, describe_error
+        from airflow_partitions.refresh.failures import (  # lazy: loads sqlglot
+            FailureStore,
+            PartitionFailure,
+            describe_error,
+        )
 
         ti = context.get("ti")
         failure = PartitionFailure(
@@ -402,8 +410,8 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
             self.log.warning("Could not remember the failure of %s: %s", key_path, store_err)
 
     def _refresh(self, item: PartitionWorkItem) -> PartitionResult:
-        from airflow_partitions.refresh.commit import remove_stage
-        from airflow_partitions.refresh.finalize import finalize_partition
+        from airflow_partitions.refresh.commit import remove_stage  # lazy: loads sqlglot
+        from airflow_partitions.refresh.finalize import finalize_partition  # lazy: loads sqlglot
 
         stage = stage_from_xcom(self.stage)
         own_stage: StageResult | None = None

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import OrchestrationError
 from airflow_partitions.operators.base import DatasetOperator
+from airflow_partitions.operators.metrics import record_repartition
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -39,8 +40,7 @@ class RepartitionOperator(DatasetOperator):
         self.report_only = report_only
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.operators.metrics import record_repartition
-        from airflow_partitions.write.repartition import repartition
+        from airflow_partitions.write.repartition import repartition  # lazy: loads sqlglot
 
         report = repartition(
             self.project,

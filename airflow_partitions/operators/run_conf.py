@@ -219,15 +219,15 @@ _SAMPLE_DATE_PART = {"year": 2026, "quarter": 1, "month": 1, "week": 1, "day": 1
 
 def example_partition_key(dataset: DatasetSpec) -> PartitionKey | None:
     """A plausible key of the dataset, for the trigger form's help; None when a field's type is unknown."""
-    from airflow_partitions.transforms import (
+    from airflow_partitions.transforms import (  # lazy: loads sqlglot
         BucketTransform,
         DatePartTransform,
         DateTruncTransform,
         ModTransform,
         TruncateTransform,
     )
-    from airflow_partitions.transforms.expression import ExpressionTransform
-    from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
+    from airflow_partitions.transforms.expression import ExpressionTransform  # lazy: loads sqlglot
+    from airflow_partitions.transforms.multi_bucket import MultiBucketTransform  # lazy: loads sqlglot
 
     declared = dict(dataset.declared_columns)
     values: list[Scalar] = []

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.exceptions import OrchestrationError, SourceError
 from airflow_partitions.operators.base import DatasetOperator
 from airflow_partitions.operators.run_conf import RefreshRunConf
 from airflow_partitions.operators.vacuum import RetentionOptions
+from airflow_partitions.operators.xcom import partition_result_from_xcom
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -38,7 +39,7 @@ class SnapshotOperatorBase(DatasetOperator):
 
     @property
     def actions(self) -> SnapshotActions:
-        from airflow_partitions.snapshots.modes import snapshot_actions
+        from airflow_partitions.snapshots.modes import snapshot_actions  # lazy: loads sqlglot
 
         return snapshot_actions(self.dataset_spec.acceleration.snapshots.mode)
 
@@ -89,9 +90,8 @@ class SnapshotUploadOperator(SnapshotOperatorBase):
         return str(results["key_path"]) if isinstance(results, Mapping) else str(results)
 
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
-        from airflow_partitions.operators.xcom import partition_result_from_xcom
-        from airflow_partitions.snapshots import upload_partition_snapshot
-        from airflow_partitions.table import open_handle
+        from airflow_partitions.snapshots import upload_partition_snapshot  # lazy: loads sqlglot
+        from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
         self.skip_unless(self.actions.upload, "upload")
         if not RefreshRunConf.from_context(context, snapshot=self.upload).snapshot:
@@ -135,9 +135,9 @@ class SnapshotPublishOperator(SnapshotOperatorBase):
         self.upload = upload
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.snapshots.manifest import upload_snapshot_manifest
-        from airflow_partitions.storage import get_storage
-        from airflow_partitions.table import open_handle
+        from airflow_partitions.snapshots.manifest import upload_snapshot_manifest  # lazy: loads sqlglot
+        from airflow_partitions.storage import get_storage  # lazy: loads sqlglot
+        from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
         self.skip_unless(self.actions.upload, "upload")
         if not RefreshRunConf.from_context(context, snapshot=self.upload).snapshot:
@@ -200,9 +200,12 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
         self.only_if_empty = only_if_empty
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.snapshots.bootstrap import bootstrap_snapshot, select_where
-        from airflow_partitions.snapshots.manifest import read_snapshot_manifest
-        from airflow_partitions.table import open_handle
+        from airflow_partitions.snapshots.bootstrap import (  # lazy: loads sqlglot
+            bootstrap_snapshot,
+            select_where,
+        )
+        from airflow_partitions.snapshots.manifest import read_snapshot_manifest  # lazy: loads sqlglot
+        from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
         # The first task of a DAG with bootstrap: a conf with unknown keys stops the run here.
         RefreshRunConf.from_context(context)
@@ -245,8 +248,7 @@ class SnapshotBootstrapOperator(SnapshotOperatorBase):
 
     def filter_schema(self) -> Any:
         """The schema `where` binds to: the spec's `schema:` block, else the source's own schema."""
-        from airflow_partitions.exceptions import SourceError
-        from airflow_partitions.sources import open_source
+        from airflow_partitions.sources import open_source  # lazy: loads sqlglot
 
         declared = self.dataset_spec.declared_schema()
         if declared is not None:
@@ -286,7 +288,7 @@ class SnapshotVacuumOperator(RetentionOptions, SnapshotOperatorBase):
         self.set_retention(retain_versions, older_than, grace, report_only)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.snapshots.vacuum import vacuum_snapshots
+        from airflow_partitions.snapshots.vacuum import vacuum_snapshots  # lazy: loads sqlglot
 
         self.skip_unless(self.actions.upload, "vacuum (only the dataset's owner deletes snapshots)")
         report = vacuum_snapshots(

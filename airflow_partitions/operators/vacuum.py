@@ -81,7 +81,7 @@ class VacuumOperator(RetentionOptions, DatasetOperator):
         self.set_retention(retain_versions, older_than, grace, report_only)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.refresh.leftovers import sweep_dataset_staging
+        from airflow_partitions.refresh.leftovers import sweep_dataset_staging  # lazy: loads sqlglot
 
         catalog = self.open_catalog()
         report = catalog.vacuum(dry_run=self.report_only, **self.retention())

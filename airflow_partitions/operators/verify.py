@@ -47,7 +47,7 @@ class VerifyOperator(DatasetOperator):
         self.deep = deep
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.refresh.verify import verify_dataset
+        from airflow_partitions.refresh.verify import verify_dataset  # lazy: loads sqlglot
 
         self.prepare_sources()
         report = verify_dataset(

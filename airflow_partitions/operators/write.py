@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
 
 WRITE_MODES = ("append", "upsert", "delete")
 
@@ -90,7 +90,6 @@ class PartitionedDatasetWriteOperator(BaseOperator):
 
     @cached_property
     def hook(self) -> PartitionedDatasetHook:
-        from airflow_partitions.hooks.partitioned_dataset import PartitionedDatasetHook
 
         return PartitionedDatasetHook(
             dataset=self.dataset,
@@ -100,7 +99,7 @@ class PartitionedDatasetWriteOperator(BaseOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_partitions.write.rows import RowsFile
+        from airflow_partitions.write.rows import RowsFile  # lazy: loads sqlglot
 
         commit_id = task_commit_id(context)
         if self.mode == "delete":

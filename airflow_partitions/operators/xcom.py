@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def plan_from_xcom(plan: Any, work_items: Sequence[Mapping[str, Any]] | None) -> RefreshPlan:
     """The refresh plan from the discovery's `plan` XCom (no items) and its returned work items (one per
     partition, or batches of them: `refresh.plan.mapped_work`)."""
-    from airflow_partitions.refresh.plan import RefreshPlan, unbatched_items_json
+    from airflow_partitions.refresh.plan import RefreshPlan, unbatched_items_json  # lazy: loads sqlglot
 
     if not isinstance(plan, Mapping):
         raise OrchestrationError(
@@ -37,7 +37,7 @@ def plan_from_xcom(plan: Any, work_items: Sequence[Mapping[str, Any]] | None) ->
 
 def work_item_from_xcom(work_item: Any) -> PartitionWorkItem:
     """One of the discovery's work items (what a mapped refresh task gets)."""
-    from airflow_partitions.refresh.plan import PartitionWorkItem
+    from airflow_partitions.refresh.plan import PartitionWorkItem  # lazy: loads sqlglot
 
     if not isinstance(work_item, Mapping):
         raise OrchestrationError(
@@ -48,7 +48,7 @@ def work_item_from_xcom(work_item: Any) -> PartitionWorkItem:
 
 def mapped_work_from_xcom(work_item: Any) -> PartitionWorkItem | WorkBatch:
     """What one mapped refresh task gets: one work item, or a batch of them (`refresh.plan.WorkBatch`)."""
-    from airflow_partitions.refresh.plan import WorkBatch, is_batch_json
+    from airflow_partitions.refresh.plan import WorkBatch, is_batch_json  # lazy: loads sqlglot
 
     if is_batch_json(work_item):
         return WorkBatch.from_json(work_item)
@@ -57,7 +57,7 @@ def mapped_work_from_xcom(work_item: Any) -> PartitionWorkItem | WorkBatch:
 
 def stage_from_xcom(stage: Any) -> StageResult | str | None:
     """The stage task's result; a plain string is taken as the stage location, None as no shared stage."""
-    from airflow_partitions.refresh.plan import StageResult
+    from airflow_partitions.refresh.plan import StageResult  # lazy: loads sqlglot
 
     if stage is None or isinstance(stage, str):
         return stage
@@ -71,7 +71,7 @@ def stage_from_xcom(stage: Any) -> StageResult | str | None:
 
 def partition_result_from_xcom(result: Any, *, argument: str = "partition_result") -> PartitionResult:
     """One refresh task's returned partition descriptor."""
-    from airflow_partitions.refresh.plan import PartitionResult
+    from airflow_partitions.refresh.plan import PartitionResult  # lazy: loads sqlglot
 
     if not isinstance(result, Mapping):
         raise OrchestrationError(

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from airflow_partitions.plugins.page import PAGE_HTML
-from airflow_partitions.plugins.partitions import (
+from airflow_partitions.plugins.page_data import (
     RefreshDag,
     dataset_document,
     partition_detail,

@@ -16,6 +16,9 @@ import json
 import re
 from typing import Any
 
+from airflow_partitions.keys import key_text_problem, partition_label
+from airflow_partitions.plugins.page_data import refresh_dag
+
 # The trigger endpoint of Airflow's public API, wherever the api-server's base path puts it.
 TRIGGER_PATH = re.compile(r"/api/v2/dags/(?P<dag_id>[^/]+)/dagRuns/?$")
 # Existing keys named in the message, as examples of the dataset's key format.
@@ -25,10 +28,8 @@ EXAMPLE_KEYS = 3
 def trigger_problems(dag_id: str, body: dict[str, Any]) -> str | None:
     """What is wrong with the partition keys of a trigger request of `dag_id`, or None (also when
     `dag_id` is not a refresh DAG, or the request names no key: Airflow answers those itself)."""
-    from airflow_partitions.keys import key_text_problem
-    from airflow_partitions.operators.run_conf import PARTITIONS
-    from airflow_partitions.plugins.partitions import refresh_dag
-    from airflow_partitions.spec import load_spec
+    from airflow_partitions.operators.run_conf import PARTITIONS  # lazy: loads airflow
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
 
     conf = body.get("conf")
     named = conf.get(PARTITIONS) if isinstance(conf, dict) else None
@@ -63,10 +64,9 @@ def trigger_problems(dag_id: str, body: dict[str, Any]) -> str | None:
 
 def existing_keys(dag: Any, limit: int = EXAMPLE_KEYS) -> list[str]:
     """The labels of the first `limit` partitions (natural order) of the newest version; [] if unreadable."""
-    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
-    from airflow_partitions.keys import partition_label
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.table import open_handle
+    from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook  # lazy: loads airflow
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
     try:
         project = load_spec(dag.spec_path, check_types=False)

@@ -11,9 +11,9 @@ partitions of two commits. It prunes with `pruning.plan_partitions`, then opens 
   view over the files its WHERE clauses can need (`read.query`; external file access disabled except
   those files, the statement limited to the dataset and its own CTEs, time and memory bounded by
   `QueryLimits`);
-* a `query` naming several datasets of the spec (`read.multi`: `DatasetQuery`, `query_datasets`) makes
-  each a view over its pruned files, at its own version or as of one time, and runs joins of datasets
-  partitioned compatibly on the join key partition by partition (`read.joins`);
+* a `query` naming several datasets of the spec (`read.multi`, opened over a spec by `datasets_query`;
+  `query_datasets`) makes each a view over its pruned files, at its own version or as of one time, and
+  runs joins of datasets partitioned compatibly on the join key partition by partition (`read.joins`);
 * `to_spark` returns a Spark DataFrame over the same files, with the residual as a Spark condition.
 
 How each format is scanned, and whether Spark reads it natively, is the storage class's business
@@ -30,9 +30,15 @@ per reader: repeated reads pay only for resolving the newest version and scannin
 
 from __future__ import annotations
 
-from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan, query_datasets
-from airflow_partitions.read.query import QueryLimits, needs_partition_functions, new_duckdb_connection
-from airflow_partitions.read.reader import PartitionedDatasetReader, dataset_named_in, open_project
+from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan
+from airflow_partitions.read.reader import (
+    PartitionedDatasetReader,
+    dataset_named_in,
+    datasets_query,
+    open_project,
+    query_datasets,
+)
+from airflow_partitions.read.sandbox import QueryLimits, needs_partition_functions, new_duckdb_connection
 
 __all__ = [
     "DatasetQuery",
@@ -40,6 +46,7 @@ __all__ = [
     "PartitionedDatasetReader",
     "QueryLimits",
     "dataset_named_in",
+    "datasets_query",
     "needs_partition_functions",
     "new_duckdb_connection",
     "open_project",

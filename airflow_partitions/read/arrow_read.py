@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from airflow_partitions.storage.base import conform
+from airflow_partitions.storage.parquet import ParquetStorage
 
 if TYPE_CHECKING:
-    from airflow_partitions.read.scan import FileLocation
+    from airflow_partitions.read.locations import FileLocation
     from airflow_partitions.storage import DataFile
 
 
@@ -32,8 +33,6 @@ def read_exact_parquet(
     """The `wanted` columns of every row of `files` (local Parquet partition files) as `target`, or None
     when they must go through DuckDB (see the module docstring)."""
     import pyarrow.parquet as pq
-
-    from airflow_partitions.storage.parquet import ParquetStorage
 
     releases: list[Callable[[], None]] = []
     try:

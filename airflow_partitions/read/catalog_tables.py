@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import UnsafeQueryError
 from airflow_partitions.pruning.expressions import quote_string
+from airflow_partitions.pruning.index import PartitionIndex, _decode_key_value
+from airflow_partitions.storage.datafile import DataFile, _has_order
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -184,8 +186,6 @@ def _key_columns(
     """One typed column of partition values per partition field, in the spec's order."""
     import pyarrow as pa
 
-    from airflow_partitions.pruning.index import PartitionIndex, _decode_key_value
-
     if index is None:
         index = PartitionIndex.from_snapshot(snapshot, schema)
     lowered = {name.lower() for name in taken}
@@ -247,8 +247,6 @@ def partitions_table(snapshot: Snapshot, schema: pa.Schema, index: Any = None) -
 def _stat_type(kind: pa.DataType) -> pa.DataType | None:
     import pyarrow as pa
 
-    from airflow_partitions.storage.datafile import _has_order
-
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
     if not _has_order(kind):
@@ -262,8 +260,6 @@ def _stat_type(kind: pa.DataType) -> pa.DataType | None:
 
 def files_table(snapshot: Snapshot, schema: pa.Schema, index: Any = None) -> pa.Table:
     import pyarrow as pa
-
-    from airflow_partitions.storage.datafile import DataFile
 
     table = snapshot.table
     key_columns = _key_columns(snapshot, schema, index, _FILE_COLUMNS)

@@ -53,6 +53,9 @@ from sqlglot import exp
 
 from airflow_partitions.exceptions import AirflowPartitionsError
 from airflow_partitions.pruning.query import column_key, same_key_type, scope_tables
+from airflow_partitions.transforms.bucket import BucketTransform
+from airflow_partitions.transforms.temporal import DateTruncTransform
+from airflow_partitions.transforms.truncate import TruncateTransform
 
 if TYPE_CHECKING:
     from airflow_partitions.pruning import PrunePlan
@@ -433,9 +436,6 @@ def partition_groups(
 ) -> tuple[GroupOf, GroupOf] | str:
     """How to map each side's partition value of the key to a join group, or why the layouts are
     incompatible."""
-    from airflow_partitions.transforms.bucket import BucketTransform
-    from airflow_partitions.transforms.temporal import DateTruncTransform
-    from airflow_partitions.transforms.truncate import TruncateTransform
 
     left, right = left_field.transform, right_field.transform
     shown = f"{left.canonical} vs {right.canonical}"

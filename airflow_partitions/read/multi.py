@@ -1,7 +1,7 @@
 """Multi-dataset queries: one read-only SELECT over any number of datasets of a spec, each pruned.
 
-`query_datasets` (and `PartitionedDatasetReader.query`, the hook and the CLI, which come here when the
-statement names more than one dataset) plans the statement once (`plan_datasets_query`):
+`read.reader.query_datasets` (and `DatasetReader.query`, the hook and the CLI, which come here
+when the statement names more than one dataset) plans the statement once (`plan_datasets_query`):
 
 1. every dataset the statement names is read at its own version (`versions=`), at the newest version
    committed at or before one `as_of` time, or at its newest;
@@ -14,6 +14,10 @@ over its selected files (the one place a table of the statement is registered, s
 functions can be added next to it), the split joins become views of the union of their small joins, and
 the database is then limited and locked exactly as a single-dataset query's (`read.query`): only the
 selected files readable, configuration locked, time and memory bounded by `QueryLimits`.
+
+The datasets are read by readers the caller opens (`DatasetReader`, a factory by name): this module
+imports no reader, so every dataset of a query is reached the way its caller reaches its own (the same
+S3 settings: `read.reader.datasets_query`, `DatasetReader` siblings).
 """
 
 from __future__ import annotations
@@ -25,8 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -35,7 +38,14 @@ from airflow_partitions.pruning import check_read_only, dataset_filter, executab
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import quote_identifier, quote_string
 from airflow_partitions.pruning.limits import check_budget, run_bounded
-from airflow_partitions.read.catalog_tables import register_catalog_tables
+from airflow_partitions.pruning.query import tables_named_in
+from airflow_partitions.pruning.sql_text import parse_one_sql
+from airflow_partitions.read.catalog_tables import (
+    build_catalog_table,
+    catalog_calls,
+    mentions_catalog_tables,
+    register_catalog_tables,
+)
 from airflow_partitions.read.joins import (
     GROUPED,
     JoinDecision,
@@ -48,28 +58,51 @@ from airflow_partitions.read.joins import (
 )
 from airflow_partitions.read.query import (
     QUERY_HINT,
-    QueryLimits,
-    SandboxDatabases,
-    _apply_limits,
-    _lock_down,
     _scrubbed,
     check_sandboxed,
     duckdb_expression_name,
-    needs_partition_functions,
-    new_duckdb_connection,
     parsed_statement,
     sandbox_reference_counts,
 )
+from airflow_partitions.read.sandbox import (
+    QueryLimits,
+    SandboxDatabases,
+    apply_limits,
+    lock_down,
+    needs_partition_functions,
+    new_duckdb_connection,
+)
 
 if TYPE_CHECKING:
-    from airflow_partitions.catalog import Snapshot
-    from airflow_partitions.pruning import PrunePlan
-    from airflow_partitions.read.reader import PartitionedDatasetReader
-    from airflow_partitions.read.scan import CallScope
+    from airflow_partitions.catalog import Catalog, Snapshot
+    from airflow_partitions.pruning import PartitionIndex, PrunePlan
+    from airflow_partitions.pruning.expressions import Predicate
+    from airflow_partitions.read.scan import CallScope, DuckDBScanner
     from airflow_partitions.spec.model import ProjectSpec
     from airflow_partitions.storage import DataFile
 
-ReaderFactory = Callable[[str], "PartitionedDatasetReader"]
+
+class DatasetReader(Protocol):
+    """What a multi-dataset query uses of one dataset's reader (`read.reader.PartitionedDatasetReader`)."""
+
+    name: str
+    catalog: Catalog
+    _scanner: DuckDBScanner
+
+    def snapshot(self, version: int | None = None, *, tag: str | None = None) -> Snapshot: ...
+
+    def index(self, snapshot: Snapshot) -> PartitionIndex: ...
+
+    def close(self) -> None: ...
+
+    def _schema_of(self, snapshot: Snapshot) -> pa.Schema: ...
+
+    def _plan(self, snapshot: Snapshot, where: Predicate | None) -> PrunePlan: ...
+
+    def _record(self, plan: PrunePlan, kind: str, rows: int | None, started: float) -> None: ...
+
+
+ReaderFactory = Callable[[str], DatasetReader]
 # Below this many bytes of selected files on both sides a join is not split: the pair groups' fixed
 # costs (one small join, and with streaming one statement, each) outweigh what splitting saves.
 SPLIT_MIN_BYTES = 32 * 1024 * 1024
@@ -79,9 +112,6 @@ def datasets_named_in(project: ProjectSpec, sql: str) -> list[str]:
     """The spec's datasets `sql` reads as tables (spec spelling, sorted), else, when it names none, the
     ones its catalog table function calls describe (`ap_partitions('orders')`); `FilterError` when it
     names none either way."""
-    from airflow_partitions.pruning.query import tables_named_in
-    from airflow_partitions.read.catalog_tables import catalog_calls, mentions_catalog_tables
-    from airflow_partitions.read.query import parsed_statement
 
     check_read_only(sql)  # a query that is not SQL names no table: say that, not "reads none"
     by_name = {name.lower(): name for name in project.names}
@@ -97,7 +127,7 @@ def datasets_named_in(project: ProjectSpec, sql: str) -> list[str]:
     return named
 
 
-def version_at(reader: PartitionedDatasetReader, as_of: dt.datetime) -> int:
+def version_at(reader: DatasetReader, as_of: dt.datetime) -> int:
     """The newest version of the reader's dataset committed at or before `as_of`."""
     if as_of.tzinfo is None:
         as_of = as_of.replace(tzinfo=dt.UTC)
@@ -152,39 +182,36 @@ class DatasetQueryPlan:
 class DatasetQuery:
     """Readers for the datasets of one spec, opened on demand, that multi-dataset queries use.
 
-    `readers`: readers to use as they are (by dataset name); `open_reader`: how to open the others (its
-    caller closes what it opens); without it they are opened from the spec and closed by `close`.
+    `open_reader`: how to open a dataset's reader by name; `readers`: readers to use as they are (by
+    dataset name); `close_opened`: `close` closes the readers `open_reader` opened (otherwise its owner
+    does). `read.reader.datasets_query` opens one over a spec.
     """
 
     def __init__(
         self,
-        project: ProjectSpec | str | Path,
+        project: ProjectSpec,
+        open_reader: ReaderFactory,
         *,
-        readers: Mapping[str, PartitionedDatasetReader] | None = None,
-        open_reader: ReaderFactory | None = None,
+        readers: Mapping[str, DatasetReader] | None = None,
+        close_opened: bool = False,
         query_limits: QueryLimits | None = None,
         split_min_bytes: int | None = None,
     ) -> None:
-        from airflow_partitions.read.reader import open_project
-
         # Joins whose two sides' selected files hold fewer bytes run as one plain join.
         self.split_min_bytes = SPLIT_MIN_BYTES if split_min_bytes is None else split_min_bytes
-        self.project = open_project(project)
-        self._readers: dict[str, PartitionedDatasetReader] = dict(readers or {})
-        self._owned: list[PartitionedDatasetReader] = []
+        self.project = project
+        self._readers: dict[str, DatasetReader] = dict(readers or {})
+        self._owned: list[DatasetReader] = []
         self._open_reader = open_reader
+        self._close_opened = close_opened
         self.query_limits = query_limits if query_limits is not None else QueryLimits()
         self._sandboxes = SandboxDatabases(threading.RLock())
 
-    def reader(self, name: str) -> PartitionedDatasetReader:
+    def reader(self, name: str) -> DatasetReader:
         reader = self._readers.get(name)
         if reader is None:
-            if self._open_reader is not None:
-                reader = self._open_reader(name)  # the factory's owner closes it
-            else:
-                from airflow_partitions.read.reader import PartitionedDatasetReader
-
-                reader = PartitionedDatasetReader(self.project, name, query_limits=self.query_limits)
+            reader = self._open_reader(name)
+            if self._close_opened:
                 self._owned.append(reader)
             self._readers[name] = reader
         return reader
@@ -345,8 +372,8 @@ class DatasetQuery:
                         quote_string(p) for scope in scopes.values() for p in scope.local_files
                     )
                     connection.execute(f"SET allowed_paths = [{allowed}]")
-                    _apply_limits(connection, limits)
-                    _lock_down(connection)
+                    apply_limits(connection, limits)
+                    lock_down(connection)
                 shape = streamed_shape(plan.tree, splits[0]) if len(splits) == 1 else None
                 try:
                     if shape is not None and len(branches[0]) > 1:
@@ -369,11 +396,6 @@ class DatasetQuery:
     def _catalog_tables(self, plan: DatasetQueryPlan) -> dict[str, pa.Table]:
         """The tables of the statement's catalog table function calls (`read.catalog_tables`): a dataset
         the query reads at the version it reads, any other at its newest, unless `version :=` pins."""
-        from airflow_partitions.read.catalog_tables import (
-            build_catalog_table,
-            catalog_calls,
-            mentions_catalog_tables,
-        )
 
         if not mentions_catalog_tables(plan.sql):
             return {}
@@ -501,32 +523,7 @@ def _merged_fields(schemas: Any) -> Iterator[pa.Field]:
 def _parse(sql: str) -> Any:
     from sqlglot.errors import SqlglotError
 
-    from airflow_partitions.pruning.sql_text import parse_one_sql
-
     try:
         return parse_one_sql(sql)
     except (SqlglotError, ValueError):
         return None
-
-
-def query_datasets(
-    project: ProjectSpec | str | Path,
-    sql: str,
-    *,
-    versions: Mapping[str, int | None] | None = None,
-    as_of: dt.datetime | None = None,
-    timeout_s: float | None = None,
-    memory_limit: str | int | None = None,
-    split_joins: bool = True,
-    query_limits: QueryLimits | None = None,
-) -> pa.Table:
-    """`DatasetQuery(project).query(sql, ...)`, closing the readers it opened."""
-    with DatasetQuery(project, query_limits=query_limits) as query:
-        return query.query(
-            sql,
-            versions=versions,
-            as_of=as_of,
-            timeout_s=timeout_s,
-            memory_limit=memory_limit,
-            split_joins=split_joins,
-        )

@@ -30,8 +30,10 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_partitions.exceptions import StorageError
+from airflow_partitions.pruning.evaluator import Evaluator
 from airflow_partitions.pruning.index import ColumnStatsArrays
 from airflow_partitions.storage.datafile import ColumnStats, compute_column_stats
+from airflow_partitions.storage.parquet import known_footer, remember_footer
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -124,7 +126,6 @@ def _row_group_stats(
 
 def row_groups_to_read(metadata: pq.FileMetaData, schema: pa.Schema, predicate: Predicate) -> list[int]:
     """The row groups of a file that may hold a row satisfying the prepared `predicate`."""
-    from airflow_partitions.pruning.evaluator import Evaluator
 
     frame = RowGroupFrame(metadata, schema)
     if frame.size == 0:
@@ -144,8 +145,6 @@ def read_row_groups(
     """Fetch the footer of `remote`, then the row groups that may match `predicate`, into a local Parquet
     file under `into` with the same schema (and schema metadata); what was read."""
     import pyarrow.parquet as pq
-
-    from airflow_partitions.storage.parquet import known_footer, remember_footer
 
     into.mkdir(parents=True, exist_ok=True)
     local = into / f"ranged-{uuid.uuid4().hex}.parquet"

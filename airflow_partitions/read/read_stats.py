@@ -48,6 +48,7 @@ from airflow_partitions.pruning.expressions import (
     Predicate,
     Range,
     TransformRef,
+    sql_literal,
 )
 from airflow_partitions.quoting import quote_identifier
 
@@ -333,7 +334,6 @@ def shape_text(tree: Any) -> str:
 def _shown(value: Any) -> str:
     if value == "?":
         return "?"
-    from airflow_partitions.pruning.expressions import sql_literal
 
     return sql_literal(value_from_json(value))
 
@@ -344,7 +344,6 @@ def filter_sql(tree: Any, value_of: Callable[[Any, Any], Any] | None = None) -> 
     `value_of(term, recorded)` supplies a value for each comparison (a `?` to fill, or the recorded one).
     An opaque condition reads as TRUE: pruning could not use it either.
     """
-    from airflow_partitions.pruning.expressions import sql_literal
 
     def literal(term: Any, recorded: Any) -> str:
         if value_of is not None:

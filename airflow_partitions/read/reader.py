@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_partitions.exceptions import CatalogError, StorageError
+from airflow_partitions.catalog.open import dataset_directory
+from airflow_partitions.exceptions import AirflowPartitionsError, CatalogError, SparkLayoutError, StorageError
 from airflow_partitions.keys import escape_component
-from airflow_partitions.objectstore import LocalStore, remote_filesystem
+from airflow_partitions.objectstore import LocalStore, S3Store, SettingsLike, remote_filesystem
 from airflow_partitions.pruning import (
     MAX_RANGE_ENUMERATION,
     FilterInput,
@@ -33,11 +34,14 @@ from airflow_partitions.pruning import (
 )
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.limits import check_budget
+from airflow_partitions.pruning.query import tables_named_in
+from airflow_partitions.pruning.spark_filter import spark_condition
+from airflow_partitions.read.catalog_tables import build_catalog_table, catalog_calls, mentions_catalog_tables
+from airflow_partitions.read.locations import LocalFiles
 from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan, datasets_named_in
 from airflow_partitions.read.query import (
     QUERY_HINT,
     READ_HINT,
-    QueryLimits,
     parsed_statement,
     run_query,
     sandbox_references,
@@ -45,10 +49,14 @@ from airflow_partitions.read.query import (
 from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES
 from airflow_partitions.read.read_stats import ReadStatsRecorder, stats_directory
 from airflow_partitions.read.remote import RemoteFiles
-from airflow_partitions.read.scan import DuckDBScanner, LocalFiles, resolve_columns
+from airflow_partitions.read.sandbox import QueryLimits
+from airflow_partitions.read.scan import DuckDBScanner, resolve_columns
+from airflow_partitions.sources import open_dataset_source
+from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.renames import renames_of
 from airflow_partitions.storage import get_storage
 from airflow_partitions.table import open_handle
+from airflow_partitions.transforms.bucket import BucketTransform
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -68,8 +76,6 @@ CACHED_PLANS = 256
 def open_project(project: ProjectSpec | str | Path) -> ProjectSpec:
     """A loaded spec: `project` itself, or the spec file it names."""
     if isinstance(project, str | Path):
-        from airflow_partitions.spec import load_spec
-
         return load_spec(project)
     return project
 
@@ -98,6 +104,7 @@ class PartitionedDatasetReader:
         ranged_read_min_bytes: int | None = RANGED_READ_MIN_BYTES,
         max_enumeration: int = MAX_RANGE_ENUMERATION,
         query_limits: QueryLimits | None = None,
+        s3_settings: SettingsLike | None = None,
     ) -> None:
         self.project = open_project(project)
         self.dataset: DatasetSpec = self.project.dataset(dataset)
@@ -106,8 +113,13 @@ class PartitionedDatasetReader:
         # Source columns renamed since they were stored: calls speak current names, files stored ones.
         self._renames = renames_of(self.dataset)
         if catalog is None:
-            catalog = open_handle(self.project, self.dataset).catalog
+            catalog = open_handle(self.project, self.dataset, s3_settings=s3_settings).catalog
         self.catalog = catalog
+        # The S3 settings this reader reaches its bytes with (those of its catalog's store when a catalog
+        # is given); readers of the spec's other datasets are opened with the same.
+        self.s3_settings: SettingsLike | None = (
+            s3_settings if s3_settings is not None else self._store_settings()
+        )
         self._local_root: Path | None = None
         self._remote: RemoteFiles | None = None
         location: LocalFiles | RemoteFiles
@@ -146,7 +158,6 @@ class PartitionedDatasetReader:
         self._scanner = DuckDBScanner(self.storage, location, self._lock)
         # Read statistics: one line per read in `<accelerator_dir>/<dataset>/_read_stats/` (a local
         # directory even when the files are on S3: there it is this worker's scratch).
-        from airflow_partitions.catalog.open import dataset_directory
 
         self.read_stats = ReadStatsRecorder(
             self.name,
@@ -166,7 +177,9 @@ class PartitionedDatasetReader:
     def from_handle(cls, handle: DatasetHandle, **options: Any) -> PartitionedDatasetReader:
         """A reader of the dataset `handle` resolved: its catalog, and its files reached with the same
         S3 settings; `options` as for the constructor (`data_root`, `filesystem`, `cache_dir`, ...)."""
-        return cls(handle.project, handle.name, catalog=handle.catalog, **options)
+        return cls(
+            handle.project, handle.name, catalog=handle.catalog, s3_settings=handle.settings, **options
+        )
 
     def __repr__(self) -> str:
         return f"PartitionedDatasetReader(dataset={self.name!r}, root={self.data_root!r})"
@@ -194,9 +207,11 @@ class PartitionedDatasetReader:
         """The pyarrow filesystem that reaches `root` (None for a local directory), built from the same
         resolved S3 settings as the boto3 client of the catalog's store, so catalog and files come from
         one endpoint (none on S3: the AWS environment)."""
-        from airflow_partitions.objectstore import S3Store
+        return remote_filesystem(root, settings=self.s3_settings)
 
-        settings = next(
+    def _store_settings(self) -> SettingsLike | None:
+        """The settings of the catalog's S3 store (its data store first), None for a local catalog."""
+        return next(
             (
                 store.settings
                 for store in (getattr(self.catalog, "data_store", None), self.catalog.store)
@@ -204,7 +219,6 @@ class PartitionedDatasetReader:
             ),
             None,
         )
-        return remote_filesystem(root, settings=settings)
 
     @property
     def data_root(self) -> str:
@@ -254,8 +268,6 @@ class PartitionedDatasetReader:
     def _source_schema(self, snapshot: Snapshot) -> pa.Schema:
         """A version without files (never refreshed, or emptied by a delete) reads as 0 rows of the schema
         its first write would use: the source's (as `acceleration_schema` takes it for writes)."""
-        from airflow_partitions.exceptions import AirflowPartitionsError
-        from airflow_partitions.sources import open_dataset_source
 
         try:
             return open_dataset_source(self.dataset).schema()
@@ -474,11 +486,6 @@ class PartitionedDatasetReader:
     def _catalog_tables(self, sql: str, snapshot: Snapshot, schema: pa.Schema) -> dict[str, pa.Table]:
         """The tables of the statement's catalog table function calls (`read.catalog_tables`): the
         query's own dataset at the version it reads, others at their newest, unless `version :=` pins."""
-        from airflow_partitions.read.catalog_tables import (
-            build_catalog_table,
-            catalog_calls,
-            mentions_catalog_tables,
-        )
 
         if not mentions_catalog_tables(sql):
             return {}
@@ -556,8 +563,6 @@ class PartitionedDatasetReader:
         with self._lock:
             named = self._named.get(sql) if isinstance(sql, str) else None
         if named is None:
-            from airflow_partitions.pruning.query import tables_named_in
-
             # Lenient: a statement naming no dataset (or not SQL) takes the single-dataset path, whose
             # checks say what is wrong with it.
             by_name = {name.lower(): name for name in self.project.names}
@@ -576,8 +581,8 @@ class PartitionedDatasetReader:
             if self._multi is None:
                 self._multi = DatasetQuery(
                     self.project,
+                    self._sibling,
                     readers={self.name: self},
-                    open_reader=self._sibling,
                     query_limits=self.query_limits,
                 )
             return self._multi
@@ -591,7 +596,9 @@ class PartitionedDatasetReader:
                 reader = (
                     factory(name)
                     if factory is not None
-                    else PartitionedDatasetReader(self.project, name, query_limits=self.query_limits)
+                    else PartitionedDatasetReader(
+                        self.project, name, query_limits=self.query_limits, s3_settings=self.s3_settings
+                    )
                 )
                 self._siblings[name] = reader
             return reader
@@ -635,7 +642,6 @@ class PartitionedDatasetReader:
 
     def _spark_frame(self, spark: Any, plan: PrunePlan, wanted: list[str]) -> Any:
         """The plan's rows as a Spark DataFrame of the `wanted` columns, the residual applied if inexact."""
-        from airflow_partitions.pruning.spark_filter import spark_condition
 
         schema = plan.index.schema
         if not plan.files:
@@ -699,8 +705,6 @@ def _filter_key(where: FilterInput) -> Any:
 
 def bucket_layout(index: PartitionIndex, columns: Sequence[str], dataset: str) -> tuple[str, int]:
     """The column and bucket count of the first `bucket(N, col)` field of a version's partition spec."""
-    from airflow_partitions.exceptions import SparkLayoutError
-    from airflow_partitions.transforms.bucket import BucketTransform
 
     for field in index.fields:
         transform = field.transform
@@ -750,3 +754,46 @@ def _spark_column(name: str) -> Any:
     from pyspark.sql import functions as F
 
     return F.col("`" + name.replace("`", "``") + "`")
+
+
+def datasets_query(
+    project: ProjectSpec | str | Path,
+    *,
+    s3_settings: SettingsLike | None = None,
+    query_limits: QueryLimits | None = None,
+    split_min_bytes: int | None = None,
+) -> DatasetQuery:
+    """Multi-dataset queries over the spec's datasets, each read through its handle with `s3_settings`
+    (None: the AWS environment); closing it closes the readers it opened."""
+    spec = open_project(project)
+
+    def open_reader(name: str) -> PartitionedDatasetReader:
+        handle = open_handle(spec, name, s3_settings=s3_settings)
+        return PartitionedDatasetReader.from_handle(handle, query_limits=query_limits)
+
+    return DatasetQuery(
+        spec, open_reader, close_opened=True, query_limits=query_limits, split_min_bytes=split_min_bytes
+    )
+
+
+def query_datasets(
+    project: ProjectSpec | str | Path,
+    sql: str,
+    *,
+    versions: Mapping[str, int | None] | None = None,
+    as_of: dt.datetime | None = None,
+    timeout_s: float | None = None,
+    memory_limit: str | int | None = None,
+    split_joins: bool = True,
+    query_limits: QueryLimits | None = None,
+) -> pa.Table:
+    """`datasets_query(project).query(sql, ...)`, closing the readers it opened."""
+    with datasets_query(project, query_limits=query_limits) as query:
+        return query.query(
+            sql,
+            versions=versions,
+            as_of=as_of,
+            timeout_s=timeout_s,
+            memory_limit=memory_limit,
+            split_joins=split_joins,
+        )

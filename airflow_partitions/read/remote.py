@@ -33,7 +33,7 @@ from airflow_partitions.storage.integrity import remember_verified, repair_comma
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
-    from airflow_partitions.read.scan import RowFilter
+    from airflow_partitions.read.locations import RowFilter
     from airflow_partitions.storage import DataFile
 
 

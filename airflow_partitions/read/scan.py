@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -25,13 +25,13 @@ from airflow_partitions.exceptions import FilterError, StorageError
 from airflow_partitions.pruning import FilterBinder
 from airflow_partitions.pruning.expressions import InList, Predicate, quote_identifier, walk
 from airflow_partitions.pruning.limits import run_bounded
-from airflow_partitions.read.query import (
-    SandboxDatabases,
-    needs_partition_functions,
-    new_duckdb_connection,
-)
+from airflow_partitions.read.arrow_read import read_exact_parquet
+from airflow_partitions.read.locations import FileLocation, LocalFiles, RowFilter
+from airflow_partitions.read.sandbox import SandboxDatabases, needs_partition_functions, new_duckdb_connection
 from airflow_partitions.storage import integrity
+from airflow_partitions.storage.arrow_values import empty_table
 from airflow_partitions.storage.base import conform
+from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
 
 if TYPE_CHECKING:
     from airflow_partitions.pruning import PrunePlan
@@ -63,8 +63,6 @@ def _shared_read_functions() -> None:
     with _SHARED_LOCK:
         database = shared_read_database()
         if not _shared_functions_ready:
-            from airflow_partitions.transforms.duckdb_functions import register_duckdb_functions
-
             register_duckdb_functions(database)
             _shared_functions_ready = True
 
@@ -72,63 +70,6 @@ def _shared_read_functions() -> None:
 # Residual filters with more nodes than this (each IN-list value counts as one) are applied above the
 # scan instead of inside it.
 MAX_PUSHED_FILTER_NODES = 256
-
-
-class FileLocation(Protocol):
-    """Where a dataset's partition files are: a local directory (`LocalFiles`) or object storage."""
-
-    def paths_for_call(
-        self,
-        files: Sequence[DataFile],
-        releases: list[Callable[[], None]],
-        *,
-        row_filter: RowFilter | None = None,
-    ) -> list[str]:
-        """One local path per file, valid until the call runs what was appended to `releases`.
-
-        With `row_filter`, a path may hold only the rows of the file's row groups the filter may need
-        (the caller applies the filter itself to every row it reads)."""
-        ...
-
-    def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
-        """A local dataset root under which `files` and the `shared` objects sit whole."""
-        ...
-
-
-@dataclass(frozen=True)
-class RowFilter:
-    """The filter a scan applies to every row it reads (a prepared predicate over `schema`): a location
-    may leave out row groups whose statistics show no row can satisfy it."""
-
-    predicate: Predicate
-    schema: pa.Schema
-
-
-class LocalFiles:
-    """Partition files under a local dataset directory, read in place once their bytes are checked
-    against the catalog's SHA-256 (`storage.integrity.verify_files`: once per process per file)."""
-
-    def __init__(self, root: Path, dataset: str | None = None) -> None:
-        self.root = root
-        self.dataset = dataset or root.name
-
-    def paths_for_call(
-        self,
-        files: Sequence[DataFile],
-        releases: list[Callable[[], None]],
-        *,
-        row_filter: RowFilter | None = None,
-    ) -> list[str]:
-        del releases, row_filter
-        root = str(self.root)
-        paths = [os.path.join(root, _checked_relative(f.path)) for f in files]
-        _verify_local(self.root, files, self.dataset)
-        return paths
-
-    def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
-        del shared  # the shared DuckDB file has no recorded digest: DuckDB checks its blocks
-        _verify_local(self.root, [f for f in files if f.table is None], self.dataset)
-        return self.root
 
 
 @dataclass
@@ -197,13 +138,9 @@ class DuckDBScanner:
         target = pa.schema([schema.field(name) for name in wanted])
         exact, inexact = plan.exact_files, plan.inexact_files
         if not exact and not inexact:
-            from airflow_partitions.storage.arrow_values import empty_table
-
             return empty_table(target)  # `Schema.empty_table` would import pandas to probe its input
         if not inexact and self.storage.engine == "parquet" and isinstance(self.location, LocalFiles):
             # No SQL to run: pyarrow reads the exact files, DuckDB is neither imported nor opened.
-            from airflow_partitions.read.arrow_read import read_exact_parquet
-
             read = read_exact_parquet(self.location, exact, wanted, target)
             if read is not None:
                 return read
@@ -438,23 +375,6 @@ def _is_file_failure(err: BaseException | None) -> bool:
     return isinstance(err, damage) or (
         isinstance(err, duckdb.Error) and any(word in str(err) for word in ("orrupt", "checksum"))
     )
-
-
-def _verify_local(root: Path, files: Sequence[DataFile], dataset: str) -> None:
-    """Each file's size and SHA-256 against the catalog before DuckDB opens it (a stat once verified)."""
-    if not integrity.VERIFY_ON_READ:
-        return
-    for file in files:
-        # A missing file: the scan that opens it reports it with its own message.
-        with contextlib.suppress(FileNotFoundError):
-            integrity.verify_file(root / _checked_relative(file.path), file, dataset=dataset)
-
-
-def _checked_relative(path: str) -> str:
-    """A data file path that stays inside the dataset root (refuses absolute paths and `..`)."""
-    if path.startswith("/") or "\\" in path or any(part in ("", ".", "..") for part in path.split("/")):
-        raise StorageError(f"data file path {path!r} must be relative and stay inside the dataset directory")
-    return path
 
 
 def _node_count(predicate: Predicate) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 
 from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.hooks.connections import install_connection_resolver, install_secret_masker
 from airflow_partitions.triggers.partitions import PartitionFreshnessTrigger, SourceChangeTrigger
 
 if TYPE_CHECKING:
@@ -86,8 +87,7 @@ class SourceChangeSensor(_DatasetSensor):
         super().__init__(poke_interval=poke_interval, **kwargs)
 
     def poke(self, context: Context) -> PokeReturnValue:
-        from airflow_partitions.hooks.connections import install_connection_resolver, install_secret_masker
-        from airflow_partitions.refresh.checks import source_changes
+        from airflow_partitions.refresh.checks import source_changes  # lazy: loads sqlglot
 
         install_connection_resolver()
         install_secret_masker()
@@ -136,13 +136,13 @@ class PartitionFreshnessSensor(_DatasetSensor):
         self.min_partitions = min_partitions
 
     def moment(self) -> str:
-        from airflow_partitions.catalog.model import format_time
-        from airflow_partitions.refresh.checks import parse_moment
+        from airflow_partitions.catalog.model import format_time  # lazy: loads sqlglot
+        from airflow_partitions.refresh.checks import parse_moment  # lazy: loads sqlglot
 
         return format_time(parse_moment(self.refreshed_after))
 
     def poke(self, context: Context) -> PokeReturnValue:
-        from airflow_partitions.refresh.checks import partition_freshness
+        from airflow_partitions.refresh.checks import partition_freshness  # lazy: loads sqlglot
 
         freshness = partition_freshness(
             self.spec_path, self.dataset, self.moment(), self.where, self.min_partitions

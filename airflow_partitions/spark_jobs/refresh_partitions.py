@@ -19,6 +19,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_partitions.exceptions import AirflowPartitionsError
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refresh_partitions.py", description=__doc__.split("\n\n")[0])
@@ -44,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def spark_session(args: argparse.Namespace) -> Any:
-    from airflow_partitions.refresh.spark_session import (
+    from airflow_partitions.refresh.spark_session import (  # lazy: loads sqlglot
         build_connect_session,
         build_local_session,
         build_submitted_session,
@@ -59,17 +61,16 @@ def spark_session(args: argparse.Namespace) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from airflow_partitions.exceptions import AirflowPartitionsError
-    from airflow_partitions.refresh import finalize_partition, stage_refresh
-    from airflow_partitions.refresh.job_files import (
+    from airflow_partitions.refresh import finalize_partition, stage_refresh  # lazy: loads sqlglot
+    from airflow_partitions.refresh.job_files import (  # lazy: loads sqlglot
         read_plan,
         read_stage_reference,
         read_work_items,
         s3_settings_from_environment,
         write_job_output,
     )
-    from airflow_partitions.spec import load_spec
-    from airflow_partitions.table import open_handle
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
     try:
         project = load_spec(args.spec)

@@ -449,9 +449,22 @@ class Transform(ABC):
         widened to SMALLINT/INT/BIGINT, uint64 as DECIMAL(20,0), tz-aware timestamps as TIMESTAMP,
         naive ones as TIMESTAMP_NTZ (or TIMESTAMP in a UTC session), nanoseconds floored to microseconds.
         """
-        from airflow_partitions.transforms import spark  # lazy: loads pyspark
+        from airflow_partitions.transforms import arrow_support, spark  # lazy: loads pyarrow and pyspark
 
-        return spark.to_spark(self, column)
+        if self.source_type is None:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r}: to_spark needs the column type; call "
+                ".bind(<arrow type>) first (pyspark.sql.pandas.types.to_arrow_type converts a Spark type)"
+            )
+        source = arrow_support.normalize_type(self.source_type)
+        if arrow_support.is_timestamp(source) and source.tz is None:
+            spark.require_utc_session(self.canonical, self.source_columns)
+        return self._spark_form(column, source)
+
+    def _spark_form(self, column: Any, source: pa.DataType) -> Any:
+        """The Spark column over `column`, whose values are of the normalised Arrow type `source`: each
+        transform picks its builder in `transforms.spark` (which imports no transform)."""
+        raise PartitionExpressionError(f"no Spark form for {type(self).__name__}")
 
     def to_spark_columns(self, columns: Sequence[Any]) -> Any:
         """The transform as a pyspark Column over one Spark column per entry of `source_columns`."""

@@ -142,6 +142,11 @@ class BucketTransform(Transform):
     def _apply_scalar(self, value: Any) -> int:
         return (self.hash_scalar(value) & 0x7FFFFFFF) % self.num_buckets
 
+    def _spark_form(self, column: Any, source: pa.DataType) -> Any:
+        from airflow_partitions.transforms import spark  # lazy: loads pyspark
+
+        return spark.bucket_column(column, source, self.num_buckets, self.result_bits, self.apply)
+
 
 def _minimal_twos_complement(unscaled: int) -> bytes:
     """Big-endian two's complement in the fewest bytes (Java's BigInteger.toByteArray)."""

@@ -422,6 +422,22 @@ class ExpressionTransform(Transform):
     def _apply_scalar(self, value: Any) -> Any:
         return self.apply_scalar(value)
 
+    def _spark_form(self, column: Any, source: pa.DataType) -> Any:
+        from airflow_partitions.transforms import spark  # lazy: loads pyspark
+
+        def type_of(part: exp.Expr) -> tuple[str, pa.DataType]:
+            text = expression_sql(part)
+            return text, expression_result_type(text, self.source_column, source, text)
+
+        return spark.expression_column(
+            column,
+            source,
+            result_type=self.result_type,
+            native_tree=self.tree if self.outer_bound is None else None,
+            type_of=type_of,
+            apply=self.apply,
+        )
+
 
 def _to_source_type(array: pa.Array, source_type: pa.DataType, text: str) -> pa.Array:
     """Spark hands uint8/16/32 widened and uint64 as DECIMAL(20,0): back to the bound type, exactly."""

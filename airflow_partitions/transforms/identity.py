@@ -46,6 +46,11 @@ class IdentityTransform(OrderPreservingTransform):
     def _apply_scalar(self, value: Any) -> Any:
         return self._coerce_scalar(value)
 
+    def _spark_form(self, column: Any, source: pa.DataType) -> Any:
+        from airflow_partitions.transforms import spark  # lazy: loads pyspark
+
+        return spark.identity_column(column, source)
+
     def preimage(self, partition_value: Any) -> Interval | None:
         if partition_value is None:
             return None

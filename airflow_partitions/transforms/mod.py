@@ -60,3 +60,8 @@ class ModTransform(Transform):
             raise self._scalar_error(value, "an int")
         remainder = abs(value) % self.modulus
         return -remainder if value < 0 else remainder
+
+    def _spark_form(self, column: Any, source: pa.DataType) -> Any:
+        from airflow_partitions.transforms import spark  # lazy: loads pyspark
+
+        return spark.mod_column(column, source, self.modulus)

@@ -303,9 +303,24 @@ class MultiBucketTransform(Transform):
         Spark's own `hash()` is Murmur3 with seed 42 over Spark's encoding of each argument (its string
         tail is mixed byte by byte, not as Murmur3's tail), so it cannot give these values.
         """
-        from airflow_partitions.transforms import spark  # lazy: loads pyspark
+        from airflow_partitions.transforms import arrow_support, spark  # lazy: loads pyarrow and pyspark
 
-        return spark.multi_bucket_column(self, columns)
+        types = self.source_types
+        if types is None:
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r}: to_spark_columns needs the column types; call "
+                ".bind_columns(<arrow types>) first"
+            )
+        if len(columns) != len(types):
+            raise PartitionExpressionError(
+                f"partition expression {self.canonical!r}: {len(columns)} Spark columns for "
+                f"{len(types)} source columns"
+            )
+        # Each batch array is brought back to the column's bound type inside the kernel (Spark widens
+        # uint8 to SHORT, holds uint64 as DECIMAL(20,0)); timestamps hash as UTC microseconds.
+        if any(arrow_support.is_timestamp(t) and arrow_support.normalize_type(t).tz is None for t in types):
+            spark.require_utc_session(self.canonical, self.source_columns)
+        return spark.multi_bucket_column(self.apply_columns, columns)
 
     # --- pruning: one value per column, all columns pinned -------------------------------------------
 

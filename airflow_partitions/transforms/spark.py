@@ -10,12 +10,16 @@ UUIDs, decimals and uint64 (whose canonical bytes Spark's `hash()` does not prod
 vectorised Murmur3 as an Arrow UDF, so the hash has one definition there. Decimals of precision 38 go
 through the same Arrow UDF route, because Spark's decimal arithmetic would round them. Imported lazily:
 it loads pyspark and pyarrow.
+
+Each builder takes plain values (the column, its normalised Arrow type, the transform's parameters and,
+where the values run through our own kernel, the transform's `apply`), so this module imports no
+transform class: each transform picks its builder in `_spark_form`, and `Transform.to_spark` is the one
+entry point.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any, cast
 
@@ -28,18 +32,11 @@ from sqlglot import exp
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
 from airflow_partitions.transforms import arrow_support as support
 from airflow_partitions.transforms.arrow_native import prefix_count
-from airflow_partitions.transforms.base import Transform, decimal_from_unscaled
-from airflow_partitions.transforms.bucket import BucketTransform
-from airflow_partitions.transforms.expression import (
-    ExpressionTransform,
-    expression_result_type,
-    expression_sql,
-)
-from airflow_partitions.transforms.identity import IdentityTransform
-from airflow_partitions.transforms.mod import ModTransform
-from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
-from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
-from airflow_partitions.transforms.truncate import TruncateTransform
+
+# A transform's own kernel over one Arrow array (`Transform.apply`), shipped to Spark's Arrow batches.
+ArrayKernel = Callable[[pa.Array], pa.Array]
+# The canonical SQL and DuckDB's Arrow result type of one sub-expression (raises when it has none).
+TypeOfPart = Callable[[exp.Expr], tuple[str, pa.DataType]]
 
 MICROS_PER_MINUTE = 60 * 1_000_000
 MICROS_PER_HOUR = 60 * MICROS_PER_MINUTE
@@ -80,21 +77,8 @@ def spark_type_for(arrow_type: pa.DataType) -> T.DataType:
     raise PartitionExpressionError(f"no Spark type for Arrow type {arrow_type}")
 
 
-def to_spark(transform: Transform, column: Column) -> Column:
-    """`transform` as a Spark expression over `column` (see `Transform.to_spark`)."""
-    source_type = transform.source_type
-    if source_type is None:
-        raise PartitionExpressionError(
-            f"partition expression {transform.canonical!r}: to_spark needs the column type; call "
-            ".bind(<arrow type>) first (pyspark.sql.pandas.types.to_arrow_type converts a Spark type)"
-        )
-    source = support.normalize_type(source_type)
-    if support.is_timestamp(source) and source.tz is None:
-        _require_utc_session(transform)
-    return _spark_column(transform, column, source)
-
-
-def _require_utc_session(transform: Transform) -> None:
+def require_utc_session(canonical: str, source_columns: Sequence[str]) -> None:
+    """Fail when the active Spark session would read naive timestamps (UTC wall time) in another zone."""
     from pyspark.sql import SparkSession
 
     session = SparkSession.getActiveSession()
@@ -103,7 +87,7 @@ def _require_utc_session(transform: Transform) -> None:
     zone = session.conf.get("spark.sql.session.timeZone")
     if zone not in ("UTC", "Etc/UTC", "GMT", "Z", "+00:00"):
         raise PartitionExpressionError(
-            f"partition expression {transform.canonical!r}: column(s) {', '.join(transform.source_columns)} "
+            f"partition expression {canonical!r}: column(s) {', '.join(source_columns)} "
             "hold naive "
             f"timestamps (UTC wall time), but the Spark session time zone is {zone}; set "
             "spark.sql.session.timeZone=UTC (the package's session builders do)"
@@ -113,13 +97,7 @@ def _require_utc_session(transform: Transform) -> None:
 # --- builders, one per transform type --------------------------------------------------------------
 
 
-@functools.singledispatch
-def _spark_column(transform: Transform, column: Column, source: pa.DataType) -> Column:
-    raise PartitionExpressionError(f"no Spark form for {type(transform).__name__}")
-
-
-@_spark_column.register
-def _identity(transform: IdentityTransform, column: Column, source: pa.DataType) -> Column:
+def identity_column(column: Column, source: pa.DataType) -> Column:
     if support.is_timestamp(source) and source.tz is None:
         return column.cast(T.TimestampNTZType())
     return column
@@ -134,15 +112,16 @@ SEED_ZERO_PREFIX = -1693959553
 _INT32_MASK = 0x7FFFFFFF
 
 
-@_spark_column.register
-def _bucket(transform: BucketTransform, column: Column, source: pa.DataType) -> Column:
-    result_type = T.LongType() if transform.result_bits == 64 else T.IntegerType()
+def bucket_column(
+    column: Column, source: pa.DataType, num_buckets: int, result_bits: int, apply: ArrayKernel
+) -> Column:
+    result_type = T.LongType() if result_bits == 64 else T.IntegerType()
     long_value = _bucket_long(column, source)
     if long_value is None:
-        return _arrow_udf(transform, column, source, result_type)
+        return arrow_udf(apply, column, source, result_type)
     # Native: about as cheap as reading the column, where the Arrow UDF ships it to Python and back.
     hashed = F.hash(F.lit(SEED_ZERO_PREFIX).cast(T.IntegerType()), long_value)
-    bucket = hashed.bitwiseAND(F.lit(_INT32_MASK)) % F.lit(transform.num_buckets)
+    bucket = hashed.bitwiseAND(F.lit(_INT32_MASK)) % F.lit(num_buckets)
     # Spark's hash skips NULL arguments; a NULL value has no bucket.
     return F.when(long_value.isNotNull(), bucket.cast(result_type))
 
@@ -159,15 +138,15 @@ def _bucket_long(column: Column, source: pa.DataType) -> Column | None:
     return None
 
 
-def _arrow_udf(transform: Transform, column: Column, source: pa.DataType, result_type: T.DataType) -> Column:
-    """Evaluate `transform.apply` on Spark's Arrow batches: one definition, vectorised."""
+def arrow_udf(apply: ArrayKernel, column: Column, source: pa.DataType, result_type: T.DataType) -> Column:
+    """Evaluate a transform's `apply` on Spark's Arrow batches: one definition, vectorised."""
     needs_uint64 = support.is_unsigned_integer(source) and source.bit_width == 64
 
     def transform_batch(values: pa.Array) -> pa.Array:
         if needs_uint64:
             # Spark holds uint64 as DECIMAL(20,0); the transform is defined on the uint64 value.
             values = values.cast(pa.uint64())
-        result: pa.Array = transform.apply(values)
+        result: pa.Array = apply(values)
         if needs_uint64 and pa.types.is_unsigned_integer(result.type):
             result = result.cast(pa.decimal128(20, 0))
         return result
@@ -177,29 +156,13 @@ def _arrow_udf(transform: Transform, column: Column, source: pa.DataType, result
     return make_udf(transform_batch, result_type)(column)
 
 
-def multi_bucket_column(transform: MultiBucketTransform, columns: Sequence[Column]) -> Column:
-    """`multi_bucket(N, a, b, ...)` over Spark columns: the Arrow kernel on Spark's Arrow batches.
-
-    Each batch array is brought back to the column's bound type inside the kernel (Spark widens uint8 to
-    SHORT, holds uint64 as DECIMAL(20,0)); timestamps hash as UTC microseconds whatever their zone.
-    """
-    types = transform.source_types
-    if types is None:
-        raise PartitionExpressionError(
-            f"partition expression {transform.canonical!r}: to_spark_columns needs the column types; call "
-            ".bind_columns(<arrow types>) first"
-        )
-    if len(columns) != len(types):
-        raise PartitionExpressionError(
-            f"partition expression {transform.canonical!r}: {len(columns)} Spark columns for "
-            f"{len(types)} source columns"
-        )
-    if any(support.is_timestamp(t) and support.normalize_type(t).tz is None for t in types):
-        _require_utc_session(transform)
+def multi_bucket_column(
+    apply_columns: Callable[[list[pa.Array]], pa.Array], columns: Sequence[Column]
+) -> Column:
+    """`multi_bucket(N, a, b, ...)` over Spark columns: the Arrow kernel on Spark's Arrow batches."""
 
     def bucket_batch(*arrays: pa.Array) -> pa.Array:
-        result: pa.Array = transform.apply_columns(list(arrays))
-        return result
+        return apply_columns(list(arrays))
 
     make_udf = cast(Any, F.arrow_udf)
     return make_udf(bucket_batch, T.IntegerType())(*columns)
@@ -210,28 +173,28 @@ def _floor_of(column: Column, step: Any) -> Column:
     return column - F.pmod(column, F.lit(step))
 
 
-@_spark_column.register
-def _truncate(transform: TruncateTransform, column: Column, source: pa.DataType) -> Column:
+def truncate_column(
+    column: Column, source: pa.DataType, width: int, decimal_step: Decimal | None, apply: ArrayKernel
+) -> Column:
+    """`truncate(width, c)`; `decimal_step` is the width in the column's decimal scale (decimals only)."""
     spark_type = spark_type_for(source)
     if support.is_string(source) or support.is_binary(source):
-        return F.substring(column, 1, min(transform.width, _SPARK_INT_MAX))
+        return F.substring(column, 1, min(width, _SPARK_INT_MAX))
     if support.is_decimal(source):
-        if source.precision > _EXACT_DECIMAL_PRECISION:
-            return _arrow_udf(transform, column, source, spark_type)
-        step = decimal_from_unscaled(transform.width, source.scale)
-        return _floor_of(column, step).cast(spark_type)
+        if source.precision > _EXACT_DECIMAL_PRECISION or decimal_step is None:
+            return arrow_udf(apply, column, source, spark_type)
+        return _floor_of(column, decimal_step).cast(spark_type)
     if support.is_unsigned_integer(source) and source.bit_width == 64:
-        return _floor_of(column, Decimal(transform.width)).cast(spark_type)
-    return _floor_of(column, transform.width).cast(spark_type)
+        return _floor_of(column, Decimal(width)).cast(spark_type)
+    return _floor_of(column, width).cast(spark_type)
 
 
-@_spark_column.register
-def _mod(transform: ModTransform, column: Column, source: pa.DataType) -> Column:
+def mod_column(column: Column, source: pa.DataType, modulus: int) -> Column:
     # Spark's % keeps the dividend's sign, like ours (SQL).
-    modulus: Any = transform.modulus
+    divisor: Any = modulus
     if support.is_unsigned_integer(source) and source.bit_width == 64:
-        modulus = Decimal(modulus)
-    return (column % F.lit(modulus)).cast(spark_type_for(source))
+        divisor = Decimal(modulus)
+    return (column % F.lit(divisor)).cast(spark_type_for(source))
 
 
 def _micros(column: Column) -> Column:
@@ -249,9 +212,7 @@ def _utc_date(micros: Column) -> Column:
     return F.date_from_unix_date(days.cast(T.IntegerType()))
 
 
-@_spark_column.register
-def _date_part(transform: DatePartTransform, column: Column, source: pa.DataType) -> Column:
-    unit = transform.unit
+def date_part_column(column: Column, source: pa.DataType, unit: str) -> Column:
     if support.is_timestamp(source):
         micros = _micros(column)
         if unit == "hour":
@@ -276,9 +237,7 @@ def _date_part(transform: DatePartTransform, column: Column, source: pa.DataType
     return fields[unit](day).cast(T.IntegerType())
 
 
-@_spark_column.register
-def _date_trunc(transform: DateTruncTransform, column: Column, source: pa.DataType) -> Column:
-    unit = transform.unit
+def date_trunc_column(column: Column, source: pa.DataType, unit: str) -> Column:
     if support.is_date(source):
         return column if unit == "day" else F.trunc(column, unit)
     micros = _micros(column)
@@ -297,26 +256,34 @@ def _date_trunc(transform: DateTruncTransform, column: Column, source: pa.DataTy
     return result
 
 
-@_spark_column.register
-def _expression(transform: ExpressionTransform, column: Column, source: pa.DataType) -> Column:
+def expression_column(
+    column: Column,
+    source: pa.DataType,
+    *,
+    result_type: pa.DataType,
+    native_tree: exp.Expr | None,
+    type_of: TypeOfPart,
+    apply: ArrayKernel,
+) -> Column:
+    """An expression transform; `native_tree` is the tree to try natively (None: always the Arrow UDF)."""
     # The expression's one definition is DuckDB's; Spark's own lower/upper, integer division, substr
     # and casts differ on hostile values, so the workers run the same evaluation over Arrow batches,
     # except for the few forms whose Spark meaning is provably DuckDB's (`_native_expression`).
     from pyspark.sql.pandas.types import to_arrow_type
 
-    result_type = spark_type_for(transform.result_type)
-    if transform.outer_bound is None:
-        native = _native_expression(transform.tree, column, source, transform.source_column)
+    spark_result = spark_type_for(result_type)
+    if native_tree is not None:
+        native = _native_expression(native_tree, column, source, type_of)
         if native is not None:
-            return native.cast(result_type)
-    arrow_result = to_arrow_type(result_type, timezone="UTC")
+            return native.cast(spark_result)
+    arrow_result = to_arrow_type(spark_result, timezone="UTC")
 
     def evaluate_batch(values: pa.Array) -> pa.Array:
-        result: pa.Array = transform.apply(values)
+        result: pa.Array = apply(values)
         return result.cast(arrow_result)
 
     make_udf = cast(Any, F.arrow_udf)
-    return make_udf(evaluate_batch, result_type)(column)
+    return make_udf(evaluate_batch, spark_result)(column)
 
 
 # Comparisons, boolean logic, CASE and IS NULL over integers, booleans and strings with non-NULL literal
@@ -351,7 +318,7 @@ def _native_literal(node: exp.Expr) -> Column | None:
 
 
 def _native_expression(
-    node: exp.Expr, column: Column, source: pa.DataType, column_name: str
+    node: exp.Expr, column: Column, source: pa.DataType, type_of: TypeOfPart
 ) -> Column | None:
     """`node` as a native Spark column when every part of it is in the shared subset; else None."""
     comparable = support.is_signed_integer(source) or support.is_string(source) or support.is_boolean(source)
@@ -367,7 +334,7 @@ def _native_expression(
         if literal is not None:
             return literal
         if isinstance(part, _NATIVE_ARITHMETIC) and support.is_signed_integer(source):
-            return _native_arithmetic(part, convert, source, column_name)
+            return _native_arithmetic(part, convert, type_of)
         if type(part) in _NATIVE_COMPARISONS:
             left, right = convert(part.this), convert(part.expression)
             if left is None or right is None or not _one_literal(part.this, part.expression):
@@ -403,11 +370,9 @@ _NATIVE_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.IntDiv, exp.Mod, exp.Neg, e
 _INTEGER_BITS = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
 
 
-def _native_arithmetic(part: exp.Expr, convert: Any, source: pa.DataType, column_name: str) -> Column | None:
-
-    text = expression_sql(part)
+def _native_arithmetic(part: exp.Expr, convert: Any, type_of: TypeOfPart) -> Column | None:
     try:
-        result_type = expression_result_type(text, column_name, source, text)
+        text, result_type = type_of(part)
     except (PartitionExpressionError, PartitionValueError):
         return None
     bits = _INTEGER_BITS.get(result_type)

@@ -166,6 +166,11 @@ class DatePartTransform(_CalendarTransform):
                 assert isinstance(moment, dt.datetime)
                 return moment.minute
 
+    def _spark_form(self, column: Any, source: pa.DataType) -> Any:
+        from airflow_partitions.transforms import spark  # lazy: loads pyspark
+
+        return spark.date_part_column(column, source, self.unit)
+
     def preimage(self, partition_value: Any) -> Interval | None:
         if partition_value is None or self.unit != "year":
             return None
@@ -227,6 +232,11 @@ class DateTruncTransform(_CalendarTransform, OrderPreservingTransform):
             aware = isinstance(original, dt.datetime) and original.tzinfo is not None
             return with_result_zone(truncated, aware)
         return truncated
+
+    def _spark_form(self, column: Any, source: pa.DataType) -> Any:
+        from airflow_partitions.transforms import spark  # lazy: loads pyspark
+
+        return spark.date_trunc_column(column, source, self.unit)
 
     def preimage(self, partition_value: Any) -> Interval | None:
         if partition_value is None:

@@ -151,6 +151,14 @@ class TruncateTransform(OrderPreservingTransform):
             return bytes(value)[: self.width]
         raise self._scalar_error(value, "an int, Decimal, str or bytes")
 
+    def _spark_form(self, column: Any, source: pa.DataType) -> Any:
+        from airflow_partitions.transforms import spark  # lazy: loads pyspark
+
+        # The width in the column's scale: truncate(100, d) of a decimal(9, 2) floors to multiples of 1.00.
+        scale = getattr(source, "scale", None)
+        step = None if scale is None else decimal_from_unscaled(self.width, scale)
+        return spark.truncate_column(column, source, self.width, step, self.apply)
+
     # --- pruning ------------------------------------------------------------------------------------
 
     def preimage(self, partition_value: Any) -> Interval | None:

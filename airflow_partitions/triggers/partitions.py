@@ -14,6 +14,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_partitions.exceptions import AirflowPartitionsError
+from airflow_partitions.hooks.connections import aprepare_source_connections
 
 
 def _error(err: AirflowPartitionsError) -> TriggerEvent:
@@ -44,8 +45,7 @@ class SourceChangeTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_partitions.hooks.connections import aprepare_source_connections
-        from airflow_partitions.refresh.checks import source_changes
+        from airflow_partitions.refresh.checks import source_changes  # lazy: loads sqlglot
 
         try:
             await aprepare_source_connections(self.spec_path, self.dataset)
@@ -97,7 +97,7 @@ class PartitionFreshnessTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_partitions.refresh.checks import partition_freshness
+        from airflow_partitions.refresh.checks import partition_freshness  # lazy: loads sqlglot
 
         try:
             while True:
