@@ -29,7 +29,6 @@ from airflow_partitions.refresh.plan import (
     StageResult,
 )
 from airflow_partitions.refresh.stage_layout import read_stage_manifest, remove_stage, stage_location
-from airflow_partitions.table import open_handle
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder
 from airflow_partitions.write.row_hash import bind_certificate
@@ -40,8 +39,9 @@ if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
     from airflow_partitions.objectstore import ObjectStore, SettingsLike
     from airflow_partitions.sources import Source
-    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.spec.model import DatasetSpec
     from airflow_partitions.storage import DataFile
+    from airflow_partitions.table import DatasetHandle
 
 
 def value_kind_of(arrow_type: pa.DataType) -> str:
@@ -60,18 +60,15 @@ def partition_spec_info(dataset: DatasetSpec) -> PartitionSpecInfo:
 
 
 def commit_refresh(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     plan: RefreshPlan,
     results: Sequence[PartitionResult],
     *,
     stage: StageResult | str | os.PathLike[str] | None = None,
     require_all: bool = True,
     cleanup: bool = True,
-    catalog: Catalog | None = None,
     commit_id: str | None = None,
     source: Source | None = None,
-    s3_settings: SettingsLike | None = None,
 ) -> CommitResult:
     """One atomic catalog commit of the finalised partitions plus the plan's removals.
 
@@ -82,21 +79,21 @@ def commit_refresh(
     recognised by `commit_id`, by default the stage's name, or without a stage (each partition staged
     itself) a digest of the plan, which a new discovery changes.
 
-    Under an `s3://` accelerator_dir every file is checked to exist on S3 before the catalog references
-    it, and a stage on S3 is deleted there; `s3_settings` reach S3 (unset: the AWS environment).
+    When the files live on S3, every file is checked to exist there before the catalog references it, and
+    a stage on S3 is deleted there; S3 is reached with the handle's settings.
     """
+    dataset, settings = handle.dataset, handle.settings
     finished = list(results)
     planned = {item.key_path: item for item in plan.items}
     by_path, missing = _check_results(dataset, plan, finished, require_all)
     counts = check_conservation(
-        dataset.name, plan, [by_path[p] for p in planned if p in by_path], stage, missing, s3_settings
+        dataset.name, plan, [by_path[p] for p in planned if p in by_path], stage, missing, settings
     )
     recorded = {**counts.to_json(), **watermark_audit_record(plan)}
     if plan.cdc is not None:
         # refresh.change_detection cdc: the stream position this version holds the changes up to.
         recorded["cdc_lsn"] = plan.cdc["upto"]
-    handle = open_handle(project, dataset, s3_settings=s3_settings)
-    catalog = catalog or handle.catalog
+    catalog = handle.catalog
     storage = catalog.storage or handle.storage
     root = catalog.data_root or handle.local_root
     # The partition files' store: the catalog's data store on S3, else the local data root.
@@ -128,7 +125,7 @@ def commit_refresh(
 
         after_commit(plan, dataset, source, committed=version is not None)
     if cleanup:
-        remove_stage(stage, s3_settings)
+        remove_stage(stage, settings)
     unread_nulls = None
     if plan.refresh_mode in ("append", "changes") and plan.watermark_column is not None:
         unread_nulls = unread_null_watermarks(catalog, dataset, plan.watermark_column, version, source=source)

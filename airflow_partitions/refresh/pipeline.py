@@ -33,7 +33,7 @@ from airflow_partitions.refresh.stage import stage_refresh
 from airflow_partitions.refresh.stage_layout import merge_conservation_errors
 from airflow_partitions.refresh.strategy import StrategyChoice, choose_strategy, describe_spark
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
-from airflow_partitions.table import open_handle
+from airflow_partitions.table import DatasetHandle, open_handle
 
 log = logging.getLogger(__name__)
 
@@ -346,25 +346,25 @@ def refresh_dataset(
     """
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
+    handle = open_handle(project, spec)  # outside Airflow: S3 is reached with the AWS environment
     opened = source or open_dataset_source(spec)
     choice: StrategyChoice | None = None
     try:
         started = time.monotonic()
         timings: dict[str, float] = {}
-        source = keep_file_facts(opened, dataset_directory(project, spec))
+        source = keep_file_facts(opened, handle.local_root)
 
         def tick(phase: str, done: int, total: int, rows: int) -> None:
             if progress is not None:
                 progress(RefreshProgress(phase, done, total, rows, time.monotonic() - started))
 
         tick("discover", 0, 0, 0)
-        plan = _plan_for_refresh(project, spec, source, partitions, where, full)
+        plan = _plan_for_refresh(handle, source, partitions, where, full)
         timings["discover"] = time.monotonic() - started
         choice = _choose_and_log(project, spec, plan, source, strategy, spark, remote, arrow_memory_budget)
         if choice.strategy == "arrow":
             summary = _refresh_with_arrow(
-                project,
-                spec,
+                handle,
                 plan,
                 source,
                 selecting=partitions is not None or where is not None,
@@ -377,8 +377,7 @@ def refresh_dataset(
             )
         else:
             summary = _refresh_with_stage(
-                project,
-                spec,
+                handle,
                 plan,
                 source,
                 spark=spark,
@@ -407,22 +406,22 @@ def refresh_dataset(
 
 
 def _plan_for_refresh(
-    project: ProjectSpec,
-    spec: DatasetSpec,
+    handle: DatasetHandle,
     source: Source,
     partitions: Sequence[str] | None,
     where: str | None,
     full: bool,
 ) -> RefreshPlan:
     return plan_refresh(
-        project,
-        spec,
+        handle.project,
+        handle.dataset,
         partitions=partitions,
         where=where,
         full=full,
         source=source,
         hold_snapshot=True,
         read_committed=True,
+        catalog=handle.catalog,
     )
 
 
@@ -449,8 +448,7 @@ def _choose_and_log(
 
 
 def _refresh_with_stage(
-    project: ProjectSpec,
-    spec: DatasetSpec,
+    handle: DatasetHandle,
     plan: RefreshPlan,
     source: Source,
     *,
@@ -466,14 +464,14 @@ def _refresh_with_stage(
     tick: Callable[[str, int, int, int], None],
 ) -> RefreshSummary:
     """Stage the planned partitions, finalize each in a thread pool, then commit."""
+    spec = handle.dataset
     total = len(plan.items)
     tick("stage", 0, total, 0)
     kill_point("cdc-before-apply")
     mark = time.monotonic()
     try:
         stage = stage_refresh(
-            project,
-            spec,
+            handle,
             plan,
             spark=spark,
             remote=remote,
@@ -489,7 +487,7 @@ def _refresh_with_stage(
     timings["stage"] = time.monotonic() - mark
 
     mark = time.monotonic()
-    results, failed, lost, rows = _finalize_all(project, spec, plan, stage, storage, workers, tick)
+    results, failed, lost, rows = _finalize_all(handle, plan, stage, storage, workers, tick)
     timings["finalize"] = time.monotonic() - mark
 
     mark = time.monotonic()
@@ -500,7 +498,7 @@ def _refresh_with_stage(
         refused.summary = _summary(spec, plan, stage, None, failed, timings, started, refused=refused)
         raise refused
     if failed:
-        record_failures(project, spec, failed)
+        record_failures(handle, failed)
     if failed and not allow_partial:
         remove_stage(stage)
         summary = _summary(spec, plan, stage, None, failed, timings, started)
@@ -513,7 +511,7 @@ def _refresh_with_stage(
     tick("commit", total, total, rows)
     try:
         commit = commit_refresh(
-            project, spec, plan, results, stage=stage, require_all=not allow_partial, source=source
+            handle, plan, results, stage=stage, require_all=not allow_partial, source=source
         )
     except ConservationError as err:
         remove_stage(stage)
@@ -526,8 +524,7 @@ def _refresh_with_stage(
 
 
 def _finalize_all(
-    project: ProjectSpec,
-    spec: DatasetSpec,
+    handle: DatasetHandle,
     plan: RefreshPlan,
     stage: StageResult,
     storage: PartitionStorage | None,
@@ -542,14 +539,13 @@ def _finalize_all(
     rows = 0
     if stage.location is not None:
         tick("finalize", 0, total, 0)
-        # An s3:// accelerator_dir: finalize writes in scratch and uploads (no local data root).
-        handle = open_handle(project, spec)
+        # Files on S3: finalize writes in scratch and uploads (no local data root).
         data_root = handle.local_root if handle.local_data else None
         pool_size = workers or min(4, os.cpu_count() or 2)
         with ThreadPoolExecutor(max_workers=max(1, pool_size)) as pool:
             futures = {
                 pool.submit(
-                    finalize_partition, project, spec, stage, item, data_root=data_root, storage=storage
+                    finalize_partition, handle, stage, item, data_root=data_root, storage=storage
                 ): item
                 for item in plan.items
             }
@@ -569,8 +565,7 @@ def _finalize_all(
 
 
 def _refresh_with_arrow(
-    project: ProjectSpec,
-    spec: DatasetSpec,
+    handle: DatasetHandle,
     plan: RefreshPlan,
     source: Source,
     *,
@@ -587,7 +582,8 @@ def _refresh_with_arrow(
     from airflow_partitions.refresh.plan import StageMode
     from airflow_partitions.refresh.stage import bind_to_source
 
-    check_arrow_supported(project, plan)
+    spec = handle.dataset
+    check_arrow_supported(handle.project, plan)
     total = len(plan.items)
     tick("finalize", 0, total, 0)
     mark = time.monotonic()
@@ -596,7 +592,7 @@ def _refresh_with_arrow(
             bind_to_source(spec, source),
             plan,
             source,
-            open_handle(project, spec).local_root,
+            handle.local_root,
             selecting=selecting,
             storage=storage,
             workers=workers,
@@ -620,17 +616,12 @@ def _refresh_with_arrow(
     rows = sum(r.rows for r in written.results)
     if failed:
         # As the Spark path: each failure remembered (`refresh --failed`, `status`, the Partitions page).
-        record_failures(project, spec, failed)
+        record_failures(handle, failed)
     if failed and not allow_partial:
         from airflow_partitions.refresh.arrow_write import remove_written
-        from airflow_partitions.storage import get_storage
 
         for result in written.results:
-            remove_written(
-                storage or get_storage(spec.acceleration),
-                open_handle(project, spec).local_root,
-                result.entry.files,
-            )
+            remove_written(storage or handle.storage, handle.local_root, result.entry.files)
         raise PartitionsFailedError(
             f"{len(failed)} of {total} partition(s) of {spec.name!r} failed; nothing was committed: "
             + "; ".join(f"{path}: {message}" for path, message in list(failed.items())[:5]),
@@ -641,7 +632,7 @@ def _refresh_with_arrow(
     mark = time.monotonic()
     try:
         commit = commit_refresh(
-            project, spec, plan, list(written.results), require_all=not allow_partial, source=source
+            handle, plan, list(written.results), require_all=not allow_partial, source=source
         )
     except ConservationError as err:
         timings["commit"] = time.monotonic() - mark
@@ -652,11 +643,11 @@ def _refresh_with_arrow(
     return _summary(spec, plan, stage, commit, failed, timings, started)
 
 
-def record_failures(project: ProjectSpec, dataset: DatasetSpec, failed: Mapping[str, str]) -> None:
+def record_failures(handle: DatasetHandle, failed: Mapping[str, str]) -> None:
     """Remember partitions this process failed to refresh (`refresh --failed`, `status`, the UI page)."""
     from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 
-    store = FailureStore.for_catalog(open_handle(project, dataset).catalog)
+    store = FailureStore.for_catalog(handle.catalog)
     now = dt.datetime.now(dt.UTC)
     for key_path, message in failed.items():
         store.record(PartitionFailure(key_path=key_path, error=message, failed_at=now))

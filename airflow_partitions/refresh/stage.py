@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.catalog import DEFAULT_GRACE
-from airflow_partitions.catalog.open import dataset_directory
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.modes import lowest_since, rows_since
@@ -52,15 +51,15 @@ from airflow_partitions.refresh.stage_layout import (
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
 from airflow_partitions.sources.base import RowsSince
 from airflow_partitions.sources.pg_cdc import upserted_rows
-from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.objectstore import S3Settings, SettingsLike
+    from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.refresh.written import ItemMergeJob, ItemWriteJob, WrittenItem
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
+    from airflow_partitions.table import DatasetHandle
     from airflow_partitions.transforms import Transform
 
 _PARTITION_PREFIX = "__ap_p"
@@ -119,8 +118,7 @@ class _StageWork:
     """One stage: what it reads and where it goes, and what it has done so far (read by the manifest,
     and by the cleanup when the stage fails)."""
 
-    project: ProjectSpec
-    dataset: DatasetSpec
+    handle: DatasetHandle
     bound: DatasetSpec
     source: Source
     transforms: list[Transform]
@@ -128,7 +126,6 @@ class _StageWork:
     keys: list[tuple[Any, ...]]
     target: Path
     storage: PartitionStorage | None
-    s3_settings: SettingsLike | None
     mode: StageMode
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     ran_on: str | None = None
@@ -137,10 +134,13 @@ class _StageWork:
     merge: ItemMergeJob | None = None
     written: dict[int, WrittenItem] = field(default_factory=dict)
 
+    @property
+    def dataset(self) -> DatasetSpec:
+        return self.handle.dataset
+
 
 def stage_refresh(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     plan: RefreshPlan,
     *,
     spark: Any = None,
@@ -152,7 +152,6 @@ def stage_refresh(
     sweep_grace: dt.timedelta = DEFAULT_GRACE,
     write_files: bool | None = None,
     storage: PartitionStorage | None = None,
-    s3_settings: SettingsLike | None = None,
     shuffle_items: bool = True,
 ) -> StageResult:
     """Stage the rows of every planned partition (one source scan at most); returns where they are.
@@ -163,8 +162,8 @@ def stage_refresh(
     root and that were last active more than `sweep_grace` ago (default: vacuum's 1 h) are removed.
 
     `write_files` (default: when the engine allows, see `choose_written`): the Spark executors write each
-    partition's final files themselves (`StageMode.WRITTEN`, with `storage` or the dataset's engine; under
-    an `s3://` accelerator_dir they upload them with `s3_settings`); the manifest lists them per item and
+    partition's final files themselves (`StageMode.WRITTEN`, with `storage` or the dataset's engine; when
+    the files live on S3 they upload them with the handle's settings); the manifest lists them per item and
     finalize reads no data. An append's executors write only rows past each item's watermark; a changes
     refresh given a session (`spark` or `remote`) merges each item on an executor (`choose_written`).
     `shuffle_items=False` skips the shuffle by item: each source task writes the items it read (several
@@ -172,6 +171,7 @@ def stage_refresh(
     """
     from airflow_partitions.refresh.leftovers import sweep_stale_stages  # it builds on this module
 
+    project, dataset = handle.project, handle.dataset
     started = time.monotonic()
     sweep_stale_stages(
         staging_root(project, dataset),
@@ -181,25 +181,23 @@ def stage_refresh(
     _check_plan_matches(dataset, plan)
     if not plan.items:
         return StageResult(plan.dataset, None, StageMode.EMPTY, 0, time.monotonic() - started)
-    source = keep_file_facts(source or open_dataset_source(dataset), dataset_directory(project, dataset))
+    source = keep_file_facts(source or open_dataset_source(dataset), handle.local_root)
     bound = bind_to_source(dataset, source)
     if strategy == "arrow":
         target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
-        return _stage_with_arrow(project, bound, plan, source, target, storage, started)
+        return _stage_with_arrow(handle, bound, plan, source, target, storage, started)
     transforms = [f.transform for f in bound.acceleration.partition_by]
     changes = any(item.changes for item in plan.items)
     mode = StageMode.CHANGES if changes else choose_mode(source, transforms, strategy)
     # Executors reach an s3:// accelerator_dir with the caller's settings; without them (a spark-submit
     # job, whose executors know no Airflow connection) the rows are staged (or merged) as before.
-    local_data = open_handle(project, dataset).local_data
-    executors_reach_data = local_data or s3_settings is not None or write_files is True
+    local_data = handle.local_data
+    executors_reach_data = local_data or handle.settings is not None or write_files is True
     if mode is StageMode.SPARK and executors_reach_data and choose_written(dataset, write_files):
         mode = StageMode.WRITTEN
     target = _new_stage_target(project, dataset, location)
     keys = [PartitionKey.from_json(item.key).values for item in plan.items]
-    work = _StageWork(
-        project, dataset, bound, source, transforms, plan, keys, target, storage, s3_settings, mode
-    )
+    work = _StageWork(handle, bound, source, transforms, plan, keys, target, storage, mode)
     # Every discovered key planned: the source read is not narrowed, so every source row must be routed.
     # An append reads only rows past watermarks: rows at or below them are not routed, by design.
     full_scan = len(keys) >= plan.discovered and not plan.appending
@@ -282,8 +280,8 @@ def _stage_changed_rows(
 ) -> None:
     """A changes refresh: the captured rows staged for the partition tasks, or, given a session whose
     executors can write the partitions, merged by those executors."""
-    project, dataset, bound, source, plan = work.project, work.dataset, work.bound, work.source, work.plan
-    transforms, storage, s3_settings = work.transforms, work.storage, work.s3_settings
+    dataset, bound, source, plan = work.dataset, work.bound, work.source, work.plan
+    transforms, storage = work.transforms, work.storage
     changed, landing = stage_changes(dataset, source, transforms, plan)
     upserted = upserted_rows(changed)  # change capture stages keys to delete too
     work.counts = SparkStageCounts(source_rows=upserted, routed_rows=upserted)
@@ -293,7 +291,7 @@ def _stage_changed_rows(
         from airflow_partitions.refresh.written import check_merged_changes, check_written_items
 
         work.ran_on = describe_session(session)
-        work.merge = _item_merge_job(project, bound, source, transforms, plan, storage, changed, s3_settings)
+        work.merge = _item_merge_job(work.handle, bound, source, transforms, plan, storage, changed)
         work.written = _merge_on_executors(session, work.merge)
         key_paths = [item.key_path for item in plan.items]
         merged_rows = sum(found.routed for found in work.written.values())
@@ -322,15 +320,12 @@ def _stage_on_spark(
     shuffle_items: bool,
 ) -> None:
     """One Spark job routes the planned partitions' rows: staged, or written as final files (`WRITTEN`)."""
-    project, dataset, bound, source, plan = work.project, work.dataset, work.bound, work.source, work.plan
+    dataset, bound, source, plan = work.dataset, work.bound, work.source, work.plan
     transforms, keys, target, storage = work.transforms, work.keys, work.target, work.storage
-    s3_settings = work.s3_settings
     work.ran_on = describe_session(session)
     subset = None if full_scan else keys
     if work.mode is StageMode.WRITTEN:
-        work.job = _item_write_job(
-            project, bound, source, transforms, plan, keys, storage, s3_settings, sinces
-        )
+        work.job = _item_write_job(work.handle, bound, source, transforms, plan, keys, storage, sinces)
     work.counts, work.written = _run_spark_stage(
         session,
         source,
@@ -399,7 +394,7 @@ def _discard_stage(work: _StageWork) -> None:
 
 
 def _stage_with_arrow(
-    project: ProjectSpec,
+    handle: DatasetHandle,
     bound: DatasetSpec,
     plan: RefreshPlan,
     source: Source,
@@ -415,11 +410,11 @@ def _stage_with_arrow(
     from airflow_partitions.refresh.written import WrittenItem
     from airflow_partitions.storage import get_storage
 
-    check_arrow_supported(project, plan)
+    check_arrow_supported(handle.project, plan)
     if (target / STAGE_MANIFEST).exists():
         raise RefreshError(f"stage location {target} already holds a finished stage; use a new location")
     full_scan = len(plan.items) >= plan.discovered and not plan.appending
-    data_root = open_handle(project, bound).local_root
+    data_root = handle.local_root
     done = arrow_refresh(bound, plan, source, data_root, selecting=not full_scan, storage=storage)
     by_path = {result.entry.key_path: result for result in done.results}
     written = {
@@ -758,14 +753,13 @@ def written_entries(plan: RefreshPlan, written: Mapping[int, WrittenItem]) -> di
 
 
 def _item_merge_job(
-    project: ProjectSpec,
+    handle: DatasetHandle,
     bound: DatasetSpec,
     source: Source,
     transforms: Sequence[Transform],
     plan: RefreshPlan,
     storage: PartitionStorage | None,
     changed: pa.Table,
-    s3_settings: SettingsLike | None,
 ) -> ItemMergeJob:
     """What the executors need to merge the changed rows into the planned items (the changed rows ride
     in the job: the stage holds them in memory already, and executors need no path to the stage)."""
@@ -776,7 +770,7 @@ def _item_merge_job(
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, changed.schema) as writer:
         writer.write_table(changed)
-    data_root, upload_url, settings = _data_destination(project, bound, s3_settings)
+    data_root, upload_url, settings = _data_destination(handle, bound)
     return ItemMergeJob(
         dataset=bound.name,
         primary_key=tuple(bound.acceleration.primary_key),
@@ -792,22 +786,16 @@ def _item_merge_job(
 
 
 def _data_destination(
-    project: ProjectSpec, bound: DatasetSpec, s3_settings: SettingsLike | None
+    handle: DatasetHandle, bound: DatasetSpec
 ) -> tuple[str | None, str | None, S3Settings | None]:
-    """Where executors write partition files: (local dataset root, None, None), or, under an `s3://`
-    accelerator_dir, (None, the dataset's URL, the settings that reach it)."""
-    handle = open_handle(project, bound)
+    """Where executors write partition files: (local dataset root, None, None), or, when the files live on
+    S3, (None, the dataset's URL, the handle's settings that reach it)."""
     if handle.local_data:
         return str(handle.local_root), None, None
-    from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.refresh import remote
 
     remote.check_remote_engine(bound)
-    if isinstance(s3_settings, S3Settings) or s3_settings is None:
-        settings = s3_settings
-    else:
-        settings = S3Settings.from_mapping(s3_settings)
-    return None, handle.data_location, settings
+    return None, handle.data_location, handle.settings
 
 
 def _item_tasks(spark: Any, items: int) -> int:
@@ -839,20 +827,19 @@ def _merge_on_executors(spark: Any, job: ItemMergeJob) -> dict[int, WrittenItem]
 
 
 def _item_write_job(
-    project: ProjectSpec,
+    handle: DatasetHandle,
     bound: DatasetSpec,
     source: Source,
     transforms: Sequence[Transform],
     plan: RefreshPlan,
     keys: Sequence[tuple[Any, ...]],
     storage: PartitionStorage | None,
-    s3_settings: SettingsLike | None,
     sinces: Sequence[RowsSince | None] = (),
 ) -> ItemWriteJob:
     """What the executors need to write the planned items' final files (local root, or S3 upload)."""
     from airflow_partitions.refresh.written import ItemWriteJob, storage_for
 
-    data_root, upload_url, settings = _data_destination(project, bound, s3_settings)
+    data_root, upload_url, settings = _data_destination(handle, bound)
     return ItemWriteJob(
         dataset=bound.name,
         schema=source.schema().serialize().to_pybytes(),
