@@ -148,6 +148,9 @@ FUNCTION_IMPORTS_CHECKED = [
     "sources",
     "snapshots",
     "advisor",
+    "table",
+    "write",
+    "refresh",
 ]
 _IMPORT_REASON = re.compile(r"#\s*(cycle|lazy):\s*\S")
 

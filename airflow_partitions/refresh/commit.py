@@ -18,8 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog.open import partition_spec_info as catalog_partition_spec_info
+from airflow_partitions.catalog.open import value_kind_of as catalog_value_kind_of
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.refresh.cdc import after_commit
 from airflow_partitions.refresh.failures import FailureStore
 from airflow_partitions.refresh.plan import (
     CommitResult,
@@ -29,6 +32,7 @@ from airflow_partitions.refresh.plan import (
     StageResult,
 )
 from airflow_partitions.refresh.stage_layout import read_stage_manifest, remove_stage, stage_location
+from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder
 from airflow_partitions.write.row_hash import bind_certificate
@@ -46,7 +50,6 @@ if TYPE_CHECKING:
 
 def value_kind_of(arrow_type: pa.DataType) -> str:
     """The `keys.value_kind` name of partition values of `arrow_type` (to decode key paths)."""
-    from airflow_partitions.catalog.open import value_kind_of as catalog_value_kind_of
 
     return catalog_value_kind_of(arrow_type)
 
@@ -54,7 +57,6 @@ def value_kind_of(arrow_type: pa.DataType) -> str:
 def partition_spec_info(dataset: DatasetSpec) -> PartitionSpecInfo:
     """The catalog's record of the dataset's partition spec (field names, canonical transforms, kinds);
     it lives with the catalog, which writes use too."""
-    from airflow_partitions.catalog.open import partition_spec_info as catalog_partition_spec_info
 
     return catalog_partition_spec_info(dataset)
 
@@ -121,8 +123,6 @@ def commit_refresh(
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
     if plan.cdc is not None and not missing:
-        from airflow_partitions.refresh.cdc import after_commit
-
         after_commit(plan, dataset, source, committed=version is not None)
     if cleanup:
         remove_stage(stage, settings)
@@ -236,7 +236,6 @@ def unread_null_watermarks(
     An append reads a NULL-watermark row only with a partition it writes whole, so these rows wait for a
     full refresh; they are counted so that is said, not silent. None when the source cannot be asked.
     """
-    from airflow_partitions.sources import open_dataset_source
 
     snapshot = catalog.snapshot(version) if version is not None else catalog.latest()
     held = 0

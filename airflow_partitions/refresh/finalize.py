@@ -45,9 +45,14 @@ from airflow_partitions.refresh.stage_layout import (
 )
 from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.sources.files import filter_to_key
+from airflow_partitions.sources.pg_cdc import deleted_mask
+from airflow_partitions.spec.masking import masked_params
+from airflow_partitions.storage import DataFile
+from airflow_partitions.storage.remote import fetch_partition_files
 from airflow_partitions.table import DatasetHandle
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.write.merge import remove_keys
+from airflow_partitions.write.routing import route_rows
 from airflow_partitions.write.row_hash import certify_rows
 from airflow_partitions.write.rows import conform_columns
 
@@ -200,8 +205,6 @@ def finalize_written(handle: DatasetHandle, location: str, item: PartitionWorkIt
     """
     import json
 
-    from airflow_partitions.storage import DataFile
-
     dataset = handle.dataset
     started = time.monotonic()
     if not handle.stage_is_local(location):
@@ -294,7 +297,6 @@ def rewrite_failed_item(
     transforms; for an appended partition only its rows past the watermark), re-checks them, writes and
     counts them back. The source must still hold exactly the rows the stage routed to it, else
     `ConservationError` (the source changed since the stage: run again)."""
-    from airflow_partitions.write.routing import route_rows
 
     dataset = handle.dataset
     source = staged_source(dataset, manifest, location)
@@ -378,8 +380,6 @@ def _finalize(
     if manifest.mode is StageMode.CHANGES or item.changes:  # (a written stage's failed item: merged here)
         changed = read_staged_changes(location, manifest.schema)
         if writer.uploads and item.base_files:  # the committed files live on S3: fetch them once
-            from airflow_partitions.storage.remote import fetch_partition_files
-
             fetch_partition_files(store, root, item.base_files)
         primary_key = dataset.acceleration.primary_key
         table, changed_here = merge_changes(
@@ -447,8 +447,6 @@ def merge_changes(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from airflow_partitions.sources.pg_cdc import deleted_mask
-
     keys = list(primary_key)
     # Change data capture stages keys to delete too (marked; their other columns are NULL): they leave
     # the partition like every changed key, and are routed nowhere.
@@ -505,7 +503,6 @@ def verify_past_watermark(table: pa.Table, since: RowsSince, key_path: str) -> N
 def staged_source(dataset: DatasetSpec, manifest: StageManifest, location: str) -> Source:
     """The dataset's source as the spec gives it (secrets included: the stage holds none), refused if it
     is not the source the stage planned its reads on."""
-    from airflow_partitions.spec.masking import masked_params
 
     source = open_dataset_source(dataset, schema=manifest.schema)
     # Both sides masked: a manifest of an earlier version still holds its source's secrets.

@@ -23,17 +23,24 @@ from airflow_partitions.exceptions import (
     PartitionsFailedError,
     SpecValidationError,
 )
-from airflow_partitions.refresh.cdc import kill_point, uses_cdc
+from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
+from airflow_partitions.refresh.arrow_write import remove_written
+from airflow_partitions.refresh.cdc import change_stream, kill_point, plan_cdc, uses_cdc
 from airflow_partitions.refresh.commit import commit_refresh, remove_stage
 from airflow_partitions.refresh.discovery import KeySelector, discover
+from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.modes import apply_refresh_mode, changes_fallback, plan_changes
-from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
-from airflow_partitions.refresh.stage import stage_refresh
+from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageMode, StageResult
+from airflow_partitions.refresh.stage import bind_to_source, stage_refresh
 from airflow_partitions.refresh.stage_layout import merge_conservation_errors
 from airflow_partitions.refresh.strategy import StrategyChoice, choose_strategy, describe_spark
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
+from airflow_partitions.sources.pg_cdc import release_snapshot
+from airflow_partitions.spec import load_spec
+from airflow_partitions.spec.model import validate_against_schema
 from airflow_partitions.table import DatasetHandle, open_handle
+from airflow_partitions.write.repartition import old_partitions_holding, repartition
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +52,6 @@ if TYPE_CHECKING:
 
 def load_project(project: ProjectSpec | str | os.PathLike[str]) -> ProjectSpec:
     if isinstance(project, str | os.PathLike):
-        from airflow_partitions.spec import load_spec
-
         return load_spec(Path(project))
     return project
 
@@ -57,7 +62,6 @@ def resolve_dataset(project: ProjectSpec, dataset: DatasetSpec | str) -> Dataset
 
 def bind_dataset(dataset: DatasetSpec, source: Source) -> DatasetSpec:
     """`dataset` bound to the source's schema, raising every problem (e.g. an unknown column) at once."""
-    from airflow_partitions.spec.model import validate_against_schema
 
     schema = source.schema()
     problems = validate_against_schema(dataset, schema)
@@ -74,7 +78,10 @@ def where_selector(dataset: DatasetSpec, where: str) -> KeySelector:
     from 2026-01-02 on. Conditions on partition field names (`day >= '2026-01-02'`) are accepted too and
     judged on the partition values. A filter that cannot bind raises `FilterError` here, before discovery.
     """
-    from airflow_partitions.pruning import PartitionIndex, plan_partitions
+    from airflow_partitions.pruning import (  # lazy: pyarrow; Airflow tasks import refresh/ light
+        PartitionIndex,
+        plan_partitions,
+    )
 
     schema = dataset.bound_schema
     if schema is None:
@@ -127,7 +134,6 @@ def plan_refresh(
     snapshot = catalog.latest()
     selecting = partitions is not None or where is not None
     if not selecting and uses_cdc(bound, source):  # a selection copies partitions; the stream waits
-        from airflow_partitions.refresh.cdc import change_stream, plan_cdc
 
         def copy() -> RefreshPlan:
             plan = discover(bound, source, snapshot, full=True, timeout_s=timeout_s)
@@ -138,8 +144,6 @@ def plan_refresh(
             return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy)
         finally:
             if not hold_snapshot:
-                from airflow_partitions.sources.pg_cdc import release_snapshot
-
                 release_snapshot(stream.slot)
     if changes_fallback(bound, source, snapshot, selecting=selecting, full=full) is None:
         assert snapshot is not None
@@ -186,7 +190,6 @@ def move_rows_of_selection(
     rows of the selected ones into the current layout (one commit; the first also makes the current
     partition_by the catalog's), so the refresh rewrites partitions whose rows are all in one layout.
     The newest version after it."""
-    from airflow_partitions.write.repartition import old_partitions_holding, repartition
 
     selected = discover(
         dataset, source, None, partitions=partitions, where_selector=selector, timeout_s=timeout_s
@@ -398,8 +401,6 @@ def refresh_dataset(
         raise
     finally:
         if getattr(opened, "snapshot", None) is not None:  # a first change-capture copy held its slot's
-            from airflow_partitions.sources.pg_cdc import release_snapshot  # snapshot: a failure ended it
-
             release_snapshot(source=opened)
     summary.strategy, summary.strategy_reason = choice.engine, choice.reason
     return summary
@@ -578,9 +579,6 @@ def _refresh_with_arrow(
     tick: Callable[[str, int, int, int], None],
 ) -> RefreshSummary:
     """`refresh_dataset` with `strategy="arrow"`: one in-process pyarrow read, route, write, commit."""
-    from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
-    from airflow_partitions.refresh.plan import StageMode
-    from airflow_partitions.refresh.stage import bind_to_source
 
     spec = handle.dataset
     check_arrow_supported(handle.project, plan)
@@ -618,8 +616,6 @@ def _refresh_with_arrow(
         # As the Spark path: each failure remembered (`refresh --failed`, `status`, the Partitions page).
         record_failures(handle, failed)
     if failed and not allow_partial:
-        from airflow_partitions.refresh.arrow_write import remove_written
-
         for result in written.results:
             remove_written(storage or handle.storage, handle.local_root, result.entry.files)
         raise PartitionsFailedError(
@@ -645,7 +641,6 @@ def _refresh_with_arrow(
 
 def record_failures(handle: DatasetHandle, failed: Mapping[str, str]) -> None:
     """Remember partitions this process failed to refresh (`refresh --failed`, `status`, the UI page)."""
-    from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 
     store = FailureStore.for_catalog(handle.catalog)
     now = dt.datetime.now(dt.UTC)

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import RefreshError, StorageError
+from airflow_partitions.objectstore import S3Store
 from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.refresh.plan import StageMode
 from airflow_partitions.refresh.stage_layout import (
     CHANGES_FILE,
     ITEM_COLUMN,
@@ -42,7 +44,6 @@ ITEM_PREFIX = f"{ITEM_COLUMN}="
 
 
 def _store(url: str, settings: SettingsLike | None) -> ObjectStore:
-    from airflow_partitions.objectstore import S3Store
 
     return S3Store.at(parse_s3_location(url, what="accelerator_dir", error=StorageError), settings)
 
@@ -84,7 +85,6 @@ def fetch_stage(url: str, index: int | None, into: Path, settings: SettingsLike 
         )
     into.mkdir(parents=True, exist_ok=True)
     (into / STAGE_MANIFEST).write_bytes(manifest)
-    from airflow_partitions.refresh.plan import StageMode
 
     if json.loads(manifest).get("mode") == str(StageMode.CHANGES):
         # A changes stage's one data file: every partition task merges it into its committed rows.

@@ -35,10 +35,19 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.catalog import DEFAULT_GRACE
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
-from airflow_partitions.keys import PartitionKey
+from airflow_partitions.keys import PartitionKey, value_from_json
+from airflow_partitions.refresh import remote
+from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
+from airflow_partitions.refresh.arrow_write import remove_written
+from airflow_partitions.refresh.cdc import stage_cdc_changes
+from airflow_partitions.refresh.leftovers import sweep_stale_stages
 from airflow_partitions.refresh.modes import lowest_since, rows_since
 from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, recorded_now
-from airflow_partitions.refresh.spark_session import describe_session
+from airflow_partitions.refresh.spark_session import (
+    build_connect_session,
+    build_local_session,
+    describe_session,
+)
 from airflow_partitions.refresh.stage_layout import (
     CHANGES_FILE,
     ITEM_COLUMN,
@@ -48,9 +57,25 @@ from airflow_partitions.refresh.stage_layout import (
     discovered_but_empty,
     staging_root,
 )
+from airflow_partitions.refresh.written import (
+    RESULT_SCHEMA_DDL,
+    ItemMergeJob,
+    ItemWriteJob,
+    WrittenItem,
+    check_merged_changes,
+    check_written_items,
+    merge_item_rows,
+    merge_items,
+    remove_written_files,
+    storage_for,
+    write_items,
+    written_mode_refusal,
+)
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
 from airflow_partitions.sources.base import RowsSince
 from airflow_partitions.sources.pg_cdc import upserted_rows
+from airflow_partitions.sources.spark import explain_spark_read_error, quote_column
+from airflow_partitions.storage import get_storage
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -82,7 +107,6 @@ def choose_written(dataset: DatasetSpec, write_files: bool | None) -> bool:
     append's executors write the new files that the commit adds to the committed ones; a changes merge
     reads the committed files from the local accelerator_dir or fetches them from an `s3://` one.
     """
-    from airflow_partitions.refresh.written import written_mode_refusal
 
     refusal = written_mode_refusal(dataset)
     if write_files and refusal:
@@ -169,7 +193,6 @@ def stage_refresh(
     `shuffle_items=False` skips the shuffle by item: each source task writes the items it read (several
     files per partition).
     """
-    from airflow_partitions.refresh.leftovers import sweep_stale_stages  # it builds on this module
 
     project, dataset = handle.project, handle.dataset
     started = time.monotonic()
@@ -288,7 +311,6 @@ def _stage_changed_rows(
     session = spark if spark is not None else _session(remote) if remote else None
     if session is not None and executors_reach_data and choose_written(dataset, write_files):
         # Spark is at hand: its executors merge and write the partitions, not the partition tasks.
-        from airflow_partitions.refresh.written import check_merged_changes, check_written_items
 
         work.ran_on = describe_session(session)
         work.merge = _item_merge_job(work.handle, bound, source, transforms, plan, storage, changed)
@@ -344,8 +366,6 @@ def _stage_on_spark(
         for index, item in enumerate(plan.items):
             work.entries[item.key_path] = {"index": index, "rows": staged.get(index, 0)}
     else:
-        from airflow_partitions.refresh.written import check_written_items
-
         check_written_items(dataset.name, work.job.key_paths, work.written, work.counts.routed_rows)
         staged = {index: found.routed for index, found in work.written.items()}
         work.entries.update(written_entries(plan, work.written))
@@ -387,8 +407,6 @@ def _discard_stage(work: _StageWork) -> None:
     """A failed stage leaves nothing: files the executors wrote are removed, then the stage directory."""
     writer = work.job if work.job is not None else work.merge
     if work.written and writer is not None:
-        from airflow_partitions.refresh.written import remove_written_files
-
         remove_written_files(work.written, writer.data_root, writer.upload_url, writer.s3_settings)
     shutil.rmtree(work.target, ignore_errors=True)
 
@@ -405,10 +423,6 @@ def _stage_with_arrow(
     """The in-process Arrow path as a stage (a DAG's stage task under `strategy="auto"`): the source read,
     routed and written here, the files listed in a WRITTEN manifest, so the partition tasks read no data
     and only build their entries from it, as after a Spark stage whose executors wrote the files."""
-    from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
-    from airflow_partitions.refresh.arrow_write import remove_written
-    from airflow_partitions.refresh.written import WrittenItem
-    from airflow_partitions.storage import get_storage
 
     check_arrow_supported(handle.project, plan)
     if (target / STAGE_MANIFEST).exists():
@@ -473,11 +487,8 @@ def stage_changes(
     stage, and the plan's partitions might miss where a changed row's old version lives. (A partition
     task staging itself holds one item: it checks the count only.)
     """
-    from airflow_partitions.keys import value_from_json
 
     if plan.cdc is not None:  # refresh.change_detection: cdc
-        from airflow_partitions.refresh.cdc import stage_cdc_changes
-
         return stage_cdc_changes(dataset, source, transforms, plan)
     first = plan.items[0]
     column = dataset.acceleration.refresh.watermark_column
@@ -614,7 +625,6 @@ def _stage_name() -> str:
 
 
 def _session(remote: str | None) -> Any:
-    from airflow_partitions.refresh.spark_session import build_connect_session, build_local_session
 
     return build_connect_session(remote) if remote else build_local_session()
 
@@ -650,8 +660,6 @@ def _run_spark_stage(
     from functools import reduce
 
     from pyspark.sql import functions as F
-
-    from airflow_partitions.sources.spark import explain_spark_read_error, quote_column
 
     # Partition values must match the Arrow evaluation: UTC session, microsecond timestamps in parquet.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
@@ -765,8 +773,6 @@ def _item_merge_job(
     in the job: the stage holds them in memory already, and executors need no path to the stage)."""
     import pyarrow as pa
 
-    from airflow_partitions.refresh.written import ItemMergeJob, storage_for
-
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, changed.schema) as writer:
         writer.write_table(changed)
@@ -792,7 +798,6 @@ def _data_destination(
     S3, (None, the dataset's URL, the handle's settings that reach it)."""
     if handle.local_data:
         return str(handle.local_root), None, None
-    from airflow_partitions.refresh import remote
 
     remote.check_remote_engine(bound)
     return None, handle.data_location, handle.settings
@@ -810,8 +815,6 @@ def _item_tasks(spark: Any, items: int) -> int:
 def _merge_on_executors(spark: Any, job: ItemMergeJob) -> dict[int, WrittenItem]:
     """One Spark task per planned item (up to the shuffle partitions) merges and writes it."""
     from functools import partial
-
-    from airflow_partitions.refresh.written import RESULT_SCHEMA_DDL, merge_item_rows, merge_items
 
     count = len(job.items)
     items = spark.createDataFrame([(i,) for i in range(count)], "item INT").repartition(
@@ -837,7 +840,6 @@ def _item_write_job(
     sinces: Sequence[RowsSince | None] = (),
 ) -> ItemWriteJob:
     """What the executors need to write the planned items' final files (local root, or S3 upload)."""
-    from airflow_partitions.refresh.written import ItemWriteJob, storage_for
 
     data_root, upload_url, settings = _data_destination(handle, bound)
     return ItemWriteJob(
@@ -860,8 +862,6 @@ def _write_items_on_executors(
     """Shuffle the routed rows by item (one task owns an item) and let each task write its items' final
     files (`mapInArrow`); collects the small per-item metadata rows on the driver."""
     from functools import partial
-
-    from airflow_partitions.refresh.written import RESULT_SCHEMA_DDL, merge_item_rows, write_items
 
     if shuffle_items:
         # An explicit count: adaptive execution would coalesce a by-column shuffle into a few tasks, and
@@ -982,8 +982,6 @@ def _spark_literal_text(value: Any) -> str:
 def _spark_since(frame: Any, since: RowsSince) -> Any:
     """`since` as a Spark condition on `frame` (the literal cast to the column's own type)."""
     from pyspark.sql import functions as F
-
-    from airflow_partitions.sources.spark import quote_column
 
     column = frame[quote_column(since.column)]
     if since.after is None:
