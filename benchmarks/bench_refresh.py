@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from airflow_partitions.table import open_handle
 from benchmarks import load
 from benchmarks.pairing import Target, figure_line, run_rounds
 
@@ -266,7 +267,7 @@ def postgres_readers(spark: Any, root: Path, rows: int, url: str) -> dict[str, f
             project = load_spec(spec)
             plan = plan_refresh(project, "pg_trips")
             started = time.perf_counter()
-            stage = stage_refresh(project, project.dataset("pg_trips"), plan, spark=spark)
+            stage = stage_refresh(open_handle(project, project.dataset("pg_trips")), plan, spark=spark)
             timings[reader] = time.perf_counter() - started
             remove_stage(stage)
         return timings

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_partitions.table import open_handle
 from benchmarks import load
 from benchmarks.pairing import Target, figure_line, run_rounds
 
@@ -93,7 +94,9 @@ def run_task(kind: str, request_path: str) -> None:
         plan = RefreshPlan.from_json(json.loads(Path(request["plan"]).read_text())["plan"])
         spark = build_local_session(app_name="bench-scale-stage")
         try:
-            output = stage_refresh(project, dataset, plan, spark=spark, strategy="spark").to_json()
+            output = stage_refresh(
+                open_handle(project, dataset), plan, spark=spark, strategy="spark"
+            ).to_json()
             jvm_rss_mib = peak_rss_mib(int(spark._jvm.java.lang.ProcessHandle.current().pid()))
         finally:
             spark.stop()
@@ -103,14 +106,14 @@ def run_task(kind: str, request_path: str) -> None:
 
         stage = StageResult.from_json(json.loads(Path(request["stage"]).read_text()))
         item = PartitionWorkItem.from_json(json.loads(Path(request["item"]).read_text()))
-        output = finalize_partition(project, dataset, stage, item).to_json()
+        output = finalize_partition(open_handle(project, dataset), stage, item).to_json()
     elif kind == "commit":
         from airflow_partitions.refresh import PartitionResult, RefreshPlan, StageResult, commit_refresh
 
         plan = RefreshPlan.from_json(json.loads(Path(request["plan"]).read_text())["plan"])
         stage = StageResult.from_json(json.loads(Path(request["stage"]).read_text()))
         results = [PartitionResult.from_json(json.loads(Path(p).read_text())) for p in request["results"]]
-        output = commit_refresh(project, dataset, plan, results, stage=stage).to_json()
+        output = commit_refresh(open_handle(project, dataset), plan, results, stage=stage).to_json()
     elif kind == "anchor":
         from airflow_partitions.refresh.spark_session import build_local_session
         from benchmarks.bench_refresh import anchor_partition_write
@@ -424,13 +427,13 @@ def refresh_in_process(spec: Path, name: str, spark: Any) -> InProcessRefresh:
     plan = plan_refresh(project, dataset, full=True)
     phases["discover"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    stage = stage_refresh(project, dataset, plan, spark=spark, strategy="spark")
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=spark, strategy="spark")
     phases["stage"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
+    results = [finalize_partition(open_handle(project, dataset), stage, item) for item in plan.items]
     phases["finalize"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    commit = commit_refresh(project, dataset, plan, results, stage=stage)
+    commit = commit_refresh(open_handle(project, dataset), plan, results, stage=stage)
     phases["commit"] = time.perf_counter() - mark
     return InProcessRefresh(phases, len(plan.items), commit.rows)
 

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_partitions.table import open_handle
 from benchmarks import bench_orchestration, load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +160,9 @@ def cold_tasks(
     dataset = project.dataset(DATASET)
     plan = plan_refresh(project, dataset)
     stage = (
-        stage_refresh(project, dataset, plan, spark=staged_in).to_json() if staged_in is not None else None
+        stage_refresh(open_handle(project, dataset), plan, spark=staged_in).to_json()
+        if staged_in is not None
+        else None
     )
     seconds: list[float] = []
     for item in plan.items[:count]:

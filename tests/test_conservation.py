@@ -41,6 +41,7 @@ from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import ProjectSpec
 from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.parquet import ParquetStorage
+from airflow_partitions.table import open_handle
 
 pytestmark = pytest.mark.spark
 
@@ -195,10 +196,12 @@ def test_a_writer_losing_a_row_is_refused_by_finalize_even_when_it_reports_the_o
     project = write_project(tmp_path, BY_REGION, [source])
     dataset = project.dataset("trips")
     plan = plan_refresh(project, dataset)
-    stage = stage_refresh(project, dataset, plan, spark=spark, write_files=False)
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=spark, write_files=False)
     victim = next(item for item in plan.items if item.key_path == region_path(None))
     with pytest.raises(ConservationError) as raised:
-        finalize_partition(project, dataset, stage, victim, storage=SilentlyDroppingStorage(victim.key_path))
+        finalize_partition(
+            open_handle(project, dataset), stage, victim, storage=SilentlyDroppingStorage(victim.key_path)
+        )
     count = rows_of(source, None)
     assert raised.value.partitions == {victim.key_path: (count, count - 1)}
     assert "rows in the written files" in str(raised.value)
@@ -212,7 +215,7 @@ def test_a_deleted_staged_directory_is_an_error_not_an_empty_partition(spark: An
     version = refresh_once(spark, project)
 
     plan = plan_refresh(project, dataset, full=True)
-    stage = stage_refresh(project, dataset, plan, spark=spark, write_files=False)
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=spark, write_files=False)
     assert stage.mode is StageMode.SPARK
     manifest = StageManifest.load(stage.location or "")
     victim = next(item for item in plan.items if item.key_path == region_path("EU"))
@@ -224,13 +227,13 @@ def test_a_deleted_staged_directory_is_an_error_not_an_empty_partition(spark: An
     for item in plan.items:
         if item is victim:
             with pytest.raises(ConservationError) as raised:
-                finalize_partition(project, dataset, stage, item)
+                finalize_partition(open_handle(project, dataset), stage, item)
             assert raised.value.partitions == {victim.key_path: (rows_of(source, "EU"), 0)}
             assert "rows read from the staged directory" in str(raised.value)
         else:
-            results.append(finalize_partition(project, dataset, stage, item))
+            results.append(finalize_partition(open_handle(project, dataset), stage, item))
     with pytest.raises(RefreshError, match="have no result"):
-        commit_refresh(project, dataset, plan, results, stage=stage)
+        commit_refresh(open_handle(project, dataset), plan, results, stage=stage)
     assert_previous_version_current(project, version, source)
 
 
@@ -294,7 +297,7 @@ def test_rows_added_to_the_source_during_a_full_refresh_fail_it(spark: Any, tmp_
     late = hostile_rows(5).set_column(1, "region", pa.array(["late/arrival"] * 5, pa.string()))
     pq.write_table(late, tmp_path / "src" / "part-late.parquet")
     with pytest.raises(ConservationError) as raised:
-        stage_refresh(project, dataset, plan, spark=spark)
+        stage_refresh(open_handle(project, dataset), plan, spark=spark)
     assert raised.value.partitions == {region_path("late/arrival"): (5, 0)}
     assert no_stage_left(tmp_path)
 
@@ -310,7 +313,7 @@ def test_a_discovered_partition_that_stages_no_rows_is_an_error(spark: Any, tmp_
     keep = pa.array([value != "x=y" for value in source.column("region").to_pylist()])
     write_project(tmp_path, BY_REGION, [source.filter(keep)])
     with pytest.raises(ConservationError) as raised:
-        stage_refresh(project, dataset, plan, spark=spark)
+        stage_refresh(open_handle(project, dataset), plan, spark=spark)
     assert raised.value.partitions == {gone: (None, 0)}
     assert "at least 1 rows (discovery found the partition in the source)" in str(raised.value)
     assert no_stage_left(tmp_path)
@@ -334,13 +337,16 @@ def test_a_discovered_partition_read_empty_by_pushdown_is_an_error(tmp_path: Pat
     project = load_spec(tmp_path / "spec.yaml")
     dataset = project.dataset("trips")
     plan = plan_refresh(project, dataset)
-    stage = stage_refresh(project, dataset, plan)
+    stage = stage_refresh(open_handle(project, dataset), plan)
     assert stage.mode is StageMode.PUSHDOWN
     pq.write_table(source.slice(0, 0), tmp_path / "src" / "region=US" / "part-0.parquet")
     by_path = {item.key_path: item for item in plan.items}
-    assert finalize_partition(project, dataset, stage, by_path["region=EU"]).routed == source.num_rows
+    assert (
+        finalize_partition(open_handle(project, dataset), stage, by_path["region=EU"]).routed
+        == source.num_rows
+    )
     with pytest.raises(ConservationError) as raised:
-        finalize_partition(project, dataset, stage, by_path["region=US"])
+        finalize_partition(open_handle(project, dataset), stage, by_path["region=US"])
     assert raised.value.partitions == {"region=US": (None, 0)}
 
 
@@ -349,18 +355,22 @@ def test_commit_refuses_results_whose_files_do_not_hold_the_routed_rows(spark: A
     project = write_project(tmp_path, BY_REGION, [source])
     dataset = project.dataset("trips")
     plan = plan_refresh(project, dataset)
-    stage = stage_refresh(project, dataset, plan, spark=spark)
-    results = [finalize_partition(project, dataset, stage, item).to_json() for item in plan.items]
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=spark)
+    results = [
+        finalize_partition(open_handle(project, dataset), stage, item).to_json() for item in plan.items
+    ]
     victim = next(r for r in results if r["key_path"] == region_path("ü ñ"))
     victim["routed"] += 1
     with pytest.raises(ConservationError) as raised:
-        commit_refresh(project, dataset, plan, [PartitionResult.from_json(r) for r in results], stage=stage)
+        commit_refresh(
+            open_handle(project, dataset), plan, [PartitionResult.from_json(r) for r in results], stage=stage
+        )
     routed = rows_of(source, "ü ñ")
     assert raised.value.partitions == {victim["key_path"]: (routed + 1, routed)}
     assert open_catalog(project, dataset).head_version() == 0
     victim["routed"] -= 1
     decoded = [PartitionResult.from_json(r) for r in results]
-    assert commit_refresh(project, dataset, plan, decoded, stage=stage).version == 1
+    assert commit_refresh(open_handle(project, dataset), plan, decoded, stage=stage).version == 1
 
 
 def test_counts_are_recorded_in_the_commit_and_shown_by_refresh_and_status(

@@ -25,6 +25,7 @@ from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh import PartitionResult, StageResult, commit_refresh, plan_refresh
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec
+from airflow_partitions.table import open_handle
 
 pytestmark = pytest.mark.spark
 
@@ -232,7 +233,9 @@ def test_hive_values_through_spark_connect(spark_connect_server: dict[str, Any],
     output = json.loads((tmp_path / "out.json").read_text())
     assert output["mode"] == "written"
     results = [PartitionResult.from_json(r) for r in output["results"]]
-    commit = commit_refresh(project, project.dataset("t"), plan, results, stage=StageResult.from_json(output))
+    commit = commit_refresh(
+        open_handle(project, project.dataset("t")), plan, results, stage=StageResult.from_json(output)
+    )
     assert commit.rows == source.num_rows
     assert multiset(read_everything(spec).select(source.column_names)) == multiset(source)
 

@@ -163,6 +163,9 @@ FUNCTION_IMPORTS_CHECKED = [
     "provider_info",
     "examples",
     "spark_jobs",
+    "table",
+    "write",
+    "refresh",
 ]
 _IMPORT_REASON = re.compile(r"#\s*(cycle|lazy):\s*\S")
 
@@ -249,22 +252,8 @@ def test_own_modules_are_imported_at_module_level(path: Path) -> None:
 # Where bytes live (the local disk or object storage) is decided in objectstore/ (stores, locations, the
 # pyarrow filesystems) and table/ (the dataset handle), from what spec/ loaded; every other module asks
 # them (`DatasetHandle.local_data`, `.data_store`, `objectstore.remote_filesystem`, ...) instead of
-# testing a URL or the project. Listed below: modules that still branch, each with why; the list only
-# shrinks.
+# testing a URL or the project.
 DECIDE_WHERE_BYTES_LIVE = ("objectstore", "spec", "table")
-STILL_BRANCHING = {
-    # The catalog resolves its own location (catalog_location, the accelerator_dir) below table/; the
-    # handle opens it. Next step: that resolution moves into table/.
-    "catalog/open.py",
-    # The partition writer being unified (finalize, written, compaction, write/commit) takes the handle's
-    # store and loses these branches with it.
-    "refresh/finalize.py",
-}
-
-
-def test_modules_listed_as_still_branching_exist() -> None:
-    missing = sorted(m for m in STILL_BRANCHING if not (PACKAGE / m).is_file())
-    assert not missing, f"STILL_BRANCHING names modules that are gone, drop them: {missing}"
 
 
 def _branches_on_location(path: Path) -> list[str]:
@@ -313,9 +302,6 @@ def _located_files() -> list[Path]:
 def test_only_objectstore_and_table_decide_where_bytes_live(path: Path) -> None:
     relative = path.relative_to(PACKAGE).as_posix()
     found = _branches_on_location(path)
-    if relative in STILL_BRANCHING:
-        assert found, f"{relative} no longer branches on where bytes live: remove it from STILL_BRANCHING"
-        return
     assert not found, (
         f"{relative} decides itself where bytes live ({'; '.join(found)}); ask the dataset handle "
         "(table/) or the object store (objectstore/) instead"

@@ -20,6 +20,7 @@ import pytest
 
 from airflow_partitions.refresh import PartitionResult, StageResult, commit_refresh, plan_refresh
 from airflow_partitions.spec import load_spec
+from airflow_partitions.table import open_handle
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -76,6 +77,6 @@ def test_stage_and_finalize_through_spark_connect(
     assert output["mode"] == "written", "the executors (Spark Connect) wrote the final files"
     assert sorted(r["key_path"] for r in output["results"]) == sorted(i.key_path for i in plan.items)
     results = [PartitionResult.from_json(r) for r in output["results"]]
-    commit = commit_refresh(project, dataset, plan, results, stage=StageResult.from_json(output))
+    commit = commit_refresh(open_handle(project, dataset), plan, results, stage=StageResult.from_json(output))
     assert commit.version == 1
     assert commit.rows == 40, "every row routed through Spark Connect reached exactly one partition"

@@ -27,6 +27,7 @@ from airflow_partitions.sources import open_source
 from airflow_partitions.spec import load_spec, parse_spec
 from airflow_partitions.spec.model import ProjectSpec
 from airflow_partitions.storage import get_storage
+from airflow_partitions.table import open_handle
 
 TEXTS = ["a/b", "k=v", "100%", "it's", 'say "hi"', "", None, "é中", "plain"]
 
@@ -410,13 +411,15 @@ def test_a_changes_partition_the_executor_could_not_merge_is_merged_by_its_retry
     plan = plan_refresh(project, dataset)
     assert plan.refresh_mode == "changes"
     victim = "r=a%2Fb"
-    stage = stage_refresh(project, dataset, plan, spark=spark, storage=OnePartitionFailingStorage(victim))
+    stage = stage_refresh(
+        open_handle(project, dataset), plan, spark=spark, storage=OnePartitionFailingStorage(victim)
+    )
     assert str(stage.mode) == "written"
     assert "No space left" in StageManifest.load(stage.location or "").items[victim]["error"]
-    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
+    results = [finalize_partition(open_handle(project, dataset), stage, item) for item in plan.items]
     retried = next(r for r in results if r.entry.key_path == victim)
     assert retried.changed_rows == 2, "id 1 moved in, id 200 is new"
-    commit_refresh(project, dataset, plan, results, stage=stage)
+    commit_refresh(open_handle(project, dataset), plan, results, stage=stage)
     assert_equals_source(project, "accounts")
 
 

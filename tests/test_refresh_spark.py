@@ -40,6 +40,7 @@ from airflow_partitions.sources.files import filter_to_key
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
 from airflow_partitions.storage import get_storage
+from airflow_partitions.table import open_handle
 
 pytestmark = pytest.mark.spark
 
@@ -180,7 +181,7 @@ def test_failing_partition_leaves_catalog_untouched_until_commit(spark: Any, tmp
     assert before is not None
 
     plan = plan_refresh(project, dataset, full=True)
-    stage = stage_refresh(project, dataset, plan, spark=spark, write_files=False)
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=spark, write_files=False)
     assert stage.mode is StageMode.SPARK
     broken = plan.items[1]
     manifest = StageManifest.load(stage.location or "")
@@ -192,21 +193,21 @@ def test_failing_partition_leaves_catalog_untouched_until_commit(spark: Any, tmp
     for item in plan.items:
         if item is broken:
             with pytest.raises(RefreshError, match="cannot read the staged rows"):
-                finalize_partition(project, dataset, stage, item)
+                finalize_partition(open_handle(project, dataset), stage, item)
         else:
-            results.append(finalize_partition(project, dataset, stage, item))
+            results.append(finalize_partition(open_handle(project, dataset), stage, item))
     assert len(results) == 4, "4 buckets and the NULL partition, one of them broken"
     latest = open_catalog(project, dataset).latest()
     assert latest is not None
     assert latest.version == before.version, "finalized files are invisible before commit"
 
     with pytest.raises(RefreshError, match="1 of 5 planned partition"):
-        commit_refresh(project, dataset, plan, results, stage=stage, cleanup=False)
+        commit_refresh(open_handle(project, dataset), plan, results, stage=stage, cleanup=False)
     latest = open_catalog(project, dataset).latest()
     assert latest is not None
     assert latest.version == before.version, "a refused commit changes nothing"
 
-    commit = commit_refresh(project, dataset, plan, results, stage=stage, require_all=False)
+    commit = commit_refresh(open_handle(project, dataset), plan, results, stage=stage, require_all=False)
     after = open_catalog(project, dataset).latest()
     assert after is not None
     assert after.version == before.version + 1
@@ -234,21 +235,25 @@ def test_stage_less_commit_retry_is_idempotent_and_a_new_plan_commits_again(
     plan = plan_refresh(project, dataset)
     results = []
     for item in plan.items:
-        own = stage_refresh(project, dataset, replace(plan, items=(item,)), spark=spark)
+        own = stage_refresh(open_handle(project, dataset), replace(plan, items=(item,)), spark=spark)
         # As a commit task gets them: through XCom.
-        results.append(PartitionResult.from_json(finalize_partition(project, dataset, own, item).to_json()))
-    first = commit_refresh(project, dataset, plan, results)
+        results.append(
+            PartitionResult.from_json(finalize_partition(open_handle(project, dataset), own, item).to_json())
+        )
+    first = commit_refresh(open_handle(project, dataset), plan, results)
     assert first.version == 1
-    retried = commit_refresh(project, dataset, RefreshPlan.from_json(plan.to_json()), results)
+    retried = commit_refresh(open_handle(project, dataset), RefreshPlan.from_json(plan.to_json()), results)
     assert retried.version == 1, "a retried commit of the same plan lands no second version"
     assert open_catalog(project, dataset).head_version() == 1
 
     again = plan_refresh(project, dataset, full=True)
     results = []
     for item in again.items:
-        own = stage_refresh(project, dataset, replace(again, items=(item,)), spark=spark)
-        results.append(finalize_partition(project, dataset, own, item))
-    assert commit_refresh(project, dataset, again, results).version == 2, "a new discovery commits anew"
+        own = stage_refresh(open_handle(project, dataset), replace(again, items=(item,)), spark=spark)
+        results.append(finalize_partition(open_handle(project, dataset), own, item))
+    assert commit_refresh(open_handle(project, dataset), again, results).version == 2, (
+        "a new discovery commits anew"
+    )
 
 
 def test_one_shot_refresh_commits_nothing_when_a_partition_fails(spark: Any, tmp_path: Path) -> None:
@@ -333,7 +338,7 @@ def test_spark_job_entry_point_stages_and_finalizes(spark: Any, tmp_path: Path) 
     assert output["location"] == str(tmp_path / "stage-1")
     assert len(output["results"]) == 4, "3 buckets and the NULL partition"
     results = [PartitionResult.from_json(r) for r in output["results"]]
-    commit = commit_refresh(project, dataset, plan, results, stage=StageResult.from_json(output))
+    commit = commit_refresh(open_handle(project, dataset), plan, results, stage=StageResult.from_json(output))
     assert commit.version == 1
     assert commit.rows == 18
 

@@ -631,8 +631,8 @@ def test_upload_refuses_an_existing_name_and_old_remote_stages_are_swept(
         "a changes stage's changed rows come with its manifest: every partition task merges them"
     )
     remove_stage(changes_url)
-    assert remote.sweep_remote_stages(project, dataset, grace=dt.timedelta(hours=1)) == []
-    assert remote.sweep_remote_stages(project, dataset, grace=dt.timedelta(0)) == [url]
+    assert remote.sweep_remote_stages(open_handle(project, dataset), grace=dt.timedelta(hours=1)) == []
+    assert remote.sweep_remote_stages(open_handle(project, dataset), grace=dt.timedelta(0)) == [url]
     assert list(store.list("")) != []  # partition files are not stages
     with pytest.raises(RefreshError, match="no finished stage"):
         remote.fetch_stage(url, 0, tmp_path / "again")
@@ -671,15 +671,15 @@ def test_vacuum_sweeps_stages_left_on_s3(
     url = open_handle(project, dataset).stage_location("killed-run")
     remote.upload_stage(stage, url)
 
-    young = sweep_dataset_staging(project, dataset, grace=dt.timedelta(hours=1))
+    young = sweep_dataset_staging(open_handle(project, dataset), grace=dt.timedelta(hours=1))
     assert young.removed == (), "within the grace period a stage may be in use"
     assert young.kept_young == 1
-    dry = sweep_dataset_staging(project, dataset, grace=dt.timedelta(0), dry_run=True)
+    dry = sweep_dataset_staging(open_handle(project, dataset), grace=dt.timedelta(0), dry_run=True)
     assert dry.removed == (url,)
     assert dry.bytes_freed == 42
     assert dry.bytes_after == 0
     assert remote.read_stage_manifest(url) is not None, "a dry run deletes nothing"
-    swept = sweep_dataset_staging(project, dataset, grace=dt.timedelta(0))
+    swept = sweep_dataset_staging(open_handle(project, dataset), grace=dt.timedelta(0))
     assert swept.removed == (url,)
     assert swept.root == open_handle(project, dataset).stage_location("")
     assert remote.read_stage_manifest(url) is None

@@ -22,6 +22,7 @@ from urllib.parse import quote, unquote
 import pytest
 
 from airflow_partitions.cli.main import main
+from airflow_partitions.table import open_handle
 
 # Every piece of every value (between `/`, `+`, `%`) carries the marker `pl4nted`, so a secret printed in
 # pieces is caught too. The URL carries the password percent-encoded; the driver receives it decoded.
@@ -420,7 +421,7 @@ def test_a_stage_left_behind_holds_no_secret_and_only_its_owner_reads_it(
     dataset = project.dataset("orders")
     plan = plan_refresh(project, "orders")
     # The stage as a crashed run leaves it: staged, never finalized nor committed.
-    stage = stage_refresh(project, dataset, plan, strategy="pushdown")
+    stage = stage_refresh(open_handle(project, dataset), plan, strategy="pushdown")
     assert stage.location is not None
     location = Path(stage.location)
     assert_no_secret_in_files(tmp_path / "acc")
@@ -429,14 +430,14 @@ def test_a_stage_left_behind_holds_no_secret_and_only_its_owner_reads_it(
     assert stat.S_IMODE((location / STAGE_MANIFEST).stat().st_mode) == 0o600
 
     # Finalize takes the connection from the spec it loads, not from the stage.
-    result = finalize_partition(load_spec(spec), dataset, stage, plan.items[0])
+    result = finalize_partition(open_handle(load_spec(spec), dataset), stage, plan.items[0])
     assert result.entry.rows == 10
 
     # A spec whose source moved since the stage is refused, not read from the new place.
     spec.write_text(spec.read_text().replace(pg_database.rsplit("/", 1)[1], "ap_other_db"))
     moved = load_spec(spec)
     with pytest.raises(RefreshError, match="the spec changed since the stage: stage again") as refused:
-        finalize_partition(moved, moved.dataset("orders"), stage, plan.items[1])
+        finalize_partition(open_handle(moved, moved.dataset("orders")), stage, plan.items[1])
     assert_no_secret(str(refused.value), "the refusal")
 
 

@@ -31,6 +31,7 @@ from airflow_partitions.storage.side_index import (
     literal_hashes,
     value_hashes,
 )
+from airflow_partitions.table import open_handle
 
 UTC = dt.UTC
 COUNTRIES = ["DE", "US", "FR", "ES", "IT", "NL"]  # never "UK": the Seafowl probe
@@ -432,10 +433,10 @@ def test_spark_executors_build_the_index_of_the_files_they_write(spark: Any, tmp
     project = load_spec(spec)
     dataset = project.dataset("trips")
     plan = plan_refresh(project, dataset)
-    stage = stage_refresh(project, dataset, plan, spark=spark)
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=spark)
     assert stage.mode is StageMode.WRITTEN
-    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
-    commit_refresh(project, dataset, plan, results, stage=stage)
+    results = [finalize_partition(open_handle(project, dataset), stage, item) for item in plan.items]
+    commit_refresh(open_handle(project, dataset), plan, results, stage=stage)
     files = [f for result in results for f in result.entry.files]
     assert len(files) > 6
     assert all(set(f.index) == {"s", "n_int"} for f in files), "executor-written files carry the index"

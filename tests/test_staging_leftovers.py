@@ -19,6 +19,7 @@ from airflow_partitions.refresh.pipeline import plan_refresh, refresh_dataset
 from airflow_partitions.refresh.stage import stage_refresh
 from airflow_partitions.refresh.stage_layout import staging_root
 from airflow_partitions.spec import load_spec
+from airflow_partitions.table import open_handle
 
 HOSTILE = ["Zürich", "a/b", "k=v", "100%", 'say "hi"', "it's", None, ""]
 
@@ -75,11 +76,11 @@ def test_next_refresh_and_vacuum_sweep_stages_older_than_the_grace(
     # are still running (another DAG run's mapped tasks), one in flight.
     plan = plan_refresh(project, dataset)
     abandoned, in_use, young = (
-        Path(str(stage_refresh(project, dataset, plan, spark=spark).location)) for _ in range(3)
+        Path(str(stage_refresh(open_handle(project, dataset), plan, spark=spark).location)) for _ in range(3)
     )
     _age(abandoned, 2 * 3600)
     _age(in_use, 2 * 3600)
-    finalize_partition(project, dataset, str(in_use), plan.items[0])
+    finalize_partition(open_handle(project, dataset), str(in_use), plan.items[0])
     # A run killed while Spark was writing: no manifest, Spark's temporary output only.
     crashed = root / "20260101T000000-0123456789"
     (crashed / "data" / "_temporary" / "0").mkdir(parents=True)

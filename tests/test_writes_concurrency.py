@@ -28,6 +28,7 @@ import pytest
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.refresh.pipeline import refresh_dataset
+from airflow_partitions.table import open_handle
 from tests.writes_support import Oracle, Source, assert_same_rows, fresh_database, hostile_rows, read_all
 
 REGIONS: list[str | None] = [None, "EU", "US"]
@@ -85,9 +86,9 @@ def refresh_worker(spec_path: str, partition: str, barrier: Any, outcome: Any) -
         dataset = project.dataset("items")
         plan = plan_refresh(project, dataset, partitions=[partition])
         barrier.wait(timeout=120)
-        stage = stage_refresh(project, dataset, plan)
-        results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
-        commit_refresh(project, dataset, plan, results, stage=stage)
+        stage = stage_refresh(open_handle(project, dataset), plan)
+        results = [finalize_partition(open_handle(project, dataset), stage, item) for item in plan.items]
+        commit_refresh(open_handle(project, dataset), plan, results, stage=stage)
         outcome.put(("refresh", "committed"))
     except Exception as err:
         outcome.put(("refresh", type(err).__name__))

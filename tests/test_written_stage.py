@@ -23,6 +23,7 @@ from airflow_partitions.refresh.plan import StageMode
 from airflow_partitions.refresh.stage import UNSHUFFLED_MAX_FILES, UNSHUFFLED_MAX_TASKS, shuffle_by_item
 from airflow_partitions.refresh.stage_layout import StageManifest
 from airflow_partitions.spec import load_spec
+from airflow_partitions.table import open_handle
 
 PARTITION_BY = "[{b: 'bucket(3, n_int)'}, {s: s}]"
 
@@ -119,12 +120,12 @@ def test_the_guard_catches_finalize_reading_staged_rows(spark: Any, tmp_path: Pa
     project = load_spec(spec)
     dataset = project.dataset("trips")
     plan = plan_refresh(project, dataset)
-    stage = stage_refresh(project, dataset, plan, spark=spark, write_files=False)
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=spark, write_files=False)
     assert stage.mode is StageMode.SPARK
     item = next(i for i in plan.items if StageManifest.load(stage.location or "").items[i.key_path]["rows"])
     roots = [tmp_path / "acc" / "trips", tmp_path / "acc" / "_staging"]
     with no_data_reads(roots) as guard, pytest.raises(DataReadError):
-        finalize_partition(project, dataset, stage, item)
+        finalize_partition(open_handle(project, dataset), stage, item)
     assert guard.reads, "the read of the staged rows was recorded"
 
 
@@ -137,16 +138,16 @@ def test_an_item_split_over_several_executor_tasks_lists_every_file(spark: Any, 
     # No shuffle by item, and one Spark task per source file: each task writes the items it read.
     session = spark.newSession()
     session.conf.set("spark.sql.files.maxPartitionBytes", "1024")
-    stage = stage_refresh(project, dataset, plan, spark=session, shuffle_items=False)
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=session, shuffle_items=False)
     assert stage.mode is StageMode.WRITTEN
     manifest = StageManifest.load(stage.location or "")
-    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
+    results = [finalize_partition(open_handle(project, dataset), stage, item) for item in plan.items]
     assert any(len(r.entry.files) > 1 for r in results), "several files for one partition"
     for result in results:
         listed = manifest.items[result.entry.key_path]
         assert [f.path for f in result.entry.files] == [f["path"] for f in listed["files"]]
         assert result.entry.rows == listed["rows"] == sum(f.rows for f in result.entry.files)
-    commit = commit_refresh(project, dataset, plan, results, stage=stage)
+    commit = commit_refresh(open_handle(project, dataset), plan, results, stage=stage)
     assert commit.rows == source.num_rows
     assert_equals_source(spec, source)
 
@@ -193,14 +194,18 @@ def test_a_partition_the_executor_could_not_write_is_written_by_a_retry_once_fix
     blocker = tmp_path / "acc" / "trips" / blocked.key_path
     blocker.parent.mkdir(parents=True, exist_ok=True)
     blocker.write_text("not a directory")
-    stage = stage_refresh(project, dataset, plan, spark=spark)
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=spark)
     assert stage.mode is StageMode.WRITTEN
-    others = [finalize_partition(project, dataset, stage, item) for item in plan.items if item is not blocked]
+    others = [
+        finalize_partition(open_handle(project, dataset), stage, item)
+        for item in plan.items
+        if item is not blocked
+    ]
     with pytest.raises(RefreshError, match="could not write"):
-        finalize_partition(project, dataset, stage, blocked)
+        finalize_partition(open_handle(project, dataset), stage, blocked)
     blocker.unlink()
-    retried = finalize_partition(project, dataset, stage, blocked)
-    commit = commit_refresh(project, dataset, plan, [*others, retried], stage=stage)
+    retried = finalize_partition(open_handle(project, dataset), stage, blocked)
+    commit = commit_refresh(open_handle(project, dataset), plan, [*others, retried], stage=stage)
     assert commit.rows == source.num_rows
     assert_equals_source(spec, source)
 
@@ -212,13 +217,13 @@ def test_a_partition_the_executor_could_not_write_is_written_by_a_retry_once_fix
         existing.unlink()
     blocker.rmdir()
     blocker.write_text("not a directory")
-    stage = stage_refresh(project, dataset, plan, spark=spark)
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=spark)
     blocker.unlink()
     for chunk in (tmp_path / "src").iterdir():
         chunk.unlink()
     pq.write_table(source.slice(0, 5), tmp_path / "src" / "smaller.parquet")
     with pytest.raises((ConservationError, RefreshError)):
-        finalize_partition(project, dataset, stage, blocked)
+        finalize_partition(open_handle(project, dataset), stage, blocked)
 
 
 def appended_rows(source: pa.Table) -> tuple[pa.Table, pa.Table]:
@@ -342,11 +347,11 @@ def test_a_retried_append_partition_writes_only_the_rows_past_its_watermark(
     victim = next(item for item in plan.items if "%NULL" not in item.key_path)
     assert victim.append
     stage = stage_refresh(
-        project, dataset, plan, spark=spark, storage=OnePartitionFailingStorage(victim.key_path)
+        open_handle(project, dataset), plan, spark=spark, storage=OnePartitionFailingStorage(victim.key_path)
     )
     assert stage.mode is StageMode.WRITTEN
     assert "No space left" in StageManifest.load(stage.location or "").items[victim.key_path]["error"]
-    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
+    results = [finalize_partition(open_handle(project, dataset), stage, item) for item in plan.items]
     retried = next(r for r in results if r.entry.key_path == victim.key_path)
     assert retried.appended
     expected_new = sum(
@@ -355,7 +360,7 @@ def test_a_retried_append_partition_writes_only_the_rows_past_its_watermark(
         if PartitionKey.from_json(victim.key).values == (bucket_of(row["n_int"]),)
     )
     assert retried.routed == expected_new > 0
-    commit = commit_refresh(project, dataset, plan, results, stage=stage)
+    commit = commit_refresh(open_handle(project, dataset), plan, results, stage=stage)
     assert commit.rows == source.num_rows + new.num_rows
     assert_equals_source(spec, pa.concat_tables([source, new]))
 

@@ -27,7 +27,13 @@ from airflow_partitions.catalog.catalog import Catalog
 from airflow_partitions.catalog.model import PartitionSpecInfo
 from airflow_partitions.exceptions import CatalogError, RefreshError
 from airflow_partitions.keys import escape_component
-from airflow_partitions.objectstore import LocalStore, ObjectStore, SettingsLike, is_s3_url, store_from_url
+from airflow_partitions.objectstore import (
+    LocalStore,
+    ObjectStore,
+    SettingsLike,
+    is_local_location,
+    store_from_url,
+)
 
 CATALOG_URL_ENV = "AIRFLOW_PARTITIONS_CATALOG_URL"
 CATALOG_LOCATION_PARAM = "catalog_location"
@@ -53,10 +59,17 @@ def catalog_location(dataset_spec: Any, location: str | None = None) -> str | No
     return configured or os.environ.get(CATALOG_URL_ENV) or None
 
 
+def dataset_location(project_spec: Any, dataset_spec: Any) -> str:
+    """Where the dataset's partition files live: `<accelerator_dir>/<dataset>`, an `s3://` URL when the
+    accelerator_dir is on S3 (the spec says which: `ProjectSpec.accelerator_location`)."""
+    return f"{project_spec.accelerator_location.rstrip('/')}/{escape_component(dataset_spec.name)}"
+
+
 def needs_s3_settings(project_spec: Any, dataset_spec: Any) -> bool:
     """Whether the dataset's catalog or partition files live on S3 (`catalog_location` or an `s3://`
     accelerator_dir): the one test callers holding an AWS connection use to decide to resolve it."""
-    return is_s3_url(catalog_location(dataset_spec)) or bool(getattr(project_spec, "remote", False))
+    places = (catalog_location(dataset_spec), project_spec.accelerator_location)
+    return any(place and not is_local_location(place) for place in places)
 
 
 def open_catalog(
@@ -75,32 +88,26 @@ def open_catalog(
     unreferenced partition files.
     """
     cache_root = dataset_directory(project_spec, dataset_spec)
-    data_root: Path | None = cache_root
-    accelerator_url = getattr(project_spec, "accelerator_url", None)
-    data_store = None
-    if accelerator_url:
-        # Files on S3 (`accelerator_dir: s3://...`): the local accelerator_dir is this worker's scratch,
-        # which holds only the catalog cache; the catalog defaults to `<accelerator_dir>/<dataset>/_catalog`.
-        data_store = store_from_url(
-            f"{accelerator_url.rstrip('/')}/{escape_component(dataset_spec.name)}",
-            settings=s3_settings,
-            what="accelerator_dir",
-        )
-        data_root = None
+    files = store_from_url(
+        dataset_location(project_spec, dataset_spec), settings=s3_settings, what="accelerator_dir"
+    )
+    # Files on S3 (`accelerator_dir: s3://...`): the local accelerator_dir is this worker's scratch, which
+    # holds only the catalog cache; the catalog defaults to `<accelerator_dir>/<dataset>/_catalog`.
+    files_here = isinstance(files, LocalStore)
     if store is None:
-        remote = catalog_location(dataset_spec, location) or accelerator_url
-        if remote:
-            store = store_from_url(remote, settings=s3_settings, what="catalog location")
-        else:
-            store = LocalStore(Path(project_spec.accelerator_dir))
+        store = store_from_url(
+            catalog_location(dataset_spec, location) or project_spec.accelerator_location,
+            settings=s3_settings,
+            what="catalog location",
+        )
     cache_dir = None if isinstance(store, LocalStore) else cache_root / CACHE_DIRECTORY
     return Catalog(
         store,
         dataset_spec.name,
-        data_root=data_root,
+        data_root=cache_root if files_here else None,
         storage=get_storage(dataset_spec.acceleration),
         cache_dir=cache_dir,
-        data_store=data_store,
+        data_store=None if files_here else files,
         check_files=True,
     )
 

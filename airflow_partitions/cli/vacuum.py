@@ -101,13 +101,14 @@ def run(args: argparse.Namespace) -> int:
             f"--snapshots: dataset {dataset.name!r} has snapshots.mode {snapshots.mode}; only the owner of a "
             "snapshot (mode enabled, with a location) deletes from it"
         )
-    report = open_handle(project, dataset).catalog.vacuum(
+    handle = open_handle(project, dataset)
+    report = handle.catalog.vacuum(
         retain_versions=args.retain_versions,
         older_than=args.older_than,
         dry_run=args.dry_run,
         grace=args.grace,
     )
-    staging = sweep_dataset_staging(project, dataset, grace=args.grace, dry_run=args.dry_run)
+    staging = sweep_dataset_staging(handle, grace=args.grace, dry_run=args.dry_run)
     snapshot_report = None
     if args.snapshots:
         snapshot_report = vacuum_snapshots(

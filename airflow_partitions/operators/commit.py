@@ -74,16 +74,8 @@ class PartitionCommitOperator(DatasetOperator):
             raise AirflowSkipException(f"{self.dataset}: nothing changed in the source; no commit needed")
         results = partition_results_from_xcom(self.results)
         stage = stage_from_xcom(self.stage)
-        catalog = self.open_catalog()
-        commit = commit_refresh(
-            self.project,
-            self.dataset_spec,
-            plan,
-            results,
-            stage=stage,
-            catalog=catalog,
-            s3_settings=self.data_s3_settings,
-        )
+        handle = self.dataset_handle()
+        commit = commit_refresh(handle, plan, results, stage=stage)
         self.log.info(
             "Committed %s version %s: %d partition(s) written (%d rows, %d bytes), %d removed",
             self.dataset,
@@ -96,7 +88,9 @@ class PartitionCommitOperator(DatasetOperator):
         if commit.conservation is not None:
             # The counts the commit checked (also in the commit record and in the returned XCom).
             self.log.info("Row conservation of %s: %s", self.dataset, dict(commit.conservation))
-        certificates = committed_certificates(catalog, commit.version, [r.entry.key_path for r in results])
+        certificates = committed_certificates(
+            handle.catalog, commit.version, [r.entry.key_path for r in results]
+        )
         self.emit_asset_events(context, [r.entry.key for r in results], commit.to_json(), certificates)
         if plan.cdc is not None:
             self.emit_cdc_lag()

@@ -60,9 +60,7 @@ def _stage_in_session(
 ) -> StageResult:
     from airflow_partitions.refresh.stage import stage_refresh  # lazy: loads sqlglot
 
-    return stage_refresh(
-        project, dataset, plan, spark=operator.spark_hook.session(), s3_settings=operator.data_s3_settings
-    )
+    return stage_refresh(operator.dataset_handle(), plan, spark=operator.spark_hook.session())
 
 
 def _stage_with_spark_submit(
@@ -200,7 +198,7 @@ class SparkStageOperator(SparkOperatorBase):
         if not plan.items:
             # An empty stage (no Spark started): the partition tasks skip, the commit applies removals.
             self.log.info("Nothing to refresh in %s: no stage needed", self.dataset)
-            return stage_refresh(self.project, self.dataset_spec, plan).to_json()
+            return stage_refresh(self.dataset_handle(), plan).to_json()
         self.prepare_sources()
         configured = self.spark_hook.spark_conn_id
         choice = choose_strategy(
@@ -213,7 +211,7 @@ class SparkStageOperator(SparkOperatorBase):
         )
         self.log.info("Refreshing %s with %s: %s", self.dataset, choice.engine, choice.reason)
         if choice.uses_arrow:
-            stage = stage_refresh(self.project, self.dataset_spec, plan, strategy="arrow")
+            stage = stage_refresh(self.dataset_handle(), plan, strategy="arrow")
             record_stage(self.dataset, elapsed_s=stage.elapsed_s, source_rows=stage.source_rows)
             self.log.info(
                 "Wrote %d partition(s) of %s in process in %.2fs; rows read %s, routed %s",
@@ -248,10 +246,9 @@ class SparkStageOperator(SparkOperatorBase):
         from airflow_partitions.refresh.leftovers import DEFAULT_GRACE  # lazy: loads sqlglot
 
         assert stage.location is not None
-        url = self.dataset_handle().stage_location(Path(stage.location).name)
-        swept = remote.sweep_remote_stages(
-            self.project, self.dataset_spec, grace=DEFAULT_GRACE, settings=self.data_s3_settings
-        )
+        handle = self.dataset_handle()
+        url = handle.stage_location(Path(stage.location).name)
+        swept = remote.sweep_remote_stages(handle, grace=DEFAULT_GRACE)
         if swept:
             self.log.info("Removed %d stale stage(s) on S3: %s", len(swept), swept)
         remote.upload_stage(Path(stage.location), url, self.data_s3_settings)
@@ -425,9 +422,7 @@ class SparkPartitionRefreshOperator(SparkOperatorBase):
             stage = own_stage
         self.prepare_sources()
         try:
-            return finalize_partition(
-                self.project, self.dataset_spec, stage, item, s3_settings=self.data_s3_settings
-            )
+            return finalize_partition(self.dataset_handle(), stage, item)
         finally:
             if own_stage is not None:
                 remove_stage(own_stage, self.data_s3_settings)

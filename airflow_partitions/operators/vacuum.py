@@ -85,13 +85,7 @@ class VacuumOperator(RetentionOptions, DatasetOperator):
 
         catalog = self.open_catalog()
         report = catalog.vacuum(dry_run=self.report_only, **self.retention())
-        staging = sweep_dataset_staging(
-            self.project,
-            self.dataset_spec,
-            grace=self.grace,
-            dry_run=self.report_only,
-            s3_settings=self.data_s3_settings,
-        )
+        staging = sweep_dataset_staging(self.dataset_handle(), grace=self.grace, dry_run=self.report_only)
         summary = {**report.to_json(), "staging": staging.to_json()}
         # The file list can be long; XCom gets the count, the log gets the names.
         summary["removed_files"] = len(report.removed_files)

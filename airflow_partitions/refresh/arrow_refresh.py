@@ -30,7 +30,9 @@ from airflow_partitions.refresh.arrow_write import (
 from airflow_partitions.refresh.finalize import conform_to_schema
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
 from airflow_partitions.refresh.stage_layout import discovered_but_empty
+from airflow_partitions.storage import get_storage
 from airflow_partitions.table import open_handle
+from airflow_partitions.write.routing import route_rows
 from airflow_partitions.write.row_hash import tally_table_by_partition
 
 if TYPE_CHECKING:
@@ -83,7 +85,6 @@ def arrow_refresh(
     the source in batches and spill per partition past `spill_budget` bytes (`arrow_stream.py`); None:
     whenever the source reads in batches (files, Postgres), False: one whole read.
     """
-    from airflow_partitions.storage import get_storage
 
     started = time.monotonic()
     if plan.dataset != dataset.name or plan.spec_id != dataset.acceleration.partition_spec_id:
@@ -155,7 +156,6 @@ def route_checked(
     """`table`'s rows by partition key path, the rows routed to planned partitions and the rows dropped
     (of partitions a selection leaves out). `ConservationError` when a row goes to a partition a full
     plan lacks, routing lost or duplicated rows, or a discovered partition got none."""
-    from airflow_partitions.write.routing import route_rows
 
     transforms = [f.transform for f in dataset.acceleration.partition_by]
     names = plan.partition_names

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.quoting import quote_identifier
 from airflow_partitions.refresh.arrow_budget import (
     SPILL_DIR_ENV,
     SPILL_ENV,
@@ -60,8 +61,11 @@ from airflow_partitions.refresh.arrow_write import (
 from airflow_partitions.refresh.finalize import conform_to_schema
 from airflow_partitions.refresh.plan import DiscoveryKind
 from airflow_partitions.refresh.stage_layout import discovered_but_empty
+from airflow_partitions.sources.files import FileSource
+from airflow_partitions.sources.postgres import PostgresSource
 from airflow_partitions.sources.renamed import RenamedSource
-from airflow_partitions.write.row_hash import RowTally
+from airflow_partitions.write.routing import partition_groups
+from airflow_partitions.write.row_hash import RowTally, hash_connection, hash_ready, row_expression
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -125,8 +129,6 @@ def prefetched(batches: Iterator[pa.Table], depth: int) -> Generator[pa.Table, N
 
 def streams(source: Source) -> bool:
     """True when `source` reads in batches (files, Postgres): then the Arrow refresh streams it."""
-    from airflow_partitions.sources.files import FileSource
-    from airflow_partitions.sources.postgres import PostgresSource
 
     if isinstance(source, RenamedSource):
         return streams(source.inner)
@@ -135,8 +137,6 @@ def streams(source: Source) -> bool:
 
 def source_batches(source: Source) -> Iterator[pa.Table]:
     """The rows of `source` as a stream of tables, never held whole."""
-    from airflow_partitions.sources.files import FileSource
-    from airflow_partitions.sources.postgres import PostgresSource
 
     if isinstance(source, RenamedSource):
         for batch in source_batches(source.inner):
@@ -247,7 +247,6 @@ class _Router:
         schema: pa.Schema,
         spill: PartitionSpill,
     ) -> None:
-        from airflow_partitions.write.row_hash import hash_connection, hash_ready, row_expression
 
         self.dataset = dataset
         self.schema = schema
@@ -268,7 +267,6 @@ class _Router:
         self._connection.close()
 
     def route(self, table: pa.Table) -> None:
-        from airflow_partitions.write.routing import partition_groups
 
         if table.num_rows == 0:
             return
@@ -313,8 +311,6 @@ class _Router:
     def _tally(self, table: pa.Table, group: pa.Array, paths: list[str]) -> None:
         """Count and row hash of the batch's rows per partition (planned ones), into the running tallies."""
         import pyarrow as pa
-
-        from airflow_partitions.quoting import quote_identifier
 
         prepared = self._hash_ready(table, self.schema)
         prepared = prepared.append_column(_GROUP_COLUMN, pa.array(group, pa.int64()))

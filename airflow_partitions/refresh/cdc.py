@@ -34,6 +34,20 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ChangeCaptureError, RefreshError, SlotLostError
+from airflow_partitions.keys import PartitionKey
+from airflow_partitions.refresh.modes import changes_fallback, changes_items, changes_touched
+from airflow_partitions.refresh.plan import DiscoveryKind, Reason, RefreshPlan
+from airflow_partitions.sources import open_dataset_source
+from airflow_partitions.sources.base import schema_tag, tagged_fingerprint
+from airflow_partitions.sources.pg_cdc import (
+    DELETED_COLUMN,
+    ChangeStream,
+    deleted_mask,
+    lsn_to_int,
+    release_snapshot,
+    slot_name_for,
+)
+from airflow_partitions.sources.postgres import PostgresSource
 from airflow_partitions.spec.model import ChangeDetection, RefreshMode
 
 if TYPE_CHECKING:
@@ -72,9 +86,6 @@ def uses_cdc(dataset: DatasetSpec, source: Source | None = None) -> bool:
 def change_stream(project: ProjectSpec, dataset: DatasetSpec, source: Source | None = None) -> ChangeStream:
     """The dataset's replication slot and publication (`acceleration.params.cdc_slot`, or a name derived
     from the dataset, where its acceleration lives and the table it reads)."""
-    from airflow_partitions.sources import open_dataset_source
-    from airflow_partitions.sources.pg_cdc import ChangeStream, slot_name_for
-    from airflow_partitions.sources.postgres import PostgresSource
 
     source = source or open_dataset_source(dataset)
     if not isinstance(source, PostgresSource):
@@ -116,9 +127,6 @@ def plan_cdc(
 ) -> RefreshPlan:
     """Step 1 of the module docstring: the changes plan, or `copy()` (a full plan) marked with the
     position it is read after."""
-    from airflow_partitions.refresh.modes import changes_fallback
-    from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan
-    from airflow_partitions.sources.pg_cdc import lsn_to_int
 
     keys = list(dataset.acceleration.primary_key)
     notes: list[str] = []
@@ -213,10 +221,6 @@ def _changes_plan(
     notes: list[str],
 ) -> RefreshPlan:
     """The partitions the changed rows land in, and those whose files may hold a changed or deleted key."""
-    from airflow_partitions.refresh.modes import changes_items, changes_touched
-    from airflow_partitions.refresh.plan import DiscoveryKind, Reason, RefreshPlan
-    from airflow_partitions.sources.base import schema_tag, tagged_fingerprint
-    from airflow_partitions.sources.pg_cdc import DELETED_COLUMN
 
     acceleration = dataset.acceleration
     keys = list(acceleration.primary_key)
@@ -254,8 +258,6 @@ def _landing(dataset: DatasetSpec, typed: pa.Table) -> collections.Counter[tuple
     """Upserted rows per partition key they land in (keys to delete land nowhere)."""
     import pyarrow.compute as pc
 
-    from airflow_partitions.sources.pg_cdc import deleted_mask
-
     mask = deleted_mask(typed)
     rows = typed if mask is None else typed.filter(pc.invert(mask))
     if not rows.num_rows:
@@ -270,9 +272,6 @@ def stage_cdc_changes(
 ) -> tuple[pa.Table, dict[int, int]]:
     """The stage's read of a cdc plan: the same peek (the slot has not moved), the same changes.
     Returns the change table (rows to upsert and keys to delete, marked) and upserted rows per item."""
-    from airflow_partitions.keys import PartitionKey
-    from airflow_partitions.sources.pg_cdc import ChangeStream
-    from airflow_partitions.sources.postgres import PostgresSource
 
     assert plan.cdc is not None
     if not isinstance(source, PostgresSource):
@@ -301,9 +300,6 @@ def stage_cdc_changes(
 def after_commit(plan: RefreshPlan, dataset: DatasetSpec, source: Source | None, *, committed: bool) -> None:
     """Step 3 of the module docstring, after the catalog commit (or when there was nothing to commit):
     advance the slot to the plan's position."""
-    from airflow_partitions.sources import open_dataset_source
-    from airflow_partitions.sources.pg_cdc import ChangeStream, release_snapshot
-    from airflow_partitions.sources.postgres import PostgresSource
 
     if plan.cdc is None:
         return

@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow_partitions.catalog.model import format_time, parse_time
 from airflow_partitions.exceptions import OrchestrationError
+from airflow_partitions.refresh.pipeline import plan_refresh
 
 # Work-item reasons that mean the source differs from what the catalog holds (not just "asked for").
 CHANGE_REASONS = frozenset({"new", "changed", "respec"})
@@ -47,7 +48,6 @@ def source_changes(
     spec_path: str | os.PathLike[str], dataset: str, where: str | None = None
 ) -> SourceChanges:
     """Compare the source with the dataset's last committed version (only partitions in `where`, if set)."""
-    from airflow_partitions.refresh.pipeline import plan_refresh
 
     plan = plan_refresh(os.fspath(spec_path), dataset, where=where)
     # A where selection forces every selected partition; keep only real differences.
@@ -106,7 +106,9 @@ def partition_freshness(
     min_partitions: int = 1,
 ) -> Freshness:
     """Check the newest catalog version: are the partitions `where` selects all refreshed since then?"""
-    from airflow_partitions.read import PartitionedDatasetReader
+    from airflow_partitions.read import (  # lazy: pyarrow; Airflow tasks import refresh/ light
+        PartitionedDatasetReader,
+    )
 
     moment = parse_moment(refreshed_after)
     reader = PartitionedDatasetReader(os.fspath(spec_path), dataset)

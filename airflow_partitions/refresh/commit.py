@@ -18,8 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog.open import partition_spec_info as catalog_partition_spec_info
+from airflow_partitions.catalog.open import value_kind_of as catalog_value_kind_of
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.refresh.cdc import after_commit
 from airflow_partitions.refresh.failures import FailureStore
 from airflow_partitions.refresh.plan import (
     CommitResult,
@@ -29,7 +32,7 @@ from airflow_partitions.refresh.plan import (
     StageResult,
 )
 from airflow_partitions.refresh.stage_layout import read_stage_manifest, remove_stage, stage_location
-from airflow_partitions.table import open_handle
+from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder
 from airflow_partitions.write.row_hash import bind_certificate
@@ -40,13 +43,13 @@ if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
     from airflow_partitions.objectstore import ObjectStore, SettingsLike
     from airflow_partitions.sources import Source
-    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.spec.model import DatasetSpec
     from airflow_partitions.storage import DataFile
+    from airflow_partitions.table import DatasetHandle
 
 
 def value_kind_of(arrow_type: pa.DataType) -> str:
     """The `keys.value_kind` name of partition values of `arrow_type` (to decode key paths)."""
-    from airflow_partitions.catalog.open import value_kind_of as catalog_value_kind_of
 
     return catalog_value_kind_of(arrow_type)
 
@@ -54,24 +57,20 @@ def value_kind_of(arrow_type: pa.DataType) -> str:
 def partition_spec_info(dataset: DatasetSpec) -> PartitionSpecInfo:
     """The catalog's record of the dataset's partition spec (field names, canonical transforms, kinds);
     it lives with the catalog, which writes use too."""
-    from airflow_partitions.catalog.open import partition_spec_info as catalog_partition_spec_info
 
     return catalog_partition_spec_info(dataset)
 
 
 def commit_refresh(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     plan: RefreshPlan,
     results: Sequence[PartitionResult],
     *,
     stage: StageResult | str | os.PathLike[str] | None = None,
     require_all: bool = True,
     cleanup: bool = True,
-    catalog: Catalog | None = None,
     commit_id: str | None = None,
     source: Source | None = None,
-    s3_settings: SettingsLike | None = None,
 ) -> CommitResult:
     """One atomic catalog commit of the finalised partitions plus the plan's removals.
 
@@ -82,21 +81,21 @@ def commit_refresh(
     recognised by `commit_id`, by default the stage's name, or without a stage (each partition staged
     itself) a digest of the plan, which a new discovery changes.
 
-    Under an `s3://` accelerator_dir every file is checked to exist on S3 before the catalog references
-    it, and a stage on S3 is deleted there; `s3_settings` reach S3 (unset: the AWS environment).
+    When the files live on S3, every file is checked to exist there before the catalog references it, and
+    a stage on S3 is deleted there; S3 is reached with the handle's settings.
     """
+    dataset, settings = handle.dataset, handle.settings
     finished = list(results)
     planned = {item.key_path: item for item in plan.items}
     by_path, missing = _check_results(dataset, plan, finished, require_all)
     counts = check_conservation(
-        dataset.name, plan, [by_path[p] for p in planned if p in by_path], stage, missing, s3_settings
+        dataset.name, plan, [by_path[p] for p in planned if p in by_path], stage, missing, settings
     )
     recorded = {**counts.to_json(), **watermark_audit_record(plan)}
     if plan.cdc is not None:
         # refresh.change_detection cdc: the stream position this version holds the changes up to.
         recorded["cdc_lsn"] = plan.cdc["upto"]
-    handle = open_handle(project, dataset, s3_settings=s3_settings)
-    catalog = catalog or handle.catalog
+    catalog = handle.catalog
     storage = catalog.storage or handle.storage
     root = catalog.data_root or handle.local_root
     # The partition files' store: the catalog's data store on S3, else the local data root.
@@ -124,11 +123,9 @@ def commit_refresh(
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
     if plan.cdc is not None and not missing:
-        from airflow_partitions.refresh.cdc import after_commit
-
         after_commit(plan, dataset, source, committed=version is not None)
     if cleanup:
-        remove_stage(stage, s3_settings)
+        remove_stage(stage, settings)
     unread_nulls = None
     if plan.refresh_mode in ("append", "changes") and plan.watermark_column is not None:
         unread_nulls = unread_null_watermarks(catalog, dataset, plan.watermark_column, version, source=source)
@@ -239,7 +236,6 @@ def unread_null_watermarks(
     An append reads a NULL-watermark row only with a partition it writes whole, so these rows wait for a
     full refresh; they are counted so that is said, not silent. None when the source cannot be asked.
     """
-    from airflow_partitions.sources import open_dataset_source
 
     snapshot = catalog.snapshot(version) if version is not None else catalog.latest()
     held = 0

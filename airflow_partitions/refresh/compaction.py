@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import CompactionError, ConservationError
 from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.integrity import check_files
+from airflow_partitions.storage.remote import fetch_partition_files
 from airflow_partitions.table import open_handle
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder
@@ -221,8 +223,6 @@ def run_compaction(
             entry = snapshot.partitions[item.key_path]
             merged_rows = sum(f.rows for f in item.merged)
             if remote is not None:
-                from airflow_partitions.storage.remote import fetch_partition_files
-
                 fetch_partition_files(remote, root, item.merged)
             # Every byte checked against the catalog before any is rewritten: rewriting damaged rows would
             # give them a new file with a matching checksum (and vacuum would then delete the evidence).
@@ -402,15 +402,16 @@ def _selected_entries(
         chosen = [entries[p] for p in entries]
     if where is None:
         return chosen
-    from airflow_partitions.pruning import PartitionIndex, plan_partitions
+    from airflow_partitions.pruning import (  # lazy: pyarrow; Airflow tasks import refresh/ light
+        PartitionIndex,
+        plan_partitions,
+    )
 
     with_files = [e for e in chosen if e.files]
     if not with_files:
         return []
     storage = catalog.storage or _storage(dataset)
     if remote is not None:
-        from airflow_partitions.storage.remote import fetch_partition_files
-
         fetch_partition_files(remote, root, with_files[0].files[:1])
     schema = storage.file_schema(root, with_files[0].files[0])
     pruned = plan_partitions(PartitionIndex.from_snapshot(snapshot, schema), where, dataset=dataset.name)
@@ -419,7 +420,6 @@ def _selected_entries(
 
 
 def _storage(dataset: DatasetSpec) -> PartitionStorage:
-    from airflow_partitions.storage import get_storage
 
     return get_storage(dataset.acceleration)
 
@@ -430,7 +430,6 @@ def _writer(
     """The dataset's storage engine, cutting files at the target: rows per file from the target rows, or
     from the target bytes at the merged files' bytes per row (whichever is smaller; the spec's
     `max_rows_per_file` too)."""
-    from airflow_partitions.storage import get_storage
 
     limits = [plan.target_rows] if plan.target_rows is not None else []
     if rows and data_bytes:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.catalog.model import PartitionEntry, RowCertificate
 from airflow_partitions.exceptions import ConservationError, RefreshError, StorageError
 from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.refresh import remote
 from airflow_partitions.refresh.leftovers import mark_stage_in_use
 from airflow_partitions.refresh.modes import rows_since
 from airflow_partitions.refresh.plan import (
@@ -44,18 +45,23 @@ from airflow_partitions.refresh.stage_layout import (
 )
 from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.sources.files import filter_to_key
-from airflow_partitions.table import open_handle
+from airflow_partitions.sources.pg_cdc import deleted_mask
+from airflow_partitions.spec.masking import masked_params
+from airflow_partitions.storage import DataFile
+from airflow_partitions.storage.remote import fetch_partition_files
+from airflow_partitions.table import DatasetHandle
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.write.merge import remove_keys
+from airflow_partitions.write.routing import route_rows
 from airflow_partitions.write.row_hash import certify_rows
 from airflow_partitions.write.rows import conform_columns
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.objectstore import ObjectStore, SettingsLike
+    from airflow_partitions.objectstore import ObjectStore
     from airflow_partitions.sources import RowsSince, Source
-    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.spec.model import DatasetSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
     from airflow_partitions.transforms import Transform
 
@@ -134,15 +140,13 @@ def written_entry(
 
 
 def finalize_partition(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     stage: StageResult | str | os.PathLike[str],
     item: PartitionWorkItem,
     *,
     storage: PartitionStorage | None = None,
     data_root: str | os.PathLike[str] | None = None,
     verify: bool = True,
-    s3_settings: SettingsLike | None = None,
 ) -> PartitionResult:
     """Write one planned partition's engine file(s) from the stage (a `StageResult`, or the directory it
     staged to); returns the partition's future catalog entry.
@@ -150,58 +154,48 @@ def finalize_partition(
     `verify` re-evaluates the partition expressions over the rows (vectorised Arrow) and fails on a row that
     belongs elsewhere. Nothing becomes visible to readers until `commit_refresh`.
 
-    Under an `s3://` accelerator_dir (and no `data_root`), the file is written in private local scratch,
-    counted, uploaded write-once and checked (`refresh.remote`); a stage on S3 is fetched item by item.
-    `s3_settings` reach S3 (unset: the AWS environment).
+    When the dataset's files live on S3 (and no `data_root` is given), the file is written in private local
+    scratch, counted, uploaded write-once and checked (`refresh.remote`); a stage on S3 is fetched item by
+    item. S3 is reached with the handle's settings.
     """
     location = stage_location(stage)
     if not location:
         raise RefreshError("the stage staged nothing (empty plan): there is no partition to finalize")
     written = stage.mode is StageMode.WRITTEN if isinstance(stage, StageResult) else None
-    if written or (written is None and _written_stage(location, s3_settings)):
-        return finalize_written(project, dataset, location, item, s3_settings)
-    if not (project.remote and data_root is None) and not location.startswith("s3://"):
-        return _finalize(project, dataset, location, item, storage, data_root, verify, None, s3_settings)
-    from airflow_partitions.refresh import remote
-
-    scratch = open_handle(project, dataset).scratch("finalize")
+    if written or (written is None and _written_stage(handle, location)):
+        return finalize_written(handle, location, item)
+    stage_here = handle.stage_is_local(location)
+    upload = not handle.local_data and data_root is None
+    if stage_here and not upload:
+        return _finalize(handle, location, item, storage, data_root, verify, None)
+    scratch = handle.scratch("finalize")
     try:
-        if location.startswith("s3://"):
-            index = _remote_item_index(location, item, s3_settings)
-            location = str(remote.fetch_stage(location, index, scratch / "stage", s3_settings))
-        if project.remote and data_root is None:
-            remote.check_remote_engine(dataset)
-            return _finalize(
-                project, dataset, location, item, storage, scratch / "data", verify, True, s3_settings
-            )
-        return _finalize(project, dataset, location, item, storage, data_root, verify, None, s3_settings)
+        if not stage_here:
+            index = _remote_item_index(handle, location, item)
+            location = str(remote.fetch_stage(location, index, scratch / "stage", handle.settings))
+        if upload:
+            remote.check_remote_engine(handle.dataset)
+            return _finalize(handle, location, item, storage, scratch / "data", verify, True)
+        return _finalize(handle, location, item, storage, data_root, verify, None)
     finally:
         remote.remove_local(scratch)
 
 
-def _written_stage(location: str, s3_settings: SettingsLike | None) -> bool:
+def _written_stage(handle: DatasetHandle, location: str) -> bool:
     """Whether the stage at `location` (a directory, no `StageResult`) is a WRITTEN one: its manifest
     says so (a small read, no data)."""
     import json
 
     try:
-        if location.startswith("s3://"):
-            from airflow_partitions.refresh import remote
-
-            raw = remote.read_stage_manifest(location, s3_settings)
+        if not handle.stage_is_local(location):
+            raw = remote.read_stage_manifest(location, handle.settings)
             return raw is not None and json.loads(raw).get("mode") == str(StageMode.WRITTEN)
         return StageManifest.load(location).mode is StageMode.WRITTEN
     except RefreshError:
         return False  # `_finalize` raises the missing-stage error
 
 
-def finalize_written(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
-    location: str,
-    item: PartitionWorkItem,
-    s3_settings: SettingsLike | None = None,
-) -> PartitionResult:
+def finalize_written(handle: DatasetHandle, location: str, item: PartitionWorkItem) -> PartitionResult:
     """A partition of a WRITTEN stage: its catalog entry, from the stage manifest alone.
 
     The executors wrote the files, counted them back and the stage job checked the counts; this reads no
@@ -211,13 +205,10 @@ def finalize_written(
     """
     import json
 
-    from airflow_partitions.storage import DataFile
-
+    dataset = handle.dataset
     started = time.monotonic()
-    if location.startswith("s3://"):
-        from airflow_partitions.refresh import remote
-
-        raw = remote.read_stage_manifest(location, s3_settings)
+    if not handle.stage_is_local(location):
+        raw = remote.read_stage_manifest(location, handle.settings)
         if raw is None:
             raise RefreshError(
                 f"no finished stage at {location}: {STAGE_MANIFEST_NAME} is missing. The stage step failed "
@@ -239,16 +230,16 @@ def finalize_written(
     if staged is None:
         raise RefreshError(f"partition {item.key_path} was not planned in stage {location}; plan again")
     if staged.get("error"):
-        if item.changes and not project.remote:
+        if item.changes and handle.local_data:
             # A retry after the cause was fixed: merge the staged changes into the partition here.
-            return _finalize(project, dataset, location, item, None, None, True, None, s3_settings)
-        if project.remote:
+            return _finalize(handle, location, item, None, None, True, None)
+        if not handle.local_data:
             raise RefreshError(
                 f"partition {item.key_path}: the Spark executor could not write its files: "
                 f"{staged['error']}. Fix the cause and run the refresh again (a new stage writes it again)"
             )
         # A retry of this task after the cause was fixed: read the partition's rows from the source here.
-        return rewrite_failed_item(project, dataset, location, manifest, item, staged, started)
+        return rewrite_failed_item(handle, location, manifest, item, staged, started)
     files = tuple(DataFile.from_json(f) for f in staged.get("files", []))
     routed = int(staged["rows"])
     written = int(staged["written"])
@@ -268,8 +259,8 @@ def finalize_written(
     # rows by discovery.
     if routed == 0 and manifest.discovery is DiscoveryKind.DYNAMIC and not (item.append or item.changes):
         raise discovered_but_empty(dataset.name, [item.key_path], actual="rows written")
-    if not project.remote:
-        root = open_handle(project, dataset).local_root
+    if handle.local_data:
+        root = handle.local_root
         for file in files:
             try:
                 size = os.stat(root / file.path).st_size
@@ -294,8 +285,7 @@ def finalize_written(
 
 
 def rewrite_failed_item(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     location: str,
     manifest: StageManifest,
     item: PartitionWorkItem,
@@ -307,9 +297,8 @@ def rewrite_failed_item(
     transforms; for an appended partition only its rows past the watermark), re-checks them, writes and
     counts them back. The source must still hold exactly the rows the stage routed to it, else
     `ConservationError` (the source changed since the stage: run again)."""
-    from airflow_partitions.storage import get_storage
-    from airflow_partitions.write.routing import route_rows
 
+    dataset = handle.dataset
     source = staged_source(dataset, manifest, location)
     bound = dataset.bind(manifest.schema)
     transforms = [f.transform for f in bound.acceleration.partition_by]
@@ -331,9 +320,7 @@ def rewrite_failed_item(
             "since the stage; run the refresh again.",
         )
     verify_partition(table, transforms, item.partition_key.values, item.key_path)
-    writer = PartitionWriter.local(
-        get_storage(dataset.acceleration), open_handle(project, dataset).local_root, dataset.name
-    )
+    writer = PartitionWriter.local(handle.storage, handle.local_root, dataset.name)
     try:
         files = writer.write(
             item.key_path, table, expected=routed, expected_as="rows read", advice=REWRITE_ADVICE
@@ -347,13 +334,11 @@ def rewrite_failed_item(
     return PartitionResult(entry, elapsed_s=time.monotonic() - started, routed=routed, appended=item.append)
 
 
-def _remote_item_index(location: str, item: PartitionWorkItem, settings: SettingsLike | None) -> int | None:
+def _remote_item_index(handle: DatasetHandle, location: str, item: PartitionWorkItem) -> int | None:
     """The staged item index of `item` in the stage manifest on S3 (None: not a Spark-staged item)."""
     import json
 
-    from airflow_partitions.refresh import remote
-
-    raw = remote.read_stage_manifest(location, settings)
+    raw = remote.read_stage_manifest(location, handle.settings)
     if raw is None:
         return None  # `fetch_stage` raises the missing-stage error
     staged = json.loads(raw).get("items", {}).get(item.key_path) or {}
@@ -361,18 +346,15 @@ def _remote_item_index(location: str, item: PartitionWorkItem, settings: Setting
 
 
 def _finalize(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     location: str,
     item: PartitionWorkItem,
     storage: PartitionStorage | None,
     data_root: str | os.PathLike[str] | None,
     verify: bool,
     upload: bool | None,
-    s3_settings: SettingsLike | None,
 ) -> PartitionResult:
-    from airflow_partitions.storage import get_storage
-
+    dataset = handle.dataset
     started = time.monotonic()
     manifest = StageManifest.load(location)
     mark_stage_in_use(location)  # a sweep by another run or vacuum leaves a stage being read alone
@@ -390,18 +372,14 @@ def _finalize(
     key = item.partition_key.values
     since = rows_since(dataset, item)
     changed_here: int | None = None
-    engine = storage or get_storage(dataset.acceleration)
-    root = Path(data_root) if data_root is not None else open_handle(project, dataset).local_root
+    engine = storage or handle.storage
+    root = Path(data_root) if data_root is not None else handle.local_root
     # With `upload`, `root` is private scratch and the files go to the dataset's store on S3.
-    store: ObjectStore = (
-        open_handle(project, dataset, s3_settings=s3_settings).data_store if upload else LocalStore(root)
-    )
+    store: ObjectStore = handle.data_store if upload else LocalStore(root)
     writer = PartitionWriter(engine, store, root, dataset.name)
     if manifest.mode is StageMode.CHANGES or item.changes:  # (a written stage's failed item: merged here)
         changed = read_staged_changes(location, manifest.schema)
         if writer.uploads and item.base_files:  # the committed files live on S3: fetch them once
-            from airflow_partitions.storage.remote import fetch_partition_files
-
             fetch_partition_files(store, root, item.base_files)
         primary_key = dataset.acceleration.primary_key
         table, changed_here = merge_changes(
@@ -469,8 +447,6 @@ def merge_changes(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from airflow_partitions.sources.pg_cdc import deleted_mask
-
     keys = list(primary_key)
     # Change data capture stages keys to delete too (marked; their other columns are NULL): they leave
     # the partition like every changed key, and are routed nowhere.
@@ -527,7 +503,6 @@ def verify_past_watermark(table: pa.Table, since: RowsSince, key_path: str) -> N
 def staged_source(dataset: DatasetSpec, manifest: StageManifest, location: str) -> Source:
     """The dataset's source as the spec gives it (secrets included: the stage holds none), refused if it
     is not the source the stage planned its reads on."""
-    from airflow_partitions.spec.masking import masked_params
 
     source = open_dataset_source(dataset, schema=manifest.schema)
     # Both sides masked: a manifest of an earlier version still holds its source's secrets.

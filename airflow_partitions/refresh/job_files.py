@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.objectstore.settings import S3Settings, as_settings
 from airflow_partitions.refresh.plan import PartitionWorkItem, RefreshPlan, StageResult
 
 PLAN_FILE = "plan.json"
@@ -98,14 +99,11 @@ def s3_settings_environment(settings: Any) -> dict[str, str]:
     """The environment entry that hands `settings` (an `S3Settings` or its dict form) to a submitted job."""
     from dataclasses import asdict
 
-    from airflow_partitions.objectstore.settings import as_settings
-
     return {S3_SETTINGS_ENV: json.dumps(asdict(as_settings(settings)), separators=(",", ":"))}
 
 
 def s3_settings_from_environment() -> Any:
     """The `S3Settings` a submitter handed over in the environment, or None."""
-    from airflow_partitions.objectstore.settings import S3Settings
 
     text = os.environ.get(S3_SETTINGS_ENV, "").strip()
     if not text:

@@ -27,11 +27,9 @@ from airflow_partitions.catalog.catalog import DEFAULT_GRACE
 from airflow_partitions.refresh.job_files import JOB_FILES_PREFIX
 from airflow_partitions.refresh.remote import remote_staging_sweep
 from airflow_partitions.refresh.stage_layout import STAGE_DATA, STAGE_MANIFEST, StagingSweep, staging_root
-from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
-    from airflow_partitions.objectstore import SettingsLike
-    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.table import DatasetHandle
 
 _SPARK_TEMPORARY = "_temporary"
 
@@ -140,25 +138,15 @@ def _tree_bytes(directory: Path) -> int:
 
 
 def sweep_dataset_staging(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
-    *,
-    grace: dt.timedelta | None = None,
-    dry_run: bool = False,
-    s3_settings: SettingsLike | None = None,
+    handle: DatasetHandle, *, grace: dt.timedelta | None = None, dry_run: bool = False
 ) -> StagingSweep:
     """Vacuum's part: sweep the dataset's staging root (`staging_root`) with vacuum's grace (None: 1 h);
-    with `accelerator_dir` on S3, the stages under `<accelerator_dir>/_staging/<dataset>/` there."""
-    if not open_handle(project, dataset).local_data:
-        return remote_staging_sweep(
-            project,
-            dataset,
-            grace=DEFAULT_GRACE if grace is None else grace,
-            settings=s3_settings,
-            dry_run=dry_run,
-        )
+    with the files on S3, the stages under `<accelerator_dir>/_staging/<dataset>/` there (reached with the
+    handle's settings)."""
+    if not handle.local_data:
+        return remote_staging_sweep(handle, grace=DEFAULT_GRACE if grace is None else grace, dry_run=dry_run)
     return sweep_stale_stages(
-        staging_root(project, dataset),
+        staging_root(handle.project, handle.dataset),
         grace=DEFAULT_GRACE if grace is None else grace,
         dry_run=dry_run,
         measure=True,

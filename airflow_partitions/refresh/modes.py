@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import LateRowsError, RefreshError
 from airflow_partitions.keys import PartitionKey, value_to_json
-from airflow_partitions.refresh.plan import PartitionWorkItem, Reason, RefreshPlan
+from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.sources.base import (
     RowsSince,
     Source,
@@ -47,6 +47,7 @@ from airflow_partitions.sources.base import (
     schema_tag,
     tagged_fingerprint,
 )
+from airflow_partitions.sources.postgres import PostgresSource
 from airflow_partitions.spec.model import LateRows, RefreshMode
 
 if TYPE_CHECKING:
@@ -178,8 +179,6 @@ def audit_appends(
     """
     import duckdb
     import pyarrow as pa
-
-    from airflow_partitions.keys import PartitionKey
 
     column = dataset.acceleration.refresh.watermark_column
     if column is None or not appending:
@@ -473,8 +472,6 @@ def plan_changes(
 
     import pyarrow.compute as pc
 
-    from airflow_partitions.sources.postgres import PostgresSource
-
     started = time.monotonic()
     acceleration = dataset.acceleration
     column = acceleration.refresh.watermark_column
@@ -520,7 +517,6 @@ def plan_changes(
             "committed files are not read in this process; `airflow-partitions refresh` or `verify` does): "
             + ", ".join(unaudited[:10])
         )
-    from airflow_partitions.refresh.plan import DiscoveryKind
 
     return RefreshPlan(
         dataset=dataset.name,
@@ -604,8 +600,6 @@ def _future_rows(
     """Changed rows per partition whose watermark is past `bound` (now + the allowed skew)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from airflow_partitions.keys import PartitionKey
 
     future_rows: dict[str, int] = {}
     if bound is None or not changed.num_rows:

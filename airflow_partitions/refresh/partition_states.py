@@ -21,6 +21,7 @@ from airflow_partitions.catalog.model import format_time
 from airflow_partitions.exceptions import AirflowPartitionsError
 from airflow_partitions.keys import PartitionKey, partition_label
 from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
+from airflow_partitions.refresh.pipeline import plan_refresh
 from airflow_partitions.refresh.plan import Reason
 from airflow_partitions.spec.masking import mask_secrets
 from airflow_partitions.table import open_handle
@@ -121,7 +122,6 @@ def partition_states(
     source: Source | None = None,
 ) -> DatasetPartitionStates:
     """Survey the source (discovery, no refresh), diff it against the newest version and the failure store."""
-    from airflow_partitions.refresh.pipeline import plan_refresh
 
     catalog = catalog or open_handle(project, dataset).catalog
     snapshot = catalog.latest()

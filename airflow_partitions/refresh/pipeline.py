@@ -23,17 +23,24 @@ from airflow_partitions.exceptions import (
     PartitionsFailedError,
     SpecValidationError,
 )
-from airflow_partitions.refresh.cdc import kill_point, uses_cdc
+from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
+from airflow_partitions.refresh.arrow_write import remove_written
+from airflow_partitions.refresh.cdc import change_stream, kill_point, plan_cdc, uses_cdc
 from airflow_partitions.refresh.commit import commit_refresh, remove_stage
 from airflow_partitions.refresh.discovery import KeySelector, discover
+from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.modes import apply_refresh_mode, changes_fallback, plan_changes
-from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageResult
-from airflow_partitions.refresh.stage import stage_refresh
+from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageMode, StageResult
+from airflow_partitions.refresh.stage import bind_to_source, stage_refresh
 from airflow_partitions.refresh.stage_layout import merge_conservation_errors
 from airflow_partitions.refresh.strategy import StrategyChoice, choose_strategy, describe_spark
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
-from airflow_partitions.table import open_handle
+from airflow_partitions.sources.pg_cdc import release_snapshot
+from airflow_partitions.spec import load_spec
+from airflow_partitions.spec.model import validate_against_schema
+from airflow_partitions.table import DatasetHandle, open_handle
+from airflow_partitions.write.repartition import old_partitions_holding, repartition
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +52,6 @@ if TYPE_CHECKING:
 
 def load_project(project: ProjectSpec | str | os.PathLike[str]) -> ProjectSpec:
     if isinstance(project, str | os.PathLike):
-        from airflow_partitions.spec import load_spec
-
         return load_spec(Path(project))
     return project
 
@@ -57,7 +62,6 @@ def resolve_dataset(project: ProjectSpec, dataset: DatasetSpec | str) -> Dataset
 
 def bind_dataset(dataset: DatasetSpec, source: Source) -> DatasetSpec:
     """`dataset` bound to the source's schema, raising every problem (e.g. an unknown column) at once."""
-    from airflow_partitions.spec.model import validate_against_schema
 
     schema = source.schema()
     problems = validate_against_schema(dataset, schema)
@@ -74,7 +78,10 @@ def where_selector(dataset: DatasetSpec, where: str) -> KeySelector:
     from 2026-01-02 on. Conditions on partition field names (`day >= '2026-01-02'`) are accepted too and
     judged on the partition values. A filter that cannot bind raises `FilterError` here, before discovery.
     """
-    from airflow_partitions.pruning import PartitionIndex, plan_partitions
+    from airflow_partitions.pruning import (  # lazy: pyarrow; Airflow tasks import refresh/ light
+        PartitionIndex,
+        plan_partitions,
+    )
 
     schema = dataset.bound_schema
     if schema is None:
@@ -127,7 +134,6 @@ def plan_refresh(
     snapshot = catalog.latest()
     selecting = partitions is not None or where is not None
     if not selecting and uses_cdc(bound, source):  # a selection copies partitions; the stream waits
-        from airflow_partitions.refresh.cdc import change_stream, plan_cdc
 
         def copy() -> RefreshPlan:
             plan = discover(bound, source, snapshot, full=True, timeout_s=timeout_s)
@@ -138,8 +144,6 @@ def plan_refresh(
             return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy)
         finally:
             if not hold_snapshot:
-                from airflow_partitions.sources.pg_cdc import release_snapshot
-
                 release_snapshot(stream.slot)
     if changes_fallback(bound, source, snapshot, selecting=selecting, full=full) is None:
         assert snapshot is not None
@@ -186,7 +190,6 @@ def move_rows_of_selection(
     rows of the selected ones into the current layout (one commit; the first also makes the current
     partition_by the catalog's), so the refresh rewrites partitions whose rows are all in one layout.
     The newest version after it."""
-    from airflow_partitions.write.repartition import old_partitions_holding, repartition
 
     selected = discover(
         dataset, source, None, partitions=partitions, where_selector=selector, timeout_s=timeout_s
@@ -346,25 +349,25 @@ def refresh_dataset(
     """
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
+    handle = open_handle(project, spec)  # outside Airflow: S3 is reached with the AWS environment
     opened = source or open_dataset_source(spec)
     choice: StrategyChoice | None = None
     try:
         started = time.monotonic()
         timings: dict[str, float] = {}
-        source = keep_file_facts(opened, dataset_directory(project, spec))
+        source = keep_file_facts(opened, handle.local_root)
 
         def tick(phase: str, done: int, total: int, rows: int) -> None:
             if progress is not None:
                 progress(RefreshProgress(phase, done, total, rows, time.monotonic() - started))
 
         tick("discover", 0, 0, 0)
-        plan = _plan_for_refresh(project, spec, source, partitions, where, full)
+        plan = _plan_for_refresh(handle, source, partitions, where, full)
         timings["discover"] = time.monotonic() - started
         choice = _choose_and_log(project, spec, plan, source, strategy, spark, remote, arrow_memory_budget)
         if choice.strategy == "arrow":
             summary = _refresh_with_arrow(
-                project,
-                spec,
+                handle,
                 plan,
                 source,
                 selecting=partitions is not None or where is not None,
@@ -377,8 +380,7 @@ def refresh_dataset(
             )
         else:
             summary = _refresh_with_stage(
-                project,
-                spec,
+                handle,
                 plan,
                 source,
                 spark=spark,
@@ -399,30 +401,28 @@ def refresh_dataset(
         raise
     finally:
         if getattr(opened, "snapshot", None) is not None:  # a first change-capture copy held its slot's
-            from airflow_partitions.sources.pg_cdc import release_snapshot  # snapshot: a failure ended it
-
             release_snapshot(source=opened)
     summary.strategy, summary.strategy_reason = choice.engine, choice.reason
     return summary
 
 
 def _plan_for_refresh(
-    project: ProjectSpec,
-    spec: DatasetSpec,
+    handle: DatasetHandle,
     source: Source,
     partitions: Sequence[str] | None,
     where: str | None,
     full: bool,
 ) -> RefreshPlan:
     return plan_refresh(
-        project,
-        spec,
+        handle.project,
+        handle.dataset,
         partitions=partitions,
         where=where,
         full=full,
         source=source,
         hold_snapshot=True,
         read_committed=True,
+        catalog=handle.catalog,
     )
 
 
@@ -449,8 +449,7 @@ def _choose_and_log(
 
 
 def _refresh_with_stage(
-    project: ProjectSpec,
-    spec: DatasetSpec,
+    handle: DatasetHandle,
     plan: RefreshPlan,
     source: Source,
     *,
@@ -466,14 +465,14 @@ def _refresh_with_stage(
     tick: Callable[[str, int, int, int], None],
 ) -> RefreshSummary:
     """Stage the planned partitions, finalize each in a thread pool, then commit."""
+    spec = handle.dataset
     total = len(plan.items)
     tick("stage", 0, total, 0)
     kill_point("cdc-before-apply")
     mark = time.monotonic()
     try:
         stage = stage_refresh(
-            project,
-            spec,
+            handle,
             plan,
             spark=spark,
             remote=remote,
@@ -489,7 +488,7 @@ def _refresh_with_stage(
     timings["stage"] = time.monotonic() - mark
 
     mark = time.monotonic()
-    results, failed, lost, rows = _finalize_all(project, spec, plan, stage, storage, workers, tick)
+    results, failed, lost, rows = _finalize_all(handle, plan, stage, storage, workers, tick)
     timings["finalize"] = time.monotonic() - mark
 
     mark = time.monotonic()
@@ -500,7 +499,7 @@ def _refresh_with_stage(
         refused.summary = _summary(spec, plan, stage, None, failed, timings, started, refused=refused)
         raise refused
     if failed:
-        record_failures(project, spec, failed)
+        record_failures(handle, failed)
     if failed and not allow_partial:
         remove_stage(stage)
         summary = _summary(spec, plan, stage, None, failed, timings, started)
@@ -513,7 +512,7 @@ def _refresh_with_stage(
     tick("commit", total, total, rows)
     try:
         commit = commit_refresh(
-            project, spec, plan, results, stage=stage, require_all=not allow_partial, source=source
+            handle, plan, results, stage=stage, require_all=not allow_partial, source=source
         )
     except ConservationError as err:
         remove_stage(stage)
@@ -526,8 +525,7 @@ def _refresh_with_stage(
 
 
 def _finalize_all(
-    project: ProjectSpec,
-    spec: DatasetSpec,
+    handle: DatasetHandle,
     plan: RefreshPlan,
     stage: StageResult,
     storage: PartitionStorage | None,
@@ -542,14 +540,13 @@ def _finalize_all(
     rows = 0
     if stage.location is not None:
         tick("finalize", 0, total, 0)
-        # An s3:// accelerator_dir: finalize writes in scratch and uploads (no local data root).
-        handle = open_handle(project, spec)
+        # Files on S3: finalize writes in scratch and uploads (no local data root).
         data_root = handle.local_root if handle.local_data else None
         pool_size = workers or min(4, os.cpu_count() or 2)
         with ThreadPoolExecutor(max_workers=max(1, pool_size)) as pool:
             futures = {
                 pool.submit(
-                    finalize_partition, project, spec, stage, item, data_root=data_root, storage=storage
+                    finalize_partition, handle, stage, item, data_root=data_root, storage=storage
                 ): item
                 for item in plan.items
             }
@@ -569,8 +566,7 @@ def _finalize_all(
 
 
 def _refresh_with_arrow(
-    project: ProjectSpec,
-    spec: DatasetSpec,
+    handle: DatasetHandle,
     plan: RefreshPlan,
     source: Source,
     *,
@@ -583,11 +579,9 @@ def _refresh_with_arrow(
     tick: Callable[[str, int, int, int], None],
 ) -> RefreshSummary:
     """`refresh_dataset` with `strategy="arrow"`: one in-process pyarrow read, route, write, commit."""
-    from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
-    from airflow_partitions.refresh.plan import StageMode
-    from airflow_partitions.refresh.stage import bind_to_source
 
-    check_arrow_supported(project, plan)
+    spec = handle.dataset
+    check_arrow_supported(handle.project, plan)
     total = len(plan.items)
     tick("finalize", 0, total, 0)
     mark = time.monotonic()
@@ -596,7 +590,7 @@ def _refresh_with_arrow(
             bind_to_source(spec, source),
             plan,
             source,
-            open_handle(project, spec).local_root,
+            handle.local_root,
             selecting=selecting,
             storage=storage,
             workers=workers,
@@ -620,17 +614,10 @@ def _refresh_with_arrow(
     rows = sum(r.rows for r in written.results)
     if failed:
         # As the Spark path: each failure remembered (`refresh --failed`, `status`, the Partitions page).
-        record_failures(project, spec, failed)
+        record_failures(handle, failed)
     if failed and not allow_partial:
-        from airflow_partitions.refresh.arrow_write import remove_written
-        from airflow_partitions.storage import get_storage
-
         for result in written.results:
-            remove_written(
-                storage or get_storage(spec.acceleration),
-                open_handle(project, spec).local_root,
-                result.entry.files,
-            )
+            remove_written(storage or handle.storage, handle.local_root, result.entry.files)
         raise PartitionsFailedError(
             f"{len(failed)} of {total} partition(s) of {spec.name!r} failed; nothing was committed: "
             + "; ".join(f"{path}: {message}" for path, message in list(failed.items())[:5]),
@@ -641,7 +628,7 @@ def _refresh_with_arrow(
     mark = time.monotonic()
     try:
         commit = commit_refresh(
-            project, spec, plan, list(written.results), require_all=not allow_partial, source=source
+            handle, plan, list(written.results), require_all=not allow_partial, source=source
         )
     except ConservationError as err:
         timings["commit"] = time.monotonic() - mark
@@ -652,11 +639,10 @@ def _refresh_with_arrow(
     return _summary(spec, plan, stage, commit, failed, timings, started)
 
 
-def record_failures(project: ProjectSpec, dataset: DatasetSpec, failed: Mapping[str, str]) -> None:
+def record_failures(handle: DatasetHandle, failed: Mapping[str, str]) -> None:
     """Remember partitions this process failed to refresh (`refresh --failed`, `status`, the UI page)."""
-    from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 
-    store = FailureStore.for_catalog(open_handle(project, dataset).catalog)
+    store = FailureStore.for_catalog(handle.catalog)
     now = dt.datetime.now(dt.UTC)
     for key_path, message in failed.items():
         store.record(PartitionFailure(key_path=key_path, error=message, failed_at=now))

@@ -16,7 +16,7 @@ from typing import Any
 
 from airflow_partitions.catalog.model import PartitionEntry, format_time
 from airflow_partitions.exceptions import RefreshError
-from airflow_partitions.keys import PartitionKey, names_of_path, partition_label
+from airflow_partitions.keys import PartitionKey, names_of_path, partition_label, value_from_json
 from airflow_partitions.storage.datafile import DataFile
 
 
@@ -75,7 +75,6 @@ class PartitionWorkItem:
     @property
     def watermark_value(self) -> Any:
         """The watermark as a Python value (`keys.value_from_json`)."""
-        from airflow_partitions.keys import value_from_json
 
         return value_from_json(self.watermark)
 

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import RefreshError, StorageError
+from airflow_partitions.objectstore import S3Store
 from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.refresh.plan import StageMode
 from airflow_partitions.refresh.stage_layout import (
     CHANGES_FILE,
     ITEM_COLUMN,
@@ -30,11 +32,11 @@ from airflow_partitions.refresh.stage_layout import (
     read_stage_manifest,
 )
 from airflow_partitions.storage.remote import upload_partition_files
-from airflow_partitions.table import open_handle
 
 if TYPE_CHECKING:
     from airflow_partitions.objectstore import ObjectStore, SettingsLike
-    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.spec.model import DatasetSpec
+    from airflow_partitions.table import DatasetHandle
 
 __all__ = ["read_stage_manifest", "upload_partition_files"]
 
@@ -42,7 +44,6 @@ ITEM_PREFIX = f"{ITEM_COLUMN}="
 
 
 def _store(url: str, settings: SettingsLike | None) -> ObjectStore:
-    from airflow_partitions.objectstore import S3Store
 
     return S3Store.at(parse_s3_location(url, what="accelerator_dir", error=StorageError), settings)
 
@@ -84,7 +85,6 @@ def fetch_stage(url: str, index: int | None, into: Path, settings: SettingsLike 
         )
     into.mkdir(parents=True, exist_ok=True)
     (into / STAGE_MANIFEST).write_bytes(manifest)
-    from airflow_partitions.refresh.plan import StageMode
 
     if json.loads(manifest).get("mode") == str(StageMode.CHANGES):
         # A changes stage's one data file: every partition task merges it into its committed rows.
@@ -104,35 +104,25 @@ def fetch_stage(url: str, index: int | None, into: Path, settings: SettingsLike 
     return into
 
 
-def sweep_remote_stages(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
-    *,
-    grace: dt.timedelta,
-    keep: Sequence[str] = (),
-    settings: SettingsLike | None = None,
-) -> list[str]:
+def sweep_remote_stages(handle: DatasetHandle, *, grace: dt.timedelta, keep: Sequence[str] = ()) -> list[str]:
     """Delete stages under `_staging/<dataset>/` whose newest object is older than `grace` (left by killed
     runs); returns the stage URLs removed."""
-    sweep = remote_staging_sweep(project, dataset, grace=grace, keep=keep, settings=settings)
+    sweep = remote_staging_sweep(handle, grace=grace, keep=keep)
     return list(sweep.removed)
 
 
 def remote_staging_sweep(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     *,
     grace: dt.timedelta,
     keep: Sequence[str] = (),
-    settings: SettingsLike | None = None,
     dry_run: bool = False,
 ) -> StagingSweep:
     """The stage step's and vacuum's sweep of `<accelerator_dir>/_staging/<dataset>/` on S3: every stage
     whose newest object is older than `grace` is deleted (a dry run only reports it); stages in `keep`
     and younger ones stay. Reports stage URLs and the bytes under the prefix before and after."""
-    handle = open_handle(project, dataset, s3_settings=settings)
     prefix = handle.stage_location("")
-    root = _store(prefix, settings)
+    root = _store(prefix, handle.settings)
     newest: dict[str, dt.datetime] = {}
     keys: dict[str, list[str]] = {}
     sizes: dict[str, int] = {}

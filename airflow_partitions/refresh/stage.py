@@ -34,12 +34,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.catalog import DEFAULT_GRACE
-from airflow_partitions.catalog.open import dataset_directory
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
-from airflow_partitions.keys import PartitionKey
+from airflow_partitions.keys import PartitionKey, value_from_json
+from airflow_partitions.refresh import remote
+from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
+from airflow_partitions.refresh.arrow_write import remove_written
+from airflow_partitions.refresh.cdc import stage_cdc_changes
+from airflow_partitions.refresh.leftovers import sweep_stale_stages
 from airflow_partitions.refresh.modes import lowest_since, rows_since
 from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, recorded_now
-from airflow_partitions.refresh.spark_session import describe_session
+from airflow_partitions.refresh.spark_session import (
+    build_connect_session,
+    build_local_session,
+    describe_session,
+)
 from airflow_partitions.refresh.stage_layout import (
     CHANGES_FILE,
     ITEM_COLUMN,
@@ -49,18 +57,34 @@ from airflow_partitions.refresh.stage_layout import (
     discovered_but_empty,
     staging_root,
 )
+from airflow_partitions.refresh.written import (
+    RESULT_SCHEMA_DDL,
+    ItemMergeJob,
+    ItemWriteJob,
+    WrittenItem,
+    check_merged_changes,
+    check_written_items,
+    merge_item_rows,
+    merge_items,
+    remove_written_files,
+    storage_for,
+    write_items,
+    written_mode_refusal,
+)
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
 from airflow_partitions.sources.base import RowsSince
 from airflow_partitions.sources.pg_cdc import upserted_rows
-from airflow_partitions.table import open_handle
+from airflow_partitions.sources.spark import explain_spark_read_error, quote_column
+from airflow_partitions.storage import get_storage
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.objectstore import S3Settings, SettingsLike
+    from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.refresh.written import ItemMergeJob, ItemWriteJob, WrittenItem
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
+    from airflow_partitions.table import DatasetHandle
     from airflow_partitions.transforms import Transform
 
 _PARTITION_PREFIX = "__ap_p"
@@ -87,7 +111,6 @@ def choose_written(dataset: DatasetSpec, write_files: bool | None) -> bool:
     append's executors write the new files that the commit adds to the committed ones; a changes merge
     reads the committed files from the local accelerator_dir or fetches them from an `s3://` one.
     """
-    from airflow_partitions.refresh.written import written_mode_refusal
 
     refusal = written_mode_refusal(dataset)
     if write_files and refusal:
@@ -123,8 +146,7 @@ class _StageWork:
     """One stage: what it reads and where it goes, and what it has done so far (read by the manifest,
     and by the cleanup when the stage fails)."""
 
-    project: ProjectSpec
-    dataset: DatasetSpec
+    handle: DatasetHandle
     bound: DatasetSpec
     source: Source
     transforms: list[Transform]
@@ -132,7 +154,6 @@ class _StageWork:
     keys: list[tuple[Any, ...]]
     target: Path
     storage: PartitionStorage | None
-    s3_settings: SettingsLike | None
     mode: StageMode
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     ran_on: str | None = None
@@ -141,10 +162,13 @@ class _StageWork:
     merge: ItemMergeJob | None = None
     written: dict[int, WrittenItem] = field(default_factory=dict)
 
+    @property
+    def dataset(self) -> DatasetSpec:
+        return self.handle.dataset
+
 
 def stage_refresh(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     plan: RefreshPlan,
     *,
     spark: Any = None,
@@ -156,7 +180,6 @@ def stage_refresh(
     sweep_grace: dt.timedelta = DEFAULT_GRACE,
     write_files: bool | None = None,
     storage: PartitionStorage | None = None,
-    s3_settings: SettingsLike | None = None,
     shuffle_items: bool | None = None,
 ) -> StageResult:
     """Stage the rows of every planned partition (one source scan at most); returns where they are.
@@ -167,8 +190,8 @@ def stage_refresh(
     root and that were last active more than `sweep_grace` ago (default: vacuum's 1 h) are removed.
 
     `write_files` (default: when the engine allows, see `choose_written`): the Spark executors write each
-    partition's final files themselves (`StageMode.WRITTEN`, with `storage` or the dataset's engine; under
-    an `s3://` accelerator_dir they upload them with `s3_settings`); the manifest lists them per item and
+    partition's final files themselves (`StageMode.WRITTEN`, with `storage` or the dataset's engine; when
+    the files live on S3 they upload them with the handle's settings); the manifest lists them per item and
     finalize reads no data. An append's executors write only rows past each item's watermark; a changes
     refresh given a session (`spark` or `remote`) merges each item on an executor (`choose_written`).
     `shuffle_items` (executor writes only): True shuffles the routed rows by item, so one task writes each
@@ -177,8 +200,8 @@ def stage_refresh(
     None (default) skips it when the scan has few tasks (`shuffle_by_item`): the plain `partitionBy` job
     pays no shuffle either, and the shuffle was the stage's largest cost beyond it.
     """
-    from airflow_partitions.refresh.leftovers import sweep_stale_stages  # it builds on this module
 
+    project, dataset = handle.project, handle.dataset
     started = time.monotonic()
     sweep_stale_stages(
         staging_root(project, dataset),
@@ -188,25 +211,23 @@ def stage_refresh(
     _check_plan_matches(dataset, plan)
     if not plan.items:
         return StageResult(plan.dataset, None, StageMode.EMPTY, 0, time.monotonic() - started)
-    source = keep_file_facts(source or open_dataset_source(dataset), dataset_directory(project, dataset))
+    source = keep_file_facts(source or open_dataset_source(dataset), handle.local_root)
     bound = bind_to_source(dataset, source)
     if strategy == "arrow":
         target = Path(location) if location is not None else staging_root(project, dataset) / _stage_name()
-        return _stage_with_arrow(project, bound, plan, source, target, storage, started)
+        return _stage_with_arrow(handle, bound, plan, source, target, storage, started)
     transforms = [f.transform for f in bound.acceleration.partition_by]
     changes = any(item.changes for item in plan.items)
     mode = StageMode.CHANGES if changes else choose_mode(source, transforms, strategy)
     # Executors reach an s3:// accelerator_dir with the caller's settings; without them (a spark-submit
     # job, whose executors know no Airflow connection) the rows are staged (or merged) as before.
-    local_data = open_handle(project, dataset).local_data
-    executors_reach_data = local_data or s3_settings is not None or write_files is True
+    local_data = handle.local_data
+    executors_reach_data = local_data or handle.settings is not None or write_files is True
     if mode is StageMode.SPARK and executors_reach_data and choose_written(dataset, write_files):
         mode = StageMode.WRITTEN
     target = _new_stage_target(project, dataset, location)
     keys = [PartitionKey.from_json(item.key).values for item in plan.items]
-    work = _StageWork(
-        project, dataset, bound, source, transforms, plan, keys, target, storage, s3_settings, mode
-    )
+    work = _StageWork(handle, bound, source, transforms, plan, keys, target, storage, mode)
     # Every discovered key planned: the source read is not narrowed, so every source row must be routed.
     # An append reads only rows past watermarks: rows at or below them are not routed, by design.
     full_scan = len(keys) >= plan.discovered and not plan.appending
@@ -289,18 +310,17 @@ def _stage_changed_rows(
 ) -> None:
     """A changes refresh: the captured rows staged for the partition tasks, or, given a session whose
     executors can write the partitions, merged by those executors."""
-    project, dataset, bound, source, plan = work.project, work.dataset, work.bound, work.source, work.plan
-    transforms, storage, s3_settings = work.transforms, work.storage, work.s3_settings
+    dataset, bound, source, plan = work.dataset, work.bound, work.source, work.plan
+    transforms, storage = work.transforms, work.storage
     changed, landing = stage_changes(dataset, source, transforms, plan)
     upserted = upserted_rows(changed)  # change capture stages keys to delete too
     work.counts = SparkStageCounts(source_rows=upserted, routed_rows=upserted)
     session = spark if spark is not None else _session(remote) if remote else None
     if session is not None and executors_reach_data and choose_written(dataset, write_files):
         # Spark is at hand: its executors merge and write the partitions, not the partition tasks.
-        from airflow_partitions.refresh.written import check_merged_changes, check_written_items
 
         work.ran_on = describe_session(session)
-        work.merge = _item_merge_job(project, bound, source, transforms, plan, storage, changed, s3_settings)
+        work.merge = _item_merge_job(work.handle, bound, source, transforms, plan, storage, changed)
         work.written = _merge_on_executors(session, work.merge)
         key_paths = [item.key_path for item in plan.items]
         merged_rows = sum(found.routed for found in work.written.values())
@@ -329,15 +349,12 @@ def _stage_on_spark(
     shuffle_items: bool | None,
 ) -> None:
     """One Spark job routes the planned partitions' rows: staged, or written as final files (`WRITTEN`)."""
-    project, dataset, bound, source, plan = work.project, work.dataset, work.bound, work.source, work.plan
+    dataset, bound, source, plan = work.dataset, work.bound, work.source, work.plan
     transforms, keys, target, storage = work.transforms, work.keys, work.target, work.storage
-    s3_settings = work.s3_settings
     work.ran_on = describe_session(session)
     subset = None if full_scan else keys
     if work.mode is StageMode.WRITTEN:
-        work.job = _item_write_job(
-            project, bound, source, transforms, plan, keys, storage, s3_settings, sinces
-        )
+        work.job = _item_write_job(work.handle, bound, source, transforms, plan, keys, storage, sinces)
     work.counts, work.written = _run_spark_stage(
         session,
         source,
@@ -356,8 +373,6 @@ def _stage_on_spark(
         for index, item in enumerate(plan.items):
             work.entries[item.key_path] = {"index": index, "rows": staged.get(index, 0)}
     else:
-        from airflow_partitions.refresh.written import check_written_items
-
         check_written_items(dataset.name, work.job.key_paths, work.written, work.counts.routed_rows)
         staged = {index: found.routed for index, found in work.written.items()}
         work.entries.update(written_entries(plan, work.written))
@@ -399,14 +414,12 @@ def _discard_stage(work: _StageWork) -> None:
     """A failed stage leaves nothing: files the executors wrote are removed, then the stage directory."""
     writer = work.job if work.job is not None else work.merge
     if work.written and writer is not None:
-        from airflow_partitions.refresh.written import remove_written_files
-
         remove_written_files(work.written, writer.data_root, writer.upload_url, writer.s3_settings)
     shutil.rmtree(work.target, ignore_errors=True)
 
 
 def _stage_with_arrow(
-    project: ProjectSpec,
+    handle: DatasetHandle,
     bound: DatasetSpec,
     plan: RefreshPlan,
     source: Source,
@@ -417,16 +430,12 @@ def _stage_with_arrow(
     """The in-process Arrow path as a stage (a DAG's stage task under `strategy="auto"`): the source read,
     routed and written here, the files listed in a WRITTEN manifest, so the partition tasks read no data
     and only build their entries from it, as after a Spark stage whose executors wrote the files."""
-    from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
-    from airflow_partitions.refresh.arrow_write import remove_written
-    from airflow_partitions.refresh.written import WrittenItem
-    from airflow_partitions.storage import get_storage
 
-    check_arrow_supported(project, plan)
+    check_arrow_supported(handle.project, plan)
     if (target / STAGE_MANIFEST).exists():
         raise RefreshError(f"stage location {target} already holds a finished stage; use a new location")
     full_scan = len(plan.items) >= plan.discovered and not plan.appending
-    data_root = open_handle(project, bound).local_root
+    data_root = handle.local_root
     done = arrow_refresh(bound, plan, source, data_root, selecting=not full_scan, storage=storage)
     by_path = {result.entry.key_path: result for result in done.results}
     written = {
@@ -485,11 +494,8 @@ def stage_changes(
     stage, and the plan's partitions might miss where a changed row's old version lives. (A partition
     task staging itself holds one item: it checks the count only.)
     """
-    from airflow_partitions.keys import value_from_json
 
     if plan.cdc is not None:  # refresh.change_detection: cdc
-        from airflow_partitions.refresh.cdc import stage_cdc_changes
-
         return stage_cdc_changes(dataset, source, transforms, plan)
     first = plan.items[0]
     column = dataset.acceleration.refresh.watermark_column
@@ -626,7 +632,6 @@ def _stage_name() -> str:
 
 
 def _session(remote: str | None) -> Any:
-    from airflow_partitions.refresh.spark_session import build_connect_session, build_local_session
 
     return build_connect_session(remote) if remote else build_local_session()
 
@@ -662,8 +667,6 @@ def _run_spark_stage(
     from functools import reduce
 
     from pyspark.sql import functions as F
-
-    from airflow_partitions.sources.spark import explain_spark_read_error, quote_column
 
     # Partition values must match the Arrow evaluation: UTC session, microsecond timestamps in parquet.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
@@ -766,25 +769,22 @@ def written_entries(plan: RefreshPlan, written: Mapping[int, WrittenItem]) -> di
 
 
 def _item_merge_job(
-    project: ProjectSpec,
+    handle: DatasetHandle,
     bound: DatasetSpec,
     source: Source,
     transforms: Sequence[Transform],
     plan: RefreshPlan,
     storage: PartitionStorage | None,
     changed: pa.Table,
-    s3_settings: SettingsLike | None,
 ) -> ItemMergeJob:
     """What the executors need to merge the changed rows into the planned items (the changed rows ride
     in the job: the stage holds them in memory already, and executors need no path to the stage)."""
     import pyarrow as pa
 
-    from airflow_partitions.refresh.written import ItemMergeJob, storage_for
-
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, changed.schema) as writer:
         writer.write_table(changed)
-    data_root, upload_url, settings = _data_destination(project, bound, s3_settings)
+    data_root, upload_url, settings = _data_destination(handle, bound)
     return ItemMergeJob(
         dataset=bound.name,
         primary_key=tuple(bound.acceleration.primary_key),
@@ -800,22 +800,15 @@ def _item_merge_job(
 
 
 def _data_destination(
-    project: ProjectSpec, bound: DatasetSpec, s3_settings: SettingsLike | None
+    handle: DatasetHandle, bound: DatasetSpec
 ) -> tuple[str | None, str | None, S3Settings | None]:
-    """Where executors write partition files: (local dataset root, None, None), or, under an `s3://`
-    accelerator_dir, (None, the dataset's URL, the settings that reach it)."""
-    handle = open_handle(project, bound)
+    """Where executors write partition files: (local dataset root, None, None), or, when the files live on
+    S3, (None, the dataset's URL, the handle's settings that reach it)."""
     if handle.local_data:
         return str(handle.local_root), None, None
-    from airflow_partitions.objectstore import S3Settings
-    from airflow_partitions.refresh import remote
 
     remote.check_remote_engine(bound)
-    if isinstance(s3_settings, S3Settings) or s3_settings is None:
-        settings = s3_settings
-    else:
-        settings = S3Settings.from_mapping(s3_settings)
-    return None, handle.data_location, settings
+    return None, handle.data_location, handle.settings
 
 
 def _item_tasks(spark: Any, items: int) -> int:
@@ -831,8 +824,6 @@ def _merge_on_executors(spark: Any, job: ItemMergeJob) -> dict[int, WrittenItem]
     """One Spark task per planned item (up to the shuffle partitions) merges and writes it."""
     from functools import partial
 
-    from airflow_partitions.refresh.written import RESULT_SCHEMA_DDL, merge_item_rows, merge_items
-
     count = len(job.items)
     items = spark.createDataFrame([(i,) for i in range(count)], "item INT").repartition(
         _item_tasks(spark, count), "item"
@@ -847,20 +838,18 @@ def _merge_on_executors(spark: Any, job: ItemMergeJob) -> dict[int, WrittenItem]
 
 
 def _item_write_job(
-    project: ProjectSpec,
+    handle: DatasetHandle,
     bound: DatasetSpec,
     source: Source,
     transforms: Sequence[Transform],
     plan: RefreshPlan,
     keys: Sequence[tuple[Any, ...]],
     storage: PartitionStorage | None,
-    s3_settings: SettingsLike | None,
     sinces: Sequence[RowsSince | None] = (),
 ) -> ItemWriteJob:
     """What the executors need to write the planned items' final files (local root, or S3 upload)."""
-    from airflow_partitions.refresh.written import ItemWriteJob, storage_for
 
-    data_root, upload_url, settings = _data_destination(project, bound, s3_settings)
+    data_root, upload_url, settings = _data_destination(handle, bound)
     return ItemWriteJob(
         dataset=bound.name,
         schema=source.schema().serialize().to_pybytes(),
@@ -881,8 +870,6 @@ def _write_items_on_executors(
     """Shuffle the routed rows by item (one task owns an item) and let each task write its items' final
     files (`mapInArrow`); collects the small per-item metadata rows on the driver."""
     from functools import partial
-
-    from airflow_partitions.refresh.written import RESULT_SCHEMA_DDL, merge_item_rows, write_items
 
     if shuffle_items:
         # An explicit count: adaptive execution would coalesce a by-column shuffle into a few tasks, and
@@ -1028,8 +1015,6 @@ def _spark_literal_text(value: Any) -> str:
 def _spark_since(frame: Any, since: RowsSince) -> Any:
     """`since` as a Spark condition on `frame` (the literal cast to the column's own type)."""
     from pyspark.sql import functions as F
-
-    from airflow_partitions.sources.spark import quote_column
 
     column = frame[quote_column(since.column)]
     if since.after is None:

@@ -38,6 +38,8 @@ from airflow_partitions.refresh.arrow_budget import (
 )
 from airflow_partitions.refresh.arrow_refresh import check_arrow_supported
 from airflow_partitions.refresh.arrow_stream import streams
+from airflow_partitions.sources.files import FileSource
+from airflow_partitions.sources.postgres import PostgresSource
 
 if TYPE_CHECKING:
     from airflow_partitions.refresh.plan import RefreshPlan
@@ -92,8 +94,6 @@ class SourceSize:
 def source_size(source: Source) -> SourceSize | None:
     """What `source` stores, from its listing or catalog; None when it cannot be told (a view, another
     kind of source). Raises `SourceError` when the source cannot be reached."""
-    from airflow_partitions.sources.files import FileSource
-    from airflow_partitions.sources.postgres import PostgresSource
 
     if isinstance(source, FileSource):
         files = source.list_files()

@@ -27,7 +27,22 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import format_time, parse_time
 from airflow_partitions.exceptions import RefreshError, StorageError
+from airflow_partitions.keys import escape_component
 from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.refresh.failures import STATE_DIRECTORY
+from airflow_partitions.refresh.pipeline import (
+    bind_dataset,
+    load_project,
+    plan_refresh,
+    refresh_dataset,
+    resolve_dataset,
+)
+from airflow_partitions.sources import open_dataset_source
+from airflow_partitions.sources.files import FileSource
+from airflow_partitions.sources.postgres import PostgresSource
+from airflow_partitions.storage import get_storage
+from airflow_partitions.storage.datafile import file_checksum
+from airflow_partitions.storage.remote import fetch_partition_files
 from airflow_partitions.table import open_handle
 from airflow_partitions.write.row_hash import (
     RowTally,
@@ -215,8 +230,6 @@ def verify_dataset(
     records, and whose certificate is bound to those files, is known by its certificate without decoding
     a row (`checked_by`); `deep` reads and hashes every partition's files anyway.
     """
-    from airflow_partitions.refresh.pipeline import bind_dataset, load_project, resolve_dataset
-    from airflow_partitions.sources import open_dataset_source
 
     started = time.monotonic()
     project = load_project(project)
@@ -300,7 +313,6 @@ def _selected_source_tallies(
 ) -> tuple[dict[str, RowTally], set[str]]:
     """Source tallies of the selected partitions, and the key paths selected on either side (discovery
     names the source's; the catalog's selected partitions gone from the source are in `plan.removed`)."""
-    from airflow_partitions.refresh.pipeline import plan_refresh
 
     plan = plan_refresh(project, spec, partitions=partitions, where=where, full=True, source=source)
     keys = {item.key_path: item.partition_key for item in plan.items}
@@ -309,7 +321,6 @@ def _selected_source_tallies(
     tallies: dict[str, RowTally] = {}
     if source.can_read_partition(transforms) or _pushes_predicates(source, transforms):
         rows = 0
-        from airflow_partitions.sources.postgres import PostgresSource
 
         for done, (key_path, key) in enumerate(sorted(keys.items()), start=1):
             with hash_connection() as connection:
@@ -351,8 +362,6 @@ def _tally_whole_source(
     ends in one DuckDB aggregate grouped by partition (`tally_relation_by_partition`)."""
     import duckdb
 
-    from airflow_partitions.sources.files import FileSource
-
     grouped_in_sql = all(all(c in schema.names for c in t.source_columns) for t in transforms)
     if not grouped_in_sql:
         # A partition field not over one source column: routed by the refresh's own code instead.
@@ -375,7 +384,6 @@ def _tally_whole_source(
                 ), "arrow-stream"
             except (duckdb.Error, OSError, ValueError):
                 pass  # the connector's whole read below raises its own error, naming the file
-    from airflow_partitions.sources.postgres import PostgresSource
 
     if isinstance(source, PostgresSource):
         # Postgres' rows stream batch by batch into the one aggregate: the table need not fit in memory.
@@ -622,8 +630,6 @@ def _certified_entries(
     hashing rows; the certificate was computed from those rows when they were written."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from airflow_partitions.storage.datafile import file_checksum
-
     candidates = {
         path: entry
         for path, entry in entries.items()
@@ -673,7 +679,9 @@ def _parquet_tallies(
     """Per-file tallies of every entry's files in one DuckDB scan, for the parquet engine (its files are
     plain Parquet); None for other engines, or when that scan fails (then each partition is read through
     its engine, which names what is wrong)."""
-    from airflow_partitions.storage.parquet import ParquetStorage
+    from airflow_partitions.storage.parquet import (  # lazy: pyarrow; Airflow tasks import refresh/ light
+        ParquetStorage,
+    )
 
     if not isinstance(storage, ParquetStorage):
         return None
@@ -732,7 +740,6 @@ class _acceleration_files:
         self._scratch: Any = None
 
     def __enter__(self) -> tuple[Any, Path, Callable[[Sequence[Any]], None]]:
-        from airflow_partitions.storage import get_storage
 
         storage = self.catalog.storage or get_storage(self.spec.acceleration)
         handle = open_handle(self.project, self.spec)
@@ -740,8 +747,6 @@ class _acceleration_files:
             root = Path(self.catalog.data_root or handle.local_root)
             return storage, root, lambda files: None
         import tempfile
-
-        from airflow_partitions.storage.remote import fetch_partition_files
 
         self._scratch = tempfile.TemporaryDirectory(prefix="verify-")
         root = Path(self._scratch.name)
@@ -763,7 +768,6 @@ def _repair(
     strategy: str,
 ) -> VerifyReport:
     """Refresh exactly the partitions that are not equal (one commit), then verify those again."""
-    from airflow_partitions.refresh.pipeline import refresh_dataset
 
     paths = [c.key_path for c in report.differing]
     tick("repair", 0, len(paths), 0)
@@ -817,8 +821,6 @@ def _selection_text(partitions: Sequence[str] | None, where: str | None) -> str 
 
 
 def _last_verify_key(catalog: Catalog) -> str:
-    from airflow_partitions.keys import escape_component
-    from airflow_partitions.refresh.failures import STATE_DIRECTORY
 
     return f"{escape_component(catalog.dataset)}/{STATE_DIRECTORY}/{LAST_VERIFY_NAME}"
 

@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import RowCertificate
-from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.exceptions import ConservationError, RefreshError, StorageError
+from airflow_partitions.objectstore import S3Store
+from airflow_partitions.objectstore.location import parse_s3_location
+from airflow_partitions.refresh.finalize import (
+    conform_to_schema,
+    merge_changes,
+    verify_partition,
+    verify_past_watermark,
+)
+from airflow_partitions.storage import DataFile, get_storage
+from airflow_partitions.storage.remote import fetch_partition_files
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.write.row_hash import certify_rows
 
@@ -137,11 +147,6 @@ def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table)
     A partition that cannot be written (its rows belong elsewhere, a disk or store error) fails alone,
     as a finalize task would: its row carries the error, which its finalize raises; the others go on.
     """
-    from airflow_partitions.refresh.finalize import (
-        conform_to_schema,
-        verify_partition,
-        verify_past_watermark,
-    )
 
     if not 0 <= index < len(job.keys):
         raise RefreshError(f"the Spark stage routed rows to unplanned item {index}; plan again")
@@ -259,7 +264,6 @@ def merge_items(job: ItemMergeJob, batches: Iterator[pa.RecordBatch]) -> Iterato
 def merge_item(job: ItemMergeJob, schema: pa.Schema, changed: pa.Table, index: int) -> dict[str, Any]:
     """One partition of a changes refresh: committed rows minus every changed key, plus the changed rows
     routed here, re-checked and written as the partition's new files. Fails alone, like `write_item`."""
-    from airflow_partitions.refresh.finalize import merge_changes, verify_partition
 
     if not 0 <= index < len(job.items):
         raise RefreshError(f"the Spark merge job received unplanned item {index}; plan again")
@@ -274,8 +278,6 @@ def merge_item(job: ItemMergeJob, schema: pa.Schema, changed: pa.Table, index: i
     scratch = _scratch() if job.data_root is None else None
     try:
         if scratch is not None:
-            from airflow_partitions.storage.remote import fetch_partition_files
-
             fetch_partition_files(_upload_store(job.upload_url, job.s3_settings), scratch, item.base_files)
         base_root = scratch if scratch is not None else Path(str(job.data_root))
         table, added = merge_changes(
@@ -337,9 +339,6 @@ def _scratch() -> Path:
 
 
 def _upload_store(upload_url: str | None, settings: S3Settings | None) -> Any:
-    from airflow_partitions.exceptions import StorageError
-    from airflow_partitions.objectstore import S3Store
-    from airflow_partitions.objectstore.location import parse_s3_location
 
     if upload_url is None:
         raise StorageError("no accelerator_dir URL to upload the partition files to")
@@ -360,7 +359,6 @@ class WrittenItem:
 
 def merge_item_rows(rows: Sequence[Mapping[str, Any]]) -> dict[int, WrittenItem]:
     """The executors' metadata rows per item (an item split over several tasks has several rows)."""
-    from airflow_partitions.storage import DataFile
 
     merged: dict[int, WrittenItem] = {}
     for row in rows:
@@ -438,10 +436,6 @@ def remove_written_files(
             for path in paths:
                 Path(data_root, path).unlink(missing_ok=True)
         elif upload_url is not None:
-            from airflow_partitions.exceptions import StorageError
-            from airflow_partitions.objectstore import S3Store
-            from airflow_partitions.objectstore.location import parse_s3_location
-
             location = parse_s3_location(upload_url, what="accelerator_dir", error=StorageError)
             S3Store.at(location, s3_settings).delete(paths)
     except Exception:  # unreferenced either way; vacuum removes what is left
@@ -449,6 +443,5 @@ def remove_written_files(
 
 
 def storage_for(acceleration: AccelerationSpec, storage: PartitionStorage | None) -> PartitionStorage:
-    from airflow_partitions.storage import get_storage
 
     return storage if storage is not None else get_storage(acceleration)

@@ -74,37 +74,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         project = load_spec(args.spec)
-        dataset = project.dataset(args.dataset)
-        # An s3:// accelerator_dir: the executors upload the partition files with these settings.
-        s3_settings = None if open_handle(project, dataset).local_data else s3_settings_from_environment()
+        # Files on S3: the executors upload the partition files with the settings the submitter handed
+        # over (none: the AWS environment).
+        handle = open_handle(project, args.dataset, s3_settings=s3_settings_from_environment())
         output: dict[str, Any]
         if args.command == "stage":
             plan = read_plan(args.plan)
             stage = stage_refresh(
-                project,
-                dataset,
+                handle,
                 plan,
                 spark=spark_session(args),
                 location=args.location,
                 strategy=args.strategy,
                 repartition=args.repartition,
-                s3_settings=s3_settings,
             )
             output = stage.to_json()
             if args.finalize and stage.location:
-                output["results"] = [
-                    finalize_partition(project, dataset, stage, item, s3_settings=s3_settings).to_json()
-                    for item in plan.items
-                ]
+                output["results"] = [finalize_partition(handle, stage, item).to_json() for item in plan.items]
         else:
             stage_ref = read_stage_reference(args.stage)
             items = read_work_items(args.items)
-            output = {
-                "results": [
-                    finalize_partition(project, dataset, stage_ref, item, s3_settings=s3_settings).to_json()
-                    for item in items
-                ]
-            }
+            output = {"results": [finalize_partition(handle, stage_ref, item).to_json() for item in items]}
     except AirflowPartitionsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1182,6 +1182,12 @@ class ProjectSpec:
         return self.accelerator_url is not None
 
     @property
+    def accelerator_location(self) -> str:
+        """Where the shared files (partition files, catalogs, stages) live: the `s3://` URL of an
+        accelerator_dir on S3, else the local accelerator_dir."""
+        return self.accelerator_url or str(self.accelerator_dir)
+
+    @property
     def names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.datasets)
 

@@ -115,6 +115,16 @@ class DatasetHandle:
         other workers to read it: the files live on object storage and the stage on this worker's disk."""
         return not self.local_data and not is_s3_url(location)
 
+    def stage_is_local(self, location: str) -> bool:
+        """Whether the stage at `location` is a directory on this worker (else it is on object storage and
+        read through `stage_store_at`)."""
+        return not is_s3_url(location)
+
+    def stage_store_at(self, location: str) -> ObjectStore:
+        """The store of the stage at `location` (a local directory or an `s3://` URL), reached with this
+        handle's settings."""
+        return store_from_url(location, settings=self.settings, what="stage location")
+
     def stage_store(self, name: str) -> ObjectStore:
         """The store of one stage: `<accelerator_dir>/_staging/<dataset>/<name>/` on the disk or S3."""
         return store_from_url(self.stage_location(name), settings=self.settings, what="accelerator_dir")

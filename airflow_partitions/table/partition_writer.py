@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from airflow_partitions.catalog.model import file_key_path
 from airflow_partitions.exceptions import ConservationError
 from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.storage.remote import upload_partition_files
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -98,8 +99,6 @@ class PartitionWriter:
             want = rows.num_rows if expected is None else expected
             self.check(key_path, files, counted, want, expected_as, advice)
         if files and self.uploads:
-            from airflow_partitions.storage.remote import upload_partition_files
-
             upload_partition_files(self.store, self.root, files)
         return WrittenFiles(list(files), counted)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog import PartitionEntry
 from airflow_partitions.exceptions import ConservationError
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ class CommitBuilder:
 
     def add(self, entries: PartitionEntry | Iterable[PartitionEntry]) -> None:
         """Publish these partition entries (new or replacing the base's)."""
-        from airflow_partitions.catalog import PartitionEntry
 
         self.upserts.extend([entries] if isinstance(entries, PartitionEntry) else entries)
 

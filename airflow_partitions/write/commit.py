@@ -33,6 +33,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog import partition_spec_info
 from airflow_partitions.catalog.model import PartitionEntry, RowCertificate, split_key_path
 from airflow_partitions.exceptions import (
     CommitConflictError,
@@ -43,7 +44,9 @@ from airflow_partitions.exceptions import (
 )
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.spec.renames import renames_of
+from airflow_partitions.storage.remote import fetch_partition_files
 from airflow_partitions.table.handle import open_handle
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder, new_commit_id
@@ -56,6 +59,7 @@ from airflow_partitions.write.merge import (
     remove_keys,
 )
 from airflow_partitions.write.routing import route_to_paths
+from airflow_partitions.write.row_hash import certify_rows
 from airflow_partitions.write.rows import RowsFile, arrow_rows, conform_rows, read_rows_file
 
 if TYPE_CHECKING:
@@ -179,8 +183,6 @@ class WriteTarget:
     def local(self, files: Sequence[DataFile]) -> Sequence[DataFile]:
         """`files`, readable under `root` (copied from S3 first, checked, when the files live there)."""
         if self.remote is not None:
-            from airflow_partitions.storage.remote import fetch_partition_files
-
             fetch_partition_files(self.remote, self.root, files)
         return files
 
@@ -227,7 +229,6 @@ def open_write_target(
     The schema is the acceleration's (a file of its most recently written partition), else the spec's
     `schema:` block, else the source's: writes never change the schema of a version.
     """
-    from airflow_partitions.catalog import partition_spec_info
 
     handle = open_handle(project, dataset, s3_settings=s3_settings)
     catalog = catalog or handle.catalog
@@ -275,14 +276,11 @@ def acceleration_schema(
             files = snapshot.partitions[table.column("key_path")[position].as_py()].files
             if files:
                 if remote is not None:
-                    from airflow_partitions.storage.remote import fetch_partition_files
-
                     fetch_partition_files(remote, root, files[:1])
                 return storage.file_schema(root, files[0])
     declared = dataset.bound_schema or dataset.declared_schema()
     if declared is not None:
         return declared
-    from airflow_partitions.sources import open_dataset_source
 
     return open_dataset_source(dataset).schema()
 
@@ -331,8 +329,6 @@ def _written_certificate(change: PartitionChange) -> RowCertificate | None:
     """The partition's certificate after the write: the new rows' plus the kept files' (known when the
     partition keeps all its files, as an append does, or none); None when kept files lost rows."""
     import pyarrow as pa
-
-    from airflow_partitions.write.row_hash import certify_rows
 
     parts = [t for t in change.rewritten if t.num_rows]
     if change.added is not None and change.added.num_rows:
@@ -740,7 +736,10 @@ def delete(
 
 def delete_changes(target: WriteTarget, where: FilterInput) -> list[PartitionChange]:
     """Per partition the filter selects: exact files dropped, inexact ones rewritten without matches."""
-    from airflow_partitions.pruning import PartitionIndex, plan_partitions
+    from airflow_partitions.pruning import (  # lazy: pyarrow; tasks import write/ light
+        PartitionIndex,
+        plan_partitions,
+    )
 
     if target.snapshot is None:
         return []
@@ -783,8 +782,14 @@ def matching_rows(table: pa.Table, predicate_sql: str) -> pa.BooleanArray:
     import numpy as np
     import pyarrow as pa
 
-    from airflow_partitions.pruning.limits import run_bounded
-    from airflow_partitions.read.query import QueryLimits, needs_partition_functions, new_duckdb_connection
+    from airflow_partitions.pruning.limits import (  # lazy: pyarrow; tasks import write/ light
+        run_bounded,
+    )
+    from airflow_partitions.read.query import (  # lazy: pyarrow; tasks import write/ light
+        QueryLimits,
+        needs_partition_functions,
+        new_duckdb_connection,
+    )
 
     row_column = "__ap_row"
     numbered = table.append_column(row_column, pa.array(np.arange(table.num_rows, dtype=np.int64)))

@@ -28,6 +28,8 @@ from airflow_partitions.exceptions import (
     WriteError,
 )
 from airflow_partitions.table.publish import CommitBuilder
+from airflow_partitions.write.commit import PartitionChange, WriteOperation, commit_changes, open_write_target
+from airflow_partitions.write.routing import route_to_paths
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -133,12 +135,6 @@ def repartition(
     however many they are.
     """
 
-    from airflow_partitions.write.commit import (
-        WriteOperation,
-        commit_changes,
-        open_write_target,
-    )
-
     if max_partitions is not None and max_partitions < 1:
         raise WriteError(f"max_partitions must be at least 1, not {max_partitions}")
     if max_rows is not None and max_rows < 1:
@@ -208,9 +204,6 @@ def moved_changes(
     keep their files and gain them. Also the rows read and the rows added per current partition."""
     import pyarrow as pa
 
-    from airflow_partitions.write.commit import PartitionChange
-    from airflow_partitions.write.routing import route_to_paths
-
     dataset = target.dataset
     changes: list[PartitionChange] = []
     tables = []
@@ -272,7 +265,6 @@ def old_partitions_holding(
     """The partitions of older specs holding a row that routes to one of `key_paths` (plain key paths of
     the current partition_by), as `(spec id, plain key path)`. Exact: each old partition's source columns
     of the current partition fields are read and routed (no other column is read)."""
-    from airflow_partitions.write.routing import route_to_paths
 
     target = _open_stored(project, dataset, catalog, s3_settings)
     if target.snapshot is None or not key_paths:
@@ -330,7 +322,6 @@ def _open_stored(
     acceleration's files. A renamed source column is not (it is a spec change whose stored rows carry the
     old name): refused with `PartitionSpecChangedError` naming the rebuild that applies it.
     """
-    from airflow_partitions.write.commit import open_write_target
 
     try:
         return open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)

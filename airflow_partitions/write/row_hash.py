@@ -25,9 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import RowCertificate
-from airflow_partitions.exceptions import StorageError
+from airflow_partitions.exceptions import PartitionExpressionError, StorageError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.transforms.mod import ModTransform
+from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
+from airflow_partitions.write.routing import partition_groups
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -177,8 +180,6 @@ def tally_by_partition(
     `transforms` (as a refresh routes rows; NULL is a key like any other). Adds to `into` when given."""
     import pyarrow as pa
 
-    from airflow_partitions.write.routing import partition_groups
-
     out = into if into is not None else {}
     if table.num_rows == 0:
         return out
@@ -323,10 +324,9 @@ def _pre_key_sql(transform: Transform, column_sql: str) -> tuple[str, bool]:
     column grouped by its raw values would make a group per row). Every other transform groups by the
     raw column and is applied afterwards, once per distinct value, by its own Arrow code: no Python UDF
     runs per row, and a transform with no DuckDB form is still exact."""
-    from airflow_partitions.exceptions import PartitionExpressionError
-    from airflow_partitions.transforms.duckdb_functions import duckdb_expression
-    from airflow_partitions.transforms.mod import ModTransform
-    from airflow_partitions.transforms.temporal import DatePartTransform, DateTruncTransform
+    from airflow_partitions.transforms.duckdb_functions import (  # lazy: pyarrow; tasks import write/ light
+        duckdb_expression,
+    )
 
     if isinstance(transform, DatePartTransform | DateTruncTransform | ModTransform):
         try:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import WriteError, WriteSchemaError
+from airflow_partitions.sources.files import csv_convert_options
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -70,8 +71,6 @@ def read_rows_file(rows_file: RowsFile, schema: pa.Schema) -> pa.Table:
             return pq.read_table(rows_file.path)
         if file_format == "csv":
             import pyarrow.csv as pcsv
-
-            from airflow_partitions.sources.files import csv_convert_options
 
             # The rule CSV sources are read by: only an empty field is NULL.
             return pcsv.read_csv(rows_file.path, convert_options=csv_convert_options(schema))

@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import ConservationError, WriteError, WriteThroughError
 from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.sources import open_dataset_source
+from airflow_partitions.sources.postgres import PostgresSource
+from airflow_partitions.spec.model import SourceScheme
 from airflow_partitions.write.commit import (
     KeyClaim,
     PartitionChange,
@@ -64,8 +67,6 @@ def write_through(
     Raises `WriteThroughError` when the source committed but the acceleration did not.
     """
     import time
-
-    from airflow_partitions.spec.model import SourceScheme
 
     started = time.monotonic()
     operation = WriteOperation(operation)
@@ -132,9 +133,6 @@ def write_source_rows(
 ) -> int:
     """Insert (or upsert on `keys`) `rows` into the source table in one committed transaction; the count."""
     import psycopg
-
-    from airflow_partitions.sources import open_dataset_source
-    from airflow_partitions.sources.postgres import PostgresSource
 
     source = open_dataset_source(target.dataset)
     if not isinstance(source, PostgresSource):  # the spec said postgres: the connector must agree
