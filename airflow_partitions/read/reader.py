@@ -33,6 +33,8 @@ from airflow_partitions.pruning import (
     plan_partitions,
 )
 from airflow_partitions.pruning.deep import deep_stack
+from airflow_partitions.pruning.expressions import renamed_columns
+from airflow_partitions.pruning.filters import bind_filter
 from airflow_partitions.pruning.limits import check_budget
 from airflow_partitions.pruning.query import tables_named_in
 from airflow_partitions.pruning.spark_filter import spark_condition
@@ -349,9 +351,6 @@ class PartitionedDatasetReader:
 
     def _stored_filter(self, where: FilterInput, schema: pa.Schema) -> Predicate:
         """`where`, written with the current column names, bound and made to read the stored ones."""
-        from airflow_partitions.pruning.expressions import renamed_columns
-        from airflow_partitions.pruning.filters import bind_filter
-
         return renamed_columns(bind_filter(where, self._renames.to_current(schema)), self._renames.stored)
 
     def _stored_columns(self, schema: pa.Schema, columns: Sequence[str] | None) -> list[str]:
