@@ -476,7 +476,7 @@ def test_arrow_kernels_give_duckdb_s_values(text: str) -> None:
     import random
 
     from airflow_partitions.transforms.arrow_native import evaluate
-    from airflow_partitions.transforms.expression import evaluate_sql
+    from airflow_partitions.transforms.duckdb_eval import evaluate_sql
 
     transform = bound(text)
     assert transform._native is not None, f"{text}: not evaluated by Arrow kernels"

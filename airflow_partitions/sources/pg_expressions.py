@@ -44,11 +44,11 @@ from sqlglot import exp
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
 from airflow_partitions.sources.pg_builtin_sql import builtin_sql, quote_ident
 from airflow_partitions.transforms import parse_transform
+from airflow_partitions.transforms.duckdb_eval import expression_result_type
 from airflow_partitions.transforms.expression import (
     COMPOSED_INPUT,
     UNIT_FUNCTIONS,
     ExpressionTransform,
-    expression_result_type,
     expression_sql,
 )
 from airflow_partitions.transforms.temporal import DATE_UNITS

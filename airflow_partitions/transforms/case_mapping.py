@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.transforms.duckdb_eval import evaluate_sql
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -128,8 +130,6 @@ def candidate_rows(function: str, values: pa.Array) -> npt.NDArray[np.int64]:
 def duckdb_case(function: str, values: pa.Array) -> pa.Array:
     """DuckDB's `lower` / `upper` of a string array (the definition)."""
     import pyarrow as pa
-
-    from airflow_partitions.transforms.expression import evaluate_sql  # cycle: expression imports us
 
     return evaluate_sql(f"{function}(value)", "value", values, pa.string(), f"{function}(value)")
 
