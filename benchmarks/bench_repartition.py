@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec
+from airflow_partitions.table import open_handle
 from airflow_partitions.write.repartition import repartition
 from benchmarks import load
 
@@ -87,7 +88,9 @@ def main() -> None:
                 if name == "migrate":
                     project = load_spec(spec)
                     batches = 0
-                    while not repartition(project, project.dataset("events"), max_partitions=2).done:
+                    while not repartition(
+                        open_handle(project, project.dataset("events")), max_partitions=2
+                    ).done:
                         batches += 1
                     migrate.append(time.perf_counter() - started)
                 else:

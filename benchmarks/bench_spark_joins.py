@@ -94,14 +94,15 @@ def run(rows: int, rounds: int) -> None:
     from airflow_partitions.read import PartitionedDatasetReader
     from airflow_partitions.refresh.spark_session import build_local_session
     from airflow_partitions.spec import load_spec
+    from airflow_partitions.table import open_handle
     from airflow_partitions.write.commit import append
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-joins-"))
     try:
         orders, people = make_tables(rows)
         project = load_spec(write_spec(scratch))
-        append(project, project.dataset("orders"), orders)
-        append(project, project.dataset("customers"), people)
+        append(open_handle(project, project.dataset("orders")), orders)
+        append(open_handle(project, project.dataset("customers")), people)
         spark = build_local_session(app_name="bench-spark-joins")
         spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
         left_reader = PartitionedDatasetReader(project, "orders")

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_partitions.spec import load_spec
+from airflow_partitions.table import open_handle
 from airflow_partitions.write.commit import append, upsert
 from benchmarks import load
 from benchmarks.pairing import Target, figure_line, run_rounds
@@ -89,7 +90,7 @@ def run(rows: int, rounds: int) -> None:
     seeded = scratch / "seeded"
     seeded.mkdir()
     project = load_spec(write_spec(seeded))
-    append(project, project.dataset("events"), table)
+    append(open_handle(project, project.dataset("events")), table)
     counter = iter(range(10**9))
 
     def fresh() -> Path:
@@ -100,7 +101,7 @@ def run(rows: int, rounds: int) -> None:
     def appended() -> Any:
         directory = fresh()
         spec = load_spec(write_spec(directory))
-        result = append(spec, spec.dataset("events"), table)
+        result = append(open_handle(spec, spec.dataset("events")), table)
         shutil.rmtree(directory)
         return result
 
@@ -108,7 +109,7 @@ def run(rows: int, rounds: int) -> None:
         directory = fresh()
         shutil.copytree(seeded / "acc", directory / "acc")
         spec = load_spec(write_spec(directory))
-        result = upsert(spec, spec.dataset("events"), changed)
+        result = upsert(open_handle(spec, spec.dataset("events")), changed)
         shutil.rmtree(directory)
         return result
 

@@ -18,6 +18,7 @@ from airflow_partitions.exceptions import (
     CatalogIntegrityError,
     CommitFilesMissingError,
 )
+from airflow_partitions.table import open_handle
 from tests.test_catalog import SPEC, commit, entry, fingerprints, key_path
 
 
@@ -278,12 +279,12 @@ def test_vacuum_with_no_grace_between_a_writes_files_and_its_commit_publishes_no
     monkeypatch.setattr(Catalog, "commit", vacuum_then_commit)
     appended = hostile_rows(63, range(500, 540), regions=["EU", "a/b", None, "it's"])
     with pytest.raises(CommitFilesMissingError, match="Nothing was published") as caught:
-        writes.append(project, project.dataset("items"), appended)
+        writes.append(open_handle(project, project.dataset("items")), appended)
     assert vacuumed == [0]
     assert caught.value.missing
     monkeypatch.setattr(Catalog, "commit", real_commit)
     assert Catalog(LocalStore(tmp_path / "acc"), "items").head_version() == 1
     assert_same_rows(read_all(project), oracle.table(), "the head after the refused commit")
-    writes.append(project, project.dataset("items"), appended)
+    writes.append(open_handle(project, project.dataset("items")), appended)
     oracle.append(appended)
     assert_same_rows(read_all(project), oracle.table(), "after writing again")

@@ -24,6 +24,7 @@ from airflow_partitions.exceptions import PartitionSpecChangedError, SpecValidat
 from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec
+from airflow_partitions.table import open_handle
 from airflow_partitions.write import append, delete, upsert
 
 FILTERS_PER_CHECK = 30
@@ -215,7 +216,7 @@ def test_a_declared_rename_keeps_the_layout_and_every_row(tmp_path: Path, engine
     scenario.check("append refresh")
 
     rows = scenario.new_rows(5)
-    append(scenario.project, scenario.dataset(), rows)
+    append(open_handle(scenario.project, scenario.dataset()), rows)
     scenario.source = pa.concat_tables([scenario.source, rows])
     scenario.save_source()
     scenario.check("append write")
@@ -225,14 +226,14 @@ def test_a_declared_rename_keeps_the_layout_and_every_row(tmp_path: Path, engine
     old_ids = scenario.source.column("id").take(pa.array(positions)).to_pylist()
     ids = pa.array([*old_ids, replacement.column("id")[-1].as_py()], pa.int64())
     replacement = replacement.set_column(0, "id", ids)
-    upsert(scenario.project, scenario.dataset(), replacement, keys=["id"])
+    upsert(open_handle(scenario.project, scenario.dataset()), replacement, keys=["id"])
     keep = pc.invert(pc.is_in(scenario.source.column("id"), value_set=ids))
     scenario.source = pa.concat_tables([scenario.source.filter(keep), replacement])
     scenario.save_source()
     scenario.check("upsert")
 
     gone = scenario.source.filter(pc.is_null(scenario.source.column("x_value")))
-    delete(scenario.project, scenario.dataset(), "x_value IS NULL")
+    delete(open_handle(scenario.project, scenario.dataset()), "x_value IS NULL")
     assert gone.num_rows > 0
     scenario.source = scenario.source.filter(pc.is_valid(scenario.source.column("x_value")))
     scenario.save_source()
@@ -333,7 +334,7 @@ def test_a_snapshot_taken_before_a_rename_bootstraps_a_replica_that_reads_the_ne
     scenario.spec = replica_spec
     scenario.check("bootstrapped, read under the new names", FILTERS_PER_CHECK)
     rows = scenario.new_rows(6)
-    append(scenario.project, scenario.dataset(), rows)
+    append(open_handle(scenario.project, scenario.dataset()), rows)
     scenario.source = pa.concat_tables([scenario.source, rows])
     scenario.check("written to the replica under the new names")
 

@@ -29,6 +29,7 @@ from airflow_partitions.exceptions import ConservationError
 from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec
+from airflow_partitions.table import open_handle
 from airflow_partitions.write import append, delete, upsert
 from airflow_partitions.write.repartition import check_moved_rows, repartition
 
@@ -142,7 +143,7 @@ class Scenario:
 
     def batch(self) -> None:
         before = self.snapshot()
-        report = repartition(self.project, self.dataset(), max_partitions=self.rng.randint(1, 3))
+        report = repartition(open_handle(self.project, self.dataset()), max_partitions=self.rng.randint(1, 3))
         after = self.snapshot()
         assert after.total_rows == before.total_rows, "a batch moves rows, never adds or drops one"
         assert report.partitions_left == after.other_layout()[0]
@@ -150,7 +151,7 @@ class Scenario:
 
     def append_rows(self) -> None:
         rows = self.new_rows(self.rng.randint(1, 12))
-        append(self.project, self.dataset(), rows)
+        append(open_handle(self.project, self.dataset()), rows)
         self.source = pa.concat_tables([self.source, rows])
         self.save_source()
 
@@ -161,14 +162,14 @@ class Scenario:
         old_ids = self.source.column("id").take(pa.array(positions)).to_pylist()
         ids = pa.array([*old_ids, replacement.column("id")[-1].as_py()], pa.int64())
         replacement = replacement.set_column(0, "id", ids)
-        upsert(self.project, self.dataset(), replacement, keys=["id"])
+        upsert(open_handle(self.project, self.dataset()), replacement, keys=["id"])
         keep = pc.invert(pc.is_in(self.source.column("id"), value_set=ids))
         self.source = pa.concat_tables([self.source.filter(keep), replacement])
         self.save_source()
 
     def delete_rows(self) -> None:
         ids = self.rng.sample(self.source.column("id").to_pylist(), 3)
-        delete(self.project, self.dataset(), f"id IN ({', '.join(str(i) for i in ids)})")
+        delete(open_handle(self.project, self.dataset()), f"id IN ({', '.join(str(i) for i in ids)})")
         self.source = self.source.filter(pc.invert(pc.is_in(self.source.column("id"), pa.array(ids))))
         self.save_source()
 
@@ -196,6 +197,7 @@ class Scenario:
             import os, signal
             from airflow_partitions.catalog.catalog import Catalog
             from airflow_partitions.spec import load_spec
+            from airflow_partitions.table import open_handle
             from airflow_partitions.write.repartition import repartition
             real = Catalog.commit
             def commit(self, **kwargs):
@@ -204,7 +206,7 @@ class Scenario:
                 return real(self, **kwargs)
             Catalog.commit = commit
             project = load_spec({str(self.spec)!r})
-            repartition(project, project.dataset("events"), max_partitions=2)
+            repartition(open_handle(project, "events"), max_partitions=2)
             """
         )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -285,7 +287,7 @@ def test_a_migration_of_an_acceleration_on_s3_moves_batch_by_batch(
     scenario = Scenario(tmp_path, 11, old, accelerator_dir=f"s3://{s3_bucket}/acc")
     # The Arrow refresh writes locally only: the acceleration is built by appends through the write path.
     for offset in range(0, scenario.source.num_rows, 60):
-        append(scenario.project, scenario.dataset(), scenario.source.slice(offset, 60))
+        append(open_handle(scenario.project, scenario.dataset()), scenario.source.slice(offset, 60))
     assert not (tmp_path / "acc").exists(), "nothing of the acceleration is local"
     scenario.check("first refresh on S3")
     old_partitions = scenario.snapshot().partition_count
@@ -300,7 +302,7 @@ def test_a_migration_of_an_acceleration_on_s3_moves_batch_by_batch(
             assert main(["repartition", str(scenario.spec), "events", "--max-partitions", str(batch)]) == 0
             left = scenario.snapshot().other_layout(spec_id)
         else:
-            report = repartition(scenario.project, scenario.dataset(), max_partitions=batch)
+            report = repartition(open_handle(scenario.project, scenario.dataset()), max_partitions=batch)
             left = (report.partitions_left, report.rows_left)
             assert left == scenario.snapshot().other_layout(spec_id)
         after = scenario.snapshot()
@@ -342,7 +344,7 @@ def test_plan_prunes_each_partition_under_its_own_spec(tmp_path: Path, capsys: A
     scenario = Scenario(tmp_path, 5, TRANSITIONS["day-to-month"][0])
     scenario.full_refresh()
     scenario.set_partition_by(TRANSITIONS["day-to-month"][1])
-    repartition(scenario.project, scenario.dataset(), max_partitions=2)
+    repartition(open_handle(scenario.project, scenario.dataset()), max_partitions=2)
     snapshot = scenario.snapshot()
     old_id = next(s for s in snapshot.spec_ids_in_use() if s != snapshot.partition_spec.spec_id)
     old_days = sorted(p for p in snapshot.partitions if p.startswith("@") and "NULL" not in p)
@@ -555,7 +557,7 @@ def test_a_renamed_source_column_is_rebuilt_not_migrated(tmp_path: Path) -> None
     scenario.set_partition_by(["p_s: region"])
     assert scenario.dataset().acceleration.partition_spec_id != before.partition_spec.spec_id
     with pytest.raises(PartitionSpecChangedError, match="refresh SPEC DATASET --full"):
-        repartition(scenario.project, scenario.dataset(), max_partitions=2)
+        repartition(open_handle(scenario.project, scenario.dataset()), max_partitions=2)
     with pytest.raises(PartitionSpecChangedError, match="a source column was renamed"):
         refresh_dataset(str(scenario.spec), "events", where="id >= 0", strategy="arrow")
     assert scenario.snapshot().version == before.version, "refused: nothing committed"

@@ -24,6 +24,7 @@ from matrix_support import row_digests
 
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import ProjectSpec
+from airflow_partitions.table import open_handle
 from tests.writes_support import hostile_rows
 
 pytestmark = [pytest.mark.s3]
@@ -103,7 +104,7 @@ def s3_acceleration(tmp_path: Path, s3_server: dict[str, str], s3_bucket: str) -
     project = load_spec(spec_path)
     dataset = project.dataset("items")
     for offset in range(0, source.num_rows, 100):
-        append(project, dataset, source.slice(offset, 100), s3_settings=dict(s3_server))
+        append(open_handle(project, dataset, s3_settings=dict(s3_server)), source.slice(offset, 100))
     return S3Acceleration(spec_path, source, s3_bucket, s3_server)
 
 

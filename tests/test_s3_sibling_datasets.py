@@ -67,7 +67,7 @@ def two_datasets(
     spec_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     project = load_spec(spec_path)
     for name, table in (("orders", ORDERS), ("customers", CUSTOMERS)):
-        append(project, project.dataset(name), table, s3_settings=dict(s3_server))
+        append(open_handle(project, project.dataset(name), s3_settings=dict(s3_server)), table)
     monkeypatch.setenv("AWS_ENDPOINT_URL", dead_endpoint())
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     return project

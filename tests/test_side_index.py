@@ -388,7 +388,7 @@ datasets:
     project = load_spec(spec)
     extra = hostile_table(30, seed=9).set_column(0, "id", pa.array(range(5000, 5030), pa.int64()))
     extra = extra.set_column(2, "cat", pa.array(["UK"] * 30))
-    append(project, project.dataset("events"), extra)
+    append(open_handle(project, project.dataset("events")), extra)
     files = latest_files(spec)
     assert all(set(f.index) == {"cat", "s"} for f in files), "a write builds the index of its files"
     assert read("cat = 'UK'") == list(range(5000, 5030))

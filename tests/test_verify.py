@@ -691,13 +691,13 @@ def test_writes_keep_certificates_that_match_their_files(tmp_path: Path) -> None
     refresh_dataset(spec, "w", strategy="arrow")
     project = load_project(spec)
     more = table.slice(0, 20).set_column(0, "id", pa.array(np.arange(1000, 1020, dtype=np.int64)))
-    append(project, project.dataset("w"), more)
+    append(open_handle(project, project.dataset("w")), more)
     pq.write_table(pa.concat_tables([table, more]), source / "rows.parquet")
     check_certificates(spec, project, expect_all=True)
     # An upsert rewrites files: a partition that lost rows from kept files has no certificate until its
     # next refresh; one rewritten whole, or untouched, keeps a true one.
     changed = table.slice(40, 10).set_column(1, "s", pa.array(["changed"] * 10))
-    upsert(project, project.dataset("w"), changed)
+    upsert(open_handle(project, project.dataset("w")), changed)
     unchanged = table.filter(pc.invert(pc.is_in(table.column("id"), changed.column("id"))))
     pq.write_table(pa.concat_tables([unchanged, changed, more]), source / "rows.parquet")
     check_certificates(spec, project, expect_all=False)

@@ -14,6 +14,7 @@ import pytest
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.exceptions import FilterError, WriteError, WriteKeyError, WriteSchemaError
 from airflow_partitions.refresh.pipeline import refresh_dataset
+from airflow_partitions.table import open_handle
 from airflow_partitions.transforms import parse_transform
 from airflow_partitions.write import commit as writes
 from tests.writes_support import (
@@ -65,7 +66,7 @@ def test_full_read_equals_source_plus_applied_writes(
     dataset = project.dataset("items")
 
     appended = hostile_rows(2, range(1000, 1120), regions=regions)
-    result = writes.append(project, dataset, appended)
+    result = writes.append(open_handle(project, dataset), appended)
     oracle.append(appended)
     assert (result.rows_in, result.rows_added, result.rows_removed) == (120, 120, 0)
     assert_same_rows(read_all(project), oracle.table(), "after append")
@@ -74,12 +75,12 @@ def test_full_read_equals_source_plus_applied_writes(
     changed = hostile_rows(3, range(1, 301, 7), regions=regions)
     new = hostile_rows(4, range(2000, 2030), regions=regions)
     upserted = pa.concat_tables([changed, new])
-    result = writes.upsert(project, dataset, upserted)
+    result = writes.upsert(open_handle(project, dataset), upserted)
     oracle.upsert(upserted)
     assert (result.rows_added, result.rows_removed) == (upserted.num_rows, changed.num_rows)
     assert_same_rows(read_all(project), oracle.table(), "after upsert")
 
-    removed = writes.delete(project, dataset, "amount < 0 OR region = 'a/b' OR note IS NULL")
+    removed = writes.delete(open_handle(project, dataset), "amount < 0 OR region = 'a/b' OR note IS NULL")
     expected_removed = oracle.delete(
         lambda r: (r["amount"] is not None and r["amount"] < 0) or r["region"] == "a/b" or r["note"] is None
     )
@@ -107,7 +108,7 @@ def test_delete_drops_emptied_partitions_and_reads_only_what_it_must(source: Sou
     dataset = project.dataset("items")
     before = open_catalog(project, dataset).latest()
     assert before is not None
-    result = writes.delete(project, dataset, "region IS NULL")
+    result = writes.delete(open_handle(project, dataset), "region IS NULL")
     assert result.removed_partitions == ("expr0=%NULL",)
     assert result.partitions == ()
     assert result.rows_removed == before.partitions["expr0=%NULL"].rows
@@ -119,12 +120,12 @@ def test_delete_drops_emptied_partitions_and_reads_only_what_it_must(source: Sou
     bucket = parse_transform("bucket(4, id)").bind(pa.int64())
     left = read_all(project)
     in_bucket_one = sum(1 for value in bucket.apply(left.column("id")).to_pylist() if value == 1)
-    assert writes.delete(project, dataset, "bucket(4, id) = 1").rows_removed == in_bucket_one > 0
+    assert writes.delete(open_handle(project, dataset), "bucket(4, id) = 1").rows_removed == in_bucket_one > 0
     assert 1 not in bucket.apply(read_all(project).column("id")).to_pylist()
     assert read_all(project).num_rows == left.num_rows - in_bucket_one
     with pytest.raises(FilterError, match="nope"):
-        writes.delete(project, dataset, "nope = 1")
-    nothing = writes.delete(project, dataset, "region = 'nowhere'")
+        writes.delete(open_handle(project, dataset), "nope = 1")
+    nothing = writes.delete(open_handle(project, dataset), "region = 'nowhere'")
     assert nothing.version is None
     assert nothing.rows_removed == 0
 
@@ -136,7 +137,7 @@ def test_upsert_with_a_key_that_decides_the_partition_rewrites_only_routed_parti
     project = source.spec(["truncate(100, id)"])
     refresh_dataset(project, "items")
     dataset = project.dataset("items")
-    result = writes.upsert(project, dataset, hostile_rows(7, range(150, 153)))
+    result = writes.upsert(open_handle(project, dataset), hostile_rows(7, range(150, 153)))
     assert result.partitions == ("expr0=100",), "only the partition the keys route to"
     assert (result.rows_added, result.rows_removed) == (3, 3)
     assert read_all(project).num_rows == 400
@@ -148,7 +149,7 @@ def test_writes_to_a_dataset_never_refreshed(source: Source) -> None:
     project = source.spec(["region"])
     dataset = project.dataset("items")
     rows = hostile_rows(9, range(1, 51))
-    result = writes.append(project, dataset, rows.to_batches(max_chunksize=7))
+    result = writes.append(open_handle(project, dataset), rows.to_batches(max_chunksize=7))
     assert result.version == 1
     assert result.rows_added == 50
     assert_same_rows(read_all(project), rows, "first write")
@@ -171,7 +172,7 @@ def test_schema_mismatch_names_the_columns_and_writes_nothing(source: Source) ->
         }
     )
     with pytest.raises(WriteSchemaError) as caught:
-        writes.append(project, dataset, bad)
+        writes.append(open_handle(project, dataset), bad)
     err = caught.value
     assert err.missing == ("note",)
     assert err.extra == ("colour",)
@@ -182,7 +183,7 @@ def test_schema_mismatch_names_the_columns_and_writes_nothing(source: Source) ->
         3, "amount", pa.array([Decimal("1.234")], pa.decimal128(12, 3))
     )
     with pytest.raises(WriteSchemaError, match="'amount' is decimal128"):
-        writes.upsert(project, dataset, lossy)
+        writes.upsert(open_handle(project, dataset), lossy)
     assert open_catalog(project, dataset).head_version() == head, "nothing was committed"
 
 
@@ -197,14 +198,14 @@ def test_upsert_without_keys_and_with_repeated_keys_is_refused(source: Source) -
     keyless = replace(declared, acceleration=replace(declared.acceleration, primary_key=()))
     head = open_catalog(project, keyless).head_version()
     with pytest.raises(WriteKeyError, match="upsert needs key columns"):
-        writes.upsert(project, keyless, hostile_rows(13, range(1, 3)))
+        writes.upsert(open_handle(project, keyless), hostile_rows(13, range(1, 3)))
     twice = hostile_rows(14, [5, 5])  # type: ignore[arg-type]
     with pytest.raises(WriteKeyError, match=r"repeat key \['id'\] values, e.g. \[\(5,\)\]"):
-        writes.upsert(project, keyless, twice, keys=["id"])
+        writes.upsert(open_handle(project, keyless), twice, keys=["id"])
     with pytest.raises(WriteKeyError, match=r"\['nope'\] are not columns"):
-        writes.upsert(project, keyless, hostile_rows(15, range(1, 2)), keys=["nope"])
+        writes.upsert(open_handle(project, keyless), hostile_rows(15, range(1, 2)), keys=["nope"])
     with pytest.raises(WriteError, match="delete needs a filter"):
-        writes.delete(project, keyless, "  ")
+        writes.delete(open_handle(project, keyless), "  ")
     assert open_catalog(project, keyless).head_version() == head
 
 
@@ -235,11 +236,11 @@ def test_append_and_upsert_a_spark_dataframe(source: Source, spark: Any) -> None
     dataset = project.dataset("items")
     oracle = Oracle(source.rows())
     appended = hostile_rows(52, range(300, 340), regions=FEW_REGIONS)
-    result = writes.append(project, dataset, spark.createDataFrame(appended.to_pandas()))
+    result = writes.append(open_handle(project, dataset), spark.createDataFrame(appended.to_pandas()))
     oracle.append(appended)
     assert result.rows_added == 40
     changed = hostile_rows(53, range(1, 41, 4), regions=FEW_REGIONS)
-    writes.upsert(project, dataset, spark.createDataFrame(changed.to_pandas()))
+    writes.upsert(open_handle(project, dataset), spark.createDataFrame(changed.to_pandas()))
     oracle.upsert(changed)
     assert_same_rows(read_all(project), oracle.table(), "after Spark DataFrame writes")
 
@@ -251,7 +252,7 @@ def test_a_change_that_does_not_add_up_publishes_nothing(source: Source) -> None
     source.create(hostile_rows(61, range(1, 41), regions=FEW_REGIONS))
     project = source.spec(["region"])
     refresh_dataset(project, "items")
-    target = writes.open_write_target(project, project.dataset("items"))
+    target = writes.open_write_target(open_handle(project, project.dataset("items")))
     head = target.catalog.head_version()
     changes = writes.append_changes(target, hostile_rows(62, range(100, 110), regions=["EU"]))
     changes[0].removed = 1  # claims a row went that is still there

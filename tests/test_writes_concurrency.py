@@ -63,7 +63,7 @@ def write_worker(spec_path: str, region: str, first_id: int, barrier: Any, outco
 
     try:
         project = load_spec(spec_path)
-        target = open_write_target(project, project.dataset("items"))
+        target = open_write_target(open_handle(project, project.dataset("items")))
         rows = written_rows(region, first_id)
         changes = append_changes(target, rows)
         barrier.wait(timeout=120)
@@ -132,7 +132,7 @@ def test_writer_and_refresh_of_the_same_partition_conflict_of_different_ones_bot
         # The loser writes again from the newest version and commits.
         from airflow_partitions.write.commit import append
 
-        append(project, project.dataset("items"), written)
+        append(open_handle(project, project.dataset("items")), written)
         expected.append(written)
         assert_same_rows(read_all(project), expected.table(), "after writing again")
 

@@ -28,6 +28,7 @@ from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import ProjectSpec
+from airflow_partitions.table import open_handle
 from airflow_partitions.write import commit as writes
 from airflow_partitions.write.merge import check_unique_keys, delete_rows_by_key, key_match_mask, upsert_rows
 from tests.writes_support import SCHEMA, Oracle, assert_same_rows, hostile_rows
@@ -210,27 +211,26 @@ def test_upsert_and_delete_by_key_on_float_keys_through_a_dataset(tmp_path: Path
         {"k": [0.0, NAN, None, 5.0, 7.0], "region": ["a/b", "EU", None, "EU", "日本"], "v": list("abcde")},
         schema=schema,
     )
-    writes.append(project, dataset, first)
+    writes.append(open_handle(project, dataset), first)
     # A second file in EU whose statistics (NaN left out) are [10, 20]: a NaN key may still be there.
     writes.append(
-        project,
-        dataset,
+        open_handle(project, dataset),
         pa.table({"k": [10.0, 20.0], "region": ["EU", "EU"], "v": ["f", "g"]}, schema=schema),
     )
     writes.upsert(
-        project,
-        dataset,
+        open_handle(project, dataset),
         pa.table({"k": [-0.0, -NAN], "region": ["k=v", "100%"], "v": ["A", "B"]}, schema=schema),
     )
     got = sorted(read_all(project).to_pylist(), key=lambda r: r["v"])
     assert [r["v"] for r in got] == ["A", "B", "c", "d", "e", "f", "g"], "0.0 and NaN replaced, once each"
     assert {r["v"]: r["region"] for r in got}["A"] == "k=v"
     writes.upsert(
-        project, dataset, pa.table({"k": [NAN, 20.0], "region": ["EU", "EU"], "v": ["N", "G"]}, schema=schema)
+        open_handle(project, dataset),
+        pa.table({"k": [NAN, 20.0], "region": ["EU", "EU"], "v": ["N", "G"]}, schema=schema),
     )
     got = sorted(read_all(project).to_pylist(), key=lambda r: r["v"])
     assert [r["v"] for r in got] == ["A", "G", "N", "c", "d", "e", "f"]
-    result = writes.delete(project, dataset, "k IS NOT DISTINCT FROM '-0.0'::DOUBLE OR isnan(k)")
+    result = writes.delete(open_handle(project, dataset), "k IS NOT DISTINCT FROM '-0.0'::DOUBLE OR isnan(k)")
     assert result.rows_removed == 2
     assert sorted(r["v"] for r in read_all(project).to_pylist()) == ["G", "c", "d", "e", "f"]
 
@@ -247,7 +247,7 @@ def test_a_dataset_emptied_by_delete_reads_as_zero_rows_of_its_schema(tmp_path: 
     refresh_dataset(project, DATASET, strategy="arrow")
     dataset = project.dataset(DATASET)
     assert_same_rows(read_all(project), rows, "refreshed")
-    result = writes.delete(project, dataset, "TRUE")
+    result = writes.delete(open_handle(project, dataset), "TRUE")
     assert result.rows_removed == 40
     assert result.partitions == ()
     assert len(result.removed_partitions) > 0
@@ -285,7 +285,7 @@ def test_a_dataset_emptied_by_delete_reads_as_zero_rows_of_its_schema(tmp_path: 
     assert code == 0
     assert (json.loads(out)["total"], json.loads(out)["selected"]) == (0, 0)
     # The next write fills it again, with the same schema.
-    writes.append(project, dataset, rows.slice(0, 5))
+    writes.append(open_handle(project, dataset), rows.slice(0, 5))
     assert_same_rows(read_all(project), rows.slice(0, 5), "written again")
 
 
@@ -312,7 +312,7 @@ def _upserts_together(project: ProjectSpec, batches: list[pa.Table]) -> dict[int
         assert project.path is not None
         own = load_spec(project.path)
         try:
-            outcomes[index] = writes.upsert(own, own.dataset(DATASET), batches[index])
+            outcomes[index] = writes.upsert(open_handle(own, own.dataset(DATASET)), batches[index])
         except Exception as err:  # collected: the caller's assertion names it
             outcomes[index] = err
 
@@ -340,7 +340,7 @@ def test_concurrent_upserts_of_one_new_key_never_duplicate_it(
     project = file_spec(tmp_path, "parquet", ["region"], engine=engine)
     dataset = project.dataset(DATASET)
     initial = hostile_rows(21, range(1, 31), regions=RACE_REGIONS)
-    writes.append(project, dataset, initial)
+    writes.append(open_handle(project, dataset), initial)
     oracle = Oracle(initial)
     duplicated: set[int] = set()  # keys seen on two rows, after any race or retry
     outcomes_seen: list[str] = []
@@ -361,7 +361,7 @@ def test_concurrent_upserts_of_one_new_key_never_duplicate_it(
         if len(committed) == 1:
             # The loser writes again from the newest version: its rows replace the winner's.
             loser = rows_b if committed == [0] else rows_a
-            writes.upsert(project, dataset, loser)
+            writes.upsert(open_handle(project, dataset), loser)
             oracle.upsert(loser)
             duplicated |= _duplicated_keys(read_all(project))
         else:

@@ -12,6 +12,7 @@ import pytest
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.exceptions import WriteError, WriteThroughError
 from airflow_partitions.refresh.pipeline import refresh_dataset
+from airflow_partitions.table import open_handle
 from airflow_partitions.write.write_through import write_through
 from tests.writes_support import Oracle, Source, assert_same_rows, fresh_database, hostile_rows, read_all
 
@@ -44,7 +45,7 @@ def test_write_through_reaches_source_then_acceleration(source: Source) -> None:
             hostile_rows(23, range(500, 520), regions=REGIONS),
         ]
     )
-    result = write_through(project, dataset, rows, operation="upsert")
+    result = write_through(open_handle(project, dataset), rows, operation="upsert")
     oracle.upsert(rows)
     assert result.rows_added == rows.num_rows
     assert_same_rows(source.rows(), oracle.table(), "the source")
@@ -73,7 +74,7 @@ def test_acceleration_failure_keeps_the_source_rows_and_a_refresh_catches_up(sou
         [hostile_rows(25, range(100, 110), regions=["EU"]), hostile_rows(26, range(200, 205), regions=["ZZ"])]
     )
     with pytest.raises(WriteThroughError) as caught:
-        write_through(project, dataset, rows, operation="append")
+        write_through(open_handle(project, dataset), rows, operation="append")
     err = caught.value
     assert err.source_rows == 15
     assert set(err.partitions) == {"expr0=EU", "expr0=ZZ"}
@@ -98,8 +99,8 @@ def test_refused_by_the_source_writes_nowhere(source: Source, tmp_path: Path) ->
     before = source.rows()
     duplicate = hostile_rows(28, range(1, 3), regions=REGIONS)  # ids 1, 2 exist: the primary key refuses
     with pytest.raises(WriteError, match=r"refused the rows: duplicate key value.*rolled back"):
-        write_through(project, dataset, duplicate, operation="append")
+        write_through(open_handle(project, dataset), duplicate, operation="append")
     assert_same_rows(source.rows(), before, "the source")
     assert open_catalog(project, dataset).head_version() == head
     with pytest.raises(WriteError, match="write-through covers append and upsert"):
-        write_through(project, dataset, duplicate, operation="delete")
+        write_through(open_handle(project, dataset), duplicate, operation="delete")

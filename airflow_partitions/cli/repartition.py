@@ -37,12 +37,12 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
     from airflow_partitions.write.repartition import repartition  # lazy: loads sqlglot
 
     project = load_spec(args.spec)
     report = repartition(
-        project,
-        project.dataset(args.dataset),
+        open_handle(project, args.dataset),
         max_partitions=args.max_partitions,
         max_rows=args.max_rows,
         dry_run=args.dry_run,

@@ -54,6 +54,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+    from airflow_partitions.table import open_handle  # lazy: loads sqlglot
     from airflow_partitions.write.commit import append, delete, upsert  # lazy: loads sqlglot
     from airflow_partitions.write.rows import RowsFile  # lazy: loads sqlglot
     from airflow_partitions.write.write_through import write_through  # lazy: loads sqlglot
@@ -64,22 +65,23 @@ def run(args: argparse.Namespace) -> int:
         raise_usage("--write-through covers --append and --upsert; delete in the source, then refresh")
     project = load_spec(args.spec)
     dataset = project.dataset(args.dataset)
+    handle = open_handle(project, dataset)
     started = time.monotonic()
     try:
         if args.delete_where is not None:
             print(f"{dataset.name}: deleting rows where {args.delete_where}", file=sys.stderr)
-            result = delete(project, dataset, args.delete_where)
+            result = delete(handle, args.delete_where)
         else:
             path = args.append or args.upsert
             operation = "append" if args.append else "upsert"
             rows = RowsFile(path, args.file_format)
             print(f"{dataset.name}: {operation} of {path} ({rows.format})", file=sys.stderr)
             if args.write_through:
-                result = write_through(project, dataset, rows, operation=operation, keys=args.key)
+                result = write_through(handle, rows, operation=operation, keys=args.key)
             elif args.append:
-                result = append(project, dataset, rows)
+                result = append(handle, rows)
             else:
-                result = upsert(project, dataset, rows, keys=args.key)
+                result = upsert(handle, rows, keys=args.key)
     except (WriteThroughError, ConservationError) as err:
         if args.json:
             document: dict[str, Any] = {

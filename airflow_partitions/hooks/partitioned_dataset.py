@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
     from airflow_partitions.pruning import FilterInput, PrunePlan
     from airflow_partitions.read import PartitionedDatasetReader
-    from airflow_partitions.spec import DatasetSpec, ProjectSpec
+    from airflow_partitions.spec import ProjectSpec
+    from airflow_partitions.table import DatasetHandle
     from airflow_partitions.write.commit import WriteResult
 
 
@@ -355,9 +356,9 @@ class PartitionedDatasetHook(BaseHook):
         """Delete the rows matching `where` (SQL condition or DNF list), in one atomic commit."""
         from airflow_partitions.write.commit import delete  # lazy: loads sqlglot
 
-        project, dataset, settings = self._write_context()
+        handle = self._write_handle()
         try:
-            return delete(project, dataset, where, s3_settings=settings, commit_id=commit_id)
+            return delete(handle, where, commit_id=commit_id)
         finally:
             self._after_write()
 
@@ -372,7 +373,7 @@ class PartitionedDatasetHook(BaseHook):
     ) -> WriteResult:
         from airflow_partitions.write import commit  # lazy: loads sqlglot
 
-        project, dataset, settings = self._write_context()
+        handle = self._write_handle()
         try:
             if write_through:
                 from airflow_partitions.write.write_through import (  # lazy: loads sqlglot
@@ -380,26 +381,17 @@ class PartitionedDatasetHook(BaseHook):
                 )
 
                 install_connection_resolver()
-                return through(
-                    project,
-                    dataset,
-                    data,
-                    operation=operation,
-                    keys=keys,
-                    s3_settings=settings,
-                    commit_id=commit_id,
-                )
+                return through(handle, data, operation=operation, keys=keys, commit_id=commit_id)
             if operation == "upsert":
-                return commit.upsert(
-                    project, dataset, data, keys=keys, s3_settings=settings, commit_id=commit_id
-                )
-            return commit.append(project, dataset, data, s3_settings=settings, commit_id=commit_id)
+                return commit.upsert(handle, data, keys=keys, commit_id=commit_id)
+            return commit.append(handle, data, commit_id=commit_id)
         finally:
             self._after_write()
 
-    def _write_context(self) -> tuple[ProjectSpec, DatasetSpec, S3Settings | None]:
-        """The spec, the dataset and the S3 settings of a catalog on S3 (writes need local files)."""
+    def _write_handle(self) -> DatasetHandle:
+        """The dataset's handle for a write, with the S3 settings of a catalog on S3."""
         from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+        from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
         spec_path = self._setting("spec_path", self.spec_path)
         if spec_path is None:
@@ -417,7 +409,9 @@ class PartitionedDatasetHook(BaseHook):
         project = load_spec(spec_path)
         dataset = project.dataset(self.dataset)
         settings = self._storage_hook().dataset_settings(project, dataset)
-        return project, dataset, S3Settings.from_mapping(settings) if settings is not None else None
+        return open_handle(
+            project, dataset, s3_settings=S3Settings.from_mapping(settings) if settings is not None else None
+        )
 
     def _after_write(self) -> None:
         # A reader of this hook pinned the version before the write: reads after it start afresh.

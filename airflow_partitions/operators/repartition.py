@@ -42,13 +42,13 @@ class RepartitionOperator(DatasetOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_partitions.write.repartition import repartition  # lazy: loads sqlglot
 
+        handle = self.dataset_handle()
         report = repartition(
-            self.project,
-            self.dataset_spec,
+            handle,
             max_partitions=self.max_partitions,
             max_rows=self.max_rows,
             dry_run=self.report_only,
-            catalog=self.open_catalog(),
+            catalog=handle.catalog,
         )
         self.log.info("%s", report.describe())
         record_repartition(self.dataset, partitions_left=report.partitions_left, rows_left=report.rows_left)

@@ -195,8 +195,10 @@ def move_rows_of_selection(
         dataset, source, None, partitions=partitions, where_selector=selector, timeout_s=timeout_s
     )
     paths = [item.key_path for item in selected.items]
-    holding = old_partitions_holding(project, dataset, paths, catalog=catalog)
-    repartition(project, dataset, catalog=catalog, only=holding)
+    # The catalog given was opened with the caller's settings: the moves read and write through it.
+    handle = open_handle(project, dataset)
+    holding = old_partitions_holding(handle, paths, catalog=catalog)
+    repartition(handle, catalog=catalog, only=holding)
     return catalog.latest()
 
 

@@ -47,7 +47,6 @@ from airflow_partitions.objectstore import LocalStore
 from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.spec.renames import renames_of
 from airflow_partitions.storage.remote import fetch_partition_files
-from airflow_partitions.table.handle import open_handle
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder, new_commit_id
 from airflow_partitions.write.merge import (
@@ -67,10 +66,11 @@ if TYPE_CHECKING:
 
     from airflow_partitions.catalog import Catalog, PartitionSpecInfo, Snapshot
     from airflow_partitions.catalog.state import CommitRecord
-    from airflow_partitions.objectstore import ObjectStore, SettingsLike
+    from airflow_partitions.objectstore import ObjectStore
     from airflow_partitions.pruning import FilterInput
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile, PartitionStorage
+    from airflow_partitions.table import DatasetHandle
     from airflow_partitions.transforms import Transform
 
 
@@ -217,20 +217,17 @@ class WriteTarget:
 
 
 def open_write_target(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     *,
     catalog: Catalog | None = None,
-    s3_settings: SettingsLike | None = None,
     schema: pa.Schema | None = None,
 ) -> WriteTarget:
-    """Open `dataset` for a write: the newest catalog version and the schema rows must have.
+    """Open the handle's dataset for a write: the newest catalog version and the schema rows must have.
 
     The schema is the acceleration's (a file of its most recently written partition), else the spec's
     `schema:` block, else the source's: writes never change the schema of a version.
     """
-
-    handle = open_handle(project, dataset, s3_settings=s3_settings)
+    project, dataset = handle.project, handle.dataset
     catalog = catalog or handle.catalog
     storage = catalog.storage or handle.storage
     # The catalog's data store is set when the files live on S3: they are then rewritten in scratch.
@@ -581,18 +578,16 @@ def prepare_rows(target: WriteTarget, data: Any) -> pa.Table:
 
 
 def append(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     data: Any,
     *,
     catalog: Catalog | None = None,
-    s3_settings: SettingsLike | None = None,
     commit_id: str | None = None,
     keep_fingerprints: bool = True,
 ) -> WriteResult:
     """Add `data`'s rows to the partitions they route to (new partitions included) in one commit."""
     started = time.monotonic()
-    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    target = open_write_target(handle, catalog=catalog)
     rows = prepare_rows(target, data)
     return commit_changes(
         target,
@@ -625,13 +620,11 @@ def resolve_keys(target: WriteTarget, keys: Sequence[str] | None, *, what: str) 
 
 
 def upsert(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     data: Any,
     *,
     keys: Sequence[str] | None = None,
     catalog: Catalog | None = None,
-    s3_settings: SettingsLike | None = None,
     commit_id: str | None = None,
     keep_fingerprints: bool = True,
 ) -> WriteResult:
@@ -641,7 +634,7 @@ def upsert(
     A key may appear once in `data`. A row whose partition value changed moves to its new partition.
     """
     started = time.monotonic()
-    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    target = open_write_target(handle, catalog=catalog)
     key_columns = resolve_keys(target, keys, what="upsert")
     rows = prepare_rows(target, data)
     check_unique_keys(rows, key_columns)
@@ -697,12 +690,10 @@ def upsert_changes(target: WriteTarget, rows: pa.Table, keys: Sequence[str]) -> 
 
 
 def delete(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     where: FilterInput,
     *,
     catalog: Catalog | None = None,
-    s3_settings: SettingsLike | None = None,
     commit_id: str | None = None,
     keep_fingerprints: bool = True,
 ) -> WriteResult:
@@ -716,7 +707,7 @@ def delete(
             "delete needs a filter (where=...); to empty the dataset pass where='TRUE' explicitly"
         )
     started = time.monotonic()
-    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    target = open_write_target(handle, catalog=catalog)
     renames = renames_of(target.dataset)
     if renames:
         from airflow_partitions.pruning.expressions import renamed_columns  # lazy: loads pyarrow

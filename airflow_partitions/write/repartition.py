@@ -35,8 +35,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.catalog import Catalog, PartitionEntry
-    from airflow_partitions.objectstore import SettingsLike
-    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.table import DatasetHandle
     from airflow_partitions.write.commit import PartitionChange, WriteTarget
 
 # Old partitions one batch moves when neither --max-partitions nor --max-rows is given.
@@ -116,14 +115,12 @@ def pick_batch(
 
 
 def repartition(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     *,
     max_partitions: int | None = None,
     max_rows: int | None = None,
     dry_run: bool = False,
     catalog: Catalog | None = None,
-    s3_settings: SettingsLike | None = None,
     commit_id: str | None = None,
     only: Collection[tuple[str, str]] | None = None,
 ) -> RepartitionReport:
@@ -140,7 +137,8 @@ def repartition(
     if max_rows is not None and max_rows < 1:
         raise WriteError(f"max_rows must be at least 1, not {max_rows}")
     started = time.monotonic()
-    target = _open_stored(project, dataset, catalog, s3_settings)
+    dataset = handle.dataset
+    target = _open_stored(handle, catalog)
     spec = target.spec_info
     snapshot = target.snapshot
     started_layout = False
@@ -152,7 +150,7 @@ def repartition(
         builder.count({"renamed": len(upserts), "rows": sum(e.rows for e in upserts)})
         builder.commit(evolve=True)
         started_layout = True
-        target = open_write_target(project, dataset, catalog=target.catalog, schema=target.schema)
+        target = open_write_target(handle, catalog=target.catalog, schema=target.schema)
         snapshot = target.snapshot
     base_version = snapshot.version if snapshot is not None else None
     old = old_entries(snapshot, spec.spec_id) if snapshot is not None else []
@@ -255,18 +253,17 @@ def check_moved_rows(dataset: str, removed: int, read: int, added: Mapping[str, 
 
 
 def old_partitions_holding(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     key_paths: Collection[str],
     *,
     catalog: Catalog | None = None,
-    s3_settings: SettingsLike | None = None,
 ) -> list[tuple[str, str]]:
     """The partitions of older specs holding a row that routes to one of `key_paths` (plain key paths of
     the current partition_by), as `(spec id, plain key path)`. Exact: each old partition's source columns
     of the current partition fields are read and routed (no other column is read)."""
 
-    target = _open_stored(project, dataset, catalog, s3_settings)
+    dataset = handle.dataset
+    target = _open_stored(handle, catalog)
     if target.snapshot is None or not key_paths:
         return []
     wanted = set(key_paths)
@@ -313,9 +310,7 @@ def layout_progress(snapshot: Any, spec_id: str) -> dict[str, Any]:
     }
 
 
-def _open_stored(
-    project: ProjectSpec, dataset: DatasetSpec, catalog: Catalog | None, s3_settings: SettingsLike | None
-) -> WriteTarget:
+def _open_stored(handle: DatasetHandle, catalog: Catalog | None) -> WriteTarget:
     """The write target, bound to the schema of the rows the acceleration holds.
 
     Moving rows routes stored rows, so every column the current partition_by reads must be in the
@@ -324,8 +319,9 @@ def _open_stored(
     """
 
     try:
-        return open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+        return open_write_target(handle, catalog=catalog)
     except SpecValidationError as err:
+        dataset = handle.dataset
         raise PartitionSpecChangedError(
             f"dataset {dataset.name!r}: partition_by cannot route the rows the acceleration holds "
             f"({'; '.join(err.errors)}). A re-partitioning moves stored rows, so every column the new "

@@ -45,19 +45,16 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.catalog import Catalog
-    from airflow_partitions.objectstore import SettingsLike
-    from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
+    from airflow_partitions.table import DatasetHandle
 
 
 def write_through(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
+    handle: DatasetHandle,
     data: Any,
     *,
     operation: WriteOperation | str = WriteOperation.APPEND,
     keys: Sequence[str] | None = None,
     catalog: Catalog | None = None,
-    s3_settings: SettingsLike | None = None,
     commit_id: str | None = None,
     source_url: str | None = None,
 ) -> WriteResult:
@@ -69,6 +66,7 @@ def write_through(
     import time
 
     started = time.monotonic()
+    dataset = handle.dataset
     operation = WriteOperation(operation)
     if operation is WriteOperation.DELETE:
         raise WriteError(
@@ -80,7 +78,7 @@ def write_through(
             f"dataset {dataset.name!r}: write_through needs a Postgres source, not {dataset.source.uri}; "
             "write to the acceleration only (without write_through), or to the source and refresh"
         )
-    target = open_write_target(project, dataset, catalog=catalog, s3_settings=s3_settings)
+    target = open_write_target(handle, catalog=catalog)
     earlier = committed_earlier(target, operation, commit_id, started)
     if earlier is not None:
         return earlier  # a retry of a write-through that went through: the source has the rows already
