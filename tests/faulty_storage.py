@@ -36,9 +36,9 @@ class RowLosingStorage(ParquetStorage):
         super().__init__()
         self.victim = victim
 
-    def write(self, table: pa.Table, dataset_root: Path, key_path: str) -> list[Any]:
+    def write(self, table: pa.Table, dataset_root: Path, key_path: str, *, sync: bool = True) -> list[Any]:
         self.writing = key_path
-        return super().write(table, dataset_root, key_path)
+        return super().write(table, dataset_root, key_path, sync=sync)
 
     def _write_file(self, table: pa.Table, path: Path) -> None:
         super()._write_file(table.slice(1) if self.writing == self.victim else table, path)

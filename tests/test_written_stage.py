@@ -421,13 +421,13 @@ def test_scan_tasks_write_hostile_partitions_without_the_shuffle_row_for_row(
     project = load_spec(spec)
     dataset = project.dataset("trips")
     plan = plan_refresh(project, dataset)
-    stage = stage_refresh(project, dataset, plan, spark=_three_scan_tasks(spark))
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=_three_scan_tasks(spark))
     assert stage.mode is StageMode.WRITTEN
     manifest = StageManifest.load(stage.location or "")
     assert any(len(entry["files"]) > 1 for entry in manifest.items.values()), "no shuffle: several files"
     assert any(PartitionKey.from_json(i.key).values[1] is None for i in plan.items), "a NULL partition"
-    results = [finalize_partition(project, dataset, stage, item) for item in plan.items]
-    assert commit_refresh(project, dataset, plan, results, stage=stage).rows == source.num_rows
+    results = [finalize_partition(open_handle(project, dataset), stage, item) for item in plan.items]
+    assert commit_refresh(open_handle(project, dataset), plan, results, stage=stage).rows == source.num_rows
     assert_equals_source(spec, source)
     where = "s = 'a/b=c' OR s = '50%' OR s = 'it''s' OR s = '日本語' OR s IS NULL OR n_int > 0"
     over_source = f"SELECT * FROM read_parquet('{tmp_path}/src/*.parquet') WHERE {where}"
@@ -450,7 +450,10 @@ def test_a_scan_task_writer_losing_a_row_publishes_nothing(spark: Any, tmp_path:
     victim = max(plan.items, key=lambda item: len(item.key_path)).key_path
     with pytest.raises(ConservationError) as raised:
         stage_refresh(
-            project, dataset, plan, spark=_three_scan_tasks(spark), storage=RowLosingStorage(victim)
+            open_handle(project, dataset),
+            plan,
+            spark=_three_scan_tasks(spark),
+            storage=RowLosingStorage(victim),
         )
     assert list(raised.value.partitions) == [victim]
     routed, written = raised.value.partitions[victim]
