@@ -19,17 +19,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow_partitions.exceptions import ConservationError, RefreshError
+from airflow_partitions.exceptions import RefreshError
 from airflow_partitions.refresh import arrow_stream
 from airflow_partitions.refresh.arrow_write import (
     ArrowRefreshResult,
-    plans_every_partition,
+    check_routed_counts,
     write_partition,
     write_planned,
 )
 from airflow_partitions.refresh.finalize import conform_to_schema
-from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
-from airflow_partitions.refresh.stage_layout import discovered_but_empty
+from airflow_partitions.refresh.plan import PartitionResult
 from airflow_partitions.storage import get_storage
 from airflow_partitions.table import open_handle
 from airflow_partitions.write.routing import route_rows
@@ -163,28 +162,14 @@ def route_checked(
         key.path(names): rows for key, rows in route_rows(table, transforms, dataset=dataset.name).items()
     }
     planned = {item.key_path: item for item in plan.items}
-    unplanned = {path: rows.num_rows for path, rows in routed.items() if path not in planned}
-    if unplanned and plans_every_partition(plan, selecting):
-        raise ConservationError(
-            dataset.name,
-            {path: (0, count) for path, count in sorted(unplanned.items())},
-            expected="rows planned for the partition (the plan does not contain it)",
-            actual="source rows routed to it",
-            hint="The source changed between discovery and the read, or discovery and routing disagree "
-            "on a partition value; nothing was written. Run the refresh again.",
-        )
     routed_total = sum(routed[path].num_rows for path in planned if path in routed)
-    dropped = sum(unplanned.values())
-    if routed_total + dropped != table.num_rows:
-        raise ConservationError(
-            dataset.name,
-            {"[all partitions]": (table.num_rows, routed_total + dropped)},
-            expected="rows read from the source",
-            actual="rows routed to partitions",
-            hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
-        )
-    if plan.discovery is DiscoveryKind.DYNAMIC:
-        empty = [path for path in planned if path not in routed]
-        if empty:
-            raise discovered_but_empty(dataset.name, empty, actual="rows read")
+    dropped = check_routed_counts(
+        dataset.name,
+        plan,
+        selecting=selecting,
+        scanned=table.num_rows,
+        routed_total=routed_total,
+        unplanned={path: rows.num_rows for path, rows in routed.items() if path not in planned},
+        has_rows=lambda path: path in routed,
+    )
     return routed, routed_total, dropped

@@ -54,13 +54,11 @@ from airflow_partitions.refresh.arrow_budget import (
 )
 from airflow_partitions.refresh.arrow_write import (
     ArrowRefreshResult,
-    plans_every_partition,
+    check_routed_counts,
     write_partition,
     write_planned,
 )
 from airflow_partitions.refresh.finalize import conform_to_schema
-from airflow_partitions.refresh.plan import DiscoveryKind
-from airflow_partitions.refresh.stage_layout import discovered_but_empty
 from airflow_partitions.sources.files import FileSource
 from airflow_partitions.sources.postgres import PostgresSource
 from airflow_partitions.sources.renamed import RenamedSource
@@ -452,31 +450,16 @@ def _check_routed(
 ) -> tuple[int, int]:
     """Every row read was routed, to a planned partition, and every discovered partition got rows:
     (rows routed to planned partitions, rows of unplanned ones)."""
-    unplanned = dict(router.dropped)
-    if unplanned and plans_every_partition(plan, selecting):
-        raise ConservationError(
-            dataset.name,
-            {path: (0, count) for path, count in sorted(unplanned.items())},
-            expected="rows planned for the partition (the plan does not contain it)",
-            actual="source rows routed to it",
-            hint="The source changed between discovery and the read, or discovery and routing "
-            "disagree on a partition value; nothing was written. Run the refresh again.",
-        )
     routed_total = router.routed_rows
-    dropped = sum(unplanned.values())
-    if routed_total + dropped != router.scanned:
-        raise ConservationError(
-            dataset.name,
-            {"[all partitions]": (router.scanned, routed_total + dropped)},
-            expected="rows read from the source",
-            actual="rows routed to partitions",
-            hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
-        )
-    planned = [item.key_path for item in plan.items]
-    if plan.discovery is DiscoveryKind.DYNAMIC:
-        empty = [path for path in planned if not spill.rows.get(path)]
-        if empty:
-            raise discovered_but_empty(dataset.name, empty, actual="rows read")
+    dropped = check_routed_counts(
+        dataset.name,
+        plan,
+        selecting=selecting,
+        scanned=router.scanned,
+        routed_total=routed_total,
+        unplanned=dict(router.dropped),
+        has_rows=lambda path: bool(spill.rows.get(path)),
+    )
     return routed_total, dropped
 
 

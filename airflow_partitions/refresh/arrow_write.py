@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import ConservationError
 from airflow_partitions.refresh.finalize import REWRITE_ADVICE, written_entry
-from airflow_partitions.refresh.plan import PartitionResult
-from airflow_partitions.refresh.stage_layout import merge_conservation_errors
+from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
+from airflow_partitions.refresh.stage_layout import discovered_but_empty, merge_conservation_errors
 from airflow_partitions.storage.base import sync_written
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.write.row_hash import RowTally, certify_rows
@@ -47,6 +47,44 @@ class ArrowRefreshResult:
 def plans_every_partition(plan: RefreshPlan, selecting: bool) -> bool:
     """True when the plan refreshes every partition of the source: then every row must be routed to one."""
     return not selecting and plan.unchanged == 0
+
+
+def check_routed_counts(
+    dataset: str,
+    plan: RefreshPlan,
+    *,
+    selecting: bool,
+    scanned: int,
+    routed_total: int,
+    unplanned: Mapping[str, int],
+    has_rows: Callable[[str], bool],
+) -> int:
+    """The routing checks of both Arrow paths: no row goes to a partition a full plan lacks, rows scanned =
+    rows routed to planned partitions + rows of unplanned ones, and (dynamic discovery) every discovered
+    partition got rows (`has_rows(key path)`). `ConservationError` otherwise; the rows dropped."""
+    if unplanned and plans_every_partition(plan, selecting):
+        raise ConservationError(
+            dataset,
+            {path: (0, count) for path, count in sorted(unplanned.items())},
+            expected="rows planned for the partition (the plan does not contain it)",
+            actual="source rows routed to it",
+            hint="The source changed between discovery and the read, or discovery and routing disagree "
+            "on a partition value; nothing was written. Run the refresh again.",
+        )
+    dropped = sum(unplanned.values())
+    if routed_total + dropped != scanned:
+        raise ConservationError(
+            dataset,
+            {"[all partitions]": (scanned, routed_total + dropped)},
+            expected="rows read from the source",
+            actual="rows routed to partitions",
+            hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
+        )
+    if plan.discovery is DiscoveryKind.DYNAMIC:
+        empty = [item.key_path for item in plan.items if not has_rows(item.key_path)]
+        if empty:
+            raise discovered_but_empty(dataset, empty, actual="rows read")
+    return dropped
 
 
 def write_partition(
