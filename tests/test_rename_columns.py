@@ -340,6 +340,70 @@ def test_expression_and_multi_bucket_fields_follow_a_rename_through_spark_and_ve
     assert scenario.snapshot().spec_ids_in_use() == {before.partition_spec.spec_id}
 
 
+def test_status_ap_files_and_multi_dataset_queries_show_the_current_names(tmp_path: Path) -> None:
+    """What a user reads about a renamed dataset names its columns as the source does now: `status`
+    (partition_by, the rename itself), `ap_files` statistics, and a query joining it to another dataset
+    (its filter still prunes the renamed partition column)."""
+    import duckdb
+
+    from airflow_partitions.cli.status import dataset_status, render_status
+
+    scenario = RenameScenario(tmp_path, 3400, "arrow")
+    refresh_dataset(str(scenario.spec), "events", strategy="arrow")
+    scenario.rename()
+    spec_text = scenario.spec.read_text(encoding="utf-8")
+    scenario.spec.write_text(
+        spec_text + "  - name: copy\n    from: file:src\n    params: {file_format: parquet}\n"
+        "    acceleration:\n      engine: parquet\n      partition_by: [{p_s: s}]\n",
+        encoding="utf-8",
+    )
+    refresh_dataset(str(scenario.spec), "copy", strategy="arrow")
+    project = scenario.project
+
+    report = dataset_status(project, project.dataset("events"))
+    assert report["renamed_columns"] == RENAMES
+    shown = dict(report["spec_partition_by"])
+    assert "event_ts" in shown["p_day"], shown
+    assert "(ts" not in shown["p_day"], "the stored name is not what the user sees"
+    assert report["catalog_partition_by"] == report["spec_partition_by"]
+    assert report["spec_matches_catalog"]
+    assert "ts -> event_ts, x -> x_value" in render_status(report)
+
+    source = scenario.source
+    with PartitionedDatasetReader(scenario.spec, "events") as reader:
+        files = reader.query("SELECT rows, min, max, null_count FROM ap_files('events')")
+        stats = files.column("min").type
+        names = {stats.field(i).name for i in range(stats.num_fields)}
+        assert {"event_ts", "x_value"} <= names, names
+        assert not {"ts", "x"} & names, names
+        lows = [v["event_ts"] for v in files.column("min").to_pylist() if v["event_ts"] is not None]
+        assert min(lows) == pc.min(source.column("event_ts")).as_py()
+        nulls = sum(v["x_value"] for v in files.column("null_count").to_pylist())
+        assert nulls == source.column("x_value").null_count
+
+        stamps = source.column("event_ts").drop_null()
+        middle = pc.min(stamps).as_py() + (pc.max(stamps).as_py() - pc.min(stamps).as_py()) / 2
+        sql = (
+            "SELECT e.id, e.event_ts, e.x_value, c.s AS copy_s FROM events e JOIN copy c ON e.id = c.id "
+            f"WHERE e.event_ts < TIMESTAMPTZ '{middle.isoformat()}' OR e.x_value IS NULL"
+        )
+        got = reader.query(sql)
+        plan = reader.plan_datasets_query(sql)
+    connection = duckdb.connect()
+    try:
+        connection.execute("SET TimeZone = 'UTC'")
+        connection.register("events", source)
+        connection.register("copy", source)
+        expected = connection.sql(sql).to_arrow_table()
+    finally:
+        connection.close()
+    assert got.column_names == ["id", "event_ts", "x_value", "copy_s"]
+    assert 0 < got.num_rows < source.num_rows
+    assert multiset_difference(got, expected) == ([], [])
+    events = plan.plans["events"]
+    assert len(events.selected) < events.index.size, "the renamed partition column prunes"
+
+
 def test_an_undeclared_rename_is_a_spec_change_naming_renamed_columns(tmp_path: Path) -> None:
     scenario = RenameScenario(tmp_path, 3211, "parquet")
     refresh_dataset(str(scenario.spec), "events", strategy="arrow")
