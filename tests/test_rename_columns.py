@@ -322,7 +322,7 @@ def test_expression_and_multi_bucket_fields_follow_a_rename_through_spark_and_ve
 
     scenario.rename()
     assert scenario.dataset().acceleration.partition_spec_id == before.partition_spec.spec_id
-    scenario.check("renamed", FILTERS_PER_CHECK)
+    scenario.check("renamed")  # the filters run once, after the Spark refresh below
 
     scenario.source = pa.concat_tables([scenario.source, scenario.new_rows(12)])
     scenario.save_source()
