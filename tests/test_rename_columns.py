@@ -343,10 +343,12 @@ def test_expression_and_multi_bucket_fields_follow_a_rename_through_spark_and_ve
 def test_status_ap_files_and_multi_dataset_queries_show_the_current_names(tmp_path: Path) -> None:
     """What a user reads about a renamed dataset names its columns as the source does now: `status`
     (partition_by, the rename itself), `ap_files` statistics, and a query joining it to another dataset
-    (its filter still prunes the renamed partition column)."""
+    (its filter still prunes the renamed partition column; a join on it runs partition-wise against a
+    dataset that stores the column under the new name)."""
     import duckdb
 
     from airflow_partitions.cli.status import dataset_status, render_status
+    from airflow_partitions.read.reader import datasets_query
 
     scenario = RenameScenario(tmp_path, 3400, "arrow")
     refresh_dataset(str(scenario.spec), "events", strategy="arrow")
@@ -354,7 +356,8 @@ def test_status_ap_files_and_multi_dataset_queries_show_the_current_names(tmp_pa
     spec_text = scenario.spec.read_text(encoding="utf-8")
     scenario.spec.write_text(
         spec_text + "  - name: copy\n    from: file:src\n    params: {file_format: parquet}\n"
-        "    acceleration:\n      engine: parquet\n      partition_by: [{p_s: s}]\n",
+        "    acceleration:\n      engine: parquet\n"
+        "      partition_by: [{p_day: \"date_trunc('day', event_ts)\"}]\n",
         encoding="utf-8",
     )
     refresh_dataset(str(scenario.spec), "copy", strategy="arrow")
@@ -389,12 +392,21 @@ def test_status_ap_files_and_multi_dataset_queries_show_the_current_names(tmp_pa
         )
         got = reader.query(sql)
         plan = reader.plan_datasets_query(sql)
+    on_day = (
+        "SELECT e.id, c.id AS copy_id, e.x_value FROM events e JOIN copy c ON e.event_ts = c.event_ts "
+        "WHERE e.x_value IS NOT NULL"
+    )
+    with datasets_query(scenario.spec, split_min_bytes=0) as query:
+        joined = query.plan(on_day).joins
+        assert [decision.split for decision in joined] == [True], [d.reason for d in joined]
+        split = query.query(on_day)
     connection = duckdb.connect()
     try:
         connection.execute("SET TimeZone = 'UTC'")
         connection.register("events", source)
         connection.register("copy", source)
         expected = connection.sql(sql).to_arrow_table()
+        expected_split = connection.sql(on_day).to_arrow_table()
     finally:
         connection.close()
     assert got.column_names == ["id", "event_ts", "x_value", "copy_s"]
@@ -402,6 +414,8 @@ def test_status_ap_files_and_multi_dataset_queries_show_the_current_names(tmp_pa
     assert multiset_difference(got, expected) == ([], [])
     events = plan.plans["events"]
     assert len(events.selected) < events.index.size, "the renamed partition column prunes"
+    assert split.num_rows > 0
+    assert multiset_difference(split, expected_split) == ([], [])
 
 
 def test_an_undeclared_rename_is_a_spec_change_naming_renamed_columns(tmp_path: Path) -> None:

@@ -296,7 +296,11 @@ class DatasetQuery:
             return result
         candidates = find_joins(tree, lowered, {name.lower(): name for name in names})
         for candidate in candidates:
-            decision = decide_join(candidate, *(plans[side.dataset] for side in candidate.sides))
+            decision = decide_join(
+                candidate,
+                *(plans[side.dataset] for side in candidate.sides),
+                renames=[self.reader(side.dataset)._renames for side in candidate.sides],
+            )
             if decision.split and not split_joins:
                 decision.split, decision.pairs = False, []
                 decision.reason = "partition-wise joins are turned off (split_joins=False)"
