@@ -8,6 +8,7 @@ the source, on the parquet, DuckDB and Arrow IPC engines.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 from pathlib import Path
@@ -33,13 +34,20 @@ OLD_FIELDS = ["p_day: date_trunc('day', ts)", "p_s: s"]
 NEW_FIELDS = ["p_day: date_trunc('day', event_ts)", "p_s: s"]
 
 
-def write_spec(path: Path, engine: str, partition_by: list[str], renamed: dict[str, str] | None) -> Path:
+def write_spec(
+    path: Path,
+    engine: str,
+    partition_by: list[str],
+    renamed: dict[str, str] | None,
+    accelerator_dir: str = "acc",
+) -> Path:
     fields = []
     for entry in partition_by:
         name, _, expression = entry.partition(": ")
         fields.append(f"        - {{{name}: {json.dumps(expression)}}}")
     lines = [
-        "accelerator_dir: acc",
+        f"accelerator_dir: {accelerator_dir}",
+        *(["local_scratch_dir: scratch"] if accelerator_dir.startswith("s3://") else []),
         "datasets:",
         "  - name: events",
         "    from: file:src",
@@ -60,13 +68,25 @@ def write_spec(path: Path, engine: str, partition_by: list[str], renamed: dict[s
 class RenameScenario:
     """A source directory (the truth, in current names), a spec, and the checks against both."""
 
-    def __init__(self, root: Path, seed: int, engine: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        seed: int,
+        engine: str,
+        *,
+        fields: tuple[list[str], list[str]] = (OLD_FIELDS, NEW_FIELDS),
+        renames: dict[str, str] | None = None,
+        accelerator_dir: str = "acc",
+    ) -> None:
         self.root = root
         self.seed = seed
         self.engine = engine
         self.rng = random.Random(seed)
-        self.fields = OLD_FIELDS
-        self.spec = write_spec(root / "spec.yaml", engine, OLD_FIELDS, None)
+        self.old_fields, self.new_fields = fields
+        self.renames = renames or RENAMES
+        self.accelerator_dir = accelerator_dir
+        self.fields = self.old_fields
+        self.spec = write_spec(root / "spec.yaml", engine, self.old_fields, None, accelerator_dir)
         self.source = pa.concat_tables(hostile_chunks(seed, rows=90, chunks=2))
         self.next_id = 10**13
         self.checks = 0
@@ -80,11 +100,14 @@ class RenameScenario:
         pq.write_table(self.source, directory / f"part-{self.checks}.parquet")
 
     def rename(self, declare: bool = True) -> None:
-        """The source renames `ts` and `x`; the spec follows (declaring the rename when `declare`)."""
-        self.source = self.source.rename_columns([RENAMES.get(n, n) for n in self.source.column_names])
+        """The source renames its columns (`ts` and `x` unless told); the spec follows (declaring the
+        rename when `declare`)."""
+        names = [self.renames.get(n, n) for n in self.source.column_names]
+        self.source = self.source.rename_columns(names)
         self.save_source()
-        self.fields = NEW_FIELDS
-        write_spec(self.spec, self.engine, NEW_FIELDS, RENAMES if declare else None)
+        self.fields = self.new_fields
+        renamed = self.renames if declare else None
+        write_spec(self.spec, self.engine, self.new_fields, renamed, self.accelerator_dir)
 
     @property
     def project(self) -> Any:
@@ -99,7 +122,7 @@ class RenameScenario:
 
     def new_rows(self, count: int) -> pa.Table:
         rows = pa.concat_tables(hostile_chunks(self.rng.randrange(10**6), rows=count, chunks=1))
-        rows = rows.rename_columns([RENAMES.get(n, n) for n in rows.column_names])
+        rows = rows.rename_columns([self.renames.get(n, n) for n in rows.column_names])
         ids = pa.array(range(self.next_id, self.next_id + rows.num_rows), pa.int64())
         self.next_id += rows.num_rows
         return rows.set_column(0, "id", ids)
@@ -258,6 +281,143 @@ def test_a_declared_rename_keeps_the_layout_and_every_row(tmp_path: Path, engine
         assert not {"event_ts", "x_value"} & stored
 
 
+EXPRESSION_RENAMES = {"s": "label", "n_int": "n", "ts": "event_ts"}
+EXPRESSION_FIELDS = (
+    ["p_low: lower(s)", "p_mb: multi_bucket(3, n_int, ts)"],
+    ["p_low: lower(label)", "p_mb: multi_bucket(3, n, event_ts)"],
+)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("engine", "on_s3"), [("duckdb", False), ("arrow", True)])
+def test_expression_and_multi_bucket_fields_follow_a_rename_through_spark_and_verify(
+    tmp_path: Path, engine: str, on_s3: bool, spark: Any, request: pytest.FixtureRequest
+) -> None:
+    """A custom expression and a `multi_bucket` field over renamed columns keep their spec id; a Spark
+    append refresh reads the renamed source and routes its rows exactly as the stored fields do (a row
+    in another partition would make a pruned filter miss it); `verify` finds every partition equal. On
+    the Arrow IPC engine the acceleration lives on S3."""
+    from airflow_partitions.refresh.verify import verify_dataset
+
+    accelerator_dir = "acc"
+    if on_s3:
+        s3 = request.getfixturevalue("s3_server")
+        accelerator_dir = f"s3://{request.getfixturevalue('s3_bucket')}/acc"
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", s3["endpoint_url"])
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3["aws_access_key_id"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3["aws_secret_access_key"])
+        monkeypatch.setenv("AWS_DEFAULT_REGION", s3["region_name"])
+    scenario = RenameScenario(
+        tmp_path,
+        3300 + len(engine),
+        engine,
+        fields=EXPRESSION_FIELDS,
+        renames=EXPRESSION_RENAMES,
+        accelerator_dir=accelerator_dir,
+    )
+    # The Arrow strategy writes a local accelerator_dir only.
+    refresh_dataset(str(scenario.spec), "events", strategy="spark" if on_s3 else "arrow", spark=spark)
+    before = scenario.snapshot()
+
+    scenario.rename()
+    assert scenario.dataset().acceleration.partition_spec_id == before.partition_spec.spec_id
+    scenario.check("renamed")  # the filters run once, after the Spark refresh below
+
+    scenario.source = pa.concat_tables([scenario.source, scenario.new_rows(12)])
+    scenario.save_source()
+    summary = refresh_dataset(str(scenario.spec), "events", strategy="spark", spark=spark)
+    assert summary.refresh_mode == "append", summary
+    scenario.check("Spark append refresh of the renamed source", FILTERS_PER_CHECK)
+
+    rows = scenario.new_rows(4)
+    append(open_handle(scenario.project, scenario.dataset()), rows)
+    scenario.source = pa.concat_tables([scenario.source, rows])
+    scenario.save_source()
+    report = verify_dataset(str(scenario.spec), "events")
+    assert report.ok, report.to_json()
+    assert report.counts()["equal"] == len(report.partitions) > 3, report.to_json()
+    assert scenario.snapshot().spec_ids_in_use() == {before.partition_spec.spec_id}
+
+
+def test_status_ap_files_and_multi_dataset_queries_show_the_current_names(tmp_path: Path) -> None:
+    """What a user reads about a renamed dataset names its columns as the source does now: `status`
+    (partition_by, the rename itself), `ap_files` statistics, and a query joining it to another dataset
+    (its filter still prunes the renamed partition column; a join on it runs partition-wise against a
+    dataset that stores the column under the new name)."""
+    import duckdb
+
+    from airflow_partitions.cli.status import dataset_status, render_status
+    from airflow_partitions.read.reader import datasets_query
+
+    scenario = RenameScenario(tmp_path, 3400, "arrow")
+    refresh_dataset(str(scenario.spec), "events", strategy="arrow")
+    scenario.rename()
+    spec_text = scenario.spec.read_text(encoding="utf-8")
+    scenario.spec.write_text(
+        spec_text + "  - name: copy\n    from: file:src\n    params: {file_format: parquet}\n"
+        "    acceleration:\n      engine: parquet\n"
+        "      partition_by: [{p_day: \"date_trunc('day', event_ts)\"}]\n",
+        encoding="utf-8",
+    )
+    refresh_dataset(str(scenario.spec), "copy", strategy="arrow")
+    project = scenario.project
+
+    report = dataset_status(project, project.dataset("events"))
+    assert report["renamed_columns"] == RENAMES
+    shown = dict(report["spec_partition_by"])
+    assert "event_ts" in shown["p_day"], shown
+    assert "(ts" not in shown["p_day"], "the stored name is not what the user sees"
+    assert report["catalog_partition_by"] == report["spec_partition_by"]
+    assert report["spec_matches_catalog"]
+    assert "ts -> event_ts, x -> x_value" in render_status(report)
+
+    source = scenario.source
+    with PartitionedDatasetReader(scenario.spec, "events") as reader:
+        files = reader.query("SELECT rows, min, max, null_count FROM ap_files('events')")
+        stats = files.column("min").type
+        names = {stats.field(i).name for i in range(stats.num_fields)}
+        assert {"event_ts", "x_value"} <= names, names
+        assert not {"ts", "x"} & names, names
+        lows = [v["event_ts"] for v in files.column("min").to_pylist() if v["event_ts"] is not None]
+        assert min(lows) == pc.min(source.column("event_ts")).as_py()
+        nulls = sum(v["x_value"] for v in files.column("null_count").to_pylist())
+        assert nulls == source.column("x_value").null_count
+
+        stamps = source.column("event_ts").drop_null()
+        middle = pc.min(stamps).as_py() + (pc.max(stamps).as_py() - pc.min(stamps).as_py()) / 2
+        sql = (
+            "SELECT e.id, e.event_ts, e.x_value, c.s AS copy_s FROM events e JOIN copy c ON e.id = c.id "
+            f"WHERE e.event_ts < TIMESTAMPTZ '{middle.isoformat()}' OR e.x_value IS NULL"
+        )
+        got = reader.query(sql)
+        plan = reader.plan_datasets_query(sql)
+    on_day = (
+        "SELECT e.id, c.id AS copy_id, e.x_value FROM events e JOIN copy c ON e.event_ts = c.event_ts "
+        "WHERE e.x_value IS NOT NULL"
+    )
+    with datasets_query(scenario.spec, split_min_bytes=0) as query:
+        joined = query.plan(on_day).joins
+        assert [decision.split for decision in joined] == [True], [d.reason for d in joined]
+        split = query.query(on_day)
+    connection = duckdb.connect()
+    try:
+        connection.execute("SET TimeZone = 'UTC'")
+        connection.register("events", source)
+        connection.register("copy", source)
+        expected = connection.sql(sql).to_arrow_table()
+        expected_split = connection.sql(on_day).to_arrow_table()
+    finally:
+        connection.close()
+    assert got.column_names == ["id", "event_ts", "x_value", "copy_s"]
+    assert 0 < got.num_rows < source.num_rows
+    assert multiset_difference(got, expected) == ([], [])
+    events = plan.plans["events"]
+    assert len(events.selected) < events.index.size, "the renamed partition column prunes"
+    assert split.num_rows > 0
+    assert multiset_difference(split, expected_split) == ([], [])
+
+
 def test_an_undeclared_rename_is_a_spec_change_naming_renamed_columns(tmp_path: Path) -> None:
     scenario = RenameScenario(tmp_path, 3211, "parquet")
     refresh_dataset(str(scenario.spec), "events", strategy="arrow")
@@ -276,7 +436,6 @@ def test_an_undeclared_rename_is_a_spec_change_naming_renamed_columns(tmp_path: 
         ("{ts: a, x: a}", "date_trunc('day', a)", "two columns are renamed to 'a'"),
         ("{ts: a, a: b}", "date_trunc('day', b)", "both a stored and a current name"),
         ("[ts]", "date_trunc('day', ts)", "must be a mapping"),
-        ("{n_int: m}", "m * 2", "reads a renamed column"),
     ],
 )
 def test_renamed_columns_is_checked_at_load(
@@ -339,13 +498,123 @@ def test_a_snapshot_taken_before_a_rename_bootstraps_a_replica_that_reads_the_ne
     scenario.check("written to the replica under the new names")
 
 
-def test_a_rename_with_refresh_mode_changes_is_refused_at_load(tmp_path: Path) -> None:
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        "datasets:\n  - name: events\n    from: file:src\n    params: {file_format: parquet}\n"
-        "    renamed_columns: {ts: event_ts}\n    acceleration:\n      partition_by: [s]\n"
-        "      refresh_mode: changes\n      refresh: {watermark_column: event_ts}\n      primary_key: [id]\n",
+# --- Postgres: refresh_mode changes across an ALTER TABLE ... RENAME COLUMN --------------------------
+
+PG_TEXTS = ["a/b", "K=v", "100%", "it's", 'say "hi"', "", None, "É中", "İplain"]
+
+
+def pg_rows(ids: range, version: int = 0) -> list[tuple[Any, ...]]:
+    stamp = dt.datetime(2026, 5, 1, 8, tzinfo=dt.UTC)
+    return [
+        (
+            i,
+            PG_TEXTS[(i + version) % len(PG_TEXTS)],
+            None if i % 6 == 0 else f"{i * 2.5 + version:.2f}",
+            PG_TEXTS[(i + 4) % len(PG_TEXTS)],
+            None if i % 7 == 3 else stamp + dt.timedelta(minutes=i + 100 * version),
+        )
+        for i in ids
+    ]
+
+
+def pg_spec(path: Path, url: str, detection: str, renamed: bool) -> Any:
+    region, stamp = ("area", "changed_at") if renamed else ("region", "updated_at")
+    watermark = f", watermark_column: {stamp}" if detection == "watermark" else ""
+    path.write_text(
+        "accelerator_dir: acc\ndatasets:\n  - name: accounts\n    from: postgres:public.accounts\n"
+        f"    params: {{url: '{url}', pushdown: always}}\n"
+        + ("    renamed_columns: {region: area, updated_at: changed_at}\n" if renamed else "")
+        + "    acceleration:\n      refresh_mode: changes\n      primary_key: [id]\n"
+        f'      partition_by: [{{r: "lower({region})"}}]\n'
+        f"      refresh: {{change_detection: {detection}{watermark}}}\n",
         encoding="utf-8",
     )
-    with pytest.raises(SpecValidationError, match="refresh_mode changes does not follow a rename"):
-        load_spec(spec)
+    return load_spec(path)
+
+
+def assert_postgres_equals(project: Any, url: str, seed: int) -> None:
+    """Full read == the table (current names, NULLs, types); random filters == DuckDB over the table."""
+    import psycopg
+
+    from airflow_partitions.sources import open_dataset_source
+
+    dataset = project.dataset("accounts")
+    source = open_dataset_source(dataset).inner.read_all()
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM public.accounts").fetchone()[0] == source.num_rows
+    reader = PartitionedDatasetReader(project, "accounts")
+    try:
+        full = reader.read()
+        assert full.schema == source.schema, f"{full.schema} != {source.schema}"
+        assert multiset_difference(full, source) == ([], [])
+        expressions = [dataset.acceleration.partition_by[0].expression]
+        generator = FilterGenerator(source, expressions, seed)
+        oracle = DuckDBOracle(generator.oracle_table())
+        try:
+            for item in generator.filters(12):
+                got = reader.read(item.reader_sql).select(source.column_names)
+                expected = source.take(pa.array(oracle.rows(item.oracle_sql), pa.int64()))
+                assert multiset_difference(got, expected) == ([], []), item.reader_sql
+        finally:
+            oracle.close()
+    finally:
+        reader.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("detection", ["watermark", "cdc"])
+def test_a_postgres_rename_follows_changes_refreshes_and_verify(
+    tmp_path: Path, detection: str, request: pytest.FixtureRequest
+) -> None:
+    """`ALTER TABLE ... RENAME COLUMN` of the partition column and the watermark; the spec declares it.
+    Changes refreshes keep merging (watermark: read by the new names; cdc: changes written before the
+    rename still arrive under the old names), the spec id stays, and `verify` finds every partition equal."""
+    import psycopg
+
+    from airflow_partitions.refresh.verify import verify_dataset
+
+    url = request.getfixturevalue("pg_logical_database" if detection == "cdc" else "pg_database")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE public.accounts (id bigint PRIMARY KEY, region text, balance numeric(12, 2), "
+            "note text, updated_at timestamptz)"
+        )
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s)", pg_rows(range(40)))
+    spec = tmp_path / "spec.yaml"
+    project = pg_spec(spec, url, detection, renamed=False)
+    assert refresh_dataset(project, "accounts", strategy="arrow").refresh_mode == "full"
+    before = open_catalog(project, project.dataset("accounts")).latest()
+
+    later = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+    with psycopg.connect(url, autocommit=True) as conn:
+        if detection == "cdc":  # in the slot before the rename: decoded under the old column names
+            conn.execute("UPDATE public.accounts SET region = 'moved/=', balance = 1 WHERE id IN (1, 2)")
+            conn.execute("DELETE FROM public.accounts WHERE id = 5")
+        conn.execute("ALTER TABLE public.accounts RENAME COLUMN region TO area")
+        conn.execute("ALTER TABLE public.accounts RENAME COLUMN updated_at TO changed_at")
+        conn.execute("UPDATE public.accounts SET area = NULL, changed_at = %s WHERE id = 3", (later,))
+        conn.execute("UPDATE public.accounts SET area = 'ÉNEW', changed_at = %s WHERE id = 4", (later,))
+        with conn.cursor() as cur:
+            rows = [(*row[:4], later) for row in pg_rows(range(100, 106), version=1)]
+            cur.executemany("INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s)", rows)
+    project = pg_spec(spec, url, detection, renamed=True)
+    dataset = project.dataset("accounts")
+    assert dataset.acceleration.partition_spec_id == before.partition_spec.spec_id, "not a spec change"
+    summary = refresh_dataset(project, "accounts")
+    assert summary.refresh_mode == "changes", summary
+    # watermark: 6 new rows, ids 3 and 4, and the newest row before (read again at the watermark);
+    # cdc: also ids 1 and 2 updated and id 5 deleted before the rename
+    expected_changes = {"watermark": 9, "cdc": 11}[detection]
+    assert summary.changed_rows == expected_changes, summary
+    after = open_catalog(project, dataset).latest()
+    assert after.partition_spec.spec_id == before.partition_spec.spec_id
+    assert_postgres_equals(project, url, 41)
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE public.accounts SET area = 'k=V', changed_at = %s WHERE id = 6", (later,))
+    assert refresh_dataset(project, "accounts").refresh_mode == "changes"
+    assert_postgres_equals(project, url, 42)
+    report = verify_dataset(project, "accounts")
+    assert report.ok, report.to_json()
+    assert report.counts()["equal"] == len(report.partitions) > 3, report.to_json()

@@ -11,8 +11,9 @@ from typing import Any
 from airflow_partitions.advisor import DEFAULT_TARGET_FILE_BYTES, size_findings
 from airflow_partitions.cli.cdc import cdc_report, format_slot_status
 from airflow_partitions.cli.refresh import describe_conservation, describe_watermark_audit
-from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.exceptions import PartitionExpressionError, RefreshError
 from airflow_partitions.keys import value_to_text
+from airflow_partitions.spec.renames import ColumnRenames, renames_of
 
 RECENT_VERSIONS = 5
 
@@ -68,6 +69,9 @@ def dataset_status(
         "spec_partition_spec_id": acceleration.partition_spec_id,
     }
 
+    renames = renames_of(dataset)
+    if renames:
+        report["renamed_columns"] = dict(renames.pairs)
     report["cdc"] = cdc_report(project, dataset)
     snapshot = catalog.latest()
     if snapshot is None:
@@ -88,11 +92,18 @@ def dataset_status(
         bytes=snapshot.total_bytes,
         last_refreshed_at=_time(last_refreshed) if last_refreshed else None,
         catalog_partition_spec_id=snapshot.partition_spec.spec_id,
-        catalog_partition_by=[list(field[:2]) for field in snapshot.partition_spec.fields],
-        spec_partition_by=[[f.name, f.transform.canonical] for f in acceleration.partition_by],
+        # Under the names users see: a renamed column by its current name (the catalog keeps the stored).
+        catalog_partition_by=[
+            [field[0], current_canonical(field[1], renames)] for field in snapshot.partition_spec.fields
+        ],
+        spec_partition_by=[
+            [f.name, renames.current_transform(f.transform).canonical] for f in acceleration.partition_by
+        ],
         spec_matches_catalog=snapshot.partition_spec.spec_id == acceleration.partition_spec_id,
         refresh_mode=str(acceleration.refresh.mode),
-        watermark_column=acceleration.refresh.watermark_column,
+        watermark_column=renames.current(acceleration.refresh.watermark_column)
+        if acceleration.refresh.watermark_column
+        else None,
         # The newest committed watermark (per partition with --partitions): where an append resumes.
         watermark=_watermark_text(
             max(
@@ -219,6 +230,18 @@ def respec_status(
     }
 
 
+def current_canonical(canonical: str, renames: ColumnRenames) -> str:
+    """A stored field's canonical text with renamed columns under their current names."""
+    if not renames:
+        return canonical
+    from airflow_partitions.transforms import parse_transform  # lazy: loads sqlglot
+
+    try:
+        return renames.current_transform(parse_transform(canonical)).canonical
+    except PartitionExpressionError:  # a field this version no longer parses: shown as recorded
+        return canonical
+
+
 def render_status(report: dict[str, Any]) -> str:
     """Human-readable text for one `dataset_status` report."""
     header = f"{report['name']}  (engine {report['engine']}"
@@ -237,6 +260,9 @@ def render_status(report: dict[str, Any]) -> str:
         f"  bytes         {format_bytes(report['bytes'])}",
         f"  last refresh  {report['last_refreshed_at'] or '-'}",
     ]
+    if report.get("renamed_columns"):
+        renamed = ", ".join(f"{old} -> {new}" for old, new in report["renamed_columns"].items())
+        lines.append(f"  renamed       {renamed} (stored name -> current name)")
     if report.get("watermark_column"):
         lines.append(
             f"  refresh mode  {report['refresh_mode']}; watermark {report['watermark_column']} "

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_partitions.catalog import Catalog, Snapshot
+    from airflow_partitions.spec.renames import ColumnRenames
 
 CATALOG_TABLE_FUNCTIONS = ("ap_partitions", "ap_files", "ap_versions")
 # A cheap test before parsing: statements that cannot call a catalog table function skip the parse.
@@ -169,12 +170,19 @@ def register_catalog_tables(connection: Any, tables: Mapping[str, pa.Table]) -> 
 
 
 def build_catalog_table(
-    call: CatalogCall, catalog: Catalog, snapshot: Snapshot, schema: pa.Schema, index: Any = None
+    call: CatalogCall,
+    catalog: Catalog,
+    snapshot: Snapshot,
+    schema: pa.Schema,
+    index: Any = None,
+    *,
+    renames: ColumnRenames | None = None,
 ) -> pa.Table:
-    """The table of `call` over `snapshot` (a version of `catalog`; `schema`: the dataset's schema)."""
+    """The table of `call` over `snapshot` (a version of `catalog`; `schema`: the dataset's stored
+    schema; `renames`: its `renamed_columns`, whose current names the statistics are shown under)."""
     builders: dict[str, Callable[[], pa.Table]] = {
         "ap_partitions": lambda: partitions_table(snapshot, schema, index),
-        "ap_files": lambda: files_table(snapshot, schema, index),
+        "ap_files": lambda: files_table(snapshot, schema, index, renames),
         "ap_versions": lambda: versions_table(catalog, snapshot.version),
     }
     return builders[call.function]()
@@ -258,8 +266,12 @@ def _stat_type(kind: pa.DataType) -> pa.DataType | None:
     return kind
 
 
-def files_table(snapshot: Snapshot, schema: pa.Schema, index: Any = None) -> pa.Table:
+def files_table(
+    snapshot: Snapshot, schema: pa.Schema, index: Any = None, renames: ColumnRenames | None = None
+) -> pa.Table:
     import pyarrow as pa
+
+    shown = renames.current if renames is not None else (lambda name: name)
 
     table = snapshot.table
     key_columns = _key_columns(snapshot, schema, index, _FILE_COLUMNS)
@@ -281,10 +293,10 @@ def files_table(snapshot: Snapshot, schema: pa.Schema, index: Any = None) -> pa.
             "rows": pa.array([f.rows for f in descriptors], pa.int64()),
             "bytes": pa.array([f.bytes for f in descriptors], pa.int64()),
             "checksum": pa.array([f.checksum for f in descriptors], pa.string()),
-            "min": _stats_struct(descriptors, stat_fields, lambda s: s.min),
-            "max": _stats_struct(descriptors, stat_fields, lambda s: s.max),
+            "min": _stats_struct(descriptors, stat_fields, lambda s: s.min, shown),
+            "max": _stats_struct(descriptors, stat_fields, lambda s: s.max, shown),
             "null_count": _stats_struct(
-                descriptors, [(name, pa.int64()) for name, _ in stat_fields], lambda s: s.null_count
+                descriptors, [(name, pa.int64()) for name, _ in stat_fields], lambda s: s.null_count, shown
             ),
         }
     )
@@ -292,8 +304,12 @@ def files_table(snapshot: Snapshot, schema: pa.Schema, index: Any = None) -> pa.
 
 
 def _stats_struct(
-    descriptors: Sequence[Any], fields: Sequence[tuple[str, pa.DataType]], pick: Callable[[Any], Any]
+    descriptors: Sequence[Any],
+    fields: Sequence[tuple[str, pa.DataType]],
+    pick: Callable[[Any], Any],
+    shown: Callable[[str], str],
 ) -> pa.Array:
+    """One struct field per stored column `fields` names, under the name `shown` gives it."""
     import pyarrow as pa
 
     arrays = []
@@ -305,7 +321,7 @@ def _stats_struct(
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
             array = pa.array([None if v is None else str(v) for v in values], pa.string())
         arrays.append(array)
-        names.append(name)
+        names.append(shown(name))
     if not arrays:
         return pa.nulls(len(descriptors), pa.struct([]))
     return pa.StructArray.from_arrays(arrays, names=names)

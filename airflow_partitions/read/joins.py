@@ -53,6 +53,7 @@ from sqlglot import exp
 
 from airflow_partitions.exceptions import AirflowPartitionsError
 from airflow_partitions.pruning.query import column_key, same_key_type, scope_tables
+from airflow_partitions.spec.renames import ColumnRenames
 from airflow_partitions.transforms.bucket import BucketTransform
 from airflow_partitions.transforms.temporal import DateTruncTransform
 from airflow_partitions.transforms.truncate import TruncateTransform
@@ -507,9 +508,15 @@ def _trunc_group(coarse: Any) -> GroupOf:
     return lambda value: None if value is None else coarse.apply_scalar(value)
 
 
-def decide_join(candidate: JoinCandidate, *plans: PrunePlan) -> JoinDecision:
+def decide_join(
+    candidate: JoinCandidate,
+    *plans: PrunePlan,
+    renames: Sequence[ColumnRenames] | None = None,
+) -> JoinDecision:
     """Whether `candidate` runs partition-wise over the pruned plans of its sides (in the order of the
-    FROM clause), and its pair groups."""
+    FROM clause), and its pair groups. `renames` (one per side): a dataset's `renamed_columns`, whose
+    plan speaks stored names where the statement speaks current ones."""
+    sides_renames = list(renames) if renames is not None else [ColumnRenames() for _ in plans]
     decision = JoinDecision(
         candidate.left, candidate.right, candidate.kind, candidate.keys, False, "", candidate=candidate
     )
@@ -517,12 +524,14 @@ def decide_join(candidate: JoinCandidate, *plans: PrunePlan) -> JoinDecision:
         decision.reason = candidate.reason
         return decision
     if len(plans) > 2:
-        return _decide_chain(decision, candidate, plans)
+        return _decide_chain(decision, candidate, plans, sides_renames)
     left_plan, right_plan = plans
+    left_names, right_names = sides_renames
     reasons = []
     for left_column, right_column in candidate.keys:
-        left_fields = [f for f in left_plan.index.fields if f.columns == (left_column,)]
-        right_fields = [f for f in right_plan.index.fields if f.columns == (right_column,)]
+        left_stored, right_stored = left_names.stored(left_column), right_names.stored(right_column)
+        left_fields = [f for f in left_plan.index.fields if f.columns == (left_stored,)]
+        right_fields = [f for f in right_plan.index.fields if f.columns == (right_stored,)]
         if not left_fields or not right_fields:
             missing = [
                 f"{side.dataset} is not partitioned on {column}"
@@ -534,8 +543,8 @@ def decide_join(candidate: JoinCandidate, *plans: PrunePlan) -> JoinDecision:
             ]
             reasons.append("; ".join(missing))
             continue
-        left_type = left_plan.index.schema.field(left_column).type
-        right_type = right_plan.index.schema.field(right_column).type
+        left_type = left_plan.index.schema.field(left_stored).type
+        right_type = right_plan.index.schema.field(right_stored).type
         for left_field, right_field in itertools.product(left_fields, right_fields):
             mapping = partition_groups(left_field, right_field, left_type, right_type)
             if isinstance(mapping, str):
@@ -550,7 +559,7 @@ def decide_join(candidate: JoinCandidate, *plans: PrunePlan) -> JoinDecision:
                 reasons.append(f"cannot group the partition values ({err})")
                 continue
             decision.split = True
-            decision.split_columns = [(0, left_field.column), (1, right_field.column)]
+            decision.split_columns = [(0, left_column), (1, right_column)]
             decision.reason = (
                 f"{left_field.transform.canonical} vs {right_field.transform.canonical} are compatible"
             )
@@ -560,7 +569,10 @@ def decide_join(candidate: JoinCandidate, *plans: PrunePlan) -> JoinDecision:
 
 
 def _decide_chain(
-    decision: JoinDecision, candidate: JoinCandidate, plans: Sequence[PrunePlan]
+    decision: JoinDecision,
+    candidate: JoinCandidate,
+    plans: Sequence[PrunePlan],
+    renames: Sequence[ColumnRenames],
 ) -> JoinDecision:
     """`decide_join` of three or more datasets joined inner: split when one class of equal columns holds
     a column of every side, each side partitioned on it compatibly with the coarsest side's layout."""
@@ -589,10 +601,11 @@ def _decide_chain(
             continue
         options: list[list[tuple[BoundField, pa.DataType]]] = []
         for position, plan in enumerate(plans):
+            stored = {renames[position].stored(column) for column in columns[position]}
             found = [
                 (f, plan.index.schema.field(f.column).type)
                 for f in plan.index.fields
-                if f.column in columns[position]
+                if len(f.columns) == 1 and f.column in stored
             ]
             if not found:
                 reasons.append(
@@ -613,7 +626,8 @@ def _decide_chain(
                     reasons.append(f"cannot group the partition values ({err})")
                     continue
                 decision.split = True
-                decision.split_columns = [(i, f.column) for i, f in enumerate(fields)]
+                # The statement's (current) name of each side's split column.
+                decision.split_columns = [(i, renames[i].current(f.column)) for i, f in enumerate(fields)]
                 decision.reason = " vs ".join(f.transform.canonical for f in fields) + " are compatible"
                 return decision
     decision.reason = "; ".join(dict.fromkeys(reasons)) or "no partition field on the join keys"

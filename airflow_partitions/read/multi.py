@@ -36,7 +36,7 @@ import pyarrow as pa
 from airflow_partitions.exceptions import FilterError, StorageError, VersionNotFoundError
 from airflow_partitions.pruning import check_read_only, dataset_filter, executable_sql
 from airflow_partitions.pruning.deep import deep_stack
-from airflow_partitions.pruning.expressions import quote_identifier, quote_string
+from airflow_partitions.pruning.expressions import quote_identifier, quote_string, renamed_columns
 from airflow_partitions.pruning.limits import check_budget, run_bounded
 from airflow_partitions.pruning.query import tables_named_in
 from airflow_partitions.pruning.sql_text import parse_one_sql
@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from airflow_partitions.pruning.expressions import Predicate
     from airflow_partitions.read.scan import CallScope, DuckDBScanner
     from airflow_partitions.spec.model import ProjectSpec
+    from airflow_partitions.spec.renames import ColumnRenames
     from airflow_partitions.storage import DataFile
 
 
@@ -88,6 +89,8 @@ class DatasetReader(Protocol):
     name: str
     catalog: Catalog
     _scanner: DuckDBScanner
+    # The dataset's `renamed_columns`: the statement speaks current names, the files stored ones.
+    _renames: ColumnRenames
 
     def snapshot(self, version: int | None = None, *, tag: str | None = None) -> Snapshot: ...
 
@@ -269,13 +272,20 @@ class DatasetQuery:
                 version = version_at(reader, as_of)
             snapshots[name] = reader.snapshot(version)
             check_budget()
-        schemas = {name: self.reader(name)._schema_of(snapshots[name]) for name in names}
+        # Each dataset under the names its users see (a renamed column by its current name).
+        schemas = {
+            name: self.reader(name)._renames.to_current(self.reader(name)._schema_of(snapshots[name]))
+            for name in names
+        }
         lowered = {name.lower(): schema for name, schema in schemas.items()}
         counts = sandbox_reference_counts(sql, names)
         check_budget()
         plans = {}
         for name in names:
             predicate = dataset_filter(sql, name, schemas[name], counts[name.lower()], schemas=lowered)
+            renames = self.reader(name)._renames
+            if predicate is not None and renames:
+                predicate = renamed_columns(predicate, renames.stored)  # pruned on the stored names
             plans[name] = self.reader(name)._plan(snapshots[name], predicate)
             check_budget()
         merged = pa.schema(_merged_fields(schemas.values()))
@@ -286,7 +296,11 @@ class DatasetQuery:
             return result
         candidates = find_joins(tree, lowered, {name.lower(): name for name in names})
         for candidate in candidates:
-            decision = decide_join(candidate, *(plans[side.dataset] for side in candidate.sides))
+            decision = decide_join(
+                candidate,
+                *(plans[side.dataset] for side in candidate.sides),
+                renames=[self.reader(side.dataset)._renames for side in candidate.sides],
+            )
             if decision.split and not split_joins:
                 decision.split, decision.pairs = False, []
                 decision.reason = "partition-wise joins are turned off (split_joins=False)"
@@ -409,7 +423,12 @@ class DatasetQuery:
             version = call.version if call.version is not None else (read.version if read else None)
             snapshot = reader.snapshot(version)
             tables[call.table_name] = build_catalog_table(
-                call, reader.catalog, snapshot, reader._schema_of(snapshot), reader.index(snapshot)
+                call,
+                reader.catalog,
+                snapshot,
+                reader._schema_of(snapshot),
+                reader.index(snapshot),
+                renames=reader._renames,
             )
             check_budget()
         return tables
@@ -433,13 +452,22 @@ def _relation(
     files: Sequence[DataFile],
     schema: pa.Schema,
 ) -> str:
-    """A SELECT of every column of `schema`, in order, over exactly `files`."""
-    columns = ", ".join(quote_identifier(column) for column in schema.names) or "*"
+    """A SELECT of every column of `schema` (current names), in order, over exactly `files` (stored
+    names: a renamed column is selected under its current name)."""
+    renames = query.reader(name)._renames
+    stored = renames.to_stored(schema)
+    columns = (
+        ", ".join(
+            quote_identifier(old) if old == new else f"{quote_identifier(old)} AS {quote_identifier(new)}"
+            for old, new in zip(stored.names, schema.names, strict=True)
+        )
+        or "*"
+    )
     if not files:
         empty = f"ap_empty_{uuid.uuid4().hex[:12]}"
-        scope.register(connection, empty, schema.empty_table())
+        scope.register(connection, empty, stored.empty_table())
         return f"SELECT {columns} FROM {empty}"
-    source = query.reader(name)._scanner.relation(connection, scope, files, schema)
+    source = query.reader(name)._scanner.relation(connection, scope, files, stored)
     return f"SELECT {columns} FROM {source}"
 
 

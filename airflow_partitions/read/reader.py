@@ -496,7 +496,7 @@ class PartitionedDatasetReader:
             described_schema = schema if described is snapshot else reader._schema_of(described)
             index = reader.index(described)
             tables[call.table_name] = build_catalog_table(
-                call, reader.catalog, described, described_schema, index
+                call, reader.catalog, described, described_schema, index, renames=reader._renames
             )
         return tables
 

@@ -48,6 +48,7 @@ from airflow_partitions.sources.pg_cdc import (
     slot_name_for,
 )
 from airflow_partitions.sources.postgres import PostgresSource
+from airflow_partitions.sources.renamed import RenamedSource
 from airflow_partitions.spec.model import ChangeDetection, RefreshMode
 
 if TYPE_CHECKING:
@@ -88,7 +89,8 @@ def change_stream(project: ProjectSpec, dataset: DatasetSpec, source: Source | N
     from the dataset, where its acceleration lives and the table it reads)."""
 
     source = source or open_dataset_source(dataset)
-    if not isinstance(source, PostgresSource):
+    postgres = _postgres(source)
+    if postgres is None:
         raise RefreshError(
             f"dataset {dataset.name!r}: change data capture reads Postgres sources only; "
             f"{source.describe()} is not one"
@@ -97,9 +99,24 @@ def change_stream(project: ProjectSpec, dataset: DatasetSpec, source: Source | N
     slot = (
         str(configured)
         if configured
-        else slot_name_for(dataset.name, f"{project.accelerator_dir}|{source.table}")
+        else slot_name_for(dataset.name, f"{project.accelerator_dir}|{postgres.table}")
     )
-    return ChangeStream(source, slot)
+    return _stream(source, slot)
+
+
+def _postgres(source: Source) -> PostgresSource | None:
+    """The Postgres table under `source` (a dataset with `renamed_columns` wraps it), or None."""
+    inner = source.inner if isinstance(source, RenamedSource) else source
+    return inner if isinstance(inner, PostgresSource) else None
+
+
+def _stream(source: Source, slot: str) -> ChangeStream:
+    """`slot` on `source`'s table; with `renamed_columns`, it hands out rows in the stored names."""
+    postgres = _postgres(source)
+    if postgres is None:
+        raise RefreshError(f"{source.describe()} cannot stream changes; plan again")
+    renames = source.renames if isinstance(source, RenamedSource) else None
+    return ChangeStream(postgres, slot, renames)
 
 
 def committed_position(catalog: Catalog) -> str | None:
@@ -225,7 +242,7 @@ def _changes_plan(
     acceleration = dataset.acceleration
     keys = list(acceleration.primary_key)
     names = acceleration.partition_names
-    landing = _landing(dataset, typed)
+    landing = _landing([f.transform for f in acceleration.partition_by], typed)
     # Keys matched as the merge matches them (IS NOT DISTINCT FROM): NULL, NaN and -0.0 included.
     touched = changes_touched(snapshot, names, landing, keys[0], typed.column(keys[0]).to_pylist())
     schema = typed.schema.remove(typed.schema.get_field_index(DELETED_COLUMN))
@@ -254,15 +271,15 @@ def _changes_plan(
     )
 
 
-def _landing(dataset: DatasetSpec, typed: pa.Table) -> collections.Counter[tuple[Any, ...]]:
-    """Upserted rows per partition key they land in (keys to delete land nowhere)."""
+def _landing(transforms: Sequence[Transform], typed: pa.Table) -> collections.Counter[tuple[Any, ...]]:
+    """Upserted rows per partition key they land in (keys to delete land nowhere); `transforms` bound
+    (a custom expression's values depend on its column's type)."""
     import pyarrow.compute as pc
 
     mask = deleted_mask(typed)
     rows = typed if mask is None else typed.filter(pc.invert(mask))
     if not rows.num_rows:
         return collections.Counter()
-    transforms = [f.transform for f in dataset.acceleration.partition_by]
     values = [t.apply_table(rows).to_pylist() for t in transforms]
     return collections.Counter(zip(*values, strict=True))
 
@@ -274,9 +291,7 @@ def stage_cdc_changes(
     Returns the change table (rows to upsert and keys to delete, marked) and upserted rows per item."""
 
     assert plan.cdc is not None
-    if not isinstance(source, PostgresSource):
-        raise RefreshError(f"{source.describe()} cannot stream changes; plan again")
-    stream = ChangeStream(source, plan.cdc["slot"])
+    stream = _stream(source, plan.cdc["slot"])
     keys = list(dataset.acceleration.primary_key)
     with stream.connect() as conn:
         changes = stream.peek(conn, plan.cdc["upto"], source.schema().names, keys)
@@ -288,7 +303,7 @@ def stage_cdc_changes(
             "meanwhile. Nothing was written: plan again"
         )
     planned = {tuple(PartitionKey.from_json(item.key).values): i for i, item in enumerate(plan.items)}
-    per_key = _landing(dataset, typed)
+    per_key = _landing(transforms, typed)
     whole_plan = plan.changed_partitions is None or len(plan.items) == plan.changed_partitions
     if whole_plan and not per_key.keys() <= planned.keys():
         raise RefreshError(
@@ -305,9 +320,7 @@ def after_commit(plan: RefreshPlan, dataset: DatasetSpec, source: Source | None,
         return
     if committed:
         kill_point("cdc-after-commit")
-    source = source or open_dataset_source(dataset)
-    assert isinstance(source, PostgresSource)
-    stream = ChangeStream(source, plan.cdc["slot"])
+    stream = _stream(source or open_dataset_source(dataset), plan.cdc["slot"])
     with stream.connect() as conn:
         stream.advance(conn, plan.cdc["upto"])
     release_snapshot(stream.slot)

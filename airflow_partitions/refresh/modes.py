@@ -48,6 +48,7 @@ from airflow_partitions.sources.base import (
     tagged_fingerprint,
 )
 from airflow_partitions.sources.postgres import PostgresSource
+from airflow_partitions.sources.renamed import RenamedSource
 from airflow_partitions.spec.model import LateRows, RefreshMode
 
 if TYPE_CHECKING:
@@ -478,7 +479,7 @@ def plan_changes(
     keys = acceleration.primary_key
     assert column is not None
     assert keys
-    assert isinstance(source, PostgresSource)
+    assert isinstance(source, PostgresSource | RenamedSource)  # `changes_fallback` refused the rest
     column_type = source.schema().field(column).type
     bound = future_bound(column_type, acceleration.refresh.max_future_skew_s)
     watermark = changes_watermark(snapshot, column, bound)

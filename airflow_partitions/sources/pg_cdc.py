@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.exceptions import ChangeCaptureError, SlotLostError, SourceError, WalLevelError
 from airflow_partitions.sources.pg_builtin_sql import quote_ident
 from airflow_partitions.sources.postgres import PostgresSource, clean_error, conform_table
+from airflow_partitions.spec.renames import ColumnRenames
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -194,10 +195,18 @@ class ChangeDecoder:
     """Folds pgoutput messages, in order, into a `ChangeSet` over `columns` keyed by `keys`."""
 
     def __init__(
-        self, table: tuple[str, str], columns: Sequence[str], keys: Sequence[str], upto: str
+        self,
+        table: tuple[str, str],
+        columns: Sequence[str],
+        keys: Sequence[str],
+        upto: str,
+        aliases: Mapping[str, str] | None = None,
     ) -> None:
         self.table = table
         self.columns = list(columns)
+        # A renamed column's earlier name (current -> stored): changes written before an
+        # `ALTER TABLE ... RENAME COLUMN` arrive under a relation message that still has the old name.
+        self.aliases = dict(aliases or {})
         self.keys = list(keys)
         self.key_positions = [self.columns.index(k) for k in keys]
         self.relations: dict[int, _Relation] = {}
@@ -270,10 +279,11 @@ class ChangeDecoder:
         by_name = dict(zip(relation.columns, values, strict=True))
         old_by_name = dict(zip(relation.columns, old, strict=True)) if old is not None else {}
         row: list[tuple[str, str | None]] = []
-        for column in self.columns:
+        for wanted in self.columns:
+            column = self._carried(wanted, by_name)
             if column not in by_name:
                 raise ChangeCaptureError(
-                    f"the change stream of {self._name(relation)} carries no column {column!r} (generated "
+                    f"the change stream of {self._name(relation)} carries no column {wanted!r} (generated "
                     "columns are not replicated); read the table with refresh.change_detection: watermark"
                 )
             value = by_name[column]
@@ -320,7 +330,13 @@ class ChangeDecoder:
         self, relation: _Relation, old: list[tuple[str, str | None]]
     ) -> list[tuple[str, str | None]]:
         by_name = dict(zip(relation.columns, old, strict=True))
-        return [by_name.get(column, ("n", None)) for column in self.columns]
+        return [by_name.get(self._carried(column, by_name), ("n", None)) for column in self.columns]
+
+    def _carried(self, column: str, by_name: Mapping[str, Any]) -> str:
+        """The name `column` has in a relation message: its own, or its name before a rename."""
+        if column in by_name:
+            return column
+        return self.aliases.get(column, column)
 
     def _delete(self, key: tuple[str | None, ...]) -> None:
         self.changes.upserts.pop(key, None)
@@ -333,13 +349,16 @@ class ChangeDecoder:
 class ChangeStream:
     """One dataset's replication slot and publication (same name) on its Postgres source."""
 
-    def __init__(self, source: PostgresSource, slot: str) -> None:
+    def __init__(self, source: PostgresSource, slot: str, renames: ColumnRenames | None = None) -> None:
         if not _SLOT_NAME.match(slot):
             raise ChangeCaptureError(
                 f"replication slot name {slot!r} must be 1-63 lower-case letters, digits or underscores"
             )
         self.source = source
         self.slot = slot
+        # The dataset's `renamed_columns`: the stream speaks the table's current names, the caller the
+        # stored ones (`peek` and `typed` translate).
+        self.renames = renames if renames is not None else ColumnRenames()
 
     @property
     def publication(self) -> str:
@@ -531,7 +550,13 @@ class ChangeStream:
             raise SlotLostError(_lost_message(self.source.describe(), self.slot, upto))
         if cached is not None and cached[0] == info.confirmed_flush_lsn:
             return cached[1]
-        decoder = ChangeDecoder((self.source.table.schema, self.source.table.name), columns, keys, upto)
+        decoder = ChangeDecoder(
+            (self.source.table.schema, self.source.table.name),
+            self.renames.current_names(columns),
+            self.renames.current_names(keys),
+            upto,
+            aliases={new: old for old, new in self.renames.pairs},
+        )
         with conn.cursor() as cur:
             try:
                 cur.execute(
@@ -555,8 +580,12 @@ class ChangeStream:
 
     def typed(self, conn: Any, changes: ChangeSet, schema: pa.Schema, keys: Sequence[str]) -> pa.Table:
         """The change set as one table of `schema` plus `DELETED_COLUMN`: rows to upsert, then keys to
-        delete (other columns NULL), each value cast by Postgres from its text to the column's type."""
+        delete (other columns NULL), each value cast by Postgres from its text to the column's type.
+        `schema` and `keys` name stored columns, and so does the table returned."""
         import pyarrow as pa
+
+        schema = self.renames.to_current(schema)
+        keys = self.renames.current_names(keys)
 
         types = self.column_types(conn)
         names = list(schema.names)
@@ -580,7 +609,8 @@ class ChangeStream:
         )
         table = pa.concat_tables([conform_table(upserts, schema), deleted_full])
         marker = pa.array([False] * upserts.num_rows + [True] * deleted.num_rows, pa.bool_())
-        return table.append_column(pa.field(DELETED_COLUMN, pa.bool_(), nullable=False), marker)
+        table = table.append_column(pa.field(DELETED_COLUMN, pa.bool_(), nullable=False), marker)
+        return self.renames.to_stored(table)
 
     def column_types(self, conn: Any) -> dict[str, str]:
         table = self.source.table.sql

@@ -77,6 +77,28 @@ class RenamedSource:
     def read_all(self, *, deadline: Deadline | None = None) -> pa.Table:
         return self.renames.to_stored(self.inner.read_all(deadline=deadline))
 
+    def read_changed(self, columns: Sequence[str], column: str, after: Any, upper: Any = None) -> pa.Table:
+        """`refresh_mode: changes`: the inner source's changed rows, asked and returned in stored names."""
+        rows = self.inner.read_changed(  # type: ignore[attr-defined]
+            self.renames.current_names(columns), self.renames.current(column), after, upper
+        )
+        return self.renames.to_stored(rows)
+
+    def oldest_open_write(self) -> Any:
+        return self.inner.oldest_open_write()  # type: ignore[attr-defined]
+
+    def count_below_watermarks(
+        self, transforms: Sequence[Transform], column: str, thresholds: Sequence[Any], bound: Any
+    ) -> pa.Table | None:
+        # The result names no source column (k0.., b, n, f): only the question is translated.
+        counter = getattr(self.inner, "count_below_watermarks", None)
+        if counter is None:
+            return None
+        result: pa.Table | None = counter(
+            self._transforms(transforms), self.renames.current(column), thresholds, bound
+        )
+        return result
+
     def count_null_rows(self, column: str) -> int:
         return self.inner.count_null_rows(self.renames.current(column))
 

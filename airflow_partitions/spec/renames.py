@@ -7,8 +7,9 @@ speaking of `old`, so a rename changes no spec id and rewrites no file. Only the
 read from the source are renamed to the stored names, and what a reader or a write hands in or gets back
 speaks of the current names.
 
-Renaming a column that a custom expression or a `multi_bucket` field reads is refused: their trees would
-have to be rewritten, and a refusal is better than a field that quietly reads another column.
+Every partition transform follows a rename, a custom expression (its tree's column references) and a
+`multi_bucket` field (each of its columns) included; the function itself never changes, so the stored
+spec's canonical text, and its id, stay what they were.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import PartitionExpressionError, SpecValidationError
+from airflow_partitions.exceptions import SpecValidationError
 from airflow_partitions.spec.model import NAME_PATTERN
 from airflow_partitions.transforms.base import renamed_transform
 
@@ -66,20 +67,11 @@ class ColumnRenames:
 
     def current_transform(self, transform: Transform) -> Transform:
         """A copy of a stored-name transform that reads the current column (bound state kept)."""
-        return self._moved(transform, self.current)
+        return renamed_transform(transform, self.current)
 
     def stored_transform(self, transform: Transform) -> Transform:
         """A copy of a current-name transform that reads the stored column (bound state kept)."""
-        return self._moved(transform, self.stored)
-
-    @staticmethod
-    def _moved(transform: Transform, rename: Any) -> Transform:
-        try:
-            return renamed_transform(transform, rename)
-        except PartitionExpressionError as err:
-            raise SpecValidationError(
-                [f"{err}: rebuild with `airflow-partitions refresh SPEC DATASET --full` instead"]
-            ) from err
+        return renamed_transform(transform, self.stored)
 
 
 def _renamed(value: Any, rename: Any) -> Any:
@@ -150,14 +142,6 @@ def stored_dataset(dataset: Any) -> Any:
     if not renames:
         return dataset
     acceleration = dataset.acceleration
-    if str(acceleration.refresh_mode) == "changes":
-        raise SpecValidationError(
-            [
-                "renamed_columns: refresh_mode changes does not follow a rename yet (its change feed reads "
-                "the source table by the current names); refresh with refresh_mode full or append, or "
-                "rebuild with `airflow-partitions refresh SPEC DATASET --full` after undeclaring the rename"
-            ]
-        )
     fields = tuple(
         replace(field, transform=renames.stored_transform(field.transform))
         for field in acceleration.partition_by

@@ -559,6 +559,12 @@ class Transform(ABC):
             f"({type(value).__name__}); expected {expected}{bound}"
         )
 
+    def renamed(self, rename: Callable[[str], str]) -> Self:
+        """A copy reading column `rename(c)` for its column `c` (`renamed_transform`)."""
+        moved = copy.copy(self)
+        moved._source_column = rename(self._source_column)
+        return moved
+
     def resolve_source_column(self, column_names: Iterable[str]) -> str:
         """The dataset column this transform reads, matched exactly (column names are case-sensitive).
 
@@ -684,23 +690,12 @@ def decimal_from_unscaled(unscaled: int, scale: int) -> Decimal:
         return Decimal(unscaled).scaleb(-scale)
 
 
-RENAMABLE_TRANSFORMS = ("identity", "bucket", "truncate", "date_part", "date_trunc", "mod")
-
-
 def renamed_transform(transform: Transform, rename: Callable[[str], str]) -> Transform:
-    """A copy of `transform` (bound state kept) reading column `rename(c)` for its column `c`.
+    """A copy of `transform` (bound state kept) reading column `rename(c)` for each column `c` it reads.
 
-    Only transforms over one column whose canonical text names the column alone follow a rename; a
-    custom expression or `multi_bucket` reading a renamed column raises `PartitionExpressionError`.
+    The copy computes the same values over the renamed column as the original over the old one: only the
+    column references change (in a custom expression's tree too), never the function.
     """
-    columns = transform.source_columns
-    if all(rename(column) == column for column in columns):
+    if all(rename(column) == column for column in transform.source_columns):
         return transform
-    if transform.name not in RENAMABLE_TRANSFORMS or len(columns) != 1:
-        raise PartitionExpressionError(
-            f"partition expression {transform.canonical!r} reads a renamed column; only "
-            f"{', '.join(RENAMABLE_TRANSFORMS)} fields follow a rename"
-        )
-    moved = copy.copy(transform)
-    moved._source_column = rename(columns[0])
-    return moved
+    return transform.renamed(rename)

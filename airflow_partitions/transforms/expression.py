@@ -33,7 +33,8 @@ equates "NULL partition" with "NULL column" when it holds.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from sqlglot import exp
 
@@ -261,6 +262,17 @@ class ExpressionTransform(Transform):
         self._native: Any = None
 
     # --- identity -----------------------------------------------------------------------------------
+
+    def renamed(self, rename: Callable[[str], str]) -> Self:
+        # The tree names the column too: both move, and the SQL every engine runs is rebuilt from the
+        # tree. The Arrow kernel (`_native`) and a wrapping built-in (`outer`) read values, not names.
+        moved = super().renamed(rename)
+        tree = self._tree.copy()
+        for column in list(tree.find_all(exp.Column)):
+            column.replace(exp.column(_identifier(canonical_identifier(rename(str(column.name))))))
+        moved._tree = tree
+        moved.sql = expression_sql(tree)
+        return moved
 
     @property
     def canonical(self) -> str:

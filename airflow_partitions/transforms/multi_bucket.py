@@ -33,7 +33,7 @@ import copy
 import datetime as dt
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
@@ -128,6 +128,12 @@ class MultiBucketTransform(Transform):
     @property
     def source_columns(self) -> tuple[str, ...]:
         return self._columns
+
+    def renamed(self, rename: Callable[[str], str]) -> Self:
+        moved = copy.copy(self)
+        moved._columns = tuple(rename(column) for column in self._columns)
+        moved._source_column = moved._columns[0]
+        return moved
 
     @property
     def canonical(self) -> str:
