@@ -34,6 +34,10 @@ os.environ.setdefault("AP_ARROW_MEMORY_BUDGET", "0")
 # CPU instead of 84 s (JVM 36 s instead of 68 s) and 44 s instead of 56 s of wall time on an idle machine.
 # The JVMs print "Picked up JAVA_TOOL_OPTIONS" on stderr. Production sessions are untouched.
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# The suite's directories are thrown away: no fsync (objectstore/local.py). A module of verify tests made
+# 10,859 fsyncs, 29 s of its 270 s under load; atomicity (temporary + rename or link) is unchanged, and
+# tests/test_objectstore.py checks both settings. The Airflow stack's and subprocesses' writes inherit it.
+os.environ.setdefault("AP_UNSAFE_NO_FSYNC", "1")
 
 PG_HOST = os.environ.get("AP_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("AP_TEST_PG_PORT", "5432"))
@@ -256,14 +260,42 @@ def s3_fault_proxy(s3_server: dict[str, str]) -> Iterator[Any]:
 # --- the session's Airflow stack ------------------------------------------------------------------
 
 
+# Closes the shared stack. Its processes poll all the time (the scheduler, dag-processor, api-server and
+# triggerer took about 15% of a core together, idle): the stack stops once the last test that uses it is
+# done (pytest_runtest_teardown below), not at the end of the session.
+_stack_closer = contextlib.ExitStack()
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, spark_connect_server: dict[str, Any]) -> Iterator[Any]:
     """One real Airflow (api-server, scheduler, dag-processor, triggerer) for every end-to-end module:
     the DAGs, data and users of `airflow_e2e/shared.py`."""
     from airflow_e2e.shared import shared_stack
 
-    with shared_stack(tmp_path_factory.mktemp("airflow_e2e"), spark_connect_server) as airflow:
-        yield airflow
+    with _stack_closer:
+        yield _stack_closer.enter_context(
+            shared_stack(tmp_path_factory.mktemp("airflow_e2e"), spark_connect_server)
+        )
+
+
+def _uses_stack(item: pytest.Item) -> bool:
+    return bool(STACK_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+
+
+_stack_tests_run: set[str] = set()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared stack once every test of the session that uses it has run in this process.
+
+    Under xdist the stack's modules are one scope, so one worker runs all of them; in one process
+    (UNIT_WORKERS=0) they are spread over the run and the stack stops after the last of them."""
+    if not _uses_stack(item):
+        return
+    _stack_tests_run.add(item.nodeid)
+    if all(other.nodeid in _stack_tests_run for other in item.session.items if _uses_stack(other)):
+        _stack_closer.close()
 
 
 @pytest.fixture(scope="session")

@@ -281,3 +281,33 @@ def test_catalog_on_s3_uses_the_settings_passed_and_the_environment_otherwise(
     listed = [i.key for i in S3Store(shared_s3_client(s3_server), s3_bucket).list("team/")]
     assert listed
     assert all(k.startswith("team/sales/_catalog/") for k in listed)
+
+
+@pytest.mark.parametrize("skipped", [False, True])
+def test_local_writes_fsync_unless_the_unsafe_switch_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, skipped: bool
+) -> None:
+    """Files, their directories and new directory levels are fsynced; AP_UNSAFE_NO_FSYNC=1 (the test
+    suite sets it) skips every fsync and nothing else: the object is written and readable all the same."""
+    import os
+
+    from airflow_partitions.objectstore import local
+
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", lambda descriptor: synced.append(descriptor))
+    if skipped:
+        monkeypatch.setenv(local.NO_FSYNC_ENV, "1")
+    else:
+        monkeypatch.delenv(local.NO_FSYNC_ENV, raising=False)
+    store = LocalStore(tmp_path / "store")
+    store.put("a/b/c.json", b"{}")
+    assert store.put_if_absent("a/b/d.json", b"[]") is True
+    local.fsync_file(tmp_path / "store" / "a" / "b" / "c.json")
+    local.fsync_directory(tmp_path / "store" / "a")
+    assert store.get("a/b/c.json") == b"{}"
+    assert store.get("a/b/d.json") == b"[]"
+    if skipped:
+        assert synced == []
+    else:
+        # Two temporaries, the new levels store/, a/, b/ (their parents), two renames or links, two calls.
+        assert len(synced) >= 7, synced

@@ -100,6 +100,19 @@ def row_states(driver: Any) -> dict[str, str]:
     return {str(key_path): str(state) for key_path, state in rows}
 
 
+def row_text_and_links(driver: Any, key_path: str) -> tuple[str, list[str]]:
+    """The visible text of the row of `key_path` and the targets of its links, read in one script (the
+    page re-renders its rows while it polls, so element handles go stale between two calls)."""
+    found = driver.execute_script(
+        "const row = Array.from(document.querySelectorAll('#rows tr'))"
+        ".find((r) => r.dataset.keyPath === arguments[0]);"
+        "return row ? [row.innerText, Array.from(row.querySelectorAll('a')).map((a) => a.href)] : null;",
+        key_path,
+    )
+    assert found is not None, f"no row for {key_path}"
+    return str(found[0]), [str(link) for link in found[1]]
+
+
 def click_when_rendered(driver: Any, css: str, timeout: float = 30) -> None:
     """Click the element `css` finds, finding it again if the page re-rendered it in between (it does
     while it polls)."""
@@ -154,26 +167,29 @@ def test_partitions_page_shows_a_failed_partition_and_refreshes_it(
     blocker = stack.dags_folder.parent / "acc" / UI_DATASET / EU
     blocker.parent.mkdir(parents=True, exist_ok=True)
     blocker.write_text("not a directory")
-    run = client.trigger_dag_run(UI_DAG_ID, {"partitions": None})
-    failed_run = client.wait_for_dag_run(UI_DAG_ID, run["dag_run_id"], timeout=300, poll_interval=1)
-    assert failed_run["state"] == "failed", stack.logs_tail()
+    try:
+        run = client.trigger_dag_run(UI_DAG_ID, {"partitions": None})
+        failed_run = client.wait_for_dag_run(UI_DAG_ID, run["dag_run_id"], timeout=300, poll_interval=1)
+        assert failed_run["state"] == "failed", stack.logs_tail()
 
-    # The page, signed in as the admin with the session cookie the UI's login sets.
-    browser.get(f"{stack.api_url}/partitions/?dag_id={UI_DAG_ID}")
-    browser.add_cookie({"name": COOKIE_NAME, "value": token(stack, "admin"), "path": "/"})
-    browser.refresh()
-    wait_for_states(browser, stack, {EU: "failed", US: "fresh"}, timeout=60)
-    eu_row = browser.find_element(By.CSS_SELECTOR, f'#rows tr[data-key-path="{EU}"]')
-    assert "not a directory" in eu_row.text.lower() or "Error" in eu_row.text, eu_row.text
-    links = [a.get_attribute("href") for a in eu_row.find_elements(By.TAG_NAME, "a")]
-    failed_ti = f"/dags/{UI_DAG_ID}/runs/{quote(run['dag_run_id'], safe='')}/tasks/partition.refresh/mapped/0"
-    assert any(link.endswith(failed_ti) for link in links), f"the failed task instance is linked: {links}"
-    assert badge_counts(browser) == {"failed": "1 failed", "fresh": "1 fresh"}
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(SCREENSHOT))
+        # The page, signed in as the admin with the session cookie the UI's login sets.
+        browser.get(f"{stack.api_url}/partitions/?dag_id={UI_DAG_ID}")
+        browser.add_cookie({"name": COOKIE_NAME, "value": token(stack, "admin"), "path": "/"})
+        browser.refresh()
+        wait_for_states(browser, stack, {EU: "failed", US: "fresh"}, timeout=60)
+        eu_text, links = row_text_and_links(browser, EU)
+        assert "not a directory" in eu_text.lower() or "Error" in eu_text, eu_text
+        run_path = quote(run["dag_run_id"], safe="")
+        failed_ti = f"/dags/{UI_DAG_ID}/runs/{run_path}/tasks/partition.refresh/mapped/0"
+        assert any(link.endswith(failed_ti) for link in links), f"the failed task instance is linked: {links}"
+        assert badge_counts(browser) == {"failed": "1 failed", "fresh": "1 fresh"}
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(SCREENSHOT))
+    finally:
+        # Fix the cause (also when an assertion above failed: the later tests refresh EU too).
+        blocker.unlink(missing_ok=True)
 
-    # Fix the cause, select EU, refresh it from the page.
-    blocker.unlink()
+    # Select EU, refresh it from the page.
     click_when_rendered(browser, f'#rows tr[data-key-path="{EU}"] input.pick')
     browser.find_element(By.ID, "refresh-selected").click()
     assert browser.find_element(By.ID, "preview-title").text.startswith("Refresh 1 partition(s)")
@@ -377,13 +393,13 @@ def test_inside_airflow_the_page_follows_runs_to_their_end_and_offers_to_unpause
             },
         )
         waiting = wait_until(browser, stack, "EU waiting", lambda s: dict(s["rows"]).get(EU) == "waiting", 60)
-        row = browser.find_element(By.CSS_SELECTOR, f'#rows tr[data-key-path="{EU}"]')
-        assert "refreshed, waiting for commit" in row.text, (row.text, waiting)
+        row_text, _ = row_text_and_links(browser, EU)
+        assert "refreshed, waiting for commit" in row_text, (row_text, waiting)
 
         # Links navigate Airflow's UI (its router), though the sandbox forbids top navigation.
-        link = row.find_element(By.CSS_SELECTOR, "a.airflow-link")
-        target = link.get_attribute("href")
-        link.click()
+        link_css = f'#rows tr[data-key-path="{EU}"] a.airflow-link'
+        target = browser.execute_script("return document.querySelector(arguments[0]).href;", link_css)
+        click_when_rendered(browser, link_css)
         browser.switch_to.default_content()
         WebDriverWait(browser, 30).until(
             lambda d: d.current_url == target, f"the link did not navigate to {target}"
