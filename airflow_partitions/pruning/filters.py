@@ -264,13 +264,12 @@ class FilterBinder:
             # `col op value AND ...`: what the parsed tree would bind to, without parsing SQL.
             comparisons = plain_comparisons(where)
             if comparisons is not None:
-                return and_(
-                    *(
-                        self.compare(self.resolve(name), OPERATORS_BY_TEXT[op], value)
-                        for name, op, value in comparisons
-                    )
-                )
+                return and_(*(self._plain_comparison(name, op, value) for name, op, value in comparisons))
         return self.bind_parsed_sql(where)
+
+    def _plain_comparison(self, name: str, op: str, value: int | str) -> Predicate:
+        check_budget()  # as `_predicate` does per node: a call's time limit covers long filters too
+        return self.compare(self.resolve(name), OPERATORS_BY_TEXT[op], value)
 
     def bind_parsed_sql(self, where: str) -> Predicate:
         """`where` parsed by sqlglot and bound (what `bind_sql` does for every shape but the plainest)."""
