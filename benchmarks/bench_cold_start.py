@@ -72,7 +72,8 @@ def modules_after_read(spec: Path, where: str, env: dict[str, str]) -> str:
         import sys
         from airflow_partitions.read import PartitionedDatasetReader
         PartitionedDatasetReader({str(spec)!r}, {LAYOUT!r}).read({where!r})
-        heavy = [m for m in ("pandas", "pyarrow.dataset", "pyspark", "airflow") if m in sys.modules]
+        watched = ("pandas", "pyarrow.dataset", "sqlglot", "pyspark", "airflow")
+        heavy = [m for m in watched if m in sys.modules]
         print(len(sys.modules), ",".join(heavy) or "none")
         """
     )

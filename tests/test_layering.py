@@ -27,6 +27,7 @@ AIRFLOW_LAYER = {
 CORE_ORDER = [
     "exceptions",
     "quoting",
+    "lazy_module",
     "sample_data",
     "keys",
     "objectstore",
@@ -170,6 +171,7 @@ FUNCTION_IMPORTS_CHECKED = [
     "__init__",
     "exceptions",
     "quoting",
+    "lazy_module",
     "sample_data",
 ]
 _IMPORT_REASON = re.compile(r"#\s*(cycle|lazy):\s*\S")

@@ -15,11 +15,8 @@ import pytest
 
 from airflow_partitions.exceptions import FilterError
 from airflow_partitions.transforms import parse_transform
-from airflow_partitions.transforms.duckdb_functions import (
-    duckdb_expression,
-    register_duckdb_functions,
-    rewrite_partition_functions,
-)
+from airflow_partitions.transforms.duckdb_functions import duckdb_expression, register_duckdb_functions
+from airflow_partitions.transforms.duckdb_rewrite import rewrite_partition_functions
 
 ROWS = 20_000
 WIDE = Context(prec=100)

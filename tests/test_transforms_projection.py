@@ -211,7 +211,7 @@ def test_calendar_nodes_cover_every_calendar_spelling() -> None:
 def test_query_rewrite_and_filter_rewrite_treat_calendar_calls_alike() -> None:
     """`executable_sql` (queries) and `rewrite_partition_functions` (filters) use one list of calls."""
     from airflow_partitions.pruning import executable_sql
-    from airflow_partitions.transforms.duckdb_functions import rewrite_partition_functions
+    from airflow_partitions.transforms.duckdb_rewrite import rewrite_partition_functions
 
     schema = pa.schema([("ts", pa.timestamp("us", "UTC")), ("amount", pa.int64())])
     types = {field.name: field.type for field in schema}

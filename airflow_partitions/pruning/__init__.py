@@ -8,6 +8,8 @@ See `evaluator.py` for how partitions are judged and `filters.py` for the filter
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from airflow_partitions.pruning.evaluator import (
     MAX_RANGE_ENUMERATION,
     ROWS_CANNOT_MATCH,
@@ -25,7 +27,21 @@ from airflow_partitions.pruning.plan import (
     SelectedPartition,
     plan_partitions,
 )
-from airflow_partitions.pruning.query import check_read_only, dataset_filter, executable_sql
+
+if TYPE_CHECKING:
+    from airflow_partitions.pruning.query import check_read_only, dataset_filter, executable_sql
+
+# The query side parses SQL (sqlglot): loaded on first use, so a plain read or a DAG file does not pay for it.
+_QUERY_NAMES = ("check_read_only", "dataset_filter", "executable_sql")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _QUERY_NAMES:
+        from airflow_partitions.pruning import query  # lazy: sqlglot
+
+        return getattr(query, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MAX_RANGE_ENUMERATION",

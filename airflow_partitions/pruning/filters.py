@@ -17,17 +17,16 @@ user's query) never raises on such things: whatever it cannot use becomes `Opaqu
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import sqlglot
-from sqlglot import exp
-from sqlglot.errors import ParseError, TokenError
 
 from airflow_partitions.exceptions import FilterError, PartitionExpressionError, QueryLimitError
+from airflow_partitions.lazy_module import LazyModule
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import (
     OPERATORS_BY_TEXT,
@@ -50,34 +49,47 @@ from airflow_partitions.pruning.expressions import (
 from airflow_partitions.pruning.limits import budget, check_budget, run_bounded
 from airflow_partitions.pruning.literals import Between, coerce_literal
 from airflow_partitions.pruning.prefix import like_prefix, prefix_upper_bound
-from airflow_partitions.pruning.sql_text import DIALECT, collection_paused, parse_sql
 from airflow_partitions.spec.model import did_you_mean
-from airflow_partitions.transforms.duckdb_functions import rewrite_partition_nodes
-from airflow_partitions.transforms.parser import describe_sql_error, transform_from_node
+from airflow_partitions.transforms.base import DIALECT
+from airflow_partitions.transforms.plain_sql import plain_comparisons
 
 if TYPE_CHECKING:
+    import sqlglot
+    from sqlglot import errors, exp
+
     from airflow_partitions.transforms import Transform
 
-# Node types a lenient (query) binding may fold into a constant: deterministic, column-free.
-_DETERMINISTIC_CONSTANT_NODES = (
-    exp.Literal,
-    exp.Neg,
-    exp.Paren,
-    exp.Cast,
-    exp.TryCast,
-    exp.DataType,
-    exp.DataTypeParam,
-    exp.Interval,
-    exp.Var,
-    exp.Add,
-    exp.Sub,
-    exp.Mul,
-    exp.Div,
-    exp.Boolean,
-    exp.Null,
-    exp.HexString,
-    exp.Identifier,
-)
+    ColumnResolver = Callable[[exp.Column], str | None]
+else:
+    # SQL is parsed only for filters beyond the plain `col op value` shapes: sqlglot loads then.
+    sqlglot = LazyModule("sqlglot")
+    errors = LazyModule("sqlglot.errors")
+    exp = LazyModule("sqlglot.expressions")
+
+
+@functools.cache
+def _deterministic_constant_nodes() -> tuple[type[exp.Expr], ...]:
+    """Node types a lenient (query) binding may fold into a constant: deterministic, column-free."""
+    return (
+        exp.Literal,
+        exp.Neg,
+        exp.Paren,
+        exp.Cast,
+        exp.TryCast,
+        exp.DataType,
+        exp.DataTypeParam,
+        exp.Interval,
+        exp.Var,
+        exp.Add,
+        exp.Sub,
+        exp.Mul,
+        exp.Div,
+        exp.Boolean,
+        exp.Null,
+        exp.HexString,
+        exp.Identifier,
+    )
+
 
 # DuckDB functions that read files, the environment or settings. A filter names rows of the dataset; these
 # would fail on the read connection (external access is off) as a storage error, or leak what they read.
@@ -149,7 +161,6 @@ CONSTANT_SECONDS = 30.0
 CONSTANT_MEMORY_BYTES = 256 * 1024**2
 
 FilterInput = str | Sequence[Any] | Predicate | None
-ColumnResolver = Callable[[exp.Column], str | None]
 
 
 def render(node: exp.Expr) -> str:
@@ -159,6 +170,8 @@ def render(node: exp.Expr) -> str:
 
 def duckdb_sql(node: exp.Expression, schema: pa.Schema) -> str:
     """DuckDB SQL of a boolean node, partition transforms rewritten to compute exactly our values."""
+    from airflow_partitions.transforms.duckdb_rewrite import rewrite_partition_nodes  # lazy: sqlglot
+
     types = {field.name: field.type for field in schema}
     return render(rewrite_partition_nodes(node, types))
 
@@ -167,11 +180,14 @@ def parse_where_sql(where: str) -> exp.Expression:
     """The sqlglot tree of a WHERE condition; a `FilterError` for anything but one boolean expression."""
     if not isinstance(where, str) or not where.strip():
         raise FilterError("the filter is empty; pass a SQL condition such as \"region = 'EU'\" or None")
+    from airflow_partitions.pruning.sql_text import parse_sql  # lazy: sqlglot
+    from airflow_partitions.transforms.parser import describe_sql_error  # lazy: sqlglot
+
     # Parsed inside a SELECT: a bare `truncate(...)` would otherwise read as a TRUNCATE statement.
     prefix = "SELECT 1 WHERE "
     try:
         statements = parse_sql(prefix + where)
-    except (ParseError, TokenError) as err:
+    except (errors.ParseError, errors.TokenError) as err:
         raise FilterError(
             f"syntax error in filter {where!r}: {describe_sql_error(err, prefix=prefix)}"
         ) from err
@@ -244,6 +260,21 @@ class FilterBinder:
         )
 
     def bind_sql(self, where: str) -> Predicate:
+        if not self.lenient and self._resolve_column_node is None:
+            # `col op value AND ...`: what the parsed tree would bind to, without parsing SQL.
+            comparisons = plain_comparisons(where)
+            if comparisons is not None:
+                return and_(*(self._plain_comparison(name, op, value) for name, op, value in comparisons))
+        return self.bind_parsed_sql(where)
+
+    def _plain_comparison(self, name: str, op: str, value: int | str) -> Predicate:
+        check_budget()  # as `_predicate` does per node: a call's time limit covers long filters too
+        return self.compare(self.resolve(name), OPERATORS_BY_TEXT[op], value)
+
+    def bind_parsed_sql(self, where: str) -> Predicate:
+        """`where` parsed by sqlglot and bound (what `bind_sql` does for every shape but the plainest)."""
+        from airflow_partitions.pruning.sql_text import collection_paused  # lazy: sqlglot
+
         with collection_paused(where):
             return self.bind_node(parse_where_sql(where))
 
@@ -323,7 +354,7 @@ class FilterBinder:
             raise
 
     def _leaf(self, node: exp.Expression) -> Predicate:
-        comparison = _COMPARISON_NODES.get(type(node))
+        comparison = _comparison_nodes().get(type(node))
         if comparison is not None:
             return self._comparison(node, comparison)
         if isinstance(node, exp.NullSafeEQ | exp.NullSafeNEQ):
@@ -495,9 +526,11 @@ class FilterBinder:
         """A term named in a DNF tuple: a column name, or a partition expression such as `bucket(8, id)`."""
         if text in self._names or text.lower() in self._by_lower:
             return self.resolve(text)
+        from airflow_partitions.transforms.parser import describe_sql_error  # lazy: sqlglot
+
         try:
             statements = sqlglot.parse(f"SELECT {text}", read=DIALECT)
-        except (ParseError, TokenError) as err:
+        except (errors.ParseError, errors.TokenError) as err:
             reason = describe_sql_error(err, prefix="SELECT ")
             raise FilterError(f"syntax error in filter term {text!r}: {reason}") from err
         if (
@@ -527,7 +560,7 @@ class FilterBinder:
             return -_literal_value(node.this)
         if isinstance(node, exp.HexString):
             return bytes.fromhex(node.this if len(node.this) % 2 == 0 else "0" + node.this)
-        if self.lenient and any(not isinstance(n, _DETERMINISTIC_CONSTANT_NODES) for n in node.walk()):
+        if self.lenient and any(not isinstance(n, _deterministic_constant_nodes()) for n in node.walk()):
             raise FilterError(f"{render(node)} is not a deterministic constant")
         return evaluate_constant(render(node))
 
@@ -579,14 +612,9 @@ class FilterBinder:
         return self.compare(term, op, value)
 
 
-_COMPARISON_NODES: dict[type[exp.Expression], Op] = {
-    exp.EQ: Op.EQ,
-    exp.NEQ: Op.NE,
-    exp.LT: Op.LT,
-    exp.LTE: Op.LE,
-    exp.GT: Op.GT,
-    exp.GTE: Op.GE,
-}
+@functools.cache
+def _comparison_nodes() -> dict[type[exp.Expression], Op]:
+    return {exp.EQ: Op.EQ, exp.NEQ: Op.NE, exp.LT: Op.LT, exp.LTE: Op.LE, exp.GT: Op.GT, exp.GTE: Op.GE}
 
 
 def _between_comparison(term: Term, op: Op, between: Between) -> Predicate:
@@ -688,6 +716,8 @@ def evaluate_constant(sql: str) -> Any:
 
 
 def _transform_of(node: exp.Expression) -> Transform | None:
+    from airflow_partitions.transforms.parser import transform_from_node  # lazy: sqlglot
+
     try:
         return transform_from_node(node)
     except PartitionExpressionError:

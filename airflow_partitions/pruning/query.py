@@ -31,7 +31,7 @@ from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import AlwaysFalse, AlwaysTrue, Predicate, or_
 from airflow_partitions.pruning.filters import DIALECT, FilterBinder
 from airflow_partitions.pruning.sql_text import parse_one_sql, parse_sql
-from airflow_partitions.transforms.duckdb_functions import rewrite_partition_nodes
+from airflow_partitions.transforms.duckdb_rewrite import rewrite_partition_nodes
 from airflow_partitions.transforms.parser import is_multi_bucket_call, is_transform_call, may_call_transforms
 
 _INNER_KINDS = (None, "", "INNER", "CROSS")

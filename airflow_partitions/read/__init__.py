@@ -30,7 +30,8 @@ per reader: repeated reads pay only for resolving the newest version and scannin
 
 from __future__ import annotations
 
-from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan
+from typing import TYPE_CHECKING, Any
+
 from airflow_partitions.read.reader import (
     PartitionedDatasetReader,
     dataset_named_in,
@@ -39,6 +40,19 @@ from airflow_partitions.read.reader import (
     query_datasets,
 )
 from airflow_partitions.read.sandbox import QueryLimits, needs_partition_functions, new_duckdb_connection
+
+if TYPE_CHECKING:
+    from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan
+
+
+def __getattr__(name: str) -> Any:
+    # Multi-dataset queries parse SQL (sqlglot): loaded on first use, not by every read.
+    if name in ("DatasetQuery", "DatasetQueryPlan"):
+        from airflow_partitions.read import multi  # lazy: sqlglot
+
+        return getattr(multi, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DatasetQuery",

@@ -27,20 +27,14 @@ from airflow_partitions.pruning import (
     FilterInput,
     PartitionIndex,
     PrunePlan,
-    check_read_only,
-    dataset_filter,
-    executable_sql,
     plan_partitions,
 )
 from airflow_partitions.pruning.deep import deep_stack
 from airflow_partitions.pruning.expressions import renamed_columns
 from airflow_partitions.pruning.filters import bind_filter
 from airflow_partitions.pruning.limits import check_budget
-from airflow_partitions.pruning.query import tables_named_in
-from airflow_partitions.pruning.spark_filter import spark_condition
 from airflow_partitions.read.catalog_tables import build_catalog_table, catalog_calls, mentions_catalog_tables
 from airflow_partitions.read.locations import LocalFiles
-from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan, datasets_named_in
 from airflow_partitions.read.query import (
     QUERY_HINT,
     READ_HINT,
@@ -53,7 +47,6 @@ from airflow_partitions.read.read_stats import ReadStatsRecorder, stats_director
 from airflow_partitions.read.remote import RemoteFiles
 from airflow_partitions.read.sandbox import QueryLimits
 from airflow_partitions.read.scan import DuckDBScanner, resolve_columns
-from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.renames import renames_of
 from airflow_partitions.storage import get_storage
@@ -65,6 +58,7 @@ if TYPE_CHECKING:
 
     from airflow_partitions.catalog import Catalog, Snapshot
     from airflow_partitions.pruning.expressions import Predicate
+    from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import DataFile
     from airflow_partitions.table import DatasetHandle
@@ -86,6 +80,8 @@ def dataset_named_in(project: ProjectSpec | str | Path, sql: str) -> str:
     """The first (by name) of the spec's datasets that `sql` reads, as a table or, when it names none,
     through a catalog table function call (`ap_partitions('orders')`); `FilterError` when it names
     none, `UnsafeQueryError` when it is not one valid SELECT. A reader of it queries all of them."""
+    from airflow_partitions.read.multi import datasets_named_in  # lazy: sqlglot
+
     return datasets_named_in(open_project(project), sql)[0]
 
 
@@ -270,6 +266,7 @@ class PartitionedDatasetReader:
     def _source_schema(self, snapshot: Snapshot) -> pa.Schema:
         """A version without files (never refreshed, or emptied by a delete) reads as 0 rows of the schema
         its first write would use: the source's (as `acceleration_schema` takes it for writes)."""
+        from airflow_partitions.sources import open_dataset_source  # lazy: connectors, SQL parsing
 
         try:
             return open_dataset_source(self.dataset).schema()
@@ -520,6 +517,12 @@ class PartitionedDatasetReader:
             if prepared is not None:
                 self._queries.move_to_end(key)
                 return prepared
+        from airflow_partitions.pruning.query import (  # lazy: sqlglot; reads need no SQL parser
+            check_read_only,
+            dataset_filter,
+            executable_sql,
+        )
+
         check_read_only(sql)
         check_budget()
         # DuckDB's count of the names meaning the dataset: pruning that finds another reads everything.
@@ -564,6 +567,8 @@ class PartitionedDatasetReader:
         if named is None:
             # Lenient: a statement naming no dataset (or not SQL) takes the single-dataset path, whose
             # checks say what is wrong with it.
+            from airflow_partitions.pruning.query import tables_named_in  # lazy: sqlglot
+
             by_name = {name.lower(): name for name in self.project.names}
             tables = tables_named_in(sql) if isinstance(sql, str) else set()
             named = sorted({by_name[t] for t in tables if t in by_name} | {self.name})
@@ -576,6 +581,8 @@ class PartitionedDatasetReader:
     def _datasets_query(self) -> DatasetQuery:
         """Multi-dataset queries through this reader and the spec's other datasets' readers (kept with
         the reader: its sandbox databases are reused)."""
+        from airflow_partitions.read.multi import DatasetQuery  # lazy: sqlglot
+
         with self._lock:
             if self._multi is None:
                 self._multi = DatasetQuery(
@@ -641,6 +648,7 @@ class PartitionedDatasetReader:
 
     def _spark_frame(self, spark: Any, plan: PrunePlan, wanted: list[str]) -> Any:
         """The plan's rows as a Spark DataFrame of the `wanted` columns, the residual applied if inexact."""
+        from airflow_partitions.pruning.spark_filter import spark_condition  # lazy: sqlglot
 
         schema = plan.index.schema
         if not plan.files:
@@ -764,6 +772,8 @@ def datasets_query(
 ) -> DatasetQuery:
     """Multi-dataset queries over the spec's datasets, each read through its handle with `s3_settings`
     (None: the AWS environment); closing it closes the readers it opened."""
+    from airflow_partitions.read.multi import DatasetQuery  # lazy: sqlglot
+
     spec = open_project(project)
 
     def open_reader(name: str) -> PartitionedDatasetReader:

@@ -30,7 +30,8 @@ from airflow_partitions.transforms.base import Interval, Transform
 from airflow_partitions.transforms.bucket import MAX_BUCKETS, BucketTransform
 from airflow_partitions.transforms.identity import IdentityTransform
 from airflow_partitions.transforms.mod import ModTransform
-from airflow_partitions.transforms.parser import SUPPORTED_FORMS, parse_transform
+from airflow_partitions.transforms.parse import parse_transform
+from airflow_partitions.transforms.plain_sql import SUPPORTED_FORMS
 from airflow_partitions.transforms.temporal import DATE_UNITS, DatePartTransform, DateTruncTransform
 from airflow_partitions.transforms.truncate import TruncateTransform
 

@@ -19,12 +19,9 @@ from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-import sqlglot
-from sqlglot import exp
-from sqlglot.errors import SqlglotError
-
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
 from airflow_partitions.quoting import quote_identifier
+from airflow_partitions.transforms.plain_sql import is_plain_name
 from airflow_partitions.transforms.projection import (
     EVALUATION_ERRORS,
     UNKNOWN,
@@ -628,6 +625,12 @@ def canonical_identifier(name: str) -> str:
 @functools.lru_cache(maxsize=4096)
 def parses_as_plain_column(name: str) -> bool:
     """Whether `name` written bare parses back as an unquoted reference to the column `name`."""
+    if _PLAIN_IDENTIFIER.fullmatch(name):
+        return is_plain_name(name)  # no sqlglot: its keywords are listed in `plain_sql.RESERVED_WORDS`
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import SqlglotError
+
     try:
         tree = sqlglot.parse_one(name, read=DIALECT)
     except SqlglotError:

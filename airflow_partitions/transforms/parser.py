@@ -37,16 +37,11 @@ from airflow_partitions.transforms.mod import ModTransform
 from airflow_partitions.transforms.multi_bucket import MAX_BUCKETS as MULTI_BUCKET_MAX
 from airflow_partitions.transforms.multi_bucket import MIN_COLUMNS as MULTI_BUCKET_MIN_COLUMNS
 from airflow_partitions.transforms.multi_bucket import MultiBucketTransform
+from airflow_partitions.transforms.plain_sql import SUPPORTED_FORMS
 from airflow_partitions.transforms.temporal import DATE_UNITS, DatePartTransform, DateTruncTransform
 from airflow_partitions.transforms.truncate import TruncateTransform
 
 INT64_MAX = (1 << 63) - 1
-SUPPORTED_FORMS = (
-    "a column, bucket(N, col), truncate(W, col), date_part('unit', col), "
-    "YEAR/QUARTER/MONTH/WEEK/DAY/HOUR/MINUTE(col), date_trunc('unit', col), col % N, "
-    "multi_bucket(N, col_a, col_b, ...), "
-    "or a scalar expression over one column such as lower(col) (see the expression reference)"
-)
 # Print SQL in messages as the user wrote it: DuckDB syntax, function names in their original case.
 _AS_WRITTEN: dict[str, Any] = {"dialect": DIALECT, "normalize_functions": False}
 _UNIT_LIST = ", ".join(f"'{unit}'" for unit in DATE_UNITS)
@@ -77,8 +72,9 @@ _TRANSFORM_CALL_WORDS = (
 _BUCKET_CAST_BITS = {exp.DataType.Type.INT: 32, exp.DataType.Type.BIGINT: 64}
 
 
-def parse_transform(expression: str) -> Transform:
-    """Parse one `partition_by` expression; raises `PartitionExpressionError` saying what to change."""
+def parse_sql_transform(expression: str) -> Transform:
+    """Parse one `partition_by` expression with sqlglot (`transforms.parse.parse_transform` reads the
+    plain built-in forms without it); raises `PartitionExpressionError` saying what to change."""
     if not isinstance(expression, str) or not expression.strip():
         raise PartitionExpressionError(
             f"partition expression {expression!r} is empty; write a column or a transform of one column, "
