@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 
 from airflow_partitions.transforms import parse_transform
 from benchmarks import load
-from benchmarks.pairing import Target, figure_line, run_rounds
+from benchmarks.pairing import Ratio, Target, figure_line, run_rounds
 
 BUILTIN_GOAL = Target("<=", 1.5)
 PLAIN_GOAL = Target("<=", 1.1)
@@ -94,6 +94,48 @@ PAIRS = [
 ]
 
 
+def process_tree_cpu() -> float:
+    """CPU seconds (user + system) of this process and every descendant alive (Spark's JVM, its Python
+    workers), including their own reaped children."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+class CpuMeter:
+    """Wraps contenders so each call's CPU seconds (of the whole process tree) are recorded by name; the
+    first call of each (the warm-up of `run_rounds`) is dropped, so the rest line up with its rounds."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, list[float]] = {}
+
+    def wrap(self, name: str, run: Callable[[], Any]) -> Callable[[], Any]:
+        def measured() -> Any:
+            before = process_tree_cpu()
+            result = run()
+            self.seconds.setdefault(name, []).append(process_tree_cpu() - before)
+            return result
+
+        return measured
+
+    def ratio(self, numerator: str, denominator: str) -> Ratio:
+        top, bottom = self.seconds[numerator][1:], self.seconds[denominator][1:]
+        return Ratio(tuple(a / b if b else float("inf") for a, b in zip(top, bottom, strict=True)))
+
+    def median(self, name: str) -> float:
+        import statistics
+
+        return statistics.median(self.seconds[name][1:])
+
+
 def make_table(rows: int) -> pa.Table:
     rng = random.Random(7)
     words = ["EU", "us-east", "Ünïcode", "ß", "", "Asia/Tokyo", "a/b=c", "x" * 40]
@@ -109,23 +151,36 @@ def bench_arrow(table: pa.Table, rounds: int) -> list[str]:
         combined = column.combine_chunks()
         expression = parse_transform(pair.expression).bind(column.type)
         builtin = parse_transform(pair.builtin).bind(column.type)
+        cpu = CpuMeter()
         measured = run_rounds(
             {
-                "custom": lambda t=expression, c=column: t.apply(c),
-                "builtin": lambda t=builtin, c=column: t.apply(c),
-                "plain": lambda p=pair, c=combined: p.plain_arrow(c),
+                "custom": cpu.wrap("custom", lambda t=expression, c=column: t.apply(c)),
+                "builtin": cpu.wrap("builtin", lambda t=builtin, c=column: t.apply(c)),
+                "plain": cpu.wrap("plain", lambda p=pair, c=combined: p.plain_arrow(c)),
             },
             rounds,
         )
-        rate = table.num_rows / measured.median_seconds("custom") / 1e6
-        lines.append(f"arrow  {pair.expression}  ({rate:.2f} M rows/s)")
-        lines.append(
-            figure_line(f"/ built-in {pair.builtin}", measured.ratio("custom", "builtin"), BUILTIN_GOAL)
-        )
-        lines.append(
-            figure_line("/ the same by hand in pyarrow.compute", measured.ratio("custom", "plain"), None)
+        lines += figure_lines(
+            "arrow", pair, table.num_rows, measured, cpu, "the same by hand in pyarrow.compute"
         )
     return lines
+
+
+def figure_lines(engine: str, pair: Pair, rows: int, measured: Any, cpu: CpuMeter, plain: str) -> list[str]:
+    """Wall-clock and CPU ratios of one pair against both anchors, and the seconds behind them."""
+    rate = rows / measured.median_seconds("custom") / 1e6
+    seconds = ", ".join(
+        f"{name} {measured.median_seconds(name):.2f} s wall / {cpu.median(name):.2f} s CPU"
+        for name in ("custom", "builtin", "plain")
+    )
+    plain_goal = PLAIN_GOAL if engine == "spark" else None
+    return [
+        f"{engine}  {pair.expression}  ({rate:.2f} M rows/s; {seconds})",
+        figure_line(f"/ built-in {pair.builtin}", measured.ratio("custom", "builtin"), BUILTIN_GOAL),
+        figure_line(f"/ built-in {pair.builtin}, CPU", cpu.ratio("custom", "builtin"), BUILTIN_GOAL),
+        figure_line(f"/ {plain}", measured.ratio("custom", "plain"), plain_goal),
+        figure_line(f"/ {plain}, CPU", cpu.ratio("custom", "plain"), plain_goal),
+    ]
 
 
 def bench_spark(table: pa.Table, rounds: int) -> list[str]:
@@ -146,20 +201,18 @@ def bench_spark(table: pa.Table, rounds: int) -> list[str]:
             source_type = table.schema.field(pair.column).type
             expression = parse_transform(pair.expression).bind(source_type)
             builtin = parse_transform(pair.builtin).bind(source_type)
+            cpu = CpuMeter()
             measured = run_rounds(
                 {
-                    "custom": job(expression.to_spark(F.col(pair.column))),
-                    "builtin": job(builtin.to_spark(F.col(pair.column))),
-                    "plain": job(F.expr(pair.spark_sql)),
+                    "custom": cpu.wrap("custom", job(expression.to_spark(F.col(pair.column)))),
+                    "builtin": cpu.wrap("builtin", job(builtin.to_spark(F.col(pair.column)))),
+                    "plain": cpu.wrap("plain", job(F.expr(pair.spark_sql))),
                 },
                 rounds,
             )
-            rate = table.num_rows / measured.median_seconds("custom") / 1e6
-            lines.append(f"spark  {pair.expression}  ({rate:.2f} M rows/s)")
-            lines.append(
-                figure_line(f"/ built-in {pair.builtin}", measured.ratio("custom", "builtin"), BUILTIN_GOAL)
-            )
-            lines.append(figure_line("/ plain withColumn", measured.ratio("custom", "plain"), PLAIN_GOAL))
+            lines += figure_lines("spark", pair, table.num_rows, measured, cpu, "plain withColumn")
+            for line in lines[-5:]:
+                print(line, flush=True)
         return lines
     finally:
         spark.stop()
@@ -173,14 +226,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=None, help="Arrow rows (Spark gets half)")
     parser.add_argument("--repeat", type=int, default=3, help="shuffled rounds (medians are printed)")
     parser.add_argument("--no-spark", action="store_true")
+    parser.add_argument("--no-arrow", action="store_true")
+    parser.add_argument("--only", default=None, help="run only the pairs whose expression contains this")
     args = load.parse_args(parser, argv)
     rows = args.rows or (1_000_000 if args.quick else 4_000_000)
     table = make_table(rows)
-    for line in bench_arrow(table, args.repeat):
-        print(line, flush=True)
-    if not args.no_spark:
-        for line in bench_spark(table.slice(0, rows // 2), args.repeat):
+    if args.only:
+        PAIRS[:] = [pair for pair in PAIRS if args.only in pair.expression]
+    if not args.no_arrow:
+        for line in bench_arrow(table, args.repeat):
             print(line, flush=True)
+    if not args.no_spark:
+        bench_spark(table.slice(0, rows // 2), args.repeat)
 
 
 if __name__ == "__main__":
