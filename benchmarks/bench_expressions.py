@@ -26,17 +26,25 @@ Arrow / built-in: left(s, 2) 0.95 (CPU 0.87), lower(s) 1.49 (CPU 1.04-1.21), upp
 before which lower(s) was 4.02x. The string CASE band costs what the same greater + if_else cost by hand
 (1.00, CPU 0.96-1.02): its gap to the integer anchor is Arrow building a string column (if_else, take and
 dictionary decode all cost the same), not the CASE.
-Spark, 1M rows, 3 rounds, load average 17-43 (rough), / built-in and / plain withColumn: left(s, 2)
-1.13 / 1.21, lower(s) 1.43 / 1.29 (was 2.09 / 1.78 before the UDF ran the Arrow case mapping), upper(s)
-1.89 / 1.90, (i // 1000) * 1000 1.29 / 1.10, the string CASE band 0.68 / 0.96, the integer band 0.94 /
-0.79. Spark's own lower / upper (ICU case mappings) differ from DuckDB's on 56 / 157 code points, some by
-context (final sigma) or length ('ß' -> 'SS'), so lower / upper stay an Arrow UDF there.
+Spark prints each ratio twice: wall clock, and CPU seconds of the whole process tree (this process, the
+JVM, its Python workers) per job, which load disturbs less. lower / upper are native since 2026-11-28
+(Spark's own on ASCII rows, `translate` with DuckDB's table on the others; before, an Arrow UDF:
+1.43 / 1.29 and 1.89 / 1.90 wall). Three runs that day, 1M rows, 3-5 rounds, load average 11-21 on 2
+cores, so rough; medians, custom / built-in and / plain withColumn:
+lower(s): wall 1.38 / 1.27, 1.20 / 1.21, 1.17 / 1.12; CPU 1.31 / 1.17, 1.05 / 1.14, 0.98 / 0.95.
+upper(s): wall 1.29 / 1.15, 1.23 / 1.07, 1.26 / 1.00; CPU 1.27 / 1.22, 1.28 / 1.06, 1.22 / 1.22.
+The rest, one run (3 rounds, load 11-13), wall then CPU: left(s, 2) 0.97 / 0.96, CPU 0.92 / 0.82;
+(i // 1000) * 1000 1.03 / 1.06, CPU 1.02 / 1.05; the string CASE band 1.23 / 1.09, CPU 1.05 / 1.02; the
+integer band 1.22 / 1.15, CPU 1.11 / 1.11 (the integer band is a plain `CASE` in both contenders, so
+about ±10% of these figures is noise). A quarter of the rows here are not ASCII ('Ünïcode', 'ß'); those
+run `translate` (a hash lookup per code point), which costs more than Spark's own case mapping.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -111,17 +119,19 @@ def process_tree_cpu() -> float:
 
 
 class CpuMeter:
-    """Wraps contenders so each call's CPU seconds (of the whole process tree) are recorded by name; the
-    first call of each (the warm-up of `run_rounds`) is dropped, so the rest line up with its rounds."""
+    """Wraps contenders so each call's CPU seconds (`clock`: this process, or the whole process tree for
+    Spark) are recorded by name; the first call of each (the warm-up of `run_rounds`) is dropped, so the
+    rest line up with its rounds."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.process_time) -> None:
+        self.clock = clock
         self.seconds: dict[str, list[float]] = {}
 
     def wrap(self, name: str, run: Callable[[], Any]) -> Callable[[], Any]:
         def measured() -> Any:
-            before = process_tree_cpu()
+            before = self.clock()
             result = run()
-            self.seconds.setdefault(name, []).append(process_tree_cpu() - before)
+            self.seconds.setdefault(name, []).append(self.clock() - before)
             return result
 
         return measured
@@ -201,7 +211,7 @@ def bench_spark(table: pa.Table, rounds: int) -> list[str]:
             source_type = table.schema.field(pair.column).type
             expression = parse_transform(pair.expression).bind(source_type)
             builtin = parse_transform(pair.builtin).bind(source_type)
-            cpu = CpuMeter()
+            cpu = CpuMeter(process_tree_cpu)
             measured = run_rounds(
                 {
                     "custom": cpu.wrap("custom", job(expression.to_spark(F.col(pair.column)))),
