@@ -31,6 +31,7 @@ from sqlglot import exp
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
 from airflow_partitions.transforms import arrow_support as support
+from airflow_partitions.transforms import case_mapping
 from airflow_partitions.transforms.arrow_native import prefix_count
 
 # A transform's own kernel over one Arrow array (`Transform.apply`), shipped to Spark's Arrow batches.
@@ -372,8 +373,6 @@ def _native_case_mapping(part: exp.Lower | exp.Upper, convert: Any, type_of: Typ
     DuckDB maps), so no row depends on Spark's tables. A row is pure ASCII when its length in code points
     is its length in bytes.
     """
-    from airflow_partitions.transforms import case_mapping
-
     function = "lower" if isinstance(part, exp.Lower) else "upper"
     try:
         _, inner_type = type_of(part.this)
