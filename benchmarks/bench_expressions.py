@@ -24,19 +24,30 @@ Arrow / built-in: left(s, 2) 0.95 (CPU 0.87), lower(s) 1.49 (CPU 1.04-1.21), upp
 1.51-1.60), (i // 1000) * 1000 1.04, the integer CASE band 1.51 (CPU 1.26), the string CASE band 4.02
 (CPU 2.71-2.85). lower / upper run Arrow's case mapping with DuckDB's values (`transforms.case_mapping`),
 before which lower(s) was 4.02x. The string CASE band costs what the same greater + if_else cost by hand
-(1.00, CPU 0.96-1.02): its gap to the integer anchor is Arrow building a string column (if_else, take and
-dictionary decode all cost the same), not the CASE.
-Spark, 1M rows, 3 rounds, load average 17-43 (rough), / built-in and / plain withColumn: left(s, 2)
-1.13 / 1.21, lower(s) 1.43 / 1.29 (was 2.09 / 1.78 before the UDF ran the Arrow case mapping), upper(s)
-1.89 / 1.90, (i // 1000) * 1000 1.29 / 1.10, the string CASE band 0.68 / 0.96, the integer band 0.94 /
-0.79. Spark's own lower / upper (ICU case mappings) differ from DuckDB's on 56 / 157 code points, some by
-context (final sigma) or length ('ß' -> 'SS'), so lower / upper stay an Arrow UDF there.
+(1.00, CPU 0.96-1.02): its gap to the integer anchor is Arrow building a string column, not the CASE.
+Other ways to build the same plain string column, CPU best of 7 over 2M rows (2026-11-28): if_else over
+the two string scalars 20 ms, int8 codes by if_else then take() on the literal array 28 ms, the same codes
+as a dictionary array decoded 29 ms, case_when 44 ms, choose 46 ms, offsets and bytes built in numpy 55 ms
+(the mask alone: 1 ms). if_else stays.
+Spark prints each ratio twice: wall clock, and CPU seconds of the whole process tree (this process, the
+JVM, its Python workers) per job, which load disturbs less. lower / upper are native since 2026-11-28
+(Spark's own on ASCII rows, `translate` with DuckDB's table on the others; before, an Arrow UDF:
+1.43 / 1.29 and 1.89 / 1.90 wall). Three runs that day, 1M rows, 3-5 rounds, load average 11-21 on 2
+cores, so rough; medians, custom / built-in and / plain withColumn:
+lower(s): wall 1.38 / 1.27, 1.20 / 1.21, 1.17 / 1.12; CPU 1.31 / 1.17, 1.05 / 1.14, 0.98 / 0.95.
+upper(s): wall 1.29 / 1.15, 1.23 / 1.07, 1.26 / 1.00; CPU 1.27 / 1.22, 1.28 / 1.06, 1.22 / 1.22.
+The rest, one run (3 rounds, load 11-13), wall then CPU: left(s, 2) 0.97 / 0.96, CPU 0.92 / 0.82;
+(i // 1000) * 1000 1.03 / 1.06, CPU 1.02 / 1.05; the string CASE band 1.23 / 1.09, CPU 1.05 / 1.02; the
+integer band 1.22 / 1.15, CPU 1.11 / 1.11 (the integer band is a plain `CASE` in both contenders, so
+about ±10% of these figures is noise). A quarter of the rows here are not ASCII ('Ünïcode', 'ß'); those
+run `translate` (a hash lookup per code point), which costs more than Spark's own case mapping.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +57,7 @@ import pyarrow.compute as pc
 
 from airflow_partitions.transforms import parse_transform
 from benchmarks import load
-from benchmarks.pairing import Target, figure_line, run_rounds
+from benchmarks.pairing import Ratio, Target, figure_line, run_rounds
 
 BUILTIN_GOAL = Target("<=", 1.5)
 PLAIN_GOAL = Target("<=", 1.1)
@@ -94,6 +105,50 @@ PAIRS = [
 ]
 
 
+def process_tree_cpu() -> float:
+    """CPU seconds (user + system) of this process and every descendant alive (Spark's JVM, its Python
+    workers), including their own reaped children."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+class CpuMeter:
+    """Wraps contenders so each call's CPU seconds (`clock`: this process, or the whole process tree for
+    Spark) are recorded by name; the first call of each (the warm-up of `run_rounds`) is dropped, so the
+    rest line up with its rounds."""
+
+    def __init__(self, clock: Callable[[], float] = time.process_time) -> None:
+        self.clock = clock
+        self.seconds: dict[str, list[float]] = {}
+
+    def wrap(self, name: str, run: Callable[[], Any]) -> Callable[[], Any]:
+        def measured() -> Any:
+            before = self.clock()
+            result = run()
+            self.seconds.setdefault(name, []).append(self.clock() - before)
+            return result
+
+        return measured
+
+    def ratio(self, numerator: str, denominator: str) -> Ratio:
+        top, bottom = self.seconds[numerator][1:], self.seconds[denominator][1:]
+        return Ratio(tuple(a / b if b else float("inf") for a, b in zip(top, bottom, strict=True)))
+
+    def median(self, name: str) -> float:
+        import statistics
+
+        return statistics.median(self.seconds[name][1:])
+
+
 def make_table(rows: int) -> pa.Table:
     rng = random.Random(7)
     words = ["EU", "us-east", "Ünïcode", "ß", "", "Asia/Tokyo", "a/b=c", "x" * 40]
@@ -109,23 +164,36 @@ def bench_arrow(table: pa.Table, rounds: int) -> list[str]:
         combined = column.combine_chunks()
         expression = parse_transform(pair.expression).bind(column.type)
         builtin = parse_transform(pair.builtin).bind(column.type)
+        cpu = CpuMeter()
         measured = run_rounds(
             {
-                "custom": lambda t=expression, c=column: t.apply(c),
-                "builtin": lambda t=builtin, c=column: t.apply(c),
-                "plain": lambda p=pair, c=combined: p.plain_arrow(c),
+                "custom": cpu.wrap("custom", lambda t=expression, c=column: t.apply(c)),
+                "builtin": cpu.wrap("builtin", lambda t=builtin, c=column: t.apply(c)),
+                "plain": cpu.wrap("plain", lambda p=pair, c=combined: p.plain_arrow(c)),
             },
             rounds,
         )
-        rate = table.num_rows / measured.median_seconds("custom") / 1e6
-        lines.append(f"arrow  {pair.expression}  ({rate:.2f} M rows/s)")
-        lines.append(
-            figure_line(f"/ built-in {pair.builtin}", measured.ratio("custom", "builtin"), BUILTIN_GOAL)
-        )
-        lines.append(
-            figure_line("/ the same by hand in pyarrow.compute", measured.ratio("custom", "plain"), None)
+        lines += figure_lines(
+            "arrow", pair, table.num_rows, measured, cpu, "the same by hand in pyarrow.compute"
         )
     return lines
+
+
+def figure_lines(engine: str, pair: Pair, rows: int, measured: Any, cpu: CpuMeter, plain: str) -> list[str]:
+    """Wall-clock and CPU ratios of one pair against both anchors, and the seconds behind them."""
+    rate = rows / measured.median_seconds("custom") / 1e6
+    seconds = ", ".join(
+        f"{name} {measured.median_seconds(name):.2f} s wall / {cpu.median(name):.2f} s CPU"
+        for name in ("custom", "builtin", "plain")
+    )
+    plain_goal = PLAIN_GOAL if engine == "spark" else None
+    return [
+        f"{engine}  {pair.expression}  ({rate:.2f} M rows/s; {seconds})",
+        figure_line(f"/ built-in {pair.builtin}", measured.ratio("custom", "builtin"), BUILTIN_GOAL),
+        figure_line(f"/ built-in {pair.builtin}, CPU", cpu.ratio("custom", "builtin"), BUILTIN_GOAL),
+        figure_line(f"/ {plain}", measured.ratio("custom", "plain"), plain_goal),
+        figure_line(f"/ {plain}, CPU", cpu.ratio("custom", "plain"), plain_goal),
+    ]
 
 
 def bench_spark(table: pa.Table, rounds: int) -> list[str]:
@@ -146,20 +214,18 @@ def bench_spark(table: pa.Table, rounds: int) -> list[str]:
             source_type = table.schema.field(pair.column).type
             expression = parse_transform(pair.expression).bind(source_type)
             builtin = parse_transform(pair.builtin).bind(source_type)
+            cpu = CpuMeter(process_tree_cpu)
             measured = run_rounds(
                 {
-                    "custom": job(expression.to_spark(F.col(pair.column))),
-                    "builtin": job(builtin.to_spark(F.col(pair.column))),
-                    "plain": job(F.expr(pair.spark_sql)),
+                    "custom": cpu.wrap("custom", job(expression.to_spark(F.col(pair.column)))),
+                    "builtin": cpu.wrap("builtin", job(builtin.to_spark(F.col(pair.column)))),
+                    "plain": cpu.wrap("plain", job(F.expr(pair.spark_sql))),
                 },
                 rounds,
             )
-            rate = table.num_rows / measured.median_seconds("custom") / 1e6
-            lines.append(f"spark  {pair.expression}  ({rate:.2f} M rows/s)")
-            lines.append(
-                figure_line(f"/ built-in {pair.builtin}", measured.ratio("custom", "builtin"), BUILTIN_GOAL)
-            )
-            lines.append(figure_line("/ plain withColumn", measured.ratio("custom", "plain"), PLAIN_GOAL))
+            lines += figure_lines("spark", pair, table.num_rows, measured, cpu, "plain withColumn")
+            for line in lines[-5:]:
+                print(line, flush=True)
         return lines
     finally:
         spark.stop()
@@ -173,14 +239,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=None, help="Arrow rows (Spark gets half)")
     parser.add_argument("--repeat", type=int, default=3, help="shuffled rounds (medians are printed)")
     parser.add_argument("--no-spark", action="store_true")
+    parser.add_argument("--no-arrow", action="store_true")
+    parser.add_argument("--only", default=None, help="run only the pairs whose expression contains this")
     args = load.parse_args(parser, argv)
     rows = args.rows or (1_000_000 if args.quick else 4_000_000)
     table = make_table(rows)
-    for line in bench_arrow(table, args.repeat):
-        print(line, flush=True)
-    if not args.no_spark:
-        for line in bench_spark(table.slice(0, rows // 2), args.repeat):
+    if args.only:
+        PAIRS[:] = [pair for pair in PAIRS if args.only in pair.expression]
+    if not args.no_arrow:
+        for line in bench_arrow(table, args.repeat):
             print(line, flush=True)
+    if not args.no_spark:
+        bench_spark(table.slice(0, rows // 2), args.repeat)
 
 
 if __name__ == "__main__":

@@ -568,6 +568,168 @@ def test_lower_and_upper_take_the_arrow_path_and_equal_duckdb_on_every_code_poin
     connection.close()
 
 
+# Strings where Spark's own case mapping (ICU or the JVM) is not DuckDB's: 1:many mappings ('İ' -> 'i̇',
+# 'ß' -> 'SS', ligatures, 'ŉ', 'ǰ', Greek with iota subscript), the final sigma (context), letters beside
+# ASCII (a row is ASCII or not as a whole), supplementary letters (Deseret, Adlam, Osage), and the usual
+# hostile values. Each is also checked to have a code point of the measured differing sets below.
+CASE_MAPPING_STRINGS = [
+    None,
+    "",
+    "EU/eu=100%",
+    'it\'s "q"',
+    "İ",
+    "İstanbul",
+    "DİYARBAKIR",
+    "ß",
+    "STRAßE",
+    "ẞ",
+    "ΟΔΟΣ",
+    "ΟΔΟΣ ΑΣ",
+    "ΣΑ",
+    "xΣ.",
+    "ς",
+    "ﬁ",
+    "ﬀ",
+    "ﬃx",
+    "ŉ",
+    "ǰ",
+    "ᾳ",
+    "ᾼ",
+    "ΐ",
+    "ǅ",
+    "ı",
+    "K",
+    "Å",
+    "𐐀𐐨",
+    "𞤀𞤢",
+    "𐒰𐓘",
+    "🙂EU",
+    "e\u0301",
+    "EU" + chr(0x1C89),
+    chr(0xA7CB) + "eu",
+    chr(0x10D50) + chr(0x10D70),
+]
+
+
+def test_spark_lower_and_upper_are_native_and_equal_duckdb_on_every_code_point(spark: Any) -> None:
+    """Every code point (in runs of 61), then the hostile strings above and random strings over the code
+    points of the runs Spark's own mapping gets wrong, through `to_spark`: native columns (no Arrow UDF),
+    equal to DuckDB row for row. Spark's own `lower` / `upper` disagree with DuckDB on runs and on the
+    hostile strings, so the check is not vacuous."""
+    import random
+
+    import duckdb
+    from pyspark.sql import functions as F
+
+    from airflow_partitions.transforms import case_mapping
+
+    connection = duckdb.connect()
+    columns = []
+    for function in ("lower", "upper"):
+        column = bound(f"{function}(s)").to_spark(F.col("s"))
+        assert "evaluate_batch" not in str(column), f"{function}: not a native Spark column"
+        columns += [column.alias(function), getattr(F, function)("s").alias(f"spark_{function}")]
+
+    def compare(rows: list[str | None]) -> dict[str, list[str | None]]:
+        """The rows Spark's own mapping gets wrong, per function (after checking ours gets none wrong)."""
+        table = pa.table({"s": pa.array(rows, pa.string())})
+        computed = spark.createDataFrame(table).select(*columns).toArrow()
+        connection.register("rows", table)
+        own_wrong = {}
+        for function in ("lower", "upper"):
+            expected = [r[0] for r in connection.sql(f"SELECT {function}(s) FROM rows").fetchall()]
+            got = computed.column(function).to_pylist()
+            wrong = [(row, g, e) for row, g, e in zip(rows, got, expected, strict=True) if g != e]
+            assert not wrong, f"{function}: {len(wrong)} rows differ from DuckDB, e.g. {wrong[:3]}"
+            own = computed.column(f"spark_{function}").to_pylist()
+            own_wrong[function] = [row for row, o, e in zip(rows, own, expected, strict=True) if o != e]
+        connection.unregister("rows")
+        return own_wrong
+
+    points = case_mapping.all_code_points()
+    runs: list[str | None] = ["".join(map(chr, points[n : n + 61])) for n in range(0, len(points), 61)]
+    wrong_runs = compare(runs)
+    assert wrong_runs["lower"], "Spark's own lower equals DuckDB's: the check would be vacuous"
+    assert wrong_runs["upper"], "Spark's own upper equals DuckDB's: the check would be vacuous"
+    special = sorted({c for run in wrong_runs["lower"] + wrong_runs["upper"] if run for c in run} | {"Σ"})
+    rng = random.Random(2930)
+    mixed: list[str | None] = [
+        "".join(rng.choice(special) if rng.random() < 0.4 else rng.choice("aZ Σ/=%'🙂") for _ in range(7))
+        for _ in range(2000)
+    ]
+    own_wrong = compare([*CASE_MAPPING_STRINGS, *mixed])
+    for function in ("lower", "upper"):
+        assert set(own_wrong[function]) & set(CASE_MAPPING_STRINGS), f"Spark's own {function}: vacuous"
+    connection.close()
+
+
+CONNECT_CASE_CLIENT = """
+import sys
+sys.path.insert(0, sys.argv[3])
+import pyarrow as pa
+from pyspark.sql import SparkSession, functions as F
+import test_expression_conformance as conformance
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+frame = spark.createDataFrame(conformance.case_mapping_rows())
+columns = []
+for function in ("lower", "upper"):
+    column = conformance.bound(function + "(s)").to_spark(F.col("s"))
+    assert "evaluate_batch" not in str(column), column
+    columns.append(column.alias(function))
+computed = frame.select(*columns).toArrow()
+with pa.OSFile(sys.argv[2], "wb") as sink, pa.ipc.new_file(sink, computed.schema) as writer:
+    writer.write_table(computed)
+spark.stop()
+"""
+
+
+def case_mapping_rows() -> pa.Table:
+    """Every code point in runs of 61, then the hostile case mapping strings."""
+    from airflow_partitions.transforms import case_mapping
+
+    points = case_mapping.all_code_points()
+    runs: list[str | None] = ["".join(map(chr, points[n : n + 61])) for n in range(0, len(points), 61)]
+    return pa.table({"s": pa.array([*runs, *CASE_MAPPING_STRINGS], pa.string())})
+
+
+def test_spark_connect_lower_and_upper_equal_duckdb_on_every_code_point(
+    spark_connect_server: dict[str, Any], tmp_path: Any
+) -> None:
+    """The native `lower` / `upper` (a `translate` with DuckDB's table) through Spark Connect, on every
+    code point and the hostile strings, equal DuckDB row for row."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import duckdb
+
+    out = tmp_path / "case.arrow"
+    tests = Path(__file__).resolve().parent
+    completed = subprocess.run(
+        [sys.executable, "-c", CONNECT_CASE_CLIENT, spark_connect_server["url"], str(out), str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tests.parent,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    with pa.memory_map(str(out)) as source:
+        computed = pa.ipc.open_file(source).read_all()
+    rows = case_mapping_rows()
+    connection = duckdb.connect()
+    connection.register("rows", rows)
+    for function in ("lower", "upper"):
+        expected = [r[0] for r in connection.sql(f"SELECT {function}(s) FROM rows").fetchall()]
+        got = computed.column(function).to_pylist()
+        wrong = [
+            (s, g, e) for s, g, e in zip(rows.column("s").to_pylist(), got, expected, strict=True) if g != e
+        ]
+        assert not wrong, (
+            f"{function}: {len(wrong)} rows differ from DuckDB through Connect, e.g. {wrong[:3]}"
+        )
+    connection.close()
+
+
 def test_overflow_is_a_typed_error_not_a_wrapped_value() -> None:
     """int64 + 1 at the maximum has no value: the refresh stops with an error naming the expression."""
     transform = parse_transform("i + 1").bind(pa.int64())
@@ -751,7 +913,9 @@ def test_random_expressions_agree_in_arrow_scalar_duckdb_and_spark(spark: Any) -
         ("left(s, 2)", True),
         ("substr(s, 1, 3) = 'ab' OR s IS NULL", True),
         ("i BETWEEN -5 AND 5", False),
-        ("lower(s)", False),
+        ("lower(s)", True),
+        ("upper(left(s, 3)) = 'EU'", True),
+        ("lower(CAST(i AS VARCHAR))", False),
         ("substr(s, 0, 2)", False),
         ("k * 3 + 1", True),
         ("(i // 1000) * 1000", True),
@@ -762,9 +926,9 @@ def test_random_expressions_agree_in_arrow_scalar_duckdb_and_spark(spark: Any) -
     ],
 )
 def test_spark_runs_only_the_shared_subset_natively(spark: Any, text: str, native: bool) -> None:
-    """Comparisons, boolean logic, CASE over literals, code point prefixes and checked integer arithmetic
-    are native Spark; the rest (case mapping, `/`, substr from 0, ...) runs the DuckDB evaluation as an
-    Arrow UDF."""
+    """Comparisons, boolean logic, CASE over literals, code point prefixes, `lower` / `upper` of a string
+    and checked integer arithmetic are native Spark; the rest (`/`, substr from 0, casts, ...) runs the
+    DuckDB evaluation as an Arrow UDF."""
     from pyspark.sql import functions as F
 
     try:

@@ -13,6 +13,12 @@ differing code point is always found, since every sequence's first two bytes are
 
 `tests/test_expression_conformance.py` measures the set again against the installed engines and compares
 the fast path with DuckDB on every code point, on strings mixing them, and on hostile rows.
+
+Spark has no exact case mapping of its own (its `lower` / `upper` follow ICU or the JVM: 'İ' -> 'i̇',
+'ß' -> 'SS', a final 'Σ' -> 'ς', and the tables change with the JVM and a session setting). DuckDB maps
+each code point to one code point without context, so its `lower` / `upper` is a translation table
+(`translation`): measured from the installed DuckDB over every code point, once per process, and handed
+to Spark's `translate` (`transforms.spark`).
 """
 
 from __future__ import annotations
@@ -151,3 +157,47 @@ def case_map(function: str, values: Any) -> Any:
     )
     corrected = duckdb_case(function, values.filter(mask))
     return pc.replace_with_mask(mapped, mask, corrected.cast(mapped.type))
+
+
+# ASCII rows: DuckDB's table restricted to ASCII, which Spark's `lower` / `upper` give on a pure ASCII
+# string whatever its case mapping tables (a byte-wise fast path, no locale).
+_ASCII_CASE = {
+    "lower": {chr(point): chr(point + 32) for point in range(ord("A"), ord("Z") + 1)},
+    "upper": {chr(point): chr(point - 32) for point in range(ord("a"), ord("z") + 1)},
+}
+
+
+def every_code_point_array() -> pa.Array:
+    """One string per Unicode scalar value, in code point order (built from the UTF-8 bytes, vectorised)."""
+    import numpy as np
+    import pyarrow as pa
+
+    points = np.arange(0x110000, dtype=np.uint32)
+    points = points[(points < 0xD800) | (points > 0xDFFF)]
+    data = points.astype("<u4").tobytes().decode("utf-32-le").encode("utf-8")
+    lengths = np.select([points < 0x80, points < 0x800, points < 0x10000], [1, 2, 3], 4)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.Array.from_buffers(pa.string(), len(points), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+@functools.cache
+def translation(function: str) -> tuple[str, str] | None:
+    """DuckDB's `lower` / `upper` as a translation table: (the code points it changes, their images).
+
+    Measured from the installed DuckDB over every code point (about a second, once per process). None
+    when DuckDB's mapping is not a table Spark can apply exactly: an image that is not one code point (or
+    is U+0000, which `translate` reads as "delete"), or ASCII mapped otherwise than A-Z <-> a-z (the rows
+    Spark's own `lower` / `upper` compute). Then Spark keeps the Arrow UDF.
+    """
+    import pyarrow.compute as pc
+
+    values = every_code_point_array()
+    mapped = duckdb_case(function, values)
+    changed = pc.invert(pc.equal(mapped, values))
+    sources, images = values.filter(changed).to_pylist(), mapped.filter(changed).to_pylist()
+    table = dict(zip(sources, images, strict=True))
+    if any(len(image) != 1 or image == "\x00" for image in images):
+        return None
+    if {source: image for source, image in table.items() if source < "\x80"} != _ASCII_CASE[function]:
+        return None
+    return "".join(sources), "".join(images)

@@ -13,8 +13,10 @@ route a row elsewhere:
   boolean logic, CASE over literals, code point prefixes and `lower` / `upper` run as Arrow compute
   kernels instead (`arrow_native`; case mapping with DuckDB's values on every row: `case_mapping`);
 * DuckDB reads (`duckdb_functions.duckdb_expression`): the SQL itself, the column substituted;
-* Spark (`transforms.spark`): an Arrow UDF over Spark's Arrow batches calling `apply` (local, Connect and
-  cluster alike, the workers need the package and DuckDB);
+* Spark (`transforms.spark`): the same shared subset as native columns (`lower` / `upper` as Spark's own
+  on pure ASCII rows and a `translate` with DuckDB's table on the others), the rest an Arrow UDF over
+  Spark's Arrow batches calling `apply` (local, Connect and cluster alike, the workers need the package
+  and DuckDB);
 * Postgres discovery (`sources.pg_sql.partition_sql`): not translated, so the source groups by the raw
   column and `apply` computes the partition values.
 

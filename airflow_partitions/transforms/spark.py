@@ -31,6 +31,7 @@ from sqlglot import exp
 
 from airflow_partitions.exceptions import PartitionExpressionError, PartitionValueError
 from airflow_partitions.transforms import arrow_support as support
+from airflow_partitions.transforms import case_mapping
 from airflow_partitions.transforms.arrow_native import prefix_count
 
 # A transform's own kernel over one Arrow array (`Transform.apply`), shipped to Spark's Arrow batches.
@@ -355,9 +356,36 @@ def _native_expression(
             return _native_case(part, convert)
         if isinstance(part, exp.Left | exp.Substring) and support.is_string(source):
             return _native_prefix(part, convert)
+        if isinstance(part, exp.Lower | exp.Upper):
+            return _native_case_mapping(part, convert, type_of)
         return None
 
     return convert(node)
+
+
+def _native_case_mapping(part: exp.Lower | exp.Upper, convert: Any, type_of: TypeOfPart) -> Column | None:
+    """DuckDB's `lower` / `upper` of a string: Spark's own on pure ASCII rows, else DuckDB's table.
+
+    Spark's `lower` / `upper` differ from DuckDB's beyond ASCII ('İ', 'ß', a final 'Σ', letters of newer
+    Unicode versions; which ones depends on the JVM and `spark.sql.icu.caseMappings.enabled`), but on a
+    pure ASCII string they map A-Z / a-z byte by byte, as DuckDB does. Every other row goes through
+    `translate` with DuckDB's whole mapping (`case_mapping.translation`, code point by code point, as
+    DuckDB maps), so no row depends on Spark's tables. A row is pure ASCII when its length in code points
+    is its length in bytes.
+    """
+    function = "lower" if isinstance(part, exp.Lower) else "upper"
+    try:
+        _, inner_type = type_of(part.this)
+    except (PartitionExpressionError, PartitionValueError):
+        return None
+    table = case_mapping.translation(function)
+    inner = convert(part.this)
+    if inner is None or table is None or not support.is_string(inner_type):
+        return None
+    sources, images = table
+    builtin = F.lower(inner) if function == "lower" else F.upper(inner)
+    ascii_only = F.length(inner) == F.octet_length(inner)
+    return cast(Column, F.when(ascii_only, builtin).otherwise(F.translate(inner, sources, images)))
 
 
 # Integer arithmetic with integer literals, in Spark's own integer types: `try_add` / `try_subtract` /
