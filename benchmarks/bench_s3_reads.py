@@ -162,7 +162,7 @@ def run(base: Path, rows: int, samples: int, buckets: int = BUCKETS) -> None:
                 "points",
                 catalog=catalog,
                 data_root="s3://lake/points",
-                filesystem=filesystem,
+                s3_settings=settings,  # the reader's own S3 reads: ranged GETs of known size
                 cache_dir=cache,
                 ranged_read_min_bytes=ranged_from,  # None: whole files only
             )
