@@ -148,6 +148,7 @@ def run(base: Path, rows: int, samples: int, buckets: int = BUCKETS) -> None:
     local_files = sorted(path for path in root.rglob("*.parquet"))
     where = f"zone = {COLD_ZONE}"
     results: dict[str, Ratio] = {}
+    times: dict[str, str] = {}  # per case: median wall and CPU seconds of each side
     with moto_server() as settings:
         client: Any = boto3.client("s3", **settings)  # type: ignore[call-overload]
         client.create_bucket(Bucket="lake")
@@ -187,9 +188,9 @@ def run(base: Path, rows: int, samples: int, buckets: int = BUCKETS) -> None:
         got = first_read()
         assert got.num_rows == expected.num_rows, f"first read: {got.num_rows} rows vs {expected.num_rows}"
         # Both sides were just run once: no warm-up round (it would use up a fresh reader).
-        results["first read"] = run_rounds(
-            {"ours": first_read, "anchor": anchor}, samples, warmup=False, seed=SEED
-        ).ratio("anchor", "ours")
+        rounds = run_rounds({"ours": first_read, "anchor": anchor}, samples, warmup=False, seed=SEED)
+        results["first read"] = rounds.ratio("anchor", "ours")
+        times["first read"] = f"{rounds.describe('ours')}; {rounds.describe('anchor')}"
 
         ranged_readers = iter([reader(base / f"ranged-{n}", 0) for n in range(samples + 1)])
 
@@ -200,9 +201,9 @@ def run(base: Path, rows: int, samples: int, buckets: int = BUCKETS) -> None:
 
         got = ranged_read()
         assert got.sort_by("id").equals(expected.select(got.column_names).sort_by("id"))
-        results["first, ranged"] = run_rounds(
-            {"ours": ranged_read, "anchor": anchor}, samples, warmup=False, seed=SEED
-        ).ratio("anchor", "ours")
+        rounds = run_rounds({"ours": ranged_read, "anchor": anchor}, samples, warmup=False, seed=SEED)
+        results["first, ranged"] = rounds.ratio("anchor", "ours")
+        times["first, ranged"] = f"{rounds.describe('ours')}; {rounds.describe('anchor')}"
 
         warm = reader(base / "warm")
         got = warm.read(where)
@@ -213,7 +214,7 @@ def run(base: Path, rows: int, samples: int, buckets: int = BUCKETS) -> None:
         sql = f"SELECT * FROM all_files WHERE {where}"
         warm_anchor.sql(sql).to_arrow_table()
 
-        results["repeat read"] = run_rounds(
+        rounds = run_rounds(
             {
                 "ours": repeated(lambda: warm.read(where)),
                 "anchor": repeated(lambda: warm_anchor.sql(sql).to_arrow_table()),
@@ -221,7 +222,9 @@ def run(base: Path, rows: int, samples: int, buckets: int = BUCKETS) -> None:
             samples,
             warmup=False,
             seed=SEED,
-        ).ratio("anchor", "ours")
+        )
+        results["repeat read"] = rounds.ratio("anchor", "ours")
+        times["repeat read"] = f"{rounds.describe('ours')}; {rounds.describe('anchor')}"
         warm_anchor.close()
         warm.close()
 
@@ -230,6 +233,7 @@ def run(base: Path, rows: int, samples: int, buckets: int = BUCKETS) -> None:
     print(f"{'case':14} anchor/ours median [min-max]")
     for case, ratio in results.items():
         print(f"{case:14} {ratio.format(TARGETS[case])}  ({expected.num_rows} rows, {samples} pairs)")
+        print(f"{'':14} {times[case]} (CPU of this process; the S3 server runs in its own)")
 
 
 if __name__ == "__main__":
