@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_partitions.exceptions import StorageError
+from airflow_partitions.objectstore.ranges import fetch_parquet_footer
 from airflow_partitions.pruning.evaluator import Evaluator
 from airflow_partitions.pruning.index import ColumnStatsArrays
 from airflow_partitions.storage.datafile import ColumnStats, compute_column_stats
@@ -178,8 +179,6 @@ def read_row_groups_by_ranges(
     row groups the filter keeps are fetched at once, coalesced and concurrently, and pyarrow decodes them
     from memory. No HEAD: the catalog recorded the size, and every response is checked against it."""
     import pyarrow.parquet as pq
-
-    from airflow_partitions.objectstore.ranges import fetch_parquet_footer
 
     into.mkdir(parents=True, exist_ok=True)
     local = into / f"ranged-{uuid.uuid4().hex}.parquet"

@@ -25,6 +25,7 @@ import pyarrow as pa
 from airflow_partitions.exceptions import ObjectStoreError, StorageError
 from airflow_partitions.objectstore.arrow import repeating_filesystem
 from airflow_partitions.objectstore.open import filesystem_path
+from airflow_partitions.objectstore.ranges import RangedObject
 from airflow_partitions.read.cache import CachedFile, file_cache
 from airflow_partitions.read.ranged import (
     RANGED_READ_MIN_BYTES,
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
     from airflow_partitions.objectstore import S3Store
-    from airflow_partitions.objectstore.ranges import RangedObject
     from airflow_partitions.read.locations import RowFilter
     from airflow_partitions.storage import DataFile
 
@@ -87,8 +87,6 @@ class RemoteFiles:
 
     def ranged_object(self, file: DataFile) -> RangedObject:
         """`file` on the store, read by ranged GETs of its recorded size (needs `store`)."""
-        from airflow_partitions.objectstore.ranges import RangedObject
-
         assert self.store is not None
         return RangedObject(self.store, self.relative_path(file), file.bytes)
 
