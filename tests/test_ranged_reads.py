@@ -514,6 +514,11 @@ def _truncated(relative: str, body: bytes) -> bytes:
     return body[: len(body) // 2]
 
 
+def _extended(relative: str, body: bytes) -> bytes:
+    """Bytes appended: the end no longer is where the catalog says."""
+    return body + b"\0" * 1000
+
+
 def _page_flipped(relative: str, body: bytes) -> bytes:
     """One byte flipped in the middle of the file (inside a data page; the size stays the same)."""
     middle = len(body) // 2
@@ -529,10 +534,11 @@ def _footer_magic_lost(relative: str, body: bytes) -> bytes:
     ("damage", "message"),
     [
         (_truncated, r"holds fewer bytes than the \d+ bytes recorded for it"),
+        (_extended, r"holds \d+ bytes, \d+ bytes recorded for it"),
         (_footer_magic_lost, r"does not end like a Parquet file|magic bytes not found"),
         (_page_flipped, r"cannot read s3://.*(CRC|checksum)"),
     ],
-    ids=["truncated", "footer", "page"],
+    ids=["truncated", "extended", "footer", "page"],
 )
 def test_a_damaged_object_read_by_ranges_raises_a_storage_error(
     large_acceleration: Acceleration, s3_server: dict[str, str], tmp_path: Path, damage: Any, message: str
@@ -546,3 +552,14 @@ def test_a_damaged_object_read_by_ranges_raises_a_storage_error(
         pytest.raises(StorageError, match=message),
     ):
         reader.read(where)
+
+
+def test_coalesce_merges_nearby_ranges_and_splits_large_ones() -> None:
+    from airflow_partitions.objectstore.ranges import coalesce
+
+    # Overlapping and < hole apart: one GET; farther apart: two; empty ranges dropped; unsorted input.
+    assert coalesce([(100, 50), (55, 50), (155, 10), (500, 0)], hole=10, part=1000) == [(55, 110)]
+    assert coalesce([(0, 10), (21, 5)], hole=10, part=1000) == [(0, 10), (21, 5)]
+    assert coalesce([(0, 10), (20, 5)], hole=10, part=1000) == [(0, 25)]
+    # A range over `part` bytes: pieces of at most `part`, back to back, covering exactly the range.
+    assert coalesce([(5, 25)], hole=0, part=10) == [(5, 10), (15, 10), (25, 5)]
