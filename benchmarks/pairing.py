@@ -73,6 +73,8 @@ class Rounds:
     """Seconds per round of each contender, and each contender's last result."""
 
     seconds: dict[str, list[float]] = field(default_factory=dict)
+    # CPU seconds of this process (every thread) per round of each contender, beside its wall time.
+    cpu: dict[str, list[float]] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
     loads: list[float] = field(default_factory=list)  # the higher of the load before and after each round
 
@@ -88,6 +90,13 @@ class Rounds:
 
     def median_seconds(self, name: str) -> float:
         return statistics.median(self.seconds[name])
+
+    def median_cpu(self, name: str) -> float:
+        return statistics.median(self.cpu[name])
+
+    def describe(self, name: str) -> str:
+        """`name: 123.4 ms wall, 0.081 s CPU` (medians over the rounds)."""
+        return f"{name}: {1000 * self.median_seconds(name):.1f} ms wall, {self.median_cpu(name):.3f} s CPU"
 
 
 def run_rounds(
@@ -107,7 +116,7 @@ def run_rounds(
         raise ValueError(f"rounds must be at least 1, not {rounds}")
     order = list(contenders)
     shuffler = random.Random(seed)
-    measured = Rounds(seconds={name: [] for name in order})
+    measured = Rounds(seconds={name: [] for name in order}, cpu={name: [] for name in order})
     machine_load.check("before the rounds")
     if warmup:
         shuffler.shuffle(order)
@@ -117,9 +126,10 @@ def run_rounds(
         before = machine_load.check(f"before round {number}")
         shuffler.shuffle(order)
         for name in order:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             measured.results[name] = contenders[name]()
             measured.seconds[name].append(time.perf_counter() - started)
+            measured.cpu[name].append(time.process_time() - cpu_started)
         measured.loads.append(max(before, machine_load.check(f"during round {number}")))
     return measured
 

@@ -11,7 +11,8 @@ RNG whether to inject a fault and which one:
 
 Each request draws once: a fault with probability `rate`, then which one, uniformly. `inject_next` forces
 faults on the next matching requests, for tests of one exact failure. The counters (`requests`,
-`injected`) let a test check that faults really happened.
+`injected`) let a test check that faults really happened; `log` lists every request (method, path, Range),
+so a test can tell which bytes a reader asked for, whatever client sent the request.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class FaultProxy:
         self.rate = rate
         self.faults = faults
         self.requests = 0
+        # Every request as it arrived: (method, path, Range header or None), faults included.
+        self.log: list[tuple[str, str, str | None]] = []
         self.injected: Counter[Fault] = Counter()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -141,10 +144,11 @@ class FaultProxy:
         with self._lock:
             self._forced.clear()
 
-    def choose(self, method: str, path: str) -> Fault | None:
+    def choose(self, method: str, path: str, byte_range: str | None = None) -> Fault | None:
         """The fault for this request (forced ones first, in order), or `None` to relay it faithfully."""
         with self._lock:
             self.requests += 1
+            self.log.append((method, path, byte_range))
             for forced in self._forced:
                 if (
                     forced.remaining > 0
@@ -182,7 +186,7 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _relay(self) -> None:
             body = self._read_body()
-            fault = proxy.choose(self.command, self.path)
+            fault = proxy.choose(self.command, self.path, self.headers.get("Range"))
             if fault in _ERRORS:
                 status, code, message = _ERRORS[fault]
                 payload = (

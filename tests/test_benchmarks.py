@@ -61,6 +61,10 @@ def test_rounds_shuffle_the_order_and_pair_ratios_within_a_round() -> None:
     assert firsts == {"ours", "anchor"}, f"the order never changed across 21 rounds: {calls[:8]}"
     assert len(rounds.seconds["ours"]) == len(rounds.seconds["anchor"]) == 20
     assert rounds.results == {"ours": 1, "anchor": 2}, "each contender's last result is kept"
+    assert len(rounds.cpu["ours"]) == 20, "CPU seconds beside wall seconds, one per round"
+    assert all(cpu >= 0 for cpu in rounds.cpu["anchor"])
+    assert " ms wall, " in rounds.describe("ours")
+    assert rounds.describe("ours").endswith(" s CPU")
 
     fixed = pairing.Rounds(seconds={"ours": [1.0, 2.0, 4.0], "anchor": [2.0, 2.0, 2.0]})
     ratio = fixed.ratio("ours", "anchor")

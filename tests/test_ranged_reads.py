@@ -17,9 +17,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from fault_proxy import Fault
 from matrix_support import multiset_difference
 from test_pruning_support import Acceleration, build_acceleration, duckdb_filter_rows
 
+from airflow_partitions.exceptions import StorageError
 from airflow_partitions.objectstore import S3Settings
 from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.read.ranged import row_groups_to_read
@@ -30,8 +32,8 @@ UTC = dt.UTC
 TEXTS = ["é/=%", "", "a'b\"c", "zone 7", None, "日本", "x=1/y"]
 
 
-def _table() -> pa.Table:
-    ids = list(range(ROWS))
+def _table(rows: int = ROWS) -> pa.Table:
+    ids = list(range(rows))
     base = dt.datetime(2024, 3, 1, tzinfo=UTC)
     return pa.table(
         {
@@ -119,12 +121,13 @@ def _assert_same_rows(got: pa.Table, expected: pa.Table, where: str) -> None:
 
 
 def _reader(acc: Acceleration, root: str, server: dict[str, str], cache: Path, **kwargs: Any) -> Any:
+    """A reader of the files under `root` reached with the S3 settings `server` (ranged GETs by boto3)."""
     return PartitionedDatasetReader(
         acc.spec_path,
         acc.dataset,
         catalog=acc.catalog,
         data_root=root,
-        filesystem=S3Settings.from_mapping(server).arrow_filesystem(),
+        s3_settings=server,
         cache_dir=cache,
         **kwargs,
     )
@@ -300,10 +303,11 @@ def wide_acceleration(tmp_path_factory: pytest.TempPathFactory) -> Acceleration:
 @pytest.mark.parametrize(
     "where", ["id = 1234 AND zone = 2", "zone = 5 AND id BETWEEN 100 AND 180", "zone = 3 AND id > 2900"]
 )
-def test_a_first_point_read_of_one_partition_reads_only_the_row_groups_it_needs(
+def test_a_first_point_read_through_a_given_filesystem_reads_only_the_row_groups_it_needs(
     wide_acceleration: Acceleration, s3_server: dict[str, str], tmp_path: Path, where: str
 ) -> None:
-    """Bytes counted through a wrapping filesystem: the footer and the kept row groups, not the file."""
+    """A caller's own pyarrow filesystem (bytes counted through a wrapper): the footer and the kept row
+    groups, not the file."""
     import uuid
 
     import boto3
@@ -378,3 +382,184 @@ def test_a_first_point_read_of_one_partition_reads_only_the_row_groups_it_needs(
         reads = [(offset, size) for path, offset, size in counting.reads if path == other]
         assert len(reads) == 1, reads
         assert reads[0][0] + reads[0][1] == counting.sizes[other], reads
+
+
+# --- ranged GETs of known size (the reader's own S3 settings) ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def large_acceleration(tmp_path_factory: pytest.TempPathFactory) -> Acceleration:
+    """Two partitions of ~20k rows in 512-row groups sorted by `id`: files well over the 64 KiB a footer
+    read asks for, so the bytes a point read fetches say whether it read the file or its row groups."""
+    return build_acceleration(
+        tmp_path_factory.mktemp("ranged-large"),
+        _table(40_000),
+        [("zone_bucket", "bucket(2, zone)")],
+        engine="parquet",
+        storage_options={"row_group_rows": 512, "sort_by": ["id"]},
+    )
+
+
+def _upload(acc: Acceleration, server: dict[str, str], damage: Any = None) -> str:
+    """The acceleration's partition files in a fresh bucket (`damage(path, bytes)` may change a file's
+    bytes on the way); its data root."""
+    import uuid
+
+    import boto3
+
+    client = boto3.client("s3", **server)
+    bucket = f"ap-ranges-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    dataset_root = acc.root / acc.dataset
+    for path in dataset_root.rglob("*.parquet"):
+        relative = path.relative_to(dataset_root).as_posix()
+        body = path.read_bytes()
+        if damage is not None:
+            body = damage(relative, body)
+        client.put_object(Bucket=bucket, Key=f"{acc.dataset}/{relative}", Body=body)
+    return f"s3://{bucket}/{acc.dataset}"
+
+
+def _ranges(requests: list[tuple[str, str, str | None]], path: str) -> list[tuple[int, int]]:
+    """(offset, length) of each ranged GET of `path` (every request must be a ranged GET)."""
+    found = []
+    for method, url, byte_range in requests:
+        if _object_path(url).endswith(path):
+            assert method == "GET", (method, url)
+            assert byte_range is not None, url
+            assert byte_range.startswith("bytes="), (url, byte_range)
+            start, end = (int(part) for part in byte_range.removeprefix("bytes=").split("-"))
+            found.append((start, end - start + 1))
+    return found
+
+
+def _object_path(url: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(url.split("?")[0])
+
+
+WHERE_ONE_PARTITION = "id = 20001 AND zone = 2"
+
+
+@pytest.mark.s3
+def test_a_first_point_read_sends_no_head_and_gets_only_the_footer_and_the_kept_row_groups(
+    large_acceleration: Acceleration, s3_server: dict[str, str], s3_fault_proxy: Any, tmp_path: Path
+) -> None:
+    """Every request counted by a proxy in front of the endpoint, whichever client sent it."""
+    acc = large_acceleration
+    root = _upload(acc, s3_server)
+    forget_footers()  # a first read in a fresh process: no footer kept from the other cases
+    with _reader(
+        acc, root, s3_fault_proxy.through(s3_server), tmp_path / "cache", ranged_read_min_bytes=0
+    ) as reader:
+        plan = reader.plan(WHERE_ONE_PARTITION)
+        s3_fault_proxy.log.clear()
+        got = reader.read(WHERE_ONE_PARTITION)
+        requests = list(s3_fault_proxy.log)
+        (read,) = reader._remote.ranged_reads
+    _assert_same_rows(got, acc.expected_rows(WHERE_ONE_PARTITION), WHERE_ONE_PARTITION)
+    assert got.num_rows == 1
+    assert [m for m, _, _ in requests if m != "GET"] == [], "no HEAD, no LIST: the catalog knows the sizes"
+    (file,) = plan.files
+    metadata = pq.ParquetFile(acc.root / acc.dataset / file.path).metadata
+    assert file.bytes > 4 * 64 * 1024, "a file much larger than a footer read"
+    kept = row_groups_to_read(metadata, plan.index.schema, plan.prepared)
+    assert read.row_groups_read == len(kept) == 1 < metadata.num_row_groups
+    group = metadata.row_group(kept[0])
+    columns = [group.column(j) for j in range(group.num_columns)]
+    starts = [min(c.data_page_offset, c.dictionary_page_offset or c.data_page_offset) for c in columns]
+    chunk = (min(starts), max(s + c.total_compressed_size for s, c in zip(starts, columns, strict=True)))
+    tail = min(file.bytes, 64 * 1024)
+    gets = _ranges(requests, file.path)
+    # The footer (the file's last 64 KiB), then the kept row group's column chunks in one GET.
+    assert gets == [(file.bytes - tail, tail), (chunk[0], chunk[1] - chunk[0])], gets
+    # Other files: the dataset's schema is read from the newest partition's footer (one GET at most).
+    others = [r for r in requests if not _object_path(r[1]).endswith(file.path)]
+    assert len(others) <= 1, others
+    dataset_root = acc.root / acc.dataset
+    sizes = {
+        p.relative_to(dataset_root).as_posix(): p.stat().st_size for p in dataset_root.rglob("*.parquet")
+    }
+    for _, url, _ in others:
+        (other,) = [path for path in sizes if _object_path(url).endswith(path)]
+        size = sizes[other]
+        assert _ranges(others, other) == [(size - min(size, tail), min(size, tail))]
+
+
+@pytest.mark.s3
+def test_a_ranged_read_repeats_transient_faults_and_returns_exactly_the_rows(
+    large_acceleration: Acceleration, s3_server: dict[str, str], s3_fault_proxy: Any, tmp_path: Path
+) -> None:
+    acc = large_acceleration
+    root = _upload(acc, s3_server)
+    forget_footers()
+    where = "zone = 5 AND id BETWEEN 3000 AND 9000"
+    with _reader(
+        acc, root, s3_fault_proxy.through(s3_server), tmp_path / "cache", ranged_read_min_bytes=0
+    ) as reader:
+        # Bodies cut short (boto3 cannot repeat those, the repeat rule does), an error, a lost response:
+        # the first GETs of the footers and the row groups fail in turn.
+        faults = [Fault.TRUNCATE, Fault.TRUNCATE, Fault.ERROR_500, Fault.RESET_AFTER, Fault.TRUNCATE]
+        for fault in faults:
+            s3_fault_proxy.inject_next(fault, method="GET")
+        got = reader.read(where)
+        assert reader._remote.ranged_reads
+    assert sum(s3_fault_proxy.injected.values()) == len(faults)
+    _assert_same_rows(got, acc.expected_rows(where), where)
+    assert got.num_rows > 500
+
+
+def _truncated(relative: str, body: bytes) -> bytes:
+    return body[: len(body) // 2]
+
+
+def _extended(relative: str, body: bytes) -> bytes:
+    """Bytes appended: the end no longer is where the catalog says."""
+    return body + b"\0" * 1000
+
+
+def _page_flipped(relative: str, body: bytes) -> bytes:
+    """One byte flipped in the middle of the file (inside a data page; the size stays the same)."""
+    middle = len(body) // 2
+    return body[:middle] + bytes([body[middle] ^ 0xFF]) + body[middle + 1 :]
+
+
+def _footer_magic_lost(relative: str, body: bytes) -> bytes:
+    return body[:-4] + b"PAR0"
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_truncated, r"holds fewer bytes than the \d+ bytes recorded for it"),
+        (_extended, r"holds \d+ bytes, \d+ bytes recorded for it"),
+        (_footer_magic_lost, r"does not end like a Parquet file|magic bytes not found"),
+        (_page_flipped, r"cannot read s3://.*(CRC|checksum)"),
+    ],
+    ids=["truncated", "extended", "footer", "page"],
+)
+def test_a_damaged_object_read_by_ranges_raises_a_storage_error(
+    large_acceleration: Acceleration, s3_server: dict[str, str], tmp_path: Path, damage: Any, message: str
+) -> None:
+    acc = large_acceleration
+    root = _upload(acc, s3_server, damage)
+    forget_footers()
+    where = "zone = 5 AND id BETWEEN 19000 AND 21000"  # the middle of the file: the flipped page
+    with (
+        _reader(acc, root, s3_server, tmp_path / "cache", ranged_read_min_bytes=0) as reader,
+        pytest.raises(StorageError, match=message),
+    ):
+        reader.read(where)
+
+
+def test_coalesce_merges_nearby_ranges_and_splits_large_ones() -> None:
+    from airflow_partitions.objectstore.ranges import coalesce
+
+    # Overlapping and < hole apart: one GET; farther apart: two; empty ranges dropped; unsorted input.
+    assert coalesce([(100, 50), (55, 50), (155, 10), (500, 0)], hole=10, part=1000) == [(55, 110)]
+    assert coalesce([(0, 10), (21, 5)], hole=10, part=1000) == [(0, 10), (21, 5)]
+    assert coalesce([(0, 10), (20, 5)], hole=10, part=1000) == [(0, 25)]
+    # A range over `part` bytes: pieces of at most `part`, back to back, covering exactly the range.
+    assert coalesce([(5, 25)], hole=0, part=10) == [(5, 10), (15, 10), (25, 5)]

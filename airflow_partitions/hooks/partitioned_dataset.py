@@ -27,7 +27,7 @@ from airflow_partitions.hooks.connections import (
 from airflow_partitions.hooks.snapshot_storage import SnapshotStorageHook
 from airflow_partitions.hooks.stats import install_read_metrics
 from airflow_partitions.keys import PartitionKey, partition_label
-from airflow_partitions.objectstore import S3Settings, is_local_location, remote_filesystem
+from airflow_partitions.objectstore import S3Settings, is_local_location
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -144,14 +144,13 @@ class PartitionedDatasetHook(BaseHook):
         from airflow_partitions.table import open_handle  # lazy: loads sqlglot
 
         dataset = project.dataset(name)
-        # One resolution of the AWS connection serves the catalog and the files: without a data_root
-        # the reader builds its pyarrow filesystem from the catalog's store (`accelerator_dir: s3://`).
+        # One resolution of the AWS connection serves the catalog and the files: the reader reaches an
+        # s3:// data_root (or the catalog store's, `accelerator_dir: s3://`) with the handle's settings,
+        # by ranged GETs of the sizes the catalog recorded (`objectstore.ranges`).
         hook = self._storage_hook()
         settings = hook.dataset_settings(project, dataset)
-        filesystem = None
         if data_root is not None and not is_local_location(data_root):
             settings = hook.s3_settings
-            filesystem = remote_filesystem(data_root, settings=settings)
         handle = open_handle(project, dataset, s3_settings=settings)
         max_bytes = self.cache_max_bytes
         if max_bytes is None and (extra := self._setting("cache_max_bytes", None)) is not None:
@@ -168,7 +167,6 @@ class PartitionedDatasetHook(BaseHook):
         return PartitionedDatasetReader.from_handle(
             handle,
             data_root=data_root,
-            filesystem=filesystem,
             cache_dir=self._setting("cache_dir", self.cache_dir),
             cache_max_bytes=max_bytes,
             ranged_read_min_bytes=(

@@ -19,8 +19,6 @@ and its ranged read fetch the footer once.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_partitions.exceptions import StorageError
+from airflow_partitions.objectstore.ranges import fetch_parquet_footer
 from airflow_partitions.pruning.evaluator import Evaluator
 from airflow_partitions.pruning.index import ColumnStatsArrays
 from airflow_partitions.storage.datafile import ColumnStats, compute_column_stats
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
+    from airflow_partitions.objectstore.ranges import RangedObject
     from airflow_partitions.pruning.expressions import Predicate
     from airflow_partitions.storage import DataFile
 
@@ -163,23 +163,79 @@ def read_row_groups(
             )
             metadata = parquet.metadata
             remember_footer(file, metadata)
-            if metadata.num_rows != file.rows:
-                raise StorageError(
-                    f"{remote} holds {metadata.num_rows} rows, the catalog recorded {file.rows}: it is not "
-                    "the file this version references; read another version or refresh the partition"
-                )
+            _check_rows(remote, metadata, file)
             kept = row_groups_to_read(metadata, schema, predicate)
-            stored = parquet.schema_arrow
-            table = parquet.read_row_groups(kept, use_threads=True) if kept else stored.empty_table()
-            group_rows = max(
-                (metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)), default=1
-            )
+            table = parquet.read_row_groups(kept, use_threads=True) if kept else None
     except (OSError, pa.ArrowException) as err:
-        with contextlib.suppress(OSError):
-            os.unlink(local)
         raise StorageError(f"cannot read {remote}: {err}") from err
-    # Same schema, same metadata (the original Arrow schema), row groups kept whole: the local file
-    # reads back exactly as those row groups of the remote one.
+    return _write_local(parquet.schema_arrow, metadata, kept, table, local)
+
+
+def read_row_groups_by_ranges(
+    obj: RangedObject, file: DataFile, predicate: Predicate, schema: pa.Schema, into: Path
+) -> RangedRead:
+    """As `read_row_groups`, over an S3 object read by ranged GETs of its own (`objectstore.ranges`): the
+    footer (unless kept from an earlier read) is one GET of the file's end, then the column chunks of the
+    row groups the filter keeps are fetched at once, coalesced and concurrently, and pyarrow decodes them
+    from memory. No HEAD: the catalog recorded the size, and every response is checked against it."""
+    import pyarrow.parquet as pq
+
+    into.mkdir(parents=True, exist_ok=True)
+    local = into / f"ranged-{uuid.uuid4().hex}.parquet"
+    metadata = known_footer(file)
+    try:
+        if metadata is None:
+            fetch_parquet_footer(obj)
+        handle = pa.PythonFile(obj, mode="r")
+        parquet = pq.ParquetFile(handle, metadata=metadata, page_checksum_verification=True)
+        metadata = parquet.metadata
+        remember_footer(file, metadata)
+        _check_rows(obj.uri, metadata, file)
+        kept = row_groups_to_read(metadata, schema, predicate)
+        obj.prefetch([_row_group_range(metadata, group) for group in kept])
+        table = parquet.read_row_groups(kept, use_threads=False) if kept else None
+    except (OSError, pa.ArrowException) as err:
+        raise StorageError(f"cannot read {obj.uri}: {err}") from err
+    return _write_local(parquet.schema_arrow, metadata, kept, table, local)
+
+
+def _row_group_range(metadata: pq.FileMetaData, group: int) -> tuple[int, int]:
+    """`(offset, length)` of a row group's column chunks, which lie back to back in the file."""
+    row_group = metadata.row_group(group)
+    starts, ends = [], []
+    for j in range(row_group.num_columns):
+        column = row_group.column(j)
+        start = column.data_page_offset
+        if column.has_dictionary_page and column.dictionary_page_offset is not None:
+            start = min(start, column.dictionary_page_offset)
+        starts.append(start)
+        ends.append(start + column.total_compressed_size)
+    return (min(starts), max(ends) - min(starts)) if starts else (0, 0)
+
+
+def _check_rows(remote: str, metadata: pq.FileMetaData, file: DataFile) -> None:
+    if metadata.num_rows != file.rows:
+        raise StorageError(
+            f"{remote} holds {metadata.num_rows} rows, the catalog recorded {file.rows}: it is not "
+            "the file this version references; read another version or refresh the partition"
+        )
+
+
+def _write_local(
+    stored: pa.Schema,
+    metadata: pq.FileMetaData,
+    kept: list[int],
+    table: pa.Table | None,
+    local: Path,
+) -> RangedRead:
+    """The row groups read, written to `local` as they were: same schema, same metadata (the original
+    Arrow schema), row groups kept whole, so the local file reads back exactly as those row groups of
+    the remote one."""
+    import pyarrow.parquet as pq
+
+    if table is None:
+        table = stored.empty_table()
+    group_rows = max((metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)), default=1)
     pq.write_table(
         table.replace_schema_metadata(stored.metadata),
         str(local),

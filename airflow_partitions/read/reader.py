@@ -21,7 +21,13 @@ import pyarrow as pa
 from airflow_partitions.catalog.open import dataset_directory
 from airflow_partitions.exceptions import AirflowPartitionsError, CatalogError, SparkLayoutError, StorageError
 from airflow_partitions.keys import escape_component
-from airflow_partitions.objectstore import LocalStore, S3Store, SettingsLike, remote_filesystem
+from airflow_partitions.objectstore import (
+    LocalStore,
+    S3Store,
+    SettingsLike,
+    parse_s3_location,
+    remote_filesystem,
+)
 from airflow_partitions.pruning import (
     MAX_RANGE_ENUMERATION,
     FilterInput,
@@ -127,8 +133,12 @@ class PartitionedDatasetReader:
                 f"cache_max_bytes is {cache_max_bytes!r}; give a positive number of bytes (or None for the "
                 "default: 2 GiB or a tenth of the cache directory's free space)"
             )
+        store: S3Store | None = None
         if filesystem is None:
             filesystem = self._store_filesystem(root)  # None: a local directory, read in place
+            # Files reached with the reader's own settings are read by ranged GETs (`objectstore.ranges`);
+            # a filesystem given by the caller is used as it is.
+            store = self._data_store(root) if filesystem is not None else None
         if filesystem is not None:
             location = self._remote = RemoteFiles(
                 root,
@@ -137,6 +147,7 @@ class PartitionedDatasetReader:
                 cache_dir=Path(cache_dir) if cache_dir is not None else None,
                 cache_max_bytes=cache_max_bytes,
                 ranged_read_min_bytes=ranged_read_min_bytes,
+                store=store,
             )
         else:
             self._local_root = Path(root)
@@ -206,6 +217,12 @@ class PartitionedDatasetReader:
         resolved S3 settings as the boto3 client of the catalog's store, so catalog and files come from
         one endpoint (none on S3: the AWS environment)."""
         return remote_filesystem(root, settings=self.s3_settings)
+
+    def _data_store(self, root: str) -> S3Store:
+        """The S3 store over `root` (an `s3://` URL), reached with the same settings as the filesystem."""
+        return S3Store.at(
+            parse_s3_location(root, what="data_root", error=StorageError, strict=False), self.s3_settings
+        )
 
     def _store_settings(self) -> SettingsLike | None:
         """The settings of the catalog's S3 store (its data store first), None for a local catalog."""

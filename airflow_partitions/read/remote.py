@@ -22,17 +22,24 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_partitions.exceptions import StorageError
+from airflow_partitions.exceptions import ObjectStoreError, StorageError
 from airflow_partitions.objectstore.arrow import repeating_filesystem
 from airflow_partitions.objectstore.open import filesystem_path
+from airflow_partitions.objectstore.ranges import RangedObject
 from airflow_partitions.read.cache import CachedFile, file_cache
-from airflow_partitions.read.ranged import RANGED_READ_MIN_BYTES, RangedRead, read_row_groups
+from airflow_partitions.read.ranged import (
+    RANGED_READ_MIN_BYTES,
+    RangedRead,
+    read_row_groups,
+    read_row_groups_by_ranges,
+)
 from airflow_partitions.storage.base import data_file_path
 from airflow_partitions.storage.integrity import remember_verified, repair_command, verify_file
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
+    from airflow_partitions.objectstore import S3Store
     from airflow_partitions.read.locations import RowFilter
     from airflow_partitions.storage import DataFile
 
@@ -49,8 +56,12 @@ class RemoteFiles:
         cache_dir: Path | None = None,
         cache_max_bytes: int | None = None,
         ranged_read_min_bytes: int | None = RANGED_READ_MIN_BYTES,
+        store: S3Store | None = None,
     ) -> None:
         self.root = root.rstrip("/")
+        # The S3 store over `root`, when its settings are known: then files are read by ranged GETs of
+        # known size (no HEAD; `objectstore.ranges`) instead of through `filesystem`.
+        self.store = store
         # The filesystem path every object path starts with (for `s3://`: `bucket/prefix`), parsed once.
         self._base = filesystem_path(self.root, error=StorageError)
         # Reads repeated after transient faults, as the object store repeats its own requests.
@@ -69,11 +80,23 @@ class RemoteFiles:
         return f"{self._base}/{relative}"
 
     def file_path(self, file: DataFile) -> str:
-        relative = data_file_path(Path("."), file).as_posix()  # refuses absolute and `..` paths
-        return self.path(relative)
+        return self.path(self.relative_path(file))
+
+    def relative_path(self, file: DataFile) -> str:
+        return data_file_path(Path("."), file).as_posix()  # refuses absolute and `..` paths
+
+    def ranged_object(self, file: DataFile) -> RangedObject:
+        """`file` on the store, read by ranged GETs of its recorded size (needs `store`)."""
+        assert self.store is not None
+        return RangedObject(self.store, self.relative_path(file), file.bytes)
 
     @contextlib.contextmanager
     def open(self, file: DataFile) -> Iterator[Any]:
+        if self.store is not None:
+            # The size is the catalog's: no HEAD; a Parquet reader's footer read is one GET.
+            with pa.PythonFile(self.ranged_object(file), mode="r") as handle:
+                yield handle
+            return
         with self.filesystem.open_input_file(self.file_path(file)) as handle:
             yield handle
 
@@ -153,6 +176,14 @@ class RemoteFiles:
 
         def read(file: DataFile) -> RangedRead:
             try:
+                if self.store is not None:
+                    return read_row_groups_by_ranges(
+                        self.ranged_object(file),
+                        file,
+                        row_filter.predicate,
+                        row_filter.schema,
+                        scratch,
+                    )
                 return read_row_groups(
                     self.filesystem,
                     self.file_path(file),
@@ -161,7 +192,7 @@ class RemoteFiles:
                     row_filter.schema,
                     scratch,
                 )
-            except StorageError as err:
+            except (StorageError, ObjectStoreError) as err:
                 # A page whose CRC fails, a footer that does not parse: name the repair too.
                 raise StorageError(
                     f"{err}; if its bytes are damaged, rebuild the partition from the source: "
@@ -179,6 +210,18 @@ class RemoteFiles:
 
     def _fetcher(self, file: DataFile) -> Callable[[], bytes]:
         remote = self.file_path(file)
+        if self.store is not None:
+
+            def fetch_by_ranges() -> bytes:
+                # One GET per 8 MiB part of the recorded size, concurrently; no HEAD.
+                whole = self.ranged_object(file)
+                try:
+                    whole.prefetch([(0, file.bytes)])
+                    return whole.read(file.bytes)
+                except ObjectStoreError as err:
+                    raise StorageError(str(err)) from err
+
+            return fetch_by_ranges
 
         def fetch() -> bytes:
             try:

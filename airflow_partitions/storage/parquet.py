@@ -234,10 +234,16 @@ class ParquetStorage(PartitionStorage):
         cached = known_footer(file)
         if cached is not None:
             return self.original_schema(cached.schema.to_arrow_schema())
-        with access.open(file) as handle:
-            parquet = pq.ParquetFile(handle)
-            schema = parquet.schema_arrow
-            remember_footer(file, parquet.metadata)
+        try:
+            with access.open(file) as handle:
+                parquet = pq.ParquetFile(handle)
+                schema = parquet.schema_arrow
+                remember_footer(file, parquet.metadata)
+        except (OSError, pa.ArrowException) as err:
+            raise StorageError(
+                f"cannot read the footer of partition file {file.path}: {err}; if its bytes are damaged, "
+                "refresh the partition (or read another version)"
+            ) from err
         return self.original_schema(schema)
 
     def nan_outside_statistics(self, file: DataFile, float_columns: Sequence[str]) -> bool:
