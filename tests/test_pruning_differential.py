@@ -357,7 +357,8 @@ CASES = {"reads": 0, "pruned": 0, "exact": 0}
 # --- the tests ---------------------------------------------------------------------------------------
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
+# 1,000 new filters per run (not derandomised: each run draws others); 2,000 cost a minute more of CPU.
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
 @given(layout=st.sampled_from(LAYOUT_NAMES), where=filters(TABLE))
 def test_pruned_read_equals_a_full_scan(world: dict[str, Any], layout: str, where: str) -> None:
     reader: PartitionedDatasetReader = world["readers"][layout]
@@ -406,7 +407,7 @@ def test_comparisons_with_infinity_return_what_duckdb_returns_over_the_source(
 
 
 def test_the_generated_cases_exercise_pruning() -> None:
-    if CASES["reads"] < 1000:
+    if CASES["reads"] < 500:
         pytest.skip("runs after the differential read test, over its cases")
     assert CASES["pruned"] > 0.25 * CASES["reads"], f"too few cases skip a partition: {CASES}"
     assert CASES["exact"] > 0.1 * CASES["reads"], f"too few cases have an exact partition: {CASES}"
