@@ -6,14 +6,16 @@ import argparse
 import datetime as dt
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.advisor import DEFAULT_TARGET_FILE_BYTES, size_findings
 from airflow_partitions.cli.cdc import cdc_report, format_slot_status
 from airflow_partitions.cli.refresh import describe_conservation, describe_watermark_audit
 from airflow_partitions.exceptions import PartitionExpressionError, RefreshError
 from airflow_partitions.keys import value_to_text
-from airflow_partitions.spec.renames import ColumnRenames, renames_of
+
+if TYPE_CHECKING:
+    from airflow_partitions.spec.renames import ColumnRenames
 
 RECENT_VERSIONS = 5
 
@@ -68,6 +70,8 @@ def dataset_status(
         "data_root": str(catalog.data_root) if catalog.data_root is not None else None,
         "spec_partition_spec_id": acceleration.partition_spec_id,
     }
+
+    from airflow_partitions.spec.renames import renames_of  # lazy: loads yaml (--help loads neither)
 
     renames = renames_of(dataset)
     if renames:
