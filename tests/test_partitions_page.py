@@ -458,7 +458,9 @@ def test_inside_airflow_many_partitions_page_sort_filter_and_preview(
     assert title.startswith(f"Refresh {WIDE_PARTITIONS} partition(s)"), title
     assert browser.find_element(By.ID, "preview-more").text == f"and {WIDE_PARTITIONS - 20} more"
     browser.find_element(By.ID, "preview-cancel").click()
-    assert "Nothing triggered" in page_state(browser)["message"]
+    WebDriverWait(browser, 10).until(
+        lambda d: "Nothing triggered" in page_state(d)["message"], "cancelling the preview says so"
+    )
     assert client._send("GET", f"/api/v2/dags/{WIDE_DAG_ID}/dagRuns")["total_entries"] == runs_before
     browser.find_element(By.ID, "select-all").click()
 
@@ -619,7 +621,10 @@ def test_inside_airflow_the_overview_grid_selects_a_dragged_range_and_the_detail
     assert listed == expected, "exactly the rectangle between the two cells"
     browser.save_screenshot(str(SCREENSHOT.with_name("partitions-launch-preview.png")))
     browser.find_element(By.ID, "preview-cancel").click()
-    assert "Nothing triggered" in page_state(browser)["message"]
+    # The dialog's close event and the promise after it run as later tasks: the message follows shortly.
+    WebDriverWait(browser, 10).until(
+        lambda d: "Nothing triggered" in page_state(d)["message"], "cancelling the preview says so"
+    )
     assert browser.find_element(By.ID, "refresh-selected").text == f"Refresh selected ({len(expected)})"
     assert client._send("GET", f"/api/v2/dags/{ATLAS_DAG_ID}/dagRuns")["total_entries"] == runs_before
 

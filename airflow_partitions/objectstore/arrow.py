@@ -12,13 +12,13 @@ asks for exactly the same bytes again. Writes and local filesystems pass through
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from pyarrow import PythonFile
 from pyarrow import fs as pafs
 
 from airflow_partitions.objectstore.errors import ShortReadError
+from airflow_partitions.objectstore.positional import PositionalReader
 from airflow_partitions.objectstore.repeat import repeat_transient
 
 
@@ -104,60 +104,24 @@ class _RepeatingHandler(pafs.FileSystemHandler):
         return self.inner.open_append_stream(path, metadata=metadata)
 
 
-class _RepeatingReader(io.RawIOBase):
+class _RepeatingReader(PositionalReader):
     """A seekable reader of one object: each read is one positional read of the inner file, repeated
     while it fails transiently or comes back short."""
 
     def __init__(self, inner: Any, path: str) -> None:
         super().__init__()
-        self._path = path
+        self._name = path
         self._file = repeat_transient(lambda: inner.open_input_file(path))
-        self._size: int = self._file.size()
-        self._position = 0
+        self._size = int(self._file.size())
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def size(self) -> int:
-        return self._size
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise OSError(f"cannot seek {self._path} to {base + offset}")
-        self._position = base + offset
-        return self._position
-
-    def read(self, size: int | None = -1) -> bytes:
-        wanted = self._size - self._position if size is None or size < 0 else size
-        wanted = max(0, min(wanted, self._size - self._position))
-        if wanted == 0:
-            return b""
-        position = self._position
-
+    def _read_at(self, position: int, length: int) -> bytes:
         def read_once() -> bytes:
-            data = self._file.read_at(wanted, position)
-            if len(data) != wanted:
-                raise ShortReadError(f"{self._path}: read {len(data)} of {wanted} bytes at offset {position}")
+            data = self._file.read_at(length, position)
+            if len(data) != length:
+                raise ShortReadError(f"{self._name}: read {len(data)} of {length} bytes at offset {position}")
             return bytes(data)
 
-        data = repeat_transient(read_once)
-        self._position += wanted
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+        return repeat_transient(read_once)
 
     def close(self) -> None:
         if not self.closed:

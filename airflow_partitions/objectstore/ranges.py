@@ -16,14 +16,14 @@ serialises reads, so concurrency lives here, not in the reads it issues.
 from __future__ import annotations
 
 import bisect
-import io
 import re
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_partitions.exceptions import ObjectStoreError, StorageError
 from airflow_partitions.objectstore.errors import ShortReadError, error_code, is_not_found, store_error
+from airflow_partitions.objectstore.positional import PositionalReader
 from airflow_partitions.objectstore.repeat import repeat_transient
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def coalesce(
     return pieces
 
 
-class RangedObject(io.RawIOBase):
+class RangedObject(PositionalReader):
     """One S3 object of `size` bytes read by ranges; `requests` counts the GETs sent (repeats included)."""
 
     def __init__(self, store: S3Store, key: str, size: int, *, concurrency: int = CONCURRENCY) -> None:
@@ -69,7 +69,7 @@ class RangedObject(io.RawIOBase):
         self.store = store
         self.key = key
         self._size = size
-        self._position = 0
+        self._name = store.uri(key)
         self._concurrency = concurrency
         self._lock = threading.Lock()
         self._starts: list[int] = []  # fetched segments, sorted by offset, non-overlapping
@@ -221,41 +221,10 @@ class RangedObject(io.RawIOBase):
             position += len(piece)
         return out
 
-    # --- the file interface -----------------------------------------------------------------------
+    # --- the file interface (PositionalReader) ---------------------------------------------------
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def size(self) -> int:
-        return self._size
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise OSError(f"cannot seek {self.uri} to {base + offset}")
-        self._position = base + offset
-        return self._position
-
-    def read(self, size: int | None = -1) -> bytes:
-        wanted = self._size - self._position if size is None or size < 0 else size
-        wanted = max(0, min(wanted, self._size - self._position))
-        data = self._slice(self._position, wanted)
-        self._position += len(data)
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+    def _read_at(self, position: int, length: int) -> bytes:
+        return self._slice(position, length)
 
 
 def parquet_footer_length(tail: bytes, uri: str, size: int) -> int:
