@@ -618,3 +618,85 @@ def test_a_postgres_rename_follows_changes_refreshes_and_verify(
     report = verify_dataset(project, "accounts")
     assert report.ok, report.to_json()
     assert report.counts()["equal"] == len(report.partitions) > 3, report.to_json()
+
+
+PLAN_RENAMES = {"ts": "event_ts", "amount": "price"}
+PLAN_FIELDS = (
+    ["p_day: date_trunc('day', ts)", "p_amt: truncate(1000, amount)", "p_mb: multi_bucket(2, s, ts)"],
+    [
+        "p_day: date_trunc('day', event_ts)",
+        "p_amt: truncate(1000, price)",
+        "p_mb: multi_bucket(2, s, event_ts)",
+    ],
+)
+
+
+def test_plan_shows_the_current_names_and_prunes_as_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`airflow-partitions plan` (text and --json) names a renamed dataset's columns and partition fields
+    as the source does now (filter, predicate, residual, per-partition reasons, hints, notes, truncate
+    widths), and selects exactly the partitions the same filter selected under the old names."""
+    import re
+
+    from airflow_partitions.cli.main import main
+
+    scenario = RenameScenario(tmp_path, 3500, "parquet", fields=PLAN_FIELDS, renames=PLAN_RENAMES)
+    refresh_dataset(str(scenario.spec), "events", strategy="arrow")
+    source = scenario.source
+    stamp = next(v for v in source.column("ts").to_pylist() if v is not None)
+    amounts = sorted(v for v in source.column("amount").to_pylist() if v is not None)
+    middle = amounts[len(amounts) // 2]
+    filters = [  # in the old names; the same with the new names after the rename
+        f"ts = TIMESTAMPTZ '{stamp.isoformat()}'",
+        f"(amount > {middle} AND amount < {middle + 5}) OR ts IS NULL",
+        "s = 'é' AND amount = 1.5",
+        "ts IS NOT NULL AND amount * 2 > 1",  # not prunable as written: a residual
+    ]
+
+    def plan(where: str) -> tuple[str, dict[str, Any]]:
+        assert main(["plan", str(scenario.spec), "events", "--where", where]) == 0
+        text = capsys.readouterr().out
+        assert main(["plan", str(scenario.spec), "events", "--where", where, "--json"]) == 0
+        return text, json.loads(capsys.readouterr().out)
+
+    def choices(document: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [(d["key_path"], d["selected"], d["exact"], d["cause"]) for d in document["partitions"]]
+
+    before = [plan(where) for where in filters]
+    shown_before = "\n".join(text + json.dumps(document, ensure_ascii=False) for text, document in before)
+    for piece in (  # each place a name is printed, under the old names before the rename
+        "(date_trunc('day', ts): ",  # a skipped partition's hint
+        "multi_bucket(2, s, ts) prunes only",  # a note
+        "file statistics rule out s = 'é': s in [",  # statistics
+        "truncate(1000, amount) on decimal(12,2)",  # a truncate field's width
+    ):
+        assert piece in shown_before, piece
+    assert "amount * 2 > 1" in before[-1][1]["residual"], "the residual filter"
+    scenario.rename()
+    for where, (old_text, old_json) in zip(filters, before, strict=True):
+        current = re.sub(r"\bts\b", "event_ts", re.sub(r"\bamount\b", "price", where))
+        text, document = plan(current)
+        shown = text + "\n" + json.dumps(document, ensure_ascii=False)
+        for old, new in PLAN_RENAMES.items():
+            found = re.search(rf"\b{old}\b", shown)
+            assert not found, f"{where}: {old!r} shown: {shown[max(found.start() - 300, 0) :][:600]}"
+            if re.search(rf"\b{old}\b", old_text + json.dumps(old_json, ensure_ascii=False)):
+                assert new in shown, f"{where}: {new!r} missing:\n{shown}"
+        assert document["selected_partitions"] == old_json["selected_partitions"], where
+        assert choices(document) == choices(old_json), where
+        assert 0 < document["selected"] < document["total"] or document["selected"] == 0, where
+        # The same reasons, under the new names.
+        renamed_reasons = [
+            re.sub(r"\bts\b", "event_ts", re.sub(r"\bamount\b", "price", d["reason"]))
+            for d in old_json["partitions"]
+        ]
+        assert [d["reason"] for d in document["partitions"]] == renamed_reasons, where
+    assert re.search(r'"?price"? \* 2 > 1', document["residual"]), "the residual, under the new names"
+    # `plan --query` names the dataset's filter, residual and notes the same way.
+    sql = "SELECT id FROM events WHERE event_ts IS NOT NULL AND price * 2 > 1"
+    assert main(["plan", str(scenario.spec), "--query", sql]) == 0
+    text = capsys.readouterr().out
+    assert "filter: event_ts IS NOT NULL" in text, text
+    assert "multi_bucket(2, s, event_ts)" in text, text
+    assert not re.search(r"\b(ts|amount)\b", text), text

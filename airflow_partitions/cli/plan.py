@@ -110,11 +110,14 @@ def describe_partition_widths(dataset: DatasetSpec, schema: pa.Schema) -> list[s
 
     Iceberg's rule applies W to the stored (unscaled) value, so over `decimal(12, 2)` the ranges of
     `truncate(1000, amount)` are 10.00 wide, not 1000: this spells that out in the column's units.
+    `dataset`'s fields and `schema` name the stored columns; a renamed column is printed as it is now.
     """
     import pyarrow as pa
 
+    from airflow_partitions.spec.renames import renames_of  # lazy: loads yaml (--help loads neither)
     from airflow_partitions.transforms.truncate import TruncateTransform  # lazy: loads sqlglot
 
+    renames = renames_of(dataset)  # fields name the stored columns; printed under the current names
     lines = []
     for field in dataset.acceleration.partition_by:
         transform = field.transform
@@ -140,5 +143,6 @@ def describe_partition_widths(dataset: DatasetSpec, schema: pa.Schema) -> list[s
             meaning, type_text = f"the first {width} characters", "string"
         else:
             meaning, type_text = f"the first {width} bytes", str(column_type)
-        lines.append(f"partition field {field.name}: {transform.canonical} on {type_text}: {meaning}")
+        shown = renames.current_transform(transform).canonical
+        lines.append(f"partition field {field.name}: {shown} on {type_text}: {meaning}")
     return lines

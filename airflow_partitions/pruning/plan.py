@@ -11,7 +11,7 @@ files: only the first pass runs, and its selected partitions carry no files.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -40,6 +40,7 @@ from airflow_partitions.pruning.expressions import (
     Predicate,
     conjuncts,
     display_literal,
+    renamed_columns,
 )
 from airflow_partitions.pruning.filters import FilterInput, bind_filter
 from airflow_partitions.pruning.index import (
@@ -51,6 +52,7 @@ from airflow_partitions.pruning.index import (
 from airflow_partitions.pruning.index_skip import index_columns_used, index_excluded
 from airflow_partitions.pruning.rewrite import prepare
 from airflow_partitions.storage.datafile import DataFile
+from airflow_partitions.transforms.base import renamed_transform
 
 if TYPE_CHECKING:
     pass
@@ -133,6 +135,7 @@ class PrunePlan:
         max_enumeration: int,
         planning_seconds: float,
         index_skipped: npt.NDArray[np.bool_] | None = None,
+        column_names: Callable[[str], str] | None = None,
     ) -> None:
         self.index = index
         self.predicate = predicate
@@ -148,6 +151,9 @@ class PrunePlan:
         self._max_enumeration = max_enumeration
         # Per file-frame row: statistics kept the file, its side index proved the filter's values absent.
         self._index_skipped = index_skipped
+        # The name users see for a column the index stores (a renamed column's current name); pruning
+        # keeps to the stored names, only what the plan prints goes through this.
+        self._column_names = column_names
         self.selected: tuple[SelectedPartition, ...] = self._select()
 
     # --- selection ----------------------------------------------------------------------------
@@ -241,6 +247,33 @@ class PrunePlan:
         residual = self.residual
         return None if residual is None else residual.sql()
 
+    # --- names shown ----------------------------------------------------------------------------
+
+    def shown_column(self, name: str) -> str:
+        """The name users see for the stored column `name` (its current name when renamed)."""
+        return name if self._column_names is None else self._column_names(name)
+
+    def shown(self, predicate: Predicate) -> Predicate:
+        """`predicate` (over stored columns) reading the columns under the names users see."""
+        return predicate if self._column_names is None else renamed_columns(predicate, self._column_names)
+
+    def shown_field(self, partition_field: BoundField) -> str:
+        """A partition field's canonical expression over the columns under the names users see."""
+        if self._column_names is None:
+            return partition_field.canonical
+        return str(renamed_transform(partition_field.transform, self._column_names).canonical)
+
+    @property
+    def predicate_text(self) -> str | None:
+        """The bound filter as text, under the names users see (None without a filter)."""
+        return str(self.shown(self.predicate)) if self.has_filter else None
+
+    @property
+    def shown_residual_sql(self) -> str | None:
+        """`residual_sql` under the names users see."""
+        residual = self.residual
+        return None if residual is None else self.shown(residual).sql()
+
     # --- explanations ---------------------------------------------------------------------------
 
     @cached_property
@@ -262,7 +295,7 @@ class PrunePlan:
                 f"; skipped by index: {self.files_skipped_by_index} file(s), "
                 f"{self.partitions_skipped_by_index} partition(s)"
             )
-        residual = self.residual_sql
+        residual = self.shown_residual_sql
         text += f"; residual: {residual}" if residual else "; no residual filter"
         return "".join([text, *(f"; {note}" for note in self.notes)])
 
@@ -271,12 +304,12 @@ class PrunePlan:
         """What the filter could not prune and why (a multi_bucket field whose columns are not all pinned)."""
         if not self.has_filter:
             return ()
-        return tuple(multi_bucket_notes(self.index.fields, self.prepared))
+        return tuple(multi_bucket_notes(self.index.fields, self.prepared, self))
 
     @deep_stack
     def explain(self, *, max_skipped: int | None = None) -> str:
         """Human-readable plan: the filter, the counts, then one line per partition (kept first)."""
-        where = self.filter_text if self.filter_text is not None else str(self.predicate)
+        where = self.filter_text if self.filter_text is not None else str(self.shown(self.predicate))
         head = f"dataset {self.dataset}, " if self.dataset else ""
         lines = [f"{head}{self.index.origin}; filter: {where if self.has_filter else '(none)'}"]
         lines.append(self.summary())
@@ -299,7 +332,7 @@ class PrunePlan:
             "dataset": self.dataset,
             "version": self.version,
             "filter": self.filter_text,
-            "predicate": str(self.predicate) if self.has_filter else None,
+            "predicate": self.predicate_text,
             "total": self.total,
             "selected": len(self.selected),
             "exact": sum(1 for p in self.selected if p.exact),
@@ -309,7 +342,7 @@ class PrunePlan:
                 "files": self.files_skipped_by_index,
                 "partitions": self.partitions_skipped_by_index,
             },
-            "residual": self.residual_sql,
+            "residual": self.shown_residual_sql,
             "notes": list(self.notes),
             "planning_ms": round(self.planning_seconds * 1000, 3),
             "selected_partitions": [
@@ -421,13 +454,15 @@ class _Explainer:
         if not self.plan._partition_outcome.true[partition]:
             for item, mask in zip(self.items, key_only, strict=True):
                 if not mask[partition]:
-                    return CAUSE_KEY, f"partition {key} cannot hold rows where {item}{self._hint(item)}"
+                    shown = self.plan.shown(item)
+                    return CAUSE_KEY, f"partition {key} cannot hold rows where {shown}{self._hint(item)}"
             pinned = self._multi_bucket_hint()
             return CAUSE_KEY, f"partition {key} cannot hold rows matching the filter{pinned}"
         frame = self.plan._file_frame
         rows = np.flatnonzero(frame.partition_of_row == partition) if frame is not None else np.zeros(0, int)
         if self.by_index.get(partition):
-            columns = ", ".join(index_columns_used(self.plan.prepared)) or "the index columns"
+            used = index_columns_used(self.plan.prepared)
+            columns = ", ".join(self.plan.shown_column(c) for c in used) or "the index columns"
             count = self.by_index[partition]
             rest = "" if count >= rows.size else "; file statistics rule out the rest"
             return (
@@ -437,7 +472,8 @@ class _Explainer:
             )
         for item, stats_mask in zip(self.items, by_stats, strict=True):
             if stats_mask is not None and rows.size and not stats_mask[rows].any():
-                return CAUSE_STATISTICS, f"file statistics rule out {item}: {self._stats_text(item, rows)}"
+                shown = self.plan.shown(item)
+                return CAUSE_STATISTICS, f"file statistics rule out {shown}: {self._stats_text(item, rows)}"
         return CAUSE_STATISTICS, f"file statistics rule out the filter for all {rows.size} file(s)"
 
     def _hint(self, item: Predicate) -> str:
@@ -460,7 +496,7 @@ class _Explainer:
             pairs = ", ".join(
                 f"{display_literal(v)} -> {display_literal(i)}" for v, i in zip(values, images, strict=True)
             )
-            hints.append(f"{partition_field.canonical}: {pairs}")
+            hints.append(f"{self.plan.shown_field(partition_field)}: {pairs}")
         return f" ({'; '.join(hints)})" if hints else ""
 
     def _multi_bucket_hint(self) -> str:
@@ -480,7 +516,7 @@ class _Explainer:
                 f"({', '.join(display_literal(v) for v in row)}) -> {display_literal(image)}"
                 for row, image in zip(rows, images, strict=True)
             )
-            hints.append(f"{partition_field.canonical}: {pairs}")
+            hints.append(f"{self.plan.shown_field(partition_field)}: {pairs}")
         return f" ({'; '.join(hints)})" if hints else ""
 
     def _stats_text(self, item: Predicate, rows: npt.NDArray[np.int64]) -> str:
@@ -495,7 +531,7 @@ class _Explainer:
             low, high = stats.minimum[row].as_py(), stats.maximum[row].as_py()
             nulls = int(stats.null_count[row])
             parts.append(
-                f"{column} in [{display_literal(low)}, {display_literal(high)}]"
+                f"{self.plan.shown_column(column)} in [{display_literal(low)}, {display_literal(high)}]"
                 f"{'' if nulls < 0 else f', {nulls} NULL(s)'}"
             )
         return "; ".join(parts) if parts else "no row can match"
@@ -533,9 +569,12 @@ def _fields_on(fields: Sequence[BoundField], column: str) -> list[BoundField]:
     return [f for f in fields if f.columns == (column,)]
 
 
-def multi_bucket_notes(fields: Sequence[BoundField], predicate: Predicate) -> list[str]:
+def multi_bucket_notes(
+    fields: Sequence[BoundField], predicate: Predicate, plan: PrunePlan | None = None
+) -> list[str]:
     """For each field over several columns that the filter touches without pinning them all: a note
-    that the filter reads all of its buckets (only `=` / `IN` on every column, ANDed, prune it)."""
+    that the filter reads all of its buckets (only `=` / `IN` on every column, ANDed, prune it); with
+    `plan`, the field and its columns are named as that plan shows them."""
     touched = predicate.columns()
     notes = []
     for field in fields:
@@ -547,9 +586,11 @@ def multi_bucket_notes(fields: Sequence[BoundField], predicate: Predicate) -> li
             for item in _disjuncts(predicate)
         ):
             continue
+        canonical = field.canonical if plan is None else plan.shown_field(field)
+        columns = field.columns if plan is None else tuple(plan.shown_column(c) for c in field.columns)
         notes.append(
-            f"{field.canonical} prunes only on = or IN of every one of its columns "
-            f"({', '.join(field.columns)}) together; this filter reads all of its buckets"
+            f"{canonical} prunes only on = or IN of every one of its columns "
+            f"({', '.join(columns)}) together; this filter reads all of its buckets"
         )
     return notes
 
@@ -567,12 +608,18 @@ def plan_partitions(
     *,
     dataset: str | None = None,
     max_enumeration: int = MAX_RANGE_ENUMERATION,
+    filter_text: str | None = None,
+    column_names: Callable[[str], str] | None = None,
 ) -> PrunePlan:
     """Prune the partitions of `index` with `where` (SQL string, DNF list, bound predicate or None).
 
     Build the index once (`PartitionIndex.from_snapshot` for a catalog version, which a
     reader caches; `from_entries` for a manifest; `from_keys` for discovered keys) and plan many filters
     over it. An index without files (keys alone) selects on partition values only.
+
+    `filter_text`: the filter as the user wrote it, when `where` is what it became (bound, or renamed to
+    the stored columns); `column_names`: the name users see for each stored column, which the plan's
+    explanations print (a dataset's `renamed_columns`); pruning never uses either.
     """
     started = time.perf_counter()
     predicate = bind_filter(where, index.filter_schema)
@@ -609,7 +656,7 @@ def plan_partitions(
         index=index,
         predicate=predicate,
         prepared=prepared,
-        filter_text=where if isinstance(where, str) else (None if where is None else str(predicate)),
+        filter_text=_filter_text(where, predicate, filter_text, column_names),
         dataset=dataset,
         partition_outcome=partition_outcome,
         file_frame=file_frame,
@@ -617,4 +664,19 @@ def plan_partitions(
         max_enumeration=max_enumeration,
         planning_seconds=time.perf_counter() - started,
         index_skipped=index_skipped,
+        column_names=column_names,
     )
+
+
+def _filter_text(
+    where: FilterInput,
+    predicate: Predicate,
+    text: str | None,
+    column_names: Callable[[str], str] | None,
+) -> str | None:
+    """The filter as a plan prints it: as written when known, else the bound predicate (shown names)."""
+    if text is not None:
+        return text
+    if where is None or isinstance(where, str):
+        return where
+    return str(predicate if column_names is None else renamed_columns(predicate, column_names))

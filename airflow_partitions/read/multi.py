@@ -163,7 +163,7 @@ class DatasetQueryPlan:
         lines = [f"query over {len(self.plans)} dataset(s): {', '.join(self.plans)}"]
         for name, plan in self.plans.items():
             lines.append(f"dataset {name}, {plan.index.origin}: {plan.summary()}")
-            lines.append(f"  filter: {plan.predicate if plan.has_filter else '(none)'}")
+            lines.append(f"  filter: {plan.predicate_text or '(none)'}")
         if not self.joins:
             lines.append("joins: none between two datasets")
         for decision in self.joins:

@@ -353,9 +353,20 @@ class PartitionedDatasetReader:
         index = self.index(snapshot)
         if self.read_stats.enabled:
             self._count_files(snapshot)
+        filter_text = where if isinstance(where, str) else None
+        column_names = None
         if self._renames:
+            # Pruned on the stored names; the plan explains itself under the current ones.
             where = self._stored_filter(where, index.schema)
-        plan = plan_partitions(index, where, dataset=self.name, max_enumeration=self.max_enumeration)
+            column_names = self._renames.current
+        plan = plan_partitions(
+            index,
+            where,
+            dataset=self.name,
+            max_enumeration=self.max_enumeration,
+            filter_text=filter_text,
+            column_names=column_names,
+        )
         if key is not None:
             with self._lock:
                 self._plans[(snapshot.version, key)] = plan
