@@ -95,6 +95,20 @@ def require_utc_session(canonical: str, source_columns: Sequence[str]) -> None:
         )
 
 
+def binary_collation(column: Column) -> Column:
+    """A string column with Spark's default UTF8_BINARY collation, whatever collation it has.
+
+    Spark 4 strings may carry a collation (`CAST(s AS STRING COLLATE UTF8_LCASE)`, a table or view
+    declared so); under a case- or accent-insensitive one Spark's `=`, `<`, `CASE`, `translate`,
+    `replace`, grouping and joins ignore case ('AB' = 'ab'), where DuckDB and Arrow compare bytes. Every
+    string a transform reads goes through this first, so its values, and the join that routes rows to
+    partition keys, are the byte-wise ones of the other engines. An explicit `COLLATE` (not a cast to
+    `string`, which a session or schema default collation could resolve to another collation); on a
+    column already UTF8_BINARY Spark drops it.
+    """
+    return F.collate(column, "UTF8_BINARY")
+
+
 # --- builders, one per transform type --------------------------------------------------------------
 
 
