@@ -614,9 +614,10 @@ def test_collated_string_columns_route_as_in_arrow(spark: Any, collation: str) -
     assert computed.groupBy(*names).count().count() == keys.num_rows, f"{collation}: partitions"
 
 
-def test_spark_filters_compare_collated_strings_byte_wise(spark: Any) -> None:
+def test_spark_filters_compare_collated_strings_byte_wise(spark: Any, tmp_path: Any) -> None:
     """The residual filter a Spark read applies compares a collated string column as the pruning does
-    (byte-wise): with UTF8_LCASE, Spark's own `s = 'ab'` / `s IN ('ab')` would also keep 'AB' and 'Ab'."""
+    (byte-wise): with UTF8_LCASE, Spark's own `s = 'ab'` / `s IN ('ab')` would also keep 'AB' and 'Ab'.
+    On a plain string column the filter still reaches the Parquet scan (Spark drops the no-op cast)."""
     from pyspark.sql import functions as F
 
     from airflow_partitions.pruning.expressions import ColumnRef, Comparison, InList
@@ -635,3 +636,7 @@ def test_spark_filters_compare_collated_strings_byte_wise(spark: Any) -> None:
     ]:
         kept = sorted(row["s"] for row in frame.where(spark_condition(predicate)).collect())
         assert kept == sorted(v for v in COLLATED_VALUES if v is not None and keep(v)), predicate
+    spark.createDataFrame(pa.table({"s": values})).write.parquet(str(tmp_path / "plain"))
+    plain = spark.read.parquet(str(tmp_path / "plain"))
+    plan = plain.where(spark_condition(Comparison(column, Op.EQ, "ab")))._jdf.queryExecution().executedPlan()
+    assert "EqualTo(s,ab)" in plan.toString(), plan.toString()

@@ -100,13 +100,14 @@ def binary_collation(column: Column) -> Column:
 
     Spark 4 strings may carry a collation (`CAST(s AS STRING COLLATE UTF8_LCASE)`, a table or view
     declared so); under a case- or accent-insensitive one Spark's `=`, `<`, `CASE`, `translate`,
-    `replace`, grouping and joins ignore case ('AB' = 'ab'), where DuckDB and Arrow compare bytes. Every
-    string a transform reads goes through this first, so its values, and the join that routes rows to
-    partition keys, are the byte-wise ones of the other engines. An explicit `COLLATE` (not a cast to
-    `string`, which a session or schema default collation could resolve to another collation); on a
-    column already UTF8_BINARY Spark drops it.
+    `replace`, `LIKE`, grouping and joins ignore case ('AB' = 'ab'), where DuckDB and Arrow compare bytes.
+    Every string a transform reads goes through this first, so its values, and the join that routes rows
+    to partition keys, are the byte-wise ones of the other engines. A cast to the plain `StringType()`
+    (UTF8_BINARY in Spark 4.2, also with `spark.sql.session.collation.default` set): Spark drops it on a
+    column that is already UTF8_BINARY, so a filter on it still reaches the Parquet scan, where an explicit
+    `collate(c, 'UTF8_BINARY')` stays in the plan and keeps the filter from being pushed down.
     """
-    return F.collate(column, "UTF8_BINARY")
+    return column.cast(T.StringType())
 
 
 # --- builders, one per transform type --------------------------------------------------------------
