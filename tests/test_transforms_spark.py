@@ -521,3 +521,122 @@ def test_bucket_runs_natively_where_spark_hashes_the_same_bytes(
     plan = frame.select(transform.to_spark(F.col("v")).alias("b"))._jdf.queryExecution().executedPlan()
     uses_python = "ArrowEvalPython" in plan.toString()
     assert uses_python is not native, plan.toString()
+
+
+# Case pairs (ASCII, Greek with a final sigma, dotted / dotless i, sharp s, the Kelvin and Ohm signs, a
+# titlecase digraph), NULL, the empty string and the characters paths and SQL care about.
+COLLATED_VALUES = [
+    "AB",
+    "ab",
+    "Ab",
+    "aB",
+    "Σ",
+    "σ",
+    "ς",
+    "ΣΑΣ",
+    "σας",
+    "İ",
+    "i",
+    "ı",
+    "I",
+    "ß",
+    "SS",
+    "ẞ",
+    "K",
+    "k",
+    "Ω",
+    "ω",
+    "\u212a",  # Kelvin sign, lower-cases to 'k'
+    "\u2126",  # Ohm sign, lower-cases to 'ω'
+    "ǅ",
+    "ǆ",
+    "Ǆ",
+    None,
+    "",
+    " ab ",
+    "a/b",
+    "A=B",
+    "100%",
+    "'q'",
+    "é",
+    "É",
+]
+COLLATED_EXPRESSIONS = [
+    "s",
+    "CASE WHEN s = 'ab' THEN 'x' WHEN s = 'σ' THEN 'sigma' ELSE 'other' END",
+    "s = 'ab'",
+    "s <> 'ß' AND s >= 'a'",
+    "lower(s)",
+    "upper(s)",
+    "substr(s, 1, 1)",
+    "truncate(2, s)",
+    "bucket(16, s)",
+    "multi_bucket(8, s, u)",
+]
+
+
+@pytest.mark.parametrize("collation", ["UTF8_LCASE", "UNICODE_CI"])
+def test_collated_string_columns_route_as_in_arrow(spark: Any, collation: str) -> None:
+    """A string column with a case-insensitive collation (Spark 4: `CAST(s AS STRING COLLATE UTF8_LCASE)`,
+    or a table declared so) gives the same partition values as Arrow and DuckDB, row for row, and routes
+    each row to exactly one key when joined to plain-string keys as the refresh stage does: Spark's
+    comparisons, `translate`, grouping and joins on such a column ignore case, DuckDB's and Arrow's do not."""
+    from pyspark.sql import functions as F
+
+    values = pa.array(COLLATED_VALUES, pa.string())
+    others = pa.array(COLLATED_VALUES[::-1], pa.string())
+    frame = spark.createDataFrame(pa.table({"s": values, "u": others})).select(
+        *[F.col(c).cast(f"string collate {collation}").alias(c) for c in ("s", "u")]
+    )
+    assert "collate" in frame.schema.simpleString().lower(), frame.schema
+    transforms = [
+        parse_transform(text).bind_columns([pa.string()] * len(parse_transform(text).source_columns))
+        for text in COLLATED_EXPRESSIONS
+    ]
+    names = [f"p{index}" for index in range(len(transforms))]
+    computed = frame.select(*[t.spark_value().alias(n) for t, n in zip(transforms, names, strict=True)])
+    rows = computed.toArrow()
+    inputs = {"s": values, "u": others}
+    expected_columns: dict[str, pa.Array] = {}
+    for transform, name in zip(transforms, names, strict=True):
+        expected = transform.apply_columns([inputs[c] for c in transform.source_columns])
+        actual = rows.column(name).combine_chunks()
+        assert_same_rows(values, expected, actual, f"{transform.canonical} over {collation}")
+        expected_columns[name] = expected
+    # As the stage routes: a NULL-safe equality join of every partition column with the keys Arrow
+    # computes (plain strings, integers, booleans), which must find exactly one key per row.
+    keys = pa.table(expected_columns).group_by(names).aggregate([])
+    key_frame = spark.createDataFrame(keys.rename_columns([f"k{name}" for name in names]))
+    condition = computed[names[0]].eqNullSafe(key_frame[f"k{names[0]}"])
+    for name in names[1:]:
+        condition = condition & computed[name].eqNullSafe(key_frame[f"k{name}"])
+    assert computed.join(key_frame, condition, "inner").count() == len(values), f"{collation}: routing"
+    assert computed.groupBy(*names).count().count() == keys.num_rows, f"{collation}: partitions"
+
+
+def test_spark_filters_compare_collated_strings_byte_wise(spark: Any, tmp_path: Any) -> None:
+    """The residual filter a Spark read applies compares a collated string column as the pruning does
+    (byte-wise): with UTF8_LCASE, Spark's own `s = 'ab'` / `s IN ('ab')` would also keep 'AB' and 'Ab'.
+    On a plain string column the filter still reaches the Parquet scan (Spark drops the no-op cast)."""
+    from pyspark.sql import functions as F
+
+    from airflow_partitions.pruning.expressions import ColumnRef, Comparison, InList
+    from airflow_partitions.pruning.spark_filter import spark_condition
+    from airflow_partitions.transforms.projection import Op
+
+    values = pa.array(COLLATED_VALUES, pa.string())
+    frame = spark.createDataFrame(pa.table({"s": values})).select(
+        F.col("s").cast("string collate UTF8_LCASE").alias("s")
+    )
+    column = ColumnRef("s", pa.string())
+    for predicate, keep in [
+        (Comparison(column, Op.EQ, "ab"), lambda v: v == "ab"),
+        (Comparison(column, Op.GE, "a"), lambda v: v >= "a"),
+        (InList(column, ("ab", "σ")), lambda v: v in ("ab", "σ")),
+    ]:
+        kept = sorted(row["s"] for row in frame.where(spark_condition(predicate)).collect())
+        assert kept == sorted(v for v in COLLATED_VALUES if v is not None and keep(v)), predicate
+    spark.createDataFrame(pa.table({"s": values})).write.parquet(str(tmp_path / "plain"))
+    plain = spark.read.parquet(str(tmp_path / "plain"))
+    plan = plain.where(spark_condition(Comparison(column, Op.EQ, "ab")))._jdf.queryExecution().executedPlan()
+    assert "EqualTo(s,ab)" in plan.toString(), plan.toString()

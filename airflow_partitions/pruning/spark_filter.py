@@ -37,8 +37,15 @@ def spark_column_ref(name: str) -> Any:
 
 
 def _term(term: Term) -> Any:
+    """The term as a Spark column. A string column is read as UTF8_BINARY, so one with a case-insensitive
+    collation (Spark 4) compares byte-wise, as the pruning and DuckDB do (transforms do the same)."""
     if isinstance(term, ColumnRef):
-        return spark_column_ref(term.name)
+        from airflow_partitions.transforms import arrow_support, spark  # lazy: pyarrow and pyspark
+
+        column = spark_column_ref(term.name)
+        if arrow_support.is_string(arrow_support.normalize_type(term.type)):
+            column = spark.binary_collation(column)
+        return column
     return term.transform.to_spark(spark_column_ref(term.column))
 
 

@@ -445,6 +445,7 @@ class Transform(ABC):
         The Spark column is expected to hold the column's Spark form: signed integers as is, uint8/16/32
         widened to SMALLINT/INT/BIGINT, uint64 as DECIMAL(20,0), tz-aware timestamps as TIMESTAMP,
         naive ones as TIMESTAMP_NTZ (or TIMESTAMP in a UTC session), nanoseconds floored to microseconds.
+        A string column of any collation is read as UTF8_BINARY (`spark.binary_collation`).
         """
         from airflow_partitions.transforms import arrow_support, spark  # lazy: loads pyarrow and pyspark
 
@@ -456,6 +457,8 @@ class Transform(ABC):
         source = arrow_support.normalize_type(self.source_type)
         if arrow_support.is_timestamp(source) and source.tz is None:
             spark.require_utc_session(self.canonical, self.source_columns)
+        if arrow_support.is_string(source):
+            column = spark.binary_collation(column)
         return self._spark_form(column, source)
 
     def _spark_form(self, column: Any, source: pa.DataType) -> Any:

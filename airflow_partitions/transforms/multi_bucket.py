@@ -326,6 +326,11 @@ class MultiBucketTransform(Transform):
         # uint8 to SHORT, holds uint64 as DECIMAL(20,0)); timestamps hash as UTC microseconds.
         if any(arrow_support.is_timestamp(t) and arrow_support.normalize_type(t).tz is None for t in types):
             spark.require_utc_session(self.canonical, self.source_columns)
+        # Strings byte-wise whatever their Spark collation, as every transform reads them.
+        columns = [
+            spark.binary_collation(c) if arrow_support.is_string(arrow_support.normalize_type(t)) else c
+            for c, t in zip(columns, types, strict=True)
+        ]
         return spark.multi_bucket_column(self.apply_columns, columns)
 
     # --- pruning: one value per column, all columns pinned -------------------------------------------

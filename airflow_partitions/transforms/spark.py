@@ -95,6 +95,21 @@ def require_utc_session(canonical: str, source_columns: Sequence[str]) -> None:
         )
 
 
+def binary_collation(column: Column) -> Column:
+    """A string column with Spark's default UTF8_BINARY collation, whatever collation it has.
+
+    Spark 4 strings may carry a collation (`CAST(s AS STRING COLLATE UTF8_LCASE)`, a table or view
+    declared so); under a case- or accent-insensitive one Spark's `=`, `<`, `CASE`, `translate`,
+    `replace`, `LIKE`, grouping and joins ignore case ('AB' = 'ab'), where DuckDB and Arrow compare bytes.
+    Every string a transform reads goes through this first, so its values, and the join that routes rows
+    to partition keys, are the byte-wise ones of the other engines. A cast to the plain `StringType()`
+    (UTF8_BINARY in Spark 4.2, also with `spark.sql.session.collation.default` set): Spark drops it on a
+    column that is already UTF8_BINARY, so a filter on it still reaches the Parquet scan, where an explicit
+    `collate(c, 'UTF8_BINARY')` stays in the plan and keeps the filter from being pushed down.
+    """
+    return column.cast(T.StringType())
+
+
 # --- builders, one per transform type --------------------------------------------------------------
 
 
