@@ -8,6 +8,7 @@ import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -343,3 +344,33 @@ def test_tags_and_vacuums_racing_leave_every_tag_readable(tmp_path: Path) -> Non
         assert fresh.snapshot(info.version).version == info.version
         assert fresh.tagged_version(info.name) == info.version
     assert not list(LocalStore(root).list(f"{fresh.prefix}/vacuuming/")), "every vacuum removed its marker"
+
+
+def test_a_reader_whose_checkpoint_listing_a_vacuum_outran_reads_the_version(tmp_path: Path) -> None:
+    """A reader lists the checkpoints, then a vacuum writes a checkpoint at the version and expires the
+    records the listed checkpoints needed (in that order: the checkpoint first). The version is retained
+    the whole time, so the reader must still read it (it lists again), not call it vacuumed.
+
+    Found by `test_tags_and_vacuums_racing_leave_every_tag_readable` once the suite stopped fsyncing:
+    the vacuum then ran between the reader's listing and its record reads."""
+    catalog = Catalog(LocalStore(tmp_path), "sales")
+    for i in range(6):
+        commit(catalog, entry(f"R{i % 3}", str(i)))
+    reader = Catalog(LocalStore(tmp_path), "sales")
+    real_list = reader.store.list
+    vacuumed: list[bool] = []
+
+    def list_then_vacuum(prefix: str, start_after: str | None = None) -> Any:
+        listed = list(real_list(prefix, start_after))
+        if prefix.endswith("/checkpoints/") and not vacuumed:
+            vacuumed.append(True)
+            # Keeps only the newest version 6, writing its checkpoint before expiring 1..5.
+            Catalog(LocalStore(tmp_path), "sales").vacuum(retain_versions=1, grace=dt.timedelta(0))
+        return iter(listed)
+
+    reader.store.list = list_then_vacuum  # type: ignore[method-assign]
+    assert reader.snapshot(6).version == 6
+    assert vacuumed, "the vacuum ran between the listing and the reads"
+    assert {e.key for e in reader.snapshot(6).partitions.values()} == {
+        e.key for e in catalog.snapshot(6).partitions.values()
+    }

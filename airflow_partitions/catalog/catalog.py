@@ -158,6 +158,10 @@ def _known_specs(
     return known
 
 
+# Listings of the checkpoints a read of an old version tries before it calls the version gone (`_rebuild`).
+_REBUILD_LISTINGS = 4
+
+
 class Catalog:
     """Versioned manifest of one dataset's partitions in an `ObjectStore` (local directory or S3)."""
 
@@ -440,15 +444,24 @@ class Catalog:
     def _rebuild(self, version: int) -> Snapshot:
         # A checkpoint whose following records are gone (a stale hint after an interrupted vacuum) is
         # skipped for the next candidate; the last resort replays every record from version 1.
-        for base in self._checkpoints_at_or_below(version):
-            try:
-                records = self._records(base.version if base is not None else 0, version)
-            except VersionNotFoundError:
-                continue
-            if records:
-                return self._advance(base, records)
-            if base is not None:
-                return base
+        # When every starting point failed, a vacuum may have run since the listing: it writes the
+        # checkpoint at its oldest retained version before it expires the records older ones needed.
+        # So list again while the listing changes; only then is the version really gone.
+        listed: list[tuple[int, tuple[int, ...]]] = []
+        for attempt in range(_REBUILD_LISTINGS):
+            if attempt:
+                self._hint = None  # read the hint again too
+            for base in self._checkpoints_at_or_below(version, listed):
+                try:
+                    records = self._records(base.version if base is not None else 0, version)
+                except VersionNotFoundError:
+                    continue
+                if records:
+                    return self._advance(base, records)
+                if base is not None:
+                    return base
+            if len(listed) >= 2 and listed[-1] == listed[-2]:
+                break
         raise self._not_found(version)
 
     def _not_found(self, version: int) -> VersionNotFoundError:
@@ -470,9 +483,12 @@ class Catalog:
             if self._newest is None or snapshot.version >= self._newest.version:
                 self._newest = snapshot
 
-    def _checkpoints_at_or_below(self, version: int) -> Iterator[Snapshot | None]:
+    def _checkpoints_at_or_below(
+        self, version: int, listed: list[tuple[int, tuple[int, ...]]] | None = None
+    ) -> Iterator[Snapshot | None]:
         """Starting points for `version`, best first: the hinted checkpoint, the others newest first, and
-        finally `None` (replay from the first record). Lazy: the listing happens only if needed."""
+        finally `None` (replay from the first record). Lazy: the listing happens only if needed; what it
+        found (the hint and the checkpoint versions) is appended to `listed`."""
         hint = self._hint if self._hint is not None else self._read_hint()
         if 0 < hint <= version:
             checkpoint = self._read_checkpoint(hint)
@@ -483,6 +499,8 @@ class Catalog:
             for info in self.store.list(f"{self.prefix}/checkpoints/")
             if (v := self._version_of(info.key, ".arrow")) is not None and v <= version and v != hint
         ]
+        if listed is not None:
+            listed.append((hint, tuple(sorted(candidates))))
         for candidate in sorted(candidates, reverse=True):
             checkpoint = self._read_checkpoint(candidate)
             if checkpoint is not None:
