@@ -278,19 +278,17 @@ spark.stop()
 """
 
 
-@pytest.mark.scale
-def test_spark_connect_equals_arrow(spark_connect_server: dict[str, Any], tmp_path: Any) -> None:
-    """Every expression of every group through Spark Connect equals Arrow. In the scale lane: a client
-    process plus the server's Python workers for the Arrow UDFs took 145 s on a loaded 2-core machine
-    (load ~20), beyond what the default suite can spend on it."""
+def run_connect_client(script: str, spark_connect_server: dict[str, Any], out: Any) -> pa.Table:
+    """Run `script` in a process of its own (a Connect session cannot share this process with the
+    classic session) with the server's URL, `out` and the tests directory as arguments; the Arrow file
+    it wrote to `out`."""
     import subprocess
     import sys
     from pathlib import Path
 
-    out = tmp_path / "values.arrow"
     tests = Path(__file__).resolve().parent
     completed = subprocess.run(
-        [sys.executable, "-c", CONNECT_CLIENT, spark_connect_server["url"], str(out), str(tests)],
+        [sys.executable, "-c", script, spark_connect_server["url"], str(out), str(tests)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -298,7 +296,15 @@ def test_spark_connect_equals_arrow(spark_connect_server: dict[str, Any], tmp_pa
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     with pa.memory_map(str(out)) as source:
-        computed = pa.ipc.open_file(source).read_all()
+        return pa.ipc.open_file(source).read_all()
+
+
+@pytest.mark.scale
+def test_spark_connect_equals_arrow(spark_connect_server: dict[str, Any], tmp_path: Any) -> None:
+    """Every expression of every group through Spark Connect equals Arrow. In the scale lane: a client
+    process plus the server's Python workers for the Arrow UDFs took 145 s on a loaded 2-core machine
+    (load ~20), beyond what the default suite can spend on it."""
+    computed = run_connect_client(CONNECT_CLIENT, spark_connect_server, tmp_path / "values.arrow")
     for number, (_, text) in enumerate(ALL):
         transform = bound(text)
         expected = [
@@ -697,24 +703,9 @@ def test_spark_connect_lower_and_upper_equal_duckdb_on_every_code_point(
 ) -> None:
     """The native `lower` / `upper` (a `translate` with DuckDB's table) through Spark Connect, on every
     code point and the hostile strings, equal DuckDB row for row."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     import duckdb
 
-    out = tmp_path / "case.arrow"
-    tests = Path(__file__).resolve().parent
-    completed = subprocess.run(
-        [sys.executable, "-c", CONNECT_CASE_CLIENT, spark_connect_server["url"], str(out), str(tests)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tests.parent,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    with pa.memory_map(str(out)) as source:
-        computed = pa.ipc.open_file(source).read_all()
+    computed = run_connect_client(CONNECT_CASE_CLIENT, spark_connect_server, tmp_path / "case.arrow")
     rows = case_mapping_rows()
     connection = duckdb.connect()
     connection.register("rows", rows)
