@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from airflow_partitions.exceptions import (
     PartitionsFailedError,
     SpecValidationError,
 )
+from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
 from airflow_partitions.refresh.arrow_write import remove_written
 from airflow_partitions.refresh.cdc import change_stream, kill_point, plan_cdc, uses_cdc
@@ -40,7 +41,8 @@ from airflow_partitions.sources.pg_cdc import release_snapshot
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import validate_against_schema
 from airflow_partitions.table import DatasetHandle, open_handle
-from airflow_partitions.write.repartition import old_partitions_holding, repartition
+from airflow_partitions.write.refresh_moves import old_partitions_holding
+from airflow_partitions.write.repartition import open_stored, start_layout
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +154,9 @@ def plan_refresh(
         return rewrite_late_partitions(changes, bound, source, snapshot, timeout_s)
     selector = where_selector(bound, where) if where else None
     layouts_checked = False
+    migrate: tuple[str, ...] = ()
     if selecting and snapshot is not None and layouts_differ(snapshot, bound):
-        snapshot = move_rows_of_selection(
+        snapshot, migrate = old_partitions_of_selection(
             project, bound, source, catalog, partitions=partitions, selector=selector, timeout_s=timeout_s
         )
         layouts_checked = True
@@ -167,6 +170,8 @@ def plan_refresh(
         timeout_s=timeout_s,
         layouts_checked=layouts_checked,
     )
+    if migrate:
+        plan = replace(plan, migrate=migrate)
     return apply_refresh_mode(plan, bound, snapshot, source)
 
 
@@ -176,7 +181,7 @@ def layouts_differ(snapshot: Snapshot, dataset: DatasetSpec) -> bool:
     return snapshot.partition_spec.spec_id != spec_id or bool(snapshot.other_layout(spec_id)[0])
 
 
-def move_rows_of_selection(
+def old_partitions_of_selection(
     project: ProjectSpec,
     dataset: DatasetSpec,
     source: Source,
@@ -185,21 +190,32 @@ def move_rows_of_selection(
     partitions: Sequence[str] | None,
     selector: Any,
     timeout_s: float | None,
-) -> Snapshot | None:
-    """Before a refresh of selected partitions during a re-partitioning: move the old partitions holding
-    rows of the selected ones into the current layout (one commit; the first also makes the current
-    partition_by the catalog's), so the refresh rewrites partitions whose rows are all in one layout.
-    The newest version after it."""
+) -> tuple[Snapshot | None, tuple[str, ...]]:
+    """Before a refresh of selected partitions during a re-partitioning: the old-layout partitions
+    holding rows of the selected ones, which the refresh's commit moves into the current layout in the
+    same atomic version (`RefreshPlan.migrate`), so no row is ever in two layouts or in none. The first
+    refresh after a `partition_by` change first makes it the catalog's current spec (a commit that
+    changes no row). The version to plan on, and the old partitions' key paths in it."""
 
     selected = discover(
         dataset, source, None, partitions=partitions, where_selector=selector, timeout_s=timeout_s
     )
-    paths = [item.key_path for item in selected.items]
-    # The catalog given was opened with the caller's settings: the moves read and write through it.
+    keys = [PartitionKey.from_json(item.key) for item in selected.items]
+    # The catalog given was opened with the caller's settings: the search reads through it.
     handle = open_handle(project, dataset)
-    holding = old_partitions_holding(handle, paths, catalog=catalog)
-    repartition(handle, catalog=catalog, only=holding)
-    return catalog.latest()
+    if start_layout(open_stored(handle, catalog)):
+        log.info(
+            "%s: partition_by changed; the catalog now holds its partitions as older layouts", dataset.name
+        )
+    search = old_partitions_holding(handle, keys, catalog=catalog)
+    log.info(
+        "%s: %d of %d old-layout partition(s) read, %d hold rows of the selection; the refresh moves them",
+        dataset.name,
+        search.read,
+        search.old_partitions,
+        len(search.holding),
+    )
+    return (catalog.snapshot(search.version) if search.version is not None else None), search.key_paths
 
 
 def held_reader(project: ProjectSpec, dataset: DatasetSpec) -> Callable[..., Any] | None:
