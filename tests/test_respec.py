@@ -175,6 +175,8 @@ def test_plan_refresh_of_a_selection_names_the_old_partitions_its_commit_moves(
     # commit to move them; planning only made the new partition_by the catalog's (it moved no row).
     assert snapshot.other_layout() == (4, ROWS)
     assert sorted(plan.migrate) == sorted(snapshot.partitions)
+    # The DAG's commit task gets the plan through XCom: the old partitions to move go with it.
+    assert RefreshPlan.from_json(json.loads(plan.dumps())).migrate == plan.migrate
     assert plan.base_version == snapshot.version
     assert snapshot.total_rows == ROWS
 
