@@ -189,3 +189,25 @@ def test_reads_right_after_a_change_judge_old_partitions_under_their_spec(tmp_pa
     assert start_layout(open_write_target(open_handle(scenario.project, scenario.dataset())))
     assert scenario.snapshot().spec_ids_in_use() != {scenario.dataset().acceleration.partition_spec_id}
     scenario.check("every partition under the old spec, the new one current")
+
+
+@pytest.mark.spark
+def test_the_spark_strategy_moves_and_refreshes_in_one_commit(tmp_path: Path, spark: Any) -> None:
+    """The move joins the commit after staging, whatever engine staged: the same with the Spark stage."""
+    old, new = MOVES["month-to-day"]
+    scenario = Scenario(tmp_path, 44, old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    repartition(open_handle(scenario.project, scenario.dataset()), max_partitions=1)
+    path, key, ids = pick_partition(scenario)
+    holding = old_holding(scenario, key).key_paths
+    change_source_rows(scenario, ids)
+    before = scenario.snapshot()
+    summary = refresh_dataset(str(scenario.spec), "events", partitions=[path], strategy="spark", spark=spark)
+    assert summary.strategy == "spark"
+    after = scenario.snapshot()
+    assert after.version == before.version + 1, "the move and the refresh are one version"
+    assert summary.conservation["migrated"]["partitions"] == len(holding)
+    assert summary.conservation["migrated"]["appended"] > 0, "the old month held days not refreshed"
+    assert not set(holding) & set(after.partitions)
+    scenario.check(f"Spark refresh of {path} during the migration")
