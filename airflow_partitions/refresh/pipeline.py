@@ -154,11 +154,8 @@ def plan_refresh(
         return rewrite_late_partitions(changes, bound, source, snapshot, timeout_s)
     selector = where_selector(bound, where) if where else None
     layouts_checked = False
-    migrate: tuple[str, ...] = ()
     if selecting and snapshot is not None and layouts_differ(snapshot, bound):
-        snapshot, migrate = old_partitions_of_selection(
-            project, bound, source, catalog, partitions=partitions, selector=selector, timeout_s=timeout_s
-        )
+        snapshot = switch_layout(project, bound, catalog, snapshot)
         layouts_checked = True
     plan = discover(
         bound,
@@ -170,8 +167,8 @@ def plan_refresh(
         timeout_s=timeout_s,
         layouts_checked=layouts_checked,
     )
-    if migrate:
-        plan = replace(plan, migrate=migrate)
+    if layouts_checked and snapshot is not None:
+        plan = replace(plan, migrate=old_partitions_of_selection(project, bound, catalog, plan, snapshot))
     return apply_refresh_mode(plan, bound, snapshot, source)
 
 
@@ -181,33 +178,35 @@ def layouts_differ(snapshot: Snapshot, dataset: DatasetSpec) -> bool:
     return snapshot.partition_spec.spec_id != spec_id or bool(snapshot.other_layout(spec_id)[0])
 
 
-def old_partitions_of_selection(
-    project: ProjectSpec,
-    dataset: DatasetSpec,
-    source: Source,
-    catalog: Catalog,
-    *,
-    partitions: Sequence[str] | None,
-    selector: Any,
-    timeout_s: float | None,
-) -> tuple[Snapshot | None, tuple[str, ...]]:
-    """Before a refresh of selected partitions during a re-partitioning: the old-layout partitions
-    holding rows of the selected ones, which the refresh's commit moves into the current layout in the
-    same atomic version (`RefreshPlan.migrate`), so no row is ever in two layouts or in none. The first
-    refresh after a `partition_by` change first makes it the catalog's current spec (a commit that
-    changes no row). The version to plan on, and the old partitions' key paths in it."""
+def switch_layout(
+    project: ProjectSpec, dataset: DatasetSpec, catalog: Catalog, snapshot: Snapshot
+) -> Snapshot:
+    """The first selective refresh after a `partition_by` change makes it the catalog's current spec (a
+    commit that changes no row, `write.repartition.start_layout`); the version to plan on."""
+    if snapshot.partition_spec.spec_id == dataset.acceleration.partition_spec_id:
+        return snapshot
+    # The catalog given was opened with the caller's settings: the switch commits through it.
+    if not start_layout(open_stored(open_handle(project, dataset), catalog)):
+        return snapshot
+    log.info("%s: partition_by changed; the catalog now holds its partitions as older layouts", dataset.name)
+    switched = catalog.latest()
+    assert switched is not None
+    return switched
 
-    selected = discover(
-        dataset, source, None, partitions=partitions, where_selector=selector, timeout_s=timeout_s
+
+def old_partitions_of_selection(
+    project: ProjectSpec, dataset: DatasetSpec, catalog: Catalog, plan: RefreshPlan, snapshot: Snapshot
+) -> tuple[str, ...]:
+    """For a refresh of selected partitions during a re-partitioning: the old-layout partitions of
+    `snapshot` (the plan's base) holding rows of the partitions the plan writes or removes. The refresh's
+    commit moves them into the current layout in the same atomic version (`RefreshPlan.migrate`), so no
+    row is ever in two layouts or in none."""
+
+    keys = [PartitionKey.from_json(item.key) for item in plan.items]
+    keys += [snapshot.partitions[path].key for path in plan.removed if path in snapshot.partitions]
+    search = old_partitions_holding(
+        open_handle(project, dataset), keys, catalog=catalog, version=snapshot.version
     )
-    keys = [PartitionKey.from_json(item.key) for item in selected.items]
-    # The catalog given was opened with the caller's settings: the search reads through it.
-    handle = open_handle(project, dataset)
-    if start_layout(open_stored(handle, catalog)):
-        log.info(
-            "%s: partition_by changed; the catalog now holds its partitions as older layouts", dataset.name
-        )
-    search = old_partitions_holding(handle, keys, catalog=catalog)
     log.info(
         "%s: %d of %d old-layout partition(s) read, %d hold rows of the selection; the refresh moves them",
         dataset.name,
@@ -215,7 +214,7 @@ def old_partitions_of_selection(
         search.old_partitions,
         len(search.holding),
     )
-    return (catalog.snapshot(search.version) if search.version is not None else None), search.key_paths
+    return search.key_paths
 
 
 def held_reader(project: ProjectSpec, dataset: DatasetSpec) -> Callable[..., Any] | None:

@@ -60,13 +60,17 @@ def old_partitions_holding(
     keys: Sequence[PartitionKey],
     *,
     catalog: Catalog | None = None,
+    version: int | None = None,
     prune: bool = True,
 ) -> HoldingSearch:
-    """The partitions of older specs in the newest version holding a row that routes to one of `keys`
-    (keys of the current partition_by). Exact: the candidates the pruning keeps are read (the partition
-    source columns only) and routed; `prune=False` reads every old partition."""
+    """The partitions of older specs in catalog version `version` (default: the newest) holding a row
+    that routes to one of `keys` (keys of the current partition_by). Exact: the candidates the pruning
+    keeps are read (the partition source columns only) and routed; `prune=False` reads every old
+    partition."""
 
     target = open_stored(handle, catalog)
+    if version is not None and target.base_version != version:
+        target.snapshot = target.catalog.snapshot(version)
     snapshot = target.snapshot
     if snapshot is None:
         return HoldingSearch(None, (), 0, 0)
