@@ -211,3 +211,37 @@ def test_the_spark_strategy_moves_and_refreshes_in_one_commit(tmp_path: Path, sp
     assert summary.conservation["migrated"]["appended"] > 0, "the old month held days not refreshed"
     assert not set(holding) & set(after.partitions)
     scenario.check(f"Spark refresh of {path} during the migration")
+
+
+@pytest.mark.s3
+def test_the_commit_moves_old_partitions_on_s3(
+    tmp_path: Path, s3_server: dict[str, str], s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`accelerator_dir: s3://...`: the holding search fetches the candidates' files, and the commit of a
+    plan naming old partitions (here with its one partition left unrefreshed, `require_all=False`, so
+    every moved row is appended) uploads the moved rows and removes the old partitions in one version."""
+    from airflow_partitions.refresh.commit import commit_refresh
+    from airflow_partitions.refresh.pipeline import plan_refresh
+    from airflow_partitions.write import append
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
+    monkeypatch.chdir(tmp_path)
+    old, new = MOVES["month-to-day"]
+    scenario = Scenario(tmp_path, 12, old, accelerator_dir=f"s3://{s3_bucket}/acc")
+    append(open_handle(scenario.project, scenario.dataset()), scenario.source)
+    scenario.set_partition_by(new)
+    repartition(open_handle(scenario.project, scenario.dataset()), max_partitions=1)
+    path, key, _ids = pick_partition(scenario)
+    holding = old_holding(scenario, key).key_paths
+    before = scenario.snapshot()
+    plan = plan_refresh(scenario.project, "events", partitions=[path])
+    assert sorted(plan.migrate) == sorted(holding)
+    assert plan.base_version == before.version
+    commit = commit_refresh(open_handle(scenario.project, scenario.dataset()), plan, [], require_all=False)
+    after = scenario.snapshot()
+    assert commit.version == after.version == before.version + 1
+    assert commit.conservation is not None
+    assert commit.conservation["migrated"]["appended"] == sum(before.partitions[p].rows for p in holding)
+    assert not set(holding) & set(after.partitions)
+    assert not (tmp_path / "acc").exists(), "nothing of the acceleration is local"
+    scenario.check("old partitions moved by a commit on S3")
