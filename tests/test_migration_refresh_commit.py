@@ -245,3 +245,51 @@ def test_the_commit_moves_old_partitions_on_s3(
     assert not set(holding) & set(after.partitions)
     assert not (tmp_path / "acc").exists(), "nothing of the acceleration is local"
     scenario.check("old partitions moved by a commit on S3")
+
+
+def test_a_lost_row_or_a_damaged_old_file_refuses_the_whole_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition gaining moved rows whose new file holds one row less than routed to it: the refresh's
+    commit raises `ConservationError` naming it with both counts, and publishes nothing (the refresh
+    included). A damaged old file is refused before it is read (`StorageError`), nothing published."""
+    import pyarrow.parquet as pq
+
+    from airflow_partitions.exceptions import ConservationError, StorageError
+    from airflow_partitions.refresh.commit import commit_refresh
+    from airflow_partitions.refresh.pipeline import plan_refresh
+    from airflow_partitions.write import commit as write_commit
+
+    old, new = MOVES["month-to-day"]
+    scenario = Scenario(tmp_path, 13, old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    repartition(open_handle(scenario.project, scenario.dataset()), max_partitions=1)
+    path, _key, _ids = pick_partition(scenario)
+    plan = plan_refresh(scenario.project, "events", partitions=[path])
+    before = scenario.snapshot()
+    handle = open_handle(scenario.project, scenario.dataset())
+    real = write_commit._write_change
+    short: list[str] = []
+
+    def write_one_row_short(target: Any, change: Any) -> Any:
+        files, written = real(target, change)
+        if written and not short:
+            short.append(change.key_path)
+            return files, written - 1
+        return files, written
+
+    with monkeypatch.context() as patched:
+        patched.setattr(write_commit, "_write_change", write_one_row_short)
+        with pytest.raises(ConservationError) as refused:
+            commit_refresh(handle, plan, [], require_all=False)
+    expected, actual = refused.value.partitions[short[0]]
+    assert actual == expected - 1
+    assert scenario.snapshot().version == before.version, "nothing published"
+
+    victim = max(plan.migrate, key=lambda p: before.partitions[p].rows)
+    file = open_write_target(handle).root / before.partitions[victim].files[0].path
+    pq.write_table(pq.read_table(file).slice(1), file)
+    with pytest.raises(StorageError, match="damaged"):
+        commit_refresh(handle, plan, [], require_all=False)
+    assert scenario.snapshot().version == before.version, "nothing published"
