@@ -8,6 +8,11 @@ Row conservation is checked once more, over everything committed: each partition
 the rows its files hold, and after a full-source stage the routed rows must add up to the rows scanned.
 The counts are recorded in the commit record (`VersionInfo.conservation`); a mismatch raises
 `ConservationError` before the catalog is touched.
+
+During a re-partitioning, a plan of selected partitions names the old-layout partitions holding their rows
+(`RefreshPlan.migrate`): the same commit moves them into the current layout (`write.refresh_moves`), rows
+for the refreshed partitions superseded by the refresh, the others appended to their partitions, checked
+across the two layouts and recorded under `migrated`.
 """
 
 from __future__ import annotations
