@@ -32,7 +32,7 @@ from airflow_partitions.write.commit import (
     prepare_changes,
 )
 from airflow_partitions.write.repartition import check_moved_rows, moved_changes, old_entries, open_stored
-from airflow_partitions.write.routing import route_to_paths
+from airflow_partitions.write.routing import partition_groups
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry
@@ -83,9 +83,9 @@ def old_partitions_holding(
     columns = sorted({c for t in target.transforms for c in t.source_columns})
     holding = []
     for entry in candidates:
-        rows = target.read(entry.files, columns)
-        routed = route_to_paths(rows, target.transforms, names, dataset=target.dataset.name)
-        if wanted.intersection(routed):
+        # The keys its rows route to, as routing computes them, without moving a row.
+        _groups, found = partition_groups(target.read(entry.files, columns), target.transforms)
+        if any(key.path(names) in wanted for key in found):
             holding.append(entry)
     return HoldingSearch(snapshot.version, tuple(holding), len(old), len(candidates))
 
