@@ -22,10 +22,16 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.exceptions import ConservationError, FilterError, RefreshError
+from airflow_partitions.exceptions import (
+    CatalogError,
+    ConservationError,
+    FilterError,
+    PartitionSpecError,
+    RefreshError,
+)
 from airflow_partitions.table.publish import CommitBuilder
 from airflow_partitions.transforms.bucket import BucketTransform
-from airflow_partitions.transforms.parse import parse_transform
+from airflow_partitions.transforms.parse import plain_transform
 from airflow_partitions.write.commit import (
     PartitionChange,
     WriteOperation,
@@ -107,8 +113,10 @@ def holding_candidates(
         return list(old)
     try:
         plan = plan_partitions(PartitionIndex.from_snapshot(snapshot, target.schema), groups)
-    except FilterError:
-        return list(old)  # a value the filter cannot bind: read them all (exact either way)
+    except (FilterError, PartitionSpecError, CatalogError):
+        # A value the filter cannot bind, or an old spec the index cannot bind: read them all (exact
+        # either way, only slower).
+        return list(old)
     chosen = {selected.key_path for selected in plan.selected}
     return [entry for entry in old if entry.key_path in chosen]
 
@@ -123,12 +131,12 @@ def key_filter(target: WriteTarget, keys: Sequence[PartitionKey]) -> list[list[t
     if not usable:
         return None
     others = [
-        parse_transform(f.canonical)
+        plain_transform(f.canonical)
         for spec_id, spec in snapshot.specs.items()
         if spec_id != target.spec_info.spec_id
         for f in spec.fields
     ]
-    old_buckets = [t for t in others if isinstance(t, BucketTransform)]
+    old_buckets = [t for t in others if isinstance(t, BucketTransform)]  # (None: not a plain built-in)
     groups: list[list[tuple[str, str, Any]]] = []
     for key in keys:
         group: list[tuple[str, str, Any]] = []
