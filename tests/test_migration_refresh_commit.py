@@ -293,3 +293,33 @@ def test_a_lost_row_or_a_damaged_old_file_refuses_the_whole_commit(
     with pytest.raises(StorageError, match="damaged"):
         commit_refresh(handle, plan, [], require_all=False)
     assert scenario.snapshot().version == before.version, "nothing published"
+
+
+def test_a_filtered_refresh_drops_old_rows_of_keys_the_source_no_longer_has(tmp_path: Path) -> None:
+    """Every source row of a month still held by old day partitions is deleted; a refresh whose filter
+    covers that month removes those rows too (as it removes a partition of the current layout the
+    source no longer has), in its one commit: the full read equals the source."""
+    old, new = MOVES["day-to-month"]
+    scenario = Scenario(tmp_path, 14, old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    repartition(open_handle(scenario.project, scenario.dataset()), max_partitions=1)
+    _path, key, ids = pick_partition(scenario)
+    month = key.values[0]
+    holding = old_holding(scenario, key).key_paths
+    gone = pc.is_in(scenario.source.column("id"), value_set=pa.array(ids, pa.int64()))
+    scenario.source = scenario.source.filter(pc.invert(gone))
+    scenario.save_source()
+    before = scenario.snapshot()
+    summary = refresh_dataset(
+        str(scenario.spec),
+        "events",
+        where=f"ts >= TIMESTAMPTZ '{month.isoformat()}' AND ts < TIMESTAMPTZ '{month.isoformat()}' + "
+        "INTERVAL 1 MONTH",
+        strategy="arrow",
+    )
+    after = scenario.snapshot()
+    assert after.version == before.version + 1
+    assert summary.conservation["migrated"]["superseded"] >= len(ids)
+    assert not set(holding) & set(after.partitions)
+    scenario.check("the month the source no longer has is gone from both layouts")

@@ -176,7 +176,7 @@ def _moves(
         handle.catalog,
         plan.base_version,
         plan.migrate,
-        superseded=rewritten | set(plan.removed),
+        superseded=rewritten | set(plan.removed) | set(plan.vanished),
         appended=appended,
     )
 

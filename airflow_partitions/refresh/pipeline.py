@@ -41,7 +41,7 @@ from airflow_partitions.sources.pg_cdc import release_snapshot
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import validate_against_schema
 from airflow_partitions.table import DatasetHandle, open_handle
-from airflow_partitions.write.refresh_moves import old_partitions_holding
+from airflow_partitions.write.refresh_moves import old_partitions_holding, old_rows_the_source_lost
 from airflow_partitions.write.repartition import open_stored, start_layout
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,10 @@ def plan_refresh(
         layouts_checked=layouts_checked,
     )
     if layouts_checked and snapshot is not None:
-        plan = replace(plan, migrate=old_partitions_of_selection(project, bound, catalog, plan, snapshot))
+        migrate, vanished = old_partitions_of_selection(
+            project, bound, catalog, plan, snapshot, where=where, selector=selector
+        )
+        plan = replace(plan, migrate=migrate, vanished=vanished)
     return apply_refresh_mode(plan, bound, snapshot, source)
 
 
@@ -195,26 +198,43 @@ def switch_layout(
 
 
 def old_partitions_of_selection(
-    project: ProjectSpec, dataset: DatasetSpec, catalog: Catalog, plan: RefreshPlan, snapshot: Snapshot
-) -> tuple[str, ...]:
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    catalog: Catalog,
+    plan: RefreshPlan,
+    snapshot: Snapshot,
+    *,
+    where: str | None = None,
+    selector: KeySelector | None = None,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """For a refresh of selected partitions during a re-partitioning: the old-layout partitions of
-    `snapshot` (the plan's base) holding rows of the partitions the plan writes or removes. The refresh's
-    commit moves them into the current layout in the same atomic version (`RefreshPlan.migrate`), so no
-    row is ever in two layouts or in none."""
+    `snapshot` (the plan's base) holding rows of the partitions the plan writes or removes, and, for a
+    selection by `where`, of the keys it covers that the source no longer has (those keys' paths too).
+    The refresh's commit moves them into the current layout in the same atomic version
+    (`RefreshPlan.migrate`, rows of the vanished keys dropped), so no row is ever in two layouts or in
+    none, nor kept after the source lost it."""
 
     keys = [PartitionKey.from_json(item.key) for item in plan.items]
     keys += [snapshot.partitions[path].key for path in plan.removed if path in snapshot.partitions]
-    search = old_partitions_holding(
-        open_handle(project, dataset), keys, catalog=catalog, version=snapshot.version
-    )
+    handle = open_handle(project, dataset)
+    search = old_partitions_holding(handle, keys, catalog=catalog, version=snapshot.version)
+    migrate = dict.fromkeys(search.key_paths)
+    vanished: tuple[str, ...] = ()
+    if where is not None and selector is not None:
+        known = {item.key_path for item in plan.items} | set(plan.removed)
+        lost, vanished = old_rows_the_source_lost(
+            handle, where, selector, known, catalog=catalog, version=snapshot.version
+        )
+        migrate.update(dict.fromkeys(lost.key_paths))
     log.info(
-        "%s: %d of %d old-layout partition(s) read, %d hold rows of the selection; the refresh moves them",
+        "%s: %d of %d old-layout partition(s) read, %d hold rows of the selection%s; the refresh moves them",
         dataset.name,
         search.read,
         search.old_partitions,
-        len(search.holding),
+        len(migrate),
+        f" ({len(vanished)} key(s) the source no longer has)" if vanished else "",
     )
-    return search.key_paths
+    return tuple(migrate), vanished
 
 
 def held_reader(project: ProjectSpec, dataset: DatasetSpec) -> Callable[..., Any] | None:

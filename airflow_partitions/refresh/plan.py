@@ -256,6 +256,9 @@ class RefreshPlan:
     # version) holding rows of the selected partitions. The refresh's commit moves them into the current
     # layout in the same atomic version (`write.repartition.moves_for_refresh`).
     migrate: tuple[str, ...] = ()
+    # Key paths of the current layout the selection covers that the source no longer has, whose rows only
+    # those old partitions hold: the commit drops them, as it removes a partition the source lost.
+    vanished: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # replace_all drops every partition the commit does not write, so its items must be all of them.
@@ -314,6 +317,7 @@ class RefreshPlan:
             "future_rows": dict(self.future_rows) if self.future_rows is not None else None,
             "late_rows_policy": self.late_rows_policy,
             "migrate": list(self.migrate),
+            "vanished": list(self.vanished),
         }
 
     def dumps(self) -> str:
@@ -347,6 +351,7 @@ class RefreshPlan:
             future_rows=_optional_counts(data.get("future_rows")),
             late_rows_policy=data.get("late_rows_policy"),
             migrate=tuple(str(path) for path in data.get("migrate", ())),
+            vanished=tuple(str(path) for path in data.get("vanished", ())),
         )
 
     @property

@@ -18,7 +18,7 @@ partitions (a new file each), with conservation checked across the layouts befor
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from airflow_partitions.exceptions import (
     PartitionSpecError,
     RefreshError,
 )
+from airflow_partitions.keys import PartitionKey
 from airflow_partitions.table.publish import CommitBuilder
 from airflow_partitions.transforms.bucket import BucketTransform
 from airflow_partitions.transforms.parse import plain_transform
@@ -42,7 +43,6 @@ from airflow_partitions.write.routing import partition_groups
 
 if TYPE_CHECKING:
     from airflow_partitions.catalog import Catalog, PartitionEntry
-    from airflow_partitions.keys import PartitionKey
     from airflow_partitions.table import DatasetHandle
     from airflow_partitions.write.commit import WriteTarget
 
@@ -94,6 +94,60 @@ def old_partitions_holding(
         if any(key.path(names) in wanted for key in found):
             holding.append(entry)
     return HoldingSearch(snapshot.version, tuple(holding), len(old), len(candidates))
+
+
+def old_rows_the_source_lost(
+    handle: DatasetHandle,
+    where: str,
+    selects: Callable[[Sequence[tuple[Any, ...]]], Sequence[bool]],
+    known: Collection[str],
+    *,
+    catalog: Catalog | None = None,
+    version: int | None = None,
+) -> tuple[HoldingSearch, tuple[str, ...]]:
+    """For a refresh selecting by `where` during a re-partitioning: the current keys its selection covers
+    (`selects`, the refresh's key selector) that rows of old partitions route to but the refresh neither
+    writes nor removes (`known`: its key paths), i.e. keys the source no longer has. Their rows must go
+    with the refresh, as a partition of the current layout the source lost is removed. The old partitions
+    that may hold rows matching `where` (judged under their own specs and file statistics) are read (the
+    partition source columns) and routed. (The old partitions holding such keys, the keys' paths.)"""
+    from airflow_partitions.pruning import (  # lazy: loads pyarrow
+        PartitionIndex,
+        plan_partitions,
+    )
+
+    target = open_stored(handle, catalog)
+    if version is not None and target.base_version != version:
+        target.snapshot = target.catalog.snapshot(version)
+    snapshot = target.snapshot
+    if snapshot is None:
+        return HoldingSearch(None, (), 0, 0), ()
+    old = [entry for entry in old_entries(snapshot, target.spec_info.spec_id) if entry.rows]
+    try:
+        chosen = {
+            s.key_path
+            for s in plan_partitions(PartitionIndex.from_snapshot(snapshot, target.schema), where).selected
+        }
+        candidates = [entry for entry in old if entry.key_path in chosen]
+    except (FilterError, PartitionSpecError, CatalogError):
+        candidates = old
+    names = target.names
+    columns = sorted({c for t in target.transforms for c in t.source_columns})
+    unseen: dict[str, PartitionKey] = {}
+    held: dict[str, list[PartitionEntry]] = {}
+    for entry in candidates:
+        _groups, found = partition_groups(target.read(entry.files, columns), target.transforms)
+        for key in found:
+            path = key.path(names)
+            if path not in known:
+                unseen[path] = key
+                held.setdefault(path, []).append(entry)
+    paths = sorted(unseen)
+    covered = selects([unseen[path].values for path in paths]) if paths else []
+    vanished = tuple(path for path, hit in zip(paths, covered, strict=True) if hit)
+    holding = {entry.key_path: entry for path in vanished for entry in held[path]}
+    search = HoldingSearch(snapshot.version, tuple(holding.values()), len(old), len(candidates))
+    return search, vanished
 
 
 def holding_candidates(
