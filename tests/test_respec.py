@@ -129,9 +129,9 @@ def test_partial_refresh_after_a_spec_change_moves_the_old_rows_first(
     new_version, rows, _, spec_id = catalog_state(spec_path)
     assert rows == ROWS, "every row is still there, each in one layout"
     assert spec_id != old_spec, "the new partition_by is the catalog's"
-    # One commit makes the new partition_by the catalog's (renames only), one moves the old partitions
-    # holding rows of the selection, one refreshes the selection.
-    assert new_version == version + 3
+    # One commit makes the new partition_by the catalog's (renames only); one moves the old partitions
+    # holding rows of the selection and refreshes the selection, atomically.
+    assert new_version == version + 2
     project = load_spec(spec_path)
     snapshot = open_catalog(project, project.dataset("events")).latest()
     assert snapshot is not None
@@ -157,7 +157,9 @@ def test_backfill_after_a_spec_change_is_refused(
     assert catalog_state(respecced) == before
 
 
-def test_plan_refresh_of_a_selection_moves_the_old_partitions_first(respecced: Path, tmp_path: Path) -> None:
+def test_plan_refresh_of_a_selection_names_the_old_partitions_its_commit_moves(
+    respecced: Path, tmp_path: Path
+) -> None:
     full = plan_refresh(load_spec(respecced), "events", full=True)
     assert full.replace_all
     assert len(full.items) == full.discovered == 100, "a rebuild plans every partition"
@@ -169,8 +171,13 @@ def test_plan_refresh_of_a_selection_moves_the_old_partitions_first(respecced: P
     assert [item.key_path for item in plan.items] == ["expr0=5000"]
     snapshot = open_catalog(project, project.dataset("events")).latest()
     assert snapshot is not None
-    # Every region partition holds ids 5000..5999 (regions cycle): all four moved before the plan.
-    assert snapshot.other_layout() == (0, 0)
+    # Every region partition holds ids 5000..5999 (regions cycle): the plan names all four, for its
+    # commit to move them; planning only made the new partition_by the catalog's (it moved no row).
+    assert snapshot.other_layout() == (4, ROWS)
+    assert sorted(plan.migrate) == sorted(snapshot.partitions)
+    # The DAG's commit task gets the plan through XCom: the old partitions to move go with it.
+    assert RefreshPlan.from_json(json.loads(plan.dumps())).migrate == plan.migrate
+    assert plan.base_version == snapshot.version
     assert snapshot.total_rows == ROWS
 
 

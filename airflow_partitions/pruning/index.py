@@ -233,7 +233,11 @@ class PartitionIndex:
         layouts: list[Layout] = []
         layout_of: npt.NDArray[np.int64] | None = None
         specs = snapshot.specs
-        if len(specs) > 1 and len(in_use := snapshot.spec_ids_in_use()) > 1:
+        in_use = snapshot.spec_ids_in_use()
+        # Layouts as soon as a partition is under a spec other than the current one, even when every
+        # partition is (right after a partition_by change, or once the last new partition is removed):
+        # judged by the current fields, an old partition's key would be read as a key of the new spec.
+        if len(specs) > 1 and in_use - {snapshot.partition_spec.spec_id}:
             spec_ids = table.column("spec_id").to_pylist()
             order = [spec_id for spec_id in specs if spec_id in in_use]
             missing = in_use - set(order)

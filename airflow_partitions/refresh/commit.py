@@ -8,6 +8,11 @@ Row conservation is checked once more, over everything committed: each partition
 the rows its files hold, and after a full-source stage the routed rows must add up to the rows scanned.
 The counts are recorded in the commit record (`VersionInfo.conservation`); a mismatch raises
 `ConservationError` before the catalog is touched.
+
+During a re-partitioning, a plan of selected partitions names the old-layout partitions holding their rows
+(`RefreshPlan.migrate`): the same commit moves them into the current layout (`write.refresh_moves`), rows
+for the refreshed partitions superseded by the refresh, the others appended to their partitions, checked
+across the two layouts and recorded under `migrated`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from airflow_partitions.refresh.stage_layout import read_stage_manifest, remove_
 from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder
+from airflow_partitions.write.refresh_moves import RefreshMoves, moves_for_refresh
 from airflow_partitions.write.row_hash import bind_certificate
 
 if TYPE_CHECKING:
@@ -100,10 +106,12 @@ def commit_refresh(
     root = catalog.data_root or handle.local_root
     # The partition files' store: the catalog's data store on S3, else the local data root.
     writer = PartitionWriter(storage, catalog.data_store or LocalStore(root), Path(root), dataset.name)
-    entries, appended_rows = published_entries(
-        writer, catalog, plan, [by_path[p] for p in planned if p in by_path]
-    )
-    if not entries and not plan.removed and not plan.replace_all:
+    ordered = [by_path[p] for p in planned if p in by_path]
+    entries, appended_rows = published_entries(writer, catalog, plan, ordered)
+    moves = _moves(handle, plan, ordered, entries)
+    if moves is not None:
+        recorded["migrated"] = moves.counts
+    if not entries and not plan.removed and not plan.replace_all and moves is None:
         version = None
     else:
         location = stage_location(stage)
@@ -117,8 +125,13 @@ def commit_refresh(
             commit_id,
             conservation=recorded,
         )
-        builder.add(entries)
+        merged = {e.key_path for e in moves.upserts} if moves is not None else set()
+        builder.add([e for e in entries if e.key_path not in merged])
         builder.remove(plan.removed)
+        if moves is not None:
+            # The old-layout partitions holding rows of the selection leave in the same version.
+            builder.add(moves.upserts)
+            builder.remove(moves.removes)
         version = builder.commit(replace_all=plan.replace_all)
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
@@ -142,6 +155,29 @@ def commit_refresh(
         appended_rows=appended_rows if version is not None else 0,
         refresh_mode=plan.refresh_mode,
         null_watermark_rows=unread_nulls,
+    )
+
+
+def _moves(
+    handle: DatasetHandle,
+    plan: RefreshPlan,
+    results: Sequence[PartitionResult],
+    entries: list[PartitionEntry],
+) -> RefreshMoves | None:
+    """The moves of the old-layout partitions the plan migrates (`RefreshPlan.migrate`), for this commit:
+    rows routing to a partition the refresh rewrites whole (or removes) are superseded by it; the others
+    join their current-layout partitions (a partition the refresh appends to: its new entry)."""
+    if not plan.migrate:
+        return None
+    rewritten = {r.key_path for r in results if not r.appended}
+    appended = {e.key_path: e for r, e in zip(results, entries, strict=True) if r.appended}
+    return moves_for_refresh(
+        handle,
+        handle.catalog,
+        plan.base_version,
+        plan.migrate,
+        superseded=rewritten | set(plan.removed) | set(plan.vanished),
+        appended=appended,
     )
 
 

@@ -189,8 +189,9 @@ def discover(
         snapshot is not None and not respec and bool(existing) and bool(snapshot.other_layout(spec_id)[0])
     )
     if migrating and layouts_checked:
-        # `pipeline.move_rows_of_selection` moved every old partition holding rows of the selection:
-        # the selected partitions are refreshed in the current layout, the old ones left as they are.
+        # `pipeline.old_partitions_of_selection` found every old partition holding rows of the selection;
+        # the refresh's commit moves them (`RefreshPlan.migrate`): the selected partitions are refreshed
+        # in the current layout, the other old ones left as they are.
         existing = {path: state for path, state in existing.items() if state[0] == spec_id}
         migrating = False
     respec = respec or migrating

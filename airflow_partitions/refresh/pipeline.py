@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from airflow_partitions.exceptions import (
     PartitionsFailedError,
     SpecValidationError,
 )
+from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
 from airflow_partitions.refresh.arrow_write import remove_written
 from airflow_partitions.refresh.cdc import change_stream, kill_point, plan_cdc, uses_cdc
@@ -40,7 +41,8 @@ from airflow_partitions.sources.pg_cdc import release_snapshot
 from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import validate_against_schema
 from airflow_partitions.table import DatasetHandle, open_handle
-from airflow_partitions.write.repartition import old_partitions_holding, repartition
+from airflow_partitions.write.refresh_moves import old_partitions_holding, old_rows_the_source_lost
+from airflow_partitions.write.repartition import open_stored, start_layout
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +155,7 @@ def plan_refresh(
     selector = where_selector(bound, where) if where else None
     layouts_checked = False
     if selecting and snapshot is not None and layouts_differ(snapshot, bound):
-        snapshot = move_rows_of_selection(
-            project, bound, source, catalog, partitions=partitions, selector=selector, timeout_s=timeout_s
-        )
+        snapshot = switch_layout(project, bound, catalog, snapshot)
         layouts_checked = True
     plan = discover(
         bound,
@@ -167,6 +167,11 @@ def plan_refresh(
         timeout_s=timeout_s,
         layouts_checked=layouts_checked,
     )
+    if layouts_checked and snapshot is not None:
+        migrate, vanished = old_partitions_of_selection(
+            project, bound, catalog, plan, snapshot, where=where, selector=selector
+        )
+        plan = replace(plan, migrate=migrate, vanished=vanished)
     return apply_refresh_mode(plan, bound, snapshot, source)
 
 
@@ -176,30 +181,60 @@ def layouts_differ(snapshot: Snapshot, dataset: DatasetSpec) -> bool:
     return snapshot.partition_spec.spec_id != spec_id or bool(snapshot.other_layout(spec_id)[0])
 
 
-def move_rows_of_selection(
+def switch_layout(
+    project: ProjectSpec, dataset: DatasetSpec, catalog: Catalog, snapshot: Snapshot
+) -> Snapshot:
+    """The first selective refresh after a `partition_by` change makes it the catalog's current spec (a
+    commit that changes no row, `write.repartition.start_layout`); the version to plan on."""
+    if snapshot.partition_spec.spec_id == dataset.acceleration.partition_spec_id:
+        return snapshot
+    # The catalog given was opened with the caller's settings: the switch commits through it.
+    if not start_layout(open_stored(open_handle(project, dataset), catalog)):
+        return snapshot
+    log.info("%s: partition_by changed; the catalog now holds its partitions as older layouts", dataset.name)
+    switched = catalog.latest()
+    assert switched is not None
+    return switched
+
+
+def old_partitions_of_selection(
     project: ProjectSpec,
     dataset: DatasetSpec,
-    source: Source,
     catalog: Catalog,
+    plan: RefreshPlan,
+    snapshot: Snapshot,
     *,
-    partitions: Sequence[str] | None,
-    selector: Any,
-    timeout_s: float | None,
-) -> Snapshot | None:
-    """Before a refresh of selected partitions during a re-partitioning: move the old partitions holding
-    rows of the selected ones into the current layout (one commit; the first also makes the current
-    partition_by the catalog's), so the refresh rewrites partitions whose rows are all in one layout.
-    The newest version after it."""
+    where: str | None = None,
+    selector: KeySelector | None = None,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """For a refresh of selected partitions during a re-partitioning: the old-layout partitions of
+    `snapshot` (the plan's base) holding rows of the partitions the plan writes or removes, and, for a
+    selection by `where`, of the keys it covers that the source no longer has (those keys' paths too).
+    The refresh's commit moves them into the current layout in the same atomic version
+    (`RefreshPlan.migrate`, rows of the vanished keys dropped), so no row is ever in two layouts or in
+    none, nor kept after the source lost it."""
 
-    selected = discover(
-        dataset, source, None, partitions=partitions, where_selector=selector, timeout_s=timeout_s
-    )
-    paths = [item.key_path for item in selected.items]
-    # The catalog given was opened with the caller's settings: the moves read and write through it.
+    keys = [PartitionKey.from_json(item.key) for item in plan.items]
+    keys += [snapshot.partitions[path].key for path in plan.removed if path in snapshot.partitions]
     handle = open_handle(project, dataset)
-    holding = old_partitions_holding(handle, paths, catalog=catalog)
-    repartition(handle, catalog=catalog, only=holding)
-    return catalog.latest()
+    search = old_partitions_holding(handle, keys, catalog=catalog, version=snapshot.version)
+    migrate = dict.fromkeys(search.key_paths)
+    vanished: tuple[str, ...] = ()
+    if where is not None and selector is not None:
+        known = {item.key_path for item in plan.items} | set(plan.removed)
+        lost, vanished = old_rows_the_source_lost(
+            handle, where, selector, known, catalog=catalog, version=snapshot.version
+        )
+        migrate.update(dict.fromkeys(lost.key_paths))
+    log.info(
+        "%s: %d of %d old-layout partition(s) read, %d hold rows of the selection%s; the refresh moves them",
+        dataset.name,
+        search.read,
+        search.old_partitions,
+        len(migrate),
+        f" ({len(vanished)} key(s) the source no longer has)" if vanished else "",
+    )
+    return tuple(migrate), vanished
 
 
 def held_reader(project: ProjectSpec, dataset: DatasetSpec) -> Callable[..., Any] | None:

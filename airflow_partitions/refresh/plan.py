@@ -252,6 +252,13 @@ class RefreshPlan:
     late_rows: Mapping[str, int] | None = None
     future_rows: Mapping[str, int] | None = None
     late_rows_policy: str | None = None
+    # A selection refreshed during a re-partitioning: the old-layout partitions (key paths in the base
+    # version) holding rows of the selected partitions. The refresh's commit moves them into the current
+    # layout in the same atomic version (`write.repartition.moves_for_refresh`).
+    migrate: tuple[str, ...] = ()
+    # Key paths of the current layout the selection covers that the source no longer has, whose rows only
+    # those old partitions hold: the commit drops them, as it removes a partition the source lost.
+    vanished: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # replace_all drops every partition the commit does not write, so its items must be all of them.
@@ -266,7 +273,7 @@ class RefreshPlan:
     @property
     def is_empty(self) -> bool:
         """True when there is nothing to write and nothing to remove."""
-        return not self.items and not self.removed and not self.replace_all
+        return not self.items and not self.removed and not self.replace_all and not self.migrate
 
     def counts(self) -> dict[str, int]:
         by_reason = {str(r): 0 for r in Reason}
@@ -309,6 +316,8 @@ class RefreshPlan:
             "late_rows": dict(self.late_rows) if self.late_rows is not None else None,
             "future_rows": dict(self.future_rows) if self.future_rows is not None else None,
             "late_rows_policy": self.late_rows_policy,
+            "migrate": list(self.migrate),
+            "vanished": list(self.vanished),
         }
 
     def dumps(self) -> str:
@@ -341,6 +350,8 @@ class RefreshPlan:
             late_rows=_optional_counts(data.get("late_rows")),
             future_rows=_optional_counts(data.get("future_rows")),
             late_rows_policy=data.get("late_rows_policy"),
+            migrate=tuple(str(path) for path in data.get("migrate", ())),
+            vanished=tuple(str(path) for path in data.get("vanished", ())),
         )
 
     @property

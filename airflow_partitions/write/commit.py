@@ -364,25 +364,9 @@ def commit_changes(
     if earlier is not None:
         return earlier
     commit_id = commit_id or new_commit_id(str(operation))
-    active = [change for change in changes if change.changes_anything]
-    # Partitions are written side by side (encoding and fsync release the GIL), as finalize does.
-    workers = max(1, min(WRITE_WORKERS, len(active), os.cpu_count() or 2))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        outcomes = list(pool.map(lambda change: _write_change(target, change), active))
-    pending = [(change, files, written) for change, (files, written) in zip(active, outcomes, strict=True)]
-    added_total, removed_total = _check_changes(target, operation, pending, rows_in)
     builder = CommitBuilder(target.catalog, str(operation), target.base_version, target.spec_info, commit_id)
-    written_files = _add_entries(builder, target, pending, keep_fingerprints)
-    builder.count(
-        {
-            "partitions_checked": len(pending),
-            "routed": rows_in,
-            "written": sum(w for _, _, w in pending),
-            "source_rows": None,
-            "rows_in": rows_in,
-            "added": added_total,
-            "removed": removed_total,
-        }
+    added_total, removed_total, written_files = prepare_changes(
+        builder, target, operation, changes, rows_in=rows_in, keep_fingerprints=keep_fingerprints
     )
     version = None
     if not builder.empty:
@@ -407,6 +391,40 @@ def commit_changes(
 
 
 Pending = tuple[PartitionChange, list["DataFile"], int]  # a change, its new files, rows counted in them
+
+
+def prepare_changes(
+    builder: CommitBuilder,
+    target: WriteTarget,
+    operation: WriteOperation,
+    changes: Sequence[PartitionChange],
+    *,
+    rows_in: int,
+    keep_fingerprints: bool,
+) -> tuple[int, int, int]:
+    """Write `changes`' new files, check them (`_check_changes`: `ConservationError`, nothing published)
+    and add their entries and removals to `builder`, with the row counts; nothing is committed.
+    (rows added, rows removed, files written)."""
+    active = [change for change in changes if change.changes_anything]
+    # Partitions are written side by side (encoding and fsync release the GIL), as finalize does.
+    workers = max(1, min(WRITE_WORKERS, len(active), os.cpu_count() or 2))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        outcomes = list(pool.map(lambda change: _write_change(target, change), active))
+    pending = [(change, files, written) for change, (files, written) in zip(active, outcomes, strict=True)]
+    added_total, removed_total = _check_changes(target, operation, pending, rows_in)
+    written_files = _add_entries(builder, target, pending, keep_fingerprints)
+    builder.count(
+        {
+            "partitions_checked": len(pending),
+            "routed": rows_in,
+            "written": sum(w for _, _, w in pending),
+            "source_rows": None,
+            "rows_in": rows_in,
+            "added": added_total,
+            "removed": removed_total,
+        }
+    )
+    return added_total, removed_total, written_files
 
 
 def _check_changes(

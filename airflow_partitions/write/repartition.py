@@ -138,17 +138,11 @@ def repartition(
         raise WriteError(f"max_rows must be at least 1, not {max_rows}")
     started = time.monotonic()
     dataset = handle.dataset
-    target = _open_stored(handle, catalog)
+    target = open_stored(handle, catalog)
     spec = target.spec_info
     snapshot = target.snapshot
     started_layout = False
-    if snapshot is not None and snapshot.partition_spec.spec_id != spec.spec_id and not dry_run:
-        upserts, removes = target.catalog.evolution_changes(snapshot, spec)
-        builder = CommitBuilder(target.catalog, "repartition-start", snapshot.version, spec)
-        builder.add(upserts)
-        builder.remove(removes)
-        builder.count({"renamed": len(upserts), "rows": sum(e.rows for e in upserts)})
-        builder.commit(evolve=True)
+    if not dry_run and start_layout(target):
         started_layout = True
         target = open_write_target(handle, catalog=target.catalog, schema=target.schema)
         snapshot = target.snapshot
@@ -192,6 +186,22 @@ def repartition(
         started=started,
     )
     return report(result.version, tuple(sorted(added)))
+
+
+def start_layout(target: WriteTarget) -> bool:
+    """Make the dataset's partition_by the catalog's current spec, when the newest version is under
+    another: one commit that moves the old partitions to qualified key paths and changes no row or file
+    (`Catalog.evolution_changes`). Whether it committed."""
+    snapshot, spec = target.snapshot, target.spec_info
+    if snapshot is None or snapshot.partition_spec.spec_id == spec.spec_id:
+        return False
+    upserts, removes = target.catalog.evolution_changes(snapshot, spec)
+    builder = CommitBuilder(target.catalog, "repartition-start", snapshot.version, spec)
+    builder.add(upserts)
+    builder.remove(removes)
+    builder.count({"renamed": len(upserts), "rows": sum(e.rows for e in upserts)})
+    builder.commit(evolve=True)
+    return True
 
 
 def moved_changes(
@@ -252,35 +262,6 @@ def check_moved_rows(dataset: str, removed: int, read: int, added: Mapping[str, 
         )
 
 
-def old_partitions_holding(
-    handle: DatasetHandle,
-    key_paths: Collection[str],
-    *,
-    catalog: Catalog | None = None,
-) -> list[tuple[str, str]]:
-    """The partitions of older specs holding a row that routes to one of `key_paths` (plain key paths of
-    the current partition_by), as `(spec id, plain key path)`. Exact: each old partition's source columns
-    of the current partition fields are read and routed (no other column is read)."""
-
-    dataset = handle.dataset
-    target = _open_stored(handle, catalog)
-    if target.snapshot is None or not key_paths:
-        return []
-    wanted = set(key_paths)
-    columns = sorted({c for t in target.transforms for c in t.source_columns})
-    holding: list[tuple[str, str]] = []
-    for entry in old_entries(target.snapshot, target.spec_info.spec_id):
-        if not entry.rows:
-            continue
-        rows = target.storage.read(
-            target.root, target.local(entry.files), columns=columns, schema=target.schema
-        )
-        routed = route_to_paths(rows, target.transforms, target.names, dataset=dataset.name)
-        if wanted.intersection(routed):
-            holding.append((entry.spec_id, split_key_path(entry.key_path)[1]))
-    return holding
-
-
 def old_entries(snapshot: Any, spec_id: str) -> list[PartitionEntry]:
     """Entries of `snapshot` written under a spec other than `spec_id`, decoded in one batch."""
     table = snapshot.table
@@ -310,7 +291,7 @@ def layout_progress(snapshot: Any, spec_id: str) -> dict[str, Any]:
     }
 
 
-def _open_stored(handle: DatasetHandle, catalog: Catalog | None) -> WriteTarget:
+def open_stored(handle: DatasetHandle, catalog: Catalog | None) -> WriteTarget:
     """The write target, bound to the schema of the rows the acceleration holds.
 
     Moving rows routes stored rows, so every column the current partition_by reads must be in the
