@@ -22,32 +22,45 @@ if TYPE_CHECKING:
 
 
 def partition_values(table: pa.Table, transforms: Sequence[Transform]) -> list[pa.Array]:
-    """One array of partition values per field for every row of `table` (dictionaries decoded)."""
+    """One array of partition values per field for every row of `table` (`Transform.routing_values`: a
+    dictionary array stays one when its dictionary holds distinct non-NULL values, else it is decoded)."""
     import pyarrow as pa
 
     arrays: list[pa.Array] = []
     for transform in transforms:
-        computed = transform.apply_table(table)
+        computed = transform.routing_values(table)
         if isinstance(computed, pa.ChunkedArray):
             computed = computed.combine_chunks() if computed.num_chunks else pa.array([], computed.type)
-        if pa.types.is_dictionary(computed.type):
+        if pa.types.is_dictionary(computed.type) and not _distinct_dictionary(computed.dictionary):
             computed = computed.cast(computed.type.value_type)
         arrays.append(computed)
     return arrays
 
 
+def _distinct_dictionary(dictionary: pa.Array) -> bool:
+    """Whether a dictionary holds no NULL and no value twice (its indices then group rows exactly)."""
+    import pyarrow.compute as pc
+
+    return dictionary.null_count == 0 and pc.count_distinct(dictionary).as_py() == len(dictionary)
+
+
 def _group_codes(values: Sequence[pa.Array]) -> Any:
-    """One integer group per row: each field's values dictionary-encoded (NULL a value of its own) and
-    combined with the groups so far, re-encoded at each step so codes stay below the row count."""
+    """One integer group per row: each field's values dictionary-encoded (NULL a value of its own; a
+    dictionary array's indices encoded instead of its values) and combined with the groups so far,
+    re-encoded at each step so codes stay below the row count. Encoding numbers codes densely in order of
+    first appearance, so the first field's codes need no second encoding."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     group: Any = None
     for array in values:
-        encoded = pc.dictionary_encode(array, null_encoding="encode")
+        plain = array.indices if pa.types.is_dictionary(array.type) else array
+        encoded = pc.dictionary_encode(plain, null_encoding="encode")
         codes = encoded.indices.cast(pa.int64())
-        if group is not None:
-            codes = pc.add(pc.multiply(group, len(encoded.dictionary)), codes)
+        if group is None:
+            group = codes
+            continue
+        codes = pc.add(pc.multiply(group, len(encoded.dictionary)), codes)
         group = pc.dictionary_encode(codes).indices.cast(pa.int64())
     return group
 
