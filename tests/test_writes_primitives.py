@@ -87,6 +87,40 @@ def test_route_rows_groups_dictionary_columns_by_value() -> None:
         assert [keys[code].values[0] for code in group.to_pylist()] == column.to_pylist()
 
 
+REPEATING = ["EU", "eu", "Ünïcode", "ß", "ΣΑΣ", "", None, " a/b=c ", "100%", "İx", "'q'", "x" * 40]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "coalesce(s, 'none')",
+        "lower(s)",
+        "CASE WHEN s IS NULL THEN 'n' ELSE upper(left(s, 1)) END",
+        "bucket(4, lower(s))",
+        "length(s)",
+        "regexp_extract(s, '([a-z]+)', 1)",
+        "nullif(trim(s), '')",
+    ],
+)
+def test_routing_evaluates_repeating_strings_once_each(text: str) -> None:
+    """Over a string column whose values repeat, routing evaluates an expression on each distinct value
+    (NULL included: `coalesce(s, 'none')`) and spreads it by index: the same values as `apply` row by
+    row, and each row's key is its value. All-distinct strings are evaluated row by row."""
+    from airflow_partitions.write.routing import partition_groups
+
+    rows = [REPEATING[(n * 7) % len(REPEATING)] for n in range(5000)]
+    for values, encoded in [(rows, True), ([f"{v}{n}" for n, v in enumerate(rows)], False)]:
+        table = pa.table({"s": pa.array(values, pa.string())})
+        (transform,) = bound_transforms([("p", text)], table.schema)
+        expected = transform.apply_table(table).to_pylist()
+        routing = transform.routing_values(table)
+        assert pa.types.is_dictionary(routing.type) is encoded, text
+        assert routing.to_pylist() == expected, text
+        group, keys = partition_groups(table, [transform])
+        assert len(set(keys)) == len(keys), text
+        assert [keys[code].values[0] for code in group.to_pylist()] == expected, text
+
+
 def test_route_rows_without_fields_and_without_rows() -> None:
     table = pa.table({"id": [1, 2]})
     assert route_rows(table, []) == {PartitionKey(()): table}

@@ -426,15 +426,27 @@ class ExpressionTransform(Transform):
         return array
 
     def routing_values(self, table: Any) -> Any:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
+
+        array = self._source_array(arrow_support.as_arrow(table.column(self.source_column)))
         # A CASE over string literals: its values as indices into the literals
         # (`arrow_native.encoded_kernel`), which routing groups without building a string per row.
         if self._encoded is not None and self._outer_bound is None:
-            from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
-
-            array = self._source_array(arrow_support.as_arrow(table.column(self.source_column)))
             encoded = evaluate(self._encoded, array)
             if encoded is not None and encoded.type.value_type.equals(self.result_type):
                 return encoded
+        # Strings that repeat (a sample of at most half distinct values): the expression over each
+        # distinct value (NULL included) once, spread to the rows by index. The value of a row depends
+        # only on its own value (one column, deterministic), so these are `apply`'s values.
+        if arrow_support.is_string(array.type) and len(array) >= _DISTINCT_SAMPLE:
+            step = len(array) // _DISTINCT_SAMPLE
+            sample = array.take(pa.array(range(0, step * _DISTINCT_SAMPLE, step), pa.int64()))
+            if pc.count_distinct(sample, mode="all").as_py() * 2 <= len(sample):
+                distinct = pc.dictionary_encode(array, null_encoding="encode")
+                return pa.DictionaryArray.from_arrays(distinct.indices, self.apply(distinct.dictionary))
         return super().routing_values(table)
 
     def apply_scalar(self, value: Any) -> Any:
@@ -471,6 +483,9 @@ class ExpressionTransform(Transform):
             type_of=type_of,
             apply=self.apply,
         )
+
+
+_DISTINCT_SAMPLE = 4096  # rows sampled to decide whether routing evaluates distinct strings only
 
 
 def _to_source_type(array: pa.Array, source_type: pa.DataType, text: str) -> pa.Array:

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 
 def partition_values(table: pa.Table, transforms: Sequence[Transform]) -> list[pa.Array]:
-    """One array of partition values per field for every row of `table` (`Transform.routing_values`: a
-    dictionary array stays one when its dictionary holds distinct non-NULL values, else it is decoded)."""
+    """One array of partition values per field for every row of `table` (`Transform.routing_values`; a
+    dictionary array stays one, its dictionary made to hold each value once)."""
     import pyarrow as pa
 
     arrays: list[pa.Array] = []
@@ -31,17 +31,35 @@ def partition_values(table: pa.Table, transforms: Sequence[Transform]) -> list[p
         computed = transform.routing_values(table)
         if isinstance(computed, pa.ChunkedArray):
             computed = computed.combine_chunks() if computed.num_chunks else pa.array([], computed.type)
-        if pa.types.is_dictionary(computed.type) and not _distinct_dictionary(computed.dictionary):
-            computed = computed.cast(computed.type.value_type)
+        if pa.types.is_dictionary(computed.type) and not _groups_on_indices(computed):
+            computed = _deduplicated(computed)
         arrays.append(computed)
     return arrays
 
 
-def _distinct_dictionary(dictionary: pa.Array) -> bool:
-    """Whether a dictionary holds no NULL and no value twice (its indices then group rows exactly)."""
+def _groups_on_indices(array: pa.DictionaryArray) -> bool:
+    """Whether equal indices mean equal values and the reverse: no value twice in the dictionary, and
+    NULL either an entry or NULL indices, not both."""
     import pyarrow.compute as pc
 
-    return dictionary.null_count == 0 and pc.count_distinct(dictionary).as_py() == len(dictionary)
+    dictionary = array.dictionary
+    if pc.count_distinct(dictionary, mode="all").as_py() != len(dictionary):
+        return False
+    return dictionary.null_count == 0 or array.indices.null_count == 0
+
+
+def _deduplicated(array: pa.DictionaryArray) -> pa.DictionaryArray:
+    """The same values over a dictionary holding each value once: the dictionary's entries encoded (a
+    NULL entry one value of its own, which the rows with a NULL index join) and the indices mapped."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(array.dictionary, null_encoding="encode")
+    indices = pc.take(encoded.indices, array.indices)
+    null_entries = [n for n, value in enumerate(encoded.dictionary.is_null().to_pylist()) if value]
+    if null_entries and indices.null_count:
+        indices = pc.fill_null(indices, pa.scalar(null_entries[0], indices.type))
+    return pa.DictionaryArray.from_arrays(indices, encoded.dictionary)
 
 
 def _group_codes(values: Sequence[pa.Array]) -> Any:
