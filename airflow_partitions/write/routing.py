@@ -83,6 +83,18 @@ def _group_codes(values: Sequence[pa.Array]) -> Any:
     return group
 
 
+def _key_values(array: pa.Array, rows: pa.Array) -> list[Any]:
+    """The values of `array` at `rows` as Python values (a dictionary array decoded first: its own
+    `to_pylist` goes through a scalar per row)."""
+    import pyarrow as pa
+
+    taken = array.take(rows)
+    if pa.types.is_dictionary(taken.type):
+        taken = taken.dictionary_decode()
+    values: list[Any] = taken.to_pylist()
+    return values
+
+
 def partition_groups(table: pa.Table, transforms: Sequence[Transform]) -> tuple[pa.Array, list[PartitionKey]]:
     """Per row of `table`, the index of its partition in the returned key list (keys as `route_rows`
     computes them, without moving any row)."""
@@ -100,7 +112,7 @@ def partition_groups(table: pa.Table, transforms: Sequence[Transform]) -> tuple[
     running = np.maximum.accumulate(codes)
     first = np.searchsorted(running, np.arange(int(running[-1]) + 1), side="left")
     first_rows = pa.array(first, pa.int64())
-    key_values = [array.take(first_rows).to_pylist() for array in values]
+    key_values = [_key_values(array, first_rows) for array in values]
     keys = [PartitionKey(tuple(column[position] for column in key_values)) for position in range(len(first))]
     return group, keys
 
@@ -130,7 +142,7 @@ def route_rows(
     counts = np.bincount(group.to_numpy(zero_copy_only=False)).tolist()
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     first_rows = pc.take(order, pa.array(starts))
-    key_values = [array.take(first_rows).to_pylist() for array in values]
+    key_values = [_key_values(array, first_rows) for array in values]
     ordered = table.take(order)
     routed: dict[PartitionKey, pa.Table] = {}
     for position, (start, rows) in enumerate(zip(starts.tolist(), counts, strict=True)):
