@@ -5,8 +5,10 @@
 
 For each pair (a custom expression, the built-in transform of the same shape):
 
-* Arrow: `Transform.apply` of the expression over a column, against the built-in's `apply` over the same
-  column (goal ≤ 1.5× its time);
+* Arrow: routing, `write.routing.partition_groups` (what the streaming Arrow refresh runs per batch: the
+  partition values, one group per row, the partition keys) of a one-column table with the expression,
+  against the same with the built-in (goal ≤ 1.5× its time); then, without a goal, the values alone
+  (`Transform.apply`) against the built-in's values and against the same kernels written by hand;
 * Spark (local mode): a job computing the partition column with `to_spark` of the expression, against
   the same job with the built-in's `to_spark`, and against the same expression written as a plain Spark
   `withColumn(F.expr(...))` (goal ≤ 1.1× its time). Each job writes to Spark's `noop` sink, so the time
@@ -15,20 +17,22 @@ For each pair (a custom expression, the built-in transform of the same shape):
 Each pair's contenders run in shuffled order in every round (`pairing.run_rounds`); a figure is the median
 of the per-round ratios, with their range and the load average. Ratios are time over anchor time: below 1
 is faster. `lower(s)` / `upper(s)` have no built-in twin; their anchor is the built-in string transform
-`truncate(4, s)`. Arrow also prints the ratio to the same expression written by hand with
-pyarrow.compute (the cost of the partition machinery around the kernels).
+`truncate(4, s)`. An Arrow timing is of 5 calls (one call over 1M rows takes milliseconds).
 
-Measured 2026-11-28, 2M rows in Arrow, 5 rounds, load average 27-29 on 2 cores (so the ranges are wide;
-the medians below were also checked in CPU time, best of 7, which load disturbs far less):
-Arrow / built-in: left(s, 2) 0.95 (CPU 0.87), lower(s) 1.49 (CPU 1.04-1.21), upper(s) 1.18 (CPU
-1.51-1.60), (i // 1000) * 1000 1.04, the integer CASE band 1.51 (CPU 1.26), the string CASE band 4.02
-(CPU 2.71-2.85). lower / upper run Arrow's case mapping with DuckDB's values (`transforms.case_mapping`),
-before which lower(s) was 4.02x. The string CASE band costs what the same greater + if_else cost by hand
-(1.00, CPU 0.96-1.02): its gap to the integer anchor is Arrow building a string column, not the CASE.
-Other ways to build the same plain string column, CPU best of 7 over 2M rows (2026-11-28): if_else over
-the two string scalars 20 ms, int8 codes by if_else then take() on the literal array 28 ms, the same codes
-as a dictionary array decoded 29 ms, case_when 44 ms, choose 46 ms, offsets and bytes built in numpy 55 ms
-(the mask alone: 1 ms). if_else stays.
+Arrow, measured 2026-11-28, 1M rows, 5 rounds, load average 4.8-8.6 on 2 cores (other work running; CPU
+seconds of this process, which load disturbs less, after the wall figure), routing / built-in:
+left(s, 2) 1.10 (CPU 1.17), lower(s) 0.82 (0.89), upper(s) 1.17 (1.26), (i // 1000) * 1000 0.91 (0.90;
+a million partitions, so key building dominates both), the string CASE band 0.62 (0.62), the integer CASE
+band 1.03 (1.03). The values alone, custom / built-in, CPU: left 1.00, lower 1.18, upper 1.25,
+arithmetic 1.25, the string CASE band 3.12, the integer band 1.57. Routing got there by not building what
+routing does not need: a CASE over string literals is evaluated into int8 indices into its literals
+(`arrow_native.encoded_kernel`; the one-branch form is the condition mask, cast) and routing groups the
+indices, where it built a string per row and hashed them again (routing was 1.9x the anchor, CPU best of
+9); over repeating strings an expression is evaluated once per distinct value
+(`ExpressionTransform.routing_values`). The string CASE's values alone stay 3x `i % 2`: Arrow building a
+string column costs that (other ways to build the same plain column, CPU best of 7 over 2M rows: if_else
+over the two string scalars 20 ms, int8 codes then take() 28 ms, a dictionary decoded 29 ms, case_when
+44 ms, choose 46 ms, numpy-built buffers 55 ms), and routing no longer builds it.
 Spark prints each ratio twice: wall clock, and CPU seconds of the whole process tree (this process, the
 JVM, its Python workers) per job, which load disturbs less. lower / upper are native since 2026-11-28
 (Spark's own on ASCII rows, `translate` with DuckDB's table on the others; before, an Arrow UDF:
