@@ -34,17 +34,20 @@ string column costs that (other ways to build the same plain column, CPU best of
 over the two string scalars 20 ms, int8 codes then take() 28 ms, a dictionary decoded 29 ms, case_when
 44 ms, choose 46 ms, numpy-built buffers 55 ms), and routing no longer builds it.
 Spark prints each ratio twice: wall clock, and CPU seconds of the whole process tree (this process, the
-JVM, its Python workers) per job, which load disturbs less. lower / upper are native since 2026-11-28
-(Spark's own on ASCII rows, `translate` with DuckDB's table on the others; before, an Arrow UDF:
-1.43 / 1.29 and 1.89 / 1.90 wall). Three runs that day, 1M rows, 3-5 rounds, load average 11-21 on 2
-cores, so rough; medians, custom / built-in and / plain withColumn:
-lower(s): wall 1.38 / 1.27, 1.20 / 1.21, 1.17 / 1.12; CPU 1.31 / 1.17, 1.05 / 1.14, 0.98 / 0.95.
-upper(s): wall 1.29 / 1.15, 1.23 / 1.07, 1.26 / 1.00; CPU 1.27 / 1.22, 1.28 / 1.06, 1.22 / 1.22.
-The rest, one run (3 rounds, load 11-13), wall then CPU: left(s, 2) 0.97 / 0.96, CPU 0.92 / 0.82;
-(i // 1000) * 1000 1.03 / 1.06, CPU 1.02 / 1.05; the string CASE band 1.23 / 1.09, CPU 1.05 / 1.02; the
-integer band 1.22 / 1.15, CPU 1.11 / 1.11 (the integer band is a plain `CASE` in both contenders, so
-about ±10% of these figures is noise). A quarter of the rows here are not ASCII ('Ünïcode', 'ß'); those
-run `translate` (a hash lookup per code point), which costs more than Spark's own case mapping.
+JVM, its Python workers) per job, which load disturbs less. lower / upper are native (Spark's own on
+ASCII rows, `translate` with DuckDB's table on the others; as an Arrow UDF they were 1.43 / 1.29 and
+1.89 / 1.90 wall). Measured 2026-11-28, 1M rows, load average 4-7 on 2 cores, so rough; medians, custom /
+built-in and / plain withColumn, wall then CPU. One run of every pair (3 rounds): left(s, 2) 1.06 / 0.89,
+CPU 0.82 / 0.90; lower(s) 0.68 / 0.97, CPU 0.80 / 0.94; upper(s) 1.27 / 1.18, CPU 1.44 / 1.07;
+(i // 1000) * 1000 1.25 / 1.11, CPU 1.19 / 1.09; the string CASE band 0.88 / 0.93, CPU 1.00 / 0.98; the
+integer band 1.16 / 1.21, CPU 1.06 / 1.06 (a plain `CASE` in both contenders, so its spread is noise).
+Then 5 rounds each: upper(s) 0.79 / 1.02, CPU 0.88 / 1.08 (rounds 0.98-1.31 against withColumn); lower(s)
+1.19 / 0.94, CPU 1.21 / 0.86 (0.78-1.11). Earlier runs (load 11-21): lower / withColumn CPU 0.95-1.17,
+upper 1.06-1.22. So ≤ 1.1 against withColumn is met by the medians of these runs but not by every round
+or run for lower / upper. A quarter of the rows here are not ASCII ('Ünïcode', 'ß'); those run `translate`
+(a hash lookup per code point): over every row it costs 1.45x Spark's own `lower` in CPU, while the ASCII
+test (length in code points = length in bytes) costs about nothing. Spark's own mapping is not DuckDB's
+on 56 / 157 code points in Spark 4.2, and which ones depends on the JVM, so it cannot take those rows.
 """
 
 from __future__ import annotations
