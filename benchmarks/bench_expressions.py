@@ -5,8 +5,10 @@
 
 For each pair (a custom expression, the built-in transform of the same shape):
 
-* Arrow: `Transform.apply` of the expression over a column, against the built-in's `apply` over the same
-  column (goal ≤ 1.5× its time);
+* Arrow: routing, `write.routing.partition_groups` (what the streaming Arrow refresh runs per batch: the
+  partition values, one group per row, the partition keys) of a one-column table with the expression,
+  against the same with the built-in (goal ≤ 1.5× its time); then, without a goal, the values alone
+  (`Transform.apply`) against the built-in's values and against the same kernels written by hand;
 * Spark (local mode): a job computing the partition column with `to_spark` of the expression, against
   the same job with the built-in's `to_spark`, and against the same expression written as a plain Spark
   `withColumn(F.expr(...))` (goal ≤ 1.1× its time). Each job writes to Spark's `noop` sink, so the time
@@ -15,32 +17,37 @@ For each pair (a custom expression, the built-in transform of the same shape):
 Each pair's contenders run in shuffled order in every round (`pairing.run_rounds`); a figure is the median
 of the per-round ratios, with their range and the load average. Ratios are time over anchor time: below 1
 is faster. `lower(s)` / `upper(s)` have no built-in twin; their anchor is the built-in string transform
-`truncate(4, s)`. Arrow also prints the ratio to the same expression written by hand with
-pyarrow.compute (the cost of the partition machinery around the kernels).
+`truncate(4, s)`. An Arrow timing is of 5 calls (one call over 1M rows takes milliseconds).
 
-Measured 2026-11-28, 2M rows in Arrow, 5 rounds, load average 27-29 on 2 cores (so the ranges are wide;
-the medians below were also checked in CPU time, best of 7, which load disturbs far less):
-Arrow / built-in: left(s, 2) 0.95 (CPU 0.87), lower(s) 1.49 (CPU 1.04-1.21), upper(s) 1.18 (CPU
-1.51-1.60), (i // 1000) * 1000 1.04, the integer CASE band 1.51 (CPU 1.26), the string CASE band 4.02
-(CPU 2.71-2.85). lower / upper run Arrow's case mapping with DuckDB's values (`transforms.case_mapping`),
-before which lower(s) was 4.02x. The string CASE band costs what the same greater + if_else cost by hand
-(1.00, CPU 0.96-1.02): its gap to the integer anchor is Arrow building a string column, not the CASE.
-Other ways to build the same plain string column, CPU best of 7 over 2M rows (2026-11-28): if_else over
-the two string scalars 20 ms, int8 codes by if_else then take() on the literal array 28 ms, the same codes
-as a dictionary array decoded 29 ms, case_when 44 ms, choose 46 ms, offsets and bytes built in numpy 55 ms
-(the mask alone: 1 ms). if_else stays.
+Arrow, measured 2026-11-28, 1M rows, 5 rounds, load average 4.8-8.6 on 2 cores (other work running; CPU
+seconds of this process, which load disturbs less, after the wall figure), routing / built-in:
+left(s, 2) 1.10 (CPU 1.17), lower(s) 0.82 (0.89), upper(s) 1.17 (1.26), (i // 1000) * 1000 0.91 (0.90;
+a million partitions, so key building dominates both), the string CASE band 0.62 (0.62), the integer CASE
+band 1.03 (1.03). The values alone, custom / built-in, CPU: left 1.00, lower 1.18, upper 1.25,
+arithmetic 1.25, the string CASE band 3.12, the integer band 1.57. Routing got there by not building what
+routing does not need: a CASE over string literals is evaluated into int8 indices into its literals
+(`arrow_native.encoded_kernel`; the one-branch form is the condition mask, cast) and routing groups the
+indices, where it built a string per row and hashed them again (routing was 1.9x the anchor, CPU best of
+9); over repeating strings an expression is evaluated once per distinct value
+(`ExpressionTransform.routing_values`). The string CASE's values alone stay 3x `i % 2`: Arrow building a
+string column costs that (other ways to build the same plain column, CPU best of 7 over 2M rows: if_else
+over the two string scalars 20 ms, int8 codes then take() 28 ms, a dictionary decoded 29 ms, case_when
+44 ms, choose 46 ms, numpy-built buffers 55 ms), and routing no longer builds it.
 Spark prints each ratio twice: wall clock, and CPU seconds of the whole process tree (this process, the
-JVM, its Python workers) per job, which load disturbs less. lower / upper are native since 2026-11-28
-(Spark's own on ASCII rows, `translate` with DuckDB's table on the others; before, an Arrow UDF:
-1.43 / 1.29 and 1.89 / 1.90 wall). Three runs that day, 1M rows, 3-5 rounds, load average 11-21 on 2
-cores, so rough; medians, custom / built-in and / plain withColumn:
-lower(s): wall 1.38 / 1.27, 1.20 / 1.21, 1.17 / 1.12; CPU 1.31 / 1.17, 1.05 / 1.14, 0.98 / 0.95.
-upper(s): wall 1.29 / 1.15, 1.23 / 1.07, 1.26 / 1.00; CPU 1.27 / 1.22, 1.28 / 1.06, 1.22 / 1.22.
-The rest, one run (3 rounds, load 11-13), wall then CPU: left(s, 2) 0.97 / 0.96, CPU 0.92 / 0.82;
-(i // 1000) * 1000 1.03 / 1.06, CPU 1.02 / 1.05; the string CASE band 1.23 / 1.09, CPU 1.05 / 1.02; the
-integer band 1.22 / 1.15, CPU 1.11 / 1.11 (the integer band is a plain `CASE` in both contenders, so
-about ±10% of these figures is noise). A quarter of the rows here are not ASCII ('Ünïcode', 'ß'); those
-run `translate` (a hash lookup per code point), which costs more than Spark's own case mapping.
+JVM, its Python workers) per job, which load disturbs less. lower / upper are native (Spark's own on
+ASCII rows, `translate` with DuckDB's table on the others; as an Arrow UDF they were 1.43 / 1.29 and
+1.89 / 1.90 wall). Measured 2026-11-28, 1M rows, load average 4-7 on 2 cores, so rough; medians, custom /
+built-in and / plain withColumn, wall then CPU. One run of every pair (3 rounds): left(s, 2) 1.06 / 0.89,
+CPU 0.82 / 0.90; lower(s) 0.68 / 0.97, CPU 0.80 / 0.94; upper(s) 1.27 / 1.18, CPU 1.44 / 1.07;
+(i // 1000) * 1000 1.25 / 1.11, CPU 1.19 / 1.09; the string CASE band 0.88 / 0.93, CPU 1.00 / 0.98; the
+integer band 1.16 / 1.21, CPU 1.06 / 1.06 (a plain `CASE` in both contenders, so its spread is noise).
+Then 5 rounds each: upper(s) 0.79 / 1.02, CPU 0.88 / 1.08 (rounds 0.98-1.31 against withColumn); lower(s)
+1.19 / 0.94, CPU 1.21 / 0.86 (0.78-1.11). Earlier runs (load 11-21): lower / withColumn CPU 0.95-1.17,
+upper 1.06-1.22. So ≤ 1.1 against withColumn is met by the medians of these runs but not by every round
+or run for lower / upper. A quarter of the rows here are not ASCII ('Ünïcode', 'ß'); those run `translate`
+(a hash lookup per code point): over every row it costs 1.45x Spark's own `lower` in CPU, while the ASCII
+test (length in code points = length in bytes) costs about nothing. Spark's own mapping is not DuckDB's
+on 56 / 157 code points in Spark 4.2, and which ones depends on the JVM, so it cannot take those rows.
 """
 
 from __future__ import annotations
@@ -157,26 +164,64 @@ def make_table(rows: int) -> pa.Table:
     return pa.table({"s": pa.array(strings, pa.string()), "i": pa.array(ints, pa.int64())})
 
 
+ARROW_CALLS = 5  # calls per timed run in Arrow (one call over 1M rows takes milliseconds)
+
+
+def repeated(run: Callable[[], Any]) -> Callable[[], Any]:
+    def calls() -> Any:
+        for _ in range(ARROW_CALLS):
+            result = run()
+        return result
+
+    return calls
+
+
 def bench_arrow(table: pa.Table, rounds: int) -> list[str]:
+    from airflow_partitions.write.routing import partition_groups
+
     lines = []
     for pair in PAIRS:
         column = table.column(pair.column)
+        one = table.select([pair.column])
         combined = column.combine_chunks()
         expression = parse_transform(pair.expression).bind(column.type)
         builtin = parse_transform(pair.builtin).bind(column.type)
+        contenders = {
+            "custom": lambda t=expression, o=one: partition_groups(o, [t]),
+            "builtin": lambda t=builtin, o=one: partition_groups(o, [t]),
+            "custom values": lambda t=expression, c=column: t.apply(c),
+            "builtin values": lambda t=builtin, c=column: t.apply(c),
+            "plain": lambda p=pair, c=combined: p.plain_arrow(c),
+        }
         cpu = CpuMeter()
         measured = run_rounds(
-            {
-                "custom": cpu.wrap("custom", lambda t=expression, c=column: t.apply(c)),
-                "builtin": cpu.wrap("builtin", lambda t=builtin, c=column: t.apply(c)),
-                "plain": cpu.wrap("plain", lambda p=pair, c=combined: p.plain_arrow(c)),
-            },
-            rounds,
+            {name: cpu.wrap(name, repeated(run)) for name, run in contenders.items()}, rounds
         )
-        lines += figure_lines(
-            "arrow", pair, table.num_rows, measured, cpu, "the same by hand in pyarrow.compute"
-        )
+        lines += arrow_figure_lines(pair, table.num_rows, measured, cpu)
     return lines
+
+
+def arrow_figure_lines(pair: Pair, rows: int, measured: Any, cpu: CpuMeter) -> list[str]:
+    """Routing (`partition_groups`: the values, then one group per row and the partition keys) against the
+    built-in's routing, where the goal applies; then the values alone (`Transform.apply`) against the
+    built-in's values and against the same kernels by hand."""
+    rate = rows * ARROW_CALLS / measured.median_seconds("custom") / 1e6
+    seconds = ", ".join(
+        f"{name} {measured.median_seconds(name) / ARROW_CALLS * 1000:.1f} ms wall / "
+        f"{cpu.median(name) / ARROW_CALLS * 1000:.1f} ms CPU"
+        for name in ("custom", "builtin", "custom values", "builtin values")
+    )
+    routing, values = f"routing / built-in {pair.builtin}", f"values only / built-in {pair.builtin}"
+    by_hand = "values only / the same by hand in pyarrow.compute"
+    return [
+        f"arrow  {pair.expression}  (routing {rate:.2f} M rows/s; per call: {seconds})",
+        figure_line(routing, measured.ratio("custom", "builtin"), BUILTIN_GOAL),
+        figure_line(f"{routing}, CPU", cpu.ratio("custom", "builtin"), BUILTIN_GOAL),
+        figure_line(values, measured.ratio("custom values", "builtin values"), None),
+        figure_line(f"{values}, CPU", cpu.ratio("custom values", "builtin values"), None),
+        figure_line(by_hand, measured.ratio("custom values", "plain"), None),
+        figure_line(f"{by_hand}, CPU", cpu.ratio("custom values", "plain"), None),
+    ]
 
 
 def figure_lines(engine: str, pair: Pair, rows: int, measured: Any, cpu: CpuMeter, plain: str) -> list[str]:

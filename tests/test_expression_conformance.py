@@ -27,6 +27,7 @@ from airflow_partitions.pruning import executable_sql
 from airflow_partitions.read import new_duckdb_connection
 from airflow_partitions.transforms import parse_transform
 from airflow_partitions.transforms.expression import ExpressionTransform
+from airflow_partitions.write.routing import partition_groups
 
 UTC = dt.UTC
 STRINGS = [
@@ -472,7 +473,13 @@ ARROW_NATIVE = [
     "upper(s)",
     "upper(left(s, 3)) = 'EU'",
     "CASE WHEN lower(s) = 'eu' THEN 'eu' ELSE 'other' END",
+    "CASE WHEN i > 1000 THEN 'big' ELSE 'small' END",
+    "CASE WHEN s > 'm' THEN 'late' END",
+    "CASE WHEN k > 0 THEN 'x' WHEN k IS NULL THEN 'y' WHEN k < -5 THEN 'x' ELSE 'z' END",
+    "CASE WHEN k > 0 THEN 'same' ELSE 'same' END",
 ]
+# The string CASEs route on indices into their literals (`arrow_native.encoded_kernel`).
+ARROW_ENCODED = [text for text in ARROW_NATIVE if text.startswith("CASE") and "THEN '" in text]
 
 
 @pytest.mark.parametrize("text", ARROW_NATIVE)
@@ -507,6 +514,17 @@ def test_arrow_kernels_give_duckdb_s_values(text: str) -> None:
         inner = transform.inner_result_type()
         duckdb_values = evaluate_sql(transform.sql, transform.source_column, values, inner, text)
         assert native.cast(inner).to_pylist() == duckdb_values.to_pylist(), text
+        if text in ARROW_ENCODED:
+            assert transform._encoded is not None, f"{text}: not routed on its literals' indices"
+            encoded = transform.routing_values(pa.table({transform.source_column: values}))
+            assert pa.types.is_dictionary(encoded.type), text
+            assert encoded.to_pylist() == duckdb_values.to_pylist(), text
+            # Routing on the indices puts each row in the partition of DuckDB's value.
+            group, keys = partition_groups(pa.table({transform.source_column: values}), [transform])
+            routed = [keys[code].values[0] for code in group.to_pylist()]
+            assert routed == duckdb_values.to_pylist(), text
+        else:
+            assert transform._encoded is None, text
 
 
 @pytest.fixture(scope="module")

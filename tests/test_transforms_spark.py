@@ -640,3 +640,54 @@ def test_spark_filters_compare_collated_strings_byte_wise(spark: Any, tmp_path: 
     plain = spark.read.parquet(str(tmp_path / "plain"))
     plan = plain.where(spark_condition(Comparison(column, Op.EQ, "ab")))._jdf.queryExecution().executedPlan()
     assert "EqualTo(s,ab)" in plan.toString(), plan.toString()
+
+
+COLLATED_FILTERS = [
+    "s LIKE 'a%'",
+    "starts_with(s, 'A')",
+    "s LIKE '%b'",
+    "s LIKE 'a_'",
+    "s NOT LIKE '%B%'",
+    "s LIKE '%σ%' OR s IS NULL",
+    "s ILIKE 'ab'",
+    "length(s) = 1 AND s > 'a'",
+    "regexp_matches(s, '^[a-z]')",
+]
+
+
+@pytest.mark.parametrize("collation", ["UTF8_LCASE", "UNICODE_CI"])
+def test_spark_sql_text_filters_compare_collated_strings_byte_wise(
+    spark: Any, tmp_path: Any, collation: str
+) -> None:
+    """A filter handed to Spark as SQL text (LIKE, functions: `Opaque`) reads a collated string column
+    as UTF8_BINARY too, so it keeps exactly the rows DuckDB keeps over the same values (under UTF8_LCASE,
+    Spark's own `'AB' LIKE '%b'` is true). On a plain column the filter still reaches the Parquet scan."""
+    from pyspark.sql import functions as F
+
+    from airflow_partitions.pruning.filters import bind_filter
+    from airflow_partitions.pruning.spark_filter import spark_condition
+    from airflow_partitions.read import new_duckdb_connection
+
+    table = pa.table(
+        {"s": pa.array(COLLATED_VALUES, pa.string()), "n": pa.array(range(len(COLLATED_VALUES)))}
+    )
+    frame = spark.createDataFrame(table).select(
+        F.col("s").cast(f"string collate {collation}").alias("s"), "n"
+    )
+    connection = new_duckdb_connection()
+    connection.register("source_rows", table)
+    try:
+        for where in COLLATED_FILTERS:
+            expected = sorted(
+                n for (n,) in connection.sql(f"SELECT n FROM source_rows WHERE {where}").fetchall()
+            )
+            condition = spark_condition(bind_filter(where, table.schema))
+            kept = sorted(row["n"] for row in frame.where(condition).collect())
+            assert kept == expected, f"{where} over {collation}"
+    finally:
+        connection.close()
+    spark.createDataFrame(table).write.parquet(str(tmp_path / "plain"))
+    plain = spark.read.parquet(str(tmp_path / "plain"))
+    condition = spark_condition(bind_filter("s LIKE '%b'", table.schema))
+    plan = plain.where(condition)._jdf.queryExecution().executedPlan().toString()
+    assert "StringEndsWith(s,b)" in plan, plan

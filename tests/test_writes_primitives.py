@@ -15,7 +15,7 @@ from airflow_partitions.write.merge import (
     key_match_mask,
     upsert_rows,
 )
-from airflow_partitions.write.routing import route_rows, route_to_paths
+from airflow_partitions.write.routing import partition_groups, route_rows, route_to_paths
 from tests.matrix_support import SCHEMA, bound_transforms, hostile_chunks, multiset_difference, rows_by_key
 
 LAYOUTS = [
@@ -23,6 +23,17 @@ LAYOUTS = [
     [("s", "s"), ("day", "date_trunc('day', ts)")],
     [("m", "n_int % 5"), ("flag", "flag"), ("y", "year(d)")],
     [("t", "truncate(1000, amount)"), ("h", "hour(ts_naive)")],
+    # CASE over string literals routes on indices into its literals (`routing_values`): no ELSE (a NULL
+    # partition), one literal in two branches, the one-branch form, beside a second field.
+    [("band", "CASE WHEN id > 0 THEN 'pos' WHEN id < -100 THEN 'neg' END"), ("s", "s")],
+    [
+        (
+            "tag",
+            "CASE WHEN n_int > 0 THEN 'x' WHEN n_int IS NULL THEN 'y' WHEN n_int < -9 THEN 'x' ELSE 'z' END",
+        )
+    ],
+    [("late", "CASE WHEN s > 'm' THEN 'late' ELSE 'early' END"), ("flag", "flag")],
+    [("early", "CASE WHEN s > 'm' THEN 'late' ELSE 'early' END")],
 ]
 
 
@@ -50,6 +61,64 @@ def test_route_rows_keeps_the_null_partition_and_input_order() -> None:
     assert routed[PartitionKey((None,))].column("v").to_pylist() == ["b", "d"]
     assert routed[PartitionKey((5,))].column("v").to_pylist() == ["a", "e"]
     assert routed[PartitionKey((3,))].column("v").to_pylist() == ["c"]
+
+
+def test_route_rows_groups_dictionary_columns_by_value() -> None:
+    """A dictionary column routes by its values: a dictionary holding a value twice or a NULL is decoded
+    first, one of distinct values is grouped on its indices (unused entries make no partition)."""
+    repeated = pa.DictionaryArray.from_arrays(
+        pa.array([0, 1, 2, 3, None, 1], pa.int8()), pa.array(["a", "a", None, "b"])
+    )
+    distinct = pa.DictionaryArray.from_arrays(
+        pa.array([2, None, 2, 0], pa.int32()), pa.array(["x", "unused", "y"])
+    )
+    for column, expected in [
+        (repeated, {("a",): ["r0", "r1", "r5"], (None,): ["r2", "r4"], ("b",): ["r3"]}),
+        (distinct, {("y",): ["r0", "r2"], (None,): ["r1"], ("x",): ["r3"]}),
+    ]:
+        table = pa.table({"c": column, "v": [f"r{n}" for n in range(len(column))]})
+        schema = pa.schema([("c", pa.string()), ("v", pa.string())])
+        transforms = bound_transforms([("c", "c")], schema)
+        routed = route_rows(table, transforms)
+        assert {key.values: rows.column("v").to_pylist() for key, rows in routed.items()} == expected
+        # One group per value (the streaming refresh writes a group's rows under its key's path).
+        group, keys = partition_groups(table, transforms)
+        assert len(set(keys)) == len(keys) == len(expected)
+        assert [keys[code].values[0] for code in group.to_pylist()] == column.to_pylist()
+
+
+REPEATING = ["EU", "eu", "Ünïcode", "ß", "ΣΑΣ", "", None, " a/b=c ", "100%", "İx", "'q'", "x" * 40]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "coalesce(s, 'none')",
+        "lower(s)",
+        "CASE WHEN s IS NULL THEN 'n' ELSE upper(left(s, 1)) END",
+        "bucket(4, lower(s))",
+        "length(s)",
+        "regexp_extract(s, '([a-z]+)', 1)",
+        "nullif(trim(s), '')",
+    ],
+)
+def test_routing_evaluates_repeating_strings_once_each(text: str) -> None:
+    """Over a string column whose values repeat, routing evaluates an expression on each distinct value
+    (NULL included: `coalesce(s, 'none')`) and spreads it by index: the same values as `apply` row by
+    row, and each row's key is its value. All-distinct strings are evaluated row by row."""
+    from airflow_partitions.write.routing import partition_groups
+
+    rows = [REPEATING[(n * 7) % len(REPEATING)] for n in range(5000)]
+    for values, encoded in [(rows, True), ([f"{v}{n}" for n, v in enumerate(rows)], False)]:
+        table = pa.table({"s": pa.array(values, pa.string())})
+        (transform,) = bound_transforms([("p", text)], table.schema)
+        expected = transform.apply_table(table).to_pylist()
+        routing = transform.routing_values(table)
+        assert pa.types.is_dictionary(routing.type) is encoded, text
+        assert routing.to_pylist() == expected, text
+        group, keys = partition_groups(table, [transform])
+        assert len(set(keys)) == len(keys), text
+        assert [keys[code].values[0] for code in group.to_pylist()] == expected, text
 
 
 def test_route_rows_without_fields_and_without_rows() -> None:

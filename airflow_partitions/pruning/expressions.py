@@ -355,6 +355,7 @@ class Opaque(Predicate):
     text: str
     referenced: tuple[str, ...] = ()
     duckdb_text: str | None = None  # `text` with partition transforms rewritten for DuckDB
+    strings: tuple[str, ...] = ()  # the referenced columns of string type (Spark reads them as UTF8_BINARY)
 
     def _own_columns(self) -> tuple[str, ...]:
         return self.referenced
@@ -464,6 +465,7 @@ def renamed_columns(predicate: Predicate, rename: Callable[[str], str]) -> Predi
             _renamed_sql(predicate.text, rename),
             tuple(rename(name) for name in predicate.referenced),
             _renamed_sql(predicate.duckdb_text, rename) if predicate.duckdb_text is not None else None,
+            tuple(rename(name) for name in predicate.strings),
         )
     if not hasattr(predicate, "__dataclass_fields__"):
         return predicate

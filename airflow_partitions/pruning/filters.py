@@ -402,9 +402,18 @@ class FilterBinder:
         """Boolean SQL pruning cannot use; its columns must still exist (strict) and it must be read-only."""
         if node.find(exp.Select, exp.Subquery) is not None:
             raise FilterError(f"subqueries are not supported in filters: {render(node)}")
-        referenced = [self._column(column).name for column in node.find_all(exp.Column)]
+        from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
+
+        columns = [self._column(column) for column in node.find_all(exp.Column)]
+        referenced = [column.name for column in columns]
+        strings = [c.name for c in columns if arrow_support.is_string(arrow_support.normalize_type(c.type))]
         text = render(node)
-        return Opaque(text, tuple(dict.fromkeys(referenced)), duckdb_sql(node, self.schema))
+        return Opaque(
+            text,
+            tuple(dict.fromkeys(referenced)),
+            duckdb_sql(node, self.schema),
+            tuple(dict.fromkeys(strings)),
+        )
 
     def _comparison(self, node: exp.Expression, op: Op) -> Predicate:
         left, right = node.this, node.expression

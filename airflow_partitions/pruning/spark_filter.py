@@ -49,6 +49,26 @@ def _term(term: Term) -> Any:
     return term.transform.to_spark(spark_column_ref(term.column))
 
 
+def _binary_strings(tree: Any, strings: tuple[str, ...]) -> Any:
+    """`tree` with every reference to a column in `strings` cast to the plain STRING type: in SQL text as
+    in `binary_collation`, a collated column (`'AB' LIKE '%b'` is true under UTF8_LCASE, UNICODE_CI
+    refuses LIKE) is then read as UTF8_BINARY, and Spark drops the cast on a plain column, so `LIKE`,
+    `starts_with` and other functions still reach the Parquet scan. Names match as Spark and DuckDB
+    resolve them, ignoring case."""
+    from sqlglot import exp
+
+    wanted = {name.casefold() for name in strings}
+    if not wanted:
+        return tree
+
+    def cast(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Column) and not node.table and node.name.casefold() in wanted:
+            return exp.Cast(this=node.copy(), to=exp.DataType.build("VARCHAR"))
+        return node
+
+    return tree.transform(cast)
+
+
 def _literal(value: Any) -> Any:
     from pyspark.sql import functions as F
 
@@ -101,7 +121,9 @@ def spark_condition(predicate: Predicate) -> Any:
         import sqlglot
 
         try:
-            text = sqlglot.transpile(predicate.text, read="duckdb", write="spark")[0]
+            text = _binary_strings(sqlglot.parse_one(predicate.text, read="duckdb"), predicate.strings).sql(
+                dialect="spark"
+            )
         except sqlglot.errors.SqlglotError as err:
             reason = describe_sql_error(err)
             raise FilterError(f"cannot express {predicate.text!r} in Spark SQL: {reason}") from err

@@ -48,6 +48,49 @@ def native_kernel(tree: exp.Expr, source_type: pa.DataType) -> Kernel | None:
     return _convert(tree, source_type)
 
 
+def encoded_kernel(tree: exp.Expr, source_type: pa.DataType) -> Kernel | None:
+    """For a CASE whose results are all string literals, a kernel giving its values as a dictionary array
+    (int8 indices into the distinct literals, NULL where no branch holds and there is no ELSE), so routing
+    groups rows on the indices without building a string per row; None for every other tree."""
+    import pyarrow as pa
+
+    if isinstance(tree, exp.Paren):
+        return encoded_kernel(tree.this, source_type)
+    if native_kernel(tree, source_type) is None or not isinstance(tree, exp.Case) or tree.this is not None:
+        return None
+    parts = _case_parts(tree, source_type)
+    if parts is None or not all(isinstance(value, str) for value in parts[1]):
+        return None
+    conditions, results, otherwise, has_default = parts
+    distinct = list(dict.fromkeys([*results, *([otherwise] if has_default else [])]))
+    if len(distinct) > 127:
+        return None
+    dictionary = pa.array(distinct, pa.string())
+    codes = [distinct.index(value) for value in results]
+    default_code = distinct.index(otherwise) if has_default else None
+    return _encoded_case(conditions, codes, default_code, dictionary)
+
+
+def _encoded_case(conditions: list[Kernel], codes: list[int], default: int | None, dictionary: Any) -> Kernel:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def evaluate(column: pa.Array) -> Any:
+        masks = [pc.fill_null(_boolean(condition(column)), False) for condition in conditions]
+        if len(masks) == 1 and default is not None and {codes[0], default} == {0, 1}:
+            # The one-branch CASE with an ELSE: the mask itself, cast, is the index (a tenth of if_else).
+            indices = (masks[0] if codes[0] == 1 else pc.invert(masks[0])).cast(pa.int8())
+        else:
+            out: Any = pa.scalar(default, type=pa.int8())
+            # The first true condition wins: the branches last to first (as `_case`).
+            for mask, code in reversed(list(zip(masks, codes, strict=True))):
+                out = pc.if_else(mask, pa.scalar(code, type=pa.int8()), out)
+            indices = out
+        return pa.DictionaryArray.from_arrays(indices, dictionary)
+
+    return evaluate
+
+
 def _literal(node: exp.Expr) -> Any:
     """The Python value of a literal in the subset (str, bool, int < 2**31), or `_NOT_LITERAL`."""
     if isinstance(node, exp.Paren):
@@ -144,10 +187,9 @@ def _boolean(values: Any) -> Any:
     return values
 
 
-def _case(node: exp.Case, source_type: pa.DataType) -> Kernel | None:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+def _case_parts(node: exp.Case, source_type: pa.DataType) -> tuple[list[Kernel], list[Any], Any, bool] | None:
+    """A CASE over literals of one kind (not boolean): its condition kernels, result literals, the ELSE
+    literal (None without one) and whether it has an ELSE; None outside the subset."""
     branches = node.args.get("ifs") or []
     default = node.args.get("default")
     results = [_literal(branch.args.get("true")) for branch in branches]
@@ -161,16 +203,26 @@ def _case(node: exp.Case, source_type: pa.DataType) -> Kernel | None:
     conditions = [_convert(branch.this, source_type) for branch in branches]
     if any(condition is None for condition in conditions):
         return None
+    return [c for c in conditions if c is not None], results, otherwise, default is not None
+
+
+def _case(node: exp.Case, source_type: pa.DataType) -> Kernel | None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = _case_parts(node, source_type)
+    if parts is None:
+        return None
+    conditions, results, otherwise, _ = parts
     # Integer literals here fit 32 bits, so DuckDB types the CASE INTEGER: built in that type, the values
     # need no cast afterwards (`apply` casts to DuckDB's type whenever they differ).
-    result_type = pa.string() if kinds == {str} else pa.int32()
+    result_type = pa.string() if isinstance(results[0], str) else pa.int32()
 
     def evaluate(column: pa.Array) -> Any:
         out: Any = pa.scalar(otherwise, type=result_type)
         # The first true condition wins: apply the branches last to first (the first has an array
         # condition, so the result is an array even when every branch is a scalar).
         for condition, value in reversed(list(zip(conditions, results, strict=True))):
-            assert condition is not None
             chosen = pc.fill_null(_boolean(condition(column)), False)
             out = pc.if_else(chosen, pa.scalar(value, type=result_type), out)
         return out

@@ -414,6 +414,11 @@ class Transform(ABC):
         """Partition values of every row of a pyarrow Table / RecordBatch holding the source columns."""
         return self.apply_columns([table.column(column) for column in self.source_columns])
 
+    def routing_values(self, table: Any) -> Any:
+        """`apply_table`'s values for routing: the same values, or (where that is cheaper to build) a
+        dictionary array of them; `write.routing` groups a dictionary array on its indices."""
+        return self.apply_table(table)
+
     def apply_row(self, values: Sequence[Any] | Mapping[str, Any]) -> Any:
         """The partition value of one row, given its values in `source_columns` order or by name."""
         if isinstance(values, Mapping):

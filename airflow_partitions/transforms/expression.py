@@ -262,6 +262,7 @@ class ExpressionTransform(Transform):
         self._outer_bound: Transform | None = None
         # Arrow compute kernels for the forms whose meaning is DuckDB's (`arrow_native`), once bound.
         self._native: Any = None
+        self._encoded: Any = None  # the same values as a dictionary array, for routing (string CASE)
 
     # --- identity -----------------------------------------------------------------------------------
 
@@ -370,6 +371,7 @@ class ExpressionTransform(Transform):
 
         bound = super().bind(source_type)
         bound._native = arrow_native.native_kernel(self._tree, arrow_support.normalize_type(source_type))
+        bound._encoded = arrow_native.encoded_kernel(self._tree, arrow_support.normalize_type(source_type))
         if self.outer is not None:
             inner = expression_result_type(self.sql, self.source_column, source_type, self.canonical)
             bound._outer_bound = self.outer.bind(inner)
@@ -392,15 +394,9 @@ class ExpressionTransform(Transform):
 
         from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
 
-        source_type = self._require_bound("evaluating the expression")
         arrow = arrow_support.as_arrow(values)
         chunked = isinstance(arrow, pa.ChunkedArray)
-        # One chunk (a column read whole, a Spark batch) needs no copy.
-        array = (arrow.chunk(0) if arrow.num_chunks == 1 else arrow.combine_chunks()) if chunked else arrow
-        if pa.types.is_dictionary(array.type):
-            array = array.dictionary_decode()
-        if not array.type.equals(source_type):
-            array = _to_source_type(array, source_type, self.canonical)
+        array = self._source_array(arrow)
         inner_type = self.inner_result_type()
         result = None
         if self._native is not None:
@@ -414,6 +410,44 @@ class ExpressionTransform(Transform):
         if not result.type.equals(self.result_type):
             result = result.cast(self.result_type)
         return pa.chunked_array([result], type=result.type) if chunked else result
+
+    def _source_array(self, arrow: Any) -> pa.Array:
+        """One plain array of the bound source type (chunks combined, a dictionary decoded)."""
+        import pyarrow as pa
+
+        source_type = self._require_bound("evaluating the expression")
+        # One chunk (a column read whole, a Spark batch) needs no copy.
+        chunked = isinstance(arrow, pa.ChunkedArray)
+        array = (arrow.chunk(0) if arrow.num_chunks == 1 else arrow.combine_chunks()) if chunked else arrow
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        if not array.type.equals(source_type):
+            array = _to_source_type(array, source_type, self.canonical)
+        return array
+
+    def routing_values(self, table: Any) -> Any:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from airflow_partitions.transforms import arrow_support  # lazy: loads pyarrow
+
+        array = self._source_array(arrow_support.as_arrow(table.column(self.source_column)))
+        # A CASE over string literals: its values as indices into the literals
+        # (`arrow_native.encoded_kernel`), which routing groups without building a string per row.
+        if self._encoded is not None and self._outer_bound is None:
+            encoded = evaluate(self._encoded, array)
+            if encoded is not None and encoded.type.value_type.equals(self.result_type):
+                return encoded
+        # Strings that repeat (a sample of at most half distinct values): the expression over each
+        # distinct value (NULL included) once, spread to the rows by index. The value of a row depends
+        # only on its own value (one column, deterministic), so these are `apply`'s values.
+        if arrow_support.is_string(array.type) and len(array) >= _DISTINCT_SAMPLE:
+            step = len(array) // _DISTINCT_SAMPLE
+            sample = array.take(pa.array(range(0, step * _DISTINCT_SAMPLE, step), pa.int64()))
+            if pc.count_distinct(sample, mode="all").as_py() * 2 <= len(sample):
+                distinct = pc.dictionary_encode(array, null_encoding="encode")
+                return pa.DictionaryArray.from_arrays(distinct.indices, self.apply(distinct.dictionary))
+        return super().routing_values(table)
 
     def apply_scalar(self, value: Any) -> Any:
         import pyarrow as pa
@@ -449,6 +483,9 @@ class ExpressionTransform(Transform):
             type_of=type_of,
             apply=self.apply,
         )
+
+
+_DISTINCT_SAMPLE = 4096  # rows sampled to decide whether routing evaluates distinct strings only
 
 
 def _to_source_type(array: pa.Array, source_type: pa.DataType, text: str) -> pa.Array:

@@ -28,6 +28,15 @@ class IdentityTransform(OrderPreservingTransform):
         # Identity partition values are the source values: any transform of the column follows.
         return partition_values if other == self else other.apply(partition_values)
 
+    def routing_values(self, table: Any) -> Any:
+        import pyarrow as pa
+
+        # A dictionary column of the values themselves routes on its indices (no decoding).
+        column = table.column(self.source_column)
+        if pa.types.is_dictionary(column.type) and column.type.value_type.equals(self.result_type):
+            return column
+        return super().routing_values(table)
+
     def _result_type(self, source_type: pa.DataType) -> pa.DataType | None:
         import pyarrow as pa
 

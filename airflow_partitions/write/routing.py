@@ -22,34 +22,77 @@ if TYPE_CHECKING:
 
 
 def partition_values(table: pa.Table, transforms: Sequence[Transform]) -> list[pa.Array]:
-    """One array of partition values per field for every row of `table` (dictionaries decoded)."""
+    """One array of partition values per field for every row of `table` (`Transform.routing_values`; a
+    dictionary array stays one, its dictionary made to hold each value once)."""
     import pyarrow as pa
 
     arrays: list[pa.Array] = []
     for transform in transforms:
-        computed = transform.apply_table(table)
+        computed = transform.routing_values(table)
         if isinstance(computed, pa.ChunkedArray):
             computed = computed.combine_chunks() if computed.num_chunks else pa.array([], computed.type)
-        if pa.types.is_dictionary(computed.type):
-            computed = computed.cast(computed.type.value_type)
+        if pa.types.is_dictionary(computed.type) and not _groups_on_indices(computed):
+            computed = _deduplicated(computed)
         arrays.append(computed)
     return arrays
 
 
+def _groups_on_indices(array: pa.DictionaryArray) -> bool:
+    """Whether equal indices mean equal values and the reverse: no value twice in the dictionary, and
+    NULL either an entry or NULL indices, not both."""
+    import pyarrow.compute as pc
+
+    dictionary = array.dictionary
+    if pc.count_distinct(dictionary, mode="all").as_py() != len(dictionary):
+        return False
+    return dictionary.null_count == 0 or array.indices.null_count == 0
+
+
+def _deduplicated(array: pa.DictionaryArray) -> pa.DictionaryArray:
+    """The same values over a dictionary holding each value once: the dictionary's entries encoded (a
+    NULL entry one value of its own, which the rows with a NULL index join) and the indices mapped."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(array.dictionary, null_encoding="encode")
+    indices = pc.take(encoded.indices, array.indices)
+    null_entries = [n for n, value in enumerate(encoded.dictionary.is_null().to_pylist()) if value]
+    if null_entries and indices.null_count:
+        indices = pc.fill_null(indices, pa.scalar(null_entries[0], indices.type))
+    return pa.DictionaryArray.from_arrays(indices, encoded.dictionary)
+
+
 def _group_codes(values: Sequence[pa.Array]) -> Any:
-    """One integer group per row: each field's values dictionary-encoded (NULL a value of its own) and
-    combined with the groups so far, re-encoded at each step so codes stay below the row count."""
+    """One integer group per row: each field's values dictionary-encoded (NULL a value of its own; a
+    dictionary array's indices encoded instead of its values) and combined with the groups so far,
+    re-encoded at each step so codes stay below the row count. Encoding numbers codes densely in order of
+    first appearance, so the first field's codes need no second encoding."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     group: Any = None
     for array in values:
-        encoded = pc.dictionary_encode(array, null_encoding="encode")
+        plain = array.indices if pa.types.is_dictionary(array.type) else array
+        encoded = pc.dictionary_encode(plain, null_encoding="encode")
         codes = encoded.indices.cast(pa.int64())
-        if group is not None:
-            codes = pc.add(pc.multiply(group, len(encoded.dictionary)), codes)
+        if group is None:
+            group = codes
+            continue
+        codes = pc.add(pc.multiply(group, len(encoded.dictionary)), codes)
         group = pc.dictionary_encode(codes).indices.cast(pa.int64())
     return group
+
+
+def _key_values(array: pa.Array, rows: pa.Array) -> list[Any]:
+    """The values of `array` at `rows` as Python values (a dictionary array decoded first: its own
+    `to_pylist` goes through a scalar per row)."""
+    import pyarrow as pa
+
+    taken = array.take(rows)
+    if pa.types.is_dictionary(taken.type):
+        taken = taken.dictionary_decode()
+    values: list[Any] = taken.to_pylist()
+    return values
 
 
 def partition_groups(table: pa.Table, transforms: Sequence[Transform]) -> tuple[pa.Array, list[PartitionKey]]:
@@ -69,7 +112,7 @@ def partition_groups(table: pa.Table, transforms: Sequence[Transform]) -> tuple[
     running = np.maximum.accumulate(codes)
     first = np.searchsorted(running, np.arange(int(running[-1]) + 1), side="left")
     first_rows = pa.array(first, pa.int64())
-    key_values = [array.take(first_rows).to_pylist() for array in values]
+    key_values = [_key_values(array, first_rows) for array in values]
     keys = [PartitionKey(tuple(column[position] for column in key_values)) for position in range(len(first))]
     return group, keys
 
@@ -99,7 +142,7 @@ def route_rows(
     counts = np.bincount(group.to_numpy(zero_copy_only=False)).tolist()
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     first_rows = pc.take(order, pa.array(starts))
-    key_values = [array.take(first_rows).to_pylist() for array in values]
+    key_values = [_key_values(array, first_rows) for array in values]
     ordered = table.take(order)
     routed: dict[PartitionKey, pa.Table] = {}
     for position, (start, rows) in enumerate(zip(starts.tolist(), counts, strict=True)):
