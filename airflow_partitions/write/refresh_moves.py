@@ -83,17 +83,23 @@ def old_partitions_holding(
     old = [entry for entry in old_entries(snapshot, target.spec_info.spec_id) if entry.rows]
     if not keys or not old:
         return HoldingSearch(snapshot.version, (), len(old), 0)
-    candidates = holding_candidates(target, old, keys) if prune else old
+    candidates, implied = holding_candidates(target, old, keys) if prune else (old, set())
     names = target.names
     wanted = {key.path(names) for key in keys}
     columns = sorted({c for t in target.transforms for c in t.source_columns})
     holding = []
+    read = 0
     for entry in candidates:
+        if entry.key_path in implied:
+            # Its key implies a wanted key for every row (and it has rows): nothing to read.
+            holding.append(entry)
+            continue
+        read += 1
         # The keys its rows route to, as routing computes them, without moving a row.
         _groups, found = partition_groups(target.read(entry.files, columns), target.transforms)
         if any(key.path(names) in wanted for key in found):
             holding.append(entry)
-    return HoldingSearch(snapshot.version, tuple(holding), len(old), len(candidates))
+    return HoldingSearch(snapshot.version, tuple(holding), len(old), read)
 
 
 def old_rows_the_source_lost(
@@ -152,9 +158,12 @@ def old_rows_the_source_lost(
 
 def holding_candidates(
     target: WriteTarget, old: Sequence[PartitionEntry], keys: Sequence[PartitionKey]
-) -> list[PartitionEntry]:
+) -> tuple[list[PartitionEntry], set[str]]:
     """The entries of `old` that may hold a row of one of `keys`: pruned by `key_filter`, each partition
-    judged under its own spec and by its files' statistics. All of `old` when no filter can be built."""
+    judged under its own spec and by its files' statistics. All of `old` when no filter can be built.
+    Also the key paths of those the plan judges exact when the filter pins every field of the current
+    spec: every row of such a partition routes to one of `keys`, so (having rows) it holds one without
+    a read (a day partition under a month key, a bucket of 16 under a bucket of 8 on the same column)."""
     from airflow_partitions.pruning import (  # lazy: loads pyarrow
         PartitionIndex,
         plan_partitions,
@@ -164,15 +173,22 @@ def holding_candidates(
     assert snapshot is not None
     groups = key_filter(target, keys)
     if groups is None:
-        return list(old)
+        return list(old), set()
     try:
         plan = plan_partitions(PartitionIndex.from_snapshot(snapshot, target.schema), groups)
     except (FilterError, PartitionSpecError, CatalogError):
         # A value the filter cannot bind, or an old spec the index cannot bind: read them all (exact
         # either way, only slower).
-        return list(old)
+        return list(old), set()
     chosen = {selected.key_path for selected in plan.selected}
-    return [entry for entry in old if entry.key_path in chosen]
+    complete = all(_pinned(t) for t in target.transforms)
+    implied = {selected.key_path for selected in plan.selected if selected.exact} if complete else set()
+    return [entry for entry in old if entry.key_path in chosen], implied
+
+
+def _pinned(transform: Any) -> bool:
+    """Whether `key_filter` pins this field of the current spec (one source column, NULL kept apart)."""
+    return len(transform.source_columns) == 1 and bool(transform.null_preserving)
 
 
 def key_filter(target: WriteTarget, keys: Sequence[PartitionKey]) -> list[list[tuple[str, str, Any]]] | None:
@@ -181,7 +197,7 @@ def key_filter(target: WriteTarget, keys: Sequence[PartitionKey]) -> list[list[t
     snapshot = target.snapshot
     assert snapshot is not None
     transforms = target.transforms
-    usable = [n for n, t in enumerate(transforms) if len(t.source_columns) == 1 and t.null_preserving]
+    usable = [n for n, t in enumerate(transforms) if _pinned(t)]
     if not usable:
         return None
     others = [
