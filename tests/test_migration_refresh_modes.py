@@ -9,9 +9,13 @@ unicode, `/ = %`, quotes, timestamps with offsets).
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -78,14 +82,16 @@ class AppendScenario(Scenario):
         rows = self.new_rows(self.rng.randint(1, 4))
         ids = pa.array(range(self.late_id - rows.num_rows + 1, self.late_id + 1), pa.int64())
         self.late_id -= rows.num_rows
-        self.append_refresh(rows.set_column(0, "id", ids))
+        summary = self.append_refresh(rows.set_column(0, "id", ids))
+        assert sum(summary.late_rows.values()) == rows.num_rows, "the audit counts both layouts"
 
     def source_delete(self) -> None:
         """Rows deleted from the source only: fewer rows at or below the watermark, rewritten whole."""
         ids = self.rng.sample(self.source.column("id").to_pylist(), 2)
         self.source = self.source.filter(pc.invert(pc.is_in(self.source.column("id"), pa.array(ids))))
         self.save_source()
-        self.refresh_incrementally()
+        summary = self.refresh_incrementally()
+        assert sum(summary.late_rows.values()) == -2, "the audit counts both layouts"
 
     def append_one_partition(self) -> None:
         self.append_refresh(self.landing_in_one_partition(self.new_rows(40)))
@@ -131,3 +137,172 @@ def test_append_refresh_during_a_migration_moves_only_what_it_changes(
         scenario.batch()
     scenario.append_refresh()
     scenario.check("append after the migration")
+
+
+# --- refresh_mode: changes (watermark) on Postgres -------------------------------------------------
+
+CHANGES_TRANSITIONS = ["day-to-month", "bucket-8-to-16"]
+
+
+class ChangesScenario(Scenario):
+    """The hostile rows in Postgres (`public.src`, plus `updated_at`, the watermark), refreshed with
+    `refresh_mode: changes`; the steps change the table with SQL and `self.source` with it."""
+
+    def __init__(self, root: Path, seed: int, partition_by: list[str], url: str, spark: Any = None) -> None:
+        self.url = url
+        self.spark = spark
+        self.clock = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+        self.created = False
+        super().__init__(root, seed, partition_by)
+        self.write_changes_spec()
+
+    def tick(self) -> dt.datetime:
+        self.clock += dt.timedelta(seconds=1)
+        return self.clock
+
+    def write_changes_spec(self) -> None:
+        fields = "\n".join(
+            f"        - {{{name}: {json.dumps(expression)}}}"
+            for name, _, expression in (entry.partition(": ") for entry in self.partition_by)
+        )
+        self.spec.write_text(
+            "accelerator_dir: acc\n"
+            "datasets:\n"
+            "  - name: events\n"
+            "    from: postgres:public.src\n"
+            f"    params: {{url: '{self.url}'}}\n"
+            "    acceleration:\n"
+            "      engine: parquet\n"
+            "      refresh_mode: changes\n"
+            "      primary_key: [id]\n"
+            "      refresh: {watermark_column: updated_at, change_detection: watermark, late_rows: rewrite}\n"
+            "      partition_by:\n"
+            f"{fields}\n",
+            encoding="utf-8",
+        )
+
+    def set_partition_by(self, partition_by: list[str]) -> None:
+        self.partition_by = partition_by
+        self.write_changes_spec()
+
+    def save_source(self) -> None:
+        """Only the first time: the table with every row at one `updated_at` (later steps change it)."""
+        if self.created:
+            return
+        self.created = True
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE public.src (id bigint PRIMARY KEY, n_int bigint, amount numeric(12, 2), "
+                "x double precision, s text, ts timestamptz, ts_naive timestamp, d date, flag boolean, "
+                "updated_at timestamptz)"
+            )
+            conn.execute("CREATE INDEX src_updated ON public.src (updated_at)")
+            self.insert(conn, self.source, self.tick)
+
+    @staticmethod
+    def insert(conn: Any, rows: pa.Table, updated_at: Callable[[], dt.datetime]) -> None:
+        """`rows` inserted, each with the `updated_at` the callable gives it."""
+        names = ", ".join([*SCHEMA.names, "updated_at"])
+        with conn.cursor() as cursor, cursor.copy(f"COPY public.src ({names}) FROM STDIN") as copy:
+            for row in rows.to_pylist():
+                copy.write_row([*(row[name] for name in SCHEMA.names), updated_at()])
+
+    def refresh(self) -> Any:
+        before = len(self.versions())
+        summary = refresh_dataset(str(self.spec), "events", spark=self.spark)
+        assert summary.refresh_mode in ("changes", "full"), summary.notes
+        for info in self.versions()[before:]:
+            assert not info.replace_all, f"no rebuild during the migration: {info}"
+        return summary
+
+    def versions(self) -> list[Any]:
+        project = self.project
+        return open_catalog(project, project.dataset("events")).versions()
+
+    # --- steps ---------------------------------------------------------------------------------------
+
+    def insert_rows(self) -> None:
+        rows = self.new_rows(self.rng.randint(1, 8))
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            self.insert(conn, rows, self.tick)
+        self.source = pa.concat_tables([self.source, rows])
+        self.refresh()
+
+    def update_rows(self) -> None:
+        """Existing ids take the partition columns of fresh rows: most move to another partition."""
+        ids = self.rng.sample(self.source.column("id").to_pylist(), 4)
+        fresh = self.new_rows(len(ids)).to_pylist()
+        rows = {row["id"]: row for row in self.source.to_pylist()}
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            for row_id, new in zip(ids, fresh, strict=True):
+                row = rows[row_id]
+                for name in ("n_int", "s", "ts", "d"):
+                    row[name] = new[name]
+                conn.execute(
+                    "UPDATE public.src SET n_int = %s, s = %s, ts = %s, d = %s, updated_at = %s "
+                    "WHERE id = %s",
+                    (row["n_int"], row["s"], row["ts"], row["d"], self.tick(), row_id),
+                )
+        self.source = pa.Table.from_pylist(list(rows.values()), schema=SCHEMA)
+        self.refresh()
+
+    def delete_rows(self) -> None:
+        """A hard delete: no change the watermark reads; the audit finds it (rows in both layouts)."""
+        ids = self.rng.sample(self.source.column("id").to_pylist(), 2)
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("DELETE FROM public.src WHERE id = ANY(%s)", (ids,))
+        self.source = self.source.filter(pc.invert(pc.is_in(self.source.column("id"), pa.array(ids))))
+        summary = self.refresh()
+        assert sum(summary.late_rows.values()) == -2, "the audit counts both layouts"
+
+    def late_rows(self) -> None:
+        """Rows inserted below the watermark: the audit finds them."""
+        rows = self.new_rows(self.rng.randint(1, 3))
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            self.insert(conn, rows, lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+        self.source = pa.concat_tables([self.source, rows])
+        summary = self.refresh()
+        assert sum(summary.late_rows.values()) == rows.num_rows, "the audit counts both layouts"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("transition", CHANGES_TRANSITIONS)
+def test_changes_refresh_during_a_migration_merges_without_a_rebuild(
+    pg_database: str, tmp_path: Path, transition: str
+) -> None:
+    old, new = TRANSITIONS[transition]
+    scenario = ChangesScenario(tmp_path, 61 + CHANGES_TRANSITIONS.index(transition), old, pg_database)
+    first = scenario.refresh()
+    assert first.refresh_mode == "full", "the first refresh reads every row"
+    scenario.check("first refresh")
+    scenario.set_partition_by(new)
+    scenario.batch()
+    scenario.check("first batch")
+    left = scenario.snapshot().other_layout()
+    assert left[0] > 2
+
+    scenario.update_rows()
+    scenario.check("rows updated across partitions")
+    assert scenario.versions()[-1].operation == "refresh"
+    summary = scenario.refresh()
+    assert summary.refresh_mode == "changes", "changes merged, no rebuild"
+    assert scenario.snapshot().other_layout()[0] > 0, "old partitions are left"
+
+    steps = [
+        scenario.insert_rows,
+        scenario.update_rows,
+        scenario.delete_rows,
+        scenario.late_rows,
+        scenario.batch,
+        scenario.update_rows,
+        scenario.vacuum,
+        scenario.insert_rows,
+    ]
+    scenario.rng.shuffle(steps)
+    for step in steps:
+        step()
+        scenario.check(step.__name__)
+    while scenario.snapshot().other_layout()[0]:
+        scenario.batch()
+    scenario.update_rows()
+    scenario.check("changes after the migration")

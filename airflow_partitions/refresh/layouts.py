@@ -21,7 +21,7 @@ under the current spec):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,7 @@ from airflow_partitions.write.repartition import old_entries, repartition
 from airflow_partitions.write.routing import route_to_paths
 
 if TYPE_CHECKING:
-    from airflow_partitions.catalog import Catalog, Snapshot
+    from airflow_partitions.catalog import Catalog, PartitionEntry, Snapshot
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec
     from airflow_partitions.table import DatasetHandle
@@ -185,12 +185,24 @@ def without_partitions(plan: RefreshPlan, left: Collection[str]) -> RefreshPlan:
 # --- changes ----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ChangesLayouts:
+    """What a changes plan needs of the old partitions left: the rows each current key path still has
+    there (its audit counts them as held), and whether one of them holds a changed key (it must not:
+    `plan_changes` refuses, plan again)."""
+
+    old_rows: dict[str, int]
+    holds: Callable[[PartitionEntry, Sequence[Any]], bool]
+
+
 def old_partitions_with_changed_keys(
-    dataset: DatasetSpec, source: Any, snapshot: Snapshot
+    handle: DatasetHandle, catalog: Catalog, source: Any, snapshot: Snapshot
 ) -> set[OldPartition]:
-    """The old partitions whose key statistics may hold a key changed since the committed watermark (the
-    old position of an updated row): moved before a changes refresh merges. Reads the changed rows' first
-    key column only."""
+    """The old partitions holding a key changed since the committed watermark (the old position of an
+    updated row): moved before a changes refresh merges. Reads the changed rows' first key column, and
+    that column of the old partitions whose statistics may hold one of them (exact membership; a
+    floating-point key keeps the statistics' answer)."""
+    dataset = handle.dataset
     acceleration = dataset.acceleration
     column = acceleration.refresh.watermark_column
     assert column is not None
@@ -206,25 +218,42 @@ def old_partitions_with_changed_keys(
     changed = source.read_changed(
         list(dict.fromkeys([key, column])), column, watermark, read_cap(open_since, bound, column_type)
     )
-    if not changed.num_rows:
-        return set()
-    probe = KeyProbe.of(changed.column(key).to_pylist())
-    return {
-        (entry.spec_id, split_key_path(entry.key_path)[1]) for entry in olds if probe.may_be_in(entry, key)
-    }
+    holds = key_holder(handle, catalog)
+    keys = changed.column(key).to_pylist()
+    return {(entry.spec_id, split_key_path(entry.key_path)[1]) for entry in olds if holds(entry, keys)}
+
+
+def key_holder(handle: DatasetHandle, catalog: Catalog) -> Callable[[PartitionEntry, Sequence[Any]], bool]:
+    """Whether a partition holds one of some values of the first primary-key column: its statistics
+    first (`KeyProbe`), then that column of its files (exact membership, NULL matching NULL; a
+    floating-point key keeps the statistics' answer)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    key = handle.dataset.acceleration.primary_key[0]
+    target = open_write_target(handle, catalog=catalog)
+
+    def holds(entry: PartitionEntry, values: Sequence[Any]) -> bool:
+        if not values or not KeyProbe.of(values).may_be_in(entry, key):
+            return False
+        column = target.read(entry.files, [key]).column(key)
+        if pa.types.is_floating(column.type):
+            return True
+        wanted = pa.array(list(values), type=column.type)
+        return bool(pc.any(pc.is_in(column, value_set=wanted)).as_py())
+
+    return holds
 
 
 def settle_changes_layouts(
     handle: DatasetHandle, source: Source, catalog: Catalog, snapshot: Snapshot, rounds: int = 3
-) -> tuple[Snapshot, dict[str, int], tuple[str, ...]]:
+) -> tuple[Snapshot, ChangesLayouts, tuple[str, ...]]:
     """Before a changes refresh during a migration: move the old partitions that may hold a changed key,
     until none is left (a change committed meanwhile may name another; `rounds` at most). Returns the
-    newest version, the rows each current key path still has in old partitions (for the audit), and a
-    note."""
-    dataset = handle.dataset
+    newest version, what the changes plan needs of the old partitions left, and a note."""
     moved: set[OldPartition] = set()
     for _ in range(rounds):
-        holding = old_partitions_with_changed_keys(dataset, source, snapshot)
+        holding = old_partitions_with_changed_keys(handle, catalog, source, snapshot)
         if not holding:
             break
         moved |= holding
@@ -235,7 +264,7 @@ def settle_changes_layouts(
         f"re-partitioning in progress: {len(moved)} old partition(s) that may hold a changed key moved into "
         f"the current layout first; {len(old_rows)} partition(s) still have rows in older layouts"
     )
-    return snapshot, old_rows, (note,)
+    return snapshot, ChangesLayouts(old_rows, key_holder(handle, catalog)), (note,)
 
 
 def holders_of(holdings: Mapping[str, Holding], key_paths: Sequence[str]) -> set[OldPartition]:

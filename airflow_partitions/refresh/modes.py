@@ -489,7 +489,7 @@ def plan_changes(
     source: Source,
     snapshot: Snapshot,
     held: Callable[[PartitionEntry, Sequence[str]], pa.Table] | None = None,
-    old_rows: Mapping[str, int] | None = None,
+    layouts: Any = None,
 ) -> RefreshPlan:
     """The changes plan: the rows changed since the committed watermark (read once, keys and partition
     columns only), the partitions they land in now, and the partitions their keys may live in (file
@@ -500,9 +500,9 @@ def plan_changes(
     committed row are not lost; re-applying one already committed replaces it by key with itself.
 
     During a re-partitioning (`refresh.layouts.settle_changes_layouts` moved every old partition that may
-    hold a changed key), `old_rows` are the rows each current key path still has in old partitions: the
-    audit counts them as held. An old partition that may hold a changed key then (a change committed
-    meanwhile) refuses the plan.
+    hold a changed key), `layouts` (`refresh.layouts.ChangesLayouts`) gives the rows each current key path
+    still has in old partitions, which the audit counts as held, and the check that no old partition holds
+    a changed key (one committed meanwhile refuses the plan).
     """
     import time
 
@@ -537,6 +537,7 @@ def plan_changes(
         keys[0],
         changed.column(keys[0]).to_pylist(),
         spec_id=acceleration.partition_spec_id,
+        old_holds=layouts.holds if layouts is not None else None,
     )
     future_rows = _future_rows(changed, column, column_type, bound, transforms, names)
     tag = schema_tag(source.schema())
@@ -546,6 +547,7 @@ def plan_changes(
     )
     # What the changes cannot see (hard deletes, rows changed below the watermark): every partition's
     # source rows against the rows it will hold once the changes are merged.
+    old_rows = layouts.old_rows if layouts is not None else None
     late, unaudited = audit_changes(dataset, source, snapshot, changed, touched, watermark, held, old_rows)
     audit_notes = late_rows_notes(
         dataset,
@@ -737,12 +739,14 @@ def changes_touched(
     changed_keys: Sequence[Any],
     *,
     spec_id: str | None = None,
+    old_holds: Callable[[PartitionEntry, Sequence[Any]], bool] | None = None,
 ) -> dict[str, PartitionKey]:
     """The partitions a changes refresh rewrites, by key path: those the changed rows land in, and those
     whose files may hold one of the changed keys (its old row, to be replaced or deleted).
 
-    `spec_id`: the current spec; a partition of an older spec that may hold a changed key raises
-    `RefreshError` (they are moved into the current layout before the plan, `refresh.layouts`)."""
+    `spec_id`: the current spec; a partition of an older spec holding a changed key (its statistics, then
+    `old_holds`, exact) raises `RefreshError` (they are moved into the current layout before the plan,
+    `refresh.layouts`)."""
     touched = {PartitionKey(k).path(names): PartitionKey(k) for k in landing}
     if changed_keys:
         probe = KeyProbe.of(changed_keys)
@@ -750,6 +754,8 @@ def changes_touched(
             if key_path in touched or not probe.may_be_in(committed, key_column):
                 continue
             if spec_id is not None and committed.spec_id != spec_id:
+                if old_holds is not None and not old_holds(committed, changed_keys):
+                    continue
                 raise RefreshError(
                     f"partition {key_path} of an older partition_by may hold a key changed since the "
                     "watermark, and was not moved into the current layout before the plan (a change "

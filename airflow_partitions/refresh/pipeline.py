@@ -158,12 +158,12 @@ def plan_refresh(
     if changes_fallback(bound, source, snapshot, selecting=selecting, full=full, migration=True) is None:
         assert snapshot is not None
         held = held_reader(project, bound) if read_committed else None
-        old_rows: dict[str, int] | None = None
+        layouts = None
         notes: tuple[str, ...] = ()
         if migration_in_progress(snapshot, bound):
             handle = open_handle(project, bound)
-            snapshot, old_rows, notes = settle_changes_layouts(handle, source, catalog, snapshot)
-        changes = plan_changes(bound, source, snapshot, held=held, old_rows=old_rows)
+            snapshot, layouts, notes = settle_changes_layouts(handle, source, catalog, snapshot)
+        changes = plan_changes(bound, source, snapshot, held=held, layouts=layouts)
         changes = dataclasses.replace(changes, notes=(*notes, *changes.notes))
         return rewrite_late_partitions(changes, bound, source, snapshot, timeout_s, project, catalog)
     if (
