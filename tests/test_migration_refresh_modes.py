@@ -29,6 +29,15 @@ from airflow_partitions.write.routing import route_to_paths
 APPEND_TRANSITIONS = ["bucket-8-to-16", "day-to-month"]
 
 
+def landing_in_one_partition(dataset: Any, rows: pa.Table) -> pa.Table:
+    """The rows of `rows` routed (under the dataset's partition_by) to its most frequent non-NULL key."""
+    bound = dataset.bind(SCHEMA)
+    transforms = [f.transform for f in bound.acceleration.partition_by]
+    routed = route_to_paths(rows, transforms, bound.acceleration.partition_names)
+    groups = [part for path, (_, part) in routed.items() if "NULL" not in path]
+    return max(groups, key=lambda part: part.num_rows)
+
+
 class AppendScenario(Scenario):
     """`refresh_mode: append` on the watermark `id` (new rows get larger ids; late rows smaller ones)."""
 
@@ -51,14 +60,6 @@ class AppendScenario(Scenario):
     def versions(self) -> list[Any]:
         project = self.project
         return open_catalog(project, project.dataset("events")).versions()
-
-    def landing_in_one_partition(self, rows: pa.Table) -> pa.Table:
-        """The rows of `rows` routed (under the current partition_by) to its most frequent non-NULL key."""
-        bound = self.dataset().bind(SCHEMA)
-        transforms = [f.transform for f in bound.acceleration.partition_by]
-        routed = route_to_paths(rows, transforms, bound.acceleration.partition_names)
-        groups = [part for path, (_, part) in routed.items() if "NULL" not in path]
-        return max(groups, key=lambda part: part.num_rows)
 
     def append_refresh(self, rows: pa.Table | None = None) -> Any:
         """New source rows, then an append refresh: must stay an append, never a rebuild."""
@@ -94,7 +95,7 @@ class AppendScenario(Scenario):
         assert sum(summary.late_rows.values()) == -2, "the audit counts both layouts"
 
     def append_one_partition(self) -> None:
-        self.append_refresh(self.landing_in_one_partition(self.new_rows(40)))
+        self.append_refresh(landing_in_one_partition(self.dataset(), self.new_rows(40)))
 
 
 @pytest.mark.spark
@@ -306,3 +307,60 @@ def test_changes_refresh_during_a_migration_merges_without_a_rebuild(
         scenario.batch()
     scenario.update_rows()
     scenario.check("changes after the migration")
+
+
+# --- strategy spark during a migration ------------------------------------------------------------
+
+
+class SparkScenario(Scenario):
+    """Full and selective refreshes staged by Spark (`strategy: spark`, the shared local session)."""
+
+    def __init__(self, root: Path, seed: int, partition_by: list[str], spark: Any) -> None:
+        super().__init__(root, seed, partition_by)
+        self.spark = spark
+
+    def full_refresh(self) -> None:
+        summary = refresh_dataset(str(self.spec), "events", spark=self.spark, strategy="spark")
+        assert summary.strategy == "spark", summary.strategy_reason
+
+    def partial_refresh(self) -> None:
+        """New source rows of one current partition, then a refresh of that partition only."""
+        rows = landing_in_one_partition(self.dataset(), self.new_rows(40))
+        self.source = pa.concat_tables([self.source, rows])
+        self.save_source()
+        bound = self.dataset().bind(SCHEMA)
+        transforms = [f.transform for f in bound.acceleration.partition_by]
+        (key_path,) = route_to_paths(rows, transforms, bound.acceleration.partition_names)
+        summary = refresh_dataset(
+            str(self.spec), "events", spark=self.spark, strategy="spark", partitions=[key_path]
+        )
+        assert summary.strategy == "spark", summary.strategy_reason
+        assert summary.refreshed == 1, "only the selected partition is rewritten"
+
+    def source_rows(self) -> None:
+        """Rows added to the source only (the full refresh picks them up)."""
+        self.source = pa.concat_tables([self.source, self.new_rows(self.rng.randint(1, 6))])
+        self.save_source()
+
+
+@pytest.mark.spark
+def test_spark_refreshes_interleaved_with_migration_batches(spark: Any, tmp_path: Path) -> None:
+    old, new = TRANSITIONS["day-to-month"]
+    scenario = SparkScenario(tmp_path, 83, old, spark)
+    scenario.full_refresh()
+    scenario.check("first refresh by Spark")
+    scenario.set_partition_by(new)
+    for step in [
+        scenario.batch,
+        scenario.partial_refresh,
+        scenario.batch,
+        scenario.append_rows,
+        scenario.partial_refresh,
+    ]:
+        step()
+        scenario.check(step.__name__)
+    assert scenario.snapshot().other_layout()[0] > 0, "still migrating"
+    scenario.source_rows()
+    scenario.full_refresh()
+    scenario.check("full refresh by Spark ends the migration")
+    assert scenario.snapshot().spec_ids_in_use() == {scenario.dataset().acceleration.partition_spec_id}
