@@ -364,3 +364,59 @@ def test_spark_refreshes_interleaved_with_migration_batches(spark: Any, tmp_path
     scenario.full_refresh()
     scenario.check("full refresh by Spark ends the migration")
     assert scenario.snapshot().spec_ids_in_use() == {scenario.dataset().acceleration.partition_spec_id}
+
+
+# --- a changes refresh merged by Spark executors after a declared column rename -----------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.spark
+def test_a_changes_refresh_merged_by_spark_executors_after_a_rename(
+    spark: Any, pg_database: str, tmp_path: Path
+) -> None:
+    """`ALTER TABLE ... RENAME COLUMN` of the partition column and the watermark, declared in the spec;
+    the changed rows (read under the new names, stored under the old) are merged by the executors
+    (`written` stage): moves between partitions, a NULL partition value, new rows, a delete found by the
+    audit; full read == the table, filters == DuckDB over it."""
+    from test_rename_columns import assert_postgres_equals, pg_rows, pg_spec
+
+    url = pg_database
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE public.accounts (id bigint PRIMARY KEY, region text, balance numeric(12, 2), "
+            "note text, updated_at timestamptz)"
+        )
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s)", pg_rows(range(40)))
+    spec = tmp_path / "spec.yaml"
+    project = pg_spec(spec, url, "watermark", renamed=False)
+    assert refresh_dataset(project, "accounts", spark=spark).refresh_mode == "full"
+
+    later = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE public.accounts RENAME COLUMN region TO area")
+        conn.execute("ALTER TABLE public.accounts RENAME COLUMN updated_at TO changed_at")
+        conn.execute("UPDATE public.accounts SET area = NULL, changed_at = %s WHERE id = 3", (later,))
+        conn.execute("UPDATE public.accounts SET area = 'ÉNEW/=%%', changed_at = %s WHERE id = 4", (later,))
+        conn.execute("UPDATE public.accounts SET balance = 7, changed_at = %s WHERE id = 8", (later,))
+        with conn.cursor() as cur:
+            rows = [(*row[:4], later) for row in pg_rows(range(100, 106), version=1)]
+            cur.executemany("INSERT INTO public.accounts VALUES (%s, %s, %s, %s, %s)", rows)
+    project = pg_spec(spec, url, "watermark", renamed=True)
+    summary = refresh_dataset(project, "accounts", spark=spark)
+    assert summary.refresh_mode == "changes", summary
+    assert summary.stage_mode == "written", "the executors merged the changes"
+    assert summary.changed_rows == 10, "6 new rows, ids 3, 4 and 8, and the newest row before"
+    assert_postgres_equals(project, url, 51)
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE public.accounts SET area = 'k=V', changed_at = %s WHERE id = 6", (later,))
+    summary = refresh_dataset(project, "accounts", spark=spark)
+    assert (summary.refresh_mode, summary.stage_mode) == ("changes", "written"), summary
+    assert_postgres_equals(project, url, 52)
+    # A hard delete: the audit names it, and (late_rows: rewrite) its partition is rewritten whole.
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM public.accounts WHERE id = 10")
+    summary = refresh_dataset(project, "accounts", spark=spark)
+    assert sum((summary.late_rows or {}).values()) == -1, "the delete is found by the audit"
+    assert_postgres_equals(project, url, 53)
