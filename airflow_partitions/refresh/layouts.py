@@ -270,3 +270,30 @@ def settle_changes_layouts(
 def holders_of(holdings: Mapping[str, Holding], key_paths: Sequence[str]) -> set[OldPartition]:
     """The old partitions holding a row of one of `key_paths`."""
     return {old for path in key_paths if path in holdings for old in holdings[path].partitions}
+
+
+def cdc_settler(
+    handle: DatasetHandle, catalog: Catalog
+) -> Callable[[Snapshot, list[Any]], tuple[Snapshot, Callable[[PartitionEntry, Sequence[Any]], bool], str]]:
+    """For `refresh.cdc.plan_cdc` during a re-partitioning: given the version and the changed and
+    deleted keys (first key column) decoded from the stream, move the old partitions holding one of them
+    into the current layout (one exact commit); the newest version, the exact check, and a note."""
+    holds = key_holder(handle, catalog)
+
+    def settle(
+        snapshot: Snapshot, keys: list[Any]
+    ) -> tuple[Snapshot, Callable[[PartitionEntry, Sequence[Any]], bool], str]:
+        spec_id = handle.dataset.acceleration.partition_spec_id
+        moving = {
+            (entry.spec_id, split_key_path(entry.key_path)[1])
+            for entry in snapshot.partitions.values()
+            if entry.spec_id != spec_id and entry.rows and holds(entry, keys)
+        }
+        latest = move_into_current_layout(handle, catalog, moving) or snapshot
+        note = (
+            f"re-partitioning in progress: {len(moving)} old partition(s) holding a changed or deleted key "
+            "moved into the current layout first"
+        )
+        return latest, holds, note
+
+    return settle

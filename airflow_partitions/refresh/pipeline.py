@@ -32,6 +32,7 @@ from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.layouts import (
+    cdc_settler,
     holders_of,
     migration_in_progress,
     move_into_current_layout,
@@ -150,8 +151,10 @@ def plan_refresh(
             return apply_refresh_mode(plan, bound, snapshot)
 
         stream = change_stream(project, bound, source)
+        migrating = migration_in_progress(snapshot, bound)
+        settle = cdc_settler(open_handle(project, bound), catalog) if migrating else None
         try:
-            return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy)
+            return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy, settle=settle)
         finally:
             if not hold_snapshot:
                 release_snapshot(stream.slot)
