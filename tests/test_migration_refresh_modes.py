@@ -437,3 +437,28 @@ def test_a_changes_refresh_merged_by_spark_executors_after_a_rename(
     summary = refresh_dataset(project, "accounts", spark=spark)
     assert sum((summary.late_rows or {}).values()) == -1, "the delete is found by the audit"
     assert_postgres_equals(project, url, 53)
+
+
+def test_late_rows_fail_refuses_an_append_during_a_migration_before_anything_moves(tmp_path: Path) -> None:
+    """`late_rows: fail`: rows below the watermark of a partition whose rows are in both layouts are named
+    (counted across the layouts) and nothing is committed, not even a move."""
+    from airflow_partitions.exceptions import LateRowsError
+    from airflow_partitions.refresh.pipeline import plan_refresh
+
+    old, new = TRANSITIONS["day-to-month"]
+    scenario = AppendScenario(tmp_path, 97, old, spark=None)
+    scenario.full_refresh()  # the first refresh reads every row (Arrow)
+    scenario.set_partition_by(new)
+    scenario.batch()
+    text = scenario.spec.read_text(encoding="utf-8")
+    scenario.spec.write_text(text.replace("late_rows: rewrite", "late_rows: fail"), encoding="utf-8")
+    late = landing_in_one_partition(scenario.dataset(), scenario.new_rows(40)).slice(0, 2)
+    ids = pa.array([10**12 - 2, 10**12 - 1], pa.int64())
+    scenario.source = pa.concat_tables([scenario.source, late.set_column(0, "id", ids)])
+    scenario.save_source()
+    before = scenario.snapshot()
+    with pytest.raises(LateRowsError, match="both layouts counted") as raised:
+        plan_refresh(scenario.project, "events")
+    assert sum(raised.value.late_rows.values()) == 2
+    after = scenario.snapshot()
+    assert after.version == before.version, "nothing moved, nothing committed"
