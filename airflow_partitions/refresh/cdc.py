@@ -234,31 +234,30 @@ def plan_cdc(
                 changed_partitions=0,
             )
         typed = stream.typed(conn, changes, source.schema(), keys)
-    old_holds = None
-    if settle is not None:
-        snapshot, old_holds, note = settle(snapshot, typed.column(keys[0]).to_pylist())
-        notes.append(f"{NOTE}{note}")
-    return _changes_plan(
-        dataset, snapshot, typed, len(changes.upserts), len(changes.deletes), cdc, notes, old_holds
-    )
+    counts = (len(changes.upserts), len(changes.deletes))
+    return _changes_plan(dataset, snapshot, typed, counts, cdc, notes, settle)
 
 
 def _changes_plan(
     dataset: DatasetSpec,
     snapshot: Snapshot,
     typed: pa.Table,
-    upserts: int,
-    deletes: int,
+    counts: tuple[int, int],
     cdc: dict[str, str],
     notes: list[str],
-    old_holds: Callable[[Any, Sequence[Any]], bool] | None = None,
+    settle: Settle | None = None,
 ) -> RefreshPlan:
-    """The partitions the changed rows land in, and those whose files may hold a changed or deleted key.
-    `old_holds`: during a re-partitioning, whether an old partition holds one of them (it must not: they
-    were moved before)."""
+    """The partitions the changed rows land in, and those whose files may hold a changed or deleted key
+    (`counts`: rows to upsert, keys to delete). `settle`: during a re-partitioning, first moves the old
+    partitions holding one of them; an old partition holding one after it refuses the plan."""
 
     acceleration = dataset.acceleration
     keys = list(acceleration.primary_key)
+    upserts, deletes = counts
+    old_holds = None
+    if settle is not None:
+        snapshot, old_holds, note = settle(snapshot, typed.column(keys[0]).to_pylist())
+        notes = [*notes, f"{NOTE}{note}"]
     names = acceleration.partition_names
     landing = _landing([f.transform for f in acceleration.partition_by], typed)
     # Keys matched as the merge matches them (IS NOT DISTINCT FROM): NULL, NaN and -0.0 included.
