@@ -24,6 +24,7 @@ from test_repartition import TRANSITIONS, Scenario
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.refresh.pipeline import refresh_dataset
+from airflow_partitions.spec import load_spec
 from airflow_partitions.table import open_handle
 from airflow_partitions.write.repartition import repartition
 from airflow_partitions.write.routing import route_to_paths
@@ -439,6 +440,26 @@ def test_a_changes_refresh_merged_by_spark_executors_after_a_rename(
     summary = refresh_dataset(project, "accounts", spark=spark)
     assert sum((summary.late_rows or {}).values()) == -1, "the delete is found by the audit"
     assert_postgres_equals(project, url, 53)
+    again = refresh_dataset(project, "accounts", spark=spark)
+    assert again.refresh_mode == "changes", again.notes
+
+    # partition_by changes (over the current names) and a batch moves: the executors merge changes whose
+    # old rows are in old partitions (moved first) while other old partitions stay.
+    text = spec.read_text(encoding="utf-8").replace(
+        '[{r: "lower(area)"}]', '[{r: "lower(area)"}, {b: "bucket(3, id)"}]'
+    )
+    spec.write_text(text, encoding="utf-8")
+    project = load_spec(spec)
+    repartition(open_handle(project, project.dataset("accounts")), max_partitions=1)
+    assert_postgres_equals(project, url, 54)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE public.accounts SET area = 'it''s', changed_at = %s WHERE id = 12", (later,))
+        conn.execute("UPDATE public.accounts SET balance = 1.5, changed_at = %s WHERE id = 13", (later,))
+    summary = refresh_dataset(project, "accounts", spark=spark)
+    snap = open_catalog(project, project.dataset("accounts")).latest()
+    assert (summary.refresh_mode, summary.stage_mode) == ("changes", "written"), summary
+    assert open_catalog(project, project.dataset("accounts")).latest().other_layout()[0] > 0
+    assert_postgres_equals(project, url, 55)
 
 
 def test_late_rows_fail_refuses_an_append_during_a_migration_before_anything_moves(tmp_path: Path) -> None:
