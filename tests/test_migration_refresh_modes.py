@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -97,6 +101,45 @@ class AppendScenario(Scenario):
         summary = self.refresh_incrementally()
         assert sum(summary.late_rows.values()) == -2, "the audit counts both layouts"
 
+    def crash_mid_refresh(self) -> None:
+        """SIGKILL an append refresh in a child process at its refresh commit (after any moves it needed
+        committed): the acceleration holds exactly the rows it held, in whichever layout; the next append
+        catches up."""
+        from airflow_partitions.refresh.layouts import old_holdings
+
+        held = self.source
+        handle = open_handle(self.project, self.dataset())
+        split = set(old_holdings(handle, handle.catalog))
+        bound = self.dataset().bind(SCHEMA)
+        transforms = [f.transform for f in bound.acceleration.partition_by]
+        routed = route_to_paths(self.new_rows(200), transforms, bound.acceleration.partition_names)
+        path, (_, rows) = next((p, r) for p, r in sorted(routed.items()) if p in split and "NULL" not in p)
+        self.source = pa.concat_tables([held, rows.slice(0, 3)])
+        self.save_source()
+        script = textwrap.dedent(
+            f"""
+            import os, signal
+            from airflow_partitions.catalog.catalog import Catalog
+            from airflow_partitions.refresh.pipeline import refresh_dataset
+            real = Catalog.commit
+            def commit(self, **kwargs):
+                if kwargs.get("operation") == "refresh":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(self, **kwargs)
+            Catalog.commit = commit
+            refresh_dataset({str(self.spec)!r}, "events", strategy="spark")
+            """
+        )
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        done = subprocess.run([sys.executable, "-c", script], env=env, cwd=self.root, timeout=300)
+        assert done.returncode == -9, "the child was killed at the refresh's commit"
+        assert self.versions()[-1].operation == "repartition", f"the old holders of {path} moved first"
+        assert path not in set(old_holdings(handle, handle.catalog))
+        self.source = held
+        self.check("killed append refresh")
+        self.source = pa.concat_tables([held, rows.slice(0, 3)])
+        self.refresh_incrementally()
+
     def append_one_partition(self) -> None:
         self.append_refresh(landing_in_one_partition(self.dataset(), self.new_rows(40)))
 
@@ -137,6 +180,9 @@ def test_append_refresh_during_a_migration_moves_only_what_it_changes(
     for step in steps:
         step()
         scenario.check(step.__name__)
+    if transition == "day-to-month":
+        scenario.crash_mid_refresh()
+        scenario.check("append after a killed one")
     while scenario.snapshot().other_layout()[0]:
         scenario.batch()
     scenario.append_refresh()
@@ -456,7 +502,6 @@ def test_a_changes_refresh_merged_by_spark_executors_after_a_rename(
         conn.execute("UPDATE public.accounts SET area = 'it''s', changed_at = %s WHERE id = 12", (later,))
         conn.execute("UPDATE public.accounts SET balance = 1.5, changed_at = %s WHERE id = 13", (later,))
     summary = refresh_dataset(project, "accounts", spark=spark)
-    snap = open_catalog(project, project.dataset("accounts")).latest()
     assert (summary.refresh_mode, summary.stage_mode) == ("changes", "written"), summary
     assert open_catalog(project, project.dataset("accounts")).latest().other_layout()[0] > 0
     assert_postgres_equals(project, url, 55)
