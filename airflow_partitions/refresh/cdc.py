@@ -51,6 +51,10 @@ from airflow_partitions.sources.postgres import PostgresSource
 from airflow_partitions.sources.renamed import RenamedSource
 from airflow_partitions.spec.model import ChangeDetection, RefreshMode
 
+# During a re-partitioning: (base version, changed and deleted keys) -> (the newest version after the
+# old partitions holding them moved, the exact "does this old partition hold one" check, a note).
+Settle = Callable[[Any, list[Any]], tuple[Any, Callable[[Any, Sequence[Any]], bool], str]]
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -141,9 +145,12 @@ def plan_cdc(
     *,
     full: bool,
     copy: Callable[[], RefreshPlan],
+    settle: Settle | None = None,
 ) -> RefreshPlan:
     """Step 1 of the module docstring: the changes plan, or `copy()` (a full plan) marked with the
-    position it is read after."""
+    position it is read after. `settle`: during a re-partitioning, moves the old partitions holding a
+    changed or deleted key into the current layout (`refresh.layouts.cdc_settler`); without it a
+    re-partitioning in progress copies every partition (`changes_fallback`)."""
 
     keys = list(dataset.acceleration.primary_key)
     notes: list[str] = []
@@ -188,7 +195,9 @@ def plan_cdc(
             )
         # A new slot: the copy is read at its snapshot (or after it), the stream continues from its start.
         upto = start if info is None else stream.position(conn)
-        reason = changes_fallback(dataset, source, snapshot, selecting=False, full=full)
+        reason = changes_fallback(
+            dataset, source, snapshot, selecting=False, full=full, migration=settle is not None
+        )
         if reason is None and committed is None:
             reason = "no version records a position in the change stream: the table is copied to start it"
         changes = None
@@ -225,26 +234,42 @@ def plan_cdc(
                 changed_partitions=0,
             )
         typed = stream.typed(conn, changes, source.schema(), keys)
-    return _changes_plan(dataset, snapshot, typed, len(changes.upserts), len(changes.deletes), cdc, notes)
+    counts = (len(changes.upserts), len(changes.deletes))
+    return _changes_plan(dataset, snapshot, typed, counts, cdc, notes, settle)
 
 
 def _changes_plan(
     dataset: DatasetSpec,
     snapshot: Snapshot,
     typed: pa.Table,
-    upserts: int,
-    deletes: int,
+    counts: tuple[int, int],
     cdc: dict[str, str],
     notes: list[str],
+    settle: Settle | None = None,
 ) -> RefreshPlan:
-    """The partitions the changed rows land in, and those whose files may hold a changed or deleted key."""
+    """The partitions the changed rows land in, and those whose files may hold a changed or deleted key
+    (`counts`: rows to upsert, keys to delete). `settle`: during a re-partitioning, first moves the old
+    partitions holding one of them; an old partition holding one after it refuses the plan."""
 
     acceleration = dataset.acceleration
     keys = list(acceleration.primary_key)
+    upserts, deletes = counts
+    old_holds = None
+    if settle is not None:
+        snapshot, old_holds, note = settle(snapshot, typed.column(keys[0]).to_pylist())
+        notes = [*notes, f"{NOTE}{note}"]
     names = acceleration.partition_names
     landing = _landing([f.transform for f in acceleration.partition_by], typed)
     # Keys matched as the merge matches them (IS NOT DISTINCT FROM): NULL, NaN and -0.0 included.
-    touched = changes_touched(snapshot, names, landing, keys[0], typed.column(keys[0]).to_pylist())
+    touched = changes_touched(
+        snapshot,
+        names,
+        landing,
+        keys[0],
+        typed.column(keys[0]).to_pylist(),
+        spec_id=acceleration.partition_spec_id if old_holds is not None else None,
+        old_holds=old_holds,
+    )
     schema = typed.schema.remove(typed.schema.get_field_index(DELETED_COLUMN))
     fingerprint = tagged_fingerprint(schema_tag(schema), f"cdc-{cdc['upto']}")
     items = changes_items(snapshot, touched, fingerprint)

@@ -33,8 +33,8 @@ past that value), so a future-dated row cannot hold back the ordinary rows that 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import LateRowsError, RefreshError
@@ -88,14 +88,21 @@ def file_watermark(data_file: DataFile, column: str, key_path: str) -> Any:
 
 
 def apply_refresh_mode(
-    plan: RefreshPlan, dataset: DatasetSpec, snapshot: Snapshot | None, source: Source | None = None
+    plan: RefreshPlan,
+    dataset: DatasetSpec,
+    snapshot: Snapshot | None,
+    source: Source | None = None,
+    *,
+    leave: Collection[str] = (),
 ) -> RefreshPlan:
     """`plan` under the dataset's refresh mode: in append mode each planned partition the catalog holds
     with rows becomes an append item carrying its watermark; `--full` and re-partitioning rewrite.
 
     With the `source`, the appends are audited first (`audit_appends`): partitions whose rows at or below
     the watermark differ from the source's, or whose watermark lies in the future, are handled as
-    `refresh.late_rows` says, and reported in the plan (`late_rows`, `future_rows`)."""
+    `refresh.late_rows` says, and reported in the plan (`late_rows`, `future_rows`). Only partitions of the
+    current layout are audited, and not those in `leave` (during a re-partitioning: rows still in both
+    layouts, audited across them by `refresh.layouts.settle_append_layouts`)."""
     refresh = dataset.acceleration.refresh
     mode = refresh.mode
     if mode is not RefreshMode.APPEND or plan.full or plan.replace_all or snapshot is None:
@@ -118,6 +125,8 @@ def apply_refresh_mode(
     planned = {item.key_path for item in items} | set(plan.removed)  # removed: gone from the source
     audited = [*appended.appending]
     for key_path, entry in sorted(snapshot.partitions.items()):
+        if key_path in leave or entry.spec_id != plan.spec_id:
+            continue
         if key_path not in planned and entry.rows:
             audited.append(
                 PartitionWorkItem(
@@ -142,11 +151,13 @@ class AppendAudit:
     or moved past the watermark: an append would hold them twice). Only partitions that differ.
     `future`: source rows whose watermark is past now + `max_future_skew_s`, per partition.
     `future_watermark`: appending partitions whose committed watermark is past that bound.
+    `past`: source rows past the watermark (the rows the append reads), per partition that has any.
     """
 
     late: dict[str, int]
     future: dict[str, int]
     future_watermark: tuple[str, ...]
+    past: dict[str, int] = field(default_factory=dict)  # source rows past the watermark (non-zero only)
 
 
 def future_bound(arrow_type: pa.DataType, skew_s: float) -> Any:
@@ -166,7 +177,11 @@ def future_bound(arrow_type: pa.DataType, skew_s: float) -> Any:
 
 
 def audit_appends(
-    appending: Sequence[PartitionWorkItem], dataset: DatasetSpec, source: Source, snapshot: Snapshot
+    appending: Sequence[PartitionWorkItem],
+    dataset: DatasetSpec,
+    source: Source,
+    snapshot: Snapshot,
+    held: Mapping[str, int] | None = None,
 ) -> AppendAudit:
     """Count, per appending partition (`appending`: append items carrying their watermarks), the source
     rows the append would not read against the rows the partition holds, and the source rows with future
@@ -176,7 +191,8 @@ def audit_appends(
     `width_bucket` of the watermark over every partition's watermark, so only counts cross the wire); other
     sources (and partition expressions Postgres cannot compute) give the partition and watermark columns
     only (`read_columns`). The per-partition comparison against each partition's own watermark is one
-    DuckDB join either way.
+    DuckDB join either way. `held`: the rows each partition holds, when not its committed entry's alone
+    (during a re-partitioning: its rows in both layouts).
     """
     import duckdb
     import pyarrow as pa
@@ -223,18 +239,23 @@ def audit_appends(
         unread = con.execute(
             f"SELECT b.i, sum(r.n) AS n FROM b JOIN r ON {same_key} AND {below} GROUP BY b.i"
         ).fetchall()
+        total = con.execute(f"SELECT b.i, sum(r.n) AS n FROM b JOIN r ON {same_key} GROUP BY b.i").fetchall()
         future = con.sql(
             f"SELECT {group + ', ' if group else ''}sum(f) AS n FROM r"
             + (f" GROUP BY {group}" if group else "")
             + " HAVING sum(f) > 0"
         ).to_arrow_table()
     counted = {int(i): int(n) for i, n in unread}
+    totals = {int(i): int(n) for i, n in total}
     late: dict[str, int] = {}
+    past: dict[str, int] = {}
     for index, item in enumerate(appending):
-        held = snapshot.partitions[item.key_path].rows
-        difference = counted.get(index, 0) - held
+        holds = held[item.key_path] if held is not None else snapshot.partitions[item.key_path].rows
+        difference = counted.get(index, 0) - holds
         if difference:
             late[item.key_path] = difference
+        if totals.get(index, 0) - counted.get(index, 0):
+            past[item.key_path] = totals.get(index, 0) - counted.get(index, 0)
     future_rows: dict[str, int] = {}
     if future.num_rows:
         values = [future.column(k).cast(key_types[i]).to_pylist() for i, k in enumerate(key_names)]
@@ -248,7 +269,7 @@ def audit_appends(
             for item in appending
             if item.watermark_value is not None and item.watermark_value > bound
         )
-    return AppendAudit(late, dict(sorted(future_rows.items())), ahead_marks)
+    return AppendAudit(late, dict(sorted(future_rows.items())), ahead_marks, past)
 
 
 def bucketed_counts(
@@ -424,9 +445,17 @@ def changes_watermark(snapshot: Snapshot, column: str, bound: Any = None) -> Any
 
 
 def changes_fallback(
-    dataset: DatasetSpec, source: Source, snapshot: Snapshot | None, *, selecting: bool, full: bool
+    dataset: DatasetSpec,
+    source: Source,
+    snapshot: Snapshot | None,
+    *,
+    selecting: bool,
+    full: bool,
+    migration: bool = False,
 ) -> str | None:
-    """Why a changes refresh rewrites partitions as a full one does (None: it can upsert changes)."""
+    """Why a changes refresh rewrites partitions as a full one does (None: it can upsert changes).
+    `migration`: the caller handles a re-partitioning in progress (`refresh.layouts`), so it is no reason;
+    else it is one."""
     if dataset.acceleration.refresh.mode is not RefreshMode.CHANGES:
         return "not in changes mode"
     if getattr(source, "kind", None) != "postgres":
@@ -441,7 +470,7 @@ def changes_fallback(
         return "no committed version yet: the first refresh reads every row"
     if snapshot.partition_spec.spec_id != dataset.acceleration.partition_spec_id:
         return "partition_by changed: every partition is rebuilt"
-    if snapshot.other_layout(dataset.acceleration.partition_spec_id)[0]:
+    if not migration and snapshot.other_layout(dataset.acceleration.partition_spec_id)[0]:
         return "a re-partitioning is in progress: every partition is rebuilt under the current partition_by"
     tag = schema_tag(source.schema())
     table = snapshot.table
@@ -460,6 +489,7 @@ def plan_changes(
     source: Source,
     snapshot: Snapshot,
     held: Callable[[PartitionEntry, Sequence[str]], pa.Table] | None = None,
+    layouts: Any = None,
 ) -> RefreshPlan:
     """The changes plan: the rows changed since the committed watermark (read once, keys and partition
     columns only), the partitions they land in now, and the partitions their keys may live in (file
@@ -468,6 +498,11 @@ def plan_changes(
 
     Ties: the read starts AT the watermark (`>=`), so rows updated within the same timestamp as the newest
     committed row are not lost; re-applying one already committed replaces it by key with itself.
+
+    During a re-partitioning (`refresh.layouts.settle_changes_layouts` moved every old partition that may
+    hold a changed key), `layouts` (`refresh.layouts.ChangesLayouts`) gives the rows each current key path
+    still has in old partitions, which the audit counts as held, and the check that no old partition holds
+    a changed key (one committed meanwhile refuses the plan).
     """
     import time
 
@@ -488,14 +523,22 @@ def plan_changes(
     # A transaction still open may commit rows stamped before rows committed now (`ts = now()` is its
     # start): read only below the oldest open writer's start, so the next read still starts before them.
     open_since = source.oldest_open_write() if bound is not None else None
-    changed = source.read_changed(wanted, column, watermark, _read_cap(open_since, bound, column_type))
+    changed = source.read_changed(wanted, column, watermark, read_cap(open_since, bound, column_type))
     names = acceleration.partition_names
     upper = pc.max(changed.column(column)).as_py() if changed.num_rows else None
     landing: set[tuple[Any, ...]] = set()
     if changed.num_rows:
         values = [t.apply_table(changed).to_pylist() for t in transforms]
         landing = set(zip(*values, strict=True))
-    touched = changes_touched(snapshot, names, landing, keys[0], changed.column(keys[0]).to_pylist())
+    touched = changes_touched(
+        snapshot,
+        names,
+        landing,
+        keys[0],
+        changed.column(keys[0]).to_pylist(),
+        spec_id=acceleration.partition_spec_id,
+        old_holds=layouts.holds if layouts is not None else None,
+    )
     future_rows = _future_rows(changed, column, column_type, bound, transforms, names)
     tag = schema_tag(source.schema())
     fingerprint = tagged_fingerprint(tag, f"changes-{value_to_json(upper)}")
@@ -504,7 +547,8 @@ def plan_changes(
     )
     # What the changes cannot see (hard deletes, rows changed below the watermark): every partition's
     # source rows against the rows it will hold once the changes are merged.
-    late, unaudited = audit_changes(dataset, source, snapshot, changed, touched, watermark, held)
+    old_rows = layouts.old_rows if layouts is not None else None
+    late, unaudited = audit_changes(dataset, source, snapshot, changed, touched, watermark, held, old_rows)
     audit_notes = late_rows_notes(
         dataset,
         late,
@@ -574,7 +618,7 @@ def _changes_notes(
     )
 
 
-def _read_cap(open_since: Any, bound: Any, column_type: pa.DataType) -> Any:
+def read_cap(open_since: Any, bound: Any, column_type: pa.DataType) -> Any:
     """Where a changes read stops: a transaction still open may commit rows stamped before rows committed
     now (`ts = now()` is its start), so read only below the oldest open writer's start (`open_since`),
     and the next read still starts before them. None: no open writer, read up to the newest."""
@@ -622,6 +666,7 @@ def audit_changes(
     touched: Mapping[str, PartitionKey],
     watermark: Any,
     held: Callable[[PartitionEntry, Sequence[str]], pa.Table] | None,
+    old_rows: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Per partition, the source's rows minus the rows the acceleration will hold once the `changed` rows
     are merged (only partitions that differ), and the changed partitions that could not be audited.
@@ -630,7 +675,8 @@ def audit_changes(
     wire). A partition the changes do not touch will hold what it holds; a touched one holds its rows
     minus those whose key changed (read from its files' key columns through `held`) plus the changed
     rows landing in it. A difference is a hard delete, a row inserted or changed below the watermark, or
-    a write that raced the refresh: the refresh cannot see it through the watermark."""
+    a write that raced the refresh: the refresh cannot see it through the watermark. `old_rows`: rows of
+    current key paths still in partitions of older specs (a re-partitioning in progress), held too."""
     import collections
 
     import duckdb
@@ -658,9 +704,12 @@ def audit_changes(
     keys = list(acceleration.primary_key)
     unaudited: list[str] = []
     late: dict[str, int] = {}
-    for key_path in sorted(set(in_source) | set(snapshot.partitions) | set(touched)):
+    old_rows = old_rows or {}
+    spec_id = acceleration.partition_spec_id
+    current = {path for path, entry in snapshot.partitions.items() if entry.spec_id == spec_id}
+    for key_path in sorted(set(in_source) | current | set(touched) | set(old_rows)):
         entry = snapshot.partitions.get(key_path)
-        holds = entry.rows if entry is not None else 0
+        holds = (entry.rows if entry is not None else 0) + old_rows.get(key_path, 0)
         if key_path in touched and entry is not None and entry.rows:
             if held is None:
                 unaudited.append(key_path)
@@ -688,15 +737,31 @@ def changes_touched(
     landing: Iterable[tuple[Any, ...]],
     key_column: str,
     changed_keys: Sequence[Any],
+    *,
+    spec_id: str | None = None,
+    old_holds: Callable[[PartitionEntry, Sequence[Any]], bool] | None = None,
 ) -> dict[str, PartitionKey]:
     """The partitions a changes refresh rewrites, by key path: those the changed rows land in, and those
-    whose files may hold one of the changed keys (its old row, to be replaced or deleted)."""
+    whose files may hold one of the changed keys (its old row, to be replaced or deleted).
+
+    `spec_id`: the current spec; a partition of an older spec holding a changed key (its statistics, then
+    `old_holds`, exact) raises `RefreshError` (they are moved into the current layout before the plan,
+    `refresh.layouts`)."""
     touched = {PartitionKey(k).path(names): PartitionKey(k) for k in landing}
     if changed_keys:
         probe = KeyProbe.of(changed_keys)
         for key_path, committed in snapshot.partitions.items():
-            if key_path not in touched and probe.may_be_in(committed, key_column):
-                touched[key_path] = committed.key
+            if key_path in touched or not probe.may_be_in(committed, key_column):
+                continue
+            if spec_id is not None and committed.spec_id != spec_id:
+                if old_holds is not None and not old_holds(committed, changed_keys):
+                    continue
+                raise RefreshError(
+                    f"partition {key_path} of an older partition_by may hold a key changed since the "
+                    "watermark, and was not moved into the current layout before the plan (a change "
+                    "committed while planning); plan again"
+                )
+            touched[key_path] = committed.key
     return touched
 
 

@@ -6,6 +6,7 @@ for the command line and tests, finalising partitions on a small thread pool.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -31,6 +32,16 @@ from airflow_partitions.refresh.commit import commit_refresh, remove_stage
 from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 from airflow_partitions.refresh.finalize import finalize_partition
+from airflow_partitions.refresh.layouts import (
+    cdc_settler,
+    holders_of,
+    migration_in_progress,
+    move_into_current_layout,
+    old_holdings,
+    settle_append_layouts,
+    settle_changes_layouts,
+    without_partitions,
+)
 from airflow_partitions.refresh.modes import apply_refresh_mode, changes_fallback, plan_changes
 from airflow_partitions.refresh.plan import CommitResult, PartitionResult, RefreshPlan, StageMode, StageResult
 from airflow_partitions.refresh.stage import bind_to_source, stage_refresh
@@ -39,7 +50,7 @@ from airflow_partitions.refresh.strategy import StrategyChoice, choose_strategy,
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
 from airflow_partitions.sources.pg_cdc import release_snapshot
 from airflow_partitions.spec import load_spec
-from airflow_partitions.spec.model import validate_against_schema
+from airflow_partitions.spec.model import RefreshMode, validate_against_schema
 from airflow_partitions.table import DatasetHandle, open_handle
 from airflow_partitions.write.refresh_moves import old_partitions_holding, old_rows_the_source_lost
 from airflow_partitions.write.repartition import open_stored, start_layout
@@ -142,21 +153,42 @@ def plan_refresh(
             return apply_refresh_mode(plan, bound, snapshot)
 
         stream = change_stream(project, bound, source)
+        migrating = migration_in_progress(snapshot, bound)
+        settle = cdc_settler(open_handle(project, bound), catalog) if migrating else None
         try:
-            return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy)
+            return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy, settle=settle)
         finally:
             if not hold_snapshot:
                 release_snapshot(stream.slot)
-    if changes_fallback(bound, source, snapshot, selecting=selecting, full=full) is None:
+    if changes_fallback(bound, source, snapshot, selecting=selecting, full=full, migration=True) is None:
         assert snapshot is not None
         held = held_reader(project, bound) if read_committed else None
-        changes = plan_changes(bound, source, snapshot, held=held)
-        return rewrite_late_partitions(changes, bound, source, snapshot, timeout_s)
+        layouts = None
+        notes: tuple[str, ...] = ()
+        if migration_in_progress(snapshot, bound):
+            handle = open_handle(project, bound)
+            snapshot, layouts, notes = settle_changes_layouts(handle, source, catalog, snapshot)
+        changes = plan_changes(bound, source, snapshot, held=held, layouts=layouts)
+        changes = dataclasses.replace(changes, notes=(*notes, *changes.notes))
+        return rewrite_late_partitions(changes, bound, source, snapshot, timeout_s, project, catalog)
+    if (
+        not selecting
+        and not full
+        and bound.acceleration.refresh.mode is RefreshMode.APPEND
+        and migration_in_progress(snapshot, bound)
+    ):
+        assert snapshot is not None
+        return plan_append_during_migration(project, bound, source, catalog, snapshot, timeout_s)
     selector = where_selector(bound, where) if where else None
     layouts_checked = False
+    split: frozenset[str] = frozenset()
     if selecting and snapshot is not None and layouts_differ(snapshot, bound):
         snapshot = switch_layout(project, bound, catalog, snapshot)
         layouts_checked = True
+        if bound.acceleration.refresh.mode is RefreshMode.APPEND and migration_in_progress(snapshot, bound):
+            # The append audit leaves partitions with rows still in both layouts (counted in one alone,
+            # they would look late and be rewritten whole, next to their rows in old partitions).
+            split = frozenset(old_holdings(open_handle(project, bound), catalog))
     plan = discover(
         bound,
         source,
@@ -172,7 +204,26 @@ def plan_refresh(
             project, bound, catalog, plan, snapshot, where=where, selector=selector
         )
         plan = replace(plan, migrate=migrate, vanished=vanished)
-    return apply_refresh_mode(plan, bound, snapshot, source)
+    return apply_refresh_mode(plan, bound, snapshot, source, leave=split)
+
+
+def plan_append_during_migration(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    source: Source,
+    catalog: Catalog,
+    snapshot: Snapshot,
+    timeout_s: float | None,
+) -> RefreshPlan:
+    """An append refresh while partitions of older specs are left: the old partitions holding rows of
+    the current partitions it changes move into the current layout first (`layouts.settle_append_layouts`),
+    then the ordinary append plan runs over current-layout partitions, leaving out those whose rows are
+    still in both layouts (nothing to append there)."""
+    handle = open_handle(project, dataset)
+    snapshot, left, notes = settle_append_layouts(handle, source, catalog, snapshot)
+    plan = discover(dataset, source, snapshot, timeout_s=timeout_s, layouts_checked=True)
+    plan = apply_refresh_mode(without_partitions(plan, left), dataset, snapshot, source, leave=left)
+    return dataclasses.replace(plan, notes=(*notes, *plan.notes))
 
 
 def layouts_differ(snapshot: Snapshot, dataset: DatasetSpec) -> bool:
@@ -252,18 +303,33 @@ def held_reader(project: ProjectSpec, dataset: DatasetSpec) -> Callable[..., Any
 
 
 def rewrite_late_partitions(
-    plan: RefreshPlan, dataset: DatasetSpec, source: Source, snapshot: Any, timeout_s: float | None
+    plan: RefreshPlan,
+    dataset: DatasetSpec,
+    source: Source,
+    snapshot: Any,
+    timeout_s: float | None,
+    project: ProjectSpec | None = None,
+    catalog: Catalog | None = None,
 ) -> RefreshPlan:
     """A changes plan whose audit found partitions differing from the source, under `refresh.late_rows:
     rewrite`: those partitions and the changed ones are rewritten whole from the source in one commit
-    (the changes are in the rows read), as a selection refresh rewrites them."""
+    (the changes are in the rows read), as a selection refresh rewrites them. During a re-partitioning
+    the old partitions holding rows of them move into the current layout first (their own commit)."""
     from dataclasses import replace
 
     if not plan.late_rows or plan.late_rows_policy != "rewrite":
         return plan
     selected = sorted({item.key_path for item in plan.items} | set(plan.late_rows))
+    moved = False
+    if migration_in_progress(snapshot, dataset) and project is not None and catalog is not None:
+        handle = open_handle(project, dataset)
+        holders = holders_of(old_holdings(handle, catalog), selected)
+        snapshot = move_into_current_layout(handle, catalog, holders)
+        moved = True
     whole = apply_refresh_mode(
-        discover(dataset, source, snapshot, partitions=selected, timeout_s=timeout_s), dataset, snapshot
+        discover(dataset, source, snapshot, partitions=selected, timeout_s=timeout_s, layouts_checked=moved),
+        dataset,
+        snapshot,
     )
     return replace(
         whole,

@@ -8,9 +8,10 @@ source's current names on the way in, and the rows back into stored names on the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.sources.base import Deadline, KeyTuple, RowsSince, Source, SourceSurvey
+from airflow_partitions.sources.base import Deadline, KeyTuple, RowsSince, Source, SourceSurvey, schema_tag
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -51,12 +52,13 @@ class RenamedSource:
         check_column: str | None,
         deadline: Deadline,
     ) -> SourceSurvey:
-        return self.inner.survey(
+        survey = self.inner.survey(
             self._transforms(transforms),
             need_keys=need_keys,
             check_column=self.renames.current(check_column) if check_column else None,
             deadline=deadline,
         )
+        return stored_tags(survey, schema_tag(self.schema()))
 
     def can_read_partition(self, transforms: Sequence[Transform]) -> bool:
         return self.inner.can_read_partition(self._transforms(transforms))
@@ -128,3 +130,27 @@ class RenamedSource:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.inner.to_json(), "renamed_columns": dict(self.renames.pairs)}
+
+
+def stored_tags(survey: SourceSurvey, stored: str) -> SourceSurvey:
+    """`survey` with its fingerprints tagged by the stored schema (`stored`) instead of the source's
+    current one. A declared rename is no schema change: fingerprints tagged by the current names would
+    read as one (`changes_fallback` then rebuilds every partition at each refresh, a selection is refused
+    as mixing schemas), while the changes plan and the committed partitions speak stored names."""
+    current = survey.schema_tag
+    if not current or current == stored:
+        return survey
+
+    def retag(fingerprint: str) -> str:
+        head, slash, rest = fingerprint.partition("/")
+        return f"{stored}/{rest}" if slash and head == current else fingerprint
+
+    per_key = (
+        {key: retag(value) for key, value in survey.per_key.items()} if survey.per_key else survey.per_key
+    )
+    return replace(
+        survey,
+        whole_fingerprint=retag(survey.whole_fingerprint),
+        per_key=per_key,
+        schema_tag=stored,
+    )

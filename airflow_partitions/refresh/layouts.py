@@ -1,0 +1,299 @@
+"""Watermark refreshes (`refresh_mode: append`, `changes`) while a re-partitioning is in progress.
+
+During a migration a row of a current-layout partition K may still sit in a partition of an older spec.
+A refresh must never leave a row in two layouts or in none, and must not rebuild everything either. The
+rule is the same for both modes: every current partition a refresh would change gets all its rows into the
+current layout first (`write.repartition.repartition(only=...)` moves exactly the old partitions holding a
+row of it, an exact commit of its own, checked like any batch), and every other partition is left out of
+the refresh, so the ordinary append / changes plan then runs on partitions of one layout.
+
+Which current partitions a refresh changes is judged across both layouts (`old_holdings`: the source
+columns of the current partition fields, and the watermark column, read from each old partition and routed
+under the current spec):
+- append: K's watermark is the largest over its current files and its rows in old partitions; K changes
+  when the source has rows of K past it, or when the source's rows of K at or below it differ in number
+  from the rows K holds in both layouts (late, deleted or moved rows, handled as `refresh.late_rows` says
+  once K is in one layout);
+- changes: the old partitions whose key statistics may hold a changed key (the old position of an update)
+  are moved; a changed row landing in K is an upsert by key, exact wherever K's other rows are; the audit
+  counts K's rows in both layouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from airflow_partitions.catalog.model import split_key_path
+from airflow_partitions.keys import PartitionKey, value_to_json
+from airflow_partitions.refresh.modes import (
+    KeyProbe,
+    audit_appends,
+    changes_watermark,
+    future_bound,
+    late_rows_notes,
+    partition_watermark,
+    read_cap,
+)
+from airflow_partitions.refresh.plan import PartitionWorkItem, Reason, RefreshPlan
+from airflow_partitions.spec.model import LateRows
+from airflow_partitions.write.commit import open_write_target
+from airflow_partitions.write.repartition import old_entries, repartition
+from airflow_partitions.write.routing import route_to_paths
+
+if TYPE_CHECKING:
+    from airflow_partitions.catalog import Catalog, PartitionEntry, Snapshot
+    from airflow_partitions.sources import Source
+    from airflow_partitions.spec.model import DatasetSpec
+    from airflow_partitions.table import DatasetHandle
+
+OldPartition = tuple[str, str]  # (spec id, plain key path), as `repartition(only=...)` takes them
+
+
+@dataclass
+class Holding:
+    """The rows of one current-layout partition still held by partitions of older specs."""
+
+    key: PartitionKey
+    partitions: set[OldPartition] = field(default_factory=set)
+    rows: int = 0
+    watermark: Any = None  # the largest watermark of those rows (None: none asked, or all NULL)
+
+
+def migration_in_progress(snapshot: Snapshot | None, dataset: DatasetSpec) -> bool:
+    """Whether the version's current spec is the dataset's and partitions of older specs are left."""
+    spec_id = dataset.acceleration.partition_spec_id
+    return (
+        snapshot is not None
+        and snapshot.partition_spec.spec_id == spec_id
+        and bool(snapshot.other_layout(spec_id)[0])
+    )
+
+
+def old_holdings(
+    handle: DatasetHandle, catalog: Catalog, watermark_column: str | None = None
+) -> dict[str, Holding]:
+    """Per current key path, the old partitions holding its rows, how many, and their largest
+    `watermark_column` value. Exact: each old partition's source columns of the current fields (and the
+    watermark column) are read and routed under the current spec; no other column is read."""
+    import pyarrow.compute as pc
+
+    target = open_write_target(handle, catalog=catalog)
+    holdings: dict[str, Holding] = {}
+    if target.snapshot is None:
+        return holdings
+    columns = {c for t in target.transforms for c in t.source_columns}
+    if watermark_column is not None:
+        columns.add(watermark_column)
+    for entry in old_entries(target.snapshot, target.spec_info.spec_id):
+        if not entry.rows:
+            continue
+        rows = target.read(entry.files, sorted(columns))
+        old = (entry.spec_id, split_key_path(entry.key_path)[1])
+        routed = route_to_paths(rows, target.transforms, target.names, dataset=handle.dataset.name)
+        for key_path, (key, part) in routed.items():
+            holding = holdings.setdefault(key_path, Holding(key))
+            holding.partitions.add(old)
+            holding.rows += part.num_rows
+            if watermark_column is not None:
+                mark = pc.max(part.column(watermark_column)).as_py()
+                if mark is not None and (holding.watermark is None or mark > holding.watermark):
+                    holding.watermark = mark
+    return holdings
+
+
+def move_into_current_layout(
+    handle: DatasetHandle, catalog: Catalog, old: Collection[OldPartition]
+) -> Snapshot | None:
+    """Move exactly the old partitions `old` into the current layout (one exact commit, operation
+    `repartition`); the newest version after it."""
+    if old:
+        repartition(handle, catalog=catalog, only=sorted(old))
+    return catalog.latest()
+
+
+def still_split(holdings: Mapping[str, Holding], moved: Collection[OldPartition]) -> frozenset[str]:
+    """Current key paths with rows left in old partitions once `moved` are moved."""
+    gone = set(moved)
+    return frozenset(path for path, holding in holdings.items() if holding.partitions - gone)
+
+
+# --- append -----------------------------------------------------------------------------------------
+
+
+def settle_append_layouts(
+    handle: DatasetHandle, source: Source, catalog: Catalog, snapshot: Snapshot
+) -> tuple[Snapshot, frozenset[str], tuple[str, ...]]:
+    """Before an append refresh during a migration: move the old partitions holding rows of every current
+    partition the append changes (see the module docstring). Returns the newest version, the current key
+    paths left out of the refresh (rows still in both layouts, nothing to append, counts equal to the
+    source's), and a note."""
+    dataset = handle.dataset
+    column = dataset.acceleration.refresh.watermark_column
+    assert column is not None  # append requires it
+    holdings = old_holdings(handle, catalog, column)
+    items: list[PartitionWorkItem] = []
+    held: dict[str, int] = {}
+    for key_path, holding in sorted(holdings.items()):
+        entry = snapshot.partitions.get(key_path)
+        marks = [holding.watermark]
+        if entry is not None and entry.rows:
+            marks.append(partition_watermark(entry, column))
+        known = [mark for mark in marks if mark is not None]
+        held[key_path] = holding.rows + (entry.rows if entry is not None else 0)
+        items.append(
+            PartitionWorkItem(
+                key=tuple(holding.key.to_json()),
+                key_path=key_path,
+                reason=Reason.FORCED,
+                fingerprint="",
+                append=True,
+                watermark=value_to_json(max(known)) if known else None,
+            )
+        )
+    audit = audit_appends(items, dataset, source, snapshot, held=held)
+    if dataset.acceleration.refresh.late_rows is LateRows.FAIL:
+        # Raises `LateRowsError` naming them, before anything moves.
+        late_rows_notes(
+            dataset,
+            audit.late,
+            where="at or below their watermark (rows in both layouts counted)",
+            causes="late, deleted or moved rows",
+            kept="appended as usual",
+        )
+    changing = set(audit.late) | set(audit.past) | set(audit.future_watermark)
+    moving = {old for key_path in changing for old in holdings[key_path].partitions}
+    snapshot = move_into_current_layout(handle, catalog, moving) or snapshot
+    left = still_split(holdings, moving)
+    note = (
+        f"re-partitioning in progress: {len(moving)} old partition(s) holding rows of the "
+        f"{len(changing)} partition(s) this append changes moved into the current layout first; "
+        f"{len(left)} partition(s) with rows still in both layouts have nothing to append and are left"
+    )
+    return snapshot, left, (note,)
+
+
+def without_partitions(plan: RefreshPlan, left: Collection[str]) -> RefreshPlan:
+    """`plan` without items for the key paths `left` (their rows are exact in both layouts)."""
+    if not left:
+        return plan
+    kept = tuple(item for item in plan.items if item.key_path not in left)
+    return replace(plan, items=kept, unchanged=plan.unchanged + len(plan.items) - len(kept))
+
+
+# --- changes ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChangesLayouts:
+    """What a changes plan needs of the old partitions left: the rows each current key path still has
+    there (its audit counts them as held), and whether one of them holds a changed key (it must not:
+    `plan_changes` refuses, plan again)."""
+
+    old_rows: dict[str, int]
+    holds: Callable[[PartitionEntry, Sequence[Any]], bool]
+
+
+def old_partitions_with_changed_keys(
+    handle: DatasetHandle, catalog: Catalog, source: Any, snapshot: Snapshot
+) -> set[OldPartition]:
+    """The old partitions holding a key changed since the committed watermark (the old position of an
+    updated row): moved before a changes refresh merges. Reads the changed rows' first key column, and
+    that column of the old partitions whose statistics may hold one of them (exact membership; a
+    floating-point key keeps the statistics' answer)."""
+    dataset = handle.dataset
+    acceleration = dataset.acceleration
+    column = acceleration.refresh.watermark_column
+    assert column is not None
+    key = acceleration.primary_key[0]
+    spec_id = acceleration.partition_spec_id
+    olds = [entry for entry in snapshot.partitions.values() if entry.spec_id != spec_id and entry.rows]
+    if not olds:
+        return set()
+    column_type = source.schema().field(column).type
+    bound = future_bound(column_type, acceleration.refresh.max_future_skew_s)
+    watermark = changes_watermark(snapshot, column, bound)
+    open_since = source.oldest_open_write() if bound is not None else None
+    changed = source.read_changed(
+        list(dict.fromkeys([key, column])), column, watermark, read_cap(open_since, bound, column_type)
+    )
+    holds = key_holder(handle, catalog)
+    keys = changed.column(key).to_pylist()
+    return {(entry.spec_id, split_key_path(entry.key_path)[1]) for entry in olds if holds(entry, keys)}
+
+
+def key_holder(handle: DatasetHandle, catalog: Catalog) -> Callable[[PartitionEntry, Sequence[Any]], bool]:
+    """Whether a partition holds one of some values of the first primary-key column: its statistics
+    first (`KeyProbe`), then that column of its files (exact membership, NULL matching NULL; a
+    floating-point key keeps the statistics' answer)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    key = handle.dataset.acceleration.primary_key[0]
+    target = open_write_target(handle, catalog=catalog)
+
+    def holds(entry: PartitionEntry, values: Sequence[Any]) -> bool:
+        if not values or not KeyProbe.of(values).may_be_in(entry, key):
+            return False
+        column = target.read(entry.files, [key]).column(key)
+        if pa.types.is_floating(column.type):
+            return True
+        wanted = pa.array(list(values), type=column.type)
+        return bool(pc.any(pc.is_in(column, value_set=wanted)).as_py())
+
+    return holds
+
+
+def settle_changes_layouts(
+    handle: DatasetHandle, source: Source, catalog: Catalog, snapshot: Snapshot, rounds: int = 3
+) -> tuple[Snapshot, ChangesLayouts, tuple[str, ...]]:
+    """Before a changes refresh during a migration: move the old partitions that may hold a changed key,
+    until none is left (a change committed meanwhile may name another; `rounds` at most). Returns the
+    newest version, what the changes plan needs of the old partitions left, and a note."""
+    moved: set[OldPartition] = set()
+    for _ in range(rounds):
+        holding = old_partitions_with_changed_keys(handle, catalog, source, snapshot)
+        if not holding:
+            break
+        moved |= holding
+        snapshot = move_into_current_layout(handle, catalog, holding) or snapshot
+    holdings = old_holdings(handle, catalog)
+    old_rows = {path: holding.rows for path, holding in holdings.items()}
+    note = (
+        f"re-partitioning in progress: {len(moved)} old partition(s) that may hold a changed key moved into "
+        f"the current layout first; {len(old_rows)} partition(s) still have rows in older layouts"
+    )
+    return snapshot, ChangesLayouts(old_rows, key_holder(handle, catalog)), (note,)
+
+
+def holders_of(holdings: Mapping[str, Holding], key_paths: Sequence[str]) -> set[OldPartition]:
+    """The old partitions holding a row of one of `key_paths`."""
+    return {old for path in key_paths if path in holdings for old in holdings[path].partitions}
+
+
+def cdc_settler(
+    handle: DatasetHandle, catalog: Catalog
+) -> Callable[[Snapshot, list[Any]], tuple[Snapshot, Callable[[PartitionEntry, Sequence[Any]], bool], str]]:
+    """For `refresh.cdc.plan_cdc` during a re-partitioning: given the version and the changed and
+    deleted keys (first key column) decoded from the stream, move the old partitions holding one of them
+    into the current layout (one exact commit); the newest version, the exact check, and a note."""
+    holds = key_holder(handle, catalog)
+
+    def settle(
+        snapshot: Snapshot, keys: list[Any]
+    ) -> tuple[Snapshot, Callable[[PartitionEntry, Sequence[Any]], bool], str]:
+        spec_id = handle.dataset.acceleration.partition_spec_id
+        moving = {
+            (entry.spec_id, split_key_path(entry.key_path)[1])
+            for entry in snapshot.partitions.values()
+            if entry.spec_id != spec_id and entry.rows and holds(entry, keys)
+        }
+        latest = move_into_current_layout(handle, catalog, moving) or snapshot
+        note = (
+            f"re-partitioning in progress: {len(moving)} old partition(s) holding a changed or deleted key "
+            "moved into the current layout first"
+        )
+        return latest, holds, note
+
+    return settle
