@@ -8,6 +8,10 @@ values as rows (so most keys match about one row of the other side), joined and 
 
     SELECT count(*), sum(l.v + r.w) FROM left l JOIN right r ON l.k = r.k
 
+The accelerations are written as a refresh writes them (the storage of their spec): Parquet, each
+bucket's rows sorted by `k` (a bucketed dataset's default `sort_by`), `k` delta-encoded. The sources are
+pyarrow's default Parquet (snappy, dictionary encoding), rows in random order.
+
 Contenders, each in a fresh interpreter per round (shuffled order each round) that runs the statement
 twice and reports the second run's seconds (files checked and footers cached, as on a long-lived
 reader) and its own peak RSS (`VmHWM`):
