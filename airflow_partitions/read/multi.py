@@ -13,9 +13,7 @@ Running it (`_run`) builds one fresh DuckDB database: `register_dataset_views` m
 over its selected files (the one place a table of the statement is registered, so catalog table
 functions can be added next to it), the split joins become views of the union of their small joins, and
 the database is then limited and locked exactly as a single-dataset query's (`read.query`): only the
-selected files readable, configuration locked, time and memory bounded by `QueryLimits`. A statement
-that combines over pair groups (`joins.streamed_shape`) runs once per group, the groups side by side on
-one cursor per DuckDB thread (`_run_groups`).
+selected files readable, configuration locked, time and memory bounded by `QueryLimits`.
 
 The datasets are read by readers the caller opens (`DatasetReader`, a factory by name): this module
 imports no reader, so every dataset of a query is reached the way its caller reaches its own (the same
