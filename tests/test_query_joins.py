@@ -622,42 +622,6 @@ def test_pair_groups_stream_one_statement_each_only_where_exact(
     assert not runs or runs[0] == len(plan.joins[0].pairs), "one statement per pair group"
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_pair_groups_run_side_by_side_on_cursors_of_their_own(
-    spec: Path, threads: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Streamed pair groups run on as many cursors at once as the query has DuckDB threads (each its share
-    of the groups, on a thread of its own); the answer is DuckDB's over the sources either way."""
-    import threading
-
-    from airflow_partitions.read.sandbox import QueryLimits
-
-    sql = "SELECT count(*) AS n, sum(a.v) AS s, min(b.ts), max(a.k) FROM l_b8 a JOIN r_b16 b ON a.k = b.k"
-    cursors: list[int] = []
-    ran_on: set[str] = set()
-    run_groups = multi._run_groups
-
-    def recorded(on: Any, *args: Any) -> list[pa.Table]:
-        cursors.append(len(on))
-        return run_groups(on, *args)
-
-    real_check = multi.check_budget
-
-    def check() -> None:
-        ran_on.add(threading.current_thread().name)
-        real_check()
-
-    monkeypatch.setattr(multi, "_run_groups", recorded)
-    monkeypatch.setattr(multi, "check_budget", check)
-    with datasets_query(spec, query_limits=QueryLimits(threads=threads)) as opened:
-        groups = len(opened.plan(sql).joins[0].pairs)
-        assert groups > threads > 1 or threads == 1, groups
-        assert _canonical(opened.query(sql)) == _oracle(sql), sql
-    assert cursors == [threads], cursors
-    workers = {name for name in ran_on if name.startswith("ap-join")}
-    assert len(workers) == (threads if threads > 1 else 0), ran_on
-
-
 def test_small_joins_are_not_split_and_the_plan_says_why(spec: Path) -> None:
     sql = "SELECT count(*) AS n FROM l_b8 a JOIN r_b16 b ON a.k = b.k"
     with datasets_query(spec, split_min_bytes=1 << 40) as small:

@@ -392,17 +392,11 @@ class DatasetQuery:
                 try:
                     if shape is not None and len(branches[0]) > 1:
                         view, groups = splits[0].view, branches[0]
-                        # Pair groups run side by side, each on a cursor of its own, when their SQL
-                        # names nothing registered on this connection alone (Parquet scans inline).
-                        alone = any(scope.registered for scope in scopes.values())
-                        workers = 1 if alone else min(limits.thread_count, len(groups))
-                        streams = _Streams(connection, workers)
-                        with contextlib.closing(streams):
-                            return run_bounded(
-                                streams,
-                                lambda: _run_streamed(streams, statement, view, groups, shape),
-                                memory=limits.memory,
-                            )
+                        return run_bounded(
+                            connection,
+                            lambda: _run_streamed(connection, statement, view, groups, shape),
+                            memory=limits.memory,
+                        )
                     return run_bounded(
                         connection, lambda: connection.sql(statement).to_arrow_table(), memory=limits.memory
                     )
@@ -500,36 +494,14 @@ def _register_split(
     return branches
 
 
-class _Streams:
-    """The cursors pair groups run on: `connection` alone, or `workers` cursors of its database, each
-    running a share of the groups on a thread of its own (DuckDB's threads and memory limit are the
-    database's, so the groups share them). `interrupt` stops all of them (`run_bounded`'s timeout)."""
-
-    def __init__(self, connection: Any, workers: int) -> None:
-        self.connection = connection
-        self.cursors = [connection] if workers <= 1 else [connection.cursor() for _ in range(workers)]
-
-    def interrupt(self) -> None:
-        for cursor in self.cursors:
-            cursor.interrupt()
-
-    def close(self) -> None:
-        for cursor in self.cursors:
-            if cursor is not self.connection:
-                with contextlib.suppress(Exception):
-                    cursor.close()
-
-
 def _run_streamed(
-    streams: _Streams, statement: str, view: str, branches: Sequence[str], shape: list[str]
+    connection: Any, statement: str, view: str, branches: Sequence[str], shape: list[str]
 ) -> pa.Table:
     """`statement` run once per pair group, the split join's view holding only that group's small join
-    (so at most one group's join per cursor is in memory), the results combined as `streamed_shape`
-    says: the rows of each (a projection / filter), or one row of `count` / `sum` / `min` / `max` over
-    the partials."""
+    (so at most one group's join is in memory), the results combined as `streamed_shape` says: the rows
+    of each (a projection / filter), or one row of `count` / `sum` / `min` / `max` over the partials."""
     import pyarrow.compute as pc
 
-    connection = streams.connection
     types = connection.sql(statement).types
     floating = [str(t) in ("DOUBLE", "FLOAT") for t in types]
     if any(kind == "sum" and f for kind, f in zip(shape, floating, strict=False)) or (
@@ -537,7 +509,11 @@ def _run_streamed(
     ):
         # Floating-point sums depend on the order of addition: only the whole join gives its answer.
         return connection.sql(statement).to_arrow_table()
-    parts = _run_groups(streams.cursors, statement, view, branches)
+    parts = []
+    for branch in branches:
+        connection.execute(f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view)} AS {branch}")
+        parts.append(connection.sql(statement).to_arrow_table())
+        check_budget()
     whole = pa.concat_tables(parts)
     if not shape or shape == [GROUPED]:
         return whole  # rows of a projection, or whole statement groups: each in exactly one part
@@ -554,43 +530,6 @@ def _run_streamed(
             value = pc.max(column)
         columns.append(pa.array([value.as_py()], column.type))
     return pa.Table.from_arrays(columns, schema=whole.schema)
-
-
-def _run_groups(cursors: Sequence[Any], statement: str, view: str, branches: Sequence[str]) -> list[pa.Table]:
-    """Each pair group's result of `statement`, in the order of `branches`: the groups dealt round-robin
-    to the cursors, each cursor on a thread of its own when there are several (under the caller's budget:
-    the threads see its deadline), its view replaced by one group's small join at a time."""
-
-    def run(cursor: Any, share: Sequence[int]) -> list[tuple[int, pa.Table]]:
-        done = []
-        for index in share:
-            cursor.execute(f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view)} AS {branches[index]}")
-            done.append((index, cursor.sql(statement).to_arrow_table()))
-            check_budget()
-        return done
-
-    shares = [range(start, len(branches), len(cursors)) for start in range(len(cursors))]
-    if len(cursors) == 1:
-        return [table for _, table in run(cursors[0], shares[0])]
-    import concurrent.futures
-    import contextvars
-
-    with concurrent.futures.ThreadPoolExecutor(len(cursors), thread_name_prefix="ap-join") as pool:
-        futures = [
-            pool.submit(contextvars.copy_context().run, run, cursor, share)
-            for cursor, share in zip(cursors, shares, strict=True)
-        ]
-        try:
-            results = [future.result() for future in futures]
-        except BaseException:
-            for cursor in cursors:
-                with contextlib.suppress(Exception):
-                    cursor.interrupt()  # the other groups stop too
-            raise
-    parts: list[pa.Table | None] = [None] * len(branches)
-    for index, table in (item for done in results for item in done):
-        parts[index] = table
-    return [part for part in parts if part is not None]
 
 
 def _scrub(message: str, connection: Any, scopes: Mapping[str, CallScope]) -> str:
