@@ -8,11 +8,15 @@ values as rows (so most keys match about one row of the other side), joined and 
 
     SELECT count(*), sum(l.v + r.w) FROM left l JOIN right r ON l.k = r.k
 
+The accelerations are written as a refresh writes them (the storage of their spec): Parquet, each
+bucket's rows sorted by `k` (a bucketed dataset's default `sort_by`), `k` delta-encoded. The sources are
+pyarrow's default Parquet (snappy, dictionary encoding), rows in random order.
+
 Contenders, each in a fresh interpreter per round (shuffled order each round) that runs the statement
 twice and reports the second run's seconds (files checked and footers cached, as on a long-lived
 reader) and its own peak RSS (`VmHWM`):
 
-* ours: `DatasetQuery(spec).query(sql)`, the join split into one small join per bucket, each run as its
+* ours: `datasets_query(spec).query(sql)`, the join split into one small join per bucket, each run as its
   own statement whose `count` / `sum` partials are added up (at `--quick` sizes the join is under
   `SPLIT_MIN_BYTES` and not split; the plan's reason is printed);
 * ours, plain join: the same with `split_joins=False` (one hash join over both datasets' files);
@@ -47,7 +51,12 @@ CONTENDERS = ("ours", "ours_plain", "duckdb")
 
 
 def build(directory: Path, rows: int) -> Path:
-    """Write both datasets (sources and bucketed accelerations, one commit each) and their spec."""
+    """Write both datasets (sources and bucketed accelerations, one commit each) and their spec.
+
+    Each acceleration is written by the storage its spec gives (`get_storage(acceleration)`), as a
+    refresh writes it: Parquet, each bucket's rows sorted by `k` (the default `sort_by` of a bucketed
+    dataset: the bucket's source column).
+    """
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -55,16 +64,27 @@ def build(directory: Path, rows: int) -> Path:
 
     from airflow_partitions.catalog import Catalog, LocalStore, PartitionEntry, PartitionSpecInfo
     from airflow_partitions.keys import PartitionKey
+    from airflow_partitions.read.reader import open_project
     from airflow_partitions.storage import get_storage
     from airflow_partitions.transforms import parse_transform
 
     root = directory / "accelerations"
-    storage = get_storage("parquet")
     expression = f"bucket({BUCKETS}, k)"
+    path = directory / "joins.yaml"
+    path.write_text(
+        f"accelerator_dir: {root}\ndatasets:\n"
+        + "".join(
+            f"  - name: {name}\n    from: file:{directory / f'source_{name}'}/*.parquet\n"
+            f"    acceleration:\n      engine: parquet\n      mode: file\n"
+            f'      partition_by:\n        - kb: "{expression}"\n'
+            for name in ("left", "right")
+        )
+    )
+    project = open_project(path)
     spec = PartitionSpecInfo.from_fields([("kb", parse_transform(expression).canonical)])
     generator = np.random.default_rng(7)
-    entries_text = []
     for name, value in (("left", "v"), ("right", "w")):
+        storage = get_storage(project.dataset(name).acceleration)
         table = pa.table(
             {
                 "k": pa.array(generator.integers(0, rows, rows), pa.int64()),
@@ -94,12 +114,6 @@ def build(directory: Path, rows: int) -> Path:
         Catalog(LocalStore(root), name, storage=storage).commit(
             base_version=None, upserts=entries, partition_spec=spec
         )
-        entries_text.append(
-            f"  - name: {name}\n    from: file:{sources}/*.parquet\n    acceleration:\n"
-            f'      engine: parquet\n      mode: file\n      partition_by:\n        - kb: "{expression}"\n'
-        )
-    path = directory / "joins.yaml"
-    path.write_text(f"accelerator_dir: {root}\ndatasets:\n" + "".join(entries_text))
     return path
 
 
@@ -118,9 +132,9 @@ def worker(contender: str, spec: Path, out: Path) -> None:
             return [tuple(int(value) for value in row) for row in connection.sql(sql).fetchall()]
 
     else:
-        from airflow_partitions.read.multi import DatasetQuery
+        from airflow_partitions.read.reader import datasets_query
 
-        query = DatasetQuery(spec)
+        query = datasets_query(spec)
         split = contender == "ours"
 
         def run() -> list[tuple[int, ...]]:

@@ -111,6 +111,70 @@ def test_sorted_row_groups_have_disjoint_ranges_that_a_filter_skips(tmp_path: Pa
     assert ds.dataset(str(after), format="parquet").to_table(filter=ds.field("k") == 42).num_rows == expected
 
 
+def encodings(path: Path) -> dict[str, set[str]]:
+    """Each Parquet column path's encodings over the file's row groups."""
+    metadata = pq.read_metadata(path)
+    found: dict[str, set[str]] = {}
+    for group in range(metadata.num_row_groups):
+        for index in range(metadata.num_columns):
+            column = metadata.row_group(group).column(index)
+            found.setdefault(column.path_in_schema, set()).update(column.encodings)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("key_type", "delta"),
+    [
+        (pa.int64(), True),
+        (pa.uint8(), True),
+        (pa.date32(), True),
+        (pa.timestamp("s", tz="UTC"), True),  # widened to milliseconds, still INT64
+        (pa.string(), False),
+    ],
+)
+def test_first_sort_column_of_integers_is_delta_encoded_the_others_keep_dictionaries(
+    tmp_path: Path, key_type: pa.DataType, delta: bool
+) -> None:
+    import duckdb
+
+    base = hostile_table(3000)
+    keys = pc.cast(pc.if_else(pc.is_null(base["k"]), None, pc.multiply(base["k"], 2)), pa.int64())
+    if pa.types.is_string(key_type):
+        keys = pc.cast(keys, pa.string())
+    elif pa.types.is_date(key_type):
+        keys = pc.cast(pc.cast(keys, pa.int32()), key_type)
+    else:
+        keys = pc.cast(keys, key_type)
+    table = base.append_column("key", keys).append_column(
+        "nested",
+        pa.array([None if i % 5 == 0 else {"x": i % 3, "s": HOSTILE[i % len(HOSTILE)]} for i in range(3000)]),
+    )
+    storage = get_storage("parquet", row_group_rows=500, sort_by=["key", "id"])
+    path, file = written_path(tmp_path, storage, table)
+
+    found = encodings(path)
+    assert ("DELTA_BINARY_PACKED" in found["key"]) == delta, found
+    assert ("RLE_DICTIONARY" in found["key"]) != delta, found
+    for other in ("s", "nested.x", "nested.s", "k"):
+        assert "RLE_DICTIONARY" in found[other], f"{other} should keep its dictionary: {found}"
+    assert "DELTA_BINARY_PACKED" not in found["id"], "only the first sort column"
+    # Nothing lost or changed: pyarrow and DuckDB read the same rows back.
+    assert sorted_by_id(storage.read(tmp_path, [file])).equals(table)
+    probe = table["key"][7]
+    expected = (
+        table.num_rows,
+        pc.count(table["key"]).as_py(),
+        table.filter(pc.field("key") == probe).num_rows,
+    )
+    with duckdb.connect() as connection:
+        connection.execute("SET TimeZone = 'UTC'")
+        read = connection.execute(
+            "SELECT count(*), count(key), count(*) FILTER (WHERE key = $probe) FROM read_parquet($path)",
+            {"path": str(path), "probe": probe.as_py()},
+        ).fetchone()
+    assert read == expected
+
+
 def test_default_row_group_size_and_unsorted_without_sort_keys(tmp_path: Path) -> None:
     table = hostile_table()
     storage = get_storage("parquet")
