@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.catalog.model import split_key_path
 from airflow_partitions.keys import PartitionKey, value_to_json
 from airflow_partitions.refresh.modes import (
+    AppendAudit,
     KeyProbe,
     audit_appends,
     changes_watermark,
@@ -57,6 +58,7 @@ class Holding:
 
     key: PartitionKey
     partitions: set[OldPartition] = field(default_factory=set)
+    paths: set[str] = field(default_factory=set)  # the same partitions' key paths in the catalog
     rows: int = 0
     watermark: Any = None  # the largest watermark of those rows (None: none asked, or all NULL)
 
@@ -95,6 +97,7 @@ def old_holdings(
         for key_path, (key, part) in routed.items():
             holding = holdings.setdefault(key_path, Holding(key))
             holding.partitions.add(old)
+            holding.paths.add(entry.key_path)
             holding.rows += part.num_rows
             if watermark_column is not None:
                 mark = pc.max(part.column(watermark_column)).as_py()
@@ -122,18 +125,41 @@ def still_split(holdings: Mapping[str, Holding], moved: Collection[OldPartition]
 # --- append -----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class AppendLayouts:
+    """An append refresh's view across both layouts: per current key path with rows in old partitions,
+    the rows it holds in both and an append item carrying its watermark over both (`items`), the audit of
+    those items against the source, and the current key paths the append changes."""
+
+    holdings: dict[str, Holding]
+    held: dict[str, int]
+    items: dict[str, PartitionWorkItem]
+    audit: AppendAudit
+    changing: frozenset[str]
+
+    @property
+    def moving(self) -> tuple[str, ...]:
+        """The old partitions (key paths in the base) holding a row of a partition the append changes:
+        the refresh's commit moves them (`RefreshPlan.migrate`)."""
+        return tuple(sorted({p for key_path in self.changing for p in self.holdings[key_path].paths}))
+
+    def source_rows(self, key_path: str) -> int:
+        """The source's rows of a held key path (below its watermark, past it: both audited)."""
+        audit = self.audit
+        return self.held[key_path] + audit.late.get(key_path, 0) + audit.past.get(key_path, 0)
+
+
 def settle_append_layouts(
     handle: DatasetHandle, source: Source, catalog: Catalog, snapshot: Snapshot
-) -> tuple[Snapshot, frozenset[str], tuple[str, ...]]:
-    """Before an append refresh during a migration: move the old partitions holding rows of every current
-    partition the append changes (see the module docstring). Returns the newest version, the current key
-    paths left out of the refresh (rows still in both layouts, nothing to append, counts equal to the
-    source's), and a note."""
+) -> AppendLayouts:
+    """Before an append refresh during a migration: which current partitions with rows in old partitions
+    the append changes, judged across both layouts (see the module docstring). Nothing moves here (the
+    refresh's commit does); under `late_rows: fail` differing partitions raise `LateRowsError` here."""
     dataset = handle.dataset
     column = dataset.acceleration.refresh.watermark_column
     assert column is not None  # append requires it
     holdings = old_holdings(handle, catalog, column)
-    items: list[PartitionWorkItem] = []
+    items: dict[str, PartitionWorkItem] = {}
     held: dict[str, int] = {}
     for key_path, holding in sorted(holdings.items()):
         entry = snapshot.partitions.get(key_path)
@@ -142,19 +168,17 @@ def settle_append_layouts(
             marks.append(partition_watermark(entry, column))
         known = [mark for mark in marks if mark is not None]
         held[key_path] = holding.rows + (entry.rows if entry is not None else 0)
-        items.append(
-            PartitionWorkItem(
-                key=tuple(holding.key.to_json()),
-                key_path=key_path,
-                reason=Reason.FORCED,
-                fingerprint="",
-                append=True,
-                watermark=value_to_json(max(known)) if known else None,
-            )
+        items[key_path] = PartitionWorkItem(
+            key=tuple(holding.key.to_json()),
+            key_path=key_path,
+            reason=Reason.FORCED,
+            fingerprint="",
+            append=True,
+            watermark=value_to_json(max(known)) if known else None,
         )
-    audit = audit_appends(items, dataset, source, snapshot, held=held)
+    audit = audit_appends(list(items.values()), dataset, source, snapshot, held=held)
     if dataset.acceleration.refresh.late_rows is LateRows.FAIL:
-        # Raises `LateRowsError` naming them, before anything moves.
+        # Raises `LateRowsError` naming them, before anything is written.
         late_rows_notes(
             dataset,
             audit.late,
@@ -162,16 +186,68 @@ def settle_append_layouts(
             causes="late, deleted or moved rows",
             kept="appended as usual",
         )
-    changing = set(audit.late) | set(audit.past) | set(audit.future_watermark)
-    moving = {old for key_path in changing for old in holdings[key_path].partitions}
-    snapshot = move_into_current_layout(handle, catalog, moving) or snapshot
-    left = still_split(holdings, moving)
-    note = (
-        f"re-partitioning in progress: {len(moving)} old partition(s) holding rows of the "
-        f"{len(changing)} partition(s) this append changes moved into the current layout first; "
-        f"{len(left)} partition(s) with rows still in both layouts have nothing to append and are left"
+    changing = frozenset(set(audit.late) | set(audit.past) | set(audit.future_watermark))
+    return AppendLayouts(holdings, held, items, audit, changing)
+
+
+def append_across_layouts(
+    plan: RefreshPlan, found: RefreshPlan, dataset: DatasetSpec, snapshot: Snapshot, layouts: AppendLayouts
+) -> RefreshPlan:
+    """`plan` (the append plan of the partitions without rows in old ones) with the partitions that do:
+    those the append changes become append items on their watermark over both layouts (their old rows
+    join the appended entry in the commit), or whole rewrites (late rows under `rewrite`, a future
+    watermark, no current entry yet; their old rows superseded), or, gone from the source, vanished keys
+    (their old rows dropped); the others are left out. `found`: the discovery before the refresh mode."""
+    audit = layouts.audit
+    rewrite = set(audit.future_watermark)
+    if dataset.acceleration.refresh.late_rows is LateRows.REWRITE:
+        rewrite |= set(audit.late)
+    discovered = {item.key_path: item for item in found.items}
+    items = [item for item in plan.items if item.key_path not in layouts.holdings]
+    vanished: list[str] = []
+    for key_path in sorted(layouts.changing):
+        if layouts.source_rows(key_path) == 0:
+            if key_path not in plan.removed:
+                vanished.append(key_path)
+            continue
+        item = discovered.get(key_path, layouts.items[key_path])
+        entry = snapshot.partitions.get(key_path)
+        if key_path in rewrite or entry is None or not entry.rows:
+            items.append(replace(item, append=False, watermark=None))
+        else:
+            items.append(replace(item, append=True, watermark=layouts.items[key_path].watermark))
+    notes = late_rows_notes(
+        dataset,
+        audit.late,
+        where="at or below their watermark (rows in both layouts counted)",
+        causes="late, deleted or moved rows",
+        kept="appended as usual",
     )
-    return snapshot, left, (note,)
+    if audit.future_watermark:
+        notes.append(
+            f"{len(audit.future_watermark)} partition(s) with rows in both layouts have a watermark in the "
+            "future, rewritten whole: " + ", ".join(audit.future_watermark[:10])
+        )
+    moving = layouts.moving
+    left = still_split(
+        layouts.holdings, {old for p in layouts.changing for old in layouts.holdings[p].partitions}
+    )
+    notes.append(
+        f"re-partitioning in progress: {len(moving)} old partition(s) holding rows of the "
+        f"{len(layouts.changing)} partition(s) this append changes move into the current layout in its "
+        f"commit; {len(left)} partition(s) with rows still in both layouts have nothing to append and are "
+        "left"
+    )
+    return replace(
+        plan,
+        items=tuple(sorted(items, key=lambda item: item.key_path)),
+        unchanged=max(0, plan.unchanged + len(plan.items) - len(items)),
+        notes=(*plan.notes, *notes),
+        late_rows={**(plan.late_rows or {}), **audit.late},
+        future_rows={**(plan.future_rows or {}), **audit.future},
+        migrate=moving,
+        vanished=(*plan.vanished, *vanished),
+    )
 
 
 def without_partitions(plan: RefreshPlan, left: Collection[str]) -> RefreshPlan:

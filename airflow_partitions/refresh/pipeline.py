@@ -33,6 +33,7 @@ from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.layouts import (
+    append_across_layouts,
     cdc_settler,
     holders_of,
     migration_in_progress,
@@ -215,15 +216,16 @@ def plan_append_during_migration(
     snapshot: Snapshot,
     timeout_s: float | None,
 ) -> RefreshPlan:
-    """An append refresh while partitions of older specs are left: the old partitions holding rows of
-    the current partitions it changes move into the current layout first (`layouts.settle_append_layouts`),
-    then the ordinary append plan runs over current-layout partitions, leaving out those whose rows are
-    still in both layouts (nothing to append there)."""
+    """An append refresh while partitions of older specs are left: which current partitions with rows in
+    old partitions it changes is judged across both layouts (`layouts.settle_append_layouts`); the
+    ordinary append plan runs over the others, and the refresh's commit moves the old partitions holding
+    rows of the changed ones (`RefreshPlan.migrate`), so the refresh is one catalog version."""
     handle = open_handle(project, dataset)
-    snapshot, left, notes = settle_append_layouts(handle, source, catalog, snapshot)
-    plan = discover(dataset, source, snapshot, timeout_s=timeout_s, layouts_checked=True)
-    plan = apply_refresh_mode(without_partitions(plan, left), dataset, snapshot, source, leave=left)
-    return dataclasses.replace(plan, notes=(*notes, *plan.notes))
+    layouts = settle_append_layouts(handle, source, catalog, snapshot)
+    held = set(layouts.holdings)
+    found = discover(dataset, source, snapshot, timeout_s=timeout_s, layouts_checked=True)
+    plan = apply_refresh_mode(without_partitions(found, held), dataset, snapshot, source, leave=held)
+    return append_across_layouts(plan, found, dataset, snapshot, layouts)
 
 
 def layouts_differ(snapshot: Snapshot, dataset: DatasetSpec) -> bool:
