@@ -9,6 +9,7 @@ unicode, `/ = %`, quotes, timestamps with offsets).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -79,9 +80,11 @@ class AppendScenario(Scenario):
         before = len(self.versions())
         summary = refresh_dataset(str(self.spec), "events", spark=self.spark)
         assert summary.refresh_mode == "append", summary.notes
-        for info in self.versions()[before:]:
+        made = self.versions()[before:]
+        assert len(made) <= 1, f"one catalog version per refresh, moves included: {made}"
+        for info in made:
             assert not info.replace_all, f"no rebuild during the migration: {info}"
-            assert info.operation in ("refresh", "repartition"), info
+            assert info.operation == "refresh", info
         return summary
 
     def late_rows(self) -> None:
@@ -102,9 +105,9 @@ class AppendScenario(Scenario):
         assert sum(summary.late_rows.values()) == -2, "the audit counts both layouts"
 
     def crash_mid_refresh(self) -> None:
-        """SIGKILL an append refresh in a child process at its refresh commit (after any moves it needed
-        committed): the acceleration holds exactly the rows it held, in whichever layout; the next append
-        catches up."""
+        """SIGKILL an append refresh in a child process at its commit (the one commit that would also move
+        the old partitions it needs): the catalog stays at the version the refresh started from, every row
+        in the layout it was in; the next append catches up."""
         from airflow_partitions.refresh.layouts import old_holdings
 
         held = self.source
@@ -116,6 +119,7 @@ class AppendScenario(Scenario):
         path, (_, rows) = next((p, r) for p, r in sorted(routed.items()) if p in split and "NULL" not in p)
         self.source = pa.concat_tables([held, rows.slice(0, 3)])
         self.save_source()
+        started = [info.version for info in self.versions()]
         script = textwrap.dedent(
             f"""
             import os, signal
@@ -133,8 +137,9 @@ class AppendScenario(Scenario):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         done = subprocess.run([sys.executable, "-c", script], env=env, cwd=self.root, timeout=300)
         assert done.returncode == -9, "the child was killed at the refresh's commit"
-        assert self.versions()[-1].operation == "repartition", f"the old holders of {path} moved first"
-        assert path not in set(old_holdings(handle, handle.catalog))
+        after = [info.version for info in self.versions()]
+        assert after == started, "nothing of the killed refresh committed, its moves neither"
+        assert path in set(old_holdings(handle, handle.catalog)), f"the old holders of {path} did not move"
         self.source = held
         self.check("killed append refresh")
         self.source = pa.concat_tables([held, rows.slice(0, 3)])
@@ -269,8 +274,11 @@ class ChangesScenario(Scenario):
         before = len(self.versions())
         summary = refresh_dataset(str(self.spec), "events", spark=self.spark)
         assert summary.refresh_mode in ("changes", "full"), summary.notes
-        for info in self.versions()[before:]:
+        made = self.versions()[before:]
+        assert len(made) <= 1, f"one catalog version per refresh, moves included: {made}"
+        for info in made:
             assert not info.replace_all, f"no rebuild during the migration: {info}"
+            assert info.operation == "refresh", info
         return summary
 
     def versions(self) -> list[Any]:
@@ -351,6 +359,7 @@ def test_changes_refresh_during_a_migration_merges_without_a_rebuild(
     scenario.update_rows()
     scenario.check("rows updated across partitions")
     assert scenario.versions()[-1].operation == "refresh"
+    assert scenario.snapshot().other_layout()[0] < left[0], "old holders of updated keys moved in its commit"
     summary = scenario.refresh()
     assert summary.refresh_mode == "changes", "changes merged, no rebuild"
     assert scenario.snapshot().other_layout()[0] > 0, "old partitions are left"
@@ -557,3 +566,40 @@ def test_a_selective_append_refresh_during_a_migration_keeps_every_row(spark: An
     (key_path,) = route_to_paths(rows, transforms, bound.acceleration.partition_names)
     refresh_dataset(str(scenario.spec), "events", spark=spark, partitions=[key_path])
     scenario.check("selective append refresh")
+
+
+@pytest.mark.postgres
+def test_a_changes_refresh_whose_move_loses_a_row_publishes_nothing(
+    tmp_path: Path, pg_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The moved rows of changed keys are dropped in the refresh's commit; a drop that loses one more row
+    than it counts fails the check across the layouts (`ConservationError`), and nothing is published,
+    the merge included."""
+    from airflow_partitions.exceptions import ConservationError
+    from airflow_partitions.write import refresh_moves
+
+    old, new = TRANSITIONS["bucket-8-to-16"]
+    scenario = ChangesScenario(tmp_path, 67, old, pg_database)
+    scenario.refresh()
+    scenario.set_partition_by(new)
+    # One old partition moved: the updated ids are (almost all) still in old partitions.
+    repartition(open_handle(scenario.project, scenario.dataset()), max_partitions=1)
+    real = refresh_moves.delete_rows_by_key
+    lost: list[int] = []
+
+    def one_row_short(existing: pa.Table, key_rows: pa.Table, keys: Any) -> Any:
+        result = real(existing, key_rows, keys)
+        if result.table.num_rows and not lost:
+            lost.append(1)
+            return dataclasses.replace(result, table=result.table.slice(1))
+        return result
+
+    before = scenario.snapshot().version
+    monkeypatch.setattr(refresh_moves, "delete_rows_by_key", one_row_short)
+    with pytest.raises(ConservationError, match="old layout -> new layout"):
+        scenario.update_rows()
+    assert lost, "the commit moved old partitions holding a changed key"
+    assert scenario.snapshot().version == before, "nothing published"
+    monkeypatch.undo()
+    scenario.refresh()
+    scenario.check("the next changes refresh")

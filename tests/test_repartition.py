@@ -174,8 +174,9 @@ class Scenario:
         self.save_source()
 
     def partial_refresh(self) -> None:
-        """A refresh of selected partitions during the migration: the old partitions holding their rows
-        move first, then the selected partitions are rewritten from the source; nothing else changes."""
+        """A refresh of selected partitions during the migration: one commit rewrites the selected
+        partitions from the source and moves the old partitions holding their rows (rows of the selection
+        superseded, the others appended to their partitions); nothing else changes."""
         before = self.snapshot()
         keys = [p for p in self.plain_paths(before) if "NULL" not in p] or None
         if keys and self.rng.random() < 0.5:

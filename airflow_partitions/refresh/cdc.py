@@ -148,9 +148,9 @@ def plan_cdc(
     settle: Settle | None = None,
 ) -> RefreshPlan:
     """Step 1 of the module docstring: the changes plan, or `copy()` (a full plan) marked with the
-    position it is read after. `settle`: during a re-partitioning, moves the old partitions holding a
-    changed or deleted key into the current layout (`refresh.layouts.cdc_settler`); without it a
-    re-partitioning in progress copies every partition (`changes_fallback`)."""
+    position it is read after. `settle`: during a re-partitioning, which old partitions hold a changed or
+    deleted key (`refresh.layouts.cdc_settler`; the plan's `migrate`, moved in the refresh's commit);
+    without it a re-partitioning in progress copies every partition (`changes_fallback`)."""
 
     keys = list(dataset.acceleration.primary_key)
     notes: list[str] = []
@@ -248,13 +248,15 @@ def _changes_plan(
     settle: Settle | None = None,
 ) -> RefreshPlan:
     """The partitions the changed rows land in, and those whose files may hold a changed or deleted key
-    (`counts`: rows to upsert, keys to delete). `settle`: during a re-partitioning, first moves the old
-    partitions holding one of them; an old partition holding one after it refuses the plan."""
+    (`counts`: rows to upsert, keys to delete). `settle`: during a re-partitioning, finds the old
+    partitions holding one of them; the refresh's commit moves them (`RefreshPlan.migrate`), their rows
+    of changed or deleted keys dropped."""
 
     acceleration = dataset.acceleration
     keys = list(acceleration.primary_key)
     upserts, deletes = counts
     old_holds = None
+    moving: set[str] = set()
     if settle is not None:
         snapshot, old_holds, note = settle(snapshot, typed.column(keys[0]).to_pylist())
         notes = [*notes, f"{NOTE}{note}"]
@@ -269,6 +271,7 @@ def _changes_plan(
         typed.column(keys[0]).to_pylist(),
         spec_id=acceleration.partition_spec_id if old_holds is not None else None,
         old_holds=old_holds,
+        moving=moving if old_holds is not None else None,
     )
     schema = typed.schema.remove(typed.schema.get_field_index(DELETED_COLUMN))
     fingerprint = tagged_fingerprint(schema_tag(schema), f"cdc-{cdc['upto']}")
@@ -293,6 +296,7 @@ def _changes_plan(
         changed_rows=typed.num_rows,
         changed_partitions=len(items),
         cdc=cdc,
+        migrate=tuple(sorted(moving)),
     )
 
 

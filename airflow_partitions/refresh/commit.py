@@ -27,6 +27,7 @@ from airflow_partitions.catalog.open import partition_spec_info as catalog_parti
 from airflow_partitions.catalog.open import value_kind_of as catalog_value_kind_of
 from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
 from airflow_partitions.objectstore import LocalStore
+from airflow_partitions.objectstore.open import store_from_url
 from airflow_partitions.refresh.cdc import after_commit
 from airflow_partitions.refresh.failures import FailureStore
 from airflow_partitions.refresh.plan import (
@@ -36,7 +37,12 @@ from airflow_partitions.refresh.plan import (
     RefreshPlan,
     StageResult,
 )
-from airflow_partitions.refresh.stage_layout import read_stage_manifest, remove_stage, stage_location
+from airflow_partitions.refresh.stage_layout import (
+    CHANGES_FILE,
+    read_stage_manifest,
+    remove_stage,
+    stage_location,
+)
 from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.table.publish import CommitBuilder
@@ -108,7 +114,7 @@ def commit_refresh(
     writer = PartitionWriter(storage, catalog.data_store or LocalStore(root), Path(root), dataset.name)
     ordered = [by_path[p] for p in planned if p in by_path]
     entries, appended_rows = published_entries(writer, catalog, plan, ordered)
-    moves = _moves(handle, plan, ordered, entries)
+    moves = _moves(handle, plan, ordered, entries, stage)
     if moves is not None:
         recorded["migrated"] = moves.counts
     if not entries and not plan.removed and not plan.replace_all and moves is None:
@@ -163,22 +169,50 @@ def _moves(
     plan: RefreshPlan,
     results: Sequence[PartitionResult],
     entries: list[PartitionEntry],
+    stage: StageResult | str | os.PathLike[str] | None = None,
 ) -> RefreshMoves | None:
     """The moves of the old-layout partitions the plan migrates (`RefreshPlan.migrate`), for this commit:
     rows routing to a partition the refresh rewrites whole (or removes) are superseded by it; the others
-    join their current-layout partitions (a partition the refresh appends to: its new entry)."""
+    join their current-layout partitions (a partition the refresh appends to, or merges changes into: its
+    new entry). A changes refresh drops the moved rows of the keys it changed or deleted (the staged
+    change table's keys, the ones every merge removed): the merged rows replace them."""
     if not plan.migrate:
         return None
-    rewritten = {r.key_path for r in results if not r.appended}
-    appended = {e.key_path: e for r, e in zip(results, entries, strict=True) if r.appended}
+    merging = {item.key_path for item in plan.items if item.changes}
+    rewritten = {r.key_path for r in results if not r.appended and r.key_path not in merging}
+    joined = {
+        e.key_path: e for r, e in zip(results, entries, strict=True) if r.appended or r.key_path in merging
+    }
+    changed = staged_change_keys(handle, stage) if plan.refresh_mode == "changes" else None
     return moves_for_refresh(
         handle,
         handle.catalog,
         plan.base_version,
         plan.migrate,
         superseded=rewritten | set(plan.removed) | set(plan.vanished),
-        appended=appended,
+        appended=joined,
+        changed_keys=changed,
     )
+
+
+def staged_change_keys(handle: DatasetHandle, stage: StageResult | str | os.PathLike[str] | None) -> pa.Table:
+    """The primary-key columns of a changes stage's change table (rows to upsert and keys to delete)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    location = stage_location(stage)
+    if not location:
+        raise RefreshError(
+            f"dataset {handle.dataset.name!r}: a changes refresh moving old-layout partitions needs its "
+            "stage (the changed keys) at commit; commit with the stage the plan was staged to"
+        )
+    store = store_from_url(location, settings=handle.settings, what="stage location")
+    data = store.get(CHANGES_FILE)
+    if data is None:
+        raise RefreshError(f"the stage at {location} holds no {CHANGES_FILE}; stage again")
+    keys = list(handle.dataset.acceleration.primary_key)
+    return pq.read_table(io.BytesIO(data), columns=keys)
 
 
 def _check_results(

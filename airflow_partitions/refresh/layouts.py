@@ -2,21 +2,23 @@
 
 During a migration a row of a current-layout partition K may still sit in a partition of an older spec.
 A refresh must never leave a row in two layouts or in none, and must not rebuild everything either. The
-rule is the same for both modes: every current partition a refresh would change gets all its rows into the
-current layout first (`write.repartition.repartition(only=...)` moves exactly the old partitions holding a
-row of it, an exact commit of its own, checked like any batch), and every other partition is left out of
-the refresh, so the ordinary append / changes plan then runs on partitions of one layout.
+rule is the same as for a refresh of selected partitions: planning judges the not-yet-moved version across
+both layouts and names the old partitions the refresh needs in `RefreshPlan.migrate`; the refresh's own
+commit moves them (`write.refresh_moves.moves_for_refresh`, checked across the layouts), so a refresh is
+one catalog version and a failed or killed one leaves the version it started from. Every other old
+partition is left.
 
 Which current partitions a refresh changes is judged across both layouts (`old_holdings`: the source
 columns of the current partition fields, and the watermark column, read from each old partition and routed
 under the current spec):
 - append: K's watermark is the largest over its current files and its rows in old partitions; K changes
   when the source has rows of K past it, or when the source's rows of K at or below it differ in number
-  from the rows K holds in both layouts (late, deleted or moved rows, handled as `refresh.late_rows` says
-  once K is in one layout);
-- changes: the old partitions whose key statistics may hold a changed key (the old position of an update)
-  are moved; a changed row landing in K is an upsert by key, exact wherever K's other rows are; the audit
-  counts K's rows in both layouts.
+  from the rows K holds in both layouts (late, deleted or moved rows, handled as `refresh.late_rows` says).
+  Its old holders move in the commit: K's old rows join its appended entry, or are superseded by its
+  rewrite;
+- changes: the old partitions holding a changed key (the old position of an update, exact) move in the
+  commit, their rows of changed keys dropped (the merge placed the changed rows) and the rest joining
+  their partitions; the audit counts K's rows in both layouts, less those that leave.
 """
 
 from __future__ import annotations
@@ -28,18 +30,16 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.catalog.model import split_key_path
 from airflow_partitions.keys import PartitionKey, value_to_json
 from airflow_partitions.refresh.modes import (
+    AppendAudit,
     KeyProbe,
     audit_appends,
-    changes_watermark,
-    future_bound,
     late_rows_notes,
     partition_watermark,
-    read_cap,
 )
 from airflow_partitions.refresh.plan import PartitionWorkItem, Reason, RefreshPlan
 from airflow_partitions.spec.model import LateRows
 from airflow_partitions.write.commit import open_write_target
-from airflow_partitions.write.repartition import old_entries, repartition
+from airflow_partitions.write.repartition import old_entries
 from airflow_partitions.write.routing import route_to_paths
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class Holding:
 
     key: PartitionKey
     partitions: set[OldPartition] = field(default_factory=set)
+    paths: set[str] = field(default_factory=set)  # the same partitions' key paths in the catalog
     rows: int = 0
     watermark: Any = None  # the largest watermark of those rows (None: none asked, or all NULL)
 
@@ -95,22 +96,13 @@ def old_holdings(
         for key_path, (key, part) in routed.items():
             holding = holdings.setdefault(key_path, Holding(key))
             holding.partitions.add(old)
+            holding.paths.add(entry.key_path)
             holding.rows += part.num_rows
             if watermark_column is not None:
                 mark = pc.max(part.column(watermark_column)).as_py()
                 if mark is not None and (holding.watermark is None or mark > holding.watermark):
                     holding.watermark = mark
     return holdings
-
-
-def move_into_current_layout(
-    handle: DatasetHandle, catalog: Catalog, old: Collection[OldPartition]
-) -> Snapshot | None:
-    """Move exactly the old partitions `old` into the current layout (one exact commit, operation
-    `repartition`); the newest version after it."""
-    if old:
-        repartition(handle, catalog=catalog, only=sorted(old))
-    return catalog.latest()
 
 
 def still_split(holdings: Mapping[str, Holding], moved: Collection[OldPartition]) -> frozenset[str]:
@@ -122,18 +114,41 @@ def still_split(holdings: Mapping[str, Holding], moved: Collection[OldPartition]
 # --- append -----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class AppendLayouts:
+    """An append refresh's view across both layouts: per current key path with rows in old partitions,
+    the rows it holds in both and an append item carrying its watermark over both (`items`), the audit of
+    those items against the source, and the current key paths the append changes."""
+
+    holdings: dict[str, Holding]
+    held: dict[str, int]
+    items: dict[str, PartitionWorkItem]
+    audit: AppendAudit
+    changing: frozenset[str]
+
+    @property
+    def moving(self) -> tuple[str, ...]:
+        """The old partitions (key paths in the base) holding a row of a partition the append changes:
+        the refresh's commit moves them (`RefreshPlan.migrate`)."""
+        return tuple(sorted({p for key_path in self.changing for p in self.holdings[key_path].paths}))
+
+    def source_rows(self, key_path: str) -> int:
+        """The source's rows of a held key path (below its watermark, past it: both audited)."""
+        audit = self.audit
+        return self.held[key_path] + audit.late.get(key_path, 0) + audit.past.get(key_path, 0)
+
+
 def settle_append_layouts(
     handle: DatasetHandle, source: Source, catalog: Catalog, snapshot: Snapshot
-) -> tuple[Snapshot, frozenset[str], tuple[str, ...]]:
-    """Before an append refresh during a migration: move the old partitions holding rows of every current
-    partition the append changes (see the module docstring). Returns the newest version, the current key
-    paths left out of the refresh (rows still in both layouts, nothing to append, counts equal to the
-    source's), and a note."""
+) -> AppendLayouts:
+    """Before an append refresh during a migration: which current partitions with rows in old partitions
+    the append changes, judged across both layouts (see the module docstring). Nothing moves here (the
+    refresh's commit does); under `late_rows: fail` differing partitions raise `LateRowsError` here."""
     dataset = handle.dataset
     column = dataset.acceleration.refresh.watermark_column
     assert column is not None  # append requires it
     holdings = old_holdings(handle, catalog, column)
-    items: list[PartitionWorkItem] = []
+    items: dict[str, PartitionWorkItem] = {}
     held: dict[str, int] = {}
     for key_path, holding in sorted(holdings.items()):
         entry = snapshot.partitions.get(key_path)
@@ -142,19 +157,17 @@ def settle_append_layouts(
             marks.append(partition_watermark(entry, column))
         known = [mark for mark in marks if mark is not None]
         held[key_path] = holding.rows + (entry.rows if entry is not None else 0)
-        items.append(
-            PartitionWorkItem(
-                key=tuple(holding.key.to_json()),
-                key_path=key_path,
-                reason=Reason.FORCED,
-                fingerprint="",
-                append=True,
-                watermark=value_to_json(max(known)) if known else None,
-            )
+        items[key_path] = PartitionWorkItem(
+            key=tuple(holding.key.to_json()),
+            key_path=key_path,
+            reason=Reason.FORCED,
+            fingerprint="",
+            append=True,
+            watermark=value_to_json(max(known)) if known else None,
         )
-    audit = audit_appends(items, dataset, source, snapshot, held=held)
+    audit = audit_appends(list(items.values()), dataset, source, snapshot, held=held)
     if dataset.acceleration.refresh.late_rows is LateRows.FAIL:
-        # Raises `LateRowsError` naming them, before anything moves.
+        # Raises `LateRowsError` naming them, before anything is written.
         late_rows_notes(
             dataset,
             audit.late,
@@ -162,16 +175,68 @@ def settle_append_layouts(
             causes="late, deleted or moved rows",
             kept="appended as usual",
         )
-    changing = set(audit.late) | set(audit.past) | set(audit.future_watermark)
-    moving = {old for key_path in changing for old in holdings[key_path].partitions}
-    snapshot = move_into_current_layout(handle, catalog, moving) or snapshot
-    left = still_split(holdings, moving)
-    note = (
-        f"re-partitioning in progress: {len(moving)} old partition(s) holding rows of the "
-        f"{len(changing)} partition(s) this append changes moved into the current layout first; "
-        f"{len(left)} partition(s) with rows still in both layouts have nothing to append and are left"
+    changing = frozenset(set(audit.late) | set(audit.past) | set(audit.future_watermark))
+    return AppendLayouts(holdings, held, items, audit, changing)
+
+
+def append_across_layouts(
+    plan: RefreshPlan, found: RefreshPlan, dataset: DatasetSpec, snapshot: Snapshot, layouts: AppendLayouts
+) -> RefreshPlan:
+    """`plan` (the append plan of the partitions without rows in old ones) with the partitions that do:
+    those the append changes become append items on their watermark over both layouts (their old rows
+    join the appended entry in the commit), or whole rewrites (late rows under `rewrite`, a future
+    watermark, no current entry yet; their old rows superseded), or, gone from the source, vanished keys
+    (their old rows dropped); the others are left out. `found`: the discovery before the refresh mode."""
+    audit = layouts.audit
+    rewrite = set(audit.future_watermark)
+    if dataset.acceleration.refresh.late_rows is LateRows.REWRITE:
+        rewrite |= set(audit.late)
+    discovered = {item.key_path: item for item in found.items}
+    items = [item for item in plan.items if item.key_path not in layouts.holdings]
+    vanished: list[str] = []
+    for key_path in sorted(layouts.changing):
+        if layouts.source_rows(key_path) == 0:
+            if key_path not in plan.removed:
+                vanished.append(key_path)
+            continue
+        item = discovered.get(key_path, layouts.items[key_path])
+        entry = snapshot.partitions.get(key_path)
+        if key_path in rewrite or entry is None or not entry.rows:
+            items.append(replace(item, append=False, watermark=None))
+        else:
+            items.append(replace(item, append=True, watermark=layouts.items[key_path].watermark))
+    notes = late_rows_notes(
+        dataset,
+        audit.late,
+        where="at or below their watermark (rows in both layouts counted)",
+        causes="late, deleted or moved rows",
+        kept="appended as usual",
     )
-    return snapshot, left, (note,)
+    if audit.future_watermark:
+        notes.append(
+            f"{len(audit.future_watermark)} partition(s) with rows in both layouts have a watermark in the "
+            "future, rewritten whole: " + ", ".join(audit.future_watermark[:10])
+        )
+    moving = layouts.moving
+    left = still_split(
+        layouts.holdings, {old for p in layouts.changing for old in layouts.holdings[p].partitions}
+    )
+    notes.append(
+        f"re-partitioning in progress: {len(moving)} old partition(s) holding rows of the "
+        f"{len(layouts.changing)} partition(s) this append changes move into the current layout in its "
+        f"commit; {len(left)} partition(s) with rows still in both layouts have nothing to append and are "
+        "left"
+    )
+    return replace(
+        plan,
+        items=tuple(sorted(items, key=lambda item: item.key_path)),
+        unchanged=max(0, plan.unchanged + len(plan.items) - len(items)),
+        notes=(*plan.notes, *notes),
+        late_rows={**(plan.late_rows or {}), **audit.late},
+        future_rows={**(plan.future_rows or {}), **audit.future},
+        migrate=moving,
+        vanished=(*plan.vanished, *vanished),
+    )
 
 
 def without_partitions(plan: RefreshPlan, left: Collection[str]) -> RefreshPlan:
@@ -187,40 +252,53 @@ def without_partitions(plan: RefreshPlan, left: Collection[str]) -> RefreshPlan:
 
 @dataclass(frozen=True)
 class ChangesLayouts:
-    """What a changes plan needs of the old partitions left: the rows each current key path still has
-    there (its audit counts them as held), and whether one of them holds a changed key (it must not:
-    `plan_changes` refuses, plan again)."""
+    """What a changes plan needs of the old partitions: the rows each current key path still has there
+    (its audit counts them as held), whether one of them holds a changed key (`holds`: the plan names it
+    in `migrate`, the refresh's commit moves it), and, of the old partitions it moves, the rows of changed
+    keys per current key path they route to (`changed_rows`: they leave with the move; the last answer is
+    kept in `leaving`, for a rewrite of the late partitions, which must rewrite those key paths too)."""
 
     old_rows: dict[str, int]
     holds: Callable[[PartitionEntry, Sequence[Any]], bool]
+    changed_rows: Callable[[Sequence[str], Any], dict[str, int]]
+    leaving: dict[str, int] = field(default_factory=dict)
 
 
-def old_partitions_with_changed_keys(
-    handle: DatasetHandle, catalog: Catalog, source: Any, snapshot: Snapshot
-) -> set[OldPartition]:
-    """The old partitions holding a key changed since the committed watermark (the old position of an
-    updated row): moved before a changes refresh merges. Reads the changed rows' first key column, and
-    that column of the old partitions whose statistics may hold one of them (exact membership; a
-    floating-point key keeps the statistics' answer)."""
-    dataset = handle.dataset
-    acceleration = dataset.acceleration
-    column = acceleration.refresh.watermark_column
-    assert column is not None
-    key = acceleration.primary_key[0]
-    spec_id = acceleration.partition_spec_id
-    olds = [entry for entry in snapshot.partitions.values() if entry.spec_id != spec_id and entry.rows]
-    if not olds:
-        return set()
-    column_type = source.schema().field(column).type
-    bound = future_bound(column_type, acceleration.refresh.max_future_skew_s)
-    watermark = changes_watermark(snapshot, column, bound)
-    open_since = source.oldest_open_write() if bound is not None else None
-    changed = source.read_changed(
-        list(dict.fromkeys([key, column])), column, watermark, read_cap(open_since, bound, column_type)
-    )
-    holds = key_holder(handle, catalog)
-    keys = changed.column(key).to_pylist()
-    return {(entry.spec_id, split_key_path(entry.key_path)[1]) for entry in olds if holds(entry, keys)}
+def changes_layouts(handle: DatasetHandle, catalog: Catalog, snapshot: Snapshot) -> ChangesLayouts:
+    """For a changes refresh during a migration (see `ChangesLayouts`); nothing moves here."""
+    holdings = old_holdings(handle, catalog)
+    leaving: dict[str, int] = {}
+
+    def changed_rows(paths: Sequence[str], key_rows: Any) -> dict[str, int]:
+        leaving.clear()
+        leaving.update(changed_rows_of(handle, catalog, snapshot, paths, key_rows))
+        return dict(leaving)
+
+    old_rows = {path: holding.rows for path, holding in holdings.items()}
+    return ChangesLayouts(old_rows, key_holder(handle, catalog), changed_rows, leaving)
+
+
+def changed_rows_of(
+    handle: DatasetHandle, catalog: Catalog, snapshot: Snapshot, paths: Sequence[str], key_rows: Any
+) -> dict[str, int]:
+    """Per current key path, the rows of the old partitions `paths` (of `snapshot`) whose primary key is
+    among `key_rows`' (matched as the merge matches them), routed under the current spec."""
+    from airflow_partitions.write.merge import key_match_mask  # lazy: loads pyarrow
+
+    target = open_write_target(handle, catalog=catalog)
+    keys = list(handle.dataset.acceleration.primary_key)
+    columns = sorted({c for t in target.transforms for c in t.source_columns} | set(keys))
+    counts: dict[str, int] = {}
+    if not paths or not key_rows.num_rows:
+        return counts
+    for path in paths:
+        entry = snapshot.partitions[path]
+        rows = target.read(entry.files, columns)
+        rows = rows.filter(key_match_mask(rows, key_rows, keys))
+        routed = route_to_paths(rows, target.transforms, target.names, dataset=handle.dataset.name)
+        for key_path, (_key, part) in routed.items():
+            counts[key_path] = counts.get(key_path, 0) + part.num_rows
+    return counts
 
 
 def key_holder(handle: DatasetHandle, catalog: Catalog) -> Callable[[PartitionEntry, Sequence[Any]], bool]:
@@ -245,55 +323,28 @@ def key_holder(handle: DatasetHandle, catalog: Catalog) -> Callable[[PartitionEn
     return holds
 
 
-def settle_changes_layouts(
-    handle: DatasetHandle, source: Source, catalog: Catalog, snapshot: Snapshot, rounds: int = 3
-) -> tuple[Snapshot, ChangesLayouts, tuple[str, ...]]:
-    """Before a changes refresh during a migration: move the old partitions that may hold a changed key,
-    until none is left (a change committed meanwhile may name another; `rounds` at most). Returns the
-    newest version, what the changes plan needs of the old partitions left, and a note."""
-    moved: set[OldPartition] = set()
-    for _ in range(rounds):
-        holding = old_partitions_with_changed_keys(handle, catalog, source, snapshot)
-        if not holding:
-            break
-        moved |= holding
-        snapshot = move_into_current_layout(handle, catalog, holding) or snapshot
-    holdings = old_holdings(handle, catalog)
-    old_rows = {path: holding.rows for path, holding in holdings.items()}
-    note = (
-        f"re-partitioning in progress: {len(moved)} old partition(s) that may hold a changed key moved into "
-        f"the current layout first; {len(old_rows)} partition(s) still have rows in older layouts"
-    )
-    return snapshot, ChangesLayouts(old_rows, key_holder(handle, catalog)), (note,)
-
-
-def holders_of(holdings: Mapping[str, Holding], key_paths: Sequence[str]) -> set[OldPartition]:
-    """The old partitions holding a row of one of `key_paths`."""
-    return {old for path in key_paths if path in holdings for old in holdings[path].partitions}
+def holders_of(holdings: Mapping[str, Holding], key_paths: Sequence[str]) -> set[str]:
+    """The old partitions (key paths in the catalog) holding a row of one of `key_paths`."""
+    return {old for path in key_paths if path in holdings for old in holdings[path].paths}
 
 
 def cdc_settler(
     handle: DatasetHandle, catalog: Catalog
 ) -> Callable[[Snapshot, list[Any]], tuple[Snapshot, Callable[[PartitionEntry, Sequence[Any]], bool], str]]:
     """For `refresh.cdc.plan_cdc` during a re-partitioning: given the version and the changed and
-    deleted keys (first key column) decoded from the stream, move the old partitions holding one of them
-    into the current layout (one exact commit); the newest version, the exact check, and a note."""
+    deleted keys (first key column) decoded from the stream, the same version, the exact check of an old
+    partition holding one of them (the plan names those in `migrate`; the refresh's commit moves them,
+    their rows of changed or deleted keys dropped), and a note."""
     holds = key_holder(handle, catalog)
 
     def settle(
         snapshot: Snapshot, keys: list[Any]
     ) -> tuple[Snapshot, Callable[[PartitionEntry, Sequence[Any]], bool], str]:
-        spec_id = handle.dataset.acceleration.partition_spec_id
-        moving = {
-            (entry.spec_id, split_key_path(entry.key_path)[1])
-            for entry in snapshot.partitions.values()
-            if entry.spec_id != spec_id and entry.rows and holds(entry, keys)
-        }
-        latest = move_into_current_layout(handle, catalog, moving) or snapshot
+        del keys  # judged per partition by `holds`, in `refresh.modes.changes_touched`
         note = (
-            f"re-partitioning in progress: {len(moving)} old partition(s) holding a changed or deleted key "
-            "moved into the current layout first"
+            "re-partitioning in progress: the old partitions holding a changed or deleted key move into "
+            "the current layout in the refresh's commit"
         )
-        return latest, holds, note
+        return snapshot, holds, note
 
     return settle

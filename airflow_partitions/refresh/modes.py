@@ -499,11 +499,8 @@ def plan_changes(
     Ties: the read starts AT the watermark (`>=`), so rows updated within the same timestamp as the newest
     committed row are not lost; re-applying one already committed replaces it by key with itself.
 
-    During a re-partitioning (`refresh.layouts.settle_changes_layouts` moved every old partition that may
-    hold a changed key), `layouts` (`refresh.layouts.ChangesLayouts`) gives the rows each current key path
-    still has in old partitions, which the audit counts as held, and the check that no old partition holds
-    a changed key (one committed meanwhile refuses the plan).
-    """
+    During a re-partitioning (`layouts`, `refresh.layouts.ChangesLayouts`) the old partitions holding a
+    changed key go to `migrate`, moved in the refresh's commit; the audit counts the old rows staying."""
     import time
 
     import pyarrow.compute as pc
@@ -530,6 +527,7 @@ def plan_changes(
     if changed.num_rows:
         values = [t.apply_table(changed).to_pylist() for t in transforms]
         landing = set(zip(*values, strict=True))
+    moving: set[str] = set()
     touched = changes_touched(
         snapshot,
         names,
@@ -538,6 +536,7 @@ def plan_changes(
         changed.column(keys[0]).to_pylist(),
         spec_id=acceleration.partition_spec_id,
         old_holds=layouts.holds if layouts is not None else None,
+        moving=moving if layouts is not None else None,
     )
     future_rows = _future_rows(changed, column, column_type, bound, transforms, names)
     tag = schema_tag(source.schema())
@@ -547,7 +546,7 @@ def plan_changes(
     )
     # What the changes cannot see (hard deletes, rows changed below the watermark): every partition's
     # source rows against the rows it will hold once the changes are merged.
-    old_rows = layouts.old_rows if layouts is not None else None
+    old_rows = _old_rows_staying(layouts, moving, changed.select(list(keys)))
     late, unaudited = audit_changes(dataset, source, snapshot, changed, touched, watermark, held, old_rows)
     audit_notes = late_rows_notes(
         dataset,
@@ -583,7 +582,17 @@ def plan_changes(
         watermark_column=column,
         changed_rows=changed.num_rows,
         changed_partitions=len(items),
+        migrate=tuple(sorted(moving)),
     )
+
+
+def _old_rows_staying(layouts: Any, moving: Collection[str], key_rows: pa.Table) -> dict[str, int] | None:
+    """Per current key path, its rows in old partitions once the commit moved `moving` (their rows of
+    the changed keys leave with the move); None without a re-partitioning in progress."""
+    if layouts is None:
+        return None
+    leaving = layouts.changed_rows(sorted(moving), key_rows)
+    return {path: rows - leaving.get(path, 0) for path, rows in layouts.old_rows.items()}
 
 
 def _changes_notes(
@@ -740,13 +749,14 @@ def changes_touched(
     *,
     spec_id: str | None = None,
     old_holds: Callable[[PartitionEntry, Sequence[Any]], bool] | None = None,
+    moving: set[str] | None = None,
 ) -> dict[str, PartitionKey]:
     """The partitions a changes refresh rewrites, by key path: those the changed rows land in, and those
     whose files may hold one of the changed keys (its old row, to be replaced or deleted).
 
     `spec_id`: the current spec; a partition of an older spec holding a changed key (its statistics, then
-    `old_holds`, exact) raises `RefreshError` (they are moved into the current layout before the plan,
-    `refresh.layouts`)."""
+    `old_holds`, exact) is added to `moving` (the refresh's commit moves it into the current layout,
+    its rows of changed keys dropped, `RefreshPlan.migrate`); without `moving` it raises `RefreshError`."""
     touched = {PartitionKey(k).path(names): PartitionKey(k) for k in landing}
     if changed_keys:
         probe = KeyProbe.of(changed_keys)
@@ -755,6 +765,9 @@ def changes_touched(
                 continue
             if spec_id is not None and committed.spec_id != spec_id:
                 if old_holds is not None and not old_holds(committed, changed_keys):
+                    continue
+                if moving is not None:
+                    moving.add(key_path)
                     continue
                 raise RefreshError(
                     f"partition {key_path} of an older partition_by may hold a key changed since the "

@@ -33,13 +33,14 @@ from airflow_partitions.refresh.discovery import KeySelector, discover
 from airflow_partitions.refresh.failures import FailureStore, PartitionFailure
 from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.layouts import (
+    ChangesLayouts,
+    append_across_layouts,
     cdc_settler,
+    changes_layouts,
     holders_of,
     migration_in_progress,
-    move_into_current_layout,
     old_holdings,
     settle_append_layouts,
-    settle_changes_layouts,
     without_partitions,
 )
 from airflow_partitions.refresh.modes import apply_refresh_mode, changes_fallback, plan_changes
@@ -166,11 +167,18 @@ def plan_refresh(
         layouts = None
         notes: tuple[str, ...] = ()
         if migration_in_progress(snapshot, bound):
-            handle = open_handle(project, bound)
-            snapshot, layouts, notes = settle_changes_layouts(handle, source, catalog, snapshot)
+            layouts = changes_layouts(open_handle(project, bound), catalog, snapshot)
         changes = plan_changes(bound, source, snapshot, held=held, layouts=layouts)
+        if layouts is not None:
+            notes = (
+                f"re-partitioning in progress: {len(changes.migrate)} old partition(s) holding a changed "
+                "key move into the current layout in the refresh's commit; "
+                f"{len(layouts.old_rows)} partition(s) have rows in older layouts",
+            )
         changes = dataclasses.replace(changes, notes=(*notes, *changes.notes))
-        return rewrite_late_partitions(changes, bound, source, snapshot, timeout_s, project, catalog)
+        return rewrite_late_partitions(
+            changes, bound, source, snapshot, timeout_s, project, catalog, layouts=layouts
+        )
     if (
         not selecting
         and not full
@@ -215,15 +223,16 @@ def plan_append_during_migration(
     snapshot: Snapshot,
     timeout_s: float | None,
 ) -> RefreshPlan:
-    """An append refresh while partitions of older specs are left: the old partitions holding rows of
-    the current partitions it changes move into the current layout first (`layouts.settle_append_layouts`),
-    then the ordinary append plan runs over current-layout partitions, leaving out those whose rows are
-    still in both layouts (nothing to append there)."""
+    """An append refresh while partitions of older specs are left: which current partitions with rows in
+    old partitions it changes is judged across both layouts (`layouts.settle_append_layouts`); the
+    ordinary append plan runs over the others, and the refresh's commit moves the old partitions holding
+    rows of the changed ones (`RefreshPlan.migrate`), so the refresh is one catalog version."""
     handle = open_handle(project, dataset)
-    snapshot, left, notes = settle_append_layouts(handle, source, catalog, snapshot)
-    plan = discover(dataset, source, snapshot, timeout_s=timeout_s, layouts_checked=True)
-    plan = apply_refresh_mode(without_partitions(plan, left), dataset, snapshot, source, leave=left)
-    return dataclasses.replace(plan, notes=(*notes, *plan.notes))
+    layouts = settle_append_layouts(handle, source, catalog, snapshot)
+    held = set(layouts.holdings)
+    found = discover(dataset, source, snapshot, timeout_s=timeout_s, layouts_checked=True)
+    plan = apply_refresh_mode(without_partitions(found, held), dataset, snapshot, source, leave=held)
+    return append_across_layouts(plan, found, dataset, snapshot, layouts)
 
 
 def layouts_differ(snapshot: Snapshot, dataset: DatasetSpec) -> bool:
@@ -310,27 +319,43 @@ def rewrite_late_partitions(
     timeout_s: float | None,
     project: ProjectSpec | None = None,
     catalog: Catalog | None = None,
+    *,
+    layouts: ChangesLayouts | None = None,
 ) -> RefreshPlan:
     """A changes plan whose audit found partitions differing from the source, under `refresh.late_rows:
     rewrite`: those partitions and the changed ones are rewritten whole from the source in one commit
     (the changes are in the rows read), as a selection refresh rewrites them. During a re-partitioning
-    the old partitions holding rows of them move into the current layout first (their own commit)."""
+    (`layouts`) the key paths the moved rows of changed keys route to are rewritten too, and the same
+    commit moves the old partitions holding rows of any of them (`RefreshPlan.migrate`), superseded by
+    the rewrite; selected key paths the source no longer has are `vanished` (their old rows dropped)."""
     from dataclasses import replace
 
     if not plan.late_rows or plan.late_rows_policy != "rewrite":
         return plan
     selected = sorted({item.key_path for item in plan.items} | set(plan.late_rows))
-    moved = False
-    if migration_in_progress(snapshot, dataset) and project is not None and catalog is not None:
-        handle = open_handle(project, dataset)
-        holders = holders_of(old_holdings(handle, catalog), selected)
-        snapshot = move_into_current_layout(handle, catalog, holders)
-        moved = True
-    whole = apply_refresh_mode(
-        discover(dataset, source, snapshot, partitions=selected, timeout_s=timeout_s, layouts_checked=moved),
-        dataset,
-        snapshot,
-    )
+    if layouts is not None and migration_in_progress(snapshot, dataset) and project is not None:
+        assert catalog is not None
+        selected = sorted(set(selected) | set(layouts.leaving))
+        holders = holders_of(old_holdings(open_handle(project, dataset), catalog), selected)
+        chosen = set(selected)
+        names = dataset.acceleration.partition_names
+
+        def select(keys: Sequence[tuple[Any, ...]]) -> list[bool]:
+            return [PartitionKey(tuple(key)).path(names) in chosen for key in keys]
+
+        found = discover(
+            dataset, source, snapshot, where_selector=select, timeout_s=timeout_s, layouts_checked=True
+        )
+        known = {item.key_path for item in found.items} | set(found.removed)
+        whole = replace(
+            apply_refresh_mode(found, dataset, snapshot),
+            migrate=tuple(sorted(holders | set(plan.migrate))),
+            vanished=tuple(path for path in selected if path not in known),
+        )
+    else:
+        whole = apply_refresh_mode(
+            discover(dataset, source, snapshot, partitions=selected, timeout_s=timeout_s), dataset, snapshot
+        )
     return replace(
         whole,
         notes=(*plan.notes, *whole.notes),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import (
@@ -38,10 +38,13 @@ from airflow_partitions.write.commit import (
     WriteOperation,
     prepare_changes,
 )
+from airflow_partitions.write.merge import delete_rows_by_key
 from airflow_partitions.write.repartition import check_moved_rows, moved_changes, old_entries, open_stored
 from airflow_partitions.write.routing import partition_groups
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from airflow_partitions.catalog import Catalog, PartitionEntry
     from airflow_partitions.table import DatasetHandle
     from airflow_partitions.write.commit import WriteTarget
@@ -258,12 +261,15 @@ def moves_for_refresh(
     *,
     superseded: Collection[str],
     appended: Mapping[str, PartitionEntry],
+    changed_keys: pa.Table | None = None,
 ) -> RefreshMoves:
     """The changes moving the old partitions `old_paths` (of `base_version`) into the current layout in
     a refresh's commit. Rows routing to a `superseded` partition (one the refresh rewrites whole from the
     source, or removes) are dropped with their old partition: the refresh holds them as the source has
     them. Every other row is appended to the current partition of its key: to its entry in the base, or,
-    for a partition the refresh appends to (`appended`: its new entry), to that entry.
+    for a partition the refresh appends to or merges changes into (`appended`: its new entry), to that
+    entry. `changed_keys` (a changes refresh: the primary keys it upserted or deleted): moved rows of those
+    keys are dropped first, wherever they route (the merge placed their new rows, or deleted them).
 
     Checked before anything is published (`ConservationError`): rows read from each old partition == rows
     its entry records; rows read == rows routed (superseded + appended); per partition gaining rows, rows
@@ -286,7 +292,13 @@ def moves_for_refresh(
     check_moved_rows(handle.dataset.name, rows_moved, rows_in.num_rows, added)
     kept: list[PartitionChange] = []
     dropped: dict[str, int] = {}
+    changed_rows = 0
+    keys = list(handle.dataset.acceleration.primary_key)
     for change in changes:
+        if changed_keys is not None and not change.drop and change.added is not None and keys:
+            removal = delete_rows_by_key(change.added, changed_keys, keys)
+            changed_rows += removal.removed
+            change = replace(change, added=removal.table)
         if not change.drop and change.key_path in superseded:
             dropped[change.key_path] = change.rows_added
             continue
@@ -297,12 +309,13 @@ def moves_for_refresh(
             )
         kept.append(change)
     rows_appended = sum(change.rows_added for change in kept)
-    if rows_appended + sum(dropped.values()) != rows_moved:
+    accounted = rows_appended + sum(dropped.values()) + changed_rows
+    if accounted != rows_moved:
         raise ConservationError(
             handle.dataset.name,
-            {"[old layout -> new layout]": (rows_moved, rows_appended + sum(dropped.values()))},
+            {"[old layout -> new layout]": (rows_moved, accounted)},
             expected="rows of the old partitions moved",
-            actual="rows superseded by the refresh + rows appended to other partitions",
+            actual="rows superseded by the refresh (or of keys it changed) + rows appended to partitions",
             hint="Moving the old partitions would lose or duplicate rows; nothing was published.",
         )
     builder = CommitBuilder(catalog, "refresh", base_version, target.spec_info)
@@ -315,7 +328,8 @@ def moves_for_refresh(
         counts={
             "partitions": len(batch),
             "rows": rows_moved,
-            "superseded": sum(dropped.values()),
+            "superseded": sum(dropped.values()) + changed_rows,
+            "changed_keys": changed_rows,
             "appended": rows_appended,
             "appended_partitions": sum(1 for change in kept if not change.drop),
         },
