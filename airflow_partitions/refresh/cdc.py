@@ -53,7 +53,8 @@ from airflow_partitions.spec.model import ChangeDetection, RefreshMode
 
 # During a re-partitioning: (base version, changed and deleted keys) -> (the newest version after the
 # old partitions holding them moved, the exact "does this old partition hold one" check, a note).
-Settle = Callable[[Any, list[Any]], tuple[Any, Callable[[Any, Sequence[Any]], bool], str]]
+# Whether an old-layout partition holds one of some first-key values (`refresh.layouts.key_holder`).
+OldHolds = Callable[[Any, Sequence[Any]], bool]
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -145,12 +146,12 @@ def plan_cdc(
     *,
     full: bool,
     copy: Callable[[], RefreshPlan],
-    settle: Settle | None = None,
+    old_holds: OldHolds | None = None,
 ) -> RefreshPlan:
     """Step 1 of the module docstring: the changes plan, or `copy()` (a full plan) marked with the
-    position it is read after. `settle`: during a re-partitioning, which old partitions hold a changed or
-    deleted key (`refresh.layouts.cdc_settler`; the plan's `migrate`, moved in the refresh's commit);
-    without it a re-partitioning in progress copies every partition (`changes_fallback`)."""
+    position it is read after. `old_holds`: during a re-partitioning, whether an old partition holds a
+    changed or deleted key (`refresh.layouts.key_holder`; the plan's `migrate`, moved in the refresh's
+    commit); without it a re-partitioning in progress copies every partition (`changes_fallback`)."""
 
     keys = list(dataset.acceleration.primary_key)
     notes: list[str] = []
@@ -196,7 +197,7 @@ def plan_cdc(
         # A new slot: the copy is read at its snapshot (or after it), the stream continues from its start.
         upto = start if info is None else stream.position(conn)
         reason = changes_fallback(
-            dataset, source, snapshot, selecting=False, full=full, migration=settle is not None
+            dataset, source, snapshot, selecting=False, full=full, migration=old_holds is not None
         )
         if reason is None and committed is None:
             reason = "no version records a position in the change stream: the table is copied to start it"
@@ -235,7 +236,7 @@ def plan_cdc(
             )
         typed = stream.typed(conn, changes, source.schema(), keys)
     counts = (len(changes.upserts), len(changes.deletes))
-    return _changes_plan(dataset, snapshot, typed, counts, cdc, notes, settle)
+    return _changes_plan(dataset, snapshot, typed, counts, cdc, notes, old_holds)
 
 
 def _changes_plan(
@@ -245,21 +246,23 @@ def _changes_plan(
     counts: tuple[int, int],
     cdc: dict[str, str],
     notes: list[str],
-    settle: Settle | None = None,
+    old_holds: OldHolds | None = None,
 ) -> RefreshPlan:
     """The partitions the changed rows land in, and those whose files may hold a changed or deleted key
-    (`counts`: rows to upsert, keys to delete). `settle`: during a re-partitioning, finds the old
-    partitions holding one of them; the refresh's commit moves them (`RefreshPlan.migrate`), their rows
-    of changed or deleted keys dropped."""
+    (`counts`: rows to upsert, keys to delete). `old_holds`: during a re-partitioning, whether an old
+    partition holds one of them; the refresh's commit moves those (`RefreshPlan.migrate`), their rows of
+    changed or deleted keys dropped."""
 
     acceleration = dataset.acceleration
     keys = list(acceleration.primary_key)
     upserts, deletes = counts
-    old_holds = None
     moving: set[str] = set()
-    if settle is not None:
-        snapshot, old_holds, note = settle(snapshot, typed.column(keys[0]).to_pylist())
-        notes = [*notes, f"{NOTE}{note}"]
+    if old_holds is not None:
+        notes = [
+            *notes,
+            f"{NOTE}re-partitioning in progress: the old partitions holding a changed or deleted key move "
+            "into the current layout in the refresh's commit",
+        ]
     names = acceleration.partition_names
     landing = _landing([f.transform for f in acceleration.partition_by], typed)
     # Keys matched as the merge matches them (IS NOT DISTINCT FROM): NULL, NaN and -0.0 included.

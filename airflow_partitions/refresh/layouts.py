@@ -168,15 +168,21 @@ def settle_append_layouts(
     audit = audit_appends(list(items.values()), dataset, source, snapshot, held=held)
     if dataset.acceleration.refresh.late_rows is LateRows.FAIL:
         # Raises `LateRowsError` naming them, before anything is written.
-        late_rows_notes(
-            dataset,
-            audit.late,
-            where="at or below their watermark (rows in both layouts counted)",
-            causes="late, deleted or moved rows",
-            kept="appended as usual",
-        )
+        _late_rows_notes(dataset, audit.late)
     changing = frozenset(set(audit.late) | set(audit.past) | set(audit.future_watermark))
     return AppendLayouts(holdings, held, items, audit, changing)
+
+
+def _late_rows_notes(dataset: DatasetSpec, late: Mapping[str, int]) -> list[str]:
+    """`modes.late_rows_notes` for partitions audited across both layouts (`LateRowsError` under
+    `late_rows: fail`)."""
+    return late_rows_notes(
+        dataset,
+        late,
+        where="at or below their watermark (rows in both layouts counted)",
+        causes="late, deleted or moved rows",
+        kept="appended as usual",
+    )
 
 
 def append_across_layouts(
@@ -205,13 +211,7 @@ def append_across_layouts(
             items.append(replace(item, append=False, watermark=None))
         else:
             items.append(replace(item, append=True, watermark=layouts.items[key_path].watermark))
-    notes = late_rows_notes(
-        dataset,
-        audit.late,
-        where="at or below their watermark (rows in both layouts counted)",
-        causes="late, deleted or moved rows",
-        kept="appended as usual",
-    )
+    notes = _late_rows_notes(dataset, audit.late)
     if audit.future_watermark:
         notes.append(
             f"{len(audit.future_watermark)} partition(s) with rows in both layouts have a watermark in the "
@@ -326,25 +326,3 @@ def key_holder(handle: DatasetHandle, catalog: Catalog) -> Callable[[PartitionEn
 def holders_of(holdings: Mapping[str, Holding], key_paths: Sequence[str]) -> set[str]:
     """The old partitions (key paths in the catalog) holding a row of one of `key_paths`."""
     return {old for path in key_paths if path in holdings for old in holdings[path].paths}
-
-
-def cdc_settler(
-    handle: DatasetHandle, catalog: Catalog
-) -> Callable[[Snapshot, list[Any]], tuple[Snapshot, Callable[[PartitionEntry, Sequence[Any]], bool], str]]:
-    """For `refresh.cdc.plan_cdc` during a re-partitioning: given the version and the changed and
-    deleted keys (first key column) decoded from the stream, the same version, the exact check of an old
-    partition holding one of them (the plan names those in `migrate`; the refresh's commit moves them,
-    their rows of changed or deleted keys dropped), and a note."""
-    holds = key_holder(handle, catalog)
-
-    def settle(
-        snapshot: Snapshot, keys: list[Any]
-    ) -> tuple[Snapshot, Callable[[PartitionEntry, Sequence[Any]], bool], str]:
-        del keys  # judged per partition by `holds`, in `refresh.modes.changes_touched`
-        note = (
-            "re-partitioning in progress: the old partitions holding a changed or deleted key move into "
-            "the current layout in the refresh's commit"
-        )
-        return snapshot, holds, note
-
-    return settle

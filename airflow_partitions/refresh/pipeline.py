@@ -6,7 +6,6 @@ for the command line and tests, finalising partitions on a small thread pool.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 import os
@@ -35,9 +34,9 @@ from airflow_partitions.refresh.finalize import finalize_partition
 from airflow_partitions.refresh.layouts import (
     ChangesLayouts,
     append_across_layouts,
-    cdc_settler,
     changes_layouts,
     holders_of,
+    key_holder,
     migration_in_progress,
     old_holdings,
     settle_append_layouts,
@@ -155,9 +154,9 @@ def plan_refresh(
 
         stream = change_stream(project, bound, source)
         migrating = migration_in_progress(snapshot, bound)
-        settle = cdc_settler(open_handle(project, bound), catalog) if migrating else None
+        holds = key_holder(open_handle(project, bound), catalog) if migrating else None
         try:
-            return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy, settle=settle)
+            return plan_cdc(bound, source, snapshot, catalog, stream, full=full, copy=copy, old_holds=holds)
         finally:
             if not hold_snapshot:
                 release_snapshot(stream.slot)
@@ -175,7 +174,7 @@ def plan_refresh(
                 "key move into the current layout in the refresh's commit; "
                 f"{len(layouts.old_rows)} partition(s) have rows in older layouts",
             )
-        changes = dataclasses.replace(changes, notes=(*notes, *changes.notes))
+        changes = replace(changes, notes=(*notes, *changes.notes))
         return rewrite_late_partitions(
             changes, bound, source, snapshot, timeout_s, project, catalog, layouts=layouts
         )
@@ -328,8 +327,6 @@ def rewrite_late_partitions(
     (`layouts`) the key paths the moved rows of changed keys route to are rewritten too, and the same
     commit moves the old partitions holding rows of any of them (`RefreshPlan.migrate`), superseded by
     the rewrite; selected key paths the source no longer has are `vanished` (their old rows dropped)."""
-    from dataclasses import replace
-
     if not plan.late_rows or plan.late_rows_policy != "rewrite":
         return plan
     selected = sorted({item.key_path for item in plan.items} | set(plan.late_rows))
