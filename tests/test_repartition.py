@@ -286,7 +286,8 @@ def test_a_migration_of_an_acceleration_on_s3_moves_batch_by_batch(
 ) -> None:
     """`accelerator_dir: s3://...` (endpoint from the environment, as the CLI and a worker run): each
     batch fetches the old partitions' files from S3, uploads the new ones and commits in the catalog on
-    S3; after every batch a full read equals the source and 30 filters equal DuckDB over it."""
+    S3; after every batch a full read equals the source, 30 filters equal DuckDB over it, and verify (the
+    old partitions' files fetched from S3) finds every partition equal across both layouts."""
     import boto3
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
@@ -317,6 +318,7 @@ def test_a_migration_of_an_acceleration_on_s3_moves_batch_by_batch(
         assert after.total_rows == before.total_rows == scenario.source.num_rows
         batches += 1
         scenario.check(f"batch {batches} on S3")
+        _assert_equal_across_layouts(scenario, f"verify after batch {batches} on S3")  # old files fetched
         if left[0] == 0:
             break
         assert batches < 10, "the migration ends"
