@@ -20,12 +20,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from matrix_support import SCHEMA, DuckDBOracle, FilterGenerator, hostile_chunks, multiset_difference
+from matrix_support import (
+    SCHEMA,
+    DuckDBOracle,
+    FilterGenerator,
+    hostile_chunks,
+    multiset_difference,
+    rows_by_key,
+)
 from test_operators import StatsdListener, statsd  # noqa: F401 (the `statsd` fixture)
 
 from airflow_partitions.catalog import open_catalog
 from airflow_partitions.cli.main import main
-from airflow_partitions.exceptions import ConservationError
+from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec
@@ -279,7 +286,8 @@ def test_a_migration_of_an_acceleration_on_s3_moves_batch_by_batch(
 ) -> None:
     """`accelerator_dir: s3://...` (endpoint from the environment, as the CLI and a worker run): each
     batch fetches the old partitions' files from S3, uploads the new ones and commits in the catalog on
-    S3; after every batch a full read equals the source and 30 filters equal DuckDB over it."""
+    S3; after every batch a full read equals the source, 30 filters equal DuckDB over it, and verify (the
+    old partitions' files fetched from S3) finds every partition equal across both layouts."""
     import boto3
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint_url"])
@@ -310,6 +318,7 @@ def test_a_migration_of_an_acceleration_on_s3_moves_batch_by_batch(
         assert after.total_rows == before.total_rows == scenario.source.num_rows
         batches += 1
         scenario.check(f"batch {batches} on S3")
+        _assert_equal_across_layouts(scenario, f"verify after batch {batches} on S3")  # old files fetched
         if left[0] == 0:
             break
         assert batches < 10, "the migration ends"
@@ -399,16 +408,135 @@ def test_status_and_cli_report_progress(tmp_path: Path, capsys: Any) -> None:
     scenario.check("after the CLI migration")
 
 
-def test_verify_refuses_during_a_migration(tmp_path: Path) -> None:
-    from airflow_partitions.exceptions import RefreshError
+def _verify(scenario: Scenario, **kwargs: Any) -> Any:
     from airflow_partitions.refresh.verify import verify_dataset
 
-    scenario = Scenario(tmp_path, 19, TRANSITIONS["bucket-8-to-16"][0])
+    return verify_dataset(scenario.project, "events", record=False, **kwargs)
+
+
+def _assert_equal_across_layouts(scenario: Scenario, step: str, **kwargs: Any) -> Any:
+    """verify finds every partition equal, counting each current partition's rows in both layouts."""
+    report = _verify(scenario, **kwargs)
+    assert report.ok, f"{step}: {[c.to_json() for c in report.differing]}"
+    snapshot = scenario.snapshot()
+    spec_id = scenario.dataset().acceleration.partition_spec_id
+    left, rows_left = snapshot.other_layout(spec_id)
+    assert (report.old_partitions, report.old_rows) == (left, rows_left), step
+    assert sum(c.old_layout_rows for c in report.partitions) == rows_left, f"{step}: every old row counted"
+    assert sum(c.acceleration_rows for c in report.partitions) == scenario.source.num_rows, step
+    assert sum(c.source_rows for c in report.partitions) == scenario.source.num_rows, step
+    old_paths = {p for p, e in snapshot.partitions.items() if e.spec_id != spec_id and e.rows}
+    named = {name for c in report.partitions for name in c.old_layout}
+    assert len(named) == len(old_paths), f"{step}: each old partition named by the partitions it holds"
+    return report
+
+
+@pytest.mark.parametrize("transition", sorted(TRANSITIONS))
+def test_verify_during_a_migration_compares_across_both_layouts(
+    tmp_path: Path, transition: str, capsys: Any
+) -> None:
+    """After 0, 1 and more batches (an append between them) verify finds every partition equal: the source's
+    rows of each current partition against its current-layout files plus its rows still in old partitions,
+    routed under the current spec; with `--deep`, for a selection, and in the CLI's `--json`."""
+    old, new = TRANSITIONS[transition]
+    scenario = Scenario(tmp_path, sorted(TRANSITIONS).index(transition) + 41, old)
     scenario.full_refresh()
-    scenario.set_partition_by(TRANSITIONS["bucket-8-to-16"][1])
+    first = _verify(scenario)
+    assert first.ok
+    assert first.old_partitions == 0
+    scenario.set_partition_by(new)
+    report = _assert_equal_across_layouts(scenario, "partition_by changed, nothing moved")
+    assert all(c.old_layout and c.checked_by == "recomputed" for c in report.partitions)
     scenario.batch()
-    with pytest.raises(RefreshError, match="re-partitioning is in progress"):
-        verify_dataset(scenario.project, "events")
+    report = _assert_equal_across_layouts(scenario, "one batch")
+    assert any(c.old_layout for c in report.partitions), "some still have rows in old partitions"
+    scenario.append_rows()
+    _assert_equal_across_layouts(scenario, "append between batches")
+    scenario.batch()
+    deep = _assert_equal_across_layouts(scenario, "two batches, deep", deep=True)
+    assert all(c.checked_by == "recomputed" for c in deep.partitions if c.acceleration_rows)
+    held = sorted(c.key_path for c in deep.partitions if c.old_layout and "NULL" not in c.key_path)
+    if held:
+        selected = _verify(scenario, partitions=[held[0]])
+        assert selected.ok, [c.to_json() for c in selected.differing]
+        assert [c.key_path for c in selected.partitions] == [held[0]]
+        assert selected.partitions[0].old_layout, "its rows in old partitions are counted"
+    assert main(["verify", str(scenario.spec), "events", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"]
+    assert document["old_layout"]["partitions"] == scenario.snapshot().other_layout()[0]
+    assert document["old_layout"]["partitions_with_old_rows"] == [
+        c.key_path for c in deep.partitions if c.old_layout
+    ]
+    assert main(["verify", str(scenario.spec), "events"]) == 0
+    assert "re-partitioning in progress" in capsys.readouterr().err
+    # Cancelled (partition_by reverted, nothing moved back yet): the moved partitions are the old layout now.
+    scenario.set_partition_by(old)
+    report = _assert_equal_across_layouts(scenario, "cancelled")
+    assert any(c.old_layout for c in report.partitions)
+    scenario.set_partition_by(new)
+    while scenario.snapshot().other_layout()[0]:
+        scenario.batch()
+    report = _assert_equal_across_layouts(scenario, "migration complete")
+    assert not any(c.old_layout for c in report.partitions)
+
+
+TAMPERING = ["delete-old-row", "duplicate-in-both-layouts", "change-old-value"]
+
+
+@pytest.mark.parametrize(
+    ("transition", "tampering"), [(t, TAMPERING[n % 3]) for n, t in enumerate(sorted(TRANSITIONS) * 3)]
+)
+def test_verify_during_a_migration_names_the_partition_of_a_tampered_row(
+    tmp_path: Path, transition: str, tampering: str
+) -> None:
+    """A row deleted from an old-layout file, duplicated into the new layout, or changed in an old-layout
+    file: verify reports exactly the current partition the row routes to, with both counts and hashes;
+    `repair` refreshes it (moving its old holders in the same commit) and the dataset equals its source."""
+    from test_verify import _partition_rows, _republish
+
+    old, new = TRANSITIONS[transition]
+    scenario = Scenario(tmp_path, sorted(TRANSITIONS).index(transition) * 3 + TAMPERING.index(tampering), old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    repartition(open_handle(scenario.project, scenario.dataset()), max_partitions=2)
+    snapshot = scenario.snapshot()
+    spec_id = scenario.dataset().acceleration.partition_spec_id
+    victim = max(
+        (p for p, e in snapshot.partitions.items() if e.spec_id != spec_id),
+        key=lambda p: (snapshot.partitions[p].rows, p),
+    )
+    rows = _partition_rows(scenario.spec, victim, "events")
+    row = rows.slice(0, 1)
+    pairs = [(name, expression) for name, _, expression in (entry.partition(": ") for entry in new)]
+    (target,) = rows_by_key(row.select(SCHEMA.names), pairs)  # the current partition the row belongs to
+    if tampering == "delete-old-row":
+        _republish(scenario.spec, {victim: rows.slice(1)}, "events")
+    elif tampering == "duplicate-in-both-layouts":
+        append(open_handle(scenario.project, scenario.dataset()), row)
+    else:
+        flags = rows.column("flag").to_pylist()
+        flags[0] = True if flags[0] is None else not flags[0]
+        changed = rows.set_column(rows.schema.get_field_index("flag"), "flag", pa.array(flags, pa.bool_()))
+        _republish(scenario.spec, {victim: changed}, "events")
+    report = _verify(scenario)
+    assert [c.key_path for c in report.differing] == [target], [c.to_json() for c in report.differing]
+    (check,) = report.differing
+    expected_rows = {"delete-old-row": -1, "duplicate-in-both-layouts": 1, "change-old-value": 0}[tampering]
+    assert check.acceleration_rows - check.source_rows == expected_rows
+    assert check.source_hash != check.acceleration_hash
+    assert check.source_hash is not None
+    if tampering != "delete-old-row":
+        assert victim in check.old_layout, "the old partition holding the row is named"
+    if victim in check.old_layout and tampering != "duplicate-in-both-layouts":
+        assert check.certificate_matches is False, "the old partition's files differ from its certificate"
+    by_path = {c["key_path"]: c for c in report.to_json()["partitions"]}
+    assert by_path[target]["old_layout_partitions"] == list(check.old_layout)
+    repaired = _verify(scenario, repair=True, strategy="arrow")
+    assert repaired.ok, [c.to_json() for c in repaired.after_repair.differing]
+    assert repaired.repaired == [target]
+    _assert_equal_across_layouts(scenario, "after the repair")
+    scenario.check("after the repair")
 
 
 def test_conservation_mismatch_is_a_typed_error() -> None:
@@ -562,7 +690,17 @@ def test_a_renamed_source_column_is_rebuilt_not_migrated(tmp_path: Path) -> None
     with pytest.raises(PartitionSpecChangedError, match="a source column was renamed"):
         refresh_dataset(str(scenario.spec), "events", where="id >= 0", strategy="arrow")
     assert scenario.snapshot().version == before.version, "refused: nothing committed"
+    # verify cannot route the stored rows either: it names each old partition, and a repair refuses.
+    report = _verify(scenario)
+    unroutable = [c for c in report.differing if c.key_path.startswith("@")]
+    assert len(unroutable) == before.partition_count
+    assert all("cannot be read as the source's rows" in c.reason for c in unroutable)
+    assert sum(c.acceleration_rows for c in unroutable) == before.total_rows
+    with pytest.raises(RefreshError, match="refresh SPEC events --full"):
+        _verify(scenario, repair=True)
+    assert scenario.snapshot().version == before.version, "refused: nothing committed"
     scenario.full_refresh()
+    assert _verify(scenario).ok
     after = scenario.snapshot()
     assert after.spec_ids_in_use() == {scenario.dataset().acceleration.partition_spec_id}
     assert sorted(after.partitions) == sorted(before.partitions), "the same values, the same key paths"

@@ -25,6 +25,7 @@ from matrix_support import hostile_chunks, multiset_difference, rows_by_key
 from test_arrow_refresh import COMPOSITE, DATASET, read_back, write_source, write_spec
 
 from airflow_partitions.catalog import RowCertificate
+from airflow_partitions.catalog.model import file_key_path
 from airflow_partitions.cli.main import main as cli_main
 from airflow_partitions.refresh import refresh_dataset
 from airflow_partitions.refresh.commit import partition_spec_info
@@ -263,7 +264,8 @@ def test_source_drift_is_found_in_exactly_the_touched_partitions(tmp_path: Path,
 
 def _republish(spec: Path, changes: dict[str, pa.Table], dataset_name: str = DATASET) -> None:
     """Publish `changes` (key path -> rows) as those partitions' files through the catalog API: valid
-    files with their own sizes and checksums, the old certificates kept (as a wrong writer would)."""
+    files with their own sizes and checksums, the old certificates kept (as a wrong writer would). A
+    partition of an older spec (`@<spec id>/...`) gets its files where a write puts them."""
     project = load_project(spec)
     dataset = project.dataset(dataset_name)
     catalog = open_handle(project, dataset).catalog
@@ -274,7 +276,7 @@ def _republish(spec: Path, changes: dict[str, pa.Table], dataset_name: str = DAT
     upserts = []
     for key_path, table in changes.items():
         entry = snapshot.partitions[key_path]
-        files = storage.write(table, root, key_path) if table.num_rows else []
+        files = storage.write(table, root, file_key_path(key_path)) if table.num_rows else []
         published = storage.publish(root, files) if files else []
         upserts.append(entry.with_files(published))
     catalog.commit(
@@ -648,14 +650,31 @@ def test_append_certificates_add_up_and_verify_names_the_late_row(pg_database: s
     assert verify_dataset(project, "events").ok
 
 
-def test_verify_refuses_a_changed_partition_by(tmp_path: Path) -> None:
+def test_verify_after_a_changed_partition_by_routes_every_partition_under_the_new_one(tmp_path: Path) -> None:
+    """With partition_by changed and nothing moved yet, every stored partition is of the old spec: verify
+    reads them all, counts their rows under the new spec's keys, and finds each partition equal."""
+    spec, chunks = build(tmp_path, "parquet")
+    spec.write_text(spec.read_text().replace("bucket(4, s)", "bucket(5, s)"), encoding="utf-8")
+    report = verify_dataset(spec, DATASET)
+    assert report.ok, [c.to_json() for c in report.differing]
+    total = sum(c.num_rows for c in chunks)
+    assert report.old_rows == total
+    assert sum(c.old_layout_rows for c in report.partitions) == total
+    assert sorted(c.key_path for c in report.partitions) == sorted(
+        rows_by_key(
+            pa.concat_tables(chunks), [(n, e.replace("bucket(4, s)", "bucket(5, s)")) for n, e in COMPOSITE]
+        )
+    )
+    assert all(c.old_layout and c.old_layout[0].startswith("@") for c in report.partitions)
+    assert cli_main(["verify", str(spec), DATASET]) == 0
+    # Selecting by the new keys would first commit the switch of the current spec: refused, nothing written.
     from airflow_partitions.exceptions import RefreshError
 
-    spec, _ = build(tmp_path, "parquet")
-    spec.write_text(spec.read_text().replace("bucket(4, s)", "bucket(5, s)"), encoding="utf-8")
-    with pytest.raises(RefreshError, match="partition_by in the spec differs"):
-        verify_dataset(spec, DATASET)
-    assert cli_main(["verify", str(spec), DATASET]) == 2
+    version = report.version
+    with pytest.raises(RefreshError, match="verify the whole dataset"):
+        verify_dataset(spec, DATASET, partitions=[report.partitions[0].key_path])
+    catalog = open_handle(load_project(spec), load_project(spec).dataset(DATASET)).catalog
+    assert catalog.latest().version == version  # type: ignore[union-attr]
 
 
 def test_writes_keep_certificates_that_match_their_files(tmp_path: Path) -> None:

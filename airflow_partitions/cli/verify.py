@@ -100,6 +100,14 @@ def describe(report: Any) -> list[str]:
         + ("" if report.deep else " (--deep recomputes all)")
         + (f"; source read: {report.source_read}" if report.source_read else "")
     )
+    if report.old_partitions:
+        held = report.old_layout_json()["partitions_with_old_rows"]
+        lines.append(
+            f"{report.dataset}: re-partitioning in progress: {report.old_partitions:,} partition(s) of an "
+            f"older partition_by ({report.old_rows:,} rows) read and counted under the current one; "
+            f"{len(held):,} partition(s) had rows there"
+            + (f": {', '.join(held[:10])}" + (", ..." if len(held) > 10 else "") if held else "")
+        )
     if report.after_repair is not None:
         after = report.after_repair
         lines.append(

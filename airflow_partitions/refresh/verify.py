@@ -8,8 +8,11 @@ bytes still match the catalog's SHA-256s is known by the certificate its commit 
 otherwise, or with `deep`, the files are read back, grouped by the catalog entry that holds them, so a
 row filed under the wrong partition is seen, and compared with their certificate). Each partition is
 `equal`, `drifted`, `missing` (rows in the source, none in the acceleration) or `extra` (rows in the
-acceleration, none in the source). `repair` refreshes exactly the partitions that are not equal, in one
-commit, and verifies again.
+acceleration, none in the source). During a re-partitioning the acceleration side spans both layouts:
+each partition of an older spec is read back, its rows tallied under the current spec's keys (computed as
+on the source side), and added to the current partitions they belong to, so each current partition is its
+source rows against its current-layout files plus its rows still in old partitions. `repair` refreshes
+exactly the partitions that are not equal, in one commit, and verifies again.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.catalog.model import format_time, parse_time
+from airflow_partitions.catalog.model import format_time, parse_time, qualified_key_path, split_key_path
 from airflow_partitions.exceptions import RefreshError, StorageError
 from airflow_partitions.keys import escape_component
 from airflow_partitions.quoting import quote_identifier
@@ -91,6 +94,10 @@ class PartitionCheck:
     # How the acceleration side was known: "certificate" (the files' bytes match their catalog SHA-256s
     # and the certificate bound to them), "recomputed" (read and hashed), "" (no files).
     checked_by: str = ""
+    # During a re-partitioning: the partitions of older specs (qualified key paths) holding rows of this
+    # one, and how many (counted in `acceleration_rows` / `acceleration_hash`).
+    old_layout: tuple[str, ...] = ()
+    old_layout_rows: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,6 +110,8 @@ class PartitionCheck:
             "certificate_matches": self.certificate_matches,
             "reason": self.reason,
             "checked_by": self.checked_by,
+            "old_layout_partitions": list(self.old_layout),
+            "old_layout_rows": self.old_layout_rows,
         }
 
 
@@ -138,6 +147,10 @@ class VerifyReport:
     # partition's files were read even where a certificate could stand for them (`deep`).
     source_read: str | None = None
     deep: bool = False
+    # During a re-partitioning: the partitions of older specs read and routed under the current
+    # partition_by, and their rows.
+    old_partitions: int = 0
+    old_rows: int = 0
 
     def checked_by(self) -> dict[str, int]:
         """Partitions whose acceleration side was known by certificate, and recomputed from files."""
@@ -146,6 +159,15 @@ class VerifyReport:
             if check.checked_by in out:
                 out[check.checked_by] += 1
         return out
+
+    def old_layout_json(self) -> dict[str, Any]:
+        """The partitions of older specs this verify read, and the partitions that had rows in them."""
+        held = [c.key_path for c in self.partitions if c.old_layout]
+        return {
+            "partitions": self.old_partitions,
+            "rows": self.old_rows,
+            "partitions_with_old_rows": held,
+        }
 
     def counts(self) -> dict[str, int]:
         out = {str(v): 0 for v in Verdict}
@@ -182,6 +204,7 @@ class VerifyReport:
             "checked_by": self.checked_by(),
             "source_read": self.source_read,
             "deep": self.deep,
+            "old_layout": self.old_layout_json(),
             "source_rows": sum(c.source_rows for c in self.partitions),
             "acceleration_rows": sum(c.acceleration_rows for c in self.partitions),
             "elapsed_s": round(self.elapsed_s, 3),
@@ -228,7 +251,9 @@ def verify_dataset(
     recorded next to the catalog (`record`) for `status` and the Partitions page. `strategy` is the
     repair refresh's (`refresh_dataset`). A partition whose files still hash to the SHA-256s the catalog
     records, and whose certificate is bound to those files, is known by its certificate without decoding
-    a row (`checked_by`); `deep` reads and hashes every partition's files anyway.
+    a row (`checked_by`); `deep` reads and hashes every partition's files anyway. During a
+    re-partitioning, a partition's acceleration side is its current-layout files plus its rows still in
+    partitions of older specs, which are always read (`PartitionCheck.old_layout`).
     """
 
     started = time.monotonic()
@@ -244,27 +269,22 @@ def verify_dataset(
             progress(VerifyProgress(phase, done, total, rows, time.monotonic() - started))
 
     snapshot = catalog.latest()
-    if snapshot is not None and snapshot.partition_spec.spec_id != bound.acceleration.partition_spec_id:
-        raise RefreshError(
-            f"dataset {spec.name!r}: partition_by in the spec differs from the catalog's "
-            f"({snapshot.partition_spec.describe()}); partitions of the two cannot be compared. Run "
-            f"`airflow-partitions refresh SPEC {spec.name}` to re-partition first, or revert partition_by"
-        )
-    if snapshot is not None and snapshot.other_layout(bound.acceleration.partition_spec_id)[0]:
-        left, rows = snapshot.other_layout(bound.acceleration.partition_spec_id)
-        raise RefreshError(
-            f"dataset {spec.name!r}: a re-partitioning is in progress ({left} partition(s), {rows} rows "
-            "under an older partition_by); verify compares partitions of one layout with the source. Finish "
-            f"it first (`airflow-partitions repartition SPEC {spec.name}` until `status` shows none left, "
-            f"or `airflow-partitions refresh SPEC {spec.name}`)"
-        )
-    entries: dict[str, PartitionEntry] = dict(snapshot.partitions.items()) if snapshot is not None else {}
+    # During a re-partitioning (or after a partition_by change no batch has moved yet), partitions of
+    # other specs hold rows of the current partitions: they are read and routed under the current spec.
+    # The dataset's own partitions are keyed by their plain key paths, as the source side's (qualified
+    # while a reverted partition_by has not yet been made current again).
+    spec_id = bound.acceleration.partition_spec_id
+    stored = dict(snapshot.partitions.items()) if snapshot is not None else {}
+    entries = {split_key_path(p)[1]: entry for p, entry in stored.items() if entry.spec_id == spec_id}
+    old = [entry for entry in stored.values() if entry.spec_id != spec_id]
     transforms = [f.transform for f in bound.acceleration.partition_by]
     names = bound.acceleration.partition_names
     selecting = partitions is not None or where is not None
     tick("source", 0, 0, 0)
     certified: dict[str, RowTally] | None = None
+    wanted: set[str] | None = None
     if selecting:
+        _check_selectable(spec, snapshot, spec_id)
         source_read = "per partition"
         source_tallies, wanted = _selected_source_tallies(
             project, spec, source, transforms, names, partitions, where, tick
@@ -281,7 +301,8 @@ def verify_dataset(
         source_tallies = {key.path(names): tally for key, tally in by_key.items()}
     tick("source", len(source_tallies), len(source_tallies), sum(t.rows for t in source_tallies.values()))
 
-    checks = _compare(project, spec, catalog, entries, source_tallies, schema, tick, deep, certified)
+    layouts = _OldLayouts(old, transforms, names, wanted)
+    checks = _compare(project, spec, catalog, entries, source_tallies, schema, tick, deep, certified, layouts)
     report = VerifyReport(
         dataset=spec.name,
         version=snapshot.version if snapshot is not None else None,
@@ -291,6 +312,8 @@ def verify_dataset(
         selection=_selection_text(partitions, where),
         source_read=source_read,
         deep=deep,
+        old_partitions=len(old),
+        old_rows=sum(entry.rows for entry in old),
     )
     if repair and report.differing:
         report = _repair(project, spec, report, catalog, progress, tick, strategy)
@@ -299,6 +322,18 @@ def verify_dataset(
     if record:
         record_last_verify(catalog, report)
     return report
+
+
+def _check_selectable(spec: DatasetSpec, snapshot: Any, spec_id: str) -> None:
+    """A selection is discovered as a selected refresh plans it, which first makes a changed partition_by
+    the catalog's current spec (a commit): verify, a read-only check, refuses it until that is done."""
+    if snapshot is not None and snapshot.partition_spec.spec_id != spec_id:
+        raise RefreshError(
+            f"dataset {spec.name!r}: partition_by changed and no partition has been moved under it yet, so "
+            "partitions cannot be selected by the new keys without a commit; verify the whole dataset "
+            f"(no --partitions / --where), or start the re-partitioning first (`airflow-partitions "
+            f"repartition SPEC {spec.name}`)"
+        )
 
 
 def _selected_source_tallies(
@@ -362,8 +397,7 @@ def _tally_whole_source(
     ends in one DuckDB aggregate grouped by partition (`tally_relation_by_partition`)."""
     import duckdb
 
-    grouped_in_sql = all(all(c in schema.names for c in t.source_columns) for t in transforms)
-    if not grouped_in_sql:
+    if not _grouped_in_sql(schema, transforms):
         # A partition field not over one source column: routed by the refresh's own code instead.
         with hash_connection() as connection:
             return tally_by_partition(source.read_all(), schema, transforms, connection), "arrow"
@@ -561,46 +595,169 @@ def _compare(
     tick: Callable[[str, int, int, int], None],
     deep: bool = False,
     certified: dict[str, RowTally] | None = None,
+    layouts: _OldLayouts | None = None,
 ) -> list[PartitionCheck]:
-    """Each partition judged; `certified`: the partitions `_certified_entries` already found intact."""
-    paths = sorted(set(entries) | set(source_tallies))
+    """Each partition judged; `certified`: the partitions `_certified_entries` already found intact;
+    `layouts`: partitions of older specs, whose rows count towards the current partitions they route to."""
     checks: list[PartitionCheck] = []
     rows = 0
     with _acceleration_files(project, spec, catalog) as (storage, root, fetch), ExitStack() as stack:
         if certified is None:
             certified = {} if deep else _certified_entries(entries, root, fetch)
         to_read = {path: entry for path, entry in entries.items() if path not in certified}
+        old = layouts.entries if layouts is not None else ()
         # A DuckDB connection only for files to read (opening one costs tens of milliseconds).
-        connection = stack.enter_context(hash_connection()) if to_read else None
+        connection = stack.enter_context(hash_connection()) if to_read or old else None
         by_file = _parquet_tallies(spec, storage, root, fetch, to_read, schema, connection) if to_read else {}
+        held: dict[str, _OldRows] = {}
+        unreadable: dict[str, tuple[int, str]] = {}
+        if layouts is not None and old:
+            held, unreadable = _old_layout_tallies(layouts, storage, root, fetch, schema, connection)
+        paths = sorted(set(entries) | set(source_tallies) | set(held))
         for done, path in enumerate(paths, start=1):
-            entry = entries.get(path)
             want = source_tallies.get(path, RowTally())
-            got = RowTally()
-            certificate: bool | None = None
-            reason = ""
-            checked_by = ""
-            if path in certified:
-                got, certificate, checked_by = certified[path], True, "certificate"
-            elif entry is not None and entry.files and by_file is not None:
-                for file in entry.files:
-                    part = by_file[str(root / file.path)]
-                    got.add(part.rows, part.total)
-                certificate = certificates_equal(entry.certificate, got)
-                checked_by = "recomputed"
-            elif entry is not None and entry.files:
-                try:
-                    fetch(entry.files)
-                    got = tally_rows(storage.read(root, entry.files), schema, connection)
-                except StorageError as err:
-                    reason = f"the acceleration's files cannot be read as the source's rows: {err}"
-                    got = RowTally(-1)
-                certificate = certificates_equal(entry.certificate, got) if got.rows >= 0 else None
-                checked_by = "recomputed"
+            got, certificate, reason, checked_by = _current_side(
+                entries.get(path), certified.get(path), storage, root, fetch, by_file, schema, connection
+            )
+            moved = held.get(path)
+            if moved is not None and got.rows >= 0:
+                got.add(moved.tally.rows, moved.tally.total)
+                checked_by = "recomputed"  # its rows in old partitions were read and hashed
             rows += max(got.rows, 0)
-            checks.append(_judge(path, want, got, certificate, reason, checked_by))
+            checks.append(_judge(path, want, got, certificate, reason, checked_by, moved))
             tick("compare", done, len(paths), rows)
+    checks.extend(
+        PartitionCheck(
+            name,
+            Verdict.DRIFTED,
+            0,
+            None,
+            held_rows,
+            None,
+            reason=why,
+            old_layout=(name,),
+            old_layout_rows=held_rows,
+        )
+        for name, (held_rows, why) in sorted(unreadable.items())
+    )
     return checks
+
+
+def _current_side(
+    entry: PartitionEntry | None,
+    known: RowTally | None,
+    storage: Any,
+    root: Path,
+    fetch: Callable[[Sequence[Any]], None],
+    by_file: dict[str, RowTally] | None,
+    schema: Any,
+    connection: Any,
+) -> tuple[RowTally, bool | None, str, str]:
+    """A current-layout entry's rows: its tally (`known`: by its certificate; else read back; rows -1:
+    unreadable), whether it matches the entry's certificate, why it could not be read, how it was known."""
+    if known is not None:  # copied: rows in old partitions may be added to it
+        return RowTally(known.rows, known.total), True, "", "certificate"
+    if entry is None or not entry.files:
+        return RowTally(), None, "", ""
+    if by_file is not None:
+        got = RowTally()
+        for file in entry.files:
+            part = by_file[str(root / file.path)]
+            got.add(part.rows, part.total)
+        return got, certificates_equal(entry.certificate, got), "", "recomputed"
+    try:
+        fetch(entry.files)
+        got = tally_rows(storage.read(root, entry.files), schema, connection)
+    except StorageError as err:
+        reason = f"the acceleration's files cannot be read as the source's rows: {err}"
+        return RowTally(-1), None, reason, "recomputed"
+    return got, certificates_equal(entry.certificate, got), "", "recomputed"
+
+
+@dataclass(frozen=True)
+class _OldLayouts:
+    """Partitions written under other specs than the current one, and the current spec's transforms and
+    field names their rows are routed by; `wanted`: the current key paths a selection checks (None: all)."""
+
+    entries: Sequence[PartitionEntry]
+    transforms: Sequence[Any]
+    names: Sequence[str]
+    wanted: set[str] | None = None
+
+
+@dataclass
+class _OldRows:
+    """A current partition's rows held by partitions of older specs: their tally, those partitions
+    (qualified key paths) and whether they all match their certificates (None: none to compare)."""
+
+    tally: RowTally = field(default_factory=RowTally)
+    partitions: set[str] = field(default_factory=set)
+    certificate: bool | None = None
+
+
+def _all_match(first: bool | None, second: bool | None) -> bool | None:
+    """Certificate matches of two parts of a partition: False if either differs, None if neither has one."""
+    if first is None or second is None:
+        return second if first is None else first
+    return first and second
+
+
+def _old_layout_tallies(
+    layouts: _OldLayouts,
+    storage: Any,
+    root: Path,
+    fetch: Callable[[Sequence[Any]], None],
+    schema: Any,
+    connection: Any,
+) -> tuple[dict[str, _OldRows], dict[str, tuple[int, str]]]:
+    """Per current key path, the rows old-layout partitions hold for it. Each old partition's files are read
+    back (as a re-partitioning batch reads them) and tallied per current partition key in one DuckDB
+    aggregate with the keys the source side computes (`_tally_by_key`); its whole tally is compared with
+    its certificate. Also the old partitions (qualified key paths) whose files cannot be read as the
+    source's rows, with the rows their entries record and why (reported as drifted themselves: the
+    current partitions their rows belong to then differ too)."""
+    held: dict[str, _OldRows] = {}
+    unreadable: dict[str, tuple[int, str]] = {}
+    for entry in layouts.entries:
+        if not entry.files:
+            continue
+        name = qualified_key_path(entry.spec_id, split_key_path(entry.key_path)[1])
+        try:
+            fetch(entry.files)
+            by_key = _tally_by_key(storage.read(root, entry.files), schema, layouts.transforms, connection)
+        except StorageError as err:
+            unreadable[name] = (
+                entry.rows,
+                "the files of this partition of an older partition_by cannot be read as the source's rows, "
+                f"so its rows cannot be routed under the current one: {err}",
+            )
+            continue
+        whole = RowTally()
+        for tally in by_key.values():
+            whole.add(tally.rows, tally.total)
+        certificate = certificates_equal(entry.certificate, whole)
+        for key, tally in by_key.items():
+            path = key.path(layouts.names)
+            if layouts.wanted is not None and path not in layouts.wanted:
+                continue
+            rows = held.setdefault(path, _OldRows())
+            rows.tally.add(tally.rows, tally.total)
+            rows.partitions.add(name)
+            rows.certificate = _all_match(rows.certificate, certificate)
+    return held, unreadable
+
+
+def _tally_by_key(table: Any, schema: Any, transforms: Sequence[Any], connection: Any) -> dict[Any, RowTally]:
+    """Count and row hash per partition key of `table` (keys as the source side computes them: in one
+    DuckDB aggregate when every field reads source columns, else routed by the refresh's own code)."""
+    if _grouped_in_sql(schema, transforms):
+        return tally_table_by_partition(table, schema, transforms, connection)
+    return tally_by_partition(table, schema, transforms, connection)
+
+
+def _grouped_in_sql(schema: Any, transforms: Sequence[Any]) -> bool:
+    """Whether every partition field reads columns of `schema` (DuckDB can group by their pre-keys)."""
+    return all(all(c in schema.names for c in t.source_columns) for t in transforms)
 
 
 def _certify_in_background(
@@ -694,8 +851,18 @@ def _parquet_tallies(
 
 
 def _judge(
-    path: str, want: RowTally, got: RowTally, certificate: bool | None, reason: str, checked_by: str = ""
+    path: str,
+    want: RowTally,
+    got: RowTally,
+    certificate: bool | None,
+    reason: str,
+    checked_by: str = "",
+    old: _OldRows | None = None,
 ) -> PartitionCheck:
+    """One partition's verdict; `old`: its rows in partitions of older specs (counted in `got`). Only
+    `certificate`, its current-layout files', turns equal rows into drift: an old partition's certificate
+    covers rows of other partitions too, each of which is judged by its rows."""
+    reported = _all_match(certificate, old.certificate) if old is not None else certificate
     unreadable = got.rows < 0
     got_rows = max(got.rows, 0)
     if not unreadable and want == got:
@@ -716,8 +883,14 @@ def _judge(
                 if want.rows != got_rows
                 else "same count, different rows (a value changed, or rows moved between partitions)"
             )
-        if certificate is False:
+        if reported is False:
             reason += "; the files also differ from their commit's certificate"
+    old_layout = tuple(sorted(old.partitions)) if old is not None else ()
+    if old is not None and verdict is not Verdict.EQUAL:
+        reason += (
+            f"; {old.tally.rows:,} of the acceleration's rows are in {len(old_layout)} partition(s) of an "
+            f"older partition_by: {', '.join(old_layout[:5])}" + (", ..." if len(old_layout) > 5 else "")
+        )
     return PartitionCheck(
         key_path=path,
         verdict=verdict,
@@ -725,9 +898,11 @@ def _judge(
         source_hash=want.row_hash if want.rows else None,
         acceleration_rows=got_rows,
         acceleration_hash=got.row_hash if got.rows > 0 else None,
-        certificate_matches=certificate,
+        certificate_matches=reported,
         reason=reason if verdict is not Verdict.EQUAL else "",
         checked_by=checked_by,
+        old_layout=old_layout,
+        old_layout_rows=old.tally.rows if old is not None else 0,
     )
 
 
@@ -770,6 +945,14 @@ def _repair(
     """Refresh exactly the partitions that are not equal (one commit), then verify those again."""
 
     paths = [c.key_path for c in report.differing]
+    unroutable = [path for path in paths if split_key_path(path)[0] is not None]
+    if unroutable:
+        raise RefreshError(
+            f"dataset {spec.name!r}: {len(unroutable)} partition(s) of an older partition_by cannot be read "
+            f"({', '.join(unroutable[:5])}), so a refresh of the partitions their rows belong to cannot move "
+            f"them; nothing was repaired. Rebuild every partition under the current partition_by: "
+            f"`airflow-partitions refresh SPEC {spec.name} --full`"
+        )
     tick("repair", 0, len(paths), 0)
     # Partitions the source no longer has are removed by the same selected refresh (`plan.removed`). The
     # source is reopened: a file source caches its listing, and the repair must see the source as it is.
