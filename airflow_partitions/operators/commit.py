@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_partitions.exceptions import AirflowPartitionsError
+from airflow_partitions.exceptions import AirflowPartitionsError, CommitConflictError
 from airflow_partitions.keys import AIRFLOW_KEY_LIMIT, PartitionKey, composite_key
 from airflow_partitions.operators.base import DatasetOperator
 from airflow_partitions.operators.metrics import record_cdc_lag, record_watermark_audit
@@ -39,6 +39,9 @@ class PartitionCommitOperator(DatasetOperator):
     gets one event per refreshed partition carrying the partition's key in Airflow's composite-key
     convention (`EU|2026-01-01T00:00:00`), so partition-aware downstream DAGs (`PartitionedAssetTimetable`)
     run per partition. Skips when the plan has nothing to write or remove. A retried commit is idempotent.
+    A commit since the plan's base that changed the same partitions (`CommitConflictError`: a write, a
+    refresh, a re-partitioning batch) fails the task without retries, nothing published: the plan cannot
+    commit any more, the next run plans again.
     """
 
     template_fields: Sequence[str] = (
@@ -75,7 +78,17 @@ class PartitionCommitOperator(DatasetOperator):
         results = partition_results_from_xcom(self.results)
         stage = stage_from_xcom(self.stage)
         handle = self.dataset_handle()
-        commit = commit_refresh(handle, plan, results, stage=stage)
+        try:
+            commit = commit_refresh(handle, plan, results, stage=stage)
+        except CommitConflictError as err:
+            if not err.partitions:
+                raise  # a race lost too often, or a vacuumed base: a retry may get through
+            # Another commit changed these partitions since the plan's base version (a write, a refresh,
+            # a re-partitioning batch): every retry of this plan would meet it again. The next run plans
+            # from the newest version.
+            message = f"{self.dataset}: {err} (the next run of this DAG plans again)"
+            self.log.error("%s", message)
+            raise AirflowFailException(message) from None
         self.log.info(
             "Committed %s version %s: %d partition(s) written (%d rows, %d bytes), %d removed",
             self.dataset,

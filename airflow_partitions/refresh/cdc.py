@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_partitions.exceptions import ChangeCaptureError, RefreshError, SlotLostError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.modes import changes_fallback, changes_items, changes_touched
-from airflow_partitions.refresh.plan import DiscoveryKind, Reason, RefreshPlan
+from airflow_partitions.refresh.plan import DiscoveryKind, Reason, RefreshPlan, key_digest
 from airflow_partitions.sources import open_dataset_source
 from airflow_partitions.sources.base import schema_tag, tagged_fingerprint
 from airflow_partitions.sources.pg_cdc import (
@@ -298,6 +298,7 @@ def _changes_plan(
         refresh_mode=str(RefreshMode.CHANGES),
         changed_rows=typed.num_rows,
         changed_partitions=len(items),
+        changed_keys=key_digest(typed, keys),
         cdc=cdc,
         migrate=tuple(sorted(moving)),
     )

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.open import partition_spec_info as catalog_partition_spec_info
 from airflow_partitions.catalog.open import value_kind_of as catalog_value_kind_of
-from airflow_partitions.exceptions import ConservationError, RefreshError, SourceError
+from airflow_partitions.exceptions import (
+    CommitConflictError,
+    ConservationError,
+    RefreshError,
+    SourceError,
+    VersionNotFoundError,
+)
 from airflow_partitions.objectstore import LocalStore
 from airflow_partitions.objectstore.open import store_from_url
 from airflow_partitions.refresh.cdc import after_commit
@@ -36,6 +42,7 @@ from airflow_partitions.refresh.plan import (
     PartitionResult,
     RefreshPlan,
     StageResult,
+    key_digest,
 )
 from airflow_partitions.refresh.stage_layout import (
     CHANGES_FILE,
@@ -89,9 +96,13 @@ def commit_refresh(
     Raises `RefreshError` (catalog untouched) when a planned partition has no result and `require_all`,
     or when a result was not planned. The stage location is deleted after a successful commit.
 
-    A retried commit is idempotent: it returns the version an earlier attempt committed. The attempts are
-    recognised by `commit_id`, by default the stage's name, or without a stage (each partition staged
-    itself) a digest of the plan, which a new discovery changes.
+    A retried commit is idempotent: it returns the version an earlier attempt committed (nothing is
+    moved or written again). The attempts are recognised by `commit_id`, by default the stage's name, or
+    without a stage (each partition staged itself) a digest of the plan, which a new discovery changes.
+
+    A commit since the plan's base version that touched a partition this one publishes or removes (a
+    write, another refresh, a re-partitioning batch moving an old partition the plan moves or appending
+    to a partition it changes) refuses it with `CommitConflictError`, nothing published: plan again.
 
     When the files live on S3, every file is checked to exist there before the catalog references it, and
     a stage on S3 is deleted there; S3 is reached with the handle's settings.
@@ -114,31 +125,26 @@ def commit_refresh(
     writer = PartitionWriter(storage, catalog.data_store or LocalStore(root), Path(root), dataset.name)
     ordered = [by_path[p] for p in planned if p in by_path]
     entries, appended_rows = published_entries(writer, catalog, plan, ordered)
-    moves = _moves(handle, plan, ordered, entries, stage)
-    if moves is not None:
-        recorded["migrated"] = moves.counts
-    if not entries and not plan.removed and not plan.replace_all and moves is None:
-        version = None
-    else:
-        location = stage_location(stage)
-        if commit_id is None:
-            commit_id = Path(location).name if location else plan_commit_id(plan)
-        builder = CommitBuilder(
-            catalog,
-            "refresh",
-            plan.base_version,
-            partition_spec_info(dataset),
-            commit_id,
-            conservation=recorded,
-        )
-        merged = {e.key_path for e in moves.upserts} if moves is not None else set()
-        builder.add([e for e in entries if e.key_path not in merged])
-        builder.remove(plan.removed)
+    location = stage_location(stage)
+    commit_id = commit_id or (Path(location).name if location else plan_commit_id(plan))
+    # A retry of a commit that moves old partitions finds its first attempt before moving them again.
+    version = published_earlier(catalog, plan, commit_id) if plan.migrate else None
+    if version is None:
+        changed = check_changed_keys(handle, plan, stage)
+        moves = _moves(handle, plan, ordered, entries, changed)
         if moves is not None:
-            # The old-layout partitions holding rows of the selection leave in the same version.
-            builder.add(moves.upserts)
-            builder.remove(moves.removes)
-        version = builder.commit(replace_all=plan.replace_all)
+            recorded["migrated"] = moves.counts
+        if entries or plan.removed or plan.replace_all or moves is not None:
+            builder = CommitBuilder(
+                catalog,
+                "refresh",
+                plan.base_version,
+                partition_spec_info(dataset),
+                commit_id,
+                conservation=recorded,
+            )
+            version = _publish(builder, plan, entries, moves)
+    if version is not None:
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
     if plan.cdc is not None and not missing:
@@ -164,26 +170,95 @@ def commit_refresh(
     )
 
 
+def _publish(
+    builder: CommitBuilder, plan: RefreshPlan, entries: Sequence[PartitionEntry], moves: RefreshMoves | None
+) -> int:
+    """Commit the refreshed entries, the plan's removals and the moves of old-layout partitions in one
+    version; a conflicting commit since the plan's base raises `CommitConflictError` saying to plan again."""
+    merged = {e.key_path for e in moves.upserts} if moves is not None else set()
+    builder.add([e for e in entries if e.key_path not in merged])
+    builder.remove(plan.removed)
+    if moves is not None:
+        # The old-layout partitions holding rows of the selection leave in the same version.
+        builder.add(moves.upserts)
+        builder.remove(moves.removes)
+    try:
+        return builder.commit(replace_all=plan.replace_all)
+    except CommitConflictError as err:
+        raise plan_again(str(err), plan, err.partitions, err.version) from err
+
+
+def plan_again(
+    reason: str, plan: RefreshPlan, partitions: tuple[str, ...], version: int | None
+) -> CommitConflictError:
+    """The `CommitConflictError` of a refresh whose plan a later commit made stale: nothing of it is
+    published, and it must be planned again."""
+    moving = f", moving {len(plan.migrate)} old-layout partition(s)," if plan.migrate else ""
+    return CommitConflictError(
+        f"{reason} The refresh planned from version {plan.base_version}{moving} was not published, nothing "
+        "of it is; its written files are left for vacuum. Plan the refresh again (run it again): the new "
+        "plan starts from the newest version",
+        partitions=partitions,
+        version=version,
+    )
+
+
+def check_moves_current(catalog: Catalog, plan: RefreshPlan) -> None:
+    """Each old-layout partition the plan moves is in the newest version as in the plan's base; a batch
+    or a write since moved or changed one: `CommitConflictError` at once, before its files are read (a
+    vacuum may have deleted them since) and its rows written again."""
+    latest = catalog.latest()
+    if latest is None or plan.base_version is None or latest.version == plan.base_version:
+        return
+    try:
+        base = catalog.snapshot(plan.base_version)
+    except VersionNotFoundError as err:
+        raise plan_again(f"{err}.", plan, tuple(plan.migrate), latest.version) from err
+    stale = []
+    for path in plan.migrate:
+        now, then = latest.partitions.get(path), base.partitions.get(path)
+        if now is None or then is None or now.files != then.files:
+            stale.append(path)
+    if stale:
+        raise plan_again(
+            f"dataset {plan.dataset!r}: old-layout partition(s) {', '.join(stale[:10])} the refresh moves "
+            f"were moved or changed after base version {plan.base_version} (newest: {latest.version}).",
+            plan,
+            tuple(stale),
+            latest.version,
+        )
+
+
+def published_earlier(catalog: Catalog, plan: RefreshPlan, commit_id: str) -> int | None:
+    """The version an earlier attempt of this commit published (`commit_id` among the newest commits'
+    ids, after the plan's base), so a retry publishes nothing twice and moves nothing again; None when
+    it must commit (the catalog still recognises an older attempt when it rebases)."""
+    latest = catalog.latest()
+    version = latest.commit_ids.get(commit_id) if latest is not None else None
+    return version if version is not None and version > (plan.base_version or 0) else None
+
+
 def _moves(
     handle: DatasetHandle,
     plan: RefreshPlan,
     results: Sequence[PartitionResult],
     entries: list[PartitionEntry],
-    stage: StageResult | str | os.PathLike[str] | None = None,
+    changed: pa.Table | None = None,
 ) -> RefreshMoves | None:
     """The moves of the old-layout partitions the plan migrates (`RefreshPlan.migrate`), for this commit:
     rows routing to a partition the refresh rewrites whole (or removes) are superseded by it; the others
     join their current-layout partitions (a partition the refresh appends to, or merges changes into: its
-    new entry). A changes refresh drops the moved rows of the keys it changed or deleted (the staged
-    change table's keys, the ones every merge removed): the merged rows replace them."""
+    new entry). A changes refresh drops the moved rows of the keys it changed or deleted (`changed`: the
+    staged change table's keys, the ones every merge removed, `check_changed_keys`): the merged rows
+    replace them."""
     if not plan.migrate:
         return None
+    check_moves_current(handle.catalog, plan)
     merging = {item.key_path for item in plan.items if item.changes}
     rewritten = {r.key_path for r in results if not r.appended and r.key_path not in merging}
     joined = {
         e.key_path: e for r, e in zip(results, entries, strict=True) if r.appended or r.key_path in merging
     }
-    changed = staged_change_keys(handle, stage) if plan.refresh_mode == "changes" else None
     return moves_for_refresh(
         handle,
         handle.catalog,
@@ -195,14 +270,49 @@ def _moves(
     )
 
 
-def staged_change_keys(handle: DatasetHandle, stage: StageResult | str | os.PathLike[str] | None) -> pa.Table:
-    """The primary-key columns of a changes stage's change table (rows to upsert and keys to delete)."""
+def check_changed_keys(
+    handle: DatasetHandle, plan: RefreshPlan, stage: StageResult | str | os.PathLike[str] | None
+) -> pa.Table | None:
+    """A changes refresh's staged changed keys (`staged_change_keys`; None for other modes, or a stage
+    that holds none), checked against the keys the plan found (`RefreshPlan.changed_keys`: count and
+    row hash). The plan chose the partitions to merge into, and the old-layout ones to move, from its
+    keys: a stage read with other keys (the source changed in between, though the count did not) would
+    leave a changed key's old row where it was. A mismatch raises `ConservationError`: nothing is
+    published, plan again."""
+    if plan.refresh_mode != "changes":
+        return None
+    changed = staged_change_keys(handle, stage, required=bool(plan.migrate))
+    if changed is None or plan.changed_keys is None:
+        return changed
+    staged = key_digest(changed, handle.dataset.acceleration.primary_key)
+    expected = dict(plan.changed_keys)
+    if staged != expected:
+        raise ConservationError(
+            handle.dataset.name,
+            {"[changed keys]": (int(expected["rows"]), int(staged["rows"]))},
+            expected=f"changed keys planned (key hash {expected['hash']})",
+            actual=f"changed keys staged (key hash {staged['hash']})",
+            hint="The source changed between plan and stage: the stage read other changed rows than the "
+            "plan found (same count or not), so the partitions it merges into and the old-layout partitions "
+            "it moves may miss a changed key's old row. Plan the refresh again.",
+        )
+    return changed
+
+
+def staged_change_keys(
+    handle: DatasetHandle, stage: StageResult | str | os.PathLike[str] | None, *, required: bool = True
+) -> pa.Table | None:
+    """The primary-key columns of a changes stage's change table (rows to upsert and keys to delete).
+    Without a stage, or a stage without the table (merged by Spark executors on an object store): a
+    `RefreshError` when `required`, else None."""
     import io
 
     import pyarrow.parquet as pq
 
     location = stage_location(stage)
     if not location:
+        if not required:
+            return None
         raise RefreshError(
             f"dataset {handle.dataset.name!r}: a changes refresh moving old-layout partitions needs its "
             "stage (the changed keys) at commit; commit with the stage the plan was staged to"
@@ -210,6 +320,8 @@ def staged_change_keys(handle: DatasetHandle, stage: StageResult | str | os.Path
     store = store_from_url(location, settings=handle.settings, what="stage location")
     data = store.get(CHANGES_FILE)
     if data is None:
+        if not required:
+            return None
         raise RefreshError(f"the stage at {location} holds no {CHANGES_FILE}; stage again")
     keys = list(handle.dataset.acceleration.primary_key)
     return pq.read_table(io.BytesIO(data), columns=keys)

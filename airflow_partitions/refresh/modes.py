@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import LateRowsError, RefreshError
 from airflow_partitions.keys import PartitionKey, value_to_json
-from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan
+from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem, Reason, RefreshPlan, key_digest
 from airflow_partitions.sources.base import (
     RowsSince,
     Source,
@@ -582,6 +582,7 @@ def plan_changes(
         watermark_column=column,
         changed_rows=changed.num_rows,
         changed_partitions=len(items),
+        changed_keys=key_digest(changed, keys),
         migrate=tuple(sorted(moving)),
     )
 

@@ -12,12 +12,15 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import PartitionEntry, format_time
 from airflow_partitions.exceptions import RefreshError
 from airflow_partitions.keys import PartitionKey, names_of_path, partition_label, value_from_json
 from airflow_partitions.storage.datafile import DataFile
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class Reason(StrEnum):
@@ -241,6 +244,11 @@ class RefreshPlan:
     # refuses a different count: the source changed in between).
     changed_rows: int | None = None
     changed_partitions: int | None = None  # the items of the whole changes plan
+    # refresh_mode changes: the primary keys of those rows as planned, {"rows": count, "hash": the
+    # order-independent row hash of the key columns} (`key_digest`). The partitions a plan touches (and
+    # during a re-partitioning the old ones it moves) follow from the keys: the commit refuses a stage
+    # whose changed keys differ (`refresh.commit.check_changed_keys`).
+    changed_keys: Mapping[str, Any] | None = None
     # refresh.change_detection cdc: {"slot": replication slot, "upto": WAL position}. The plan holds the
     # changes committed before `upto` (or copies the table, read after `upto`); the commit records `upto`
     # and only then advances the slot to it.
@@ -312,6 +320,7 @@ class RefreshPlan:
             "watermark_column": self.watermark_column,
             "changed_rows": self.changed_rows,
             "changed_partitions": self.changed_partitions,
+            "changed_keys": dict(self.changed_keys) if self.changed_keys is not None else None,
             "cdc": dict(self.cdc) if self.cdc is not None else None,
             "late_rows": dict(self.late_rows) if self.late_rows is not None else None,
             "future_rows": dict(self.future_rows) if self.future_rows is not None else None,
@@ -346,6 +355,7 @@ class RefreshPlan:
             watermark_column=data.get("watermark_column"),
             changed_rows=_optional_int(data.get("changed_rows")),
             changed_partitions=_optional_int(data.get("changed_partitions")),
+            changed_keys=dict(data["changed_keys"]) if data.get("changed_keys") else None,
             cdc={str(k): str(v) for k, v in data["cdc"].items()} if data.get("cdc") else None,
             late_rows=_optional_counts(data.get("late_rows")),
             future_rows=_optional_counts(data.get("future_rows")),
@@ -546,6 +556,16 @@ class ConservationCounts:
             "written": self.written,
             "source_rows": self.source_rows,
         }
+
+
+def key_digest(rows: pa.Table, keys: Sequence[str]) -> dict[str, Any]:
+    """The count and order-independent hash of the key columns `keys` of `rows` (the row hash,
+    `write.row_hash`: a key counted twice counts twice), as a plan records its changed keys."""
+    from airflow_partitions.write.row_hash import tally_rows  # lazy: loads duckdb
+
+    selected = rows.select(list(keys))
+    tally = tally_rows(selected, selected.schema)
+    return {"rows": tally.rows, "hash": tally.row_hash}
 
 
 def _optional_int(value: Any) -> int | None:
