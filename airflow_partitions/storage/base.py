@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import os
 import re
+import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -445,6 +446,7 @@ class BackgroundSync:
         self.root = Path(dataset_root)
         self._pool = ThreadPoolExecutor(max_workers=_SYNC_WORKERS, thread_name_prefix="fsync")
         self._started: dict[str, Future[None]] = {}
+        self._lock = threading.Lock()  # writer threads start their partitions' files concurrently
 
     def __enter__(self) -> BackgroundSync:
         return self
@@ -453,15 +455,18 @@ class BackgroundSync:
         self._pool.shutdown(wait=True)
 
     def start(self, files: Sequence[DataFile]) -> None:
-        for file in files:
-            if file.path not in self._started:
-                self._started[file.path] = self._pool.submit(_sync_file, data_file_path(self.root, file))
+        with self._lock:
+            for file in files:
+                if file.path not in self._started:
+                    self._started[file.path] = self._pool.submit(_sync_file, data_file_path(self.root, file))
 
     def finish(self, files: Sequence[DataFile]) -> None:
         """Every file of `files` and its directories durable, or `StorageError`."""
         self.start(files)
-        for file in files:
-            self._started[file.path].result()
+        with self._lock:
+            started = [self._started[file.path] for file in files]
+        for future in started:
+            future.result()
         list(self._pool.map(fsync_directory, _directories(self.root, files)))
 
 
