@@ -7,7 +7,8 @@
 Taxi-like Parquet (`bench_refresh.taxi_chunk`, 1M-row files) partitioned by `bucket(50, PULocationID)`.
 Every contender runs in its own fresh Python process, which reports its own peak RSS (`VmHWM`) and the
 seconds of its work (imports done before the clock starts, including the modules the refresh loads on
-first use: about 0.16 s of CPU; the process's wall time, imports included, is printed too):
+first use: about 0.16 s of CPU; the work's CPU seconds, every thread, and the process's wall time, imports
+included, are printed too):
 
 * auto: `refresh_dataset(full=True)` with `strategy="auto"` and the default budgets: on one machine
   the streaming Arrow path (batches routed and spilled per partition past the spill budget, each
@@ -68,6 +69,12 @@ def copy_sql(flat: Path, target: Path) -> str:
     )
 
 
+def process_cpu() -> float:
+    """CPU seconds (user + system, every thread) this process has used."""
+    times = os.times()
+    return times.user + times.system
+
+
 def run_task(kind: str, request_path: str) -> None:
     """One contender in this fresh process: imports first, then the timed work; writes its report."""
     from benchmarks.bench_scale import peak_rss_mib
@@ -86,9 +93,9 @@ def run_task(kind: str, request_path: str) -> None:
 
         if kind == "whole":
             arrow_stream.streams = lambda source: False
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), process_cpu()
         summary = refresh_dataset(request["spec"], "trips", full=True, strategy="auto")
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, process_cpu() - cpu_started
         output = {
             "rows": summary.rows,
             "strategy": summary.strategy,
@@ -101,19 +108,19 @@ def run_task(kind: str, request_path: str) -> None:
         fresh = Path(request["root"]) / f"iceberg-{uuid.uuid4().hex[:10]}"  # a new catalog per process
         fresh.mkdir(parents=True)
         catalog = pyiceberg_catalog(fresh)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), process_cpu()
         output = {"rows": anchor_pyiceberg_append(catalog, Path(request["flat"]))}
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, process_cpu() - cpu_started
     elif kind == "copy":
         import duckdb
 
         connection = duckdb.connect()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), process_cpu()
         connection.execute(request["sql"])
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, process_cpu() - cpu_started
     else:
         raise SystemExit(f"unknown task {kind!r}")
-    report = {"output": output, "seconds": seconds, "peak_rss_mib": peak_rss_mib()}
+    report = {"output": output, "seconds": seconds, "cpu": cpu, "peak_rss_mib": peak_rss_mib()}
     Path(request["out"]).write_text(json.dumps(report, default=str))
 
 
@@ -247,14 +254,16 @@ def main(argv: list[str] | None = None) -> int:
             if kind in reports:
                 rss = statistics.median(r["peak_rss_mib"] for r in reports[kind])
                 wall = statistics.median(r["wall"] for r in reports[kind])
+                cpu = statistics.median(r["cpu"] for r in reports[kind])
                 print(
-                    f"      {name:28} {statistics.median(work(kind)):7.2f} s work, {wall:7.2f} s process, "
-                    f"peak RSS {rss:8,.0f} MiB"
+                    f"      {name:28} {statistics.median(work(kind)):7.2f} s work ({cpu:6.2f} CPU s), "
+                    f"{wall:7.2f} s process, peak RSS {rss:8,.0f} MiB"
                 )
         print(
             figure_line(f"auto / DuckDB partitioned COPY, {rows:,} rows", ratio("auto", "copy"), COPY_TARGET)
         )
         print(figure_line("  the same, whole processes", ratio("auto", "copy", "wall"), None))
+        print(figure_line("  the same, CPU seconds of the work", ratio("auto", "copy", "cpu"), None))
         figures: dict[str, Any] = {"rows": rows, "auto_vs_copy": ratio("auto", "copy").samples}
         if "pyiceberg" in reports:
             print(figure_line("auto / pyiceberg, seconds", ratio("auto", "pyiceberg"), None))

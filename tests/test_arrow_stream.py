@@ -397,3 +397,81 @@ def test_spill_budget_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert arrow_budget.arrow_spill_budget() == 300 * 1024**2, "half the memory budget"
     monkeypatch.setenv(BUDGET_ENV, "64GiB")
     assert arrow_budget.arrow_spill_budget() == 1024**3, "at most 1 GiB by default"
+
+
+def test_every_batch_is_tallied_and_every_file_synced_largest_partition_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many small batches (each batch's tally runs while the next is routed): every partition's
+    certificate is the one the whole-table read computes, with no partition hashed again from its rows;
+    the partitions are written largest first and every published file is fsynced before the commit."""
+    from airflow_partitions.refresh import arrow_write
+    from airflow_partitions.storage import base
+
+    files, expected = drifting_chunks(81, rows=400, chunks=3)
+    for way in ("streamed", "whole"):
+        write_parquet_source(tmp_path / way, files)
+    streamed, whole = (write_spec(tmp_path / way, "parquet", COMPOSITE) for way in ("streamed", "whole"))
+    with monkeypatch.context() as patch:
+        patch.setattr(arrow_stream, "streams", lambda source: False)
+        refresh_dataset(whole, DATASET, strategy="arrow")
+
+    def no_second_hash(rows: pa.Table) -> Any:
+        raise AssertionError(f"{rows.num_rows} rows hashed again: a batch's tally was lost or doubled")
+
+    started: list[int] = []
+    real_write = arrow_stream.write_partition
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        started.append(args[2].num_rows)
+        return real_write(*args, **kwargs)
+
+    synced: list[str] = []
+    real_fsync = base.fsync_file
+    monkeypatch.setattr(arrow_stream, "BATCH_ROWS", 16)
+    monkeypatch.setattr(arrow_write, "certify_rows", no_second_hash)
+    monkeypatch.setattr(arrow_stream, "write_partition", recorded)
+    monkeypatch.setattr(base, "fsync_file", lambda path: (synced.append(str(path)), real_fsync(path)))
+    summary = refresh_dataset(streamed, DATASET, strategy="arrow", workers=1)
+    assert summary.rows == expected.num_rows
+    keys = rows_by_key(expected, COMPOSITE)
+    for name, _ in COMPOSITE:
+        assert any(f"{name}=%NULL" in key for key in keys), f"the data has no NULL {name} key"
+    got, want = partitions_of(streamed), partitions_of(whole)
+    assert set(got) == set(want) == set(keys)
+    for key_path, (rows, row_hash, table) in got.items():
+        assert (rows, row_hash) == want[key_path][:2], key_path
+        assert table.equals(want[key_path][2]), f"{key_path}: same rows in the same order"
+    assert started == sorted(started, reverse=True), "largest partition first"
+    assert sorted(started) == sorted(t.num_rows for t in keys.values())
+    project = load_project(streamed)
+    dataset = project.dataset(DATASET)
+    snapshot = open_handle(project, dataset).catalog.latest()
+    assert snapshot is not None
+    root = open_handle(project, dataset).local_root
+    published = {str(root / f.path) for entry in snapshot.partitions.values() for f in entry.files}
+    assert published <= set(synced), "every published file was fsynced"
+    assert_same_rows(conformed(read_back(streamed), expected), expected, "streamed in 16-row batches")
+
+
+def test_an_error_hashing_the_last_batch_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last batch's tally still runs when the scan ends: its error is raised, nothing published."""
+    files, expected = drifting_chunks(83, rows=90, chunks=2)
+    write_parquet_source(tmp_path, files)
+    spec = write_spec(tmp_path, "parquet", COMPOSITE)
+    real_tally = arrow_stream._Router._tally
+
+    def failing_last(self: Any, table: pa.Table, group: pa.Array, paths: list[str]) -> None:
+        if self.scanned == expected.num_rows:
+            raise RuntimeError("the row hash of the last batch failed")
+        real_tally(self, table, group, paths)
+
+    monkeypatch.setattr(arrow_stream, "BATCH_ROWS", 16)
+    monkeypatch.setattr(arrow_stream._Router, "_tally", failing_last)
+    with pytest.raises(RuntimeError, match="the row hash of the last batch failed"):
+        refresh_dataset(spec, DATASET, strategy="arrow")
+    project = load_project(spec)
+    assert open_handle(project, project.dataset(DATASET)).catalog.latest() is None, "nothing published"
+    assert not list((tmp_path / "acc").rglob("*.parquet")), "nothing written"

@@ -138,6 +138,7 @@ def arrow_refresh(
         written,
         workers=workers,
         keep_going=keep_going,
+        rows={path: rows.num_rows for path, rows in routed.items()},
     )
     return ArrowRefreshResult(
         tuple(results),

@@ -6,16 +6,18 @@ per partition to local scratch, each partition written from its spill.
 schema, its partition values computed by the dataset's own transforms (`routing.partition_groups`, the
 vectorised code every path routes with; NULL a value like any other), its rows grouped by partition (one
 stable sort, one take) and appended to the partition's buffer, and its rows hashed per partition (the one
-row hash, `write/row_hash.py`) into each partition's running tally. When the buffers hold more than the
-spill budget, every buffer is written to one Arrow IPC spill file in the scratch directory (each
-partition's rows one contiguous run of record batches) and released. Rows of partitions the plan does not
+row hash, `write/row_hash.py`, on a thread of its own while the next batch is routed) into each
+partition's running tally. When the buffers hold more than the spill budget, every buffer is written to
+one Arrow IPC spill file in the scratch directory (each partition's rows one contiguous run of record
+batches) and released. Rows of partitions the plan does not
 refresh (a selection, unchanged partitions) are counted and dropped on the way.
 
 After the scan, each planned partition is read back from its spill runs and its buffer, in the order the
 rows were read (so the rows, their sort and their files are what the whole-table path writes) and written
-by `arrow_write.write_partition` on the same small pool: the storage engine writes, sorts and checksums
-it, and its rows are counted back from the files. Memory is the spill budget during the scan, and then a
-few partitions at a time (one per writer thread).
+by `arrow_write.write_partition` on the same small pool, largest first: the storage engine writes, sorts
+and checksums it, its rows are counted back from the files, and its files are fsynced in the background
+while the next partitions are written. Memory is the spill budget during the scan, and then a few
+partitions at a time (one per writer thread).
 
 Rows are conserved and checked at every step: rows scanned == rows routed (planned + dropped), each
 partition's rows read back from its spill == rows routed to it, and each partition's written rows == its
@@ -38,7 +40,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Generator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,6 +261,7 @@ class _Router:
         self._row_sql = row_expression(hash_ready(schema.empty_table(), schema).schema)
         self._connection = hash_connection()
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrow-stream-hash")
+        self._tallying: Future[None] | None = None  # the last batch's tally, still running
 
     def close(self) -> None:
         self._hasher.shutdown(wait=True)
@@ -271,12 +274,20 @@ class _Router:
         self.scanned += table.num_rows
         group, keys = partition_groups(table, self.transforms)
         paths = [key.path(self.names) for key in keys]
-        # The hash runs in DuckDB (its own threads, no GIL) while this thread groups the rows.
-        tallied = self._hasher.submit(self._tally, table, group, paths)
+        # The hash runs in DuckDB (its own threads, no GIL) while this thread groups these rows and
+        # routes the next batch: the previous batch's tally is waited for only after this one's grouping.
+        behind, self._tallying = self._tallying, self._hasher.submit(self._tally, table, group, paths)
         try:
             self._group(table, group, paths)
         finally:
-            tallied.result()
+            if behind is not None:
+                behind.result()
+
+    def finish(self) -> None:
+        """Wait for the last batch's tally (its error, if any, raised here)."""
+        pending, self._tallying = self._tallying, None
+        if pending is not None:
+            pending.result()
 
     def _group(self, table: pa.Table, group: pa.Array, paths: list[str]) -> None:
         import numpy as np
@@ -416,6 +427,7 @@ def streamed_refresh(
             written,
             workers=workers,
             keep_going=keep_going,
+            rows=spill.rows,
         )
         last_spill = _spill_facts(spill, limit)
     finally:
@@ -440,6 +452,7 @@ def _route_source(
         with closing(batches):  # an error here stops the reader thread too
             for batch in batches:
                 router.route(conform_to_schema(batch, schema))
+        router.finish()
     finally:
         router.close()
     return router

@@ -16,7 +16,7 @@ from airflow_partitions.exceptions import ConservationError
 from airflow_partitions.refresh.finalize import REWRITE_ADVICE, written_entry
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionResult
 from airflow_partitions.refresh.stage_layout import discovered_but_empty, merge_conservation_errors
-from airflow_partitions.storage.base import sync_written
+from airflow_partitions.storage.base import BackgroundSync
 from airflow_partitions.table.partition_writer import PartitionWriter
 from airflow_partitions.write.row_hash import RowTally, certify_rows
 
@@ -124,38 +124,52 @@ def write_planned(
     *,
     workers: int | None,
     keep_going: bool,
+    rows: Mapping[str, int] | None = None,
 ) -> tuple[list[PartitionResult], dict[str, Exception]]:
-    """Run `write_one` for every planned item on a small thread pool: the results, and (only with
-    `keep_going`) the partitions whose write failed other than by losing rows, their files removed.
-    The files kept are then made durable together (`write_partition` writes them with `sync=False`).
+    """Run `write_one` for every planned item on a small thread pool: the results (in `items` order),
+    and (only with `keep_going`) the partitions whose write failed other than by losing rows, their files
+    removed. `write_partition` writes without fsyncs (`sync=False`): each partition's files are fsynced
+    in the background as soon as it is written, and the kept ones waited for (then every directory once)
+    before this returns. `rows`: each partition's rows by key path; the largest are started first, so a
+    skewed source does not end on one large partition written alone while the other threads idle.
 
     Lost or extra rows in any partition (or any failure without `keep_going`) remove every file in
     `written` and raise."""
     results: list[PartitionResult] = []
     lost: list[ConservationError] = []
     failures: dict[str, Exception] = {}
-    with ThreadPoolExecutor(max_workers=max(1, workers or DEFAULT_ARROW_WORKERS)) as pool:
-        futures = [(item, pool.submit(write_one, item)) for item in items]
-        for item, future in futures:
-            try:
-                results.append(future.result())
-            except ConservationError as err:
-                lost.append(err)
-            except Exception as err:
-                failures[item.key_path] = err
-    if lost or (failures and not keep_going):
-        remove_written(engine, data_root, [file for files in written.values() for file in files])
-        if lost:
-            raise merge_conservation_errors(dataset, lost)
-        raise next(iter(failures.values()))
-    for key_path in failures:
-        remove_written(engine, data_root, written.get(key_path, []))
-    kept = [file for key_path, files in written.items() if key_path not in failures for file in files]
-    try:
-        sync_written(data_root, kept)  # every file and directory fsynced once, the waits overlapping
-    except Exception:
-        remove_written(engine, data_root, kept)
-        raise
+    sizes = rows or {}
+    # Largest first; a stable sort keeps plan order among equals.
+    order = sorted(range(len(items)), key=lambda index: -sizes.get(items[index].key_path, 0))
+    with BackgroundSync(data_root) as syncs:
+
+        def write_and_sync(item: PartitionWorkItem) -> PartitionResult:
+            result = write_one(item)
+            syncs.start(result.files)  # the disk flushes these while the next partitions are encoded
+            return result
+
+        with ThreadPoolExecutor(max_workers=max(1, workers or DEFAULT_ARROW_WORKERS)) as pool:
+            submitted = {index: pool.submit(write_and_sync, items[index]) for index in order}
+            for index, item in enumerate(items):
+                try:
+                    results.append(submitted[index].result())
+                except ConservationError as err:
+                    lost.append(err)
+                except Exception as err:
+                    failures[item.key_path] = err
+        if lost or (failures and not keep_going):
+            remove_written(engine, data_root, [file for files in written.values() for file in files])
+            if lost:
+                raise merge_conservation_errors(dataset, lost)
+            raise next(iter(failures.values()))
+        for key_path in failures:
+            remove_written(engine, data_root, written.get(key_path, []))
+        kept = [file for key_path, files in written.items() if key_path not in failures for file in files]
+        try:
+            syncs.finish(kept)  # every kept file durable, then each directory once
+        except Exception:
+            remove_written(engine, data_root, kept)
+            raise
     return results, failures
 
 

@@ -16,10 +16,11 @@ import contextlib
 import datetime as dt
 import os
 import re
+import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -431,28 +432,64 @@ def sync_written(dataset_root: Path, files: Sequence[DataFile]) -> None:
     """Make files written with `write(..., sync=False)` durable: each file, then each directory from its
     partition directory up to the dataset root's parent once (new entries and new directories), on a
     small pool. `StorageError` when a file is missing or the disk refuses."""
-    root = Path(dataset_root)
-    paths = [data_file_path(root, file) for file in files]
+    with BackgroundSync(dataset_root) as syncs:
+        syncs.finish(files)
+
+
+class BackgroundSync:
+    """`sync_written` begun while files are still being written: `start(files)` fsyncs them on a small
+    pool at once (the disk flushes one partition while the next is encoded), `finish(files)` waits for
+    those of `files`, fsyncs any not started and then every directory once. A context manager: leaving it
+    waits for the fsyncs in flight (of files kept or not)."""
+
+    def __init__(self, dataset_root: Path) -> None:
+        self.root = Path(dataset_root)
+        self._pool = ThreadPoolExecutor(max_workers=_SYNC_WORKERS, thread_name_prefix="fsync")
+        self._started: dict[str, Future[None]] = {}
+        self._lock = threading.Lock()  # writer threads start their partitions' files concurrently
+
+    def __enter__(self) -> BackgroundSync:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True)
+
+    def start(self, files: Sequence[DataFile]) -> None:
+        with self._lock:
+            for file in files:
+                if file.path not in self._started:
+                    self._started[file.path] = self._pool.submit(_sync_file, data_file_path(self.root, file))
+
+    def finish(self, files: Sequence[DataFile]) -> None:
+        """Every file of `files` and its directories durable, or `StorageError`."""
+        self.start(files)
+        with self._lock:
+            started = [self._started[file.path] for file in files]
+        for future in started:
+            future.result()
+        list(self._pool.map(fsync_directory, _directories(self.root, files)))
+
+
+def _sync_file(path: Path) -> None:
+    try:
+        fsync_file(path)
+    except OSError as err:
+        raise StorageError(f"could not make partition file {path} durable: {err}") from err
+
+
+def _directories(root: Path, files: Sequence[DataFile]) -> list[Path]:
+    """Each directory from the files' partition directories up to `root`'s parent, once."""
     directories: dict[Path, None] = {}
-    for path in paths:
-        level = path.parent
+    for file in files:
+        level = data_file_path(root, file).parent
         while True:
             directories.setdefault(level, None)
             if level == root or level == level.parent:
                 break
             level = level.parent
-    if paths:
+    if files:
         directories.setdefault(root.parent, None)
-
-    def sync_file(path: Path) -> None:
-        try:
-            fsync_file(path)
-        except OSError as err:
-            raise StorageError(f"could not make partition file {path} durable: {err}") from err
-
-    with ThreadPoolExecutor(max_workers=_SYNC_WORKERS, thread_name_prefix="fsync") as pool:
-        list(pool.map(sync_file, paths))
-        list(pool.map(fsync_directory, directories))
+    return list(directories)
 
 
 def data_file_path(dataset_root: Path, file: DataFile) -> Path:
