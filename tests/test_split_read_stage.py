@@ -175,3 +175,36 @@ def test_sources_the_executors_cannot_read_keep_spark_s_read_and_say_why(spark: 
     stage = refresh(spec, spark, executors_read=None)
     assert stage.source_read == "Spark reads the source: csv files: Spark parses them"
     assert read_all(spec).num_rows == source.num_rows
+
+
+@pytest.mark.s3
+@pytest.mark.spark
+def test_executors_read_s3_files_with_the_source_s_settings(
+    spark: Any, tmp_path: Path, s3_server: dict[str, str], s3_bucket: str
+) -> None:
+    import boto3
+
+    source, files = write_drifting_files(tmp_path / "local")
+    client: Any = boto3.client("s3", **s3_server)  # type: ignore[call-overload]
+    for path in files:
+        client.upload_file(str(path), s3_bucket, f"src/{path.name}")
+    # The credentials are the source's own params: the executors get them with the job, not from their
+    # environment.
+    params = (
+        f"file_format: parquet, endpoint_url: '{s3_server['endpoint_url']}', region: us-east-1, "
+        f"aws_access_key_id: {s3_server['aws_access_key_id']}, "
+        f"aws_secret_access_key: {s3_server['aws_secret_access_key']}"
+    )
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: trips\n"
+        f"    from: s3://{s3_bucket}/src\n"
+        f"    params: {{{params}}}\n"
+        "    acceleration:\n"
+        f"      partition_by: {PARTITION_BYS[0]}\n"
+    )
+    stage = refresh(tmp_path / "spec.yaml", split_session(spark, files), executors_read=True)
+    assert (stage.source_read or "").startswith("pyarrow on the executors: 3 parquet file(s)")
+    read = read_all(tmp_path / "spec.yaml").select(source.column_names)
+    assert multiset_difference(read, source) == ([], [])

@@ -39,7 +39,7 @@ from airflow_partitions.sources.files.partitions import (
 from airflow_partitions.sources.files.place import S3Files, SourceFile, hive_columns_of, open_place
 from airflow_partitions.sources.files.schemas import FileSchemas, source_schema
 from airflow_partitions.sources.files.spark_read import SparkFileRead
-from airflow_partitions.sources.files.splits import Split, SplitReader, file_splits
+from airflow_partitions.sources.files.splits import Split, SplitReader, file_splits, with_driver_credentials
 from airflow_partitions.spec.masking import masked_params
 
 if TYPE_CHECKING:
@@ -473,7 +473,8 @@ class FileSource:
         """What another process needs to read splits of this Parquet source (`sources/files/splits.py`)."""
         schema = self.schema().serialize().to_pybytes()
         if isinstance(self.place, S3Files):
-            return SplitReader(self.describe(), schema, self.place.store.bucket, self.place.settings)
+            settings = with_driver_credentials(self.place.settings)
+            return SplitReader(self.describe(), schema, self.place.store.bucket, settings)
         return SplitReader(self.describe(), schema)
 
     def splits(self, files: Sequence[SourceFile], target: int) -> list[Split]:

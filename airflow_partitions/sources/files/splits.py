@@ -69,6 +69,27 @@ class SplitReader:
         )
 
 
+def with_driver_credentials(settings: S3Settings) -> S3Settings:
+    """`settings` with the credentials this process's AWS chain resolves when they name none: executors
+    do not share the driver's environment (variables, profile), so the job carries what the driver uses."""
+    import dataclasses
+
+    if settings.aws_access_key_id is not None:
+        return settings
+    import boto3  # lazy: loads boto3
+
+    credentials = boto3.Session().get_credentials()
+    if credentials is None:
+        return settings
+    frozen = credentials.get_frozen_credentials()
+    return dataclasses.replace(
+        settings,
+        aws_access_key_id=frozen.access_key,
+        aws_secret_access_key=frozen.secret_key,
+        aws_session_token=frozen.token,
+    )
+
+
 def file_splits(files: Sequence[SourceFile], filesystem: Any, target: int, describe: str) -> list[Split]:
     """`files` as splits of about `target` bytes: a file up to `target` whole, a larger one cut into runs
     of its row groups (its footer read here); in listing order."""
