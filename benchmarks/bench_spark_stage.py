@@ -13,15 +13,19 @@ its per-round ratio to the plain job (`pmod(hash(PULocationID), 50)` + `partitio
 * + route: the broadcast join on the planned keys, NULL-safe;
 * + item shuffle: rows repartitioned by work item (one task owns an item);
 * + hand-off: the shuffled rows converted to Arrow batches for the Python writers (which do nothing);
-* ours: the whole refresh (`refresh_dataset(strategy="spark")`: the writers sort, write, count back;
-  with few scan tasks, as here, without the shuffle by item: each scan task writes the items it read);
-* shuffled: the same refresh with `stage_refresh(shuffle_items=True)` (one task per item, the default
-  before the shuffle was skipped);
+* ours: the whole refresh (`refresh_dataset(strategy="spark")`, the default stage: for these Parquet
+  files the executors read their splits themselves with pyarrow, route and write, `refresh/split_read.py`:
+  no JVM scan and no hand-off of the rows from the JVM to Python);
+* spark read: the same refresh with Spark reading the source (`stage_refresh(executors_read=False)`, the
+  default before): Spark scans, buckets and routes, the rows are handed to the Python writers, which sort,
+  write, count back; with few scan tasks, as here, without the shuffle by item;
+* shuffled: the Spark-read refresh with `stage_refresh(shuffle_items=True)` (one task per item);
 * candidate (b), Spark's Parquet writer: the routed rows written by Spark itself (`partitionBy` item,
   zstd, 32k-row groups, page checksums), then what Python must still do to catalog them: read every
   footer (rows, statistics), checksum every file and row-hash every file with DuckDB (the certificate).
-The difference between consecutive steps is what that step costs; the plain job has no shuffle and no
-Python hand-off, which is why the Spark pipeline stays above it on one machine.
+The difference between consecutive steps is what that step costs. CPU is the CPU seconds of the whole
+process tree (this driver, Spark's JVM, its Python workers), printed as a ratio beside the wall-clock one;
+the machine may be shared, so the load average is printed with each figure.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 import pyarrow as pa
 
 from benchmarks import load
+from benchmarks.bench_expressions import CpuMeter, process_tree_cpu
 from benchmarks.bench_refresh import BUCKETS, anchor_partition_write, bound_transform, write_taxi_files
 from benchmarks.pairing import Target, figure_line, run_rounds
 
@@ -134,15 +139,22 @@ def main(argv: list[str] | None = None) -> int:
         def spark_writer() -> int:
             return spark_writer_candidate(routed(), root / "candidate_b")
 
-        def shuffled_refresh() -> Any:
+        def refresh_with(**stage_options: Any) -> Any:
             from airflow_partitions.refresh import pipeline
 
             original = pipeline.stage_refresh
-            pipeline.stage_refresh = partial(original, shuffle_items=True)  # type: ignore[assignment]
+            pipeline.stage_refresh = partial(original, **stage_options)  # type: ignore[assignment]
             try:
                 return refresh_dataset(project, "trips", full=True, spark=spark, strategy="spark")
             finally:
                 pipeline.stage_refresh = original  # type: ignore[assignment]
+
+        notes: list[str] = []
+
+        def ours() -> Any:
+            summary = refresh_dataset(project, "trips", full=True, spark=spark, strategy="spark")
+            notes[:] = [note for note in summary.notes if note.startswith("stage:")]
+            return summary
 
         def sink(frame: Any) -> None:
             frame.write.format("noop").mode("overwrite").save()
@@ -155,11 +167,13 @@ def main(argv: list[str] | None = None) -> int:
             "route": lambda: sink(routed()),
             "shuffle": lambda: sink(shuffled()),
             "handoff": lambda: shuffled().mapInArrow(discard_rows, "rows BIGINT").collect(),
-            "ours": lambda: refresh_dataset(project, "trips", full=True, spark=spark, strategy="spark"),
-            "shuffled": shuffled_refresh,
+            "ours": ours,
+            "spark_read": lambda: refresh_with(executors_read=False),
+            "shuffled": lambda: refresh_with(executors_read=False, shuffle_items=True),
             "spark_writer": spark_writer,
         }
-        measured = run_rounds(contenders, args.repeat)
+        cpu = CpuMeter(process_tree_cpu)
+        measured = run_rounds({name: cpu.wrap(name, run) for name, run in contenders.items()}, args.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -177,9 +191,13 @@ def main(argv: list[str] | None = None) -> int:
         print(figure_line(label, measured.ratio(name, "plain"), None))
     whole = measured.ratio("ours", "plain")
     print(figure_line("ours: the whole Spark-pipeline refresh", whole, REFRESH_TARGET))
-    print(
-        figure_line("  the whole refresh, shuffled by item first", measured.ratio("shuffled", "plain"), None)
-    )
+    print(f"      {notes[0] if notes else 'stage: (no note)'}")
+    print(figure_line("  CPU seconds, ours / plain", cpu.ratio("ours", "plain"), None))
+    spark_read = measured.ratio("spark_read", "plain")
+    print(figure_line("the refresh with Spark reading the source", spark_read, None))
+    print(figure_line("  CPU seconds, spark read / plain", cpu.ratio("spark_read", "plain"), None))
+    print(figure_line("ours / the refresh with Spark reading", measured.ratio("ours", "spark_read"), None))
+    print(figure_line("  Spark read, shuffled by item first", measured.ratio("shuffled", "plain"), None))
     print(
         figure_line(
             "(b) Spark's Parquet writer + footers, checksums, row hash",
@@ -189,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     seconds = ", ".join(f"{name} {measured.median_seconds(name):.2f}s" for name in contenders)
     print(f"      median seconds: {seconds}")
+    processes = ", ".join(f"{name} {cpu.median(name):.2f}s" for name in contenders)
+    print(f"      median CPU seconds (process tree): {processes}")
     return 0
 
 

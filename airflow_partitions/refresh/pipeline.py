@@ -808,7 +808,8 @@ def _summary(
         bytes=commit.bytes if commit else 0,
         failed=failed,
         timings_s=timings,
-        notes=plan.notes,
+        # How the stage read the source (Spark, or the executors with pyarrow) and why.
+        notes=plan.notes + ((f"stage: {stage.source_read}",) if stage and stage.source_read else ()),
         conservation=conservation,
         refresh_mode=plan.refresh_mode,
         appended_partitions=commit.appended_partitions if commit else 0,

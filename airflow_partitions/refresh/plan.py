@@ -402,6 +402,8 @@ class StageResult:
     # pushdown mode, where each partition reads its own rows).
     source_rows: int | None = None
     routed_rows: int | None = None
+    # How the Spark stage read the source, and why: Spark itself, or the executors with pyarrow.
+    source_read: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -413,6 +415,7 @@ class StageResult:
             "spark": self.spark,
             "source_rows": self.source_rows,
             "routed_rows": self.routed_rows,
+            "source_read": self.source_read,
         }
 
     @classmethod
@@ -427,6 +430,7 @@ class StageResult:
             spark=data.get("spark"),
             source_rows=_optional_int(data.get("source_rows")),
             routed_rows=_optional_int(data.get("routed_rows")),
+            source_read=data.get("source_read"),
         )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import logging
 import os
 import shutil
 import time
@@ -48,6 +49,7 @@ from airflow_partitions.refresh.spark_session import (
     build_local_session,
     describe_session,
 )
+from airflow_partitions.refresh.split_read import SplitReadJob, choose_split_read, run_split_read
 from airflow_partitions.refresh.stage_layout import (
     CHANGES_FILE,
     ITEM_COLUMN,
@@ -73,6 +75,7 @@ from airflow_partitions.refresh.written import (
 )
 from airflow_partitions.sources import Source, keep_file_facts, open_dataset_source
 from airflow_partitions.sources.base import RowsSince
+from airflow_partitions.sources.files import FileSource
 from airflow_partitions.sources.pg_cdc import upserted_rows
 from airflow_partitions.sources.spark import explain_spark_read_error, quote_column
 from airflow_partitions.storage import get_storage
@@ -82,10 +85,13 @@ if TYPE_CHECKING:
 
     from airflow_partitions.objectstore import S3Settings
     from airflow_partitions.refresh.written import ItemMergeJob, ItemWriteJob, WrittenItem
+    from airflow_partitions.sources.files.splits import Split
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
     from airflow_partitions.storage import PartitionStorage
     from airflow_partitions.table import DatasetHandle
     from airflow_partitions.transforms import Transform
+
+log = logging.getLogger(__name__)
 
 _PARTITION_PREFIX = "__ap_p"
 _KEY_PREFIX = "__ap_k"
@@ -161,6 +167,7 @@ class _StageWork:
     job: ItemWriteJob | None = None
     merge: ItemMergeJob | None = None
     written: dict[int, WrittenItem] = field(default_factory=dict)
+    source_read: str | None = None  # how the source was read, and why (`split_read.choose_split_read`)
 
     @property
     def dataset(self) -> DatasetSpec:
@@ -181,6 +188,7 @@ def stage_refresh(
     write_files: bool | None = None,
     storage: PartitionStorage | None = None,
     shuffle_items: bool | None = None,
+    executors_read: bool | None = None,
 ) -> StageResult:
     """Stage the rows of every planned partition (one source scan at most); returns where they are.
 
@@ -199,6 +207,9 @@ def stage_refresh(
     the items it read (up to one file per scan task per partition, each sorted; compaction merges them).
     None (default) skips it when the scan has few tasks (`shuffle_by_item`): the plain `partitionBy` job
     pays no shuffle either, and the shuffle was the stage's largest cost beyond it.
+    `executors_read` (executor writes only): True has the executors read the Parquet source files with
+    pyarrow (`refresh/split_read.py`; refused with the reason otherwise), False keeps Spark's read, None
+    (default) the former whenever the source allows; the result's `source_read` says which ran and why.
     """
 
     project, dataset = handle.project, handle.dataset
@@ -256,6 +267,7 @@ def stage_refresh(
                 full_scan=full_scan,
                 repartition=repartition,
                 shuffle_items=shuffle_items,
+                executors_read=executors_read,
             )
         _write_manifest(work, full_scan=full_scan, changes=changes)
     except BaseException:
@@ -275,6 +287,7 @@ def _stage_result(work: _StageWork, started: float) -> StageResult:
         spark=work.ran_on,
         source_rows=counts.source_rows if counts is not None else None,
         routed_rows=counts.routed_rows if counts is not None else None,
+        source_read=work.source_read,
     )
 
 
@@ -347,27 +360,47 @@ def _stage_on_spark(
     full_scan: bool,
     repartition: bool,
     shuffle_items: bool | None,
+    executors_read: bool | None = None,
 ) -> None:
-    """One Spark job routes the planned partitions' rows: staged, or written as final files (`WRITTEN`)."""
+    """One Spark job routes the planned partitions' rows: staged, or written as final files (`WRITTEN`),
+    read by Spark or (`split_read.py`) by the executors themselves."""
     dataset, bound, source, plan = work.dataset, work.bound, work.source, work.plan
     transforms, keys, target, storage = work.transforms, work.keys, work.target, work.storage
     work.ran_on = describe_session(session)
     subset = None if full_scan else keys
+    choice = None
     if work.mode is StageMode.WRITTEN:
         work.job = _item_write_job(work.handle, bound, source, transforms, plan, keys, storage, sinces)
-    work.counts, work.written = _run_spark_stage(
-        session,
-        source,
-        transforms,
-        keys,
-        subset,
-        target,
-        repartition=repartition,
-        sinces=sinces,
-        shared_since=lowest_since(dataset, plan.items),
-        job=work.job,
-        shuffle_items=shuffle_items,
-    )
+        choice = choose_split_read(
+            session,
+            source,
+            transforms,
+            subset,
+            len(keys),
+            sinces=sinces,
+            shuffle_items=shuffle_items,
+            requested=executors_read,
+            max_tasks=UNSHUFFLED_MAX_TASKS,
+            max_files=UNSHUFFLED_MAX_FILES,
+        )
+        work.source_read = choice.note
+        log.info("stage of dataset %r: %s", dataset.name, choice.note)
+    if choice is not None and choice.tasks is not None:
+        work.counts = _read_on_executors(work, session, choice.tasks)
+    else:
+        work.counts, work.written = _run_spark_stage(
+            session,
+            source,
+            transforms,
+            keys,
+            subset,
+            target,
+            repartition=repartition,
+            sinces=sinces,
+            shared_since=lowest_since(dataset, plan.items),
+            job=work.job,
+            shuffle_items=shuffle_items,
+        )
     if work.job is None:
         staged = staged_item_rows(target, len(keys))
         for index, item in enumerate(plan.items):
@@ -384,6 +417,22 @@ def _stage_on_spark(
         full_scan=full_scan,
         unrouted=lambda: _unrouted_partitions(session, source, transforms, keys, target, plan),
     )
+
+
+def _read_on_executors(
+    work: _StageWork, session: Any, tasks: tuple[tuple[Split, ...], ...]
+) -> SparkStageCounts:
+    """The executors read the source's splits, route and write them (`split_read.py`); `work.written`
+    holds what they wrote (removed by the caller's cleanup if the stage fails). A split that could not be
+    read fails the stage with the reader's error (naming the file)."""
+    assert work.job is not None
+    assert isinstance(work.source, FileSource)
+    job = SplitReadJob(work.job, work.source.split_reader(), tuple(work.plan.partition_names), tasks)
+    read, routed, work.written, errors = run_split_read(session, job)
+    if errors:
+        more = f" ({len(errors)} read tasks failed)" if len(errors) > 1 else ""
+        raise SourceError(f"{errors[0]}{more}; nothing was published")
+    return SparkStageCounts(source_rows=read, routed_rows=routed)
 
 
 def _write_manifest(

@@ -185,6 +185,27 @@ class ArrowFiles:
         except (OSError, ValueError) as err:
             raise self.read_error(files, schema, err) from err
 
+    def file_batches(
+        self,
+        source_file: SourceFile,
+        schema: pa.Schema,
+        *,
+        row_groups: Sequence[int] | None,
+        batch_rows: int,
+    ) -> Iterator[pa.Table]:
+        """The rows of one Parquet file (only `row_groups`, when given) typed as `schema`, as tables of at
+        most `batch_rows` rows; a file that cannot be read raises `SourceError` naming it."""
+        import pyarrow as pa
+
+        try:
+            dataset = self.dataset([source_file], schema)
+            for fragment in dataset.get_fragments():
+                piece = fragment if row_groups is None else fragment.subset(row_group_ids=list(row_groups))
+                for batch in piece.to_batches(schema=dataset.schema, batch_size=batch_rows):
+                    yield typed(pa.Table.from_batches([batch]), schema)
+        except (OSError, ValueError) as err:
+            raise self.read_error([source_file], schema, err) from err
+
     def read_error(self, files: Sequence[SourceFile], schema: pa.Schema, err: BaseException) -> SourceError:
         """The error of a failed read, naming the file (found by reading them one by one) and the value."""
         for source_file in files:

@@ -36,9 +36,10 @@ from airflow_partitions.sources.files.partitions import (
     learn_file_facts,
     map_by_facts,
 )
-from airflow_partitions.sources.files.place import SourceFile, hive_columns_of, open_place
+from airflow_partitions.sources.files.place import S3Files, SourceFile, hive_columns_of, open_place
 from airflow_partitions.sources.files.schemas import FileSchemas, source_schema
 from airflow_partitions.sources.files.spark_read import SparkFileRead
+from airflow_partitions.sources.files.splits import Split, SplitReader, file_splits, with_driver_credentials
 from airflow_partitions.spec.masking import masked_params
 
 if TYPE_CHECKING:
@@ -467,6 +468,18 @@ class FileSource:
         )
         whole_listing = len(files) == len(self.list_files())
         return read.frame(spark, files, whole_listing=whole_listing, work_dir=work_dir)
+
+    def split_reader(self) -> SplitReader:
+        """What another process needs to read splits of this Parquet source (`sources/files/splits.py`)."""
+        schema = self.schema().serialize().to_pybytes()
+        if isinstance(self.place, S3Files):
+            settings = with_driver_credentials(self.place.settings)
+            return SplitReader(self.describe(), schema, self.place.store.bucket, settings)
+        return SplitReader(self.describe(), schema)
+
+    def splits(self, files: Sequence[SourceFile], target: int) -> list[Split]:
+        """`files` (of this Parquet source) as splits of about `target` bytes (`file_splits`)."""
+        return file_splits(files, self.filesystem, target, self.describe())
 
     def to_json(self) -> dict[str, Any]:
         return {

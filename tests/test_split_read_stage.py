@@ -1,0 +1,210 @@
+"""The Spark stage over Parquet source files the executors read themselves (`refresh/split_read.py`).
+
+Real local Spark (the shared `spark` fixture), real files, hostile data: NULLs in every column (partition
+columns included), unicode, '/', '=', '%', quotes, instants with and without a zone, and files that drift
+(one holds `n_int` as int32, one lacks `flag`). Each dataset is refreshed twice from the same files, once
+with the executors reading the files (row-group splits forced) and once with Spark reading them; both
+reads equal the source row hash for row hash. A file that cannot be read fails the stage naming it and
+publishes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from matrix_support import hostile_chunks, multiset_difference
+
+from airflow_partitions.catalog import open_catalog
+from airflow_partitions.exceptions import RefreshError, SourceError
+from airflow_partitions.read import PartitionedDatasetReader
+from airflow_partitions.refresh import commit_refresh, finalize_partition, plan_refresh, stage_refresh
+from airflow_partitions.refresh.plan import StageMode, StageResult
+from airflow_partitions.spec import load_spec
+from airflow_partitions.table import open_handle
+
+PARTITION_BYS = [
+    "[{b: 'bucket(3, n_int)'}, {s: s}]",
+    "[{t: 'truncate(2, s)'}, {d: 'day(ts)'}]",
+    "[{n: 'truncate(1000, n_int)'}, {dn: 'day(ts_naive)'}]",
+]
+
+
+def write_drifting_files(directory: Path) -> tuple[pa.Table, list[Path]]:
+    """Three Parquet files of hostile rows in 8-row groups: the first holds `n_int` as int32, the last
+    has no `flag` column. Returns the rows as the source schema reads them, and the files."""
+    chunks = hostile_chunks(seed=41, rows=180)
+    directory.mkdir(parents=True)
+    narrow = chunks[0].set_column(
+        chunks[0].schema.get_field_index("n_int"), "n_int", chunks[0].column("n_int").cast(pa.int32())
+    )
+    written = [narrow, chunks[1], chunks[2].drop_columns(["flag"])]
+    paths = []
+    for index, table in enumerate(written):
+        path = directory / f"chunk-{index}.parquet"
+        pq.write_table(table, path, row_group_size=8)
+        paths.append(path)
+    flagless = chunks[2].set_column(
+        chunks[2].schema.get_field_index("flag"), "flag", pa.nulls(chunks[2].num_rows, pa.bool_())
+    )
+    return pa.concat_tables([chunks[0], chunks[1], flagless]), paths
+
+
+def write_spec(root: Path, partition_by: str) -> Path:
+    (root / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: trips\n"
+        "    from: file:src\n"
+        "    params: {file_format: parquet}\n"
+        "    acceleration:\n"
+        f"      partition_by: {partition_by}\n"
+    )
+    return root / "spec.yaml"
+
+
+def refresh(spec: Path, spark: Any, *, executors_read: bool | None) -> StageResult:
+    """Plan, stage, finalize every partition and commit; the stage result."""
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    plan = plan_refresh(project, dataset)
+    stage = stage_refresh(open_handle(project, dataset), plan, spark=spark, executors_read=executors_read)
+    assert stage.mode is StageMode.WRITTEN
+    results = [finalize_partition(open_handle(project, dataset), stage, item) for item in plan.items]
+    commit_refresh(open_handle(project, dataset), plan, results, stage=stage)
+    return stage
+
+
+def read_all(spec: Path) -> pa.Table:
+    reader = PartitionedDatasetReader(spec, "trips")
+    try:
+        return reader.read()
+    finally:
+        reader.close()
+
+
+def split_session(spark: Any, files: list[Path]) -> Any:
+    """A session whose splits cut each file in two runs of row groups (Spark's split size below a file)."""
+    session = spark.newSession()
+    session.conf.set("spark.sql.files.maxPartitionBytes", str(max(p.stat().st_size for p in files) * 2 // 3))
+    session.conf.set("spark.sql.files.openCostInBytes", "1")
+    return session
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("partition_by", PARTITION_BYS)
+def test_executors_reading_drifting_hostile_files_equal_the_source_and_spark_s_read(
+    spark: Any, tmp_path: Path, partition_by: str
+) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "spark"
+    source, files = write_drifting_files(ours / "src")
+    write_drifting_files(theirs / "src")
+
+    stage = refresh(write_spec(ours, partition_by), split_session(spark, files), executors_read=None)
+    note = stage.source_read or ""
+    found = re.fullmatch(r"pyarrow on the executors: (\d+) parquet file\(s\) in (\d+) task\(s\)", note)
+    assert found is not None, note
+    assert int(found.group(1)) == len(files)
+    assert int(found.group(2)) > len(files), "files cut into runs of row groups"
+    assert stage.source_rows == stage.routed_rows == source.num_rows
+
+    spark_stage = refresh(write_spec(theirs, partition_by), spark, executors_read=False)
+    assert (spark_stage.source_read or "").startswith("Spark reads the source: not asked for")
+
+    read = read_all(ours / "spec.yaml").select(source.column_names)
+    assert read.schema.field("n_int").type == pa.int64()
+    assert read.column("s").null_count, "NULLs in a partition column"
+    assert read.column("n_int").null_count, "NULLs in a partition column"
+    assert multiset_difference(read, source) == ([], []), "the acceleration equals the source"
+    by_spark = read_all(theirs / "spec.yaml").select(source.column_names)
+    assert multiset_difference(read, by_spark) == ([], []), "and equals what Spark's read wrote"
+
+
+def corrupt_data_pages(path: Path) -> None:
+    """Overwrite the start of the first column chunk (its page header): the footer stays readable."""
+    data = bytearray(path.read_bytes())
+    data[4:200] = b"\xff" * 196
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.spark
+def test_a_file_the_executors_cannot_read_fails_the_stage_naming_it_and_publishes_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    _, files = write_drifting_files(tmp_path / "src")
+    spec = write_spec(tmp_path, PARTITION_BYS[0])
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    plan = plan_refresh(project, dataset)
+    corrupt_data_pages(files[1])
+    with pytest.raises(SourceError, match=r"(?s)cannot read \S*chunk-1\.parquet.*nothing was published"):
+        stage_refresh(open_handle(project, dataset), plan, spark=split_session(spark, files))
+    assert open_catalog(project, dataset).latest() is None, "nothing published"
+    assert not list((tmp_path / "acc" / "trips").rglob("part-*")), "files other tasks wrote are removed"
+    staging = tmp_path / "acc" / "_staging" / "trips"
+    assert not staging.exists() or not any(staging.iterdir()), "no stage left"
+
+
+@pytest.mark.spark
+def test_sources_the_executors_cannot_read_keep_spark_s_read_and_say_why(spark: Any, tmp_path: Path) -> None:
+    source, _ = write_drifting_files(tmp_path / "src")
+    csv = tmp_path / "csv"
+    csv.mkdir()
+    pacsv.write_csv(source.select(["id", "s"]), csv / "rows.csv")
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: trips\n"
+        "    from: file:csv\n"
+        "    params: {file_format: csv}\n"
+        "    acceleration:\n"
+        "      partition_by: [{b: 'bucket(3, id)'}]\n"
+    )
+    spec = tmp_path / "spec.yaml"
+    project = load_spec(spec)
+    dataset = project.dataset("trips")
+    with pytest.raises(RefreshError, match=r"cannot read csv files at .*: csv files: Spark parses them"):
+        stage_refresh(
+            open_handle(project, dataset), plan_refresh(project, dataset), spark=spark, executors_read=True
+        )
+    stage = refresh(spec, spark, executors_read=None)
+    assert stage.source_read == "Spark reads the source: csv files: Spark parses them"
+    assert read_all(spec).num_rows == source.num_rows
+
+
+@pytest.mark.s3
+@pytest.mark.spark
+def test_executors_read_s3_files_with_the_source_s_settings(
+    spark: Any, tmp_path: Path, s3_server: dict[str, str], s3_bucket: str
+) -> None:
+    import boto3
+
+    source, files = write_drifting_files(tmp_path / "local")
+    client: Any = boto3.client("s3", **s3_server)  # type: ignore[call-overload]
+    for path in files:
+        client.upload_file(str(path), s3_bucket, f"src/{path.name}")
+    # The credentials are the source's own params: the executors get them with the job, not from their
+    # environment.
+    params = (
+        f"file_format: parquet, endpoint_url: '{s3_server['endpoint_url']}', region: us-east-1, "
+        f"aws_access_key_id: {s3_server['aws_access_key_id']}, "
+        f"aws_secret_access_key: {s3_server['aws_secret_access_key']}"
+    )
+    (tmp_path / "spec.yaml").write_text(
+        "accelerator_dir: acc\n"
+        "datasets:\n"
+        "  - name: trips\n"
+        f"    from: s3://{s3_bucket}/src\n"
+        f"    params: {{{params}}}\n"
+        "    acceleration:\n"
+        f"      partition_by: {PARTITION_BYS[0]}\n"
+    )
+    stage = refresh(tmp_path / "spec.yaml", split_session(spark, files), executors_read=True)
+    assert (stage.source_read or "").startswith("pyarrow on the executors: 3 parquet file(s)")
+    read = read_all(tmp_path / "spec.yaml").select(source.column_names)
+    assert multiset_difference(read, source) == ([], [])
