@@ -52,7 +52,7 @@ from airflow_partitions.write.row_hash import bind_certificate
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
+    from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo, Snapshot
     from airflow_partitions.objectstore import ObjectStore, SettingsLike
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec
@@ -113,11 +113,12 @@ def commit_refresh(
     # The partition files' store: the catalog's data store on S3, else the local data root.
     writer = PartitionWriter(storage, catalog.data_store or LocalStore(root), Path(root), dataset.name)
     ordered = [by_path[p] for p in planned if p in by_path]
-    entries, appended_rows = published_entries(writer, catalog, plan, ordered)
-    moves = _moves(handle, plan, ordered, entries, stage)
+    stored, base = switched_base(catalog, dataset, plan) if plan.switch_spec else (None, None)
+    entries, appended_rows = published_entries(writer, catalog, plan, ordered, base=base)
+    moves = _moves(handle, plan, ordered, entries, stage, base=base)
     if moves is not None:
         recorded["migrated"] = moves.counts
-    if not entries and not plan.removed and not plan.replace_all and moves is None:
+    if not entries and not plan.removed and not plan.replace_all and moves is None and not plan.switch_spec:
         version = None
     else:
         location = stage_location(stage)
@@ -138,7 +139,11 @@ def commit_refresh(
             # The old-layout partitions holding rows of the selection leave in the same version.
             builder.add(moves.upserts)
             builder.remove(moves.removes)
-        version = builder.commit(replace_all=plan.replace_all)
+        if plan.switch_spec:
+            # The first refresh after a partition_by change: the switch joins this version.
+            assert stored is not None
+            builder.fold_switch(stored)
+        version = builder.commit(replace_all=plan.replace_all, evolve=plan.switch_spec)
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
     if plan.cdc is not None and not missing:
@@ -170,6 +175,8 @@ def _moves(
     results: Sequence[PartitionResult],
     entries: list[PartitionEntry],
     stage: StageResult | str | os.PathLike[str] | None = None,
+    *,
+    base: Snapshot | None = None,
 ) -> RefreshMoves | None:
     """The moves of the old-layout partitions the plan migrates (`RefreshPlan.migrate`), for this commit:
     rows routing to a partition the refresh rewrites whole (or removes) are superseded by it; the others
@@ -192,6 +199,7 @@ def _moves(
         superseded=rewritten | set(plan.removed) | set(plan.vanished),
         appended=joined,
         changed_keys=changed,
+        base=base,
     )
 
 
@@ -251,22 +259,39 @@ def _check_results(
     return by_path, missing
 
 
+def switched_base(catalog: Catalog, dataset: DatasetSpec, plan: RefreshPlan) -> tuple[Snapshot, Snapshot]:
+    """For a plan that switches the current spec (`RefreshPlan.switch_spec`): its base version as stored,
+    and as the plan saw it, with the dataset's spec current (`Catalog.evolved`)."""
+    if plan.base_version is None:
+        raise RefreshError(
+            f"the plan for {dataset.name!r} switches the partition spec but has no base version; plan again"
+        )
+    stored = catalog.snapshot(plan.base_version)
+    return stored, catalog.evolved(stored, partition_spec_info(dataset))
+
+
 def published_entries(
-    writer: PartitionWriter, catalog: Catalog, plan: RefreshPlan, results: Sequence[PartitionResult]
+    writer: PartitionWriter,
+    catalog: Catalog,
+    plan: RefreshPlan,
+    results: Sequence[PartitionResult],
+    *,
+    base: Snapshot | None = None,
 ) -> tuple[list[PartitionEntry], int]:
     """The catalog entries of `results` (in plan order) with their files published, and the rows
     appended: an appended result's files join the partition's committed ones (rows checked, certificates
-    summed); any other result's files replace them. Files on S3 must be there (uploaded by finalize)."""
+    summed); any other result's files replace them. Files on S3 must be there (uploaded by finalize).
+    `base`: the plan's base version as it saw it (`switched_base`), else it is read."""
     if writer.uploads:
         _check_uploaded(writer.store, [f for r in results for f in r.files])
-    base = appended_to(catalog, writer.dataset, plan, results)
+    extended = appended_to(catalog, writer.dataset, plan, results, snapshot=base)
     entries = []
     appended_rows = 0
     for result in results:
         published = writer.publish(result.files)
         if result.appended:
             # The committed files stay; the new ones join them in the same atomic commit.
-            before = base[result.key_path]
+            before = extended[result.key_path]
             entry = result.entry.with_files([*before.files, *published])
             # The certificate of old rows plus new ones is the sum of both (None if either has none).
             added = result.entry.certificate
@@ -322,7 +347,12 @@ def unread_null_watermarks(
 
 
 def appended_to(
-    catalog: Catalog, dataset: str, plan: RefreshPlan, results: Sequence[PartitionResult]
+    catalog: Catalog,
+    dataset: str,
+    plan: RefreshPlan,
+    results: Sequence[PartitionResult],
+    *,
+    snapshot: Snapshot | None = None,
 ) -> dict[str, PartitionEntry]:
     """The committed entries (at the plan's base version) that appended results extend.
 
@@ -336,7 +366,8 @@ def appended_to(
         raise RefreshError(
             f"results append to partitions of {dataset!r}, but the plan has no base version; plan again"
         )
-    snapshot = catalog.snapshot(plan.base_version)
+    if snapshot is None:
+        snapshot = catalog.snapshot(plan.base_version)
     entries: dict[str, PartitionEntry] = {}
     for key_path in wanted:
         entry = snapshot.partitions.get(key_path)
