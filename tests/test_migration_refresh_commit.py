@@ -184,6 +184,32 @@ def test_the_holding_search_reads_only_candidates_and_finds_the_same(tmp_path: P
         assert pruned_reads == 0, pruned_reads
 
 
+@pytest.mark.parametrize("slice_rows", [1, 3])
+def test_the_holding_search_stops_early_and_still_finds_exactly(
+    tmp_path: Path, slice_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search routes an old partition's rows in growing slices and stops at the first wanted key:
+    with slices of a row or a few, it finds, for every key, exactly the old partitions whose rows routed
+    whole reach that key."""
+    from airflow_partitions.write import refresh_moves
+
+    old, new = SEARCHES["month-to-day"]
+    scenario = Scenario(tmp_path, 66, old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    handle = open_handle(scenario.project, scenario.dataset())
+    assert start_layout(open_write_target(handle))
+    target = open_write_target(handle)
+    snapshot = scenario.snapshot()
+    truth: dict[str, set[str]] = {}
+    for path, entry in snapshot.partitions.items():
+        for key_path in route_to_paths(target.read(entry.files), target.transforms, target.names):
+            truth.setdefault(key_path, set()).add(path)
+    monkeypatch.setattr(refresh_moves, "FIRST_SLICE_ROWS", slice_rows)
+    for path, (key, _rows) in current_keys(scenario).items():
+        assert set(old_holding(scenario, key, prune=False).key_paths) == truth[path], path
+
+
 def test_reads_right_after_a_change_judge_old_partitions_under_their_spec(tmp_path: Path) -> None:
     """Once partition_by changed and the catalog took the new spec, every partition is still under the
     old one: a filter on the new expression must judge them with the old fields (it pruned bucket

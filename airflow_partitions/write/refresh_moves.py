@@ -96,11 +96,27 @@ def old_partitions_holding(
             holding.append(entry)
             continue
         read += 1
-        # The keys its rows route to, as routing computes them, without moving a row.
-        _groups, found = partition_groups(target.read(entry.files, columns), target.transforms)
-        if any(key.path(names) in wanted for key in found):
+        if routes_to_any(target.read(entry.files, columns), target.transforms, names, wanted):
             holding.append(entry)
     return HoldingSearch(snapshot.version, tuple(holding), len(old), read)
+
+
+# Rows of an old partition the holding search routes before it looks for a wanted key; doubled each time
+# none was found.
+FIRST_SLICE_ROWS = 64 * 1024
+
+
+def routes_to_any(rows: pa.Table, transforms: Sequence[Any], names: Sequence[str], wanted: set[str]) -> bool:
+    """Whether a row of `rows` routes to a key path in `wanted` (its keys as routing computes them,
+    `partition_groups`). Slices of growing size, so a partition holding one stops at the first slice that
+    has one; one without is routed whole."""
+    start, size = 0, FIRST_SLICE_ROWS
+    while start < rows.num_rows:
+        _groups, found = partition_groups(rows.slice(start, size), transforms)
+        if any(key.path(names) in wanted for key in found):
+            return True
+        start, size = start + size, size * 2
+    return False
 
 
 def old_rows_the_source_lost(
