@@ -184,6 +184,32 @@ def test_the_holding_search_reads_only_candidates_and_finds_the_same(tmp_path: P
         assert pruned_reads == 0, pruned_reads
 
 
+@pytest.mark.parametrize("slice_rows", [1, 3])
+def test_the_holding_search_stops_early_and_still_finds_exactly(
+    tmp_path: Path, slice_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search routes an old partition's rows in growing slices and stops at the first wanted key:
+    with slices of a row or a few, it finds, for every key, exactly the old partitions whose rows routed
+    whole reach that key."""
+    from airflow_partitions.write import refresh_moves
+
+    old, new = SEARCHES["month-to-day"]
+    scenario = Scenario(tmp_path, 66, old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    handle = open_handle(scenario.project, scenario.dataset())
+    assert start_layout(open_write_target(handle))
+    target = open_write_target(handle)
+    snapshot = scenario.snapshot()
+    truth: dict[str, set[str]] = {}
+    for path, entry in snapshot.partitions.items():
+        for key_path in route_to_paths(target.read(entry.files), target.transforms, target.names):
+            truth.setdefault(key_path, set()).add(path)
+    monkeypatch.setattr(refresh_moves, "FIRST_SLICE_ROWS", slice_rows)
+    for path, (key, _rows) in current_keys(scenario).items():
+        assert set(old_holding(scenario, key, prune=False).key_paths) == truth[path], path
+
+
 def test_reads_right_after_a_change_judge_old_partitions_under_their_spec(tmp_path: Path) -> None:
     """Once partition_by changed and the catalog took the new spec, every partition is still under the
     old one: a filter on the new expression must judge them with the old fields (it pruned bucket
@@ -329,3 +355,90 @@ def test_a_filtered_refresh_drops_old_rows_of_keys_the_source_no_longer_has(tmp_
     assert summary.conservation["migrated"]["superseded"] >= len(ids)
     assert not set(holding) & set(after.partitions)
     scenario.check("the month the source no longer has is gone from both layouts")
+
+
+def biggest_key(scenario: Scenario) -> tuple[str, list[int]]:
+    """The current key (not NULL) with the most source rows: its path and its rows' ids."""
+    keys = current_keys(scenario)
+    path = max((p for p, (k, _r) in keys.items() if None not in k.values), key=lambda p: keys[p][1].num_rows)
+    return path, keys[path][1].column("id").to_pylist()
+
+
+@pytest.mark.parametrize("transition", ["bucket-8-to-16", "month-to-day"])
+def test_the_first_selective_refresh_after_a_change_switches_the_layout_in_its_own_commit(
+    tmp_path: Path, transition: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after partition_by changed (no batch ran), a refresh of one partition makes the new spec
+    current, moves the old partitions holding its rows and refreshes it in ONE catalog version. One that
+    fails after planning, or is killed as it commits, leaves the catalog at the version it started from,
+    the old spec current. The switch must be based on the newest version: a commit landing between the
+    plan and the refresh's commit refuses it (`CommitConflictError`), nothing of it published. The same
+    after a cancel (partition_by reverted), where partitions of the new spec go back to qualified paths
+    and the old ones to plain paths, a bucket's among them replaced in the same commit."""
+    from airflow_partitions.exceptions import CommitConflictError
+    from airflow_partitions.refresh import pipeline
+
+    old, new = MOVES[transition]
+    scenario = Scenario(tmp_path, 70 + sorted(MOVES).index(transition), old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    before = scenario.snapshot()
+    assert before.partition_spec.spec_id != scenario.dataset().acceleration.partition_spec_id
+    path, ids = biggest_key(scenario)
+    change_source_rows(scenario, ids[:3])
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the refresh's engine failed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("airflow_partitions.refresh.pipeline.arrow_refresh", broken)
+        with pytest.raises(RuntimeError, match="engine failed"):
+            refresh_dataset(str(scenario.spec), "events", partitions=[path], strategy="arrow")
+    kill_refresh_commit(scenario, path)
+    unchanged = scenario.snapshot()
+    assert unchanged.version == before.version, "a failed refresh publishes nothing, the switch neither"
+    assert unchanged.partition_spec.spec_id == before.partition_spec.spec_id
+
+    summary = refresh_dataset(str(scenario.spec), "events", partitions=[path], strategy="arrow")
+    after = scenario.snapshot()
+    assert after.version == summary.version == before.version + 1, "switch, move and refresh: one version"
+    assert after.operation == "refresh"
+    assert after.partition_spec.spec_id == scenario.dataset().acceleration.partition_spec_id
+    assert summary.conservation["migrated"]["superseded"] > 0
+    assert after.partitions[path].rows == current_keys(scenario)[path][1].num_rows
+    assert after.total_rows == scenario.source.num_rows
+    scenario.check(f"first refresh of {path} after the change")
+
+    # Cancel: the first refresh switches back in its own commit.
+    scenario.set_partition_by(old)
+    path, ids = biggest_key(scenario)
+    change_source_rows(scenario, ids[:2])
+    refresh_dataset(str(scenario.spec), "events", partitions=[path], strategy="arrow")
+    cancelled = scenario.snapshot()
+    assert cancelled.version == after.version + 1
+    assert cancelled.partition_spec.spec_id == before.partition_spec.spec_id
+    scenario.check(f"first refresh of {path} after the cancel")
+
+    # Back to the new partition_by, and a repartition run switches the layout while the refresh runs.
+    scenario.set_partition_by(new)
+    path, _ids = biggest_key(scenario)
+    real_commit = pipeline.commit_refresh
+
+    def racing(*args: Any, **kwargs: Any) -> Any:
+        assert start_layout(open_write_target(open_handle(scenario.project, scenario.dataset())))
+        return real_commit(*args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(pipeline, "commit_refresh", racing)
+        with pytest.raises(CommitConflictError, match="switches the current partition spec"):
+            refresh_dataset(str(scenario.spec), "events", partitions=[path], strategy="arrow")
+    raced = scenario.snapshot()
+    assert raced.version == cancelled.version + 1
+    assert raced.operation == "repartition-start"
+    scenario.check("a refresh refused by a concurrent switch")
+    refresh_dataset(str(scenario.spec), "events", partitions=[path], strategy="arrow")
+    assert scenario.snapshot().version == raced.version + 1
+    scenario.check(f"refresh of {path} after the concurrent switch")
+    while scenario.snapshot().other_layout(scenario.dataset().acceleration.partition_spec_id)[0]:
+        repartition(open_handle(scenario.project, scenario.dataset()), max_partitions=3)
+    scenario.check("migration complete")

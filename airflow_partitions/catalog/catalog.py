@@ -943,6 +943,25 @@ class Catalog:
         taken = {entry.key_path for entry in upserts}
         return upserts, [path for path in removes if path not in taken]
 
+    @classmethod
+    def evolved(cls, base: Snapshot, spec: PartitionSpecInfo) -> Snapshot:
+        """`base` as the commit of its `evolution_changes` to `spec` would publish it, with the same version
+        number and nothing committed: what the first refresh after a `partition_by` change plans on, whose
+        own commit then makes the switch (`table.publish.CommitBuilder.fold_switch`)."""
+        upserts, removes = cls.evolution_changes(base, spec)
+        if not upserts and not removes and base.partition_spec.spec_id == spec.spec_id:
+            return base
+        changes: dict[str, Mapping[str, Any] | None] = dict.fromkeys(removes)
+        changes.update((entry.key_path, entry.to_json()) for entry in upserts)
+        others = tuple(other for spec_id, other in base.specs.items() if spec_id != spec.spec_id)
+        return replace(
+            base,
+            partition_spec=spec,
+            partitions=PartitionMap(apply_changes(base.table, changes, reset=False)),
+            other_specs=others,
+            _keys={},
+        )
+
     def _check_spec(self, base: Snapshot | None, spec: PartitionSpecInfo, replace_all: bool) -> None:
         if base is None or replace_all or base.partition_spec.spec_id == spec.spec_id:
             return
@@ -971,8 +990,9 @@ class Catalog:
         if replace_all:
             raise CommitConflictError(
                 f"dataset {self.dataset!r}: version {record.version} ({record.operation}) was committed "
-                f"after base version {base_number}; a replace_all commit must start from the newest version: "
-                "plan again",
+                f"after base version {base_number}; a commit that replaces every partition or switches the "
+                f"current partition spec ({spec.describe()}) must be based on the newest version: plan "
+                "again (run the refresh or the repartition step again)",
                 partitions=tuple(sorted(record.touched)[:100]),
                 version=record.version,
             )

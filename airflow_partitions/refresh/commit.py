@@ -59,7 +59,7 @@ from airflow_partitions.write.row_hash import bind_certificate
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
+    from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo, Snapshot
     from airflow_partitions.objectstore import ObjectStore, SettingsLike
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec
@@ -124,17 +124,19 @@ def commit_refresh(
     # The partition files' store: the catalog's data store on S3, else the local data root.
     writer = PartitionWriter(storage, catalog.data_store or LocalStore(root), Path(root), dataset.name)
     ordered = [by_path[p] for p in planned if p in by_path]
-    entries, appended_rows = published_entries(writer, catalog, plan, ordered)
+    stored, base = switched_base(catalog, dataset, plan) if plan.switch_spec else (None, None)
+    entries, appended_rows = published_entries(writer, catalog, plan, ordered, base=base)
     location = stage_location(stage)
     commit_id = commit_id or (Path(location).name if location else plan_commit_id(plan))
-    # A retry of a commit that moves old partitions finds its first attempt before moving them again.
-    version = published_earlier(catalog, plan, commit_id) if plan.migrate else None
+    # A retry of a commit that moves old partitions or switches the layout finds its first attempt
+    # before moving them again.
+    version = published_earlier(catalog, plan, commit_id) if plan.migrate or plan.switch_spec else None
     if version is None:
         changed = check_changed_keys(handle, plan, stage)
-        moves = _moves(handle, plan, ordered, entries, changed)
+        moves = _moves(handle, plan, ordered, entries, changed, base=base)
         if moves is not None:
             recorded["migrated"] = moves.counts
-        if entries or plan.removed or plan.replace_all or moves is not None:
+        if entries or plan.removed or plan.replace_all or moves is not None or plan.switch_spec:
             builder = CommitBuilder(
                 catalog,
                 "refresh",
@@ -143,7 +145,7 @@ def commit_refresh(
                 commit_id,
                 conservation=recorded,
             )
-            version = _publish(builder, plan, entries, moves)
+            version = _publish(builder, plan, entries, moves, stored)
     if version is not None:
         # Published (or removed) partitions no longer count as failed, for runs, the CLI and the UI.
         FailureStore.for_catalog(catalog).clear([e.key_path for e in entries] + list(plan.removed))
@@ -171,10 +173,15 @@ def commit_refresh(
 
 
 def _publish(
-    builder: CommitBuilder, plan: RefreshPlan, entries: Sequence[PartitionEntry], moves: RefreshMoves | None
+    builder: CommitBuilder,
+    plan: RefreshPlan,
+    entries: Sequence[PartitionEntry],
+    moves: RefreshMoves | None,
+    stored: Snapshot | None = None,
 ) -> int:
     """Commit the refreshed entries, the plan's removals and the moves of old-layout partitions in one
-    version; a conflicting commit since the plan's base raises `CommitConflictError` saying to plan again."""
+    version, with the switch of the current spec when the plan makes it (`stored`: its base version as
+    stored); a conflicting commit since the plan's base raises `CommitConflictError` saying to plan again."""
     merged = {e.key_path for e in moves.upserts} if moves is not None else set()
     builder.add([e for e in entries if e.key_path not in merged])
     builder.remove(plan.removed)
@@ -182,8 +189,12 @@ def _publish(
         # The old-layout partitions holding rows of the selection leave in the same version.
         builder.add(moves.upserts)
         builder.remove(moves.removes)
+    if plan.switch_spec:
+        # The first refresh after a partition_by change: the switch joins this version.
+        assert stored is not None
+        builder.fold_switch(stored)
     try:
-        return builder.commit(replace_all=plan.replace_all)
+        return builder.commit(replace_all=plan.replace_all, evolve=plan.switch_spec)
     except CommitConflictError as err:
         raise plan_again(str(err), plan, err.partitions, err.version) from err
 
@@ -244,6 +255,8 @@ def _moves(
     results: Sequence[PartitionResult],
     entries: list[PartitionEntry],
     changed: pa.Table | None = None,
+    *,
+    base: Snapshot | None = None,
 ) -> RefreshMoves | None:
     """The moves of the old-layout partitions the plan migrates (`RefreshPlan.migrate`), for this commit:
     rows routing to a partition the refresh rewrites whole (or removes) are superseded by it; the others
@@ -267,6 +280,7 @@ def _moves(
         superseded=rewritten | set(plan.removed) | set(plan.vanished),
         appended=joined,
         changed_keys=changed,
+        base=base,
     )
 
 
@@ -363,22 +377,39 @@ def _check_results(
     return by_path, missing
 
 
+def switched_base(catalog: Catalog, dataset: DatasetSpec, plan: RefreshPlan) -> tuple[Snapshot, Snapshot]:
+    """For a plan that switches the current spec (`RefreshPlan.switch_spec`): its base version as stored,
+    and as the plan saw it, with the dataset's spec current (`Catalog.evolved`)."""
+    if plan.base_version is None:
+        raise RefreshError(
+            f"the plan for {dataset.name!r} switches the partition spec but has no base version; plan again"
+        )
+    stored = catalog.snapshot(plan.base_version)
+    return stored, catalog.evolved(stored, partition_spec_info(dataset))
+
+
 def published_entries(
-    writer: PartitionWriter, catalog: Catalog, plan: RefreshPlan, results: Sequence[PartitionResult]
+    writer: PartitionWriter,
+    catalog: Catalog,
+    plan: RefreshPlan,
+    results: Sequence[PartitionResult],
+    *,
+    base: Snapshot | None = None,
 ) -> tuple[list[PartitionEntry], int]:
     """The catalog entries of `results` (in plan order) with their files published, and the rows
     appended: an appended result's files join the partition's committed ones (rows checked, certificates
-    summed); any other result's files replace them. Files on S3 must be there (uploaded by finalize)."""
+    summed); any other result's files replace them. Files on S3 must be there (uploaded by finalize).
+    `base`: the plan's base version as it saw it (`switched_base`), else it is read."""
     if writer.uploads:
         _check_uploaded(writer.store, [f for r in results for f in r.files])
-    base = appended_to(catalog, writer.dataset, plan, results)
+    extended = appended_to(catalog, writer.dataset, plan, results, snapshot=base)
     entries = []
     appended_rows = 0
     for result in results:
         published = writer.publish(result.files)
         if result.appended:
             # The committed files stay; the new ones join them in the same atomic commit.
-            before = base[result.key_path]
+            before = extended[result.key_path]
             entry = result.entry.with_files([*before.files, *published])
             # The certificate of old rows plus new ones is the sum of both (None if either has none).
             added = result.entry.certificate
@@ -434,7 +465,12 @@ def unread_null_watermarks(
 
 
 def appended_to(
-    catalog: Catalog, dataset: str, plan: RefreshPlan, results: Sequence[PartitionResult]
+    catalog: Catalog,
+    dataset: str,
+    plan: RefreshPlan,
+    results: Sequence[PartitionResult],
+    *,
+    snapshot: Snapshot | None = None,
 ) -> dict[str, PartitionEntry]:
     """The committed entries (at the plan's base version) that appended results extend.
 
@@ -448,7 +484,8 @@ def appended_to(
         raise RefreshError(
             f"results append to partitions of {dataset!r}, but the plan has no base version; plan again"
         )
-    snapshot = catalog.snapshot(plan.base_version)
+    if snapshot is None:
+        snapshot = catalog.snapshot(plan.base_version)
     entries: dict[str, PartitionEntry] = {}
     for key_path in wanted:
         entry = snapshot.partitions.get(key_path)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_partitions.catalog.open import dataset_directory
+from airflow_partitions.catalog.open import dataset_directory, partition_spec_info
 from airflow_partitions.exceptions import (
     ConservationError,
     FilterError,
@@ -53,7 +53,6 @@ from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import RefreshMode, validate_against_schema
 from airflow_partitions.table import DatasetHandle, open_handle
 from airflow_partitions.write.refresh_moves import old_partitions_holding, old_rows_the_source_lost
-from airflow_partitions.write.repartition import open_stored, start_layout
 
 log = logging.getLogger(__name__)
 
@@ -187,10 +186,10 @@ def plan_refresh(
         assert snapshot is not None
         return plan_append_during_migration(project, bound, source, catalog, snapshot, timeout_s)
     selector = where_selector(bound, where) if where else None
-    layouts_checked = False
+    layouts_checked = switching = False
     split: frozenset[str] = frozenset()
     if selecting and snapshot is not None and layouts_differ(snapshot, bound):
-        snapshot = switch_layout(project, bound, catalog, snapshot)
+        snapshot, switching = switched_view(bound, catalog, snapshot)
         layouts_checked = True
         if bound.acceleration.refresh.mode is RefreshMode.APPEND and migration_in_progress(snapshot, bound):
             # The append audit leaves partitions with rows still in both layouts (counted in one alone,
@@ -210,7 +209,9 @@ def plan_refresh(
         migrate, vanished = old_partitions_of_selection(
             project, bound, catalog, plan, snapshot, where=where, selector=selector
         )
-        plan = replace(plan, migrate=migrate, vanished=vanished)
+        note = ("partition_by changed: this refresh's commit makes it current (one version with its moves)",)
+        notes = (*plan.notes, *(note if switching else ()))
+        plan = replace(plan, migrate=migrate, vanished=vanished, switch_spec=switching, notes=notes)
     return apply_refresh_mode(plan, bound, snapshot, source, leave=split)
 
 
@@ -240,20 +241,18 @@ def layouts_differ(snapshot: Snapshot, dataset: DatasetSpec) -> bool:
     return snapshot.partition_spec.spec_id != spec_id or bool(snapshot.other_layout(spec_id)[0])
 
 
-def switch_layout(
-    project: ProjectSpec, dataset: DatasetSpec, catalog: Catalog, snapshot: Snapshot
-) -> Snapshot:
-    """The first selective refresh after a `partition_by` change makes it the catalog's current spec (a
-    commit that changes no row, `write.repartition.start_layout`); the version to plan on."""
+def switched_view(dataset: DatasetSpec, catalog: Catalog, snapshot: Snapshot) -> tuple[Snapshot, bool]:
+    """The version a selective refresh plans on during a re-partitioning, and whether its commit switches
+    the current spec. The first one after a `partition_by` change plans on the newest version seen with
+    the new spec current (`Catalog.evolved`, nothing committed); its own commit makes the switch, so the
+    refresh is one catalog version, and one that fails publishes nothing."""
     if snapshot.partition_spec.spec_id == dataset.acceleration.partition_spec_id:
-        return snapshot
-    # The catalog given was opened with the caller's settings: the switch commits through it.
-    if not start_layout(open_stored(open_handle(project, dataset), catalog)):
-        return snapshot
-    log.info("%s: partition_by changed; the catalog now holds its partitions as older layouts", dataset.name)
-    switched = catalog.latest()
-    assert switched is not None
-    return switched
+        return snapshot, False
+    log.info(
+        "%s: partition_by changed; this refresh's commit makes it current, its partitions older layouts",
+        dataset.name,
+    )
+    return catalog.evolved(snapshot, partition_spec_info(dataset)), True
 
 
 def old_partitions_of_selection(
@@ -276,13 +275,13 @@ def old_partitions_of_selection(
     keys = [PartitionKey.from_json(item.key) for item in plan.items]
     keys += [snapshot.partitions[path].key for path in plan.removed if path in snapshot.partitions]
     handle = open_handle(project, dataset)
-    search = old_partitions_holding(handle, keys, catalog=catalog, version=snapshot.version)
+    search = old_partitions_holding(handle, keys, catalog=catalog, snapshot=snapshot)
     migrate = dict.fromkeys(search.key_paths)
     vanished: tuple[str, ...] = ()
     if where is not None and selector is not None:
         known = {item.key_path for item in plan.items} | set(plan.removed)
         lost, vanished = old_rows_the_source_lost(
-            handle, where, selector, known, catalog=catalog, version=snapshot.version
+            handle, where, selector, known, catalog=catalog, snapshot=snapshot
         )
         migrate.update(dict.fromkeys(lost.key_paths))
     log.info(

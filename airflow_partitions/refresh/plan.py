@@ -267,6 +267,11 @@ class RefreshPlan:
     # Key paths of the current layout the selection covers that the source no longer has, whose rows only
     # those old partitions hold: the commit drops them, as it removes a partition the source lost.
     vanished: tuple[str, ...] = ()
+    # The first selection refreshed after a `partition_by` change: the base version is under another
+    # spec; the plan was made on it seen with `spec_id` current (`Catalog.evolved`: old partitions under
+    # qualified key paths, as `migrate` names them), and the refresh's commit makes that switch in the same
+    # version (`CommitBuilder.fold_switch`), based on the newest version.
+    switch_spec: bool = False
 
     def __post_init__(self) -> None:
         # replace_all drops every partition the commit does not write, so its items must be all of them.
@@ -281,7 +286,13 @@ class RefreshPlan:
     @property
     def is_empty(self) -> bool:
         """True when there is nothing to write and nothing to remove."""
-        return not self.items and not self.removed and not self.replace_all and not self.migrate
+        return (
+            not self.items
+            and not self.removed
+            and not self.replace_all
+            and not self.migrate
+            and not self.switch_spec
+        )
 
     def counts(self) -> dict[str, int]:
         by_reason = {str(r): 0 for r in Reason}
@@ -327,6 +338,7 @@ class RefreshPlan:
             "late_rows_policy": self.late_rows_policy,
             "migrate": list(self.migrate),
             "vanished": list(self.vanished),
+            "switch_spec": self.switch_spec,
         }
 
     def dumps(self) -> str:
@@ -362,6 +374,7 @@ class RefreshPlan:
             late_rows_policy=data.get("late_rows_policy"),
             migrate=tuple(str(path) for path in data.get("migrate", ())),
             vanished=tuple(str(path) for path in data.get("vanished", ())),
+            switch_spec=bool(data.get("switch_spec", False)),
         )
 
     @property

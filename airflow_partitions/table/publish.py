@@ -19,7 +19,7 @@ from airflow_partitions.catalog import PartitionEntry
 from airflow_partitions.exceptions import ConservationError
 
 if TYPE_CHECKING:
-    from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
+    from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo, Snapshot
     from airflow_partitions.catalog.state import CommitRecord
 
 
@@ -71,6 +71,23 @@ class CommitBuilder:
     @property
     def empty(self) -> bool:
         return not self.upserts and not self.removes
+
+    def fold_switch(self, base: Snapshot) -> None:
+        """Make this commit also switch the current spec to the builder's: its changes were planned on
+        `Catalog.evolved(base, spec)` (`base`, the base version, seen with the spec current; old partitions
+        under qualified key paths), and become, with the renames `Catalog.evolution_changes` makes, changes
+        of `base` itself. Commit it with `evolve=True`: one version, switched and changed, or none.
+
+        A rename the builder overrides (upserts) or drops (removes) is not made; a removal of a path the
+        base does not hold (a renamed old partition) drops its rename, and its plain path leaves the base."""
+        renames, renamed_away = self.catalog.evolution_changes(base, self.partition_spec)
+        mine = {entry.key_path for entry in self.upserts}
+        dropped = set(self.removes)
+        kept = [entry for entry in renames if entry.key_path not in mine and entry.key_path not in dropped]
+        self.upserts = [*kept, *self.upserts]
+        published = {entry.key_path for entry in self.upserts}
+        leaving = dict.fromkeys([*renamed_away, *self.removes])
+        self.removes = [path for path in leaving if path in base.partitions and path not in published]
 
     def check_entries(self) -> None:
         """Refuse an entry whose rows are not the rows its files record (nothing is published)."""

@@ -351,8 +351,12 @@ def commit_changes(
     keep_fingerprints: bool = True,
     started: float | None = None,
     claim: KeyClaim | None = None,
+    switch_from: Snapshot | None = None,
 ) -> WriteResult:
     """Write, check and publish `changes` in one catalog commit based on `target.snapshot`.
+
+    `switch_from`: `target.snapshot` is this stored version seen with the target's spec current
+    (`Catalog.evolved`); the commit makes that switch too (`CommitBuilder.fold_switch`).
 
     `keep_fingerprints`: a changed partition keeps the source fingerprint it had (the source did not
     change: the next refresh leaves it alone unless its source changes); False records none, so the next
@@ -368,12 +372,15 @@ def commit_changes(
     added_total, removed_total, written_files = prepare_changes(
         builder, target, operation, changes, rows_in=rows_in, keep_fingerprints=keep_fingerprints
     )
+    upserts, removes = list(builder.upserts), list(builder.removes)
+    if switch_from is not None:
+        builder.fold_switch(switch_from)
     version = None
     if not builder.empty:
         version = builder.commit(
-            check_intervening=claim.checker(target, builder.touched) if claim is not None else None
+            check_intervening=claim.checker(target, builder.touched) if claim is not None else None,
+            evolve=switch_from is not None,
         )
-    upserts, removes = builder.upserts, builder.removes
     return WriteResult(
         dataset=target.dataset.name,
         operation=operation,

@@ -45,7 +45,7 @@ from airflow_partitions.write.routing import partition_groups
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_partitions.catalog import Catalog, PartitionEntry
+    from airflow_partitions.catalog import Catalog, PartitionEntry, Snapshot
     from airflow_partitions.table import DatasetHandle
     from airflow_partitions.write.commit import WriteTarget
 
@@ -69,17 +69,15 @@ def old_partitions_holding(
     keys: Sequence[PartitionKey],
     *,
     catalog: Catalog | None = None,
-    version: int | None = None,
+    snapshot: Snapshot | None = None,
     prune: bool = True,
 ) -> HoldingSearch:
-    """The partitions of older specs in catalog version `version` (default: the newest) holding a row
-    that routes to one of `keys` (keys of the current partition_by). Exact: the candidates the pruning
+    """The partitions of older specs in the catalog version `snapshot` (default: the newest) holding a
+    row that routes to one of `keys` (keys of the current partition_by). Exact: the candidates the pruning
     keeps are read (the partition source columns only) and routed; `prune=False` reads every old
     partition."""
 
-    target = open_stored(handle, catalog)
-    if version is not None and target.base_version != version:
-        target.snapshot = target.catalog.snapshot(version)
+    target = stored_at(handle, catalog, snapshot)
     snapshot = target.snapshot
     if snapshot is None:
         return HoldingSearch(None, (), 0, 0)
@@ -98,11 +96,27 @@ def old_partitions_holding(
             holding.append(entry)
             continue
         read += 1
-        # The keys its rows route to, as routing computes them, without moving a row.
-        _groups, found = partition_groups(target.read(entry.files, columns), target.transforms)
-        if any(key.path(names) in wanted for key in found):
+        if routes_to_any(target.read(entry.files, columns), target.transforms, names, wanted):
             holding.append(entry)
     return HoldingSearch(snapshot.version, tuple(holding), len(old), read)
+
+
+# Rows of an old partition the holding search routes before it looks for a wanted key; doubled each time
+# none was found.
+FIRST_SLICE_ROWS = 64 * 1024
+
+
+def routes_to_any(rows: pa.Table, transforms: Sequence[Any], names: Sequence[str], wanted: set[str]) -> bool:
+    """Whether a row of `rows` routes to a key path in `wanted` (its keys as routing computes them,
+    `partition_groups`). Slices of growing size, so a partition holding one stops at the first slice that
+    has one; one without is routed whole."""
+    start, size = 0, FIRST_SLICE_ROWS
+    while start < rows.num_rows:
+        _groups, found = partition_groups(rows.slice(start, size), transforms)
+        if any(key.path(names) in wanted for key in found):
+            return True
+        start, size = start + size, size * 2
+    return False
 
 
 def old_rows_the_source_lost(
@@ -112,7 +126,7 @@ def old_rows_the_source_lost(
     known: Collection[str],
     *,
     catalog: Catalog | None = None,
-    version: int | None = None,
+    snapshot: Snapshot | None = None,
 ) -> tuple[HoldingSearch, tuple[str, ...]]:
     """For a refresh selecting by `where` during a re-partitioning: the current keys its selection covers
     (`selects`, the refresh's key selector) that rows of old partitions route to but the refresh neither
@@ -125,9 +139,7 @@ def old_rows_the_source_lost(
         plan_partitions,
     )
 
-    target = open_stored(handle, catalog)
-    if version is not None and target.base_version != version:
-        target.snapshot = target.catalog.snapshot(version)
+    target = stored_at(handle, catalog, snapshot)
     snapshot = target.snapshot
     if snapshot is None:
         return HoldingSearch(None, (), 0, 0), ()
@@ -157,6 +169,15 @@ def old_rows_the_source_lost(
     holding = {entry.key_path: entry for path in vanished for entry in held[path]}
     search = HoldingSearch(snapshot.version, tuple(holding.values()), len(old), len(candidates))
     return search, vanished
+
+
+def stored_at(handle: DatasetHandle, catalog: Catalog | None, snapshot: Snapshot | None) -> WriteTarget:
+    """The write target (`open_stored`) on `snapshot` (a version, or one seen with the current spec made
+    current: `Catalog.evolved`) instead of the newest version, when given."""
+    target = open_stored(handle, catalog)
+    if snapshot is not None:
+        target.snapshot = snapshot
+    return target
 
 
 def holding_candidates(
@@ -262,6 +283,7 @@ def moves_for_refresh(
     superseded: Collection[str],
     appended: Mapping[str, PartitionEntry],
     changed_keys: pa.Table | None = None,
+    base: Snapshot | None = None,
 ) -> RefreshMoves:
     """The changes moving the old partitions `old_paths` (of `base_version`) into the current layout in
     a refresh's commit. Rows routing to a `superseded` partition (one the refresh rewrites whole from the
@@ -270,13 +292,15 @@ def moves_for_refresh(
     for a partition the refresh appends to or merges changes into (`appended`: its new entry), to that
     entry. `changed_keys` (a changes refresh: the primary keys it upserted or deleted): moved rows of those
     keys are dropped first, wherever they route (the merge placed their new rows, or deleted them).
+    `base`: the version `base_version` as the plan saw it, when that was not the stored version
+    (`Catalog.evolved`, the first refresh after a `partition_by` change).
 
     Checked before anything is published (`ConservationError`): rows read from each old partition == rows
     its entry records; rows read == rows routed (superseded + appended); per partition gaining rows, rows
     routed to it == rows added to its files."""
 
-    target = open_stored(handle, catalog)
-    if target.base_version != base_version:
+    target = stored_at(handle, catalog, base)
+    if base is None and target.base_version != base_version:
         target.snapshot = catalog.snapshot(base_version) if base_version is not None else None
     snapshot = target.snapshot
     absent = [path for path in old_paths if snapshot is None or path not in snapshot.partitions]

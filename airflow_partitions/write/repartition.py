@@ -3,7 +3,9 @@ a bounded batch per atomic commit, while reads, refreshes and writes go on.
 
 A catalog version may hold partitions of several specs. The first step after a `partition_by` change
 makes the new spec current (`Catalog.evolution_changes`: partitions of the old spec move to qualified key
-paths, `@<spec id>/<key path>`, in one commit that changes no row or file). Each batch then reads the rows
+paths, `@<spec id>/<key path>`): it plans on the newest version seen that way (`Catalog.evolved`) and its
+own commit makes the switch too (`CommitBuilder.fold_switch`, based on the newest version), as the first
+refresh of selected partitions does. Each batch reads the rows
 of a few old partitions, routes them with the current transforms (`write.routing.route_rows`), appends them
 to the new-layout partitions of their keys (a new file beside the partition's files) and removes the old
 partitions, in one commit through `write.commit.commit_changes`. Conservation is checked across the two
@@ -51,7 +53,7 @@ class RepartitionReport:
     to_spec: str
     base_version: int | None
     version: int | None  # the batch's commit (None: dry run, or nothing to move)
-    started_layout: bool  # this step made the new spec current (the renaming commit)
+    started_layout: bool  # this step made the new spec current (in its commit)
     moved: tuple[str, ...]  # old partitions moved (their key paths in the base)
     rows_moved: int
     written: tuple[str, ...]  # new-layout partitions that received rows
@@ -127,7 +129,8 @@ def repartition(
     """Move one batch of partitions written under another spec into the dataset's current partition_by.
 
     Returns what moved and what is left; a dataset with nothing to move commits nothing. The first call
-    after a `partition_by` change first commits the switch of the current spec (no row moves in it).
+    after a `partition_by` change also makes the new spec current, in the batch's commit (alone when
+    there is nothing to move).
     `only`: move exactly these old partitions, as `(spec id, plain key path)` (`old_partitions_holding`),
     however many they are.
     """
@@ -140,12 +143,14 @@ def repartition(
     dataset = handle.dataset
     target = open_stored(handle, catalog)
     spec = target.spec_info
+    stored = target.snapshot
+    # The first step after a change plans on the version seen with the new spec current; its commit
+    # makes the switch too (nothing to move: the switch alone).
+    switching = stored is not None and stored.partition_spec.spec_id != spec.spec_id
+    if stored is not None and switching:
+        target.snapshot = target.catalog.evolved(stored, spec)
     snapshot = target.snapshot
-    started_layout = False
-    if not dry_run and start_layout(target):
-        started_layout = True
-        target = open_write_target(handle, catalog=target.catalog, schema=target.schema)
-        snapshot = target.snapshot
+    started_layout = switching and not dry_run
     base_version = snapshot.version if snapshot is not None else None
     old = old_entries(snapshot, spec.spec_id) if snapshot is not None else []
     if only is not None:
@@ -173,6 +178,10 @@ def repartition(
         )
 
     if not batch or dry_run:
+        if started_layout:
+            target.snapshot = stored
+            start_layout(target)
+            return report(target.catalog.head_version(), ())
         return report(None, ())
     changes, rows_in, added = moved_changes(target, batch)
     check_moved_rows(dataset.name, rows_moved, rows_in.num_rows, added)
@@ -184,6 +193,7 @@ def repartition(
         commit_id=commit_id or f"repartition-{uuid.uuid4().hex}",
         keep_fingerprints=False,
         started=started,
+        switch_from=stored if started_layout else None,
     )
     return report(result.version, tuple(sorted(added)))
 
