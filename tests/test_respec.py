@@ -22,6 +22,7 @@ from airflow_partitions.catalog import open_catalog
 from airflow_partitions.cli.main import main
 from airflow_partitions.exceptions import RefreshError
 from airflow_partitions.refresh import Reason, RefreshPlan, plan_refresh
+from airflow_partitions.refresh.commit import partition_spec_info
 from airflow_partitions.refresh.plan import DiscoveryKind, PartitionWorkItem
 from airflow_partitions.spec import load_spec
 
@@ -129,9 +130,9 @@ def test_partial_refresh_after_a_spec_change_moves_the_old_rows_first(
     new_version, rows, _, spec_id = catalog_state(spec_path)
     assert rows == ROWS, "every row is still there, each in one layout"
     assert spec_id != old_spec, "the new partition_by is the catalog's"
-    # One commit makes the new partition_by the catalog's (renames only); one moves the old partitions
-    # holding rows of the selection and refreshes the selection, atomically.
-    assert new_version == version + 2
+    # One commit makes the new partition_by the catalog's (renames), moves the old partitions holding rows
+    # of the selection and refreshes the selection, atomically.
+    assert new_version == version + 1
     project = load_spec(spec_path)
     snapshot = open_catalog(project, project.dataset("events")).latest()
     assert snapshot is not None
@@ -169,15 +170,22 @@ def test_plan_refresh_of_a_selection_names_the_old_partitions_its_commit_moves(
     plan = plan_refresh(project, "events", partitions=["expr0=5000"])
     assert not plan.replace_all
     assert [item.key_path for item in plan.items] == ["expr0=5000"]
-    snapshot = open_catalog(project, project.dataset("events")).latest()
+    catalog = open_catalog(project, project.dataset("events"))
+    snapshot = catalog.latest()
     assert snapshot is not None
-    # Every region partition holds ids 5000..5999 (regions cycle): the plan names all four, for its
-    # commit to move them; planning only made the new partition_by the catalog's (it moved no row).
-    assert snapshot.other_layout() == (4, ROWS)
-    assert sorted(plan.migrate) == sorted(snapshot.partitions)
-    # The DAG's commit task gets the plan through XCom: the old partitions to move go with it.
-    assert RefreshPlan.from_json(json.loads(plan.dumps())).migrate == plan.migrate
+    # Planning commits nothing: the catalog's current spec is still the old one, and the plan's commit
+    # makes the new partition_by current (the switch joins the refresh's version).
+    assert plan.switch_spec
     assert plan.base_version == snapshot.version
+    assert snapshot.partition_spec.spec_id != project.dataset("events").acceleration.partition_spec_id
+    # Every region partition holds ids 5000..5999 (regions cycle): the plan names all four, as the switch
+    # leaves them (older layouts), for its commit to move them.
+    evolved = catalog.evolved(snapshot, partition_spec_info(project.dataset("events")))
+    assert evolved.other_layout() == (4, ROWS)
+    assert sorted(plan.migrate) == sorted(evolved.partitions)
+    # The DAG's commit task gets the plan through XCom: the old partitions to move and the switch go with it.
+    again = RefreshPlan.from_json(json.loads(plan.dumps()))
+    assert (again.migrate, again.switch_spec) == (plan.migrate, plan.switch_spec)
     assert snapshot.total_rows == ROWS
 
 

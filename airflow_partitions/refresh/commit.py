@@ -42,8 +42,8 @@ from airflow_partitions.refresh.plan import (
     PartitionResult,
     RefreshPlan,
     StageResult,
-    key_digest,
 )
+from airflow_partitions.refresh.plan import check_changed_keys as check_planned_keys
 from airflow_partitions.refresh.stage_layout import (
     CHANGES_FILE,
     read_stage_manifest,
@@ -221,6 +221,16 @@ def check_moves_current(catalog: Catalog, plan: RefreshPlan) -> None:
     latest = catalog.latest()
     if latest is None or plan.base_version is None or latest.version == plan.base_version:
         return
+    if plan.switch_spec:
+        # Planned on its base as the switch of the current spec would make it: any commit since refuses it.
+        raise plan_again(
+            f"dataset {plan.dataset!r}: version {latest.version} was committed after base version "
+            f"{plan.base_version}; a refresh that switches the current partition spec must be based on the "
+            "newest version.",
+            plan,
+            tuple(plan.migrate),
+            latest.version,
+        )
     try:
         base = catalog.snapshot(plan.base_version)
     except VersionNotFoundError as err:
@@ -287,46 +297,25 @@ def _moves(
 def check_changed_keys(
     handle: DatasetHandle, plan: RefreshPlan, stage: StageResult | str | os.PathLike[str] | None
 ) -> pa.Table | None:
-    """A changes refresh's staged changed keys (`staged_change_keys`; None for other modes, or a stage
-    that holds none), checked against the keys the plan found (`RefreshPlan.changed_keys`: count and
-    row hash). The plan chose the partitions to merge into, and the old-layout ones to move, from its
-    keys: a stage read with other keys (the source changed in between, though the count did not) would
-    leave a changed key's old row where it was. A mismatch raises `ConservationError`: nothing is
-    published, plan again."""
-    if plan.refresh_mode != "changes":
+    """A changes refresh moving old-layout partitions: its staged changed keys (`staged_change_keys`),
+    checked again against the keys the plan found (`plan.check_changed_keys`; the stage checked them
+    before writing anything) as the moves drop them. None for other refreshes: the commit reads no data."""
+    if plan.refresh_mode != "changes" or not plan.migrate:
         return None
-    changed = staged_change_keys(handle, stage, required=bool(plan.migrate))
-    if changed is None or plan.changed_keys is None:
-        return changed
-    staged = key_digest(changed, handle.dataset.acceleration.primary_key)
-    expected = dict(plan.changed_keys)
-    if staged != expected:
-        raise ConservationError(
-            handle.dataset.name,
-            {"[changed keys]": (int(expected["rows"]), int(staged["rows"]))},
-            expected=f"changed keys planned (key hash {expected['hash']})",
-            actual=f"changed keys staged (key hash {staged['hash']})",
-            hint="The source changed between plan and stage: the stage read other changed rows than the "
-            "plan found (same count or not), so the partitions it merges into and the old-layout partitions "
-            "it moves may miss a changed key's old row. Plan the refresh again.",
-        )
+    changed = staged_change_keys(handle, stage)
+    check_planned_keys(plan, changed, handle.dataset.acceleration.primary_key)
     return changed
 
 
-def staged_change_keys(
-    handle: DatasetHandle, stage: StageResult | str | os.PathLike[str] | None, *, required: bool = True
-) -> pa.Table | None:
-    """The primary-key columns of a changes stage's change table (rows to upsert and keys to delete).
-    Without a stage, or a stage without the table (merged by Spark executors on an object store): a
-    `RefreshError` when `required`, else None."""
+def staged_change_keys(handle: DatasetHandle, stage: StageResult | str | os.PathLike[str] | None) -> pa.Table:
+    """The primary-key columns of a changes stage's change table (rows to upsert and keys to delete);
+    `RefreshError` without a stage, or a stage without the table."""
     import io
 
     import pyarrow.parquet as pq
 
     location = stage_location(stage)
     if not location:
-        if not required:
-            return None
         raise RefreshError(
             f"dataset {handle.dataset.name!r}: a changes refresh moving old-layout partitions needs its "
             "stage (the changed keys) at commit; commit with the stage the plan was staged to"
@@ -334,8 +323,6 @@ def staged_change_keys(
     store = store_from_url(location, settings=handle.settings, what="stage location")
     data = store.get(CHANGES_FILE)
     if data is None:
-        if not required:
-            return None
         raise RefreshError(f"the stage at {location} holds no {CHANGES_FILE}; stage again")
     keys = list(handle.dataset.acceleration.primary_key)
     return pq.read_table(io.BytesIO(data), columns=keys)

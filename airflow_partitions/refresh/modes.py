@@ -547,21 +547,7 @@ def plan_changes(
     # What the changes cannot see (hard deletes, rows changed below the watermark): every partition's
     # source rows against the rows it will hold once the changes are merged.
     old_rows = _old_rows_staying(layouts, moving, changed.select(list(keys)))
-    late, unaudited = audit_changes(dataset, source, snapshot, changed, touched, watermark, held, old_rows)
-    audit_notes = late_rows_notes(
-        dataset,
-        late,
-        where="after the changes",
-        causes="hard deletes, or rows inserted or changed below the watermark",
-        kept="changes merged as usual",
-    )
-    if unaudited:
-        audit_notes.append(
-            f"{len(unaudited)} changed partition(s) not audited for deletes and late rows (their "
-            "committed files are not read in this process; `airflow-partitions refresh` or `verify` does): "
-            + ", ".join(unaudited[:10])
-        )
-
+    late, audit_notes = _changes_audit(dataset, source, snapshot, changed, touched, watermark, held, old_rows)
     return RefreshPlan(
         dataset=dataset.name,
         spec_id=acceleration.partition_spec_id,
@@ -585,6 +571,34 @@ def plan_changes(
         changed_keys=key_digest(changed, keys),
         migrate=tuple(sorted(moving)),
     )
+
+
+def _changes_audit(
+    dataset: DatasetSpec,
+    source: Source,
+    snapshot: Snapshot,
+    changed: pa.Table,
+    touched: Mapping[str, PartitionKey],
+    watermark: Any,
+    held: Callable[[PartitionEntry, Sequence[str]], pa.Table] | None,
+    old_rows: Mapping[str, int] | None,
+) -> tuple[dict[str, int], list[str]]:
+    """`audit_changes` for a changes plan: the late rows per partition and the plan's notes on them."""
+    late, unaudited = audit_changes(dataset, source, snapshot, changed, touched, watermark, held, old_rows)
+    notes = late_rows_notes(
+        dataset,
+        late,
+        where="after the changes",
+        causes="hard deletes, or rows inserted or changed below the watermark",
+        kept="changes merged as usual",
+    )
+    if unaudited:
+        notes.append(
+            f"{len(unaudited)} changed partition(s) not audited for deletes and late rows (their "
+            "committed files are not read in this process; `airflow-partitions refresh` or `verify` does): "
+            + ", ".join(unaudited[:10])
+        )
+    return late, notes
 
 
 def _old_rows_staying(layouts: Any, moving: Collection[str], key_rows: pa.Table) -> dict[str, int] | None:

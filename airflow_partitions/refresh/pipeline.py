@@ -53,6 +53,7 @@ from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import RefreshMode, validate_against_schema
 from airflow_partitions.table import DatasetHandle, open_handle
 from airflow_partitions.write.refresh_moves import old_partitions_holding, old_rows_the_source_lost
+from airflow_partitions.write.repartition import open_stored
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ def plan_refresh(
     layouts_checked = switching = False
     split: frozenset[str] = frozenset()
     if selecting and snapshot is not None and layouts_differ(snapshot, bound):
-        snapshot, switching = switched_view(bound, catalog, snapshot)
+        snapshot, switching = switched_view(project, bound, catalog, snapshot)
         layouts_checked = True
         if bound.acceleration.refresh.mode is RefreshMode.APPEND and migration_in_progress(snapshot, bound):
             # The append audit leaves partitions with rows still in both layouts (counted in one alone,
@@ -241,13 +242,18 @@ def layouts_differ(snapshot: Snapshot, dataset: DatasetSpec) -> bool:
     return snapshot.partition_spec.spec_id != spec_id or bool(snapshot.other_layout(spec_id)[0])
 
 
-def switched_view(dataset: DatasetSpec, catalog: Catalog, snapshot: Snapshot) -> tuple[Snapshot, bool]:
+def switched_view(
+    project: ProjectSpec, dataset: DatasetSpec, catalog: Catalog, snapshot: Snapshot
+) -> tuple[Snapshot, bool]:
     """The version a selective refresh plans on during a re-partitioning, and whether its commit switches
     the current spec. The first one after a `partition_by` change plans on the newest version seen with
     the new spec current (`Catalog.evolved`, nothing committed); its own commit makes the switch, so the
-    refresh is one catalog version, and one that fails publishes nothing."""
+    refresh is one catalog version, and one that fails publishes nothing. A change the stored rows cannot
+    be moved under (a source column renamed without `renamed_columns`) is refused first, with
+    `PartitionSpecChangedError` naming the rebuild (`write.repartition.open_stored`)."""
     if snapshot.partition_spec.spec_id == dataset.acceleration.partition_spec_id:
         return snapshot, False
+    open_stored(open_handle(project, dataset), catalog)
     log.info(
         "%s: partition_by changed; this refresh's commit makes it current, its partitions older layouts",
         dataset.name,

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.catalog.model import PartitionEntry, format_time
-from airflow_partitions.exceptions import RefreshError
+from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.keys import PartitionKey, names_of_path, partition_label, value_from_json
 from airflow_partitions.storage.datafile import DataFile
 
@@ -583,6 +583,28 @@ def key_digest(rows: pa.Table, keys: Sequence[str]) -> dict[str, Any]:
     selected = rows.select(list(keys))
     tally = tally_rows(selected, selected.schema)
     return {"rows": tally.rows, "hash": tally.row_hash}
+
+
+def check_changed_keys(plan: RefreshPlan, changed: pa.Table, keys: Sequence[str]) -> None:
+    """The changed keys a changes stage read (`changed`) are the ones its plan found
+    (`RefreshPlan.changed_keys`: count and row hash of the primary keys `keys`). The plan chose the
+    partitions to merge into, and the old-layout ones to move, from its keys: a stage read with other keys
+    (the source changed in between, though the count did not) would leave a changed key's old row where it
+    was. A mismatch raises `ConservationError`: nothing is published, plan again."""
+    if plan.changed_keys is None:
+        return
+    staged = key_digest(changed, keys)
+    expected = dict(plan.changed_keys)
+    if staged != expected:
+        raise ConservationError(
+            plan.dataset,
+            {"[changed keys]": (int(expected["rows"]), int(staged["rows"]))},
+            expected=f"changed keys planned (key hash {expected['hash']})",
+            actual=f"changed keys staged (key hash {staged['hash']})",
+            hint="The source changed between plan and stage: the stage read other changed rows than the "
+            "plan found (same count or not), so the partitions it merges into and the old-layout partitions "
+            "it moves may miss a changed key's old row. Plan the refresh again.",
+        )
 
 
 def _optional_int(value: Any) -> int | None:

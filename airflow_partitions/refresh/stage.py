@@ -43,7 +43,14 @@ from airflow_partitions.refresh.arrow_write import remove_written
 from airflow_partitions.refresh.cdc import stage_cdc_changes
 from airflow_partitions.refresh.leftovers import sweep_stale_stages
 from airflow_partitions.refresh.modes import lowest_since, rows_since
-from airflow_partitions.refresh.plan import DiscoveryKind, RefreshPlan, StageMode, StageResult, recorded_now
+from airflow_partitions.refresh.plan import (
+    DiscoveryKind,
+    RefreshPlan,
+    StageMode,
+    StageResult,
+    check_changed_keys,
+    recorded_now,
+)
 from airflow_partitions.refresh.spark_session import (
     build_connect_session,
     build_local_session,
@@ -326,6 +333,8 @@ def _stage_changed_rows(
     dataset, bound, source, plan = work.dataset, work.bound, work.source, work.plan
     transforms, storage = work.transforms, work.storage
     changed, landing = stage_changes(dataset, source, transforms, plan)
+    # Refused before anything is merged or written when the source changed other keys since the plan.
+    check_changed_keys(plan, changed, dataset.acceleration.primary_key)
     upserted = upserted_rows(changed)  # change capture stages keys to delete too
     work.counts = SparkStageCounts(source_rows=upserted, routed_rows=upserted)
     session = spark if spark is not None else _session(remote) if remote else None
