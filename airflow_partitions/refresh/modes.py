@@ -547,7 +547,8 @@ def plan_changes(
     # What the changes cannot see (hard deletes, rows changed below the watermark): every partition's
     # source rows against the rows it will hold once the changes are merged.
     old_rows = _old_rows_staying(layouts, moving, changed.select(list(keys)))
-    late, audit_notes = _changes_audit(dataset, source, snapshot, changed, touched, watermark, held, old_rows)
+    late, unaudited = audit_changes(dataset, source, snapshot, changed, touched, watermark, held, old_rows)
+    audit_notes = _changes_audit_notes(dataset, late, unaudited)
     return RefreshPlan(
         dataset=dataset.name,
         spec_id=acceleration.partition_spec_id,
@@ -573,18 +574,10 @@ def plan_changes(
     )
 
 
-def _changes_audit(
-    dataset: DatasetSpec,
-    source: Source,
-    snapshot: Snapshot,
-    changed: pa.Table,
-    touched: Mapping[str, PartitionKey],
-    watermark: Any,
-    held: Callable[[PartitionEntry, Sequence[str]], pa.Table] | None,
-    old_rows: Mapping[str, int] | None,
-) -> tuple[dict[str, int], list[str]]:
-    """`audit_changes` for a changes plan: the late rows per partition and the plan's notes on them."""
-    late, unaudited = audit_changes(dataset, source, snapshot, changed, touched, watermark, held, old_rows)
+def _changes_audit_notes(
+    dataset: DatasetSpec, late: Mapping[str, int], unaudited: Sequence[str]
+) -> list[str]:
+    """A changes plan's notes on its audit (`audit_changes`): the late rows, the partitions not audited."""
     notes = late_rows_notes(
         dataset,
         late,
@@ -598,7 +591,7 @@ def _changes_audit(
             "committed files are not read in this process; `airflow-partitions refresh` or `verify` does): "
             + ", ".join(unaudited[:10])
         )
-    return late, notes
+    return notes
 
 
 def _old_rows_staying(layouts: Any, moving: Collection[str], key_rows: pa.Table) -> dict[str, int] | None:
