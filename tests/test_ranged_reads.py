@@ -802,3 +802,25 @@ def test_an_object_replaced_between_two_ranged_gets_is_refused(
     client.put_object(Bucket=bucket, Key=f"{prefix}/{file.path}", Body=body[:100] + bytes(len(body) - 100))
     with pytest.raises(ObjectReplacedError, match="changed while it was read"):
         obj.prefetch([(file.bytes - 100, 100)])
+
+
+def test_recorded_bounds_keep_what_the_footer_keeps(laid_out: Acceleration) -> None:
+    """The row groups fetched ahead from the recorded bounds hold every row group the footer keeps, and
+    the footer's choice is the same whether the sort column's bounds come from the layout or the footer."""
+    from airflow_partitions.read.ranged import RecordedRowGroups, _may_match
+
+    reader = PartitionedDatasetReader(laid_out.spec_path, laid_out.dataset, catalog=laid_out.catalog)
+    with reader:
+        for where in FILTERS:
+            plan = reader.plan(where)
+            for file in plan.files:
+                assert file.layout is not None
+                metadata = pq.ParquetFile(laid_out.root / laid_out.dataset / file.path).metadata
+                kept = row_groups_to_read(metadata, plan.index.schema, plan.prepared)
+                assert (
+                    row_groups_to_read(metadata, plan.index.schema, plan.prepared, file.layout.stats) == kept
+                )
+                ahead = _may_match(RecordedRowGroups(file.layout, plan.index.schema), plan.prepared)
+                assert set(kept) <= set(ahead), (where, file.path)
+                if where == "id = 1234":
+                    assert len(ahead) == 1, "a point read on the sort column: one row group ahead"

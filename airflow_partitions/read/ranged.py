@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,11 +70,20 @@ class RangedRead:
 
 
 class RowGroupFrame:
-    """The row groups of one Parquet file as an evaluator frame: statistics only, no partition values."""
+    """The row groups of one Parquet file as an evaluator frame: statistics only, no partition values.
 
-    def __init__(self, metadata: pq.FileMetaData, schema: pa.Schema) -> None:
+    `recorded`: bounds already derived from this very footer (a layout whose footer digest was checked
+    against the footer read), used as they are instead of being derived again."""
+
+    def __init__(
+        self,
+        metadata: pq.FileMetaData,
+        schema: pa.Schema,
+        recorded: Mapping[str, tuple[ColumnStats | None, ...]] | None = None,
+    ) -> None:
         self.metadata = metadata
         self.schema = schema
+        self.recorded = recorded or {}
         self.size = metadata.num_row_groups
         self.values: dict[str, pa.Array] = {}
         self.rows = np.fromiter(
@@ -96,6 +106,9 @@ class RowGroupFrame:
         kind = self.schema.field(column).type
         if pa.types.is_dictionary(kind):
             kind = kind.value_type
+        recorded = self.recorded.get(column)
+        if recorded is not None and len(recorded) == self.size:
+            return _stats_arrays(list(recorded), kind, self.rows)
         position = self._columns.get(column)
         bounds = [
             row_group_stats(self.metadata, i, position, column, kind, int(self.rows[i]))
@@ -138,9 +151,15 @@ def _stats_arrays(bounds: list[ColumnStats | None], kind: pa.DataType, rows: np.
     return ColumnStatsArrays(minimum, maximum, nulls, rows)
 
 
-def row_groups_to_read(metadata: pq.FileMetaData, schema: pa.Schema, predicate: Predicate) -> list[int]:
-    """The row groups of a file that may hold a row satisfying the prepared `predicate`."""
-    return _may_match(RowGroupFrame(metadata, schema), predicate)
+def row_groups_to_read(
+    metadata: pq.FileMetaData,
+    schema: pa.Schema,
+    predicate: Predicate,
+    recorded: Mapping[str, tuple[ColumnStats | None, ...]] | None = None,
+) -> list[int]:
+    """The row groups of a file that may hold a row satisfying the prepared `predicate` (`recorded`: see
+    `RowGroupFrame`)."""
+    return _may_match(RowGroupFrame(metadata, schema, recorded), predicate)
 
 
 def _may_match(frame: RowGroupFrame | RecordedRowGroups, predicate: Predicate) -> list[int]:
@@ -204,14 +223,13 @@ def read_row_groups_by_ranges(
     local = into / f"ranged-{uuid.uuid4().hex}.parquet"
     metadata = known_footer(file)
     try:
-        if metadata is None:
-            _fetch_footer(obj, file, predicate, schema)
+        verified = _fetch_footer(obj, file, predicate, schema) if metadata is None else None
         handle = pa.PythonFile(obj, mode="r")
         parquet = pq.ParquetFile(handle, metadata=metadata, page_checksum_verification=True)
         metadata = parquet.metadata
         remember_footer(file, metadata)
         _check_rows(obj.uri, metadata, file)
-        kept = row_groups_to_read(metadata, schema, predicate)
+        kept = row_groups_to_read(metadata, schema, predicate, verified.stats if verified else None)
         ranges = [row_group_range(metadata, group) for group in kept]
         if file.layout is not None and ranges != [
             file.layout.row_groups[g][:2] for g in kept if g < len(file.layout.row_groups)
@@ -226,14 +244,17 @@ def read_row_groups_by_ranges(
     return _write_local(parquet.schema_arrow, metadata, kept, table, local)
 
 
-def _fetch_footer(obj: RangedObject, file: DataFile, predicate: Predicate, schema: pa.Schema) -> None:
+def _fetch_footer(
+    obj: RangedObject, file: DataFile, predicate: Predicate, schema: pa.Schema
+) -> FileLayout | None:
     """Fetch the footer of `file` into `obj`; with a usable recorded layout, the row groups its recorded
     bounds may keep in the same round of GETs, and the footer must be the one recorded (its digest): an
-    object with another footer is not the file the catalog references, whatever its size."""
+    object with another footer is not the file the catalog references, whatever its size. The layout
+    when the footer fetched is the recorded one."""
     layout = _usable_layout(file, obj.uri)
     if layout is None:
         fetch_parquet_footer(obj)
-        return
+        return None
     ahead = _may_match(RecordedRowGroups(layout, schema), predicate)
     # As much of the end as a Parquet reader's first footer read asks for: then it reads from memory.
     tail = min(file.bytes, max(layout.footer_bytes, FOOTER_READ_BYTES))
@@ -245,6 +266,7 @@ def _fetch_footer(obj: RangedObject, file: DataFile, predicate: Predicate, schem
             "the file this version references (replaced or damaged); read another version or refresh "
             "the partition"
         )
+    return layout
 
 
 def _usable_layout(file: DataFile, uri: str) -> FileLayout | None:
