@@ -824,3 +824,25 @@ def test_recorded_bounds_keep_what_the_footer_keeps(laid_out: Acceleration) -> N
                 assert set(kept) <= set(ahead), (where, file.path)
                 if where == "id = 1234":
                     assert len(ahead) == 1, "a point read on the sort column: one row group ahead"
+
+
+@pytest.mark.s3
+def test_a_replaced_laid_out_object_read_through_a_given_filesystem_raises_a_storage_error(
+    laid_out: Acceleration, s3_server: dict[str, str], tmp_path: Path
+) -> None:
+    """pyarrow's ranged reads (no footer bytes to digest): the row groups must lie where recorded."""
+    acc = laid_out
+    root = _upload(acc, s3_server, _replaced(acc))
+    forget_footers()
+    with (
+        _reader(
+            acc,
+            root,
+            s3_server,
+            tmp_path / "cache",
+            ranged_read_min_bytes=0,
+            filesystem=S3Settings.from_mapping(s3_server).arrow_filesystem(),
+        ) as reader,
+        pytest.raises(StorageError, match="its row groups lie elsewhere than recorded"),
+    ):
+        reader.read("zone = 5 AND id BETWEEN 19000 AND 21000")

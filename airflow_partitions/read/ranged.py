@@ -197,6 +197,7 @@ def read_row_groups(
                 handle, metadata=known_footer(file), pre_buffer=True, page_checksum_verification=True
             )
             metadata = parquet.metadata
+            _check_layout(remote, metadata, file)
             remember_footer(file, metadata)
             _check_rows(remote, metadata, file)
             kept = row_groups_to_read(metadata, schema, predicate)
@@ -293,6 +294,24 @@ def _usable_layout(file: DataFile, uri: str) -> FileLayout | None:
         )
         return None
     return layout
+
+
+def _check_layout(remote: str, metadata: pq.FileMetaData, file: DataFile) -> None:
+    """A footer read through a filesystem (its bytes not at hand to digest) must at least place the row
+    groups where the recorded layout does, with the same rows: another file of the same size would not."""
+    layout = file.layout
+    if layout is None:
+        return
+    found = tuple(
+        (*row_group_range(metadata, i), metadata.row_group(i).num_rows)
+        for i in range(metadata.num_row_groups)
+    )
+    if found != layout.row_groups:
+        raise ObjectReplacedError(
+            f"{remote}: its row groups lie elsewhere than recorded when the file was written: it is not the "
+            "file this version references (replaced or damaged); read another version or refresh the "
+            "partition"
+        )
 
 
 def _check_rows(remote: str, metadata: pq.FileMetaData, file: DataFile) -> None:
