@@ -299,7 +299,7 @@ def _usable_layout(file: DataFile, uri: str) -> FileLayout | None:
 def _check_layout(remote: str, metadata: pq.FileMetaData, file: DataFile) -> None:
     """A footer read through a filesystem (its bytes not at hand to digest) must at least place the row
     groups where the recorded layout does, with the same rows: another file of the same size would not."""
-    layout = file.layout
+    layout = _usable_layout(file, remote)
     if layout is None:
         return
     found = tuple(
