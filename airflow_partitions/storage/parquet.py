@@ -64,7 +64,7 @@ def known_footer(file: DataFile) -> pq.FileMetaData | None:
 
 # Parquet files at least this large get their layout recorded (`DataFile.layout`): the files a first read
 # on object storage fetches by ranges (`read.ranged.RANGED_READ_MIN_BYTES`, the same size). Smaller files
-# are fetched whole, and a layout (a few hundred bytes, the schema mostly) would only grow the catalog.
+# are fetched whole, and a layout (~50 bytes a row group, plus the schema) would only grow the catalog.
 LAYOUT_MIN_BYTES = 8 * 1024 * 1024
 
 
