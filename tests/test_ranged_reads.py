@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -563,3 +564,285 @@ def test_coalesce_merges_nearby_ranges_and_splits_large_ones() -> None:
     assert coalesce([(0, 10), (20, 5)], hole=10, part=1000) == [(0, 25)]
     # A range over `part` bytes: pieces of at most `part`, back to back, covering exactly the range.
     assert coalesce([(5, 25)], hole=0, part=10) == [(5, 10), (15, 10), (25, 5)]
+
+
+# --- recorded layouts: footer and row groups fetched in one round, the schema from the catalog ----------
+
+
+@pytest.fixture(scope="module")
+def laid_out(tmp_path_factory: pytest.TempPathFactory) -> Acceleration:
+    """As `large_acceleration`, every file with its layout recorded (the threshold lowered to 0 bytes)."""
+    import airflow_partitions.storage.parquet as parquet_engine
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(parquet_engine, "LAYOUT_MIN_BYTES", 0)
+        return build_acceleration(
+            tmp_path_factory.mktemp("ranged-laid-out"),
+            _table(40_000),
+            [("zone_bucket", "bucket(2, zone)")],
+            engine="parquet",
+            storage_options={"row_group_rows": 512, "sort_by": ["id"]},
+        )
+
+
+def _files(acc: Acceleration) -> list[Any]:
+    snapshot = acc.catalog.snapshot()
+    return [file for entry in snapshot.partitions.values() for file in entry.files]
+
+
+def test_a_written_file_records_where_its_footer_and_row_groups_lie_and_its_schema(
+    laid_out: Acceleration, acceleration: Acceleration
+) -> None:
+    """Read back from the catalog, against the file's own bytes and footer."""
+    import hashlib
+
+    from airflow_partitions.storage.datafile import DataFile
+    from airflow_partitions.storage.parquet import ParquetStorage, recorded_schema, row_group_range
+
+    files = _files(laid_out)
+    assert files
+    for file in files:
+        layout = file.layout
+        assert layout is not None, file.path
+        body = (laid_out.root / laid_out.dataset / file.path).read_bytes()
+        footer_length = int.from_bytes(body[-8:-4], "little")
+        assert layout.footer_bytes == footer_length + 8
+        assert layout.footer_sha256 == hashlib.sha256(body[-footer_length - 8 :]).hexdigest()
+        parquet = pq.ParquetFile(pa.BufferReader(body))
+        metadata = parquet.metadata
+        assert [g[:2] for g in layout.row_groups] == [
+            row_group_range(metadata, i) for i in range(metadata.num_row_groups)
+        ]
+        assert [g[2] for g in layout.row_groups] == [
+            metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)
+        ]
+        assert sum(g[2] for g in layout.row_groups) == file.rows
+        # The sort column's bounds per row group: ids rise through the file (NULLs first or last).
+        bounds = [s for s in layout.stats["id"] if s is not None and s.min is not None]
+        assert len(bounds) >= metadata.num_row_groups - 1
+        assert all(a.max <= b.min for a, b in itertools.pairwise(bounds))
+        recorded = recorded_schema(layout)
+        assert recorded is not None
+        assert recorded.equals(ParquetStorage.original_schema(parquet.schema_arrow), check_metadata=True)
+        assert recorded.equals(laid_out.table.schema)  # ns timestamps, decimals, tz: exact types
+        assert DataFile.from_json(file.to_json()) == file
+    # Files under the threshold (8 MiB by default) record none: the catalog stays small.
+    assert all(file.layout is None for file in _files(acceleration))
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("where", FILTERS)
+def test_a_first_ranged_read_of_laid_out_files_returns_exactly_the_source_rows(
+    laid_out: Acceleration, s3_server: dict[str, str], tmp_path: Path, where: str
+) -> None:
+    root = _laid_out_root(laid_out, s3_server)
+    forget_footers()
+    with _reader(laid_out, root, s3_server, tmp_path / "cache", ranged_read_min_bytes=0) as reader:
+        got = reader.read(where)
+        ranged = list(reader._remote.ranged_reads)
+    _assert_same_rows(got, laid_out.expected_rows(where), where)
+    assert ranged
+
+
+_LAID_OUT_ROOTS: dict[str, str] = {}
+
+
+def _laid_out_root(acc: Acceleration, server: dict[str, str]) -> str:
+    """The laid-out files uploaded once per module (the reads above only read them)."""
+    if server["endpoint_url"] not in _LAID_OUT_ROOTS:
+        _LAID_OUT_ROOTS[server["endpoint_url"]] = _upload(acc, server)
+    return _LAID_OUT_ROOTS[server["endpoint_url"]]
+
+
+@pytest.mark.s3
+def test_a_first_point_read_of_a_laid_out_file_fetches_no_schema_and_gets_footer_and_row_group_at_once(
+    laid_out: Acceleration, s3_server: dict[str, str], s3_fault_proxy: Any, tmp_path: Path
+) -> None:
+    acc = laid_out
+    root = _upload(acc, s3_server)
+    forget_footers()
+    with _reader(
+        acc, root, s3_fault_proxy.through(s3_server), tmp_path / "cache", ranged_read_min_bytes=0
+    ) as reader:
+        plan = reader.plan(WHERE_ONE_PARTITION)
+        s3_fault_proxy.log.clear()
+        got = reader.read(WHERE_ONE_PARTITION)
+        requests = list(s3_fault_proxy.log)
+        (read,) = reader._remote.ranged_reads
+    _assert_same_rows(got, acc.expected_rows(WHERE_ONE_PARTITION), WHERE_ONE_PARTITION)
+    assert got.num_rows == 1
+    (file,) = plan.files
+    layout = file.layout
+    assert layout is not None
+    assert read.row_groups_read == 1 < read.row_groups
+    gets = _ranges(requests, file.path)
+    # No request for any other file: the dataset's schema is the catalog's.
+    assert len(requests) == len(gets) == 2, requests
+    tail = min(file.bytes, 64 * 1024)
+    (group,) = [g[:2] for g in layout.row_groups if g[:2] in gets]
+    assert sorted(gets) == sorted([(file.bytes - tail, tail), group]), gets
+
+
+def _replaced(acc: Acceleration) -> Any:
+    """A damage that puts another valid Parquet file of the same size and row count in the object's place:
+    the same rows with one `text` changed, written at another compression level, padded before its footer
+    (Parquet offsets count from the start, so padding there moves nothing)."""
+
+    def damage(relative: str, body: bytes) -> bytes:
+        table = pq.read_table(pa.BufferReader(body))
+        texts = table.column("text").to_pylist()
+        texts[len(texts) // 2] = "not the written row"
+        changed = table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
+        for level in (22, 19, 15, 9, 3):
+            sink = pa.BufferOutputStream()
+            pq.write_table(
+                changed,
+                sink,
+                compression="zstd",
+                compression_level=level,
+                row_group_size=512,
+                write_page_checksum=True,
+            )
+            other = sink.getvalue().to_pybytes()
+            if len(other) <= len(body):
+                footer = int.from_bytes(other[-8:-4], "little") + 8
+                padded = other[:-footer] + b"\0" * (len(body) - len(other)) + other[-footer:]
+                assert pq.read_table(pa.BufferReader(padded)).num_rows == table.num_rows
+                return padded
+        raise AssertionError("no same-size replacement")
+
+    return damage
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_truncated, r"holds (fewer bytes than the|\d+ bytes,) \d+ bytes recorded for it"),
+        (_extended, r"holds \d+ bytes, \d+ bytes recorded for it"),
+        (_footer_magic_lost, r"its footer differs from the one recorded when the file was written"),
+        (_page_flipped, r"cannot read s3://.*(CRC|checksum)"),
+        ("replaced", r"its footer differs from the one recorded when the file was written"),
+    ],
+    ids=["truncated", "extended", "footer", "page", "replaced"],
+)
+def test_a_damaged_or_replaced_laid_out_object_raises_a_storage_error(
+    laid_out: Acceleration, s3_server: dict[str, str], tmp_path: Path, damage: Any, message: str
+) -> None:
+    """Never the rows of another file: the recorded footer digest catches a same-size replacement that
+    the size, the row count and the page checksums all let through."""
+    acc = laid_out
+    root = _upload(acc, s3_server, _replaced(acc) if damage == "replaced" else damage)
+    forget_footers()
+    where = "zone = 5 AND id BETWEEN 19000 AND 21000"  # the middle of the file: the flipped page
+    with (
+        _reader(acc, root, s3_server, tmp_path / "cache", ranged_read_min_bytes=0) as reader,
+        pytest.raises(StorageError, match=message),
+    ):
+        reader.read(where)
+
+
+@pytest.mark.s3
+def test_a_layout_that_does_not_fit_the_file_is_read_by_its_footer(
+    laid_out: Acceleration, s3_server: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A recorded layout whose row groups lie past the footer is not used: the footer is fetched first,
+    the debug log says so, and the rows are the same."""
+    import dataclasses
+    import logging
+
+    from airflow_partitions.read.ranged import read_row_groups_by_ranges
+
+    acc = laid_out
+    root = _laid_out_root(acc, s3_server)
+    where = "zone = 5 AND id BETWEEN 3000 AND 9000"
+    with _reader(acc, root, s3_server, tmp_path / "cache", ranged_read_min_bytes=0) as reader:
+        plan = reader.plan(where)
+        results = []
+        for broken in (False, True):
+            forget_footers()
+            for file in plan.files:
+                assert file.layout is not None
+                used = file
+                if broken:
+                    groups = ((file.bytes, 10, file.rows),)  # past the footer, and one group only
+                    used = dataclasses.replace(
+                        file, layout=dataclasses.replace(file.layout, row_groups=groups)
+                    )
+                obj = reader._remote.ranged_object(used)
+                with caplog.at_level(logging.DEBUG, logger="airflow_partitions.read.ranged"):
+                    result = read_row_groups_by_ranges(
+                        obj, used, plan.prepared, plan.index.schema, tmp_path / f"ranged-{broken}"
+                    )
+                results.append((broken, file.path, pq.read_table(result.path)))
+    assert any("does not fit" in r.getMessage() for r in caplog.records)
+    fitting = {path: table for broken, path, table in results if not broken}
+    assert sum(t.num_rows for t in fitting.values()) > 0
+    for _, path, table in results:
+        _assert_same_rows(table, fitting[path], path)
+
+
+@pytest.mark.s3
+def test_an_object_replaced_between_two_ranged_gets_is_refused(
+    laid_out: Acceleration, s3_server: dict[str, str]
+) -> None:
+    import boto3
+
+    from airflow_partitions.objectstore import S3Store
+    from airflow_partitions.objectstore.ranges import ObjectReplacedError, RangedObject
+
+    root = _upload(laid_out, s3_server)
+    bucket, prefix = root.removeprefix("s3://").split("/", 1)
+    client = boto3.client("s3", **s3_server)
+    store = S3Store(client, bucket, prefix)
+    file = _files(laid_out)[0]
+    obj = RangedObject(store, file.path, file.bytes)
+    obj.prefetch([(0, 100)])
+    body = (laid_out.root / laid_out.dataset / file.path).read_bytes()
+    client.put_object(Bucket=bucket, Key=f"{prefix}/{file.path}", Body=body[:100] + bytes(len(body) - 100))
+    with pytest.raises(ObjectReplacedError, match="changed while it was read"):
+        obj.prefetch([(file.bytes - 100, 100)])
+
+
+def test_recorded_bounds_keep_what_the_footer_keeps(laid_out: Acceleration) -> None:
+    """The row groups fetched ahead from the recorded bounds hold every row group the footer keeps, and
+    the footer's choice is the same whether the sort column's bounds come from the layout or the footer."""
+    from airflow_partitions.read.ranged import RecordedRowGroups, _may_match
+
+    reader = PartitionedDatasetReader(laid_out.spec_path, laid_out.dataset, catalog=laid_out.catalog)
+    with reader:
+        for where in FILTERS:
+            plan = reader.plan(where)
+            for file in plan.files:
+                assert file.layout is not None
+                metadata = pq.ParquetFile(laid_out.root / laid_out.dataset / file.path).metadata
+                kept = row_groups_to_read(metadata, plan.index.schema, plan.prepared)
+                assert (
+                    row_groups_to_read(metadata, plan.index.schema, plan.prepared, file.layout.stats) == kept
+                )
+                ahead = _may_match(RecordedRowGroups(file.layout, plan.index.schema), plan.prepared)
+                assert set(kept) <= set(ahead), (where, file.path)
+                if where == "id = 1234":
+                    assert len(ahead) == 1, "a point read on the sort column: one row group ahead"
+
+
+@pytest.mark.s3
+def test_a_replaced_laid_out_object_read_through_a_given_filesystem_raises_a_storage_error(
+    laid_out: Acceleration, s3_server: dict[str, str], tmp_path: Path
+) -> None:
+    """pyarrow's ranged reads (no footer bytes to digest): the row groups must lie where recorded."""
+    acc = laid_out
+    root = _upload(acc, s3_server, _replaced(acc))
+    forget_footers()
+    with (
+        _reader(
+            acc,
+            root,
+            s3_server,
+            tmp_path / "cache",
+            ranged_read_min_bytes=0,
+            filesystem=S3Settings.from_mapping(s3_server).arrow_filesystem(),
+        ) as reader,
+        pytest.raises(StorageError, match="its row groups lie elsewhere than recorded"),
+    ):
+        reader.read("zone = 5 AND id BETWEEN 19000 AND 21000")

@@ -39,8 +39,16 @@ CONCURRENCY = 8
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
+# What a Parquet reader's first read of a footer asks for (Arrow's default footer read size).
+FOOTER_READ_BYTES = 64 * 1024
+
+
 class ObjectSizeError(ObjectStoreError, StorageError):
     """An object's size differs from the size recorded for it: it is not the expected partition file."""
+
+
+class ObjectReplacedError(ObjectStoreError, StorageError):
+    """An object's bytes are not the ones recorded for it, or it changed between two ranged GETs."""
 
 
 def coalesce(
@@ -76,6 +84,7 @@ class RangedObject(PositionalReader):
         self._segments: dict[int, bytes] = {}
         self.requests = 0
         self.bytes_fetched = 0
+        self._etag: str | None = None  # of the first response: every later one must name the same
 
     @property
     def uri(self) -> str:
@@ -126,6 +135,7 @@ class RangedObject(PositionalReader):
             )
             content_range = str(response.get("ContentRange") or "")
             self._check_size(content_range)
+            self._check_etag(str(response.get("ETag") or ""))
             data: bytes = response["Body"].read()
             if not content_range and len(data) == self._size and len(data) != length:
                 data = data[start : start + length]  # a server that ignores Range sends the whole object
@@ -135,7 +145,7 @@ class RangedObject(PositionalReader):
 
         try:
             data = repeat_transient(get_once)
-        except ObjectSizeError:
+        except (ObjectSizeError, ObjectReplacedError):
             raise
         except Exception as err:
             if error_code(err) in ("416", "InvalidRange"):
@@ -157,6 +167,22 @@ class RangedObject(PositionalReader):
         actual = int(match.group(3))
         if actual != self._size:
             raise ObjectSizeError(self._size_message(actual))
+
+    def _check_etag(self, etag: str) -> None:
+        """Ranges of one object read concurrently must come from one version of it: an object replaced
+        between two GETs would mix the bytes of two files."""
+        if not etag:
+            return
+        with self._lock:
+            if self._etag is None:
+                self._etag = etag
+                return
+            first = self._etag
+        if etag != first:
+            raise ObjectReplacedError(
+                f"{self.uri} changed while it was read (ETag {first} then {etag}): it is not the file "
+                "this version references; read another version or refresh the partition"
+            )
 
     def _size_message(self, actual: int | None) -> str:
         holds = f"{actual} bytes," if actual is not None else "fewer bytes than the"
@@ -244,7 +270,7 @@ def parquet_footer_length(tail: bytes, uri: str, size: int) -> int:
     return length
 
 
-def fetch_parquet_footer(obj: RangedObject, first: int = 64 * 1024) -> None:
+def fetch_parquet_footer(obj: RangedObject, first: int = FOOTER_READ_BYTES) -> None:
     """Fetch the footer of a Parquet object: one GET of its last `first` bytes (a second for the rest of
     a larger footer), so that a Parquet reader over `obj` finds it in memory."""
     tail = obj.tail(first)

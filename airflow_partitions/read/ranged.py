@@ -19,7 +19,10 @@ and its ranged read fetch the footer once.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,11 +31,16 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_partitions.exceptions import StorageError
-from airflow_partitions.objectstore.ranges import fetch_parquet_footer
+from airflow_partitions.objectstore.ranges import FOOTER_READ_BYTES, ObjectReplacedError, fetch_parquet_footer
 from airflow_partitions.pruning.evaluator import Evaluator
 from airflow_partitions.pruning.index import ColumnStatsArrays
-from airflow_partitions.storage.datafile import ColumnStats, compute_column_stats
-from airflow_partitions.storage.parquet import known_footer, remember_footer
+from airflow_partitions.storage.parquet import (
+    LAYOUT_MIN_BYTES,
+    known_footer,
+    remember_footer,
+    row_group_range,
+    row_group_stats,
+)
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -41,10 +49,14 @@ if TYPE_CHECKING:
     from airflow_partitions.objectstore.ranges import RangedObject
     from airflow_partitions.pruning.expressions import Predicate
     from airflow_partitions.storage import DataFile
+    from airflow_partitions.storage.datafile import ColumnStats, FileLayout
+
+log = logging.getLogger(__name__)
 
 # Files at least this large are read by ranges on their first read (the catalog knows each file's size).
 # Below it, one GET of the whole file into the cache costs about as much as a footer and a row group.
-RANGED_READ_MIN_BYTES = 8 * 1024 * 1024
+# The same size as the files whose layout the writer records (`storage.parquet.LAYOUT_MIN_BYTES`).
+RANGED_READ_MIN_BYTES = LAYOUT_MIN_BYTES
 
 
 @dataclass(frozen=True)
@@ -58,11 +70,20 @@ class RangedRead:
 
 
 class RowGroupFrame:
-    """The row groups of one Parquet file as an evaluator frame: statistics only, no partition values."""
+    """The row groups of one Parquet file as an evaluator frame: statistics only, no partition values.
 
-    def __init__(self, metadata: pq.FileMetaData, schema: pa.Schema) -> None:
+    `recorded`: bounds already derived from this very footer (a layout whose footer digest was checked
+    against the footer read), used as they are instead of being derived again."""
+
+    def __init__(
+        self,
+        metadata: pq.FileMetaData,
+        schema: pa.Schema,
+        recorded: Mapping[str, tuple[ColumnStats | None, ...]] | None = None,
+    ) -> None:
         self.metadata = metadata
         self.schema = schema
+        self.recorded = recorded or {}
         self.size = metadata.num_row_groups
         self.values: dict[str, pa.Array] = {}
         self.rows = np.fromiter(
@@ -85,49 +106,63 @@ class RowGroupFrame:
         kind = self.schema.field(column).type
         if pa.types.is_dictionary(kind):
             kind = kind.value_type
+        recorded = self.recorded.get(column)
+        if recorded is not None and len(recorded) == self.size:
+            return _stats_arrays(list(recorded), kind, self.rows)
         position = self._columns.get(column)
         bounds = [
-            _row_group_stats(self.metadata, i, position, column, kind, int(self.rows[i]))
+            row_group_stats(self.metadata, i, position, column, kind, int(self.rows[i]))
             for i in range(self.size)
         ]
-        nulls = np.array([-1 if b is None else b.null_count for b in bounds], dtype=np.int64)
-        try:
-            minimum = pa.array([None if b is None else b.min for b in bounds], type=kind)
-            maximum = pa.array([None if b is None else b.max for b in bounds], type=kind)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError):
-            minimum = pa.nulls(self.size, kind)
-            maximum = pa.nulls(self.size, kind)
-        return ColumnStatsArrays(minimum, maximum, nulls, self.rows)
+        return _stats_arrays(bounds, kind, self.rows)
 
 
-def _row_group_stats(
-    metadata: pq.FileMetaData, index: int, position: int | None, column: str, kind: pa.DataType, rows: int
-) -> ColumnStats | None:
-    """One row group's bounds of `column` in the catalog's form (None: unknown)."""
-    if position is None:
-        return ColumnStats(None, None, rows)  # the file lacks the column: every row is NULL
-    chunk = metadata.row_group(index).column(position)
-    statistics = chunk.statistics
-    if statistics is None or not statistics.has_null_count:
-        return None
-    nulls = int(statistics.null_count)
-    if nulls == rows:
-        return ColumnStats(None, None, nulls)
-    if not statistics.has_min_max:
-        return ColumnStats(None, None, nulls)
+class RecordedRowGroups:
+    """The row groups of one Parquet file as an evaluator frame from its recorded layout (`FileLayout`):
+    the sort columns' bounds as recorded, every other column unknown (so it keeps every row group the
+    footer's statistics would keep, and maybe more)."""
+
+    def __init__(self, layout: FileLayout, schema: pa.Schema) -> None:
+        self.layout = layout
+        self.schema = schema
+        self.size = len(layout.row_groups)
+        self.values: dict[str, pa.Array] = {}
+        self.rows = np.fromiter((g[2] for g in layout.row_groups), dtype=np.int64, count=self.size)
+
+    def stats(self, column: str) -> ColumnStatsArrays | None:
+        recorded = self.layout.stats.get(column)
+        if recorded is None or len(recorded) != self.size or column not in self.schema.names:
+            return None
+        kind = self.schema.field(column).type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        return _stats_arrays(list(recorded), kind, self.rows)
+
+
+def _stats_arrays(bounds: list[ColumnStats | None], kind: pa.DataType, rows: np.ndarray) -> ColumnStatsArrays:
+    """Per-row-group bounds (None: unknown) as the evaluator's arrays."""
+    nulls = np.array([-1 if b is None else b.null_count for b in bounds], dtype=np.int64)
     try:
-        pair = pa.table({column: pa.array([statistics.min, statistics.max], type=kind)})
+        minimum = pa.array([None if b is None else b.min for b in bounds], type=kind)
+        maximum = pa.array([None if b is None else b.max for b in bounds], type=kind)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError):
-        return ColumnStats(None, None, nulls)
-    bounds = compute_column_stats(pair)[column]
-    high = None if pa.types.is_floating(kind) else bounds.max  # NaN is outside Parquet's min / max
-    return ColumnStats(bounds.min, high, nulls)
+        minimum = pa.nulls(len(bounds), kind)
+        maximum = pa.nulls(len(bounds), kind)
+    return ColumnStatsArrays(minimum, maximum, nulls, rows)
 
 
-def row_groups_to_read(metadata: pq.FileMetaData, schema: pa.Schema, predicate: Predicate) -> list[int]:
-    """The row groups of a file that may hold a row satisfying the prepared `predicate`."""
+def row_groups_to_read(
+    metadata: pq.FileMetaData,
+    schema: pa.Schema,
+    predicate: Predicate,
+    recorded: Mapping[str, tuple[ColumnStats | None, ...]] | None = None,
+) -> list[int]:
+    """The row groups of a file that may hold a row satisfying the prepared `predicate` (`recorded`: see
+    `RowGroupFrame`)."""
+    return _may_match(RowGroupFrame(metadata, schema, recorded), predicate)
 
-    frame = RowGroupFrame(metadata, schema)
+
+def _may_match(frame: RowGroupFrame | RecordedRowGroups, predicate: Predicate) -> list[int]:
     if frame.size == 0:
         return []
     outcome = Evaluator((), frame).evaluate(predicate)
@@ -162,6 +197,7 @@ def read_row_groups(
                 handle, metadata=known_footer(file), pre_buffer=True, page_checksum_verification=True
             )
             metadata = parquet.metadata
+            _check_layout(remote, metadata, file)
             remember_footer(file, metadata)
             _check_rows(remote, metadata, file)
             kept = row_groups_to_read(metadata, schema, predicate)
@@ -177,40 +213,105 @@ def read_row_groups_by_ranges(
     """As `read_row_groups`, over an S3 object read by ranged GETs of its own (`objectstore.ranges`): the
     footer (unless kept from an earlier read) is one GET of the file's end, then the column chunks of the
     row groups the filter keeps are fetched at once, coalesced and concurrently, and pyarrow decodes them
-    from memory. No HEAD: the catalog recorded the size, and every response is checked against it."""
+    from memory. No HEAD: the catalog recorded the size, and every response is checked against it.
+
+    With the file's layout recorded (`DataFile.layout`), the footer and the row groups the recorded bounds
+    may keep are fetched together, in one round of GETs (`_fetch_footer`); the footer then decides, as
+    without a layout, which row groups are read (any the first round missed is fetched then)."""
     import pyarrow.parquet as pq
 
     into.mkdir(parents=True, exist_ok=True)
     local = into / f"ranged-{uuid.uuid4().hex}.parquet"
     metadata = known_footer(file)
     try:
-        if metadata is None:
-            fetch_parquet_footer(obj)
+        verified = _fetch_footer(obj, file, predicate, schema) if metadata is None else None
         handle = pa.PythonFile(obj, mode="r")
         parquet = pq.ParquetFile(handle, metadata=metadata, page_checksum_verification=True)
         metadata = parquet.metadata
         remember_footer(file, metadata)
         _check_rows(obj.uri, metadata, file)
-        kept = row_groups_to_read(metadata, schema, predicate)
-        obj.prefetch([_row_group_range(metadata, group) for group in kept])
+        kept = row_groups_to_read(metadata, schema, predicate, verified.stats if verified else None)
+        ranges = [row_group_range(metadata, group) for group in kept]
+        if file.layout is not None and ranges != [
+            file.layout.row_groups[g][:2] for g in kept if g < len(file.layout.row_groups)
+        ]:
+            log.debug(
+                "%s: the recorded row-group locations differ from its footer's; read by the footer", obj.uri
+            )
+        obj.prefetch(ranges)
         table = parquet.read_row_groups(kept, use_threads=False) if kept else None
     except (OSError, pa.ArrowException) as err:
         raise StorageError(f"cannot read {obj.uri}: {err}") from err
     return _write_local(parquet.schema_arrow, metadata, kept, table, local)
 
 
-def _row_group_range(metadata: pq.FileMetaData, group: int) -> tuple[int, int]:
-    """`(offset, length)` of a row group's column chunks, which lie back to back in the file."""
-    row_group = metadata.row_group(group)
-    starts, ends = [], []
-    for j in range(row_group.num_columns):
-        column = row_group.column(j)
-        start = column.data_page_offset
-        if column.has_dictionary_page and column.dictionary_page_offset is not None:
-            start = min(start, column.dictionary_page_offset)
-        starts.append(start)
-        ends.append(start + column.total_compressed_size)
-    return (min(starts), max(ends) - min(starts)) if starts else (0, 0)
+def _fetch_footer(
+    obj: RangedObject, file: DataFile, predicate: Predicate, schema: pa.Schema
+) -> FileLayout | None:
+    """Fetch the footer of `file` into `obj`; with a usable recorded layout, the row groups its recorded
+    bounds may keep in the same round of GETs, and the footer must be the one recorded (its digest): an
+    object with another footer is not the file the catalog references, whatever its size. The layout
+    when the footer fetched is the recorded one."""
+    layout = _usable_layout(file, obj.uri)
+    if layout is None:
+        fetch_parquet_footer(obj)
+        return None
+    ahead = _may_match(RecordedRowGroups(layout, schema), predicate)
+    # As much of the end as a Parquet reader's first footer read asks for: then it reads from memory.
+    tail = min(file.bytes, max(layout.footer_bytes, FOOTER_READ_BYTES))
+    obj.prefetch([(file.bytes - tail, tail), *(layout.row_groups[g][:2] for g in ahead)])
+    footer = obj.tail(layout.footer_bytes)
+    if hashlib.sha256(footer).hexdigest() != layout.footer_sha256:
+        raise ObjectReplacedError(
+            f"{obj.uri}: its footer differs from the one recorded when the file was written: it is not "
+            "the file this version references (replaced or damaged); read another version or refresh "
+            "the partition"
+        )
+    return layout
+
+
+def _usable_layout(file: DataFile, uri: str) -> FileLayout | None:
+    """`file.layout` when it fits the file (footer and row groups inside its recorded size, rows adding
+    up to its row count); None otherwise, and then the read fetches the footer first."""
+    layout = file.layout
+    if layout is None:
+        return None
+    footer_start = file.bytes - layout.footer_bytes
+    fits = (
+        12 <= layout.footer_bytes <= file.bytes - 4
+        and all(
+            offset >= 4 and length >= 0 and offset + length <= footer_start
+            for offset, length, _ in layout.row_groups
+        )
+        and sum(rows for _, _, rows in layout.row_groups) == file.rows
+    )
+    if not fits:
+        log.debug(
+            "%s: its recorded layout does not fit its %d bytes and %d rows; fetching the footer first",
+            uri,
+            file.bytes,
+            file.rows,
+        )
+        return None
+    return layout
+
+
+def _check_layout(remote: str, metadata: pq.FileMetaData, file: DataFile) -> None:
+    """A footer read through a filesystem (its bytes not at hand to digest) must at least place the row
+    groups where the recorded layout does, with the same rows: another file of the same size would not."""
+    layout = _usable_layout(file, remote)
+    if layout is None:
+        return
+    found = tuple(
+        (*row_group_range(metadata, i), metadata.row_group(i).num_rows)
+        for i in range(metadata.num_row_groups)
+    )
+    if found != layout.row_groups:
+        raise ObjectReplacedError(
+            f"{remote}: its row groups lie elsewhere than recorded when the file was written: it is not the "
+            "file this version references (replaced or damaged); read another version or refresh the "
+            "partition"
+        )
 
 
 def _check_rows(remote: str, metadata: pq.FileMetaData, file: DataFile) -> None:

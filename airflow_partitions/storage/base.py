@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from airflow_partitions.exceptions import StorageError
 from airflow_partitions.objectstore.base import TEMP_PREFIX
 from airflow_partitions.objectstore.local import ensure_directory, fsync_directory, fsync_file
-from airflow_partitions.storage.datafile import DataFile, compute_column_stats, file_checksum
+from airflow_partitions.storage.datafile import DataFile, FileLayout, compute_column_stats, file_checksum
 from airflow_partitions.storage.side_index import IndexConfig, build_file_index
 from airflow_partitions.storage.sql import quote_identifier
 
@@ -156,6 +156,7 @@ class PartitionStorage(ABC):
                     fsync_file(temporary)
                 checksum = file_checksum(temporary)
                 size = temporary.stat().st_size
+                layout = self._file_layout(temporary, size)
                 os.link(temporary, final)
             except StorageError:
                 raise
@@ -173,6 +174,7 @@ class PartitionStorage(ABC):
                     checksum=checksum,
                     stats=compute_column_stats(chunk),
                     index=build_file_index(chunk, self.index),
+                    layout=layout,
                 )
             )
         if sync:
@@ -190,6 +192,12 @@ class PartitionStorage(ABC):
     @abstractmethod
     def _write_file(self, table: pa.Table, path: Path) -> None:
         """Write `table` to `path` (a fresh temporary name) in this engine's format."""
+
+    def _file_layout(self, path: Path, size: int) -> FileLayout | None:
+        """Where the footer and row groups of the file just written to `path` lie, for ranged first reads
+        on object storage (`DataFile.layout`); engines whose files are not read by ranges record none."""
+        del path, size
+        return None
 
     def publish(self, dataset_root: Path, files: Sequence[DataFile]) -> list[DataFile]:
         """Make written files ready for a catalog commit; engines that stage writes finish them here."""

@@ -55,6 +55,53 @@ class ColumnStats:
 
 
 @dataclass(frozen=True, slots=True)
+class FileLayout:
+    """Where a large Parquet file's footer and row groups lie, read from its own footer at write time, so
+    a first read of the file on object storage fetches its footer and the row groups a filter may need at
+    once (`read.ranged`) instead of one after the other, and the dataset's schema needs no fetch at all.
+
+    `footer_bytes` is the length of the footer and its 8-byte trailer at the file's end, `footer_sha256`
+    their digest: a footer fetched that differs is not this file's. `row_groups` holds each row group's
+    `(offset, length, rows)`; `stats` the row groups' bounds of the sort columns (`ColumnStats`, None:
+    unknown), which only choose what to fetch ahead (the fetched footer decides what is read); `schema`
+    the Arrow schema the file was written with (base64 Arrow IPC).
+    """
+
+    footer_bytes: int
+    footer_sha256: str
+    row_groups: tuple[tuple[int, int, int], ...]
+    stats: Mapping[str, tuple[ColumnStats | None, ...]] = field(default_factory=dict)
+    schema: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "footer": [self.footer_bytes, self.footer_sha256],
+            "row_groups": [list(group) for group in self.row_groups],
+            "stats": {
+                name: [None if s is None else s.to_json() for s in groups]
+                for name, groups in self.stats.items()
+            },
+        }
+        if self.schema is not None:
+            data["schema"] = self.schema
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FileLayout:
+        footer_bytes, footer_sha256 = data["footer"]
+        return cls(
+            footer_bytes=int(footer_bytes),
+            footer_sha256=str(footer_sha256),
+            row_groups=tuple((int(o), int(n), int(r)) for o, n, r in data["row_groups"]),
+            stats={
+                str(name): tuple(None if s is None else ColumnStats.from_json(s) for s in groups)
+                for name, groups in data.get("stats", {}).items()
+            },
+            schema=data.get("schema"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class DataFile:
     """One immutable partition file, as recorded in the catalog.
 
@@ -75,6 +122,8 @@ class DataFile:
     # Side indexes of the dataset's `index_columns` (`storage/side_index.py`), derived from the content
     # like `stats`; empty when none are configured or the file predates them.
     index: Mapping[str, ColumnIndex] = field(default_factory=dict, hash=False)
+    # Where the footer and row groups lie (large Parquet files only; None for others and older files).
+    layout: FileLayout | None = field(default=None, hash=False)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -89,6 +138,8 @@ class DataFile:
             data["table"] = self.table
         if self.index:
             data["index"] = {name: column.to_json() for name, column in self.index.items()}
+        if self.layout is not None:
+            data["layout"] = self.layout.to_json()
         return data
 
     @classmethod
@@ -103,6 +154,7 @@ class DataFile:
                 stats={name: ColumnStats.from_json(raw) for name, raw in data.get("stats", {}).items()},
                 table=data.get("table"),
                 index={name: ColumnIndex.from_json(raw) for name, raw in data.get("index", {}).items()},
+                layout=FileLayout.from_json(data["layout"]) if "layout" in data else None,
             )
         except (KeyError, TypeError, ValueError) as err:
             raise StorageError(f"malformed data file descriptor {dict(data)!r}: {err}") from err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import hashlib
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from airflow_partitions.storage.base import (
     data_file_path,
     unify_schemas,
 )
-from airflow_partitions.storage.datafile import DataFile
+from airflow_partitions.storage.datafile import ColumnStats, DataFile, FileLayout, compute_column_stats
 from airflow_partitions.storage.integrity import verify_file
 from airflow_partitions.storage.side_index import IndexConfig, index_kind
 from airflow_partitions.storage.sql import quote_identifier, quote_literal
@@ -59,6 +60,94 @@ def known_footer(file: DataFile) -> pq.FileMetaData | None:
     """The footer of `file` read earlier in this process, if kept."""
     with _footers_lock:
         return _footers.get((file.checksum, file.bytes))
+
+
+# Parquet files at least this large get their layout recorded (`DataFile.layout`): the files a first read
+# on object storage fetches by ranges (`read.ranged.RANGED_READ_MIN_BYTES`, the same size). Smaller files
+# are fetched whole, and a layout (~50 bytes a row group, plus the schema) would only grow the catalog.
+LAYOUT_MIN_BYTES = 8 * 1024 * 1024
+
+
+def file_layout(path: Path, size: int, sort_by: Sequence[str]) -> FileLayout:
+    """The layout of the Parquet file at `path` (`size` bytes) from its own footer: footer length and
+    digest, each row group's byte range and rows, the row groups' bounds of the `sort_by` columns, and
+    the Arrow schema it was written with."""
+    with path.open("rb") as handle:
+        handle.seek(size - 8)
+        trailer = handle.read(8)
+        footer_bytes = int.from_bytes(trailer[:4], "little") + 8
+        handle.seek(size - footer_bytes)
+        footer = handle.read(footer_bytes)
+    metadata = pq.read_metadata(str(path))
+    stored = metadata.schema.to_arrow_schema()
+    schema = ParquetStorage.original_schema(stored)
+    positions = {metadata.schema.column(j).path: j for j in range(metadata.num_columns)}
+    stats = {}
+    for name in dict.fromkeys(sort_by):
+        if name not in schema.names or name not in positions:
+            continue
+        kind = schema.field(name).type
+        stats[name] = tuple(
+            row_group_stats(metadata, i, positions[name], name, kind, metadata.row_group(i).num_rows)
+            for i in range(metadata.num_row_groups)
+        )
+    return FileLayout(
+        footer_bytes=footer_bytes,
+        footer_sha256=hashlib.sha256(footer).hexdigest(),
+        row_groups=tuple(
+            (*row_group_range(metadata, i), metadata.row_group(i).num_rows)
+            for i in range(metadata.num_row_groups)
+        ),
+        stats=stats,
+        schema=base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
+    )
+
+
+def row_group_range(metadata: pq.FileMetaData, group: int) -> tuple[int, int]:
+    """`(offset, length)` of a row group's column chunks, which lie back to back in the file."""
+    row_group = metadata.row_group(group)
+    starts, ends = [], []
+    for j in range(row_group.num_columns):
+        column = row_group.column(j)
+        start = column.data_page_offset
+        if column.has_dictionary_page and column.dictionary_page_offset is not None:
+            start = min(start, column.dictionary_page_offset)
+        starts.append(start)
+        ends.append(start + column.total_compressed_size)
+    return (min(starts), max(ends) - min(starts)) if starts else (0, 0)
+
+
+def row_group_stats(
+    metadata: pq.FileMetaData, index: int, position: int | None, column: str, kind: pa.DataType, rows: int
+) -> ColumnStats | None:
+    """One row group's bounds of `column` in the catalog's form (`compute_column_stats`; None: unknown)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if position is None:
+        return ColumnStats(None, None, rows)  # the file lacks the column: every row is NULL
+    chunk = metadata.row_group(index).column(position)
+    statistics = chunk.statistics
+    if statistics is None or not statistics.has_null_count:
+        return None
+    nulls = int(statistics.null_count)
+    if nulls == rows:
+        return ColumnStats(None, None, nulls)
+    if not statistics.has_min_max:
+        return ColumnStats(None, None, nulls)
+    try:
+        pair = pa.table({column: pa.array([statistics.min, statistics.max], type=kind)})
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError):
+        return ColumnStats(None, None, nulls)
+    bounds = compute_column_stats(pair)[column]
+    high = None if pa.types.is_floating(kind) else bounds.max  # NaN is outside Parquet's min / max
+    return ColumnStats(bounds.min, high, nulls)
+
+
+def recorded_schema(layout: FileLayout) -> pa.Schema | None:
+    """The Arrow schema a file's layout records (None: not recorded)."""
+    if layout.schema is None:
+        return None
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(layout.schema)))
 
 
 # Rows per row group unless `row_group_rows` says otherwise. Measured with benchmarks/bench_cold_reads.py
@@ -113,6 +202,11 @@ class ParquetStorage(PartitionStorage):
             bloom_filter_options=self._bloom_filter_options(table),
             **self._encoding_options(table.schema),
         )
+
+    def _file_layout(self, path: Path, size: int) -> FileLayout | None:
+        if size < LAYOUT_MIN_BYTES:
+            return None
+        return file_layout(path, size, self.sort_by)
 
     def _encoding_options(self, schema: pa.Schema) -> dict[str, Any]:
         """`DELTA_BINARY_PACKED` for the first sort column when it is an integer, date or timestamp
@@ -254,6 +348,9 @@ class ParquetStorage(PartitionStorage):
     def remote_file_schema(self, access: RemoteFileAccess, file: DataFile) -> pa.Schema:
         """The schema from the footer alone: a few ranged reads instead of the whole file. The footer is
         kept (`remember_footer`): a ranged read of the same file then fetches only its row groups."""
+        recorded = recorded_schema(file.layout) if file.layout is not None else None
+        if recorded is not None:
+            return recorded  # kept in the catalog at write time: nothing to fetch
         cached = known_footer(file)
         if cached is not None:
             return self.original_schema(cached.schema.to_arrow_schema())
