@@ -135,26 +135,29 @@ class ParquetStorage(PartitionStorage):
         schema = table.schema
         first = self.sort_by[0] if self.sort_by else None
         kind = schema.field(first).type if first is not None and schema.get_field_index(first) >= 0 else None
-        delta = kind is not None and (
-            pa.types.is_integer(kind) or pa.types.is_date(kind) or pa.types.is_timestamp(kind)
+        delta = (
+            first
+            if kind is not None
+            and (pa.types.is_integer(kind) or pa.types.is_date(kind) or pa.types.is_timestamp(kind))
+            else None
         )
         plain = {
             name
             for name in schema.names
             if name != first and schema.names.count(name) == 1 and _near_distinct(table.column(name))
         }
-        if not delta and not plain:
+        if delta is None and not plain:
             return {}
         leaves = _leaf_paths(schema)
-        if delta and leaves.count(first) != 1:
-            delta = False  # a nested column's path spells the same name: leave its encoding alone
+        if delta is not None and leaves.count(delta) != 1:
+            delta = None  # a nested column's path spells the same name: leave its encoding alone
         plain = {name for name in plain if leaves.count(name) == 1}
-        if not delta and not plain:
+        if delta is None and not plain:
             return {}
-        dictionary = [path for path in leaves if path not in plain and not (delta and path == first)]
+        dictionary = [path for path in leaves if path not in plain and path != delta]
         options: dict[str, Any] = {"use_dictionary": dictionary or False}
-        if delta:
-            options["column_encoding"] = {first: "DELTA_BINARY_PACKED"}
+        if delta is not None:
+            options["column_encoding"] = {delta: "DELTA_BINARY_PACKED"}
         return options
 
     def _bloom_filter_options(self, table: pa.Table) -> dict[str, dict[str, Any]] | None:
