@@ -122,6 +122,53 @@ def encodings(path: Path) -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.parametrize("sort_by", [["key"], ["s"], []])
+def test_near_distinct_columns_are_written_without_a_dictionary_and_read_back_the_same(
+    tmp_path: Path, sort_by: list[str]
+) -> None:
+    import datetime as dt
+
+    import duckdb
+
+    rows = 6000
+    base = hostile_table(rows)
+    start = dt.datetime(2026, 3, 1, 12, 0, 0)
+    table = base.append_column("key", pa.array([(i * 7) % 50 for i in range(rows)], pa.int64()))
+    table = table.append_column(
+        "naive_ts",
+        pa.array([None if i % 17 == 0 else start + dt.timedelta(seconds=i * 7) for i in range(rows)]),
+    )
+    table = table.append_column(
+        "utc_ts",
+        pa.array(
+            [start.replace(tzinfo=dt.UTC) + dt.timedelta(microseconds=i * 977) for i in range(rows)],
+            pa.timestamp("us", tz="UTC"),
+        ),
+    )
+    table = table.append_column("label", pa.array([f"ü-{i}/=%'" for i in range(rows)]))
+    table = table.append_column("dict", pa.array([HOSTILE[i % 3] for i in range(rows)]).dictionary_encode())
+    table = table.append_column("empty", pa.nulls(rows, pa.float64()))
+    storage = get_storage("parquet", row_group_rows=1000, sort_by=sort_by)
+    path, file = written_path(tmp_path, storage, table)
+
+    found = encodings(path)
+    for near_distinct in ("id", "naive_ts", "utc_ts", "label"):
+        assert "RLE_DICTIONARY" not in found[near_distinct], f"{near_distinct} written plain: {found}"
+    for repeated in ("k", "s", "f", "dict"):
+        assert "RLE_DICTIONARY" in found[repeated], f"{repeated} keeps its dictionary: {found}"
+    assert ("DELTA_BINARY_PACKED" in found["key"]) == (sort_by == ["key"]), found
+    # Nothing lost or changed: pyarrow and DuckDB read the same rows back, NULLs included.
+    assert sorted_by_id(storage.read(tmp_path, [file])).equals(table)
+    with duckdb.connect() as connection:
+        connection.execute("SET TimeZone = 'UTC'")
+        read = connection.execute(
+            "SELECT count(*), count(naive_ts), count(DISTINCT utc_ts), max(label), count(empty) "
+            "FROM read_parquet($path)",
+            {"path": str(path)},
+        ).fetchone()
+    assert read == (rows, pc.count(table["naive_ts"]).as_py(), rows, max(table["label"].to_pylist()), 0)
+
+
 @pytest.mark.parametrize(
     ("key_type", "delta"),
     [

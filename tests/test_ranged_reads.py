@@ -547,7 +547,8 @@ def test_a_damaged_object_read_by_ranges_raises_a_storage_error(
     acc = large_acceleration
     root = _upload(acc, s3_server, damage)
     forget_footers()
-    where = "zone = 5 AND id BETWEEN 19000 AND 21000"  # the middle of the file: the flipped page
+    # The middle of the file, where the flipped page is: which ids it holds depends on the encodings.
+    where = "zone = 5 AND id BETWEEN 15000 AND 25000"
     with (
         _reader(acc, root, s3_server, tmp_path / "cache", ranged_read_min_bytes=0) as reader,
         pytest.raises(StorageError, match=message),

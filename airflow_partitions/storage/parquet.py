@@ -159,7 +159,8 @@ ROW_GROUP_ROWS = 32 * 1024
 class ParquetStorage(PartitionStorage):
     """Parquet files (zstd, statistics on), each partition's rows sorted by `sort_by` and cut into
     `row_group_rows`-row groups, so row-group min / max lets a point read skip most of a file; the first
-    sort column delta-encoded when it holds integers, dates or timestamps (`_encoding_options`)."""
+    sort column delta-encoded when it holds integers, dates or timestamps, and columns of near-distinct
+    values written without a dictionary (`_encoding_options`)."""
 
     engine = "parquet"
     format = "parquet"
@@ -200,7 +201,7 @@ class ParquetStorage(PartitionStorage):
             # A CRC per page, verified by every pyarrow read (compaction, ranged reads of remote files).
             write_page_checksum=True,
             bloom_filter_options=self._bloom_filter_options(table),
-            **self._encoding_options(table.schema),
+            **self._encoding_options(table),
         )
 
     def _file_layout(self, path: Path, size: int) -> FileLayout | None:
@@ -208,26 +209,50 @@ class ParquetStorage(PartitionStorage):
             return None
         return file_layout(path, size, self.sort_by)
 
-    def _encoding_options(self, schema: pa.Schema) -> dict[str, Any]:
-        """`DELTA_BINARY_PACKED` for the first sort column when it is an integer, date or timestamp
-        column, every other column keeping its dictionary; else nothing (pyarrow's defaults).
+    def _encoding_options(self, table: pa.Table) -> dict[str, Any]:
+        """Which columns keep a dictionary and which are delta-encoded; nothing when every column keeps
+        pyarrow's defaults (a dictionary per column chunk).
 
-        Sorted, such a column rises by small steps that delta encoding packs in a few bits, where a
-        row group's dictionary of near-distinct keys only adds an indirection. Measured on the buckets
-        of `benchmarks/bench_joins.py` (two 10M-row datasets, `bucket(16, k)` sorted by `k`): the files
-        half the size, and the sixteen bucket joins 24% less CPU (DuckDB decodes the key faster).
-        """
+        - The first sort column, when it holds integers, dates or timestamps, is `DELTA_BINARY_PACKED`.
+          Sorted, such a column rises by small steps that delta encoding packs in a few bits, where a
+          row group's dictionary of near-distinct keys only adds an indirection. Measured on the buckets
+          of `benchmarks/bench_joins.py` (two 10M-row datasets, `bucket(16, k)` sorted by `k`): the files
+          half the size, and the sixteen bucket joins 24% less CPU (DuckDB decodes the key faster).
+        - A column of near-distinct values (`_near_distinct`) is written plain. Its dictionary would hold
+          every value of a row group (a 32k-row group never overflows the 1 MiB dictionary page, so
+          pyarrow never falls back) behind an index per row: on the taxi-like rows of
+          `benchmarks/bench_arrow_memory.py` the two timestamp columns took two thirds of the encoding
+          time, and plain they make the files 14% smaller and the encoding 40% faster.
+
+        Only columns whose one Parquet leaf has their own name are chosen (a nested column's leaves keep
+        their dictionaries)."""
+        schema = table.schema
         first = self.sort_by[0] if self.sort_by else None
-        if first is None or schema.get_field_index(first) < 0:
-            return {}
-        kind = schema.field(first).type
-        if not (pa.types.is_integer(kind) or pa.types.is_date(kind) or pa.types.is_timestamp(kind)):
+        kind = schema.field(first).type if first is not None and schema.get_field_index(first) >= 0 else None
+        delta = (
+            first
+            if kind is not None
+            and (pa.types.is_integer(kind) or pa.types.is_date(kind) or pa.types.is_timestamp(kind))
+            else None
+        )
+        plain = {
+            name
+            for name in schema.names
+            if name != first and schema.names.count(name) == 1 and _near_distinct(table.column(name))
+        }
+        if delta is None and not plain:
             return {}
         leaves = _leaf_paths(schema)
-        if leaves.count(first) != 1:
-            return {}  # a nested column's path spells the same name: leave the encodings alone
-        others = [path for path in leaves if path != first]
-        return {"use_dictionary": others or False, "column_encoding": {first: "DELTA_BINARY_PACKED"}}
+        if delta is not None and leaves.count(delta) != 1:
+            delta = None  # a nested column's path spells the same name: leave its encoding alone
+        plain = {name for name in plain if leaves.count(name) == 1}
+        if delta is None and not plain:
+            return {}
+        dictionary = [path for path in leaves if path not in plain and path != delta]
+        options: dict[str, Any] = {"use_dictionary": dictionary or False}
+        if delta is not None:
+            options["column_encoding"] = {delta: "DELTA_BINARY_PACKED"}
+        return options
 
     def _bloom_filter_options(self, table: pa.Table) -> dict[str, dict[str, Any]] | None:
         """Parquet's own bloom filters for the index columns (not booleans: the writer refuses them).
@@ -394,6 +419,30 @@ def _leaf_paths(schema: pa.Schema) -> list[str]:
     return [described.column(i).path for i in range(len(described))]
 
 
+# `_near_distinct`: the rows sampled from the start of a column, and the share of distinct values among
+# them above which the column is written without a dictionary.
+DICTIONARY_SAMPLE_ROWS = 4096
+NEAR_DISTINCT_SHARE = 0.5
+
+
+def _near_distinct(column: pa.ChunkedArray) -> bool:
+    """Whether a flat column's first `DICTIONARY_SAMPLE_ROWS` non-NULL values are mostly distinct (then a
+    dictionary costs more than it saves). Dictionary-typed columns keep theirs; booleans have none."""
+    kind = column.type
+    if pa.types.is_dictionary(kind) or pa.types.is_boolean(kind) or pa.types.is_nested(kind):
+        return False
+    if pa.types.is_null(kind):
+        return False
+    sample = column.slice(0, DICTIONARY_SAMPLE_ROWS).drop_null()
+    if len(sample) < 2:
+        return False
+    try:
+        distinct = pc.count_distinct(sample, mode="only_valid").as_py()
+    except pa.ArrowException:  # a type Arrow cannot hash (an extension type): keep the default
+        return False
+    return bool(distinct > NEAR_DISTINCT_SHARE * len(sample))
+
+
 def sorted_rows(table: pa.Table, columns: Sequence[str]) -> pa.Table:
     """`table`'s rows ordered by `columns` ascending, NULLs last, ties in their original order (Arrow's
     sort is stable): the same rows, only reordered."""
@@ -406,7 +455,11 @@ def sorted_rows(table: pa.Table, columns: Sequence[str]) -> pa.Table:
             f"{', '.join(table.column_names)} (check acceleration.params.sort_by)"
         )
     try:
-        order = pc.sort_indices(table, sort_keys=[(column, "ascending", "at_end") for column in columns])
+        # The sort columns made contiguous first (cheap: only they are copied): Arrow sorts one chunk of
+        # small-range integers by counting, but many chunks (a partition gathered from many read
+        # batches) one by one and then merges them, several times slower. The order is the same.
+        keys = table.select(list(columns)).combine_chunks()
+        order = pc.sort_indices(keys, sort_keys=[(column, "ascending", "at_end") for column in columns])
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as err:
         raise StorageError(
             f"cannot sort partition rows by {list(columns)}: {err}; sort by columns of a scalar type"
