@@ -475,12 +475,13 @@ def _route_source(
     return router
 
 
-def learn_facts_in_read(source: Source) -> None:
+def learn_facts_in_read(source: Source, learn: bool = True) -> None:
     """Let a file source's survey leave the facts of new or changed files to the streamed read that
     follows (`FileSource.defer_file_facts`), for a refresh whose items do not depend on them (forced: a
-    selection, or every partition); `settled_plan` then gives the items their fingerprints."""
+    selection, or every partition); `settled_plan` then gives the items their fingerprints. `learn`
+    False: its next surveys read them again (once the forced refresh is planned)."""
     if isinstance(source, FileSource):
-        source.defer_file_facts = True
+        source.defer_file_facts = learn
 
 
 def settled_plan(

@@ -496,7 +496,10 @@ def refresh_dataset(
         if strategy in ("auto", "arrow") and (partitions is not None or where is not None or full):
             # Every file is read whole by a streamed refresh: it learns new files' facts as it routes them.
             learn_facts_in_read(source)
-        plan = _plan_for_refresh(handle, source, partitions, where, full)
+        try:
+            plan = _plan_for_refresh(handle, source, partitions, where, full)
+        finally:
+            learn_facts_in_read(source, False)  # a later plan with this source is not forced
         timings["discover"] = time.monotonic() - started
         choice = _choose_and_log(project, spec, plan, source, strategy, spark, remote, arrow_memory_budget)
         if choice.strategy != "arrow" or not streams(source):
