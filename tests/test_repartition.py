@@ -37,6 +37,7 @@ from airflow_partitions.read import PartitionedDatasetReader
 from airflow_partitions.refresh.pipeline import refresh_dataset
 from airflow_partitions.spec import load_spec
 from airflow_partitions.table import open_handle
+from airflow_partitions.transforms import parse_transform
 from airflow_partitions.write import append, delete, upsert
 from airflow_partitions.write.repartition import check_moved_rows, repartition
 
@@ -479,6 +480,104 @@ def test_verify_during_a_migration_compares_across_both_layouts(
         scenario.batch()
     report = _assert_equal_across_layouts(scenario, "migration complete")
     assert not any(c.old_layout for c in report.partitions)
+
+
+@pytest.mark.parametrize("transition", sorted(TRANSITIONS))
+def test_verify_selects_partitions_of_the_new_layout_during_a_migration(
+    tmp_path: Path, transition: str
+) -> None:
+    """Right after a partition_by change (nothing moved, no commit) and after batches, `--partitions` and
+    `--where` select current partitions: each is its source rows against its rows in both layouts; the
+    selection commits nothing, and a row deleted from an old-layout file is still reported."""
+    from test_verify import _partition_rows, _republish
+
+    old, new = TRANSITIONS[transition]
+    scenario = Scenario(tmp_path, sorted(TRANSITIONS).index(transition) + 71, old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    pairs = [(name, expression) for name, _, expression in (entry.partition(": ") for entry in new)]
+    by_key = rows_by_key(scenario.source.select(SCHEMA.names), pairs)
+    wanted = sorted(path for path in by_key if "NULL" not in path)[:2]
+    for step in ("nothing moved", "one batch", "two batches"):
+        version = scenario.snapshot().version
+        report = _verify(scenario, partitions=wanted)
+        assert report.ok, f"{step}: {[c.to_json() for c in report.differing]}"
+        assert [c.key_path for c in report.partitions] == wanted, step
+        assert [c.source_rows for c in report.partitions] == [by_key[p].num_rows for p in wanted], step
+        assert [c.acceleration_rows for c in report.partitions] == [by_key[p].num_rows for p in wanted], step
+        first = pairs[0][0]
+        where = _verify(scenario, where=f"{first} IS NULL")
+        column = parse_transform(pairs[0][1]).source_columns[0]
+        source = scenario.source.select(SCHEMA.names)
+        nulls = sorted(rows_by_key(source.filter(pc.is_null(source.column(column))), pairs))
+        assert where.ok, f"{step}: {[c.to_json() for c in where.differing]}"
+        assert sorted(c.key_path for c in where.partitions) == nulls, step
+        assert scenario.snapshot().version == version, f"{step}: a verify committed nothing"
+        if step == "nothing moved":
+            assert all(c.old_layout for c in report.partitions), "every row is still in the old layout"
+        scenario.batch()
+    # Tampering with an old-layout partition is still found by a selection naming a partition it feeds.
+    snapshot = scenario.snapshot()
+    spec_id = scenario.dataset().acceleration.partition_spec_id
+    held = [p for p, e in snapshot.partitions.items() if e.spec_id != spec_id and e.rows]
+    if not held:
+        return
+    victim = max(held, key=lambda p: (snapshot.partitions[p].rows, p))
+    rows = _partition_rows(scenario.spec, victim, "events")
+    (target,) = rows_by_key(rows.slice(0, 1).select(SCHEMA.names), pairs)
+    _republish(scenario.spec, {victim: rows.slice(1)}, "events")
+    report = _verify(scenario, partitions=[target])
+    assert [c.key_path for c in report.differing] == [target]
+    assert report.differing[0].acceleration_rows == report.differing[0].source_rows - 1
+
+
+@pytest.mark.parametrize("transition", sorted(TRANSITIONS))
+def test_verify_finds_a_row_misfiled_in_an_old_layout_partition(tmp_path: Path, transition: str) -> None:
+    """A row moved from one old-layout partition's file into another's (totals unchanged; under the current
+    partition_by it still routes where it belongs): reads pruned by the old partition_by would miss it, so
+    verify reports the partition holding it, with its rows and the misfiled count, and `--repair` moves
+    that partition into the current partition_by (each row by its own values) in one checked commit."""
+    from test_verify import _partition_rows, _republish
+
+    old, new = TRANSITIONS[transition]
+    scenario = Scenario(tmp_path, sorted(TRANSITIONS).index(transition) + 91, old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    scenario.batch()
+    snapshot = scenario.snapshot()
+    spec_id = scenario.dataset().acceleration.partition_spec_id
+    held = sorted(
+        (p for p, e in snapshot.partitions.items() if e.spec_id != spec_id and e.rows),
+        key=lambda p: (-snapshot.partitions[p].rows, p),
+    )
+    assert len(held) >= 2, "two old partitions left to move a row between"
+    donor, victim = held[0], held[1]
+    donor_rows, victim_rows = (
+        _partition_rows(scenario.spec, donor, "events"),
+        _partition_rows(scenario.spec, victim, "events"),
+    )
+    row = donor_rows.slice(0, 1)
+    _republish(
+        scenario.spec, {donor: donor_rows.slice(1), victim: pa.concat_tables([victim_rows, row])}, "events"
+    )
+    report = _verify(scenario)
+    assert not report.ok, "a misfiled row in an old-layout partition must be found"
+    (check,) = [c for c in report.differing if c.misfiled_rows]
+    assert check.key_path == victim
+    assert (check.acceleration_rows, check.misfiled_rows) == (victim_rows.num_rows + 1, 1)
+    assert "1 of its" in check.reason
+    assert victim in check.old_layout
+    assert (
+        report.to_json()["partitions"][[c.key_path for c in report.partitions].index(victim)]["misfiled_rows"]
+        == 1
+    )
+    repaired = _verify(scenario, repair=True, strategy="arrow")
+    assert victim in repaired.repaired
+    assert repaired.after_repair is not None
+    assert repaired.after_repair.ok, [c.to_json() for c in repaired.after_repair.differing]
+    assert victim not in scenario.snapshot().partitions, "the misfiled partition was moved"
+    _assert_equal_across_layouts(scenario, "after the repair")
+    scenario.check("after the repair")
 
 
 TAMPERING = ["delete-old-row", "duplicate-in-both-layouts", "change-old-value"]

@@ -39,12 +39,12 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_partitions.exceptions import ConservationError, RefreshError
 from airflow_partitions.quoting import quote_identifier
@@ -61,6 +61,7 @@ from airflow_partitions.refresh.arrow_write import (
     write_planned,
 )
 from airflow_partitions.refresh.finalize import conform_to_schema
+from airflow_partitions.sources.file_facts import FactsLearner
 from airflow_partitions.sources.files import FileSource
 from airflow_partitions.sources.postgres import PostgresSource
 from airflow_partitions.sources.renamed import RenamedSource
@@ -82,10 +83,11 @@ BATCH_ROWS = 256 * 1024
 # Batches read ahead of the router, on a thread of their own.
 PREFETCH_BATCHES = 2
 _GROUP_COLUMN = "__stream_group"
+Item = TypeVar("Item")
 _TABLE = "__stream_rows"
 
 
-def prefetched(batches: Iterator[pa.Table], depth: int) -> Generator[pa.Table, None, None]:
+def prefetched(batches: Iterator[Item], depth: int) -> Generator[Item, None, None]:
     """`batches` read on a thread of their own, at most `depth` ahead of the consumer (pyarrow decodes
     without the GIL, so reading overlaps routing); the reader's error is raised here, in order."""
     done = object()
@@ -262,17 +264,25 @@ class _Router:
         self._connection = hash_connection()
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrow-stream-hash")
         self._tallying: Future[None] | None = None  # the last batch's tally, still running
+        # Facts of the files the survey left pending, learnt from the rows routed (`route`'s `origin`).
+        self.learners: dict[str, FactsLearner] = {}
 
     def close(self) -> None:
         self._hasher.shutdown(wait=True)
         self._connection.close()
 
-    def route(self, table: pa.Table) -> None:
-
+    def route(self, table: pa.Table, origin: str | None = None) -> None:
+        """Route one batch; `origin`: the fingerprint line of its file, whose facts are learnt on the way
+        (its keys are those the routing computed)."""
+        learner = None
+        if origin is not None:
+            learner = self.learners.setdefault(origin, FactsLearner(self.schema, self.transforms))
         if table.num_rows == 0:
             return
         self.scanned += table.num_rows
         group, keys = partition_groups(table, self.transforms)
+        if learner is not None:
+            learner.add(table, [key.values for key in keys])
         paths = [key.path(self.names) for key in keys]
         # The hash runs in DuckDB (its own threads, no GIL) while this thread groups these rows and
         # routes the next batch: the previous batch's tally is waited for only after this one's grouping.
@@ -400,6 +410,7 @@ def streamed_refresh(
         spill = PartitionSpill(scratch, schema, limit)
         router = _route_source(dataset, plan, source, schema, spill)
         routed_total, dropped = _check_routed(dataset, plan, router, spill, selecting=selecting)
+        plan = settled_plan(plan, source, router.learners)
 
         written: dict[str, list[DataFile]] = {}
 
@@ -447,15 +458,43 @@ def _route_source(
 ) -> _Router:
     """Stream the source's batches through a router into `spill`; returns the closed router."""
     router = _Router(dataset, plan, schema, spill)
+    learning = isinstance(source, FileSource) and source.pending_facts is not None
+    read: Iterator[tuple[str | None, pa.Table]]
+    if isinstance(source, FileSource) and learning:
+        read = source.read_batches_by_file(batch_rows=BATCH_ROWS)
+    else:
+        read = ((None, batch) for batch in source_batches(source))
     try:
-        batches = prefetched(source_batches(source), PREFETCH_BATCHES)
+        batches = prefetched(read, PREFETCH_BATCHES)
         with closing(batches):  # an error here stops the reader thread too
-            for batch in batches:
-                router.route(conform_to_schema(batch, schema))
+            for origin, batch in batches:
+                router.route(conform_to_schema(batch, schema), origin)
         router.finish()
     finally:
         router.close()
     return router
+
+
+def learn_facts_in_read(source: Source, learn: bool = True) -> None:
+    """Let a file source's survey leave the facts of new or changed files to the streamed read that
+    follows (`FileSource.defer_file_facts`), for a refresh whose items do not depend on them (forced: a
+    selection, or every partition); `settled_plan` then gives the items their fingerprints. `learn`
+    False: its next surveys read them again (once the forced refresh is planned)."""
+    if isinstance(source, FileSource):
+        source.defer_file_facts = learn
+
+
+def settled_plan(
+    plan: RefreshPlan, source: Source, learners: Mapping[str, FactsLearner] | None
+) -> RefreshPlan:
+    """`plan` with its items' fingerprints under the facts of the files its survey left pending (a file
+    source's `pending_facts`): those the read `learners` learnt, or (None) read now as a survey would;
+    `plan` itself when none were pending or the read did not learn them all (its fingerprints hold them)."""
+    if not isinstance(source, FileSource) or source.pending_facts is None:
+        return plan
+    learnt = None if learners is None else {line: learner.facts() for line, learner in learners.items()}
+    fingerprints = source.settle_pending_facts(learnt, [item.partition_key.values for item in plan.items])
+    return plan if fingerprints is None else plan.with_fingerprints(fingerprints)
 
 
 def _check_routed(

@@ -25,6 +25,7 @@ from airflow_partitions.exceptions import (
 )
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.refresh.arrow_refresh import arrow_refresh, check_arrow_supported
+from airflow_partitions.refresh.arrow_stream import learn_facts_in_read, settled_plan, streams
 from airflow_partitions.refresh.arrow_write import remove_written
 from airflow_partitions.refresh.cdc import change_stream, kill_point, plan_cdc, uses_cdc
 from airflow_partitions.refresh.commit import commit_refresh, remove_stage
@@ -492,9 +493,17 @@ def refresh_dataset(
                 progress(RefreshProgress(phase, done, total, rows, time.monotonic() - started))
 
         tick("discover", 0, 0, 0)
-        plan = _plan_for_refresh(handle, source, partitions, where, full)
+        if strategy in ("auto", "arrow") and (partitions is not None or where is not None or full):
+            # Every file is read whole by a streamed refresh: it learns new files' facts as it routes them.
+            learn_facts_in_read(source)
+        try:
+            plan = _plan_for_refresh(handle, source, partitions, where, full)
+        finally:
+            learn_facts_in_read(source, False)  # a later plan with this source is not forced
         timings["discover"] = time.monotonic() - started
         choice = _choose_and_log(project, spec, plan, source, strategy, spark, remote, arrow_memory_budget)
+        if choice.strategy != "arrow" or not streams(source):
+            plan = settled_plan(plan, source, None)  # no streamed read: the facts are read as surveyed
         if choice.strategy == "arrow":
             summary = _refresh_with_arrow(
                 handle,

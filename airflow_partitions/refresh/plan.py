@@ -382,6 +382,15 @@ class RefreshPlan:
         """The items that add rows past their watermark to a committed partition."""
         return tuple(item for item in self.items if item.append)
 
+    def with_fingerprints(self, fingerprints: Mapping[tuple[Any, ...], str]) -> RefreshPlan:
+        """The plan with each item's source fingerprint taken from `fingerprints` (by partition key values;
+        an item whose key is not there keeps its own)."""
+        items = tuple(
+            replace(item, fingerprint=fingerprints.get(item.partition_key.values, item.fingerprint))
+            for item in self.items
+        )
+        return replace(self, items=items)
+
     def without_items(self) -> RefreshPlan:
         """The plan minus its item list (what the commit needs besides the partition results)."""
         return replace(self, items=())

@@ -22,7 +22,7 @@ import enum
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,9 @@ from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.datafile import file_checksum
 from airflow_partitions.storage.remote import fetch_partition_files
 from airflow_partitions.table import open_handle
+from airflow_partitions.transforms import parse_transform
+from airflow_partitions.write.repartition import repartition
+from airflow_partitions.write.routing import partition_groups
 from airflow_partitions.write.row_hash import (
     RowTally,
     algorithm,
@@ -63,7 +66,7 @@ from airflow_partitions.write.row_hash import (
 )
 
 if TYPE_CHECKING:
-    from airflow_partitions.catalog import Catalog, PartitionEntry
+    from airflow_partitions.catalog import Catalog, PartitionEntry, PartitionSpecInfo
     from airflow_partitions.sources import Source
     from airflow_partitions.spec.model import DatasetSpec, ProjectSpec
 
@@ -98,6 +101,9 @@ class PartitionCheck:
     # one, and how many (counted in `acceleration_rows` / `acceleration_hash`).
     old_layout: tuple[str, ...] = ()
     old_layout_rows: int = 0
+    # A partition of an older spec: its rows whose own key under that spec is another partition's
+    # (reads pruned by that spec would miss them).
+    misfiled_rows: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,6 +118,7 @@ class PartitionCheck:
             "checked_by": self.checked_by,
             "old_layout_partitions": list(self.old_layout),
             "old_layout_rows": self.old_layout_rows,
+            "misfiled_rows": self.misfiled_rows,
         }
 
 
@@ -284,7 +291,6 @@ def verify_dataset(
     certified: dict[str, RowTally] | None = None
     wanted: set[str] | None = None
     if selecting:
-        _check_selectable(spec, snapshot, spec_id)
         source_read = "per partition"
         source_tallies, wanted = _selected_source_tallies(
             project, spec, source, transforms, names, partitions, where, tick
@@ -301,7 +307,7 @@ def verify_dataset(
         source_tallies = {key.path(names): tally for key, tally in by_key.items()}
     tick("source", len(source_tallies), len(source_tallies), sum(t.rows for t in source_tallies.values()))
 
-    layouts = _OldLayouts(old, transforms, names, wanted)
+    layouts = _OldLayouts(old, transforms, names, wanted, snapshot.specs if snapshot is not None else {})
     checks = _compare(project, spec, catalog, entries, source_tallies, schema, tick, deep, certified, layouts)
     report = VerifyReport(
         dataset=spec.name,
@@ -322,18 +328,6 @@ def verify_dataset(
     if record:
         record_last_verify(catalog, report)
     return report
-
-
-def _check_selectable(spec: DatasetSpec, snapshot: Any, spec_id: str) -> None:
-    """A selection is discovered as a selected refresh plans it, which first makes a changed partition_by
-    the catalog's current spec (a commit): verify, a read-only check, refuses it until that is done."""
-    if snapshot is not None and snapshot.partition_spec.spec_id != spec_id:
-        raise RefreshError(
-            f"dataset {spec.name!r}: partition_by changed and no partition has been moved under it yet, so "
-            "partitions cannot be selected by the new keys without a commit; verify the whole dataset "
-            f"(no --partitions / --where), or start the re-partitioning first (`airflow-partitions "
-            f"repartition SPEC {spec.name}`)"
-        )
 
 
 def _selected_source_tallies(
@@ -640,7 +634,32 @@ def _compare(
         )
         for name, (held_rows, why) in sorted(unreadable.items())
     )
+    misfiled = {name: counts for rows in held.values() for name, counts in rows.misfiled.items()}
+    checks.extend(
+        _misfiled_check(name, rows, wrong, layouts) for name, (rows, wrong) in sorted(misfiled.items())
+    )
     return checks
+
+
+def _misfiled_check(name: str, rows: int, wrong: int, layouts: _OldLayouts | None) -> PartitionCheck:
+    """The verdict of an old-layout partition holding rows of other partitions under its own spec."""
+    spec = layouts.specs.get(split_key_path(name)[0] or "") if layouts is not None else None
+    described = f" ({spec.describe()})" if spec is not None else ""
+    return PartitionCheck(
+        name,
+        Verdict.DRIFTED,
+        0,
+        None,
+        rows,
+        None,
+        reason=f"{wrong:,} of its {rows:,} row(s) belong to other partitions under the partition_by it was "
+        f"written with{described}: reads pruned by it would miss them; `verify --repair` moves the "
+        "partition into the current partition_by, each row by its own values",
+        checked_by="recomputed",
+        old_layout=(name,),
+        old_layout_rows=rows,
+        misfiled_rows=wrong,
+    )
 
 
 def _current_side(
@@ -683,6 +702,7 @@ class _OldLayouts:
     transforms: Sequence[Any]
     names: Sequence[str]
     wanted: set[str] | None = None
+    specs: Mapping[str, PartitionSpecInfo] = field(default_factory=dict)  # by spec id: each entry's own
 
 
 @dataclass
@@ -693,6 +713,8 @@ class _OldRows:
     tally: RowTally = field(default_factory=RowTally)
     partitions: set[str] = field(default_factory=set)
     certificate: bool | None = None
+    # Those of `partitions` holding rows of other partitions under their own spec: (rows, misfiled rows).
+    misfiled: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def _all_match(first: bool | None, second: bool | None) -> bool | None:
@@ -724,7 +746,8 @@ def _old_layout_tallies(
         name = qualified_key_path(entry.spec_id, split_key_path(entry.key_path)[1])
         try:
             fetch(entry.files)
-            by_key = _tally_by_key(storage.read(root, entry.files), schema, layouts.transforms, connection)
+            table = storage.read(root, entry.files)
+            by_key = _tally_by_key(table, schema, layouts.transforms, connection)
         except StorageError as err:
             unreadable[name] = (
                 entry.rows,
@@ -736,6 +759,7 @@ def _old_layout_tallies(
         for tally in by_key.values():
             whole.add(tally.rows, tally.total)
         certificate = certificates_equal(entry.certificate, whole)
+        misfiled = _misfiled_rows(table, entry, layouts.specs.get(entry.spec_id))
         for key, tally in by_key.items():
             path = key.path(layouts.names)
             if layouts.wanted is not None and path not in layouts.wanted:
@@ -744,7 +768,28 @@ def _old_layout_tallies(
             rows.tally.add(tally.rows, tally.total)
             rows.partitions.add(name)
             rows.certificate = _all_match(rows.certificate, certificate)
+            if misfiled:
+                rows.misfiled[name] = (whole.rows, misfiled)
     return held, unreadable
+
+
+def _misfiled_rows(table: Any, entry: PartitionEntry, spec: PartitionSpecInfo | None) -> int:
+    """The rows of `table` (an old-layout partition's) whose key under the partition's own spec is not
+    the partition's key; 0 when a field of that spec cannot be computed over the stored columns."""
+    if spec is None or not table.num_rows:
+        return 0
+    transforms = []
+    for info in spec.fields:
+        transform = parse_transform(info.canonical)
+        if not all(column in table.column_names for column in transform.source_columns):
+            return 0  # a column renamed or dropped since: the key cannot be recomputed here
+        transforms.append(transform.bind(table.schema.field(transform.source_columns[0]).type))
+    import numpy as np  # lazy: loads numpy
+
+    group, keys = partition_groups(table, transforms)
+    counts = np.bincount(group.to_numpy(zero_copy_only=False), minlength=len(keys)).tolist()
+    own = split_key_path(entry.key_path)[1]
+    return sum(rows for key, rows in zip(keys, counts, strict=True) if key.path(spec.names) != own)
 
 
 def _tally_by_key(table: Any, schema: Any, transforms: Sequence[Any], connection: Any) -> dict[Any, RowTally]:
@@ -945,7 +990,8 @@ def _repair(
     """Refresh exactly the partitions that are not equal (one commit), then verify those again."""
 
     paths = [c.key_path for c in report.differing]
-    unroutable = [path for path in paths if split_key_path(path)[0] is not None]
+    misfiled = {c.key_path for c in report.differing if c.misfiled_rows}
+    unroutable = [path for path in paths if split_key_path(path)[0] is not None and path not in misfiled]
     if unroutable:
         raise RefreshError(
             f"dataset {spec.name!r}: {len(unroutable)} partition(s) of an older partition_by cannot be read "
@@ -954,21 +1000,35 @@ def _repair(
             f"`airflow-partitions refresh SPEC {spec.name} --full`"
         )
     tick("repair", 0, len(paths), 0)
-    # Partitions the source no longer has are removed by the same selected refresh (`plan.removed`). The
-    # source is reopened: a file source caches its listing, and the repair must see the source as it is.
-    # `full`: each partition is rewritten whole from the source, whatever the refresh mode (an append
-    # would read past the watermark only and miss the very rows verify found).
-    summary = refresh_dataset(project, spec, partitions=paths, full=True, strategy=strategy)
-    if summary.failed:
-        raise RefreshError(
-            f"repairing {len(paths)} partition(s) of {spec.name!r} failed; nothing was committed: "
-            + "; ".join(f"{p}: {m}" for p, m in list(summary.failed.items())[:5])
+    if misfiled:
+        # Moved into the current partition_by first, each row routed by its own values (one checked
+        # commit); the current partitions their rows belong to are verified again below.
+        moved = repartition(
+            open_handle(project, spec),
+            catalog=catalog,
+            only=[(str(split_key_path(p)[0]), split_key_path(p)[1]) for p in sorted(misfiled)],
         )
+        report.repaired_version = moved.version
+    refreshed = [p for p in paths if p not in misfiled]
+    if refreshed:
+        # Partitions the source no longer has are removed by the same selected refresh (`plan.removed`).
+        # The source is reopened: a file source caches its listing, and the repair must see the source as
+        # it is. `full`: each partition is rewritten whole from the source, whatever the refresh mode (an
+        # append would read past the watermark only and miss the very rows verify found).
+        summary = refresh_dataset(project, spec, partitions=refreshed, full=True, strategy=strategy)
+        if summary.failed:
+            raise RefreshError(
+                f"repairing {len(refreshed)} partition(s) of {spec.name!r} failed; nothing was committed: "
+                + "; ".join(f"{p}: {m}" for p, m in list(summary.failed.items())[:5])
+            )
+        report.repaired_version = summary.version
     report.repaired = paths
-    report.repaired_version = summary.version
     # Extra partitions were removed: they can no longer be named, so check that they are gone.
     extra = {c.key_path: c for c in report.differing if c.verdict is Verdict.EXTRA}
-    recheck = [p for p in paths if p not in extra]
+    held = {
+        c.key_path for c in report.partitions if misfiled & set(c.old_layout) and c.key_path not in misfiled
+    }
+    recheck = sorted({p for p in refreshed if p not in extra} | held)
     if recheck:
         after = verify_dataset(
             project,

@@ -106,6 +106,55 @@ def learn_facts(table: pa.Table, transforms: Sequence[Transform]) -> FileFacts:
     return FileFacts(table.num_rows, keys, stats)
 
 
+class FactsLearner:
+    """The facts of one file learnt from its rows as a refresh reads them, batch by batch (`add`), with the
+    partition keys the refresh's routing computed for each batch: the same facts `learn_facts` gives for
+    the whole file (keys, rows, NULL counts; each column's range the union of the batches' ranges)."""
+
+    def __init__(self, schema: pa.Schema, transforms: Sequence[Transform]) -> None:
+        import pyarrow as pa
+
+        self.columns = sorted({c for t in transforms for c in t.source_columns})
+        self._ranged = [
+            name
+            for name in self.columns
+            if not pa.types.is_floating(schema.field(name).type) and _ordered(schema.field(name).type)
+        ]
+        self.rows = 0
+        self._keys: set[KeyTuple] | None = set()
+        self._parts: list[tuple[int, dict[str, ColumnStats]]] = []
+
+    def add(self, table: pa.Table, keys: Iterable[KeyTuple]) -> None:
+        """One batch of the file's rows (under the source schema) and the distinct keys of its rows."""
+        if not table.num_rows:
+            return
+        self.rows += table.num_rows
+        if self._keys is not None:
+            self._keys.update(keys)
+            if len(self._keys) > MAX_KEYS_PER_FILE:
+                self._keys = None
+        self._parts.append((table.num_rows, compute_column_stats(table.select(self._ranged))))
+
+    def facts(self) -> FileFacts:
+        stats: dict[str, ColumnStats | None] = dict.fromkeys(self.columns)
+        for name in self._ranged:
+            stats[name] = _union([(rows, part[name]) for rows, part in self._parts])
+        keys = None if self._keys is None else tuple(self._keys)
+        return FileFacts(self.rows, keys, stats)
+
+
+def _union(parts: Sequence[tuple[int, ColumnStats]]) -> ColumnStats:
+    """The stats of a column over several batches (each with its row count): NULLs summed, the widest
+    bounds of the batches holding values (unknown if any of theirs is)."""
+    nulls = sum(part.null_count for _, part in parts)
+    valued = [part for rows, part in parts if part.null_count < rows]
+    if not valued:
+        return ColumnStats(None, None, nulls)
+    low = None if any(p.min is None for p in valued) else min(p.min for p in valued)
+    high = None if any(p.max is None for p in valued) else max(p.max for p in valued)
+    return ColumnStats(low, high, nulls)
+
+
 def _ordered(kind: pa.DataType) -> bool:
     import pyarrow as pa
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.sources.base import EMPTY_FINGERPRINT, Deadline, KeyTuple, digest, tagged_fingerprint
@@ -79,6 +80,64 @@ def learn_file_facts(
     if missing or len(learnt) != len(known):
         state.save(context, learnt)
     return learnt
+
+
+@dataclass
+class PendingFacts:
+    """A survey whose new or changed files (`files`, by fingerprint line) are not read for their facts:
+    the refresh reads every file whole anyway and learns them then (`sources.file_facts.FactsLearner`).
+    Until `settle`, each of them can feed every partition (a fingerprint that holds them all: doubt never
+    prunes); `settle` keeps them with the others and gives the fingerprints the survey would have given."""
+
+    state: FileFactsState
+    context: str
+    schema: pa.Schema
+    transforms: Sequence[Transform]
+    tag: str
+    kept: dict[str, FileFacts]  # the facts kept for the other files listed
+    files: dict[str, SourceFile]
+
+    @classmethod
+    def of(
+        cls,
+        state: FileFactsState,
+        schema: pa.Schema,
+        transforms: Sequence[Transform],
+        files: Sequence[SourceFile],
+        tag: str,
+    ) -> PendingFacts | None:
+        """The files of `files` without kept facts as pending, or None when every one has them."""
+        context = facts_context(schema, transforms)
+        known = state.load(context)
+        kept = {
+            f.fingerprint_line(): known[f.fingerprint_line()] for f in files if f.fingerprint_line() in known
+        }
+        pending = {f.fingerprint_line(): f for f in files if f.fingerprint_line() not in kept}
+        if not pending:
+            return None
+        return cls(state, context, schema, transforms, tag, kept, pending)
+
+    def fingerprints(
+        self, keys: Sequence[KeyTuple], learnt: Mapping[str, FileFacts] | None = None
+    ) -> dict[KeyTuple, str]:
+        """Per key of `keys`, the fingerprint of the files that can feed it (`map_by_facts`' digests); a
+        pending file not in `learnt` feeds every key."""
+        facts: dict[str, FileFacts | None] = {**dict.fromkeys(self.files), **self.kept, **(learnt or {})}
+        fields = [(f"k{i}", t.canonical) for i, t in enumerate(self.transforms)]
+        by_key, _, _ = files_by_key(list(keys), facts, fields, self.schema, self.transforms)
+        return {
+            key: tagged_fingerprint(self.tag, digest(sorted(lines))) if lines else EMPTY_FINGERPRINT
+            for key, lines in by_key.items()
+        }
+
+    def settle(self, learnt: Mapping[str, FileFacts], keys: Sequence[KeyTuple]) -> dict[KeyTuple, str] | None:
+        """Keep the facts `learnt` of the pending files with the others and give the fingerprints of `keys`
+        under them; None (nothing kept) unless every pending file was learnt."""
+        if any(line not in learnt for line in self.files):
+            return None
+        settled = {line: learnt[line] for line in self.files}
+        self.state.save(self.context, {**self.kept, **settled})
+        return self.fingerprints(keys, settled)
 
 
 def map_by_facts(

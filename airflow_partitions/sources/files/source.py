@@ -29,12 +29,14 @@ from airflow_partitions.sources.files.formats import (
 )
 from airflow_partitions.sources.files.partitions import (
     HiveGroups,
+    PendingFacts,
     files_by_facts,
     hive_groups,
     hive_projection,
     kept_keys,
     learn_file_facts,
     map_by_facts,
+    static_keys,
 )
 from airflow_partitions.sources.files.place import S3Files, SourceFile, hive_columns_of, open_place
 from airflow_partitions.sources.files.schemas import FileSchemas, source_schema
@@ -81,6 +83,11 @@ class FileSource:
         self.facts_state: FileFactsState | None = None
         # Relative paths of the files read to learn their facts, in order (what a refresh had to open).
         self.facts_reads: list[str] = []
+        # Set by a refresh that reads every file whole whatever the survey finds (a forced refresh of
+        # every bucket key or of a selection, streamed): the survey then leaves new files' facts pending
+        # (`pending_facts`) for that read to learn, instead of reading them first.
+        self.defer_file_facts = False
+        self.pending_facts: PendingFacts | None = None
         # Row counts of small files by fingerprint line, for the life of this source object.
         self._row_counts: dict[str, int] = {}
         self._group_cache: tuple[tuple[str, ...], HiveGroups] | None = None
@@ -317,6 +324,10 @@ class FileSource:
     ) -> tuple[list[KeyTuple] | None, dict[KeyTuple, str]] | None:
         """Keys (when asked) and per-partition fingerprints from per-file facts; None when the partitions
         are not known (see `map_by_facts`)."""
+        if self.defer_file_facts and not need_keys:
+            deferred = self._defer_facts(transforms, files, tag, notes)
+            if deferred is not None:
+                return None, deferred
         reads_before = len(self.facts_reads)
         facts = self.file_facts(transforms, files, deadline)
         read = len(self.facts_reads) - reads_before
@@ -331,6 +342,56 @@ class FileSource:
             notes.append("keys scanned (SELECT DISTINCT over the partition expressions)")
         per_key = map_by_facts(transforms, facts, keys, self.schema(), tag, notes)
         return None if per_key is None else (keys, per_key)
+
+    def _defer_facts(
+        self, transforms: Sequence[Transform], files: Sequence[SourceFile], tag: str, notes: list[str]
+    ) -> dict[KeyTuple, str] | None:
+        """Per-partition fingerprints with the files without kept facts left pending (each feeding every
+        partition until the refresh's read learns it); None when none is pending or the keys are not
+        every bucket."""
+        assert self.facts_state is not None
+        keys = static_keys(transforms)
+        pending = PendingFacts.of(self.facts_state, self.schema(), transforms, files, tag) if keys else None
+        if keys is None or pending is None:
+            return None
+        self.pending_facts = pending
+        notes.append(
+            f"{len(pending.files)} new or changed file(s) learnt as the refresh reads them "
+            f"({len(pending.kept)} kept)"
+        )
+        return pending.fingerprints(keys)
+
+    def settle_pending_facts(
+        self, learnt: Mapping[str, FileFacts] | None, keys: Sequence[KeyTuple]
+    ) -> dict[KeyTuple, str] | None:
+        """The fingerprints of `keys` once the pending files' facts are known: `learnt` by the refresh's
+        read (None when nothing is pending, or when a pending file was not learnt: the survey's fingerprints
+        then stand, holding it), else, with `learnt` None, read as the survey reads them."""
+        pending, self.pending_facts = self.pending_facts, None
+        if pending is None:
+            return None
+        if learnt is not None:
+            return pending.settle(learnt, keys)
+        files = [
+            *pending.files.values(),
+            *(f for f in self.list_files() if f.fingerprint_line() in pending.kept),
+        ]
+        return pending.fingerprints(keys, self.file_facts(pending.transforms, files))
+
+    def read_batches_by_file(
+        self, *, batch_rows: int = 256 * 1024, readahead: int = 2
+    ) -> Iterator[tuple[str, pa.Table]]:
+        """`read_batches`, one file after the other, each batch with its file's fingerprint line (a file
+        that holds no row gives one empty table)."""
+        schema = self.schema()
+        parquet = self.file_format == "parquet"
+        for source_file in self.list_files():
+            line = source_file.fingerprint_line()
+            yield line, schema.empty_table()
+            for batch in self._arrow.batches(
+                [source_file], schema, parquet=parquet, batch_rows=batch_rows, readahead=readahead
+            ):
+                yield line, batch
 
     # --- reads --------------------------------------------------------------------------------
 
