@@ -16,9 +16,9 @@ Contenders, each in a fresh interpreter per round (shuffled order each round) th
 twice and reports the second run's seconds (files checked and footers cached, as on a long-lived
 reader) and its own peak RSS (`VmHWM`):
 
-* ours: `datasets_query(spec).query(sql)`, the join split into one small join per bucket, each run as its
-  own statement whose `count` / `sum` partials are added up (at `--quick` sizes the join is under
-  `SPLIT_MIN_BYTES` and not split; the plan's reason is printed);
+* ours: `datasets_query(spec).query(sql)`, the join split into one small join per bucket, a window of as
+  many buckets as DuckDB has threads run as one statement, whose `count` / `sum` partials are added up
+  (at `--quick` sizes the join is under `SPLIT_MIN_BYTES` and not split; the plan's reason is printed);
 * ours, plain join: the same with `split_joins=False` (one hash join over both datasets' files);
 * DuckDB over the raw source files: the same statement over `read_parquet` of each side's source files
   (the anchor: what a user gets without the acceleration).
