@@ -528,7 +528,7 @@ def _run_streamed(
         chunk = branches[start : start + window]
         try:
             parts.append(_run_groups(connection, statement, view, chunk))
-        except duckdb.OutOfMemoryException:
+        except (duckdb.OutOfMemoryException, MemoryError):
             if len(chunk) == 1:
                 raise
             # Their hash tables together exceed the memory limit: one group at a time, as each fits
