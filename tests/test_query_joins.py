@@ -640,7 +640,13 @@ WINDOWED = [
 @pytest.mark.parametrize(("left", "right"), [("l_b8", "r_b16"), ("l_s2", "r_s4"), ("l_b4", "r_b6")])
 @pytest.mark.parametrize("shape", WINDOWED, ids=["aggregates", "left-rows", "full-null-keys", "grouped"])
 def test_several_pair_groups_per_statement_give_the_same_answer(
-    query: DatasetQuery, window: int, left: str, right: str, shape: str, monkeypatch: pytest.MonkeyPatch
+    query: DatasetQuery,
+    spec: Path,
+    window: int,
+    left: str,
+    right: str,
+    shape: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Pair groups joined `window` at a time in one statement (hostile and NULL keys; a window that does
     not divide the number of groups; incompatible layouts still one plain join): DuckDB's answer over the
@@ -657,8 +663,8 @@ def test_several_pair_groups_per_statement_give_the_same_answer(
         return execute(connection, statement, view, branches, kinds, window)
 
     monkeypatch.setattr(multi, "_run_streamed", counted)
-    monkeypatch.setattr(query, "groups_per_statement", window)
-    assert _canonical(query.query(sql)) == _oracle(sql), f"{sql}\n{plan.explain()}"
+    with datasets_query(spec, groups_per_statement=window) as windowed:
+        assert _canonical(windowed.query(sql)) == _oracle(sql), f"{sql}\n{plan.explain()}"
     pairs = len(plan.joins[0].pairs)
     if not plan.joins[0].split:
         assert "neither divides the other" in plan.joins[0].reason
