@@ -21,7 +21,7 @@ from test_pruning_support import build_acceleration
 
 from airflow_partitions.catalog import PartitionEntry
 from airflow_partitions.cli.main import main
-from airflow_partitions.exceptions import FilterError, UnsafeQueryError
+from airflow_partitions.exceptions import FilterError, QueryLimitError, UnsafeQueryError
 from airflow_partitions.keys import PartitionKey
 from airflow_partitions.read import PartitionedDatasetReader, multi
 from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan
@@ -612,14 +612,116 @@ def test_pair_groups_stream_one_statement_each_only_where_exact(
     runs: list[int] = []
     run_streamed = multi._run_streamed
 
-    def counted(connection: Any, statement: str, view: str, branches: Any, kinds: Any) -> pa.Table:
+    def counted(
+        connection: Any, statement: str, view: str, branches: Any, kinds: Any, window: int = 1
+    ) -> pa.Table:
         runs.append(len(branches))
-        return run_streamed(connection, statement, view, branches, kinds)
+        windows.append(window)
+        return run_streamed(connection, statement, view, branches, kinds, window)
 
+    windows: list[int] = []
     monkeypatch.setattr(multi, "_run_streamed", counted)
+    monkeypatch.setattr(query, "groups_per_statement", 1)
     assert _canonical(query.query(sql)) == _oracle(sql), sql
     assert bool(runs) == streamed, runs
     assert not runs or runs[0] == len(plan.joins[0].pairs), "one statement per pair group"
+    assert not windows or windows == [1]
+
+
+WINDOWED = [
+    "SELECT count(*) AS n, sum(a.v) AS s, min(b.ts), max(a.k), count(b.v) FROM {l} a JOIN {r} b ON a.k = b.k",
+    "SELECT a.id, b.v FROM {l} a LEFT JOIN {r} b ON a.k = b.k WHERE a.v < 20 OR b.v IS NULL",
+    "SELECT count(*), sum(a.id) FROM {l} a FULL JOIN {r} b ON a.k = b.k WHERE a.id IS NULL OR b.k IS NULL",
+    "SELECT k, count(*) AS n, sum(b.v) FROM {l} a LEFT JOIN {r} b USING (k) GROUP BY 1",
+]
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 5])
+@pytest.mark.parametrize(("left", "right"), [("l_b8", "r_b16"), ("l_s2", "r_s4"), ("l_b4", "r_b6")])
+@pytest.mark.parametrize("shape", WINDOWED, ids=["aggregates", "left-rows", "full-null-keys", "grouped"])
+def test_several_pair_groups_per_statement_give_the_same_answer(
+    query: DatasetQuery,
+    spec: Path,
+    window: int,
+    left: str,
+    right: str,
+    shape: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pair groups joined `window` at a time in one statement (hostile and NULL keys; a window that does
+    not divide the number of groups; incompatible layouts still one plain join): DuckDB's answer over the
+    sources, in ceil(groups / window) statements."""
+    sql = shape.format(l=left, r=right)
+    plan = query.plan(sql)
+    statements: list[int] = []
+    execute = multi._run_streamed
+
+    def counted(
+        connection: Any, statement: str, view: str, branches: Any, kinds: Any, window: int = 1
+    ) -> pa.Table:
+        statements.append(-(-len(branches) // window))
+        return execute(connection, statement, view, branches, kinds, window)
+
+    monkeypatch.setattr(multi, "_run_streamed", counted)
+    with datasets_query(spec, groups_per_statement=window) as windowed:
+        assert _canonical(windowed.query(sql)) == _oracle(sql), f"{sql}\n{plan.explain()}"
+    pairs = len(plan.joins[0].pairs)
+    if not plan.joins[0].split:
+        assert "neither divides the other" in plan.joins[0].reason
+        assert statements == []
+    else:
+        assert pairs > 5, plan.explain()
+        assert statements == [-(-pairs // window)], (statements, pairs)
+
+
+def test_a_window_over_the_memory_limit_runs_its_pair_groups_one_at_a_time(
+    query: DatasetQuery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB out of memory joining several pair groups in one statement: that window's groups run
+    again one at a time, every group counted once; out of memory with one group is the query's error."""
+    sql = "SELECT count(*) AS n, sum(a.v) AS s, count(b.v) FROM l_b8 a LEFT JOIN r_b16 b ON a.k = b.k"
+    views: list[str] = []
+
+    class Tight:
+        """A real DuckDB connection whose statements run out of memory over a union of two groups."""
+
+        def __init__(self, connection: Any) -> None:
+            self.connection = connection
+
+        def execute(self, text: str) -> Any:
+            views.append(text)
+            return self.connection.execute(text)
+
+        def sql(self, text: str) -> Any:
+            if views and " UNION ALL " in views[-1] and "ap_join_" in views[-1]:
+                raise duckdb.OutOfMemoryException("Out of Memory Error: could not allocate block")
+            return self.connection.sql(text)
+
+    execute = multi._run_streamed
+
+    def tight(connection: Any, *args: Any) -> pa.Table:
+        return execute(Tight(connection), *args)
+
+    monkeypatch.setattr(multi, "_run_streamed", tight)
+    monkeypatch.setattr(query, "groups_per_statement", 3)
+    assert _canonical(query.query(sql)) == _oracle(sql)
+    pairs = len(query.plan(sql).joins[0].pairs)
+    windows = [text for text in views if " UNION ALL " in text]
+    assert len(windows) == -(-pairs // 3) - (1 if pairs % 3 == 1 else 0), (len(windows), pairs)
+    assert len(views) - len(windows) == pairs, "each group once on its own"
+    # One group alone out of memory: the query fails (typed), nothing retried or left out.
+    views.clear()
+    monkeypatch.setattr(query, "groups_per_statement", 1)
+
+    def alone(self: Tight, text: str) -> Any:
+        if views:
+            raise duckdb.OutOfMemoryException("Out of Memory Error: could not allocate block")
+        return self.connection.sql(text)
+
+    monkeypatch.setattr(Tight, "sql", alone)
+    with pytest.raises(QueryLimitError):
+        query.query(sql)
+    assert len(views) == 1
 
 
 def test_small_joins_are_not_split_and_the_plan_says_why(spec: Path) -> None:

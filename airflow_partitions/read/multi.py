@@ -199,9 +199,13 @@ class DatasetQuery:
         close_opened: bool = False,
         query_limits: QueryLimits | None = None,
         split_min_bytes: int | None = None,
+        groups_per_statement: int | None = None,
     ) -> None:
         # Joins whose two sides' selected files hold fewer bytes run as one plain join.
         self.split_min_bytes = SPLIT_MIN_BYTES if split_min_bytes is None else split_min_bytes
+        # How many pair groups of a streamed split join one statement joins (None: the query's DuckDB
+        # threads, so that each thread has a small join to build while another's hash table is finished).
+        self.groups_per_statement = groups_per_statement
         self.project = project
         self._readers: dict[str, DatasetReader] = dict(readers or {})
         self._owned: list[DatasetReader] = []
@@ -389,12 +393,13 @@ class DatasetQuery:
                     apply_limits(connection, limits)
                     lock_down(connection)
                 shape = streamed_shape(plan.tree, splits[0]) if len(splits) == 1 else None
+                window = max(1, self.groups_per_statement or limits.thread_count)
                 try:
-                    if shape is not None and len(branches[0]) > 1:
+                    if shape is not None and len(branches[0]) > window:
                         view, groups = splits[0].view, branches[0]
                         return run_bounded(
                             connection,
-                            lambda: _run_streamed(connection, statement, view, groups, shape),
+                            lambda: _run_streamed(connection, statement, view, groups, shape, window),
                             memory=limits.memory,
                         )
                     return run_bounded(
@@ -495,11 +500,20 @@ def _register_split(
 
 
 def _run_streamed(
-    connection: Any, statement: str, view: str, branches: Sequence[str], shape: list[str]
+    connection: Any,
+    statement: str,
+    view: str,
+    branches: Sequence[str],
+    shape: list[str],
+    window: int = 1,
 ) -> pa.Table:
-    """`statement` run once per pair group, the split join's view holding only that group's small join
-    (so at most one group's join is in memory), the results combined as `streamed_shape` says: the rows
-    of each (a projection / filter), or one row of `count` / `sum` / `min` / `max` over the partials."""
+    """`statement` run once per `window` consecutive pair groups, the split join's view holding only
+    their small joins (so at most `window` groups' hash tables are in memory; DuckDB builds them side by
+    side, one thread finishing a group's hash table, single-threaded under a million rows, while another
+    builds or probes the next), the results combined as `streamed_shape` says: the rows of each (a
+    projection / filter, or whole statement groups), or one row of `count` / `sum` / `min` / `max` over
+    the partials. A window whose groups together exceed the memory limit runs one group at a time."""
+    import duckdb
     import pyarrow.compute as pc
 
     types = connection.sql(statement).types
@@ -509,10 +523,17 @@ def _run_streamed(
     ):
         # Floating-point sums depend on the order of addition: only the whole join gives its answer.
         return connection.sql(statement).to_arrow_table()
-    parts = []
-    for branch in branches:
-        connection.execute(f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view)} AS {branch}")
-        parts.append(connection.sql(statement).to_arrow_table())
+    parts: list[pa.Table] = []
+    for start in range(0, len(branches), window):
+        chunk = branches[start : start + window]
+        try:
+            parts.append(_run_groups(connection, statement, view, chunk))
+        except (duckdb.OutOfMemoryException, MemoryError):
+            if len(chunk) == 1:
+                raise
+            # Their hash tables together exceed the memory limit: one group at a time, as each fits
+            # alone (the failed statement returned nothing, so no group is counted twice).
+            parts.extend(_run_groups(connection, statement, view, [branch]) for branch in chunk)
         check_budget()
     whole = pa.concat_tables(parts)
     if not shape or shape == [GROUPED]:
@@ -530,6 +551,13 @@ def _run_streamed(
             value = pc.max(column)
         columns.append(pa.array([value.as_py()], column.type))
     return pa.Table.from_arrays(columns, schema=whole.schema)
+
+
+def _run_groups(connection: Any, statement: str, view: str, branches: Sequence[str]) -> pa.Table:
+    """`statement` over the split join's view holding the union of `branches` (pair groups' joins)."""
+    union = " UNION ALL ".join(branches)
+    connection.execute(f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view)} AS {union}")
+    return connection.sql(statement).to_arrow_table()
 
 
 def _scrub(message: str, connection: Any, scopes: Mapping[str, CallScope]) -> str:

@@ -797,6 +797,7 @@ def datasets_query(
     s3_settings: SettingsLike | None = None,
     query_limits: QueryLimits | None = None,
     split_min_bytes: int | None = None,
+    groups_per_statement: int | None = None,
 ) -> DatasetQuery:
     """Multi-dataset queries over the spec's datasets, each read through its handle with `s3_settings`
     (None: the AWS environment); closing it closes the readers it opened."""
@@ -809,7 +810,12 @@ def datasets_query(
         return PartitionedDatasetReader.from_handle(handle, query_limits=query_limits)
 
     return DatasetQuery(
-        spec, open_reader, close_opened=True, query_limits=query_limits, split_min_bytes=split_min_bytes
+        spec,
+        open_reader,
+        close_opened=True,
+        query_limits=query_limits,
+        split_min_bytes=split_min_bytes,
+        groups_per_statement=groups_per_statement,
     )
 
 
