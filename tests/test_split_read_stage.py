@@ -325,3 +325,19 @@ def test_a_write_that_loses_a_row_in_a_later_flush_is_refused_naming_the_partiti
     assert not list((tmp_path / "acc" / "trips").rglob("part-*")), "every written file is removed"
     assert sum(writes.values()) > len(writes), "partitions were written more than once"
     assert want < source.num_rows
+
+
+@pytest.mark.parametrize(
+    ("sizes", "tasks"),
+    [([10] * 10, 2), ([100, 1, 1, 1, 1, 1], 3), ([5, 5, 5], 8), ([1, 1, 1, 1, 1, 100], 2), ([7], 4)],
+)
+def test_splits_are_packed_in_order_into_at_most_one_task_per_core(sizes: list[int], tasks: int) -> None:
+    from airflow_partitions.sources.files.splits import Split, group_splits
+
+    splits = [Split(f"f{index}", size) for index, size in enumerate(sizes)]
+    grouped = group_splits(splits, tasks, open_cost=1)
+    assert [split for task in grouped for split in task] == splits, "every split once, in order"
+    assert len(grouped) == min(tasks, len(splits)), "every core gets a task while splits last"
+    assert all(grouped), "no empty task"
+    share = sum(size + 1 for size in sizes) / len(grouped)
+    assert all(sum(s.size + 1 for s in task) <= share + max(sizes) + 1 for task in grouped), "balanced"
