@@ -295,12 +295,12 @@ def test_a_write_that_loses_a_row_in_a_later_flush_is_refused_naming_the_partiti
     writes: dict[int, int] = {}
     lossy: dict[str, int] = {}
 
-    def write_item(job: Any, schema: pa.Schema, index: int, rows: pa.Table) -> dict[str, Any]:
+    def write_item(job: Any, schema: pa.Schema, index: int, rows: pa.Table, **options: Any) -> dict[str, Any]:
         writes[index] = writes.get(index, 0) + 1
         if lossy or writes[index] < 2 or rows.num_rows < 2:
-            return real_write(job, schema, index, rows)
+            return real_write(job, schema, index, rows, **options)
         lossy[job.key_paths[index]] = index
-        return {**real_write(job, schema, index, rows.slice(1)), "routed": rows.num_rows}
+        return {**real_write(job, schema, index, rows.slice(1), **options), "routed": rows.num_rows}
 
     def in_process(session: Any, job: Any) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []

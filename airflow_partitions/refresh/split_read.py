@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import RefreshError, SourceError
@@ -49,6 +51,8 @@ from airflow_partitions.refresh.written import (
 from airflow_partitions.sources.files import FileSource
 from airflow_partitions.sources.files.splits import Split, SplitReader, group_splits
 from airflow_partitions.sources.renamed import RenamedSource
+from airflow_partitions.storage import DataFile
+from airflow_partitions.storage.base import BackgroundSync
 from airflow_partitions.write.routing import route_rows
 
 if TYPE_CHECKING:
@@ -231,14 +235,17 @@ def task_rows(spark: Any, job: SplitReadJob) -> list[dict[str, Any]]:
 
 class _HeldRows:
     """A read task's routed rows per planned item, written (and let go) whenever they pass the budget;
-    `results` holds the metadata row of every write so far."""
+    `results` holds the metadata row of every write so far. Local files are fsynced in the background
+    (`syncs`) while the task reads on, and all made durable by `finish` before they are reported."""
 
-    def __init__(self, job: SplitReadJob, schema: pa.Schema) -> None:
+    def __init__(self, job: SplitReadJob, schema: pa.Schema, syncs: BackgroundSync | None) -> None:
         self.job = job
         self.schema = schema
+        self.syncs = syncs
         self.parts: dict[int, list[pa.Table]] = {}
         self.held = 0
         self.results: list[dict[str, Any]] = []
+        self.files: list[DataFile] = []
 
     def add(self, table: pa.Table, parts: list[tuple[int, pa.Table]]) -> None:
         """Hold one batch's routed rows; `table` is the batch the parts share buffers with (what they keep
@@ -256,21 +263,37 @@ class _HeldRows:
 
         for index in sorted(self.parts):
             rows = pa.concat_tables(self.parts.pop(index))
-            self.results.append(write_item(self.job.write, self.schema, index, rows))
+            result = write_item(self.job.write, self.schema, index, rows, sync=self.syncs is None)
+            self.results.append(result)
+            if self.syncs is not None:
+                files = [DataFile.from_json(found) for found in json.loads(result["files"])]
+                self.files.extend(files)
+                self.syncs.start(files)  # the disk flushes these while the task reads on
         self.held = 0
+
+    def finish(self) -> None:
+        """Every file written durable (then each directory once), or `StorageError`."""
+        if self.syncs is not None:
+            self.syncs.finish(self.files)
 
 
 def read_route_write(job: SplitReadJob, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The executor side (`mapInArrow` over task numbers): read the task's splits in sequence, route their
     rows, write each planned partition's rows whenever the held rows pass the budget and at the end; one
     metadata row per item and write, and one summary row."""
-    import pyarrow as pa
-
     tasks = [int(task) for batch in batches for task in batch.column(0).to_pylist()]
     if not tasks:
         return
+    root = job.write.data_root
+    with BackgroundSync(Path(root)) if root is not None else nullcontext() as syncs:
+        held = _HeldRows(job, job.write.arrow_schema(), syncs)
+        yield _read_route_write(job, tasks, held)
+
+
+def _read_route_write(job: SplitReadJob, tasks: list[int], held: _HeldRows) -> pa.RecordBatch:
+    import pyarrow as pa
+
     planned = {path: index for index, path in enumerate(job.write.key_paths)}
-    held = _HeldRows(job, job.write.arrow_schema())
     read = routed = 0
     try:
         for split in (split for task in tasks for split in job.tasks[task]):
@@ -286,10 +309,10 @@ def read_route_write(job: SplitReadJob, batches: Iterator[pa.RecordBatch]) -> It
     except SourceError as err:
         # Nothing more is written; the files written so far are reported, and removed by the driver.
         results = [*held.results, _summary(read, routed, str(err))]
-        yield pa.RecordBatch.from_pylist(results, schema=result_schema())
-        return
+        return pa.RecordBatch.from_pylist(results, schema=result_schema())
     held.write()
-    yield pa.RecordBatch.from_pylist([*held.results, _summary(read, routed, None)], schema=result_schema())
+    held.finish()
+    return pa.RecordBatch.from_pylist([*held.results, _summary(read, routed, None)], schema=result_schema())
 
 
 def _summary(read: int, routed: int, error: str | None) -> dict[str, Any]:
