@@ -2,6 +2,12 @@
 
     python -m benchmarks.bench_spark_stage                   # 10,000,000 taxi-like rows (issue 17's size)
     python -m benchmarks.bench_spark_stage --quick           # 300,000 rows
+    python -m benchmarks.bench_spark_stage --rows 100000000 --repeat 1 --source-dir /data/taxi100m \
+        --only plain,ours                                    # 100M rows: the files made once, reused
+
+`--source-dir` keeps the generated files in that directory (made when missing; reused when it holds
+`--rows` rows) so a large run does not generate them each time; `--only` runs only the named contenders
+(`plain` always runs: it is every ratio's anchor).
 
 Each contender is the stage job cut after one more step, with its output discarded by Spark's `noop`
 sink (every column materialized, nothing written), on the same files and Spark session; a round runs
@@ -86,11 +92,65 @@ def spark_writer_candidate(routed: Any, target: Path) -> int:
     return rows
 
 
+class WorkerPeak:
+    """The peak resident memory of Spark's Python workers (this process's descendants that are not the
+    JVM) while a contender runs, sampled every 0.2 s: the largest single worker, which holds one task."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, int] = {}
+
+    def wrap(self, name: str, run: Callable[[], Any]) -> Callable[[], Any]:
+        import threading
+
+        import psutil
+
+        def sampled() -> Any:
+            done = threading.Event()
+
+            def sample() -> None:
+                me = psutil.Process()
+                while not done.wait(0.2):
+                    for child in me.children(recursive=True):
+                        try:
+                            if "java" in child.name():
+                                continue
+                            rss = child.memory_info().rss
+                        except psutil.Error:
+                            continue
+                        self.peaks[name] = max(self.peaks.get(name, 0), rss)
+
+            thread = threading.Thread(target=sample, daemon=True)
+            thread.start()
+            try:
+                return run()
+            finally:
+                done.set()
+                thread.join()
+
+        return sampled
+
+
+def source_files(directory: Path, rows: int) -> Path:
+    """`rows` taxi-like rows in `directory`: generated there when it does not exist, else reused (it must
+    hold exactly `rows` rows)."""
+    import pyarrow.parquet as pq
+
+    if not directory.exists():
+        write_taxi_files(directory, rows)
+        return directory
+    held = sum(pq.read_metadata(path).num_rows for path in directory.glob("*.parquet"))
+    if held != rows:
+        raise SystemExit(f"--source-dir {directory} holds {held:,} rows, not {rows:,}; give a new directory")
+    return directory
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--quick", action="store_true", help="300,000 rows")
     parser.add_argument("--repeat", type=int, default=3, help="paired rounds (default 3)")
+    parser.add_argument("--source-dir", type=Path, help="generated files kept here and reused")
+    parser.add_argument("--only", help="comma-separated contenders to run (plain always runs)")
     args = load.parse_args(parser, argv)
     rows = 300_000 if args.quick else args.rows
 
@@ -103,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(tempfile.mkdtemp(prefix="ap-bench-spark-stage-"))
     try:
-        flat = root / "flat"
-        write_taxi_files(flat, rows)
+        flat = source_files(args.source_dir or root / "flat", rows)
         spec = root / "spec.yaml"
         spec.write_text(
             "accelerator_dir: acc\n"
@@ -172,8 +231,16 @@ def main(argv: list[str] | None = None) -> int:
             "shuffled": lambda: refresh_with(executors_read=False, shuffle_items=True),
             "spark_writer": spark_writer,
         }
+        if args.only:
+            wanted = {"plain", *args.only.split(",")}
+            unknown = wanted - set(contenders)
+            if unknown:
+                parser.error(f"--only: no contender {sorted(unknown)}; choose from {sorted(contenders)}")
+            contenders = {name: run for name, run in contenders.items() if name in wanted}
         cpu = CpuMeter(process_tree_cpu)
-        measured = run_rounds({name: cpu.wrap(name, run) for name, run in contenders.items()}, args.repeat)
+        peak = WorkerPeak()
+        wrapped = {name: peak.wrap(name, cpu.wrap(name, run)) for name, run in contenders.items()}
+        measured = run_rounds(wrapped, args.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -188,23 +255,33 @@ def main(argv: list[str] | None = None) -> int:
         "handoff": "+ hand-off to Python writers (writers discard)",
     }
     for name, label in labels.items():
-        print(figure_line(label, measured.ratio(name, "plain"), None))
-    whole = measured.ratio("ours", "plain")
-    print(figure_line("ours: the whole Spark-pipeline refresh", whole, REFRESH_TARGET))
-    print(f"      {notes[0] if notes else 'stage: (no note)'}")
-    print(figure_line("  CPU seconds, ours / plain", cpu.ratio("ours", "plain"), None))
-    spark_read = measured.ratio("spark_read", "plain")
-    print(figure_line("the refresh with Spark reading the source", spark_read, None))
-    print(figure_line("  CPU seconds, spark read / plain", cpu.ratio("spark_read", "plain"), None))
-    print(figure_line("ours / the refresh with Spark reading", measured.ratio("ours", "spark_read"), None))
-    print(figure_line("  Spark read, shuffled by item first", measured.ratio("shuffled", "plain"), None))
-    print(
-        figure_line(
-            "(b) Spark's Parquet writer + footers, checksums, row hash",
-            measured.ratio("spark_writer", "plain"),
-            None,
+        if name in contenders:
+            print(figure_line(label, measured.ratio(name, "plain"), None))
+    if "ours" in contenders:
+        whole = measured.ratio("ours", "plain")
+        print(figure_line("ours: the whole Spark-pipeline refresh", whole, REFRESH_TARGET))
+        print(f"      {notes[0] if notes else 'stage: (no note)'}")
+        print(figure_line("  CPU seconds, ours / plain", cpu.ratio("ours", "plain"), None))
+        worker = peak.peaks.get("ours", 0) / 2**30
+        print(f"      peak RSS of one Python worker (one read task): {worker:.2f} GiB")
+    if "spark_read" in contenders:
+        spark_read = measured.ratio("spark_read", "plain")
+        print(figure_line("the refresh with Spark reading the source", spark_read, None))
+        print(figure_line("  CPU seconds, spark read / plain", cpu.ratio("spark_read", "plain"), None))
+    if {"ours", "spark_read"} <= contenders.keys():
+        print(
+            figure_line("ours / the refresh with Spark reading", measured.ratio("ours", "spark_read"), None)
         )
-    )
+    if "shuffled" in contenders:
+        print(figure_line("  Spark read, shuffled by item first", measured.ratio("shuffled", "plain"), None))
+    if "spark_writer" in contenders:
+        print(
+            figure_line(
+                "(b) Spark's Parquet writer + footers, checksums, row hash",
+                measured.ratio("spark_writer", "plain"),
+                None,
+            )
+        )
     seconds = ", ".join(f"{name} {measured.median_seconds(name):.2f}s" for name in contenders)
     print(f"      median seconds: {seconds}")
     processes = ", ".join(f"{name} {cpu.median(name):.2f}s" for name in contenders)

@@ -56,7 +56,7 @@ from airflow_partitions.refresh.spark_session import (
     build_local_session,
     describe_session,
 )
-from airflow_partitions.refresh.split_read import SplitReadJob, choose_split_read, run_split_read
+from airflow_partitions.refresh.split_read import SplitReadJob, choose_split_read, run_split_read, task_budget
 from airflow_partitions.refresh.stage_layout import (
     CHANGES_FILE,
     ITEM_COLUMN,
@@ -389,7 +389,6 @@ def _stage_on_spark(
             sinces=sinces,
             shuffle_items=shuffle_items,
             requested=executors_read,
-            max_tasks=UNSHUFFLED_MAX_TASKS,
             max_files=UNSHUFFLED_MAX_FILES,
         )
         work.source_read = choice.note
@@ -436,7 +435,8 @@ def _read_on_executors(
     read fails the stage with the reader's error (naming the file)."""
     assert work.job is not None
     assert isinstance(work.source, FileSource)
-    job = SplitReadJob(work.job, work.source.split_reader(), tuple(work.plan.partition_names), tasks)
+    reader = work.source.split_reader()
+    job = SplitReadJob(work.job, reader, tuple(work.plan.partition_names), tasks, task_budget())
     read, routed, work.written, errors = run_split_read(session, job)
     if errors:
         more = f" ({len(errors)} read tasks failed)" if len(errors) > 1 else ""

@@ -141,11 +141,15 @@ def write_items(job: ItemWriteJob, batches: Iterator[pa.RecordBatch]) -> Iterato
     yield pa.RecordBatch.from_pylist(results, schema=result_schema())
 
 
-def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table) -> dict[str, Any]:
+def write_item(
+    job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table, *, sync: bool = True
+) -> dict[str, Any]:
     """Write one item's rows (conformed, keys re-checked) as final files; the metadata row for them.
 
     A partition that cannot be written (its rows belong elsewhere, a disk or store error) fails alone,
     as a finalize task would: its row carries the error, which its finalize raises; the others go on.
+    `sync=False` (local files): the caller makes the files durable (`storage.base.BackgroundSync`)
+    before it reports them.
     """
 
     if not 0 <= index < len(job.keys):
@@ -163,7 +167,7 @@ def write_item(job: ItemWriteJob, schema: pa.Schema, index: int, rows: pa.Table)
             if since is not None:  # an appended row at or below the watermark would be a duplicate
                 verify_past_watermark(table, since, key_path)
         files, written = _write_final_files(
-            job.dataset, job.storage, table, key_path, job.data_root, job.upload_url, job.s3_settings
+            job.dataset, job.storage, table, key_path, job.data_root, job.upload_url, job.s3_settings, sync
         )
         certificate = certify_rows(table)
     except Exception as err:
@@ -201,12 +205,14 @@ def _write_final_files(
     data_root: str | None,
     upload_url: str | None,
     settings: S3Settings | None,
+    sync: bool = True,
 ) -> tuple[list[DataFile], int]:
     """Write a partition's final files and count their rows back (`PartitionWriter`): under the local
     dataset root, or (no `data_root`) in this executor's private scratch, uploaded write-once to
-    `upload_url` (checked). The driver compares the counts of every item at once."""
+    `upload_url` (checked; always synced). The driver compares the counts of every item at once."""
     if data_root is not None:
-        written = PartitionWriter.local(storage, data_root, dataset).write(key_path, table, check=False)
+        writer = PartitionWriter.local(storage, data_root, dataset)
+        written = writer.write(key_path, table, check=False, sync=sync)
         return written.files, written.rows
     scratch = _scratch()
     try:

@@ -1,7 +1,7 @@
 """A Parquet file source cut into splits that other processes read with pyarrow (the Spark stage's
 executors, `refresh/split_read.py`): whole files, or runs of row groups of a large file, grouped into tasks
-of about Spark's own split size; and `SplitReader`, the picklable recipe that reads one split as the source
-reads it (the source schema, drifting files unified, S3 reached with the source's own settings)."""
+of about equal bytes; and `SplitReader`, the picklable recipe that reads one split as the source reads it
+(the source schema, drifting files unified, S3 reached with the source's own settings)."""
 
 from __future__ import annotations
 
@@ -115,19 +115,23 @@ def file_splits(files: Sequence[SourceFile], filesystem: Any, target: int, descr
     return splits
 
 
-def group_splits(splits: Sequence[Split], target: int, open_cost: int) -> list[tuple[Split, ...]]:
-    """Splits packed into tasks of at most about `target` bytes (each split also costs `open_cost`, as
-    Spark packs file splits), in order; a split larger than `target` is a task of its own."""
-    tasks: list[tuple[Split, ...]] = []
+def group_splits(splits: Sequence[Split], tasks: int, open_cost: int) -> list[tuple[Split, ...]]:
+    """Splits packed in order into at most `tasks` tasks of about equal bytes (each split also costs
+    `open_cost`, as Spark packs file splits); a task holds at least one split."""
+    count = max(1, min(tasks, len(splits)))
+    total = sum(split.size + open_cost for split in splits)
+    grouped: list[tuple[Split, ...]] = []
     current: list[Split] = []
-    held = 0
-    for split in splits:
-        cost = split.size + open_cost
-        if current and held + cost > target:
-            tasks.append(tuple(current))
-            current, held = [], 0
+    done = 0  # bytes of the splits placed so far
+    for position, split in enumerate(splits):
         current.append(split)
-        held += cost
+        done += split.size + open_cost
+        left = len(splits) - position - 1  # splits still to place
+        wanted = count - len(grouped) - 1  # tasks still to fill after this one
+        # Close the task at its share of the bytes, or when each later task needs one of the splits left.
+        if wanted > 0 and (done * count >= total * (len(grouped) + 1) or left == wanted):
+            grouped.append(tuple(current))
+            current = []
     if current:
-        tasks.append(tuple(current))
-    return tasks
+        grouped.append(tuple(current))
+    return grouped
