@@ -63,19 +63,27 @@ def arrow_memory_budget() -> int:
     return memory // 4 if memory else 1024**3
 
 
+def positive_bytes(raw: str, setting: str, hint: str) -> int:
+    """`raw` (bytes with an optional unit) from `setting`, which must be positive; else `RefreshError`
+    quoting it, followed by `hint` (what the setting means, with an example)."""
+    budget = parse_bytes(raw, setting=setting)
+    if budget <= 0:
+        raise RefreshError(f"{setting} is {raw!r}; {hint}")
+    return budget
+
+
 def arrow_spill_budget() -> int:
     """The bytes the streaming router may buffer before it spills: the configured budget, else half the
     Arrow memory budget (`arrow_memory_budget`), at most `MAX_DEFAULT_SPILL_BUDGET`."""
     for setting in (SPILL_ENV, SPILL_CONFIG_ENV):
         raw = os.environ.get(setting)
         if raw is not None and raw.strip():
-            budget = parse_bytes(raw, setting=setting)
-            if budget <= 0:
-                raise RefreshError(
-                    f"{setting} is {raw!r}; the spill budget must be positive (bytes the Arrow refresh may "
-                    "buffer in memory before it spills to local disk), e.g. 512MiB"
-                )
-            return budget
+            return positive_bytes(
+                raw,
+                setting,
+                "the spill budget must be positive (bytes the Arrow refresh may buffer in memory before it "
+                "spills to local disk), e.g. 512MiB",
+            )
     memory = arrow_memory_budget()
     return min(MAX_DEFAULT_SPILL_BUDGET, memory // 2) if memory > 0 else MAX_DEFAULT_SPILL_BUDGET
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_partitions.exceptions import RefreshError, SourceError
-from airflow_partitions.refresh.arrow_budget import parse_bytes
+from airflow_partitions.refresh.arrow_budget import positive_bytes
 from airflow_partitions.refresh.written import (
     RESULT_SCHEMA_DDL,
     ItemWriteJob,
@@ -93,13 +93,11 @@ def task_budget() -> int:
     raw = os.environ.get(TASK_BUDGET_ENV, "")
     if not raw.strip():
         return DEFAULT_TASK_BUDGET
-    budget = parse_bytes(raw, setting=TASK_BUDGET_ENV)
-    if budget <= 0:
-        raise RefreshError(
-            f"{TASK_BUDGET_ENV} is {raw!r}; give the bytes of rows a Spark read task may hold before it "
-            "writes them, e.g. 512MiB"
-        )
-    return budget
+    return positive_bytes(
+        raw,
+        TASK_BUDGET_ENV,
+        "give the bytes of rows a Spark read task may hold before it writes them, e.g. 512MiB",
+    )
 
 
 @dataclass(frozen=True)
