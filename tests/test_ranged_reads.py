@@ -930,6 +930,7 @@ def test_a_first_ranged_read_hands_duckdb_the_rows_without_a_local_file(
 
     real = remote.write_local
     monkeypatch.setattr(remote, "write_local", spy)
+    mixes = 0
     for where in TYPED_FILTERS:
         forget_footers()
         cache = tmp_path / f"cache-{len(written)}-{hash(where)}"
@@ -946,6 +947,15 @@ def test_a_first_ranged_read_hands_duckdb_the_rows_without_a_local_file(
             assert not reader._remote.ranged_reads
         assert got.schema.equals(whole.schema, check_metadata=True), where
         _assert_same_rows(got, whole, where)
+        # The smallest file fetched whole, the others by ranges: files and tables in one relation.
+        forget_footers()
+        smallest = min(file.bytes for file in _files(acc))
+        mixed_cache = tmp_path / f"mixed-{hash(where)}"
+        with _reader(acc, root, s3_server, mixed_cache, ranged_read_min_bytes=smallest + 1) as reader:
+            mixed = reader.read(where)
+            mixes += bool(reader._remote.ranged_reads and list(mixed_cache.rglob("*.parquet")))
+        _assert_same_rows(mixed, expected, where)
+    assert mixes, "some reads combined a cached file with row groups read by ranges"
     if duration:
         assert written, "a duration column is read back from a local file"
     else:
