@@ -776,10 +776,8 @@ def test_a_layout_that_does_not_fit_the_file_is_read_by_its_footer(
                     )
                 obj = reader._remote.ranged_object(used)
                 with caplog.at_level(logging.DEBUG, logger="airflow_partitions.read.ranged"):
-                    result = read_row_groups_by_ranges(
-                        obj, used, plan.prepared, plan.index.schema, tmp_path / f"ranged-{broken}"
-                    )
-                results.append((broken, file.path, pq.read_table(result.path)))
+                    _, rows = read_row_groups_by_ranges(obj, used, plan.prepared, plan.index.schema)
+                results.append((broken, file.path, rows))
     assert any("does not fit" in r.getMessage() for r in caplog.records)
     fitting = {path: table for broken, path, table in results if not broken}
     assert sum(t.num_rows for t in fitting.values()) > 0
@@ -851,3 +849,114 @@ def test_a_replaced_laid_out_object_read_through_a_given_filesystem_raises_a_sto
         pytest.raises(StorageError, match="its row groups lie elsewhere than recorded"),
     ):
         reader.read("zone = 5 AND id BETWEEN 15000 AND 25000")
+
+
+def _typed_table(rows: int = 1_500, *, duration: bool = False) -> pa.Table:
+    """The hostile table with the types a ranged read hands DuckDB as Arrow (dictionary text, seconds and
+    milliseconds timestamps with and without a zone, unsigned, large text, binary); with `duration`, a
+    column DuckDB would bind otherwise from Arrow than from Parquet."""
+    table = _table(rows)
+    ids = range(rows)
+    base = dt.datetime(2024, 3, 1, 12, 30, 15, 123000)
+    extra: dict[str, pa.Array] = {
+        "label": pa.array([TEXTS[(i * 3) % len(TEXTS)] for i in ids]).dictionary_encode(),
+        "ms": pa.array(
+            [None if i % 23 == 0 else base + dt.timedelta(milliseconds=1001 * i) for i in ids],
+            pa.timestamp("ms"),
+        ),
+        "sec": pa.array(
+            [None if i % 17 == 0 else (base + dt.timedelta(seconds=61 * i)).replace(tzinfo=UTC) for i in ids],
+            pa.timestamp("s", tz="America/New_York"),
+        ),
+        "big": pa.array([None if i % 13 == 0 else 2**63 + i for i in ids], pa.uint64()),
+        "long_text": pa.array([TEXTS[(i * 5) % len(TEXTS)] for i in ids], pa.large_string()),
+        "raw": pa.array([None if i % 11 == 0 else f"b{i}\x00".encode() for i in ids], pa.binary()),
+    }
+    if duration:
+        extra["took"] = pa.array([None if i % 7 == 0 else i * 1000 for i in ids], pa.duration("ms"))
+    for name, column in extra.items():
+        table = table.append_column(name, column)
+    return table.replace_schema_metadata({b"origin": "hostile é".encode()})
+
+
+TYPED_FILTERS = [
+    "id BETWEEN 100 AND 180",
+    "label = 'é/=%' AND id < 400",
+    "ms >= TIMESTAMP '2024-03-01 12:40:00' AND ms < TIMESTAMP '2024-03-01 12:45:00.5'",
+    "sec > TIMESTAMPTZ '2024-03-01 20:00:00+00' AND id < 700",
+    "big > 9223372036854776000 AND id > 1400",
+    "long_text = '' AND raw IS NULL",
+    "id IS NULL OR (raw IS NULL AND zone IS NOT NULL)",
+]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("duration", [False, True], ids=["arrow", "duration-in-a-file"])
+def test_a_first_ranged_read_hands_duckdb_the_rows_without_a_local_file(
+    tmp_path_factory: pytest.TempPathFactory,
+    s3_server: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    duration: bool,
+) -> None:
+    """The row groups a first read fetched by ranges reach DuckDB as an Arrow table: no local Parquet
+    file is written (none exists during or after the read), and the rows and types are exactly the
+    source's, and those of a read of the whole files (schema metadata too). A type DuckDB binds
+    otherwise from Arrow (a duration) goes through a per-call local file instead, with the same rows,
+    removed when the call ends."""
+    import tempfile
+
+    from airflow_partitions.read import remote
+
+    source = _typed_table(duration=duration)
+    acc = build_acceleration(
+        tmp_path_factory.mktemp("ranged-typed"),
+        source,
+        [("zone_bucket", "bucket(2, zone)")],
+        engine="parquet",
+        storage_options={"row_group_rows": 64, "sort_by": ["id"]},
+    )
+    root = _upload(acc, s3_server)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    written: list[str] = []
+
+    def spy(table: pa.Table, into: Path) -> str:
+        path = real(table, into)
+        written.append(path)
+        assert Path(path).exists()
+        return path
+
+    real = remote.write_local
+    monkeypatch.setattr(remote, "write_local", spy)
+    mixes = 0
+    for where in TYPED_FILTERS:
+        forget_footers()
+        cache = tmp_path / f"cache-{len(written)}-{hash(where)}"
+        with _reader(acc, root, s3_server, cache, ranged_read_min_bytes=0) as reader:
+            got = reader.read(where)
+            ranged = list(reader._remote.ranged_reads)
+        assert ranged, where
+        expected = acc.expected_rows(where)
+        _assert_same_rows(got, expected, where)
+        assert not list(cache.rglob("*.parquet")), where
+        assert not list(scratch.rglob("ranged-*.parquet")), "per-call files are removed"
+        with _reader(acc, root, s3_server, tmp_path / "whole", ranged_read_min_bytes=None) as reader:
+            whole = reader.read(where)
+            assert not reader._remote.ranged_reads
+        assert got.schema.equals(whole.schema, check_metadata=True), where
+        _assert_same_rows(got, whole, where)
+        # The smallest file fetched whole, the others by ranges: files and tables in one relation.
+        forget_footers()
+        smallest = min(file.bytes for file in _files(acc))
+        mixed_cache = tmp_path / f"mixed-{hash(where)}"
+        with _reader(acc, root, s3_server, mixed_cache, ranged_read_min_bytes=smallest + 1) as reader:
+            mixed = reader.read(where)
+            mixes += bool(reader._remote.ranged_reads and list(mixed_cache.rglob("*.parquet")))
+        _assert_same_rows(mixed, expected, where)
+    assert mixes, "some reads combined a cached file with row groups read by ranges"
+    if duration:
+        assert written, "a duration column is read back from a local file"
+    else:
+        assert not written, "the rows of the kept row groups go to DuckDB as Arrow, no file written"

@@ -24,17 +24,16 @@ if TYPE_CHECKING:
 class FileLocation(Protocol):
     """Where a dataset's partition files are: a local directory (`LocalFiles`) or object storage."""
 
-    def paths_for_call(
-        self,
-        files: Sequence[DataFile],
-        releases: list[Callable[[], None]],
-        *,
-        row_filter: RowFilter | None = None,
-    ) -> list[str]:
-        """One local path per file, valid until the call runs what was appended to `releases`.
+    def paths_for_call(self, files: Sequence[DataFile], releases: list[Callable[[], None]]) -> list[str]:
+        """One local path per file, valid until the call runs what was appended to `releases`."""
+        ...
 
-        With `row_filter`, a path may hold only the rows of the file's row groups the filter may need
-        (the caller applies the filter itself to every row it reads)."""
+    def parts_for_call(
+        self, files: Sequence[DataFile], releases: list[Callable[[], None]], *, row_filter: RowFilter | None
+    ) -> list[str | pa.Table]:
+        """As `paths_for_call`; with `row_filter`, a file's part may instead be an Arrow table (or a local
+        path) holding only the rows of its row groups the filter may need (the caller applies the
+        filter itself to every row it reads)."""
         ...
 
     def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
@@ -59,18 +58,18 @@ class LocalFiles:
         self.root = root
         self.dataset = dataset or root.name
 
-    def paths_for_call(
-        self,
-        files: Sequence[DataFile],
-        releases: list[Callable[[], None]],
-        *,
-        row_filter: RowFilter | None = None,
-    ) -> list[str]:
-        del releases, row_filter
+    def paths_for_call(self, files: Sequence[DataFile], releases: list[Callable[[], None]]) -> list[str]:
+        del releases
         root = str(self.root)
         paths = [os.path.join(root, checked_relative(f.path)) for f in files]
         verify_local(self.root, files, self.dataset)
         return paths
+
+    def parts_for_call(
+        self, files: Sequence[DataFile], releases: list[Callable[[], None]], *, row_filter: RowFilter | None
+    ) -> list[str | pa.Table]:
+        del row_filter  # local files are read in place: DuckDB prunes their row groups itself
+        return list(self.paths_for_call(files, releases))
 
     def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
         del shared  # the shared DuckDB file has no recorded digest: DuckDB checks its blocks

@@ -6,9 +6,11 @@ file. Instead the reader asks for the footer (pyarrow's ranged reads), judges ev
 project's own pruning (`pruning.evaluator.Evaluator` over the row groups' min / max / NULL counts, turned
 into the same bounds the catalog records: `storage.datafile.compute_column_stats`), fetches only the row
 groups that may hold a matching row (reads of neighbouring column chunks coalesced, issued concurrently:
-pyarrow's pre-buffering), and writes them to a per-call local Parquet file with the file's own schema and
-metadata. DuckDB then scans that file with the residual filter, exactly as it would the whole
-file: pruning only ever drops row groups that cannot match, and every row of a kept row group is read.
+pyarrow's pre-buffering), and decodes them into an Arrow table with the file's own schema and metadata.
+DuckDB then scans that table with the residual filter (no local file is written: `duckdb_scannable`),
+exactly as it would the whole file: pruning only ever drops row groups that cannot match, and every row of
+a kept row group is read. A table with a column DuckDB would bind otherwise from Arrow than from Parquet
+is written to a per-call local Parquet file instead (`write_local`).
 
 Float columns: Parquet statistics leave NaN out of min / max, so their upper bound is unknown here (as in
 the catalog's statistics of a file that may hold NaN). A column a file lacks is all NULL in it.
@@ -61,7 +63,8 @@ RANGED_READ_MIN_BYTES = LAYOUT_MIN_BYTES
 
 @dataclass(frozen=True)
 class RangedRead:
-    """What a ranged read fetched: the row groups kept out of all, and the rows they hold."""
+    """What a ranged read fetched: the row groups kept out of all, and the rows they hold (`path`: the
+    remote file read)."""
 
     path: str
     row_groups_read: int
@@ -175,14 +178,11 @@ def read_row_groups(
     file: DataFile,
     predicate: Predicate,
     schema: pa.Schema,
-    into: Path,
-) -> RangedRead:
-    """Fetch the footer of `remote`, then the row groups that may match `predicate`, into a local Parquet
-    file under `into` with the same schema (and schema metadata); what was read."""
+) -> tuple[RangedRead, pa.Table]:
+    """Fetch the footer of `remote`, then the row groups that may match `predicate`; what was read, and
+    those row groups' rows with the file's schema (and schema metadata)."""
     import pyarrow.parquet as pq
 
-    into.mkdir(parents=True, exist_ok=True)
-    local = into / f"ranged-{uuid.uuid4().hex}.parquet"
     try:
         with filesystem.open_input_file(remote) as handle:
             if handle.size() != file.bytes:
@@ -204,12 +204,12 @@ def read_row_groups(
             table = parquet.read_row_groups(kept, use_threads=True) if kept else None
     except (OSError, pa.ArrowException) as err:
         raise StorageError(f"cannot read {remote}: {err}") from err
-    return _write_local(parquet.schema_arrow, metadata, kept, table, local)
+    return _kept_rows(remote, parquet.schema_arrow, metadata, kept, table)
 
 
 def read_row_groups_by_ranges(
-    obj: RangedObject, file: DataFile, predicate: Predicate, schema: pa.Schema, into: Path
-) -> RangedRead:
+    obj: RangedObject, file: DataFile, predicate: Predicate, schema: pa.Schema
+) -> tuple[RangedRead, pa.Table]:
     """As `read_row_groups`, over an S3 object read by ranged GETs of its own (`objectstore.ranges`): the
     footer (unless kept from an earlier read) is one GET of the file's end, then the column chunks of the
     row groups the filter keeps are fetched at once, coalesced and concurrently, and pyarrow decodes them
@@ -220,8 +220,6 @@ def read_row_groups_by_ranges(
     without a layout, which row groups are read (any the first round missed is fetched then)."""
     import pyarrow.parquet as pq
 
-    into.mkdir(parents=True, exist_ok=True)
-    local = into / f"ranged-{uuid.uuid4().hex}.parquet"
     metadata = known_footer(file)
     try:
         verified = _fetch_footer(obj, file, predicate, schema) if metadata is None else None
@@ -242,7 +240,7 @@ def read_row_groups_by_ranges(
         table = parquet.read_row_groups(kept, use_threads=False) if kept else None
     except (OSError, pa.ArrowException) as err:
         raise StorageError(f"cannot read {obj.uri}: {err}") from err
-    return _write_local(parquet.schema_arrow, metadata, kept, table, local)
+    return _kept_rows(obj.uri, parquet.schema_arrow, metadata, kept, table)
 
 
 def _fetch_footer(
@@ -322,27 +320,64 @@ def _check_rows(remote: str, metadata: pq.FileMetaData, file: DataFile) -> None:
         )
 
 
-def _write_local(
-    stored: pa.Schema,
-    metadata: pq.FileMetaData,
-    kept: list[int],
-    table: pa.Table | None,
-    local: Path,
-) -> RangedRead:
-    """The row groups read, written to `local` as they were: same schema, same metadata (the original
-    Arrow schema), row groups kept whole, so the local file reads back exactly as those row groups of
-    the remote one."""
-    import pyarrow.parquet as pq
-
+def _kept_rows(
+    remote: str, stored: pa.Schema, metadata: pq.FileMetaData, kept: list[int], table: pa.Table | None
+) -> tuple[RangedRead, pa.Table]:
+    """The rows of the kept row groups as they were: the stored schema and its metadata (the original
+    Arrow schema)."""
     if table is None:
         table = stored.empty_table()
-    group_rows = max((metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)), default=1)
+    table = table.replace_schema_metadata(stored.metadata)
+    return RangedRead(remote, len(kept), metadata.num_row_groups, table.num_rows), table
+
+
+def duckdb_scannable(table: pa.Table) -> pa.Table | None:
+    """`table` as DuckDB scans it with the types its Parquet reader gives the same columns (seconds and
+    milliseconds timestamps as microseconds, as DuckDB reads them from Parquet); None when a column's
+    type could bind otherwise from Arrow than from Parquet (a duration is an INTERVAL from Arrow, a
+    BIGINT from Parquet; nested, time, float16, ... types are not mapped here): that table is written
+    to a local Parquet file for DuckDB to read instead (`write_local`)."""
+    fields = []
+    for field in table.schema:
+        kind = _scanned_type(field.type)
+        if kind is None:
+            return None
+        fields.append(field.with_type(kind))
+    scanned = pa.schema(fields, metadata=table.schema.metadata)
+    return table if scanned.equals(table.schema) else table.cast(scanned)
+
+
+def _scanned_type(kind: pa.DataType) -> pa.DataType | None:
+    if pa.types.is_dictionary(kind):
+        return kind if _is_text(kind.value_type) else None
+    if pa.types.is_timestamp(kind):
+        return pa.timestamp("us", kind.tz) if kind.unit in ("s", "ms") else kind
+    simple = (
+        pa.types.is_integer(kind)
+        or kind in (pa.float32(), pa.float64(), pa.bool_(), pa.date32())
+        or pa.types.is_decimal128(kind)
+        or _is_text(kind)
+        or kind in (pa.binary(), pa.large_binary())
+    )
+    return kind if simple else None
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return kind in (pa.string(), pa.large_string())
+
+
+def write_local(table: pa.Table, into: Path) -> str:
+    """Rows of a ranged read written to a new local Parquet file under `into` as they were (same schema,
+    same metadata); its path."""
+    import pyarrow.parquet as pq
+
+    into.mkdir(parents=True, exist_ok=True)
+    local = into / f"ranged-{uuid.uuid4().hex}.parquet"
     pq.write_table(
-        table.replace_schema_metadata(stored.metadata),
+        table,
         str(local),
         compression="none",
-        row_group_size=max(group_rows, 1),
         version="2.6",
         write_statistics=True,
     )
-    return RangedRead(str(local), len(kept), metadata.num_row_groups, table.num_rows)
+    return str(local)

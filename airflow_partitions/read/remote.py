@@ -4,14 +4,15 @@ DuckDB cannot open remote files here, so every read works on local copies of the
 either from the bounded checksum-keyed file cache (`paths_for_call`, `read.cache`), each file fetched
 whole with one request, concurrently, and verified once, or copied once to a local tree keyed by path and
 checksum (`local_root`, for formats that need the dataset's layout). The first filtered read of a large
-Parquet file fetches only its footer and the row groups the filter may need (`read.ranged`); a file read
-again is fetched whole into the cache. Which of the two an engine uses is
-the storage class's choice (`PartitionStorage.duckdb_relation`).
+Parquet file fetches only its footer and the row groups the filter may need (`read.ranged`), handed to
+DuckDB as an Arrow table (`parts_for_call`); a file read again is fetched whole into the cache. Which of
+the two an engine uses is the storage class's choice (`PartitionStorage.duckdb_relation`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import tempfile
 import threading
@@ -30,8 +31,10 @@ from airflow_partitions.read.cache import CachedFile, file_cache
 from airflow_partitions.read.ranged import (
     RANGED_READ_MIN_BYTES,
     RangedRead,
+    duckdb_scannable,
     read_row_groups,
     read_row_groups_by_ranges,
+    write_local,
 )
 from airflow_partitions.storage.base import data_file_path
 from airflow_partitions.storage.integrity import remember_verified, repair_command, verify_file
@@ -100,39 +103,12 @@ class RemoteFiles:
         with self.filesystem.open_input_file(self.file_path(file)) as handle:
             yield handle
 
-    def paths_for_call(
-        self,
-        files: Sequence[DataFile],
-        releases: list[Callable[[], None]],
-        *,
-        row_filter: RowFilter | None = None,
-    ) -> list[str]:
+    def paths_for_call(self, files: Sequence[DataFile], releases: list[Callable[[], None]]) -> list[str]:
         """Local paths of `files`, in order, from the checksum-keyed file cache (`read.cache`); what is
         not there yet is fetched whole, one GET each, concurrently, and verified against its checksum.
         The files stay pinned in the cache until the call runs what this appends to `releases`.
-
-        With a `row_filter`, a large Parquet file neither cached nor read before is read by ranges
-        instead (`read.ranged`): its path then holds only the row groups the filter may need, and is
-        removed when the call ends.
         """
         cache = file_cache(self.cache_dir, self.cache_max_bytes)
-        if row_filter is not None and self.ranged_read_min_bytes is not None:
-            with self._ranged_lock:
-                ranged = [
-                    file.format == "parquet"
-                    and file.bytes >= self.ranged_read_min_bytes
-                    and file.checksum not in self._ranged_seen
-                    and not cache.holds(file.checksum)
-                    for file in files
-                ]
-                self._ranged_seen.update(f.checksum for f, r in zip(files, ranged, strict=True) if r)
-            if any(ranged):
-                whole = [f for f, r in zip(files, ranged, strict=True) if not r]
-                cached = iter(self.paths_for_call(whole, releases) if whole else [])
-                partial = iter(
-                    self._ranged([f for f, r in zip(files, ranged, strict=True) if r], row_filter, releases)
-                )
-                return [next(partial) if r else next(cached) for r in ranged]
         wanted = [
             CachedFile(
                 file.checksum, file.bytes, Path(file.path).suffix, self.file_path(file), self._fetcher(file)
@@ -165,16 +141,42 @@ class RemoteFiles:
             raise failure
         return paths
 
+    def parts_for_call(
+        self, files: Sequence[DataFile], releases: list[Callable[[], None]], *, row_filter: RowFilter | None
+    ) -> list[str | pa.Table]:
+        """As `paths_for_call`; with a `row_filter`, a large Parquet file neither cached nor read before
+        is read by ranges instead (`read.ranged`): its part is then an Arrow table of only the row
+        groups the filter may need (or, for types DuckDB scans otherwise from Arrow, a local file of
+        them, removed when the call ends)."""
+        if row_filter is None or self.ranged_read_min_bytes is None:
+            return list(self.paths_for_call(files, releases))
+        cache = file_cache(self.cache_dir, self.cache_max_bytes)
+        with self._ranged_lock:
+            ranged = [
+                file.format == "parquet"
+                and file.bytes >= self.ranged_read_min_bytes
+                and file.checksum not in self._ranged_seen
+                and not cache.holds(file.checksum)
+                for file in files
+            ]
+            self._ranged_seen.update(f.checksum for f, r in zip(files, ranged, strict=True) if r)
+        if not any(ranged):
+            return list(self.paths_for_call(files, releases))
+        whole = [f for f, r in zip(files, ranged, strict=True) if not r]
+        cached = iter(self.paths_for_call(whole, releases) if whole else [])
+        partial = iter(
+            self._ranged([f for f, r in zip(files, ranged, strict=True) if r], row_filter, releases)
+        )
+        return [next(partial) if r else next(cached) for r in ranged]
+
     def _ranged(
         self, files: Sequence[DataFile], row_filter: RowFilter, releases: list[Callable[[], None]]
-    ) -> list[str]:
-        """Per-call local files holding the row groups of `files` that `row_filter` may need."""
+    ) -> list[str | pa.Table]:
+        """The row groups of `files` that `row_filter` may need, per file: an Arrow table DuckDB scans
+        (`read.ranged.duckdb_scannable`), else a per-call local Parquet file of them."""
         from concurrent.futures import ThreadPoolExecutor
 
-        scratch = Path(tempfile.mkdtemp(prefix=f"ap-ranged-{self.dataset}-"))
-        releases.append(lambda: shutil.rmtree(scratch, ignore_errors=True))
-
-        def read(file: DataFile) -> RangedRead:
+        def read(file: DataFile) -> tuple[RangedRead, pa.Table]:
             try:
                 if self.store is not None:
                     return read_row_groups_by_ranges(
@@ -182,15 +184,9 @@ class RemoteFiles:
                         file,
                         row_filter.predicate,
                         row_filter.schema,
-                        scratch,
                     )
                 return read_row_groups(
-                    self.filesystem,
-                    self.file_path(file),
-                    file,
-                    row_filter.predicate,
-                    row_filter.schema,
-                    scratch,
+                    self.filesystem, self.file_path(file), file, row_filter.predicate, row_filter.schema
                 )
             except (StorageError, ObjectStoreError) as err:
                 # A page whose CRC fails, a footer that does not parse: name the repair too.
@@ -205,8 +201,21 @@ class RemoteFiles:
             with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
                 done = list(pool.map(read, files))
         with self._ranged_lock:
-            self.ranged_reads.extend(done)
-        return [result.path for result in done]
+            self.ranged_reads.extend(result for result, _ in done)
+        parts: list[str | pa.Table] = []
+        scratch: Path | None = None
+        for _, table in done:
+            scanned = duckdb_scannable(table)
+            if scanned is not None:
+                parts.append(scanned)
+                continue
+            # A column DuckDB would bind otherwise from Arrow than from Parquet: DuckDB reads these
+            # rows from a Parquet file, as it reads the whole file, so the types and the filter agree.
+            if scratch is None:
+                scratch = Path(tempfile.mkdtemp(prefix=f"ap-ranged-{self.dataset}-"))
+                releases.append(functools.partial(shutil.rmtree, scratch, ignore_errors=True))
+            parts.append(write_local(table, scratch))
+        return parts
 
     def _fetcher(self, file: DataFile) -> Callable[[], bytes]:
         remote = self.file_path(file)

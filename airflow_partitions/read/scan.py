@@ -87,9 +87,20 @@ class CallScope:
     row_filter: RowFilter | None = None
 
     def local_paths(self, files: Sequence[DataFile]) -> list[str]:
-        paths = self.location.paths_for_call(files, self.releases, row_filter=self.row_filter)
+        paths = self.location.paths_for_call(files, self.releases)
         self.local_files.extend(paths)
         return paths
+
+    def local_parts(self, files: Sequence[DataFile]) -> list[str | pa.Table]:
+        parts = self.location.parts_for_call(files, self.releases, row_filter=self.row_filter)
+        self.local_files.extend(part for part in parts if isinstance(part, str))
+        return parts
+
+    def arrow_relation(self, connection: Any, table: pa.Table) -> str:
+        """A relation over the rows of `table`, registered until the call ends."""
+        name = f"ap_rows_{uuid.uuid4().hex[:12]}"
+        self.register(connection, name, _ArrowStream(table))
+        return quote_identifier(name)
 
     def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
         return self.location.local_root(files, shared)
@@ -103,6 +114,18 @@ class CallScope:
         """`connection.register`, undone when the call ends."""
         connection.register(name, value)
         self.registered.append(name)
+
+
+class _ArrowStream:
+    """A table DuckDB scans through the Arrow C stream interface: a new stream per scan, filters and
+    projections applied by DuckDB itself (a `pyarrow.Table` would be scanned through `pyarrow.dataset`,
+    importing it and evaluating pushed filters with Arrow's compute functions instead of DuckDB's)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+
+    def __arrow_c_stream__(self, requested_schema: object = None) -> object:
+        return self.table.__arrow_c_stream__(requested_schema)
 
 
 class DuckDBScanner:

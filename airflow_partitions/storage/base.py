@@ -90,6 +90,15 @@ class ScanAccess(Protocol):
         """One local path per file, readable until the read ends (object-storage files fetched whole)."""
         ...
 
+    def local_parts(self, files: Sequence[DataFile]) -> list[str | pa.Table]:
+        """As `local_paths`, but a Parquet file the read filters row by row may come as an Arrow table of
+        only its row groups the filter may need (`read.ranged`: a first read on object storage)."""
+        ...
+
+    def arrow_relation(self, connection: Any, table: pa.Table) -> str:
+        """A relation (SQL usable after FROM) over the rows of `table`, registered until the read ends."""
+        ...
+
     def view_name(self) -> str:
         """A fresh name for a temporary DuckDB view, dropped when the read ends."""
         ...

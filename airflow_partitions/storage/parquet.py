@@ -366,9 +366,27 @@ class ParquetStorage(PartitionStorage):
         union_by_name: bool,
     ) -> str:
         """`read_parquet(...)` over local copies of `files`, inline (a view would make DuckDB bind the
-        files twice); DuckDB's own Parquet reader then pushes projection and filters into the scan."""
-        del connection, schema
-        return _read_parquet(access.local_paths(files), union_by_name=union_by_name)
+        files twice); DuckDB's own Parquet reader then pushes projection and filters into the scan.
+
+        The row groups a first filtered read on object storage fetched by ranges come as Arrow tables
+        (`ScanAccess.local_parts`), scanned as they are, without a local file written and read back;
+        combined with the files by name."""
+        del schema
+        parts = access.local_parts(files)
+        paths = [part for part in parts if isinstance(part, str)]
+        if len(paths) == len(parts):
+            return _read_parquet(paths, union_by_name=union_by_name)
+        # Tables behind `OFFSET 0`: the filter stays above their scan, as for a file whose statistics
+        # would prune NaN rows (`nan_outside_statistics`); their rows are few, their row groups pruned.
+        relations = [_read_parquet(paths, union_by_name=union_by_name)] if paths else []
+        relations.extend(
+            f"(SELECT * FROM {access.arrow_relation(connection, part)} OFFSET 0)"
+            for part in parts
+            if not isinstance(part, str)
+        )
+        if len(relations) == 1:
+            return relations[0]
+        return "(" + " UNION ALL BY NAME ".join(f"SELECT * FROM {r}" for r in relations) + ")"
 
     def remote_file_schema(self, access: RemoteFileAccess, file: DataFile) -> pa.Schema:
         """The schema from the footer alone: a few ranged reads instead of the whole file. The footer is
