@@ -227,6 +227,12 @@ class InPlaceAccess:
     def local_paths(self, files: list[DataFile]) -> list[str]:
         return [str(self.root / f.path) for f in files]
 
+    def local_parts(self, files: list[DataFile]) -> list[str | pa.Table]:
+        return list(self.local_paths(files))  # local files are read whole, never handed over as Arrow
+
+    def arrow_relation(self, connection: Any, table: pa.Table) -> str:
+        raise AssertionError("no Arrow table is handed over for files read where they lie")
+
     def view_name(self) -> str:
         self.views.append(f"view_{len(self.views)}")
         return self.views[-1]
