@@ -580,6 +580,43 @@ def test_verify_finds_a_row_misfiled_in_an_old_layout_partition(tmp_path: Path, 
     scenario.check("after the repair")
 
 
+def test_verify_finds_a_row_misfiled_in_an_old_layout_partition_of_a_multi_column_field(
+    tmp_path: Path,
+) -> None:
+    """The old partition_by hashes two columns into its buckets (`multi_bucket`): each old partition's rows
+    are keyed again under it, every column the field reads bound, so verify passes the untouched dataset
+    and names the partition holding a row of another."""
+    from test_verify import _partition_rows, _republish
+
+    scenario = Scenario(tmp_path, 97, ["p_m: multi_bucket(4, s, n_int)"])
+    scenario.full_refresh()
+    scenario.set_partition_by(["p_b: bucket(8, id)"])
+    scenario.batch()
+    _assert_equal_across_layouts(scenario, "one batch moved")
+    snapshot = scenario.snapshot()
+    spec_id = scenario.dataset().acceleration.partition_spec_id
+    held = sorted(
+        (p for p, e in snapshot.partitions.items() if e.spec_id != spec_id and e.rows),
+        key=lambda p: (-snapshot.partitions[p].rows, p),
+    )
+    assert len(held) >= 2, "two old partitions left to move a row between"
+    donor, victim = held[0], held[1]
+    donor_rows = _partition_rows(scenario.spec, donor, "events")
+    victim_rows = _partition_rows(scenario.spec, victim, "events")
+    _republish(
+        scenario.spec,
+        {donor: donor_rows.slice(1), victim: pa.concat_tables([victim_rows, donor_rows.slice(0, 1)])},
+        "events",
+    )
+    report = _verify(scenario)
+    (check,) = [c for c in report.differing if c.misfiled_rows]
+    assert (check.key_path, check.acceleration_rows, check.misfiled_rows) == (
+        victim,
+        victim_rows.num_rows + 1,
+        1,
+    )
+
+
 TAMPERING = ["delete-old-row", "duplicate-in-both-layouts", "change-old-value"]
 
 

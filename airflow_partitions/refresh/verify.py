@@ -47,7 +47,6 @@ from airflow_partitions.storage import get_storage
 from airflow_partitions.storage.datafile import file_checksum
 from airflow_partitions.storage.remote import fetch_partition_files
 from airflow_partitions.table import open_handle
-from airflow_partitions.transforms import parse_transform
 from airflow_partitions.write.repartition import repartition
 from airflow_partitions.write.routing import partition_groups
 from airflow_partitions.write.row_hash import (
@@ -778,15 +777,14 @@ def _misfiled_rows(table: Any, entry: PartitionEntry, spec: PartitionSpecInfo | 
     the partition's key; 0 when a field of that spec cannot be computed over the stored columns."""
     if spec is None or not table.num_rows:
         return 0
-    transforms = []
-    for info in spec.fields:
-        transform = parse_transform(info.canonical)
-        if not all(column in table.column_names for column in transform.source_columns):
-            return 0  # a column renamed or dropped since: the key cannot be recomputed here
-        transforms.append(transform.bind(table.schema.field(transform.source_columns[0]).type))
+    from airflow_partitions.pruning import bind_fields  # lazy: loads pyarrow
+
+    bound = bind_fields([(info.name, info.canonical) for info in spec.fields], table.schema)
+    if len(bound) != len(spec.fields):
+        return 0  # a column renamed, dropped or retyped since: the key cannot be recomputed here
     import numpy as np  # lazy: loads numpy
 
-    group, keys = partition_groups(table, transforms)
+    group, keys = partition_groups(table, [field.transform for field in bound])
     counts = np.bincount(group.to_numpy(zero_copy_only=False), minlength=len(keys)).tolist()
     own = split_key_path(entry.key_path)[1]
     return sum(rows for key, rows in zip(keys, counts, strict=True) if key.path(spec.names) != own)
