@@ -443,22 +443,30 @@ def _object_path(url: str) -> str:
 WHERE_ONE_PARTITION = "id = 20001 AND zone = 2"
 
 
+def _first_point_read(
+    acc: Acceleration, s3_server: dict[str, str], proxy: Any, tmp_path: Path
+) -> tuple[Any, pa.Table, list[Any], Any]:
+    """A first read of `WHERE_ONE_PARTITION` by ranges (no footer kept from the other cases, as in a fresh
+    process), through the counting proxy: its plan, its rows, the requests the read sent (planning's not
+    counted), and its one ranged read."""
+    root = _upload(acc, s3_server)
+    forget_footers()
+    with _reader(acc, root, proxy.through(s3_server), tmp_path / "cache", ranged_read_min_bytes=0) as reader:
+        plan = reader.plan(WHERE_ONE_PARTITION)
+        proxy.log.clear()
+        got = reader.read(WHERE_ONE_PARTITION)
+        requests = list(proxy.log)
+        (read,) = reader._remote.ranged_reads
+    return plan, got, requests, read
+
+
 @pytest.mark.s3
 def test_a_first_point_read_sends_no_head_and_gets_only_the_footer_and_the_kept_row_groups(
     large_acceleration: Acceleration, s3_server: dict[str, str], s3_fault_proxy: Any, tmp_path: Path
 ) -> None:
     """Every request counted by a proxy in front of the endpoint, whichever client sent it."""
     acc = large_acceleration
-    root = _upload(acc, s3_server)
-    forget_footers()  # a first read in a fresh process: no footer kept from the other cases
-    with _reader(
-        acc, root, s3_fault_proxy.through(s3_server), tmp_path / "cache", ranged_read_min_bytes=0
-    ) as reader:
-        plan = reader.plan(WHERE_ONE_PARTITION)
-        s3_fault_proxy.log.clear()
-        got = reader.read(WHERE_ONE_PARTITION)
-        requests = list(s3_fault_proxy.log)
-        (read,) = reader._remote.ranged_reads
+    plan, got, requests, read = _first_point_read(acc, s3_server, s3_fault_proxy, tmp_path)
     _assert_same_rows(got, acc.expected_rows(WHERE_ONE_PARTITION), WHERE_ONE_PARTITION)
     assert got.num_rows == 1
     assert [m for m, _, _ in requests if m != "GET"] == [], "no HEAD, no LIST: the catalog knows the sizes"
@@ -660,16 +668,7 @@ def test_a_first_point_read_of_a_laid_out_file_fetches_no_schema_and_gets_footer
     laid_out: Acceleration, s3_server: dict[str, str], s3_fault_proxy: Any, tmp_path: Path
 ) -> None:
     acc = laid_out
-    root = _upload(acc, s3_server)
-    forget_footers()
-    with _reader(
-        acc, root, s3_fault_proxy.through(s3_server), tmp_path / "cache", ranged_read_min_bytes=0
-    ) as reader:
-        plan = reader.plan(WHERE_ONE_PARTITION)
-        s3_fault_proxy.log.clear()
-        got = reader.read(WHERE_ONE_PARTITION)
-        requests = list(s3_fault_proxy.log)
-        (read,) = reader._remote.ranged_reads
+    plan, got, requests, read = _first_point_read(acc, s3_server, s3_fault_proxy, tmp_path)
     _assert_same_rows(got, acc.expected_rows(WHERE_ONE_PARTITION), WHERE_ONE_PARTITION)
     assert got.num_rows == 1
     (file,) = plan.files
