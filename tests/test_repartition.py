@@ -531,19 +531,11 @@ def test_verify_selects_partitions_of_the_new_layout_during_a_migration(
     assert report.differing[0].acceleration_rows == report.differing[0].source_rows - 1
 
 
-@pytest.mark.parametrize("transition", sorted(TRANSITIONS))
-def test_verify_finds_a_row_misfiled_in_an_old_layout_partition(tmp_path: Path, transition: str) -> None:
-    """A row moved from one old-layout partition's file into another's (totals unchanged; under the current
-    partition_by it still routes where it belongs): reads pruned by the old partition_by would miss it, so
-    verify reports the partition holding it, with its rows and the misfiled count, and `--repair` moves
-    that partition into the current partition_by (each row by its own values) in one checked commit."""
+def _misfile_a_row(scenario: Scenario) -> tuple[str, pa.Table]:
+    """One row moved from the largest old-layout partition's file into the next largest's (totals
+    unchanged): the partition now holding it, and its rows before."""
     from test_verify import _partition_rows, _republish
 
-    old, new = TRANSITIONS[transition]
-    scenario = Scenario(tmp_path, sorted(TRANSITIONS).index(transition) + 91, old)
-    scenario.full_refresh()
-    scenario.set_partition_by(new)
-    scenario.batch()
     snapshot = scenario.snapshot()
     spec_id = scenario.dataset().acceleration.partition_spec_id
     held = sorted(
@@ -552,14 +544,28 @@ def test_verify_finds_a_row_misfiled_in_an_old_layout_partition(tmp_path: Path, 
     )
     assert len(held) >= 2, "two old partitions left to move a row between"
     donor, victim = held[0], held[1]
-    donor_rows, victim_rows = (
-        _partition_rows(scenario.spec, donor, "events"),
-        _partition_rows(scenario.spec, victim, "events"),
-    )
-    row = donor_rows.slice(0, 1)
+    donor_rows = _partition_rows(scenario.spec, donor, "events")
+    victim_rows = _partition_rows(scenario.spec, victim, "events")
     _republish(
-        scenario.spec, {donor: donor_rows.slice(1), victim: pa.concat_tables([victim_rows, row])}, "events"
+        scenario.spec,
+        {donor: donor_rows.slice(1), victim: pa.concat_tables([victim_rows, donor_rows.slice(0, 1)])},
+        "events",
     )
+    return victim, victim_rows
+
+
+@pytest.mark.parametrize("transition", sorted(TRANSITIONS))
+def test_verify_finds_a_row_misfiled_in_an_old_layout_partition(tmp_path: Path, transition: str) -> None:
+    """A row moved from one old-layout partition's file into another's (totals unchanged; under the current
+    partition_by it still routes where it belongs): reads pruned by the old partition_by would miss it, so
+    verify reports the partition holding it, with its rows and the misfiled count, and `--repair` moves
+    that partition into the current partition_by (each row by its own values) in one checked commit."""
+    old, new = TRANSITIONS[transition]
+    scenario = Scenario(tmp_path, sorted(TRANSITIONS).index(transition) + 91, old)
+    scenario.full_refresh()
+    scenario.set_partition_by(new)
+    scenario.batch()
+    victim, victim_rows = _misfile_a_row(scenario)
     report = _verify(scenario)
     assert not report.ok, "a misfiled row in an old-layout partition must be found"
     (check,) = [c for c in report.differing if c.misfiled_rows]
@@ -586,28 +592,12 @@ def test_verify_finds_a_row_misfiled_in_an_old_layout_partition_of_a_multi_colum
     """The old partition_by hashes two columns into its buckets (`multi_bucket`): each old partition's rows
     are keyed again under it, every column the field reads bound, so verify passes the untouched dataset
     and names the partition holding a row of another."""
-    from test_verify import _partition_rows, _republish
-
     scenario = Scenario(tmp_path, 97, ["p_m: multi_bucket(4, s, n_int)"])
     scenario.full_refresh()
     scenario.set_partition_by(["p_b: bucket(8, id)"])
     scenario.batch()
     _assert_equal_across_layouts(scenario, "one batch moved")
-    snapshot = scenario.snapshot()
-    spec_id = scenario.dataset().acceleration.partition_spec_id
-    held = sorted(
-        (p for p, e in snapshot.partitions.items() if e.spec_id != spec_id and e.rows),
-        key=lambda p: (-snapshot.partitions[p].rows, p),
-    )
-    assert len(held) >= 2, "two old partitions left to move a row between"
-    donor, victim = held[0], held[1]
-    donor_rows = _partition_rows(scenario.spec, donor, "events")
-    victim_rows = _partition_rows(scenario.spec, victim, "events")
-    _republish(
-        scenario.spec,
-        {donor: donor_rows.slice(1), victim: pa.concat_tables([victim_rows, donor_rows.slice(0, 1)])},
-        "events",
-    )
+    victim, victim_rows = _misfile_a_row(scenario)
     report = _verify(scenario)
     (check,) = [c for c in report.differing if c.misfiled_rows]
     assert (check.key_path, check.acceleration_rows, check.misfiled_rows) == (
