@@ -17,7 +17,9 @@ migrate / anchor (goal <= 1.2); and a refresh of one partition (`partitions=["p=
 during a migration / the same refresh of an acceleration already under the new `partition_by` (goal <=
 1.3). During: one batch was moved and another partition refreshed since the change (the source's survey
 under the new `partition_by` is behind it, as the rebuild is behind the anchor); the refresh finds the old
-partition holding p=3's rows and its commit moves it. The first refresh right after the change is printed
+partition holding p=3's rows and, every row there written whole by a refresh in full mode, rewrites its
+sibling p=11 from the source with p=3 and removes it unread in its commit (`write.refresh_siblings`;
+else the commit moves it). The first refresh right after the change is printed
 beside it (first / without, goal <= 1.3): its one commit also makes the new `partition_by` current, and the
 source's files are learnt again under it (their keys and ranges), by its own streamed read of the source
 as it routes the rows (one read, not a survey read before it).
@@ -173,7 +175,7 @@ def main() -> None:
     plain, mixed, after = best(without), best(during), best(first)
     print(f"  refresh of p=3 without a migration: {plain[0]:.3f} s wall, {plain[1]:.3f} s CPU")
     print(
-        f"  refresh of p=3 during one (its commit moves the old partition holding its rows): "
+        f"  refresh of p=3 during one (the old partition holding its rows leaves in its commit): "
         f"{mixed[0]:.3f} s wall, {mixed[1]:.3f} s CPU"
     )
     print(ratio_line("during / without", mixed, plain, 1.3))

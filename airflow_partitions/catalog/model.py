@@ -188,6 +188,17 @@ class PartitionEntry:
     # left out of equality (a bootstrap compares a local entry with the snapshot's) and of `to_json` (a
     # commit record's upserts do not carry it; replaying the record sets it).
     commit_id: str | None = field(default=None, compare=False)
+    # `files_digest` of the files a refresh wrote whole from the source (its rows were then exactly the
+    # source's rows of its key, nothing kept or appended); None otherwise. Any later change of the rows
+    # (a write, an append, a move into it, a compaction) gives the partition other files, so the mark
+    # holds only while it equals the digest of the entry's files (`whole_from_source`), whichever path
+    # copied the entry along. Derived from the files like `commit_id` is provenance: left out of equality.
+    from_source: str | None = field(default=None, compare=False)
+
+    @property
+    def whole_from_source(self) -> bool:
+        """Whether the partition's files are still those a refresh wrote whole from the source."""
+        return self.from_source is not None and self.from_source == files_digest(self.files)
 
     @classmethod
     def from_files(
@@ -229,6 +240,7 @@ class PartitionEntry:
             "refreshed_at": format_time(self.refreshed_at),
             **({"written_by": self.written_by.to_json()} if self.written_by is not None else {}),
             **({"certificate": self.certificate.to_json()} if self.certificate is not None else {}),
+            **({"from_source": self.from_source} if self.from_source is not None else {}),
         }
 
     @classmethod
@@ -246,9 +258,17 @@ class PartitionEntry:
                 written_by=WrittenBy.from_json(data.get("written_by")),
                 certificate=RowCertificate.from_json(data.get("certificate")),
                 commit_id=data.get("commit_id"),
+                from_source=data.get("from_source"),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CatalogError(f"malformed partition entry: {err}") from err
+
+
+def files_digest(files: Sequence[DataFile]) -> str:
+    """A digest of a partition's files (paths and content checksums, in any order): `PartitionEntry
+    .from_source` marks a set of files with it."""
+    text = "\n".join(sorted(f"{f.path}\t{f.table or ''}\t{f.checksum}" for f in files))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)

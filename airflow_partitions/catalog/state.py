@@ -13,11 +13,11 @@ neither key and load as they are; once a record carries a digest, every later on
 
 A **checkpoint** is the full partition table of one version as an Arrow IPC file, one row per partition:
 `key_path`, `key` (JSON), `spec_id`, `rows`, `bytes`, `refreshed_at`, `source_fingerprint`, `files`
-(JSON list of data file descriptors with their per-column statistics), `written_by`, `certificate` and
-`commit_id` (of the commit that last upserted the partition; columns added later read as nulls from older
-checkpoints). It is an optimisation written after
-a commit, never needed for correctness: any version is the newest checkpoint at or below it plus the
-commit records after it.
+(JSON list of data file descriptors with their per-column statistics), `written_by`, `certificate`,
+`commit_id` (of the commit that last upserted the partition) and `from_source` (the digest of the files a
+refresh wrote whole from the source; columns added later read as nulls from older checkpoints). It is an
+optimisation written after a commit, never needed for correctness: any version is the newest checkpoint at
+or below it plus the commit records after it.
 
 A **snapshot** keeps that table as is (a local checkpoint is memory-mapped, so opening costs no copy) and
 decodes a `PartitionEntry` only when it is asked for; `Snapshot.keys()` and the columnar `table` serve
@@ -256,6 +256,8 @@ def state_schema() -> pa.Schema:
             # The id of the commit that last upserted the partition (null: that commit had none, or a
             # checkpoint written before the column existed).
             pa.field("commit_id", pa.string()),
+            # `PartitionEntry.from_source` (null: not written whole from the source, or an older checkpoint).
+            pa.field("from_source", pa.string()),
         ]
     )
 
@@ -287,6 +289,7 @@ def entries_to_table(entries: Sequence[Mapping[str, Any]]) -> pa.Table:
             [dumps(e["certificate"]) if e.get("certificate") else None for e in entries], pa.string()
         ),
         typed_array([e.get("commit_id") for e in entries], pa.string()),
+        typed_array([e.get("from_source") for e in entries], pa.string()),
     ]
     return pa.Table.from_arrays(columns, schema=schema)
 
@@ -532,6 +535,7 @@ class PartitionMap(Mapping[str, PartitionEntry]):
             for c in table.column("certificate").to_pylist()
         ]
         commit_ids = table.column("commit_id").to_pylist()
+        marks = table.column("from_source").to_pylist()
         return [
             PartitionEntry(
                 key=_key_from_json(key),
@@ -545,6 +549,7 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 written_by=writer,
                 certificate=certificate,
                 commit_id=commit_id,
+                from_source=mark,
             )
             for (
                 key_path,
@@ -558,6 +563,7 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 writer,
                 certificate,
                 commit_id,
+                mark,
             ) in zip(
                 key_paths,
                 keys,
@@ -570,6 +576,7 @@ class PartitionMap(Mapping[str, PartitionEntry]):
                 writers,
                 certificates,
                 commit_ids,
+                marks,
                 strict=True,
             )
         ]

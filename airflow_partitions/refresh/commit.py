@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_partitions.catalog.model import files_digest
 from airflow_partitions.catalog.open import partition_spec_info as catalog_partition_spec_info
 from airflow_partitions.catalog.open import value_kind_of as catalog_value_kind_of
 from airflow_partitions.exceptions import (
@@ -130,13 +131,16 @@ def commit_refresh(
     commit_id = commit_id or (Path(location).name if location else plan_commit_id(plan))
     # A retry of a commit that moves old partitions or switches the layout finds its first attempt
     # before moving them again.
-    version = published_earlier(catalog, plan, commit_id) if plan.migrate or plan.switch_spec else None
+    layouts = plan.migrate or plan.replaced_old or plan.switch_spec
+    version = published_earlier(catalog, plan, commit_id) if layouts else None
     if version is None:
         changed = check_changed_keys(handle, plan, stage)
         moves = _moves(handle, plan, ordered, entries, changed, base=base)
         if moves is not None:
             recorded["migrated"] = moves.counts
-        if entries or plan.removed or plan.replace_all or moves is not None or plan.switch_spec:
+        if plan.replaced_old:
+            recorded["replaced_from_source"] = replaced_old_counts(handle, plan, entries, base=base)
+        if entries or plan.removed or plan.replace_all or layouts:
             builder = CommitBuilder(
                 catalog,
                 "refresh",
@@ -189,6 +193,9 @@ def _publish(
         # The old-layout partitions holding rows of the selection leave in the same version.
         builder.add(moves.upserts)
         builder.remove(moves.removes)
+    # Old-layout partitions whose rows the refreshed partitions (the selection and its siblings) hold as
+    # the source has them: they leave unread.
+    builder.remove(plan.replaced_old)
     if plan.switch_spec:
         # The first refresh after a partition_by change: the switch joins this version.
         assert stored is not None
@@ -236,7 +243,7 @@ def check_moves_current(catalog: Catalog, plan: RefreshPlan) -> None:
     except VersionNotFoundError as err:
         raise plan_again(f"{err}.", plan, tuple(plan.migrate), latest.version) from err
     stale = []
-    for path in plan.migrate:
+    for path in (*plan.migrate, *plan.replaced_old):
         now, then = latest.partitions.get(path), base.partitions.get(path)
         if now is None or then is None or now.files != then.files:
             stale.append(path)
@@ -294,6 +301,41 @@ def _moves(
     )
 
 
+def replaced_old_counts(
+    handle: DatasetHandle,
+    plan: RefreshPlan,
+    entries: Sequence[PartitionEntry],
+    *,
+    base: Snapshot | None = None,
+) -> dict[str, Any]:
+    """For a plan removing old-layout partitions whose siblings it rewrites from the source
+    (`RefreshPlan.replaced_old`): checked before anything is published (`RefreshError`, plan again), each is
+    in the base version, of an older spec and still holds only rows a refresh wrote whole from the source;
+    the commit records their count and rows, and the partitions written in their place."""
+    check_moves_current(handle.catalog, plan)
+    snapshot = base if base is not None else handle.catalog.snapshot(plan.base_version)
+    spec_id = plan.spec_id
+    wrong = [
+        path
+        for path in plan.replaced_old
+        if (entry := snapshot.partitions.get(path)) is None
+        or entry.spec_id == spec_id
+        or not entry.whole_from_source
+    ]
+    if wrong:
+        raise RefreshError(
+            f"dataset {plan.dataset!r}: the plan removes old-layout partitions {wrong[:5]} that version "
+            f"{plan.base_version} does not hold as partitions written whole from the source; plan again"
+        )
+    return {
+        "partitions": len(plan.replaced_old),
+        "rows": sum(snapshot.partitions[path].rows for path in plan.replaced_old),
+        "read": 0,
+        "refreshed_partitions": len(entries),
+        "refreshed_rows": sum(entry.rows for entry in entries),
+    }
+
+
 def check_changed_keys(
     handle: DatasetHandle, plan: RefreshPlan, stage: StageResult | str | os.PathLike[str] | None
 ) -> pa.Table | None:
@@ -349,6 +391,13 @@ def _check_results(
         raise RefreshError(f"results written under another partition spec: {mismatched[:5]}; not committed")
     by_path = {r.key_path: r for r in finished}
     missing = tuple(path for path in planned if path not in by_path)
+    if missing and plan.replaced_old:
+        raise RefreshError(
+            f"{len(missing)} of {len(planned)} planned partition(s) of {dataset.name!r} have no result, e.g. "
+            f"{', '.join(missing[:5])}, and the refresh removes old-layout partitions whose rows they hold "
+            "(rewritten from the source in their place); the catalog is untouched. Retry the refresh: it "
+            "publishes all of them or none"
+        )
     if missing and require_all:
         raise RefreshError(
             f"{len(missing)} of {len(planned)} planned partition(s) have no result (failed or not run), e.g. "
@@ -390,6 +439,7 @@ def published_entries(
     if writer.uploads:
         _check_uploaded(writer.store, [f for r in results for f in r.files])
     extended = appended_to(catalog, writer.dataset, plan, results, snapshot=base)
+    merged = {item.key_path for item in plan.items if item.changes or item.append}
     entries = []
     appended_rows = 0
     for result in results:
@@ -407,7 +457,13 @@ def published_entries(
             entries.append(entry)
         else:
             entry = result.entry.with_files(published)
-            entries.append(replace(entry, certificate=bind_certificate(entry.certificate, entry.files)))
+            entry = replace(entry, certificate=bind_certificate(entry.certificate, entry.files))
+            if result.key_path not in merged:
+                # Its rows are the source's rows of its key, nothing kept: a refresh during a
+                # re-partitioning may rewrite it from the source instead of moving it
+                # (`write.refresh_siblings`).
+                entry = replace(entry, from_source=files_digest(entry.files))
+            entries.append(entry)
     return entries, appended_rows
 
 

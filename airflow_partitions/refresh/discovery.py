@@ -160,13 +160,13 @@ def discover(
     timeout_s: float | None = None,
     max_partitions: int | None = None,
     layouts_checked: bool = False,
+    widen: Callable[[Sequence[KeyTuple]], Sequence[KeyTuple]] | None = None,
 ) -> RefreshPlan:
     """Discover the partitions of a bound `dataset` in `source` and diff them against `snapshot`.
 
     `partitions` (key strings) and `where_selector` narrow what is refreshed, and force those partitions
     even when unchanged; `full` forces every partition. Removed partitions are those in the catalog that
-    discovery no longer finds (within the selection when one is given).
-    """
+    discovery no longer finds (within the selection when one is given); `widen` adds keys (`_widened`)."""
     started = time.monotonic()
     acceleration = dataset.acceleration
     transforms = [f.transform for f in acceleration.partition_by]
@@ -219,6 +219,7 @@ def discover(
     key_paths = {key: PartitionKey(key).path(names) for key in keys}
 
     selected, unknown = _selected_keys(names, keys, partitions, where_selector)
+    selected = _widened(dataset.name, keys, selected, widen(selected)) if widen and selected else selected
 
     items, unchanged = _work_items(
         selected, key_paths, survey, existing, spec_id, respec=respec, forced=full or selecting
@@ -264,6 +265,22 @@ def _selected_keys(
         mask = where_selector(selected)
         selected = [key for key, keep in zip(selected, mask, strict=True) if keep]
     return selected, unknown
+
+
+def _widened(
+    dataset: str, keys: Sequence[KeyTuple], selected: Sequence[KeyTuple], extra: Sequence[KeyTuple]
+) -> list[KeyTuple]:
+    """`selected`, then the keys of `extra` (`discover(widen=...)`: more keys the selection takes along,
+    forced too, as a refresh during a re-partitioning takes the siblings it rewrites from the source,
+    `write.refresh_siblings`) it lacks, in discovery order; a key discovery did not find is refused."""
+    known = set(keys)
+    strange = [key for key in extra if key not in known]
+    if strange:
+        raise DiscoveryError(
+            f"dataset {dataset!r}: the selection was widened to keys discovery did not find: {strange[:5]}"
+        )
+    taken, wanted = set(selected), set(extra)
+    return [*selected, *(key for key in keys if key in wanted and key not in taken)]
 
 
 def _check_key_texts(dataset: DatasetSpec, names: Sequence[str], partitions: Sequence[str]) -> None:

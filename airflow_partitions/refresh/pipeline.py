@@ -54,6 +54,7 @@ from airflow_partitions.spec import load_spec
 from airflow_partitions.spec.model import RefreshMode, validate_against_schema
 from airflow_partitions.table import DatasetHandle, open_handle
 from airflow_partitions.write.refresh_moves import old_partitions_holding, old_rows_the_source_lost
+from airflow_partitions.write.refresh_siblings import SiblingPlan, plan_siblings
 from airflow_partitions.write.repartition import open_stored
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ def plan_refresh(
     catalog: Catalog | None = None,
     hold_snapshot: bool = False,
     read_committed: bool = False,
+    siblings: bool = True,
 ) -> RefreshPlan:
     """Discover the dataset's partitions and diff them against its catalog: the refresh plan.
 
@@ -139,6 +141,8 @@ def plan_refresh(
     `read_committed`: changes on a watermark may read the key columns of the partitions the changes touch
     (local accelerator_dir), to audit them too; by default (a DAG's discover task reads no partition data)
     they are named as not audited.
+    `siblings`: a selection during a re-partitioning may take along the partitions it rewrites from the
+    source instead of moving old ones (`SelectionSiblings`); False plans exactly the selection (`verify`).
     """
     project = load_project(project)
     spec = resolve_dataset(project, dataset)
@@ -197,6 +201,7 @@ def plan_refresh(
             # The append audit leaves partitions with rows still in both layouts (counted in one alone,
             # they would look late and be rewritten whole, next to their rows in old partitions).
             split = frozenset(old_holdings(open_handle(project, bound), catalog))
+    taking = SelectionSiblings(open_handle(project, bound), catalog, snapshot) if layouts_checked else None
     plan = discover(
         bound,
         source,
@@ -206,15 +211,93 @@ def plan_refresh(
         full=full,
         timeout_s=timeout_s,
         layouts_checked=layouts_checked,
+        widen=taking.widen if taking is not None and siblings else None,
     )
-    if layouts_checked and snapshot is not None:
-        migrate, vanished = old_partitions_of_selection(
-            project, bound, catalog, plan, snapshot, where=where, selector=selector
-        )
-        note = ("partition_by changed: this refresh's commit makes it current (one version with its moves)",)
-        notes = (*plan.notes, *(note if switching else ()))
-        plan = replace(plan, migrate=migrate, vanished=vanished, switch_spec=switching, notes=notes)
+    if taking is not None and snapshot is not None:
+        plan = with_old_layouts(project, bound, catalog, plan, snapshot, taking, switching, where, selector)
     return apply_refresh_mode(plan, bound, snapshot, source, leave=split)
+
+
+def with_old_layouts(
+    project: ProjectSpec,
+    dataset: DatasetSpec,
+    catalog: Catalog,
+    plan: RefreshPlan,
+    snapshot: Snapshot,
+    siblings: SelectionSiblings,
+    switching: bool,
+    where: str | None,
+    selector: KeySelector | None,
+) -> RefreshPlan:
+    """A selection's plan during a re-partitioning with what it does about the old partitions holding its
+    rows: removed unread when their siblings were taken into it (`SelectionSiblings`,
+    `RefreshPlan.replaced_old`), else moved in its commit (`old_partitions_of_selection`,
+    `RefreshPlan.migrate`); and the switch of the current spec when the plan makes it."""
+    if plan.removed:
+        # Their old rows are found by the move's search (siblings taken along are rewritten all the same,
+        # superseding their moved rows).
+        siblings.decline("the selection also removes partitions")
+    chosen = siblings.chosen
+    migrate: tuple[str, ...] = ()
+    vanished: tuple[str, ...] = ()
+    if chosen is None:
+        migrate, vanished = old_partitions_of_selection(
+            project, dataset, catalog, plan, snapshot, where=where, selector=selector
+        )
+    # With the siblings taken every key is planned without the source (bucket fields only): a key the
+    # selection covers is never one the source lost, and no old row is left for `vanished`.
+    note = ("partition_by changed: this refresh's commit makes it current (one version with its moves)",)
+    said = siblings.note(dataset.acceleration.partition_names)
+    notes = (*plan.notes, *(note if switching else ()), *((said,) if said else ()))
+    return replace(
+        plan,
+        migrate=migrate,
+        vanished=vanished,
+        switch_spec=switching,
+        notes=notes,
+        replaced_old=chosen.old if chosen is not None else (),
+    )
+
+
+class SelectionSiblings:
+    """The `widen` of a selection's discovery during a re-partitioning: asks `write.refresh_siblings`
+    whether the refresh may rewrite the siblings of the old partitions holding the selection's rows from
+    the source instead of moving those (and which), and remembers the verdict for the plan."""
+
+    def __init__(self, handle: DatasetHandle, catalog: Catalog, snapshot: Snapshot | None) -> None:
+        self.handle, self.catalog, self.snapshot = handle, catalog, snapshot
+        self.verdict: SiblingPlan | None = None
+
+    def widen(self, selected: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        keys = [PartitionKey(tuple(key)) for key in selected]
+        self.verdict = plan_siblings(self.handle, keys, catalog=self.catalog, snapshot=self.snapshot)
+        verdict, name = self.verdict, self.handle.dataset.name
+        if verdict.taken:
+            log.info(
+                "%s: %d old-layout partition(s) (%d rows) may hold rows of the selection; %d sibling "
+                "partition(s) are refreshed from the source with it and the old ones removed unread (%s)",
+                name,
+                len(verdict.old),
+                verdict.old_rows,
+                len(verdict.siblings),
+                verdict.reason,
+            )
+        else:
+            log.info("%s: old partitions holding rows of the selection are moved: %s", name, verdict.reason)
+        return [key.values for key in verdict.siblings] if verdict.taken else []
+
+    def decline(self, reason: str) -> None:
+        if self.verdict is not None and self.verdict.taken:
+            self.verdict = replace(self.verdict, taken=False, reason=reason)
+
+    @property
+    def chosen(self) -> SiblingPlan | None:
+        """The verdict when the refresh rewrites the siblings (None: it moves the old partitions)."""
+        return self.verdict if self.verdict is not None and self.verdict.taken else None
+
+    def note(self, names: Sequence[str]) -> str | None:
+        """What the plan says about the old partitions (None: nothing was selected)."""
+        return self.verdict.note(names) if self.verdict is not None else None
 
 
 def plan_append_during_migration(

@@ -272,6 +272,11 @@ class RefreshPlan:
     # qualified key paths, as `migrate` names them), and the refresh's commit makes that switch in the same
     # version (`CommitBuilder.fold_switch`), based on the newest version.
     switch_spec: bool = False
+    # A selection refreshed during a re-partitioning that rewrites from the source the sibling partitions
+    # of the old ones holding its rows (`write.refresh_siblings`: the siblings are among `items`): those
+    # old partitions (key paths in the base), every row of which routes to a partition the plan rewrites
+    # whole from the source. The refresh's commit removes them without reading them.
+    replaced_old: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # replace_all drops every partition the commit does not write, so its items must be all of them.
@@ -291,6 +296,7 @@ class RefreshPlan:
             and not self.removed
             and not self.replace_all
             and not self.migrate
+            and not self.replaced_old
             and not self.switch_spec
         )
 
@@ -339,6 +345,7 @@ class RefreshPlan:
             "migrate": list(self.migrate),
             "vanished": list(self.vanished),
             "switch_spec": self.switch_spec,
+            "replaced_old": list(self.replaced_old),
         }
 
     def dumps(self) -> str:
@@ -375,6 +382,7 @@ class RefreshPlan:
             migrate=tuple(str(path) for path in data.get("migrate", ())),
             vanished=tuple(str(path) for path in data.get("vanished", ())),
             switch_spec=bool(data.get("switch_spec", False)),
+            replaced_old=tuple(str(path) for path in data.get("replaced_old", ())),
         )
 
     @property

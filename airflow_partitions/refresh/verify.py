@@ -342,7 +342,9 @@ def _selected_source_tallies(
     """Source tallies of the selected partitions, and the key paths selected on either side (discovery
     names the source's; the catalog's selected partitions gone from the source are in `plan.removed`)."""
 
-    plan = plan_refresh(project, spec, partitions=partitions, where=where, full=True, source=source)
+    plan = plan_refresh(
+        project, spec, partitions=partitions, where=where, full=True, source=source, siblings=False
+    )
     keys = {item.key_path: item.partition_key for item in plan.items}
     wanted = set(keys) | set(plan.removed)
     schema = source.schema()
