@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,15 +90,35 @@ datasets:
 """
 
 
+# `[airflow_partitions] preload_specs`: the spec files whose refresh DAGs the preload builds.
+PRELOAD_SPECS_OPTION = "preload_specs"
+CONFIG_SECTION = "airflow_partitions"
+
+
+@dataclass(frozen=True)
+class _PreloadedDags:
+    """The refresh DAGs `preload_refresh_dags` built from one spec, in process `pid`."""
+
+    pid: int
+    project: ProjectSpec
+    dags: dict[str, DAG]
+
+
+# By resolved spec path. Only a process forked after the preload takes them (once): see build_refresh_dags.
+_PRELOADED_DAGS: dict[str, _PreloadedDags] = {}
+
+
 def preload_task_modules(*, build_dag: bool = True) -> None:
     """Import `TASK_PRELOAD_MODULES` now; call it from `airflow_local_settings.py` (see the README).
 
     With `build_dag`, one refresh DAG is also built from a small spec in memory (nothing is written or
-    registered), so forked task processes find what parsing their DAG file needs already loaded. A
-    failure of that warm-up is logged and ignored: preloading only saves time and must never stop an
-    Airflow process from starting.
+    registered), its params checked and a template rendered, so forked task processes find what parsing
+    their DAG file and starting a task need already loaded; then the specs of `preload_spec_paths()` are
+    parsed and their refresh DAGs built (`preload_refresh_dags`). A failure of that warm-up is logged
+    and ignored: preloading only saves time and must never stop an Airflow process from starting.
     """
     import importlib
+    import logging
 
     for module in TASK_PRELOAD_MODULES:
         importlib.import_module(module)
@@ -107,13 +128,58 @@ def preload_task_modules(*, build_dag: bool = True) -> None:
         from airflow_partitions.spec.loader import parse_spec  # lazy: loads sqlglot
 
         project = parse_spec(_WARM_UP_SPEC, path=Path("/nonexistent/airflow-partitions-preload.yaml"))
-        build_refresh_dag(project, "preload")
+        dag = build_refresh_dag(project, "preload")
+        # A task's start validates the DAG params (JSON schema) and renders its templates with Jinja:
+        # their first use in a process compiles the meta-schema's and the lexer's rules.
+        dag.params.validate()
+        dag.get_template_env().from_string("{{ task_id }}").render(task_id="preload")
         # What the refresh task's metrics import (Airflow's own module: its name may move).
         importlib.import_module("airflow.sdk.observability.stats")
     except Exception as err:  # an optimisation only: Airflow must start without it
-        import logging
-
         logging.getLogger(__name__).warning("airflow-partitions: preload warm-up skipped: %s", err)
+        return
+    for spec_path in preload_spec_paths():
+        try:
+            preload_refresh_dags(spec_path)
+        except Exception as err:  # a broken spec is the DAG file's import error, not Airflow's
+            logging.getLogger(__name__).warning(
+                "airflow-partitions: preload of the spec %s skipped: %s", spec_path, err
+            )
+
+
+def preload_spec_paths() -> list[Path]:
+    """The spec files the preload parses: `[airflow_partitions] preload_specs` (comma-separated paths),
+    else the one the example DAG file loads: `$AIRFLOW_PARTITIONS_SPEC`, else `datasets.yaml` in
+    `[core] dags_folder` when it exists."""
+    from airflow.configuration import conf
+
+    configured = conf.get(CONFIG_SECTION, PRELOAD_SPECS_OPTION, fallback="") or ""
+    if configured.strip():
+        return [Path(part.strip()).expanduser() for part in configured.split(",") if part.strip()]
+    if os.environ.get(SPEC_PATH_ENV):
+        return [Path(os.environ[SPEC_PATH_ENV]).expanduser()]
+    folder = conf.get("core", "dags_folder", fallback="") or ""
+    candidate = Path(folder).expanduser() / DEFAULT_SPEC_FILE
+    return [candidate] if folder and candidate.is_file() else []
+
+
+def preload_refresh_dags(spec_path: str | os.PathLike[str]) -> list[str]:
+    """Parse the spec at `spec_path` (as the DAG file does, and with types, as its tasks do) and build its
+    refresh DAGs with `build_refresh_dags`' defaults; returns their ids.
+
+    A process forked from this one (a LocalExecutor or Celery task, a DAG processor's parse) then finds
+    the parsed spec in `load_spec`'s cache, and its first `build_refresh_dags(spec_path)` call with the
+    default arguments takes these DAGs instead of building them again, while the spec file's text is
+    unchanged. This process itself never uses them: here every call builds anew.
+    """
+    from airflow_partitions.spec import load_spec  # lazy: loads sqlglot
+
+    path = Path(spec_path).expanduser().resolve()
+    project = load_spec(path, check_types=False)
+    load_spec(path)  # the tasks' load, with types
+    dags = _build_dags(project, only_dag_id=None, options=_default_build_options())
+    _PRELOADED_DAGS[str(path)] = _PreloadedDags(pid=os.getpid(), project=project, dags=dags)
+    return sorted(dags)
 
 
 def refresh_dag_id(dataset_name: str) -> str:
@@ -418,7 +484,8 @@ def build_refresh_dags(
 
     In a task process, which parses its DAG file again before it runs, only the DAG of that task is built
     (Airflow's parsing context names it): every mapped partition task would otherwise build the refresh
-    DAG of every dataset in the spec.
+    DAG of every dataset in the spec. In a process forked after `preload_refresh_dags` of this spec file,
+    unchanged since, the first call with the default arguments takes the preloaded DAGs instead.
     """
     from airflow.sdk import get_parsing_context
 
@@ -427,23 +494,58 @@ def build_refresh_dags(
     # Type checks need pyarrow; tasks re-load the spec with them, DAG parsing stays light.
     project = load_spec(Path(spec_path), check_types=False)
     wanted = get_parsing_context().dag_id
+    options: dict[str, Any] = {
+        "spark_conn_id": spark_conn_id,
+        "spark_conf": spark_conf,
+        "aws_conn_id": aws_conn_id,
+        "stage": stage,
+        "default_args": default_args,
+        "dag_kwargs": dag_kwargs,
+        "strategy": strategy,
+        "on_freshness_miss": on_freshness_miss,
+    }
+    preloaded = _take_preloaded(spec_path, project) if options == _default_build_options() else None
+    if preloaded is not None:
+        dags = {dag_id: dag for dag_id, dag in preloaded.items() if wanted is None or dag_id == wanted}
+        for dag in dags.values():
+            # What building a DAG does on leaving its `with DAG(...)` block: register it with the DAG
+            # file being parsed (Airflow's DagContext), for files that do not put it in their globals.
+            with dag:
+                pass
+        return dags
+    return _build_dags(project, only_dag_id=wanted, options=options)
+
+
+def _default_build_options() -> dict[str, Any]:
+    """`build_refresh_dags`' keyword arguments at their defaults (what `preload_refresh_dags` builds)."""
+    import inspect
+
+    parameters = inspect.signature(build_refresh_dags).parameters
+    return {name: p.default for name, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def _take_preloaded(spec_path: str | os.PathLike[str], project: ProjectSpec) -> dict[str, DAG] | None:
+    """The DAGs a parent process preloaded from this spec, if this is a forked process and the spec's text
+    is the one they were built from (`load_spec`'s cache then hands back the very same parsed spec);
+    taken once, so a second parse in this process builds anew."""
+    key = str(Path(spec_path).expanduser().resolve())
+    entry = _PRELOADED_DAGS.get(key)
+    if entry is None or entry.pid == os.getpid() or entry.project is not project:
+        return None
+    del _PRELOADED_DAGS[key]
+    return entry.dags
+
+
+def _build_dags(
+    project: ProjectSpec, *, only_dag_id: str | None, options: Mapping[str, Any]
+) -> dict[str, DAG]:
+    """The refresh DAG of every enabled dataset of `project` (only the named one, given a DAG id)."""
     dags: dict[str, DAG] = {}
     for spec in project.datasets:
         if not spec.acceleration.enabled:
             continue
-        if wanted is not None and refresh_dag_id(spec.name) != wanted:
+        if only_dag_id is not None and refresh_dag_id(spec.name) != only_dag_id:
             continue
-        dag = build_refresh_dag(
-            project,
-            spec,
-            spark_conn_id=spark_conn_id,
-            spark_conf=spark_conf,
-            aws_conn_id=aws_conn_id,
-            stage=stage,
-            default_args=default_args,
-            dag_kwargs=dag_kwargs,
-            strategy=strategy,
-            on_freshness_miss=on_freshness_miss,
-        )
+        dag = build_refresh_dag(project, spec, **options)
         dags[dag.dag_id] = dag
     return dags

@@ -173,6 +173,16 @@ PROVIDER_INFO: dict[str, Any] = {
                     "example": "30",
                     "default": "60",
                 },
+                "preload_specs": {
+                    "description": "Spec files (comma-separated paths) whose refresh DAGs the preload "
+                    "of airflow_local_settings.py parses and builds when an Airflow process starts, so "
+                    "task processes forked from it skip that work while a spec is unchanged. Empty: "
+                    "$AIRFLOW_PARTITIONS_SPEC, else datasets.yaml in [core] dags_folder if it exists.",
+                    "version_added": "0.1.0",
+                    "type": "string",
+                    "example": "/opt/airflow/dags/datasets.yaml",
+                    "default": "",
+                },
                 "spark_executor_timeout": {
                     "description": "Seconds a refresh on a cluster master waits for its first executor "
                     "(a worker with free cores and memory) before failing with SparkNoExecutorsError; "

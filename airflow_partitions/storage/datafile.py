@@ -175,6 +175,10 @@ def stat_to_json(value: Any) -> Any:
 
 def stat_from_json(data: Any) -> Any:
     """Inverse of `stat_to_json`."""
+    if data is None or type(data) in (int, str, bool, float):
+        # The common case, before any `isinstance(..., Mapping)`: in a freshly forked task process the
+        # first such check of a type walks every registered Mapping subclass (milliseconds).
+        return data
     if isinstance(data, float):
         return data
     if isinstance(data, Mapping) and _FLOAT_TAG in data:
