@@ -26,6 +26,7 @@ from airflow_partitions.keys import PartitionKey
 from airflow_partitions.read import PartitionedDatasetReader, multi
 from airflow_partitions.read.multi import DatasetQuery, DatasetQueryPlan
 from airflow_partitions.read.reader import datasets_query
+from airflow_partitions.read.sandbox import QueryLimits
 from airflow_partitions.storage import get_storage
 
 KEYS = [
@@ -672,6 +673,99 @@ def test_several_pair_groups_per_statement_give_the_same_answer(
     else:
         assert pairs > 5, plan.explain()
         assert statements == [-(-pairs // window)], (statements, pairs)
+
+
+@pytest.mark.parametrize(
+    ("sql", "window", "streamed"),
+    [
+        ("SELECT count(*) AS n, sum(a.v) AS s FROM l_b8 a JOIN r_b16 b ON a.k = b.k", None, True),
+        ("SELECT count(*) AS n, sum(a.v) AS s FROM l_b8 a JOIN r_b16 b ON a.k = b.k", 3, True),
+        ("SELECT count(*) AS n FROM l_b8 a JOIN r_b16 b ON a.k = b.k", 100, False),
+        ("SELECT a.id FROM l_b8 a JOIN r_b16 b ON a.k = b.k ORDER BY a.id LIMIT 5", None, False),
+    ],
+)
+def test_the_plan_says_how_many_pair_groups_each_statement_joins_and_why(
+    spec: Path,
+    sql: str,
+    window: int | None,
+    streamed: bool,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`plan` / `explain` of a split join: the statements it runs, the pair groups each joins (one per
+    DuckDB thread, or `groups_per_statement`) under which memory limit, or why one statement joins all;
+    the query then runs exactly so."""
+    limits = QueryLimits(threads=2, memory_limit="1GB")
+    with datasets_query(spec, groups_per_statement=window, query_limits=limits) as windowed:
+        plan = windowed.plan(sql)
+        pairs = len(plan.joins[0].pairs)
+        assert plan.joins[0].split, plan.explain()
+        assert pairs > 5, plan.explain()
+        text = plan.explain()
+        groups = window or 2
+        if streamed:
+            line = f"  statements: {-(-pairs // groups)}, each joining up to {groups} pair group(s) ("
+            assert line in text, text
+            why = "groups_per_statement=3" if window else "one per DuckDB thread (2)"
+            assert why in text, text
+            assert "exceed the memory limit (1GB)" in text, text
+        else:
+            assert f"  statements: one over all {pairs} pair group(s): " in text, text
+            reason = "no more pair groups than one statement joins" if window else "needs the whole join"
+            assert reason in text, text
+        document = plan.to_json()["split_statements"]
+        assert document["streamed"] is streamed
+        assert document["groups_per_statement"] == groups
+        assert document["memory_limit"] == "1GB"
+        runs: list[int] = []
+        run_streamed = multi._run_streamed
+
+        def counted(connection: Any, statement: str, view: str, branches: Any, *rest: Any) -> pa.Table:
+            runs.append(len(branches))
+            return run_streamed(connection, statement, view, branches, *rest)
+
+        monkeypatch.setattr(multi, "_run_streamed", counted)
+        assert _canonical(windowed.query(sql)) == _oracle(sql)
+        assert runs == ([pairs] if streamed else [])
+    assert main(["plan", str(spec), "--query", sql]) == 0
+    assert "  statements: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("types", "windows", "whole"),
+    [
+        (["BIGINT", "BIGINT", "BIGINT", "BIGINT"], 4, False),
+        (["DOUBLE", "DOUBLE", "DOUBLE", "DOUBLE"], 1, True),  # bound, not run
+        (["BIGINT", "BIGINT", "BIGINT", "DOUBLE"], 4, True),
+    ],
+    ids=["integers", "floats", "float-in-the-last-group"],
+)
+def test_a_floating_sum_over_pair_groups_runs_once_over_all_of_them(
+    types: list[str], windows: int, whole: bool
+) -> None:
+    """A floating-point sum depends on the order of addition, so the statement runs once over every
+    pair group, whether the first window's types say so or only a later window's result does (files of
+    one partition storing the column as a float, the others as integers); integer sums stream."""
+    connection = duckdb.connect()
+    branches = [
+        f"SELECT {value}::{kind} AS x" for value, kind in zip([1e16, 1, -1e16, 3], types, strict=True)
+    ]
+    statement = 'SELECT count(*) AS n, sum(x) AS s FROM "v"'
+    views: list[str] = []
+
+    class Recording:
+        def execute(self, text: str) -> Any:
+            views.append(text)
+            return connection.execute(text)
+
+        def sql(self, text: str) -> Any:
+            return connection.sql(text)
+
+    got = multi._run_streamed(Recording(), statement, "v", branches, ["count", "sum"], 1)
+    connection.execute('CREATE OR REPLACE TEMP VIEW "v" AS ' + " UNION ALL ".join(branches))
+    assert got.equals(connection.sql(statement).to_arrow_table()), got
+    assert len([text for text in views if "UNION ALL" not in text]) == windows
+    assert len([text for text in views if text.count("UNION ALL") == len(branches) - 1]) == whole
 
 
 def test_a_window_over_the_memory_limit_runs_its_pair_groups_one_at_a_time(

@@ -11,9 +11,10 @@ when the statement names more than one dataset) plans the statement once (`plan_
 
 Running it (`_run`) builds one fresh DuckDB database: `register_dataset_views` makes each dataset a view
 over its selected files (the one place a table of the statement is registered, so catalog table
-functions can be added next to it), the split joins become views of the union of their small joins, and
-the database is then limited and locked exactly as a single-dataset query's (`read.query`): only the
-selected files readable, configuration locked, time and memory bounded by `QueryLimits`.
+functions can be added next to it), each split join becomes a view of the union of its small joins (of
+one window of them at a time when the statement streams, `_run_streamed`), and the database is then
+limited and locked exactly as a single-dataset query's (`read.query`): only the selected files
+readable, configuration locked, time and memory bounded by `QueryLimits`.
 
 The datasets are read by readers the caller opens (`DatasetReader`, a factory by name): this module
 imports no reader, so every dataset of a query is reached the way its caller reaches its own (the same
@@ -143,6 +144,38 @@ def version_at(reader: DatasetReader, as_of: dt.datetime) -> int:
     return max(committed)
 
 
+@dataclass(frozen=True)
+class StatementWindow:
+    """How many pair groups of a split join one DuckDB statement joins when the statement streams
+    (`DatasetQuery.window`), and why."""
+
+    groups: int
+    source: str  # "threads": the query's DuckDB threads; "groups_per_statement": set by the caller
+    memory: str  # the query's memory limit, which a window's groups together must fit in
+
+    def reason(self) -> str:
+        if self.source == "threads":
+            return (
+                f"one per DuckDB thread ({self.groups}): each thread builds one group's hash table while "
+                "another probes"
+            )
+        return f"groups_per_statement={self.groups}"
+
+    def memory_text(self) -> str:
+        """The memory limit as people read it: DuckDB's `4294967296B` is `4 GiB`, `1GB` stays."""
+        if not (self.memory.endswith("B") and self.memory[:-1].isdigit()):
+            return self.memory
+        size, unit = float(self.memory[:-1]), "B"
+        for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+            if size < 1024 or unit == "TiB":
+                break
+            size /= 1024
+        return f"{size:.4g} {unit}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"groups_per_statement": self.groups, "source": self.source, "memory_limit": self.memory}
+
+
 @dataclass
 class DatasetQueryPlan:
     """A multi-dataset query's plan: each dataset's version and pruning, and each join's decision."""
@@ -153,6 +186,12 @@ class DatasetQueryPlan:
     schemas: dict[str, pa.Schema]
     joins: list[JoinDecision] = field(default_factory=list)
     tree: Any = None
+    # How the one split join (when exactly one join is split) runs: its window, and whether the
+    # statement streams (one statement per window of pair groups) or runs once over all of them.
+    window: StatementWindow | None = None
+    streamed: bool = False
+    # Why a split join's statement runs once over all its pair groups (empty when it streams).
+    whole_reason: str = ""
 
     @property
     def splits(self) -> list[JoinDecision]:
@@ -171,7 +210,22 @@ class DatasetQueryPlan:
             for pair in decision.pairs:
                 sizes = " x ".join(str(len(side)) for side in pair.partitions)
                 lines.append(f"  pair group {', '.join(pair.groups)}: {sizes} partition(s)")
+            if decision.split:
+                lines.append(f"  {self._statements(decision)}")
         return "\n".join(lines)
+
+    def _statements(self, decision: JoinDecision) -> str:
+        """How the statement over a split join runs: windows of pair groups, or once over all."""
+        window = self.window
+        if self.streamed and window is not None:
+            count = -(-len(decision.pairs) // window.groups)
+            limit = window.memory_text()
+            return (
+                f"statements: {count}, each joining up to {window.groups} pair group(s) ({window.reason()}); "
+                f"a statement whose groups together exceed the memory limit ({limit}) joins them one at a "
+                "time; a floating-point sum runs once over all groups instead"
+            )
+        return f"statements: one over all {len(decision.pairs)} pair group(s): {self.whole_reason}"
 
     @deep_stack
     def to_json(self) -> dict[str, Any]:
@@ -179,6 +233,17 @@ class DatasetQueryPlan:
             "sql": self.sql,
             "datasets": {name: plan.to_json(include_decisions=False) for name, plan in self.plans.items()},
             "joins": [decision.to_json() for decision in self.joins],
+            **(
+                {
+                    "split_statements": {
+                        "streamed": self.streamed,
+                        **(self.window.to_json() if self.window is not None else {}),
+                        **({"whole_reason": self.whole_reason} if not self.streamed else {}),
+                    }
+                }
+                if self.splits
+                else {}
+            ),
         }
 
 
@@ -251,7 +316,7 @@ class DatasetQuery:
         """How `query` would run `sql`: each dataset's version and pruning, each join's decision."""
         limits = limits or self.query_limits
         with limits.budget(QUERY_HINT):
-            return self._plan(sql, versions, as_of, split_joins)
+            return self._plan(sql, versions, as_of, split_joins, limits)
 
     def _plan(
         self,
@@ -259,6 +324,7 @@ class DatasetQuery:
         versions: Mapping[str, int | None] | None,
         as_of: dt.datetime | None,
         split_joins: bool,
+        limits: QueryLimits,
     ) -> DatasetQueryPlan:
         names = datasets_named_in(self.project, sql)
         wanted = {key.lower(): value for key, value in (versions or {}).items()}
@@ -322,7 +388,28 @@ class DatasetQuery:
                     )
             result.joins.append(decision)
         result.tree = tree
+        self._plan_statements(result, limits)
         return result
+
+    def _plan_statements(self, plan: DatasetQueryPlan, limits: QueryLimits) -> None:
+        """Record how the statement over the plan's split join runs (`_run` decides the same way)."""
+        splits = plan.splits
+        if not splits:
+            return
+        plan.window = window = self.window(limits)
+        if len(splits) > 1:
+            plan.whole_reason = "more than one join is split: one statement joins them all"
+            return
+        shape = streamed_shape(plan.tree, JoinSplit(splits[0], "ap_join"))
+        if shape is None:
+            plan.whole_reason = (
+                "the statement needs the whole join at once (it is not a projection or filter of the "
+                "join, a GROUP BY of a split key, nor one row of count / sum / min / max)"
+            )
+        elif len(splits[0].pairs) <= window.groups:
+            plan.whole_reason = f"no more pair groups than one statement joins ({window.reason()})"
+        else:
+            plan.streamed = True
 
     # --- running ----------------------------------------------------------------------------------
 
@@ -345,7 +432,7 @@ class DatasetQuery:
         started = time.perf_counter()
         limits = self.query_limits.merged(timeout_s, memory_limit)
         with limits.budget(QUERY_HINT):
-            plan = self._plan(sql, versions, as_of, split_joins)
+            plan = self._plan(sql, versions, as_of, split_joins, limits)
             check_budget()
             table = self._run(plan, limits)
         # One read-statistics record per dataset read, in that dataset's log, with its own pruning (the
@@ -359,6 +446,8 @@ class DatasetQuery:
 
         splits = [JoinSplit(d, f"ap_join_{uuid.uuid4().hex[:12]}") for d in plan.splits]
         statement = rewrite_splits(plan.tree, splits, duckdb_expression_name) if splits else plan.executable
+        shape = streamed_shape(plan.tree, splits[0]) if len(splits) == 1 else None
+        window = self.window(limits).groups
         roots = [self.reader(name)._scanner.sandbox_root for name in plan.plans]
         if all(root is not None for root in roots):
             # Local files scanned in place: a cursor of a locked database kept for these directories
@@ -379,7 +468,13 @@ class DatasetQuery:
                 try:
                     register_catalog_tables(connection, self._catalog_tables(plan))
                     register_dataset_views(self, connection, scopes, plan)
-                    branches = [_register_split(self, connection, scopes, plan, split) for split in splits]
+                    branches = [_split_branches(self, connection, scopes, plan, split) for split in splits]
+                    streamed = shape is not None and len(branches[0]) > window
+                    if not streamed:
+                        # One statement over the whole union: the views of the split joins (a streamed
+                        # join's view holds one window of pair groups at a time, `_run_streamed`).
+                        for split, groups in zip(splits, branches, strict=True):
+                            _create_view(connection, split.view, groups)
                 except (duckdb.Error, StorageError) as err:
                     cause = err.__cause__ if isinstance(err.__cause__, duckdb.Error) else err
                     raise FilterError(
@@ -392,10 +487,9 @@ class DatasetQuery:
                     connection.execute(f"SET allowed_paths = [{allowed}]")
                     apply_limits(connection, limits)
                     lock_down(connection)
-                shape = streamed_shape(plan.tree, splits[0]) if len(splits) == 1 else None
-                window = max(1, self.groups_per_statement or limits.thread_count)
                 try:
-                    if shape is not None and len(branches[0]) > window:
+                    if streamed:
+                        assert shape is not None
                         view, groups = splits[0].view, branches[0]
                         return run_bounded(
                             connection,
@@ -411,6 +505,13 @@ class DatasetQuery:
                     ) from err
         finally:
             connection.close()
+
+    def window(self, limits: QueryLimits | None = None) -> StatementWindow:
+        """How many pair groups of a streamed split join one statement joins under `limits`, and why."""
+        limits = limits or self.query_limits
+        if self.groups_per_statement:
+            return StatementWindow(max(1, self.groups_per_statement), "groups_per_statement", limits.memory)
+        return StatementWindow(max(1, limits.thread_count), "threads", limits.memory)
 
     def _catalog_tables(self, plan: DatasetQueryPlan) -> dict[str, pa.Table]:
         """The tables of the statement's catalog table function calls (`read.catalog_tables`): a dataset
@@ -476,14 +577,15 @@ def _relation(
     return f"SELECT {columns} FROM {source}"
 
 
-def _register_split(
+def _split_branches(
     query: DatasetQuery,
     connection: Any,
     scopes: Mapping[str, CallScope],
     plan: DatasetQueryPlan,
     split: JoinSplit,
 ) -> list[str]:
-    """The view of a split join: the UNION ALL of one small join per pair group (each returned)."""
+    """The SQL of a split join's small joins, one per pair group (the view of their union is made by
+    `_create_view`: over all of them, or one window of them at a time when the statement streams)."""
     decision = split.decision
     sides = [side.dataset for side in decision.sides]
     pairs: list[PairGroup | None] = list(decision.pairs) or [None]
@@ -495,8 +597,13 @@ def _register_split(
             for name, side_files in zip(sides, files, strict=True)
         ]
         branches.append(split.branch_sql(*(f"({relation})" for relation in relations)))
-    connection.execute(f"CREATE TEMP VIEW {quote_identifier(split.view)} AS {' UNION ALL '.join(branches)}")
     return branches
+
+
+def _create_view(connection: Any, view: str, branches: Sequence[str]) -> None:
+    """(Re)define the split join's view as the UNION ALL of `branches` (pair groups' small joins)."""
+    union = " UNION ALL ".join(branches)
+    connection.execute(f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view)} AS {union}")
 
 
 def _run_streamed(
@@ -512,30 +619,57 @@ def _run_streamed(
     side, one thread finishing a group's hash table, single-threaded under a million rows, while another
     builds or probes the next), the results combined as `streamed_shape` says: the rows of each (a
     projection / filter, or whole statement groups), or one row of `count` / `sum` / `min` / `max` over
-    the partials. A window whose groups together exceed the memory limit runs one group at a time."""
-    import duckdb
-    import pyarrow.compute as pc
+    the partials. A window whose groups together exceed the memory limit runs one group at a time.
 
-    types = connection.sql(statement).types
-    floating = [str(t) in ("DOUBLE", "FLOAT") for t in types]
-    if any(kind == "sum" and f for kind, f in zip(shape, floating, strict=False)) or (
-        shape == [GROUPED] and any(floating)
-    ):
-        # Floating-point sums depend on the order of addition: only the whole join gives its answer.
-        return connection.sql(statement).to_arrow_table()
+    A floating-point sum (or any floating column of grouped rows) depends on the order of addition: only
+    the whole join gives its answer, so the statement then runs once over every group. The first window's
+    statement, bound before it runs, says so (the types of the whole union are those of any window unless
+    the sides' files differ in type across partitions: each window's result is checked as well).
+    """
+    import duckdb
+
     parts: list[pa.Table] = []
     for start in range(0, len(branches), window):
         chunk = branches[start : start + window]
         try:
-            parts.append(_run_groups(connection, statement, view, chunk))
+            _create_view(connection, view, chunk)
+            relation = connection.sql(statement)
+            if start == 0 and _order_dependent(shape, [str(t) for t in relation.types]):
+                return _run_groups(connection, statement, view, branches)  # once over every group
+            part = relation.to_arrow_table()
         except (duckdb.OutOfMemoryException, MemoryError):
             if len(chunk) == 1:
                 raise
             # Their hash tables together exceed the memory limit: one group at a time, as each fits
             # alone (the failed statement returned nothing, so no group is counted twice).
-            parts.extend(_run_groups(connection, statement, view, [branch]) for branch in chunk)
+            part = pa.concat_tables([_run_groups(connection, statement, view, [one]) for one in chunk])
+        if _order_dependent(shape, [_duckdb_kind(column.type) for column in part.schema]):
+            return _run_groups(connection, statement, view, branches)  # once over every group
+        parts.append(part)
         check_budget()
-    whole = pa.concat_tables(parts)
+    return _combined(pa.concat_tables(parts), shape)
+
+
+def _order_dependent(shape: list[str], types: Sequence[str]) -> bool:
+    """Whether the streamed results of columns of these DuckDB types would depend on the order in
+    which the pair groups' rows are added up (a floating sum, or floating columns of grouped rows)."""
+    floating = [kind in ("DOUBLE", "FLOAT") for kind in types]
+    return any(kind == "sum" and f for kind, f in zip(shape, floating, strict=False)) or (
+        shape == [GROUPED] and any(floating)
+    )
+
+
+def _duckdb_kind(arrow_type: pa.DataType) -> str:
+    """DOUBLE / FLOAT for Arrow's floating types (as `_order_dependent` reads them), else the type."""
+    if pa.types.is_floating(arrow_type):
+        return "FLOAT" if arrow_type.bit_width < 64 else "DOUBLE"
+    return str(arrow_type)
+
+
+def _combined(whole: pa.Table, shape: list[str]) -> pa.Table:
+    """The windows' results (`whole`) combined into the statement's result, as `shape` says."""
+    import pyarrow.compute as pc
+
     if not shape or shape == [GROUPED]:
         return whole  # rows of a projection, or whole statement groups: each in exactly one part
     columns = []
@@ -555,8 +689,7 @@ def _run_streamed(
 
 def _run_groups(connection: Any, statement: str, view: str, branches: Sequence[str]) -> pa.Table:
     """`statement` over the split join's view holding the union of `branches` (pair groups' joins)."""
-    union = " UNION ALL ".join(branches)
-    connection.execute(f"CREATE OR REPLACE TEMP VIEW {quote_identifier(view)} AS {union}")
+    _create_view(connection, view, branches)
     return connection.sql(statement).to_arrow_table()
 
 
