@@ -768,6 +768,30 @@ def test_a_floating_sum_over_pair_groups_runs_once_over_all_of_them(
     assert len([text for text in views if text.count("UNION ALL") == len(branches) - 1]) == whole
 
 
+@pytest.mark.parametrize(
+    ("statement", "shape"),
+    [
+        ('SELECT min(x) AS lo, max(x) AS hi, count(*) AS n FROM "v"', ["min", "max", "count"]),
+        ('SELECT x FROM "v" WHERE x IS NOT NULL', []),
+    ],
+    ids=["min-max", "rows"],
+)
+def test_pair_groups_whose_files_store_a_column_as_other_types_run_once_over_all_of_them(
+    statement: str, shape: list[str]
+) -> None:
+    """Files of some partitions storing a column as INTEGER, of others as BIGINT (schema drift): the
+    windows' results differ in type, so the statement runs once over every pair group and gives the
+    whole union's answer and type, instead of failing to combine the windows."""
+    connection = duckdb.connect()
+    values = [(-(2**31), "INTEGER"), (2**40, "BIGINT"), (None, "INTEGER"), (7, "BIGINT")]
+    branches = [f"SELECT ({'NULL' if v is None else v})::{kind} AS x" for v, kind in values]
+    got = multi._run_streamed(connection, statement, "v", branches, shape, 1)
+    connection.execute('CREATE OR REPLACE TEMP VIEW "v" AS ' + " UNION ALL ".join(branches))
+    expected = connection.sql(statement).to_arrow_table()
+    assert got.schema.equals(expected.schema), got.schema
+    assert sorted(got.to_pylist(), key=repr) == sorted(expected.to_pylist(), key=repr)
+
+
 def test_a_window_over_the_memory_limit_runs_its_pair_groups_one_at_a_time(
     query: DatasetQuery, monkeypatch: pytest.MonkeyPatch
 ) -> None:

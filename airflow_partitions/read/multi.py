@@ -624,7 +624,9 @@ def _run_streamed(
     A floating-point sum (or any floating column of grouped rows) depends on the order of addition: only
     the whole join gives its answer, so the statement then runs once over every group. The first window's
     statement, bound before it runs, says so (the types of the whole union are those of any window unless
-    the sides' files differ in type across partitions: each window's result is checked as well).
+    the sides' files differ in type across partitions: each window's result is checked as well). So it
+    does when a window's result has other types than the first's (a column stored as int32 in some
+    partitions' files and int64 in others): the whole union's statement gives the one type.
     """
     import duckdb
 
@@ -644,6 +646,10 @@ def _run_streamed(
             # alone (the failed statement returned nothing, so no group is counted twice).
             part = pa.concat_tables([_run_groups(connection, statement, view, [one]) for one in chunk])
         if _order_dependent(shape, [_duckdb_kind(column.type) for column in part.schema]):
+            return _run_groups(connection, statement, view, branches)  # once over every group
+        if parts and not part.schema.equals(parts[0].schema):
+            # The sides' files store a column as different types in different partitions (int32 in
+            # some, int64 in others): only the whole union has the statement's type for it.
             return _run_groups(connection, statement, view, branches)  # once over every group
         parts.append(part)
         check_budget()
