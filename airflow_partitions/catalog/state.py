@@ -433,13 +433,15 @@ def remember_commit_ids(known: Mapping[str, int], records: Sequence[CommitRecord
 
 
 def _with_current_columns(table: pa.Table) -> pa.Table:
-    """A checkpoint table from an older release, given the nullable columns added since (as nulls)."""
+    """A checkpoint table from an older release, given the nullable columns added since (as nulls), its
+    columns in the current schema's order (commits' new rows are appended to it column by column)."""
     import pyarrow as pa
 
-    for schema_field in state_schema():
+    schema = state_schema()
+    for schema_field in schema:
         if schema_field.name not in table.column_names:
             table = table.append_column(schema_field, pa.nulls(table.num_rows, schema_field.type))
-    return table
+    return table.select(schema.names)
 
 
 # --- snapshots ------------------------------------------------------------------------------------
