@@ -446,8 +446,10 @@ class DatasetQuery:
 
         splits = [JoinSplit(d, f"ap_join_{uuid.uuid4().hex[:12]}") for d in plan.splits]
         statement = rewrite_splits(plan.tree, splits, duckdb_expression_name) if splits else plan.executable
-        shape = streamed_shape(plan.tree, splits[0]) if len(splits) == 1 else None
-        window = self.window(limits).groups
+        # Whether the statement streams window by window, and how wide a window is, the plan decided
+        # (`_plan_statements`, under the same limits).
+        shape = streamed_shape(plan.tree, splits[0]) if plan.streamed else None
+        window = plan.window.groups if plan.window is not None else 1
         roots = [self.reader(name)._scanner.sandbox_root for name in plan.plans]
         if all(root is not None for root in roots):
             # Local files scanned in place: a cursor of a locked database kept for these directories
@@ -469,8 +471,7 @@ class DatasetQuery:
                     register_catalog_tables(connection, self._catalog_tables(plan))
                     register_dataset_views(self, connection, scopes, plan)
                     branches = [_split_branches(self, connection, scopes, plan, split) for split in splits]
-                    streamed = shape is not None and len(branches[0]) > window
-                    if not streamed:
+                    if shape is None:
                         # One statement over the whole union: the views of the split joins (a streamed
                         # join's view holds one window of pair groups at a time, `_run_streamed`).
                         for split, groups in zip(splits, branches, strict=True):
@@ -488,8 +489,7 @@ class DatasetQuery:
                     apply_limits(connection, limits)
                     lock_down(connection)
                 try:
-                    if streamed:
-                        assert shape is not None
+                    if shape is not None:
                         view, groups = splits[0].view, branches[0]
                         return run_bounded(
                             connection,

@@ -259,10 +259,17 @@ def _bucket_pins(
     for other in old:
         if other.source_columns != transform.source_columns or other.num_buckets == transform.num_buckets:
             continue
-        step = math.gcd(transform.num_buckets, other.num_buckets)
-        values = [b for b in range(other.num_buckets) if b % step == bucket % step]
-        pins.append((other.canonical, "in", values))
+        pins.append(
+            (other.canonical, "in", buckets_sharing_hash(other.num_buckets, transform.num_buckets, bucket))
+        )
     return pins
+
+
+def buckets_sharing_hash(count: int, other_count: int, bucket: int) -> list[int]:
+    """The buckets of `bucket(count, c)` a row in bucket `bucket` of `bucket(other_count, c)` (same column)
+    can fall in: its hash h has h mod other_count = bucket, so h mod gcd = bucket mod gcd."""
+    step = math.gcd(count, other_count)
+    return [b for b in range(count) if b % step == bucket % step]
 
 
 @dataclass

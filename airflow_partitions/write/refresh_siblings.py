@@ -26,7 +26,6 @@ Otherwise the refresh moves the old partitions as before.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,7 +34,7 @@ from airflow_partitions.keys import PartitionKey
 from airflow_partitions.spec.model import RefreshMode
 from airflow_partitions.transforms.bucket import BucketTransform
 from airflow_partitions.transforms.parse import plain_transform
-from airflow_partitions.write.refresh_moves import holding_candidates, stored_at
+from airflow_partitions.write.refresh_moves import buckets_sharing_hash, holding_candidates, stored_at
 from airflow_partitions.write.repartition import old_entries
 
 if TYPE_CHECKING:
@@ -179,6 +178,5 @@ def field_values(
             return [None]  # the bucket of a NULL value is NULL under any count
         if not isinstance(value, int):
             return None
-        step = math.gcd(transform.num_buckets, old.num_buckets)
-        return [p for p in range(transform.num_buckets) if p % step == value % step]
+        return buckets_sharing_hash(transform.num_buckets, old.num_buckets, value)
     return None
