@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from airflow_partitions.pruning.expressions import quote_identifier
 from airflow_partitions.read.joins import JoinDecision, JoinSplit
 from airflow_partitions.read.scan import ArrowStream
 
@@ -261,7 +262,7 @@ class MergedGroups:
 
     def branches(self, start: int, stop: int) -> list[str]:
         """The small joins of groups `start:stop`: positional joins of their merged rows (registered on
-        the connection), or a group's hash join where its key columns' types, as read, do not merge."""
+        the connection), or a group's hash join where `_merge` declined it."""
         self._read_through(min(len(self._groups), stop + self._window))
         sql = []
         for index in range(start, stop):
@@ -295,7 +296,7 @@ class MergedGroups:
             left, right = self._groups[self._read]
             tables = [
                 self._connection.sql(
-                    "SELECT " + ", ".join(_quote(c) for c in side.columns) + f" FROM ({side.relation})"
+                    "SELECT " + ", ".join(map(quote_identifier, side.columns)) + f" FROM ({side.relation})"
                 ).to_arrow_table()
                 for side in (left, right)
             ]
@@ -313,7 +314,3 @@ class MergedGroups:
         if found is None:
             return None
         return left.take(found[0]), right.take(found[1])
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
