@@ -237,25 +237,36 @@ def test_a_pair_group_whose_keys_repeat_past_the_fanout_keeps_the_hash_join(
     assert len(rows) == len(other) == 2500
 
 
-def test_merge_joins_turned_off_or_too_small_for_the_first_load(
+def test_merge_joins_turned_off_or_loaded_once_they_would_have_paid(
     spec: Path, merges: list[int | None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sql = SHAPES[0].format(l="ml", r="mr", k="k")
+    """`merge_joins=False` keeps the hash join. A process that has not loaded the merge keeps the hash
+    join until its mergeable joins (plans do not count, queries do) total `merge_min_rows` rows, the
+    query that reaches it included; then it merges."""
+    sql = SHAPES[0].format(l="ml", r="mr", k="k")  # 700 selected rows
     with datasets_query(spec, merge_joins=False, merge_min_rows=0) as off:
         assert "turned off (merge_joins=False)" in off.plan(sql).merge_reason
         assert _canonical(off.query(sql)) == _oracle(sql)
     assert merges == []
-    # Polars not loaded yet in this process: under merge_min_rows the hash join runs; loaded, the merge.
-    with datasets_query(spec, merge_min_rows=10_000) as small:
-        monkeypatch.setattr(merge_join, "polars_loaded", lambda: False)
-        reason = small.plan(sql).merge_reason
-        assert "selected rows (700) are under 10,000" in reason, reason
-        assert _canonical(small.query(sql)) == _oracle(sql)
-        assert merges == []
-        monkeypatch.setattr(merge_join, "polars_loaded", lambda: True)
-        assert small.plan(sql).merge is not None
-        assert _canonical(small.query(sql)) == _oracle(sql)
-        assert len(merges) == len(small.plan(sql).joins[0].pairs)
+    loaded = [False]
+    monkeypatch.setattr(merge_join, "polars_loaded", lambda: loaded[0])
+    monkeypatch.setattr(merge_join, "_hashed", [0])
+    with datasets_query(spec, merge_min_rows=2_000) as rented:
+        for total, run in ((700, False), (700, True), (1_400, True)):  # a plan alone counts nothing
+            reason = rented.plan(sql).merge_reason
+            assert f"total {total:,} rows, under 2,000" in reason, reason
+            if run:
+                assert _canonical(rented.query(sql)) == _oracle(sql)
+                assert merges == []
+        assert merge_join.hashed_rows() == 1_400
+        plan = rented.plan(sql)  # 2,100 rows with this one: the merge loads
+        assert plan.merge is not None, plan.merge_reason
+        assert _canonical(rented.query(sql)) == _oracle(sql)
+        assert len(merges) == len(plan.joins[0].pairs)
+        assert merge_join.hashed_rows() == 1_400, "a merged join is not counted"
+        loaded[0] = True
+        merge_join._hashed[0] = 0
+        assert rented.plan(sql).merge is not None, "loaded: merged at any size"
 
 
 def test_a_failed_merge_fails_the_query_and_leaves_nothing_behind(

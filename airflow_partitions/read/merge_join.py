@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,10 +39,13 @@ from airflow_partitions.read.scan import ArrowStream
 if TYPE_CHECKING:
     import numpy as np
 
-# The Polars import (about a quarter of a second) is paid once per process: a first merge join runs
-# only when it saves more than that, at about 15 ns of CPU per row against DuckDB's hash join of a
-# pair group.
+# Loading the merge (importing Polars, starting its threads) is paid once per process. Like renting
+# before buying, a process keeps the hash join until the mergeable joins it has run (this one included)
+# total this many rows, about what the merge would have saved by then (~0.3 s at ~20 ns per row), then
+# loads it: never more than twice the better choice, whether the process runs one join or thousands.
 MERGE_MIN_ROWS = 16_000_000
+_hashed = [0]  # rows of mergeable joins this process ran with the hash join before loading the merge
+_hashed_lock = threading.Lock()
 # A pair group whose keys repeat so much that its join could hold more than this many rows per row of
 # its two sides keeps DuckDB's hash join, which streams such a join's rows instead of holding them.
 MAX_FANOUT = 4
@@ -55,6 +59,16 @@ class MergeKeys:
     right: str
 
 
+@dataclass(frozen=True)
+class MergeChoice:
+    """`merge_reason`'s answer: the keys (None: DuckDB's hash join), why; `deferred_rows`: the join's rows
+    when only loading the merge held it back (the run counts them, `note_hashed`)."""
+
+    keys: MergeKeys | None
+    reason: str
+    deferred_rows: int = 0
+
+
 def merge_reason(
     decision: JoinDecision,
     schemas: Sequence[pa.Schema],
@@ -62,32 +76,50 @@ def merge_reason(
     *,
     enabled: bool,
     min_rows: int = MERGE_MIN_ROWS,
-) -> tuple[MergeKeys | None, str]:
-    """The keys a streamed split join's pair groups are merged on, or None and why DuckDB's hash join
-    runs them; and the reason either way (`plan` / `explain` print it)."""
+) -> MergeChoice:
+    """Whether a streamed split join's pair groups are merged, on which keys, and why (or why DuckDB's
+    hash join runs them)."""
     candidate = decision.candidate
     if not enabled:
-        return None, "merge joins are turned off (merge_joins=False)"
+        return MergeChoice(None, "merge joins are turned off (merge_joins=False)")
     if candidate is None or len(candidate.sides) != 2 or candidate.kind != "INNER":
-        return None, "only an inner join of two datasets is merged"
+        return MergeChoice(None, "only an inner join of two datasets is merged")
     if len(candidate.equalities) != 1 or candidate.residual:
-        return None, "the join condition is not a single key equality (other conditions need the hash join)"
+        return MergeChoice(
+            None, "the join condition is not a single key equality (other conditions need the hash join)"
+        )
     (_, left), (_, right) = candidate.equalities[0]
     left_type, right_type = schemas[0].field(left).type, schemas[1].field(right).type
     if not mergeable_types(left_type, right_type):
-        return None, (
-            f"keys of types {left_type} and {right_type} are not merged (integers, dates, timestamps)"
+        return MergeChoice(
+            None, f"keys of types {left_type} and {right_type} are not merged (integers, dates, timestamps)"
         )
     if importlib.util.find_spec("polars") is None:
-        return None, "Polars is not installed (pip install polars)"
-    if not polars_loaded() and selected_rows < min_rows:
-        return None, (
-            f"the sides' selected rows ({selected_rows:,}) are under {min_rows:,}: loading the merge "
-            "(Polars, once per process) would cost more than it saves"
+        return MergeChoice(None, "Polars is not installed (pip install polars)")
+    total = hashed_rows() + selected_rows
+    if not polars_loaded() and total < min_rows:
+        return MergeChoice(
+            None,
+            f"this process's mergeable joins, this one's {selected_rows:,} selected rows included, total "
+            f"{total:,} rows, under {min_rows:,}: loading the merge (Polars, once per process) would cost "
+            "more than it has saved yet",
+            deferred_rows=selected_rows,
         )
-    return MergeKeys(left, right), (
-        "the pair groups' sorted key columns merged (Polars), each group's rows then joined by position"
+    return MergeChoice(
+        MergeKeys(left, right),
+        "the pair groups' sorted key columns merged (Polars), each group's rows then joined by position",
     )
+
+
+def hashed_rows() -> int:
+    """Rows of mergeable joins this process has run with the hash join, the merge not loaded yet."""
+    return _hashed[0]
+
+
+def note_hashed(rows: int) -> None:
+    """A mergeable join of `rows` ran with the hash join because the merge was not loaded."""
+    with _hashed_lock:
+        _hashed[0] += rows
 
 
 def polars_loaded() -> bool:

@@ -63,6 +63,7 @@ from airflow_partitions.read.merge_join import (
     MergeKeys,
     merge_reason,
     merged_groups,
+    note_hashed,
 )
 from airflow_partitions.read.query import (
     QUERY_HINT,
@@ -203,6 +204,8 @@ class DatasetQueryPlan:
     # hash join; and why.
     merge: MergeKeys | None = None
     merge_reason: str = ""
+    # The join's rows when only loading the merge held it back (`merge_join.note_hashed` after the run).
+    merge_deferred_rows: int = 0
 
     @property
     def splits(self) -> list[JoinDecision]:
@@ -441,13 +444,15 @@ class DatasetQuery:
             plan.streamed = True
             sides = [side.dataset for side in splits[0].sides]
             rows = sum(file.rows for name in set(sides) for file in plan.plans[name].files)
-            plan.merge, plan.merge_reason = merge_reason(
+            choice = merge_reason(
                 splits[0],
                 [plan.schemas[name] for name in sides],
                 rows,
                 enabled=self.merge_joins,
                 min_rows=self.merge_min_rows,
             )
+            plan.merge, plan.merge_reason = choice.keys, choice.reason
+            plan.merge_deferred_rows = choice.deferred_rows
 
     # --- running ----------------------------------------------------------------------------------
 
@@ -539,7 +544,7 @@ class DatasetQuery:
                             else None
                         )
                         try:
-                            return run_bounded(
+                            result = run_bounded(
                                 connection,
                                 lambda: _run_streamed(
                                     connection, statement, view, groups, shape, window, merged=merged
@@ -549,6 +554,8 @@ class DatasetQuery:
                         finally:
                             if merged is not None:
                                 merged.close()
+                        note_hashed(plan.merge_deferred_rows)
+                        return result
                     return run_bounded(
                         connection, lambda: connection.sql(statement).to_arrow_table(), memory=limits.memory
                     )
