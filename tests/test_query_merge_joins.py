@@ -10,6 +10,7 @@ through the merge. Joins the merge does not take keep the hash join, say why, an
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -267,6 +268,21 @@ def test_merge_joins_turned_off_or_loaded_once_they_would_have_paid(
         loaded[0] = True
         merge_join._hashed[0] = 0
         assert rented.plan(sql).merge is not None, "loaded: merged at any size"
+
+
+def test_a_process_forked_after_the_merge_started_its_threads_keeps_the_hash_join(
+    query: DatasetQuery, merges: list[int | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Polars' thread pool does not survive a fork: a child of a process that merged keeps the hash join
+    (a forked Airflow task of a parent that ran a merge join), and says why."""
+    sql = SHAPES[0].format(l="ml", r="mr", k="k")
+    assert query.plan(sql).merge is not None
+    monkeypatch.setattr(merge_join, "_warmed_in", [os.getpid() + 1])
+    plan = query.plan(sql)
+    assert plan.merge is None
+    assert "started before this process was forked" in plan.merge_reason
+    assert _canonical(query.query(sql)) == _oracle(sql)
+    assert merges == []
 
 
 def test_a_failed_merge_fails_the_query_and_leaves_nothing_behind(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import sys
 import threading
 import uuid
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 MERGE_MIN_ROWS = 16_000_000
 _hashed = [0]  # rows of mergeable joins this process ran with the hash join before loading the merge
 _hashed_lock = threading.Lock()
+_warmed_in: list[int | None] = [None]  # the process that started Polars' threads (`warm_up`)
 # A pair group whose keys repeat so much that its join could hold more than this many rows per row of
 # its two sides keeps DuckDB's hash join, which streams such a join's rows instead of holding them.
 MAX_FANOUT = 4
@@ -96,6 +98,10 @@ def merge_reason(
         )
     if importlib.util.find_spec("polars") is None:
         return MergeChoice(None, "Polars is not installed (pip install polars)")
+    if _warmed_in[0] not in (None, os.getpid()):
+        return MergeChoice(
+            None, "the merge's threads were started before this process was forked (they do not survive it)"
+        )
     total = hashed_rows() + selected_rows
     if not polars_loaded() and total < min_rows:
         return MergeChoice(
@@ -251,6 +257,7 @@ def warm_up() -> None:
     pl.DataFrame({"k": [1, 2]}).with_columns(sorted_keys).join(
         pl.DataFrame({"k": [2, 3]}).with_columns(sorted_keys), on="k", how="inner"
     )
+    _warmed_in[0] = os.getpid()
 
 
 @dataclass(frozen=True)
