@@ -2,7 +2,7 @@
 
 Datasets bucketed on integer, date and timestamp keys (NULL keys, keys repeated on both sides, negative
 and extreme values, int32 against int64, partitions sorted by the key or not, several files per
-partition) are joined with every statement shape that streams: each answer must equal DuckDB's over the
+partition; Parquet, DuckDB and Arrow IPC engines) are joined with every statement shape that streams: each answer must equal DuckDB's over the
 two source tables, the plan must say the pair groups were merged, and every pair group must have gone
 through the merge. Joins the merge does not take keep the hash join, say why, and answer the same.
 """
@@ -82,6 +82,9 @@ LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]], dict[str, Any], int | 
         {},
         None,
     ),
+    # Other engines: DuckDB files of one table each, Arrow IPC (unsorted, several files per partition).
+    "ed": (_table(320, 11, "k", pa.int64()), [("kb", "bucket(16, k)")], {}, None),
+    "ea": (_table(280, 13, "k", pa.int64()), [("kb", "bucket(8, k)")], {}, 25),
     # String keys: the hash join.
     "sl": (
         _table(200, 3, "k", pa.int64()).set_column(1, "k", pa.array(STRINGS * 22 + ["x", "y"])),
@@ -98,6 +101,9 @@ LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]], dict[str, Any], int | 
 }
 
 
+ENGINES = {"ed": "duckdb", "ea": "arrow"}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _split_small_joins() -> Any:
     """The datasets here are small: split their joins anyway (the size threshold has its own test)."""
@@ -111,15 +117,23 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("merge_joins")
     entries = []
     for name, (table, partition_by, options, max_rows) in LAYOUTS.items():
+        engine = ENGINES.get(name, "parquet")
         build_acceleration(
-            base, table, partition_by, dataset=name, storage_options=options, max_rows_per_file=max_rows
+            base,
+            table,
+            partition_by,
+            dataset=name,
+            engine=engine,
+            storage_options=options,
+            max_rows_per_file=max_rows,
         )
         source = base / f"source_{name}.parquet"
         (base / "source.parquet").rename(source)
         fields = "\n".join(f'        - {field}: "{expr}"' for field, expr in partition_by)
         entries.append(
-            f"  - name: {name}\n    from: file:{source}\n    acceleration:\n      engine: parquet\n"
+            f"  - name: {name}\n    from: file:{source}\n    acceleration:\n      engine: {engine}\n"
             f"      mode: file\n      partition_by:\n{fields}\n"
+            + ("      params: {partition_mode: files}\n" if engine == "duckdb" else "")
         )
     path = base / "merge.yaml"
     path.write_text(f"accelerator_dir: {base / 'accelerations'}\ndatasets:\n" + "".join(entries))
@@ -161,7 +175,15 @@ def _canonical(table: pa.Table) -> list[tuple[Any, ...]]:
     return sorted(rows, key=repr)
 
 
-PAIRS = [("ml", "mr", "k"), ("mu", "mr", "k"), ("ml", "mu", "k"), ("dl", "dr", "d"), ("tl", "tr", "t")]
+PAIRS = [
+    ("ml", "mr", "k"),
+    ("mu", "mr", "k"),
+    ("ml", "mu", "k"),
+    ("dl", "dr", "d"),
+    ("tl", "tr", "t"),
+    ("ml", "ed", "k"),
+    ("ea", "mr", "k"),
+]
 SHAPES = [
     "SELECT count(*) AS n, sum(a.v) AS s, min(b.v), max(a.id), count(b.v) FROM {l} a JOIN {r} b "
     "ON a.{k} = b.{k}",
