@@ -17,17 +17,21 @@ twice and reports the second run's seconds (files checked and footers cached, as
 reader) and its own peak RSS (`VmHWM`):
 
 * ours: `datasets_query(spec).query(sql)`, the join split into one small join per bucket, a window of as
-  many buckets as DuckDB has threads run as one statement, whose `count` / `sum` partials are added up
-  (at `--quick` sizes the join is under `SPLIT_MIN_BYTES` and not split; the plan's reason is printed);
+  many buckets as DuckDB has threads run as one statement, whose `count` / `sum` partials are added up;
+  each bucket pair's sorted keys merged (`read.merge_join`: DuckDB reads the pair's columns, Polars
+  merges the keys, the matched rows joined by position) (at `--quick` sizes the join is under
+  `SPLIT_MIN_BYTES` and not split; the plan's reasons are printed);
+* ours, hash pairs: the same with `merge_joins=False` (each bucket pair a DuckDB hash join);
 * ours, plain join: the same with `split_joins=False` (one hash join over both datasets' files);
 * DuckDB over the raw source files: the same statement over `read_parquet` of each side's source files
   (the anchor: what a user gets without the acceleration).
 
-Printed: ours / DuckDB (target <= 0.7), ours / ours-plain (target <= 0.8), each with the highest load
-average of its rounds; the same two ratios of CPU seconds (the worker's user + system time over all its
-threads during the timed run: the work done, which a loaded machine disturbs far less than the wall
-clock); the same two ratios of the wall clock less the seconds the worker's main thread waited, runnable,
-for a core (`/proc/thread-self/schedstat`: an estimate, on a shared machine, of the idle wall clock); each
+Printed: ours / DuckDB (target <= 0.7), ours / ours-plain (target <= 0.8) and ours / ours with hash
+pairs (no target: what the merge saves), each with the highest load average of its rounds; the same
+ratios of CPU seconds (the worker's user + system time over all its threads during the timed run: the
+work done, which a loaded machine disturbs far less than the wall clock); the same ratios of the wall
+clock less the seconds the worker's main thread waited, runnable, for a core
+(`/proc/thread-self/schedstat`: an estimate, on a shared machine, of the idle wall clock); each
 contender's median seconds, CPU seconds, seconds less that wait and peak RSS, and ours' planning seconds.
 """
 
@@ -49,7 +53,7 @@ from benchmarks.pairing import Ratio, Target, figure_line
 
 BUCKETS = 16
 SQL = 'SELECT count(*) AS n, sum(l.v + r.w) AS total FROM "left" l JOIN "right" r ON l.k = r.k'
-CONTENDERS = ("ours", "ours_plain", "duckdb")
+CONTENDERS = ("ours", "ours_hash", "ours_plain", "duckdb")
 
 
 def build(directory: Path, rows: int) -> Path:
@@ -136,8 +140,8 @@ def worker(contender: str, spec: Path, out: Path) -> None:
     else:
         from airflow_partitions.read.reader import datasets_query
 
-        query = datasets_query(spec)
-        split = contender == "ours"
+        query = datasets_query(spec, merge_joins=contender != "ours_hash")
+        split = contender != "ours_plain"
 
         def run() -> list[tuple[int, ...]]:
             table = query.query(SQL, split_joins=split)
@@ -162,8 +166,13 @@ def worker(contender: str, spec: Path, out: Path) -> None:
     }
     if contender == "ours":
         started = time.perf_counter()
-        report["decision"] = query.plan(SQL).joins[0].reason
+        plan = query.plan(SQL)
         report["plan_seconds"] = time.perf_counter() - started
+        report["decision"] = plan.joins[0].reason + (
+            f"; pair joins: {'merged' if plan.merge else 'hashed'} ({plan.merge_reason})"
+            if plan.streamed
+            else ""
+        )
     out.write_text(json.dumps(report))
 
 
@@ -257,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, anchor, target in (
         ("DuckDB over the raw files", "duckdb", Target("<=", 0.7)),
         ("ours (one plain join)", "ours_plain", Target("<=", 0.8)),
+        ("ours (hash-joined pairs)", "ours_hash", None),
     ):
         print(figure_line(f"ours (partition-wise) / {label}", ratio("ours", anchor), target))
         print(figure_line("  the same, CPU seconds", ratio("ours", anchor, cpu), None))

@@ -614,11 +614,17 @@ def test_pair_groups_stream_one_statement_each_only_where_exact(
     run_streamed = multi._run_streamed
 
     def counted(
-        connection: Any, statement: str, view: str, branches: Any, kinds: Any, window: int = 1
+        connection: Any,
+        statement: str,
+        view: str,
+        branches: Any,
+        kinds: Any,
+        window: int = 1,
+        merged: Any = None,
     ) -> pa.Table:
         runs.append(len(branches))
         windows.append(window)
-        return run_streamed(connection, statement, view, branches, kinds, window)
+        return run_streamed(connection, statement, view, branches, kinds, window, merged=merged)
 
     windows: list[int] = []
     monkeypatch.setattr(multi, "_run_streamed", counted)
@@ -658,10 +664,16 @@ def test_several_pair_groups_per_statement_give_the_same_answer(
     execute = multi._run_streamed
 
     def counted(
-        connection: Any, statement: str, view: str, branches: Any, kinds: Any, window: int = 1
+        connection: Any,
+        statement: str,
+        view: str,
+        branches: Any,
+        kinds: Any,
+        window: int = 1,
+        merged: Any = None,
     ) -> pa.Table:
         statements.append(-(-len(branches) // window))
-        return execute(connection, statement, view, branches, kinds, window)
+        return execute(connection, statement, view, branches, kinds, window, merged=merged)
 
     monkeypatch.setattr(multi, "_run_streamed", counted)
     with datasets_query(spec, groups_per_statement=window) as windowed:
@@ -720,9 +732,11 @@ def test_the_plan_says_how_many_pair_groups_each_statement_joins_and_why(
         runs: list[int] = []
         run_streamed = multi._run_streamed
 
-        def counted(connection: Any, statement: str, view: str, branches: Any, *rest: Any) -> pa.Table:
+        def counted(
+            connection: Any, statement: str, view: str, branches: Any, *rest: Any, **named: Any
+        ) -> pa.Table:
             runs.append(len(branches))
-            return run_streamed(connection, statement, view, branches, *rest)
+            return run_streamed(connection, statement, view, branches, *rest, **named)
 
         monkeypatch.setattr(multi, "_run_streamed", counted)
         assert _canonical(windowed.query(sql)) == _oracle(sql)
@@ -817,8 +831,8 @@ def test_a_window_over_the_memory_limit_runs_its_pair_groups_one_at_a_time(
 
     execute = multi._run_streamed
 
-    def tight(connection: Any, *args: Any) -> pa.Table:
-        return execute(Tight(connection), *args)
+    def tight(connection: Any, *args: Any, **named: Any) -> pa.Table:
+        return execute(Tight(connection), *args, **named)
 
     monkeypatch.setattr(multi, "_run_streamed", tight)
     monkeypatch.setattr(query, "groups_per_statement", 3)

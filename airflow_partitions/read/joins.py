@@ -113,6 +113,9 @@ class JoinCandidate:
     more_on: list[str] = field(default_factory=list)
     # Every column equality of the join conditions, between two sides (lower position first).
     equalities: list[tuple[SideColumn, SideColumn]] = field(default_factory=list)
+    # Whether a join condition holds more than those equalities (another conjunct, or an equality
+    # that is not between two sides' columns).
+    residual: bool = False
 
     @property
     def sides(self) -> list[JoinSide]:
@@ -308,7 +311,9 @@ def _check_join_shape(
             conditions.append("USING (" + ", ".join(i.sql(dialect="duckdb") for i in using) + ")")
         elif on is not None:
             using_columns.append(set())
-            for conjunct in on.flatten() if isinstance(on, exp.And) else [on]:
+            conjuncts = list(on.flatten()) if isinstance(on, exp.And) else [on]
+            found = len(candidate.equalities)
+            for conjunct in conjuncts:
                 if not (isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column)):
                     continue
                 if not isinstance(conjunct.expression, exp.Column):
@@ -322,6 +327,8 @@ def _check_join_shape(
                 one = (a, _field_name(tables[first[0]], first[1]))
                 two = (b, _field_name(tables[second[0]], second[1]))
                 candidate.equalities.append((one, two) if a < b else (two, one))
+            if len(candidate.equalities) - found != len(conjuncts):
+                candidate.residual = True
             conditions.append("ON " + _qualified_sql(on, tables))
         else:
             using_columns.append(set())
@@ -812,9 +819,10 @@ class JoinSplit:
     decision: JoinDecision
     view: str
 
-    def branch_sql(self, *relations: str) -> str:
+    def branch_sql(self, *relations: str, positional: bool = False) -> str:
         """One small join over the sides' relations (in FROM order), its rows the columns the statement
-        reads."""
+        reads. `positional`: the relations hold the join's rows already matched, row by row (a merge
+        join's taken rows, `read.merge_join`), joined by position instead of by the condition."""
         candidate = self.decision.candidate
         assert candidate is not None
         items = [
@@ -827,7 +835,10 @@ class JoinSplit:
         for relation, side, condition in zip(
             relations[1:], sides[1:], [candidate.on_sql, *candidate.more_on], strict=True
         ):
-            text += f" {candidate.kind} JOIN {relation} AS {_quote(side.qualifier)} {condition}"
+            if positional:
+                text += f" POSITIONAL JOIN {relation} AS {_quote(side.qualifier)}"
+            else:
+                text += f" {candidate.kind} JOIN {relation} AS {_quote(side.qualifier)} {condition}"
         return text
 
 

@@ -57,6 +57,14 @@ from airflow_partitions.read.joins import (
     rewrite_splits,
     streamed_shape,
 )
+from airflow_partitions.read.merge_join import (
+    MERGE_MIN_ROWS,
+    MergedGroups,
+    MergeKeys,
+    merge_reason,
+    merged_groups,
+    note_hashed,
+)
 from airflow_partitions.read.query import (
     QUERY_HINT,
     _scrubbed,
@@ -192,6 +200,12 @@ class DatasetQueryPlan:
     streamed: bool = False
     # Why a split join's statement runs once over all its pair groups (empty when it streams).
     whole_reason: str = ""
+    # A streamed split join's pair groups merged on these keys (`read.merge_join`), or None: DuckDB's
+    # hash join; and why.
+    merge: MergeKeys | None = None
+    merge_reason: str = ""
+    # The join's rows when only loading the merge held it back (`merge_join.note_hashed` after the run).
+    merge_deferred_rows: int = 0
 
     @property
     def splits(self) -> list[JoinDecision]:
@@ -212,6 +226,9 @@ class DatasetQueryPlan:
                 lines.append(f"  pair group {', '.join(pair.groups)}: {sizes} partition(s)")
             if decision.split:
                 lines.append(f"  {self._statements(decision)}")
+                if self.streamed:
+                    kind = "sorted merge" if self.merge is not None else "hash join"
+                    lines.append(f"  pair joins: {kind}: {self.merge_reason}")
         return "\n".join(lines)
 
     def _statements(self, decision: JoinDecision) -> str:
@@ -239,6 +256,14 @@ class DatasetQueryPlan:
                         "streamed": self.streamed,
                         **(self.window.to_json() if self.window is not None else {}),
                         **({"whole_reason": self.whole_reason} if not self.streamed else {}),
+                        **(
+                            {
+                                "pair_join": "merge" if self.merge is not None else "hash",
+                                "pair_join_reason": self.merge_reason,
+                            }
+                            if self.streamed
+                            else {}
+                        ),
                     }
                 }
                 if self.splits
@@ -265,12 +290,19 @@ class DatasetQuery:
         query_limits: QueryLimits | None = None,
         split_min_bytes: int | None = None,
         groups_per_statement: int | None = None,
+        merge_joins: bool = True,
+        merge_min_rows: int | None = None,
     ) -> None:
         # Joins whose two sides' selected files hold fewer bytes run as one plain join.
         self.split_min_bytes = SPLIT_MIN_BYTES if split_min_bytes is None else split_min_bytes
         # How many pair groups of a streamed split join one statement joins (None: the query's DuckDB
         # threads, so that each thread has a small join to build while another's hash table is finished).
         self.groups_per_statement = groups_per_statement
+        # Whether a streamed split join's pair groups may be merged on sorted keys (`read.merge_join`).
+        self.merge_joins = merge_joins
+        # Below this many rows on both sides together, a first merge join of the process (which loads
+        # Polars) keeps the hash join.
+        self.merge_min_rows = MERGE_MIN_ROWS if merge_min_rows is None else merge_min_rows
         self.project = project
         self._readers: dict[str, DatasetReader] = dict(readers or {})
         self._owned: list[DatasetReader] = []
@@ -410,6 +442,17 @@ class DatasetQuery:
             plan.whole_reason = f"no more pair groups than one statement joins ({window.reason()})"
         else:
             plan.streamed = True
+            sides = [side.dataset for side in splits[0].sides]
+            rows = sum(file.rows for name in set(sides) for file in plan.plans[name].files)
+            choice = merge_reason(
+                splits[0],
+                [plan.schemas[name] for name in sides],
+                rows,
+                enabled=self.merge_joins,
+                min_rows=self.merge_min_rows,
+            )
+            plan.merge, plan.merge_reason = choice.keys, choice.reason
+            plan.merge_deferred_rows = choice.deferred_rows
 
     # --- running ----------------------------------------------------------------------------------
 
@@ -470,7 +513,11 @@ class DatasetQuery:
                 try:
                     register_catalog_tables(connection, self._catalog_tables(plan))
                     register_dataset_views(self, connection, scopes, plan)
-                    branches = [_split_branches(self, connection, scopes, plan, split) for split in splits]
+                    relations = [_split_relations(self, connection, scopes, plan, s) for s in splits]
+                    branches = [
+                        [split.branch_sql(*(f"({r})" for r in group)) for group in groups]
+                        for split, groups in zip(splits, relations, strict=True)
+                    ]
                     if shape is None:
                         # One statement over the whole union: the views of the split joins (a streamed
                         # join's view holds one window of pair groups at a time, `_run_streamed`).
@@ -491,11 +538,24 @@ class DatasetQuery:
                 try:
                     if shape is not None:
                         view, groups = splits[0].view, branches[0]
-                        return run_bounded(
-                            connection,
-                            lambda: _run_streamed(connection, statement, view, groups, shape, window),
-                            memory=limits.memory,
+                        merged = (
+                            merged_groups(connection, splits[0], plan.merge, relations[0], window)
+                            if plan.merge is not None
+                            else None
                         )
+                        try:
+                            result = run_bounded(
+                                connection,
+                                lambda: _run_streamed(
+                                    connection, statement, view, groups, shape, window, merged=merged
+                                ),
+                                memory=limits.memory,
+                            )
+                        finally:
+                            if merged is not None:
+                                merged.close()
+                        note_hashed(plan.merge_deferred_rows)
+                        return result
                     return run_bounded(
                         connection, lambda: connection.sql(statement).to_arrow_table(), memory=limits.memory
                     )
@@ -577,27 +637,29 @@ def _relation(
     return f"SELECT {columns} FROM {source}"
 
 
-def _split_branches(
+def _split_relations(
     query: DatasetQuery,
     connection: Any,
     scopes: Mapping[str, CallScope],
     plan: DatasetQueryPlan,
     split: JoinSplit,
-) -> list[str]:
-    """The SQL of a split join's small joins, one per pair group (the view of their union is made by
-    `_create_view`: over all of them, or one window of them at a time when the statement streams)."""
+) -> list[list[str]]:
+    """Each pair group's relation of each side (in FROM order), over the group's files: the small joins
+    (`JoinSplit.branch_sql`) join them; the view of their union is made by `_create_view`, over all of
+    them, or one window of them at a time when the statement streams."""
     decision = split.decision
     sides = [side.dataset for side in decision.sides]
     pairs: list[PairGroup | None] = list(decision.pairs) or [None]
-    branches = []
+    relations = []
     for pair in pairs:
         files = pair.files if pair is not None else tuple(() for _ in sides)
-        relations = [
-            _relation(query, connection, scopes[name], name, side_files, plan.schemas[name])
-            for name, side_files in zip(sides, files, strict=True)
-        ]
-        branches.append(split.branch_sql(*(f"({relation})" for relation in relations)))
-    return branches
+        relations.append(
+            [
+                _relation(query, connection, scopes[name], name, side_files, plan.schemas[name])
+                for name, side_files in zip(sides, files, strict=True)
+            ]
+        )
+    return relations
 
 
 def _create_view(connection: Any, view: str, branches: Sequence[str]) -> None:
@@ -613,6 +675,7 @@ def _run_streamed(
     branches: Sequence[str],
     shape: list[str],
     window: int = 1,
+    merged: MergedGroups | None = None,
 ) -> pa.Table:
     """`statement` run once per `window` consecutive pair groups, the split join's view holding only
     their small joins (so at most `window` groups' hash tables are in memory; DuckDB builds them side by
@@ -627,12 +690,17 @@ def _run_streamed(
     the sides' files differ in type across partitions: each window's result is checked as well). So it
     does when a window's result has other types than the first's (a column stored as int32 in some
     partitions' files and int64 in others): the whole union's statement gives the one type.
+
+    `merged`: the pair groups as merge joins (`read.merge_join`): each window's small joins are the
+    positional joins of its groups' merged rows, dropped once the window's statement has run. The
+    fallbacks that run once over every group use the hash joins of `branches`.
     """
     import duckdb
 
     parts: list[pa.Table] = []
     for start in range(0, len(branches), window):
-        chunk = branches[start : start + window]
+        stop = min(start + window, len(branches))
+        chunk = merged.branches(start, stop) if merged is not None else branches[start:stop]
         try:
             _create_view(connection, view, chunk)
             relation = connection.sql(statement)
@@ -652,6 +720,8 @@ def _run_streamed(
             # some, int64 in others): only the whole union has the statement's type for it.
             return _run_groups(connection, statement, view, branches)  # once over every group
         parts.append(part)
+        if merged is not None:
+            merged.release(start, stop)
         check_budget()
     return _combined(pa.concat_tables(parts), shape)
 

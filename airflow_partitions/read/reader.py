@@ -798,9 +798,12 @@ def datasets_query(
     query_limits: QueryLimits | None = None,
     split_min_bytes: int | None = None,
     groups_per_statement: int | None = None,
+    merge_joins: bool = True,
+    merge_min_rows: int | None = None,
 ) -> DatasetQuery:
     """Multi-dataset queries over the spec's datasets, each read through its handle with `s3_settings`
-    (None: the AWS environment); closing it closes the readers it opened."""
+    (None: the AWS environment); closing it closes the readers it opened. The last four arguments are
+    `DatasetQuery`'s (how split joins run)."""
     from airflow_partitions.read.multi import DatasetQuery  # lazy: sqlglot
 
     spec = open_project(project)
@@ -816,6 +819,8 @@ def datasets_query(
         query_limits=query_limits,
         split_min_bytes=split_min_bytes,
         groups_per_statement=groups_per_statement,
+        merge_joins=merge_joins,
+        merge_min_rows=merge_min_rows,
     )
 
 

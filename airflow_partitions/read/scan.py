@@ -99,7 +99,7 @@ class CallScope:
     def arrow_relation(self, connection: Any, table: pa.Table) -> str:
         """A relation over the rows of `table`, registered until the call ends."""
         name = f"ap_rows_{uuid.uuid4().hex[:12]}"
-        self.register(connection, name, _ArrowStream(table))
+        self.register(connection, name, ArrowStream(table))
         return quote_identifier(name)
 
     def local_root(self, files: Sequence[DataFile], shared: Sequence[str] = ()) -> Path:
@@ -116,7 +116,7 @@ class CallScope:
         self.registered.append(name)
 
 
-class _ArrowStream:
+class ArrowStream:
     """A table DuckDB scans through the Arrow C stream interface: a new stream per scan, filters and
     projections applied by DuckDB itself (a `pyarrow.Table` would be scanned through `pyarrow.dataset`,
     importing it and evaluating pushed filters with Arrow's compute functions instead of DuckDB's)."""
