@@ -475,3 +475,49 @@ def test_an_error_hashing_the_last_batch_publishes_nothing(
     project = load_project(spec)
     assert open_handle(project, project.dataset(DATASET)).catalog.latest() is None, "nothing published"
     assert not list((tmp_path / "acc").rglob("*.parquet")), "nothing written"
+
+
+def test_a_selective_refresh_sorts_and_hashes_only_the_planned_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh of some partitions (`where`) streams every batch but keeps only the planned partitions'
+    rows past the routing count: the sort, the spill and the row hash see those rows alone, the others
+    are counted as unplanned; the refreshed partitions' rows and certificates are the full refresh's,
+    and a full read still equals the source."""
+    files, expected = drifting_chunks(85, rows=400, chunks=3)
+    for way in ("selective", "whole"):
+        write_parquet_source(tmp_path / way, files)
+    selective, whole = (write_spec(tmp_path / way, "parquet", COMPOSITE) for way in ("selective", "whole"))
+    refresh_dataset(whole, DATASET, strategy="arrow")
+    refresh_dataset(selective, DATASET, strategy="arrow")
+    keys = rows_by_key(expected, COMPOSITE)
+    planned = {key for key in keys if "cf=%NULL" in key}
+    assert planned, "the data has NULL flags"
+    assert len(planned) < len(keys)
+    planned_rows = sum(keys[key].num_rows for key in planned)
+
+    seen = {"tally": 0, "group": 0, "batches": 0}
+    real_tally, real_group = arrow_stream._Router._tally, arrow_stream._Router._group
+
+    def tally(self: Any, table: pa.Table, *rest: Any) -> None:
+        seen["tally"] += table.num_rows
+        real_tally(self, table, *rest)
+
+    def group(self: Any, table: pa.Table, *rest: Any) -> None:
+        seen["group"] += table.num_rows
+        seen["batches"] += 1
+        real_group(self, table, *rest)
+
+    monkeypatch.setattr(arrow_stream, "BATCH_ROWS", 16)
+    monkeypatch.setattr(arrow_stream._Router, "_tally", tally)
+    monkeypatch.setattr(arrow_stream._Router, "_group", group)
+    summary = refresh_dataset(selective, DATASET, strategy="arrow", where="cf IS NULL", workers=1)
+    assert seen["batches"] >= expected.num_rows // 16, "the source was read in small batches"
+    assert seen["tally"] == seen["group"] == planned_rows, (seen, planned_rows)
+    assert summary.rows == planned_rows
+    got, want = partitions_of(selective), partitions_of(whole)
+    assert set(got) == set(want) == set(keys)
+    for key_path in planned:
+        assert got[key_path][:2] == want[key_path][:2], key_path
+        assert got[key_path][2].equals(want[key_path][2]), f"{key_path}: same rows in the same order"
+    assert_same_rows(conformed(read_back(selective), expected), expected, "after the selective refresh")

@@ -284,11 +284,13 @@ class _Router:
         if learner is not None:
             learner.add(table, [key.values for key in keys])
         paths = [key.path(self.names) for key in keys]
+        counts = self._counted(table, group, paths)
+        table, group = self._planned_rows(table, group, paths)
         # The hash runs in DuckDB (its own threads, no GIL) while this thread groups these rows and
         # routes the next batch: the previous batch's tally is waited for only after this one's grouping.
         behind, self._tallying = self._tallying, self._hasher.submit(self._tally, table, group, paths)
         try:
-            self._group(table, group, paths)
+            self._group(table, group, paths, counts)
         finally:
             if behind is not None:
                 behind.result()
@@ -299,10 +301,10 @@ class _Router:
         if pending is not None:
             pending.result()
 
-    def _group(self, table: pa.Table, group: pa.Array, paths: list[str]) -> None:
+    def _counted(self, table: pa.Table, group: pa.Array, paths: list[str]) -> Any:
+        """The batch's rows per group (every row in exactly one, or `ConservationError`); the rows of
+        unplanned partitions counted as dropped."""
         import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
 
         counts = np.bincount(group.to_numpy(zero_copy_only=False), minlength=len(paths))
         if int(counts.sum()) != table.num_rows:
@@ -313,13 +315,47 @@ class _Router:
                 actual="rows grouped by partition",
                 hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
             )
+        for path, rows in zip(paths, counts.tolist(), strict=True):
+            if path not in self.planned:
+                self.dropped[path] = self.dropped.get(path, 0) + rows
+        return counts
+
+    def _planned_rows(self, table: pa.Table, group: pa.Array, paths: list[str]) -> tuple[pa.Table, pa.Array]:
+        """The rows of planned partitions only (a selective refresh neither sorts nor hashes the others'),
+        with their group codes; the batch itself when every group is planned."""
+        import numpy as np
+        import pyarrow as pa
+
+        planned = np.array([path in self.planned for path in paths], dtype=bool)
+        if planned.all():
+            return table, group
+        keep = pa.array(planned[group.to_numpy(zero_copy_only=False)])
+        return table.filter(keep), group.filter(keep)
+
+    def _group(self, table: pa.Table, group: pa.Array, paths: list[str], counts: Any) -> None:
+        """Each planned partition's rows of the batch (`table`: those rows only) into the spill, in
+        their order; `counts`: the whole batch's rows per group."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        counts = np.where([path in self.planned for path in paths], counts, 0)
+        if int(counts.sum()) != table.num_rows:
+            raise ConservationError(
+                self.dataset.name,
+                {"[batch]": (table.num_rows, int(counts.sum()))},
+                expected="rows of planned partitions in a batch",
+                actual="rows kept for them",
+                hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
+            )
+        if table.num_rows == 0:
+            return
         # One stable sort: each partition's rows keep their order.
         ordered = table if len(paths) == 1 else table.take(pc.sort_indices(group))
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
         parts: dict[str, pa.Table] = {}
         for path, start, rows in zip(paths, starts, counts.tolist(), strict=True):
             if path not in self.planned:
-                self.dropped[path] = self.dropped.get(path, 0) + rows
                 continue
             part = ordered.slice(start, rows)
             # Two groups share a path only if the encoding told apart values that compare equal.
@@ -330,6 +366,9 @@ class _Router:
     def _tally(self, table: pa.Table, group: pa.Array, paths: list[str]) -> None:
         """Count and row hash of the batch's rows per partition (planned ones), into the running tallies."""
         import pyarrow as pa
+
+        if table.num_rows == 0:
+            return
 
         prepared = self._hash_ready(table, self.schema)
         prepared = prepared.append_column(_GROUP_COLUMN, pa.array(group, pa.int64()))
