@@ -1,15 +1,17 @@
 """Merge joins of split joins' pair groups (`read.merge_join`), differential against DuckDB over the sources.
 
-Datasets bucketed on integer, date and timestamp keys (NULL keys, keys repeated on both sides, negative
-and extreme values, int32 against int64, partitions sorted by the key or not, several files per
-partition; Parquet, DuckDB and Arrow IPC engines) are joined with every statement shape that streams: each answer must equal DuckDB's over the
-two source tables, the plan must say the pair groups were merged, and every pair group must have gone
-through the merge. Joins the merge does not take keep the hash join, say why, and answer the same.
+Datasets bucketed on integer, date, timestamp and string keys (NULL keys, keys repeated on both sides,
+negative and extreme values, int32 against int64, hostile strings, partitions sorted by the key or not,
+several files per partition; Parquet, DuckDB and Arrow IPC engines) are joined with every statement
+shape that streams: each answer must equal DuckDB's over the two source tables, the plan must say the
+pair groups were merged, and every pair group must have gone through the merge. Joins the merge does not
+take keep the hash join, say why, and answer the same.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import os
 import threading
 from pathlib import Path
@@ -56,6 +58,19 @@ def _table(count: int, seed: int, key: str, kind: pa.DataType) -> pa.Table:
     )
 
 
+def _strings(table: pa.Table, seed: int) -> pa.Table:
+    """`table` with string keys `k`: hostile prefixes, a few hundred values, NULLs."""
+    keys = [
+        None if i % 13 == 4 else f"{STRINGS[(i * seed) % 8]}{(i * seed) % 53}" for i in range(table.num_rows)
+    ]
+    return table.set_column(1, "k", pa.array(keys, pa.string()))
+
+
+def _decimals(table: pa.Table) -> pa.Table:
+    keys = [None if v is None else decimal.Decimal(v % 40) / 4 for v in table.column("k").to_pylist()]
+    return table.set_column(1, "k", pa.array(keys, pa.decimal128(10, 2)))
+
+
 SORTED = {"sort_by": ["k"]}
 # dataset -> (rows, partition fields, storage options, max rows per file)
 LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]], dict[str, Any], int | None]] = {
@@ -85,19 +100,12 @@ LAYOUTS: dict[str, tuple[pa.Table, list[tuple[str, str]], dict[str, Any], int | 
     # Other engines: DuckDB files of one table each, Arrow IPC (unsorted, several files per partition).
     "ed": (_table(320, 11, "k", pa.int64()), [("kb", "bucket(16, k)")], {}, None),
     "ea": (_table(280, 13, "k", pa.int64()), [("kb", "bucket(8, k)")], {}, 25),
-    # String keys: the hash join.
-    "sl": (
-        _table(200, 3, "k", pa.int64()).set_column(1, "k", pa.array(STRINGS * 22 + ["x", "y"])),
-        [("kb", "bucket(8, k)")],
-        {},
-        None,
-    ),
-    "sr": (
-        _table(150, 5, "k", pa.int64()).set_column(1, "k", pa.array((STRINGS * 17)[:150])),
-        [("kb", "bucket(8, k)")],
-        {},
-        None,
-    ),
+    # String keys (hostile, NULLs, repeated), one side sorted, the other not and cut into several files.
+    "sl": (_strings(_table(300, 3, "k", pa.int64()), 3), [("kb", "bucket(8, k)")], SORTED, None),
+    "sr": (_strings(_table(260, 5, "k", pa.int64()), 5), [("kb", "bucket(16, k)")], {}, 30),
+    # Decimal keys: the hash join.
+    "nl": (_decimals(_table(120, 3, "k", pa.int64())), [("kb", "bucket(4, k)")], {}, None),
+    "nr": (_decimals(_table(100, 7, "k", pa.int64())), [("kb", "bucket(4, k)")], {}, None),
 }
 
 
@@ -183,6 +191,7 @@ PAIRS = [
     ("tl", "tr", "t"),
     ("ml", "ed", "k"),
     ("ea", "mr", "k"),
+    ("sl", "sr", "k"),
 ]
 SHAPES = [
     "SELECT count(*) AS n, sum(a.v) AS s, min(b.v), max(a.id), count(b.v) FROM {l} a JOIN {r} b "
@@ -225,9 +234,12 @@ def test_merged_pair_groups_equal_duckdb_over_the_sources(
             "SELECT count(*), sum(b.v) FROM ml a JOIN mr b ON a.k = b.k AND a.v < b.v",
             "not a single key equality",
         ),
-        ("SELECT count(*), max(a.s) FROM sl a JOIN sr b ON a.k = b.k", "keys of types string and string"),
+        (
+            "SELECT count(*), max(a.s) FROM nl a JOIN nr b ON a.k = b.k",
+            "keys of types decimal128(10, 2) and decimal128(10, 2)",
+        ),
     ],
-    ids=["left", "residual-on", "strings"],
+    ids=["left", "residual-on", "decimals"],
 )
 def test_joins_the_merge_does_not_take_keep_the_hash_join_and_say_why(
     query: DatasetQuery, merges: list[int | None], sql: str, reason: str
@@ -416,3 +428,38 @@ def test_join_indices_of_dates_and_timestamps() -> None:
     stamps = pa.array([moment, None, moment - dt.timedelta(microseconds=1)], pa.timestamp("us", tz="UTC"))
     rows, other = merge_join.join_indices(stamps, stamps)
     assert sorted(zip(rows.tolist(), other.tolist(), strict=True)) == [(0, 0), (2, 2)]
+
+
+TEXT = st.one_of(
+    st.none(), st.sampled_from(["", "a", "a/b", "k=v", "100%", "it's", "Zürich", "日本", "ab", "b"])
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    left=st.lists(TEXT, max_size=30),
+    right=st.lists(TEXT, max_size=30),
+    wide=st.booleans(),
+    binary=st.booleans(),
+)
+def test_join_indices_of_strings_are_exactly_the_inner_join_of_the_keys(
+    left: list[str | None], right: list[str | None], wide: bool, binary: bool
+) -> None:
+    """Strings (or their UTF-8 bytes) match byte for byte, in any order, string against large_string."""
+    kinds = (pa.large_binary(), pa.binary()) if binary else (pa.large_string(), pa.string())
+
+    def values(keys: list[str | None]) -> list[Any]:
+        return [None if k is None else (k.encode() if binary else k) for k in keys]
+
+    found = merge_join.join_indices(
+        pa.array(values(left), kinds[0] if wide else kinds[1]), pa.array(values(right), kinds[1])
+    )
+    assert found is not None
+    got = sorted(zip(found[0].tolist(), found[1].tolist(), strict=True))
+    expected = sorted(
+        (i, j) for i, a in enumerate(left) for j, b in enumerate(right) if a is not None and a == b
+    )
+    assert got == expected
+    assert merge_join.mergeable_types(kinds[0], kinds[1])
+    assert not merge_join.mergeable_types(pa.string(), pa.binary())
+    assert not merge_join.mergeable_types(pa.string(), pa.int64())

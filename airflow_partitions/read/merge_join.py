@@ -94,7 +94,9 @@ def merge_reason(
     left_type, right_type = schemas[0].field(left).type, schemas[1].field(right).type
     if not mergeable_types(left_type, right_type):
         return MergeChoice(
-            None, f"keys of types {left_type} and {right_type} are not merged (integers, dates, timestamps)"
+            None,
+            f"keys of types {left_type} and {right_type} are not merged (integers, dates, timestamps, "
+            "strings, binaries)",
         )
     if importlib.util.find_spec("polars") is None:
         return MergeChoice(None, "Polars is not installed (pip install polars)")
@@ -134,16 +136,29 @@ def polars_loaded() -> bool:
 
 
 def mergeable_types(left: pa.DataType, right: pa.DataType) -> bool:
-    """Whether two key types compare equal exactly as their int64 values do: signed or unsigned integers
-    up to 64 (uint64 excepted: it exceeds int64), or one date or timestamp type on both sides."""
+    """Whether two key types compare equal in DuckDB exactly as the merge compares them: signed or
+    unsigned integers up to 64 bits (uint64 excepted: it exceeds int64) as int64 values; one date or
+    timestamp type on both sides, by its integer value; strings (or binaries) on both sides, byte by byte
+    (DuckDB's default: no collation)."""
 
     def integer(t: pa.DataType) -> bool:
         return pa.types.is_integer(t) and not pa.types.is_uint64(t)
 
     if integer(left) and integer(right):
         return True
+    if _text(left) or _text(right):
+        return _text(left) == _text(right)
     temporal = pa.types.is_date32(left) or pa.types.is_date64(left) or pa.types.is_timestamp(left)
     return temporal and left.equals(right)
+
+
+def _text(kind: pa.DataType) -> str | None:
+    """ "string" or "binary" for Arrow's string or binary types (any offsets or views), else None."""
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+        return "string"
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind):
+        return "binary"
+    return None
 
 
 def join_indices(
@@ -158,8 +173,8 @@ def join_indices(
     import numpy as np
     import polars as pl  # lazy: only a merge join loads Polars
 
-    left_keys, left_rows = _int64_keys(left)
-    right_keys, right_rows = _int64_keys(right)
+    left_keys, left_rows = _keys(left)
+    right_keys, right_rows = _keys(right)
     left_keys, left_order = _ascending(left_keys)
     right_keys, right_order = _ascending(right_keys)
     if max_fanout is not None:
@@ -181,9 +196,11 @@ def join_indices(
     return positions[0], positions[1]
 
 
-def _int64_keys(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
-    """The non-NULL keys as int64 values, and the positions of their rows (None: every row)."""
+def _keys(column: pa.ChunkedArray | pa.Array) -> tuple[Any, np.ndarray | None]:
+    """The non-NULL keys as a Polars series (integers, dates and timestamps as int64 values; strings and
+    binaries as they are), and the positions of their rows (None: every row)."""
     import numpy as np
+    import polars as pl  # lazy: only a merge join loads Polars
 
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if pa.types.is_dictionary(array.type):
@@ -193,33 +210,38 @@ def _int64_keys(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndar
         rows = np.flatnonzero(array.is_valid().to_numpy(zero_copy_only=False))
         array = array.drop_null()
     kind = array.type
+    text = _text(kind)
+    if text is not None:
+        wide = pa.large_string() if text == "string" else pa.large_binary()
+        return pl.Series("k", array.cast(wide)), rows
     if pa.types.is_timestamp(kind) or pa.types.is_date64(kind):
         array = array.view(pa.int64())
     elif pa.types.is_date32(kind):
         array = array.view(pa.int32())
     values = array.cast(pa.int64()).to_numpy(zero_copy_only=False)
-    return np.ascontiguousarray(values), rows
+    return pl.Series("k", np.ascontiguousarray(values)), rows
 
 
-def _squared_runs(values: np.ndarray) -> float:
-    """The sum over the values of ascending `values` of the square of each one's count (Polars' run
-    lengths: numpy's temporaries cost several times as much in fresh pages)."""
+def _squared_runs(values: Any) -> float:
+    """The sum over the values of ascending `values` (a Polars series) of the square of each one's
+    count (Polars' run lengths: numpy's temporaries cost several times as much in fresh pages)."""
     import polars as pl  # lazy: only a merge join loads Polars
 
     if len(values) == 0:
         return 0.0
-    runs = pl.Series(values).rle().struct.field("len").cast(pl.Float64)
+    runs = values.rle().struct.field("len").cast(pl.Float64)
     return float(runs.pow(2).sum())
 
 
-def _ascending(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """`values` in ascending order, and the order taken (None when they already ascend)."""
+def _ascending(values: Any) -> tuple[Any, np.ndarray | None]:
+    """`values` (a Polars series) in ascending order (bytes for strings), and the order taken as
+    positions (None when they already ascend)."""
     import numpy as np
 
-    if len(values) < 2 or bool((values[1:] >= values[:-1]).all()):
+    if len(values) < 2 or values.is_sorted():
         return values, None
-    order = np.argsort(values, kind="stable")
-    return values[order], order
+    order = values.arg_sort()
+    return values.gather(order), order.to_numpy().astype(np.int64, copy=False)
 
 
 # --- running ---------------------------------------------------------------------------------------
