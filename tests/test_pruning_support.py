@@ -10,7 +10,7 @@ clause: the ground truth pruning must never fall below.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,42 @@ def partition_rows(
         key_paths.append(key_path)
         groups.setdefault(key_path, []).append(row)
     return key_paths, groups
+
+
+def build_datasets_spec(
+    base: Path,
+    layouts: Mapping[str, Sequence[Any]],
+    name: str,
+    engines: Mapping[str, str] | None = None,
+) -> Path:
+    """One spec (`base / name`) of several datasets, each written and committed as a refresh would:
+    `layouts` maps a dataset name to (rows, partition fields[, storage options[, max rows per file]]);
+    `engines`: a dataset's engine other than parquet (duckdb: one file per partition)."""
+    entries = []
+    for dataset, (table, partition_by, *more) in layouts.items():
+        engine = (engines or {}).get(dataset, "parquet")
+        options = more[0] if more else None
+        max_rows = more[1] if len(more) > 1 else None
+        build_acceleration(
+            base,
+            table,
+            partition_by,
+            dataset=dataset,
+            engine=engine,
+            storage_options=options,
+            max_rows_per_file=max_rows,
+        )
+        source = base / f"source_{dataset}.parquet"
+        (base / "source.parquet").rename(source)
+        fields = "\n".join(f'        - {field}: "{expr}"' for field, expr in partition_by)
+        entries.append(
+            f"  - name: {dataset}\n    from: file:{source}\n    acceleration:\n      engine: {engine}\n"
+            f"      mode: file\n      partition_by:\n{fields}\n"
+            + ("      params: {partition_mode: files}\n" if engine == "duckdb" else "")
+        )
+    path = base / name
+    path.write_text(f"accelerator_dir: {base / 'accelerations'}\ndatasets:\n" + "".join(entries))
+    return path
 
 
 def build_acceleration(

@@ -17,7 +17,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pytest
-from test_pruning_support import build_acceleration
+from test_pruning_support import build_datasets_spec
 
 from airflow_partitions.catalog import PartitionEntry
 from airflow_partitions.cli.main import main
@@ -115,20 +115,7 @@ def _split_small_joins() -> Any:
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One spec with every layout's dataset, each written and committed as a refresh would."""
-    base = tmp_path_factory.mktemp("joins")
-    entries = []
-    for name, (table, partition_by) in LAYOUTS.items():
-        build_acceleration(base, table, partition_by, dataset=name)
-        source = base / f"source_{name}.parquet"
-        (base / "source.parquet").rename(source)
-        fields = "\n".join(f'        - {field}: "{expr}"' for field, expr in partition_by)
-        entries.append(
-            f"  - name: {name}\n    from: file:{source}\n    acceleration:\n      engine: parquet\n"
-            f"      mode: file\n      partition_by:\n{fields}\n"
-        )
-    path = base / "joins.yaml"
-    path.write_text(f"accelerator_dir: {base / 'accelerations'}\ndatasets:\n" + "".join(entries))
-    return path
+    return build_datasets_spec(tmp_path_factory.mktemp("joins"), LAYOUTS, "joins.yaml")
 
 
 @pytest.fixture(scope="module")

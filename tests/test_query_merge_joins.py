@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_pruning_support import build_acceleration
+from test_pruning_support import build_datasets_spec
 
 from airflow_partitions.read import merge_join, multi
 from airflow_partitions.read.multi import DatasetQuery
@@ -122,30 +122,7 @@ def _split_small_joins() -> Any:
 
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("merge_joins")
-    entries = []
-    for name, (table, partition_by, options, max_rows) in LAYOUTS.items():
-        engine = ENGINES.get(name, "parquet")
-        build_acceleration(
-            base,
-            table,
-            partition_by,
-            dataset=name,
-            engine=engine,
-            storage_options=options,
-            max_rows_per_file=max_rows,
-        )
-        source = base / f"source_{name}.parquet"
-        (base / "source.parquet").rename(source)
-        fields = "\n".join(f'        - {field}: "{expr}"' for field, expr in partition_by)
-        entries.append(
-            f"  - name: {name}\n    from: file:{source}\n    acceleration:\n      engine: {engine}\n"
-            f"      mode: file\n      partition_by:\n{fields}\n"
-            + ("      params: {partition_mode: files}\n" if engine == "duckdb" else "")
-        )
-    path = base / "merge.yaml"
-    path.write_text(f"accelerator_dir: {base / 'accelerations'}\ndatasets:\n" + "".join(entries))
-    return path
+    return build_datasets_spec(tmp_path_factory.mktemp("merge_joins"), LAYOUTS, "merge.yaml", ENGINES)
 
 
 @pytest.fixture(scope="module")

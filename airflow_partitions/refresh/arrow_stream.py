@@ -307,18 +307,24 @@ class _Router:
         import numpy as np
 
         counts = np.bincount(group.to_numpy(zero_copy_only=False), minlength=len(paths))
-        if int(counts.sum()) != table.num_rows:
-            raise ConservationError(
-                self.dataset.name,
-                {"[batch]": (table.num_rows, int(counts.sum()))},
-                expected="rows read in a batch",
-                actual="rows grouped by partition",
-                hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
-            )
+        self._conserved(
+            table.num_rows, int(counts.sum()), "rows read in a batch", "rows grouped by partition"
+        )
         for path, rows in zip(paths, counts.tolist(), strict=True):
             if path not in self.planned:
                 self.dropped[path] = self.dropped.get(path, 0) + rows
         return counts
+
+    def _conserved(self, expected: int, actual: int, expected_what: str, actual_what: str) -> None:
+        """`ConservationError` (nothing written) unless a batch's two counts agree."""
+        if expected != actual:
+            raise ConservationError(
+                self.dataset.name,
+                {"[batch]": (expected, actual)},
+                expected=expected_what,
+                actual=actual_what,
+                hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
+            )
 
     def _planned_rows(self, table: pa.Table, group: pa.Array, paths: list[str]) -> tuple[pa.Table, pa.Array]:
         """The rows of planned partitions only (a selective refresh neither sorts nor hashes the others'),
@@ -340,14 +346,9 @@ class _Router:
         import pyarrow.compute as pc
 
         counts = np.where([path in self.planned for path in paths], counts, 0)
-        if int(counts.sum()) != table.num_rows:
-            raise ConservationError(
-                self.dataset.name,
-                {"[batch]": (table.num_rows, int(counts.sum()))},
-                expected="rows of planned partitions in a batch",
-                actual="rows kept for them",
-                hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
-            )
+        self._conserved(
+            int(counts.sum()), table.num_rows, "rows of planned partitions in a batch", "rows kept for them"
+        )
         if table.num_rows == 0:
             return
         # One stable sort: each partition's rows keep their order.
