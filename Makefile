@@ -88,4 +88,4 @@ bench: venv
 	$(BIN)/python -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) .accelerations .demo build *.egg-info
+	rm -rf $(VENV) $(COMPAT_VENV) .accelerations .demo .pytest_jvm build *.egg-info

@@ -132,18 +132,40 @@ def show_spec() -> None:
         print("   ", row)
 
 
-def configure_airflow() -> None:
+def airflow_environment() -> dict[str, str]:
+    """The demo's Airflow: its home and SQLite database under `.demo/`, the example DAG folder, this spec."""
     home = DEMO_DIR / "airflow_home"
     home.mkdir(parents=True, exist_ok=True)
-    os.environ["AIRFLOW_HOME"] = str(home)
-    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-    os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO_ROOT / "dags"))
-    # The example DAG file there loads this spec (the repository's, or the copy under --root).
-    os.environ["AIRFLOW_PARTITIONS_SPEC"] = str(SPEC_PATH)
-    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
+    return {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": os.environ.get("AIRFLOW__CORE__LOAD_EXAMPLES", "False"),
+        "AIRFLOW__CORE__DAGS_FOLDER": os.environ.get("AIRFLOW__CORE__DAGS_FOLDER", str(REPO_ROOT / "dags")),
+        # The example DAG file there loads this spec (the repository's, or the copy under --root).
+        "AIRFLOW_PARTITIONS_SPEC": str(SPEC_PATH),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+    }
+
+
+def start_migration() -> subprocess.Popen[bytes]:
+    """`airflow db migrate` of the demo's database, in the background (its output goes to the log file):
+    it takes seconds of its own, while the sample data, the S3 endpoint and the validation need none of it.
+    `configure_airflow` waits for it."""
     airflow_bin = Path(sys.executable).with_name("airflow")
     with LOG_FILE.open("ab") as log:
-        subprocess.run([str(airflow_bin), "db", "migrate"], check=True, stdout=log, stderr=log)
+        return subprocess.Popen(
+            [str(airflow_bin), "db", "migrate"],
+            env={**os.environ, **airflow_environment()},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+
+
+def configure_airflow(migration: subprocess.Popen[bytes]) -> None:
+    """Point this process's Airflow at the demo's home once its database is migrated."""
+    if migration.wait() != 0:
+        raise SystemExit(f"`airflow db migrate` failed (exit code {migration.returncode}); see {LOG_FILE}")
+    os.environ.update(airflow_environment())
 
 
 @contextlib.contextmanager
@@ -326,20 +348,26 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TZ", "UTC")
     DEMO_DIR.mkdir(parents=True, exist_ok=True)
     LOG_FILE.write_text("")
-    _say("1/5 generating sample data under .demo/")
-    generate_data(args.rows)
-    _say("2/5 starting a local S3 endpoint")
-    server, s3 = start_s3_endpoint()
+    migration = start_migration()
+    server = None
     try:
+        _say("1/5 generating sample data under .demo/")
+        generate_data(args.rows)
+        _say("2/5 starting a local S3 endpoint")
+        server, s3 = start_s3_endpoint()
         _say("3/5 validating dags/datasets.yaml")
         show_spec()
         _say("4/5 running the refresh DAG (Spark local mode, one mapped task per partition)")
-        configure_airflow()
+        configure_airflow(migration)
         run_refresh_dag(args.dataset)
         _say("5/5 pruned reads")
         show_results(args.dataset, s3)
     finally:
-        server.stop()
+        if migration.poll() is None:  # a step before the DAG failed
+            migration.kill()
+            migration.wait()
+        if server is not None:
+            server.stop()
     import logging
 
     # py4j says goodbye on the console when the interpreter exits; that line belongs in no screen.

@@ -68,6 +68,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
         _own_run_dir = Path(tempfile.mkdtemp(prefix="ap-test-run-"))
         os.environ[RUN_DIR_ENV] = str(_own_run_dir)
+        # Every JVM of the run (the workers inherit the variable) maps one class-data-sharing archive of
+        # Spark's classes: a JVM's start took 8.9 s without it, 4.0 s with it (tests/jvm_class_archive.py).
+        from jvm_class_archive import with_class_archive
+
+        os.environ["JAVA_TOOL_OPTIONS"] = with_class_archive(os.environ["JAVA_TOOL_OPTIONS"])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
