@@ -165,12 +165,12 @@ def join_indices(
     left: pa.ChunkedArray | pa.Array, right: pa.ChunkedArray | pa.Array, max_fanout: float | None = None
 ) -> tuple[Any, Any] | None:
     """The row positions (into `left`, into `right`) of every pair of rows whose keys are equal, NULLs
-    never equal: the rows of the inner join on the key, as numpy arrays of equal length. None when
+    never equal: the rows of the inner join on the key, as numpy arrays of equal length (unsigned or
+    int64 positions, every one within its side). None when
     `max_fanout` is given and the join could hold more rows than that many per row of both sides, found
     before anything of that size is allocated: the join's rows are the sum over keys of the two sides'
     counts, at most sqrt(sum of squared counts on the left x the same on the right) (Cauchy-Schwarz).
     """
-    import numpy as np
     import polars as pl  # lazy: only a merge join loads Polars
 
     left_keys, left_rows = _keys(left)
@@ -187,7 +187,7 @@ def join_indices(
     joined = left_frame.join(right_frame, on="k", how="inner")
     positions = []
     for column, order, rows in (("i", left_order, left_rows), ("j", right_order, right_rows)):
-        found = joined.get_column(column).to_numpy().astype(np.int64, copy=False)
+        found = joined.get_column(column).to_numpy()  # Polars' row index: uint32 (or uint64)
         if order is not None:
             found = order[found]
         if rows is not None:
@@ -368,10 +368,16 @@ class MergedGroups:
         """Each side's rows of the group's inner join, in matching order; None (the group's hash join)
         when the key columns as DuckDB read them (the files' types) do not merge, or their keys repeat
         past `MAX_FANOUT`."""
+        import pyarrow.compute as pc
+
         left_keys, right_keys = left.column(self._keys.left), right.column(self._keys.right)
         if not mergeable_types(left_keys.type, right_keys.type):
             return None
         found = join_indices(left_keys, right_keys, MAX_FANOUT)
         if found is None:
             return None
-        return left.take(found[0]), right.take(found[1])
+        # The positions come from the sides' own row numbers: Arrow need not check their bounds again.
+        return (
+            pc.take(left, found[0], boundscheck=False),
+            pc.take(right, found[1], boundscheck=False),
+        )
