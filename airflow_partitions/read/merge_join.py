@@ -40,11 +40,13 @@ from airflow_partitions.read.scan import ArrowStream
 if TYPE_CHECKING:
     import numpy as np
 
-# Loading the merge (importing Polars, starting its threads) is paid once per process. Like renting
-# before buying, a process keeps the hash join until the mergeable joins it has run (this one included)
-# total this many rows, about what the merge would have saved by then (~0.3 s at ~20 ns per row), then
-# loads it: never more than twice the better choice, whether the process runs one join or thousands.
-MERGE_MIN_ROWS = 16_000_000
+# Loading the merge (importing Polars, starting its threads) is paid once per process: ~0.3 s of CPU
+# (measured: 0.44-0.47 s for python + Polars + a first join against 0.11 s for python + numpy). Like
+# renting before buying, a process keeps the hash join until the mergeable joins it has run (this one
+# included) total this many rows, about what the merge would have saved by then (~10 ns of CPU per row:
+# 0.78 against 0.95-1.07 CPU s per 20M rows on `bench_joins`), then loads it: never more than about
+# twice the better choice, whether the process runs one join or thousands.
+MERGE_MIN_ROWS = 32_000_000
 _hashed = [0]  # rows of mergeable joins this process ran with the hash join before loading the merge
 _hashed_lock = threading.Lock()
 _warmed_in: list[int | None] = [None]  # the process that started Polars' threads (`warm_up`)
