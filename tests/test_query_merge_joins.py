@@ -296,6 +296,22 @@ def test_a_process_forked_after_the_merge_started_its_threads_keeps_the_hash_joi
     assert merges == []
 
 
+def test_a_merge_whose_polars_does_not_load_falls_back_to_the_hash_join(
+    query: DatasetQuery, merges: list[int | None], monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    def broken() -> None:
+        raise ImportError("polars: this CPU lacks the instructions the build needs")
+
+    monkeypatch.setattr(merge_join, "warm_up", broken)
+    sql = SHAPES[0].format(l="ml", r="mr", k="k")
+    assert query.plan(sql).merge is not None
+    with caplog.at_level("WARNING", logger=merge_join.__name__):
+        assert _canonical(query.query(sql)) == _oracle(sql)
+    assert merges == []
+    assert "merge joins unavailable" in caplog.text
+    assert "lacks the instructions" in caplog.text
+
+
 def test_a_failed_merge_fails_the_query_and_leaves_nothing_behind(
     query: DatasetQuery, monkeypatch: pytest.MonkeyPatch
 ) -> None:

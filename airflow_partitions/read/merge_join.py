@@ -21,6 +21,7 @@ the previous one. `merge_reason` says why a join keeps DuckDB's hash join.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import sys
@@ -39,6 +40,8 @@ from airflow_partitions.read.scan import ArrowStream
 
 if TYPE_CHECKING:
     import numpy as np
+
+log = logging.getLogger(__name__)
 
 # Loading the merge (importing Polars, starting its threads) is paid once per process: ~0.3 s of CPU
 # (measured: 0.44-0.47 s for python + Polars + a first join against 0.11 s for python + numpy). Like
@@ -251,13 +254,14 @@ def _ascending(values: Any) -> tuple[Any, np.ndarray | None]:
 
 def merged_groups(
     connection: Any, split: JoinSplit, keys: MergeKeys, relations: Sequence[Sequence[str]], window: int
-) -> MergedGroups:
+) -> MergedGroups | None:
     """The merge joins of a streamed split join's pair groups (`relations`: each group's relation of
     each side, as `multi._split_relations` gives them), each side reading the columns the rewritten
     statement uses (`candidate.flat`, filled by `rewrite_splits`) and its key.
 
     Loads Polars and starts its threads here, before the statement's memory guard caps the process's
-    address space (their reservations are not the query's memory)."""
+    address space (their reservations are not the query's memory); None, with a warning, when Polars
+    does not load (the hash joins run)."""
     candidate = split.decision.candidate
     assert candidate is not None
     columns: list[list[str]] = []
@@ -269,7 +273,11 @@ def merged_groups(
         for group in relations
     ]
     hash_branches = [split.branch_sql(*(f"({r})" for r in group)) for group in relations]
-    warm_up()
+    try:
+        warm_up()
+    except ImportError as err:  # an installation whose Polars does not load: the hash joins run
+        log.warning("merge joins unavailable, the pair groups are hash-joined: %s", err)
+        return None
     return MergedGroups(connection, split, keys, groups, hash_branches, window)
 
 

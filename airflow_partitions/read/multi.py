@@ -300,8 +300,8 @@ class DatasetQuery:
         self.groups_per_statement = groups_per_statement
         # Whether a streamed split join's pair groups may be merged on sorted keys (`read.merge_join`).
         self.merge_joins = merge_joins
-        # Below this many rows on both sides together, a first merge join of the process (which loads
-        # Polars) keeps the hash join.
+        # Until this process's mergeable joins total this many rows, a process that has not loaded the
+        # merge (Polars) keeps the hash join (`merge_join.MERGE_MIN_ROWS`).
         self.merge_min_rows = MERGE_MIN_ROWS if merge_min_rows is None else merge_min_rows
         self.project = project
         self._readers: dict[str, DatasetReader] = dict(readers or {})
