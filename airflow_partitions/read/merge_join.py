@@ -158,7 +158,7 @@ def mergeable_types(left: pa.DataType, right: pa.DataType) -> bool:
 
 
 def _text(kind: pa.DataType) -> str | None:
-    """ "string" or "binary" for Arrow's string or binary types (any offsets or views), else None."""
+    """Which text an Arrow type holds: "string" or "binary" (any offsets or views), else None."""
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
         return "string"
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind):
@@ -171,10 +171,10 @@ def join_indices(
 ) -> tuple[Any, Any] | None:
     """The row positions (into `left`, into `right`) of every pair of rows whose keys are equal, NULLs
     never equal: the rows of the inner join on the key, as numpy arrays of equal length (unsigned or
-    int64 positions, every one within its side). None when
-    `max_fanout` is given and the join could hold more rows than that many per row of both sides, found
-    before anything of that size is allocated: the join's rows are the sum over keys of the two sides'
-    counts, at most sqrt(sum of squared counts on the left x the same on the right) (Cauchy-Schwarz).
+    int64 positions, every one within its side). None when `max_fanout` is given and the join could
+    hold more rows than that many per row of both sides, found before anything of that size is
+    allocated: the join's rows are the sum over keys of the two sides' counts, at most
+    sqrt(sum of squared counts on the left x the same on the right) (Cauchy-Schwarz).
     """
     import polars as pl  # lazy: only a merge join loads Polars
 
