@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print(figure_line("  the same, wall less run-queue wait", ratio("ours", anchor, unqueued), None))
     for name in CONTENDERS:
         print(
-            f"  {name:12} {statistics.median(seconds[name]):7.3f} s (second run)  "
+            f"  {name:12} {statistics.median(seconds[name]):7.3f} s (timed run)  "
             f"CPU {statistics.median(cpu[name]):7.3f} s   less run-queue wait "
             f"{statistics.median(unqueued[name]):7.3f} s   peak RSS {max(rss[name]):8.1f} MiB"
         )
