@@ -253,10 +253,16 @@ def _ascending(values: Any) -> tuple[Any, np.ndarray | None]:
 
 
 def merged_groups(
-    connection: Any, split: JoinSplit, keys: MergeKeys, relations: Sequence[Sequence[str]], window: int
+    connection: Any,
+    split: JoinSplit,
+    keys: MergeKeys,
+    relations: Sequence[Sequence[str]],
+    hash_branches: Sequence[str],
+    window: int,
 ) -> MergedGroups | None:
     """The merge joins of a streamed split join's pair groups (`relations`: each group's relation of
-    each side, as `multi._split_relations` gives them), each side reading the columns the rewritten
+    each side, as `multi._split_relations` gives them; `hash_branches`: each group's hash join over
+    them, which a group the merge declines runs instead), each side reading the columns the rewritten
     statement uses (`candidate.flat`, filled by `rewrite_splits`) and its key.
 
     Loads Polars and starts its threads here, before the statement's memory guard caps the process's
@@ -272,7 +278,6 @@ def merged_groups(
         (MergeSide(group[0], tuple(columns[0])), MergeSide(group[1], tuple(columns[1])))
         for group in relations
     ]
-    hash_branches = [split.branch_sql(*(f"({r})" for r in group)) for group in relations]
     try:
         warm_up()
     except ImportError as err:  # an installation whose Polars does not load: the hash joins run
@@ -327,9 +332,6 @@ class MergedGroups:
         self._registered: dict[int, tuple[str, str]] = {}
         self._read = 0  # groups whose sides have been read and handed to the worker
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="ap-merge")
-
-    def __len__(self) -> int:
-        return len(self._groups)
 
     def branches(self, start: int, stop: int) -> list[str]:
         """The small joins of groups `start:stop`: positional joins of their merged rows (registered on

@@ -539,7 +539,7 @@ class DatasetQuery:
                     if shape is not None:
                         view, groups = splits[0].view, branches[0]
                         merged = (
-                            merged_groups(connection, splits[0], plan.merge, relations[0], window)
+                            merged_groups(connection, splits[0], plan.merge, relations[0], groups, window)
                             if plan.merge is not None
                             else None
                         )
