@@ -124,6 +124,22 @@ def query(spec: Path) -> Any:
         yield opened
 
 
+@pytest.fixture
+def streamed_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """(pair groups, groups per statement) of each streamed run of a split join's statement."""
+    runs: list[tuple[int, int]] = []
+    run_streamed = multi._run_streamed
+
+    def counted(
+        connection: Any, statement: str, view: str, branches: Any, kinds: Any, window: int = 1, **named: Any
+    ) -> pa.Table:
+        runs.append((len(branches), window))
+        return run_streamed(connection, statement, view, branches, kinds, window, **named)
+
+    monkeypatch.setattr(multi, "_run_streamed", counted)
+    return runs
+
+
 def _oracle(sql: str) -> list[tuple[Any, ...]]:
     connection = duckdb.connect()
     connection.execute("SET TimeZone = 'UTC'")
@@ -583,7 +599,11 @@ def test_a_join_reads_catalog_tables_and_a_tagged_version(
     ],
 )
 def test_pair_groups_stream_one_statement_each_only_where_exact(
-    query: DatasetQuery, sql: str, streamed: bool, monkeypatch: pytest.MonkeyPatch
+    query: DatasetQuery,
+    sql: str,
+    streamed: bool,
+    streamed_runs: list[tuple[int, int]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A statement over a split join runs once per pair group only when the groups' results combine
     into exactly its result; the answer equals DuckDB's over the sources either way."""
@@ -597,26 +617,10 @@ def test_pair_groups_stream_one_statement_each_only_where_exact(
         with pytest.raises(FilterError, match="query failed"):  # not valid SQL without GROUP BY
             query.query(sql)
         return
-    runs: list[int] = []
-    run_streamed = multi._run_streamed
-
-    def counted(
-        connection: Any,
-        statement: str,
-        view: str,
-        branches: Any,
-        kinds: Any,
-        window: int = 1,
-        merged: Any = None,
-    ) -> pa.Table:
-        runs.append(len(branches))
-        windows.append(window)
-        return run_streamed(connection, statement, view, branches, kinds, window, merged=merged)
-
-    windows: list[int] = []
-    monkeypatch.setattr(multi, "_run_streamed", counted)
     monkeypatch.setattr(query, "groups_per_statement", 1)
     assert _canonical(query.query(sql)) == _oracle(sql), sql
+    runs = [groups for groups, _ in streamed_runs]
+    windows = [window for _, window in streamed_runs]
     assert bool(runs) == streamed, runs
     assert not runs or runs[0] == len(plan.joins[0].pairs), "one statement per pair group"
     assert not windows or windows == [1]
@@ -640,31 +644,16 @@ def test_several_pair_groups_per_statement_give_the_same_answer(
     left: str,
     right: str,
     shape: str,
-    monkeypatch: pytest.MonkeyPatch,
+    streamed_runs: list[tuple[int, int]],
 ) -> None:
     """Pair groups joined `window` at a time in one statement (hostile and NULL keys; a window that does
     not divide the number of groups; incompatible layouts still one plain join): DuckDB's answer over the
     sources, in ceil(groups / window) statements."""
     sql = shape.format(l=left, r=right)
     plan = query.plan(sql)
-    statements: list[int] = []
-    execute = multi._run_streamed
-
-    def counted(
-        connection: Any,
-        statement: str,
-        view: str,
-        branches: Any,
-        kinds: Any,
-        window: int = 1,
-        merged: Any = None,
-    ) -> pa.Table:
-        statements.append(-(-len(branches) // window))
-        return execute(connection, statement, view, branches, kinds, window, merged=merged)
-
-    monkeypatch.setattr(multi, "_run_streamed", counted)
     with datasets_query(spec, groups_per_statement=window) as windowed:
         assert _canonical(windowed.query(sql)) == _oracle(sql), f"{sql}\n{plan.explain()}"
+    statements = [-(-groups // each) for groups, each in streamed_runs]
     pairs = len(plan.joins[0].pairs)
     if not plan.joins[0].split:
         assert "neither divides the other" in plan.joins[0].reason
@@ -689,7 +678,7 @@ def test_the_plan_says_how_many_pair_groups_each_statement_joins_and_why(
     window: int | None,
     streamed: bool,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    streamed_runs: list[tuple[int, int]],
 ) -> None:
     """`plan` / `explain` of a split join: the statements it runs, the pair groups each joins (one per
     DuckDB thread, or `groups_per_statement`) under which memory limit, or why one statement joins all;
@@ -716,18 +705,8 @@ def test_the_plan_says_how_many_pair_groups_each_statement_joins_and_why(
         assert document["streamed"] is streamed
         assert document["groups_per_statement"] == groups
         assert document["memory_limit"] == "1GB"
-        runs: list[int] = []
-        run_streamed = multi._run_streamed
-
-        def counted(
-            connection: Any, statement: str, view: str, branches: Any, *rest: Any, **named: Any
-        ) -> pa.Table:
-            runs.append(len(branches))
-            return run_streamed(connection, statement, view, branches, *rest, **named)
-
-        monkeypatch.setattr(multi, "_run_streamed", counted)
         assert _canonical(windowed.query(sql)) == _oracle(sql)
-        assert runs == ([pairs] if streamed else [])
+        assert [groups for groups, _ in streamed_runs] == ([pairs] if streamed else [])
     assert main(["plan", str(spec), "--query", sql]) == 0
     assert "  statements: " in capsys.readouterr().out
 
