@@ -285,7 +285,7 @@ class _Router:
             learner.add(table, [key.values for key in keys])
         paths = [key.path(self.names) for key in keys]
         counts = self._counted(table, group, paths)
-        table, group = self._planned_rows(table, group, paths)
+        table, group = self._planned_rows(table, group, counts)
         # The hash runs in DuckDB (its own threads, no GIL) while this thread groups these rows and
         # routes the next batch: the previous batch's tally is waited for only after this one's grouping.
         behind, self._tallying = self._tallying, self._hasher.submit(self._tally, table, group, paths)
@@ -302,18 +302,19 @@ class _Router:
             pending.result()
 
     def _counted(self, table: pa.Table, group: pa.Array, paths: list[str]) -> Any:
-        """The batch's rows per group (every row in exactly one, or `ConservationError`); the rows of
-        unplanned partitions counted as dropped."""
+        """The batch's rows per group of a planned partition (0 for the others, whose rows are counted
+        as dropped); every row of the batch in exactly one group, or `ConservationError`."""
         import numpy as np
 
         counts = np.bincount(group.to_numpy(zero_copy_only=False), minlength=len(paths))
         self._conserved(
             table.num_rows, int(counts.sum()), "rows read in a batch", "rows grouped by partition"
         )
-        for path, rows in zip(paths, counts.tolist(), strict=True):
-            if path not in self.planned:
+        planned = np.array([path in self.planned for path in paths], dtype=bool)
+        for path, rows, kept in zip(paths, counts.tolist(), planned.tolist(), strict=True):
+            if not kept:
                 self.dropped[path] = self.dropped.get(path, 0) + rows
-        return counts
+        return np.where(planned, counts, 0)
 
     def _conserved(self, expected: int, actual: int, expected_what: str, actual_what: str) -> None:
         """`ConservationError` (nothing written) unless a batch's two counts agree."""
@@ -326,26 +327,23 @@ class _Router:
                 hint="Routing lost or duplicated rows; nothing was written. Report this with the source.",
             )
 
-    def _planned_rows(self, table: pa.Table, group: pa.Array, paths: list[str]) -> tuple[pa.Table, pa.Array]:
+    def _planned_rows(self, table: pa.Table, group: pa.Array, counts: Any) -> tuple[pa.Table, pa.Array]:
         """The rows of planned partitions only (a selective refresh neither sorts nor hashes the others'),
-        with their group codes; the batch itself when every group is planned."""
-        import numpy as np
+        with their group codes; the batch itself when every row is planned. `counts`: `_counted`'s."""
         import pyarrow as pa
 
-        planned = np.array([path in self.planned for path in paths], dtype=bool)
-        if planned.all():
+        if int(counts.sum()) == table.num_rows:
             return table, group
-        keep = pa.array(planned[group.to_numpy(zero_copy_only=False)])
+        keep = pa.array((counts > 0)[group.to_numpy(zero_copy_only=False)])
         return table.filter(keep), group.filter(keep)
 
     def _group(self, table: pa.Table, group: pa.Array, paths: list[str], counts: Any) -> None:
         """Each planned partition's rows of the batch (`table`: those rows only) into the spill, in
-        their order; `counts`: the whole batch's rows per group."""
+        their order; `counts`: `_counted`'s (rows per group, 0 for unplanned ones)."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        counts = np.where([path in self.planned for path in paths], counts, 0)
         self._conserved(
             int(counts.sum()), table.num_rows, "rows of planned partitions in a batch", "rows kept for them"
         )
